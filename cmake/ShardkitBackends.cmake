@@ -1,0 +1,57 @@
+# One INTERFACE target per optional backend, each with a shardkit:: ALIAS so the same names work from the build
+# tree, an install and add_subdirectory.
+set(SHARDKIT_EXPORTED_TARGETS "" CACHE INTERNAL "")
+
+function(shardkit_add_interface name)
+  add_library(${name} INTERFACE)
+  add_library(shardkit::${name} ALIAS ${name})
+  if(NOT name STREQUAL "shardkit")
+    set_target_properties(${name} PROPERTIES EXPORT_NAME ${name})
+    target_link_libraries(${name} INTERFACE shardkit)
+  endif()
+  set(SHARDKIT_EXPORTED_TARGETS ${SHARDKIT_EXPORTED_TARGETS} ${name} CACHE INTERNAL "")
+endfunction()
+
+# AUTO: build the target when its dependency is found; ON: fail when it is not; OFF: skip.
+function(shardkit_backend_wanted var found dep)
+  if(${var} STREQUAL "OFF")
+    set(_want OFF)
+  elseif(${found})
+    set(_want ON)
+  elseif(${var} STREQUAL "ON")
+    message(FATAL_ERROR "${var}=ON but ${dep} was not found")
+  else()
+    message(STATUS "shardkit: ${dep} not found, skipping that backend")
+    set(_want OFF)
+  endif()
+  set(${var}_ENABLED ${_want} PARENT_SCOPE)
+endfunction()
+
+macro(shardkit_find_backends)
+  include(ShardkitBackendDeps)
+  shardkit_find_backend_deps()
+
+  shardkit_backend_wanted(SHARDKIT_WITH_TCP Boost_FOUND "Boost headers (libboost-dev)")
+  if(SHARDKIT_WITH_TCP_ENABLED)
+    shardkit_add_interface(tcp)
+    target_link_libraries(tcp INTERFACE Boost::headers)
+  endif()
+
+  shardkit_backend_wanted(SHARDKIT_WITH_GLOO SHARDKIT_GLOO_FOUND "Gloo (libgloo-dev)")
+  if(SHARDKIT_WITH_GLOO_ENABLED)
+    shardkit_add_interface(gloo)
+    target_link_libraries(gloo INTERFACE shardkit_deps::gloo)
+  endif()
+
+  shardkit_backend_wanted(SHARDKIT_WITH_FABRIC SHARDKIT_FABRIC_FOUND "libfabric (libfabric-dev)")
+  if(SHARDKIT_WITH_FABRIC_ENABLED)
+    shardkit_add_interface(fabric)
+    target_link_libraries(fabric INTERFACE shardkit_deps::fabric)
+  endif()
+
+  shardkit_backend_wanted(SHARDKIT_WITH_NCCL SHARDKIT_NCCL_FOUND "CUDA toolkit with NCCL")
+  if(SHARDKIT_WITH_NCCL_ENABLED)
+    shardkit_add_interface(nccl)
+    target_link_libraries(nccl INTERFACE CUDA::cudart shardkit_deps::nccl)
+  endif()
+endmacro()

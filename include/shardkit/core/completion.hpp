@@ -1,0 +1,185 @@
+#pragma once
+//! completion: the one handle for "an operation that finishes later", shared by transports (a send or recv) and
+//! process groups (a collective's work handle).
+//!
+//! A completion can be waited on (forever, or until a deadline), polled, awaited with co_await, or given a
+//! callback. It ends either done (with a byte count) or failed (with an exception, normally shardkit::error).
+//! Continuations run on the thread that completes the operation, after the state is published.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <coroutine>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "shardkit/core/error.hpp"
+
+namespace shardkit {
+
+using steady_clock = std::chrono::steady_clock;
+using deadline = steady_clock::time_point;
+
+//! A deadline that never passes.
+inline constexpr deadline no_deadline = deadline::max();
+
+inline deadline deadline_after(std::chrono::milliseconds timeout) noexcept {
+  if (timeout.count() <= 0) return no_deadline;
+  const auto now = steady_clock::now();
+  if (timeout > std::chrono::duration_cast<std::chrono::milliseconds>(deadline::max() - now)) return no_deadline;
+  return now + timeout;
+}
+
+class completion {
+  struct state {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::atomic<bool> done{false};
+    std::exception_ptr failure;
+    std::size_t bytes = 0;
+    std::vector<std::function<void()>> continuations;
+    std::function<bool()> cancel;  // set by the producer; returns true if it withdrew the operation
+  };
+
+ public:
+  //! An empty handle (valid() == false).
+  completion() = default;
+
+  //! A new pending operation.
+  static completion pending() {
+    completion c;
+    c.state_ = std::make_shared<state>();
+    return c;
+  }
+  static completion ready(std::size_t bytes = 0) {
+    completion c = pending();
+    c.set_done(bytes);
+    return c;
+  }
+  static completion failed(std::exception_ptr e) {
+    completion c = pending();
+    c.set_error(std::move(e));
+    return c;
+  }
+
+  bool valid() const noexcept { return state_ != nullptr; }
+  bool is_done() const noexcept { return state_ && state_->done.load(std::memory_order_acquire); }
+  bool has_failed() const noexcept { return is_done() && state_->failure != nullptr; }
+
+  //! The failure, or nullptr while pending or after success.
+  std::exception_ptr exception() const noexcept { return is_done() ? state_->failure : nullptr; }
+  //! Bytes transferred (for a recv: the size of the message received).
+  std::size_t bytes() const noexcept { return is_done() ? state_->bytes : 0; }
+
+  //! Waits until done; rethrows the failure.
+  void wait() const {
+    wait_until(no_deadline);
+  }
+  //! Waits until done or the deadline; returns false if the deadline passed first. Rethrows the failure.
+  bool wait_until(deadline dl) const {
+    if (!state_) throw_error(errc::invalid_argument, "wait on an empty completion");
+    if (!state_->done.load(std::memory_order_acquire)) {
+      std::unique_lock lock(state_->mutex);
+      if (dl == no_deadline) {
+        state_->cv.wait(lock, [&] { return state_->done.load(std::memory_order_acquire); });
+      } else if (!state_->cv.wait_until(lock, dl, [&] { return state_->done.load(std::memory_order_acquire); })) {
+        return false;
+      }
+    }
+    if (state_->failure) std::rethrow_exception(state_->failure);
+    return true;
+  }
+  template <class Rep, class Period>
+  bool wait_for(std::chrono::duration<Rep, Period> d) const {
+    return wait_until(d.count() <= 0 ? steady_clock::now()
+                                     : deadline_after(std::chrono::ceil<std::chrono::milliseconds>(d)));
+  }
+
+  //! Runs f once the operation ends (now, on this thread, if it already has).
+  void then(std::function<void()> f) const {
+    {
+      std::lock_guard lock(state_->mutex);
+      if (!state_->done.load(std::memory_order_relaxed)) {
+        state_->continuations.push_back(std::move(f));
+        return;
+      }
+    }
+    f();
+  }
+
+  //! Asks the producer to withdraw the operation. True if it did (the completion then fails with errc::aborted);
+  //! false if it already finished or cannot be withdrawn.
+  bool cancel() const {
+    std::function<bool()> fn;
+    {
+      std::lock_guard lock(state_->mutex);
+      if (state_->done.load(std::memory_order_relaxed) || !state_->cancel) return false;
+      fn = state_->cancel;
+    }
+    return fn();
+  }
+
+  // ---- producer side ----
+  void set_done(std::size_t bytes = 0) const { finish(nullptr, bytes); }
+  void set_error(std::exception_ptr e) const { finish(std::move(e), 0); }
+  void set_error(const shardkit::error& e) const { finish(std::make_exception_ptr(e), 0); }
+  void on_cancel(std::function<bool()> fn) const {
+    std::lock_guard lock(state_->mutex);
+    state_->cancel = std::move(fn);
+  }
+
+  // ---- co_await ----
+  struct awaiter {
+    const completion& self;
+    bool await_ready() const noexcept { return self.is_done(); }
+    void await_suspend(std::coroutine_handle<> h) const { self.then([h] { h.resume(); }); }
+    std::size_t await_resume() const {
+      if (self.state_->failure) std::rethrow_exception(self.state_->failure);
+      return self.state_->bytes;
+    }
+  };
+  awaiter operator co_await() const& noexcept { return awaiter{*this}; }
+
+  //! Identity of the shared state (two handles to the same operation compare equal).
+  friend bool operator==(const completion& a, const completion& b) noexcept { return a.state_ == b.state_; }
+
+ private:
+  void finish(std::exception_ptr e, std::size_t bytes) const {
+    std::vector<std::function<void()>> run;
+    {
+      std::lock_guard lock(state_->mutex);
+      if (state_->done.load(std::memory_order_relaxed)) return;  // first outcome wins (cancel vs. arrival)
+      state_->failure = std::move(e);
+      state_->bytes = bytes;
+      state_->cancel = nullptr;
+      run.swap(state_->continuations);
+      state_->done.store(true, std::memory_order_release);
+      state_->cv.notify_all();
+    }
+    for (auto& f : run) f();
+  }
+
+  std::shared_ptr<state> state_;
+};
+
+//! Waits for every completion; rethrows the first failure after all have ended or the deadline passed.
+//! Returns false on timeout.
+inline bool wait_all(std::span<const completion> cs, deadline dl = no_deadline) {
+  std::exception_ptr first;
+  for (const auto& c : cs) {
+    try {
+      if (!c.wait_until(dl)) return false;
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+  return true;
+}
+
+}  // namespace shardkit

@@ -1,0 +1,84 @@
+#pragma once
+//! Leveled logging to stderr, configured by SHARDKIT_LOG=trace|debug|info|warn|error|off (default warn).
+//!
+//! One line per call, written with a single write() so lines from ranks and threads never interleave.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+namespace shardkit::log {
+
+enum class level : int { trace = 0, debug, info, warn, error, off };
+
+constexpr std::string_view to_string(level l) noexcept {
+  constexpr std::string_view names[] = {"TRACE", "DEBUG", "INFO", "WARN", "ERROR", "OFF"};
+  return names[static_cast<int>(l)];
+}
+
+inline level parse_level(std::string_view s, level fallback = level::warn) noexcept {
+  if (s == "trace") return level::trace;
+  if (s == "debug") return level::debug;
+  if (s == "info") return level::info;
+  if (s == "warn" || s == "warning") return level::warn;
+  if (s == "error") return level::error;
+  if (s == "off" || s == "none") return level::off;
+  return fallback;
+}
+
+namespace detail {
+inline std::atomic<int>& threshold() {
+  static std::atomic<int> t{[] {
+    const char* v = std::getenv("SHARDKIT_LOG");
+    return static_cast<int>(v ? parse_level(v) : level::warn);
+  }()};
+  return t;
+}
+inline std::atomic<int>& process_rank() {
+  static std::atomic<int> r{[] {
+    const char* v = std::getenv("RANK");
+    return v ? std::atoi(v) : -1;
+  }()};
+  return r;
+}
+}  // namespace detail
+
+inline bool enabled(level l) noexcept { return static_cast<int>(l) >= detail::threshold().load(std::memory_order_relaxed); }
+inline void set_level(level l) noexcept { detail::threshold().store(static_cast<int>(l)); }
+//! The rank printed in each line when the caller gives none (a process of one rank sets it once).
+inline void set_process_rank(int rank) noexcept { detail::process_rank().store(rank); }
+
+template <class... Args>
+void write(level l, int rank, const Args&... args) {
+  if (!enabled(l)) return;
+  std::ostringstream os;
+  const auto now = std::chrono::system_clock::now();
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
+  const std::time_t secs = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  localtime_r(&secs, &tm);
+  char stamp[32];
+  std::snprintf(stamp, sizeof stamp, "%02d:%02d:%02d.%03d", tm.tm_hour, tm.tm_min, tm.tm_sec, int(ms % 1000));
+  os << "[shardkit " << to_string(l) << ' ' << stamp;
+  if (rank < 0) rank = detail::process_rank().load(std::memory_order_relaxed);
+  if (rank >= 0) os << " rank " << rank;
+  os << "] ";
+  (os << ... << args);
+  os << '\n';
+  const std::string line = os.str();
+  [[maybe_unused]] auto n = ::write(2, line.data(), line.size());
+}
+
+template <class... A> void trace(const A&... a) { write(level::trace, -1, a...); }
+template <class... A> void debug(const A&... a) { write(level::debug, -1, a...); }
+template <class... A> void info(const A&... a) { write(level::info, -1, a...); }
+template <class... A> void warn(const A&... a) { write(level::warn, -1, a...); }
+template <class... A> void error(const A&... a) { write(level::error, -1, a...); }
+
+}  // namespace shardkit::log

@@ -1,0 +1,69 @@
+#pragma once
+//! The point-to-point transport concept: tagged asynchronous send/recv of byte ranges between ranks.
+//!
+//! Every generic collective algorithm (comm/algorithms) is written once against this concept; TCP, shared memory,
+//! the in-process loopback and libfabric implement it.
+//!
+//! A type T models shardkit::transport::p2p when:
+//!  1. it opts in with `using transport_concept = shardkit::transport::p2p_tag;`
+//!  2. `t.rank()` and `t.size()` return its rank and the number of ranks it connects (int);
+//!  3. `t.send(peer, tag, std::span<const std::byte>)` starts sending the bytes to `peer` and returns a
+//!     shardkit::completion; the bytes must stay valid and unchanged until it completes;
+//!  4. `t.recv(peer, tag, std::span<std::byte>)` starts receiving the next message with `tag` from `peer` into the
+//!     span and returns a completion whose bytes() is the message size once done. A message larger than the span
+//!     fails the recv with errc::protocol (nothing past the span is written);
+//!  5. messages from one peer with one tag are matched in the order they were sent; sends and recvs may be posted
+//!     in any order and any number may be outstanding;
+//!  6. a lost peer fails that peer's pending and later operations with errc::peer_lost naming the peer; a pending
+//!     recv can be withdrawn with completion::cancel() as long as no byte has been written into it;
+//!  7. peer == rank() is not required to work (algorithms copy locally instead).
+//!
+//! @code
+//! struct my_transport {
+//!   using transport_concept = shardkit::transport::p2p_tag;
+//!   int rank() const; int size() const;
+//!   shardkit::completion send(int peer, shardkit::transport::message_tag tag, std::span<const std::byte> bytes);
+//!   shardkit::completion recv(int peer, shardkit::transport::message_tag tag, std::span<std::byte> bytes);
+//! };
+//! static_assert(shardkit::transport::p2p<my_transport>);
+//! @endcode
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "shardkit/core/completion.hpp"
+
+namespace shardkit::transport {
+
+struct p2p_tag {};
+
+//! A message tag. The process-group layer packs (group id, operation sequence, step) into it; user send/recv
+//! tags live in their own range so they can never match a collective's messages.
+using message_tag = std::uint64_t;
+
+template <class T>
+concept opts_into_p2p = requires { typename T::transport_concept; } &&
+                        std::same_as<typename T::transport_concept, p2p_tag>;
+
+template <class T>
+concept has_rank_and_size = requires(const T& t) {
+  { t.rank() } -> std::convertible_to<int>;
+  { t.size() } -> std::convertible_to<int>;
+};
+
+template <class T>
+concept has_tagged_send_recv = requires(T& t, int peer, message_tag tag, std::span<const std::byte> src,
+                                        std::span<std::byte> dst) {
+  { t.send(peer, tag, src) } -> std::same_as<completion>;
+  { t.recv(peer, tag, dst) } -> std::same_as<completion>;
+};
+
+template <class T>
+concept p2p = opts_into_p2p<T> && has_rank_and_size<T> && has_tagged_send_recv<T>;
+
+//! Optional: a transport that can fail everything outstanding at once (used when a group aborts).
+template <class T>
+concept abortable = p2p<T> && requires(T& t, std::exception_ptr reason) { t.abort(reason); };
+
+}  // namespace shardkit::transport

@@ -1,0 +1,77 @@
+#pragma once
+// Multi-rank test harness: ranks as threads of this process, or as separate processes re-running this test binary
+// in "scenario" mode (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set, as a launcher would).
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace shardkit::test {
+
+//! Runs fn(rank) on n threads; the first exception of any rank is rethrown after all joined.
+inline void run_threads(int n, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+//! A function run in a child process. It reads its rank from the environment; a throw fails the child.
+using scenario_fn = void (*)();
+std::map<std::string, scenario_fn>& scenarios();
+
+struct scenario_registrar {
+  scenario_registrar(const char* name, scenario_fn fn) { scenarios()[name] = fn; }
+};
+
+#define SHARDKIT_SCENARIO(name)                                                              \
+  static void shardkit_scenario_##name();                                                   \
+  static ::shardkit::test::scenario_registrar shardkit_scenario_reg_##name(#name, &shardkit_scenario_##name); \
+  static void shardkit_scenario_##name()
+
+struct process_result {
+  int rank;
+  int exit_code;      // -signal if killed
+  std::string output; // stdout+stderr of the child
+};
+
+//! Spawns n copies of this binary running scenario `name` with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+//! MASTER_ADDR=127.0.0.1 and a free MASTER_PORT set, plus `extra_env`. Kills all after `timeout`.
+std::vector<process_result> run_processes(int n, const std::string& name,
+                                          const std::map<std::string, std::string>& extra_env = {},
+                                          std::chrono::seconds timeout = std::chrono::seconds(120));
+
+//! CHECKs that every rank exited 0, printing the output of those that did not.
+void require_all_succeeded(const std::vector<process_result>& results);
+
+//! A TCP port on 127.0.0.1 that was free a moment ago.
+int free_port();
+
+//! Rank and world size of a scenario child (from the environment).
+int env_rank();
+int env_world_size();
+
+}  // namespace shardkit::test
+
+//! For scenario children (no doctest context there): throws with the condition's text, failing the child.
+#define SCENARIO_CHECK(cond)                                                                              \
+  do {                                                                                                    \
+    if (!(cond)) throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) +        \
+                                          ": check failed: " #cond);                                      \
+  } while (0)

@@ -1,0 +1,156 @@
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <algorithm>
+#include <iostream>
+
+#include "support/harness.hpp"
+
+namespace shardkit::test {
+
+std::map<std::string, scenario_fn>& scenarios() {
+  static std::map<std::string, scenario_fn> s;
+  return s;
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+int env_rank() {
+  const char* v = std::getenv("RANK");
+  return v ? std::atoi(v) : 0;
+}
+int env_world_size() {
+  const char* v = std::getenv("WORLD_SIZE");
+  return v ? std::atoi(v) : 1;
+}
+
+std::vector<process_result> run_processes(int n, const std::string& name,
+                                          const std::map<std::string, std::string>& extra_env,
+                                          std::chrono::seconds timeout) {
+  const int port = free_port();
+  std::vector<pid_t> pids(n);
+  std::vector<int> out_fds(n);
+  for (int r = 0; r < n; ++r) {
+    int pipefd[2];
+    if (::pipe(pipefd) != 0) throw std::runtime_error("pipe failed");
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(pipefd[1], 1);
+      ::dup2(pipefd[1], 2);
+      ::close(pipefd[0]);
+      ::close(pipefd[1]);
+      ::setenv("SHARDKIT_TEST_SCENARIO", name.c_str(), 1);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      for (const auto& [k, v] : extra_env) ::setenv(k.c_str(), v.c_str(), 1);
+      ::execl("/proc/self/exe", "/proc/self/exe", static_cast<char*>(nullptr));
+      std::perror("exec of the test binary failed");
+      ::_exit(127);
+    }
+    ::close(pipefd[1]);
+    ::fcntl(pipefd[0], F_SETFL, O_NONBLOCK);
+    pids[r] = pid;
+    out_fds[r] = pipefd[0];
+  }
+  std::vector<process_result> results(n);
+  std::vector<bool> exited(n, false), eof(n, false);
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  int remaining = n;
+  bool killed = false;
+  while (remaining > 0 || std::count(eof.begin(), eof.end(), false) > 0) {
+    std::vector<pollfd> fds;
+    std::vector<int> which;
+    for (int r = 0; r < n; ++r)
+      if (!eof[r]) {
+        fds.push_back({out_fds[r], POLLIN, 0});
+        which.push_back(r);
+      }
+    if (!fds.empty()) ::poll(fds.data(), fds.size(), 50);
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      const int r = which[i];
+      char buf[4096];
+      for (;;) {
+        const ssize_t got = ::read(out_fds[r], buf, sizeof buf);
+        if (got > 0) {
+          results[r].output.append(buf, std::size_t(got));
+          continue;
+        }
+        if (got == 0) eof[r] = true;
+        break;
+      }
+    }
+    for (int r = 0; r < n; ++r) {
+      if (exited[r]) continue;
+      int status = 0;
+      if (::waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        exited[r] = true;
+        --remaining;
+        results[r].rank = r;
+        results[r].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+      }
+    }
+    if (!killed && std::chrono::steady_clock::now() > until) {
+      for (int r = 0; r < n; ++r)
+        if (!exited[r]) ::kill(pids[r], SIGKILL);
+      killed = true;
+    }
+    if (fds.empty() && remaining > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (int fd : out_fds) ::close(fd);
+  for (int r = 0; r < n; ++r) results[r].rank = r;
+  return results;
+}
+
+void require_all_succeeded(const std::vector<process_result>& results) {
+  for (const auto& r : results) {
+    INFO("rank " << r.rank << " exited " << r.exit_code << " with output:\n" << r.output);
+    CHECK(r.exit_code == 0);
+  }
+}
+
+}  // namespace shardkit::test
+
+int main(int argc, char** argv) {
+  if (const char* name = std::getenv("SHARDKIT_TEST_SCENARIO")) {
+    auto& all = shardkit::test::scenarios();
+    auto it = all.find(name);
+    if (it == all.end()) {
+      std::fprintf(stderr, "unknown test scenario '%s'\n", name);
+      return 2;
+    }
+    try {
+      it->second();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d: scenario %s failed: %s\n", shardkit::test::env_rank(), name, e.what());
+      return 1;
+    }
+    return 0;
+  }
+  doctest::Context context(argc, argv);
+  return context.run();
+}
