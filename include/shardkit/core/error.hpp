@@ -72,9 +72,11 @@ struct error_context {
 class error : public std::system_error {
  public:
   error(std::error_code ec, std::string detail, error_context ctx = {})
-      : std::system_error(ec, compose(ec, detail, ctx)), detail_(std::move(detail)), context_(std::move(ctx)) {}
+      : std::system_error(ec), what_(compose(ec, detail, ctx)), detail_(std::move(detail)), context_(std::move(ctx)) {}
   error(errc e, std::string detail, error_context ctx = {}) : error(make_error_code(e), std::move(detail), std::move(ctx)) {}
 
+  //! "shardkit [group G] [rank R] op (peer rank P) 'object': <category message>: <detail>"
+  const char* what() const noexcept override { return what_.c_str(); }
   const error_context& context() const noexcept { return context_; }
   const std::string& detail() const noexcept { return detail_; }
 
@@ -103,6 +105,7 @@ class error : public std::system_error {
     return os.str();
   }
 
+  std::string what_;
   std::string detail_;
   error_context context_;
 };

@@ -16,7 +16,9 @@
 //!     in any order and any number may be outstanding;
 //!  6. a lost peer fails that peer's pending and later operations with errc::peer_lost naming the peer; a pending
 //!     recv can be withdrawn with completion::cancel() as long as no byte has been written into it;
-//!  7. peer == rank() is not required to work (algorithms copy locally instead).
+//!  7. peer == rank() is not required to work (algorithms copy locally instead);
+//!  8. send and recv are thread-safe: several process groups share one transport and call it from their own
+//!     progress threads at the same time.
 //!
 //! @code
 //! struct my_transport {

@@ -1,0 +1,136 @@
+#pragma once
+//! One collective's view of a p2p transport: the group's members, this op's message tag, its deadline, and waits
+//! that turn silence into a timeout naming the peer and a wrong-sized message into errc::mismatch.
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "shardkit/core/completion.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/transport/p2p.hpp"
+
+namespace shardkit::comm::algorithms {
+
+//! Element offsets of each rank's chunk: chunk r is [offsets[r], offsets[r+1]).
+struct partition {
+  std::vector<std::size_t> offsets;
+
+  static partition equal(std::size_t count, int n) {
+    partition p;
+    p.offsets.resize(std::size_t(n) + 1);
+    const std::size_t base = count / std::size_t(n), extra = count % std::size_t(n);
+    for (int r = 0; r < n; ++r) p.offsets[std::size_t(r) + 1] = p.offsets[std::size_t(r)] + base + (std::size_t(r) < extra ? 1 : 0);
+    return p;
+  }
+  static partition from_counts(std::span<const std::size_t> counts) {
+    partition p;
+    p.offsets.resize(counts.size() + 1);
+    for (std::size_t r = 0; r < counts.size(); ++r) p.offsets[r + 1] = p.offsets[r] + counts[r];
+    return p;
+  }
+  std::size_t begin(int r) const noexcept { return offsets[std::size_t(r)]; }
+  std::size_t count(int r) const noexcept { return offsets[std::size_t(r) + 1] - offsets[std::size_t(r)]; }
+  std::size_t total() const noexcept { return offsets.back(); }
+  std::size_t largest() const noexcept {
+    std::size_t m = 0;
+    for (std::size_t r = 0; r + 1 < offsets.size(); ++r) m = std::max(m, offsets[r + 1] - offsets[r]);
+    return m;
+  }
+};
+
+//! Cuts `count` elements into segments of at most `segment_elems`; zero elements is one empty segment, so that
+//! every step still exchanges a message and ranks stay in lock-step (and a count mismatch is seen).
+struct segments {
+  std::size_t count, segment_elems;
+  std::size_t size() const noexcept { return count == 0 ? 1 : (count + segment_elems - 1) / segment_elems; }
+  std::size_t begin(std::size_t k) const noexcept { return k * segment_elems; }
+  std::size_t length(std::size_t k) const noexcept { return count == 0 ? 0 : std::min(segment_elems, count - k * segment_elems); }
+};
+
+template <transport::p2p T>
+class p2p_op {
+ public:
+  p2p_op(T& transport, std::span<const int> members, int me, transport::message_tag tag, deadline until,
+         const char* name, std::string group)
+      : transport_(transport), members_(members), me_(me), tag_(tag), until_(until), name_(name), group_(std::move(group)) {}
+
+  p2p_op(const p2p_op&) = delete;
+  p2p_op& operator=(const p2p_op&) = delete;
+
+  //! A recv still posted when the op ends (an error unwound it) is withdrawn, so no late message is written
+  //! into a buffer the caller may already have freed.
+  ~p2p_op() {
+    for (auto& c : recvs_)
+      if (!c.is_done()) c.cancel();
+  }
+
+  int n() const noexcept { return int(members_.size()); }
+  int me() const noexcept { return me_; }
+  deadline until() const noexcept { return until_; }
+  const char* name() const noexcept { return name_; }
+
+  completion send(int peer, const std::byte* data, std::size_t bytes) {
+    auto c = transport_.send(members_[std::size_t(peer)], tag_, {data, bytes});
+    sends_.push_back(c);
+    return c;
+  }
+  completion recv(int peer, std::byte* data, std::size_t bytes) {
+    auto c = transport_.recv(members_[std::size_t(peer)], tag_, {data, bytes});
+    recvs_.push_back(c);
+    return c;
+  }
+
+  //! Waits for a recv from group rank `peer` that must deliver exactly `expected` bytes.
+  void wait_recv(const completion& c, int peer, std::size_t expected) {
+    wait(c, peer, "receiving from");
+    if (c.bytes() != expected)
+      throw error(errc::mismatch,
+                  "received " + std::to_string(c.bytes()) + " bytes where this rank expected " +
+                      std::to_string(expected) + ": ranks passed different counts, dtypes or ops",
+                  context(peer));
+  }
+  void wait_send(const completion& c, int peer) { wait(c, peer, "sending to"); }
+
+  //! Waits for every send posted so far (a step reuses a buffer only after its sends are done).
+  void wait_sends() {
+    for (auto& c : sends_) wait(c, -1, "sending to");
+    sends_.clear();
+  }
+
+  error_context context(int peer) const {
+    error_context ctx{.rank = me_, .operation = name_, .group = group_};
+    if (peer >= 0) ctx.peer = peer;
+    return ctx;
+  }
+
+ private:
+  void wait(const completion& c, int peer, const char* what) {
+    bool done;
+    try {
+      done = c.wait_until(until_);
+    } catch (const error& e) {
+      throw e.with_context(context(peer));
+    }
+    if (!done) {
+      throw error(errc::timeout,
+                  std::string("deadline passed while ") + what + (peer >= 0 ? " peer rank " + std::to_string(peer) : " a peer") +
+                      " (transport rank " + (peer >= 0 ? std::to_string(members_[std::size_t(peer)]) : "?") +
+                      "); that rank is slow, stuck, or did not call " + name_,
+                  context(peer));
+    }
+  }
+
+  T& transport_;
+  std::span<const int> members_;
+  int me_;
+  transport::message_tag tag_;
+  deadline until_;
+  const char* name_;
+  std::string group_;
+  std::vector<completion> sends_, recvs_;
+};
+
+}  // namespace shardkit::comm::algorithms

@@ -1,0 +1,55 @@
+#pragma once
+//! Recursive doubling all-reduce: log2(n) exchanges of the whole buffer, the latency-optimal choice for small
+//! messages. A non-power-of-two world first folds the extra ranks into their neighbours (Rabenseifner's
+//! pre-step) and hands them the result at the end.
+#include <cstring>
+#include <vector>
+
+#include "shardkit/comm/algorithms/p2p_op.hpp"
+#include "shardkit/core/reduce_op.hpp"
+
+namespace shardkit::comm::algorithms {
+
+//! All-reduce in place on `data` (count elements). Every rank ends with bitwise-identical values: each exchange
+//! combines the same two operands on both sides, and the supported ops are commutative in IEEE arithmetic.
+template <transport::p2p T>
+void recursive_doubling_all_reduce(p2p_op<T>& op, std::byte* data, std::size_t count, dtype type, reduce_op rop) {
+  const int n = op.n(), me = op.me();
+  const std::size_t bytes = count * size_of(type);
+  if (n > 1) {
+    int pow2 = 1;
+    while (pow2 * 2 <= n) pow2 *= 2;
+    const int extra = n - pow2;
+    std::vector<std::byte> incoming(bytes);
+    int vrank;
+    if (me < 2 * extra) {
+      if (me % 2 == 0) {  // folded out: contribute, then wait for the answer
+        op.wait_send(op.send(me + 1, data, bytes), me + 1);
+        vrank = -1;
+      } else {
+        op.wait_recv(op.recv(me - 1, incoming.data(), bytes), me - 1, bytes);
+        combine(rop, type, data, incoming.data(), count);
+        vrank = me / 2;
+      }
+    } else {
+      vrank = me - extra;
+    }
+    if (vrank >= 0) {
+      for (int mask = 1; mask < pow2; mask <<= 1) {
+        const int vpartner = vrank ^ mask;
+        const int partner = vpartner < extra ? vpartner * 2 + 1 : vpartner + extra;
+        auto r = op.recv(partner, incoming.data(), bytes);
+        auto s = op.send(partner, data, bytes);
+        op.wait_recv(r, partner, bytes);
+        op.wait_send(s, partner);  // data is rewritten next: the send must have read it
+        combine(rop, type, data, incoming.data(), count);
+      }
+      if (me < 2 * extra) op.wait_send(op.send(me - 1, data, bytes), me - 1);
+    } else {
+      op.wait_recv(op.recv(me + 1, data, bytes), me + 1, bytes);
+    }
+  }
+  finish_average(rop, type, data, count, n);
+}
+
+}  // namespace shardkit::comm::algorithms

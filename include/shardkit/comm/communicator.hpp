@@ -1,0 +1,106 @@
+#pragma once
+//! The communicator concept: a group of ranks that runs collectives natively.
+//!
+//! NCCL and Gloo model it directly with their own algorithms; any p2p transport becomes one through
+//! p2p_communicator (generic ring / recursive-doubling / tree / pairwise algorithms). process_group wraps any
+//! communicator and adds what every backend needs the same way: asynchronous work handles run by a progress
+//! engine of the group's own, per-operation timeouts, argument checks, optional cross-rank fingerprints.
+//!
+//! A type C models shardkit::comm::communicator when it opts in with
+//! `using communicator_concept = shardkit::comm::communicator_tag;` and, for `c` a C&, `o` a
+//! `const collective_options&` (o.until is the deadline, o.algo an algorithm request it may ignore):
+//!
+//! | expression                                  | semantics (blocking on the calling thread until done or o.until) |
+//! |---------------------------------------------|-------------------------------------------------------------------|
+//! | c.rank(), c.size()                          | this rank in the group, number of ranks                           |
+//! | c.supports(device)                          | whether buffers on that device are accepted                       |
+//! | c.all_reduce(in, out, op, o)                | out = op over ranks of in; in.data() == out.data() is in-place    |
+//! | c.all_gather(in, out, o)                    | out = concat over ranks of in (out.count = size * in.count)       |
+//! | c.all_gatherv(in, out, counts, o)           | as all_gather with counts[r] elements from rank r                 |
+//! | c.reduce_scatter(in, out, op, o)            | out = rank's block of op over ranks of in (in = size * out)       |
+//! | c.broadcast(data, root, o)                  | data = root's data                                                |
+//! | c.reduce(in, out, op, root, o)              | out (on root only) = op over ranks of in                          |
+//! | c.all_to_all(in, out, o)                    | block j of in goes to rank j; block i of out came from rank i     |
+//! | c.all_to_allv(in, in_counts, out, out_counts, o) | as all_to_all with per-rank element counts                   |
+//! | c.barrier(o)                                | returns once every rank has entered                               |
+//! | c.send(in, peer, tag, o), c.recv(out, peer, tag, o) | point-to-point within the group (tag < 2^31)              |
+//! | c.split(color, key, o)                      | collective; std::optional<C>: ranks of one color, ordered by      |
+//! |                                             | (key, rank); nullopt for color < 0                                |
+//!
+//! Arguments have already been checked by process_group against the local rank's view (sizes, dtypes, root).
+//! Inconsistency *across* ranks must be detected where the backend can (size mismatch of a message) and reported
+//! as errc::mismatch. Errors are thrown as shardkit::error.
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "shardkit/core/buffer.hpp"
+#include "shardkit/core/completion.hpp"
+#include "shardkit/core/reduce_op.hpp"
+
+namespace shardkit::comm {
+
+struct communicator_tag {};
+
+//! Which algorithm a generic (p2p) communicator runs. Native backends ignore the request.
+enum class algorithm : std::uint8_t {
+  automatic,           //!< by message size: recursive doubling when small, ring when large
+  ring,                //!< bandwidth-optimal ring (reduce-scatter + all-gather), pipelined in segments
+  recursive_doubling,  //!< latency-optimal log2(n) exchanges of the whole buffer
+  tree,                //!< binomial tree (broadcast, reduce)
+};
+
+constexpr std::string_view to_string(algorithm a) noexcept {
+  switch (a) {
+    case algorithm::automatic: return "auto";
+    case algorithm::ring: return "ring";
+    case algorithm::recursive_doubling: return "recursive_doubling";
+    case algorithm::tree: return "tree";
+  }
+  return "?";
+}
+
+struct collective_options {
+  deadline until = no_deadline;
+  algorithm algo = algorithm::automatic;
+};
+
+template <class C>
+concept opts_into_communicator = requires { typename C::communicator_concept; } &&
+                                 std::same_as<typename C::communicator_concept, communicator_tag>;
+
+template <class C>
+concept has_group_shape = requires(const C& c, device d) {
+  { c.rank() } -> std::convertible_to<int>;
+  { c.size() } -> std::convertible_to<int>;
+  { c.supports(d) } -> std::same_as<bool>;
+};
+
+template <class C>
+concept has_collectives = requires(C& c, const_buffer_view in, buffer_view out, reduce_op op, int root,
+                                   std::span<const std::size_t> counts, const collective_options& o) {
+  c.all_reduce(in, out, op, o);
+  c.all_gather(in, out, o);
+  c.all_gatherv(in, out, counts, o);
+  c.reduce_scatter(in, out, op, o);
+  c.broadcast(out, root, o);
+  c.reduce(in, out, op, root, o);
+  c.all_to_all(in, out, o);
+  c.all_to_allv(in, counts, out, counts, o);
+  c.barrier(o);
+  c.send(in, root, std::uint32_t{}, o);
+  c.recv(out, root, std::uint32_t{}, o);
+};
+
+template <class C>
+concept splittable = requires(C& c, int color, int key, const collective_options& o) {
+  { c.split(color, key, o) } -> std::same_as<std::optional<C>>;
+};
+
+template <class C>
+concept communicator = opts_into_communicator<C> && std::move_constructible<C> && has_group_shape<C> &&
+                       has_collectives<C> && splittable<C>;
+
+}  // namespace shardkit::comm

@@ -1,0 +1,101 @@
+#pragma once
+//! Type erasure for communicators, so process_group (and FSDP, the checkpointer, the loader above it) is one
+//! concrete type whatever backend runs underneath. User-facing types model the concept; only this erasure is
+//! virtual.
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "shardkit/comm/communicator.hpp"
+
+namespace shardkit::comm::detail {
+
+struct communicator_interface {
+  virtual ~communicator_interface() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual bool supports(device) const = 0;
+  virtual void all_reduce(const_buffer_view, buffer_view, reduce_op, const collective_options&) = 0;
+  virtual void all_gather(const_buffer_view, buffer_view, const collective_options&) = 0;
+  virtual void all_gatherv(const_buffer_view, buffer_view, std::span<const std::size_t>, const collective_options&) = 0;
+  virtual void reduce_scatter(const_buffer_view, buffer_view, reduce_op, const collective_options&) = 0;
+  virtual void broadcast(buffer_view, int, const collective_options&) = 0;
+  virtual void reduce(const_buffer_view, buffer_view, reduce_op, int, const collective_options&) = 0;
+  virtual void all_to_all(const_buffer_view, buffer_view, const collective_options&) = 0;
+  virtual void all_to_allv(const_buffer_view, std::span<const std::size_t>, buffer_view, std::span<const std::size_t>,
+                           const collective_options&) = 0;
+  virtual void barrier(const collective_options&) = 0;
+  //! Point-to-point returns a completion at once; backends without native async p2p run it on a helper thread.
+  virtual completion isend(const_buffer_view, int, std::uint32_t, const collective_options&) = 0;
+  virtual completion irecv(buffer_view, int, std::uint32_t, const collective_options&) = 0;
+  virtual std::unique_ptr<communicator_interface> split(int, int, const collective_options&) = 0;
+};
+
+//! A communicator may offer asynchronous point-to-point natively.
+template <class C>
+concept has_async_p2p = requires(C& c, const_buffer_view in, buffer_view out, int peer, std::uint32_t tag,
+                                 const collective_options& o) {
+  { c.isend(in, peer, tag, o) } -> std::same_as<completion>;
+  { c.irecv(out, peer, tag, o) } -> std::same_as<completion>;
+};
+
+template <communicator C>
+class communicator_model final : public communicator_interface {
+ public:
+  explicit communicator_model(C c) : comm_(std::move(c)) {}
+  int rank() const override { return comm_.rank(); }
+  int size() const override { return comm_.size(); }
+  bool supports(device d) const override { return comm_.supports(d); }
+  void all_reduce(const_buffer_view in, buffer_view out, reduce_op op, const collective_options& o) override {
+    comm_.all_reduce(in, out, op, o);
+  }
+  void all_gather(const_buffer_view in, buffer_view out, const collective_options& o) override { comm_.all_gather(in, out, o); }
+  void all_gatherv(const_buffer_view in, buffer_view out, std::span<const std::size_t> c, const collective_options& o) override {
+    comm_.all_gatherv(in, out, c, o);
+  }
+  void reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op, const collective_options& o) override {
+    comm_.reduce_scatter(in, out, op, o);
+  }
+  void broadcast(buffer_view d, int root, const collective_options& o) override { comm_.broadcast(d, root, o); }
+  void reduce(const_buffer_view in, buffer_view out, reduce_op op, int root, const collective_options& o) override {
+    comm_.reduce(in, out, op, root, o);
+  }
+  void all_to_all(const_buffer_view in, buffer_view out, const collective_options& o) override { comm_.all_to_all(in, out, o); }
+  void all_to_allv(const_buffer_view in, std::span<const std::size_t> ic, buffer_view out, std::span<const std::size_t> oc,
+                   const collective_options& o) override {
+    comm_.all_to_allv(in, ic, out, oc, o);
+  }
+  void barrier(const collective_options& o) override { comm_.barrier(o); }
+  completion isend(const_buffer_view in, int peer, std::uint32_t tag, const collective_options& o) override {
+    if constexpr (has_async_p2p<C>) return comm_.isend(in, peer, tag, o);
+    else return on_thread([=, this] { comm_.send(in, peer, tag, o); });
+  }
+  completion irecv(buffer_view out, int peer, std::uint32_t tag, const collective_options& o) override {
+    if constexpr (has_async_p2p<C>) return comm_.irecv(out, peer, tag, o);
+    else return on_thread([=, this] { comm_.recv(out, peer, tag, o); });
+  }
+  std::unique_ptr<communicator_interface> split(int color, int key, const collective_options& o) override {
+    auto child = comm_.split(color, key, o);
+    if (!child) return nullptr;
+    return std::make_unique<communicator_model>(std::move(*child));
+  }
+  C& get() noexcept { return comm_; }
+
+ private:
+  template <class F>
+  static completion on_thread(F f) {
+    auto c = completion::pending();
+    std::thread([c, f = std::move(f)]() mutable {
+      try {
+        f();
+        c.set_done();
+      } catch (...) {
+        c.set_error(std::current_exception());
+      }
+    }).detach();
+    return c;
+  }
+  C comm_;
+};
+
+}  // namespace shardkit::comm::detail

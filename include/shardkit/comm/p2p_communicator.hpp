@@ -1,0 +1,247 @@
+#pragma once
+//! p2p_communicator: turns any p2p transport into a communicator with the generic algorithms.
+//!
+//! Groups made by split() share their parent's transport (no new connections); each group owns a distinct id that
+//! goes into every message tag, together with the operation's sequence number, so concurrent groups over one
+//! transport never match each other's messages.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "shardkit/comm/algorithms/pairwise.hpp"
+#include "shardkit/comm/algorithms/recursive_doubling.hpp"
+#include "shardkit/comm/algorithms/ring.hpp"
+#include "shardkit/comm/algorithms/tree.hpp"
+#include "shardkit/comm/communicator.hpp"
+#include "shardkit/transport/p2p.hpp"
+
+namespace shardkit::comm {
+
+struct p2p_options {
+  //! all_reduce at or below this many bytes uses recursive doubling (SHARDKIT_RD_THRESHOLD overrides).
+  std::size_t recursive_doubling_max_bytes = 64 * 1024;
+  //! Pipeline segment of the ring and tree algorithms (SHARDKIT_SEGMENT_BYTES overrides).
+  std::size_t segment_bytes = 1 << 20;
+
+  static p2p_options from_env() {
+    p2p_options o;
+    if (const char* v = std::getenv("SHARDKIT_RD_THRESHOLD")) o.recursive_doubling_max_bytes = std::strtoull(v, nullptr, 10);
+    if (const char* v = std::getenv("SHARDKIT_SEGMENT_BYTES")) {
+      const auto s = std::strtoull(v, nullptr, 10);
+      if (s == 0) throw_error(errc::config, "SHARDKIT_SEGMENT_BYTES must be a positive byte count, got '" + std::string(v) + "'");
+      o.segment_bytes = s;
+    }
+    return o;
+  }
+};
+
+template <transport::p2p T>
+class p2p_communicator {
+  // One per rank and transport: the counter behind the group ids this rank hands out as a group leader.
+  struct rank_state {
+    std::atomic<std::uint32_t> next_group_counter{1};
+  };
+
+ public:
+  using communicator_concept = communicator_tag;
+
+  //! The world group over every rank of the transport.
+  explicit p2p_communicator(std::shared_ptr<T> transport, p2p_options opts = p2p_options::from_env())
+      : transport_(std::move(transport)), state_(std::make_shared<rank_state>()), opts_(opts) {
+    members_.resize(std::size_t(transport_->size()));
+    std::iota(members_.begin(), members_.end(), 0);
+    me_ = transport_->rank();
+  }
+
+  int rank() const noexcept { return me_; }
+  int size() const noexcept { return int(members_.size()); }
+  bool supports(device d) const noexcept { return d.kind == device_kind::host; }
+  //! Transport rank of each group rank.
+  const std::vector<int>& members() const noexcept { return members_; }
+  std::uint32_t group_id() const noexcept { return group_id_; }
+  T& transport() const noexcept { return *transport_; }
+
+  void all_reduce(const_buffer_view in, buffer_view out, reduce_op op, const collective_options& o) {
+    auto ctx = begin("all_reduce", o);
+    const std::size_t bytes = out.size_bytes();
+    algorithm algo = o.algo;
+    if (algo == algorithm::automatic || algo == algorithm::tree)
+      algo = (bytes <= opts_.recursive_doubling_max_bytes || out.count() < std::size_t(size())) ? algorithm::recursive_doubling
+                                                                                            : algorithm::ring;
+    if (algo == algorithm::recursive_doubling) {
+      if (in.data() != out.data() && bytes) std::memmove(out.data(), in.data(), bytes);
+      algorithms::recursive_doubling_all_reduce(ctx, out.data(), out.count(), out.type(), op);
+    } else {
+      algorithms::ring_all_reduce(ctx, in.data(), out.data(), out.count(), out.type(), op, segment_elems(out.type()));
+    }
+  }
+
+  void all_gather(const_buffer_view in, buffer_view out, const collective_options& o) {
+    std::vector<std::size_t> counts(std::size_t(size()), in.count());
+    gather(in, out, algorithms::partition::from_counts(counts), "all_gather", o);
+  }
+
+  void all_gatherv(const_buffer_view in, buffer_view out, std::span<const std::size_t> counts, const collective_options& o) {
+    gather(in, out, algorithms::partition::from_counts(counts), "all_gatherv", o);
+  }
+
+  void reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op, const collective_options& o) {
+    auto ctx = begin("reduce_scatter", o);
+    std::vector<std::size_t> counts(std::size_t(size()), out.count());
+    algorithms::ring_reduce_scatter(ctx, in.data(), out.data(), algorithms::partition::from_counts(counts), out.type(),
+                                    op, segment_elems(out.type()));
+    finish_average(op, out.type(), out.data(), out.count(), size());
+  }
+
+  void broadcast(buffer_view data, int root, const collective_options& o) {
+    auto ctx = begin("broadcast", o);
+    algorithms::tree_broadcast(ctx, data.data(), data.count(), data.element_size(), root, segment_elems(data.type()));
+  }
+
+  void reduce(const_buffer_view in, buffer_view out, reduce_op op, int root, const collective_options& o) {
+    auto ctx = begin("reduce", o);
+    algorithms::tree_reduce(ctx, in.data(), out.data(), in.count(), in.type(), op, root);
+  }
+
+  void all_to_all(const_buffer_view in, buffer_view out, const collective_options& o) {
+    const std::size_t block = in.count() / std::size_t(size());
+    std::vector<std::size_t> counts(std::size_t(size()), block);
+    exchange(in, algorithms::partition::from_counts(counts), out, algorithms::partition::from_counts(counts), "all_to_all", o);
+  }
+
+  void all_to_allv(const_buffer_view in, std::span<const std::size_t> in_counts, buffer_view out,
+                   std::span<const std::size_t> out_counts, const collective_options& o) {
+    exchange(in, algorithms::partition::from_counts(in_counts), out, algorithms::partition::from_counts(out_counts),
+             "all_to_allv", o);
+  }
+
+  void barrier(const collective_options& o) {
+    auto ctx = begin("barrier", o);
+    algorithms::dissemination_barrier(ctx);
+  }
+
+  //! Point-to-point inside the group. User tags live in their own tag range (bit 63 set), so they can never
+  //! match a collective's messages; they do not advance the collective sequence.
+  void send(const_buffer_view in, int peer, std::uint32_t tag, const collective_options& o) {
+    auto ctx = user_op("send", tag, o);
+    ctx.wait_send(ctx.send(peer, in.data(), in.size_bytes()), peer);
+  }
+  void recv(buffer_view out, int peer, std::uint32_t tag, const collective_options& o) {
+    auto ctx = user_op("recv", tag, o);
+    ctx.wait_recv(ctx.recv(peer, out.data(), out.size_bytes()), peer, out.size_bytes());
+  }
+
+  //! Asynchronous point-to-point straight on the transport (process_group uses these, so a recv waiting for
+  //! its message never blocks the group's collectives or a send issued after it).
+  completion isend(const_buffer_view in, int peer, std::uint32_t tag, const collective_options&) {
+    return transport_->send(members_[std::size_t(peer)], user_tag("send", tag), in.bytes());
+  }
+  completion irecv(buffer_view out, int peer, std::uint32_t tag, const collective_options&) {
+    auto got = transport_->recv(members_[std::size_t(peer)], user_tag("recv", tag), out.bytes());
+    auto result = completion::pending();
+    const std::size_t expected = out.size_bytes();
+    error_context ctx{.rank = me_, .peer = peer, .operation = "recv"};
+    got.then([got, result, expected, ctx] {
+      if (auto e = got.exception()) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const error& err) {
+          result.set_error(err.with_context(ctx));
+        } catch (...) {
+          result.set_error(std::current_exception());
+        }
+      } else if (got.bytes() != expected) {
+        result.set_error(error(errc::mismatch,
+                               "message of " + std::to_string(got.bytes()) + " bytes where " + std::to_string(expected) +
+                                   " were expected: sender and receiver disagree on the size",
+                               ctx));
+      } else {
+        result.set_done(got.bytes());
+      }
+    });
+    result.on_cancel([got] { return got.cancel(); });
+    return result;
+  }
+
+  std::optional<p2p_communicator> split(int color, int key, const collective_options& o) {
+    // Every rank shares (color, key, the id it would hand out as leader); members of a color sort by
+    // (key, rank) and adopt their leader's id, which is unique because only that rank hands it out.
+    const std::uint32_t offered = state_->next_group_counter.load();
+    std::int64_t mine[3] = {color, key, std::int64_t(offered)};
+    std::vector<std::int64_t> all(std::size_t(size()) * 3);
+    all_gather(const_buffer_view(mine, 3, dtype::i64), buffer_view(all.data(), all.size(), dtype::i64), o);
+    if (color < 0) return std::nullopt;
+    std::vector<std::tuple<std::int64_t, int>> chosen;  // (key, group rank)
+    for (int r = 0; r < size(); ++r)
+      if (all[std::size_t(r) * 3] == color) chosen.emplace_back(all[std::size_t(r) * 3 + 1], r);
+    std::sort(chosen.begin(), chosen.end());
+    const int leader = std::get<1>(chosen.front());
+    if (leader == me_) state_->next_group_counter.fetch_add(1);
+    const auto counter = std::uint32_t(all[std::size_t(leader) * 3 + 2]);
+    const auto leader_transport_rank = std::uint32_t(members_[std::size_t(leader)]);
+    if (leader_transport_rank >= (1u << 16) || counter >= (1u << 15))
+      throw error(errc::unsupported, "group ids are exhausted (more than 32767 splits led by one rank, or rank >= 65536)",
+                  {.rank = me_, .operation = "split"});
+    p2p_communicator child(*this);
+    child.members_.clear();
+    for (auto& [k, r] : chosen) {
+      if (r == me_) child.me_ = int(child.members_.size());
+      child.members_.push_back(members_[std::size_t(r)]);
+    }
+    child.group_id_ = (leader_transport_rank << 15) | counter;
+    child.seq_ = 0;
+    return child;
+  }
+
+ private:
+  algorithms::p2p_op<T> begin(const char* name, const collective_options& o) {
+    // Tag: bit 63 clear, 31 bits group id, 24 bits sequence (wraps harmlessly: ops that far apart never overlap).
+    const auto tag = (transport::message_tag(group_id_) << 32) | (transport::message_tag(seq_++ & 0xffffffu) << 8);
+    return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, {});
+  }
+  transport::message_tag user_tag(const char* name, std::uint32_t tag) const {
+    if (tag >= (1u << 31)) throw error(errc::invalid_argument, "user tags must be below 2^31", {.rank = me_, .operation = name});
+    return (transport::message_tag(1) << 63) | (transport::message_tag(group_id_) << 32) | tag;
+  }
+  algorithms::p2p_op<T> user_op(const char* name, std::uint32_t tag, const collective_options& o) {
+    return algorithms::p2p_op<T>(*transport_, members_, me_, user_tag(name, tag), o.until, name, {});
+  }
+  std::size_t segment_elems(dtype t) const noexcept { return std::max<std::size_t>(1, opts_.segment_bytes / size_of(t)); }
+
+  void gather(const_buffer_view in, buffer_view out, const algorithms::partition& part, const char* name,
+              const collective_options& o) {
+    auto ctx = begin(name, o);
+    const std::size_t es = out.element_size();
+    std::byte* mine = out.data() + part.begin(me_) * es;
+    if (mine != in.data() && in.size_bytes()) std::memmove(mine, in.data(), in.size_bytes());
+    algorithms::ring_all_gather(ctx, out.data(), part, es, segment_elems(out.type()));
+  }
+
+  void exchange(const_buffer_view in, const algorithms::partition& in_part, buffer_view out,
+                const algorithms::partition& out_part, const char* name, const collective_options& o) {
+    auto ctx = begin(name, o);
+    std::vector<std::byte> copy;
+    const std::byte* src = in.data();
+    if (overlaps(in, out)) {  // in-place all_to_all: the exchange needs the input intact until every send is done
+      copy.assign(in.data(), in.data() + in.size_bytes());
+      src = copy.data();
+    }
+    algorithms::pairwise_all_to_all(ctx, src, in_part, out.data(), out_part, out.element_size());
+  }
+
+  std::shared_ptr<T> transport_;
+  std::shared_ptr<rank_state> state_;
+  p2p_options opts_;
+  std::vector<int> members_;
+  int me_ = 0;
+  std::uint32_t group_id_ = 0;
+  std::uint32_t seq_ = 0;
+};
+
+}  // namespace shardkit::comm

@@ -1,0 +1,369 @@
+#pragma once
+//! process_group: a group of ranks that runs collectives, over any communicator.
+//!
+//! Every call checks its arguments on the calling thread (a bad call throws at once, naming rank, group and op),
+//! then queues the operation on the group's own progress engine and returns a work handle. Operations of one
+//! group run in issue order; different groups (split, dup) run concurrently. Each operation has a deadline
+//! (the group's timeout unless the call gives one); a failed or timed-out collective leaves peers in an unknown
+//! state, so the group is then marked broken and later calls fail fast with the original cause, as NCCL's
+//! abort-on-timeout does.
+//!
+//! With `check_consistency` (SHARDKIT_DEBUG=detail) every collective is preceded by an exchange of fingerprints
+//! (op, dtype, count, root, reduce op) and a mismatch fails all ranks with errc::mismatch naming the ranks.
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "shardkit/comm/communicator.hpp"
+#include "shardkit/comm/detail/any_communicator.hpp"
+#include "shardkit/comm/detail/progress_engine.hpp"
+#include "shardkit/comm/work.hpp"
+#include "shardkit/core/log.hpp"
+
+namespace shardkit::comm {
+
+struct group_options {
+  std::string name = "world";
+  //! Deadline of each operation, from the moment it is issued (SHARDKIT_TIMEOUT_MS; default 30 minutes).
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);
+  //! Exchange and compare op fingerprints before each collective (SHARDKIT_DEBUG=detail).
+  bool check_consistency = false;
+
+  static group_options from_env() {
+    group_options o;
+    if (const char* v = std::getenv("SHARDKIT_TIMEOUT_MS")) {
+      char* end = nullptr;
+      const long long ms = std::strtoll(v, &end, 10);
+      if (end == v || *end != '\0' || ms <= 0)
+        throw_error(errc::config, "SHARDKIT_TIMEOUT_MS must be a positive number of milliseconds, got '" + std::string(v) + "'");
+      o.timeout = std::chrono::milliseconds(ms);
+    }
+    if (const char* v = std::getenv("SHARDKIT_DEBUG")) o.check_consistency = std::string_view(v) == "detail";
+    return o;
+  }
+};
+
+struct op_options {
+  std::chrono::milliseconds timeout{0};  //!< 0: the group's timeout
+  algorithm algo = algorithm::automatic;
+};
+
+class process_group {
+  struct impl;
+
+ public:
+  process_group() = default;
+
+  //! Wraps a communicator; `opts` defaults from the environment.
+  template <communicator C>
+  static process_group create(C comm, group_options opts = group_options::from_env()) {
+    return process_group(std::make_unique<detail::communicator_model<C>>(std::move(comm)), std::move(opts));
+  }
+
+  explicit operator bool() const noexcept { return impl_ != nullptr; }
+  int rank() const { return self().comm->rank(); }
+  int size() const { return self().comm->size(); }
+  const std::string& name() const { return self().opts.name; }
+  const group_options& options() const { return self().opts; }
+
+  // ---- collectives ----
+  work all_reduce(buffer_view data, reduce_op op = reduce_op::sum, op_options o = {}) { return all_reduce(data, data, op, o); }
+  work all_reduce(const_buffer_view in, buffer_view out, reduce_op op = reduce_op::sum, op_options o = {}) {
+    auto& s = self();
+    s.check_pair("all_reduce", in, out, in.count());
+    s.check_alias("all_reduce", in, out, out);
+    return s.submit("all_reduce", {kind::all_reduce, in.type(), out.count(), -1, op}, o,
+                    [=](detail::communicator_interface& c, const collective_options& co) { c.all_reduce(in, out, op, co); });
+  }
+
+  //! out = concatenation of every rank's `in` (out.count() == size() * in.count()); in-place when `in` is
+  //! this rank's slot of `out`.
+  work all_gather(const_buffer_view in, buffer_view out, op_options o = {}) {
+    auto& s = self();
+    s.check_pair("all_gather", in, out, in.count() * std::size_t(s.comm->size()));
+    s.check_alias("all_gather", in, out, out.slice(in.count() * std::size_t(s.comm->rank()), in.count()));
+    return s.submit("all_gather", {kind::all_gather, in.type(), in.count(), -1, reduce_op::sum}, o,
+                    [=](detail::communicator_interface& c, const collective_options& co) { c.all_gather(in, out, co); });
+  }
+
+  //! As all_gather with counts[r] elements from rank r (counts must be the same on every rank).
+  work all_gatherv(const_buffer_view in, buffer_view out, std::vector<std::size_t> counts, op_options o = {}) {
+    auto& s = self();
+    s.check_counts("all_gatherv", counts, "counts");
+    if (counts[std::size_t(s.comm->rank())] != in.count())
+      s.fail_arg("all_gatherv", "counts[" + std::to_string(s.comm->rank()) + "] is " + std::to_string(counts[std::size_t(s.comm->rank())]) +
+                                    " but this rank's input has " + std::to_string(in.count()) + " elements");
+    const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+    const std::size_t before = std::accumulate(counts.begin(), counts.begin() + s.comm->rank(), std::size_t{0});
+    s.check_pair("all_gatherv", in, out, total);
+    s.check_alias("all_gatherv", in, out, out.slice(before, in.count()));
+    return s.submit("all_gatherv", {kind::all_gatherv, in.type(), total, -1, reduce_op::sum}, o,
+                    [=, counts = std::move(counts)](detail::communicator_interface& c, const collective_options& co) {
+                      c.all_gatherv(in, out, counts, co);
+                    });
+  }
+
+  //! out = this rank's block of the reduction of every rank's `in` (in.count() == size() * out.count()).
+  work reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op = reduce_op::sum, op_options o = {}) {
+    auto& s = self();
+    s.check_pair("reduce_scatter", out, in, out.count() * std::size_t(s.comm->size()), "input");
+    s.check_alias("reduce_scatter", out, in, in.slice(out.count() * std::size_t(s.comm->rank()), out.count()));
+    return s.submit("reduce_scatter", {kind::reduce_scatter, in.type(), out.count(), -1, op}, o,
+                    [=](detail::communicator_interface& c, const collective_options& co) { c.reduce_scatter(in, out, op, co); });
+  }
+
+  work broadcast(buffer_view data, int root, op_options o = {}) {
+    auto& s = self();
+    s.check_root("broadcast", root);
+    s.check_device("broadcast", data);
+    return s.submit("broadcast", {kind::broadcast, data.type(), data.count(), root, reduce_op::sum}, o,
+                    [=](detail::communicator_interface& c, const collective_options& co) { c.broadcast(data, root, co); });
+  }
+
+  //! On `root`, out = reduction of every rank's `in`; other ranks may pass an empty `out`.
+  work reduce(const_buffer_view in, buffer_view out, reduce_op op, int root, op_options o = {}) {
+    auto& s = self();
+    s.check_root("reduce", root);
+    s.check_device("reduce", in);
+    if (s.comm->rank() == root) {
+      s.check_pair("reduce", in, out, in.count());
+      s.check_alias("reduce", in, out, out);
+    }
+    return s.submit("reduce", {kind::reduce, in.type(), in.count(), root, op}, o,
+                    [=](detail::communicator_interface& c, const collective_options& co) { c.reduce(in, out, op, root, co); });
+  }
+
+  //! Block j of `in` goes to rank j, block i of `out` comes from rank i (equal blocks).
+  work all_to_all(const_buffer_view in, buffer_view out, op_options o = {}) {
+    auto& s = self();
+    s.check_pair("all_to_all", in, out, in.count());
+    if (in.count() % std::size_t(s.comm->size()) != 0)
+      s.fail_arg("all_to_all", std::to_string(in.count()) + " elements do not split into " + std::to_string(s.comm->size()) + " equal blocks");
+    return s.submit("all_to_all", {kind::all_to_all, in.type(), in.count(), -1, reduce_op::sum}, o,
+                    [=](detail::communicator_interface& c, const collective_options& co) { c.all_to_all(in, out, co); });
+  }
+
+  //! in_counts[j] elements (contiguous, in rank order) go to rank j; out_counts[i] elements come from rank i.
+  work all_to_allv(const_buffer_view in, std::vector<std::size_t> in_counts, buffer_view out,
+                   std::vector<std::size_t> out_counts, op_options o = {}) {
+    auto& s = self();
+    s.check_counts("all_to_allv", in_counts, "in_counts");
+    s.check_counts("all_to_allv", out_counts, "out_counts");
+    const auto in_total = std::accumulate(in_counts.begin(), in_counts.end(), std::size_t{0});
+    const auto out_total = std::accumulate(out_counts.begin(), out_counts.end(), std::size_t{0});
+    if (in_total != in.count())
+      s.fail_arg("all_to_allv", "in_counts add up to " + std::to_string(in_total) + " but the input has " + std::to_string(in.count()) + " elements");
+    if (out_total != out.count())
+      s.fail_arg("all_to_allv", "out_counts add up to " + std::to_string(out_total) + " but the output has " + std::to_string(out.count()) + " elements");
+    s.check_pair("all_to_allv", in, out, out.count());
+    return s.submit("all_to_allv", {kind::all_to_allv, in.type(), 0, -1, reduce_op::sum}, o,
+                    [=, ic = std::move(in_counts), oc = std::move(out_counts)](detail::communicator_interface& c,
+                                                                                const collective_options& co) {
+                      c.all_to_allv(in, ic, out, oc, co);
+                    });
+  }
+
+  work barrier(op_options o = {}) {
+    return self().submit("barrier", {kind::barrier, dtype::u8, 0, -1, reduce_op::sum}, o,
+                         [](detail::communicator_interface& c, const collective_options& co) { c.barrier(co); });
+  }
+
+  //! Point-to-point. These bypass the progress queue (a pending recv must not hold up the group's collectives);
+  //! messages between two ranks with one tag arrive in order. The recv must be the exact size that was sent.
+  work send(const_buffer_view in, int peer, std::uint32_t tag = 0) {
+    auto& s = self();
+    s.check_peer("send", peer);
+    s.check_device("send", in);
+    if (auto b = s.broken_work()) return *b;
+    return work(s.comm->isend(in, peer, tag, {}));
+  }
+  work recv(buffer_view out, int peer, std::uint32_t tag = 0) {
+    auto& s = self();
+    s.check_peer("recv", peer);
+    s.check_device("recv", out);
+    if (auto b = s.broken_work()) return *b;
+    return work(s.comm->irecv(out, peer, tag, {}));
+  }
+
+  // ---- groups ----
+  //! Collective over this group: ranks passing the same color form a new group, ordered by (key, rank).
+  //! A negative color takes no part (returns an empty process_group). Blocks until the new group exists.
+  process_group split(int color, int key, group_options opts) {
+    auto& s = self();
+    auto promise = std::make_shared<std::promise<std::unique_ptr<detail::communicator_interface>>>();
+    auto fut = promise->get_future();
+    work w = s.submit("split", {kind::split, dtype::u8, 0, -1, reduce_op::sum}, {},
+                      [=](detail::communicator_interface& c, const collective_options& co) { promise->set_value(c.split(color, key, co)); });
+    w.wait();
+    auto child = fut.get();
+    if (!child) return {};
+    return process_group(std::move(child), std::move(opts));
+  }
+  process_group split(int color, int key) {
+    group_options o = self().opts;
+    o.name = self().opts.name + ".split(" + std::to_string(color) + ")";
+    return split(color, key, std::move(o));
+  }
+  //! A new group with the same ranks and an independent sequence of operations and progress engine, e.g. for
+  //! checkpoint collectives that must never interleave with training collectives.
+  process_group dup(group_options opts) { return split(0, rank(), std::move(opts)); }
+  process_group dup() {
+    group_options o = self().opts;
+    o.name = self().opts.name + ".dup";
+    return dup(std::move(o));
+  }
+
+  //! Marks the group broken: queued and later operations fail with errc::aborted and `reason`.
+  void abort(const std::string& reason) {
+    self().mark_broken(std::make_exception_ptr(error(errc::aborted, reason, self().context("abort"))));
+  }
+  //! The failure that broke the group, if any.
+  std::exception_ptr broken_by() const {
+    std::lock_guard lock(self().mutex);
+    return self().broken;
+  }
+
+ private:
+  enum class kind : std::int64_t { all_reduce = 1, all_gather, all_gatherv, reduce_scatter, broadcast, reduce, all_to_all,
+                                   all_to_allv, barrier, split };
+  struct fingerprint {
+    kind op;
+    dtype type;
+    std::size_t count;
+    int root;
+    reduce_op rop;
+  };
+
+  process_group(std::unique_ptr<detail::communicator_interface> comm, group_options opts)
+      : impl_(std::make_shared<impl>(std::move(comm), std::move(opts))) {}
+
+  struct impl {
+    std::unique_ptr<detail::communicator_interface> comm;
+    group_options opts;
+    mutable std::mutex mutex;
+    std::exception_ptr broken;
+    detail::progress_engine engine;  // last: destroyed (joined) before the communicator it uses
+
+    impl(std::unique_ptr<detail::communicator_interface> c, group_options o) : comm(std::move(c)), opts(std::move(o)) {}
+
+    error_context context(std::string op) const {
+      return {.rank = comm->rank(), .operation = std::move(op), .group = opts.name};
+    }
+    [[noreturn]] void fail_arg(const std::string& op, const std::string& what) const {
+      throw error(errc::invalid_argument, what, context(op));
+    }
+    void check_device(const std::string& op, const_buffer_view b) const {
+      if (!comm->supports(b.dev())) fail_arg(op, "this group's backend does not accept buffers on " + to_string(b.dev()));
+    }
+    void check_root(const std::string& op, int root) const {
+      if (root < 0 || root >= comm->size())
+        fail_arg(op, "root " + std::to_string(root) + " is outside the group's ranks [0, " + std::to_string(comm->size()) + ")");
+    }
+    void check_peer(const std::string& op, int peer) const {
+      if (peer < 0 || peer >= comm->size() || peer == comm->rank())
+        fail_arg(op, "peer " + std::to_string(peer) + " is not another rank of the group (size " + std::to_string(comm->size()) + ")");
+    }
+    void check_counts(const std::string& op, const std::vector<std::size_t>& counts, const char* name) const {
+      if (counts.size() != std::size_t(comm->size()))
+        fail_arg(op, std::string(name) + " has " + std::to_string(counts.size()) + " entries for a group of " + std::to_string(comm->size()));
+    }
+    //! Same dtype and device on both sides, and `sized` holds exactly `expected` elements.
+    void check_pair(const std::string& op, const_buffer_view a, const_buffer_view sized, std::size_t expected,
+                    const char* sized_name = "output") const {
+      check_device(op, a);
+      check_device(op, sized);
+      if (a.dev() != sized.dev()) fail_arg(op, "input and output live on different devices");
+      if (a.type() != sized.type())
+        fail_arg(op, "input and output dtypes differ (" + std::string(to_string(a.type())) + " vs " +
+                         std::string(to_string(sized.type())) + ")");
+      if (sized.count() != expected)
+        fail_arg(op, std::string(sized_name) + " has " + std::to_string(sized.count()) + " elements where " +
+                         std::to_string(expected) + " are required");
+      if ((a.count() && !a.data()) || (sized.count() && !sized.data())) fail_arg(op, "a non-empty buffer has a null pointer");
+    }
+    //! The smaller buffer either does not overlap the larger, or is exactly the in-place slot within it.
+    void check_alias(const std::string& op, const_buffer_view small, const_buffer_view large, const_buffer_view slot) const {
+      if (!overlaps(small, large)) return;
+      if (small.data() == slot.data() && small.size_bytes() == slot.size_bytes()) return;
+      fail_arg(op, "input and output overlap without being the in-place layout");
+    }
+
+    std::optional<work> broken_work() const {
+      std::lock_guard lock(mutex);
+      if (!broken) return std::nullopt;
+      return work(completion::failed(broken));
+    }
+    void mark_broken(std::exception_ptr e) {
+      std::lock_guard lock(mutex);
+      if (!broken) broken = std::move(e);
+    }
+
+    template <class F>
+    work submit(const char* name, fingerprint fp, op_options o, F&& run) {
+      if (auto b = broken_work()) return *b;
+      auto done = completion::pending();
+      const auto timeout = o.timeout.count() > 0 ? o.timeout : opts.timeout;
+      const collective_options co{deadline_after(timeout), o.algo};
+      engine.post([this, done, co, fp, name, run = std::forward<F>(run)]() mutable {
+        try {
+          if (auto b = broken_work()) {
+            done.set_error(b->exception());
+            return;
+          }
+          if (opts.check_consistency) check_fingerprints(name, fp, co);
+          run(*comm, co);
+          done.set_done();
+        } catch (const error& e) {
+          auto ex = std::make_exception_ptr(e.with_context(context(name)));
+          if (e.code() != errc::invalid_argument && e.code() != errc::unsupported) mark_broken(ex);
+          log::write(log::level::error, comm->rank(), e.with_context(context(name)).what());
+          done.set_error(ex);
+        } catch (...) {
+          auto ex = std::current_exception();
+          mark_broken(ex);
+          done.set_error(ex);
+        }
+      });
+      return work(done);
+    }
+
+    void check_fingerprints(const char* name, const fingerprint& fp, const collective_options& co) {
+      const int n = comm->size();
+      std::int64_t mine[5] = {std::int64_t(fp.op), std::int64_t(fp.type), std::int64_t(fp.count), fp.root,
+                              std::int64_t(fp.rop)};
+      std::vector<std::int64_t> all(std::size_t(n) * 5);
+      comm->all_gather(const_buffer_view(mine, 5, dtype::i64), buffer_view(all.data(), all.size(), dtype::i64), co);
+      std::ostringstream diff;
+      const auto describe = [&](int r) {
+        const std::int64_t* f = &all[std::size_t(r) * 5];
+        std::ostringstream os;
+        os << "rank " << r << " called op#" << f[0] << " (dtype " << to_string(dtype(f[1])) << ", count " << f[2];
+        if (f[3] >= 0) os << ", root " << f[3];
+        os << ", op " << to_string(reduce_op(f[4])) << ")";
+        return os.str();
+      };
+      for (int r = 1; r < n; ++r)
+        if (!std::equal(&all[0], &all[5], &all[std::size_t(r) * 5])) diff << "; " << describe(r);
+      if (!diff.str().empty())
+        throw error(errc::mismatch, std::string("ranks called different collectives at the same point: ") + describe(0) + diff.str() +
+                                        " (this rank ran " + name + ")",
+                    context(name));
+    }
+  };
+
+  impl& self() const {
+    if (!impl_) throw_error(errc::invalid_argument, "use of an empty process_group (a split that this rank took no part in?)");
+    return *impl_;
+  }
+
+  std::shared_ptr<impl> impl_;
+};
+
+}  // namespace shardkit::comm

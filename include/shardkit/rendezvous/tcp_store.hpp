@@ -1,0 +1,390 @@
+#pragma once
+//! tcp_store: the rendezvous key-value store over TCP (like torch's TCPStore), on plain POSIX sockets.
+//!
+//! One process (normally rank 0) hosts a tcp_store_server (tcp_store_server.hpp, which also documents the wire
+//! protocol); every rank, the host included, talks to it through a tcp_store client, which models
+//! shardkit::rendezvous::store with memory_store's semantics. tcp_store::create() does both on the hosting rank,
+//! like torch's TCPStore(is_master=True).
+//!
+//! @code
+//! auto store = shardkit::rendezvous::tcp_store::create("10.0.0.1", 29500, rank == 0, world_size, 30s);
+//! store->set("addr/" + std::to_string(rank), my_address);
+//! auto peer = store->get("addr/0", 30s);
+//! @endcode
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "shardkit/core/completion.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/rendezvous/store.hpp"
+#include "shardkit/rendezvous/tcp_store_server.hpp"
+
+namespace shardkit::rendezvous {
+
+namespace detail {
+//! Waits until fd is ready for `events` or the deadline passes (false). POLLHUP/POLLERR count as ready: the
+//! following recv or send reports them.
+inline bool poll_until(int fd, short events, deadline dl) {
+  for (;;) {
+    int ms = -1;
+    if (dl != no_deadline) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(dl - steady_clock::now()).count();
+      ms = static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
+    }
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, ms);
+    if (r > 0) return true;
+    if (r == 0 && dl != no_deadline && steady_clock::now() >= dl) return false;
+    if (r < 0 && errno != EINTR) throw_error(errc::io, "poll: " + errno_message(errno));
+  }
+}
+
+inline std::string ms_text(std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; }
+}  // namespace detail
+
+struct tcp_store_options {
+  //! How long the constructor keeps retrying (with backoff) while the server is not up yet: ranks start in any
+  //! order. Zero or less retries forever.
+  std::chrono::milliseconds connect_timeout = default_store_timeout;
+  //! The timeout of get(key) and wait(keys) when none is given, and the bound on any other request's round trip.
+  std::chrono::milliseconds timeout = default_store_timeout;
+  //! The largest frame sent or accepted; keep it equal to the server's.
+  std::uint32_t max_frame_bytes = detail::default_max_frame_bytes;
+};
+
+//! A client of a tcp_store_server; models shardkit::rendezvous::store.
+//!
+//! Thread-safe: each request holds the connection for its round trip, so a long get()/wait() delays other
+//! threads' requests on the same client (use one client per thread for independent waits). A get()/wait()
+//! timeout leaves the connection usable. A lost connection (server gone, protocol violation, no answer to a
+//! non-waiting request within options.timeout) fails that request with errc::peer_lost, errc::protocol or
+//! errc::timeout and every later one with errc::closed: the store does not reconnect.
+class tcp_store {
+ public:
+  using store_concept = store_tag;
+
+  //! Connects to the server at host:port, retrying until options.connect_timeout; then errc::timeout naming
+  //! host:port and the last error.
+  tcp_store(std::string host, int port, tcp_store_options options = {})
+      : host_(std::move(host)), port_(port), opts_(options) {
+    if (port_ <= 0 || port_ > 65535)
+      throw_error(errc::invalid_argument, "port " + std::to_string(port_) + " is outside 1..65535",
+                  {.operation = "store.connect", .object = address()});
+    connect();
+  }
+  tcp_store(const tcp_store&) = delete;
+  tcp_store& operator=(const tcp_store&) = delete;
+
+  //! Like torch's TCPStore(host, port, world_size, is_master, timeout). With is_server, starts a server on
+  //! `port` (0 = ephemeral) listening on every interface, and connects to it over loopback; the server lives as
+  //! long as the returned client. With world_size, the server side returns only once world_size clients (itself
+  //! included) have called create(), or fails with errc::timeout saying how many joined. `timeout` is both the
+  //! connect timeout and the default request timeout.
+  static std::shared_ptr<tcp_store> create(const std::string& host, int port, bool is_server,
+                                           std::optional<int> world_size = std::nullopt,
+                                           std::chrono::milliseconds timeout = default_store_timeout) {
+    const tcp_store_options opts{.connect_timeout = timeout, .timeout = timeout};
+    std::shared_ptr<tcp_store> store;
+    if (is_server) {
+      auto server = std::make_shared<tcp_store_server>(tcp_store_server_options{.port = port});
+      // Loopback, not `host`: host names this machine as others see it and may not resolve here (yet).
+      store = std::make_shared<tcp_store>(server->local_address(), server->port(), opts);
+      store->server_ = std::move(server);
+    } else {
+      store = std::make_shared<tcp_store>(host, port, opts);
+    }
+    if (world_size) store->wait_for_workers(*world_size, is_server, timeout);
+    return store;
+  }
+
+  void set(const std::string& key, const std::string& value) {
+    detail::frame_reader(call("store.set", key, request(op::set).str(key).str(value))).finish();
+  }
+  std::string get(const std::string& key) { return get(key, opts_.timeout); }
+  //! Waits for key (the server parks the request; nobody polls) for up to timeout (<= 0: forever).
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) {
+    const auto payload = call("store.get", key, request(op::get).str(key), &timeout);
+    detail::frame_reader r(payload);
+    auto value = r.str();
+    r.finish();
+    return value;
+  }
+  void wait(std::span<const std::string> keys) { wait(keys, opts_.timeout); }
+  void wait(std::span<const std::string> keys, std::chrono::milliseconds timeout) {
+    detail::frame_reader(call("store.wait", {}, request(op::wait).strs(keys), &timeout)).finish();
+  }
+  bool check(std::span<const std::string> keys) {
+    return read_one(call("store.check", {}, request(op::check).strs(keys)), &detail::frame_reader::u8) != 0;
+  }
+  std::int64_t add(const std::string& key, std::int64_t delta) {
+    return read_one(call("store.add", key, request(op::add).str(key).i64(delta)), &detail::frame_reader::i64);
+  }
+  std::string compare_set(const std::string& key, const std::string& expected, const std::string& desired) {
+    return read_one(call("store.compare_set", key, request(op::compare_set).str(key).str(expected).str(desired)),
+                    &detail::frame_reader::str);
+  }
+  bool remove(const std::string& key) {
+    return read_one(call("store.remove", key, request(op::remove).str(key)), &detail::frame_reader::u8) != 0;
+  }
+  std::int64_t num_keys() { return read_one(call("store.num_keys", {}, request(op::num_keys)), &detail::frame_reader::i64); }
+
+  const std::string& host() const noexcept { return host_; }
+  int port() const noexcept { return port_; }
+  //! "host:port" of the server this client talks to.
+  std::string address() const { return detail::host_port(host_, port_); }
+  //! The in-process server when create() started one, else null.
+  const std::shared_ptr<tcp_store_server>& server() const noexcept { return server_; }
+
+ private:
+  using op = detail::store_op;
+
+  // What came back for a request: a payload, or (a get/wait that timed out) the keys still missing.
+  struct outcome {
+    std::string payload;
+    bool timed_out = false;
+    std::vector<std::string> missing;
+  };
+
+  static detail::frame_writer request(op o) { return detail::frame_writer(o); }
+
+  template <class T>
+  static T read_one(const std::string& payload, T (detail::frame_reader::*field)()) {
+    detail::frame_reader r(payload);
+    T v = (r.*field)();
+    r.finish();
+    return v;
+  }
+
+  // One round trip. `wait_timeout` marks a request the server may park; its deadline is the caller's.
+  std::string call(const char* operation, const std::string& object, detail::frame_writer& w,
+                   const std::chrono::milliseconds* wait_timeout = nullptr) {
+    const error_context ctx{.operation = operation, .object = object};
+    if (w.payload_size() > opts_.max_frame_bytes)
+      throw_error(errc::invalid_argument, "request of " + std::to_string(w.payload_size()) +
+                  " bytes exceeds max_frame_bytes " + std::to_string(opts_.max_frame_bytes), ctx);
+    std::lock_guard lock(mutex_);
+    if (!fd_) throw_error(errc::closed, "the connection to the store at " + address() + " was lost earlier", ctx);
+    outcome out;
+    try {
+      out = exchange(w.take(), wait_timeout);
+    } catch (const error& e) {
+      fd_.reset();  // the stream may be out of step: never reuse it
+      throw e.with_context(ctx);
+    }
+    if (out.timed_out) {
+      std::string keys;
+      for (const auto& k : out.missing) keys += (keys.empty() ? "" : ", ") + k;
+      throw_error(errc::timeout, "after " + detail::ms_text(*wait_timeout) + " still missing: " + keys +
+                  " (store at " + address() + ")", ctx);
+    }
+    detail::frame_reader r(out.payload);
+    const auto status = static_cast<detail::store_status>(r.u8());
+    if (status == detail::store_status::error) {
+      const auto code = static_cast<errc>(r.u8());
+      throw_error(code, r.str(), ctx);
+    }
+    if (status != detail::store_status::ok) {
+      fd_.reset();
+      throw_error(errc::protocol, "unexpected response status from the store at " + address(), ctx);
+    }
+    return std::string(out.payload, 1);
+  }
+  std::string call(const char* operation, const std::string& object, detail::frame_writer&& w,
+                   const std::chrono::milliseconds* wait_timeout = nullptr) {
+    return call(operation, object, w, wait_timeout);
+  }
+
+  outcome exchange(const std::string& frame, const std::chrono::milliseconds* wait_timeout) {
+    send_all(frame);
+    const deadline first = deadline_after(wait_timeout ? *wait_timeout : opts_.timeout);
+    if (auto resp = read_frame(first)) return {std::move(*resp)};
+    if (!wait_timeout) throw_error(errc::timeout, "no answer from the store at " + address() + " within " +
+                                                      detail::ms_text(opts_.timeout));
+    // Withdraw the parked request. Its answer may already be on the way; if so it comes first, and wins.
+    send_all(request(op::cancel).take());
+    std::optional<std::string> answer;
+    for (;;) {
+      auto resp = read_frame(deadline_after(opts_.timeout));
+      if (!resp) throw_error(errc::timeout, "the store at " + address() + " did not acknowledge a cancel");
+      if (resp->empty()) throw_error(errc::protocol, "empty response from the store at " + address());
+      if (static_cast<detail::store_status>((*resp)[0]) != detail::store_status::cancelled) {
+        if (answer) throw_error(errc::protocol, "two answers to one request from the store at " + address());
+        answer = std::move(*resp);
+        continue;
+      }
+      if (answer) return {std::move(*answer)};
+      detail::frame_reader r(std::string_view(*resp).substr(1));
+      outcome out{.timed_out = true, .missing = r.strs()};
+      r.finish();
+      return out;
+    }
+  }
+
+  void send_all(const std::string& bytes) {
+    const deadline dl = deadline_after(opts_.timeout);
+    for (std::size_t sent = 0; sent < bytes.size();) {
+      const ssize_t n = ::send(fd_.get(), bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        sent += std::size_t(n);
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (!detail::poll_until(fd_.get(), POLLOUT, dl))
+          throw_error(errc::timeout, "the store at " + address() + " does not accept data");
+      } else if (n < 0 && errno != EINTR) {
+        throw_error(errc::peer_lost, "sending to the store at " + address() + ": " + detail::errno_message(errno));
+      }
+    }
+  }
+
+  // Reads one frame. nullopt if `first` passes before its first byte; after that the frame must complete
+  // within options.timeout.
+  std::optional<std::string> read_frame(deadline first) {
+    char header[4];
+    if (!read_exact(header, 4, first, true)) return std::nullopt;
+    const auto len = detail::load_u32(header);
+    if (len > opts_.max_frame_bytes)
+      throw_error(errc::protocol, "the store at " + address() + " sent a frame of " + std::to_string(len) + " bytes");
+    std::string payload(len, '\0');
+    read_exact(payload.data(), len, deadline_after(opts_.timeout), false);
+    return payload;
+  }
+
+  bool read_exact(char* dst, std::size_t n, deadline dl, bool may_time_out) {
+    for (std::size_t got = 0; got < n;) {
+      if (!detail::poll_until(fd_.get(), POLLIN, dl)) {
+        if (may_time_out && got == 0) return false;
+        throw_error(errc::timeout, "the store at " + address() + " stopped in the middle of a frame");
+      }
+      const ssize_t k = ::recv(fd_.get(), dst + got, n - got, MSG_DONTWAIT);
+      if (k > 0) {
+        got += std::size_t(k);
+      } else if (k == 0) {
+        throw_error(errc::peer_lost, "the store at " + address() + " closed the connection");
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        throw_error(errc::peer_lost, "receiving from the store at " + address() + ": " + detail::errno_message(errno));
+      }
+    }
+    return true;
+  }
+
+  void connect() {
+    const deadline dl = deadline_after(opts_.connect_timeout);
+    auto backoff = std::chrono::milliseconds(10);
+    std::string last = "no attempt finished";
+    for (;;) {
+      try {
+        if (dial(dl, last)) return handshake();
+      } catch (const error& e) {
+        if (e.code() == errc::auth_failed) throw e.with_context({.operation = "store.connect", .object = address()});
+        last = e.detail();  // e.g. a server still starting closed on us: retry like a refused connect
+      }
+      fd_.reset();
+      const auto now = steady_clock::now();
+      if (now >= dl)
+        throw_error(errc::timeout, "could not connect to the store at " + address() + " within " +
+                    detail::ms_text(opts_.connect_timeout) + " (last error: " + last + ")",
+                    {.operation = "store.connect", .object = address()});
+      std::this_thread::sleep_for(std::min<steady_clock::duration>(backoff, dl - now));
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+    }
+  }
+
+  // One pass over host's addresses; true with fd_ connected, false with `last` describing why not.
+  bool dial(deadline dl, std::string& last) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    // Name lookup failures are retried too: a headless service's DNS name appears only once its pod runs.
+    if (const int rc = ::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &res); rc != 0) {
+      last = std::string("cannot resolve ") + host_ + ": " + ::gai_strerror(rc);
+      return false;
+    }
+    const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
+    for (const addrinfo* a = res; a; a = a->ai_next) {
+      detail::unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
+      if (!fd) {
+        last = "socket: " + detail::errno_message(errno);
+        continue;
+      }
+      int err = 0;
+      if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
+        err = errno;
+        // Bound each address so one black-holed address does not use up the whole connect timeout.
+        if (err == EINPROGRESS &&
+            detail::poll_until(fd.get(), POLLOUT, std::min(dl, steady_clock::now() + std::chrono::seconds(10)))) {
+          socklen_t len = sizeof err;
+          ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+        } else if (err == EINPROGRESS) {
+          err = ETIMEDOUT;
+        }
+      }
+      if (err != 0) {
+        last = "connect: " + detail::errno_message(err);
+        continue;
+      }
+      detail::set_nodelay(fd.get());
+      fd_ = std::move(fd);
+      return true;
+    }
+    return false;
+  }
+
+  void handshake() {
+    send_all(request(op::hello).u32(detail::store_magic).u32(detail::store_protocol_version).take());
+    auto resp = read_frame(deadline_after(opts_.timeout));
+    if (!resp) throw_error(errc::timeout, "no handshake answer");
+    detail::frame_reader r(*resp);
+    if (static_cast<detail::store_status>(r.u8()) == detail::store_status::error) {
+      r.u8();
+      throw_error(errc::auth_failed, r.str());
+    }
+    if (r.u32() != detail::store_magic) throw_error(errc::protocol, "the server at this port is not a shardkit store");
+    r.u32();
+  }
+
+  void wait_for_workers(int world_size, bool is_server, std::chrono::milliseconds timeout) {
+    if (world_size < 1)
+      throw_error(errc::invalid_argument, "world_size " + std::to_string(world_size) + " is below 1",
+                  {.operation = "store.create", .object = address()});
+    // Each client counts itself in; whoever completes the count publishes `ready`, which the host waits on
+    // (parked, not polled) and then removes with the counter, so neither shows in num_keys().
+    const std::string joined = "__shardkit/store/joined", ready = "__shardkit/store/ready";
+    if (add(joined, 1) == world_size) set(ready, "1");
+    if (!is_server) return;
+    try {
+      wait(std::span<const std::string>(&ready, 1), timeout);
+    } catch (const error& e) {
+      if (e.code() != errc::timeout) throw;
+      throw_error(errc::timeout, "only " + std::to_string(add(joined, 0)) + " of " + std::to_string(world_size) +
+                  " ranks joined the store at " + address() + " within " + detail::ms_text(timeout),
+                  {.operation = "store.create", .object = address()});
+    }
+    remove(joined);
+    remove(ready);
+  }
+
+  // The server outlives the socket (members are destroyed in reverse order), so our close comes first.
+  std::shared_ptr<tcp_store_server> server_;
+  std::string host_;
+  int port_;
+  tcp_store_options opts_;
+  std::mutex mutex_;
+  detail::unique_fd fd_;
+};
+
+}  // namespace shardkit::rendezvous

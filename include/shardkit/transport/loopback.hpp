@@ -1,0 +1,201 @@
+#pragma once
+//! The in-process loopback transport: ranks are threads of one process, messages are memcpy'd from the sender's
+//! buffer straight into the posted receive buffer.
+//!
+//! A send completes when its bytes have been copied into a receive (rendezvous semantics, no hidden copies), so
+//! algorithms must post recvs and sends before waiting, as they do for every transport.
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <tuple>
+#include <vector>
+
+#include "shardkit/core/completion.hpp"
+#include "shardkit/transport/p2p.hpp"
+
+namespace shardkit::transport {
+
+class loopback_transport;
+
+//! The shared mailbox of one in-process world. Create with loopback_transport::create_world(n).
+class loopback_hub {
+  friend class loopback_transport;
+
+  struct pending_send {
+    std::span<const std::byte> bytes;
+    completion done;
+  };
+  struct pending_recv {
+    std::span<std::byte> bytes;
+    completion done;
+  };
+  // (destination, source, tag): FIFO per key is exactly the p2p ordering rule.
+  using key = std::tuple<int, int, message_tag>;
+
+  explicit loopback_hub(int size) : size_(size), closed_(std::size_t(size), false) {}
+
+  std::mutex mutex_;
+  int size_;
+  std::vector<bool> closed_;
+  std::map<key, std::deque<pending_send>> sends_;
+  std::map<key, std::deque<pending_recv>> recvs_;
+};
+
+class loopback_transport {
+ public:
+  using transport_concept = p2p_tag;
+
+  //! n connected transports, one per rank; hand transport r to the thread playing rank r.
+  static std::vector<std::shared_ptr<loopback_transport>> create_world(int n) {
+    if (n <= 0) throw_error(errc::invalid_argument, "loopback world size must be positive, got " + std::to_string(n));
+    std::shared_ptr<loopback_hub> hub(new loopback_hub(n));  // private constructor: make_shared cannot reach it
+    std::vector<std::shared_ptr<loopback_transport>> out;
+    for (int r = 0; r < n; ++r) out.push_back(std::shared_ptr<loopback_transport>(new loopback_transport(hub, r)));
+    return out;
+  }
+
+  ~loopback_transport() { close(); }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return hub_->size_; }
+
+  completion send(int peer, message_tag tag, std::span<const std::byte> bytes) {
+    check_peer(peer, "send");
+    auto done = completion::pending();
+    loopback_hub::pending_recv match;
+    {
+      std::lock_guard lock(hub_->mutex_);
+      if (hub_->closed_[std::size_t(peer)]) return lost(peer, "send");
+      auto it = hub_->recvs_.find({peer, rank_, tag});
+      if (it == hub_->recvs_.end() || it->second.empty()) {
+        hub_->sends_[{peer, rank_, tag}].push_back({bytes, done});
+        return done;
+      }
+      match = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) hub_->recvs_.erase(it);
+    }
+    deliver(bytes, done, match, peer);
+    return done;
+  }
+
+  completion recv(int peer, message_tag tag, std::span<std::byte> bytes) {
+    check_peer(peer, "recv");
+    auto done = completion::pending();
+    loopback_hub::pending_send match;
+    {
+      std::lock_guard lock(hub_->mutex_);
+      auto it = hub_->sends_.find({rank_, peer, tag});
+      if (it == hub_->sends_.end() || it->second.empty()) {
+        if (hub_->closed_[std::size_t(peer)]) return lost(peer, "recv");
+        hub_->recvs_[{rank_, peer, tag}].push_back({bytes, done});
+        std::weak_ptr<loopback_hub> weak = hub_;
+        const loopback_hub::key k{rank_, peer, tag};
+        done.on_cancel([weak, k, done]() mutable {
+          auto hub = weak.lock();
+          if (!hub) return false;
+          {
+            std::lock_guard lock(hub->mutex_);
+            auto found = hub->recvs_.find(k);
+            if (found == hub->recvs_.end()) return false;
+            auto& q = found->second;
+            auto pos = std::find_if(q.begin(), q.end(), [&](const loopback_hub::pending_recv& p) { return p.done == done; });
+            if (pos == q.end()) return false;
+            q.erase(pos);
+            if (q.empty()) hub->recvs_.erase(found);
+          }
+          done.set_error(error(errc::aborted, "receive cancelled", {.peer = std::get<1>(k), .operation = "recv"}));
+          return true;
+        });
+        return done;
+      }
+      match = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) hub_->sends_.erase(it);
+    }
+    deliver(match.bytes, match.done, {bytes, done}, peer);
+    return done;
+  }
+
+  //! This rank leaves: every operation pending with it, on either side, fails with errc::peer_lost.
+  void close() { fail_all(nullptr); }
+
+  //! Fails every operation this rank has pending (and those peers have pending with it).
+  void abort(std::exception_ptr reason) { fail_all(std::move(reason)); }
+
+ private:
+  loopback_transport(std::shared_ptr<loopback_hub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {}
+
+  void check_peer(int peer, const char* op) const {
+    if (peer < 0 || peer >= hub_->size_ || peer == rank_)
+      throw_error(errc::invalid_argument,
+                  "peer must be another rank in [0, " + std::to_string(hub_->size_) + ")",
+                  {.rank = rank_, .peer = peer, .operation = std::string("loopback.") + op});
+  }
+
+  completion lost(int peer, const char* op) const {
+    return completion::failed(std::make_exception_ptr(
+        error(errc::peer_lost, "peer has closed its loopback transport",
+              {.rank = rank_, .peer = peer, .operation = std::string("loopback.") + op})));
+  }
+
+  void deliver(std::span<const std::byte> src, const completion& sent, const loopback_hub::pending_recv& dst, int peer) const {
+    if (src.size() > dst.bytes.size()) {
+      const error e(errc::protocol,
+                    "message of " + std::to_string(src.size()) + " bytes does not fit the posted receive of " +
+                        std::to_string(dst.bytes.size()) + " bytes",
+                    {.rank = rank_, .peer = peer, .operation = "loopback.recv"});
+      dst.done.set_error(e);
+      sent.set_error(e);
+      return;
+    }
+    if (!src.empty()) std::memcpy(dst.bytes.data(), src.data(), src.size());
+    dst.done.set_done(src.size());
+    sent.set_done(src.size());
+  }
+
+  void fail_all(std::exception_ptr reason) {
+    std::vector<std::pair<completion, int>> failed;
+    {
+      std::lock_guard lock(hub_->mutex_);
+      if (!reason) hub_->closed_[std::size_t(rank_)] = true;
+      for (auto it = hub_->sends_.begin(); it != hub_->sends_.end();) {
+        const auto [dst, src, tag] = it->first;
+        // close() ends both directions; abort() only what this rank itself posted.
+        if (src == rank_ || (!reason && dst == rank_)) {
+          for (auto& p : it->second) failed.emplace_back(p.done, dst == rank_ ? src : dst);
+          it = hub_->sends_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      for (auto it = hub_->recvs_.begin(); it != hub_->recvs_.end();) {
+        const auto [dst, src, tag] = it->first;
+        if (dst == rank_ || (!reason && src == rank_)) {
+          for (auto& p : it->second) failed.emplace_back(p.done, dst == rank_ ? src : dst);
+          it = hub_->recvs_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& [c, peer] : failed) {
+      if (reason)
+        c.set_error(reason);
+      else
+        c.set_error(error(errc::peer_lost, "rank " + std::to_string(rank_) + " closed its loopback transport",
+                          {.rank = rank_, .peer = peer, .operation = "loopback"}));
+    }
+  }
+
+  std::shared_ptr<loopback_hub> hub_;
+  int rank_;
+};
+
+static_assert(p2p<loopback_transport>);
+
+}  // namespace shardkit::transport

@@ -1,0 +1,217 @@
+#pragma once
+//! The shared-memory transport: shardkit::transport::p2p between ranks on one host (processes or threads).
+//!
+//! Every ordered pair (src -> dst) has a single-producer single-consumer byte ring in a POSIX shared-memory
+//! segment that dst creates (one segment per rank holds all its inbound rings). Messages travel as a frame
+//! header (tag, size, sequence number) plus payload; a payload larger than the ring streams through it in
+//! pieces while the receiver copies them out. A message whose recv is already posted is copied straight from
+//! the ring into the recv's buffer; one that arrives first is kept in a buffer until its recv comes (or copied
+//! into the recv's buffer from the moment the recv is posted, if it is still arriving).
+//!
+//! | behaviour            | semantics                                                                          |
+//! |----------------------|------------------------------------------------------------------------------------|
+//! | connect              | collective over `size` ranks sharing a store; segment names carry a random session |
+//! |                      | id from rank 0, and are unlinked once every rank mapped them (a crash leaks none)   |
+//! | send                 | never blocks on the peer: a message that does not fit the ring waits in a queue    |
+//! |                      | that the progress thread writes as space frees. A small one (<= eager_bytes) that  |
+//! |                      | fits is copied at once and comes back already done. Completes when every byte is   |
+//! |                      | in the ring (the buffer may then be reused), not when the peer received it         |
+//! | recv                 | bytes() is the message size; a message larger than the buffer fails it with      |
+//! |                      | errc::protocol and is dropped, nothing written. cancel() works until a frame      |
+//! |                      | matched it                                                                         |
+//! | order                | per (peer, tag) FIFO, sends and recvs posted in any order and number (p2p rule 5)  |
+//! | threads              | send/recv/cancel/abort may be called from any thread; completions finish on the   |
+//! |                      | transport's progress thread (or are returned already done)                        |
+//! | progress             | one thread per transport: polls the rings, spins `spin` after the last activity,  |
+//! |                      | then sleeps on a futex in shared memory (an idle rank uses no CPU)                |
+//! | lost peer            | a peer that closed or aborted its transport, or whose process exited (checked     |
+//! |                      | every `heartbeat` while operations are pending), fails its pending and later      |
+//! |                      | operations with errc::peer_lost naming it; messages it had fully sent stay         |
+//! |                      | receivable                                                                         |
+//! | abort(reason)        | terminal: pending and later operations fail with `reason`; peers see this rank as |
+//! |                      | lost. Returns once the pending operations have failed                              |
+//! | destructor           | fails what is pending with errc::closed, tells the peers, joins the thread        |
+//!
+//! @code
+//! auto store = shardkit::rendezvous::make_store<shardkit::rendezvous::memory_store>();  // or a tcp store
+//! auto t = shardkit::transport::shm_transport::connect(store, rank, world);
+//! auto sent = t->send(peer, 7, std::as_bytes(std::span(out)));
+//! auto got = t->recv(peer, 7, std::as_writable_bytes(std::span(in)));
+//! shardkit::wait_all(std::array{sent, got});
+//! @endcode
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "shardkit/core/completion.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/rendezvous/store.hpp"
+#include "shardkit/transport/p2p.hpp"
+#include "shardkit/transport/shm/engine.hpp"
+#include "shardkit/transport/shm/segment.hpp"
+
+namespace shardkit::transport {
+
+struct shm_options {
+  //! Bytes of each ordered pair's ring (rounded up to a power of two, at least 4 KiB). 0 picks by world size:
+  //! 4 MiB per pair up to 9 ranks, then less so that a rank's inbound rings total about 32 MiB (at least
+  //! 256 KiB each). 8 ranks: 7 x 4 MiB = 28 MiB per rank, 224 MiB of /dev/shm in all. Each rank chooses the
+  //! size of its own inbound rings; ranks need not agree.
+  std::size_t ring_bytes = 0;
+  //! Sends up to this size are copied into the ring by the caller when nothing is queued and they fit.
+  std::size_t eager_bytes = 64 * 1024;
+  //! After the last progress, the progress thread polls this long before sleeping on its futex. Longer cuts
+  //! latency for back-to-back messages and costs a core while waiting.
+  std::chrono::microseconds spin{50};
+  //! While operations are pending, peer processes are checked for liveness this often.
+  std::chrono::milliseconds heartbeat{100};
+  //! Upper bound for each store wait during connect.
+  std::chrono::milliseconds connect_timeout{60'000};
+  //! Store keys live under this prefix. Several connects over one store are told apart by a per-rank counter,
+  //! so ranks must call connect the same number of times in the same order.
+  std::string key_prefix = "shardkit.shm";
+};
+
+class shm_transport {
+  struct private_tag {};
+
+ public:
+  using transport_concept = p2p_tag;
+
+  //! Collective: every rank of [0, size) calls it with the same store. Creates this rank's segment, maps every
+  //! peer's, and starts the progress thread. Throws shardkit::error: errc::timeout when a peer does not show
+  //! up within connect_timeout, errc::io when /dev/shm is missing or too small, errc::invalid_argument.
+  static std::shared_ptr<shm_transport> connect(rendezvous::any_store store, int rank, int size,
+                                                shm_options opts = {}) {
+    if (size < 1 || rank < 0 || rank >= size)
+      throw_error(errc::invalid_argument, "rank " + std::to_string(rank) + " of a world of " + std::to_string(size),
+                  {.rank = rank, .operation = "shm.connect"});
+    if (!store) throw_error(errc::invalid_argument, "no store", {.rank = rank, .operation = "shm.connect"});
+    const auto generation = store.add(opts.key_prefix + "/connects/" + std::to_string(rank), 1);
+    const std::string root = opts.key_prefix + "/" + std::to_string(generation) + "/";
+    const auto all = [&](const char* what) {
+      std::vector<std::string> keys;
+      for (int r = 0; r < size; ++r) keys.push_back(root + what + "/" + std::to_string(r));
+      return keys;
+    };
+
+    std::string session;
+    if (rank == 0) {
+      session = new_session_id();
+      store.set(root + "session", session);
+    } else {
+      session = store.get(root + "session", opts.connect_timeout);
+    }
+
+    const auto self = detail::shm::this_process();
+    auto own = detail::shm::create_segment(segment_name(session, rank), session, rank, size,
+                                           ring_bytes_for(opts.ring_bytes, size), self);
+    store.set(root + "created/" + std::to_string(rank), "1");
+    store.wait(all("created"), opts.connect_timeout);
+
+    std::vector<detail::shm::shm_mapping> peers(static_cast<std::size_t>(size));
+    for (int p = 0; p < size; ++p)
+      if (p != rank) peers[std::size_t(p)] = detail::shm::open_segment(segment_name(session, p), session, p, size);
+
+    // Once everyone has mapped every segment the names are no longer needed: remove ours now, so a crash later
+    // leaves nothing behind in /dev/shm (the memory lives until the last mapping goes).
+    store.set(root + "mapped/" + std::to_string(rank), "1");
+    store.wait(all("mapped"), opts.connect_timeout);
+    own.unlink();
+
+    const std::uint64_t ring = detail::shm::segment_view{own.data()}.header().ring_bytes;
+    detail::shm::engine_config cfg;
+    cfg.rank = rank;
+    cfg.size = size;
+    cfg.spin = opts.spin;
+    cfg.heartbeat = std::max(opts.heartbeat, std::chrono::milliseconds(1));
+    cfg.eager_bytes = opts.eager_bytes;
+    cfg.chunk_bytes = static_cast<std::size_t>(std::min<std::uint64_t>(ring / 4, 1 << 20));
+    return std::make_shared<shm_transport>(private_tag{}, cfg, std::move(own), std::move(peers));
+  }
+
+  shm_transport(private_tag, detail::shm::engine_config cfg, detail::shm::shm_mapping own,
+                std::vector<detail::shm::shm_mapping> peers)
+      : engine_(std::make_shared<detail::shm::engine>(cfg, std::move(own), std::move(peers))),
+        // The thread owns a reference too: if a continuation on it drops the last handle, it finishes on its own.
+        progress_([e = engine_] { e->run(); }) {}
+
+  shm_transport(const shm_transport&) = delete;
+  shm_transport& operator=(const shm_transport&) = delete;
+
+  ~shm_transport() {
+    engine_->request_stop();
+    if (progress_.get_id() == std::this_thread::get_id())
+      progress_.detach();  // destroyed from one of our own continuations: cannot join ourselves
+    else if (progress_.joinable())
+      progress_.join();
+  }
+
+  int rank() const noexcept { return engine_->rank(); }
+  int size() const noexcept { return engine_->size(); }
+
+  //! Starts sending `bytes` to `peer` (another rank). The bytes must stay valid and unchanged until it completes.
+  //! Throws errc::invalid_argument for a peer out of range or equal to rank().
+  completion send(int peer, message_tag tag, std::span<const std::byte> bytes) {
+    return engine_->send(peer, tag, bytes);
+  }
+
+  //! Starts receiving the next message with `tag` from `peer` into `bytes`.
+  completion recv(int peer, message_tag tag, std::span<std::byte> bytes) { return engine_->recv(peer, tag, bytes); }
+
+  //! Fails every pending and later operation with `reason` (errc::aborted when null); peers see this rank lost.
+  void abort(std::exception_ptr reason = nullptr) { engine_->abort(std::move(reason)); }
+
+  //! The session id shared by the ranks of this connect (it names the segments: /dev/shm/shardkit.<id>.<rank>).
+  std::string session() const { return engine_->session(); }
+  //! Bytes of each of this rank's inbound rings.
+  std::size_t ring_bytes() const noexcept { return static_cast<std::size_t>(engine_->ring_bytes()); }
+
+  //! The ring size connect uses for `requested` bytes (0 = automatic) in a world of `size` ranks.
+  static std::size_t ring_bytes_for(std::size_t requested, int size) noexcept {
+    constexpr std::size_t min_ring = 4 << 10, auto_max = 4 << 20, auto_min = 256 << 10, auto_budget = 32 << 20;
+    std::size_t want = requested;
+    if (want == 0) {
+      want = size > 1 ? auto_budget / std::size_t(size - 1) : auto_max;
+      want = std::clamp(std::bit_floor(want), auto_min, auto_max);
+    }
+    return std::bit_ceil(std::max(want, min_ring));
+  }
+
+ private:
+  static std::string segment_name(const std::string& session, int rank) {
+    return "/shardkit." + session + "." + std::to_string(rank);
+  }
+
+  static std::string new_session_id() {
+    std::random_device rd;
+    std::uint64_t id = (std::uint64_t(rd()) << 32) ^ rd();
+    // random_device may be a deterministic fallback on odd platforms: mix in what is unique to this process.
+    id ^= std::uint64_t(::getpid()) << 40;
+    id ^= std::uint64_t(steady_clock::now().time_since_epoch().count());
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(id));
+    return hex;
+  }
+
+  std::shared_ptr<detail::shm::engine> engine_;
+  std::thread progress_;
+};
+
+static_assert(p2p<shm_transport>);
+static_assert(abortable<shm_transport>);
+
+}  // namespace shardkit::transport

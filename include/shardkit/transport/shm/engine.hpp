@@ -1,0 +1,667 @@
+#pragma once
+//! Private to the shm transport: the engine behind shm_transport. It matches arriving frames to posted receives,
+//! runs the progress thread that pumps every ring, and fails operations when a peer is lost or on abort.
+//!
+//! Threads: callers of send()/recv()/cancel()/abort() and one progress thread. The progress thread is the only
+//! reader of the inbound rings and the only writer of the outbound rings, except that send() may copy a small
+//! message straight into a ring when nothing is queued ahead of it (it holds that link's mutex then, and the
+//! queue being empty proves the progress thread is not writing that ring). Completions are settled only when
+//! no engine lock is held, because their continuations may call back into the engine.
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "shardkit/core/completion.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/core/log.hpp"
+#include "shardkit/transport/p2p.hpp"
+#include "shardkit/transport/shm/ring.hpp"
+#include "shardkit/transport/shm/segment.hpp"
+
+namespace shardkit::transport::detail::shm {
+
+struct engine_config {
+  int rank = 0;
+  int size = 1;
+  std::chrono::nanoseconds spin{};      //!< busy-poll this long after the last progress before sleeping
+  std::chrono::milliseconds heartbeat{};  //!< liveness check period while operations are pending
+  std::size_t eager_bytes = 0;          //!< send() copies messages up to this size itself when the ring has room
+  std::size_t chunk_bytes = 0;          //!< most bytes copied before publishing, so the other side can start
+};
+
+struct recv_request {
+  completion done;
+  std::byte* data = nullptr;
+  std::size_t capacity = 0;
+  std::uint64_t id = 0;  //!< finds it again on cancel
+};
+
+struct send_request {
+  completion done;
+  const std::byte* data = nullptr;
+  std::uint64_t size = 0;
+  frame_header header;
+  std::uint64_t written = 0;  //!< bytes of the padded payload in the ring so far
+  bool header_written = false;
+};
+
+//! A message that arrived before a recv for it: it lands here and waits in its (peer, tag) queue.
+struct unexpected_message {
+  explicit unexpected_message(std::size_t n) : size(n), bytes(std::make_unique_for_overwrite<std::byte[]>(n)) {}
+  std::size_t size;
+  std::unique_ptr<std::byte[]> bytes;
+  bool complete = false;               //!< every byte landed
+  std::optional<recv_request> waiter;  //!< a recv that took it while it was still landing
+};
+
+//! A completion to finish once no lock is held.
+struct settlement {
+  completion done;
+  std::exception_ptr failure;
+  std::size_t bytes = 0;
+};
+
+//! This rank -> peer. The ring lives in the peer's segment.
+struct outbound_link {
+  std::mutex mutex;
+  std::deque<send_request> queue;  // guarded; the front is being written by the progress thread
+  std::exception_ptr lost;         // guarded; set once: every later send fails with it
+  std::uint64_t next_seq = 0;      // guarded
+  ring_producer ring;              // progress thread, or send() while the queue is empty (under the mutex)
+  segment_header* peer = nullptr;
+};
+
+//! Peer -> this rank. The ring lives in our segment.
+struct inbound_link {
+  std::mutex mutex;
+  // Guarded. Invariant per tag: posted and unexpected are never both non-empty (an arrival takes the oldest
+  // posted recv, a recv takes the oldest unexpected message), which is what keeps per-tag FIFO order.
+  std::unordered_map<message_tag, std::deque<recv_request>> posted;
+  std::unordered_map<message_tag, std::deque<std::shared_ptr<unexpected_message>>> unexpected;
+  std::exception_ptr lost;
+  std::uint64_t next_id = 1;
+
+  // Progress thread only: the frame being received.
+  ring_consumer ring;
+  segment_header* peer = nullptr;
+  std::uint64_t expected_seq = 0;
+  bool in_frame = false;
+  frame_header frame;
+  std::uint64_t consumed = 0;      // bytes of the padded payload taken from the ring
+  std::byte* target = nullptr;     // where the payload goes; null drops it (a recv too small for it)
+  std::optional<recv_request> matched;
+  std::shared_ptr<unexpected_message> buffered;
+};
+
+class engine : public std::enable_shared_from_this<engine> {
+ public:
+  //! `peers[p]` is rank p's mapped segment (empty at our own rank).
+  engine(engine_config cfg, shm_mapping own, std::vector<shm_mapping> peers)
+      : cfg_(cfg),
+        own_(std::move(own)),
+        peers_(std::move(peers)),
+        self_(this_process()),
+        out_(std::make_unique<outbound_link[]>(std::size_t(cfg.size))),
+        in_(std::make_unique<inbound_link[]>(std::size_t(cfg.size))),
+        gone_(std::size_t(cfg.size), false) {
+    const segment_view mine{own_.data()};
+    own_header_ = &mine.header();
+    for (int p = 0; p < cfg_.size; ++p) {
+      if (p == cfg_.rank) continue;
+      const segment_view theirs{peers_[std::size_t(p)].data()};
+      const int to = ring_index(cfg_.rank, p), from = ring_index(p, cfg_.rank);
+      out_[p].peer = in_[p].peer = &theirs.header();
+      out_[p].ring = ring_producer(ring_memory(&theirs.control(to), theirs.ring_data(to), theirs.header().ring_bytes));
+      in_[p].ring = ring_consumer(ring_memory(&mine.control(from), mine.ring_data(from), mine.header().ring_bytes));
+    }
+  }
+
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  int rank() const noexcept { return cfg_.rank; }
+  int size() const noexcept { return cfg_.size; }
+  std::uint64_t ring_bytes() const noexcept { return own_header_->ring_bytes; }
+  std::string session() const { return own_header_->session; }
+
+  completion send(int peer, message_tag tag, std::span<const std::byte> bytes) {
+    check_peer(peer, "shm.send");
+    if (auto e = abort_reason()) return completion::failed(e);
+    auto& out = out_[peer];
+    std::unique_lock lock(out.mutex);
+    if (out.lost) return completion::failed(out.lost);
+    frame_header h{tag, bytes.size(), out.next_seq++, 0};
+    h.check = frame_check(h);
+    const std::uint64_t frame = frame_align + padded(bytes.size());
+    if (out.queue.empty() && bytes.size() <= cfg_.eager_bytes && out.ring.writable(frame) >= frame) {
+      // Eager: a small message that fits is copied now, saving the hop to the progress thread.
+      out.ring.write(&h, sizeof h);
+      if (!bytes.empty()) out.ring.write(bytes.data(), bytes.size());
+      out.ring.skip(padded(bytes.size()) - bytes.size());
+      out.ring.publish();
+      lock.unlock();
+      ring_doorbell(*out.peer);
+      return completion::ready(bytes.size());
+    }
+    auto done = completion::pending();
+    out.queue.push_back(send_request{done, bytes.data(), bytes.size(), h});
+    pending_.fetch_add(1, std::memory_order_seq_cst);
+    lock.unlock();
+    ring_doorbell(*own_header_);
+    return done;
+  }
+
+  completion recv(int peer, message_tag tag, std::span<std::byte> bytes) {
+    check_peer(peer, "shm.recv");
+    if (auto e = abort_reason()) return completion::failed(e);
+    auto& in = in_[peer];
+    std::unique_lock lock(in.mutex);
+    if (auto it = in.unexpected.find(tag); it != in.unexpected.end()) {
+      auto msg = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) in.unexpected.erase(it);
+      // Taken off the queue either way: a recv too small for a message consumes (and drops) it.
+      if (msg->size > bytes.size()) return completion::failed(truncated(peer, msg->size, bytes.size()));
+      if (msg->complete) {
+        lock.unlock();
+        if (msg->size) std::memcpy(bytes.data(), msg->bytes.get(), msg->size);
+        return completion::ready(msg->size);
+      }
+      // Still landing: the progress thread continues straight into our buffer and completes us.
+      auto done = completion::pending();
+      msg->waiter = recv_request{done, bytes.data(), bytes.size(), 0};
+      pending_.fetch_add(1, std::memory_order_seq_cst);
+      return done;
+    }
+    if (in.lost) return completion::failed(in.lost);
+    auto done = completion::pending();
+    const std::uint64_t id = in.next_id++;
+    done.on_cancel([weak = weak_from_this(), peer, tag, id] {
+      auto self = weak.lock();
+      return self && self->cancel_recv(peer, tag, id);
+    });
+    in.posted[tag].push_back(recv_request{done, bytes.data(), bytes.size(), id});
+    pending_.fetch_add(1, std::memory_order_seq_cst);
+    lock.unlock();
+    // Only an idle sleeper needs this (it must start heartbeats now that something is pending).
+    if (own_header_->sleeping.load(std::memory_order_seq_cst) == std::uint32_t(sleep_state::idle))
+      ring_doorbell(*own_header_);
+    return done;
+  }
+
+  //! Withdraws a recv that no frame has matched yet.
+  bool cancel_recv(int peer, message_tag tag, std::uint64_t id) {
+    auto& in = in_[peer];
+    std::optional<recv_request> taken;
+    {
+      std::lock_guard lock(in.mutex);
+      auto it = in.posted.find(tag);
+      if (it == in.posted.end()) return false;
+      auto pos = std::find_if(it->second.begin(), it->second.end(), [&](const recv_request& r) { return r.id == id; });
+      if (pos == it->second.end()) return false;
+      taken = std::move(*pos);
+      it->second.erase(pos);
+      if (it->second.empty()) in.posted.erase(it);
+    }
+    settle_one({taken->done, std::make_exception_ptr(error(errc::aborted, "receive cancelled before any byte arrived",
+                                                           {.rank = rank(), .peer = peer, .operation = "shm.recv"}))});
+    return true;
+  }
+
+  //! Fails every pending and later operation with `reason` and tells the peers this rank is gone. Returns once
+  //! the pending operations have failed (at once when called on the progress thread, which finishes the job at
+  //! its next turn).
+  void abort(std::exception_ptr reason) {
+    if (!reason)
+      reason = std::make_exception_ptr(error(errc::aborted, "shm transport aborted", {.rank = rank()}));
+    {
+      std::lock_guard lock(abort_mutex_);
+      if (abort_reason_) return;  // the first reason wins
+      abort_reason_ = std::move(reason);
+      aborted_.store(true, std::memory_order_seq_cst);
+    }
+    own_header_->state.store(std::uint32_t(owner_state::aborted), std::memory_order_release);
+    ring_everyone();
+    if (std::this_thread::get_id() == progress_thread_id_.load()) return;
+    std::unique_lock lock(abort_mutex_);
+    abort_cv_.wait(lock, [&] { return abort_handled_ || !running_; });
+  }
+
+  void request_stop() {
+    stop_.store(true, std::memory_order_seq_cst);
+    ring_doorbell(*own_header_);
+  }
+
+  //! The progress thread's body; returns after request_stop(), having failed whatever was still pending.
+  void run() {
+    progress_thread_id_.store(std::this_thread::get_id());
+    char name[16];
+    std::snprintf(name, sizeof name, "shardkit-shm-%d", rank());
+    ::pthread_setname_np(::pthread_self(), name);
+    try {
+      bool idle = false;
+      auto idle_since = steady_clock::now();
+      while (!stop_.load(std::memory_order_acquire)) {
+        if (aborted_.load(std::memory_order_acquire)) {
+          if (!abort_handled_) handle_abort();
+          sleep();
+          continue;
+        }
+        bool progressed = pump();
+        const auto now = steady_clock::now();
+        if (now >= next_heartbeat_) {
+          next_heartbeat_ = now + cfg_.heartbeat;
+          if (pending_.load(std::memory_order_relaxed) > 0) progressed |= check_peers(true);
+        }
+        if (progressed) {
+          idle = false;
+        } else if (!idle) {
+          idle = true;
+          idle_since = now;
+        } else if (now - idle_since < cfg_.spin) {
+          cpu_relax();
+        } else {
+          sleep();
+          idle = false;
+        }
+      }
+    } catch (...) {
+      // A bug or an allocation failure: fail everything with it rather than terminate the trainer.
+      {
+        std::lock_guard lock(abort_mutex_);
+        if (!abort_reason_) abort_reason_ = std::current_exception();
+        aborted_.store(true, std::memory_order_seq_cst);
+      }
+      own_header_->state.store(std::uint32_t(owner_state::aborted), std::memory_order_release);
+    }
+    shutdown();
+  }
+
+ private:
+  void check_peer(int peer, const char* op) const {
+    if (peer < 0 || peer >= size() || peer == rank())
+      throw_error(errc::invalid_argument, "peer must be another rank in [0, " + std::to_string(size()) + ")",
+                  {.rank = rank(), .peer = peer, .operation = op});
+  }
+
+  std::exception_ptr abort_reason() {
+    if (!aborted_.load(std::memory_order_acquire)) return nullptr;
+    std::lock_guard lock(abort_mutex_);
+    return abort_reason_;
+  }
+
+  std::exception_ptr truncated(int peer, std::size_t message, std::size_t buffer) const {
+    return std::make_exception_ptr(error(errc::protocol,
+                                         "message of " + std::to_string(message) +
+                                             " bytes does not fit the posted receive of " + std::to_string(buffer) +
+                                             " bytes",
+                                         {.rank = rank(), .peer = peer, .operation = "shm.recv"}));
+  }
+
+  void settle_one(settlement s) {
+    if (s.failure)
+      s.done.set_error(s.failure);
+    else
+      s.done.set_done(s.bytes);
+    pending_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  void settle(std::vector<settlement>& all) {
+    for (auto& s : all) settle_one(std::move(s));
+    all.clear();
+  }
+
+  void ring_everyone() {
+    for (int p = 0; p < size(); ++p)
+      if (p != rank()) ring_doorbell(*in_[p].peer);
+    ring_doorbell(*own_header_);
+  }
+
+  // ---- the progress thread ----
+
+  bool pump() {
+    bool progressed = false;
+    for (int p = 0; p < size(); ++p) {
+      if (p == rank()) continue;
+      progressed |= pump_inbound(p);
+      progressed |= pump_outbound(p);
+    }
+    return check_peers(false) || progressed;
+  }
+
+  //! Writes queued sends to peer p until its ring is full.
+  bool pump_outbound(int p) {
+    auto& out = out_[p];
+    bool progressed = false;
+    std::vector<settlement> finished;
+    for (;;) {
+      send_request* rq;
+      {
+        std::lock_guard lock(out.mutex);
+        if (out.queue.empty()) break;
+        // Stays valid unlocked: callers only push_back, and only this thread pops or clears.
+        rq = &out.queue.front();
+      }
+      bool unpublished = false;
+      if (!rq->header_written) {
+        if (out.ring.writable(frame_align) < frame_align) {
+          if (out.ring.request_space(frame_align)) continue;
+          break;
+        }
+        out.ring.write(&rq->header, sizeof rq->header);
+        rq->header_written = unpublished = progressed = true;
+      }
+      const std::uint64_t total = padded(rq->size);
+      while (rq->written < total) {
+        const std::uint64_t want = std::min<std::uint64_t>(total - rq->written, cfg_.chunk_bytes);
+        const std::uint64_t n = std::min(out.ring.writable(want), want);
+        if (n == 0) break;
+        const std::uint64_t real = rq->written < rq->size ? std::min(n, rq->size - rq->written) : 0;
+        if (real) out.ring.write(rq->data + rq->written, real);
+        out.ring.skip(n - real);
+        rq->written += n;
+        out.ring.publish();  // per chunk, so the receiver copies out while we copy in
+        ring_doorbell(*out.peer);
+        unpublished = false;
+        progressed = true;
+      }
+      if (unpublished) {  // a header alone (empty message, or the ring filled up right after it)
+        out.ring.publish();
+        ring_doorbell(*out.peer);
+      }
+      if (rq->written < total) {
+        if (out.ring.request_space(1)) continue;
+        break;
+      }
+      std::lock_guard lock(out.mutex);
+      finished.push_back({std::move(rq->done), nullptr, rq->size});
+      out.queue.pop_front();
+    }
+    settle(finished);
+    return progressed;
+  }
+
+  //! Takes what peer p has published: headers are matched, payloads copied out, finished frames settled.
+  bool pump_inbound(int p) {
+    if (gone_[std::size_t(p)]) return false;
+    auto& in = in_[p];
+    bool progressed = false;
+    std::vector<settlement> finished;
+    // A producer as fast as us could keep this loop busy forever; one ring's worth, then the other peers.
+    std::uint64_t budget = in.ring.capacity();
+    while (budget > 0) {
+      if (!in.in_frame) {
+        if (in.ring.readable(frame_align) < frame_align) break;
+        frame_header h;
+        in.ring.read(&h, sizeof h);
+        if (h.check != frame_check(h) || h.seq != in.expected_seq) {
+          settle(finished);
+          lose_peer(p, errc::protocol,
+                    "corrupt frame in the ring from rank " + std::to_string(p) + " (expected frame " +
+                        std::to_string(in.expected_seq) + ")",
+                    false);
+          return true;
+        }
+        ++in.expected_seq;
+        start_frame(p, h, finished);
+        progressed = true;
+      }
+      const std::uint64_t total = padded(in.frame.size);
+      while (in.consumed < total && budget > 0) {
+        const std::uint64_t want = std::min<std::uint64_t>(total - in.consumed, cfg_.chunk_bytes);
+        const std::uint64_t n = std::min(in.ring.readable(want), want);
+        if (n == 0) break;
+        if (in.buffered) redirect_if_claimed(in);
+        const std::uint64_t real = in.consumed < in.frame.size ? std::min(n, in.frame.size - in.consumed) : 0;
+        if (in.target)
+          in.ring.read(in.target + in.consumed, real);
+        else
+          in.ring.skip(real);
+        in.ring.skip(n - real);
+        in.consumed += n;
+        budget -= std::min(budget, n);
+        if (in.ring.release()) ring_doorbell(*in.peer);
+      }
+      if (in.consumed < total) break;
+      finish_frame(in, finished);
+      if (in.ring.release()) ring_doorbell(*in.peer);
+      budget -= std::min<std::uint64_t>(budget, frame_align);
+    }
+    settle(finished);
+    return progressed;
+  }
+
+  void start_frame(int p, const frame_header& h, std::vector<settlement>& finished) {
+    auto& in = in_[p];
+    in.in_frame = true;
+    in.frame = h;
+    in.consumed = 0;
+    in.target = nullptr;
+    std::lock_guard lock(in.mutex);
+    if (auto it = in.posted.find(h.tag); it != in.posted.end()) {
+      recv_request rq = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) in.posted.erase(it);
+      if (h.size > rq.capacity) {
+        finished.push_back({std::move(rq.done), truncated(p, h.size, rq.capacity)});  // the payload is dropped
+      } else {
+        in.target = rq.data;
+        in.matched = std::move(rq);
+      }
+      return;
+    }
+    auto msg = std::make_shared<unexpected_message>(h.size);
+    in.target = msg->bytes.get();
+    in.unexpected[h.tag].push_back(msg);
+    in.buffered = std::move(msg);
+  }
+
+  //! A recv claimed the message we are buffering: copy what landed and continue into its buffer directly.
+  static void redirect_if_claimed(inbound_link& in) {
+    std::optional<recv_request> waiter;
+    {
+      std::lock_guard lock(in.mutex);
+      if (!in.buffered->waiter) return;
+      waiter = std::move(in.buffered->waiter);
+      in.buffered->waiter.reset();
+    }
+    const std::uint64_t landed = std::min<std::uint64_t>(in.consumed, in.frame.size);
+    if (landed) std::memcpy(waiter->data, in.buffered->bytes.get(), landed);
+    in.target = waiter->data;
+    in.matched = std::move(waiter);
+    in.buffered.reset();
+  }
+
+  void finish_frame(inbound_link& in, std::vector<settlement>& finished) {
+    if (in.matched) {
+      finished.push_back({std::move(in.matched->done), nullptr, in.frame.size});
+    } else if (in.buffered) {
+      std::optional<recv_request> waiter;
+      {
+        std::lock_guard lock(in.mutex);
+        if (in.buffered->waiter) {
+          waiter = std::move(in.buffered->waiter);
+          in.buffered->waiter.reset();
+        } else {
+          in.buffered->complete = true;  // queued: a later recv copies it; claimed by a too-small recv: freed below
+        }
+      }
+      if (waiter) {
+        if (in.frame.size) std::memcpy(waiter->data, in.buffered->bytes.get(), in.frame.size);
+        finished.push_back({std::move(waiter->done), nullptr, in.frame.size});
+      }
+    }
+    reset_frame(in);
+  }
+
+  static void reset_frame(inbound_link& in) {
+    in.in_frame = false;
+    in.consumed = 0;
+    in.target = nullptr;
+    in.matched.reset();
+    in.buffered.reset();
+  }
+
+  //! Detects peers that closed, aborted or (with_pid) whose process is gone. True if one was lost now.
+  bool check_peers(bool with_pid) {
+    bool lost_one = false;
+    for (int p = 0; p < size(); ++p) {
+      if (p == rank() || gone_[std::size_t(p)]) continue;
+      const auto& h = *in_[p].peer;
+      const auto state = h.state.load(std::memory_order_acquire);
+      if (state != std::uint32_t(owner_state::live)) {
+        lose_peer(p, errc::peer_lost,
+                  "rank " + std::to_string(p) +
+                      (state == std::uint32_t(owner_state::aborted) ? " aborted" : " closed") + " its shm transport",
+                  true);
+        lost_one = true;
+      } else if (with_pid && h.owner.pid != self_.pid && check_process(h.owner, self_) == liveness::dead) {
+        lose_peer(p, errc::peer_lost,
+                  "rank " + std::to_string(p) + " (pid " + std::to_string(h.owner.pid) + ") exited", true);
+        lost_one = true;
+      }
+    }
+    return lost_one;
+  }
+
+  //! Fails everything pending with peer p, now and later. With `drain`, first takes every frame p published
+  //! before it went: messages it finished sending stay receivable.
+  void lose_peer(int p, errc code, const std::string& why, bool drain) {
+    if (drain)
+      while (pump_inbound(p)) {
+      }
+    if (gone_[std::size_t(p)]) return;  // draining found a corrupt frame and already lost it
+    gone_[std::size_t(p)] = true;
+    log_lost(p, why);
+    const auto fail = [&](const char* op) {
+      return std::make_exception_ptr(error(code, why, {.rank = rank(), .peer = p, .operation = op}));
+    };
+    std::vector<settlement> failed;
+    fail_link(p, fail("shm.recv"), fail("shm.send"), failed);
+    settle(failed);
+  }
+
+  void log_lost(int p, const std::string& why) const {
+    log::write(log::level::info, rank(), "shm: lost rank ", p, ": ", why);
+  }
+
+  void fail_link(int p, const std::exception_ptr& recv_error, const std::exception_ptr& send_error,
+                 std::vector<settlement>& failed) {
+    auto& in = in_[p];
+    {
+      std::lock_guard lock(in.mutex);
+      if (!in.lost) in.lost = recv_error;
+      for (auto& [tag, q] : in.posted)
+        for (auto& r : q) failed.push_back({std::move(r.done), recv_error});
+      in.posted.clear();
+      if (in.in_frame) {
+        if (in.matched) failed.push_back({std::move(in.matched->done), recv_error});
+        if (in.buffered) {
+          if (in.buffered->waiter) failed.push_back({std::move(in.buffered->waiter->done), recv_error});
+          // It will never be complete: no recv may take it.
+          if (auto it = in.unexpected.find(in.frame.tag); it != in.unexpected.end()) {
+            std::erase(it->second, in.buffered);
+            if (it->second.empty()) in.unexpected.erase(it);
+          }
+        }
+      }
+      reset_frame(in);
+    }
+    auto& out = out_[p];
+    std::lock_guard lock(out.mutex);
+    if (!out.lost) out.lost = send_error;
+    for (auto& r : out.queue) failed.push_back({std::move(r.done), send_error});
+    out.queue.clear();
+  }
+
+  void handle_abort() {
+    const auto reason = abort_reason();
+    std::vector<settlement> failed;
+    for (int p = 0; p < size(); ++p)
+      if (p != rank()) fail_link(p, reason, reason, failed);
+    settle(failed);
+    {
+      std::lock_guard lock(abort_mutex_);
+      abort_handled_ = true;
+    }
+    abort_cv_.notify_all();
+  }
+
+  void shutdown() {
+    auto reason = abort_reason();
+    if (!reason)
+      reason = std::make_exception_ptr(
+          error(errc::closed, "shm transport closed with the operation pending", {.rank = rank()}));
+    std::vector<settlement> failed;
+    for (int p = 0; p < size(); ++p)
+      if (p != rank()) fail_link(p, reason, reason, failed);
+    settle(failed);
+    if (!aborted_.load()) own_header_->state.store(std::uint32_t(owner_state::closed), std::memory_order_release);
+    ring_everyone();
+    {
+      std::lock_guard lock(abort_mutex_);
+      running_ = false;
+    }
+    abort_cv_.notify_all();
+  }
+
+  //! Sleeps on our doorbell until someone rings it, or until the next heartbeat while operations are pending.
+  void sleep() {
+    auto& h = *own_header_;
+    h.sleeping.store(std::uint32_t(sleep_state::idle), std::memory_order_seq_cst);
+    // Read the doorbell before looking at pending_/the rings: a ring after this read changes the word and the
+    // futex returns at once; a ring before it is visible to the checks below.
+    const std::uint32_t seen = h.doorbell.load(std::memory_order_seq_cst);
+    const bool timed = pending_.load(std::memory_order_seq_cst) > 0;
+    if (timed) h.sleeping.store(std::uint32_t(sleep_state::timed), std::memory_order_seq_cst);
+    const bool quit = stop_.load(std::memory_order_seq_cst) || (aborted_.load() && !abort_handled_);
+    if (quit || (!aborted_.load() && pump())) {
+      h.sleeping.store(std::uint32_t(sleep_state::awake), std::memory_order_seq_cst);
+      return;
+    }
+    std::optional<std::chrono::nanoseconds> timeout;
+    if (timed) timeout = std::max<std::chrono::nanoseconds>(next_heartbeat_ - steady_clock::now(), std::chrono::milliseconds(1));
+    futex_wait(h.doorbell, seen, timeout);
+    h.sleeping.store(std::uint32_t(sleep_state::awake), std::memory_order_seq_cst);
+  }
+
+  engine_config cfg_;
+  shm_mapping own_;
+  std::vector<shm_mapping> peers_;
+  process_identity self_;
+  segment_header* own_header_ = nullptr;
+  std::unique_ptr<outbound_link[]> out_;
+  std::unique_ptr<inbound_link[]> in_;
+
+  std::atomic<std::int64_t> pending_{0};  // operations queued, posted or landing: they need heartbeats
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> aborted_{false};
+  std::atomic<std::thread::id> progress_thread_id_{};
+  std::mutex abort_mutex_;
+  std::condition_variable abort_cv_;
+  std::exception_ptr abort_reason_;  // guarded by abort_mutex_
+  bool abort_handled_ = false;       // guarded by abort_mutex_ (written by the progress thread)
+  bool running_ = true;              // guarded by abort_mutex_
+
+  // Progress thread only.
+  std::vector<bool> gone_;
+  steady_clock::time_point next_heartbeat_{};
+};
+
+}  // namespace shardkit::transport::detail::shm

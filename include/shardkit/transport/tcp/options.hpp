@@ -1,0 +1,222 @@
+#pragma once
+//! tcp_options: every knob of the TCP transport, and how the environment sets them (tcp_options::from_env()).
+//!
+//! | variable                           | field                | default                                        |
+//! |------------------------------------|----------------------|------------------------------------------------|
+//! | SHARDKIT_SOCKET_IFNAME             | ifname               | all up non-loopback IPv4 interfaces except     |
+//! |                                    |                      | docker*/virbr*; loopback when there is none    |
+//! | SHARDKIT_SOCKET_BIND               | bind_addresses       | (none) comma-separated IPv4 addresses          |
+//! | SHARDKIT_SOCKET_NSTREAMS           | streams_per_peer     | 2                                              |
+//! | SHARDKIT_SOCKET_CHUNK              | chunk_bytes          | 512K (bytes; K/M/G suffixes are powers of 1024)|
+//! | SHARDKIT_SOCKET_BUFFER             | socket_buffer_bytes  | 4M (0 keeps the kernel's autotuning)           |
+//! | SHARDKIT_SOCKET_THREADS            | io_threads           | 1                                              |
+//! | SHARDKIT_SOCKET_MAX_UNEXPECTED     | max_unexpected_bytes | 0 = unbounded                                  |
+//! | SHARDKIT_SOCKET_CONNECT_TIMEOUT    | connect_timeout      | 60 (seconds)                                   |
+//! | SHARDKIT_SOCKET_HANDSHAKE_TIMEOUT  | handshake_timeout    | 5 (seconds)                                    |
+//! | SHARDKIT_SOCKET_PORT               | listen_port          | 0 = ephemeral                                  |
+//! | SHARDKIT_AUTH_TOKEN                | auth_token           | empty = no authentication                      |
+//!
+//! A malformed value is shardkit::error(errc::config) naming the variable.
+#include <cctype>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardkit/core/error.hpp"
+
+namespace shardkit::transport {
+
+//! TCP keepalive. It is what notices a peer *host* that vanished without closing its sockets (power loss, a
+//! pulled cable): no FIN or RST ever arrives then, and a receiver would otherwise wait forever.
+struct tcp_keepalive {
+  bool enabled = true;
+  std::chrono::seconds idle{30};      //!< silence before the first probe (TCP_KEEPIDLE)
+  std::chrono::seconds interval{5};   //!< between probes (TCP_KEEPINTVL)
+  int probes = 4;                     //!< unanswered probes that declare the connection dead (TCP_KEEPCNT)
+};
+
+struct tcp_options {
+  //! Names this transport in store keys, handshakes and logs. Every rank of one transport passes the same name;
+  //! two transports over one store need different names (or a prefix_store each).
+  std::string group_name = "world";
+  //! Which interfaces to listen and connect on, NCCL_SOCKET_IFNAME style: "eth0,eth1" selects interfaces whose
+  //! name starts with an entry; a leading '^' excludes the listed ones instead; a leading '=' (after '^' if any)
+  //! asks for exact names. Empty: see the table above.
+  std::string ifname;
+  //! Explicit local IPv4 addresses, one listener each; when set, ifname is not consulted.
+  std::vector<std::string> bind_addresses;
+  //! TCP connections per peer. Messages larger than chunk_bytes are striped over all of them; connections are
+  //! spread round-robin over the selected interfaces.
+  int streams_per_peer = 2;
+  //! The largest frame payload. A larger message is cut into chunks of this size, sent over all streams in
+  //! parallel and reassembled by offset. Up to 64 MiB.
+  std::size_t chunk_bytes = std::size_t(512) << 10;
+  //! SO_SNDBUF and SO_RCVBUF of every connection (the kernel caps them at net.core.[rw]mem_max). 0 leaves the
+  //! kernel's autotuning on.
+  int socket_buffer_bytes = 4 << 20;
+  //! Threads running the transport's io_context. Each peer's work is serialised on its own strand, so more
+  //! threads help only with several busy peers.
+  int io_threads = 1;
+  //! Shared secret checked (in constant time) in both directions of every handshake; empty disables the check.
+  //! It crosses the network in clear text, as Gloo's and torch's do: it keeps out strays, not eavesdroppers.
+  std::string auth_token;
+  //! Bound on the whole connection setup: store waits, connects (retried with backoff) and handshakes.
+  std::chrono::milliseconds connect_timeout{60'000};
+  //! How long an accepted connection may take to present a valid handshake before it is dropped.
+  std::chrono::milliseconds handshake_timeout{5'000};
+  //! A frame announcing a larger message is a protocol error that fails the peer.
+  std::uint64_t max_message_bytes = std::uint64_t(1) << 40;
+  //! Bytes of messages that arrived before their recv that may be buffered per peer. 0 = unbounded. When the
+  //! bound is reached, that peer's connections stop being read until a matching recv is posted (the message then
+  //! lands directly in it): memory stays bounded, but a program that needs a send to complete before posting the
+  //! matching recv may then wait forever, as with MPI's rendezvous protocol.
+  std::size_t max_unexpected_bytes = 0;
+  //! Port of every listener; 0 picks an ephemeral one.
+  std::uint16_t listen_port = 0;
+  //! Also pin sockets to their interface with SO_BINDTODEVICE (falls back to the source address when refused).
+  bool bind_to_device = true;
+  tcp_keepalive keepalive{};
+
+  //! Defaults overridden by the SHARDKIT_SOCKET_* variables (see the table at the top of this header).
+  static tcp_options from_env();
+  //! Same, reading variables through `lookup` (tests).
+  static tcp_options from_env(const std::function<const char*(const char*)>& lookup);
+
+  //! errc::config naming the field when a value is out of range.
+  void validate() const;
+};
+
+namespace detail::tcp {
+
+inline constexpr std::size_t max_chunk_bytes = std::size_t(64) << 20;
+inline constexpr std::size_t max_token_bytes = 4096;
+
+[[noreturn]] inline void bad_setting(const std::string& name, const std::string& value, const std::string& why) {
+  throw_error(errc::config, name + "='" + value + "': " + why, {.operation = "tcp.options"});
+}
+
+//! "524288", "512K", "4M", "1G" (optionally "KiB"/"KB"-style): powers of 1024.
+inline std::uint64_t parse_byte_size(const std::string& name, const std::string& text) {
+  std::size_t pos = 0;
+  std::uint64_t value = 0;
+  try {
+    if (text.empty() || text[0] == '-' || text[0] == '+') throw std::invalid_argument("sign");
+    value = std::stoull(text, &pos);
+  } catch (const std::exception&) {
+    bad_setting(name, text, "expected a byte count such as 524288, 512K or 4M");
+  }
+  std::string suffix = text.substr(pos);
+  for (auto& c : suffix) c = char(std::toupper(static_cast<unsigned char>(c)));
+  int shift = 0;
+  if (suffix.empty() || suffix == "B") shift = 0;
+  else if (suffix == "K" || suffix == "KB" || suffix == "KIB") shift = 10;
+  else if (suffix == "M" || suffix == "MB" || suffix == "MIB") shift = 20;
+  else if (suffix == "G" || suffix == "GB" || suffix == "GIB") shift = 30;
+  else bad_setting(name, text, "unknown size suffix '" + suffix + "' (use K, M or G)");
+  if (shift > 0 && value > (std::uint64_t(-1) >> shift)) bad_setting(name, text, "too large");
+  return value << shift;
+}
+
+inline long long parse_integer(const std::string& name, const std::string& text, long long lo, long long hi) {
+  std::size_t pos = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &pos);
+  } catch (const std::exception&) {
+    bad_setting(name, text, "expected an integer");
+  }
+  if (pos != text.size()) bad_setting(name, text, "expected an integer");
+  if (v < lo || v > hi)
+    bad_setting(name, text, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+//! Splits "a, b,,c" into {"a", "b", "c"}.
+inline std::vector<std::string> split_list(std::string_view s) {
+  std::vector<std::string> out;
+  while (!s.empty()) {
+    const auto comma = s.find(',');
+    std::string_view item = s.substr(0, comma);
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) item.remove_prefix(1);
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.remove_suffix(1);
+    if (!item.empty()) out.emplace_back(item);
+    if (comma == std::string_view::npos) break;
+    s.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+}  // namespace detail::tcp
+
+inline tcp_options tcp_options::from_env(const std::function<const char*(const char*)>& lookup) {
+  namespace d = detail::tcp;
+  tcp_options o;
+  const auto get = [&](const char* name) -> const char* {
+    const char* v = lookup(name);
+    return v && *v ? v : nullptr;
+  };
+  if (auto v = get("SHARDKIT_SOCKET_IFNAME")) o.ifname = v;
+  if (auto v = get("SHARDKIT_SOCKET_BIND")) o.bind_addresses = d::split_list(v);
+  if (auto v = get("SHARDKIT_SOCKET_NSTREAMS"))
+    o.streams_per_peer = int(d::parse_integer("SHARDKIT_SOCKET_NSTREAMS", v, 1, 64));
+  if (auto v = get("SHARDKIT_SOCKET_CHUNK")) {
+    const auto n = d::parse_byte_size("SHARDKIT_SOCKET_CHUNK", v);
+    if (n == 0 || n > d::max_chunk_bytes) d::bad_setting("SHARDKIT_SOCKET_CHUNK", v, "must be in [1, 64M]");
+    o.chunk_bytes = std::size_t(n);
+  }
+  if (auto v = get("SHARDKIT_SOCKET_BUFFER")) {
+    const auto n = d::parse_byte_size("SHARDKIT_SOCKET_BUFFER", v);
+    if (n > (std::uint64_t(1) << 30)) d::bad_setting("SHARDKIT_SOCKET_BUFFER", v, "must be at most 1G");
+    o.socket_buffer_bytes = int(n);
+  }
+  if (auto v = get("SHARDKIT_SOCKET_THREADS"))
+    o.io_threads = int(d::parse_integer("SHARDKIT_SOCKET_THREADS", v, 1, 64));
+  if (auto v = get("SHARDKIT_SOCKET_MAX_UNEXPECTED"))
+    o.max_unexpected_bytes = std::size_t(d::parse_byte_size("SHARDKIT_SOCKET_MAX_UNEXPECTED", v));
+  if (auto v = get("SHARDKIT_SOCKET_CONNECT_TIMEOUT"))
+    o.connect_timeout = std::chrono::seconds(d::parse_integer("SHARDKIT_SOCKET_CONNECT_TIMEOUT", v, 1, 86400));
+  if (auto v = get("SHARDKIT_SOCKET_HANDSHAKE_TIMEOUT"))
+    o.handshake_timeout = std::chrono::seconds(d::parse_integer("SHARDKIT_SOCKET_HANDSHAKE_TIMEOUT", v, 1, 3600));
+  if (auto v = get("SHARDKIT_SOCKET_PORT"))
+    o.listen_port = std::uint16_t(d::parse_integer("SHARDKIT_SOCKET_PORT", v, 0, 65535));
+  if (auto v = lookup("SHARDKIT_AUTH_TOKEN")) o.auth_token = v;
+  o.validate();
+  return o;
+}
+
+inline tcp_options tcp_options::from_env() {
+  return from_env([](const char* name) -> const char* { return std::getenv(name); });
+}
+
+inline void tcp_options::validate() const {
+  namespace d = detail::tcp;
+  const auto check = [](bool ok, const char* field, const std::string& value, const char* why) {
+    if (!ok) d::bad_setting(std::string("tcp_options::") + field, value, why);
+  };
+  check(!group_name.empty(), "group_name", group_name, "must not be empty");
+  check(streams_per_peer >= 1 && streams_per_peer <= 64, "streams_per_peer", std::to_string(streams_per_peer),
+        "must be in [1, 64]");
+  check(chunk_bytes >= 1 && chunk_bytes <= d::max_chunk_bytes, "chunk_bytes", std::to_string(chunk_bytes),
+        "must be in [1, 64 MiB]");
+  check(socket_buffer_bytes >= 0, "socket_buffer_bytes", std::to_string(socket_buffer_bytes), "must be >= 0");
+  check(io_threads >= 1 && io_threads <= 64, "io_threads", std::to_string(io_threads), "must be in [1, 64]");
+  check(auth_token.size() <= d::max_token_bytes, "auth_token", "<" + std::to_string(auth_token.size()) + " bytes>",
+        "must be at most 4096 bytes");
+  check(connect_timeout.count() > 0, "connect_timeout", std::to_string(connect_timeout.count()) + " ms",
+        "must be positive");
+  check(handshake_timeout.count() > 0, "handshake_timeout", std::to_string(handshake_timeout.count()) + " ms",
+        "must be positive");
+  check(max_message_bytes > 0, "max_message_bytes", "0", "must be positive");
+  check(!keepalive.enabled || (keepalive.idle.count() > 0 && keepalive.interval.count() > 0 && keepalive.probes > 0),
+        "keepalive", std::to_string(keepalive.idle.count()) + "s/" + std::to_string(keepalive.interval.count()) +
+                         "s/" + std::to_string(keepalive.probes),
+        "idle, interval and probes must be positive");
+}
+
+}  // namespace shardkit::transport

@@ -1,0 +1,505 @@
+#pragma once
+//! One remote rank as this rank sees it: its striped connections ("links"), the scheduler that cuts messages into
+//! frames, and the matcher that lands frames in posted recvs. All state lives on the peer's strand; user threads
+//! reach it only through asio::post, and recv cancellation through recv_op's atomic state.
+//!
+//! Ordering. Every message to a peer gets the next sequence number. Connections pull frames from one FIFO, so
+//! each connection carries frames in non-decreasing sequence order. The receiver *matches* messages to recvs
+//! strictly in sequence order, when the first frame of a message arrives on any connection; a connection whose
+//! next frame belongs to a message after the next one to match waits (it is "parked") until the connections
+//! ahead of it deliver. The smallest unmatched message always has a frame at the head of some connection, so
+//! this cannot deadlock, and matching in sequence order is exactly rule 5 of the p2p concept for every tag.
+//! Matching at the first frame is what lets all of a striped message land directly in the user's buffer.
+#include <algorithm>
+#include <array>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "shardkit/core/error.hpp"
+#include "shardkit/core/log.hpp"
+#include "shardkit/transport/tcp/ops.hpp"
+#include "shardkit/transport/tcp/wire.hpp"
+
+namespace shardkit::transport::detail::tcp {
+
+namespace asio = boost::asio;
+
+//! Frames gathered into one async_write (one writev): many small messages cost one system call.
+inline constexpr std::size_t max_batch_frames = 16;
+
+//! A view of buffers owned elsewhere. asio copies a buffer sequence into each write operation; copying this is
+//! two pointers, where a std::vector would be a heap allocation per write.
+struct buffer_range {
+  const asio::const_buffer* first = nullptr;
+  const asio::const_buffer* last = nullptr;
+  using value_type = asio::const_buffer;
+  using const_iterator = const asio::const_buffer*;
+  const_iterator begin() const noexcept { return first; }
+  const_iterator end() const noexcept { return last; }
+};
+
+//! One TCP connection to the peer, used in both directions.
+struct link {
+  explicit link(asio::ip::tcp::socket s) : socket(std::move(s)) {}
+  asio::ip::tcp::socket socket;
+  int index = 0;
+  std::string local, remote;        // "ip:port", for messages
+  std::uint64_t peer_max_frame = 0;  // from the peer's handshake: a longer frame is a protocol error
+  // receive side
+  std::array<std::byte, frame_header_size> rx_bytes{};
+  frame_header rx{};
+  bool parked = false;
+  std::vector<std::byte> discard;  // payloads of messages nobody can take (recv too small)
+  // send side: one write in flight per connection
+  bool writing = false;
+  std::size_t tx_frames = 0;
+  std::array<std::array<std::byte, frame_header_size>, max_batch_frames> tx_headers{};
+  std::array<asio::const_buffer, 2 * max_batch_frames> tx_buffers{};
+  std::array<std::shared_ptr<send_op>, max_batch_frames> tx_ops{};
+};
+
+struct peer_settings {
+  int self = 0;  // this rank
+  int rank = 0;  // the peer's
+  int streams = 1;
+  std::size_t chunk_bytes = 0;
+  std::uint64_t max_message_bytes = 0;
+  std::size_t max_unexpected_bytes = 0;  // 0 = unbounded
+};
+
+class peer {
+ public:
+  using strand_type = asio::strand<asio::io_context::executor_type>;
+
+  peer(asio::io_context& io, peer_settings s)
+      : strand_(asio::make_strand(io)), s_(s), links_(std::size_t(s.streams)) {}
+
+  int rank() const noexcept { return s_.rank; }
+  const strand_type& strand() const noexcept { return strand_; }
+
+  // ---- connection setup (before start(); the mesh builder's strand) ----
+  void attach(std::unique_ptr<link> l) { links_[std::size_t(l->index)] = std::move(l); }
+
+  //! "stream 0 127.0.0.1:4000, stream 1 ..." (stable once connect() returned).
+  std::string describe() const {
+    std::string s;
+    for (const auto& l : links_)
+      if (l) s += (s.empty() ? "" : ", ") + std::string("stream ") + std::to_string(l->index) + " " + l->remote;
+    return s;
+  }
+
+  //! Starts reading every connection.
+  void start() {
+    asio::post(strand_, [this] {
+      for (auto& l : links_)
+        if (l) read_header(*l);
+    });
+  }
+
+  // ---- from any thread ----
+  void submit_send(std::shared_ptr<send_op> op) {
+    asio::post(strand_, [this, op = std::move(op)]() mutable { on_send(std::move(op)); });
+  }
+  void submit_recv(std::shared_ptr<recv_op> op) {
+    asio::post(strand_, [this, op = std::move(op)]() mutable { on_recv(std::move(op)); });
+  }
+  //! After a cancel: drops withdrawn recvs of `tag` so a tag that is never used again leaves nothing behind.
+  void submit_purge(message_tag tag) { asio::post(strand_, [this, tag] { purge(tag); }); }
+  //! Closes the connections and fails every operation with `reason` (then later ones too); runs `then` after.
+  void submit_close(std::exception_ptr reason, std::string message, log::level level, std::function<void()> then) {
+    asio::post(strand_, [this, reason = std::move(reason), message = std::move(message), level, then = std::move(then)] {
+      fail(reason, message, level, level);
+      if (then) then();
+    });
+  }
+
+ private:
+  struct inflight_message {
+    message_tag tag = 0;
+    std::uint64_t total = 0;
+    std::uint64_t received = 0;
+    std::byte* base = nullptr;                      // where offsets land; null: discard the payload
+    std::shared_ptr<recv_op> recv;                  // landing directly in a posted recv
+    std::shared_ptr<unexpected_message> buffered;   // or in a buffer until its recv comes
+  };
+
+  error_context context() const { return {.rank = s_.self, .peer = s_.rank, .operation = "tcp"}; }
+  std::string where(const link& l) const {
+    return "rank " + std::to_string(s_.rank) + " at " + l.remote + " (stream " + std::to_string(l.index) +
+           ", local " + l.local + ")";
+  }
+  std::exception_ptr too_small(std::uint64_t total, std::size_t room) const {
+    return std::make_exception_ptr(error(errc::protocol,
+                                         "message of " + std::to_string(total) +
+                                             " bytes does not fit the posted receive of " + std::to_string(room) +
+                                             " bytes",
+                                         {.rank = s_.self, .peer = s_.rank, .operation = "tcp.recv"}));
+  }
+
+  // ---------------- send side ----------------
+
+  void on_send(std::shared_ptr<send_op> op) {
+    if (failure_) {
+      op->done.set_error(failure_);
+      return;
+    }
+    op->seq = next_send_seq_++;
+    send_queue_.push_back(std::move(op));
+    for (auto& l : links_)
+      if (l && !l->writing) pump(*l);
+  }
+
+  //! Hands the next frames of the send queue to an idle connection. Connections pull whole chunks, so a slower
+  //! interface simply takes fewer of them.
+  void pump(link& l) {
+    std::size_t frames = 0, buffers = 0, batch = 0;
+    while (frames < max_batch_frames && !send_queue_.empty()) {
+      send_op& op = *send_queue_.front();
+      const std::size_t len = std::min(s_.chunk_bytes, op.bytes.size() - op.cut);
+      if (frames > 0 && batch + len > s_.chunk_bytes) break;
+      const frame_header h{.length = std::uint32_t(len), .tag = op.tag, .seq = op.seq, .total = op.bytes.size(),
+                           .offset = op.cut};
+      encode(h, std::span<std::byte, frame_header_size>(l.tx_headers[frames]));
+      l.tx_buffers[buffers++] = asio::buffer(l.tx_headers[frames]);
+      if (len > 0) l.tx_buffers[buffers++] = asio::buffer(op.bytes.data() + op.cut, len);
+      op.cut += len;
+      ++op.frames_in_flight;
+      batch += len;
+      if (op.cut == op.bytes.size()) {
+        op.fully_cut = true;
+        l.tx_ops[frames] = send_queue_.pop_front();
+      } else {
+        l.tx_ops[frames] = send_queue_.front();
+      }
+      ++frames;
+    }
+    l.tx_frames = frames;
+    if (frames == 0) return;
+    l.writing = true;
+    asio::async_write(l.socket, buffer_range{l.tx_buffers.data(), l.tx_buffers.data() + buffers},
+                      asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t) {
+                        written(l, ec);
+                      }));
+  }
+
+  void written(link& l, const boost::system::error_code& ec) {
+    l.writing = false;
+    if (ec) link_error(l, ec, "sending");  // fails the frames of this batch too
+    for (std::size_t i = 0; i < l.tx_frames; ++i) {
+      std::shared_ptr<send_op> op = std::move(l.tx_ops[i]);
+      if (--op->frames_in_flight == 0 && op->fully_cut && !failure_) op->done.set_done(op->bytes.size());
+    }
+    l.tx_frames = 0;
+    if (!failure_) pump(l);
+  }
+
+  // ---------------- receive side ----------------
+
+  void on_recv(std::shared_ptr<recv_op> op) {
+    if (op->is_cancelled()) return;
+    // A message that arrived first is taken before anything else, even after the peer was lost: a peer that
+    // sent its last message and exited cleanly must not turn that message into an error.
+    if (auto it = unexpected_.find(op->tag); it != unexpected_.end()) {
+      if (!op->try_bind()) return;
+      auto msg = it->second.pop_front();
+      if (it->second.empty()) unexpected_.erase(it);
+      if (msg->total > op->bytes.size()) {
+        op->done.set_error(too_small(msg->total, op->bytes.size()));
+        if (msg->complete())
+          release(*msg);
+        else
+          msg->discard = true;
+      } else if (msg->complete()) {
+        deliver(*msg, std::move(op));
+      } else {
+        msg->waiter = std::move(op);
+      }
+      return;
+    }
+    if (failure_) {
+      if (op->try_bind()) op->done.set_error(failure_);
+      return;
+    }
+    posted_[op->tag].push_back(std::move(op));
+    if (s_.max_unexpected_bytes > 0) resume_parked();  // a message parked for lack of buffer may be this one
+  }
+
+  void purge(message_tag tag) {
+    auto it = posted_.find(tag);
+    if (it == posted_.end()) return;
+    it->second.remove_if([](const recv_op& op) { return op.is_cancelled(); });
+    if (it->second.empty()) posted_.erase(it);
+  }
+
+  void read_header(link& l) {
+    asio::async_read(l.socket, asio::buffer(l.rx_bytes),
+                     asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t) {
+                       if (ec) return link_error(l, ec, "reading a frame header");
+                       if (failure_) return;
+                       l.rx = decode_frame(std::span<const std::byte, frame_header_size>(l.rx_bytes));
+                       if (!valid_header(l)) return;
+                       if (route(l)) resume_parked();
+                     }));
+  }
+
+  bool valid_header(link& l) {
+    const frame_header& h = l.rx;
+    if (h.magic != frame_magic) return protocol(l, "a frame header with a bad magic number (stream out of sync)");
+    if (h.length > l.peer_max_frame)
+      return protocol(l, "a frame of " + std::to_string(h.length) + " bytes, more than the " +
+                             std::to_string(l.peer_max_frame) + " it announced");
+    if (h.total > s_.max_message_bytes)
+      return protocol(l, "a message of " + std::to_string(h.total) + " bytes, more than max_message_bytes " +
+                             std::to_string(s_.max_message_bytes));
+    if (h.offset > h.total || h.length > h.total - h.offset)
+      return protocol(l, "a frame [" + std::to_string(h.offset) + ", +" + std::to_string(h.length) +
+                             ") outside its " + std::to_string(h.total) + "-byte message");
+    if (h.length == 0 && h.total != 0) return protocol(l, "an empty frame of a non-empty message");
+    return true;
+  }
+
+  //! Decides where the payload behind l.rx goes and starts reading it, or parks the connection. True when a new
+  //! message was matched (parked connections may now proceed).
+  bool route(link& l) {
+    const frame_header& h = l.rx;
+    if (h.seq < next_match_) {
+      auto it = inflight_.find(h.seq);
+      if (it == inflight_.end() || it->second.tag != h.tag || it->second.total != h.total)
+        return protocol(l, "a frame of message #" + std::to_string(h.seq) +
+                               " that is not in flight (duplicated or inconsistent frames)");
+      receive_payload(l, it->second);
+      return false;
+    }
+    if (h.seq > next_match_) {
+      l.parked = true;  // an earlier message's first frame is still on another connection
+      return false;
+    }
+    inflight_message* m = match(h);
+    if (!m) {
+      if (!failure_) l.parked = true;  // unexpected-message budget exhausted: wait for a recv
+      return false;
+    }
+    ++next_match_;
+    receive_payload(l, *m);
+    return true;
+  }
+
+  //! Binds message h.seq (the next in order) to the first live recv posted for its tag, or to a new buffer.
+  inflight_message* match(const frame_header& h) {
+    inflight_message m{.tag = h.tag, .total = h.total};
+    if (auto op = take_posted(h.tag)) {
+      if (h.total > op->bytes.size()) {
+        op->done.set_error(too_small(h.total, op->bytes.size()));  // the payload is read and dropped
+      } else {
+        m.base = op->bytes.data();
+        m.recv = std::move(op);
+      }
+    } else {
+      if (s_.max_unexpected_bytes > 0 && h.total > 0 && unexpected_bytes_ + h.total > s_.max_unexpected_bytes)
+        return nullptr;
+      auto msg = std::make_shared<unexpected_message>();
+      msg->seq = h.seq;
+      msg->total = h.total;
+      if (h.total > 0) {
+        try {
+          msg->data = std::make_unique_for_overwrite<std::byte[]>(std::size_t(h.total));
+        } catch (const std::bad_alloc&) {
+          const std::string what = "cannot buffer an unexpected message of " + std::to_string(h.total) +
+                                   " bytes from rank " + std::to_string(s_.rank) + ": out of memory";
+          fail(std::make_exception_ptr(error(errc::io, what, context())), what, log::level::warn, log::level::warn);
+          return nullptr;
+        }
+      }
+      unexpected_bytes_ += h.total;
+      m.base = msg->data.get();
+      m.buffered = msg;
+      unexpected_[h.tag].push_back(std::move(msg));
+    }
+    return &inflight_.emplace(h.seq, std::move(m)).first->second;
+  }
+
+  std::shared_ptr<recv_op> take_posted(message_tag tag) {
+    auto it = posted_.find(tag);
+    if (it == posted_.end()) return nullptr;
+    std::shared_ptr<recv_op> found;
+    while (!it->second.empty()) {
+      auto op = it->second.pop_front();
+      if (op->try_bind()) {  // loses only to a concurrent cancel(); then the next one is the match
+        found = std::move(op);
+        break;
+      }
+    }
+    if (it->second.empty()) posted_.erase(it);
+    return found;
+  }
+
+  void receive_payload(link& l, inflight_message& m) {
+    const frame_header& h = l.rx;
+    if (h.length > m.total - m.received) {
+      protocol(l, "more bytes than its " + std::to_string(m.total) + "-byte message holds (duplicated frame)");
+      return;
+    }
+    if (h.length == 0) return payload_done(l);
+    std::byte* dst;
+    if (m.base) {
+      dst = m.base + h.offset;
+    } else {
+      if (l.discard.size() < h.length) l.discard.resize(h.length);
+      dst = l.discard.data();
+    }
+    asio::async_read(l.socket, asio::buffer(dst, h.length),
+                     asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t) {
+                       if (ec) return link_error(l, ec, "receiving a frame payload");
+                       if (!failure_) payload_done(l);
+                     }));
+  }
+
+  void payload_done(link& l) {
+    auto it = inflight_.find(l.rx.seq);
+    if (it == inflight_.end()) return;
+    inflight_message& m = it->second;
+    m.received += l.rx.length;
+    if (m.buffered) m.buffered->received = m.received;
+    read_header(l);
+    if (m.received < m.total) return;
+    inflight_message done = std::move(m);
+    inflight_.erase(it);
+    if (done.recv) {
+      done.recv->done.set_done(std::size_t(done.total));
+    } else if (auto& msg = done.buffered) {
+      if (msg->waiter)
+        deliver(*msg, msg->waiter);
+      else if (msg->discard)
+        release(*msg);
+      // else it waits, complete, in unexpected_ for its recv
+    }
+  }
+
+  void deliver(unexpected_message& msg, std::shared_ptr<recv_op> op) {  // by value: release() drops msg.waiter
+    if (msg.total > 0) std::memcpy(op->bytes.data(), msg.data.get(), std::size_t(msg.total));
+    const auto total = std::size_t(msg.total);
+    release(msg);
+    op->done.set_done(total);
+  }
+
+  void release(unexpected_message& msg) {
+    unexpected_bytes_ -= msg.total;
+    msg.data.reset();
+    msg.waiter.reset();
+    if (s_.max_unexpected_bytes > 0) resume_parked();
+  }
+
+  //! Lets parked connections whose message is now next in order proceed.
+  void resume_parked() {
+    if (resuming_) return;  // the outer call rescans
+    resuming_ = true;
+    for (bool progress = true; progress && !failure_;) {
+      progress = false;
+      for (auto& l : links_) {
+        if (failure_) break;
+        if (!l || !l->parked || l->rx.seq != next_match_) continue;
+        l->parked = false;
+        if (route(*l)) progress = true;  // re-parks itself when the budget still blocks it
+      }
+    }
+    resuming_ = false;
+  }
+
+  // ---------------- failure ----------------
+
+  void link_error(link& l, const boost::system::error_code& ec, const char* during) {
+    if (failure_) return;  // our own close, or a consequence of an earlier failure
+    std::string what;
+    if (ec == asio::error::eof)
+      what = "was closed by the peer";
+    else if (ec == asio::error::connection_reset)
+      what = "was reset by the peer";
+    else
+      what = "failed: " + ec.message();
+    const std::string message = "connection to " + where(l) + " " + what + " while " + during;
+    fail(std::make_exception_ptr(error(errc::peer_lost, message, context())), message, log::level::debug,
+         log::level::warn);
+  }
+
+  bool protocol(link& l, const std::string& what) {
+    const std::string message = where(l) + " sent " + what + "; dropping its connections";
+    fail(std::make_exception_ptr(error(errc::protocol, message, context())), message, log::level::warn,
+         log::level::warn);
+    return false;
+  }
+
+  //! Closes every connection, then fails every operation with `reason`. Closing first matters: once a
+  //! completion fails, its owner may free the buffer, so no read may still write into it (nor a write read it).
+  void fail(std::exception_ptr reason, const std::string& message, log::level idle_level, log::level busy_level) {
+    if (failure_) return;
+    failure_ = std::move(reason);
+    for (auto& l : links_) {
+      if (!l) continue;
+      boost::system::error_code ignored;
+      l->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+      l->socket.close(ignored);
+      l->parked = false;
+    }
+    std::vector<completion> victims;
+    while (!send_queue_.empty()) victims.push_back(send_queue_.pop_front()->done);
+    for (auto& l : links_)
+      if (l)
+        for (std::size_t i = 0; i < l->tx_frames; ++i)
+          if (l->tx_ops[i]) victims.push_back(l->tx_ops[i]->done);
+    for (auto& [tag, q] : posted_)
+      while (!q.empty()) {
+        auto op = q.pop_front();
+        if (op->try_bind()) victims.push_back(op->done);
+      }
+    posted_.clear();
+    for (auto& [seq, m] : inflight_) {
+      if (m.recv) victims.push_back(m.recv->done);
+      if (m.buffered && m.buffered->waiter) victims.push_back(m.buffered->waiter->done);
+    }
+    inflight_.clear();
+    // Fully received messages stay deliverable; partial ones never will complete.
+    for (auto it = unexpected_.begin(); it != unexpected_.end();) {
+      it->second.remove_if([&](const unexpected_message& msg) {
+        if (msg.complete()) return false;
+        unexpected_bytes_ -= msg.total;
+        return true;
+      });
+      it = it->second.empty() ? unexpected_.erase(it) : std::next(it);
+    }
+    std::size_t pending = 0;
+    for (const auto& c : victims) pending += c.is_done() ? 0 : 1;
+    log::write(pending > 0 ? busy_level : idle_level, s_.self, "tcp: ", message,
+               pending > 0 ? " (" + std::to_string(pending) + " pending operations failed)" : std::string());
+    for (const auto& c : victims) c.set_error(failure_);
+  }
+
+  strand_type strand_;
+  peer_settings s_;
+  std::vector<std::unique_ptr<link>> links_;
+  std::exception_ptr failure_;
+
+  fifo<send_op> send_queue_;
+  std::uint64_t next_send_seq_ = 0;
+
+  std::uint64_t next_match_ = 0;
+  bool resuming_ = false;
+  std::unordered_map<message_tag, fifo<recv_op>> posted_;
+  std::unordered_map<message_tag, fifo<unexpected_message>> unexpected_;
+  std::unordered_map<std::uint64_t, inflight_message> inflight_;
+  std::uint64_t unexpected_bytes_ = 0;
+};
+
+}  // namespace shardkit::transport::detail::tcp

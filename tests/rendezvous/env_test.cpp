@@ -1,0 +1,240 @@
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shardkit/rendezvous/env.hpp"
+#include "support/harness.hpp"
+
+using namespace std::chrono_literals;
+namespace rdv = shardkit::rendezvous;
+using shardkit::errc;
+using env_map = std::map<std::string, std::string>;
+
+namespace {
+
+const env_map torchrun{{"RANK", "3"},        {"WORLD_SIZE", "8"},          {"LOCAL_RANK", "1"},
+                       {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29501"}};
+const env_map openmpi{{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "8"},
+                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                      {"MASTER_ADDR", "head"}};
+const env_map slurm{{"SLURM_PROCID", "6"},     {"SLURM_NTASKS", "7"},          {"SLURM_LOCALID", "0"},
+                    {"SLURM_NODEID", "3"},     {"SLURM_TASKS_PER_NODE", "2(x3),1"},
+                    {"SLURM_NODELIST", "gpu[1-3]"}, {"SLURM_STEP_NODELIST", "node[01-04,07]"}, {"SLURM_JOB_ID", "123456"}};
+
+env_map with(env_map base, const env_map& changes, const std::vector<std::string>& removed = {}) {
+  for (const auto& [k, v] : changes) base[k] = v;
+  for (const auto& k : removed) base.erase(k);
+  return base;
+}
+
+// The config error for `env`; its message must name `variable` (and its context too, unless it is the second
+// variable of a disagreement).
+void expect_config_error(const env_map& env, const std::string& variable, bool in_context = true) {
+  INFO("expecting an error naming " << variable);
+  try {
+    rdv::info_from_env(env);
+    FAIL("no error");
+  } catch (const shardkit::error& e) {
+    INFO(e.what());
+    CHECK(e.code() == errc::config);
+    CHECK(std::string(e.what()).find(variable) != std::string::npos);
+    if (in_context) CHECK(e.context().object == variable);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("[rendezvous] torchrun and Kubernetes variables") {
+  const auto i = rdv::info_from_env(torchrun);
+  CHECK(i.source == "torchrun");
+  CHECK(i.rank == 3);
+  CHECK(i.world_size == 8);
+  CHECK(i.local_rank == 1);
+  CHECK(i.local_world_size == 2);
+  CHECK(i.master_addr == "10.0.0.1");
+  CHECK(i.master_port == 29501);
+
+  // A PyTorchJob pod sets no LOCAL_*: one rank per pod.
+  const auto k8s = rdv::info_from_env(with(torchrun, {}, {"LOCAL_RANK", "LOCAL_WORLD_SIZE"}));
+  CHECK(k8s.local_rank == 0);
+  CHECK(k8s.local_world_size == 1);
+
+  // torchrun wins over the others, which may be set by an outer launcher; Open MPI's must agree with it.
+  auto both = with(torchrun, slurm);
+  both.insert({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "8"}});
+  CHECK(rdv::info_from_env(both).source == "torchrun");
+}
+
+TEST_CASE("[rendezvous] torchrun variables: every error names its variable") {
+  expect_config_error({}, "RANK");
+  expect_config_error(with(torchrun, {}, {"WORLD_SIZE"}), "WORLD_SIZE");
+  expect_config_error(with(torchrun, {}, {"RANK"}), "RANK");
+  expect_config_error(with(torchrun, {{"RANK", "abc"}}), "RANK");
+  expect_config_error(with(torchrun, {{"RANK", " 1"}}), "RANK");
+  expect_config_error(with(torchrun, {{"RANK", ""}}), "RANK");
+  expect_config_error(with(torchrun, {{"RANK", "-1"}}), "RANK");
+  expect_config_error(with(torchrun, {{"RANK", "99999999999"}}), "RANK");
+  expect_config_error(with(torchrun, {{"RANK", "8"}}), "RANK");
+  expect_config_error(with(torchrun, {{"WORLD_SIZE", "0"}}), "WORLD_SIZE");
+  expect_config_error(with(torchrun, {{"WORLD_SIZE", "2.5"}}), "WORLD_SIZE");
+  expect_config_error(with(torchrun, {}, {"MASTER_ADDR"}), "MASTER_ADDR");
+  expect_config_error(with(torchrun, {{"MASTER_ADDR", ""}}), "MASTER_ADDR");
+  expect_config_error(with(torchrun, {}, {"MASTER_PORT"}), "MASTER_PORT");
+  expect_config_error(with(torchrun, {{"MASTER_PORT", "70000"}}), "MASTER_PORT");
+  expect_config_error(with(torchrun, {{"MASTER_PORT", "0"}}), "MASTER_PORT");
+  expect_config_error(with(torchrun, {{"MASTER_PORT", "http"}}), "MASTER_PORT");
+  expect_config_error(with(torchrun, {}, {"LOCAL_WORLD_SIZE"}), "LOCAL_WORLD_SIZE");
+  expect_config_error(with(torchrun, {}, {"LOCAL_RANK"}), "LOCAL_RANK");
+  expect_config_error(with(torchrun, {{"LOCAL_RANK", "2"}}), "LOCAL_RANK");
+  expect_config_error(with(torchrun, {{"LOCAL_WORLD_SIZE", "16"}}), "LOCAL_WORLD_SIZE");
+  expect_config_error(with(torchrun, {{"LOCAL_WORLD_SIZE", "0"}}), "LOCAL_WORLD_SIZE");
+  expect_config_error(with(torchrun, {{"OMPI_COMM_WORLD_RANK", "4"}}), "RANK");
+  expect_config_error(with(torchrun, {{"OMPI_COMM_WORLD_RANK", "4"}}), "OMPI_COMM_WORLD_RANK", false);
+  expect_config_error(with(torchrun, {{"OMPI_COMM_WORLD_SIZE", "16"}}), "WORLD_SIZE");
+  expect_config_error(with(torchrun, {{"OMPI_COMM_WORLD_SIZE", "16"}}), "OMPI_COMM_WORLD_SIZE", false);
+}
+
+TEST_CASE("[rendezvous] Open MPI variables") {
+  const auto i = rdv::info_from_env(openmpi);
+  CHECK(i.source == "openmpi");
+  CHECK(i.rank == 5);
+  CHECK(i.world_size == 8);
+  CHECK(i.local_rank == 1);
+  CHECK(i.local_world_size == 4);
+  CHECK(i.master_addr == "head");
+  CHECK(i.master_port == 29500);
+  CHECK(rdv::info_from_env(with(openmpi, {{"MASTER_PORT", "4000"}})).master_port == 4000);
+  // One node: rank 0 is on this host.
+  const auto single = rdv::info_from_env(with(openmpi, {{"OMPI_COMM_WORLD_LOCAL_SIZE", "8"}}, {"MASTER_ADDR"}));
+  CHECK(single.master_addr == "127.0.0.1");
+  CHECK(rdv::info_from_env(with(openmpi, slurm)).source == "openmpi");
+
+  expect_config_error(with(openmpi, {}, {"MASTER_ADDR"}), "MASTER_ADDR");
+  expect_config_error(with(openmpi, {}, {"OMPI_COMM_WORLD_SIZE"}), "OMPI_COMM_WORLD_SIZE");
+  expect_config_error(with(openmpi, {}, {"OMPI_COMM_WORLD_RANK"}), "OMPI_COMM_WORLD_RANK");
+  expect_config_error(with(openmpi, {{"OMPI_COMM_WORLD_RANK", "8"}}), "OMPI_COMM_WORLD_RANK");
+  expect_config_error(with(openmpi, {{"OMPI_COMM_WORLD_LOCAL_RANK", "x"}}), "OMPI_COMM_WORLD_LOCAL_RANK");
+  expect_config_error(with(openmpi, {}, {"OMPI_COMM_WORLD_LOCAL_SIZE"}), "OMPI_COMM_WORLD_LOCAL_SIZE");
+  expect_config_error(with(openmpi, {{"MASTER_PORT", "65536"}}), "MASTER_PORT");
+}
+
+TEST_CASE("[rendezvous] Slurm variables") {
+  const auto i = rdv::info_from_env(slurm);
+  CHECK(i.source == "slurm");
+  CHECK(i.rank == 6);
+  CHECK(i.world_size == 7);
+  CHECK(i.local_rank == 0);
+  CHECK(i.local_world_size == 1);        // node 3 of "2(x3),1"
+  CHECK(i.master_addr == "node01");      // the step's node list wins over the job's
+  CHECK(i.master_port == 15000 + 123456 % 20000);
+
+  const auto job_list = rdv::info_from_env(with(slurm, {}, {"SLURM_STEP_NODELIST"}));
+  CHECK(job_list.master_addr == "gpu1");
+  CHECK(rdv::info_from_env(with(slurm, {{"MASTER_ADDR", "explicit"}, {"MASTER_PORT", "1234"}})).master_addr ==
+        "explicit");
+  CHECK(rdv::info_from_env(with(slurm, {}, {"SLURM_JOB_ID"})).master_port == 29500);
+  const auto per_node = rdv::info_from_env(with(slurm, {{"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_LOCALID", "1"}}));
+  CHECK(per_node.local_world_size == 2);
+  const auto step = rdv::info_from_env(with(slurm, {{"SLURM_STEP_TASKS_PER_NODE", "1(x7)"}}));
+  CHECK(step.local_world_size == 1);
+  const auto uniform = rdv::info_from_env(with(slurm, {{"SLURM_TASKS_PER_NODE", "7"}, {"SLURM_LOCALID", "6"}}, {"SLURM_NODEID"}));
+  CHECK(uniform.local_world_size == 7);
+
+  expect_config_error(with(slurm, {}, {"SLURM_NTASKS"}), "SLURM_NTASKS");
+  expect_config_error(with(slurm, {}, {"SLURM_PROCID"}), "SLURM_PROCID");
+  expect_config_error(with(slurm, {{"SLURM_PROCID", "7"}}), "SLURM_PROCID");
+  expect_config_error(with(slurm, {}, {"SLURM_LOCALID"}), "SLURM_LOCALID");
+  expect_config_error(with(slurm, {{"SLURM_LOCALID", "1"}}), "SLURM_LOCALID");  // node 3 runs one task
+  expect_config_error(with(slurm, {}, {"SLURM_NODEID"}), "SLURM_NODEID");
+  expect_config_error(with(slurm, {{"SLURM_NODEID", "4"}}), "SLURM_NODEID");
+  expect_config_error(with(slurm, {{"SLURM_TASKS_PER_NODE", "2(x"}}), "SLURM_TASKS_PER_NODE");
+  expect_config_error(with(slurm, {{"SLURM_TASKS_PER_NODE", "2,,1"}}), "SLURM_TASKS_PER_NODE");
+  expect_config_error(with(slurm, {}, {"SLURM_TASKS_PER_NODE"}), "SLURM_TASKS_PER_NODE");
+  expect_config_error(with(slurm, {{"SLURM_NTASKS_PER_NODE", "0"}}), "SLURM_NTASKS_PER_NODE");
+  expect_config_error(with(slurm, {{"SLURM_STEP_NODELIST", "node[01-"}}), "SLURM_STEP_NODELIST");
+  expect_config_error(with(slurm, {{"SLURM_NODELIST", "a,,b"}}, {"SLURM_STEP_NODELIST"}), "SLURM_NODELIST");
+  expect_config_error(with(slurm, {}, {"SLURM_STEP_NODELIST", "SLURM_NODELIST"}), "MASTER_ADDR");
+  expect_config_error(with(slurm, {{"MASTER_PORT", "-5"}}), "MASTER_PORT");
+}
+
+TEST_CASE("[rendezvous] Slurm host lists expand") {
+  using v = std::vector<std::string>;
+  CHECK(rdv::expand_slurm_hostlist("node[01-04,07]") == v{"node01", "node02", "node03", "node04", "node07"});
+  CHECK(rdv::expand_slurm_hostlist("solo") == v{"solo"});
+  CHECK(rdv::expand_slurm_hostlist("a1,b[2-3],c") == v{"a1", "b2", "b3", "c"});
+  CHECK(rdv::expand_slurm_hostlist("n[8-11]") == v{"n8", "n9", "n10", "n11"});
+  CHECK(rdv::expand_slurm_hostlist("n[098-101]") == v{"n098", "n099", "n100", "n101"});
+  CHECK(rdv::expand_slurm_hostlist("r[1-2]n[1,3]") == v{"r1n1", "r1n3", "r2n1", "r2n3"});
+  CHECK(rdv::expand_slurm_hostlist("gpu[5],cpu-x[1-2]") == v{"gpu5", "cpu-x1", "cpu-x2"});
+  for (const char* bad : {"", "node[", "node[]", "node[3-1]", "a,,b", "node]", "node[1-x]", "n[1-2", "n[-2]"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(rdv::expand_slurm_hostlist(bad), shardkit::error);
+  }
+  try {
+    rdv::expand_slurm_hostlist("node[", "SLURM_JOB_NODELIST");
+  } catch (const shardkit::error& e) {
+    CHECK(std::string(e.what()).find("SLURM_JOB_NODELIST") != std::string::npos);
+  }
+}
+
+TEST_CASE("[rendezvous] explicit rendezvous_info is validated field by field") {
+  rdv::rendezvous_info ok{.rank = 1, .world_size = 2, .master_addr = "host", .master_port = 1234};
+  CHECK_NOTHROW(rdv::validate(ok));
+  CHECK_NOTHROW(rdv::validate(rdv::rendezvous_info{}));  // one rank, ephemeral port
+  const auto names = [](rdv::rendezvous_info i, const std::string& field) {
+    INFO(field);
+    try {
+      rdv::validate(i);
+      FAIL("no error");
+    } catch (const shardkit::error& e) {
+      CHECK(e.code() == errc::config);
+      CHECK(e.context().object == field);
+    }
+  };
+  names({.rank = 2, .world_size = 2, .master_port = 1}, "rank");
+  names({.rank = -1, .world_size = 2, .master_port = 1}, "rank");
+  names({.world_size = 0}, "world_size");
+  names({.local_rank = 1}, "local_rank");
+  names({.world_size = 2, .local_world_size = 3, .master_port = 1}, "local_world_size");
+  names({.master_addr = ""}, "master_addr");
+  names({.master_port = 65536}, "master_port");
+  names({.world_size = 2}, "master_port");  // port 0: the other rank could not find it
+}
+
+TEST_CASE("[rendezvous] connect_store with one explicit rank hosts its own store") {
+  auto store = rdv::connect_store(rdv::rendezvous_info{}, 5s);
+  store.set("a", "b");
+  CHECK(store.get("a", 1s) == "b");
+  CHECK(store.num_keys() == 1);
+}
+
+SHARDKIT_SCENARIO(rendezvous_env_store) {
+  const auto info = rdv::info_from_env();  // the real environment, as set by the launcher
+  SCENARIO_CHECK(info.source == "torchrun");
+  SCENARIO_CHECK(info.rank == shardkit::test::env_rank());
+  auto store = rdv::connect_store(info, 20s);
+  const auto me = std::to_string(info.rank);
+  store.set("addr/" + me, "rank-" + me);
+  std::vector<std::string> all;
+  for (int r = 0; r < info.world_size; ++r) all.push_back("addr/" + std::to_string(r));
+  store.wait(all, 20s);
+  for (int r = 0; r < info.world_size; ++r) SCENARIO_CHECK(store.get(all[r], 1s) == "rank-" + std::to_string(r));
+  SCENARIO_CHECK(store.add("arrivals", 1) >= 1);
+  // Rank 0 hosts the server, so it leaves last: after everyone has said they are done with the store.
+  if (info.rank != 0) {
+    store.set("done/" + me, "1");
+    return;
+  }
+  std::vector<std::string> done;
+  for (int r = 1; r < info.world_size; ++r) done.push_back("done/" + std::to_string(r));
+  store.wait(done, 20s);
+  SCENARIO_CHECK(store.get("arrivals", 1s) == std::to_string(info.world_size));
+}
+
+TEST_CASE("[rendezvous] processes meet through connect_store(info_from_env())") {
+  const auto results = shardkit::test::run_processes(4, "rendezvous_env_store", {}, std::chrono::seconds(30));
+  shardkit::test::require_all_succeeded(results);
+}

@@ -1,0 +1,378 @@
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardkit/rendezvous/memory_store.hpp"
+#include "shardkit/rendezvous/tcp_store.hpp"
+#include "support/harness.hpp"
+
+using namespace std::chrono_literals;
+namespace rdv = shardkit::rendezvous;
+using shardkit::errc;
+
+static_assert(rdv::store<rdv::tcp_store>);
+static_assert(rdv::store<rdv::memory_store>);
+
+namespace {
+
+using keys = std::vector<std::string>;
+
+// Each fixture gives the store under test, store(), and client(): another handle on the same data (for tcp: a
+// separate connection), for the tests that need several clients.
+struct memory_fixture {
+  std::shared_ptr<rdv::memory_store> base = std::make_shared<rdv::memory_store>();
+  rdv::memory_store& store() { return *base; }
+  rdv::any_store client() { return rdv::any_store(base); }
+};
+
+struct prefix_fixture {
+  rdv::any_store base = rdv::make_store<rdv::memory_store>();
+  rdv::prefix_store main{base, "group"};
+  rdv::prefix_store& store() { return main; }
+  rdv::any_store client() { return rdv::any_store(std::make_shared<rdv::prefix_store>(base, "group")); }
+};
+
+rdv::tcp_store_options quick() { return {.connect_timeout = 5s, .timeout = 10s}; }
+
+struct tcp_fixture {
+  rdv::tcp_store_server server{{.bind_address = "127.0.0.1"}};
+  rdv::tcp_store main{"127.0.0.1", server.port(), quick()};
+  rdv::tcp_store& store() { return main; }
+  rdv::any_store client() { return rdv::any_store(std::make_shared<rdv::tcp_store>("127.0.0.1", server.port(), quick())); }
+};
+
+// The server started by tcp_store::create(), reached over loopback.
+struct tcp_create_fixture {
+  std::shared_ptr<rdv::tcp_store> main = rdv::tcp_store::create("127.0.0.1", 0, true, std::nullopt, 10s);
+  rdv::tcp_store& store() { return *main; }
+  rdv::any_store client() {
+    return rdv::any_store(rdv::tcp_store::create("127.0.0.1", main->server()->port(), false, std::nullopt, 10s));
+  }
+};
+
+template <class F>
+shardkit::error expect_error(F&& f) {
+  try {
+    f();
+  } catch (const shardkit::error& e) {
+    return e;
+  }
+  FAIL("expected a shardkit::error");
+  throw;  // unreachable
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A raw TCP connection to poke the server with bytes no client would send.
+struct raw_socket {
+  int fd = -1;
+  explicit raw_socket(int port) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  }
+  ~raw_socket() { ::close(fd); }
+  void send(const std::string& bytes) const { REQUIRE(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size())); }
+  // True when the server closed the connection within the timeout (after any bytes it sent).
+  bool closed_by_peer(std::chrono::milliseconds timeout = 3s) const {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    char buf[4096];
+    while (std::chrono::steady_clock::now() < until) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) return true;
+    }
+    return false;
+  }
+  std::string read_frame() const {
+    std::string out;
+    char buf[256];
+    while (out.size() < 4 || out.size() < 4 + rdv::detail::load_u32(out.data())) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      REQUIRE(n > 0);
+      out.append(buf, std::size_t(n));
+    }
+    return out.substr(4);
+  }
+};
+
+std::string hello(std::uint32_t version = rdv::detail::store_protocol_version) {
+  return rdv::detail::frame_writer(rdv::detail::store_op::hello).u32(rdv::detail::store_magic).u32(version).take();
+}
+
+}  // namespace
+
+#define STORE_FIXTURES memory_fixture, prefix_fixture, tcp_fixture, tcp_create_fixture
+
+TEST_CASE_TEMPLATE("[rendezvous] store operations follow memory_store's semantics", F, STORE_FIXTURES) {
+  F f;
+  auto& s = f.store();
+  CHECK(s.num_keys() == 0);
+  s.set("a", "1");
+  CHECK(s.get("a", 1s) == "1");
+  s.set("a", "2");  // overwrite
+  CHECK(s.get("a", 1s) == "2");
+  CHECK(s.check(keys{"a"}));
+  CHECK_FALSE(s.check(keys{"a", "b"}));
+  CHECK(s.check(keys{}));
+
+  // Values are binary-safe and may be empty or large.
+  const std::string binary("x\0y\xff", 4), big(1 << 20, 'z');
+  s.set("bin", binary);
+  s.set("empty", "");
+  s.set("big", big);
+  CHECK(s.get("bin", 1s) == binary);
+  CHECK(s.get("empty", 1s).empty());
+  CHECK(s.get("big", 1s) == big);
+
+  CHECK(s.add("ctr", 5) == 5);  // a missing counter starts at 0
+  CHECK(s.add("ctr", -7) == -2);
+  CHECK(s.get("ctr", 1s) == "-2");
+  CHECK(expect_error([&] { s.add("bin", 1); }).code() == errc::invalid_argument);
+
+  // compare_set: missing key + empty expected creates; missing key + other expected reports expected back.
+  CHECK(s.compare_set("cs", "", "first") == "first");
+  CHECK(s.compare_set("cs", "wrong", "second") == "first");
+  CHECK(s.compare_set("cs", "first", "second") == "second");
+  CHECK(s.compare_set("absent", "x", "y") == "x");
+  CHECK_FALSE(s.check(keys{"absent"}));
+
+  const auto n = s.num_keys();
+  CHECK(n == 6);  // a bin empty big ctr cs
+  CHECK(s.remove("a"));
+  CHECK_FALSE(s.remove("a"));
+  CHECK(s.num_keys() == n - 1);
+  CHECK_FALSE(s.check(keys{"a"}));
+}
+
+TEST_CASE_TEMPLATE("[rendezvous] get and wait time out naming the missing keys", F, STORE_FIXTURES) {
+  F f;
+  auto& s = f.store();
+  s.set("present-key", "v");
+  const auto start = std::chrono::steady_clock::now();
+  const auto e = expect_error([&] { s.get("absent-key", 150ms); });
+  CHECK(std::chrono::steady_clock::now() - start >= 150ms);
+  CHECK(e.code() == errc::timeout);
+  CHECK(contains(e.what(), "absent-key"));
+  CHECK(contains(e.what(), "store.get"));
+
+  const auto w = expect_error([&] { s.wait(keys{"present-key", "missing-one", "missing-two"}, 100ms); });
+  CHECK(w.code() == errc::timeout);
+  CHECK(contains(w.what(), "missing-one"));
+  CHECK(contains(w.what(), "missing-two"));
+  CHECK_FALSE(contains(w.what(), "present-key"));
+  // The store stays usable after a timeout (for tcp: the connection stays in step).
+  CHECK(s.get("present-key", 1s) == "v");
+  s.wait(keys{"present-key"}, 1s);
+}
+
+TEST_CASE_TEMPLATE("[rendezvous] a waiter is released by another client's set", F, STORE_FIXTURES) {
+  F f;
+  auto other = f.client();
+  std::string got;
+  std::thread waiter([&] {
+    f.store().wait(keys{"k1", "k2"}, 10s);
+    got = f.store().get("k2", 10s);
+  });
+  std::this_thread::sleep_for(50ms);
+  other.set("k1", "one");
+  std::this_thread::sleep_for(50ms);
+  other.set("k2", "two");
+  waiter.join();
+  CHECK(got == "two");
+
+  // A key removed and set again while someone waits on it still releases the waiter.
+  std::thread get_thread([&] { got = f.store().get("again", 10s); });
+  other.set("again", "x");
+  other.remove("again");
+  other.set("again", "y");
+  get_thread.join();
+  CHECK((got == "x" || got == "y"));
+}
+
+TEST_CASE_TEMPLATE("[rendezvous] many concurrent clients add atomically", F, STORE_FIXTURES) {
+  F f;
+  constexpr int threads = 8, per_thread = 100;
+  std::vector<rdv::any_store> clients;
+  for (int t = 0; t < threads; ++t) clients.push_back(f.client());
+  std::vector<std::vector<std::int64_t>> seen(threads);
+  shardkit::test::run_threads(threads, [&](int t) {
+    for (int i = 0; i < per_thread; ++i) seen[t].push_back(clients[t].add("counter", 1));
+  });
+  std::set<std::int64_t> all;
+  for (const auto& v : seen) all.insert(v.begin(), v.end());
+  CHECK(all.size() == std::size_t(threads * per_thread));  // every add saw a distinct value
+  CHECK(*all.rbegin() == threads * per_thread);
+  CHECK(f.store().get("counter", 1s) == std::to_string(threads * per_thread));
+}
+
+TEST_CASE("[rendezvous] tcp_store: one client shared by threads, with waits racing their keys") {
+  tcp_fixture f;
+  auto setter = f.client();
+  // get() with a tiny timeout while the key is being set: the answer and the cancel cross on the wire.
+  for (int i = 0; i < 200; ++i) {
+    const std::string key = "race/" + std::to_string(i);
+    std::thread t([&] { setter.set(key, key); });
+    try {
+      CHECK(f.store().get(key, 1ms) == key);
+    } catch (const shardkit::error& e) {
+      CHECK(e.code() == errc::timeout);
+    }
+    t.join();
+    REQUIRE(f.store().get(key, 5s) == key);  // still in step: this is the answer to this request
+  }
+  shardkit::test::run_threads(4, [&](int t) {
+    for (int i = 0; i < 50; ++i) f.store().set("shared/" + std::to_string(t), std::to_string(i));
+  });
+  CHECK(f.store().get("shared/3", 1s) == "49");
+}
+
+TEST_CASE("[rendezvous] tcp_store: garbage, oversized and unknown frames drop only their sender") {
+  rdv::tcp_store_server server({.bind_address = "127.0.0.1", .max_frame_bytes = 1 << 20});
+  rdv::tcp_store good("127.0.0.1", server.port(), quick());
+  good.set("k", "v");
+
+  // A parked waiter of the good client must survive all this too.
+  auto waiter = std::make_shared<rdv::tcp_store>("127.0.0.1", server.port(), quick());
+  std::string waited;
+  std::thread t([&] { waited = waiter->get("later", 10s); });
+
+  SUBCASE("garbage instead of a hello") {
+    raw_socket raw(server.port());
+    raw.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    CHECK(raw.closed_by_peer());
+  }
+  SUBCASE("a hello of another magic") {
+    raw_socket raw(server.port());
+    raw.send(rdv::detail::frame_writer(rdv::detail::store_op::hello).u32(0xdeadbeef).u32(1).take());
+    CHECK(raw.closed_by_peer());
+  }
+  SUBCASE("an oversized frame after a good hello") {
+    raw_socket raw(server.port());
+    raw.send(hello());
+    raw.read_frame();
+    raw.send(std::string("\xf0\xff\xff\xff", 4));
+    CHECK(raw.closed_by_peer());
+  }
+  SUBCASE("an unknown opcode") {
+    raw_socket raw(server.port());
+    raw.send(hello());
+    raw.read_frame();
+    raw.send(rdv::detail::frame_writer(std::uint8_t(200)).take());
+    CHECK(raw.closed_by_peer());
+  }
+  SUBCASE("a truncated payload") {
+    raw_socket raw(server.port());
+    raw.send(hello());
+    raw.read_frame();
+    raw.send(rdv::detail::frame_writer(rdv::detail::store_op::set).u32(1000).take());  // key length past the end
+    CHECK(raw.closed_by_peer());
+  }
+  SUBCASE("a half frame, then silence, does not block anyone") {
+    raw_socket raw(server.port());
+    raw.send(hello());
+    raw.read_frame();
+    raw.send(std::string("\x10\x00\x00\x00\x01", 5));
+    CHECK(good.get("k", 1s) == "v");
+    CHECK_FALSE(raw.closed_by_peer(100ms));
+  }
+  SUBCASE("a client of another protocol version is told why") {
+    raw_socket raw(server.port());
+    raw.send(hello(99));
+    const auto resp = raw.read_frame();
+    REQUIRE(!resp.empty());
+    CHECK(resp[0] == char(rdv::detail::store_status::error));
+    CHECK(contains(resp, "version"));
+    CHECK(raw.closed_by_peer());
+  }
+
+  CHECK(good.get("k", 1s) == "v");
+  good.set("later", "now");
+  t.join();
+  CHECK(waited == "now");
+  CHECK(good.add("n", 1) == 1);
+}
+
+TEST_CASE("[rendezvous] tcp_store: a client may start before its server") {
+  const int port = shardkit::test::free_port();
+  std::unique_ptr<rdv::tcp_store> client;
+  std::thread t([&] { client = std::make_unique<rdv::tcp_store>("127.0.0.1", port, quick()); });
+  std::this_thread::sleep_for(300ms);
+  rdv::tcp_store_server server({.bind_address = "127.0.0.1", .port = port});
+  t.join();
+  REQUIRE(client);
+  client->set("x", "y");
+  CHECK(client->get("x", 1s) == "y");
+}
+
+TEST_CASE("[rendezvous] tcp_store: connect gives up after its timeout, naming host:port") {
+  const int port = shardkit::test::free_port();
+  const auto start = std::chrono::steady_clock::now();
+  const auto e = expect_error([&] { rdv::tcp_store("127.0.0.1", port, {.connect_timeout = 300ms}); });
+  CHECK(std::chrono::steady_clock::now() - start < 3s);
+  CHECK(e.code() == errc::timeout);
+  CHECK(contains(e.what(), "127.0.0.1:" + std::to_string(port)));
+  CHECK(contains(e.what(), "store.connect"));
+  CHECK(expect_error([] { rdv::tcp_store("127.0.0.1", 0); }).code() == errc::invalid_argument);
+}
+
+TEST_CASE("[rendezvous] tcp_store: a lost server fails requests instead of hanging") {
+  auto server = std::make_unique<rdv::tcp_store_server>(rdv::tcp_store_server_options{.bind_address = "127.0.0.1"});
+  rdv::tcp_store client("127.0.0.1", server->port(), quick());
+  client.set("a", "b");
+  std::thread t([&] {
+    std::this_thread::sleep_for(100ms);
+    server.reset();
+  });
+  const auto e = expect_error([&] { client.get("never", 10s); });
+  t.join();
+  CHECK(e.code() == errc::peer_lost);
+  CHECK(contains(e.what(), "never"));
+  CHECK(expect_error([&] { client.set("a", "c"); }).code() == errc::closed);
+}
+
+TEST_CASE("[rendezvous] tcp_store: a waiter that disconnects is forgotten by the server") {
+  rdv::tcp_store_server server({.bind_address = "127.0.0.1"});
+  rdv::tcp_store main("127.0.0.1", server.port(), quick());
+  {
+    rdv::tcp_store leaver("127.0.0.1", server.port(), quick());
+    CHECK_THROWS(leaver.get("k", 50ms));  // parked, then cancelled
+    CHECK(server.num_clients() == 2);
+  }
+  for (int i = 0; i < 100 && server.num_clients() != 1; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(server.num_clients() == 1);
+  main.set("k", "v");
+  CHECK(main.get("k", 1s) == "v");
+}
+
+TEST_CASE("[rendezvous] tcp_store::create waits for world_size ranks and cleans up after itself") {
+  const int port = shardkit::test::free_port();
+  std::vector<std::shared_ptr<rdv::tcp_store>> stores(3);
+  shardkit::test::run_threads(3, [&](int r) {
+    if (r != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50 * r));
+    stores[r] = rdv::tcp_store::create("127.0.0.1", port, r == 0, 3, 10s);
+  });
+  CHECK(stores[0]->server() != nullptr);
+  CHECK(stores[1]->server() == nullptr);
+  CHECK(stores[0]->num_keys() == 0);  // the join bookkeeping is gone
+  stores[2]->set("from2", "hi");
+  CHECK(stores[1]->get("from2", 1s) == "hi");
+
+  const auto e = expect_error([] { rdv::tcp_store::create("127.0.0.1", 0, true, 2, 200ms); });
+  CHECK(e.code() == errc::timeout);
+  CHECK(contains(e.what(), "only 1 of 2"));
+}
