@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <array>
@@ -407,6 +408,31 @@ TEST_CASE("[shm] four ranks exchange with everyone at once through 4 KiB rings w
       }
     }
   });
+}
+
+TEST_CASE("[shm] idle ranks sleep: progress threads use next to no CPU, with or without pending recvs") {
+  auto ts = make_world(4);
+  std::vector<std::byte> buf(8);
+  const auto cpu_seconds = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + double(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+  };
+  const auto measure = [&] {
+    std::this_thread::sleep_for(20ms);  // past the spin phase
+    const double before = cpu_seconds();
+    std::this_thread::sleep_for(500ms);
+    return cpu_seconds() - before;
+  };
+  const double idle = measure();
+  std::vector<completion> pending;
+  for (int r = 0; r < 4; ++r) pending.push_back(ts[std::size_t(r)]->recv((r + 1) % 4, 77, wbytes(buf)));
+  const double waiting = measure();  // heartbeats every 100 ms
+  MESSAGE("CPU over 500 ms, 4 idle ranks: " << idle * 1e3 << " ms; with a recv pending on each: " << waiting * 1e3
+                                             << " ms");
+  CHECK(idle < 0.05);
+  CHECK(waiting < 0.05);
+  for (auto& c : pending) CHECK(c.cancel());
 }
 
 TEST_CASE("[shm] continuations on the progress thread may post the next operation") {

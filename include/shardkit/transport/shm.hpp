@@ -39,6 +39,7 @@
 //! auto got = t->recv(peer, 7, std::as_writable_bytes(std::span(in)));
 //! shardkit::wait_all(std::array{sent, got});
 //! @endcode
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -117,20 +118,28 @@ class shm_transport {
     }
 
     const auto self = detail::shm::this_process();
-    auto own = detail::shm::create_segment(segment_name(session, rank), session, rank, size,
-                                           ring_bytes_for(opts.ring_bytes, size), self);
-    store.set(root + "created/" + std::to_string(rank), "1");
-    store.wait(all("created"), opts.connect_timeout);
-
     std::vector<detail::shm::shm_mapping> peers(static_cast<std::size_t>(size));
-    for (int p = 0; p < size; ++p)
-      if (p != rank) peers[std::size_t(p)] = detail::shm::open_segment(segment_name(session, p), session, p, size);
-
-    // Once everyone has mapped every segment the names are no longer needed: remove ours now, so a crash later
-    // leaves nothing behind in /dev/shm (the memory lives until the last mapping goes).
-    store.set(root + "mapped/" + std::to_string(rank), "1");
-    store.wait(all("mapped"), opts.connect_timeout);
+    detail::shm::shm_mapping own;
+    try {
+      own = detail::shm::create_segment(segment_name(session, rank), session, rank, size,
+                                        ring_bytes_for(opts.ring_bytes, size), self);
+      store.set(root + "created/" + std::to_string(rank), "1");
+      store.wait(all("created"), opts.connect_timeout);
+      for (int p = 0; p < size; ++p)
+        if (p != rank) peers[std::size_t(p)] = detail::shm::open_segment(segment_name(session, p), session, p, size);
+      store.set(root + "mapped/" + std::to_string(rank), "1");
+      store.wait(all("mapped"), opts.connect_timeout);
+    } catch (...) {
+      // This connect is dead for every rank; do not leave names behind for a rank that crashed before
+      // unlinking its own (removing a name nobody opened yet only makes a doomed connect fail sooner).
+      unlink_all(session, size);
+      throw;
+    }
+    // Everyone has mapped every segment, so the names are no longer needed: remove them now and a crash later
+    // leaves nothing in /dev/shm (the memory lives until the last mapping goes). Each owner removes its own;
+    // the others try too, in case an owner died right here.
     own.unlink();
+    unlink_all(session, size);
 
     const std::uint64_t ring = detail::shm::segment_view{own.data()}.header().ring_bytes;
     detail::shm::engine_config cfg;
@@ -194,6 +203,13 @@ class shm_transport {
  private:
   static std::string segment_name(const std::string& session, int rank) {
     return "/shardkit." + session + "." + std::to_string(rank);
+  }
+
+  static void unlink_all(const std::string& session, int size) noexcept {
+    try {
+      for (int r = 0; r < size; ++r) ::shm_unlink(segment_name(session, r).c_str());
+    } catch (...) {  // out of memory for a name: cleanup is best effort
+    }
   }
 
   static std::string new_session_id() {

@@ -127,9 +127,9 @@ class engine : public std::enable_shared_from_this<engine> {
       if (p == cfg_.rank) continue;
       const segment_view theirs{peers_[std::size_t(p)].data()};
       const int to = ring_index(cfg_.rank, p), from = ring_index(p, cfg_.rank);
-      out_[p].peer = in_[p].peer = &theirs.header();
-      out_[p].ring = ring_producer(ring_memory(&theirs.control(to), theirs.ring_data(to), theirs.header().ring_bytes));
-      in_[p].ring = ring_consumer(ring_memory(&mine.control(from), mine.ring_data(from), mine.header().ring_bytes));
+      out_at(p).peer = in_at(p).peer = &theirs.header();
+      out_at(p).ring = ring_producer(ring_memory(&theirs.control(to), theirs.ring_data(to), theirs.header().ring_bytes));
+      in_at(p).ring = ring_consumer(ring_memory(&mine.control(from), mine.ring_data(from), mine.header().ring_bytes));
     }
   }
 
@@ -144,7 +144,7 @@ class engine : public std::enable_shared_from_this<engine> {
   completion send(int peer, message_tag tag, std::span<const std::byte> bytes) {
     check_peer(peer, "shm.send");
     if (auto e = abort_reason()) return completion::failed(e);
-    auto& out = out_[peer];
+    auto& out = out_at(peer);
     std::unique_lock lock(out.mutex);
     if (out.lost) return completion::failed(out.lost);
     frame_header h{tag, bytes.size(), out.next_seq++, 0};
@@ -171,7 +171,7 @@ class engine : public std::enable_shared_from_this<engine> {
   completion recv(int peer, message_tag tag, std::span<std::byte> bytes) {
     check_peer(peer, "shm.recv");
     if (auto e = abort_reason()) return completion::failed(e);
-    auto& in = in_[peer];
+    auto& in = in_at(peer);
     std::unique_lock lock(in.mutex);
     if (auto it = in.unexpected.find(tag); it != in.unexpected.end()) {
       auto msg = std::move(it->second.front());
@@ -208,7 +208,7 @@ class engine : public std::enable_shared_from_this<engine> {
 
   //! Withdraws a recv that no frame has matched yet.
   bool cancel_recv(int peer, message_tag tag, std::uint64_t id) {
-    auto& in = in_[peer];
+    auto& in = in_at(peer);
     std::optional<recv_request> taken;
     {
       std::lock_guard lock(in.mutex);
@@ -301,6 +301,9 @@ class engine : public std::enable_shared_from_this<engine> {
                   {.rank = rank(), .peer = peer, .operation = op});
   }
 
+  outbound_link& out_at(int p) noexcept { return out_[static_cast<std::size_t>(p)]; }
+  inbound_link& in_at(int p) noexcept { return in_[static_cast<std::size_t>(p)]; }
+
   std::exception_ptr abort_reason() {
     if (!aborted_.load(std::memory_order_acquire)) return nullptr;
     std::lock_guard lock(abort_mutex_);
@@ -329,7 +332,7 @@ class engine : public std::enable_shared_from_this<engine> {
 
   void ring_everyone() {
     for (int p = 0; p < size(); ++p)
-      if (p != rank()) ring_doorbell(*in_[p].peer);
+      if (p != rank()) ring_doorbell(*in_at(p).peer);
     ring_doorbell(*own_header_);
   }
 
@@ -347,7 +350,7 @@ class engine : public std::enable_shared_from_this<engine> {
 
   //! Writes queued sends to peer p until its ring is full.
   bool pump_outbound(int p) {
-    auto& out = out_[p];
+    auto& out = out_at(p);
     bool progressed = false;
     std::vector<settlement> finished;
     for (;;) {
@@ -400,7 +403,7 @@ class engine : public std::enable_shared_from_this<engine> {
   //! Takes what peer p has published: headers are matched, payloads copied out, finished frames settled.
   bool pump_inbound(int p) {
     if (gone_[std::size_t(p)]) return false;
-    auto& in = in_[p];
+    auto& in = in_at(p);
     bool progressed = false;
     std::vector<settlement> finished;
     // A producer as fast as us could keep this loop busy forever; one ring's worth, then the other peers.
@@ -448,7 +451,7 @@ class engine : public std::enable_shared_from_this<engine> {
   }
 
   void start_frame(int p, const frame_header& h, std::vector<settlement>& finished) {
-    auto& in = in_[p];
+    auto& in = in_at(p);
     in.in_frame = true;
     in.frame = h;
     in.consumed = 0;
@@ -523,7 +526,7 @@ class engine : public std::enable_shared_from_this<engine> {
     bool lost_one = false;
     for (int p = 0; p < size(); ++p) {
       if (p == rank() || gone_[std::size_t(p)]) continue;
-      const auto& h = *in_[p].peer;
+      const auto& h = *in_at(p).peer;
       const auto state = h.state.load(std::memory_order_acquire);
       if (state != std::uint32_t(owner_state::live)) {
         lose_peer(p, errc::peer_lost,
@@ -563,7 +566,7 @@ class engine : public std::enable_shared_from_this<engine> {
 
   void fail_link(int p, const std::exception_ptr& recv_error, const std::exception_ptr& send_error,
                  std::vector<settlement>& failed) {
-    auto& in = in_[p];
+    auto& in = in_at(p);
     {
       std::lock_guard lock(in.mutex);
       if (!in.lost) in.lost = recv_error;
@@ -583,7 +586,7 @@ class engine : public std::enable_shared_from_this<engine> {
       }
       reset_frame(in);
     }
-    auto& out = out_[p];
+    auto& out = out_at(p);
     std::lock_guard lock(out.mutex);
     if (!out.lost) out.lost = send_error;
     for (auto& r : out.queue) failed.push_back({std::move(r.done), send_error});

@@ -1,0 +1,202 @@
+#pragma once
+//! Measures collectives the way nccl-tests does, on any process_group: per size, the mean time of `iters` runs
+//! after `warmup` runs (the slowest rank's time), algorithm bandwidth = bytes / time, bus bandwidth = algbw times
+//! the collective's factor (2(n-1)/n for all_reduce, (n-1)/n for all_gather / reduce_scatter / all_to_all, 1 for
+//! broadcast / reduce), decimal GB/s. Every result is checked after the timed runs; `wrong` counts bad elements.
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardkit/comm/process_group.hpp"
+
+namespace shardkit::bench {
+
+enum class collective { all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all };
+
+inline constexpr collective all_collectives[] = {collective::all_reduce, collective::all_gather, collective::reduce_scatter,
+                                                 collective::broadcast, collective::reduce, collective::all_to_all};
+
+constexpr std::string_view to_string(collective c) noexcept {
+  switch (c) {
+    case collective::all_reduce: return "all_reduce";
+    case collective::all_gather: return "all_gather";
+    case collective::reduce_scatter: return "reduce_scatter";
+    case collective::broadcast: return "broadcast";
+    case collective::reduce: return "reduce";
+    case collective::all_to_all: return "all_to_all";
+  }
+  return "?";
+}
+
+inline std::optional<collective> parse_collective(std::string_view s) {
+  for (auto c : all_collectives)
+    if (to_string(c) == s) return c;
+  return std::nullopt;
+}
+
+//! nccl-tests' bus-bandwidth factor: how many times the data crosses the busiest link relative to the input.
+inline double busbw_factor(collective c, int n) {
+  if (n <= 1) return 0.0;
+  switch (c) {
+    case collective::all_reduce: return 2.0 * (n - 1) / n;
+    case collective::all_gather:
+    case collective::reduce_scatter:
+    case collective::all_to_all: return double(n - 1) / n;
+    case collective::broadcast:
+    case collective::reduce: return 1.0;
+  }
+  return 1.0;
+}
+
+struct bench_case {
+  collective op = collective::all_reduce;
+  std::size_t bytes = 0;  //!< nccl-tests' "size": the full buffer (all_gather: output; reduce_scatter: input)
+  dtype type = dtype::f32;
+  reduce_op rop = reduce_op::sum;
+  int root = 0;
+};
+
+struct bench_result {
+  bench_case c;
+  std::size_t count = 0;  //!< elements in the full buffer
+  double time_us = 0;     //!< mean per run, slowest rank
+  double algbw_gbs = 0;
+  double busbw_gbs = 0;
+  std::size_t wrong = 0;  //!< elements that differed from the expected result (summed over ranks)
+  double cpu_seconds = 0; //!< process CPU time of the timed runs, summed over ranks
+};
+
+namespace detail {
+inline double value_at(int rank, std::size_t i) { return double((rank + 1) * int(i % 7 + 1)); }
+inline double sum_at(int n, std::size_t i) { return double(n * (n + 1) / 2 * int(i % 7 + 1)); }
+
+inline void fill(std::vector<std::byte>& buf, dtype t, std::size_t offset, std::size_t count, int rank) {
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    T* p = reinterpret_cast<T*>(buf.data());
+    for (std::size_t i = 0; i < count; ++i) {
+      const double v = value_at(rank, offset + i);
+      if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) p[i] = T(float(v));
+      else p[i] = T(v);
+    }
+  });
+}
+inline double get(const std::vector<std::byte>& buf, dtype t, std::size_t i) {
+  return visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const T v = reinterpret_cast<const T*>(buf.data())[i];
+    if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) return double(float(v));
+    else return double(v);
+  });
+}
+inline double cpu_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+}  // namespace detail
+
+//! Runs one case on every rank of `pg` (collective: every rank calls it with the same arguments).
+//! CPU time is per process: with ranks as threads of one process, each rank reports the whole process.
+inline bench_result run_case(comm::process_group& pg, const bench_case& c, int warmup, int iters) {
+  const int n = pg.size(), me = pg.rank();
+  const std::size_t es = size_of(c.type);
+  const std::size_t count = c.bytes / es;
+  // Per-rank input and output element counts, by the nccl-tests convention for "size".
+  std::size_t in_count = count, out_count = count;
+  const std::size_t block = count / std::size_t(n);
+  if (c.op == collective::all_gather) in_count = block, out_count = block * std::size_t(n);
+  if (c.op == collective::reduce_scatter) in_count = block * std::size_t(n), out_count = block;
+  if (c.op == collective::all_to_all) in_count = out_count = block * std::size_t(n);
+  std::vector<std::byte> in(in_count * es), out(out_count * es);
+  const std::size_t in_offset = c.op == collective::all_gather ? block * std::size_t(me) : 0;
+  detail::fill(in, c.type, in_offset, in_count, me);
+  buffer_view inv(in.data(), in_count, c.type), outv(out.data(), out_count, c.type);
+
+  const auto once = [&] {
+    switch (c.op) {
+      case collective::all_reduce: return pg.all_reduce(inv, outv, c.rop);
+      case collective::all_gather: return pg.all_gather(inv, outv);
+      case collective::reduce_scatter: return pg.reduce_scatter(inv, outv, c.rop);
+      case collective::broadcast: return pg.broadcast(me == c.root ? inv : outv, c.root);
+      case collective::reduce: return pg.reduce(inv, me == c.root ? outv : buffer_view(nullptr, 0, c.type), c.rop, c.root);
+      case collective::all_to_all: return pg.all_to_all(inv, outv);
+    }
+    return pg.barrier();
+  };
+  for (int i = 0; i < warmup; ++i) once().wait();
+  pg.barrier().wait();
+  const double cpu0 = detail::cpu_now();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) once().wait();
+  const auto t1 = std::chrono::steady_clock::now();
+  double stats[2] = {std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(iters, 1),
+                     detail::cpu_now() - cpu0};
+
+  // Check: broadcast's receivers hold the root's data; others as documented above.
+  std::size_t wrong = 0;
+  const auto expect = [&](const std::vector<std::byte>& buf, std::size_t i, double want) {
+    if (detail::get(buf, c.type, i) != want) ++wrong;
+  };
+  switch (c.op) {
+    case collective::all_reduce:
+      for (std::size_t i = 0; i < out_count; ++i) expect(out, i, detail::sum_at(n, i));
+      break;
+    case collective::all_gather:
+      for (std::size_t i = 0; i < out_count; ++i) expect(out, i, detail::value_at(int(i / std::max<std::size_t>(block, 1)), i));
+      break;
+    case collective::reduce_scatter:
+      for (std::size_t i = 0; i < out_count; ++i) expect(out, i, detail::sum_at(n, block * std::size_t(me) + i));
+      break;
+    case collective::broadcast:
+      for (std::size_t i = 0; i < count; ++i) expect(me == c.root ? in : out, i, detail::value_at(c.root, i));
+      break;
+    case collective::reduce:
+      if (me == c.root)
+        for (std::size_t i = 0; i < out_count; ++i) expect(out, i, detail::sum_at(n, i));
+      break;
+    case collective::all_to_all:
+      // Rank r's block j holds value_at(r, j*block + i); this rank receives block `me` from every rank.
+      for (std::size_t i = 0; i < out_count; ++i) {
+        const int from = int(i / std::max<std::size_t>(block, 1));
+        expect(out, i, detail::value_at(from, block * std::size_t(me) + i % std::max<std::size_t>(block, 1)));
+      }
+      break;
+  }
+  if (c.rop != reduce_op::sum && (c.op == collective::all_reduce || c.op == collective::reduce_scatter || c.op == collective::reduce))
+    wrong = 0;  // the check values above are sums; other ops are timed only (the conformance suite checks them)
+
+  double agg[3] = {stats[0], stats[1], double(wrong)};
+  double mx[1] = {agg[0]};
+  pg.all_reduce(buffer_view(mx, 1, dtype::f64), reduce_op::max).wait();
+  double sums[2] = {agg[1], agg[2]};
+  pg.all_reduce(buffer_view(sums, 2, dtype::f64), reduce_op::sum).wait();
+
+  bench_result r;
+  r.c = c;
+  r.count = count;
+  r.time_us = mx[0];
+  r.algbw_gbs = r.time_us > 0 ? double(c.bytes) / (r.time_us * 1e3) : 0;
+  r.busbw_gbs = r.algbw_gbs * busbw_factor(c.op, n);
+  r.cpu_seconds = sums[0];
+  r.wrong = std::size_t(sums[1]);
+  return r;
+}
+
+inline void print_header(std::FILE* f) {
+  std::fprintf(f, "#%13s %12s %6s %6s %14s %10s %10s %8s %10s\n", "size(B)", "count", "type", "redop", "collective",
+               "time(us)", "algbw(GB/s)", "busbw", "wrong");
+}
+inline void print_row(std::FILE* f, const bench_result& r) {
+  std::fprintf(f, " %13zu %12zu %6s %6s %14s %10.1f %10.3f %8.3f %10zu\n", r.c.bytes, r.count,
+               std::string(to_string(r.c.type)).c_str(), std::string(to_string(r.c.rop)).c_str(),
+               std::string(to_string(r.c.op)).c_str(), r.time_us, r.algbw_gbs, r.busbw_gbs, r.wrong);
+}
+
+}  // namespace shardkit::bench

@@ -1,0 +1,120 @@
+#pragma once
+//! tcp_transport: the point-to-point transport over TCP (Boost.Asio), for Ethernet and SR-IOV virtual functions.
+//! Models shardkit::transport::p2p and ::abortable. CMake target: shardkit::tcp.
+//!
+//! @code
+//! auto store = shardkit::rendezvous::tcp_store::create(master_addr, master_port, rank == 0, world);
+//! auto t = shardkit::transport::tcp_transport::connect(shardkit::rendezvous::any_store(store), rank, world);
+//! auto s = t->send(peer, tag, std::as_bytes(std::span(data)));
+//! auto r = t->recv(peer, tag, std::as_writable_bytes(std::span(out)));
+//! s.wait(); r.wait();  // or co_await
+//! @endcode
+//!
+//! Semantics (beyond the p2p concept):
+//!  - **Setup** is collective: every rank of `size` calls connect() with the same store and group name. Each rank
+//!    listens on every selected interface, publishes "ip:port" per interface under
+//!    "shardkit.tcp/<group_name>/<generation>/" in the store, and connects streams_per_peer TCP connections to every
+//!    higher rank (round-robin over its interfaces, pairing same-subnet addresses). Every connection starts with a
+//!    handshake (magic, protocol version, group id, ranks, stream index, auth token; see tcp/wire.hpp); anything
+//!    else that connects is dropped and logged without disturbing the setup. Setup fails with errc::timeout
+//!    naming each missing peer, stream and address after options.connect_timeout, with errc::auth_failed when
+//!    a peer refused our token (or presented another), errc::config when ranks disagree on settings.
+//!  - **Striping**: a message up to chunk_bytes is one frame on whichever connection is idle first; a larger one
+//!    is cut into chunk_bytes frames that all connections pull in parallel. Frames carry tag, message sequence
+//!    number, total size and offset; the receiver matches messages to recvs in sequence order (so rule 5 holds
+//!    per tag even when striped) and writes each chunk at its offset.
+//!  - **Zero copy on receive**: a message whose recv is already posted is read straight into the recv's
+//!    buffer. A message that arrives first is buffered (one allocation of its size) and copied once when its
+//!    recv comes; options.max_unexpected_bytes bounds that memory per peer (see tcp_options).
+//!  - **Send completion** means the bytes were handed to the kernel (the buffer may be reused), not that the
+//!    peer received them.
+//!  - **Failures**: a closed or reset connection, or a frame that breaks the protocol (bad magic, a frame or
+//!    message larger than allowed, inconsistent offsets), fails every pending and later operation with that
+//!    peer (errc::peer_lost or errc::protocol, naming the rank and address); other peers are unaffected. A
+//!    message the peer completed before leaving is still delivered. A message larger than its recv fails that
+//!    recv with errc::protocol and is discarded; the connection stays up.
+//!  - **Cancel**: completion::cancel() on a recv succeeds while no message has been matched to it.
+//!  - **Threads**: send/recv/cancel/abort are thread-safe. Completions run their continuations on an io thread:
+//!    keep them short (a long one stalls this transport's progress).
+//!  - **Shutdown**: the destructor closes every connection, fails what is still pending with errc::closed and
+//!    joins the io threads. Peers then see errc::peer_lost for operations they still have with this rank.
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "shardkit/core/completion.hpp"
+#include "shardkit/rendezvous/store.hpp"
+#include "shardkit/transport/p2p.hpp"
+#include "shardkit/transport/tcp/core.hpp"
+#include "shardkit/transport/tcp/options.hpp"
+
+namespace shardkit::transport {
+
+class tcp_transport {
+  struct private_tag {};
+
+ public:
+  using transport_concept = p2p_tag;
+
+  //! Collective: connects `rank` of `size` to every other rank, rendezvousing through `store` (pass a
+  //! prefix_store to scope the keys). Blocks until the full mesh is up; throws shardkit::error otherwise
+  //! (errc::timeout, errc::auth_failed, errc::config, errc::io), having closed everything it opened.
+  static std::shared_ptr<tcp_transport> connect(rendezvous::any_store store, int rank, int size,
+                                                tcp_options opts = tcp_options::from_env()) {
+    if (size <= 0 || rank < 0 || rank >= size)
+      throw_error(errc::invalid_argument,
+                  "rank " + std::to_string(rank) + " is not in a world of " + std::to_string(size),
+                  {.rank = rank, .operation = "tcp.connect"});
+    if (!store) throw_error(errc::invalid_argument, "connect needs a store", {.rank = rank, .operation = "tcp.connect"});
+    opts.validate();
+    auto core = std::make_shared<detail::tcp::core>(rank, size, std::move(opts));
+    core->start_threads();
+    try {
+      core->establish(store);
+    } catch (...) {
+      core->shutdown();
+      throw;
+    }
+    return std::make_shared<tcp_transport>(private_tag{}, std::move(core));
+  }
+
+  tcp_transport(private_tag, std::shared_ptr<detail::tcp::core> core) : core_(std::move(core)) {}
+  tcp_transport(const tcp_transport&) = delete;
+  tcp_transport& operator=(const tcp_transport&) = delete;
+  //! Closes every connection, fails pending operations with errc::closed, joins the io threads.
+  ~tcp_transport() { core_->shutdown(); }
+
+  int rank() const noexcept { return core_->rank(); }
+  int size() const noexcept { return core_->size(); }
+  const tcp_options& options() const noexcept { return core_->options(); }
+
+  //! Starts sending `bytes` to `peer`; they must stay valid and unchanged until the completion is done.
+  //! errc::invalid_argument (thrown) for peer == rank() or out of range.
+  completion send(int peer, message_tag tag, std::span<const std::byte> bytes) {
+    return core_->send(peer, tag, bytes);
+  }
+
+  //! Starts receiving the next message with `tag` from `peer` into `bytes`; bytes() of the completion is the
+  //! message size. errc::invalid_argument (thrown) for peer == rank() or out of range.
+  completion recv(int peer, message_tag tag, std::span<std::byte> bytes) { return core_->recv(peer, tag, bytes); }
+
+  //! Fails every outstanding and later operation with `reason` (errc::aborted when null) and closes all
+  //! connections, so peers see this rank as lost. Returns once that is done, except when called from a
+  //! completion callback (an io thread), where it only starts it.
+  void abort(std::exception_ptr reason) { core_->abort(std::move(reason)); }
+
+  //! The connections to `peer`: "stream 0 10.0.0.2:41234, stream 1 10.0.1.2:41235" (diagnostics).
+  std::string describe_peer(int peer) const { return core_->describe_peer(peer); }
+  //! The "ip:port" list this rank listened on during setup (closed since).
+  std::string listen_addresses() const { return core_->listening(); }
+
+ private:
+  std::shared_ptr<detail::tcp::core> core_;
+};
+
+static_assert(p2p<tcp_transport>);
+static_assert(abortable<tcp_transport>);
+
+}  // namespace shardkit::transport

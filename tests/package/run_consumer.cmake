@@ -1,0 +1,22 @@
+# Builds and runs the consumer project in MODE find_package (against a fresh install) or add_subdirectory.
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "command failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+  message(STATUS "${out}")
+endfunction()
+
+if(MODE STREQUAL "find_package")
+  run(${CMAKE_COMMAND} --install ${SHARDKIT_BINARY_DIR} --prefix ${WORK_DIR}/prefix)
+  run(${CMAKE_COMMAND} -S ${CONSUMER_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
+      -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release)
+else()
+  run(${CMAKE_COMMAND} -S ${CONSUMER_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
+      -DSHARDKIT_SOURCE_DIR=${SHARDKIT_SOURCE_DIR} -DCMAKE_BUILD_TYPE=Release)
+endif()
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run(${WORK_DIR}/build/consumer)

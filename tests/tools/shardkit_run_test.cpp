@@ -1,0 +1,284 @@
+// Runs the built shardkit-run on small shell commands.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifndef SHARDKIT_RUN_PATH
+#error "SHARDKIT_RUN_PATH must name the shardkit-run binary"
+#endif
+
+using namespace std::chrono_literals;
+using steady = std::chrono::steady_clock;
+
+namespace {
+
+// A running shardkit-run with its stdout and stderr captured.
+class launcher {
+ public:
+  explicit launcher(std::vector<std::string> args) {
+    args.insert(args.begin(), SHARDKIT_RUN_PATH);
+    int out[2], err[2];
+    REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+    REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      ::execv(argv[0], argv.data());
+      ::_exit(126);
+    }
+    ::close(out[1]);
+    ::close(err[1]);
+    fds_[0] = out[0];
+    fds_[1] = err[0];
+  }
+  ~launcher() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    for (int fd : fds_)
+      if (fd >= 0) ::close(fd);
+  }
+
+  pid_t pid() const { return pid_; }
+
+  // Reads output until `needle` has appeared `times` times on stdout (true) or the timeout passes (false).
+  bool wait_for_output(const std::string& needle, int times, std::chrono::milliseconds timeout) {
+    const auto until = steady::now() + timeout;
+    for (;;) {
+      if (count(out, needle) >= times) return true;
+      if (steady::now() >= until || !pump(until)) return false;
+    }
+  }
+
+  // Reads to the end and reaps; the exit status is the code, or 128+signal.
+  int finish(std::chrono::milliseconds timeout = 20s) {
+    const auto until = steady::now() + timeout;
+    while (pump(until)) {
+    }
+    int status = 0;
+    while (steady::now() < until && ::waitpid(pid_, &status, WNOHANG) == 0) std::this_thread::sleep_for(5ms);
+    if (::waitpid(pid_, &status, WNOHANG) == 0 && steady::now() >= until) {
+      FAIL_CHECK("shardkit-run did not finish in time; output so far:\n" << out << err);
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
+    }
+    reaped_ = true;
+    elapsed = steady::now() - started_;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+  std::string out, err;
+  steady::duration elapsed{};
+
+ private:
+  static int count(const std::string& s, const std::string& needle) {
+    int n = 0;
+    for (auto p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1)) ++n;
+    return n;
+  }
+  // One poll round; false once both streams ended or the deadline passed.
+  bool pump(steady::time_point until) {
+    std::vector<pollfd> p;
+    for (int fd : fds_)
+      if (fd >= 0) p.push_back({fd, POLLIN, 0});
+    if (p.empty()) return false;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - steady::now()).count();
+    if (left <= 0) return false;
+    ::poll(p.data(), p.size(), int(std::min<long long>(left, 100)));
+    for (int i = 0; i < 2; ++i) {
+      if (fds_[i] < 0) continue;
+      pollfd q{fds_[i], POLLIN, 0};
+      if (::poll(&q, 1, 0) <= 0) continue;
+      char buf[65536];
+      const ssize_t n = ::read(fds_[i], buf, sizeof buf);
+      if (n > 0) {
+        (i == 0 ? out : err).append(buf, std::size_t(n));
+      } else {
+        ::close(fds_[i]);
+        fds_[i] = -1;
+      }
+    }
+    return true;
+  }
+
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int fds_[2] = {-1, -1};
+  steady::time_point started_ = steady::now();
+};
+
+int run(std::vector<std::string> args, std::string* out = nullptr, std::string* err = nullptr) {
+  launcher l(std::move(args));
+  const int code = l.finish();
+  if (out) *out = l.out;
+  if (err) *err = l.err;
+  return code;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Gone, or a zombie nobody reaped yet (in a container, pid 1 may not reap adopted orphans promptly).
+bool process_gone(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  const auto close_paren = line.rfind(')');
+  return close_paren == std::string::npos || line.substr(close_paren + 2, 1) == "Z";
+}
+
+pid_t read_pid(const std::filesystem::path& file) {
+  for (int i = 0; i < 200; ++i) {
+    std::ifstream in(file);
+    pid_t pid = 0;
+    if (in >> pid && pid > 0) return pid;
+    std::this_thread::sleep_for(10ms);
+  }
+  FAIL("no pid in " << file);
+  return -1;
+}
+
+struct temp_dir {
+  std::filesystem::path path;
+  temp_dir() {
+    std::string t = (std::filesystem::temp_directory_path() / "shardkit-run-test-XXXXXX").string();
+    REQUIRE(::mkdtemp(t.data()) != nullptr);
+    path = t;
+  }
+  ~temp_dir() { std::filesystem::remove_all(path); }
+};
+
+}  // namespace
+
+TEST_CASE("[tools] shardkit-run sets the rendezvous variables and prefixes every line") {
+  std::string out, err;
+  const int code = run({"-n", "2", "--", "sh", "-c",
+                        "echo \"env $RANK/$WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT\"; "
+                        "echo \"to stderr $RANK\" >&2; printf \"no newline $RANK\""},
+                       &out, &err);
+  CHECK(code == 0);
+  INFO(out << err);
+  CHECK(contains(out, "[rank 0] env 0/2 0/2 127.0.0.1:"));
+  CHECK(contains(out, "[rank 1] env 1/2 1/2 127.0.0.1:"));
+  CHECK(contains(out, "[rank 0] no newline 0\n"));
+  CHECK(contains(out, "[rank 1] no newline 1\n"));
+  CHECK(contains(err, "[rank 1] to stderr 1\n"));
+  const std::regex port_re("127\\.0\\.0\\.1:([0-9]+)");
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m, port_re));
+  CHECK(std::stoi(m[1]) > 0);
+
+  CHECK(run({"-n", "1", "--master-addr", "10.9.8.7", "--master-port=4567", "sh", "-c", "echo $MASTER_ADDR:$MASTER_PORT"},
+            &out) == 0);
+  CHECK(out == "[rank 0] 10.9.8.7:4567\n");
+}
+
+TEST_CASE("[tools] shardkit-run keeps lines whole when ranks print at once") {
+  std::string out;
+  const std::string payload(100, 'x');
+  REQUIRE(run({"-n", "3", "sh", "-c", "i=0; while [ $i -lt 500 ]; do echo \"line-$RANK-$i-" + payload + "\"; i=$((i+1)); done"},
+              &out) == 0);
+  std::istringstream lines(out);
+  std::string line;
+  int n = 0;
+  const std::regex whole("\\[rank ([0-2])\\] line-\\1-[0-9]+-x{100}");
+  while (std::getline(lines, line)) {
+    ++n;
+    if (!std::regex_match(line, whole)) FAIL("mangled line: " << line);
+  }
+  CHECK(n == 1500);
+}
+
+TEST_CASE("[tools] shardkit-run exits with the failing rank's status") {
+  CHECK(run({"-n", "3", "true"}) == 0);
+  std::string err;
+  CHECK(run({"-n", "2", "sh", "-c", "[ $RANK = 1 ] && exit 7; exit 0"}, nullptr, &err) == 7);
+  CHECK(contains(err, "rank 1 exited with status 7"));
+  CHECK(run({"-n", "2", "sh", "-c", "[ $RANK = 0 ] && kill -KILL $$; exit 0"}) == 128 + SIGKILL);
+  CHECK(run({"-n", "1", "sh", "-c", "kill -TERM $$"}) == 128 + SIGTERM);
+  CHECK(run({"-n", "1", "/nonexistent/program"}, nullptr, &err) == 127);
+  CHECK(contains(err, "[rank 0] shardkit-run: cannot run '/nonexistent/program'"));
+}
+
+TEST_CASE("[tools] a failing rank stops the others at once, grandchildren included") {
+  temp_dir dir;
+  const auto d = dir.path.string();
+  launcher l({"-n", "2", "sh", "-c",
+              "if [ $RANK = 0 ]; then sleep 60 & echo $! > " + d + "/grandchild; echo $$ > " + d +
+                  "/rank0; wait; else while [ ! -s " + d + "/grandchild ]; do sleep 0.05; done; exit 3; fi"});
+  CHECK(l.finish() == 3);
+  CHECK(l.elapsed < 5s);  // the sleeper did not run out its 60 s, nor the 5 s grace
+  const pid_t rank0 = read_pid(dir.path / "rank0"), grandchild = read_pid(dir.path / "grandchild");
+  for (int i = 0; i < 100 && !process_gone(grandchild); ++i) std::this_thread::sleep_for(20ms);
+  CHECK(process_gone(rank0));
+  CHECK(process_gone(grandchild));
+}
+
+TEST_CASE("[tools] a rank that ignores SIGTERM is killed after the grace period") {
+  temp_dir dir;
+  const auto d = dir.path.string();
+  launcher l({"-n", "2", "--grace", "1", "sh", "-c",
+              "if [ $RANK = 0 ]; then trap '' TERM; touch " + d + "/ready; sleep 60; else while [ ! -e " + d +
+                  "/ready ]; do sleep 0.05; done; exit 1; fi"});
+  CHECK(l.finish() == 1);
+  CHECK(l.elapsed >= 900ms);
+  CHECK(l.elapsed < 6s);
+}
+
+TEST_CASE("[tools] shardkit-run forwards SIGTERM and SIGINT to every rank") {
+  SUBCASE("ranks that handle it") {
+    launcher l({"-n", "2", "sh", "-c", "trap 'echo got-term; exit 0' TERM; echo ready; while :; do sleep 0.05; done"});
+    REQUIRE(l.wait_for_output("ready", 2, 10s));
+    ::kill(l.pid(), SIGTERM);
+    CHECK(l.finish() == 128 + SIGTERM);  // the job was stopped, even though the ranks exited cleanly
+    CHECK(contains(l.out, "[rank 0] got-term"));
+    CHECK(contains(l.out, "[rank 1] got-term"));
+  }
+  SUBCASE("ranks that die of it") {
+    launcher l({"-n", "2", "sh", "-c", "echo ready; exec sleep 60"});
+    REQUIRE(l.wait_for_output("ready", 2, 10s));
+    ::kill(l.pid(), SIGINT);
+    CHECK(l.finish() == 128 + SIGINT);
+    CHECK(l.elapsed < 5s);
+  }
+}
+
+TEST_CASE("[tools] shardkit-run rejects bad usage clearly") {
+  std::string err;
+  CHECK(run({}, nullptr, &err) == 2);
+  CHECK(contains(err, "usage: shardkit-run"));
+  CHECK(run({"-n", "0", "true"}, nullptr, &err) == 2);
+  CHECK(contains(err, "-n needs an integer in 1..1024, not '0'"));
+  CHECK(run({"-n", "2"}, nullptr, &err) == 2);
+  CHECK(contains(err, "no program to run"));
+  CHECK(run({"true"}, nullptr, &err) == 2);
+  CHECK(contains(err, "-n N is required"));
+  CHECK(run({"-n", "1", "--bogus", "true"}, nullptr, &err) == 2);
+  CHECK(contains(err, "unknown option '--bogus'"));
+  CHECK(run({"-n", "1", "--master-port", "70000", "true"}, nullptr, &err) == 2);
+  CHECK(contains(err, "--master-port"));
+  CHECK(run({"-n"}, nullptr, &err) == 2);
+  CHECK(contains(err, "-n needs a value"));
+  std::string out;
+  CHECK(run({"--help"}, &out) == 0);
+  CHECK(contains(out, "usage: shardkit-run"));
+}
