@@ -1,0 +1,155 @@
+// shardkit-bench: nccl-tests-style collective benchmark.
+//
+//   shardkit-run -n 4 -- shardkit-bench -b 8 -e 64M -f 2 -o all_reduce --transport tcp
+//   shardkit-bench --threads 4 -b 1K -e 16M              (ranks as threads over the loopback transport)
+//
+// Columns: size, count, type, redop, collective, time_us (mean, slowest rank), algbw and busbw (decimal GB/s,
+// nccl-tests' bus factors), wrong (checked elements that differed), cpu_s_per_gb (process CPU seconds per GB
+// of algorithm bytes, summed over ranks). --json prints one JSON object per row instead.
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardkit/bench/collective_bench.hpp"
+#include "shardkit/comm/init.hpp"
+#include "shardkit/comm/loopback_world.hpp"
+
+namespace {
+namespace sk = shardkit;
+
+struct args {
+  std::size_t min_bytes = 8, max_bytes = 64u << 20;
+  double factor = 2;
+  std::vector<sk::bench::collective> ops{sk::bench::collective::all_reduce};
+  sk::dtype type = sk::dtype::f32;
+  sk::reduce_op rop = sk::reduce_op::sum;
+  int iters = 20, warmup = 5, threads = 0;
+  std::string transport = sk::comm::transport_from_env();
+  bool json = false;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "shardkit-bench: %s\n"
+               "usage: shardkit-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP[,OP...]|all] [-d DTYPE] [-r REDOP]\n"
+               "                      [-n ITERS] [-w WARMUP] [--transport shm|tcp|auto] [--threads N] [--json]\n"
+               "sizes take K/M/G suffixes (binary); ops: all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n",
+               why.c_str());
+  std::exit(2);
+}
+
+std::size_t parse_size(const std::string& s) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() || v < 0) usage("bad size '" + s + "'");
+  double mult = 1;
+  switch (*end) {
+    case 'k': case 'K': mult = 1024; ++end; break;
+    case 'm': case 'M': mult = 1024.0 * 1024; ++end; break;
+    case 'g': case 'G': mult = 1024.0 * 1024 * 1024; ++end; break;
+    default: break;
+  }
+  if (*end == 'B' || *end == 'b') ++end;
+  if (*end) usage("bad size '" + s + "'");
+  return std::size_t(v * mult);
+}
+
+args parse(int argc, char** argv) {
+  args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) usage(k + " needs a value");
+      return argv[++i];
+    };
+    if (k == "-b") a.min_bytes = parse_size(next());
+    else if (k == "-e") a.max_bytes = parse_size(next());
+    else if (k == "-f") { a.factor = std::atof(next().c_str()); if (a.factor <= 1) usage("-f must be > 1"); }
+    else if (k == "-o") {
+      a.ops.clear();
+      std::string list = next();
+      if (list == "all") a.ops.assign(std::begin(sk::bench::all_collectives), std::end(sk::bench::all_collectives));
+      else
+        for (std::size_t p = 0; p <= list.size();) {
+          const auto q = list.find(',', p);
+          const auto name = list.substr(p, q == std::string::npos ? std::string::npos : q - p);
+          auto op = sk::bench::parse_collective(name);
+          if (!op) usage("unknown collective '" + name + "'");
+          a.ops.push_back(*op);
+          if (q == std::string::npos) break;
+          p = q + 1;
+        }
+    } else if (k == "-d") {
+      auto t = sk::parse_dtype(next());
+      if (!t) usage("unknown dtype");
+      a.type = *t;
+    } else if (k == "-r") {
+      auto r = sk::parse_reduce_op(next());
+      if (!r) usage("unknown reduce op");
+      a.rop = *r;
+    } else if (k == "-n") a.iters = std::atoi(next().c_str());
+    else if (k == "-w") a.warmup = std::atoi(next().c_str());
+    else if (k == "--transport") a.transport = next();
+    else if (k == "--threads") a.threads = std::atoi(next().c_str());
+    else if (k == "--json") a.json = true;
+    else if (k == "-h" || k == "--help") usage("help");
+    else usage("unknown argument '" + k + "'");
+  }
+  if (a.min_bytes > a.max_bytes) usage("-b is larger than -e");
+  if (a.iters <= 0 || a.warmup < 0) usage("-n must be positive and -w not negative");
+  return a;
+}
+
+int run(sk::comm::process_group& pg, const args& a, const std::string& transport) {
+  const bool leader = pg.rank() == 0;
+  if (leader && !a.json) {
+    std::printf("# shardkit-bench: %d ranks, transport %s, %d warmup + %d timed iterations\n", pg.size(), transport.c_str(),
+                a.warmup, a.iters);
+    sk::bench::print_header(stdout);
+  }
+  std::size_t wrong = 0;
+  for (auto op : a.ops)
+    for (double b = double(a.min_bytes); b <= double(a.max_bytes) * 1.0000001; b *= a.factor) {
+      sk::bench::bench_case c{.op = op, .bytes = std::size_t(b), .type = a.type, .rop = a.rop};
+      auto r = sk::bench::run_case(pg, c, a.warmup, a.iters);
+      wrong += r.wrong;
+      if (!leader) continue;
+      const double gb = double(r.c.bytes) * a.iters / 1e9;
+      const double cpu_per_gb = gb > 0 ? r.cpu_seconds / gb : 0;
+      if (a.json)
+        std::printf("{\"collective\":\"%s\",\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"redop\":\"%s\",\"ranks\":%d,"
+                    "\"transport\":\"%s\",\"time_us\":%.3f,\"algbw\":%.6f,\"busbw\":%.6f,\"wrong\":%zu,\"cpu_s_per_gb\":%.4f}\n",
+                    std::string(to_string(op)).c_str(), r.c.bytes, r.count, std::string(to_string(a.type)).c_str(),
+                    std::string(to_string(a.rop)).c_str(), pg.size(), transport.c_str(), r.time_us, r.algbw_gbs,
+                    r.busbw_gbs, r.wrong, cpu_per_gb);
+      else {
+        sk::bench::print_row(stdout, r);
+        std::fflush(stdout);
+      }
+      if (a.factor <= 1) break;
+    }
+  if (leader && !a.json) std::printf("# %zu wrong elements\n", wrong);
+  return wrong ? 1 : 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const args a = parse(argc, argv);
+  if (a.threads > 0) {
+    auto groups = sk::comm::make_loopback_world(a.threads);
+    std::vector<std::thread> ts;
+    std::vector<int> rc(std::size_t(a.threads));
+    for (int r = 0; r < a.threads; ++r)
+      ts.emplace_back([&, r] { rc[std::size_t(r)] = run(groups[std::size_t(r)], a, "loopback"); });
+    for (auto& t : ts) t.join();
+    return rc[0];
+  }
+  auto world = sk::comm::init_process_group(a.transport);
+  return run(world.group, a, world.transport);
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "shardkit-bench: %s\n", e.what());
+  return 1;
+}
