@@ -290,7 +290,8 @@ int main(int argc, char** argv) {
   bool cleaned_up = false;
   for (;;) {
     const bool any_running = std::any_of(ranks.begin(), ranks.end(), [](const auto& p) { return p.running; });
-    const bool any_open = std::any_of(ranks.begin(), ranks.end(), [](const auto& p) { return p.out.fd >= 0 || p.err.fd >= 0; });
+    const bool any_open =
+        std::any_of(ranks.begin(), ranks.end(), [](const auto& p) { return p.out.fd >= 0 || p.err.fd >= 0; });
     if (!any_running && !cleaned_up) {
       // Every rank is gone; whatever is left in their groups would be orphaned and could hold our pipes open.
       cleaned_up = true;
@@ -313,7 +314,8 @@ int main(int argc, char** argv) {
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(*next - clock_type::now()).count();
       timeout_ms = int(std::clamp<long long>(left, 0, 60'000));
     }
-    if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) fatal(std::string("poll: ") + std::strerror(errno));
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR)
+      fatal(std::string("poll: ") + std::strerror(errno));
 
     if (fds[0].revents & POLLIN) {
       char sigs[64];
@@ -347,7 +349,7 @@ int main(int argc, char** argv) {
       const int code = exited ? info.si_status : 128 + info.si_status;
       if (code == 0 || failed) continue;
       failed = true;
-      exit_status = code;  // a rank's failure outranks a forwarded signal
+      exit_status = code;              // a rank's failure outranks a forwarded signal
       if (stop_signal != 0) continue;  // already stopping everything
       write_all(2, "shardkit-run: rank " + std::to_string(r) + " " +
                        (exited ? "exited with status " + std::to_string(code)

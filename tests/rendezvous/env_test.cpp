@@ -1,3 +1,5 @@
+#include "shardkit/rendezvous/env.hpp"
+
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -5,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "shardkit/rendezvous/env.hpp"
 #include "support/harness.hpp"
 
 using namespace std::chrono_literals;
@@ -15,14 +16,25 @@ using env_map = std::map<std::string, std::string>;
 
 namespace {
 
-const env_map torchrun{{"RANK", "3"},        {"WORLD_SIZE", "8"},          {"LOCAL_RANK", "1"},
-                       {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29501"}};
-const env_map openmpi{{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "8"},
-                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+const env_map torchrun{{"RANK", "3"},
+                       {"WORLD_SIZE", "8"},
+                       {"LOCAL_RANK", "1"},
+                       {"LOCAL_WORLD_SIZE", "2"},
+                       {"MASTER_ADDR", "10.0.0.1"},
+                       {"MASTER_PORT", "29501"}};
+const env_map openmpi{{"OMPI_COMM_WORLD_RANK", "5"},
+                      {"OMPI_COMM_WORLD_SIZE", "8"},
+                      {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                      {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
                       {"MASTER_ADDR", "head"}};
-const env_map slurm{{"SLURM_PROCID", "6"},     {"SLURM_NTASKS", "7"},          {"SLURM_LOCALID", "0"},
-                    {"SLURM_NODEID", "3"},     {"SLURM_TASKS_PER_NODE", "2(x3),1"},
-                    {"SLURM_NODELIST", "gpu[1-3]"}, {"SLURM_STEP_NODELIST", "node[01-04,07]"}, {"SLURM_JOB_ID", "123456"}};
+const env_map slurm{{"SLURM_PROCID", "6"},
+                    {"SLURM_NTASKS", "7"},
+                    {"SLURM_LOCALID", "0"},
+                    {"SLURM_NODEID", "3"},
+                    {"SLURM_TASKS_PER_NODE", "2(x3),1"},
+                    {"SLURM_NODELIST", "gpu[1-3]"},
+                    {"SLURM_STEP_NODELIST", "node[01-04,07]"},
+                    {"SLURM_JOB_ID", "123456"}};
 
 env_map with(env_map base, const env_map& changes, const std::vector<std::string>& removed = {}) {
   for (const auto& [k, v] : changes) base[k] = v;
@@ -127,8 +139,8 @@ TEST_CASE("[rendezvous] Slurm variables") {
   CHECK(i.rank == 6);
   CHECK(i.world_size == 7);
   CHECK(i.local_rank == 0);
-  CHECK(i.local_world_size == 1);        // node 3 of "2(x3),1"
-  CHECK(i.master_addr == "node01");      // the step's node list wins over the job's
+  CHECK(i.local_world_size == 1);    // node 3 of "2(x3),1"
+  CHECK(i.master_addr == "node01");  // the step's node list wins over the job's
   CHECK(i.master_port == 15000 + 123456 % 20000);
 
   const auto job_list = rdv::info_from_env(with(slurm, {}, {"SLURM_STEP_NODELIST"}));
@@ -140,7 +152,8 @@ TEST_CASE("[rendezvous] Slurm variables") {
   CHECK(per_node.local_world_size == 2);
   const auto step = rdv::info_from_env(with(slurm, {{"SLURM_STEP_TASKS_PER_NODE", "1(x7)"}}));
   CHECK(step.local_world_size == 1);
-  const auto uniform = rdv::info_from_env(with(slurm, {{"SLURM_TASKS_PER_NODE", "7"}, {"SLURM_LOCALID", "6"}}, {"SLURM_NODEID"}));
+  const auto uniform =
+      rdv::info_from_env(with(slurm, {{"SLURM_TASKS_PER_NODE", "7"}, {"SLURM_LOCALID", "6"}}, {"SLURM_NODEID"}));
   CHECK(uniform.local_world_size == 7);
 
   expect_config_error(with(slurm, {}, {"SLURM_NTASKS"}), "SLURM_NTASKS");

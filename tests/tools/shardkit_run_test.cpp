@@ -30,24 +30,24 @@ class launcher {
  public:
   explicit launcher(std::vector<std::string> args) {
     args.insert(args.begin(), SHARDKIT_RUN_PATH);
-    int out[2], err[2];
-    REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
-    REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
+    int out_pipe[2], err_pipe[2];
+    REQUIRE(::pipe2(out_pipe, O_CLOEXEC) == 0);
+    REQUIRE(::pipe2(err_pipe, O_CLOEXEC) == 0);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     pid_ = ::fork();
     REQUIRE(pid_ >= 0);
     if (pid_ == 0) {
-      ::dup2(out[1], 1);
-      ::dup2(err[1], 2);
+      ::dup2(out_pipe[1], 1);
+      ::dup2(err_pipe[1], 2);
       ::execv(argv[0], argv.data());
       ::_exit(126);
     }
-    ::close(out[1]);
-    ::close(err[1]);
-    fds_[0] = out[0];
-    fds_[1] = err[0];
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    fds_[0] = out_pipe[0];
+    fds_[1] = err_pipe[0];
   }
   ~launcher() {
     if (pid_ > 0 && !reaped_) {
@@ -187,15 +187,17 @@ TEST_CASE("[tools] shardkit-run sets the rendezvous variables and prefixes every
   REQUIRE(std::regex_search(out, m, port_re));
   CHECK(std::stoi(m[1]) > 0);
 
-  CHECK(run({"-n", "1", "--master-addr", "10.9.8.7", "--master-port=4567", "sh", "-c", "echo $MASTER_ADDR:$MASTER_PORT"},
-            &out) == 0);
+  CHECK(
+      run({"-n", "1", "--master-addr", "10.9.8.7", "--master-port=4567", "sh", "-c", "echo $MASTER_ADDR:$MASTER_PORT"},
+          &out) == 0);
   CHECK(out == "[rank 0] 10.9.8.7:4567\n");
 }
 
 TEST_CASE("[tools] shardkit-run keeps lines whole when ranks print at once") {
   std::string out;
   const std::string payload(100, 'x');
-  REQUIRE(run({"-n", "3", "sh", "-c", "i=0; while [ $i -lt 500 ]; do echo \"line-$RANK-$i-" + payload + "\"; i=$((i+1)); done"},
+  REQUIRE(run({"-n", "3", "sh", "-c",
+               "i=0; while [ $i -lt 500 ]; do echo \"line-$RANK-$i-" + payload + "\"; i=$((i+1)); done"},
               &out) == 0);
   std::istringstream lines(out);
   std::string line;

@@ -16,8 +16,8 @@
 //! A missing, malformed or contradictory value is shardkit::error(errc::config) whose message names the variable.
 #include <algorithm>
 #include <charconv>
-#include <climits>
 #include <chrono>
+#include <climits>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -39,8 +39,8 @@ namespace shardkit::rendezvous {
 struct rendezvous_info {
   int rank = 0;
   int world_size = 1;
-  int local_rank = 0;        //!< rank among the processes on this host
-  int local_world_size = 1;  //!< processes on this host
+  int local_rank = 0;                     //!< rank among the processes on this host
+  int local_world_size = 1;               //!< processes on this host
   std::string master_addr = "127.0.0.1";  //!< where rank 0's store listens, as the other hosts see it
   int master_port = 0;                    //!< 0 = ephemeral, only possible when world_size == 1
   std::string source = "explicit";        //!< "torchrun", "openmpi", "slurm" or "explicit"
@@ -67,7 +67,8 @@ inline void validate(const rendezvous_info& i, const info_names& n) {
   const auto is = [](const std::string& name, int v) { return name + "=" + std::to_string(v); };
   if (i.world_size < 1) config_error(n.world_size, is(n.world_size, i.world_size) + " must be at least 1");
   if (i.rank < 0 || i.rank >= i.world_size)
-    config_error(n.rank, is(n.rank, i.rank) + " must be in [0, " + n.world_size + "=" + std::to_string(i.world_size) + ")");
+    config_error(n.rank,
+                 is(n.rank, i.rank) + " must be in [0, " + n.world_size + "=" + std::to_string(i.world_size) + ")");
   if (i.local_world_size < 1 || i.local_world_size > i.world_size)
     config_error(n.local_world_size, is(n.local_world_size, i.local_world_size) + " must be in [1, " + n.world_size +
                                          "=" + std::to_string(i.world_size) + "]");
@@ -101,7 +102,8 @@ class env_reader {
     if (s->empty() || ec == std::errc::invalid_argument || end != s->data() + s->size())
       config_error(name, std::string(name) + "='" + *s + "' is not an integer");
     if (ec == std::errc::result_out_of_range || v < min || v > max)
-      config_error(name, std::string(name) + "=" + *s + " is outside " + std::to_string(min) + ".." + std::to_string(max));
+      config_error(name,
+                   std::string(name) + "=" + *s + " is outside " + std::to_string(min) + ".." + std::to_string(max));
     return v;
   }
   int required(const char* name, const char* because, int min = 0, int max = INT_MAX) const {
@@ -117,7 +119,8 @@ class env_reader {
   }
   void must_agree(const char* a, int value, const char* b) const {
     if (auto other = integer(b); other && *other != value)
-      config_error(a, std::string(a) + "=" + std::to_string(value) + " disagrees with " + b + "=" + std::to_string(*other));
+      config_error(
+          a, std::string(a) + "=" + std::to_string(value) + " disagrees with " + b + "=" + std::to_string(*other));
   }
   int port(const char* name, int fallback) const { return integer(name, 1, 65535).value_or(fallback); }
 
@@ -224,7 +227,8 @@ inline rendezvous_info info_from_env(const env_lookup& lookup = process_env) {
     info.world_size = size;
     env.must_agree("RANK", rank, "OMPI_COMM_WORLD_RANK");
     env.must_agree("WORLD_SIZE", size, "OMPI_COMM_WORLD_SIZE");
-    if (auto local = env.pair("LOCAL_RANK", "LOCAL_WORLD_SIZE", 1)) std::tie(info.local_rank, info.local_world_size) = *local;
+    if (auto local = env.pair("LOCAL_RANK", "LOCAL_WORLD_SIZE", 1))
+      std::tie(info.local_rank, info.local_world_size) = *local;
     const auto addr = env.str("MASTER_ADDR");
     if (!addr) detail::config_error("MASTER_ADDR", "MASTER_ADDR is not set (RANK is, as torchrun sets both)");
     info.master_addr = *addr;
@@ -240,8 +244,8 @@ inline rendezvous_info info_from_env(const env_lookup& lookup = process_env) {
       detail::config_error("MASTER_ADDR", "MASTER_ADDR is not set and the Open MPI ranks span several nodes");
     info.master_addr = addr.value_or("127.0.0.1");
     info.master_port = env.port("MASTER_PORT", 29500);
-    names = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-             "OMPI_COMM_WORLD_LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+    names = {"OMPI_COMM_WORLD_RANK",       "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+             "OMPI_COMM_WORLD_LOCAL_SIZE", "MASTER_ADDR",          "MASTER_PORT"};
   } else if (env.has("SLURM_PROCID") || env.has("SLURM_NTASKS")) {
     info.source = "slurm";
     std::tie(info.rank, info.world_size) = *env.pair("SLURM_PROCID", "SLURM_NTASKS", 1);
@@ -253,8 +257,9 @@ inline rendezvous_info info_from_env(const env_lookup& lookup = process_env) {
                                                            : "SLURM_TASKS_PER_NODE";
     const auto text = env.str(var);
     if (!text)
-      detail::config_error("SLURM_TASKS_PER_NODE", "none of SLURM_STEP_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE, "
-                                                   "SLURM_TASKS_PER_NODE is set (tasks on this node unknown)");
+      detail::config_error("SLURM_TASKS_PER_NODE",
+                           "none of SLURM_STEP_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE, "
+                           "SLURM_TASKS_PER_NODE is set (tasks on this node unknown)");
     const auto counts = detail::parse_slurm_tasks_per_node(*text, var);
     names.local_world_size = var;
     if (auto node = env.integer("SLURM_NODEID"); node && counts.size() > 1) {
@@ -272,15 +277,17 @@ inline rendezvous_info info_from_env(const env_lookup& lookup = process_env) {
     } else {
       const char* list_var = env.has("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST" : "SLURM_NODELIST";
       const auto list = env.str(list_var);
-      if (!list) detail::config_error("MASTER_ADDR", "neither MASTER_ADDR nor SLURM_STEP_NODELIST/SLURM_NODELIST is set");
+      if (!list)
+        detail::config_error("MASTER_ADDR", "neither MASTER_ADDR nor SLURM_STEP_NODELIST/SLURM_NODELIST is set");
       info.master_addr = expand_slurm_hostlist(*list, list_var).front();
       names.master_addr = list_var;
     }
     const auto job = env.integer("SLURM_JOB_ID");
     info.master_port = env.port("MASTER_PORT", job ? 15000 + *job % 20000 : 29500);
   } else {
-    detail::config_error("RANK", "no launcher variables found: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
-                                 "(torchrun, shardkit-run), or run under mpirun or srun");
+    detail::config_error("RANK",
+                         "no launcher variables found: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+                         "(torchrun, shardkit-run), or run under mpirun or srun");
   }
   detail::validate(info, names);
   return info;

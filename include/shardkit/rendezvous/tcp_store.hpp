@@ -140,7 +140,9 @@ class tcp_store {
   bool remove(const std::string& key) {
     return read_one(call("store.remove", key, request(op::remove).str(key)), &detail::frame_reader::u8) != 0;
   }
-  std::int64_t num_keys() { return read_one(call("store.num_keys", {}, request(op::num_keys)), &detail::frame_reader::i64); }
+  std::int64_t num_keys() {
+    return read_one(call("store.num_keys", {}, request(op::num_keys)), &detail::frame_reader::i64);
+  }
 
   const std::string& host() const noexcept { return host_; }
   int port() const noexcept { return port_; }
@@ -174,8 +176,10 @@ class tcp_store {
                    const std::chrono::milliseconds* wait_timeout = nullptr) {
     const error_context ctx{.operation = operation, .object = object};
     if (w.payload_size() > opts_.max_frame_bytes)
-      throw_error(errc::invalid_argument, "request of " + std::to_string(w.payload_size()) +
-                  " bytes exceeds max_frame_bytes " + std::to_string(opts_.max_frame_bytes), ctx);
+      throw_error(errc::invalid_argument,
+                  "request of " + std::to_string(w.payload_size()) + " bytes exceeds max_frame_bytes " +
+                      std::to_string(opts_.max_frame_bytes),
+                  ctx);
     std::lock_guard lock(mutex_);
     if (!fd_) throw_error(errc::closed, "the connection to the store at " + address() + " was lost earlier", ctx);
     outcome out;
@@ -188,8 +192,9 @@ class tcp_store {
     if (out.timed_out) {
       std::string keys;
       for (const auto& k : out.missing) keys += (keys.empty() ? "" : ", ") + k;
-      throw_error(errc::timeout, "after " + detail::ms_text(*wait_timeout) + " still missing: " + keys +
-                  " (store at " + address() + ")", ctx);
+      throw_error(
+          errc::timeout,
+          "after " + detail::ms_text(*wait_timeout) + " still missing: " + keys + " (store at " + address() + ")", ctx);
     }
     detail::frame_reader r(out.payload);
     const auto status = static_cast<detail::store_status>(r.u8());
@@ -212,8 +217,9 @@ class tcp_store {
     send_all(frame);
     const deadline first = deadline_after(wait_timeout ? *wait_timeout : opts_.timeout);
     if (auto resp = read_frame(first)) return {std::move(*resp)};
-    if (!wait_timeout) throw_error(errc::timeout, "no answer from the store at " + address() + " within " +
-                                                      detail::ms_text(opts_.timeout));
+    if (!wait_timeout)
+      throw_error(errc::timeout,
+                  "no answer from the store at " + address() + " within " + detail::ms_text(opts_.timeout));
     // Withdraw the parked request. Its answer may already be on the way; if so it comes first, and wins.
     send_all(request(op::cancel).take());
     std::optional<std::string> answer;
@@ -294,8 +300,9 @@ class tcp_store {
       fd_.reset();
       const auto now = steady_clock::now();
       if (now >= dl)
-        throw_error(errc::timeout, "could not connect to the store at " + address() + " within " +
-                    detail::ms_text(opts_.connect_timeout) + " (last error: " + last + ")",
+        throw_error(errc::timeout,
+                    "could not connect to the store at " + address() + " within " +
+                        detail::ms_text(opts_.connect_timeout) + " (last error: " + last + ")",
                     {.operation = "store.connect", .object = address()});
       std::this_thread::sleep_for(std::min<steady_clock::duration>(backoff, dl - now));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
@@ -370,8 +377,9 @@ class tcp_store {
       wait(std::span<const std::string>(&ready, 1), timeout);
     } catch (const error& e) {
       if (e.code() != errc::timeout) throw;
-      throw_error(errc::timeout, "only " + std::to_string(add(joined, 0)) + " of " + std::to_string(world_size) +
-                  " ranks joined the store at " + address() + " within " + detail::ms_text(timeout),
+      throw_error(errc::timeout,
+                  "only " + std::to_string(add(joined, 0)) + " of " + std::to_string(world_size) +
+                      " ranks joined the store at " + address() + " within " + detail::ms_text(timeout),
                   {.operation = "store.create", .object = address()});
     }
     remove(joined);

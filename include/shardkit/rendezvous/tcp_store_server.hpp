@@ -393,7 +393,7 @@ class tcp_store_server {
   void serve_requests(std::uint64_t id, connection& c) {
     while (!c.dead && !c.closing && !c.requests.empty()) {
       const std::string& front = c.requests.front();
-      // While a get/wait is parked, only a cancel may overtake the queue.
+      // While a get/wait is parked the queue waits, except for the cancel that withdraws it.
       if (c.parked && (front.empty() || front[0] != static_cast<char>(detail::store_op::cancel))) return;
       const std::string req = std::move(c.requests.front());
       c.requests.pop_front();
@@ -590,7 +590,7 @@ class tcp_store_server {
   std::unordered_map<std::string, std::vector<std::uint64_t>> waiters_;
   std::deque<std::uint64_t> ready_;
   std::uint64_t next_id_ = 1;
-  std::thread thread_;  // last: starts after everything it touches exists
+  std::thread thread_;  // joined in the destructor, before any member it uses is destroyed
 };
 
 }  // namespace shardkit::rendezvous
