@@ -23,7 +23,7 @@ std::vector<sk::comm::process_group> make_world(int transport, int n) {
   if (transport == 0) return sk::comm::make_loopback_world(n);
 #if defined(SHARDKIT_HAS_TCP)
   auto store = sk::rendezvous::make_store<sk::rendezvous::memory_store>();
-  std::vector<std::shared_ptr<sk::transport::tcp_transport>> ts(std::size_t(n));
+  std::vector<std::shared_ptr<sk::transport::tcp_transport>> ts(static_cast<std::size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] { ts[std::size_t(r)] = sk::transport::tcp_transport::connect(store, r, n); });
@@ -46,13 +46,13 @@ void collective_bench(benchmark::State& state, sk::bench::collective op, int tra
   }
   const std::size_t count = bytes / sizeof(float);
   const std::size_t block = count / std::size_t(n);
-  std::vector<std::vector<float>> in(std::size_t(n)), out(std::size_t(n));
+  std::vector<std::vector<float>> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
     const bool gather = op == sk::bench::collective::all_gather, scatter = op == sk::bench::collective::reduce_scatter;
     in[std::size_t(r)].assign(gather ? block : (scatter || op == sk::bench::collective::all_to_all ? block * std::size_t(n) : count), 1.0f);
     out[std::size_t(r)].assign(scatter ? block : (gather || op == sk::bench::collective::all_to_all ? block * std::size_t(n) : count), 0.0f);
   }
-  std::vector<sk::comm::work> works(std::size_t(n));
+  std::vector<sk::comm::work> works(static_cast<std::size_t>(n));
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int r = 0; r < n; ++r) {

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -102,7 +103,7 @@ void exchange_sizes(shm_transport& t, int peer, const std::vector<std::size_t>& 
     const auto& c = ops[recv_base + i];
     REQUIRE(c.bytes() == sizes[i]);
     const auto want = pattern(sizes[i], std::uint64_t(peer) * 1000 + i);
-    REQUIRE(std::memcmp(in[i].data(), want.data(), sizes[i]) == 0);
+    REQUIRE(std::equal(want.begin(), want.end(), in[i].begin()));
   }
 }
 
@@ -299,10 +300,12 @@ TEST_CASE("[shm] a closed peer fails pending and later operations with errc::pee
   auto sent = ts[1]->send(0, 1, cbytes(last_words));
   std::vector<std::byte> in(200'000), other(16);
   auto pending_recv = ts[0]->recv(1, 2, wbytes(other));
-  auto pending_send = ts[0]->send(1, 3, cbytes(big));  // larger than the ring: cannot finish without rank 1
   wait_ok(sent);
   const auto started = steady_clock::now();
   ts[1].reset();
+  // Posted at once: rank 0 may not have noticed yet, so it queues, fills the ring and waits for space that
+  // never comes; either way it must fail (while rank 1 lived, its progress thread would have drained it).
+  auto pending_send = ts[0]->send(1, 3, cbytes(big));
 
   auto e = failure_of(pending_recv);
   REQUIRE(e);
@@ -436,12 +439,13 @@ TEST_CASE("[shm] idle ranks sleep: progress threads use next to no CPU, with or 
 }
 
 TEST_CASE("[shm] continuations on the progress thread may post the next operation") {
-  auto ts = make_world(2);
   constexpr int rounds = 2000;
   std::atomic<int> done_rounds{0};
   std::array<std::byte, 8> ping{}, pong{};
+  std::function<void()> echo;
+  auto ts = make_world(2);  // declared after echo: destroyed (progress threads joined) before it
   // Rank 1 echoes from continuations; rank 0 drives round trips from this thread and times them.
-  std::function<void()> echo = [&] {
+  echo = [&] {
     auto c = ts[1]->recv(0, 1, pong);
     c.then([&, c] {
       if (c.has_failed()) return;
@@ -489,18 +493,23 @@ TEST_CASE("[shm] large-message bandwidth between two threads") {
 
 #if SHM_TEST_HAVE_TCP_STORE
 namespace {
-std::shared_ptr<shm_transport> connect_from_env(shm_options o = {}) {
+// The store stays with the caller: rank 0 hosts its server, which must outlive every rank's connect.
+struct env_rank {
+  rendezvous::any_store store;
+  std::shared_ptr<shm_transport> t;
+};
+env_rank connect_from_env(shm_options o = {}) {
   const auto info = rendezvous::info_from_env();
-  auto store = rendezvous::connect_store(info, 15s);
+  env_rank out{rendezvous::connect_store(info, 15s), nullptr};
   o.connect_timeout = 15s;
-  auto t = shm_transport::connect(store, info.rank, info.world_size, o);
-  if (info.rank == 0) std::printf("session=%s\n", t->session().c_str());
-  return t;
+  out.t = shm_transport::connect(out.store, info.rank, info.world_size, o);
+  if (info.rank == 0) std::printf("session=%s\n", out.t->session().c_str());
+  return out;
 }
 }  // namespace
 
 SHARDKIT_SCENARIO(shm_exchange) {
-  auto t = connect_from_env();
+  auto [store, t] = connect_from_env();
   const int peer = 1 - t->rank();
   const std::vector<std::size_t> sizes{0, 1, 7, 4099, 1'000'003, 16u << 20};
   for (std::size_t i = 0; i < sizes.size(); ++i) {
@@ -541,7 +550,7 @@ SHARDKIT_SCENARIO(shm_exchange) {
 SHARDKIT_SCENARIO(shm_killed_peer) {
   shm_options o;
   o.heartbeat = 50ms;
-  auto t = connect_from_env(o);
+  auto [store, t] = connect_from_env(o);
   std::vector<std::byte> big = pattern(16u << 20, 1), in(16);
   std::int32_t pid = 0;
   if (t->rank() == 1) {

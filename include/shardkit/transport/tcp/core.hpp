@@ -3,6 +3,8 @@
 //! setup through the store, abort and shutdown. tcp_transport (the public handle) owns one; the io threads hold
 //! it too, so a handle released from inside a completion callback (an io thread) never destroys what that
 //! thread is still running.
+#include <unistd.h>
+
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -14,7 +16,6 @@
 #include <mutex>
 #include <optional>
 #include <random>
-#include <unistd.h>
 #include <string>
 #include <thread>
 #include <vector>

@@ -22,6 +22,7 @@ struct send_op {
   std::size_t cut = 0;           // bytes already handed to a connection as frames
   std::uint32_t frames_in_flight = 0;
   bool fully_cut = false;
+  bool listed = false;            // already collected for failing (it may sit in several places)
   std::shared_ptr<send_op> next;  // send queue link
 };
 

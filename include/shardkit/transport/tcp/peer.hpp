@@ -18,6 +18,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <cstring>
@@ -26,6 +27,7 @@
 #include <new>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "shardkit/core/error.hpp"
@@ -62,6 +64,7 @@ struct link {
   std::array<std::byte, frame_header_size> rx_bytes{};
   frame_header rx{};
   bool parked = false;
+  bool eof = false;  // the peer closed this connection cleanly, between frames
   std::vector<std::byte> discard;  // payloads of messages nobody can take (recv too small)
   // send side: one write in flight per connection
   bool writing = false;
@@ -85,7 +88,7 @@ class peer {
   using strand_type = asio::strand<asio::io_context::executor_type>;
 
   peer(asio::io_context& io, peer_settings s)
-      : strand_(asio::make_strand(io)), s_(s), links_(std::size_t(s.streams)) {}
+      : strand_(asio::make_strand(io)), s_(s), links_(std::size_t(s.streams)), grace_(io) {}
 
   int rank() const noexcept { return s_.rank; }
   const strand_type& strand() const noexcept { return strand_; }
@@ -159,7 +162,7 @@ class peer {
     op->seq = next_send_seq_++;
     send_queue_.push_back(std::move(op));
     for (auto& l : links_)
-      if (l && !l->writing) pump(*l);
+      if (l && !l->writing && !l->eof) pump(*l);
   }
 
   //! Hands the next frames of the send queue to an idle connection. Connections pull whole chunks, so a slower
@@ -203,7 +206,7 @@ class peer {
       if (--op->frames_in_flight == 0 && op->fully_cut && !failure_) op->done.set_done(op->bytes.size());
     }
     l.tx_frames = 0;
-    if (!failure_) pump(l);
+    if (!failure_ && !l.eof) pump(l);
   }
 
   // ---------------- receive side ----------------
@@ -247,6 +250,7 @@ class peer {
   void read_header(link& l) {
     asio::async_read(l.socket, asio::buffer(l.rx_bytes),
                      asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t) {
+                       if (ec == asio::error::eof) return link_eof(l);
                        if (ec) return link_error(l, ec, "reading a frame header");
                        if (failure_) return;
                        l.rx = decode_frame(std::span<const std::byte, frame_header_size>(l.rx_bytes));
@@ -402,7 +406,7 @@ class peer {
     if (s_.max_unexpected_bytes > 0) resume_parked();
   }
 
-  //! Lets parked connections whose message is now next in order proceed.
+  //! Lets parked connections whose message is now matched, or next in order, proceed.
   void resume_parked() {
     if (resuming_) return;  // the outer call rescans
     resuming_ = true;
@@ -410,7 +414,8 @@ class peer {
       progress = false;
       for (auto& l : links_) {
         if (failure_) break;
-        if (!l || !l->parked || l->rx.seq != next_match_) continue;
+        // Another connection may have matched this one's message meanwhile (seq < next): it just proceeds.
+        if (!l || !l->parked || l->rx.seq > next_match_) continue;
         l->parked = false;
         if (route(*l)) progress = true;  // re-parks itself when the budget still blocks it
       }
@@ -419,6 +424,29 @@ class peer {
   }
 
   // ---------------- failure ----------------
+
+  //! A clean close between frames. A departing peer closes all its connections; what it sent before is still
+  //! in flight on the others, so the peer fails only once all of them ended (messages it completed stay
+  //! deliverable), or after a grace period if some never do.
+  void link_eof(link& l) {
+    if (failure_) return;
+    l.eof = true;
+    const std::string message = "rank " + std::to_string(s_.rank) + " at " + l.remote +
+                                " closed its connections (its process ended or it destroyed its transport)";
+    if (++eof_links_ == s_.streams) {
+      fail(std::make_exception_ptr(error(errc::peer_lost, message, context())), message, log::level::debug,
+           log::level::warn);
+      return;
+    }
+    if (eof_links_ > 1) return;
+    grace_.expires_after(std::chrono::seconds(1));
+    grace_.async_wait(asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec) {
+      if (ec || failure_) return;
+      const std::string m = "rank " + std::to_string(s_.rank) + " closed " + where(l) +
+                            " but not its other connections within 1 s";
+      fail(std::make_exception_ptr(error(errc::peer_lost, m, context())), m, log::level::warn, log::level::warn);
+    }));
+  }
 
   void link_error(link& l, const boost::system::error_code& ec, const char* during) {
     if (failure_) return;  // our own close, or a consequence of an earlier failure
@@ -446,6 +474,7 @@ class peer {
   void fail(std::exception_ptr reason, const std::string& message, log::level idle_level, log::level busy_level) {
     if (failure_) return;
     failure_ = std::move(reason);
+    grace_.cancel();
     for (auto& l : links_) {
       if (!l) continue;
       boost::system::error_code ignored;
@@ -454,11 +483,16 @@ class peer {
       l->parked = false;
     }
     std::vector<completion> victims;
-    while (!send_queue_.empty()) victims.push_back(send_queue_.pop_front()->done);
+    // A send can be queued and in several connections' batches at once: list it once.
+    const auto add_send = [&](send_op& op) {
+      if (std::exchange(op.listed, true)) return;
+      victims.push_back(op.done);
+    };
+    while (!send_queue_.empty()) add_send(*send_queue_.pop_front());
     for (auto& l : links_)
       if (l)
         for (std::size_t i = 0; i < l->tx_frames; ++i)
-          if (l->tx_ops[i]) victims.push_back(l->tx_ops[i]->done);
+          if (l->tx_ops[i]) add_send(*l->tx_ops[i]);
     for (auto& [tag, q] : posted_)
       while (!q.empty()) {
         auto op = q.pop_front();
@@ -490,6 +524,8 @@ class peer {
   peer_settings s_;
   std::vector<std::unique_ptr<link>> links_;
   std::exception_ptr failure_;
+  asio::steady_timer grace_;
+  int eof_links_ = 0;
 
   fifo<send_op> send_queue_;
   std::uint64_t next_send_seq_ = 0;

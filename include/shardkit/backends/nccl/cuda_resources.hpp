@@ -1,0 +1,145 @@
+#pragma once
+//! Owning handles for the CUDA objects the NCCL backend creates: the current-device scope, a stream, an event
+//! and a device allocation.
+//!
+//! Each handle remembers its device and makes it current while it releases the object, because the threads that
+//! destroy them (a process group's progress thread, a user thread dropping the last group handle) need not have
+//! that device current. Release paths never throw: a failure there can only be logged.
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <utility>
+
+#include "shardkit/backends/nccl/errors.hpp"
+#include "shardkit/core/log.hpp"
+
+namespace shardkit::backends::nccl_detail {
+
+//! Makes `device` current for the scope and restores the previous device after it.
+class device_guard {
+ public:
+  device_guard(int device, const error_context& ctx) {
+    SHARDKIT_CUDA_CHECK(cudaGetDevice(&previous_), ctx);
+    if (previous_ != device) SHARDKIT_CUDA_CHECK(cudaSetDevice(device), ctx);
+  }
+  //! For release paths: failures are ignored (the following CUDA call reports them if they matter).
+  struct quiet_t {
+    explicit quiet_t() = default;
+  };
+  device_guard(int device, quiet_t) noexcept {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = device;
+    if (previous_ != device) (void)cudaSetDevice(device);
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+  ~device_guard() {
+    int now = previous_;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+};
+
+inline void log_release_failure(const char* call, cudaError_t e) {
+  if (e != cudaSuccess) log::warn("nccl backend: ", call, " failed while releasing: ", cuda_error_text(e));
+}
+
+//! A stream that does not synchronise with the legacy default stream (cudaStreamNonBlocking): the backend orders
+//! its work after the caller's explicitly, through an event (see nccl_options::order_after).
+class cuda_stream {
+ public:
+  cuda_stream() = default;
+  cuda_stream(int device, const error_context& ctx) : device_(device) {
+    device_guard guard(device, ctx);
+    SHARDKIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), ctx);
+  }
+  cuda_stream(cuda_stream&& o) noexcept : device_(o.device_), stream_(std::exchange(o.stream_, nullptr)) {}
+  cuda_stream& operator=(cuda_stream&& o) noexcept {
+    std::swap(device_, o.device_);
+    std::swap(stream_, o.stream_);
+    return *this;
+  }
+  ~cuda_stream() {
+    if (!stream_) return;
+    device_guard guard(device_, device_guard::quiet_t{});
+    log_release_failure("cudaStreamDestroy", cudaStreamDestroy(stream_));
+  }
+  cudaStream_t get() const noexcept { return stream_; }
+
+ private:
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+};
+
+//! An event without timing (cheaper to record and query), used to learn when enqueued work has finished.
+class cuda_event {
+ public:
+  cuda_event() = default;
+  cuda_event(int device, const error_context& ctx) : device_(device) {
+    device_guard guard(device, ctx);
+    SHARDKIT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), ctx);
+  }
+  cuda_event(cuda_event&& o) noexcept : device_(o.device_), event_(std::exchange(o.event_, nullptr)) {}
+  cuda_event& operator=(cuda_event&& o) noexcept {
+    std::swap(device_, o.device_);
+    std::swap(event_, o.event_);
+    return *this;
+  }
+  ~cuda_event() {
+    if (!event_) return;
+    device_guard guard(device_, device_guard::quiet_t{});
+    log_release_failure("cudaEventDestroy", cudaEventDestroy(event_));
+  }
+  cudaEvent_t get() const noexcept { return event_; }
+
+ private:
+  int device_ = 0;
+  cudaEvent_t event_ = nullptr;
+};
+
+//! Device memory owned by the backend: message headers, staging for in-place exchanges, unexpected messages.
+class device_memory {
+ public:
+  device_memory() = default;
+  device_memory(int device, std::size_t bytes, const error_context& ctx) : device_(device) { reserve(bytes, ctx); }
+  device_memory(device_memory&& o) noexcept
+      : device_(o.device_), data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  device_memory& operator=(device_memory&& o) noexcept {
+    std::swap(device_, o.device_);
+    std::swap(data_, o.data_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~device_memory() { release(); }
+
+  //! Grows to at least `bytes` (contents are not kept). Callers own the ordering: nothing may still use the old
+  //! allocation on the GPU.
+  void reserve(std::size_t bytes, const error_context& ctx) {
+    if (bytes <= bytes_ && data_) return;
+    release();
+    device_guard guard(device_, ctx);
+    void* p = nullptr;
+    SHARDKIT_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes), ctx);
+    data_ = static_cast<std::byte*>(p);
+    bytes_ = bytes;
+  }
+  void set_device(int device) noexcept { device_ = device; }
+
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return bytes_; }
+
+ private:
+  void release() noexcept {
+    if (!data_) return;
+    device_guard guard(device_, device_guard::quiet_t{});
+    log_release_failure("cudaFree", cudaFree(data_));
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+  int device_ = 0;
+  std::byte* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace shardkit::backends::nccl_detail

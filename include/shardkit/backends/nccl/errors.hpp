@@ -1,0 +1,88 @@
+#pragma once
+//! CUDA and NCCL status codes turned into shardkit::error, and the mapping of shardkit's dtypes and reduce ops
+//! onto NCCL's.
+//!
+//! Every CUDA runtime and NCCL call of the backend goes through check_cuda / check_nccl (or the SHARDKIT_CUDA_CHECK
+//! and SHARDKIT_NCCL_CHECK macros, which add the call's name), so an error always says which call failed, on which
+//! rank and group, and what NCCL's last-error text was.
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <string>
+#include <string_view>
+
+#include "shardkit/core/dtype.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/core/reduce_op.hpp"
+
+// ncclCommSplit and nonblocking communicators (ncclConfig_t.blocking) are what timeouts and groups rest on.
+#if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "shardkit's NCCL backend needs NCCL >= 2.18 (ncclCommSplit, nonblocking communicators, ncclAvg on all types)"
+#endif
+
+namespace shardkit::backends::nccl_detail {
+
+//! "cudaSetDevice" from "cudaSetDevice(opts.device)": errors name the call, not its arguments.
+constexpr std::string_view call_name(std::string_view expression) noexcept {
+  const auto paren = expression.find('(');
+  return paren == std::string_view::npos ? expression : expression.substr(0, paren);
+}
+
+inline std::string cuda_error_text(cudaError_t e) {
+  return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
+}
+
+//! NCCL's name for the result plus its last-error text for `comm` (or the thread's last error when comm is null).
+inline std::string nccl_error_text(ncclResult_t r, ncclComm_t comm = nullptr) {
+  std::string text = ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);
+  if (last && *last) text += std::string(": ") + last;
+  return text;
+}
+
+[[noreturn]] inline void throw_cuda(cudaError_t e, std::string_view call, const error_context& ctx) {
+  throw error(errc::backend, std::string(call_name(call)) + " failed: " + cuda_error_text(e), ctx);
+}
+
+inline void check_cuda(cudaError_t e, std::string_view call, const error_context& ctx) {
+  if (e != cudaSuccess) throw_cuda(e, call, ctx);
+}
+
+//! Throws for every result except ncclSuccess and ncclInProgress (which a nonblocking communicator returns while
+//! the call completes in the background) and returns the result so the caller can wait for the latter.
+inline ncclResult_t check_nccl(ncclResult_t r, std::string_view call, const error_context& ctx, ncclComm_t comm = nullptr) {
+  if (r == ncclSuccess || r == ncclInProgress) return r;
+  throw error(errc::backend, std::string(call_name(call)) + " failed: " + nccl_error_text(r, comm), ctx);
+}
+
+#define SHARDKIT_CUDA_CHECK(call, ctx) ::shardkit::backends::nccl_detail::check_cuda((call), #call, (ctx))
+#define SHARDKIT_NCCL_CHECK(call, ctx, comm) ::shardkit::backends::nccl_detail::check_nccl((call), #call, (ctx), (comm))
+
+constexpr ncclDataType_t to_nccl(dtype t) noexcept {
+  switch (t) {
+    case dtype::f32: return ncclFloat32;
+    case dtype::f64: return ncclFloat64;
+    case dtype::f16: return ncclFloat16;
+    case dtype::bf16: return ncclBfloat16;
+    case dtype::i32: return ncclInt32;
+    case dtype::i64: return ncclInt64;
+    case dtype::u8: return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+//! ncclAvg is native for every dtype shardkit has: floating types pre-multiply by 1/n and sum (so for a world
+//! size that is not a power of two the result may differ from sum-then-divide in the last place); integers sum
+//! and then divide truncating toward zero, exactly as shardkit::finish_average does on the host.
+constexpr ncclRedOp_t to_nccl(reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum: return ncclSum;
+    case reduce_op::prod: return ncclProd;
+    case reduce_op::min: return ncclMin;
+    case reduce_op::max: return ncclMax;
+    case reduce_op::avg: return ncclAvg;
+  }
+  return ncclSum;
+}
+
+}  // namespace shardkit::backends::nccl_detail

@@ -1,0 +1,383 @@
+#pragma once
+//! Asynchronous, tagged point-to-point over pair_links: the machinery behind nccl_communicator::isend / irecv.
+//!
+//! Each direction to or from a peer is a channel with one worker thread (created with the channel, on the first
+//! message to or from that peer). A send channel's worker sends its queue in order. A receive channel's worker
+//! runs only while receives are posted: it reads the next header, hands the payload to the oldest posted receive
+//! with that tag, or, when none is posted, stashes it in device memory for a later receive. So messages of one
+//! tag arrive in order, messages of different tags may be received in any order, and a send completes once the
+//! receiver has posted some receive (NCCL has no buffering of its own for a send nobody receives).
+//!
+//! A failed or timed-out operation aborts its link: every pending and later operation on that channel fails
+//! with the first error. Destroying the channels fails what is still pending with errc::closed.
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "shardkit/backends/nccl/pair_link.hpp"
+#include "shardkit/core/buffer.hpp"
+#include "shardkit/core/completion.hpp"
+
+namespace shardkit::backends::nccl_detail {
+
+//! What the pending operations of a channel share with the channel's worker and with cancel callbacks (which
+//! may outlive the channel, hence the shared ownership).
+struct channel_queue {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool stopping = false;
+  std::exception_ptr broken;  //!< the failure that killed the link; answers every later operation
+};
+
+inline void fail_with(const completion& c, const std::exception_ptr& e) noexcept { c.set_error(e); }
+
+class send_channel {
+  struct pending {
+    const_buffer_view data;
+    std::uint32_t tag;
+    deadline until;
+    completion done;
+  };
+
+ public:
+  explicit send_channel(link_setup s) : link_(std::move(s)), q_(std::make_shared<channel_queue>()) {
+    worker_ = std::thread([this] { run(); });
+  }
+  send_channel(const send_channel&) = delete;
+  send_channel& operator=(const send_channel&) = delete;
+  ~send_channel() {
+    request_stop();
+    finish_stop();
+  }
+
+  //! Shutdown, first half: the send in flight gives up (its link is aborted); the worker stops.
+  void request_stop() {
+    interrupt_.raise(errc::closed, "the communicator was destroyed");
+    {
+      std::lock_guard lock(q_->mutex);
+      q_->stopping = true;
+    }
+    q_->cv.notify_all();
+  }
+  //! Second half: joins the worker and fails the sends it never started.
+  void finish_stop() {
+    if (!worker_.joinable()) return;
+    worker_.join();
+    const auto closed = std::make_exception_ptr(error(errc::closed, "the communicator was destroyed before this send ran",
+                                                      link_.context("send")));
+    for (auto& p : queue_) fail_with(p.done, closed);
+    queue_.clear();
+  }
+  pair_link& link() noexcept { return link_; }
+
+  //! Makes the operation in flight give up (its link is aborted) and fails everything queued after it.
+  void interrupt(errc code, const std::string& reason) { interrupt_.raise(code, reason); }
+
+  completion post(const_buffer_view data, std::uint32_t tag, deadline until) {
+    auto done = completion::pending();
+    {
+      std::lock_guard lock(q_->mutex);
+      if (q_->broken || q_->stopping) {
+        done.set_error(q_->broken ? q_->broken
+                                  : std::make_exception_ptr(error(errc::closed, "the communicator is shutting down", link_.context("send"))));
+        return done;
+      }
+      queue_.push_back({data, tag, until, done});
+    }
+    q_->cv.notify_one();
+    return done;
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      pending op;
+      {
+        std::unique_lock lock(q_->mutex);
+        q_->cv.wait(lock, [&] { return q_->stopping || !queue_.empty(); });
+        if (q_->stopping) return;
+        op = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      try {
+        link_.send(op.tag, op.data, {op.until, &interrupt_, link_.setup().busy_poll});
+        op.done.set_done(op.data.size_bytes());
+      } catch (...) {
+        const auto e = std::current_exception();
+        std::deque<pending> rest;
+        {
+          std::lock_guard lock(q_->mutex);
+          if (!q_->broken) q_->broken = e;
+          rest.swap(queue_);
+        }
+        link_.abort();
+        fail_with(op.done, e);
+        for (auto& p : rest) fail_with(p.done, e);
+      }
+    }
+  }
+
+  pair_link link_;
+  std::shared_ptr<channel_queue> q_;
+  interrupt_flag interrupt_;
+  std::deque<pending> queue_;  // guarded by q_->mutex
+  std::thread worker_;         // last: started after everything it uses exists
+};
+
+class recv_channel {
+  struct posted {
+    std::uint64_t id;
+    buffer_view out;
+    std::uint32_t tag;
+    deadline until;
+    completion done;
+  };
+  struct stashed {
+    std::uint32_t tag;
+    std::size_t bytes;
+    device_memory data;
+  };
+  //! Posted receives live in the shared queue state so a cancel callback can withdraw one after the channel is
+  //! gone (it then finds nothing and reports that it could not cancel).
+  struct shared_state : channel_queue {
+    std::deque<posted> posted_recvs;
+    std::uint64_t next_id = 1;
+  };
+
+ public:
+  explicit recv_channel(link_setup s) : link_(std::move(s)), q_(std::make_shared<shared_state>()) {
+    worker_ = std::thread([this] { run(); });
+  }
+  recv_channel(const recv_channel&) = delete;
+  recv_channel& operator=(const recv_channel&) = delete;
+  ~recv_channel() {
+    request_stop();
+    finish_stop();
+  }
+
+  void request_stop() {
+    interrupt_.raise(errc::closed, "the communicator was destroyed");
+    {
+      std::lock_guard lock(q_->mutex);
+      q_->stopping = true;
+    }
+    q_->cv.notify_all();
+  }
+  void finish_stop() {
+    if (!worker_.joinable()) return;
+    worker_.join();
+    const auto closed = std::make_exception_ptr(error(errc::closed, "the communicator was destroyed before a message arrived",
+                                                      link_.context("recv")));
+    std::deque<posted> rest;
+    {
+      std::lock_guard lock(q_->mutex);
+      rest.swap(q_->posted_recvs);
+    }
+    for (auto& p : rest) fail_with(p.done, closed);
+  }
+  pair_link& link() noexcept { return link_; }
+
+  void interrupt(errc code, const std::string& reason) { interrupt_.raise(code, reason); }
+
+  completion post(buffer_view out, std::uint32_t tag, deadline until) {
+    auto done = completion::pending();
+    std::unique_lock lock(q_->mutex);
+    if (q_->broken || q_->stopping) {
+      const auto e = q_->broken ? q_->broken
+                                : std::make_exception_ptr(error(errc::closed, "the communicator is shutting down", link_.context("recv")));
+      lock.unlock();
+      done.set_error(e);
+      return done;
+    }
+    // A message with this tag may already have arrived unasked.
+    const auto it = std::find_if(stash_.begin(), stash_.end(), [&](const stashed& s) { return s.tag == tag; });
+    if (it != stash_.end()) {
+      stashed s = std::move(*it);
+      stash_.erase(it);
+      lock.unlock();
+      deliver_stashed(s, out, done);
+      return done;
+    }
+    const std::uint64_t id = q_->next_id++;
+    q_->posted_recvs.push_back({id, out, tag, until, done});
+    lock.unlock();
+    q_->cv.notify_one();
+    std::weak_ptr<shared_state> weak = q_;
+    const error_context ctx = link_.context("recv");
+    done.on_cancel([weak, id, ctx]() -> bool {
+      auto q = weak.lock();
+      if (!q) return false;
+      completion withdrawn;
+      {
+        std::lock_guard l(q->mutex);
+        auto& v = q->posted_recvs;
+        const auto p = std::find_if(v.begin(), v.end(), [&](const posted& x) { return x.id == id; });
+        if (p == v.end()) return false;  // its payload is already being received
+        withdrawn = p->done;
+        v.erase(p);
+      }
+      withdrawn.set_error(error(errc::aborted, "the receive was cancelled before a message for it arrived", ctx));
+      return true;
+    });
+    return done;
+  }
+
+ private:
+  void deliver_stashed(const stashed& s, buffer_view out, const completion& done) {
+    const auto ctx = link_.context("recv");
+    try {
+      if (s.bytes != out.size_bytes()) throw size_mismatch(s.bytes, out.size_bytes(), ctx);
+      link_.copy_stashed(out.data(), s.data.data(), s.bytes, ctx);
+      done.set_done(s.bytes);
+    } catch (...) {
+      done.set_error(std::current_exception());
+    }
+  }
+
+  static error size_mismatch(std::size_t got, std::size_t expected, const error_context& ctx) {
+    return error(errc::mismatch,
+                 "message of " + std::to_string(got) + " bytes where " + std::to_string(expected) +
+                     " were expected: sender and receiver disagree on the size",
+                 ctx);
+  }
+
+  //! Takes the oldest posted receive with `tag` out of the queue (it can no longer be cancelled).
+  std::optional<posted> take_posted(std::uint32_t tag) {
+    auto& v = q_->posted_recvs;
+    const auto p = std::find_if(v.begin(), v.end(), [&](const posted& x) { return x.tag == tag; });
+    if (p == v.end()) return std::nullopt;
+    posted taken = std::move(*p);
+    v.erase(p);
+    return taken;
+  }
+
+  void run() {
+    for (;;) {
+      deadline until = no_deadline;
+      {
+        std::unique_lock lock(q_->mutex);
+        q_->cv.wait(lock, [&] { return q_->stopping || !q_->posted_recvs.empty(); });
+        if (q_->stopping) return;
+        // The next header may be for any posted receive; the earliest deadline among them bounds the wait.
+        for (const auto& p : q_->posted_recvs) until = std::min(until, p.until);
+      }
+      const wait_control w{until, &interrupt_, link_.setup().busy_poll};
+      std::optional<posted> target;
+      try {
+        const message_header h = link_.recv_header(w);
+        const auto tag = std::uint32_t(h.tag);
+        {
+          std::lock_guard lock(q_->mutex);
+          target = take_posted(tag);
+        }
+        if (target && target->out.size_bytes() == h.bytes) {
+          link_.recv_payload(target->out.data(), h.bytes, w);
+          target->done.set_done(h.bytes);
+          continue;
+        }
+        // Unexpected, or the wrong size for the receive that matched: keep the link in step by taking the payload.
+        device_memory held(link_.setup().device, h.bytes, link_.context("recv"));
+        link_.recv_payload(held.data(), h.bytes, w);
+        if (target) {
+          target->done.set_error(size_mismatch(h.bytes, target->out.size_bytes(), link_.context("recv")));
+          continue;
+        }
+        std::unique_lock lock(q_->mutex);
+        target = take_posted(tag);  // posted while the payload was in flight?
+        if (!target) {
+          stash_.push_back({tag, std::size_t(h.bytes), std::move(held)});
+          continue;
+        }
+        lock.unlock();
+        deliver_stashed({tag, std::size_t(h.bytes), std::move(held)}, target->out, target->done);
+      } catch (...) {
+        const auto e = std::current_exception();
+        std::deque<posted> rest;
+        {
+          std::lock_guard lock(q_->mutex);
+          if (!q_->broken) q_->broken = e;
+          rest.swap(q_->posted_recvs);
+        }
+        link_.abort();
+        if (target) fail_with(target->done, e);
+        for (auto& p : rest) fail_with(p.done, e);
+      }
+    }
+  }
+
+  pair_link link_;
+  std::shared_ptr<shared_state> q_;
+  interrupt_flag interrupt_;
+  std::deque<stashed> stash_;  // guarded by q_->mutex
+  std::thread worker_;
+};
+
+//! The channels of one communicator, created on first use per peer and direction.
+class p2p_router {
+ public:
+  //! `base` is copied into every link; sender, peer and key are filled in per link.
+  explicit p2p_router(link_setup base, std::string key_prefix) : base_(std::move(base)), prefix_(std::move(key_prefix)) {}
+
+  completion isend(const_buffer_view data, int peer, std::uint32_t tag, deadline until) {
+    return channel(sends_, peer, true).post(data, tag, until);
+  }
+  completion irecv(buffer_view out, int peer, std::uint32_t tag, deadline until) {
+    return channel(recvs_, peer, false).post(out, tag, until);
+  }
+  //! Stops every channel's worker (what is pending fails with errc::closed) and hands out the links'
+  //! communicators, so the owner can finalize them together with its own.
+  void stop(std::vector<comm_handle*>& links) {
+    std::lock_guard lock(mutex_);
+    for (auto& [peer, c] : sends_) c->request_stop();
+    for (auto& [peer, c] : recvs_) c->request_stop();
+    for (auto& [peer, c] : sends_) {
+      c->finish_stop();
+      links.push_back(&c->link().comm());
+    }
+    for (auto& [peer, c] : recvs_) {
+      c->finish_stop();
+      links.push_back(&c->link().comm());
+    }
+  }
+
+  //! Every channel's operation in flight gives up; the channels stay broken.
+  void interrupt(errc code, const std::string& reason) {
+    std::lock_guard lock(mutex_);
+    for (auto& [peer, c] : sends_) c->interrupt(code, reason);
+    for (auto& [peer, c] : recvs_) c->interrupt(code, reason);
+  }
+
+ private:
+  template <class Channel>
+  Channel& channel(std::map<int, std::unique_ptr<Channel>>& all, int peer, bool sender) {
+    std::lock_guard lock(mutex_);
+    auto& slot = all[peer];
+    if (!slot) {
+      link_setup s = base_;
+      s.peer = peer;
+      s.sender = sender;
+      const int from = sender ? base_.rank : peer, to = sender ? peer : base_.rank;
+      s.key = prefix_ + "/p2p/" + std::to_string(from) + "-" + std::to_string(to);
+      slot = std::make_unique<Channel>(std::move(s));
+    }
+    return *slot;
+  }
+
+  link_setup base_;
+  std::string prefix_;
+  std::mutex mutex_;
+  std::map<int, std::unique_ptr<send_channel>> sends_;
+  std::map<int, std::unique_ptr<recv_channel>> recvs_;
+};
+
+}  // namespace shardkit::backends::nccl_detail

@@ -1,0 +1,177 @@
+// The NCCL backend. Without a CUDA device (cudaGetDeviceCount fails or reports none) the device suite prints one
+// "[nccl] skipped: <reason>" line, which ctest reports as a skip; the checks that need no device (the header
+// compiles and models the concept, type and op mapping, error translation, creation failing cleanly) always run.
+//
+// With devices: ranks as threads, one per GPU (NCCL allows one rank of a communicator per device), run the
+// device-staged conformance suite; with two or more GPUs the same suite also runs with ranks as processes.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "nccl/device_conformance.hpp"
+#include "shardkit/backends/nccl.hpp"
+#include "shardkit/comm/process_group.hpp"
+#include "shardkit/rendezvous/env.hpp"
+#include "shardkit/rendezvous/memory_store.hpp"
+#include "support/harness.hpp"
+
+using namespace shardkit;
+using backends::nccl_communicator;
+using backends::nccl_options;
+
+namespace {
+
+comm::group_options test_group_options() {
+  comm::group_options o;
+  o.timeout = std::chrono::seconds(120);
+  return o;
+}
+
+nccl_options test_nccl_options(int device) {
+  nccl_options o;
+  o.device = device;
+  o.init_timeout = std::chrono::seconds(120);
+  o.shutdown_timeout = std::chrono::seconds(3);
+  return o;
+}
+
+// At most 8 ranks: one per visible GPU.
+int device_world() { return std::min(backends::cuda_device_count(), 8); }
+
+// One line, once per run, where there is nothing to run on.
+bool device_or_skip() {
+  std::string reason;
+  if (backends::nccl_device_available(&reason)) return true;
+  MESSAGE("[nccl] skipped: " << reason);
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("[nccl] the backend models the communicator concept and maps dtypes and ops") {
+  static_assert(comm::communicator<nccl_communicator>);
+  static_assert(std::is_move_constructible_v<nccl_communicator>);
+  using backends::nccl_detail::to_nccl;
+  CHECK(to_nccl(dtype::f32) == ncclFloat32);
+  CHECK(to_nccl(dtype::f64) == ncclFloat64);
+  CHECK(to_nccl(dtype::f16) == ncclFloat16);
+  CHECK(to_nccl(dtype::bf16) == ncclBfloat16);
+  CHECK(to_nccl(dtype::i32) == ncclInt32);
+  CHECK(to_nccl(dtype::i64) == ncclInt64);
+  CHECK(to_nccl(dtype::u8) == ncclUint8);
+  CHECK(to_nccl(reduce_op::sum) == ncclSum);
+  CHECK(to_nccl(reduce_op::prod) == ncclProd);
+  CHECK(to_nccl(reduce_op::min) == ncclMin);
+  CHECK(to_nccl(reduce_op::max) == ncclMax);
+  CHECK(to_nccl(reduce_op::avg) == ncclAvg);
+  CHECK(backends::nccl_version() >= NCCL_VERSION(2, 18, 0));
+}
+
+TEST_CASE("[nccl] CUDA and NCCL failures become shardkit errors naming the call, rank and group") {
+  const error_context ctx{.rank = 3, .operation = "all_reduce", .group = "train"};
+  try {
+    SHARDKIT_CUDA_CHECK(cudaErrorInvalidValue, ctx);
+    FAIL("no error raised");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::backend);
+    const std::string what = e.what();
+    CHECK(what.find("cudaErrorInvalidValue failed") != std::string::npos);
+    CHECK(what.find("[rank 3]") != std::string::npos);
+    CHECK(what.find("[group train]") != std::string::npos);
+  }
+  try {
+    backends::nccl_detail::check_nccl(ncclInvalidUsage, "ncclAllReduce(in, out, n, t, op, comm, stream)", ctx);
+    FAIL("no error raised");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::backend);
+    const std::string what = e.what();
+    CHECK(what.find("ncclAllReduce failed: ") != std::string::npos);
+    CHECK(what.find("(n, t") == std::string::npos);  // the call's name, not its arguments
+  }
+  CHECK(backends::nccl_detail::check_nccl(ncclInProgress, "ncclGroupEnd", ctx) == ncclInProgress);
+  CHECK(backends::nccl_detail::call_name("cudaSetDevice(opts.device)") == "cudaSetDevice");
+}
+
+TEST_CASE("[nccl] creation checks its arguments, and fails cleanly where there is no device") {
+  auto store = rendezvous::make_store<rendezvous::memory_store>();
+  CHECK_THROWS_WITH_AS(nccl_communicator::create(store, 2, 2), doctest::Contains("not within a world of 2"), error);
+  CHECK_THROWS_AS(nccl_communicator::create(rendezvous::any_store{}, 0, 1), error);
+  std::string reason;
+  if (!backends::nccl_device_available(&reason)) {
+    CHECK_FALSE(reason.empty());
+    CHECK(backends::cuda_device_count() == 0);
+    try {
+      (void)nccl_communicator::create(store, 0, 1);
+      FAIL("created a communicator without a device");
+    } catch (const error& e) {
+      CHECK(e.code() == errc::backend);
+      CHECK(std::string(e.what()).find("nccl.create") != std::string::npos);
+    }
+  }
+  ::setenv("LOCAL_RANK", "3", 1);
+  CHECK(nccl_options::from_env().device == 3);
+  ::setenv("LOCAL_RANK", "x", 1);
+  CHECK_THROWS_AS(nccl_options::from_env(), error);
+  ::unsetenv("LOCAL_RANK");
+}
+
+TEST_CASE("[nccl] device suite") {
+  if (!device_or_skip()) return;
+  const int n = device_world();
+  MESSAGE("[nccl] NCCL " << backends::nccl_version() << ", " << n << " rank(s), one per GPU");
+
+  SUBCASE("conformance with ranks as threads (one per GPU)") {
+    auto store = rendezvous::make_store<rendezvous::memory_store>();
+    std::atomic<int> counter{0};
+    test::nccl::device_options o;
+    o.counter = &counter;
+    test::run_threads(n, [&](int r) {
+      auto pg = comm::process_group::create(nccl_communicator::create(store, r, n, test_nccl_options(r)), test_group_options());
+      test::nccl::run_device_conformance(pg, r, o);
+    });
+  }
+
+  SUBCASE("collectives straight on the communicator then abort") {
+    auto store = rendezvous::make_store<rendezvous::memory_store>();
+    test::run_threads(n, [&](int r) {  // checks throw: doctest assertions stay on the main thread
+      auto c = nccl_communicator::create(store, r, n, test_nccl_options(r));
+      SCENARIO_CHECK(c.rank() == r && c.size() == n && c.device_ordinal() == r);
+      SCENARIO_CHECK(c.supports(device::cuda(r)));
+      SCENARIO_CHECK(!c.supports(device::host()) && !c.supports(device::cuda(r + 1)));
+      test::nccl::device_array a(r, test::nccl::filled(dtype::f32, 1000, 1));
+      c.all_reduce(a.view(), a.view(), reduce_op::sum, {});
+      SCENARIO_CHECK(a.download().get(999) == double(n * (1 + 999 % 7)));
+      c.barrier({});
+      auto twin = c.dup();
+      SCENARIO_CHECK(twin.size() == n && twin.rank() == r);
+      twin.barrier({});  // every rank is done with the split before any aborts the parent
+      c.abort("test abort");
+      SCENARIO_CHECK(c.broken_by() != nullptr);
+      try {
+        c.barrier({});
+        SCENARIO_CHECK(!"an aborted communicator ran a barrier");
+      } catch (const error& e) {
+        SCENARIO_CHECK(e.code() == errc::aborted);
+        SCENARIO_CHECK(std::string(e.what()).find("test abort") != std::string::npos);
+      }
+      twin.barrier({});  // a dup is a separate NCCL communicator: unaffected
+    });
+  }
+
+  SUBCASE("conformance with ranks as processes") {
+    if (n < 2) {
+      MESSAGE("[nccl] not run: ranks as processes need 2 GPUs, this machine has " << n);
+      return;
+    }
+    test::require_all_succeeded(test::run_processes(n, "nccl_conformance", {{"SHARDKIT_LOG", "error"}}, std::chrono::seconds(600)));
+  }
+}
+
+SHARDKIT_SCENARIO(nccl_conformance) {
+  const auto info = rendezvous::info_from_env();
+  auto store = rendezvous::connect_store(info);
+  auto pg = comm::process_group::create(
+      nccl_communicator::create(store, info.rank, info.world_size, test_nccl_options(info.local_rank)), test_group_options());
+  test::nccl::run_device_conformance(pg, info.local_rank);
+}

@@ -1,0 +1,365 @@
+// TCP transport, ranks as threads over loopback: data paths, ordering, errors, cancel, abort, the buffer budget.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "tcp_test_support.hpp"
+
+using namespace tcp_test;
+using namespace std::chrono_literals;
+namespace sk = shardkit;
+
+static_assert(sk::transport::p2p<tcp_transport>);
+
+TEST_CASE("[tcp] ping-pong of every size class, striped or not") {
+  auto opts = loopback_options();
+  SUBCASE("defaults: 2 streams, 512 KiB chunks") {}
+  SUBCASE("3 streams over two listeners, 1000-byte chunks") {
+    opts.streams_per_peer = 3;
+    opts.chunk_bytes = 1000;
+    opts.bind_addresses = {"127.0.0.1", "127.0.0.1"};
+  }
+  SUBCASE("1 stream, 2 io threads") {
+    opts.streams_per_peer = 1;
+    opts.io_threads = 2;
+  }
+  const std::vector<std::size_t> sizes{0,    1,    7,         999,           1000, 1001, 65537,
+                                       (512u << 10) - 1, 512u << 10, (512u << 10) + 1, (8u << 20) + 13};
+  run_world(2, opts, [&](tcp_transport& t) {
+    const int other = 1 - t.rank();
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const auto msg = pattern(sizes[i], unsigned(i));
+      std::vector<std::byte> back(sizes[i] + 5);
+      if (t.rank() == 0) {
+        auto s = t.send(other, i, cbytes(msg));
+        auto r = t.recv(other, i, wbytes(back));
+        wait_ok(s);
+        SCENARIO_CHECK(wait_ok(r) == sizes[i]);
+        SCENARIO_CHECK(std::equal(msg.begin(), msg.end(), back.begin()));
+      } else {  // echo
+        auto r = t.recv(other, i, wbytes(back));
+        const auto n = wait_ok(r);
+        SCENARIO_CHECK(n == sizes[i]);
+        wait_ok(t.send(other, i, std::span<const std::byte>(back.data(), n)));
+      }
+    }
+  });
+}
+
+TEST_CASE("[tcp] many outstanding sends and recvs, tags posted in different orders") {
+  auto opts = loopback_options();
+  opts.chunk_bytes = 4096;
+  opts.streams_per_peer = 3;
+  constexpr int n = 3, per_peer = 60;
+  run_world(n, opts, [&](tcp_transport& t) {
+    std::mt19937 rng(unsigned(t.rank()) + 17);
+    const auto size_of = [](int src, int tag) { return std::size_t((src * 7919 + tag * 104729) % 20000); };
+    std::vector<std::vector<std::byte>> out, in;
+    std::vector<sk::completion> ops;
+    std::vector<std::tuple<int, int, std::size_t>> expect;  // (src, tag, index into in)
+    for (int p = 0; p < n; ++p) {
+      if (p == t.rank()) continue;
+      std::vector<int> send_tags(per_peer), recv_tags(per_peer);
+      std::iota(send_tags.begin(), send_tags.end(), 0);
+      std::iota(recv_tags.begin(), recv_tags.end(), 0);
+      std::shuffle(send_tags.begin(), send_tags.end(), rng);
+      std::shuffle(recv_tags.begin(), recv_tags.end(), rng);
+      for (int k = 0; k < per_peer; ++k) {
+        // Receives are posted half before and half after the sends: both the direct and the buffered path.
+        if (k % 2 == 0) {
+          in.emplace_back(size_of(p, recv_tags[k]) + 1);
+          expect.emplace_back(p, recv_tags[k], in.size() - 1);
+          ops.push_back(t.recv(p, std::uint64_t(recv_tags[k]), wbytes(in.back())));
+        }
+        out.push_back(pattern(size_of(t.rank(), send_tags[k]), unsigned(t.rank() * 1000 + send_tags[k])));
+        ops.push_back(t.send(p, std::uint64_t(send_tags[k]), cbytes(out.back())));
+        if (k % 2 == 1) {
+          in.emplace_back(size_of(p, recv_tags[k]) + 1);
+          expect.emplace_back(p, recv_tags[k], in.size() - 1);
+          ops.push_back(t.recv(p, std::uint64_t(recv_tags[k]), wbytes(in.back())));
+        }
+      }
+    }
+    SCENARIO_CHECK(sk::wait_all(ops, sk::deadline_after(15s)));
+    for (const auto& [src, tag, idx] : expect) {
+      const auto want = pattern(size_of(src, tag), unsigned(src * 1000 + tag));
+      SCENARIO_CHECK(std::equal(want.begin(), want.end(), in[idx].begin()));
+    }
+  });
+}
+
+TEST_CASE("[tcp] one tag keeps its order when big striped and tiny messages interleave") {
+  auto opts = loopback_options();
+  opts.chunk_bytes = 4096;
+  opts.streams_per_peer = 4;
+  constexpr int count = 120;
+  const auto size_of = [](int i) { return i % 3 == 0 ? std::size_t(100'000 + i) : std::size_t(i % 11); };
+  run_world(2, opts, [&](tcp_transport& t) {
+    if (t.rank() == 0) {
+      std::vector<std::vector<std::byte>> msgs;
+      std::vector<sk::completion> sends;
+      for (int i = 0; i < count; ++i) {
+        msgs.push_back(pattern(size_of(i), unsigned(i)));
+        sends.push_back(t.send(1, 42, cbytes(msgs.back())));
+      }
+      SCENARIO_CHECK(sk::wait_all(sends, sk::deadline_after(15s)));
+    } else {
+      std::vector<std::vector<std::byte>> in(count, std::vector<std::byte>(100'200));
+      std::vector<sk::completion> recvs;
+      for (int i = 0; i < count / 2; ++i) recvs.push_back(t.recv(0, 42, wbytes(in[std::size_t(i)])));
+      std::this_thread::sleep_for(50ms);  // the rest arrive before their recvs
+      for (int i = count / 2; i < count; ++i) recvs.push_back(t.recv(0, 42, wbytes(in[std::size_t(i)])));
+      for (int i = 0; i < count; ++i) {
+        SCENARIO_CHECK(wait_ok(recvs[std::size_t(i)]) == size_of(i));
+        const auto want = pattern(size_of(i), unsigned(i));
+        SCENARIO_CHECK(std::equal(want.begin(), want.end(), in[std::size_t(i)].begin()));
+      }
+    }
+  });
+}
+
+TEST_CASE("[tcp] a message larger than its recv fails that recv with errc::protocol; the link survives") {
+  auto opts = loopback_options();
+  opts.chunk_bytes = 64 << 10;
+  run_world(2, opts, [&](tcp_transport& t) {
+    const auto big = pattern(1 << 20, 1), small = pattern(10, 2), mid = pattern(100, 3);
+    if (t.rank() == 0) {
+      // 1: striped and too big for a posted recv; 2: fits; 3: too big, arrives before its recv; 4: fits.
+      std::vector<sk::completion> s{t.send(1, 1, cbytes(big)), t.send(1, 1, cbytes(small)),
+                                    t.send(1, 2, cbytes(mid)), t.send(1, 2, cbytes(small))};
+      SCENARIO_CHECK(sk::wait_all(s, sk::deadline_after(15s)));
+      std::vector<std::byte> ack(1);
+      wait_ok(t.recv(1, 9, wbytes(ack)));
+    } else {
+      std::vector<std::byte> a(1000), b(1000), c(50), d(50);
+      auto ra = t.recv(0, 1, wbytes(a));
+      auto rb = t.recv(0, 1, wbytes(b));
+      const auto e = wait_error(ra, sk::errc::protocol);
+      SCENARIO_CHECK(std::string(e.what()).find("does not fit") != std::string::npos);
+      SCENARIO_CHECK(e.context().peer == 0);
+      SCENARIO_CHECK(wait_ok(rb) == small.size());
+      SCENARIO_CHECK(std::equal(small.begin(), small.end(), b.begin()));
+      std::this_thread::sleep_for(50ms);
+      wait_error(t.recv(0, 2, wbytes(c)), sk::errc::protocol);
+      SCENARIO_CHECK(wait_ok(t.recv(0, 2, wbytes(d))) == small.size());
+      SCENARIO_CHECK(std::equal(small.begin(), small.end(), d.begin()));
+      std::vector<std::byte> ack(1);
+      wait_ok(t.send(0, 9, cbytes(ack)));
+    }
+  });
+}
+
+TEST_CASE("[tcp] cancel withdraws a pending recv and the next recv gets the message") {
+  run_world(2, loopback_options(), [&](tcp_transport& t) {
+    const auto msg = pattern(3000, 5);
+    std::vector<std::byte> go(1);
+    if (t.rank() == 1) {
+      std::vector<std::byte> first(3000), second(3000);
+      auto r = t.recv(0, 5, wbytes(first));
+      SCENARIO_CHECK(r.cancel());
+      wait_error(r, sk::errc::aborted, 1s);
+      SCENARIO_CHECK(!r.cancel());
+      wait_ok(t.send(0, 1, cbytes(go)));  // only now may rank 0 send
+      auto r2 = t.recv(0, 5, wbytes(second));
+      SCENARIO_CHECK(wait_ok(r2) == msg.size());
+      SCENARIO_CHECK(std::equal(msg.begin(), msg.end(), second.begin()));
+      SCENARIO_CHECK(!r2.cancel());  // done: nothing to withdraw
+      SCENARIO_CHECK(std::all_of(first.begin(), first.end(), [](std::byte b) { return b == std::byte{0}; }));
+    } else {
+      wait_ok(t.recv(1, 1, wbytes(go)));
+      wait_ok(t.send(1, 5, cbytes(msg)));
+    }
+  });
+}
+
+TEST_CASE("[tcp] cancelling many recvs of one tag leaves the later ones in order") {
+  run_world(2, loopback_options(), [&](tcp_transport& t) {
+    std::vector<std::byte> go(1);
+    if (t.rank() == 1) {
+      std::vector<std::vector<std::byte>> bufs(10, std::vector<std::byte>(8));
+      std::vector<sk::completion> rs;
+      for (auto& b : bufs) rs.push_back(t.recv(0, 3, wbytes(b)));
+      for (int i = 0; i < 10; i += 2) SCENARIO_CHECK(rs[std::size_t(i)].cancel());
+      wait_ok(t.send(0, 1, cbytes(go)));
+      for (int i = 1; i < 10; i += 2) {
+        SCENARIO_CHECK(wait_ok(rs[std::size_t(i)]) == 8);
+        SCENARIO_CHECK(bufs[std::size_t(i)][0] == std::byte(i / 2));
+      }
+    } else {
+      wait_ok(t.recv(1, 1, wbytes(go)));
+      std::vector<std::vector<std::byte>> msgs;
+      for (int i = 0; i < 5; ++i) msgs.emplace_back(8, std::byte(i));
+      for (auto& m : msgs) wait_ok(t.send(1, 3, cbytes(m)));
+    }
+  });
+}
+
+TEST_CASE("[tcp] a closed peer fails pending and later operations with errc::peer_lost naming it") {
+  auto store = fresh_store();
+  std::atomic<bool> rank1_gone{false};
+  sk::test::run_threads(3, [&](int rank) {
+    auto t = tcp_transport::connect(store, rank, 3, loopback_options());
+    std::vector<std::byte> buf(16), one(1);
+    if (rank == 1) {
+      wait_ok(t->send(0, 7, cbytes(one)));  // a message sent before leaving is still delivered
+      wait_ok(t->recv(0, 8, wbytes(one)));  // rank 0 has posted its pending recv
+      t.reset();
+      rank1_gone = true;
+      return;
+    }
+    if (rank == 0) {
+      auto pending = t->recv(1, 99, wbytes(buf));
+      wait_ok(t->send(1, 8, cbytes(one)));
+      const auto e = wait_error(pending, sk::errc::peer_lost);
+      SCENARIO_CHECK(e.context().peer == 1);
+      const std::string what = e.what();
+      SCENARIO_CHECK(what.find("rank 1") != std::string::npos);
+      SCENARIO_CHECK(what.find("127.0.0.1:") != std::string::npos);
+      wait_error(t->send(1, 5, cbytes(buf)), sk::errc::peer_lost);
+      wait_error(t->recv(1, 6, wbytes(buf)), sk::errc::peer_lost);
+      SCENARIO_CHECK(wait_ok(t->recv(1, 7, wbytes(buf))) == 1);  // arrived before the loss
+    }
+    while (!rank1_gone) std::this_thread::sleep_for(1ms);
+    // Ranks 0 and 2 are unaffected.
+    const int other = rank == 0 ? 2 : 0;
+    const auto msg = pattern(2 << 20, unsigned(rank));
+    std::vector<std::byte> in(2 << 20);
+    auto r = t->recv(other, 1, wbytes(in));
+    wait_ok(t->send(other, 1, cbytes(msg)));
+    wait_ok(r);
+    const auto want = pattern(2 << 20, unsigned(other));
+    SCENARIO_CHECK(in == want);
+    std::vector<std::byte> bye(1);
+    auto rb = t->recv(other, 2, wbytes(bye));
+    wait_ok(t->send(other, 2, cbytes(bye)));
+    wait_ok(rb);
+  });
+}
+
+TEST_CASE("[tcp] abort fails outstanding and later operations with the reason; the peer sees peer_lost") {
+  run_world(2, loopback_options(), [&](tcp_transport& t) {
+    std::vector<std::byte> buf(64), one(1);
+    if (t.rank() == 0) {
+      auto pending = t.recv(1, 1, wbytes(buf));
+      wait_ok(t.recv(1, 2, wbytes(one)));  // rank 1 is ready
+      t.abort(std::make_exception_ptr(sk::error(sk::errc::aborted, "test abort")));
+      SCENARIO_CHECK(pending.is_done());  // abort returns once everything has failed
+      const auto e = wait_error(pending, sk::errc::aborted);
+      SCENARIO_CHECK(std::string(e.what()).find("test abort") != std::string::npos);
+      wait_error(t.send(1, 3, cbytes(buf)), sk::errc::aborted);
+    } else {
+      auto pending = t.recv(0, 4, wbytes(buf));
+      wait_ok(t.send(0, 2, cbytes(one)));
+      wait_error(pending, sk::errc::peer_lost);
+    }
+  });
+}
+
+TEST_CASE("[tcp] destroying the transport fails its own pending operations with errc::closed") {
+  auto store = fresh_store();
+  sk::completion pending;
+  std::vector<std::byte> buf(8);
+  std::atomic<bool> rank0_gone{false};
+  sk::test::run_threads(2, [&](int rank) {
+    auto t = tcp_transport::connect(store, rank, 2, loopback_options());
+    if (rank == 0) {
+      pending = t->recv(1, 1, wbytes(buf));
+      t.reset();  // before rank 1 leaves, so the failure is ours (closed), not the peer's (peer_lost)
+      rank0_gone = true;
+    } else {
+      while (!rank0_gone) std::this_thread::sleep_for(1ms);
+    }
+  });
+  wait_error(pending, sk::errc::closed, 1s);
+}
+
+TEST_CASE("[tcp] with a bounded unexpected-message budget, parked messages land directly in late recvs") {
+  auto opts = loopback_options();
+  opts.chunk_bytes = 16 << 10;
+  opts.max_unexpected_bytes = 64 << 10;
+  constexpr int count = 12;
+  run_world(2, opts, [&](tcp_transport& t) {
+    const auto size_of = [](int i) { return std::size_t(40'000 + i * 1000); };
+    if (t.rank() == 0) {
+      std::vector<std::vector<std::byte>> msgs;
+      std::vector<sk::completion> sends;
+      for (int i = 0; i < count; ++i) {
+        msgs.push_back(pattern(size_of(i), unsigned(i)));
+        sends.push_back(t.send(1, std::uint64_t(i), cbytes(msgs.back())));
+      }
+      SCENARIO_CHECK(sk::wait_all(sends, sk::deadline_after(15s)));
+    } else {
+      std::this_thread::sleep_for(100ms);  // far more than 64 KiB is waiting now
+      std::vector<std::vector<std::byte>> in(count, std::vector<std::byte>(60'000));
+      std::vector<sk::completion> recvs(count);
+      for (int i = count - 1; i >= 0; --i) recvs[std::size_t(i)] = t.recv(0, std::uint64_t(i), wbytes(in[std::size_t(i)]));
+      for (int i = 0; i < count; ++i) {
+        SCENARIO_CHECK(wait_ok(recvs[std::size_t(i)]) == size_of(i));
+        const auto want = pattern(size_of(i), unsigned(i));
+        SCENARIO_CHECK(std::equal(want.begin(), want.end(), in[std::size_t(i)].begin()));
+      }
+    }
+  });
+}
+
+TEST_CASE("[tcp] send, recv and cancel are safe from many threads at once") {
+  auto opts = loopback_options();
+  opts.chunk_bytes = 8192;
+  run_world(2, opts, [&](tcp_transport& t) {
+    constexpr int threads = 4, per_thread = 50;
+    const int other = 1 - t.rank();
+    sk::test::run_threads(threads, [&](int k) {
+      std::vector<std::vector<std::byte>> out, in;
+      std::vector<sk::completion> ops;
+      out.reserve(per_thread);
+      in.reserve(per_thread);
+      for (int i = 0; i < per_thread; ++i) {
+        const std::uint64_t tag = std::uint64_t(k) << 32 | std::uint64_t(i);
+        out.push_back(pattern(std::size_t(i * 997), unsigned(tag)));
+        in.emplace_back(std::size_t(i * 997));
+        ops.push_back(t.recv(other, tag, wbytes(in.back())));
+        ops.push_back(t.send(other, tag, cbytes(out.back())));
+        std::vector<std::byte> never(1);
+        auto doomed = t.recv(other, ~tag, wbytes(never));  // a tag nobody sends: must be withdrawable
+        SCENARIO_CHECK(doomed.cancel());
+      }
+      SCENARIO_CHECK(sk::wait_all(ops, sk::deadline_after(15s)));
+      for (int i = 0; i < per_thread; ++i) SCENARIO_CHECK(in[std::size_t(i)] == out[std::size_t(i)]);
+    });
+  });
+}
+
+TEST_CASE("[tcp] invalid peers are rejected; a world of one connects to nobody") {
+  run_world(1, loopback_options(), [&](tcp_transport& t) {
+    std::vector<std::byte> b(1);
+    SCENARIO_CHECK(t.size() == 1);
+    bool threw = false;
+    try {
+      (void)t.send(0, 1, cbytes(b));
+    } catch (const sk::error& e) {
+      threw = e.code() == sk::errc::invalid_argument;
+    }
+    SCENARIO_CHECK(threw);
+  });
+  CHECK_THROWS_AS(tcp_transport::connect(fresh_store(), 2, 2, loopback_options()), sk::error);
+}
+
+TEST_CASE("[tcp] a store reused for a second transport does not mix the incarnations") {
+  auto store = fresh_store();
+  for (int round = 0; round < 3; ++round) {
+    std::barrier done(2);
+    sk::test::run_threads(2, [&](int rank) {
+      auto t = tcp_transport::connect(store, rank, 2, loopback_options());
+      std::vector<std::byte> v(4, std::byte(round)), in(4);
+      auto r = t->recv(1 - rank, 0, wbytes(in));
+      wait_ok(t->send(1 - rank, 0, cbytes(v)));
+      wait_ok(r);
+      SCENARIO_CHECK(in == v);
+      done.arrive_and_wait();
+    });
+  }
+}
