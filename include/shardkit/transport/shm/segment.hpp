@@ -143,13 +143,6 @@ inline void ring_doorbell(segment_header& h) noexcept {
     futex_wake_all(h.doorbell);
 }
 
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
 
 // ---- process liveness ----
 
