@@ -292,10 +292,19 @@ inline void device_barrier_and_p2p(comm::process_group& pg, int dev, std::atomic
   q3.wait();
   if (g1.download().get(0) != 1 || g2.download().get(0) != 2) conformance_detail::fail("messages with one tag were reordered");
 
-  device_array never(dev, dtype::f32, 4);
+  // Allocated before the receive below is posted: while a receive waits, an NCCL kernel is parked on this device
+  // and cudaMalloc / cudaFree could wait for it.
+  device_array never(dev, dtype::f32, 4), late_in(dev, filled(dtype::i32, 1, me)), late_out(dev, dtype::i32, 1);
   auto orphan = pg.recv(never.view(), prev, 1234);
   if (!orphan.handle().cancel()) conformance_detail::fail("a posted receive could not be cancelled");
   expect_cancelled(orphan);
+  // NCCL cannot withdraw the header receive already waiting on the link from prev; the next message (another
+  // tag) completes it, so nothing stays parked.
+  pg.barrier().wait();
+  auto late = pg.send(late_in.view(), next, 1235);
+  pg.recv(late_out.view(), prev, 1235).wait();
+  late.wait();
+  if (late_out.download().get(0) != prev) conformance_detail::fail("the message after a cancelled receive went astray");
   pg.barrier().wait();
 }
 

@@ -4,6 +4,7 @@
 //
 // With devices: ranks as threads, one per GPU (NCCL allows one rank of a communicator per device), run the
 // device-staged conformance suite; with two or more GPUs the same suite also runs with ranks as processes.
+// The same test cases are linked a second time, against cuda_nccl_model.cpp, as nccl_model_test.
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -132,7 +133,7 @@ TEST_CASE("[nccl] device suite") {
     });
   }
 
-  SUBCASE("collectives straight on the communicator then abort") {
+  SUBCASE("the communicator used directly: collectives, abort, point-to-point deadlines and shutdown") {
     auto store = rendezvous::make_store<rendezvous::memory_store>();
     test::run_threads(n, [&](int r) {  // checks throw: doctest assertions stay on the main thread
       auto c = nccl_communicator::create(store, r, n, test_nccl_options(r));
@@ -156,6 +157,35 @@ TEST_CASE("[nccl] device suite") {
         SCENARIO_CHECK(std::string(e.what()).find("test abort") != std::string::npos);
       }
       twin.barrier({});  // a dup is a separate NCCL communicator: unaffected
+      if (n == 1) return;
+      // Point-to-point from a peer that never sends: a deadline ends the receive with errc::timeout (and breaks
+      // that peer's link); destroying the communicator fails a receive still pending with errc::closed.
+      const int peer = (r + 1) % n;
+      {
+        test::nccl::device_array buf(r, dtype::f32, 16);  // outlives the receives into it
+        auto trio = twin.dup();
+        try {
+          trio.recv(buf.view(), peer, 98, {.until = steady_clock::now() + std::chrono::milliseconds(300)});
+          SCENARIO_CHECK(!"a receive from a silent peer completed");
+        } catch (const error& e) {
+          SCENARIO_CHECK(e.code() == errc::timeout);
+          SCENARIO_CHECK(e.context().peer == peer);
+        }
+        trio.barrier({});
+      }
+      completion pending;
+      {
+        test::nccl::device_array buf(r, dtype::f32, 16);
+        auto quad = twin.dup();
+        pending = quad.irecv(buf.view(), peer, 99, {});
+        quad.barrier({});
+      }
+      try {
+        pending.wait();
+        SCENARIO_CHECK(!"a receive outlived its communicator");
+      } catch (const error& e) {
+        SCENARIO_CHECK(e.code() == errc::closed);
+      }
     });
   }
 

@@ -22,7 +22,11 @@
 //!   (the legacy default stream unless changed; nullopt turns this off when the caller synchronises itself).
 //! - **Point-to-point** (isend / irecv, which process_group's send / recv use) runs on lazily created two-rank
 //!   communicators, one per direction and peer, each served by a worker thread; tags are honoured (see
-//!   nccl/p2p_channels.hpp). Blocking send / recv are isend / irecv plus a wait.
+//!   nccl/p2p_channels.hpp). Blocking send / recv are isend / irecv plus a wait. A send completes once the peer
+//!   has posted a receive. As with any NCCL receive, a posted receive parks a kernel on the GPU until its message
+//!   arrives (cancel() withdraws the receive, not that kernel: the next message from that peer releases it), and
+//!   cudaFree / cudaDeviceSynchronize on the device wait for parked kernels: do not free device memory while
+//!   waiting for a peer that waits for you. The backend's own allocations are stream-ordered for that reason.
 //! - **Averages** use ncclAvg for every dtype: integers sum then divide truncating toward zero (as the host
 //!   algorithms do); floating types pre-multiply by 1/size then sum, which can differ from sum-then-divide in the
 //!   last place when size is not a power of two.
@@ -62,7 +66,9 @@ struct nccl_options {
   std::chrono::milliseconds init_timeout{std::chrono::minutes(5)};  //!< create(): store wait + NCCL init; <= 0 waits forever
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(10)};  //!< ncclCommFinalize before falling back to abort
   std::chrono::microseconds busy_poll{200};  //!< how long a wait spins before it starts sleeping between polls
-  std::optional<cudaStream_t> order_after = cudaStreamLegacy;  //!< stream whose queued work each operation waits for
+  //! Stream whose queued work each operation waits for (cudaStreamPerThread for --default-stream per-thread
+  //! programs); nullopt when the caller synchronises itself.
+  std::optional<cudaStream_t> order_after = cudaStreamLegacy;
   int cga_cluster_size = 0, min_ctas = 0, max_ctas = 0;        //!< ncclConfig_t tuning; 0 keeps NCCL's default
 
   //! device from LOCAL_RANK (torchrun and shardkit-run set it), the rest defaulted.
@@ -308,7 +314,7 @@ class nccl_communicator {
   }
   //! The failure that ended this communicator, if any.
   std::exception_ptr broken_by() const {
-    std::lock_guard lock(self().mutex);
+    std::lock_guard lock(self().broken_mutex);
     return self().broken;
   }
 
@@ -326,14 +332,15 @@ class nccl_communicator {
     nccl_detail::cuda_event done, ready;
     nccl_detail::device_memory scratch, barrier_cell;
     nccl_detail::interrupt_flag interrupt;
+    mutable std::mutex broken_mutex;  // broken_by() must not wait for a collective in flight
     std::exception_ptr broken;
     std::uint64_t splits = 0;
     std::unique_ptr<nccl_detail::p2p_router> p2p;
 
     state(nccl_options o, rendezvous::any_store st, std::string pre, const error_context& ctx)
         : opts(std::move(o)), prefix(std::move(pre)), store(std::move(st)), comm(opts.device), stream(opts.device, ctx),
-          done(opts.device, ctx), ready(opts.device, ctx), scratch(), barrier_cell(opts.device, sizeof(std::int32_t), ctx) {
-      scratch.set_device(opts.device);
+          done(opts.device, ctx), ready(opts.device, ctx), barrier_cell(opts.device, stream.get(), sizeof(std::int32_t), ctx) {
+      scratch.bind(opts.device, stream.get());
     }
     ~state() {
       std::vector<nccl_detail::comm_handle*> all{&comm};
@@ -370,23 +377,30 @@ class nccl_communicator {
 
     void mark_broken(std::exception_ptr e) noexcept {
       comm.abort();
+      std::lock_guard lock(broken_mutex);
       if (!broken) broken = std::move(e);
     }
     //! Throws errc::aborted when an earlier failure (or abort()) ended the communicator.
     void check_usable(const error_context& ctx) {
       absorb_interrupt();
-      if (!broken) return;
+      std::exception_ptr cause_ptr;
+      {
+        std::lock_guard lock(broken_mutex);
+        cause_ptr = broken;
+      }
+      if (!cause_ptr) return;
       std::string cause = "unknown failure";
       try {
-        std::rethrow_exception(broken);
+        std::rethrow_exception(cause_ptr);
       } catch (const std::exception& e) {
         cause = e.what();
       } catch (...) {
       }
       throw error(errc::aborted, "the NCCL communicator was aborted earlier: " + cause, ctx);
     }
+    //! Under `mutex`: an abort() that found the communicator busy is carried out by the next call.
     void absorb_interrupt() noexcept {
-      if (!broken && interrupt.raised()) mark_broken(std::make_exception_ptr(interrupt.to_error("the communicator", context("abort"))));
+      if (interrupt.raised() && comm) mark_broken(std::make_exception_ptr(interrupt.to_error("the communicator", context("abort"))));
     }
 
     void check_p2p(const char* op, const_buffer_view b, int peer) const {

@@ -99,32 +99,51 @@ class cuda_event {
 };
 
 //! Device memory owned by the backend: message headers, staging for in-place exchanges, unexpected messages.
+//!
+//! Stream-ordered (cudaMallocAsync / cudaFreeAsync on the owner's stream) because cudaFree waits for the whole
+//! device, and an NCCL kernel parked on a peer (a posted receive, a collective a peer has not joined yet) would
+//! make it wait for that peer, which may be waiting for this very thread: the classic NCCL + cudaFree hang.
+//! Devices without memory pools fall back to cudaMalloc / cudaFree.
 class device_memory {
  public:
   device_memory() = default;
-  device_memory(int device, std::size_t bytes, const error_context& ctx) : device_(device) { reserve(bytes, ctx); }
+  device_memory(int device, cudaStream_t stream, std::size_t bytes, const error_context& ctx) : device_(device), stream_(stream) {
+    reserve(bytes, ctx);
+  }
   device_memory(device_memory&& o) noexcept
-      : device_(o.device_), data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+      : device_(o.device_), stream_(o.stream_), data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)),
+        pooled_(o.pooled_) {}
   device_memory& operator=(device_memory&& o) noexcept {
     std::swap(device_, o.device_);
+    std::swap(stream_, o.stream_);
     std::swap(data_, o.data_);
     std::swap(bytes_, o.bytes_);
+    std::swap(pooled_, o.pooled_);
     return *this;
   }
   ~device_memory() { release(); }
 
-  //! Grows to at least `bytes` (contents are not kept). Callers own the ordering: nothing may still use the old
-  //! allocation on the GPU.
+  //! For members built before their stream: where later allocations come from. The stream must outlive this.
+  void bind(int device, cudaStream_t stream) noexcept {
+    device_ = device;
+    stream_ = stream;
+  }
+
+  //! Grows to at least `bytes` (contents are not kept). The new memory is ready in the order of the bound stream;
+  //! the old allocation is released in that order too, so work already queued there may still use it.
   void reserve(std::size_t bytes, const error_context& ctx) {
     if (bytes <= bytes_ && data_) return;
     release();
     device_guard guard(device_, ctx);
     void* p = nullptr;
-    SHARDKIT_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes), ctx);
+    const std::size_t n = bytes == 0 ? 1 : bytes;
+    cudaError_t e = cudaMallocAsync(&p, n, stream_);
+    pooled_ = e == cudaSuccess;
+    if (e == cudaErrorNotSupported) e = cudaMalloc(&p, n);
+    if (e != cudaSuccess) throw_cuda(e, pooled_ ? "cudaMallocAsync" : "cudaMalloc", ctx);
     data_ = static_cast<std::byte*>(p);
     bytes_ = bytes;
   }
-  void set_device(int device) noexcept { device_ = device; }
 
   std::byte* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return bytes_; }
@@ -133,13 +152,16 @@ class device_memory {
   void release() noexcept {
     if (!data_) return;
     device_guard guard(device_, device_guard::quiet_t{});
-    log_release_failure("cudaFree", cudaFree(data_));
+    if (pooled_) log_release_failure("cudaFreeAsync", cudaFreeAsync(data_, stream_));
+    else log_release_failure("cudaFree", cudaFree(data_));
     data_ = nullptr;
     bytes_ = 0;
   }
   int device_ = 0;
+  cudaStream_t stream_ = nullptr;
   std::byte* data_ = nullptr;
   std::size_t bytes_ = 0;
+  bool pooled_ = false;
 };
 
 }  // namespace shardkit::backends::nccl_detail

@@ -8,8 +8,11 @@
 //! tag arrive in order, messages of different tags may be received in any order, and a send completes once the
 //! receiver has posted some receive (NCCL has no buffering of its own for a send nobody receives).
 //!
-//! A failed or timed-out operation aborts its link: every pending and later operation on that channel fails
-//! with the first error. Destroying the channels fails what is still pending with errc::closed.
+//! Deadlines: a send's wait is bounded by its own; a receive channel's wait for the next header by the earliest
+//! deadline among the receives posted from that peer. A failed or timed-out operation aborts its link: every
+//! pending and later operation on that channel fails with the first error. Destroying the channels fails what is
+//! still pending with errc::closed. Each link is a full NCCL communicator (its own buffers on the GPU), so a rank
+//! that talks point-to-point with k peers in both directions holds 2k of them.
 #include <algorithm>
 #include <condition_variable>
 #include <cstdint>
@@ -286,7 +289,7 @@ class recv_channel {
           continue;
         }
         // Unexpected, or the wrong size for the receive that matched: keep the link in step by taking the payload.
-        device_memory held(link_.setup().device, h.bytes, link_.context("recv"));
+        device_memory held = link_.allocate(h.bytes, link_.context("recv"));
         link_.recv_payload(held.data(), h.bytes, w);
         if (target) {
           target->done.set_error(size_mismatch(h.bytes, target->out.size_bytes(), link_.context("recv")));

@@ -53,7 +53,7 @@ struct link_setup {
 
 class pair_link {
  public:
-  explicit pair_link(link_setup s) : setup_(std::move(s)), comm_(setup_.device) { header_.set_device(setup_.device); }
+  explicit pair_link(link_setup s) : setup_(std::move(s)), comm_(setup_.device) {}
   pair_link(const pair_link&) = delete;
   pair_link& operator=(const pair_link&) = delete;
   ~pair_link() { close(); }
@@ -75,6 +75,7 @@ class pair_link {
     stream_ = cuda_stream(setup_.device, ctx);
     event_ = cuda_event(setup_.device, ctx);
     if (setup_.order_after) ready_ = cuda_event(setup_.device, ctx);
+    header_.bind(setup_.device, stream_.get());
     header_.reserve(sizeof(message_header), ctx);
     ncclUniqueId id{};
     if (setup_.sender) {
@@ -136,6 +137,11 @@ class pair_link {
     device_guard guard(setup_.device, ctx);
     order_after_caller(ctx);
     transfer(ncclRecv(dst, bytes, ncclUint8, other(), comm_.get(), stream_.get()), "ncclRecv", w, ctx);
+  }
+
+  //! Device memory in the order of the link's stream (for a message that arrived before its receive).
+  device_memory allocate(std::size_t bytes, const error_context& ctx) {
+    return device_memory(setup_.device, stream_.get(), bytes, ctx);
   }
 
   //! Copies a stashed (unexpected) message into the buffer of the receive that finally asked for it, on a

@@ -1,0 +1,495 @@
+// A host-memory model of the CUDA runtime and NCCL calls the NCCL backend makes, linked into nccl_model_test in
+// place of libcudart and libnccl, so the backend's own logic (deadlines and aborts, nonblocking initialisation,
+// tagged point-to-point over pair links, splits, the offsets of all_gatherv / all_to_allv, shutdown) runs on
+// machines without a GPU. It models NCCL's contract, not its performance or its bugs: only a GPU run
+// (nccl_test, scripts/gpu-check) says anything about NCCL itself.
+//
+// The model: "device" memory is host memory; each stream is a thread running its queue in order (the legacy
+// stream runs work inline); events are flags set by the stream; every NCCL operation is a stream task that
+// rendezvouses with the other ranks (threads) and blocks its stream, as a kernel would, until they arrive or the
+// communicator is aborted. Nonblocking communicators report ncclInProgress until every rank has joined.
+// SHARDKIT_MODEL_CUDA_DEVICES sets the device count (default 4). A CUDA or NCCL call the backend starts to use
+// must be modelled here too (the test does not link otherwise).
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "shardkit/core/reduce_op.hpp"
+
+namespace {
+
+thread_local int current_device = 0;
+
+struct model_stream {
+  std::mutex m;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> q;
+  bool busy = false;
+  std::thread t;
+  model_stream() {
+    t = std::thread([this] {
+      for (;;) {
+        std::function<void()> f;
+        {
+          std::unique_lock l(m);
+          cv.wait(l, [&] { return !q.empty(); });
+          f = std::move(q.front());
+          q.pop_front();
+          busy = true;
+        }
+        if (!f) return;
+        f();
+        {
+          std::lock_guard l(m);
+          busy = false;
+        }
+        cv.notify_all();
+      }
+    });
+  }
+  void push(std::function<void()> f) {
+    {
+      std::lock_guard l(m);
+      q.push_back(std::move(f));
+    }
+    cv.notify_all();
+  }
+  void sync() {
+    std::unique_lock l(m);
+    cv.wait(l, [&] { return q.empty() && !busy; });
+  }
+};
+
+bool is_legacy(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread; }
+void run_on(cudaStream_t s, std::function<void()> f) {
+  if (is_legacy(s)) f();
+  else reinterpret_cast<model_stream*>(s)->push(std::move(f));
+}
+
+struct model_event {
+  std::mutex m;
+  std::shared_ptr<std::atomic<bool>> latest = std::make_shared<std::atomic<bool>>(true);
+};
+
+// ---- NCCL ----
+struct world;
+struct model_comm {
+  std::shared_ptr<world> w;
+  int rank = 0;
+  std::atomic<bool> aborted{false};
+  std::atomic<int> state{ncclInProgress};
+  std::uint64_t coll_seq = 0, split_seq = 0;
+};
+
+struct coll_arg {
+  const void* send;
+  void* recv;
+  size_t count;
+  ncclDataType_t dt;
+  ncclRedOp_t op;
+  int root;
+  int kind;
+};
+struct coll_slot {
+  std::vector<coll_arg> args;
+  int arrived = 0;
+  bool done = false;
+};
+struct p2p_msg {
+  const void* data;
+  size_t bytes;
+  std::shared_ptr<std::atomic<bool>> taken;
+};
+struct split_slot {
+  std::vector<std::tuple<int, int>> ck;  // color, key per parent rank
+  std::vector<model_comm*> out;
+  int arrived = 0;
+};
+
+struct world {
+  int n;
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<model_comm*> members;
+  int joined = 0;
+  std::map<std::uint64_t, coll_slot> colls;
+  std::map<std::pair<int, int>, std::deque<p2p_msg>> p2p;
+  std::map<std::uint64_t, split_slot> splits;
+  explicit world(int n_) : n(n_), members(n_, nullptr) {}
+};
+
+std::mutex registry_mutex;
+std::map<std::string, std::shared_ptr<world>> registry;
+std::atomic<int> id_counter{0};
+
+thread_local int group_depth = 0;
+struct pending_p2p {
+  bool send;
+  void* data;
+  size_t bytes;
+  int peer;
+  model_comm* comm;
+  cudaStream_t stream;
+};
+thread_local std::vector<pending_p2p> group_ops;
+
+shardkit::dtype to_shardkit(ncclDataType_t t) {
+  switch (t) {
+    case ncclFloat32: return shardkit::dtype::f32;
+    case ncclFloat64: return shardkit::dtype::f64;
+    case ncclFloat16: return shardkit::dtype::f16;
+    case ncclBfloat16: return shardkit::dtype::bf16;
+    case ncclInt32: return shardkit::dtype::i32;
+    case ncclInt64: return shardkit::dtype::i64;
+    default: return shardkit::dtype::u8;
+  }
+}
+shardkit::reduce_op to_shardkit(ncclRedOp_t op) {
+  switch (op) {
+    case ncclSum: return shardkit::reduce_op::sum;
+    case ncclProd: return shardkit::reduce_op::prod;
+    case ncclMin: return shardkit::reduce_op::min;
+    case ncclMax: return shardkit::reduce_op::max;
+    default: return shardkit::reduce_op::avg;
+  }
+}
+size_t esize(ncclDataType_t t) { return shardkit::size_of(to_shardkit(t)); }
+
+enum { k_allreduce, k_allgather, k_reducescatter, k_bcast, k_reduce };
+
+void compute(world& w, coll_slot& s) {
+  const auto& a0 = s.args[0];
+  for (const auto& a : s.args)  // NCCL would compute garbage or hang; here a disagreement is a loud failure
+    if (a.kind != a0.kind || a.count != a0.count || a.dt != a0.dt || a.op != a0.op || a.root != a0.root) {
+      std::fprintf(stderr, "cuda_nccl_model: ranks called collective #%d with different arguments\n", a0.kind);
+      std::abort();
+    }
+  const size_t es = esize(a0.dt);
+  const auto dt = to_shardkit(a0.dt);
+  const auto op = to_shardkit(a0.op);
+  auto reduce_all = [&](size_t count) {
+    std::vector<std::byte> acc(count * es);
+    std::memcpy(acc.data(), s.args[0].send, count * es);
+    for (int r = 1; r < w.n; ++r) shardkit::combine(op, dt, acc.data(), s.args[r].send, count);
+    shardkit::finish_average(op, dt, acc.data(), count, w.n);
+    return acc;
+  };
+  switch (a0.kind) {
+    case k_allreduce: {
+      auto acc = reduce_all(a0.count);
+      for (auto& a : s.args) std::memcpy(a.recv, acc.data(), acc.size());
+      break;
+    }
+    case k_allgather: {
+      std::vector<std::byte> all(a0.count * es * w.n);
+      for (int r = 0; r < w.n; ++r) std::memcpy(all.data() + r * a0.count * es, s.args[r].send, a0.count * es);
+      for (auto& a : s.args) std::memcpy(a.recv, all.data(), all.size());
+      break;
+    }
+    case k_reducescatter: {
+      auto acc = reduce_all(a0.count * w.n);
+      for (int r = 0; r < w.n; ++r) std::memcpy(s.args[r].recv, acc.data() + r * a0.count * es, a0.count * es);
+      break;
+    }
+    case k_bcast: {
+      std::vector<std::byte> d(a0.count * es);
+      std::memcpy(d.data(), s.args[a0.root].send, d.size());
+      for (auto& a : s.args) std::memcpy(a.recv, d.data(), d.size());
+      break;
+    }
+    case k_reduce: {
+      auto acc = reduce_all(a0.count);
+      std::memcpy(s.args[a0.root].recv, acc.data(), acc.size());
+      break;
+    }
+  }
+}
+
+ncclResult_t enqueue_coll(model_comm* c, cudaStream_t stream, coll_arg a) {
+  if (!c || c->aborted) return ncclInvalidUsage;
+  const auto seq = c->coll_seq++;
+  run_on(stream, [c, seq, a] {
+    auto& w = *c->w;
+    std::unique_lock l(w.m);
+    auto& s = w.colls[seq];
+    if (s.args.empty()) s.args.resize(w.n);
+    s.args[c->rank] = a;
+    if (++s.arrived == w.n) {
+      compute(w, s);
+      s.done = true;
+      w.cv.notify_all();
+    } else {
+      w.cv.wait(l, [&] { return s.done || c->aborted.load(); });
+    }
+  });
+  return ncclSuccess;
+}
+
+void run_p2p_group(std::vector<pending_p2p> ops) {
+  std::vector<std::shared_ptr<std::atomic<bool>>> sent;
+  auto* c = ops[0].comm;
+  auto& w = *c->w;
+  {
+    std::lock_guard l(w.m);
+    for (auto& o : ops)
+      if (o.send) {
+        auto flag = std::make_shared<std::atomic<bool>>(false);
+        w.p2p[{c->rank, o.peer}].push_back({o.data, o.bytes, flag});
+        sent.push_back(flag);
+      }
+  }
+  w.cv.notify_all();
+  std::unique_lock l(w.m);
+  for (auto& o : ops) {
+    if (o.send) continue;
+    auto& q = w.p2p[{o.peer, c->rank}];
+    w.cv.wait(l, [&] { return !q.empty() || c->aborted.load(); });
+    if (c->aborted) return;
+    auto msg = q.front();
+    q.pop_front();
+    if (msg.bytes != o.bytes) {  // real NCCL would truncate or hang; the backend's headers must prevent this
+      std::fprintf(stderr, "cuda_nccl_model: ncclSend of %zu bytes met ncclRecv of %zu\n", msg.bytes, o.bytes);
+      std::abort();
+    }
+    std::memcpy(o.data, msg.data, o.bytes);
+    msg.taken->store(true);
+    w.cv.notify_all();
+  }
+  for (auto& f : sent) w.cv.wait(l, [&] { return f->load() || c->aborted.load(); });
+}
+
+ncclResult_t flush_group() {
+  // A group's operations progress together: one stream task per (communicator, stream) posts all its sends,
+  // then waits for its receives and for its sends to be taken.
+  std::map<std::pair<model_comm*, cudaStream_t>, std::vector<pending_p2p>> by;
+  for (auto& o : group_ops) by[{o.comm, o.stream}].push_back(o);
+  group_ops.clear();
+  for (auto& [k, ops] : by) {
+    if (k.first->aborted) return ncclInvalidUsage;
+    run_on(k.second, [ops] { run_p2p_group(ops); });
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t add_p2p(pending_p2p o) {
+  if (!o.comm || o.comm->aborted) return ncclInvalidUsage;
+  group_ops.push_back(o);
+  if (group_depth == 0) return flush_group();
+  return ncclSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+cudaError_t cudaGetDeviceCount(int* count) {
+  const char* v = std::getenv("SHARDKIT_MODEL_CUDA_DEVICES");
+  *count = v ? std::atoi(v) : 4;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* d) { *d = current_device; return cudaSuccess; }
+cudaError_t cudaSetDevice(int d) { current_device = d; return cudaSuccess; }
+const char* cudaGetErrorName(cudaError_t) { return "cudaErrorModel"; }
+const char* cudaGetErrorString(cudaError_t) { return "model error"; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
+  *s = reinterpret_cast<cudaStream_t>(new model_stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  auto* fs = reinterpret_cast<model_stream*>(s);
+  fs->push(nullptr);
+  fs->t.detach();  // leaked on purpose: a task may still be parked
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (!is_legacy(s)) reinterpret_cast<model_stream*>(s)->sync();
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+  *e = reinterpret_cast<cudaEvent_t>(new model_event);
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) { delete reinterpret_cast<model_event*>(e); return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  auto* fe = reinterpret_cast<model_event*>(e);
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  {
+    std::lock_guard l(fe->m);
+    fe->latest = flag;
+  }
+  run_on(s, [flag] { flag->store(true); });
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  auto* fe = reinterpret_cast<model_event*>(e);
+  std::lock_guard l(fe->m);
+  return fe->latest->load() ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  auto* fe = reinterpret_cast<model_event*>(e);
+  std::shared_ptr<std::atomic<bool>> flag;
+  {
+    std::lock_guard l(fe->m);
+    flag = fe->latest;
+  }
+  run_on(s, [flag] {
+    while (!flag->load()) std::this_thread::yield();
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaMalloc(void** p, size_t n) { *p = std::malloc(n ? n : 1); std::memset(*p, 0xAB, n); return cudaSuccess; }
+cudaError_t cudaFree(void* p) { std::free(p); return cudaSuccess; }
+cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t) { return cudaMalloc(p, n); }
+cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
+  run_on(s, [p] { std::free(p); });
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) { std::memcpy(d, s, n); return cudaSuccess; }
+cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t st) {
+  if (k == cudaMemcpyDeviceToHost) {  // pageable: returns once done (the real runtime does too)
+    if (!is_legacy(st)) reinterpret_cast<model_stream*>(st)->sync();
+    std::memcpy(d, s, n);
+    return cudaSuccess;
+  }
+  run_on(st, [d, s, n] { std::memcpy(d, s, n); });
+  return cudaSuccess;
+}
+
+const char* ncclGetErrorString(ncclResult_t r) {
+  switch (r) {
+    case ncclInvalidUsage: return "invalid usage";
+    case ncclInProgress: return "in progress";
+    default: return "model nccl error";
+  }
+}
+const char* ncclGetLastError(ncclComm_t) { return "model last error"; }
+ncclResult_t ncclGetVersion(int* v) { *v = NCCL_VERSION_CODE; return ncclSuccess; }
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  std::memset(id, 0, sizeof *id);
+  std::snprintf(id->internal, sizeof id->internal, "model-%d", id_counter.fetch_add(1));
+  return ncclSuccess;
+}
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id, int rank, ncclConfig_t*) {
+  std::shared_ptr<world> w;
+  {
+    std::lock_guard l(registry_mutex);
+    auto& slot = registry[id.internal];
+    if (!slot) slot = std::make_shared<world>(nranks);
+    w = slot;
+  }
+  auto* c = new model_comm;
+  c->w = w;
+  c->rank = rank;
+  *out = reinterpret_cast<ncclComm_t>(c);
+  std::lock_guard l(w->m);
+  w->members[rank] = c;
+  if (++w->joined == w->n)
+    for (auto* m : w->members) m->state = ncclSuccess;
+  return ncclInProgress;
+}
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* st) {
+  auto* c = reinterpret_cast<model_comm*>(comm);
+  if (!c) return ncclInvalidArgument;
+  *st = ncclResult_t(c->state.load());
+  return ncclSuccess;
+}
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  auto* c = reinterpret_cast<model_comm*>(comm);
+  if (!c) return ncclSuccess;
+  c->aborted = true;
+  {
+    std::lock_guard l(c->w->m);
+  }
+  c->w->cv.notify_all();
+  return ncclSuccess;  // leaked on purpose: stream tasks may still look at it
+}
+ncclResult_t ncclCommFinalize(ncclComm_t) { return ncclSuccess; }
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  auto* c = reinterpret_cast<model_comm*>(comm);
+  c->aborted = true;
+  c->w->cv.notify_all();
+  return ncclSuccess;
+}
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* r) { *r = reinterpret_cast<model_comm*>(comm)->rank; return ncclSuccess; }
+ncclResult_t ncclCommCount(const ncclComm_t comm, int* n) { *n = reinterpret_cast<model_comm*>(comm)->w->n; return ncclSuccess; }
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out, ncclConfig_t*) {
+  auto* c = reinterpret_cast<model_comm*>(comm);
+  auto& w = *c->w;
+  const auto seq = c->split_seq++;
+  model_comm* mine = nullptr;
+  if (color != NCCL_SPLIT_NOCOLOR) {
+    mine = new model_comm;
+    mine->state = ncclInProgress;
+  }
+  *out = reinterpret_cast<ncclComm_t>(mine);
+  std::lock_guard l(w.m);
+  auto& s = w.splits[seq];
+  if (s.ck.empty()) {
+    s.ck.resize(w.n);
+    s.out.resize(w.n);
+  }
+  s.ck[c->rank] = {color, key};
+  s.out[c->rank] = mine;
+  if (++s.arrived == w.n) {
+    std::map<int, std::vector<std::tuple<int, int>>> by_color;  // color -> (key, rank)
+    for (int r = 0; r < w.n; ++r)
+      if (std::get<0>(s.ck[r]) != NCCL_SPLIT_NOCOLOR) by_color[std::get<0>(s.ck[r])].push_back({std::get<1>(s.ck[r]), r});
+    for (auto& [col, v] : by_color) {
+      std::sort(v.begin(), v.end());
+      auto nw = std::make_shared<world>(int(v.size()));
+      for (int i = 0; i < int(v.size()); ++i) {
+        auto* m = s.out[std::get<1>(v[i])];
+        m->w = nw;
+        m->rank = i;
+        nw->members[i] = m;
+      }
+      nw->joined = nw->n;
+      for (auto* m : nw->members) m->state = ncclSuccess;
+    }
+  }
+  return ncclInProgress;
+}
+ncclResult_t ncclAllReduce(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c, cudaStream_t st) {
+  return enqueue_coll(reinterpret_cast<model_comm*>(c), st, {s, r, n, t, op, 0, k_allreduce});
+}
+ncclResult_t ncclAllGather(const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st) {
+  return enqueue_coll(reinterpret_cast<model_comm*>(c), st, {s, r, n, t, ncclSum, 0, k_allgather});
+}
+ncclResult_t ncclReduceScatter(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c, cudaStream_t st) {
+  return enqueue_coll(reinterpret_cast<model_comm*>(c), st, {s, r, n, t, op, 0, k_reducescatter});
+}
+ncclResult_t ncclBroadcast(const void* s, void* r, size_t n, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t st) {
+  return enqueue_coll(reinterpret_cast<model_comm*>(c), st, {s, r, n, t, ncclSum, root, k_bcast});
+}
+ncclResult_t ncclReduce(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, int root, ncclComm_t c, cudaStream_t st) {
+  return enqueue_coll(reinterpret_cast<model_comm*>(c), st, {s, r, n, t, op, root, k_reduce});
+}
+ncclResult_t ncclSend(const void* s, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+  return add_p2p({true, const_cast<void*>(s), n * esize(t), peer, reinterpret_cast<model_comm*>(c), st});
+}
+ncclResult_t ncclRecv(void* r, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+  return add_p2p({false, r, n * esize(t), peer, reinterpret_cast<model_comm*>(c), st});
+}
+ncclResult_t ncclGroupStart() { ++group_depth; return ncclSuccess; }
+ncclResult_t ncclGroupEnd() {
+  if (--group_depth == 0) {
+    const auto r = flush_group();
+    return r == ncclSuccess ? ncclInProgress : r;  // nonblocking comms report the group in progress
+  }
+  return ncclSuccess;
+}
+}
