@@ -38,10 +38,10 @@ TEST_CASE("[comm] conformance suite with ranks as processes over shared memory")
 TEST_CASE("[comm] conformance suite with ranks as processes over TCP") {
   for (int n : {2, 3, 5}) {
     CAPTURE(n);
-    test::require_all_succeeded(test::run_processes(n, "conformance_tcp", {{"SHARDKIT_TIMEOUT_MS", "60000"}},
+    test::require_all_succeeded(test::run_processes(n, "conformance_tcp", {{"SHARDKIT_TIMEOUT_MS", "60000"}, {"SHARDKIT_SOCKET_IFNAME", "lo"}},
                                                     std::chrono::seconds(400)));
   }
-  test::require_all_succeeded(test::run_processes(4, "conformance_tcp", {{"SHARDKIT_TIMEOUT_MS", "60000"}, {"SHARDKIT_TEST_LARGE", "1"}},
+  test::require_all_succeeded(test::run_processes(4, "conformance_tcp", {{"SHARDKIT_TIMEOUT_MS", "60000"}, {"SHARDKIT_SOCKET_IFNAME", "lo"}, {"SHARDKIT_TEST_LARGE", "1"}},
                                                   std::chrono::seconds(500)));
 }
 #endif

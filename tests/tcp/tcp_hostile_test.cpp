@@ -12,6 +12,7 @@
 #include <map>
 #include <thread>
 
+#include "shardkit/transport/tcp/core.hpp"
 #include "shardkit/transport/tcp/wire.hpp"
 #include "tcp_test_support.hpp"
 
@@ -24,9 +25,9 @@ using asio::ip::tcp;
 
 namespace {
 
-//! The first address rank `rank` published for generation 0 of group "world".
-tcp::endpoint published(sk::rendezvous::any_store& store, int rank) {
-  const auto text = store.get("shardkit.tcp/world/0/addr/" + std::to_string(rank), 10s);
+//! The first address rank `rank` of `world` published for generation 0 of group "world".
+tcp::endpoint published(sk::rendezvous::any_store& store, int rank, int world) {
+  const auto text = store.get(wire::store_prefix("world", world) + "0/addr/" + std::to_string(rank), 10s);
   const auto first = text.substr(0, text.find(','));
   const auto colon = first.rfind(':');
   return {asio::ip::make_address_v4(first.substr(0, colon)), std::uint16_t(std::stoi(first.substr(colon + 1)))};
@@ -108,7 +109,7 @@ TEST_CASE("[tcp] strangers on a listener during setup are dropped and setup comp
   std::thread stranger([&] {
    try {
     asio::io_context io;
-    const auto target = published(store, 1);  // rank 1 listens; ranks 0 and 2 have not started yet
+    const auto target = published(store, 1, 3);  // rank 1 listens; ranks 0 and 2 have not started yet
     {  // garbage
       tcp::socket s(io);
       s.connect(target);
@@ -237,7 +238,7 @@ namespace {
 class fake_rank {
  public:
   fake_rank(sk::rendezvous::any_store store, int rank, int world) : rank_(rank), world_(world), acceptor_(io_) {
-    const std::string prefix = "shardkit.tcp/world/";
+    const std::string prefix = wire::store_prefix("world", world);
     const auto joined = store.add(prefix + "joined", 1);
     base_ = prefix + std::to_string((joined - 1) / world) + "/";
     group_ = std::stoull(store.get(base_ + "group_id", 10s));

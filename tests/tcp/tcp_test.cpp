@@ -107,6 +107,10 @@ TEST_CASE("[tcp] one tag keeps its order when big striped and tiny messages inte
         sends.push_back(t.send(1, 42, cbytes(msgs.back())));
       }
       SCENARIO_CHECK(sk::wait_all(sends, sk::deadline_after(15s)));
+      const auto st = t.stats();
+      SCENARIO_CHECK(st.messages_sent == count);
+      SCENARIO_CHECK(st.frames_sent > count);  // the big ones were striped
+      SCENARIO_CHECK(st.writes <= st.frames_sent);
     } else {
       std::vector<std::vector<std::byte>> in(count, std::vector<std::byte>(100'200));
       std::vector<sk::completion> recvs;
@@ -118,6 +122,30 @@ TEST_CASE("[tcp] one tag keeps its order when big striped and tiny messages inte
         const auto want = pattern(size_of(i), unsigned(i));
         SCENARIO_CHECK(std::equal(want.begin(), want.end(), in[std::size_t(i)].begin()));
       }
+      SCENARIO_CHECK(t.stats().messages_received == count);
+    }
+  });
+}
+
+TEST_CASE("[tcp] stats count messages, and those that arrived before their recv") {
+  run_world(2, loopback_options(), [&](tcp_transport& t) {
+    const auto a = pattern(5000, 1), b = pattern(7, 2);
+    if (t.rank() == 0) {
+      wait_ok(t.send(1, 1, cbytes(a)));
+      wait_ok(t.send(1, 2, cbytes(b)));
+      SCENARIO_CHECK(t.stats().messages_sent == 2);
+      SCENARIO_CHECK(t.stats().bytes_sent == 5007);
+    } else {
+      std::vector<std::byte> in_a(5000), in_b(7);
+      // Messages match in send order: once b is in, a was matched before it, with no recv posted for it.
+      wait_ok(t.recv(0, 2, wbytes(in_b)));
+      SCENARIO_CHECK(t.stats().unexpected_messages == 1);
+      SCENARIO_CHECK(t.stats().unexpected_bytes == 5000);
+      wait_ok(t.recv(0, 1, wbytes(in_a)));
+      SCENARIO_CHECK(in_a == a);
+      const auto st = t.stats();
+      SCENARIO_CHECK(st.messages_received == 2);
+      SCENARIO_CHECK(st.bytes_received == 5007);
     }
   });
 }
@@ -348,17 +376,20 @@ TEST_CASE("[tcp] invalid peers are rejected; a world of one connects to nobody")
   CHECK_THROWS_AS(tcp_transport::connect(fresh_store(), 2, 2, loopback_options()), sk::error);
 }
 
-TEST_CASE("[tcp] a store reused for a second transport does not mix the incarnations") {
+TEST_CASE("[tcp] a store reused for later transports, of the same or other sizes, does not mix them") {
   auto store = fresh_store();
-  for (int round = 0; round < 3; ++round) {
-    std::barrier done(2);
-    sk::test::run_threads(2, [&](int rank) {
-      auto t = tcp_transport::connect(store, rank, 2, loopback_options());
-      std::vector<std::byte> v(4, std::byte(round)), in(4);
-      auto r = t->recv(1 - rank, 0, wbytes(in));
-      wait_ok(t->send(1 - rank, 0, cbytes(v)));
+  int round = 0;
+  for (int n : {2, 3, 2, 2, 3}) {
+    ++round;
+    std::barrier done(n);
+    sk::test::run_threads(n, [&](int rank) {
+      auto t = tcp_transport::connect(store, rank, n, loopback_options());
+      const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+      std::vector<std::byte> v(4, std::byte(round * 16 + rank)), in(4);
+      auto r = t->recv(prev, 0, wbytes(in));
+      wait_ok(t->send(next, 0, cbytes(v)));
       wait_ok(r);
-      SCENARIO_CHECK(in == v);
+      SCENARIO_CHECK(in == std::vector<std::byte>(4, std::byte(round * 16 + prev)));
       done.arrive_and_wait();
     });
   }

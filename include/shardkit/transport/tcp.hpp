@@ -13,7 +13,7 @@
 //! Semantics (beyond the p2p concept):
 //!  - **Setup** is collective: every rank of `size` calls connect() with the same store and group name. Each rank
 //!    listens on every selected interface, publishes "ip:port" per interface under
-//!    "shardkit.tcp/<group_name>/<generation>/" in the store, and connects streams_per_peer TCP connections to every
+//!    "shardkit.tcp/<group_name>/<size>/<generation>/" in the store, and connects streams_per_peer TCP connections to every
 //!    higher rank (round-robin over its interfaces, pairing same-subnet addresses). Every connection starts with a
 //!    handshake (magic, protocol version, group id, ranks, stream index, auth token; see tcp/wire.hpp); anything
 //!    else that connects is dropped and logged without disturbing the setup. Setup fails with errc::timeout
@@ -28,16 +28,20 @@
 //!    recv comes; options.max_unexpected_bytes bounds that memory per peer (see tcp_options).
 //!  - **Send completion** means the bytes were handed to the kernel (the buffer may be reused), not that the
 //!    peer received them.
-//!  - **Failures**: a closed or reset connection, or a frame that breaks the protocol (bad magic, a frame or
-//!    message larger than allowed, inconsistent offsets), fails every pending and later operation with that
-//!    peer (errc::peer_lost or errc::protocol, naming the rank and address); other peers are unaffected. A
-//!    message the peer completed before leaving is still delivered. A message larger than its recv fails that
-//!    recv with errc::protocol and is discarded; the connection stays up.
+//!  - **Failures**: a reset connection, one closed in the middle of a frame, or a frame that breaks the protocol
+//!    (bad magic, a frame or message larger than allowed, inconsistent offsets) fails every pending and later
+//!    operation with that peer (errc::peer_lost or errc::protocol, naming the rank and address); other peers
+//!    are unaffected. A clean close fails the peer once all its connections have closed (or 1 s after the first
+//!    one did), so messages the peer completed before leaving are still delivered. A message larger than its
+//!    recv fails that recv with errc::protocol and is discarded; the connection stays up.
 //!  - **Cancel**: completion::cancel() on a recv succeeds while no message has been matched to it.
 //!  - **Threads**: send/recv/cancel/abort are thread-safe. Completions run their continuations on an io thread:
-//!    keep them short (a long one stalls this transport's progress).
+//!    keep them short, and never block there on another operation of this transport (it could not progress).
+//!  - **Store keys**: two transports alive at once over one store need different group names (or prefixes);
+//!    one created after another under the same name gets the next generation and never sees the old keys.
 //!  - **Shutdown**: the destructor closes every connection, fails what is still pending with errc::closed and
 //!    joins the io threads. Peers then see errc::peer_lost for operations they still have with this rank.
+//!  - IPv4 only. stats() counts messages, bytes, frames, writes and unexpected (buffered) messages.
 #include <cstddef>
 #include <exception>
 #include <memory>
@@ -49,6 +53,7 @@
 #include "shardkit/transport/p2p.hpp"
 #include "shardkit/transport/tcp/core.hpp"
 #include "shardkit/transport/tcp/options.hpp"
+#include "shardkit/transport/tcp/stats.hpp"
 
 namespace shardkit::transport {
 
@@ -109,6 +114,8 @@ class tcp_transport {
   std::string describe_peer(int peer) const { return core_->describe_peer(peer); }
   //! The "ip:port" list this rank listened on during setup (closed since).
   std::string listen_addresses() const { return core_->listening(); }
+  //! Counters summed over all peers (each a relaxed snapshot).
+  tcp_stats stats() const { return core_->stats(); }
 
  private:
   std::shared_ptr<detail::tcp::core> core_;

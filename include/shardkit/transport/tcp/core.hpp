@@ -31,8 +31,11 @@
 
 namespace shardkit::transport::detail::tcp {
 
-//! Store keys of one transport incarnation live under "shardkit.tcp/<group>/<generation>/".
-inline std::string store_prefix(const std::string& group_name) { return "shardkit.tcp/" + group_name + "/"; }
+//! Store keys of transports named `group_name` with `size` ranks: "shardkit.tcp/<group>/<size>/joined" counts
+//! joins; incarnation g keeps its keys under "shardkit.tcp/<group>/<size>/<g>/" (group_id, addr/<rank>).
+inline std::string store_prefix(const std::string& group_name, int size) {
+  return "shardkit.tcp/" + group_name + "/" + std::to_string(size) + "/";
+}
 
 inline std::string exception_text(const std::exception_ptr& e) {
   try {
@@ -84,10 +87,11 @@ class core : public std::enable_shared_from_this<core> {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - steady_clock::now());
       return std::max(left, std::chrono::milliseconds(1));
     };
-    const std::string prefix = store_prefix(opts_.group_name);
-    // Ranks joining one group name on one store get successive generations, so a store reused for the next
-    // transport (a re-created group, a test) never hands out the previous incarnation's addresses. Every rank
-    // of generation g joins before any rank can finish g, hence before anyone joins g+1.
+    const std::string prefix = store_prefix(opts_.group_name, size_);
+    // Ranks joining one group name (and size) on one store get successive generations, so a store reused for
+    // the next transport (a re-created group, a test) never hands out the previous incarnation's addresses.
+    // Every rank of generation g joins before any rank can finish g, hence before anyone joins g+1. The size is
+    // part of the prefix so that the join count of one size never shifts the blocks of another.
     const std::int64_t joined = store.add(prefix + "joined", 1);
     const std::string base = prefix + std::to_string((joined - 1) / size_) + "/";
 
@@ -209,6 +213,13 @@ class core : public std::enable_shared_from_this<core> {
   }
 
   std::string listening() const { return mesh_ ? mesh_->listening() : std::string(); }
+
+  tcp_stats stats() const {
+    tcp_stats s;
+    for (const auto& p : peers_)
+      if (p) p->add_stats(s);
+    return s;
+  }
 
  private:
   void run() {

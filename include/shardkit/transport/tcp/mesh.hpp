@@ -154,8 +154,9 @@ class mesh_builder {
         if (!first) first = p;
         if (++count > 8) continue;
         missing += "; rank " + std::to_string(p) + " stream " + std::to_string(s) + ": ";
-        missing += p < self_ ? "it never connected to this rank (listening on " + listening_ + ")"
-                             : notes_[std::size_t(p)][std::size_t(s)];
+        const std::string& note = notes_[std::size_t(p)][std::size_t(s)];
+        missing += p < self_ && note.empty() ? "it never connected to this rank (listening on " + listening_ + ")"
+                                             : note;
       }
     if (count > 8) missing += "; and " + std::to_string(count - 8) + " more";
     throw error(errc::timeout,
@@ -276,6 +277,9 @@ class mesh_builder {
       // Tell a misconfigured rank why (its setup then fails with the reason instead of a timeout), then close.
       log::warn("tcp: rank ", self_, " rejected a connection from ", in->remote, " claiming rank ", m.sender,
                 " stream ", m.stream, ": ", to_string(status));
+      if (m.sender < std::uint32_t(self_) && m.stream < std::uint32_t(opts_.streams_per_peer))
+        note(int(m.sender), int(m.stream),
+             "a connection from " + in->remote + " claiming it was rejected: " + to_string(status));
       finish(*in, false);
       asio::async_write(in->socket, out, asio::bind_executor(strand_, [in](const error_code&, std::size_t) {
                           error_code ignored;

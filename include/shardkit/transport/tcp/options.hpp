@@ -11,7 +11,7 @@
 //! | SHARDKIT_SOCKET_BUFFER             | socket_buffer_bytes  | 4M (0 keeps the kernel's autotuning)           |
 //! | SHARDKIT_SOCKET_THREADS            | io_threads           | 1                                              |
 //! | SHARDKIT_SOCKET_MAX_UNEXPECTED     | max_unexpected_bytes | 0 = unbounded                                  |
-//! | SHARDKIT_SOCKET_CONNECT_TIMEOUT    | connect_timeout      | 60 (seconds)                                   |
+//! | SHARDKIT_SOCKET_CONNECT_TIMEOUT    | connect_timeout      | 300 (seconds), like the store's default wait   |
 //! | SHARDKIT_SOCKET_HANDSHAKE_TIMEOUT  | handshake_timeout    | 5 (seconds)                                    |
 //! | SHARDKIT_SOCKET_PORT               | listen_port          | 0 = ephemeral                                  |
 //! | SHARDKIT_AUTH_TOKEN                | auth_token           | empty = no authentication                      |
@@ -67,7 +67,7 @@ struct tcp_options {
   //! It crosses the network in clear text, as Gloo's and torch's do: it keeps out strays, not eavesdroppers.
   std::string auth_token;
   //! Bound on the whole connection setup: store waits, connects (retried with backoff) and handshakes.
-  std::chrono::milliseconds connect_timeout{60'000};
+  std::chrono::milliseconds connect_timeout{300'000};
   //! How long an accepted connection may take to present a valid handshake before it is dropped.
   std::chrono::milliseconds handshake_timeout{5'000};
   //! A frame announcing a larger message is a protocol error that fails the peer.
@@ -77,7 +77,7 @@ struct tcp_options {
   //! lands directly in it): memory stays bounded, but a program that needs a send to complete before posting the
   //! matching recv may then wait forever, as with MPI's rendezvous protocol.
   std::size_t max_unexpected_bytes = 0;
-  //! Port of every listener; 0 picks an ephemeral one.
+  //! Port of every listener; 0 picks an ephemeral one. A fixed port allows one rank per host and address.
   std::uint16_t listen_port = 0;
   //! Also pin sockets to their interface with SO_BINDTODEVICE (falls back to the source address when refused).
   bool bind_to_device = true;

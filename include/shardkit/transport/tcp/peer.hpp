@@ -33,6 +33,7 @@
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/transport/tcp/ops.hpp"
+#include "shardkit/transport/tcp/stats.hpp"
 #include "shardkit/transport/tcp/wire.hpp"
 
 namespace shardkit::transport::detail::tcp {
@@ -103,6 +104,8 @@ class peer {
       if (l) s += (s.empty() ? "" : ", ") + std::string("stream ") + std::to_string(l->index) + " " + l->remote;
     return s;
   }
+
+  void add_stats(tcp_stats& s) const noexcept { counters_.add_to(s); }
 
   //! Starts reading every connection.
   void start() {
@@ -191,6 +194,8 @@ class peer {
     }
     l.tx_frames = frames;
     if (frames == 0) return;
+    counters::bump(counters_.frames_sent, frames);
+    counters::bump(counters_.writes);
     l.writing = true;
     asio::async_write(l.socket, buffer_range{l.tx_buffers.data(), l.tx_buffers.data() + buffers},
                       asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t) {
@@ -203,7 +208,11 @@ class peer {
     if (ec) link_error(l, ec, "sending");  // fails the frames of this batch too
     for (std::size_t i = 0; i < l.tx_frames; ++i) {
       std::shared_ptr<send_op> op = std::move(l.tx_ops[i]);
-      if (--op->frames_in_flight == 0 && op->fully_cut && !failure_) op->done.set_done(op->bytes.size());
+      if (--op->frames_in_flight == 0 && op->fully_cut && !failure_) {
+        counters::bump(counters_.messages_sent);
+        counters::bump(counters_.bytes_sent, op->bytes.size());
+        op->done.set_done(op->bytes.size());
+      }
     }
     l.tx_frames = 0;
     if (!failure_ && !l.eof) pump(l);
@@ -328,6 +337,8 @@ class peer {
         }
       }
       unexpected_bytes_ += h.total;
+      counters::bump(counters_.unexpected_messages);
+      counters::bump(counters_.unexpected_bytes, h.total);
       m.base = msg->data.get();
       m.buffered = msg;
       unexpected_[h.tag].push_back(std::move(msg));
@@ -382,6 +393,8 @@ class peer {
     inflight_message done = std::move(m);
     inflight_.erase(it);
     if (done.recv) {
+      counters::bump(counters_.messages_received);
+      counters::bump(counters_.bytes_received, done.total);
       done.recv->done.set_done(std::size_t(done.total));
     } else if (auto& msg = done.buffered) {
       if (msg->waiter)
@@ -395,6 +408,8 @@ class peer {
   void deliver(unexpected_message& msg, std::shared_ptr<recv_op> op) {  // by value: release() drops msg.waiter
     if (msg.total > 0) std::memcpy(op->bytes.data(), msg.data.get(), std::size_t(msg.total));
     const auto total = std::size_t(msg.total);
+    counters::bump(counters_.messages_received);
+    counters::bump(counters_.bytes_received, total);
     release(msg);
     op->done.set_done(total);
   }
@@ -536,6 +551,7 @@ class peer {
   std::unordered_map<message_tag, fifo<unexpected_message>> unexpected_;
   std::unordered_map<std::uint64_t, inflight_message> inflight_;
   std::uint64_t unexpected_bytes_ = 0;
+  counters counters_;
 };
 
 }  // namespace shardkit::transport::detail::tcp
