@@ -2,6 +2,8 @@
 
 #include "comm/conformance.hpp"
 #include "shardkit/comm/loopback_world.hpp"
+
+#include <numeric>
 #include "support/harness.hpp"
 
 using namespace shardkit;
@@ -12,6 +14,11 @@ comm::group_options test_group_options() {
   o.timeout = std::chrono::seconds(60);
   return o;
 }
+comm::process_group process_group_over_hosts(std::shared_ptr<transport::loopback_transport> t, const std::vector<int>& host_of) {
+  return comm::process_group::create(
+      comm::p2p_communicator<transport::loopback_transport>(std::move(t), comm::p2p_options::from_env(), host_of),
+      test_group_options());
+}
 }  // namespace
 
 TEST_CASE("[comm] conformance suite over the loopback transport, ranks as threads") {
@@ -20,8 +27,8 @@ TEST_CASE("[comm] conformance suite over the loopback transport, ranks as thread
     auto groups = comm::make_loopback_world(n, test_group_options());
     std::atomic<int> counter{0};
     test::conformance_options o;
+    o.backend = "loopback";
     o.shared_counter = &counter;
-    o.large = n <= 5 || true;
     test::run_threads(n, [&](int r) { test::run_conformance(groups[std::size_t(r)], o); });
   }
 }
@@ -75,4 +82,97 @@ TEST_CASE("[comm] recursive doubling and ring give bitwise-identical results on 
     CHECK(std::memcmp(data[0].data(), data[std::size_t(r)].data(), data[0].size() * 4) == 0);
     CHECK(std::memcmp(copy[0].data(), copy[std::size_t(r)].data(), copy[0].size() * 4) == 0);
   }
+}
+
+namespace {
+//! Ranks as threads over loopback transports that know a (simulated) host of each rank.
+std::vector<comm::process_group> hosted_world(const std::vector<int>& host_of) {
+  std::vector<comm::process_group> groups;
+  for (auto& t : transport::loopback_transport::create_world(int(host_of.size())))
+    groups.push_back(process_group_over_hosts(t, host_of));
+  return groups;
+}
+}  // namespace
+
+TEST_CASE("[comm] hierarchical all_reduce across simulated hosts") {
+  // Interleaved hosts (0,1,0,1,...) too: a group's levels come from the host map, not from rank order.
+  const std::vector<std::vector<int>> layouts{{0, 0, 1, 1}, {0, 1, 0, 1, 0, 1, 0, 1}, {0, 0, 1, 1, 2, 2}};
+  for (const auto& hosts : layouts) {
+    const int n = int(hosts.size());
+    CAPTURE(n);
+    auto groups = hosted_world(hosts);
+    std::atomic<int> counter{0};
+    test::conformance_options o;
+    o.backend = "loopback";
+    o.shared_counter = &counter;
+    o.large = n == 6;
+    o.all_reduce_algorithms = {comm::algorithm::automatic, comm::algorithm::hierarchical};
+    test::run_threads(n, [&](int r) {
+      auto& g = groups[std::size_t(r)];
+      test::conformance_all_reduce(g, o);
+      test::conformance_groups(g, o);  // splits re-derive their levels (or fall back to flat)
+    });
+  }
+}
+
+TEST_CASE("[comm] hierarchical all_reduce is bitwise identical on every rank and matches the flat sum") {
+  const std::vector<int> hosts{0, 0, 0, 1, 1, 1};
+  const int n = int(hosts.size());
+  auto groups = hosted_world(hosts);
+  std::vector<std::vector<float>> data(std::size_t(n), std::vector<float>(300007));
+  std::vector<std::vector<int>> ints(std::size_t(n), std::vector<int>(300007));
+  for (int r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < data[0].size(); ++i) {
+      data[std::size_t(r)][i] = 1.0f / float(1 + (r * 7 + i) % 13);
+      ints[std::size_t(r)][i] = int((r * 31 + i) % 1000) - 500;
+    }
+  std::vector<int> expected(ints[0].size(), 0);
+  for (int r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < expected.size(); ++i) expected[i] += ints[std::size_t(r)][i];
+  test::run_threads(n, [&](int r) {
+    auto& g = groups[std::size_t(r)];
+    g.all_reduce(buffer_view(std::span<float>(data[std::size_t(r)])), reduce_op::sum, {.algo = comm::algorithm::hierarchical}).wait();
+    g.all_reduce(buffer_view(std::span<int>(ints[std::size_t(r)])), reduce_op::sum).wait();  // automatic picks it
+  });
+  for (int r = 0; r < n; ++r) {
+    CHECK(std::memcmp(data[0].data(), data[std::size_t(r)].data(), data[0].size() * 4) == 0);
+    CHECK(ints[std::size_t(r)] == expected);
+  }
+}
+
+TEST_CASE("[comm] host levels: uneven hosts and one rank per host stay flat") {
+  using comm::algorithms::host_levels;
+  std::vector<int> members(5);
+  std::iota(members.begin(), members.end(), 0);
+  CHECK_FALSE(host_levels::of(members, 0, {0, 0, 0, 1, 1}).has_value());  // 3 + 2 ranks
+  CHECK_FALSE(host_levels::of(members, 0, {0, 1, 2, 3, 4}).has_value());  // one per host
+  CHECK_FALSE(host_levels::of(members, 0, {0, 0, 0, 0, 0}).has_value());  // one host
+  members.push_back(5);
+  const auto l = host_levels::of(members, 4, {1, 0, 1, 0, 1, 0});
+  REQUIRE(l.has_value());
+  CHECK(l->intra == std::vector<int>{0, 2, 4});  // host 1's ranks; host 1 appears first
+  CHECK(l->intra_me == 2);
+  CHECK(l->inter == std::vector<int>{4, 5});
+  CHECK(l->inter_me == 0);
+}
+
+TEST_CASE("[comm] a recv that nobody answers times out naming the peer, and the group carries on") {
+  auto groups = comm::make_loopback_world(2, test_group_options());
+  std::vector<float> got(4), sent{1, 2, 3, 4};
+  auto w = groups[1].recv(buffer_view(std::span<float>(got)), 0, 7, {.timeout = std::chrono::milliseconds(100)});
+  try {
+    w.wait();
+    FAIL("a recv without a sender completed");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::timeout);
+    CHECK(e.context().peer == 0);
+    CHECK(std::string(e.what()).find("tag 7") != std::string::npos);
+  }
+  CHECK_FALSE(groups[1].broken_by());  // withdrawn cleanly: nothing of it is left in flight
+  // The same tag still pairs up afterwards: the withdrawn recv took no message.
+  auto r = groups[1].recv(buffer_view(std::span<float>(got)), 0, 7);
+  groups[0].send(buffer_view(std::span<float>(sent)), 1, 7).wait();
+  r.wait();
+  CHECK(got == sent);
+  test::run_threads(2, [&](int rank) { groups[std::size_t(rank)].barrier().wait(); });
 }

@@ -45,6 +45,7 @@
 #include "shardkit/backends/gloo/group.hpp"
 #include "shardkit/backends/gloo/p2p.hpp"
 #include "shardkit/comm/algorithms/recursive_doubling.hpp"
+#include "shardkit/comm/detail/checked_recv.hpp"
 #include "shardkit/comm/algorithms/ring.hpp"
 #include "shardkit/comm/communicator.hpp"
 
@@ -249,24 +250,11 @@ class gloo_communicator {
   completion irecv(buffer_view out, int peer, std::uint32_t tag, const comm::collective_options&) {
     check_user_tag(tag, "recv");
     if (auto b = broken_completion()) return *b;
-    auto got = g_->p2p->recv(peer, user_tag(tag), out.bytes());
-    auto result = completion::pending();
-    const std::size_t expected = out.size_bytes();
-    const error_context ctx{.rank = rank(), .peer = peer, .operation = "recv"};
-    got.then([got, result, expected, ctx] {
-      if (auto e = got.exception()) {
-        result.set_error(gloo_detail::from_gloo_exception(e, ctx));
-      } else if (got.bytes() != expected) {
-        result.set_error(error(errc::mismatch,
-                               "message of " + std::to_string(got.bytes()) + " bytes where " + std::to_string(expected) +
-                                   " were expected: sender and receiver disagree on the size",
-                               ctx));
-      } else {
-        result.set_done(got.bytes());
-      }
-    });
-    result.on_cancel([got] { return got.cancel(); });
-    return result;
+    return comm::detail::checked_recv(g_->p2p->recv(peer, user_tag(tag), out.bytes()), out.size_bytes(),
+                                      {.rank = rank(), .peer = peer, .operation = "recv"},
+                                      [](std::exception_ptr e, const error_context& ctx) {
+                                        return std::make_exception_ptr(gloo_detail::from_gloo_exception(e, ctx));
+                                      });
   }
   void send(const_buffer_view in, int peer, std::uint32_t tag, const comm::collective_options& o) {
     wait_p2p(isend(in, peer, tag, o), peer, "send", o);

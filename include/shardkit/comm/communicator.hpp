@@ -46,10 +46,11 @@ struct communicator_tag {};
 
 //! Which algorithm a generic (p2p) communicator runs. Native backends ignore the request.
 enum class algorithm : std::uint8_t {
-  automatic,           //!< by message size: recursive doubling when small, ring when large
+  automatic,           //!< by message size: recursive doubling when small, else hierarchical across hosts or ring
   ring,                //!< bandwidth-optimal ring (reduce-scatter + all-gather), pipelined in segments
   recursive_doubling,  //!< latency-optimal log2(n) exchanges of the whole buffer
   tree,                //!< binomial tree (broadcast, reduce)
+  hierarchical,        //!< all_reduce: reduce-scatter within hosts, all-reduce across hosts, all-gather within
 };
 
 constexpr std::string_view to_string(algorithm a) noexcept {
@@ -58,6 +59,7 @@ constexpr std::string_view to_string(algorithm a) noexcept {
     case algorithm::ring: return "ring";
     case algorithm::recursive_doubling: return "recursive_doubling";
     case algorithm::tree: return "tree";
+    case algorithm::hierarchical: return "hierarchical";
   }
   return "?";
 }

@@ -4,6 +4,9 @@
 //! Groups made by split() share their parent's transport (no new connections); each group owns a distinct id that
 //! goes into every message tag, together with the operation's sequence number, so concurrent groups over one
 //! transport never match each other's messages.
+//!
+//! Given the host of each transport rank, a group spread over several hosts with several ranks on each runs
+//! large all-reduces hierarchically (algorithms/hierarchical.hpp); split groups re-derive their own levels.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -14,11 +17,13 @@
 #include <tuple>
 #include <vector>
 
+#include "shardkit/comm/algorithms/hierarchical.hpp"
 #include "shardkit/comm/algorithms/pairwise.hpp"
 #include "shardkit/comm/algorithms/recursive_doubling.hpp"
 #include "shardkit/comm/algorithms/ring.hpp"
 #include "shardkit/comm/algorithms/tree.hpp"
 #include "shardkit/comm/communicator.hpp"
+#include "shardkit/comm/detail/checked_recv.hpp"
 #include "shardkit/transport/p2p.hpp"
 
 namespace shardkit::comm {
@@ -46,17 +51,29 @@ class p2p_communicator {
   // One per rank and transport: the counter behind the group ids this rank hands out as a group leader.
   struct rank_state {
     std::atomic<std::uint32_t> next_group_counter{1};
+    std::vector<int> host_of;  // host index per transport rank; empty = unknown
   };
 
  public:
   using communicator_concept = communicator_tag;
 
-  //! The world group over every rank of the transport.
-  explicit p2p_communicator(std::shared_ptr<T> transport, p2p_options opts = p2p_options::from_env())
+  //! The world group over every rank of the transport. `host_of` (optional) gives the host index of each
+  //! transport rank (rendezvous::discover_hosts); with it, all_reduce can go hierarchical.
+  explicit p2p_communicator(std::shared_ptr<T> transport, p2p_options opts = p2p_options::from_env(),
+                            std::vector<int> host_of = {})
       : transport_(std::move(transport)), state_(std::make_shared<rank_state>()), opts_(opts) {
     members_.resize(std::size_t(transport_->size()));
     std::iota(members_.begin(), members_.end(), 0);
     me_ = transport_->rank();
+    if (!host_of.empty()) {
+      if (host_of.size() != members_.size())
+        throw error(errc::invalid_argument,
+                    "host map has " + std::to_string(host_of.size()) + " entries for " + std::to_string(members_.size()) +
+                        " transport ranks",
+                    {.rank = me_, .operation = "p2p_communicator"});
+      state_->host_of = std::move(host_of);
+      levels_ = algorithms::host_levels::of(members_, me_, state_->host_of);
+    }
   }
 
   int rank() const noexcept { return me_; }
@@ -65,16 +82,25 @@ class p2p_communicator {
   //! Transport rank of each group rank.
   const std::vector<int>& members() const noexcept { return members_; }
   std::uint32_t group_id() const noexcept { return group_id_; }
+  //! Whether this group spans several hosts with equally many ranks each (all_reduce can go hierarchical).
+  bool is_hierarchical() const noexcept { return levels_.has_value(); }
   T& transport() const noexcept { return *transport_; }
 
   void all_reduce(const_buffer_view in, buffer_view out, reduce_op op, const collective_options& o) {
     auto ctx = begin("all_reduce", o);
     const std::size_t bytes = out.size_bytes();
     algorithm algo = o.algo;
+    const bool small = bytes <= opts_.recursive_doubling_max_bytes || out.count() < std::size_t(size());
+    if (algo == algorithm::hierarchical && !levels_) algo = algorithm::automatic;
     if (algo == algorithm::automatic || algo == algorithm::tree)
-      algo = (bytes <= opts_.recursive_doubling_max_bytes || out.count() < std::size_t(size())) ? algorithm::recursive_doubling
-                                                                                            : algorithm::ring;
-    if (algo == algorithm::recursive_doubling) {
+      algo = small ? algorithm::recursive_doubling : levels_ ? algorithm::hierarchical : algorithm::ring;
+    if (algo == algorithm::hierarchical) {
+      // Each level has its own tag (low bits of the op's tag), so the intra-host phases never match each other.
+      auto intra = level_op(ctx, levels_->intra, levels_->intra_me, 1);
+      auto inter = level_op(ctx, levels_->inter, levels_->inter_me, 2);
+      algorithms::hierarchical_all_reduce(intra, inter, in.data(), out.data(), out.count(), out.type(), op,
+                                          segment_elems(out.type()), opts_.recursive_doubling_max_bytes);
+    } else if (algo == algorithm::recursive_doubling) {
       if (in.data() != out.data() && bytes) std::memmove(out.data(), in.data(), bytes);
       algorithms::recursive_doubling_all_reduce(ctx, out.data(), out.count(), out.type(), op);
     } else {
@@ -143,30 +169,14 @@ class p2p_communicator {
     return transport_->send(members_[std::size_t(peer)], user_tag("send", tag), in.bytes());
   }
   completion irecv(buffer_view out, int peer, std::uint32_t tag, const collective_options&) {
-    auto got = transport_->recv(members_[std::size_t(peer)], user_tag("recv", tag), out.bytes());
-    auto result = completion::pending();
-    const std::size_t expected = out.size_bytes();
-    error_context ctx{.rank = me_, .peer = peer, .operation = "recv"};
-    got.then([got, result, expected, ctx] {
-      if (auto e = got.exception()) {
-        try {
-          std::rethrow_exception(e);
-        } catch (const error& err) {
-          result.set_error(err.with_context(ctx));
-        } catch (...) {
-          result.set_error(std::current_exception());
-        }
-      } else if (got.bytes() != expected) {
-        result.set_error(error(errc::mismatch,
-                               "message of " + std::to_string(got.bytes()) + " bytes where " + std::to_string(expected) +
-                                   " were expected: sender and receiver disagree on the size",
-                               ctx));
-      } else {
-        result.set_done(got.bytes());
-      }
-    });
-    result.on_cancel([got] { return got.cancel(); });
-    return result;
+    return detail::checked_recv(transport_->recv(members_[std::size_t(peer)], user_tag("recv", tag), out.bytes()),
+                                out.size_bytes(), {.rank = me_, .peer = peer, .operation = "recv"});
+  }
+
+  //! Fails everything in flight on the transport (when it can): the last resort when an operation cannot be
+  //! withdrawn any other way. Every group sharing the transport is affected.
+  void abort(std::exception_ptr reason) {
+    if constexpr (transport::abortable<T>) transport_->abort(std::move(reason));
   }
 
   std::optional<p2p_communicator> split(int color, int key, const collective_options& o) {
@@ -196,6 +206,7 @@ class p2p_communicator {
     }
     child.group_id_ = (leader_transport_rank << 15) | counter;
     child.seq_ = 0;
+    child.levels_ = algorithms::host_levels::of(child.members_, child.me_, state_->host_of);
     return child;
   }
 
@@ -204,6 +215,11 @@ class p2p_communicator {
     // Tag: bit 63 clear, 31 bits group id, 24 bits sequence (wraps harmlessly: ops that far apart never overlap).
     const auto tag = (transport::message_tag(group_id_) << 32) | (transport::message_tag(seq_++ & 0xffffffu) << 8);
     return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, {});
+  }
+  //! An op over a sub-list of transport ranks that shares `parent`'s tag apart from its low `level` bits.
+  algorithms::p2p_op<T> level_op(const algorithms::p2p_op<T>& parent, const std::vector<int>& members, int me,
+                                 std::uint8_t level) {
+    return algorithms::p2p_op<T>(*transport_, members, me, parent.tag() | level, parent.until(), parent.name(), {});
   }
   transport::message_tag user_tag(const char* name, std::uint32_t tag) const {
     if (tag >= (1u << 31)) throw error(errc::invalid_argument, "user tags must be below 2^31", {.rank = me_, .operation = name});
@@ -242,6 +258,7 @@ class p2p_communicator {
   int me_ = 0;
   std::uint32_t group_id_ = 0;
   std::uint32_t seq_ = 0;
+  std::optional<algorithms::host_levels> levels_;
 };
 
 }  // namespace shardkit::comm

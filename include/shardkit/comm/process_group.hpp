@@ -10,6 +10,7 @@
 //!
 //! With `check_consistency` (SHARDKIT_DEBUG=detail) every collective is preceded by an exchange of fingerprints
 //! (op, dtype, count, root, reduce op) and a mismatch fails all ranks with errc::mismatch naming the ranks.
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <future>
@@ -26,6 +27,7 @@
 #include "shardkit/comm/detail/progress_engine.hpp"
 #include "shardkit/comm/work.hpp"
 #include "shardkit/core/log.hpp"
+#include "shardkit/core/timer.hpp"
 
 namespace shardkit::comm {
 
@@ -177,19 +179,22 @@ class process_group {
 
   //! Point-to-point. These bypass the progress queue (a pending recv must not hold up the group's collectives);
   //! messages between two ranks with one tag arrive in order. The recv must be the exact size that was sent.
-  work send(const_buffer_view in, int peer, std::uint32_t tag = 0) {
+  //! Each has the op's (or the group's) timeout: a recv still unmatched then is withdrawn and fails with
+  //! errc::timeout naming the peer; a transfer already under way that cannot be withdrawn also fails, and
+  //! then breaks the group and aborts its backend, so that nothing touches the buffer after the work failed.
+  work send(const_buffer_view in, int peer, std::uint32_t tag = 0, op_options o = {}) {
     auto& s = self();
     s.check_peer("send", peer);
     s.check_device("send", in);
     if (auto b = s.broken_work()) return *b;
-    return work(s.comm->isend(in, peer, tag, {}));
+    return with_deadline(s.comm->isend(in, peer, tag, {}), "send", peer, tag, o.timeout);
   }
-  work recv(buffer_view out, int peer, std::uint32_t tag = 0) {
+  work recv(buffer_view out, int peer, std::uint32_t tag = 0, op_options o = {}) {
     auto& s = self();
     s.check_peer("recv", peer);
     s.check_device("recv", out);
     if (auto b = s.broken_work()) return *b;
-    return work(s.comm->irecv(out, peer, tag, {}));
+    return with_deadline(s.comm->irecv(out, peer, tag, {}), "recv", peer, tag, o.timeout);
   }
 
   // ---- groups ----
@@ -357,6 +362,39 @@ class process_group {
                     context(name));
     }
   };
+
+  work with_deadline(completion op, const char* name, int peer, std::uint32_t tag, std::chrono::milliseconds timeout) {
+    auto& s = self();
+    if (timeout.count() <= 0) timeout = s.opts.timeout;
+    error_context ctx = s.context(name);
+    ctx.peer = peer;
+    const std::string what = std::string(name) + " with tag " + std::to_string(tag) + " did not complete within " +
+                             std::to_string(timeout.count()) + " ms: peer rank " + std::to_string(peer) +
+                             " did not post the matching " + (std::string_view(name) == "send" ? "recv" : "send");
+    const auto timeout_error = std::make_exception_ptr(error(errc::timeout, what, ctx));
+    auto result = completion::pending();
+    auto timed_out = std::make_shared<std::atomic<bool>>(false);
+    auto& timers = shardkit::detail::timer_service::instance();
+    std::weak_ptr<impl> weak = impl_;
+    const auto key = timers.at(deadline_after(timeout), [op, result, timed_out, timeout_error, weak] {
+      timed_out->store(true);
+      if (op.cancel()) return;  // withdrawn: op fails now and the forwarder below reports the timeout
+      if (op.is_done()) return;
+      if (auto s = weak.lock()) {  // under way: the buffer is only safe once the backend lets go of it
+        s->mark_broken(timeout_error);
+        if (!s->comm->abort(timeout_error))
+          log::error("a timed-out transfer of group ", s->opts.name, " cannot be aborted; its buffer may still be used");
+      }
+      result.set_error(timeout_error);
+    });
+    op.then([op, result, timed_out, timeout_error, key] {
+      shardkit::detail::timer_service::instance().cancel(key);
+      if (auto e = op.exception()) result.set_error(timed_out->load() ? timeout_error : e);
+      else result.set_done(op.bytes());
+    });
+    result.on_cancel([op] { return op.cancel(); });
+    return work(result);
+  }
 
   impl& self() const {
     if (!impl_) throw_error(errc::invalid_argument, "use of an empty process_group (a split that this rank took no part in?)");

@@ -102,6 +102,7 @@ class completion {
 
   //! Runs f once the operation ends (now, on this thread, if it already has).
   void then(std::function<void()> f) const {
+    if (!state_) throw_error(errc::invalid_argument, "then() on an empty completion");
     {
       std::lock_guard lock(state_->mutex);
       if (!state_->done.load(std::memory_order_relaxed)) {
@@ -115,6 +116,7 @@ class completion {
   //! Asks the producer to withdraw the operation. True if it did (the completion then fails with errc::aborted);
   //! false if it already finished or cannot be withdrawn.
   bool cancel() const {
+    if (!state_) return false;
     std::function<bool()> fn;
     {
       std::lock_guard lock(state_->mutex);
@@ -129,6 +131,7 @@ class completion {
   void set_error(std::exception_ptr e) const { finish(std::move(e), 0); }
   void set_error(const shardkit::error& e) const { finish(std::make_exception_ptr(e), 0); }
   void on_cancel(std::function<bool()> fn) const {
+    if (!state_) throw_error(errc::invalid_argument, "on_cancel() on an empty completion");
     std::lock_guard lock(state_->mutex);
     state_->cancel = std::move(fn);
   }

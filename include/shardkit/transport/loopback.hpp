@@ -3,10 +3,12 @@
 //! buffer straight into the posted receive buffer.
 //!
 //! A send completes when its bytes have been copied into a receive (rendezvous semantics, no hidden copies), so
-//! algorithms must post recvs and sends before waiting, as they do for every transport.
+//! algorithms must post recvs and sends before waiting, as they do for every transport. Unmatched sends and
+//! recvs can both be withdrawn with completion::cancel().
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -73,6 +75,7 @@ class loopback_transport {
       auto it = hub_->recvs_.find({peer, rank_, tag});
       if (it == hub_->recvs_.end() || it->second.empty()) {
         hub_->sends_[{peer, rank_, tag}].push_back({bytes, done});
+        done.on_cancel(withdraw(hub_->sends_, {peer, rank_, tag}, done, peer, "send"));
         return done;
       }
       match = std::move(it->second.front());
@@ -93,24 +96,7 @@ class loopback_transport {
       if (it == hub_->sends_.end() || it->second.empty()) {
         if (hub_->closed_[std::size_t(peer)]) return lost(peer, "recv");
         hub_->recvs_[{rank_, peer, tag}].push_back({bytes, done});
-        std::weak_ptr<loopback_hub> weak = hub_;
-        const loopback_hub::key k{rank_, peer, tag};
-        done.on_cancel([weak, k, done]() mutable {
-          auto hub = weak.lock();
-          if (!hub) return false;
-          {
-            std::lock_guard lock(hub->mutex_);
-            auto found = hub->recvs_.find(k);
-            if (found == hub->recvs_.end()) return false;
-            auto& q = found->second;
-            auto pos = std::find_if(q.begin(), q.end(), [&](const loopback_hub::pending_recv& p) { return p.done == done; });
-            if (pos == q.end()) return false;
-            q.erase(pos);
-            if (q.empty()) hub->recvs_.erase(found);
-          }
-          done.set_error(error(errc::aborted, "receive cancelled", {.peer = std::get<1>(k), .operation = "recv"}));
-          return true;
-        });
+        done.on_cancel(withdraw(hub_->recvs_, {rank_, peer, tag}, done, peer, "recv"));
         return done;
       }
       match = std::move(it->second.front());
@@ -135,6 +121,29 @@ class loopback_transport {
       throw_error(errc::invalid_argument,
                   "peer must be another rank in [0, " + std::to_string(hub_->size_) + ")",
                   {.rank = rank_, .peer = peer, .operation = std::string("loopback.") + op});
+  }
+
+  //! The cancel hook of an unmatched send or recv: takes it out of its queue (false once it was matched).
+  template <class Queues>
+  std::function<bool()> withdraw(Queues& queues, loopback_hub::key k, completion done, int peer, const char* op) const {
+    std::weak_ptr<loopback_hub> weak = hub_;
+    return [weak, &queues, k, done, peer, op, rank = rank_] {
+      auto hub = weak.lock();
+      if (!hub) return false;
+      {
+        std::lock_guard lock(hub->mutex_);
+        auto found = queues.find(k);
+        if (found == queues.end()) return false;
+        auto& q = found->second;
+        auto pos = std::find_if(q.begin(), q.end(), [&](const auto& p) { return p.done == done; });
+        if (pos == q.end()) return false;
+        q.erase(pos);
+        if (q.empty()) queues.erase(found);
+      }
+      done.set_error(error(errc::aborted, std::string(op) + " cancelled",
+                           {.rank = rank, .peer = peer, .operation = std::string("loopback.") + op}));
+      return true;
+    };
   }
 
   completion lost(int peer, const char* op) const {

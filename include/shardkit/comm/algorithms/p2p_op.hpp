@@ -10,6 +10,7 @@
 
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/log.hpp"
 #include "shardkit/transport/p2p.hpp"
 
 namespace shardkit::comm::algorithms {
@@ -60,16 +61,44 @@ class p2p_op {
   p2p_op(const p2p_op&) = delete;
   p2p_op& operator=(const p2p_op&) = delete;
 
-  //! A recv still posted when the op ends (an error unwound it) is withdrawn, so no late message is written
-  //! into a buffer the caller may already have freed.
+  //! When an error unwinds the op, recvs still posted are withdrawn and transfers already under way get a short
+  //! grace to finish: returning while a send still reads, or a recv still writes, the caller's buffer would let
+  //! the transport touch freed memory. A transfer still running after the grace aborts the transport (the group
+  //! is broken by the error anyway), which guarantees the buffers are no longer referenced.
   ~p2p_op() {
+    bool in_flight = false;
     for (auto& c : recvs_)
-      if (!c.is_done()) c.cancel();
+      if (!c.is_done() && !c.cancel()) in_flight = true;
+    for (auto& c : sends_)  // transports that can withdraw an unmatched send (loopback) let go of it here
+      if (!c.is_done() && !c.cancel()) in_flight = true;
+    if (!in_flight) return;
+    const auto grace = deadline_after(abandon_grace);
+    std::size_t stuck = 0;
+    for (auto* list : {&recvs_, &sends_})
+      for (auto& c : *list) {
+        try {
+          if (!c.wait_until(grace)) ++stuck;
+        } catch (...) {  // failed: no longer in flight
+        }
+      }
+    if (stuck == 0) return;
+    const std::string why = std::string(name_) + " ended with " + std::to_string(stuck) +
+                            " transfers still using its buffers after a grace period";
+    if constexpr (transport::abortable<T>) {
+      log::error(why, ": aborting the transport so that they can no longer touch them");
+      transport_.abort(std::make_exception_ptr(error(errc::aborted, why + "; the transport was aborted", context(-1))));
+    } else {
+      log::error(why, " and this transport cannot be aborted: they may still read or write them");
+    }
   }
+
+  //! How long ~p2p_op waits for transfers that were already under way when an error ended the op.
+  static constexpr std::chrono::milliseconds abandon_grace{2000};
 
   int n() const noexcept { return int(members_.size()); }
   int me() const noexcept { return me_; }
   deadline until() const noexcept { return until_; }
+  transport::message_tag tag() const noexcept { return tag_; }
   const char* name() const noexcept { return name_; }
 
   completion send(int peer, const std::byte* data, std::size_t bytes) {

@@ -4,6 +4,7 @@
 //! virtual.
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include "shardkit/comm/communicator.hpp"
@@ -29,6 +30,9 @@ struct communicator_interface {
   virtual completion isend(const_buffer_view, int, std::uint32_t, const collective_options&) = 0;
   virtual completion irecv(buffer_view, int, std::uint32_t, const collective_options&) = 0;
   virtual std::unique_ptr<communicator_interface> split(int, int, const collective_options&) = 0;
+  //! Fails what is in flight underneath (the transport, the NCCL communicator), so that no buffer of an
+  //! abandoned operation is touched afterwards. False when the backend cannot abort.
+  virtual bool abort(std::exception_ptr reason) = 0;
 };
 
 //! A communicator may offer asynchronous point-to-point natively.
@@ -78,6 +82,24 @@ class communicator_model final : public communicator_interface {
     auto child = comm_.split(color, key, o);
     if (!child) return nullptr;
     return std::make_unique<communicator_model>(std::move(*child));
+  }
+  bool abort(std::exception_ptr reason) override {
+    if constexpr (requires { comm_.abort(reason); }) {
+      comm_.abort(std::move(reason));
+      return true;
+    } else if constexpr (requires { comm_.abort(std::string()); }) {
+      std::string why = "aborted";
+      try {
+        std::rethrow_exception(reason);
+      } catch (const std::exception& e) {
+        why = e.what();
+      } catch (...) {
+      }
+      comm_.abort(why);
+      return true;
+    } else {
+      return false;
+    }
   }
   C& get() noexcept { return comm_; }
 
