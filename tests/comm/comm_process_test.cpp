@@ -6,6 +6,8 @@
 #include "shardkit/comm/init.hpp"
 #include "support/harness.hpp"
 
+#include <cstdlib>
+
 using namespace shardkit;
 
 namespace {
@@ -14,6 +16,8 @@ void run_suite_in_child(const char* transport) {
   SCENARIO_CHECK(world.group.rank() == test::env_rank());
   SCENARIO_CHECK(world.group.size() == test::env_world_size());
   test::conformance_options o;
+  o.backend = transport;
+  o.mode = "processes";
   o.large = std::getenv("SHARDKIT_TEST_LARGE") != nullptr;
   test::run_conformance(world.group, o);
   world.group.barrier().wait();
@@ -35,6 +39,30 @@ TEST_CASE("[comm] conformance suite with ranks as processes over shared memory")
 }
 
 #if defined(SHARDKIT_HAS_TCP)
+// Two simulated hosts (SHARDKIT_HOST_ID by rank): "auto" must pick shm inside each host and tcp across, and the
+// large all-reduces run hierarchically.
+SHARDKIT_SCENARIO(conformance_two_hosts) {
+  const int rank = test::env_rank(), n = test::env_world_size();
+  ::setenv("SHARDKIT_HOST_ID", rank < n / 2 ? "simulated-a" : "simulated-b", 1);
+  auto world = comm::init_process_group("auto");
+  SCENARIO_CHECK(world.transport == "shm+tcp");
+  SCENARIO_CHECK(world.hosts.host_count() == 2);
+  SCENARIO_CHECK(world.hosts.local_rank(rank) == rank % (n / 2));
+  test::conformance_options o;
+  o.backend = world.transport;  // "shm+tcp": two simulated hosts
+  o.mode = "processes";
+  o.large = std::getenv("SHARDKIT_TEST_LARGE") != nullptr;
+  o.all_reduce_algorithms = {comm::algorithm::automatic, comm::algorithm::hierarchical, comm::algorithm::ring};
+  test::run_conformance(world.group, o);
+  world.group.barrier().wait();
+}
+
+TEST_CASE("[comm] auto transport over two simulated hosts: shm within, tcp across, hierarchical all_reduce") {
+  test::require_all_succeeded(test::run_processes(4, "conformance_two_hosts",
+                                                  {{"SHARDKIT_TIMEOUT_MS", "60000"}, {"SHARDKIT_SOCKET_IFNAME", "lo"}, {"SHARDKIT_TEST_LARGE", "1"}},
+                                                  std::chrono::seconds(500)));
+}
+
 TEST_CASE("[comm] conformance suite with ranks as processes over TCP") {
   for (int n : {2, 3, 5}) {
     CAPTURE(n);

@@ -48,6 +48,7 @@ TEST_CASE("[gloo] conformance suite over gloo, ranks as threads") {
     const auto start = std::chrono::steady_clock::now();
     std::atomic<int> counter{0};
     test::conformance_options o;
+    o.backend = "gloo";
     o.shared_counter = &counter;
     // The >= 8 MiB case of every collective runs at one odd, non-power-of-two size (and over processes below):
     // at every size they would take most of 10 minutes on a 2-core machine.
@@ -138,6 +139,8 @@ SHARDKIT_SCENARIO(gloo_conformance) {
   auto pg = comm::process_group::create(gloo_communicator::create(store, info.rank, info.world_size, test_gloo_options()),
                                         test_group_options());
   test::conformance_options o;
+  o.backend = "gloo";
+  o.mode = "processes";
   o.large = std::getenv("GLOO_TEST_LARGE") != nullptr;
   test::run_conformance(pg, o);
 }

@@ -40,11 +40,22 @@ nccl_options test_nccl_options(int device) {
 // At most 8 ranks: one per visible GPU.
 int device_world() { return std::min(backends::cuda_device_count(), 8); }
 
-// One line, once per run, where there is nothing to run on.
+}  // namespace
+
+// Defined by cuda_nccl_model.cpp only: nccl_model_test reports its conformance results as the model's, never as
+// NCCL's.
+extern "C" [[gnu::weak]] const char* shardkit_cuda_model();
+
+namespace {
+
+std::string report_name() { return shardkit_cuda_model ? "nccl-model" : "nccl"; }
+
+// One line, once per run, where there is nothing to run on (and a record of it for scripts/support-matrix).
 bool device_or_skip() {
   std::string reason;
   if (backends::nccl_device_available(&reason)) return true;
   MESSAGE("[nccl] skipped: " << reason);
+  test::write_skip_record(report_name(), reason);
   return false;
 }
 
@@ -125,8 +136,9 @@ TEST_CASE("[nccl] device suite") {
   SUBCASE("conformance with ranks as threads (one per GPU)") {
     auto store = rendezvous::make_store<rendezvous::memory_store>();
     std::atomic<int> counter{0};
-    test::nccl::device_options o;
-    o.counter = &counter;
+    test::conformance_options o;
+    o.backend = report_name();
+    o.shared_counter = &counter;
     test::run_threads(n, [&](int r) {
       auto pg = comm::process_group::create(nccl_communicator::create(store, r, n, test_nccl_options(r)), test_group_options());
       test::nccl::run_device_conformance(pg, r, o);
@@ -203,5 +215,8 @@ SHARDKIT_SCENARIO(nccl_conformance) {
   auto store = rendezvous::connect_store(info);
   auto pg = comm::process_group::create(
       nccl_communicator::create(store, info.rank, info.world_size, test_nccl_options(info.local_rank)), test_group_options());
-  test::nccl::run_device_conformance(pg, info.local_rank);
+  test::conformance_options o;
+  o.backend = report_name();
+  o.mode = "processes";
+  test::nccl::run_device_conformance(pg, info.local_rank, o);
 }
