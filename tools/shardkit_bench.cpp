@@ -1,14 +1,24 @@
 // shardkit-bench: nccl-tests-style collective benchmark.
 //
 //   shardkit-run -n 4 -- shardkit-bench -b 8 -e 64M -f 2 -o all_reduce --transport tcp
+//   shardkit-run -n 4 -- shardkit-bench -b 8 -e 64M -f 2 -o all_reduce --transport gloo-ring   (the Gloo anchor)
 //   shardkit-bench --threads 4 -b 1K -e 16M              (ranks as threads over the loopback transport)
 //
 // Columns: size, count, type, redop, collective, time_us (mean, slowest rank), algbw and busbw (decimal GB/s,
 // nccl-tests' bus factors), wrong (checked elements that differed), cpu_s_per_gb (process CPU seconds per GB
 // of algorithm bytes, summed over ranks). --json prints one JSON object per row instead.
+//
+// Transports: shm, tcp, auto (init_process_group's choice); with shardkit::gloo also
+//   gloo       a process group over gloo_communicator (Gloo's collectives behind shardkit's API);
+//   gloo-ring  Gloo's own ring all_reduce called directly on the same gloo context (bench/gloo_ring.hpp).
+// Both rendezvous from the same launcher variables; Gloo's device binds the first interface of
+// SHARDKIT_SOCKET_IFNAME (else GLOO_SOCKET_IFNAME; 127.0.0.1 when every rank is local and neither is set).
+// gloo_communicator's per-call count verification is off unless SHARDKIT_GLOO_VERIFY is set: it is shardkit's
+// safety net, not part of Gloo, and would double Gloo's small-message latency.
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +26,10 @@
 #include "shardkit/bench/collective_bench.hpp"
 #include "shardkit/comm/init.hpp"
 #include "shardkit/comm/loopback_world.hpp"
+#if defined(SHARDKIT_HAS_GLOO)
+#include "shardkit/backends/gloo.hpp"
+#include "shardkit/bench/gloo_ring.hpp"
+#endif
 
 namespace {
 namespace sk = shardkit;
@@ -35,7 +49,11 @@ struct args {
   std::fprintf(stderr,
                "shardkit-bench: %s\n"
                "usage: shardkit-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP[,OP...]|all] [-d DTYPE] [-r REDOP]\n"
-               "                      [-n ITERS] [-w WARMUP] [--transport shm|tcp|auto] [--threads N] [--json]\n"
+               "                      [-n ITERS] [-w WARMUP] [--transport shm|tcp|auto"
+#if defined(SHARDKIT_HAS_GLOO)
+               "|gloo|gloo-ring"
+#endif
+               "] [--threads N] [--json]\n"
                "sizes take K/M/G suffixes (binary); ops: all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n",
                why.c_str());
   std::exit(2);
@@ -103,7 +121,8 @@ args parse(int argc, char** argv) {
   return a;
 }
 
-int run(sk::comm::process_group& pg, const args& a, const std::string& transport) {
+template <sk::bench::bench_target G>
+int run(G& pg, const args& a, const std::string& transport) {
   const bool leader = pg.rank() == 0;
   if (leader && !a.json) {
     std::printf("# shardkit-bench: %d ranks, transport %s, %d warmup + %d timed iterations\n", pg.size(), transport.c_str(),
@@ -117,14 +136,12 @@ int run(sk::comm::process_group& pg, const args& a, const std::string& transport
       auto r = sk::bench::run_case(pg, c, a.warmup, a.iters);
       wrong += r.wrong;
       if (!leader) continue;
-      const double gb = double(r.c.bytes) * a.iters / 1e9;
-      const double cpu_per_gb = gb > 0 ? r.cpu_seconds / gb : 0;
       if (a.json)
         std::printf("{\"collective\":\"%s\",\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"redop\":\"%s\",\"ranks\":%d,"
                     "\"transport\":\"%s\",\"time_us\":%.3f,\"algbw\":%.6f,\"busbw\":%.6f,\"wrong\":%zu,\"cpu_s_per_gb\":%.4f}\n",
                     std::string(to_string(op)).c_str(), r.c.bytes, r.count, std::string(to_string(a.type)).c_str(),
                     std::string(to_string(a.rop)).c_str(), pg.size(), transport.c_str(), r.time_us, r.algbw_gbs,
-                    r.busbw_gbs, r.wrong, cpu_per_gb);
+                    r.busbw_gbs, r.wrong, r.cpu_s_per_gb);
       else {
         sk::bench::print_row(stdout, r);
         std::fflush(stdout);
@@ -134,6 +151,39 @@ int run(sk::comm::process_group& pg, const args& a, const std::string& transport
   if (leader && !a.json) std::printf("# %zu wrong elements\n", wrong);
   return wrong ? 1 : 0;
 }
+
+int run(sk::comm::process_group& pg, const args& a, const std::string& transport) {
+  sk::bench::process_group_target g(pg);
+  return run(g, a, transport);
+}
+
+#if defined(SHARDKIT_HAS_GLOO)
+//! Gloo from the same launcher variables as init_process_group: store at MASTER_ADDR:MASTER_PORT, then a gloo
+//! device and full mesh.
+int run_gloo(const args& a) {
+  if (a.transport == "gloo-ring")
+    for (auto op : a.ops)
+      if (!sk::bench::gloo_ring_target::supports({.op = op, .type = a.type, .rop = a.rop}))
+        usage("--transport gloo-ring measures Gloo's ring all_reduce (f32/f64/i32/i64; sum/prod/min/max) only; "
+              "use --transport gloo for the other collectives");
+  const auto info = sk::rendezvous::info_from_env();
+  sk::log::set_process_rank(info.rank);
+  auto store = sk::rendezvous::connect_store(info);
+  sk::rendezvous::any_store scoped(std::make_shared<sk::rendezvous::prefix_store>(store, "shardkit/gloo"));
+  auto opts = sk::backends::gloo_options::from_env();
+  if (const char* v = std::getenv("GLOO_SOCKET_IFNAME"); opts.interface.empty() && v && *v)
+    opts.interface = std::string(v).substr(0, std::string(v).find(','));
+  if (opts.interface.empty() && opts.hostname.empty() && info.local_world_size == info.world_size) opts.hostname = "127.0.0.1";
+  if (!std::getenv("SHARDKIT_GLOO_VERIFY")) opts.verify = false;
+  auto comm = sk::backends::gloo_communicator::create(scoped, info.rank, info.world_size, opts);
+  if (a.transport == "gloo-ring") {
+    sk::bench::gloo_ring_target g(comm.context());
+    return run(g, a, "gloo-ring");
+  }
+  auto pg = sk::comm::process_group::create(std::move(comm));
+  return run(pg, a, "gloo");
+}
+#endif
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -147,6 +197,9 @@ int main(int argc, char** argv) try {
     for (auto& t : ts) t.join();
     return rc[0];
   }
+#if defined(SHARDKIT_HAS_GLOO)
+  if (a.transport == "gloo" || a.transport == "gloo-ring") return run_gloo(a);
+#endif
   auto world = sk::comm::init_process_group(a.transport);
   return run(world.group, a, world.transport);
 } catch (const std::exception& e) {

@@ -3,12 +3,18 @@
 //! after `warmup` runs (the slowest rank's time), algorithm bandwidth = bytes / time, bus bandwidth = algbw times
 //! the collective's factor (2(n-1)/n for all_reduce, (n-1)/n for all_gather / reduce_scatter / all_to_all, 1 for
 //! broadcast / reduce), decimal GB/s. Every result is checked after the timed runs; `wrong` counts bad elements.
+//!
+//! run_case measures any bench_target: a process group (process_group_target, or the process_group overload),
+//! or a backend's own collectives called directly (bench/gloo_ring.hpp: Gloo's ring all_reduce), so an anchor
+//! and shardkit go through the same timing loop and the same result exchange.
 #include <time.h>
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
+#include <concepts>
 #include <cstdio>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -70,7 +76,62 @@ struct bench_result {
   double busbw_gbs = 0;
   std::size_t wrong = 0;  //!< elements that differed from the expected result (summed over ranks)
   double cpu_seconds = 0; //!< process CPU time of the timed runs, summed over ranks
+  double cpu_s_per_gb = 0; //!< cpu_seconds per decimal GB of `bytes` moved by the timed runs (bytes x iters)
 };
+
+//! What run_case measures. Every rank calls each member collectively, in the same order.
+//!  1. `g.rank()`, `g.size()`: this rank and the number of ranks;
+//!  2. `g.run(c, in, out)`: one run of collective `c.op` on buffers laid out as run_case documents, returning
+//!     when this rank's part is complete (the timed unit);
+//!  3. `g.barrier()`: returns when every rank has entered it;
+//!  4. `g.all_reduce_doubles(values, op)`: in-place all-reduce of a few doubles (the result exchange).
+//!
+//! @code
+//! struct my_target {
+//!   int rank() const; int size() const;
+//!   void run(const bench_case&, const_buffer_view in, buffer_view out);
+//!   void barrier();
+//!   void all_reduce_doubles(std::span<double>, reduce_op);
+//! };
+//! @endcode
+template <class G>
+concept bench_target = requires(G& g, const bench_case& c, const_buffer_view in, buffer_view out, std::span<double> v) {
+  { g.rank() } -> std::convertible_to<int>;
+  { g.size() } -> std::convertible_to<int>;
+  g.run(c, in, out);
+  g.barrier();
+  g.all_reduce_doubles(v, reduce_op::max);
+};
+
+//! A process group as a bench_target: each run is one collective call and its wait, as a trainer would make it
+//! (argument checks, the group's progress engine, the communicator's algorithm).
+class process_group_target {
+ public:
+  explicit process_group_target(comm::process_group& pg) : pg_(pg) {}
+  int rank() const { return pg_.rank(); }
+  int size() const { return pg_.size(); }
+  void run(const bench_case& c, const_buffer_view in, buffer_view out) {
+    const bool root = pg_.rank() == c.root;
+    switch (c.op) {
+      case collective::all_reduce: pg_.all_reduce(in, out, c.rop).wait(); return;
+      case collective::all_gather: pg_.all_gather(in, out).wait(); return;
+      case collective::reduce_scatter: pg_.reduce_scatter(in, out, c.rop).wait(); return;
+      case collective::broadcast:  // the root sends its input, the others receive into their output
+        pg_.broadcast(root ? buffer_view(const_cast<std::byte*>(in.data()), in.count(), in.type()) : out, c.root).wait();
+        return;
+      case collective::reduce: pg_.reduce(in, root ? out : buffer_view(nullptr, 0, c.type), c.rop, c.root).wait(); return;
+      case collective::all_to_all: pg_.all_to_all(in, out).wait(); return;
+    }
+  }
+  void barrier() { pg_.barrier().wait(); }
+  void all_reduce_doubles(std::span<double> v, reduce_op op) {
+    pg_.all_reduce(buffer_view(v.data(), v.size(), dtype::f64), op).wait();
+  }
+
+ private:
+  comm::process_group& pg_;
+};
+static_assert(bench_target<process_group_target>);
 
 namespace detail {
 inline double value_at(int rank, std::size_t i) { return double((rank + 1) * int(i % 7 + 1)); }
@@ -102,10 +163,12 @@ inline double cpu_now() {
 }
 }  // namespace detail
 
-//! Runs one case on every rank of `pg` (collective: every rank calls it with the same arguments).
-//! CPU time is per process: with ranks as threads of one process, each rank reports the whole process.
-inline bench_result run_case(comm::process_group& pg, const bench_case& c, int warmup, int iters) {
-  const int n = pg.size(), me = pg.rank();
+//! Runs one case on every rank of `g` (collective: every rank calls it with the same arguments). The time is
+//! each rank's mean over `iters` back-to-back runs after `warmup` runs and a barrier; the slowest rank's mean is
+//! reported. CPU time is per process: with ranks as threads of one process, each rank reports the whole process.
+template <bench_target G>
+bench_result run_case(G& g, const bench_case& c, int warmup, int iters) {
+  const int n = g.size(), me = g.rank();
   const std::size_t es = size_of(c.type);
   const std::size_t count = c.bytes / es;
   // Per-rank input and output element counts, by the nccl-tests convention for "size".
@@ -117,24 +180,14 @@ inline bench_result run_case(comm::process_group& pg, const bench_case& c, int w
   std::vector<std::byte> in(in_count * es), out(out_count * es);
   const std::size_t in_offset = c.op == collective::all_gather ? block * std::size_t(me) : 0;
   detail::fill(in, c.type, in_offset, in_count, me);
-  buffer_view inv(in.data(), in_count, c.type), outv(out.data(), out_count, c.type);
+  const_buffer_view inv(in.data(), in_count, c.type);
+  buffer_view outv(out.data(), out_count, c.type);
 
-  const auto once = [&] {
-    switch (c.op) {
-      case collective::all_reduce: return pg.all_reduce(inv, outv, c.rop);
-      case collective::all_gather: return pg.all_gather(inv, outv);
-      case collective::reduce_scatter: return pg.reduce_scatter(inv, outv, c.rop);
-      case collective::broadcast: return pg.broadcast(me == c.root ? inv : outv, c.root);
-      case collective::reduce: return pg.reduce(inv, me == c.root ? outv : buffer_view(nullptr, 0, c.type), c.rop, c.root);
-      case collective::all_to_all: return pg.all_to_all(inv, outv);
-    }
-    return pg.barrier();
-  };
-  for (int i = 0; i < warmup; ++i) once().wait();
-  pg.barrier().wait();
+  for (int i = 0; i < warmup; ++i) g.run(c, inv, outv);
+  g.barrier();
   const double cpu0 = detail::cpu_now();
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) once().wait();
+  for (int i = 0; i < iters; ++i) g.run(c, inv, outv);
   const auto t1 = std::chrono::steady_clock::now();
   double stats[2] = {std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(iters, 1),
                      detail::cpu_now() - cpu0};
@@ -172,11 +225,10 @@ inline bench_result run_case(comm::process_group& pg, const bench_case& c, int w
   if (c.rop != reduce_op::sum && (c.op == collective::all_reduce || c.op == collective::reduce_scatter || c.op == collective::reduce))
     wrong = 0;  // the check values above are sums; other ops are timed only (the conformance suite checks them)
 
-  double agg[3] = {stats[0], stats[1], double(wrong)};
-  double mx[1] = {agg[0]};
-  pg.all_reduce(buffer_view(mx, 1, dtype::f64), reduce_op::max).wait();
-  double sums[2] = {agg[1], agg[2]};
-  pg.all_reduce(buffer_view(sums, 2, dtype::f64), reduce_op::sum).wait();
+  double mx[1] = {stats[0]};
+  g.all_reduce_doubles(mx, reduce_op::max);
+  double sums[2] = {stats[1], double(wrong)};
+  g.all_reduce_doubles(sums, reduce_op::sum);
 
   bench_result r;
   r.c = c;
@@ -185,18 +237,25 @@ inline bench_result run_case(comm::process_group& pg, const bench_case& c, int w
   r.algbw_gbs = r.time_us > 0 ? double(c.bytes) / (r.time_us * 1e3) : 0;
   r.busbw_gbs = r.algbw_gbs * busbw_factor(c.op, n);
   r.cpu_seconds = sums[0];
+  const double gb = double(c.bytes) * std::max(iters, 1) / 1e9;
+  r.cpu_s_per_gb = gb > 0 ? r.cpu_seconds / gb : 0;
   r.wrong = std::size_t(sums[1]);
   return r;
 }
 
+inline bench_result run_case(comm::process_group& pg, const bench_case& c, int warmup, int iters) {
+  process_group_target g(pg);
+  return run_case(g, c, warmup, iters);
+}
+
 inline void print_header(std::FILE* f) {
-  std::fprintf(f, "#%13s %12s %6s %6s %14s %10s %10s %8s %10s\n", "size(B)", "count", "type", "redop", "collective",
-               "time(us)", "algbw(GB/s)", "busbw", "wrong");
+  std::fprintf(f, "#%13s %12s %6s %6s %14s %10s %10s %8s %10s %10s\n", "size(B)", "count", "type", "redop", "collective",
+               "time(us)", "algbw(GB/s)", "busbw", "wrong", "cpu_s/GB");
 }
 inline void print_row(std::FILE* f, const bench_result& r) {
-  std::fprintf(f, " %13zu %12zu %6s %6s %14s %10.1f %10.3f %8.3f %10zu\n", r.c.bytes, r.count,
+  std::fprintf(f, " %13zu %12zu %6s %6s %14s %10.1f %10.3f %8.3f %10zu %10.3f\n", r.c.bytes, r.count,
                std::string(to_string(r.c.type)).c_str(), std::string(to_string(r.c.rop)).c_str(),
-               std::string(to_string(r.c.op)).c_str(), r.time_us, r.algbw_gbs, r.busbw_gbs, r.wrong);
+               std::string(to_string(r.c.op)).c_str(), r.time_us, r.algbw_gbs, r.busbw_gbs, r.wrong, r.cpu_s_per_gb);
 }
 
 }  // namespace shardkit::bench
