@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "shardkit/core/error.hpp"
@@ -18,26 +19,41 @@
 
 namespace shardkit::transport {
 
+//! Settings of a fabric_transport. Environment variables (fabric_options::from_env):
+//!
+//! | variable                      | field             | default                                               |
+//! |-------------------------------|-------------------|-------------------------------------------------------|
+//! | SHARDKIT_FABRIC_PROVIDER      | provider          | "tcp;ofi_rxm"                                         |
+//! | SHARDKIT_FABRIC_DOMAIN        | domain            | the provider's first (tcp: an interface, e.g. "eth0") |
+//! | SHARDKIT_FABRIC_MAX_MSG       | max_message_bytes | 64M (bytes; K/M/G suffixes)                           |
+//! | SHARDKIT_FABRIC_EAGER         | eager_bytes       | 8K                                                    |
+//! | SHARDKIT_FABRIC_PEER_TIMEOUT  | peer_timeout      | 30 (seconds; 0 = send no liveness probes)             |
 struct fabric_options {
-  //! libfabric provider (SHARDKIT_FABRIC_PROVIDER): "tcp;ofi_rxm" (default), "shm", "verbs;ofi_rxm", "efa", ...
+  //! libfabric provider: "tcp;ofi_rxm" (default), "shm", "verbs;ofi_rxm", "efa", ...
   std::string provider = "tcp;ofi_rxm";
-  //! Domain (SHARDKIT_FABRIC_DOMAIN), e.g. an interface name for tcp ("eth0", "lo"); empty = the provider's first.
+  //! Domain, e.g. an interface name for tcp ("eth0", "lo"); empty = the provider's first.
   std::string domain;
   //! Store key prefix; each create() on one store takes the next generation under it.
   std::string prefix = "shardkit.fabric";
   //! Bound on the address exchange.
   std::chrono::milliseconds connect_timeout = rendezvous::default_store_timeout;
-  //! Largest message handed to the provider at once (SHARDKIT_FABRIC_MAX_MSG); 0 = the provider's max_msg_size.
-  //! Larger messages are sent in chunks.
-  std::size_t max_message_bytes = 0;
+  //! Largest piece of a message handed to the provider at once (also capped by its max_msg_size); larger
+  //! messages travel as consecutive chunks. Rounded down to a power of two. It also bounds the scratch memory a
+  //! receive needs to drain a message that does not fit it. 0: the provider's max_msg_size alone.
+  std::size_t max_message_bytes = std::size_t(64) << 20;
+  //! Messages up to this size travel with their header in one provider message, straight into the receive (no
+  //! round trip, no copy where the provider scatters); larger ones announce their size first. Every receive is
+  //! posted with room for this many bytes (the excess lands in a shared sink, never past the caller's span).
+  //! 8 KiB keeps header + bytes inside tcp;ofi_rxm's 16 KiB eager buffer: with 64 KiB, 16 KiB messages went
+  //! through rxm's segmentation and took 45-60 us one way on loopback instead of 18-30 us.
+  std::size_t eager_bytes = std::size_t(8) << 10;
+  //! A peer that answers no liveness probe for this long while operations with it are pending is lost
+  //! (errc::peer_lost). Probes go only to peers that were silent for min(peer_timeout / 4, 1 s) while an
+  //! operation with them was pending, so idle pairs exchange nothing. 0: this rank sends no probes (it still
+  //! answers other ranks'), so only connection errors make it lose a peer.
+  std::chrono::milliseconds peer_timeout{30'000};
 
-  static fabric_options from_env() {
-    fabric_options o;
-    if (const char* v = std::getenv("SHARDKIT_FABRIC_PROVIDER"); v && *v) o.provider = v;
-    if (const char* v = std::getenv("SHARDKIT_FABRIC_DOMAIN")) o.domain = v;
-    if (const char* v = std::getenv("SHARDKIT_FABRIC_MAX_MSG")) o.max_message_bytes = std::strtoull(v, nullptr, 10);
-    return o;
-  }
+  static fabric_options from_env();
 };
 
 namespace fabric_detail {
@@ -59,11 +75,49 @@ inline errc classify(int fi_err) noexcept {
     case FI_ECONNABORTED:
     case FI_ENOTCONN:
     case FI_EHOSTUNREACH:
+    case FI_ENETUNREACH:
+    case FI_ENETDOWN:
+    case EPIPE:
+    case FI_ETIMEDOUT:
     case FI_ESHUTDOWN: return errc::peer_lost;
     case FI_ETRUNC: return errc::protocol;
     case FI_ECANCELED: return errc::aborted;
     default: return errc::backend;
   }
+}
+
+[[noreturn]] inline void bad_setting(const std::string& name, const std::string& value, const std::string& why) {
+  throw_error(errc::config, name + "='" + value + "': " + why, {.operation = "fabric.options", .object = name});
+}
+
+//! "65536", "64K", "8M", "1G": powers of 1024.
+inline std::uint64_t parse_byte_size(const char* name, const std::string& text) {
+  std::size_t pos = 0;
+  std::uint64_t value = 0;
+  try {
+    if (text.empty() || text[0] == '-' || text[0] == '+') throw std::invalid_argument("sign");
+    value = std::stoull(text, &pos);
+  } catch (const std::exception&) {
+    bad_setting(name, text, "expected a byte count such as 65536, 64K or 8M");
+  }
+  const std::string suffix = text.substr(pos);
+  const int shift = suffix.empty() ? 0 : suffix == "K" || suffix == "k" ? 10 : suffix == "M" ? 20 : suffix == "G" ? 30 : -1;
+  if (shift < 0) bad_setting(name, text, "unknown size suffix '" + suffix + "' (use K, M or G)");
+  if (shift > 0 && value > (std::uint64_t(-1) >> shift)) bad_setting(name, text, "too large");
+  return value << shift;
+}
+
+inline long long parse_integer(const char* name, const std::string& text, long long lo, long long hi) {
+  std::size_t pos = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &pos);
+  } catch (const std::exception&) {
+    bad_setting(name, text, "expected an integer");
+  }
+  if (pos != text.size()) bad_setting(name, text, "expected an integer");
+  if (v < lo || v > hi) bad_setting(name, text, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
 }
 
 template <class T>
@@ -82,7 +136,7 @@ struct info_deleter {
 };
 using info_ptr = std::unique_ptr<fi_info, info_deleter>;
 
-//! The first RDM endpoint of `opts.provider` with tagged messages, matching by source, remote CQ data and
+//! The first RDM endpoint of `opts.provider` with tagged messages, matching by source and
 //! send-after-send ordering (the p2p ordering rule per (peer, tag)). Memory registration modes the transport
 //! can honour are offered (FI_MR_LOCAL: it registers each buffer; it uses no RMA, so the others are moot).
 inline info_ptr query(const fabric_options& opts, int rank) {
@@ -114,4 +168,21 @@ inline int tag_bits(std::uint64_t mem_tag_format) noexcept {
 }
 
 }  // namespace fabric_detail
+
+inline fabric_options fabric_options::from_env() {
+  namespace d = fabric_detail;
+  fabric_options o;
+  if (const char* v = std::getenv("SHARDKIT_FABRIC_PROVIDER"); v && *v) o.provider = v;
+  if (const char* v = std::getenv("SHARDKIT_FABRIC_DOMAIN")) o.domain = v;
+  if (const char* v = std::getenv("SHARDKIT_FABRIC_MAX_MSG"); v && *v) {
+    o.max_message_bytes = std::size_t(d::parse_byte_size("SHARDKIT_FABRIC_MAX_MSG", v));
+    if (o.max_message_bytes < 4096) d::bad_setting("SHARDKIT_FABRIC_MAX_MSG", v, "must be at least 4K");
+  }
+  if (const char* v = std::getenv("SHARDKIT_FABRIC_EAGER"); v && *v)
+    o.eager_bytes = std::size_t(d::parse_byte_size("SHARDKIT_FABRIC_EAGER", v));
+  if (const char* v = std::getenv("SHARDKIT_FABRIC_PEER_TIMEOUT"); v && *v)
+    o.peer_timeout = std::chrono::seconds(d::parse_integer("SHARDKIT_FABRIC_PEER_TIMEOUT", v, 0, 86400));
+  return o;
+}
+
 }  // namespace shardkit::transport

@@ -1,0 +1,445 @@
+// libfabric transport: raw p2p semantics over each provider (sizes, order, truncation, cancel, abort, a lost
+// peer), the conformance suite over p2p_communicator<fabric_transport> with ranks as threads and as processes,
+// and a rank killed mid-job.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <numeric>
+
+#include "comm/conformance.hpp"
+#include "shardkit/comm/p2p_communicator.hpp"
+#include "shardkit/rendezvous/memory_store.hpp"
+#include "shardkit/transport/fabric.hpp"
+#include "support/harness.hpp"
+
+#if __has_include("shardkit/rendezvous/env.hpp")
+#include "shardkit/rendezvous/env.hpp"
+#define SHARDKIT_TEST_HAVE_TCP_STORE 1
+#endif
+
+using namespace shardkit;
+using namespace std::chrono_literals;
+using transport::fabric_options;
+using transport::fabric_transport;
+
+namespace {
+
+//! The providers to test: FABRIC_TEST_PROVIDERS="shm" (one) narrows the default pair.
+std::vector<std::string> providers_under_test() {
+  if (const char* v = std::getenv("FABRIC_TEST_PROVIDERS"); v && *v) return {v};
+  return {"tcp;ofi_rxm", "shm"};
+}
+const std::vector<std::string> providers = providers_under_test();
+
+fabric_options options_for(const std::string& provider, std::size_t max_message = 0) {
+  fabric_options o = fabric_options::from_env();  // SHARDKIT_FABRIC_DOMAIN picks the lab's interface
+  o.provider = provider;
+  if (provider.find("tcp") != std::string::npos && o.domain.empty()) o.domain = "lo";  // ranks of one host
+  o.connect_timeout = 60s;
+  if (max_message) o.max_message_bytes = max_message;
+  return o;
+}
+
+//! n transports, created concurrently (the address exchange is collective); empty with a one-line reason when
+//! the provider cannot be used here.
+std::vector<std::shared_ptr<fabric_transport>> make_world(int n, const fabric_options& opts) {
+  auto store = rendezvous::make_store<rendezvous::memory_store>();
+  std::vector<std::shared_ptr<fabric_transport>> world(static_cast<std::size_t>(n));
+  try {
+    test::run_threads(n, [&](int r) { world[std::size_t(r)] = fabric_transport::create(store, r, n, opts); });
+  } catch (const error& e) {
+    if (e.code() != errc::unsupported && e.code() != errc::backend) throw;
+    MESSAGE("skipping provider '" << opts.provider << "': " << std::string(e.what()));
+    test::write_skip_record("fabric:" + opts.provider, e.what());
+    return {};
+  }
+  return world;
+}
+std::vector<std::shared_ptr<fabric_transport>> make_world(int n, const std::string& provider, std::size_t max_message = 0) {
+  return make_world(n, options_for(provider, max_message));
+}
+
+std::vector<std::byte> pattern(std::size_t n, int seed) {
+  std::vector<std::byte> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = std::byte((i * 31 + std::size_t(seed) * 7) & 0xff);
+  return v;
+}
+
+//! The error a completion fails with (fails the test if it succeeds or is still pending at the deadline).
+error failure_of(const completion& c, deadline dl) {
+  try {
+    if (!c.wait_until(dl)) FAIL("the operation is still pending at the deadline");
+  } catch (const error& e) {
+    return e;
+  }
+  FAIL("the operation succeeded");
+  throw std::logic_error("unreachable");
+}
+
+void exchange(fabric_transport& a, fabric_transport& b, transport::message_tag tag, std::size_t n, deadline dl) {
+  auto m = pattern(n, int(tag)), g = std::vector<std::byte>(n), m2 = pattern(n + 1, int(tag) + 1), g2 = std::vector<std::byte>(n + 1);
+  auto r1 = b.recv(a.rank(), tag, g);
+  auto r2 = a.recv(b.rank(), tag, g2);
+  auto s1 = a.send(b.rank(), tag, m);
+  auto s2 = b.send(a.rank(), tag, m2);
+  REQUIRE(wait_all(std::vector<completion>{r1, r2, s1, s2}, dl));
+  CHECK(g == m);
+  CHECK(g2 == m2);
+}
+
+void sizes_and_order(fabric_transport& a, fabric_transport& b, deadline dl) {
+  const std::size_t eager = a.eager_bytes();
+  for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(37), eager - 1, eager, eager + 1, std::size_t(3) << 20,
+                        (std::size_t(8) << 20) + 3}) {
+    CAPTURE(n);
+    auto src = pattern(n, int(n % 13)), dst = std::vector<std::byte>(n + 100);
+    auto r = b.recv(0, 9, dst);  // room to spare: the receive reports the message's size
+    auto s = a.send(1, 9, src);
+    REQUIRE(r.wait_until(dl));
+    REQUIRE(s.wait_until(dl));
+    CHECK(r.bytes() == n);
+    CHECK(std::equal(src.begin(), src.end(), dst.begin()));
+  }
+  // Unexpected messages (sent before any receive), received in another tag order; small and announced.
+  for (std::size_t n : {std::size_t(100), std::size_t(1) << 20}) {
+    auto x = pattern(n, 1), y = pattern(2 * n, 2), gx = std::vector<std::byte>(n), gy = std::vector<std::byte>(2 * n);
+    auto s1 = a.send(1, 1, x);
+    auto s2 = a.send(1, 2, y);
+    std::this_thread::sleep_for(20ms);
+    auto r2 = b.recv(0, 2, gy);
+    auto r1 = b.recv(0, 1, gx);
+    REQUIRE(wait_all(std::vector<completion>{r1, r2, s1, s2}, dl));
+    CHECK(gx == x);
+    CHECK(gy == y);
+  }
+  // One tag keeps its order, mixing eager and announced messages, in both directions at once.
+  std::vector<std::vector<std::byte>> sent, got;
+  std::vector<completion> ops;
+  for (int i = 0; i < 40; ++i) {
+    const std::size_t n = i % 5 == 4 ? eager * 3 + std::size_t(i) : std::size_t(i) * 11;
+    sent.push_back(pattern(n, 10 + i));
+    got.emplace_back(n);
+  }
+  for (std::size_t i = 0; i < sent.size(); ++i) ops.push_back(b.recv(0, 3, got[i]));
+  for (std::size_t i = 0; i < sent.size(); ++i) ops.push_back(a.send(1, 3, sent[i]));
+  auto back = pattern(64, 99), back_got = std::vector<std::byte>(64);
+  ops.push_back(a.recv(1, 3, back_got));
+  ops.push_back(b.send(0, 3, back));
+  REQUIRE(wait_all(ops, dl));
+  CHECK(got == sent);
+  CHECK(back_got == back);
+}
+
+//! A message larger than the receive fails it with errc::protocol naming rank and peer, writes nothing past
+//! the span (the guard bytes around it), and the pair keeps working, whether the message went eager or announced.
+void truncation(fabric_transport& a, fabric_transport& b, deadline dl) {
+  for (std::size_t n : {std::size_t(300), a.eager_bytes() + 50, std::size_t(1) << 20}) {
+    CAPTURE(n);
+    const std::size_t room = n == 300 ? 100 : n / 2;
+    std::vector<std::byte> area(room + 64, std::byte{0x5a});
+    const std::span<std::byte> span(area.data() + 32, room);
+    auto big = pattern(n, 4);
+    auto r = b.recv(0, 5, span);
+    auto s = a.send(1, 5, big);
+    const error e = failure_of(r, dl);
+    INFO(e.what());
+    CHECK(e.code() == errc::protocol);
+    CHECK(e.context().rank == 1);
+    CHECK(e.context().peer == 0);
+    CHECK(std::string(e.what()).find(std::to_string(n) + "-byte message") != std::string::npos);
+    CHECK(s.wait_until(dl));
+    for (std::size_t i = 0; i < 32; ++i) {
+      CHECK(area[i] == std::byte{0x5a});
+      CHECK(area[32 + room + i] == std::byte{0x5a});
+    }
+    exchange(a, b, 5, 50, dl);
+    exchange(a, b, 5, 3 * a.eager_bytes(), dl);
+  }
+  // A message smaller than the receive reports its size.
+  auto small = pattern(10, 3);
+  std::vector<std::byte> room(100);
+  auto r = b.recv(0, 4, room);
+  REQUIRE(a.send(1, 4, small).wait_until(dl));
+  REQUIRE(r.wait_until(dl));
+  CHECK(r.bytes() == 10);
+}
+
+void cancel_and_abort(fabric_transport& a, fabric_transport& b, deadline dl) {
+  {
+    std::vector<std::byte> room(16);
+    auto r = b.recv(0, 6, room);
+    CHECK(r.cancel());
+    CHECK(r.has_failed());
+    CHECK(failure_of(r, dl).code() == errc::aborted);
+    auto msg = pattern(16, 5);
+    auto r2 = b.recv(0, 6, room);
+    REQUIRE(a.send(1, 6, msg).wait_until(dl));
+    REQUIRE(r2.wait_until(dl));
+    CHECK(room == msg);
+    CHECK_FALSE(r2.cancel());  // done
+  }
+  {
+    // A receive whose message arrived cannot be withdrawn any more.
+    std::vector<std::byte> room(1 << 20);
+    auto msg = pattern(1 << 20, 6);
+    auto s = a.send(1, 7, msg);
+    std::this_thread::sleep_for(50ms);
+    auto r = b.recv(0, 7, room);
+    std::this_thread::sleep_for(50ms);
+    CHECK_FALSE(r.cancel());
+    REQUIRE(r.wait_until(dl));
+    REQUIRE(s.wait_until(dl));
+    CHECK(room == msg);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("[fabric] raw p2p over each provider: sizes, order, truncation, cancel") {
+  for (const std::string& p : providers) {
+    INFO("provider " << p);
+    auto w = make_world(2, p);
+    if (w.empty()) continue;
+    const auto dl = deadline_after(60s);
+    sizes_and_order(*w[0], *w[1], dl);
+    truncation(*w[0], *w[1], dl);
+    cancel_and_abort(*w[0], *w[1], dl);
+  }
+}
+
+TEST_CASE("[fabric] messages above max_message_bytes travel in chunks, cut by the sender's chunk size") {
+  for (const std::string& p : providers) {
+    INFO("provider " << p);
+    auto store = rendezvous::make_store<rendezvous::memory_store>();
+    std::vector<std::shared_ptr<fabric_transport>> w(2);
+    // The two ranks chunk differently: the receiver follows the sender's header.
+    test::run_threads(2, [&](int r) { w[std::size_t(r)] = fabric_transport::create(store, r, 2, options_for(p, r == 0 ? 1 << 20 : 1 << 16)); });
+    CHECK(w[0]->max_message_bytes() == 1u << 20);
+    const auto dl = deadline_after(60s);
+    for (std::size_t n : {(std::size_t(3) << 20) + 5, std::size_t(1) << 20}) {
+      auto src = pattern(n, 7), dst = std::vector<std::byte>(8 << 20);
+      auto r = w[1]->recv(0, 1, dst);
+      auto s = w[0]->send(1, 1, src);
+      REQUIRE(wait_all(std::vector<completion>{r, s}, dl));
+      CHECK(r.bytes() == n);
+      CHECK(std::equal(src.begin(), src.end(), dst.begin()));
+    }
+    truncation(*w[0], *w[1], dl);
+    exchange(*w[0], *w[1], 2, 5 << 20, dl);
+  }
+}
+
+TEST_CASE("[fabric] abort fails pending and later operations, and withdraws pending receives") {
+  for (const std::string& p : providers) {
+    INFO("provider " << p);
+    auto w = make_world(2, p);
+    if (w.empty()) continue;
+    const auto dl = deadline_after(30s);
+    std::vector<std::byte> room(64, std::byte{0x11}), big_room(4 << 20, std::byte{0x11});
+    auto r1 = w[1]->recv(0, 1, room);
+    auto r2 = w[1]->recv(0, 2, big_room);
+    w[1]->abort(std::make_exception_ptr(error(errc::aborted, "test abort", {.rank = 1})));
+    CHECK(r1.has_failed());
+    CHECK(r2.has_failed());
+    CHECK(failure_of(r1, dl).detail() == "test abort");
+    auto later = w[1]->recv(0, 3, room);
+    CHECK(later.has_failed());
+    CHECK(w[1]->send(0, 3, room).has_failed());
+    // What the peer sends now is not written into the withdrawn receives.
+    auto msg = pattern(64, 1), big = pattern(4 << 20, 2);
+    auto s1 = w[0]->send(1, 1, msg), s2 = w[0]->send(1, 2, big);
+    s1.wait_for(500ms);
+    std::this_thread::sleep_for(200ms);
+    CHECK(std::all_of(room.begin(), room.end(), [](std::byte b) { return b == std::byte{0x11}; }));
+    CHECK(std::all_of(big_room.begin(), big_room.end(), [](std::byte b) { return b == std::byte{0x11}; }));
+  }
+}
+
+TEST_CASE("[fabric] a peer whose transport is gone is lost: errc::peer_lost naming it, within the peer timeout") {
+  for (const std::string& p : providers) {
+    INFO("provider " << p);
+    if (p == "shm") {
+      // shm endpoints of one process share their mappings of each other: a send to one closed in this process
+      // crashes libfabric 1.17's shm. Peers are processes in practice; the process test below covers shm.
+      MESSAGE("shm: skipped in one process (covered by the process test)");
+      continue;
+    }
+    auto opts = options_for(p);
+    opts.peer_timeout = 1s;
+    auto w = make_world(3, opts);
+    if (w.empty()) continue;
+    const auto dl = deadline_after(30s);
+    exchange(*w[0], *w[2], 1, 100, dl);
+    exchange(*w[1], *w[2], 1, 100, dl);
+    std::vector<std::byte> room(1 << 20);
+    auto r = w[0]->recv(2, 5, room);
+    const auto start = steady_clock::now();
+    w[2].reset();  // closes its endpoints: rank 2 is gone
+    const error e = failure_of(r, dl);
+    const double took = std::chrono::duration<double>(steady_clock::now() - start).count();
+    MESSAGE("provider " << p << ": rank 0 saw rank 2 lost after " << took << " s: " << std::string(e.what()));
+    CHECK(e.code() == errc::peer_lost);
+    CHECK(e.context().rank == 0);
+    CHECK(e.context().peer == 2);
+    CHECK(std::string(e.what()).find("rank 2") != std::string::npos);
+    CHECK(took < 5.0);
+    // Later operations with it fail at once; the others carry on.
+    CHECK(w[0]->send(2, 6, room).has_failed());
+    CHECK(w[0]->recv(2, 6, room).has_failed());
+    exchange(*w[0], *w[1], 7, 2 << 20, dl);
+  }
+}
+
+TEST_CASE("[fabric] settings from the environment") {
+  ::setenv("SHARDKIT_FABRIC_EAGER", "16K", 1);
+  ::setenv("SHARDKIT_FABRIC_MAX_MSG", "4M", 1);
+  ::setenv("SHARDKIT_FABRIC_PEER_TIMEOUT", "7", 1);
+  auto o = fabric_options::from_env();
+  CHECK(o.eager_bytes == 16u << 10);
+  CHECK(o.max_message_bytes == 4u << 20);
+  CHECK(o.peer_timeout == 7s);
+  ::setenv("SHARDKIT_FABRIC_PEER_TIMEOUT", "soon", 1);
+  try {
+    fabric_options::from_env();
+    FAIL("a malformed SHARDKIT_FABRIC_PEER_TIMEOUT was accepted");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::config);
+    CHECK(std::string(e.what()).find("SHARDKIT_FABRIC_PEER_TIMEOUT") != std::string::npos);
+  }
+  ::unsetenv("SHARDKIT_FABRIC_EAGER");
+  ::unsetenv("SHARDKIT_FABRIC_MAX_MSG");
+  ::unsetenv("SHARDKIT_FABRIC_PEER_TIMEOUT");
+}
+
+namespace {
+comm::group_options test_group_options() {
+  comm::group_options o;
+  o.timeout = 120s;
+  return o;
+}
+}  // namespace
+
+TEST_CASE("[fabric] conformance suite over p2p_communicator<fabric_transport>, ranks as threads") {
+  for (const std::string& p : providers)
+    for (int n : {1, 2, 3, 5}) {
+      CAPTURE(p);
+      CAPTURE(n);
+      const auto start = steady_clock::now();
+      auto w = make_world(n, p);
+      if (w.empty()) break;
+      std::vector<comm::process_group> groups;
+      for (auto& t : w) groups.push_back(comm::process_group::create(comm::p2p_communicator<fabric_transport>(t), test_group_options()));
+      std::atomic<int> counter{0};
+      test::conformance_options o;
+      o.backend = "fabric:" + p;
+      o.shared_counter = &counter;
+      o.large = n == 3;  // the >= 8 MiB cases once per provider: 2 shared cores
+      test::run_threads(n, [&](int r) { test::run_conformance(groups[std::size_t(r)], o); });
+      MESSAGE("fabric " << p << " conformance, " << n << " ranks as threads: "
+                        << std::chrono::duration<double>(steady_clock::now() - start).count() << " s");
+    }
+}
+
+#ifdef SHARDKIT_TEST_HAVE_TCP_STORE
+namespace {
+rendezvous::any_store scenario_store() {
+  return rendezvous::connect_store(rendezvous::info_from_env(), 60s);
+}
+}  // namespace
+
+SHARDKIT_SCENARIO(fabric_conformance) {
+  const auto info = rendezvous::info_from_env();
+  auto store = scenario_store();
+  const std::string provider = std::getenv("FABRIC_TEST_PROVIDER");
+  auto t = fabric_transport::create(store, info.rank, info.world_size, options_for(provider));
+  auto pg = comm::process_group::create(comm::p2p_communicator<fabric_transport>(t), test_group_options());
+  test::conformance_options o;
+  o.backend = "fabric:" + provider;
+  o.large = std::getenv("FABRIC_TEST_LARGE") != nullptr;  // the lab run (fabric_netlab.sh) sets it
+  test::run_conformance(pg, o);
+}
+
+//! Rank 2 dies (SIGKILL) once every pair has talked; ranks 0 and 1 must see errc::peer_lost naming it within
+//! the peer timeout (2 s here), then carry on between themselves.
+SHARDKIT_SCENARIO(fabric_kill_one) {
+  const auto info = rendezvous::info_from_env();
+  auto store = scenario_store();
+  auto opts = options_for(std::getenv("FABRIC_TEST_PROVIDER"));
+  opts.peer_timeout = 2s;
+  auto t = fabric_transport::create(store, info.rank, info.world_size, opts);
+  const auto dl = deadline_after(30s);
+  std::vector<std::byte> one(1), in(1);
+  for (int p = 0; p < t->size(); ++p) {
+    if (p == t->rank()) continue;
+    auto r = t->recv(p, 1, in);
+    SCENARIO_CHECK(t->send(p, 1, one).wait_until(dl));
+    SCENARIO_CHECK(r.wait_until(dl));
+  }
+  if (info.rank == 2) {
+    // Die only once 0 and 1 have everything from this rank (their acks say so).
+    for (int p : {0, 1}) SCENARIO_CHECK(t->recv(p, 2, in).wait_until(dl));
+    ::raise(SIGKILL);
+  }
+  try {
+    t->send(2, 2, one).wait_until(dl);
+  } catch (const error& e) {
+    SCENARIO_CHECK(e.code() == errc::peer_lost);  // rank 2 may be gone already
+  }
+  std::vector<std::byte> buf(1 << 20);
+  const auto start = steady_clock::now();
+  auto r = t->recv(2, 5, buf);
+  bool lost = false;
+  try {
+    r.wait_until(dl);
+  } catch (const error& e) {
+    std::printf("rank %d: %s (after %.2f s)\n", info.rank, e.what(), std::chrono::duration<double>(steady_clock::now() - start).count());
+    lost = e.code() == errc::peer_lost && e.context().peer == 2 && std::string(e.what()).find("rank 2") != std::string::npos;
+  }
+  SCENARIO_CHECK(lost);
+  SCENARIO_CHECK(steady_clock::now() - start < 10s);
+  SCENARIO_CHECK(t->send(2, 6, buf).has_failed());
+  // The survivors carry on.
+  const int other = 1 - info.rank;
+  auto msg = std::vector<std::byte>(4 << 20, std::byte(info.rank + 1));
+  std::vector<std::byte> got(4 << 20);
+  auto r2 = t->recv(other, 7, got);
+  SCENARIO_CHECK(t->send(other, 7, msg).wait_until(dl));
+  SCENARIO_CHECK(r2.wait_until(dl));
+  SCENARIO_CHECK(got == std::vector<std::byte>(4 << 20, std::byte(other + 1)));
+  auto r3 = t->recv(other, 8, in);
+  SCENARIO_CHECK(t->send(other, 8, one).wait_until(dl));
+  SCENARIO_CHECK(r3.wait_until(dl));
+}
+
+TEST_CASE("[fabric] conformance suite, ranks as processes") {
+  for (const std::string& p : providers) {
+    CAPTURE(p);
+    if (make_world(1, p).empty()) continue;
+    const auto start = steady_clock::now();
+    test::require_all_succeeded(test::run_processes(3, "fabric_conformance", {{"FABRIC_TEST_PROVIDER", p}}, 300s));
+    MESSAGE("fabric " << p << " conformance, 3 processes: " << std::chrono::duration<double>(steady_clock::now() - start).count() << " s");
+  }
+}
+
+TEST_CASE("[fabric] ranks as processes: killing one fails its peers' operations with errc::peer_lost naming it") {
+  for (const std::string& p : providers) {
+    CAPTURE(p);
+    if (make_world(1, p).empty()) continue;
+    const auto results = test::run_processes(3, "fabric_kill_one", {{"FABRIC_TEST_PROVIDER", p}}, 60s);
+    REQUIRE(results.size() == 3);
+    for (int r = 0; r < 2; ++r) {
+      INFO("rank " << r << " exited " << results[std::size_t(r)].exit_code << " with output:\n" << results[std::size_t(r)].output);
+      CHECK(results[std::size_t(r)].exit_code == 0);
+    }
+    MESSAGE(p << ": " << results[0].output);
+    CHECK(results[2].exit_code == -SIGKILL);
+  }
+}
+#else
+TEST_CASE("[fabric] conformance suite, ranks as processes") {
+  MESSAGE("skipped: shardkit/rendezvous/env.hpp (TCP store) is not available in this tree");
+}
+#endif
