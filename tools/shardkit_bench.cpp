@@ -10,7 +10,9 @@
 //
 // Transports: shm, tcp, auto (init_process_group's choice); with shardkit::gloo also
 //   gloo       a process group over gloo_communicator (Gloo's collectives behind shardkit's API);
-//   gloo-ring  Gloo's own ring all_reduce called directly on the same gloo context (bench/gloo_ring.hpp).
+//   gloo-ring  Gloo's own ring all_reduce called directly on the same gloo context (bench/gloo_ring.hpp);
+// and with shardkit::fabric
+//   fabric     the generic algorithms over libfabric (SHARDKIT_FABRIC_PROVIDER, SHARDKIT_FABRIC_DOMAIN).
 // Both rendezvous from the same launcher variables; Gloo's device binds the first interface of
 // SHARDKIT_SOCKET_IFNAME (else GLOO_SOCKET_IFNAME; 127.0.0.1 when every rank is local and neither is set).
 // gloo_communicator's per-call count verification is off unless SHARDKIT_GLOO_VERIFY is set: it is shardkit's
@@ -29,6 +31,9 @@
 #if defined(SHARDKIT_HAS_GLOO)
 #include "shardkit/backends/gloo.hpp"
 #include "shardkit/bench/gloo_ring.hpp"
+#endif
+#if defined(SHARDKIT_HAS_FABRIC)
+#include "shardkit/transport/fabric.hpp"
 #endif
 
 namespace {
@@ -52,6 +57,9 @@ struct args {
                "                      [-n ITERS] [-w WARMUP] [--transport shm|tcp|auto"
 #if defined(SHARDKIT_HAS_GLOO)
                "|gloo|gloo-ring"
+#endif
+#if defined(SHARDKIT_HAS_FABRIC)
+               "|fabric"
 #endif
                "] [--threads N] [--json]\n"
                "sizes take K/M/G suffixes (binary); ops: all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n",
@@ -157,6 +165,20 @@ int run(sk::comm::process_group& pg, const args& a, const std::string& transport
   return run(g, a, transport);
 }
 
+#if defined(SHARDKIT_HAS_FABRIC)
+//! libfabric (SHARDKIT_FABRIC_PROVIDER, SHARDKIT_FABRIC_DOMAIN) under the generic algorithms, from the same
+//! launcher variables as init_process_group.
+int run_fabric(const args& a) {
+  const auto info = sk::rendezvous::info_from_env();
+  sk::log::set_process_rank(info.rank);
+  auto store = sk::rendezvous::connect_store(info);
+  sk::rendezvous::any_store scoped(std::make_shared<sk::rendezvous::prefix_store>(store, "shardkit/fabric"));
+  auto t = sk::transport::fabric_transport::create(scoped, info.rank, info.world_size);
+  auto pg = sk::comm::process_group::create(sk::comm::p2p_communicator<sk::transport::fabric_transport>(t));
+  return run(pg, a, "fabric:" + t->provider());
+}
+#endif
+
 #if defined(SHARDKIT_HAS_GLOO)
 //! Gloo from the same launcher variables as init_process_group: store at MASTER_ADDR:MASTER_PORT, then a gloo
 //! device and full mesh.
@@ -199,6 +221,9 @@ int main(int argc, char** argv) try {
   }
 #if defined(SHARDKIT_HAS_GLOO)
   if (a.transport == "gloo" || a.transport == "gloo-ring") return run_gloo(a);
+#endif
+#if defined(SHARDKIT_HAS_FABRIC)
+  if (a.transport == "fabric") return run_fabric(a);
 #endif
   auto world = sk::comm::init_process_group(a.transport);
   return run(world.group, a, world.transport);

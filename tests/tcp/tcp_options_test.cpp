@@ -113,11 +113,11 @@ TEST_CASE("[tcp] tcp_options::from_env reads every variable and names a bad one"
   const auto defaults = tcp_options::from_env(lookup);
   CHECK(defaults.streams_per_peer == 2);
   CHECK(defaults.chunk_bytes == 512u << 10);
-  CHECK(defaults.socket_buffer_bytes == 4 << 20);
+  CHECK(defaults.socket_buffer_bytes == 0);  // kernel autotuning
   CHECK(defaults.auth_token.empty());
 
   env = {{"SHARDKIT_SOCKET_IFNAME", "^docker,lo"}, {"SHARDKIT_SOCKET_NSTREAMS", "4"},
-         {"SHARDKIT_SOCKET_CHUNK", "1M"},          {"SHARDKIT_SOCKET_BUFFER", "0"},
+         {"SHARDKIT_SOCKET_CHUNK", "1M"},          {"SHARDKIT_SOCKET_BUFFER", "8M"},
          {"SHARDKIT_SOCKET_THREADS", "2"},         {"SHARDKIT_SOCKET_MAX_UNEXPECTED", "256MiB"},
          {"SHARDKIT_SOCKET_CONNECT_TIMEOUT", "7"}, {"SHARDKIT_SOCKET_HANDSHAKE_TIMEOUT", "3"},
          {"SHARDKIT_SOCKET_PORT", "29600"},        {"SHARDKIT_AUTH_TOKEN", "tok"},
@@ -126,7 +126,7 @@ TEST_CASE("[tcp] tcp_options::from_env reads every variable and names a bad one"
   CHECK(o.ifname == "^docker,lo");
   CHECK(o.streams_per_peer == 4);
   CHECK(o.chunk_bytes == 1u << 20);
-  CHECK(o.socket_buffer_bytes == 0);
+  CHECK(o.socket_buffer_bytes == 8 << 20);
   CHECK(o.io_threads == 2);
   CHECK(o.max_unexpected_bytes == std::size_t(256) << 20);
   CHECK(o.connect_timeout == std::chrono::seconds(7));

@@ -207,6 +207,7 @@ class p2p_communicator {
     child.group_id_ = (leader_transport_rank << 15) | counter;
     child.seq_ = 0;
     child.levels_ = algorithms::host_levels::of(child.members_, child.me_, state_->host_of);
+    child.scratch_ = std::make_shared<algorithms::scratch_arena>();  // the child runs on its own progress thread
     return child;
   }
 
@@ -214,12 +215,13 @@ class p2p_communicator {
   algorithms::p2p_op<T> begin(const char* name, const collective_options& o) {
     // Tag: bit 63 clear, 31 bits group id, 24 bits sequence (wraps harmlessly: ops that far apart never overlap).
     const auto tag = (transport::message_tag(group_id_) << 32) | (transport::message_tag(seq_++ & 0xffffffu) << 8);
-    return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, {});
+    return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, {}, scratch_.get());
   }
   //! An op over a sub-list of transport ranks that shares `parent`'s tag apart from its low `level` bits.
   algorithms::p2p_op<T> level_op(const algorithms::p2p_op<T>& parent, const std::vector<int>& members, int me,
                                  std::uint8_t level) {
-    return algorithms::p2p_op<T>(*transport_, members, me, parent.tag() | level, parent.until(), parent.name(), {});
+    return algorithms::p2p_op<T>(*transport_, members, me, parent.tag() | level, parent.until(), parent.name(), {},
+                                 parent.arena());
   }
   transport::message_tag user_tag(const char* name, std::uint32_t tag) const {
     if (tag >= (1u << 31)) throw error(errc::invalid_argument, "user tags must be below 2^31", {.rank = me_, .operation = name});
@@ -259,6 +261,7 @@ class p2p_communicator {
   std::uint32_t group_id_ = 0;
   std::uint32_t seq_ = 0;
   std::optional<algorithms::host_levels> levels_;
+  std::shared_ptr<algorithms::scratch_arena> scratch_ = std::make_shared<algorithms::scratch_arena>();
 };
 
 }  // namespace shardkit::comm

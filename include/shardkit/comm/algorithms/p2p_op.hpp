@@ -3,6 +3,7 @@
 //! that turn silence into a timeout naming the peer and a wrong-sized message into errc::mismatch.
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -51,12 +52,36 @@ struct segments {
   std::size_t length(std::size_t k) const noexcept { return count == 0 ? 0 : std::min(segment_elems, count - k * segment_elems); }
 };
 
+//! Scratch memory kept by a communicator between operations. A ring all-reduce of 64 MiB needs 3 chunk-sized slots;
+//! allocating them per call costs a page fault per 4 KiB (above glibc's mmap threshold the pages are fresh each
+//! time), which measured as much CPU as the reduction itself. Not thread-safe: one per communicator, used by
+//! that communicator's one operation at a time. It keeps its largest allocation.
+class scratch_arena {
+ public:
+  //! At least `bytes` of uninitialised memory, valid until the next call.
+  std::byte* get(std::size_t bytes) {
+    if (bytes > size_) {
+      memory_.reset();  // release first: the old and new blocks need not coexist
+      memory_ = std::make_unique_for_overwrite<std::byte[]>(bytes);
+      size_ = bytes;
+    }
+    return memory_.get();
+  }
+  std::size_t capacity() const noexcept { return size_; }
+
+ private:
+  std::unique_ptr<std::byte[]> memory_;
+  std::size_t size_ = 0;
+};
+
 template <transport::p2p T>
 class p2p_op {
  public:
+  //! `arena` (optional) lends the op its scratch memory; without one the op allocates its own.
   p2p_op(T& transport, std::span<const int> members, int me, transport::message_tag tag, deadline until,
-         const char* name, std::string group)
-      : transport_(transport), members_(members), me_(me), tag_(tag), until_(until), name_(name), group_(std::move(group)) {}
+         const char* name, std::string group, scratch_arena* arena = nullptr)
+      : transport_(transport), members_(members), me_(me), tag_(tag), until_(until), name_(name), group_(std::move(group)),
+        arena_(arena) {}
 
   p2p_op(const p2p_op&) = delete;
   p2p_op& operator=(const p2p_op&) = delete;
@@ -99,6 +124,10 @@ class p2p_op {
   int me() const noexcept { return me_; }
   deadline until() const noexcept { return until_; }
   transport::message_tag tag() const noexcept { return tag_; }
+  scratch_arena* arena() const noexcept { return arena_; }
+
+  //! Uninitialised scratch of `bytes`, valid for this op until the next scratch() call of an op on the same arena.
+  std::byte* scratch(std::size_t bytes) { return (arena_ ? *arena_ : own_).get(bytes); }
   const char* name() const noexcept { return name_; }
 
   completion send(int peer, const std::byte* data, std::size_t bytes) {
@@ -160,6 +189,8 @@ class p2p_op {
   const char* name_;
   std::string group_;
   std::vector<completion> sends_, recvs_;
+  scratch_arena* arena_;
+  scratch_arena own_;
 };
 
 }  // namespace shardkit::comm::algorithms

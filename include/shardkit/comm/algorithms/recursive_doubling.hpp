@@ -20,15 +20,15 @@ void recursive_doubling_all_reduce(p2p_op<T>& op, std::byte* data, std::size_t c
     int pow2 = 1;
     while (pow2 * 2 <= n) pow2 *= 2;
     const int extra = n - pow2;
-    std::vector<std::byte> incoming(bytes);
+    std::byte* const incoming = op.scratch(bytes);
     int vrank;
     if (me < 2 * extra) {
       if (me % 2 == 0) {  // folded out: contribute, then wait for the answer
         op.wait_send(op.send(me + 1, data, bytes), me + 1);
         vrank = -1;
       } else {
-        op.wait_recv(op.recv(me - 1, incoming.data(), bytes), me - 1, bytes);
-        combine(rop, type, data, incoming.data(), count);
+        op.wait_recv(op.recv(me - 1, incoming, bytes), me - 1, bytes);
+        combine(rop, type, data, incoming, count);
         vrank = me / 2;
       }
     } else {
@@ -38,11 +38,11 @@ void recursive_doubling_all_reduce(p2p_op<T>& op, std::byte* data, std::size_t c
       for (int mask = 1; mask < pow2; mask <<= 1) {
         const int vpartner = vrank ^ mask;
         const int partner = vpartner < extra ? vpartner * 2 + 1 : vpartner + extra;
-        auto r = op.recv(partner, incoming.data(), bytes);
+        auto r = op.recv(partner, incoming, bytes);
         auto s = op.send(partner, data, bytes);
         op.wait_recv(r, partner, bytes);
         op.wait_send(s, partner);  // data is rewritten next: the send must have read it
-        combine(rop, type, data, incoming.data(), count);
+        combine(rop, type, data, incoming, count);
       }
       if (me < 2 * extra) op.wait_send(op.send(me - 1, data, bytes), me - 1);
     } else {

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <thread>
 
+#include "shardkit/core/completion.hpp"
+
 namespace shardkit::comm::detail {
 
 class progress_engine {
@@ -48,6 +50,11 @@ class progress_engine {
         queue_.pop_front();
       }
       task();  // tasks catch their own exceptions and report them through their completion
+      // Back-to-back operations (a training step issues many) find the next one without a futex wake-up.
+      spin_until([&] {
+        std::lock_guard lock(mutex_);
+        return stopping_ || !queue_.empty();
+      });
     }
   }
 

@@ -8,7 +8,7 @@
 //! | SHARDKIT_SOCKET_BIND               | bind_addresses       | (none) comma-separated IPv4 addresses          |
 //! | SHARDKIT_SOCKET_NSTREAMS           | streams_per_peer     | 2                                              |
 //! | SHARDKIT_SOCKET_CHUNK              | chunk_bytes          | 512K (bytes; K/M/G suffixes are powers of 1024)|
-//! | SHARDKIT_SOCKET_BUFFER             | socket_buffer_bytes  | 4M (0 keeps the kernel's autotuning)           |
+//! | SHARDKIT_SOCKET_BUFFER             | socket_buffer_bytes  | 0 = the kernel's autotuning (default)          |
 //! | SHARDKIT_SOCKET_THREADS            | io_threads           | 1                                              |
 //! | SHARDKIT_SOCKET_MAX_UNEXPECTED     | max_unexpected_bytes | 0 = unbounded                                  |
 //! | SHARDKIT_SOCKET_CONNECT_TIMEOUT    | connect_timeout      | 300 (seconds), like the store's default wait   |
@@ -57,9 +57,10 @@ struct tcp_options {
   //! The largest frame payload. A larger message is cut into chunks of this size, sent over all streams in
   //! parallel and reassembled by offset. Up to 64 MiB.
   std::size_t chunk_bytes = std::size_t(512) << 10;
-  //! SO_SNDBUF and SO_RCVBUF of every connection (the kernel caps them at net.core.[rw]mem_max). 0 leaves the
-  //! kernel's autotuning on.
-  int socket_buffer_bytes = 4 << 20;
+  //! SO_SNDBUF and SO_RCVBUF of every connection (the kernel caps them at net.core.[rw]mem_max). 0 (default)
+  //! leaves the kernel's autotuning on: fixed deep buffers let a striped message pile onto whichever connection
+  //! accepted bytes first instead of the ones draining fastest (2 links: 1.63x one link at 4 MiB, 1.94x autotuned).
+  int socket_buffer_bytes = 0;
   //! Threads running the transport's io_context. Each peer's work is serialised on its own strand, so more
   //! threads help only with several busy peers.
   int io_threads = 1;
