@@ -15,6 +15,7 @@
 #include <string>
 
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/settings.hpp"
 #include "shardkit/rendezvous/store.hpp"
 
 namespace shardkit::transport {
@@ -87,37 +88,13 @@ inline errc classify(int fi_err) noexcept {
 }
 
 [[noreturn]] inline void bad_setting(const std::string& name, const std::string& value, const std::string& why) {
-  throw_error(errc::config, name + "='" + value + "': " + why, {.operation = "fabric.options", .object = name});
+  settings::bad_setting(name, value, why, "fabric.options");
 }
-
-//! "65536", "64K", "8M", "1G": powers of 1024.
 inline std::uint64_t parse_byte_size(const char* name, const std::string& text) {
-  std::size_t pos = 0;
-  std::uint64_t value = 0;
-  try {
-    if (text.empty() || text[0] == '-' || text[0] == '+') throw std::invalid_argument("sign");
-    value = std::stoull(text, &pos);
-  } catch (const std::exception&) {
-    bad_setting(name, text, "expected a byte count such as 65536, 64K or 8M");
-  }
-  const std::string suffix = text.substr(pos);
-  const int shift = suffix.empty() ? 0 : suffix == "K" || suffix == "k" ? 10 : suffix == "M" ? 20 : suffix == "G" ? 30 : -1;
-  if (shift < 0) bad_setting(name, text, "unknown size suffix '" + suffix + "' (use K, M or G)");
-  if (shift > 0 && value > (std::uint64_t(-1) >> shift)) bad_setting(name, text, "too large");
-  return value << shift;
+  return settings::parse_byte_size(name, text, "fabric.options");
 }
-
 inline long long parse_integer(const char* name, const std::string& text, long long lo, long long hi) {
-  std::size_t pos = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(text, &pos);
-  } catch (const std::exception&) {
-    bad_setting(name, text, "expected an integer");
-  }
-  if (pos != text.size()) bad_setting(name, text, "expected an integer");
-  if (v < lo || v > hi) bad_setting(name, text, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return v;
+  return settings::parse_integer(name, text, lo, hi, "fabric.options");
 }
 
 template <class T>

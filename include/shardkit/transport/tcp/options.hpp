@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/settings.hpp"
 
 namespace shardkit::transport {
 
@@ -99,43 +100,13 @@ inline constexpr std::size_t max_chunk_bytes = std::size_t(64) << 20;
 inline constexpr std::size_t max_token_bytes = 4096;
 
 [[noreturn]] inline void bad_setting(const std::string& name, const std::string& value, const std::string& why) {
-  throw_error(errc::config, name + "='" + value + "': " + why, {.operation = "tcp.options"});
+  settings::bad_setting(name, value, why, "tcp.options");
 }
-
-//! "524288", "512K", "4M", "1G" (optionally "KiB"/"KB"-style): powers of 1024.
 inline std::uint64_t parse_byte_size(const std::string& name, const std::string& text) {
-  std::size_t pos = 0;
-  std::uint64_t value = 0;
-  try {
-    if (text.empty() || text[0] == '-' || text[0] == '+') throw std::invalid_argument("sign");
-    value = std::stoull(text, &pos);
-  } catch (const std::exception&) {
-    bad_setting(name, text, "expected a byte count such as 524288, 512K or 4M");
-  }
-  std::string suffix = text.substr(pos);
-  for (auto& c : suffix) c = char(std::toupper(static_cast<unsigned char>(c)));
-  int shift = 0;
-  if (suffix.empty() || suffix == "B") shift = 0;
-  else if (suffix == "K" || suffix == "KB" || suffix == "KIB") shift = 10;
-  else if (suffix == "M" || suffix == "MB" || suffix == "MIB") shift = 20;
-  else if (suffix == "G" || suffix == "GB" || suffix == "GIB") shift = 30;
-  else bad_setting(name, text, "unknown size suffix '" + suffix + "' (use K, M or G)");
-  if (shift > 0 && value > (std::uint64_t(-1) >> shift)) bad_setting(name, text, "too large");
-  return value << shift;
+  return settings::parse_byte_size(name, text, "tcp.options");
 }
-
 inline long long parse_integer(const std::string& name, const std::string& text, long long lo, long long hi) {
-  std::size_t pos = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(text, &pos);
-  } catch (const std::exception&) {
-    bad_setting(name, text, "expected an integer");
-  }
-  if (pos != text.size()) bad_setting(name, text, "expected an integer");
-  if (v < lo || v > hi)
-    bad_setting(name, text, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return v;
+  return settings::parse_integer(name, text, lo, hi, "tcp.options");
 }
 
 //! Splits "a, b,,c" into {"a", "b", "c"}.
