@@ -19,7 +19,93 @@ comm::process_group process_group_over_hosts(std::shared_ptr<transport::loopback
       comm::p2p_communicator<transport::loopback_transport>(std::move(t), comm::p2p_options::from_env(), host_of),
       test_group_options());
 }
+
+using loopback_communicator = comm::p2p_communicator<transport::loopback_transport>;
+
+//! The loopback communicator, counting how process_group's host metadata reaches it. `Control`: it has a
+//! host_all_gather (the concept's optional control plane); `HostBuffers`: its collectives take host memory.
+template <bool Control, bool HostBuffers>
+class metadata_probe : public loopback_communicator {
+ public:
+  struct counters {
+    std::atomic<int> all_gathers{0}, host_all_gathers{0};
+  };
+  metadata_probe(loopback_communicator c, std::shared_ptr<counters> n) : loopback_communicator(std::move(c)), n_(std::move(n)) {}
+
+  bool supports(device d) const noexcept { return HostBuffers && loopback_communicator::supports(d); }
+  void all_gather(const_buffer_view in, buffer_view out, const comm::collective_options& o) {
+    ++n_->all_gathers;
+    loopback_communicator::all_gather(in, out, o);
+  }
+  void host_all_gather(const_buffer_view in, buffer_view out, const comm::collective_options& o)
+    requires Control
+  {
+    ++n_->host_all_gathers;
+    loopback_communicator::all_gather(in, out, o);
+  }
+  std::optional<metadata_probe> split(int color, int key, const comm::collective_options& o) {
+    auto child = loopback_communicator::split(color, key, o);
+    if (!child) return std::nullopt;
+    return metadata_probe(std::move(*child), n_);
+  }
+
+ private:
+  std::shared_ptr<counters> n_;
+};
+
+// Checked groups over probes of `P`'s kind; what their ranks' all_reduce (of host memory) and barrier did.
+template <class P>
+std::pair<int, int> checked_collectives(int n, std::vector<std::string>& errors) {
+  auto counts = std::make_shared<typename P::counters>();
+  comm::group_options o = test_group_options();
+  o.check_consistency = true;
+  std::vector<comm::process_group> groups;
+  for (auto& t : transport::loopback_transport::create_world(n))
+    groups.push_back(comm::process_group::create(P(loopback_communicator(t), counts), o));
+  errors.assign(std::size_t(n), "");
+  test::run_threads(n, [&](int r) {
+    try {
+      groups[std::size_t(r)].barrier().wait();
+    } catch (const error& e) {
+      errors[std::size_t(r)] = e.what();
+      if (e.code() != errc::unsupported) throw;
+    }
+  });
+  return {counts->all_gathers.load(), counts->host_all_gathers.load()};
+}
 }  // namespace
+
+TEST_CASE("[comm] fingerprints go through a communicator's host_all_gather where it has one, else its all_gather") {
+  static_assert(comm::has_host_all_gather<metadata_probe<true, true>>);
+  static_assert(!comm::has_host_all_gather<metadata_probe<false, true>>);
+  std::vector<std::string> errors;
+  SUBCASE("a control plane of its own: used for every fingerprint, all_gather untouched") {
+    CHECK(checked_collectives<metadata_probe<true, false>>(3, errors) == std::pair{0, 3});
+    CHECK(checked_collectives<metadata_probe<true, true>>(2, errors) == std::pair{0, 2});
+  }
+  SUBCASE("none, host buffers: the fingerprints are an ordinary all_gather") {
+    CHECK(checked_collectives<metadata_probe<false, true>>(3, errors) == std::pair{3, 0});
+  }
+  SUBCASE("none, device buffers only: every rank refuses with errc::unsupported, nothing is sent") {
+    CHECK(checked_collectives<metadata_probe<false, false>>(2, errors) == std::pair{0, 0});
+    for (const auto& e : errors) {
+      CHECK(e.find("host_all_gather") != std::string::npos);
+      CHECK(e.find("exchanging fingerprints before barrier") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("[comm] fingerprinted collectives pass when ranks agree and fail every rank with errc::mismatch when not") {
+  for (int n : {1, 2, 3}) {
+    CAPTURE(n);
+    auto groups = comm::make_loopback_world(n, test_group_options());
+    test::conformance_options o;
+    o.backend = "loopback";
+    o.mode = "threads";
+    o.error_timeout = std::chrono::milliseconds(2000);
+    test::run_threads(n, [&](int r) { test::conformance_fingerprints(groups[std::size_t(r)], o); });
+  }
+}
 
 TEST_CASE("[comm] conformance suite over the loopback transport, ranks as threads") {
   for (int n : {1, 2, 3, 4, 5, 8}) {

@@ -391,10 +391,9 @@ inline void conformance_cross_rank_failures(conformance_run& run) {
   auto& pg = run.group();
   const auto& o = run.options();
   const int n = pg.size(), me = pg.rank();
-  const case_key mismatch{"failure", "counts differ across ranks"}, fingerprint{"failure", "fingerprint mismatch"},
-      missing{"failure", "peer never arrives"};
+  const case_key mismatch{"failure", "counts differ across ranks"}, missing{"failure", "peer never arrives"};
   if (n == 1) {
-    for (const auto& k : {mismatch, fingerprint, missing}) run.not_applicable(k, "a world of one rank has no peer");
+    for (const auto& k : {mismatch, missing}) run.not_applicable(k, "a world of one rank has no peer");
     return;
   }
   const comm::op_options quick{.timeout = o.error_timeout};
@@ -418,21 +417,6 @@ inline void conformance_cross_rank_failures(conformance_run& run) {
     }
     if (!refused) fail("a broken group accepted more work");
   });
-  run.check(fingerprint, [&] {  // the same mismatch with fingerprints on: every rank gets errc::mismatch naming the ranks
-    auto opts = pg.options();
-    opts.check_consistency = true;
-    opts.name = "checked";
-    auto g = pg.dup(opts);
-    std::vector<float> v(me == 0 ? 10 : 12, 1.0f);
-    expect_error([&] { g.all_reduce(buffer_view(std::span<float>(v)), reduce_op::sum, quick).wait(); }, errc::mismatch,
-                 "fingerprinted count mismatch", "rank 1");
-    auto g2 = pg.dup(opts);
-    std::vector<float> w(4, 1.0f);
-    expect_error([&] {
-      if (me == 0) g2.broadcast(buffer_view(std::span<float>(w)), 0, quick).wait();
-      else g2.all_reduce(buffer_view(std::span<float>(w)), reduce_op::sum, quick).wait();
-    }, errc::mismatch, "fingerprinted op mismatch", "rank 0");
-  });
   run.check(missing, [&] {  // the others time out naming a peer
     auto g = pg.dup();
     if (me != n - 1) {
@@ -450,6 +434,61 @@ inline void conformance_cross_rank_failures(conformance_run& run) {
   run.check(missing, [&] { pg.barrier().wait(); });  // the parent group is unaffected
 }
 
+// Groups with check_consistency (SHARDKIT_DEBUG=detail): fingerprints travel in host memory through the
+// communicator's control plane (host_all_gather) whatever memory the collectives take, so these run on every
+// backend. Matching collectives pass and give their results; a count or an op that differs across ranks fails
+// every rank with errc::mismatch naming the ranks, before the collective itself starts (so it cannot hang or
+// mix data, even on NCCL).
+inline void conformance_fingerprints(conformance_run& run) {
+  using conformance_detail::fail;
+  auto& pg = run.group();
+  const int n = pg.size(), me = pg.rank();
+  const case_key checked{"group", "fingerprinted collectives (check_consistency)"}, mismatch{"failure", "fingerprint mismatch"};
+  auto opts = pg.options();
+  opts.check_consistency = true;
+  opts.name = "checked";
+  const comm::op_options quick{.timeout = run.options().error_timeout};
+  run.check(checked, [&] {
+    auto g = pg.dup(opts);
+    auto x = run.buffer(dtype::i64, 37), all = run.buffer(dtype::i64, 37 * std::size_t(n));
+    for (std::size_t i = 0; i < 37; ++i) x.set(i, double(me + 1) * double(i));
+    x.copy_in();
+    g.all_reduce(x.view()).wait();
+    g.all_gather(x.view(), all.view()).wait();
+    g.barrier().wait();
+    auto sub = g.dup();  // a split is fingerprinted too, and the checked group's children check as well
+    sub.broadcast(x.view(), n - 1).wait();
+    x.copy_out();
+    all.copy_out();
+    const double ranks = double(n) * double(n + 1) / 2;
+    for (std::size_t i = 0; i < 37; ++i)
+      if (x.get(i) != ranks * double(i)) fail("a fingerprinted all_reduce gave " + std::to_string(x.get(i)) + " at " + std::to_string(i));
+    for (int r = 0; r < n; ++r)
+      if (all.get(std::size_t(r) * 37 + 36) != ranks * 36) fail("a fingerprinted all_gather gave the wrong block " + std::to_string(r));
+    if (!sub.options().check_consistency) fail("a dup of a checked group does not check");
+  });
+  if (n == 1) {
+    run.not_applicable(mismatch, "a world of one rank has no peer");
+    return;
+  }
+  run.check(mismatch, [&] {  // counts that differ: every rank gets errc::mismatch naming the ranks that differ
+    auto g = pg.dup(opts);
+    auto v = run.buffer(dtype::f32, me == 0 ? 10 : 12);
+    expect_error([&] { g.all_reduce(v.view(), reduce_op::sum, quick).wait(); }, errc::mismatch, "fingerprinted count mismatch",
+                 "rank 1 called");
+    expect_error([&] { g.barrier().wait(); }, errc::mismatch, "a checked group after a mismatch", "rank 0 called");
+  });
+  run.check(mismatch, [&] {  // ops that differ
+    auto g = pg.dup(opts);
+    auto w = run.buffer(dtype::f32, 4);
+    expect_error([&] {
+      if (me == 0) g.broadcast(w.view(), 0, quick).wait();
+      else g.all_reduce(w.view(), reduce_op::sum, quick).wait();
+    }, errc::mismatch, "fingerprinted op mismatch", "rank " + std::to_string(n - 1) + " called");
+  });
+  run.check(mismatch, [&] { pg.barrier().wait(); });  // the parent group is unaffected
+}
+
 // One part of the suite on its own, for a test that needs only some cases: recorded and thrown like the whole.
 inline void run_conformance_part(comm::process_group& pg, const conformance_options& o, void (*part)(conformance_run&)) {
   conformance_run run(pg, o);
@@ -463,6 +502,7 @@ inline void conformance_rooted(comm::process_group& pg, const conformance_option
 inline void conformance_all_to_all(comm::process_group& pg, const conformance_options& o) { run_conformance_part(pg, o, conformance_all_to_all); }
 inline void conformance_barrier_and_p2p(comm::process_group& pg, const conformance_options& o) { run_conformance_part(pg, o, conformance_barrier_and_p2p); }
 inline void conformance_groups(comm::process_group& pg, const conformance_options& o) { run_conformance_part(pg, o, conformance_groups); }
+inline void conformance_fingerprints(comm::process_group& pg, const conformance_options& o) { run_conformance_part(pg, o, conformance_fingerprints); }
 
 inline void run_conformance(comm::process_group& pg, const conformance_options& o = {}) {
   conformance_run run(pg, o);
@@ -475,6 +515,7 @@ inline void run_conformance(comm::process_group& pg, const conformance_options& 
   conformance_groups(run);
   if (o.backend_cases) o.backend_cases(run);
   conformance_bad_arguments(run);
+  conformance_fingerprints(run);
   if (o.cross_rank_failure_cases) conformance_cross_rank_failures(run);
   run.finish();
 }

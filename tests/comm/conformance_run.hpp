@@ -39,8 +39,9 @@ struct conformance_options {
   bool prescaled_average = false;
   //! An operation the backend refuses with errc::unsupported fails the test; false records it and goes on.
   bool unsupported_fails = true;
-  //! The failure cases across ranks (counts that differ, fingerprint mismatches, a peer that never arrives) as a
-  //! host backend reports them. A backend that reports them differently turns them off and adds its own.
+  //! The failure cases across ranks (counts that differ, a peer that never arrives) as a host backend reports
+  //! them. A backend that reports them differently turns them off and adds its own. (The fingerprint cases run
+  //! on every backend.)
   bool cross_rank_failure_cases = true;
   //! The backend's own cases, run after the shared ones and before the failure cases; they record through
   //! conformance_run::check like the shared cases.

@@ -4,7 +4,8 @@
 // machines without a GPU. It models NCCL's contract, not its performance or its bugs: only a GPU run
 // (nccl_test, scripts/gpu-check) says anything about NCCL itself.
 //
-// The model: "device" memory is host memory; each stream is a thread running its queue in order (the legacy
+// The model: "device" memory is host memory, but recorded, and NCCL calls and copies refuse pointers on the
+// wrong side (as a GPU would), so host buffers handed to NCCL fail here too; each stream is a thread running its queue in order (the legacy
 // stream runs work inline); events are flags set by the stream; every NCCL operation is a stream task that
 // rendezvouses with the other ranks (threads) and blocks its stream, as a kernel would, until they arrive or the
 // communicator is aborted. Nonblocking communicators report ncclInProgress until every rank has joined.
@@ -85,6 +86,41 @@ struct model_event {
   std::mutex m;
   std::shared_ptr<std::atomic<bool>> latest = std::make_shared<std::atomic<bool>>(true);
 };
+
+// "Device" memory is host memory, so nothing would stop the backend from handing NCCL a host pointer (or
+// copying the wrong way) here although a GPU would refuse it: every allocation is recorded, and NCCL calls and
+// copies check that their pointers are where they must be.
+std::mutex allocations_mutex;
+std::map<const std::byte*, size_t> allocations;  // start -> bytes
+
+void* allocate_device(size_t n) {
+  void* p = std::malloc(n ? n : 1);
+  std::memset(p, 0xAB, n);
+  std::lock_guard l(allocations_mutex);
+  allocations[static_cast<const std::byte*>(p)] = n ? n : 1;
+  return p;
+}
+void free_device(void* p) {
+  {
+    std::lock_guard l(allocations_mutex);
+    allocations.erase(static_cast<const std::byte*>(p));
+  }
+  std::free(p);
+}
+bool in_device_memory(const void* p, size_t n) {
+  if (n == 0) return true;  // nothing is touched: NCCL and cudaMemcpy accept any pointer
+  const auto* b = static_cast<const std::byte*>(p);
+  std::lock_guard l(allocations_mutex);
+  auto it = allocations.upper_bound(b);
+  if (it == allocations.begin()) return false;
+  --it;
+  return b + n <= it->first + it->second;
+}
+bool device_or_complain(const char* call, const char* what, const void* p, size_t n) {
+  if (in_device_memory(p, n)) return true;
+  std::fprintf(stderr, "cuda_nccl_model: %s: %s (%zu bytes at %p) is not in device memory\n", call, what, n, p);
+  return false;
+}
 
 // ---- NCCL ----
 struct world;
@@ -220,8 +256,24 @@ void compute(world& w, coll_slot& s) {
   }
 }
 
-ncclResult_t enqueue_coll(model_comm* c, cudaStream_t stream, coll_arg a) {
+// The bytes of a collective's send and receive buffers this rank must own in device memory, as NCCL reads them
+// (a broadcast reads its send buffer and a reduce writes its receive buffer on the root only).
+bool buffers_on_device(const model_comm& c, const coll_arg& a, const char* call) {
+  const size_t bytes = a.count * esize(a.dt), all = bytes * size_t(c.w->n);
+  const bool root = c.rank == a.root;
+  size_t send = bytes, recv = bytes;
+  switch (a.kind) {
+    case k_allgather: recv = all; break;
+    case k_reducescatter: send = all; break;
+    case k_bcast: send = root ? bytes : 0; break;
+    case k_reduce: recv = root ? bytes : 0; break;
+  }
+  return device_or_complain(call, "the send buffer", a.send, send) && device_or_complain(call, "the receive buffer", a.recv, recv);
+}
+
+ncclResult_t enqueue_coll(model_comm* c, cudaStream_t stream, coll_arg a, const char* call) {
   if (!c || c->aborted) return ncclInvalidUsage;
+  if (!buffers_on_device(*c, a, call)) return ncclInvalidArgument;
   const auto seq = c->coll_seq++;
   run_on(stream, [c, seq, a] {
     auto& w = *c->w;
@@ -288,6 +340,7 @@ ncclResult_t flush_group() {
 
 ncclResult_t add_p2p(pending_p2p o) {
   if (!o.comm || o.comm->aborted) return ncclInvalidUsage;
+  if (!device_or_complain(o.send ? "ncclSend" : "ncclRecv", "the buffer", o.data, o.bytes)) return ncclInvalidArgument;
   group_ops.push_back(o);
   if (group_depth == 0) return flush_group();
   return ncclSuccess;
@@ -354,18 +407,48 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   });
   return cudaSuccess;
 }
-cudaError_t cudaMalloc(void** p, size_t n) { *p = std::malloc(n ? n : 1); std::memset(*p, 0xAB, n); return cudaSuccess; }
-cudaError_t cudaFree(void* p) { std::free(p); return cudaSuccess; }
-cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t) { return cudaMalloc(p, n); }
-cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
-  run_on(s, [p] { std::free(p); });
+cudaError_t cudaMalloc(void** p, size_t n) { *p = allocate_device(n); return cudaSuccess; }
+cudaError_t cudaFree(void* p) {
+  if (p) free_device(p);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) { std::memcpy(d, s, n); return cudaSuccess; }
+cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t) { return cudaMalloc(p, n); }
+cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
+  run_on(s, [p] { free_device(p); });
+  return cudaSuccess;
+}
+}  // extern "C"
+
+namespace {
+// Where a copy of `kind` must find its destination and source.
+bool copy_ends_ok(const char* call, void* d, const void* s, size_t n, cudaMemcpyKind k) {
+  const bool d_dev = k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice;
+  const bool s_dev = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice;
+  if (d_dev && !device_or_complain(call, "the destination", d, n)) return false;
+  if (s_dev && !device_or_complain(call, "the source", s, n)) return false;
+  return true;
+}
+}  // namespace
+
+extern "C" {
+cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind k) {
+  if (!copy_ends_ok("cudaMemcpy", d, s, n, k)) return cudaErrorInvalidValue;
+  std::memcpy(d, s, n);
+  return cudaSuccess;
+}
+// Host memory is modelled as pageable (the backend is never given pinned memory here), with the runtime's rules
+// for it: a download returns once done, so it waits for everything queued before it on the stream (a parked
+// collective included); an upload takes its copy of the source before returning and lands in stream order.
 cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t st) {
-  if (k == cudaMemcpyDeviceToHost) {  // pageable: returns once done (the real runtime does too)
+  if (!copy_ends_ok("cudaMemcpyAsync", d, s, n, k)) return cudaErrorInvalidValue;
+  if (k == cudaMemcpyDeviceToHost) {
     if (!is_legacy(st)) reinterpret_cast<model_stream*>(st)->sync();
     std::memcpy(d, s, n);
+    return cudaSuccess;
+  }
+  if (k == cudaMemcpyHostToDevice) {
+    auto staged = std::make_shared<std::vector<std::byte>>(static_cast<const std::byte*>(s), static_cast<const std::byte*>(s) + n);
+    run_on(st, [d, staged] { std::memcpy(d, staged->data(), staged->size()); });
     return cudaSuccess;
   }
   run_on(st, [d, s, n] { std::memcpy(d, s, n); });
@@ -375,6 +458,7 @@ cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, 
 const char* ncclGetErrorString(ncclResult_t r) {
   switch (r) {
     case ncclInvalidUsage: return "invalid usage";
+    case ncclInvalidArgument: return "invalid argument";
     case ncclInProgress: return "in progress";
     default: return "model nccl error";
   }
@@ -467,19 +551,19 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out,
   return ncclInProgress;
 }
 ncclResult_t ncclAllReduce(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c, cudaStream_t st) {
-  return enqueue_coll(reinterpret_cast<model_comm*>(c), st, {s, r, n, t, op, 0, k_allreduce});
+  return enqueue_coll(reinterpret_cast<model_comm*>(c), st, {s, r, n, t, op, 0, k_allreduce}, "ncclAllReduce");
 }
 ncclResult_t ncclAllGather(const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st) {
-  return enqueue_coll(reinterpret_cast<model_comm*>(c), st, {s, r, n, t, ncclSum, 0, k_allgather});
+  return enqueue_coll(reinterpret_cast<model_comm*>(c), st, {s, r, n, t, ncclSum, 0, k_allgather}, "ncclAllGather");
 }
 ncclResult_t ncclReduceScatter(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c, cudaStream_t st) {
-  return enqueue_coll(reinterpret_cast<model_comm*>(c), st, {s, r, n, t, op, 0, k_reducescatter});
+  return enqueue_coll(reinterpret_cast<model_comm*>(c), st, {s, r, n, t, op, 0, k_reducescatter}, "ncclReduceScatter");
 }
 ncclResult_t ncclBroadcast(const void* s, void* r, size_t n, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t st) {
-  return enqueue_coll(reinterpret_cast<model_comm*>(c), st, {s, r, n, t, ncclSum, root, k_bcast});
+  return enqueue_coll(reinterpret_cast<model_comm*>(c), st, {s, r, n, t, ncclSum, root, k_bcast}, "ncclBroadcast");
 }
 ncclResult_t ncclReduce(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, int root, ncclComm_t c, cudaStream_t st) {
-  return enqueue_coll(reinterpret_cast<model_comm*>(c), st, {s, r, n, t, op, root, k_reduce});
+  return enqueue_coll(reinterpret_cast<model_comm*>(c), st, {s, r, n, t, op, root, k_reduce}, "ncclReduce");
 }
 ncclResult_t ncclSend(const void* s, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
   return add_p2p({true, const_cast<void*>(s), n * esize(t), peer, reinterpret_cast<model_comm*>(c), st});

@@ -9,7 +9,9 @@
 //   power of two (ncclAvg pre-multiplies by 1/n; the host suite sums, then divides): prescaled_average;
 // - the failure cases check what NCCL can report: a missing peer is a timeout that aborts the communicator,
 //   without naming the peer (NCCL cannot tell which one is missing); NCCL has no message sizes to compare, so
-//   counts that differ across ranks (undefined behaviour there) are not tried;
+//   counts that differ across ranks (undefined behaviour there) are tried only with fingerprints on
+//   (check_consistency), which catch them before NCCL sees them: the shared fingerprint cases run here too, their
+//   fingerprints going through the backend's host_all_gather;
 // - point-to-point adds an empty message and a posted receive that is cancelled.
 #include <cuda_runtime_api.h>
 

@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "nccl/device_conformance.hpp"
 #include "shardkit/backends/nccl.hpp"
@@ -145,7 +146,7 @@ TEST_CASE("[nccl] device suite") {
     });
   }
 
-  SUBCASE("the communicator used directly: collectives, abort, point-to-point deadlines and shutdown") {
+  SUBCASE("the communicator used directly: collectives, host_all_gather, abort, point-to-point deadlines and shutdown") {
     auto store = rendezvous::make_store<rendezvous::memory_store>();
     test::run_threads(n, [&](int r) {  // checks throw: doctest assertions stay on the main thread
       auto c = nccl_communicator::create(store, r, n, test_nccl_options(r));
@@ -156,6 +157,14 @@ TEST_CASE("[nccl] device suite") {
       c.all_reduce(a.view(), a.view(), reduce_op::sum, {});
       SCENARIO_CHECK(a.download().get(999) == double(n * (1 + 999 % 7)));
       c.barrier({});
+      // The control plane: host memory in and out, staged through the communicator's device buffer (which grows).
+      for (std::size_t block : {std::size_t(3), std::size_t(40)}) {
+        std::vector<std::int64_t> mine(block), all(block * std::size_t(n), -1);
+        for (std::size_t i = 0; i < block; ++i) mine[i] = std::int64_t(r) * 1000 + std::int64_t(i);
+        c.host_all_gather(const_buffer_view(mine.data(), block, dtype::i64), buffer_view(all.data(), all.size(), dtype::i64), {});
+        for (std::size_t i = 0; i < all.size(); ++i)
+          SCENARIO_CHECK(all[i] == std::int64_t(i / block) * 1000 + std::int64_t(i % block));
+      }
       auto twin = c.dup();
       SCENARIO_CHECK(twin.size() == n && twin.rank() == r);
       twin.barrier({});  // every rank is done with the split before any aborts the parent

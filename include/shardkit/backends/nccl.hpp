@@ -31,6 +31,10 @@
 //!   algorithms do); floating types pre-multiply by 1/size then sum, which can differ from sum-then-divide in the
 //!   last place when size is not a power of two.
 //! - **Groups.** split() is ncclCommSplit (color < 0 takes no part); dup() is split(0, rank()).
+//! - **Host metadata.** host_all_gather (the communicator concept's optional control plane, which carries
+//!   process_group's check_consistency fingerprints) copies a few host bytes into a small device buffer of the
+//!   communicator's, runs ncclAllGather on the stream like any collective, and copies the result back. It does
+//!   not wait for options.order_after: it reads nothing the caller's GPU work produces.
 //! - **Store keys.** create() publishes rank 0's ncclUniqueId under "<store_prefix>/unique_id" and point-to-point
 //!   links under "<store_prefix>[/split<n>/<color>]/p2p/<from>-<to>": give each world its own prefix.
 #include <cuda_runtime_api.h>
@@ -241,6 +245,35 @@ class nccl_communicator {
     exchange("all_to_allv", in, in_counts, out, out_counts, o);
   }
 
+  //! Control plane: all_gather of a few bytes in host memory (process_group's fingerprints), which supports()
+  //! does not accept for the collectives above. Staged through `control`, a device buffer of the communicator's;
+  //! the same deadline, interrupt and abort rules as every collective.
+  void host_all_gather(const_buffer_view in, buffer_view out, const comm::collective_options& o) {
+    auto& st = self();
+    const auto ctx = st.context("host_all_gather");
+    if (in.dev() != device::host() || out.dev() != device::host())
+      throw error(errc::invalid_argument, "host_all_gather takes host buffers, got " + to_string(in.dev()) + " and " + to_string(out.dev()),
+                  ctx);
+    if (out.size_bytes() != in.size_bytes() * std::size_t(st.size))
+      throw error(errc::invalid_argument, "the output has " + std::to_string(out.size_bytes()) + " bytes where " +
+                                              std::to_string(in.size_bytes()) + " from each of " + std::to_string(st.size) +
+                                              " ranks are gathered", ctx);
+    serialized("host_all_gather", o, in.size_bytes() == 0, [&](state& s, const nccl_detail::wait_control& w, const error_context& c) {
+      const std::size_t block = in.size_bytes();
+      s.control.reserve(out.size_bytes(), c);
+      std::byte* const gathered = s.control.data();
+      std::byte* const slot = gathered + block * std::size_t(s.rank);  // in place: NCCL gathers around this rank's block
+      // From pageable memory the runtime takes a copy of `in` before returning, then queues the upload.
+      SHARDKIT_CUDA_CHECK(cudaMemcpyAsync(slot, in.data(), block, cudaMemcpyHostToDevice, s.stream.get()), c);
+      s.comm.settle(ncclAllGather(slot, gathered, block, ncclUint8, s.comm.get(), s.stream.get()), "ncclAllGather (host_all_gather)", w, c);
+      // Waited for before the download: a copy into pageable memory blocks the host until the stream reaches
+      // it, i.e. until every peer has joined the gather, with no deadline and no way to abort.
+      s.drain("host_all_gather", w, c);
+      SHARDKIT_CUDA_CHECK(cudaMemcpyAsync(out.data(), gathered, out.size_bytes(), cudaMemcpyDeviceToHost, s.stream.get()), c);
+      s.drain("host_all_gather (download)", w, c);  // `out` may be pinned, making the copy asynchronous
+    });
+  }
+
   //! A one-element all-reduce: returns once every rank's contribution has arrived here.
   void barrier(const comm::collective_options& o) {
     run("barrier", o, {}, false, [&](state& s, const nccl_detail::wait_control& w, const error_context& ctx) {
@@ -331,6 +364,7 @@ class nccl_communicator {
     nccl_detail::cuda_stream stream;
     nccl_detail::cuda_event done, ready;
     nccl_detail::device_memory scratch, barrier_cell;
+    nccl_detail::device_memory control;  // host_all_gather's staging: a few bytes per rank, kept between calls
     nccl_detail::interrupt_flag interrupt;
     mutable std::mutex broken_mutex;  // broken_by() must not wait for a collective in flight
     std::exception_ptr broken;
@@ -341,6 +375,7 @@ class nccl_communicator {
         : opts(std::move(o)), prefix(std::move(pre)), store(std::move(st)), comm(opts.device), stream(opts.device, ctx),
           done(opts.device, ctx), ready(opts.device, ctx), barrier_cell(opts.device, stream.get(), sizeof(std::int32_t), ctx) {
       scratch.bind(opts.device, stream.get());
+      control.bind(opts.device, stream.get());
     }
     ~state() {
       std::vector<nccl_detail::comm_handle*> all{&comm};
@@ -420,6 +455,12 @@ class nccl_communicator {
       SHARDKIT_CUDA_CHECK(cudaStreamWaitEvent(stream.get(), ready.get(), 0), ctx);
     }
 
+    //! Waits, with the deadline and interrupt of `w`, until everything queued so far on the stream has run.
+    void drain(const char* op, const nccl_detail::wait_control& w, const error_context& ctx) {
+      SHARDKIT_CUDA_CHECK(cudaEventRecord(done.get(), stream.get()), ctx);
+      comm.wait_event(done.get(), op, w, ctx);
+    }
+
     //! ncclGroupStart / End around `body`, which reports each call's result through note(result, name). The
     //! group is closed even after a failed call (NCCL requires it), then the first failure is raised.
     template <class Body>
@@ -449,22 +490,31 @@ class nccl_communicator {
   template <class Body>
   void run(const char* op, const comm::collective_options& o, std::initializer_list<const_buffer_view> buffers, bool nothing_to_do,
            Body&& body) {
+    auto& st = self();
+    for (const auto& b : buffers)
+      if (b.count() && b.dev() != device::cuda(st.opts.device))
+        throw error(errc::invalid_argument, "the NCCL backend of cuda:" + std::to_string(st.opts.device) + " cannot use a buffer on " +
+                                                to_string(b.dev()), st.context(op));
+    serialized(op, o, nothing_to_do, [&](state& s, const nccl_detail::wait_control& w, const error_context& ctx) {
+      s.order_after_caller(ctx);
+      body(s, w, ctx);
+      s.drain(op, w, ctx);
+    });
+  }
+
+  //! `body` alone on the communicator (under its mutex, once it is known to be usable), with its device
+  //! current; `body` waits for what it enqueues. Any failure aborts the communicator.
+  template <class Body>
+  void serialized(const char* op, const comm::collective_options& o, bool nothing_to_do, Body&& body) {
     auto& s = self();
     const auto ctx = s.context(op);
-    for (const auto& b : buffers)
-      if (b.count() && b.dev() != device::cuda(s.opts.device))
-        throw error(errc::invalid_argument, "the NCCL backend of cuda:" + std::to_string(s.opts.device) + " cannot use a buffer on " +
-                                                to_string(b.dev()), ctx);
     std::lock_guard lock(s.mutex);
     s.check_usable(ctx);
     if (nothing_to_do) return;
     const nccl_detail::wait_control w{o.until, &s.interrupt, s.opts.busy_poll};
     try {
       nccl_detail::device_guard guard(s.opts.device, ctx);
-      s.order_after_caller(ctx);
       body(s, w, ctx);
-      SHARDKIT_CUDA_CHECK(cudaEventRecord(s.done.get(), s.stream.get()), ctx);
-      s.comm.wait_event(s.done.get(), op, w, ctx);
     } catch (...) {
       s.mark_broken(std::current_exception());
       throw;
@@ -516,5 +566,6 @@ class nccl_communicator {
 
 static_assert(comm::communicator<nccl_communicator>, "nccl_communicator must model shardkit::comm::communicator");
 static_assert(comm::detail::has_async_p2p<nccl_communicator>);
+static_assert(comm::has_host_all_gather<nccl_communicator>, "process_group's fingerprints need the control plane on NCCL");
 
 }  // namespace shardkit::backends

@@ -27,6 +27,18 @@
 //! | c.split(color, key, o)                      | collective; std::optional<C>: ranks of one color, ordered by      |
 //! |                                             | (key, rank); nullopt for color < 0                                |
 //!
+//! Optional (detected, see has_host_all_gather):
+//!
+//! | expression                                  | semantics                                                         |
+//! |---------------------------------------------|-------------------------------------------------------------------|
+//! | c.host_all_gather(in, out, o)               | as all_gather, for a few bytes of metadata in host memory         |
+//! |                                             | (process_group's fingerprints), whatever supports() says          |
+//!
+//! The control plane: process_group exchanges its own bookkeeping in host memory. A communicator whose
+//! collectives accept host buffers needs nothing more (c.all_gather serves); one that accepts only device memory
+//! (NCCL) provides host_all_gather, e.g. by staging through a small device buffer. It is a collective like the
+//! others: issued by every rank in the same order, with o.until as its deadline.
+//!
 //! Arguments have already been checked by process_group against the local rank's view (sizes, dtypes, root).
 //! Inconsistency *across* ranks must be detected where the backend can (size mismatch of a message) and reported
 //! as errc::mismatch. Errors are thrown as shardkit::error.
@@ -94,6 +106,12 @@ concept has_collectives = requires(C& c, const_buffer_view in, buffer_view out, 
   c.barrier(o);
   c.send(in, root, std::uint32_t{}, o);
   c.recv(out, root, std::uint32_t{}, o);
+};
+
+//! A communicator may gather host metadata on its own path (the optional row of the table above).
+template <class C>
+concept has_host_all_gather = requires(C& c, const_buffer_view in, buffer_view out, const collective_options& o) {
+  c.host_all_gather(in, out, o);
 };
 
 template <class C>

@@ -9,7 +9,9 @@
 //! abort-on-timeout does.
 //!
 //! With `check_consistency` (SHARDKIT_DEBUG=detail) every collective is preceded by an exchange of fingerprints
-//! (op, dtype, count, root, reduce op) and a mismatch fails all ranks with errc::mismatch naming the ranks.
+//! (op, dtype, count, root, reduce op) and a mismatch fails all ranks with errc::mismatch naming the ranks. The
+//! fingerprints live in host memory and go through the communicator's control plane (host_all_gather, see
+//! communicator.hpp), so they work on backends that take only device buffers (NCCL) too.
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -344,7 +346,12 @@ class process_group {
       std::int64_t mine[5] = {std::int64_t(fp.op), std::int64_t(fp.type), std::int64_t(fp.count), fp.root,
                               std::int64_t(fp.rop)};
       std::vector<std::int64_t> all(std::size_t(n) * 5);
-      comm->all_gather(const_buffer_view(mine, 5, dtype::i64), buffer_view(all.data(), all.size(), dtype::i64), co);
+      try {
+        comm->host_all_gather(const_buffer_view(mine, 5, dtype::i64), buffer_view(all.data(), all.size(), dtype::i64), co);
+      } catch (const error& e) {  // say that it was the check, not the collective itself, that failed
+        throw error(e.code(), std::string("exchanging fingerprints before ") + name + ": " + e.detail(),
+                    e.with_context(context(name)).context());
+      }
       std::ostringstream diff;
       const auto describe = [&](int r) {
         const std::int64_t* f = &all[std::size_t(r) * 5];

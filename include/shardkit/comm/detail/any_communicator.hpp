@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "shardkit/comm/communicator.hpp"
+#include "shardkit/core/error.hpp"
 
 namespace shardkit::comm::detail {
 
@@ -26,6 +27,9 @@ struct communicator_interface {
   virtual void all_to_allv(const_buffer_view, std::span<const std::size_t>, buffer_view, std::span<const std::size_t>,
                            const collective_options&) = 0;
   virtual void barrier(const collective_options&) = 0;
+  //! all_gather of a few bytes of host memory (process_group's fingerprints), on backends whose collectives
+  //! take only device memory too: the communicator's host_all_gather where it has one, else its all_gather.
+  virtual void host_all_gather(const_buffer_view, buffer_view, const collective_options&) = 0;
   //! Point-to-point returns a completion at once; backends without native async p2p run it on a helper thread.
   virtual completion isend(const_buffer_view, int, std::uint32_t, const collective_options&) = 0;
   virtual completion irecv(buffer_view, int, std::uint32_t, const collective_options&) = 0;
@@ -70,6 +74,17 @@ class communicator_model final : public communicator_interface {
     comm_.all_to_allv(in, ic, out, oc, o);
   }
   void barrier(const collective_options& o) override { comm_.barrier(o); }
+  void host_all_gather(const_buffer_view in, buffer_view out, const collective_options& o) override {
+    if constexpr (has_host_all_gather<C>) {
+      comm_.host_all_gather(in, out, o);
+    } else {
+      // Every rank of a group runs the same backend, so every rank refuses here alike, before anything is sent.
+      if (!comm_.supports(device::host()))
+        throw error(errc::unsupported, "this backend's collectives take no host memory and it has no host_all_gather, so "
+                                       "process_group cannot exchange its host metadata (check_consistency fingerprints)");
+      comm_.all_gather(in, out, o);
+    }
+  }
   completion isend(const_buffer_view in, int peer, std::uint32_t tag, const collective_options& o) override {
     if constexpr (has_async_p2p<C>) return comm_.isend(in, peer, tag, o);
     else return on_thread([=, this] { comm_.send(in, peer, tag, o); });
