@@ -46,6 +46,7 @@ struct args {
   sk::dtype type = sk::dtype::f32;
   sk::reduce_op rop = sk::reduce_op::sum;
   int iters = 20, warmup = 5, threads = 0;
+  sk::comm::algorithm algo = sk::comm::algorithm::automatic;
   std::string transport = sk::comm::transport_from_env();
   bool json = false;
 };
@@ -54,7 +55,7 @@ struct args {
   std::fprintf(stderr,
                "shardkit-bench: %s\n"
                "usage: shardkit-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP[,OP...]|all] [-d DTYPE] [-r REDOP]\n"
-               "                      [-n ITERS] [-w WARMUP] [--transport shm|tcp|auto"
+               "                      [-n ITERS] [-w WARMUP] [-a auto|ring|rd|hierarchical] [--transport shm|tcp|shm+tcp|auto"
 #if defined(SHARDKIT_HAS_GLOO)
                "|gloo|gloo-ring"
 #endif
@@ -119,6 +120,14 @@ args parse(int argc, char** argv) {
     } else if (k == "-n") a.iters = std::atoi(next().c_str());
     else if (k == "-w") a.warmup = std::atoi(next().c_str());
     else if (k == "--transport") a.transport = next();
+    else if (k == "-a") {
+      const std::string v = next();
+      if (v == "auto") a.algo = sk::comm::algorithm::automatic;
+      else if (v == "ring") a.algo = sk::comm::algorithm::ring;
+      else if (v == "rd" || v == "recursive_doubling") a.algo = sk::comm::algorithm::recursive_doubling;
+      else if (v == "hierarchical") a.algo = sk::comm::algorithm::hierarchical;
+      else usage("unknown all_reduce algorithm '" + v + "' (auto, ring, rd, hierarchical)");
+    }
     else if (k == "--threads") a.threads = std::atoi(next().c_str());
     else if (k == "--json") a.json = true;
     else if (k == "-h" || k == "--help") usage("help");
@@ -161,7 +170,7 @@ int run(G& pg, const args& a, const std::string& transport) {
 }
 
 int run(sk::comm::process_group& pg, const args& a, const std::string& transport) {
-  sk::bench::process_group_target g(pg);
+  sk::bench::process_group_target g(pg, a.algo);
   return run(g, a, transport);
 }
 

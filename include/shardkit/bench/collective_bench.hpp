@@ -107,13 +107,15 @@ concept bench_target = requires(G& g, const bench_case& c, const_buffer_view in,
 //! (argument checks, the group's progress engine, the communicator's algorithm).
 class process_group_target {
  public:
-  explicit process_group_target(comm::process_group& pg) : pg_(pg) {}
+  //! `algo`: the all_reduce algorithm requested (generic communicators honour it; native backends ignore it).
+  explicit process_group_target(comm::process_group& pg, comm::algorithm algo = comm::algorithm::automatic)
+      : pg_(pg), algo_(algo) {}
   int rank() const { return pg_.rank(); }
   int size() const { return pg_.size(); }
   void run(const bench_case& c, const_buffer_view in, buffer_view out) {
     const bool root = pg_.rank() == c.root;
     switch (c.op) {
-      case collective::all_reduce: pg_.all_reduce(in, out, c.rop).wait(); return;
+      case collective::all_reduce: pg_.all_reduce(in, out, c.rop, {.algo = algo_}).wait(); return;
       case collective::all_gather: pg_.all_gather(in, out).wait(); return;
       case collective::reduce_scatter: pg_.reduce_scatter(in, out, c.rop).wait(); return;
       case collective::broadcast:  // the root sends its input, the others receive into their output
@@ -130,6 +132,7 @@ class process_group_target {
 
  private:
   comm::process_group& pg_;
+  comm::algorithm algo_;
 };
 static_assert(bench_target<process_group_target>);
 
