@@ -57,6 +57,18 @@ struct conformance_failure : std::runtime_error {
 
 [[noreturn]] inline void fail(const std::string& what) { throw conformance_failure(what); }
 
+//! After a failed collective: the group must say it is broken and refuse further work at once.
+inline void expect_broken(comm::process_group& g) {
+  if (!g.broken_by()) fail("a failed collective did not mark its group broken");
+  bool refused = false;
+  try {
+    g.barrier().wait();
+  } catch (const error&) {
+    refused = true;
+  }
+  if (!refused) fail("a broken group accepted more work");
+}
+
 // Values chosen so every op is exact in every dtype (bf16 has 8 significant bits): small integers for
 // sum/avg/min/max, powers of two for prod.
 inline double value(reduce_op op, dtype t, int rank, std::size_t i) {
