@@ -136,7 +136,10 @@ TEST_CASE("[gloo] repeated splits and dups get distinct groups") {
 SHARDKIT_SCENARIO(gloo_conformance) {
   const auto info = rendezvous::info_from_env();
   auto store = rendezvous::connect_store(info, std::chrono::seconds(60));
-  auto pg = comm::process_group::create(gloo_communicator::create(store, info.rank, info.world_size, test_gloo_options()),
+  // In the Ethernet lab every host has its own 127.0.0.1: bind the interface SHARDKIT_SOCKET_IFNAME names.
+  auto gopts = std::getenv("GLOO_TEST_LAB") ? gloo_options::from_env() : test_gloo_options();
+  gopts.connect_timeout = std::chrono::seconds(60);
+  auto pg = comm::process_group::create(gloo_communicator::create(store, info.rank, info.world_size, gopts),
                                         test_group_options());
   test::conformance_options o;
   o.backend = "gloo";
