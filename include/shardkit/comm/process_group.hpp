@@ -384,6 +384,7 @@ class process_group {
     auto& timers = shardkit::detail::timer_service::instance();
     std::weak_ptr<impl> weak = impl_;
     const auto key = timers.at(deadline_after(timeout), [op, result, timed_out, timeout_error, weak] {
+      if (op.is_done()) return;  // ended in time after all: the forwarder reports its own outcome
       timed_out->store(true);
       if (op.cancel()) return;  // withdrawn: op fails now and the forwarder below reports the timeout
       if (op.is_done()) return;
