@@ -14,9 +14,11 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
+#include "shardkit/comm/algorithms/cross_memory.hpp"
 #include "shardkit/comm/algorithms/hierarchical.hpp"
 #include "shardkit/comm/algorithms/pairwise.hpp"
 #include "shardkit/comm/algorithms/recursive_doubling.hpp"
@@ -33,10 +35,14 @@ struct p2p_options {
   std::size_t recursive_doubling_max_bytes = 64 * 1024;
   //! Pipeline segment of the ring and tree algorithms (SHARDKIT_SEGMENT_BYTES overrides).
   std::size_t segment_bytes = 1 << 20;
+  //! Large all-reduces between processes of one host read peers' buffers directly (process_vm_readv) where the
+  //! transport's ranks share a host and the kernel allows it (SHARDKIT_CROSS_MEMORY=0 turns it off).
+  bool cross_memory = true;
 
   static p2p_options from_env() {
     p2p_options o;
     if (const char* v = std::getenv("SHARDKIT_RD_THRESHOLD")) o.recursive_doubling_max_bytes = std::strtoull(v, nullptr, 10);
+    if (const char* v = std::getenv("SHARDKIT_CROSS_MEMORY")) o.cross_memory = std::string_view(v) != "0";
     if (const char* v = std::getenv("SHARDKIT_SEGMENT_BYTES")) {
       const auto s = std::strtoull(v, nullptr, 10);
       if (s == 0) throw_error(errc::config, "SHARDKIT_SEGMENT_BYTES must be a positive byte count, got '" + std::string(v) + "'");
@@ -100,6 +106,9 @@ class p2p_communicator {
       auto inter = level_op(ctx, levels_->inter, levels_->inter_me, 2);
       algorithms::hierarchical_all_reduce(intra, inter, in.data(), out.data(), out.count(), out.type(), op,
                                           segment_elems(out.type()), opts_.recursive_doubling_max_bytes);
+    } else if (algo == algorithm::ring && o.algo == algorithm::automatic && cross_memory_enabled() &&
+               algorithms::cross_memory_all_reduce(ctx, in.data(), out.data(), out.count(), out.type(), op, *cross_memory_)) {
+      // done: every rank of the host read its slice from the others (falls through to the ring when refused)
     } else if (algo == algorithm::recursive_doubling) {
       if (in.data() != out.data() && bytes) std::memmove(out.data(), in.data(), bytes);
       algorithms::recursive_doubling_all_reduce(ctx, out.data(), out.count(), out.type(), op);
@@ -208,6 +217,7 @@ class p2p_communicator {
     child.seq_ = 0;
     child.levels_ = algorithms::host_levels::of(child.members_, child.me_, state_->host_of);
     child.scratch_ = std::make_shared<algorithms::scratch_arena>();  // the child runs on its own progress thread
+    child.cross_memory_ = std::make_shared<algorithms::cross_memory_state>();
     return child;
   }
 
@@ -262,6 +272,14 @@ class p2p_communicator {
   std::uint32_t seq_ = 0;
   std::optional<algorithms::host_levels> levels_;
   std::shared_ptr<algorithms::scratch_arena> scratch_ = std::make_shared<algorithms::scratch_arena>();
+  // Per group: its ranks find out together on its first large all-reduce (a state inherited from the parent
+  // would differ between ranks that did and did not take part in other groups' calls).
+  std::shared_ptr<algorithms::cross_memory_state> cross_memory_ = std::make_shared<algorithms::cross_memory_state>();
+
+  bool cross_memory_enabled() const {
+    if constexpr (transport::ranks_share_host<T>) return opts_.cross_memory;
+    else return false;
+  }
 };
 
 }  // namespace shardkit::comm

@@ -64,6 +64,11 @@ concept has_tagged_send_recv = requires(T& t, int peer, message_tag tag, std::sp
 template <class T>
 concept p2p = opts_into_p2p<T> && has_rank_and_size<T> && has_tagged_send_recv<T>;
 
+//! Optional: a transport whose ranks are processes (or threads) of one host that may read each other's memory
+//! (`static constexpr bool ranks_share_host = true;`), so all-reduce may use cross-memory attach.
+template <class T>
+concept ranks_share_host = p2p<T> && requires { requires T::ranks_share_host; };
+
 //! Optional: a transport that can fail everything outstanding at once (used when a group aborts).
 template <class T>
 concept abortable = p2p<T> && requires(T& t, std::exception_ptr reason) { t.abort(reason); };

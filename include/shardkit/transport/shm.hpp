@@ -95,6 +95,8 @@ class shm_transport {
 
  public:
   using transport_concept = p2p_tag;
+  //! Every rank is a process of this host: all-reduce may read peers' buffers directly (algorithms/cross_memory).
+  static constexpr bool ranks_share_host = true;
 
   //! Collective: every rank of [0, size) calls it with the same store. Creates this rank's segment, maps every
   //! peer's, and starts the progress thread. The store is not kept: keep it reachable until every rank's
