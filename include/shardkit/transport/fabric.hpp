@@ -15,37 +15,12 @@
 //!   connections of their own so an answer never waits behind bulk bytes (tcp;ofi_rxm has one connection per
 //!   endpoint pair). Addresses (fi_getname of all three) go through the store under
 //!   "<prefix>/<generation>/addr/<rank>"; receives are directed (FI_DIRECTED_RECV) at the peer's address.
-//! - The provider never truncates. Truncation is where providers differ most (tcp;ofi_rxm 1.17 loses the
-//!   connection's later messages after one), so every message starts with a 32-byte header (fabric/wire.hpp)
-//!   and every receive is posted with room for any message that can arrive on it:
-//!   * eager (size <= eager_bytes, 8 KiB): header and bytes in one provider message. The receive scatters it
-//!     (fi_trecvv) into [header | the caller's span, up to eager_bytes | a shared sink for the rest], so it lands
-//!     in place with no extra round trip, and a too-large message spills into the sink, never past the span.
-//!     Small sends go out with fi_tinject (no send completion to reap) when header + bytes fit the provider's
-//!     inject size: 8-byte one-way latency between two threads on 2 shared cores went from ~7 to ~5.6 us on shm
-//!     and stayed ~14 us on tcp;ofi_rxm. Without 3-entry iovs the receive takes a bounce buffer and copies.
-//!   * announced (larger): the header alone on the matching endpoint and, right behind it, the bytes on the bulk
-//!     endpoint under a per-(sender, receiver) transfer number from the header. The receiver, once it has the
-//!     header, posts the exact size into the span; the provider's own rendezvous (rxm, shm CMA) holds the bytes
-//!     until then, so this costs no round trip of ours either. A message larger than the span is drained into
-//!     scratch memory (one chunk) and the receive fails with errc::protocol at once.
-//!   A recv therefore fails with errc::protocol, writing nothing past its span (an eager message may have filled
-//!   the span itself), and the pair keeps working.
-//! - Tags: with 64 usable tag bits (FI_TAG_GENERIC formats: tcp;ofi_rxm, shm) the p2p tag is the matching tag.
-//!   With fewer bits it is hashed into them; the header carries the full tag, so a receive that matched a message
-//!   of another tag (a hash collision) fails with errc::protocol: detected, never delivered as the wrong message.
-//!   Order per (peer, tag) comes from FI_ORDER_SAS on the matching endpoint, which the provider must offer.
-//! - Announced messages above max_message_bytes (64 MiB, a power of two) travel as consecutive chunks; the
-//!   header says the chunk size, so the receiver cuts its span the same way whatever its own settings.
-//! - Liveness: a posted receive has no connection to fail (rxm's posted receives, and all of shm's, wait forever
-//!   for a dead peer), so a peer silent for min(peer_timeout / 4, 1 s) while operations with it are pending gets
-//!   a probe on the control endpoint, which its progress thread answers (whatever its own peer_timeout). No
-//!   answer within peer_timeout (30 s), or a connection error on any operation, makes the peer lost: its pending
-//!   and later operations fail with errc::peer_lost naming it. Idle pairs exchange nothing.
-//! - Progress: one thread per transport polls the CQ (libfabric's manual progress), spinning briefly while
-//!   operations are pending and sleeping up to 1 ms when idle. A post the provider refuses with FI_EAGAIN waits
-//!   in a FIFO backlog per (endpoint, peer) that the thread retries; later posts to that peer queue behind it,
-//!   which keeps the order, and a peer that refuses forever (shm to a dead process) holds up no other peer.
+//! - The provider never truncates, and a message larger than its receive fails only that recv (errc::protocol,
+//!   nothing written past the span): every message starts with a 32-byte header, small ones travel eagerly into
+//!   receives posted with room to spill, large ones are announced and their bytes follow on the bulk endpoint.
+//!   Tags, chunking and the eager/announced paths are described in fabric/wire.hpp.
+//! - Liveness probes on the control endpoint find dead peers (fabric/liveness.hpp); the progress thread and the
+//!   per-peer FI_EAGAIN backlog are described in fabric/posting.hpp.
 //! - Memory registration: when the provider demands FI_MR_LOCAL, each operation registers its buffers and
 //!   deregisters them when it retires (no cache: tcp and shm do not need it; a registration cache is the next
 //!   step for verbs/efa).

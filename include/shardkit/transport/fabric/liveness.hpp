@@ -2,6 +2,11 @@
 //! Which peers fabric_transport must probe, and which it has lost. A posted receive has no connection to fail
 //! (tcp;ofi_rxm's posted receives and all of shm's wait forever for a dead peer), so the transport asks a peer
 //! that was silent while operations with it were pending, and loses it when no answer comes.
+//!
+//! A peer silent for min(peer_timeout / 4, 1 s) while operations with it are pending gets a probe on the control
+//! endpoint, which its progress thread answers (whatever its own peer_timeout). No answer within peer_timeout
+//! (30 s), or a connection error on any operation, makes the peer lost: its pending and later operations fail with
+//! errc::peer_lost naming it. Idle pairs exchange nothing.
 #include <algorithm>
 #include <chrono>
 #include <string>

@@ -1,6 +1,11 @@
 #pragma once
 //! fabric_transport's unit of work with the provider: one tagged send or receive (a posting), and the backlog
 //! that holds postings the provider refused with FI_EAGAIN until they can go.
+//!
+//! Progress: one thread per transport polls the CQ (libfabric's manual progress), spinning briefly while
+//! operations are pending and sleeping up to 1 ms when idle. A post the provider refuses with FI_EAGAIN waits
+//! in a FIFO backlog per (endpoint, peer) that the thread retries; later posts to that peer queue behind it,
+//! which keeps the order, and a peer that refuses forever (shm to a dead process) holds up no other peer.
 #include <sys/uio.h>
 
 #include <cstddef>
