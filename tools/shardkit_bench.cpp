@@ -49,13 +49,14 @@ struct args {
   sk::comm::algorithm algo = sk::comm::algorithm::automatic;
   std::string transport = sk::comm::transport_from_env();
   bool json = false;
+  bool shared_buffers = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "shardkit-bench: %s\n"
                "usage: shardkit-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP[,OP...]|all] [-d DTYPE] [-r REDOP]\n"
-               "                      [-n ITERS] [-w WARMUP] [-a auto|ring|rd|hierarchical] [--transport shm|tcp|shm+tcp|auto"
+               "                      [-n ITERS] [-w WARMUP] [-a auto|ring|rd|hierarchical|one_shot] [--transport shm|tcp|shm+tcp|auto"
 #if defined(SHARDKIT_HAS_GLOO)
                "|gloo|gloo-ring"
 #endif
@@ -63,6 +64,7 @@ struct args {
                "|fabric"
 #endif
                "] [--threads N] [--json]\n"
+               "                      [--shared-buffers]   (buffers in host_shared_memory: local peers map them)\n"
                "sizes take K/M/G suffixes (binary); ops: all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n",
                why.c_str());
   std::exit(2);
@@ -126,10 +128,12 @@ args parse(int argc, char** argv) {
       else if (v == "ring") a.algo = sk::comm::algorithm::ring;
       else if (v == "rd" || v == "recursive_doubling") a.algo = sk::comm::algorithm::recursive_doubling;
       else if (v == "hierarchical") a.algo = sk::comm::algorithm::hierarchical;
-      else usage("unknown all_reduce algorithm '" + v + "' (auto, ring, rd, hierarchical)");
+      else if (v == "one_shot" || v == "one-shot") a.algo = sk::comm::algorithm::one_shot;
+      else usage("unknown all_reduce algorithm '" + v + "' (auto, ring, rd, hierarchical, one_shot)");
     }
     else if (k == "--threads") a.threads = std::atoi(next().c_str());
     else if (k == "--json") a.json = true;
+    else if (k == "--shared-buffers") a.shared_buffers = true;
     else if (k == "-h" || k == "--help") usage("help");
     else usage("unknown argument '" + k + "'");
   }
@@ -149,15 +153,15 @@ int run(G& pg, const args& a, const std::string& transport) {
   std::size_t wrong = 0;
   for (auto op : a.ops)
     for (double b = double(a.min_bytes); b <= double(a.max_bytes) * 1.0000001; b *= a.factor) {
-      sk::bench::bench_case c{.op = op, .bytes = std::size_t(b), .type = a.type, .rop = a.rop};
+      sk::bench::bench_case c{.op = op, .bytes = std::size_t(b), .type = a.type, .rop = a.rop, .shared_buffers = a.shared_buffers};
       auto r = sk::bench::run_case(pg, c, a.warmup, a.iters);
       wrong += r.wrong;
       if (!leader) continue;
       if (a.json)
         std::printf("{\"collective\":\"%s\",\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"redop\":\"%s\",\"ranks\":%d,"
-                    "\"transport\":\"%s\",\"time_us\":%.3f,\"algbw\":%.6f,\"busbw\":%.6f,\"wrong\":%zu,\"cpu_s_per_gb\":%.4f}\n",
+                    "\"transport\":\"%s\",\"shared_buffers\":%s,\"time_us\":%.3f,\"algbw\":%.6f,\"busbw\":%.6f,\"wrong\":%zu,\"cpu_s_per_gb\":%.4f}\n",
                     std::string(to_string(op)).c_str(), r.c.bytes, r.count, std::string(to_string(a.type)).c_str(),
-                    std::string(to_string(a.rop)).c_str(), pg.size(), transport.c_str(), r.time_us, r.algbw_gbs,
+                    std::string(to_string(a.rop)).c_str(), pg.size(), transport.c_str(), a.shared_buffers ? "true" : "false", r.time_us, r.algbw_gbs,
                     r.busbw_gbs, r.wrong, r.cpu_s_per_gb);
       else {
         sk::bench::print_row(stdout, r);

@@ -4,9 +4,11 @@
 
 #include "comm/conformance.hpp"
 #include "shardkit/comm/init.hpp"
+#include "shardkit/core/host_shared_memory.hpp"
 #include "support/harness.hpp"
 
 #include <cstdlib>
+#include <cstring>
 
 using namespace shardkit;
 
@@ -36,6 +38,60 @@ TEST_CASE("[comm] conformance suite with ranks as processes over shared memory")
   // One large run: the >= 8 MiB counts across processes.
   test::require_all_succeeded(test::run_processes(3, "conformance_shm", {{"SHARDKIT_TIMEOUT_MS", "60000"}, {"SHARDKIT_TEST_LARGE", "1"}},
                                                   std::chrono::seconds(500)));
+}
+
+// Large all-reduces between processes of one host go through cross-memory access: mapped peer memory where the
+// buffers are host_shared_memory, process_vm_readv/writev where they are not, both when ranks differ
+// (SHARDKIT_TEST_BUFFERS=shared|heap|mixed; mixed: even ranks shared). Buffers start one element past a 16-byte
+// boundary (unaligned streaming stores), every element is checked, every case runs twice (cached mappings).
+SHARDKIT_SCENARIO(cross_memory_buffers) {
+  using namespace test::conformance_detail;
+  const int rank = test::env_rank(), n = test::env_world_size();
+  const std::string mode = std::getenv("SHARDKIT_TEST_BUFFERS");
+  const bool shared = mode == "shared" || (mode == "mixed" && rank % 2 == 0);
+  auto world = comm::init_process_group("shm");
+  auto& pg = world.group;
+  test::conformance_options o;
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::i64, dtype::f64, dtype::u8})
+    for (reduce_op op : all_reduce_ops)
+      for (bool in_place : {true, false}) {
+        const std::size_t es = size_of(t), count = (std::size_t(256) << 10) / es + 13, bytes = count * es;
+        host_shared_memory mem;
+        std::vector<std::byte> heap;
+        std::byte* base;
+        if (shared) {
+          mem = host_shared_memory(2 * bytes + 64);
+          base = mem.data();
+        } else {
+          heap.resize(2 * bytes + 64);
+          base = heap.data();
+        }
+        std::byte* in = base + es;  // one element past the allocation's start
+        std::byte* out = in_place ? in : in + bytes + es;
+        SCENARIO_CHECK(find_host_shared(in, bytes).has_value() == shared);
+        typed_buffer image(t, count), got(t, count);
+        for (std::size_t i = 0; i < count; ++i) image.set(i, value(op, t, rank, i));
+        for (int call = 0; call < 2; ++call) {
+          std::memcpy(in, image.bytes.data(), bytes);
+          if (!in_place) std::memset(out, 0xab, bytes);
+          const std::string ctx = where(std::string("cross-memory all_reduce[") + mode + (in_place ? ",in-place]" : "]"), t, op, count, rank);
+          pg.all_reduce(const_buffer_view(in, count, t), buffer_view(out, count, t), op).wait();
+          std::memcpy(got.bytes.data(), out, bytes);
+          for (std::size_t i = 0; i < count; ++i) check_reduced(got, i, expected(op, t, n, i), op, n, ctx, o);
+          if (!in_place) SCENARIO_CHECK(std::memcmp(in, image.bytes.data(), bytes) == 0);
+        }
+      }
+  pg.barrier().wait();
+}
+
+TEST_CASE("[comm] cross-memory all_reduce between processes: shared, heap and mixed buffers") {
+  for (const char* mode : {"shared", "mixed", "heap"})
+    for (int n : {3, 4}) {
+      CAPTURE(mode);
+      CAPTURE(n);
+      test::require_all_succeeded(test::run_processes(n, "cross_memory_buffers", {{"SHARDKIT_TIMEOUT_MS", "60000"}, {"SHARDKIT_TEST_BUFFERS", mode}},
+                                                      std::chrono::seconds(300)));
+    }
 }
 
 #if defined(SHARDKIT_HAS_TCP)

@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -8,6 +9,7 @@
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/host_shared_memory.hpp"
 #include "shardkit/core/reduce_op.hpp"
 
 using namespace shardkit;
@@ -123,4 +125,85 @@ TEST_CASE("[core] completion waits, times out, fails and resumes coroutines") {
   CHECK(p.cancel());
   CHECK(cancelled);
   CHECK(p.has_failed());
+}
+
+TEST_CASE_TEMPLATE("[core] reduce_into_all matches pairwise combine, in place and unaligned", T, float, double,
+                   std::int32_t, std::int64_t, std::uint8_t, float16, bfloat16) {
+  const dtype t = dtype_v<T>;
+  const auto val = [](int src, std::size_t i) { return double(int((src * 5 + int(i)) % 9) - (std::is_unsigned_v<T> ? 0 : 3)); };
+  for (reduce_op op : all_reduce_ops)
+    for (std::size_t count : {std::size_t(0), std::size_t(1), std::size_t(31), std::size_t(64 / sizeof(T) * 7 + 5)})
+      for (std::size_t shift : {std::size_t(0), sizeof(T)}) {  // destinations 16-byte aligned or not
+        CAPTURE(to_string(op));
+        CAPTURE(count);
+        CAPTURE(shift);
+        const int n = 4;
+        std::vector<std::vector<T>> src(n, std::vector<T>(count + 1));
+        for (int r = 0; r < n; ++r)
+          for (std::size_t i = 0; i < count; ++i) src[std::size_t(r)][i] = T(float(val(r, i)));
+        // Expected: pairwise combine in source order, then the average's division.
+        std::vector<T> want = src[0];
+        for (int r = 1; r < n; ++r) combine(op, t, want.data(), src[std::size_t(r)].data(), count);
+        finish_average(op, t, want.data(), count, n);
+        std::vector<std::byte> d1((count + 8) * sizeof(T) + 64), d2 = d1;
+        auto* aligned1 = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(d1.data()) + 15) & ~std::uintptr_t(15)) + shift;
+        auto* aligned2 = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(d2.data()) + 15) & ~std::uintptr_t(15));
+        std::vector<T> in_place = src[0];  // source 0 is also a destination
+        std::vector<const std::byte*> srcs{reinterpret_cast<const std::byte*>(in_place.data())};
+        for (int r = 1; r < n; ++r) srcs.push_back(reinterpret_cast<const std::byte*>(src[std::size_t(r)].data()));
+        std::vector<std::byte*> dsts{aligned1, reinterpret_cast<std::byte*>(in_place.data()), aligned2};
+        reduce_into_all(op, t, srcs, dsts, count, n);
+        for (std::size_t i = 0; i < count; ++i) {
+          T a, b;
+          std::memcpy(&a, aligned1 + i * sizeof(T), sizeof(T));
+          std::memcpy(&b, aligned2 + i * sizeof(T), sizeof(T));
+          // 16-bit floats accumulate in float here and round once; the pairwise loop rounds every step.
+          const double tol = (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) ? 0.07 * std::abs(double(float(want[i]))) + 1e-2 : 0;
+          REQUIRE(std::abs(double(float(a)) - double(float(want[i]))) <= tol);
+          REQUIRE(std::memcmp(&a, &b, sizeof(T)) == 0);
+          REQUIRE(std::memcmp(&a, &in_place[i], sizeof(T)) == 0);
+        }
+      }
+}
+
+TEST_CASE("[core] host_shared_memory: registered while alive, found by interior ranges, mappable by path") {
+  CHECK_FALSE(find_host_shared(nullptr, 1));
+  host_shared_memory mem(1 << 20);
+  REQUIRE(mem.data() != nullptr);
+  CHECK(mem.size() == std::size_t(1 << 20));
+  CHECK(mem.as<float>().size() == std::size_t(1 << 18));
+  CHECK(mem.data()[12345] == std::byte{0});  // zeroed
+  auto whole = find_host_shared(mem.data(), mem.size());
+  REQUIRE(whole);
+  CHECK(whole->offset == 0);
+  CHECK(whole->size == mem.size());
+  auto inner = find_host_shared(mem.data() + 4096, 100);
+  REQUIRE(inner);
+  CHECK(inner->offset == 4096);
+  CHECK(inner->fd == whole->fd);
+  CHECK_FALSE(find_host_shared(mem.data() + 4096, mem.size()));       // runs past the end
+  CHECK_FALSE(find_host_shared(mem.data() + mem.size(), 1));          // just after it
+  std::vector<std::byte> heap(64);
+  CHECK_FALSE(find_host_shared(heap.data(), heap.size()));
+  // What a peer does: open the memfd through /proc and see the same bytes.
+  mem.data()[7] = std::byte{42};
+  const std::string path = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(whole->fd);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  void* peer = ::mmap(nullptr, mem.size(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  REQUIRE(peer != MAP_FAILED);
+  CHECK(static_cast<std::byte*>(peer)[7] == std::byte{42});
+  static_cast<std::byte*>(peer)[8] = std::byte{7};
+  CHECK(mem.data()[8] == std::byte{7});
+  ::munmap(peer, mem.size());
+  // Moves carry the registration; a freed allocation is gone from the registry.
+  std::byte* base = mem.data();
+  host_shared_memory moved = std::move(mem);
+  CHECK(mem.data() == nullptr);
+  CHECK(moved.data() == base);
+  CHECK(find_host_shared(base, 16));
+  moved = host_shared_memory();
+  CHECK_FALSE(find_host_shared(base, 16));
+  CHECK(host_shared_memory(0).data() == nullptr);
 }

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shardkit/core/host_shared_memory.hpp"
 #include "shardkit/comm/process_group.hpp"
 
 namespace shardkit::bench {
@@ -66,6 +67,9 @@ struct bench_case {
   dtype type = dtype::f32;
   reduce_op rop = reduce_op::sum;
   int root = 0;
+  //! Input and output in host_shared_memory (what a trainer's flat buffers would use): collectives between
+  //! processes of one host then reach peers' buffers directly. nccl-tests' -R (registered buffers) in spirit.
+  bool shared_buffers = false;
 };
 
 struct bench_result {
@@ -140,7 +144,24 @@ namespace detail {
 inline double value_at(int rank, std::size_t i) { return double((rank + 1) * int(i % 7 + 1)); }
 inline double sum_at(int n, std::size_t i) { return double(n * (n + 1) / 2 * int(i % 7 + 1)); }
 
-inline void fill(std::vector<std::byte>& buf, dtype t, std::size_t offset, std::size_t count, int rank) {
+//! A case's input or output: ordinary heap memory, or host_shared_memory.
+class case_buffer {
+ public:
+  case_buffer(std::size_t bytes, bool shared) {
+    if (shared)
+      shared_ = host_shared_memory(bytes);
+    else
+      heap_.resize(bytes);
+  }
+  std::byte* data() noexcept { return shared_.data() ? shared_.data() : heap_.data(); }
+  const std::byte* data() const noexcept { return shared_.data() ? shared_.data() : heap_.data(); }
+
+ private:
+  std::vector<std::byte> heap_;
+  host_shared_memory shared_;
+};
+
+inline void fill(case_buffer& buf, dtype t, std::size_t offset, std::size_t count, int rank) {
   visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     T* p = reinterpret_cast<T*>(buf.data());
@@ -151,7 +172,7 @@ inline void fill(std::vector<std::byte>& buf, dtype t, std::size_t offset, std::
     }
   });
 }
-inline double get(const std::vector<std::byte>& buf, dtype t, std::size_t i) {
+inline double get(const case_buffer& buf, dtype t, std::size_t i) {
   return visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     const T v = reinterpret_cast<const T*>(buf.data())[i];
@@ -180,7 +201,7 @@ bench_result run_case(G& g, const bench_case& c, int warmup, int iters) {
   if (c.op == collective::all_gather) in_count = block, out_count = block * std::size_t(n);
   if (c.op == collective::reduce_scatter) in_count = block * std::size_t(n), out_count = block;
   if (c.op == collective::all_to_all) in_count = out_count = block * std::size_t(n);
-  std::vector<std::byte> in(in_count * es), out(out_count * es);
+  detail::case_buffer in(in_count * es, c.shared_buffers), out(out_count * es, c.shared_buffers);
   const std::size_t in_offset = c.op == collective::all_gather ? block * std::size_t(me) : 0;
   detail::fill(in, c.type, in_offset, in_count, me);
   const_buffer_view inv(in.data(), in_count, c.type);
@@ -197,7 +218,7 @@ bench_result run_case(G& g, const bench_case& c, int warmup, int iters) {
 
   // Check: broadcast's receivers hold the root's data; others as documented above.
   std::size_t wrong = 0;
-  const auto expect = [&](const std::vector<std::byte>& buf, std::size_t i, double want) {
+  const auto expect = [&](const detail::case_buffer& buf, std::size_t i, double want) {
     if (detail::get(buf, c.type, i) != want) ++wrong;
   };
   switch (c.op) {

@@ -58,11 +58,12 @@ struct communicator_tag {};
 
 //! Which algorithm a generic (p2p) communicator runs. Native backends ignore the request.
 enum class algorithm : std::uint8_t {
-  automatic,           //!< by message size: recursive doubling when small, else hierarchical across hosts or ring
+  automatic,           //!< by size: one-shot when tiny, recursive doubling when small, else hierarchical or ring
   ring,                //!< bandwidth-optimal ring (reduce-scatter + all-gather), pipelined in segments
   recursive_doubling,  //!< latency-optimal log2(n) exchanges of the whole buffer
   tree,                //!< binomial tree (broadcast, reduce)
   hierarchical,        //!< all_reduce: reduce-scatter within hosts, all-reduce across hosts, all-gather within
+  one_shot,            //!< all_reduce: every rank sends its buffer to every other and reduces all n (one hop)
 };
 
 constexpr std::string_view to_string(algorithm a) noexcept {
@@ -72,6 +73,7 @@ constexpr std::string_view to_string(algorithm a) noexcept {
     case algorithm::recursive_doubling: return "recursive_doubling";
     case algorithm::tree: return "tree";
     case algorithm::hierarchical: return "hierarchical";
+    case algorithm::one_shot: return "one_shot";
   }
   return "?";
 }

@@ -20,12 +20,14 @@
 
 #include "shardkit/comm/algorithms/cross_memory.hpp"
 #include "shardkit/comm/algorithms/hierarchical.hpp"
+#include "shardkit/comm/algorithms/one_shot.hpp"
 #include "shardkit/comm/algorithms/pairwise.hpp"
 #include "shardkit/comm/algorithms/recursive_doubling.hpp"
 #include "shardkit/comm/algorithms/ring.hpp"
 #include "shardkit/comm/algorithms/tree.hpp"
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/comm/detail/checked_recv.hpp"
+#include "shardkit/core/settings.hpp"
 #include "shardkit/transport/p2p.hpp"
 
 namespace shardkit::comm {
@@ -33,6 +35,11 @@ namespace shardkit::comm {
 struct p2p_options {
   //! all_reduce at or below this many bytes uses recursive doubling (SHARDKIT_RD_THRESHOLD overrides).
   std::size_t recursive_doubling_max_bytes = 64 * 1024;
+  //! all_reduce at or below this many bytes, in groups of at most one_shot_max_ranks, goes one-shot: one hop
+  //! instead of log2(n) round trips (SHARDKIT_ONE_SHOT_THRESHOLD and SHARDKIT_ONE_SHOT_MAX_RANKS override; 0
+  //! turns it off).
+  std::size_t one_shot_max_bytes = 4 * 1024;
+  int one_shot_max_ranks = 8;
   //! Pipeline segment of the ring and tree algorithms (SHARDKIT_SEGMENT_BYTES overrides).
   std::size_t segment_bytes = 1 << 20;
   //! Large all-reduces between processes of one host read peers' buffers directly (process_vm_readv) where the
@@ -41,12 +48,18 @@ struct p2p_options {
 
   static p2p_options from_env() {
     p2p_options o;
-    if (const char* v = std::getenv("SHARDKIT_RD_THRESHOLD")) o.recursive_doubling_max_bytes = std::strtoull(v, nullptr, 10);
-    if (const char* v = std::getenv("SHARDKIT_CROSS_MEMORY")) o.cross_memory = std::string_view(v) != "0";
+    const char* where = "p2p_options";
+    if (const char* v = std::getenv("SHARDKIT_RD_THRESHOLD"))
+      o.recursive_doubling_max_bytes = settings::parse_byte_size("SHARDKIT_RD_THRESHOLD", v, where);
+    if (const char* v = std::getenv("SHARDKIT_ONE_SHOT_THRESHOLD"))
+      o.one_shot_max_bytes = settings::parse_byte_size("SHARDKIT_ONE_SHOT_THRESHOLD", v, where);
+    if (const char* v = std::getenv("SHARDKIT_ONE_SHOT_MAX_RANKS"))
+      o.one_shot_max_ranks = int(settings::parse_integer("SHARDKIT_ONE_SHOT_MAX_RANKS", v, 0, 1 << 20, where));
+    if (const char* v = std::getenv("SHARDKIT_CROSS_MEMORY"))
+      o.cross_memory = settings::parse_integer("SHARDKIT_CROSS_MEMORY", v, 0, 1, where) != 0;
     if (const char* v = std::getenv("SHARDKIT_SEGMENT_BYTES")) {
-      const auto s = std::strtoull(v, nullptr, 10);
-      if (s == 0) throw_error(errc::config, "SHARDKIT_SEGMENT_BYTES must be a positive byte count, got '" + std::string(v) + "'");
-      o.segment_bytes = s;
+      o.segment_bytes = settings::parse_byte_size("SHARDKIT_SEGMENT_BYTES", v, where);
+      if (o.segment_bytes == 0) settings::bad_setting("SHARDKIT_SEGMENT_BYTES", v, "must be a positive byte count", where);
     }
     return o;
   }
@@ -98,8 +111,12 @@ class p2p_communicator {
     algorithm algo = o.algo;
     const bool small = bytes <= opts_.recursive_doubling_max_bytes || out.count() < std::size_t(size());
     if (algo == algorithm::hierarchical && !levels_) algo = algorithm::automatic;
+    const bool tiny = bytes <= opts_.one_shot_max_bytes && size() <= opts_.one_shot_max_ranks;
     if (algo == algorithm::automatic || algo == algorithm::tree)
-      algo = small ? algorithm::recursive_doubling : levels_ ? algorithm::hierarchical : algorithm::ring;
+      algo = tiny    ? algorithm::one_shot
+             : small ? algorithm::recursive_doubling
+             : levels_ ? algorithm::hierarchical
+                       : algorithm::ring;
     if (algo == algorithm::hierarchical) {
       // Each level has its own tag (low bits of the op's tag), so the intra-host phases never match each other.
       auto intra = level_op(ctx, levels_->intra, levels_->intra_me, 1);
@@ -109,6 +126,8 @@ class p2p_communicator {
     } else if (algo == algorithm::ring && o.algo == algorithm::automatic && cross_memory_enabled() &&
                algorithms::cross_memory_all_reduce(ctx, in.data(), out.data(), out.count(), out.type(), op, *cross_memory_)) {
       // done: every rank of the host read its slice from the others (falls through to the ring when refused)
+    } else if (algo == algorithm::one_shot) {
+      algorithms::one_shot_all_reduce(ctx, in.data(), out.data(), out.count(), out.type(), op);
     } else if (algo == algorithm::recursive_doubling) {
       if (in.data() != out.data() && bytes) std::memmove(out.data(), in.data(), bytes);
       algorithms::recursive_doubling_all_reduce(ctx, out.data(), out.count(), out.type(), op);
@@ -217,7 +236,7 @@ class p2p_communicator {
     child.seq_ = 0;
     child.levels_ = algorithms::host_levels::of(child.members_, child.me_, state_->host_of);
     child.scratch_ = std::make_shared<algorithms::scratch_arena>();  // the child runs on its own progress thread
-    child.cross_memory_ = std::make_shared<algorithms::cross_memory_state>();
+    child.cross_memory_ = std::make_shared<algorithms::cross_memory_group>();
     return child;
   }
 
@@ -274,7 +293,7 @@ class p2p_communicator {
   std::shared_ptr<algorithms::scratch_arena> scratch_ = std::make_shared<algorithms::scratch_arena>();
   // Per group: its ranks find out together on its first large all-reduce (a state inherited from the parent
   // would differ between ranks that did and did not take part in other groups' calls).
-  std::shared_ptr<algorithms::cross_memory_state> cross_memory_ = std::make_shared<algorithms::cross_memory_state>();
+  std::shared_ptr<algorithms::cross_memory_group> cross_memory_ = std::make_shared<algorithms::cross_memory_group>();
 
   bool cross_memory_enabled() const {
     if constexpr (transport::ranks_share_host<T>) return opts_.cross_memory;

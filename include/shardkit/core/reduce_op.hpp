@@ -5,8 +5,15 @@
 //! accumulate in float and round once, per step.
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <optional>
+#include <span>
 #include <string_view>
+#include <type_traits>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "shardkit/core/dtype.hpp"
 
@@ -86,6 +93,96 @@ inline void finish_average(reduce_op op, dtype t, void* data, std::size_t count,
       for (std::size_t i = 0; i < count; ++i) p[i] = T(float(p[i]) / float(contributors));
     } else {
       for (std::size_t i = 0; i < count; ++i) p[i] = T(p[i] / T(contributors));
+    }
+  });
+}
+
+namespace detail {
+
+//! Stores 64 bytes; non-temporal (bypassing the cache) where the CPU has it and `dst` is 16-byte aligned.
+inline void store_line(std::byte* dst, const std::byte* line, bool streaming) noexcept {
+#if defined(__SSE2__)
+  if (streaming) {
+    const auto* s = reinterpret_cast<const __m128i*>(line);
+    auto* d = reinterpret_cast<__m128i*>(dst);
+    _mm_stream_si128(d, _mm_load_si128(s));
+    _mm_stream_si128(d + 1, _mm_load_si128(s + 1));
+    _mm_stream_si128(d + 2, _mm_load_si128(s + 2));
+    _mm_stream_si128(d + 3, _mm_load_si128(s + 3));
+    return;
+  }
+#endif
+  (void)streaming;
+  std::memcpy(dst, line, 64);
+}
+
+template <class T, class F>
+void reduce_into_all_typed(std::span<const std::byte* const> srcs, std::span<std::byte* const> dsts, std::size_t count,
+                           int average_over, F f) noexcept {
+  constexpr bool half = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
+  using A = std::conditional_t<half, float, T>;  // 16-bit floats accumulate in float and round once
+  constexpr std::size_t per_line = 64 / sizeof(T);
+  // The last, partial line (the full ones take the loop below, whose constant trip counts vectorise).
+  const auto partial_line = [&](std::size_t first, std::size_t m, A* acc) {
+    const T* s0 = reinterpret_cast<const T*>(srcs[0]) + first;
+    for (std::size_t j = 0; j < m; ++j) acc[j] = A(s0[j]);
+    for (std::size_t q = 1; q < srcs.size(); ++q) {
+      const T* sq = reinterpret_cast<const T*>(srcs[q]) + first;
+      for (std::size_t j = 0; j < m; ++j) acc[j] = f(acc[j], A(sq[j]));
+    }
+    if (average_over > 1)
+      for (std::size_t j = 0; j < m; ++j) acc[j] = A(acc[j] / A(average_over));
+  };
+  std::size_t i = 0;
+  for (; i + per_line <= count; i += per_line) {
+    A acc[per_line];
+    const T* s0 = reinterpret_cast<const T*>(srcs[0]) + i;
+    for (std::size_t j = 0; j < per_line; ++j) acc[j] = A(s0[j]);
+    for (std::size_t q = 1; q < srcs.size(); ++q) {
+      const T* sq = reinterpret_cast<const T*>(srcs[q]) + i;
+      for (std::size_t j = 0; j < per_line; ++j) acc[j] = f(acc[j], A(sq[j]));
+    }
+    if (average_over > 1)
+      for (std::size_t j = 0; j < per_line; ++j) acc[j] = A(acc[j] / A(average_over));
+    alignas(16) T line[per_line];
+    for (std::size_t j = 0; j < per_line; ++j) line[j] = T(acc[j]);
+    for (std::byte* d : dsts)
+      store_line(d + i * sizeof(T), reinterpret_cast<const std::byte*>(line), reinterpret_cast<std::uintptr_t>(d) % 16 == 0);
+  }
+  if (i < count) {
+    A acc[per_line];
+    partial_line(i, count - i, acc);
+    T line[per_line];
+    for (std::size_t j = 0; j < count - i; ++j) line[j] = T(acc[j]);
+    for (auto* d : dsts) std::memcpy(d + i * sizeof(T), line, (count - i) * sizeof(T));
+  }
+#if defined(__SSE2__)
+  _mm_sfence();  // the non-temporal stores are visible before whatever tells a peer they are there
+#endif
+}
+
+}  // namespace detail
+
+//! Reduces `count` elements of every source and writes the result to every destination, in one pass over the
+//! memory: line by line (64 bytes), sources read and destinations written interleaved, destinations with
+//! non-temporal stores. The cross-memory all-reduce's kernel: rank r's slice of all n inputs into all n outputs.
+//! A destination may be one of the sources (in place): each line is read from every source before it is written.
+//! `average_over` > 1 divides the result by it (reduce_op::avg; integers truncate, as finish_average does).
+inline void reduce_into_all(reduce_op op, dtype t, std::span<const std::byte* const> srcs, std::span<std::byte* const> dsts,
+                            std::size_t count, int average_over = 0) noexcept {
+  if (srcs.empty() || count == 0) return;
+  if (op != reduce_op::avg) average_over = 0;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    using A = std::conditional_t<std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>, float, T>;
+    switch (op) {
+      case reduce_op::sum:
+      case reduce_op::avg:
+        detail::reduce_into_all_typed<T>(srcs, dsts, count, average_over, [](A x, A y) { return A(x + y); });
+        break;
+      case reduce_op::prod: detail::reduce_into_all_typed<T>(srcs, dsts, count, 0, [](A x, A y) { return A(x * y); }); break;
+      case reduce_op::min: detail::reduce_into_all_typed<T>(srcs, dsts, count, 0, [](A x, A y) { return y < x ? y : x; }); break;
+      case reduce_op::max: detail::reduce_into_all_typed<T>(srcs, dsts, count, 0, [](A x, A y) { return x < y ? y : x; }); break;
     }
   });
 }

@@ -1,0 +1,146 @@
+#pragma once
+//! Host memory that the other processes of this host can map: what a trainer allocates its flat parameter and
+//! gradient buffers from when several ranks share a host. Collectives between local ranks on buffers inside such
+//! an allocation read and write the peers' memory directly (comm/algorithms/cross_memory.hpp), with no copy
+//! through a transport or through the kernel: the host-memory counterpart of NCCL's registered buffers
+//! (ncclMemAlloc + ncclCommRegister) and PyTorch's symmetric memory.
+//!
+//! An allocation is an anonymous memfd, mapped shared. Peers reach it through /proc/<pid>/fd/<fd>, which needs
+//! the same permission as process_vm_readv (same user, ptrace access); nothing is named in /dev/shm, so nothing
+//! outlives the processes that map it, even after a crash. Every live allocation is listed in a process-wide
+//! registry so that a collective can ask whether a pointer lies inside one.
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <utility>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "shardkit/core/error.hpp"
+
+namespace shardkit {
+
+//! Where a byte range lives in a host-shared allocation: enough for another process of the host to map it.
+struct host_shared_location {
+  int fd = -1;               //!< the memfd in the owning process
+  std::uint64_t inode = 0;   //!< identifies the allocation (fd numbers are reused after a free)
+  std::uint64_t offset = 0;  //!< of the range's first byte within the allocation
+  std::uint64_t size = 0;    //!< of the whole allocation
+};
+
+namespace detail {
+
+class host_shared_registry {
+ public:
+  static host_shared_registry& instance() {
+    static host_shared_registry r;
+    return r;
+  }
+  void add(const std::byte* base, host_shared_location where) {
+    std::unique_lock lock(mutex_);
+    blocks_[reinterpret_cast<std::uintptr_t>(base)] = where;
+  }
+  void remove(const std::byte* base) {
+    std::unique_lock lock(mutex_);
+    blocks_.erase(reinterpret_cast<std::uintptr_t>(base));
+  }
+  std::optional<host_shared_location> find(const void* p, std::size_t bytes) const {
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    std::shared_lock lock(mutex_);
+    auto it = blocks_.upper_bound(at);
+    if (it == blocks_.begin()) return std::nullopt;
+    --it;
+    const std::uint64_t offset = at - it->first;
+    if (offset > it->second.size || bytes > it->second.size - offset) return std::nullopt;
+    host_shared_location where = it->second;
+    where.offset = offset;
+    return where;
+  }
+
+ private:
+  mutable std::shared_mutex mutex_;
+  std::map<std::uintptr_t, host_shared_location> blocks_;  // by base address
+};
+
+}  // namespace detail
+
+//! Whether [p, p + bytes) lies inside one live host_shared_memory allocation of this process, and where.
+inline std::optional<host_shared_location> find_host_shared(const void* p, std::size_t bytes) {
+  return detail::host_shared_registry::instance().find(p, bytes);
+}
+
+//! An allocation of `bytes` of zeroed host memory that local peers can map. Move-only; unmapped and closed by
+//! the destructor (peers that mapped it keep their mapping until they drop it).
+class host_shared_memory {
+ public:
+  host_shared_memory() = default;
+  explicit host_shared_memory(std::size_t bytes) : size_(bytes) {
+    if (bytes == 0) return;
+    fd_ = ::memfd_create("shardkit-shared", MFD_CLOEXEC);
+    if (fd_ < 0) fail("memfd_create");
+    if (::ftruncate(fd_, off_t(bytes)) != 0) fail("ftruncate to " + std::to_string(bytes) + " bytes");
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) fail("mmap of " + std::to_string(bytes) + " bytes");
+    data_ = static_cast<std::byte*>(p);
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) fail("fstat");
+    detail::host_shared_registry::instance().add(
+        data_, {.fd = fd_, .inode = std::uint64_t(st.st_ino), .offset = 0, .size = std::uint64_t(bytes)});
+  }
+  host_shared_memory(host_shared_memory&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), fd_(std::exchange(o.fd_, -1)) {}
+  host_shared_memory& operator=(host_shared_memory&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  host_shared_memory(const host_shared_memory&) = delete;
+  host_shared_memory& operator=(const host_shared_memory&) = delete;
+  ~host_shared_memory() { release(); }
+
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  std::span<std::byte> bytes() const noexcept { return {data_, size_}; }
+  //! The allocation as elements of T (size() / sizeof(T) of them).
+  template <class T>
+  std::span<T> as() const noexcept {
+    return {reinterpret_cast<T*>(data_), size_ / sizeof(T)};
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) {
+    const int e = errno;
+    release();
+    throw_error(errc::io, what + " failed: " + std::strerror(e), {.operation = "host_shared_memory"});
+  }
+  void release() noexcept {
+    if (data_) {
+      detail::host_shared_registry::instance().remove(data_);
+      ::munmap(data_, size_);
+    }
+    if (fd_ >= 0) ::close(fd_);
+    data_ = nullptr;
+    fd_ = -1;
+  }
+
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+  int fd_ = -1;
+};
+
+}  // namespace shardkit
