@@ -36,9 +36,10 @@ struct p2p_options {
   //! all_reduce at or below this many bytes uses recursive doubling (SHARDKIT_RD_THRESHOLD overrides).
   std::size_t recursive_doubling_max_bytes = 64 * 1024;
   //! all_reduce at or below this many bytes, in groups of at most one_shot_max_ranks, goes one-shot: one hop
-  //! instead of log2(n) round trips (SHARDKIT_ONE_SHOT_THRESHOLD and SHARDKIT_ONE_SHOT_MAX_RANKS override; 0
-  //! turns it off).
-  std::size_t one_shot_max_bytes = 4 * 1024;
+  //! instead of log2(n) round trips (SHARDKIT_ONE_SHOT_THRESHOLD and SHARDKIT_ONE_SHOT_MAX_RANKS override). Off
+  //! (0) by default: on the 2-core lab, where an 8-byte all_reduce is bound by thread wake-ups rather than the
+  //! wire, it measured no faster than recursive doubling (docs/benchmarks.md); turn it on where hops cost more.
+  std::size_t one_shot_max_bytes = 0;
   int one_shot_max_ranks = 8;
   //! Pipeline segment of the ring and tree algorithms (SHARDKIT_SEGMENT_BYTES overrides).
   std::size_t segment_bytes = 1 << 20;
