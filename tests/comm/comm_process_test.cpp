@@ -40,7 +40,7 @@ TEST_CASE("[comm] conformance suite with ranks as processes over shared memory")
                                                   std::chrono::seconds(500)));
 }
 
-// Large all-reduces between processes of one host go through cross-memory access: mapped peer memory where the
+// Large all-reduces, reduce-scatters and all-gathers between processes of one host go through cross-memory access: mapped peer memory where the
 // buffers are host_shared_memory, process_vm_readv/writev where they are not, both when ranks differ
 // (SHARDKIT_TEST_BUFFERS=shared|heap|mixed; mixed: even ranks shared). Buffers start one element past a 16-byte
 // boundary (unaligned streaming stores), every element is checked, every case runs twice (cached mappings).
@@ -81,10 +81,66 @@ SHARDKIT_SCENARIO(cross_memory_buffers) {
           if (!in_place) SCENARIO_CHECK(std::memcmp(in, image.bytes.data(), bytes) == 0);
         }
       }
+  // The same buffers for an FSDP step's collectives: reduce_scatter of gradients, all_gather(v) of parameters.
+  const auto alloc = [&](std::size_t bytes, host_shared_memory& mem, std::vector<std::byte>& heap) -> std::byte* {
+    if (shared) {
+      mem = host_shared_memory(bytes + 64);
+      return mem.data() + 8;
+    }
+    heap.resize(bytes + 64);
+    return heap.data() + 8;
+  };
+  for (dtype t : {dtype::f32, dtype::bf16, dtype::i64})
+    for (reduce_op op : {reduce_op::sum, reduce_op::avg, reduce_op::max})
+      for (bool in_place : {true, false}) {
+        const std::size_t es = size_of(t), block = (std::size_t(64) << 10) / es + 5, total = block * std::size_t(n);
+        host_shared_memory m1, m2;
+        std::vector<std::byte> h1, h2;
+        std::byte* in = alloc(total * es, m1, h1);
+        std::byte* out = in_place ? in + std::size_t(rank) * block * es : alloc(block * es, m2, h2);
+        typed_buffer image(t, total), got(t, block);
+        for (std::size_t i = 0; i < total; ++i) image.set(i, value(op, t, rank, i));
+        std::memcpy(in, image.bytes.data(), total * es);
+        const std::string ctx = where(std::string("cross-memory reduce_scatter[") + mode + (in_place ? ",in-place]" : "]"), t, op, block, rank);
+        pg.reduce_scatter(const_buffer_view(in, total, t), buffer_view(out, block, t), op).wait();
+        std::memcpy(got.bytes.data(), out, block * es);
+        for (std::size_t i = 0; i < block; ++i) check_reduced(got, i, expected(op, t, n, std::size_t(rank) * block + i), op, n, ctx, o);
+      }
+  for (dtype t : {dtype::f32, dtype::u8})
+    for (bool varying : {false, true})
+      for (bool in_place : {true, false}) {
+        const std::size_t es = size_of(t), block = (std::size_t(96) << 10) / es + 3;
+        std::vector<std::size_t> counts(static_cast<std::size_t>(n), block);
+        if (varying)  // all_gatherv, one rank contributing nothing
+          for (int r = 0; r < n; ++r) counts[std::size_t(r)] = r == 1 ? 0 : block + std::size_t(r) * 7;
+        std::size_t total = 0, offset = 0;
+        for (int r = 0; r < n; ++r) {
+          if (r < rank) offset += counts[std::size_t(r)];
+          total += counts[std::size_t(r)];
+        }
+        const std::size_t mine = counts[std::size_t(rank)];
+        host_shared_memory m1, m2;
+        std::vector<std::byte> h1, h2;
+        std::byte* out = alloc(total * es, m1, h1);
+        std::memset(out, 0xab, total * es);
+        std::byte* in = in_place ? out + offset * es : alloc(mine * es, m2, h2);
+        typed_buffer mine_image(t, mine), got(t, total);
+        for (std::size_t i = 0; i < mine; ++i) mine_image.set(i, value(reduce_op::sum, t, rank, i));
+        std::memcpy(in, mine_image.bytes.data(), mine * es);
+        const std::string ctx = where(std::string("cross-memory all_gather") + (varying ? "v[" : "[") + mode + (in_place ? ",in-place]" : "]"), t, reduce_op::sum, mine, rank);
+        if (varying)
+          pg.all_gatherv(const_buffer_view(in, mine, t), buffer_view(out, total, t), counts).wait();
+        else
+          pg.all_gather(const_buffer_view(in, mine, t), buffer_view(out, total, t)).wait();
+        std::memcpy(got.bytes.data(), out, total * es);
+        std::size_t at = 0;
+        for (int r = 0; r < n; ++r)
+          for (std::size_t i = 0; i < counts[std::size_t(r)]; ++i) check_equal(got, at++, value(reduce_op::sum, t, r, i), ctx + " block of rank " + std::to_string(r));
+      }
   pg.barrier().wait();
 }
 
-TEST_CASE("[comm] cross-memory all_reduce between processes: shared, heap and mixed buffers") {
+TEST_CASE("[comm] cross-memory all_reduce, reduce_scatter, all_gather(v) between processes: shared, heap and mixed buffers") {
   for (const char* mode : {"shared", "mixed", "heap"})
     for (int n : {3, 4}) {
       CAPTURE(mode);

@@ -124,7 +124,7 @@ class p2p_communicator {
       auto inter = level_op(ctx, levels_->inter, levels_->inter_me, 2);
       algorithms::hierarchical_all_reduce(intra, inter, in.data(), out.data(), out.count(), out.type(), op,
                                           segment_elems(out.type()), opts_.recursive_doubling_max_bytes);
-    } else if (algo == algorithm::ring && o.algo == algorithm::automatic && cross_memory_enabled() &&
+    } else if (algo == algorithm::ring && use_cross_memory(o, bytes) &&
                algorithms::cross_memory_all_reduce(ctx, in.data(), out.data(), out.count(), out.type(), op, *cross_memory_)) {
       // done: every rank of the host read its slice from the others (falls through to the ring when refused)
     } else if (algo == algorithm::one_shot) {
@@ -149,8 +149,11 @@ class p2p_communicator {
   void reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op, const collective_options& o) {
     auto ctx = begin("reduce_scatter", o);
     std::vector<std::size_t> counts(std::size_t(size()), out.count());
-    algorithms::ring_reduce_scatter(ctx, in.data(), out.data(), algorithms::partition::from_counts(counts), out.type(),
-                                    op, segment_elems(out.type()));
+    const auto part = algorithms::partition::from_counts(counts);
+    if (use_cross_memory(o, part.total() * out.element_size()) &&
+        algorithms::cross_memory_reduce_scatter(ctx, in.data(), out.data(), part, out.type(), op, *cross_memory_))
+      return;  // reduced and averaged in one pass
+    algorithms::ring_reduce_scatter(ctx, in.data(), out.data(), part, out.type(), op, segment_elems(out.type()));
     finish_average(op, out.type(), out.data(), out.count(), size());
   }
 
@@ -266,6 +269,8 @@ class p2p_communicator {
               const collective_options& o) {
     auto ctx = begin(name, o);
     const std::size_t es = out.element_size();
+    if (use_cross_memory(o, part.total() * es) && algorithms::cross_memory_all_gather(ctx, in.data(), out.data(), part, es, *cross_memory_))
+      return;
     std::byte* mine = out.data() + part.begin(me_) * es;
     if (mine != in.data() && in.size_bytes()) std::memmove(mine, in.data(), in.size_bytes());
     algorithms::ring_all_gather(ctx, out.data(), part, es, segment_elems(out.type()));
@@ -296,6 +301,10 @@ class p2p_communicator {
   // would differ between ranks that did and did not take part in other groups' calls).
   std::shared_ptr<algorithms::cross_memory_group> cross_memory_ = std::make_shared<algorithms::cross_memory_group>();
 
+  //! Large collectives on the automatic choice reach local peers' memory directly where the transport allows.
+  bool use_cross_memory(const collective_options& o, std::size_t bytes) const {
+    return o.algo == algorithm::automatic && bytes > opts_.recursive_doubling_max_bytes && cross_memory_enabled();
+  }
   bool cross_memory_enabled() const {
     if constexpr (transport::ranks_share_host<T>) return opts_.cross_memory;
     else return false;

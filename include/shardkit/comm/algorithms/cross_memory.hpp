@@ -125,6 +125,7 @@ struct shared_ref {
 struct record {
   std::uint64_t in, out, count;
   std::int64_t pid;
+  std::uint64_t probe;  // an address in the owner that is readable while the call lasts (its own record)
   shared_ref shared_in, shared_out;
 };
 
@@ -171,6 +172,82 @@ void exchange(p2p_op<T>& op, const void* mine, void* all, std::size_t bytes) {
   op.wait_sends();
 }
 
+
+//! One call's view of the peers: their records, and their buffers where mapped (nullptr: kernel copies).
+struct session {
+  std::vector<record> peers;
+  std::vector<const std::byte*> in;
+  std::vector<std::byte*> out;
+
+  //! Peer p's input at `offset`: mapped, or read through the kernel into `staging`; nullptr when the peer is gone.
+  const std::byte* input(int p, std::size_t offset, std::size_t len, std::byte* staging) const {
+    if (const std::byte* mapped = in[std::size_t(p)]) return mapped + offset;
+    return read_remote(peers[std::size_t(p)].pid, staging, peers[std::size_t(p)].in + offset, len) ? staging : nullptr;
+  }
+};
+
+//! Exchanges addresses, checks that every rank passed `check` (an element count), probes access on a group's
+//! first call, and maps the peers' host_shared_memory buffers. False (every rank together) when access is
+//! refused somewhere.
+template <transport::p2p T>
+bool open_session(p2p_op<T>& op, const std::byte* in, std::size_t in_bytes, std::byte* out, std::size_t out_bytes,
+                  std::uint64_t check, cross_memory_group& group, session& s) {
+  const int n = op.n(), me = op.me();
+  record mine{std::uint64_t(reinterpret_cast<std::uintptr_t>(in)), std::uint64_t(reinterpret_cast<std::uintptr_t>(out)),
+              check, std::int64_t(::getpid()), 0, shared_ref::of(in, in_bytes), shared_ref::of(out, out_bytes)};
+  mine.probe = std::uint64_t(reinterpret_cast<std::uintptr_t>(&mine));
+  s.peers.assign(static_cast<std::size_t>(n), record{});
+  exchange(op, &mine, s.peers.data(), sizeof(record));
+  for (int p = 0; p < n; ++p)
+    if (s.peers[std::size_t(p)].count != check)
+      throw error(errc::mismatch,
+                  "rank " + std::to_string(p) + " passed " + std::to_string(s.peers[std::size_t(p)].count) +
+                      " elements where this rank passed " + std::to_string(check),
+                  op.context(p));
+  if (group.state == cross_memory_state::unknown) {
+    std::uint8_t ok = 1, probe = 0;
+    for (int p = 0; p < n; ++p)
+      if (p != me && !read_remote(s.peers[std::size_t(p)].pid, reinterpret_cast<std::byte*>(&probe), s.peers[std::size_t(p)].probe, 1))
+        ok = 0;
+    std::vector<std::uint8_t> oks(static_cast<std::size_t>(n));
+    exchange(op, &ok, oks.data(), 1);
+    for (auto v : oks)
+      if (!v) {
+        group.state = cross_memory_state::refused;
+        return false;
+      }
+    group.state = cross_memory_state::usable;
+  }
+  group.mappings.next_call();
+  s.in.assign(static_cast<std::size_t>(n), nullptr);
+  s.out.assign(static_cast<std::size_t>(n), nullptr);
+  for (int p = 0; p < n; ++p) {
+    const record& r = s.peers[std::size_t(p)];
+    if (p == me) continue;
+    if (r.shared_in.fd >= 0)
+      if (std::byte* base = group.mappings.map(r.pid, r.shared_in.location())) s.in[std::size_t(p)] = base + r.shared_in.offset;
+    if (r.shared_out.fd >= 0)
+      if (std::byte* base = group.mappings.map(r.pid, r.shared_out.location())) s.out[std::size_t(p)] = base + r.shared_out.offset;
+  }
+  return true;
+}
+
+//! The closing barrier: every rank is done with every peer's buffers.
+template <transport::p2p T>
+void close_session(p2p_op<T>& op) {
+  char token = 0;
+  std::vector<char> tokens(static_cast<std::size_t>(op.n()));
+  exchange(op, &token, tokens.data(), 1);
+}
+
+inline error lost(const error_context& where, int p, const char* what) {
+  return error(errc::peer_lost,
+               std::string("cannot ") + what + " rank " + std::to_string(p) + "'s memory any more (process gone?)", where);
+}
+
+//! Chunk of the kernel-copy paths: bounds the staging memory and keeps system calls large.
+inline std::size_t chunk_elems(std::size_t es) { return std::max<std::size_t>(1, (std::size_t(64) << 10) / es); }
+
 }  // namespace cross_memory_detail
 
 //! All-reduce of `count` elements from `in` to `out` (in == out: in place). Returns false, having changed
@@ -182,84 +259,86 @@ bool cross_memory_all_reduce(p2p_op<T>& op, const std::byte* in, std::byte* out,
   using namespace cross_memory_detail;
   if (group.state == cross_memory_state::refused || count == 0 || op.n() < 2) return false;
   const int n = op.n(), me = op.me();
-  const std::size_t es = size_of(type), bytes = count * es;
-  const record mine{std::uint64_t(reinterpret_cast<std::uintptr_t>(in)), std::uint64_t(reinterpret_cast<std::uintptr_t>(out)),
-                    count, std::int64_t(::getpid()), shared_ref::of(in, bytes), shared_ref::of(out, bytes)};
-  std::vector<record> peers(static_cast<std::size_t>(n));
-  exchange(op, &mine, peers.data(), sizeof(record));
-  for (int p = 0; p < n; ++p)
-    if (peers[std::size_t(p)].count != count)
-      throw error(errc::mismatch,
-                  "rank " + std::to_string(p) + " passed " + std::to_string(peers[std::size_t(p)].count) +
-                      " elements where this rank passed " + std::to_string(count),
-                  op.context(p));
-  if (group.state == cross_memory_state::unknown) {
-    std::uint8_t ok = 1, probe = 0;
-    for (int p = 0; p < n; ++p)
-      if (p != me && !read_remote(peers[std::size_t(p)].pid, reinterpret_cast<std::byte*>(&probe), peers[std::size_t(p)].in, 1)) ok = 0;
-    std::vector<std::uint8_t> oks(static_cast<std::size_t>(n));
-    exchange(op, &ok, oks.data(), 1);
-    for (auto v : oks)
-      if (!v) {
-        group.state = cross_memory_state::refused;
-        return false;
-      }
-    group.state = cross_memory_state::usable;
-  }
-  // Each peer's buffers as this rank sees them: mapped (direct loads and stores) or nullptr (kernel copies).
-  group.mappings.next_call();
-  std::vector<const std::byte*> peer_in(static_cast<std::size_t>(n));
-  std::vector<std::byte*> peer_out(static_cast<std::size_t>(n));
-  for (int p = 0; p < n; ++p) {
-    const record& r = peers[std::size_t(p)];
-    if (p == me) continue;
-    if (r.shared_in.fd >= 0)
-      if (std::byte* base = group.mappings.map(r.pid, r.shared_in.location())) peer_in[std::size_t(p)] = base + r.shared_in.offset;
-    if (r.shared_out.fd >= 0)
-      if (std::byte* base = group.mappings.map(r.pid, r.shared_out.location())) peer_out[std::size_t(p)] = base + r.shared_out.offset;
-  }
-  const auto lost = [&](int p, const char* what) {
-    return error(errc::peer_lost,
-                 std::string("cannot ") + what + " rank " + std::to_string(p) + "'s memory any more (process gone?)",
-                 op.context(p));
-  };
-
+  const std::size_t es = size_of(type);
+  session s;
+  if (!open_session(op, in, count * es, out, count * es, count, group, s)) return false;
   const partition part = partition::equal(count, n);
-  const std::size_t begin = part.begin(me), mine_count = part.count(me);
-  // Sources: this rank's input, then each peer's (mapped, or read through the kernel into a slot of `staged`).
-  // Destinations: this rank's output and each mapped peer output; the others get this rank's result through the
-  // kernel. Chunks bound the staging memory and keep the kernel calls large.
-  const std::size_t chunk_elems = std::max<std::size_t>(1, (std::size_t(64) << 10) / es);
-  bool staging = false;
-  for (int p = 0; p < n; ++p)
-    if (p != me && (!peer_in[std::size_t(p)] || !peer_out[std::size_t(p)])) staging = true;
-  std::byte* const staged = staging ? op.scratch(std::size_t(n) * std::min(mine_count, chunk_elems) * es + 1) : nullptr;
+  const std::size_t begin = part.begin(me), mine_count = part.count(me), chunk = chunk_elems(es);
+  // Sources: this rank's input, then each peer's. Destinations: this rank's output and each mapped peer output;
+  // the others get this rank's result through the kernel.
+  std::byte* const staged = op.scratch(std::size_t(n) * std::min(mine_count, chunk) * es + 1);
   std::vector<const std::byte*> srcs;
   std::vector<std::byte*> dsts;
-  for (std::size_t done = 0; done < mine_count; done += chunk_elems) {
-    const std::size_t k = std::min(chunk_elems, mine_count - done), offset = (begin + done) * es, len = k * es;
+  for (std::size_t done = 0; done < mine_count; done += chunk) {
+    const std::size_t k = std::min(chunk, mine_count - done), offset = (begin + done) * es, len = k * es;
     srcs.assign({in + offset});
     dsts.assign({out + offset});
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
-      const record& r = peers[std::size_t(p)];
-      if (const std::byte* mapped = peer_in[std::size_t(p)]) {
-        srcs.push_back(mapped + offset);
-      } else {
-        std::byte* slot = staged + std::size_t(p) * chunk_elems * es;
-        if (!read_remote(r.pid, slot, r.in + offset, len)) throw lost(p, "read");
-        srcs.push_back(slot);
-      }
-      if (std::byte* mapped = peer_out[std::size_t(p)]) dsts.push_back(mapped + offset);
+      const std::byte* theirs = s.input(p, offset, len, staged + std::size_t(p) * chunk * es);
+      if (!theirs) throw lost(op.context(p), p, "read");
+      srcs.push_back(theirs);
+      if (std::byte* mapped = s.out[std::size_t(p)]) dsts.push_back(mapped + offset);
     }
     reduce_into_all(rop, type, srcs, dsts, k, n);
     for (int p = 0; p < n; ++p)
-      if (p != me && !peer_out[std::size_t(p)] && !write_remote(peers[std::size_t(p)].pid, peers[std::size_t(p)].out + offset, out + offset, len))
-        throw lost(p, "write");
+      if (p != me && !s.out[std::size_t(p)] && !write_remote(s.peers[std::size_t(p)].pid, s.peers[std::size_t(p)].out + offset, out + offset, len))
+        throw lost(op.context(p), p, "write");
   }
-  char token = 0;
-  std::vector<char> tokens(static_cast<std::size_t>(n));
-  exchange(op, &token, tokens.data(), 1);  // every slice is in every output; nobody touches peers' buffers any more
+  close_session(op);
+  return true;
+}
+
+//! Reduce-scatter: rank r's `out` (part.count(r) elements) gets block r of every rank's `in` (part.total()
+//! elements) reduced. Rank r reads only block r of each input. False as cross_memory_all_reduce.
+template <transport::p2p T>
+bool cross_memory_reduce_scatter(p2p_op<T>& op, const std::byte* in, std::byte* out, const partition& part, dtype type,
+                                 reduce_op rop, cross_memory_group& group) {
+  using namespace cross_memory_detail;
+  if (group.state == cross_memory_state::refused || part.total() == 0 || op.n() < 2) return false;
+  const int n = op.n(), me = op.me();
+  const std::size_t es = size_of(type);
+  session s;
+  if (!open_session(op, in, part.total() * es, out, part.count(me) * es, part.total(), group, s)) return false;
+  const std::size_t begin = part.begin(me), mine_count = part.count(me), chunk = chunk_elems(es);
+  std::byte* const staged = op.scratch(std::size_t(n) * std::min(mine_count, chunk) * es + 1);
+  std::vector<const std::byte*> srcs;
+  for (std::size_t done = 0; done < mine_count; done += chunk) {
+    const std::size_t k = std::min(chunk, mine_count - done), offset = (begin + done) * es, len = k * es;
+    srcs.assign({in + offset});
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      const std::byte* theirs = s.input(p, offset, len, staged + std::size_t(p) * chunk * es);
+      if (!theirs) throw lost(op.context(p), p, "read");
+      srcs.push_back(theirs);
+    }
+    std::byte* const dst = out + done * es;
+    reduce_into_all(rop, type, srcs, std::span<std::byte* const>(&dst, 1), k, n);
+  }
+  close_session(op);
+  return true;
+}
+
+//! All-gather(v): rank r writes its `in` (part.count(r) elements) into block r of every rank's `out`
+//! (part.total() elements). In place when `in` is this rank's block of `out`. False as cross_memory_all_reduce.
+template <transport::p2p T>
+bool cross_memory_all_gather(p2p_op<T>& op, const std::byte* in, std::byte* out, const partition& part, std::size_t es,
+                             cross_memory_group& group) {
+  using namespace cross_memory_detail;
+  if (group.state == cross_memory_state::refused || part.total() == 0 || op.n() < 2) return false;
+  const int n = op.n(), me = op.me();
+  session s;
+  if (!open_session(op, in, part.count(me) * es, out, part.total() * es, part.total(), group, s)) return false;
+  const std::size_t offset = part.begin(me) * es, len = part.count(me) * es;
+  if (out + offset != in && len) std::memmove(out + offset, in, len);
+  for (int p = 0; p < n; ++p) {
+    if (p == me || !len) continue;
+    if (std::byte* mapped = s.out[std::size_t(p)])
+      std::memcpy(mapped + offset, in, len);
+    else if (!write_remote(s.peers[std::size_t(p)].pid, s.peers[std::size_t(p)].out + offset, in, len))
+      throw lost(op.context(p), p, "write");
+  }
+  close_session(op);
   return true;
 }
 
