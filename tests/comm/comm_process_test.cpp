@@ -7,8 +7,14 @@
 #include "shardkit/core/host_shared_memory.hpp"
 #include "support/harness.hpp"
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 using namespace shardkit;
 
@@ -148,6 +154,75 @@ TEST_CASE("[comm] cross-memory all_reduce, reduce_scatter, all_gather(v) between
       test::require_all_succeeded(test::run_processes(n, "cross_memory_buffers", {{"SHARDKIT_TIMEOUT_MS", "60000"}, {"SHARDKIT_TEST_BUFFERS", mode}},
                                                       std::chrono::seconds(300)));
     }
+}
+
+namespace {
+// All-reduce, reduce_scatter and all_gather of 1 MiB over shm, checked element by element.
+void large_collectives_are_right(comm::process_group& pg, bool shared) {
+  using namespace test::conformance_detail;
+  const int rank = pg.rank(), n = pg.size();
+  const std::size_t block = (std::size_t(1) << 18) / std::size_t(n), count = block * std::size_t(n);
+  host_shared_memory mem;
+  std::vector<float> heap;
+  std::span<float> data;
+  if (shared) {
+    mem = host_shared_memory(count * sizeof(float));
+    data = mem.as<float>();
+  } else {
+    heap.resize(count);
+    data = heap;
+  }
+  for (std::size_t i = 0; i < count; ++i) data[i] = float(value(reduce_op::sum, dtype::f32, rank, i));
+  pg.all_reduce(buffer_view(data)).wait();
+  for (std::size_t i = 0; i < count; ++i) SCENARIO_CHECK(data[i] == float(expected(reduce_op::sum, dtype::f32, n, i)));
+  std::vector<float> mine(block);
+  for (std::size_t i = 0; i < count; ++i) data[i] = float(value(reduce_op::sum, dtype::f32, rank, i));
+  pg.reduce_scatter(const_buffer_view(std::span<const float>(data)), buffer_view(std::span<float>(mine)), reduce_op::sum).wait();
+  for (std::size_t i = 0; i < block; ++i)
+    SCENARIO_CHECK(mine[i] == float(expected(reduce_op::sum, dtype::f32, n, std::size_t(rank) * block + i)));
+  pg.all_gather(const_buffer_view(std::span<const float>(mine)), buffer_view(data.first(block * std::size_t(n)))).wait();
+  for (int r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < block; ++i)
+      SCENARIO_CHECK(data[std::size_t(r) * block + i] == float(expected(reduce_op::sum, dtype::f32, n, std::size_t(r) * block + i)));
+}
+}  // namespace
+
+// Rank 1 runs in a pid namespace of its own: its pid names some other process for its peers (and theirs nothing
+// for it), so the first large collective's probe must refuse cross-memory access on every rank together and the
+// group must give the right answers through the rings, with shared buffers as with heap ones.
+SHARDKIT_SCENARIO(cross_memory_refused) {
+  const auto body = [] {
+    auto world = comm::init_process_group("shm");
+    for (bool shared : {true, false}) large_collectives_are_right(world.group, shared);
+    world.group.barrier().wait();
+  };
+  if (test::env_rank() != 1) return body();
+  if (::unshare(CLONE_NEWPID) != 0) throw std::runtime_error(std::string("unshare(CLONE_NEWPID): ") + std::strerror(errno));
+  const pid_t child = ::fork();
+  if (child == 0) {
+    int code = 0;
+    try {
+      SCENARIO_CHECK(::getpid() == 1);
+      body();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank 1 (own pid namespace): %s\n", e.what());
+      code = 1;
+    }
+    std::fflush(nullptr);
+    ::_exit(code);
+  }
+  int status = 0;
+  SCENARIO_CHECK(child > 0 && ::waitpid(child, &status, 0) == child);
+  SCENARIO_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("[comm] cross-memory access refused (a rank in another pid namespace): every rank falls back to the rings") {
+  if (::geteuid() != 0) {
+    MESSAGE("skipped: needs root to create a pid namespace");
+    return;
+  }
+  test::require_all_succeeded(test::run_processes(3, "cross_memory_refused", {{"SHARDKIT_TIMEOUT_MS", "60000"}, {"SHARDKIT_LOG", "info"}},
+                                                  std::chrono::seconds(120)));
 }
 
 #if defined(SHARDKIT_HAS_TCP)

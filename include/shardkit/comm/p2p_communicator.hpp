@@ -123,7 +123,8 @@ class p2p_communicator {
       auto intra = level_op(ctx, levels_->intra, levels_->intra_me, 1);
       auto inter = level_op(ctx, levels_->inter, levels_->inter_me, 2);
       algorithms::hierarchical_all_reduce(intra, inter, in.data(), out.data(), out.count(), out.type(), op,
-                                          segment_elems(out.type()), opts_.recursive_doubling_max_bytes);
+                                          segment_elems(out.type()), opts_.recursive_doubling_max_bytes,
+                                          opts_.cross_memory ? intra_cross_memory_.get() : nullptr);
     } else if (algo == algorithm::ring && use_cross_memory(o, bytes) &&
                algorithms::cross_memory_all_reduce(ctx, in.data(), out.data(), out.count(), out.type(), op, *cross_memory_)) {
       // done: every rank of the host read its slice from the others (falls through to the ring when refused)
@@ -241,6 +242,7 @@ class p2p_communicator {
     child.levels_ = algorithms::host_levels::of(child.members_, child.me_, state_->host_of);
     child.scratch_ = std::make_shared<algorithms::scratch_arena>();  // the child runs on its own progress thread
     child.cross_memory_ = std::make_shared<algorithms::cross_memory_group>();
+    child.intra_cross_memory_ = std::make_shared<algorithms::cross_memory_group>();
     return child;
   }
 
@@ -300,6 +302,9 @@ class p2p_communicator {
   // Per group: its ranks find out together on its first large all-reduce (a state inherited from the parent
   // would differ between ranks that did and did not take part in other groups' calls).
   std::shared_ptr<algorithms::cross_memory_group> cross_memory_ = std::make_shared<algorithms::cross_memory_group>();
+  // The hierarchical all-reduce's intra-host level: its ranks share a host by discovery; the first call's probe
+  // (which reads each peer's record back out of the peer) confirms it or turns the level back to the rings.
+  std::shared_ptr<algorithms::cross_memory_group> intra_cross_memory_ = std::make_shared<algorithms::cross_memory_group>();
 
   //! Large collectives on the automatic choice reach local peers' memory directly where the transport allows.
   bool use_cross_memory(const collective_options& o, std::size_t bytes) const {

@@ -11,8 +11,9 @@
 //!   copy per peer slice). Still about a third of the copying of a ring over shared-memory rings.
 //!
 //! Ranks exchange (pid, addresses, count, allocations) over the transport first. The first call also checks that
-//! every rank may reach every peer (same user, no Yama restriction, same pid namespace); if any may not, all
-//! ranks agree to use the ring from then on. Rank r writes only slice r of any output and reads only slice r of
+//! every rank may reach every peer (same user, no Yama restriction, same pid namespace, and really this host: it
+//! reads the peer's record back out of the peer and compares); if any may not, all ranks agree to use the ring
+//! from then on. Rank r writes only slice r of any output and reads only slice r of
 //! any input, chunk by chunk, each chunk read before it is written: so in-place all-reduce is safe without a
 //! barrier between reading and writing.
 #include <sys/mman.h>
@@ -30,6 +31,7 @@
 
 #include "shardkit/comm/algorithms/p2p_op.hpp"
 #include "shardkit/core/host_shared_memory.hpp"
+#include "shardkit/core/log.hpp"
 #include "shardkit/core/reduce_op.hpp"
 
 namespace shardkit::comm::algorithms {
@@ -205,18 +207,28 @@ bool open_session(p2p_op<T>& op, const std::byte* in, std::size_t in_bytes, std:
                       " elements where this rank passed " + std::to_string(check),
                   op.context(p));
   if (group.state == cross_memory_state::unknown) {
-    std::uint8_t ok = 1, probe = 0;
-    for (int p = 0; p < n; ++p)
-      if (p != me && !read_remote(s.peers[std::size_t(p)].pid, reinterpret_cast<std::byte*>(&probe), s.peers[std::size_t(p)].probe, 1))
+    // Read each peer's record out of its memory and compare it with the one it sent: proves both that access is
+    // allowed and that the pid is that rank's process here (a rank wrongly believed local would fail this).
+    std::uint8_t ok = 1;
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      record seen{};
+      if (!read_remote(s.peers[std::size_t(p)].pid, reinterpret_cast<std::byte*>(&seen), s.peers[std::size_t(p)].probe, sizeof seen) ||
+          std::memcmp(&seen, &s.peers[std::size_t(p)], sizeof seen) != 0)
         ok = 0;
+    }
     std::vector<std::uint8_t> oks(static_cast<std::size_t>(n));
     exchange(op, &ok, oks.data(), 1);
-    for (auto v : oks)
-      if (!v) {
+    for (int p = 0; p < n; ++p)
+      if (!oks[std::size_t(p)]) {
         group.state = cross_memory_state::refused;
+        log::info(op.name(), ": rank ", me, ": rank ", p,
+                  " cannot reach its peers' memory (ptrace restriction, other user or pid namespace, or not this "
+                  "host); this group's large collectives use the rings");
         return false;
       }
     group.state = cross_memory_state::usable;
+    log::debug(op.name(), ": rank ", me, ": cross-memory access among ", n, " local ranks");
   }
   group.mappings.next_call();
   s.in.assign(static_cast<std::size_t>(n), nullptr);

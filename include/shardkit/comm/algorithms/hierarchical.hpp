@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "shardkit/comm/algorithms/cross_memory.hpp"
 #include "shardkit/comm/algorithms/recursive_doubling.hpp"
 #include "shardkit/comm/algorithms/ring.hpp"
 
@@ -57,23 +58,27 @@ struct host_levels {
 
 //! All-reduce of `count` elements from `in` into `out` (in == out is in-place) over the two levels. `intra` and
 //! `inter` are the ops of the two levels (their own tags); small shards cross hosts by recursive doubling.
+//! With `local` (the intra level's cross-memory state), the intra-host phases reach the host's other ranks' memory
+//! directly (cross_memory.hpp) and fall back to the rings where that is refused.
 template <transport::p2p T>
 void hierarchical_all_reduce(p2p_op<T>& intra, p2p_op<T>& inter, const std::byte* in, std::byte* out, std::size_t count,
-                             dtype type, reduce_op rop, std::size_t segment_elems, std::size_t recursive_doubling_max_bytes) {
+                             dtype type, reduce_op rop, std::size_t segment_elems, std::size_t recursive_doubling_max_bytes,
+                             cross_memory_group* local = nullptr) {
   const std::size_t es = size_of(type);
   const partition part = partition::equal(count, intra.n());
   std::byte* shard = out + part.begin(intra.me()) * es;
   const std::size_t shard_count = part.count(intra.me());
   // avg sums at every level and divides once by the whole group, so integer averages round as the flat ones do.
   const reduce_op level_op = rop == reduce_op::avg ? reduce_op::sum : rop;
-  ring_reduce_scatter(intra, in, shard, part, type, level_op, segment_elems);
+  if (!local || !cross_memory_reduce_scatter(intra, in, shard, part, type, level_op, *local))
+    ring_reduce_scatter(intra, in, shard, part, type, level_op, segment_elems);
   // Every host cuts the buffer the same way, so this shard has the same size on every host.
   if (shard_count * es <= recursive_doubling_max_bytes || shard_count < std::size_t(inter.n()))
     recursive_doubling_all_reduce(inter, shard, shard_count, type, level_op);
   else
     ring_all_reduce(inter, shard, shard, shard_count, type, level_op, segment_elems);
   finish_average(rop, type, shard, shard_count, intra.n() * inter.n());
-  ring_all_gather(intra, out, part, es, segment_elems);
+  if (!local || !cross_memory_all_gather(intra, shard, out, part, es, *local)) ring_all_gather(intra, out, part, es, segment_elems);
 }
 
 }  // namespace shardkit::comm::algorithms
