@@ -5,6 +5,7 @@
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/host_shared_memory.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/core/reduce_op.hpp"
 #include "shardkit/rendezvous/hosts.hpp"

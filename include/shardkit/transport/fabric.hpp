@@ -26,6 +26,7 @@
 //!   step for verbs/efa).
 //! - Errors name the rank and the peer: fi_* failures are errc::backend with fi_strerror's (and the provider's)
 //!   text; connection errors errc::peer_lost; a message larger than the receive errc::protocol; cancel and abort
+//!   errc::aborted; what is pending at destruction errc::closed.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -60,12 +61,6 @@ class fabric_transport {
   using op_kind = fabric_detail::op_kind;
   using stage = fabric_detail::stage;
   using posting = fabric_detail::posting<op>;
-
-  struct publication {
-    completion done;
-    std::exception_ptr failure;
-    std::size_t bytes = 0;
-  };
 
  public:
   using transport_concept = p2p_tag;
@@ -367,7 +362,7 @@ class fabric_transport {
     switch (o.kind) {
       case op_kind::probe_recv: return on_probe_message(p, err, len);
       case op_kind::probe_send:
-        if (err && fabric_detail::classify(o.first_error) == errc::peer_lost) mark_lost(o.peer, connection_failure(o, "a liveness probe"));
+        if (err && fabric_detail::classify(o.first_error) == errc::peer_lost) mark_lost(o.peer, fabric_detail::connection_failure(o, "a liveness probe"));
         o.settled = true;
         break;
       case op_kind::recv:
@@ -384,19 +379,19 @@ class fabric_transport {
   void on_header(op& o, std::size_t len) {
     if (!o.bounce.empty()) std::memcpy(&o.header, o.bounce.data(), std::min(len, header_bytes));
     const wire_header& h = o.header;
-    if (len < header_bytes || h.magic != wire_header::magic_value) return settle(o, protocol_error(o, "a message without a valid header arrived"));
+    if (len < header_bytes || h.magic != wire_header::magic_value) return settle(o, fabric_detail::protocol_error(context(o), "a message without a valid header arrived"));
     if (tag_bits_ < 64 && h.tag != o.tag)
-      return settle(o, protocol_error(o, "received a message of tag " + std::to_string(h.tag) + " for tag " + std::to_string(o.tag) +
+      return settle(o, fabric_detail::protocol_error(context(o), "received a message of tag " + std::to_string(h.tag) + " for tag " + std::to_string(o.tag) +
                                              ": the tags collide in this provider's " + std::to_string(tag_bits_) + " tag bits"));
     if (h.kind == message_kind::eager) {
       if (len - header_bytes != h.size)
-        return settle(o, protocol_error(o, "a " + std::to_string(h.size) + "-byte message arrived with " + std::to_string(len - header_bytes) + " bytes"));
-      if (h.size > o.buffer.size()) return settle(o, too_large(o, h.size));  // the excess went to the sink
+        return settle(o, fabric_detail::protocol_error(context(o), "a " + std::to_string(h.size) + "-byte message arrived with " + std::to_string(len - header_bytes) + " bytes"));
+      if (h.size > o.buffer.size()) return settle(o, fabric_detail::too_large(context(o), o, h.size));  // the excess went to the sink
       if (!o.bounce.empty() && h.size) std::memcpy(o.buffer.data(), o.bounce.data() + header_bytes, h.size);
       return settle(o, nullptr, h.size);
     }
     if (h.kind != message_kind::announce || h.chunk_log2 > 63)
-      return settle(o, protocol_error(o, "a header of unknown kind " + std::to_string(int(h.kind)) + " arrived"));
+      return settle(o, fabric_detail::protocol_error(context(o), "a header of unknown kind " + std::to_string(int(h.kind)) + " arrived"));
     const std::size_t chunk = std::size_t(1) << h.chunk_log2;
     const std::size_t first = o.postings.size();
     try {
@@ -408,7 +403,7 @@ class fabric_transport {
         o.at = stage::discard;
         o.scratch.resize(std::min<std::size_t>(h.size, chunk));
         add_chunks(o, o.scratch.data(), h.size, chunk, local_desc(o, o.scratch.data(), o.scratch.size(), FI_RECV), h.transfer, true);
-        settle(o, too_large(o, h.size));
+        settle(o, fabric_detail::too_large(context(o), o, h.size));
       }
     } catch (const error& e) {
       o.postings.resize(first);
@@ -426,7 +421,7 @@ class fabric_transport {
         o.withdrawn = true;
         settle(o, std::make_exception_ptr(error(errc::aborted, "receive cancelled", context(o))));
       } else if (fabric_detail::classify(o.first_error) == errc::peer_lost) {
-        mark_lost(o.peer, connection_failure(o, "the connection"));
+        mark_lost(o.peer, fabric_detail::connection_failure(o, "the connection"));
       } else {
         std::string what = fi_strerror(o.first_error);
         if (!o.error_text.empty()) what += " (" + o.error_text + ")";
@@ -436,7 +431,7 @@ class fabric_transport {
       settle(o, nullptr, o.buffer.size());
     } else if (!o.settled && o.at == stage::payload) {
       if (o.payload_bytes == o.header.size) settle(o, nullptr, o.payload_bytes);
-      else settle(o, protocol_error(o, "a " + std::to_string(o.header.size) + "-byte message arrived as " + std::to_string(o.payload_bytes) + " bytes"));
+      else settle(o, fabric_detail::protocol_error(context(o), "a " + std::to_string(o.header.size) + "-byte message arrived as " + std::to_string(o.payload_bytes) + " bytes"));
     }
     if (o.settled) sweep_.push_back(o.id);
   }
@@ -449,7 +444,7 @@ class fabric_transport {
     if (!o.is_user()) return;
     --user_ops_;
     liveness_.settled(o.peer);
-    to_publish_.push_back({o.done, std::move(failure), bytes});
+    outcomes_.push(o.done, std::move(failure), bytes);
   }
 
   //! Retires settled operations with nothing left in flight.
@@ -463,18 +458,6 @@ class fabric_transport {
       ops_.erase(it);
     }
     sweep_.clear();
-  }
-
-  std::exception_ptr protocol_error(const op& o, std::string what) const {
-    return std::make_exception_ptr(error(errc::protocol, std::move(what), context(o)));
-  }
-  std::exception_ptr too_large(const op& o, std::uint64_t size) const {
-    return protocol_error(o, "a " + std::to_string(size) + "-byte message arrived for a receive of " + std::to_string(o.buffer.size()) +
-                                 " bytes (it was dropped; nothing past the receive was written)");
-  }
-  static std::string connection_failure(const op& o, const char* what) {
-    return std::string(what) + " to rank " + std::to_string(o.peer) + " failed: " + fi_strerror(o.first_error) +
-           (o.error_text.empty() ? "" : " (" + o.error_text + ")");
   }
 
   // ---- liveness, mutex_ held ----
@@ -571,7 +554,7 @@ class fabric_transport {
         sweep();
         next_check = now + std::chrono::milliseconds(50);
       }
-      if (!to_publish_.empty()) {
+      if (!outcomes_.empty()) {
         lock.unlock();
         drain();
         lock.lock();
@@ -591,17 +574,7 @@ class fabric_transport {
   }
 
   //! Publishes the outcomes of settled operations, outside mutex_: continuations may call send/recv.
-  void drain() {
-    std::vector<publication> ready;
-    {
-      std::lock_guard lock(mutex_);
-      ready.swap(to_publish_);
-    }
-    for (auto& p : ready) {
-      if (p.failure) p.done.set_error(p.failure);
-      else p.done.set_done(p.bytes);
-    }
-  }
+  void drain() { outcomes_.publish(mutex_); }
 
   int rank_, size_;
   fabric_detail::endpoint_set net_;
@@ -620,7 +593,7 @@ class fabric_transport {
   fabric_detail::post_backlog<op> backlog_;
   fabric_detail::peer_liveness liveness_;
   std::vector<std::uint64_t> sweep_;
-  std::vector<publication> to_publish_;
+  fabric_detail::outcome_queue outcomes_;
   std::vector<std::uint64_t> transfers_;  // announced transfers sent to each peer
   std::uint64_t next_id_ = 0, probe_number_ = 0;
   int user_ops_ = 0;

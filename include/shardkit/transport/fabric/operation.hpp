@@ -1,15 +1,17 @@
 #pragma once
 //! One operation of fabric_transport (a send, a recv, or a liveness probe): its postings, how far it got, and
-//! its outcome.
+//! its outcome; the queue that publishes outcomes, and the errors operations end with.
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "shardkit/core/completion.hpp"
+#include "shardkit/core/error.hpp"
 #include "shardkit/transport/fabric/posting.hpp"
 #include "shardkit/transport/fabric/wire.hpp"
 
@@ -68,5 +70,51 @@ struct operation {
     registrations.clear();
   }
 };
+
+//! Outcomes of settled operations, queued under the transport's mutex and published after it is released:
+//! a completion's continuation may call send or recv, which take that mutex.
+class outcome_queue {
+ public:
+  //! The transport's mutex is held.
+  void push(completion done, std::exception_ptr failure, std::size_t bytes) {
+    ready_.push_back({std::move(done), std::move(failure), bytes});
+  }
+  bool empty() const noexcept { return ready_.empty(); }
+  //! Takes what is queued under `mutex` (not held by the caller) and completes it outside.
+  void publish(std::mutex& mutex) {
+    std::vector<outcome> now;
+    {
+      std::lock_guard lock(mutex);
+      now.swap(ready_);
+    }
+    for (auto& o : now) {
+      if (o.failure) o.done.set_error(o.failure);
+      else o.done.set_done(o.bytes);
+    }
+  }
+
+ private:
+  struct outcome {
+    completion done;
+    std::exception_ptr failure;
+    std::size_t bytes = 0;
+  };
+  std::vector<outcome> ready_;
+};
+
+inline std::exception_ptr protocol_error(error_context where, std::string what) {
+  return std::make_exception_ptr(error(errc::protocol, std::move(what), std::move(where)));
+}
+//! A message longer than the receive posted for it (the excess went to the sink, never into the buffer).
+inline std::exception_ptr too_large(error_context where, const operation& o, std::uint64_t size) {
+  return protocol_error(std::move(where), "a " + std::to_string(size) + "-byte message arrived for a receive of " +
+                                              std::to_string(o.buffer.size()) +
+                                              " bytes (it was dropped; nothing past the receive was written)");
+}
+//! "<what> to rank P failed: <fi_strerror> (<provider's words>)".
+inline std::string connection_failure(const operation& o, const char* what) {
+  return std::string(what) + " to rank " + std::to_string(o.peer) + " failed: " + fi_strerror(o.first_error) +
+         (o.error_text.empty() ? "" : " (" + o.error_text + ")");
+}
 
 }  // namespace shardkit::transport::fabric_detail
