@@ -342,14 +342,17 @@ bool cross_memory_all_gather(p2p_op<T>& op, const std::byte* in, std::byte* out,
   session s;
   if (!open_session(op, in, part.count(me) * es, out, part.total() * es, part.total(), group, s)) return false;
   const std::size_t offset = part.begin(me) * es, len = part.count(me) * es;
-  if (out + offset != in && len) std::memmove(out + offset, in, len);
-  for (int p = 0; p < n; ++p) {
-    if (p == me || !len) continue;
-    if (std::byte* mapped = s.out[std::size_t(p)])
-      std::memcpy(mapped + offset, in, len);
-    else if (!write_remote(s.peers[std::size_t(p)].pid, s.peers[std::size_t(p)].out + offset, in, len))
+  // One read of the input, streamed to every mapped output (a one-source reduce_into_all is a multi-destination
+  // copy with non-temporal stores); the other outputs get it through the kernel.
+  std::vector<std::byte*> dsts;
+  if (out + offset != in) dsts.push_back(out + offset);
+  for (int p = 0; p < n; ++p)
+    if (p != me && s.out[std::size_t(p)]) dsts.push_back(s.out[std::size_t(p)] + offset);
+  const std::byte* const src = in;
+  if (len && !dsts.empty()) reduce_into_all(reduce_op::sum, dtype::u8, std::span<const std::byte* const>(&src, 1), dsts, len);
+  for (int p = 0; p < n; ++p)
+    if (p != me && len && !s.out[std::size_t(p)] && !write_remote(s.peers[std::size_t(p)].pid, s.peers[std::size_t(p)].out + offset, in, len))
       throw lost(op.context(p), p, "write");
-  }
   close_session(op);
   return true;
 }
