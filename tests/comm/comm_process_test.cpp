@@ -7,10 +7,12 @@
 #include "shardkit/core/host_shared_memory.hpp"
 #include "support/harness.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include <sched.h>
 #include <sys/wait.h>
@@ -214,6 +216,62 @@ SHARDKIT_SCENARIO(cross_memory_refused) {
   int status = 0;
   SCENARIO_CHECK(child > 0 && ::waitpid(child, &status, 0) == child);
   SCENARIO_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+// Rank 0 gives up on a large all_reduce (short deadline) before rank 1 arrives. Rank 1 then finds rank 0's
+// address record and must neither report success (it would have read a buffer rank 0's caller already has
+// back) nor ever write into rank 0's memory: rank 0's output keeps exactly what its caller put there.
+SHARDKIT_SCENARIO(cross_memory_peer_left) {
+  const int rank = test::env_rank();
+  auto world = comm::init_process_group("shm");
+  auto& pg = world.group;
+  const bool shared = std::string(std::getenv("SHARDKIT_TEST_BUFFERS")) == "shared";
+  const std::size_t count = std::size_t(1) << 18;
+  host_shared_memory mem;
+  std::vector<float> heap;
+  std::span<float> in, out;
+  if (shared) {
+    mem = host_shared_memory(2 * count * sizeof(float));
+    in = mem.as<float>().first(count);
+    out = mem.as<float>().subspan(count, count);
+  } else {
+    heap.resize(2 * count);
+    in = std::span<float>(heap).first(count);
+    out = std::span<float>(heap).subspan(count, count);
+  }
+  std::fill(in.begin(), in.end(), float(rank + 1));
+  pg.all_reduce(const_buffer_view(std::span<const float>(in)), buffer_view(out)).wait();  // the group's probe passes
+  SCENARIO_CHECK(out[12345] == 3.0f);
+  std::fill(out.begin(), out.end(), -7.0f);
+  if (rank == 0) {
+    bool failed = false;
+    try {
+      pg.all_reduce(const_buffer_view(std::span<const float>(in)), buffer_view(out), reduce_op::sum, {.timeout = std::chrono::milliseconds(300)}).wait();
+    } catch (const error& e) {
+      failed = e.code() == make_error_code(errc::timeout);
+    }
+    SCENARIO_CHECK(failed);
+    std::this_thread::sleep_for(std::chrono::seconds(3));  // rank 1 runs its call meanwhile
+    for (float v : out) SCENARIO_CHECK(v == -7.0f);          // nobody wrote into a buffer this rank had back
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    bool failed = false;
+    try {
+      pg.all_reduce(const_buffer_view(std::span<const float>(in)), buffer_view(out), reduce_op::sum, {.timeout = std::chrono::milliseconds(1500)}).wait();
+    } catch (const error& e) {
+      failed = true;
+      std::fprintf(stderr, "rank 1 failed as it must: %s\n", e.what());
+    }
+    SCENARIO_CHECK(failed);
+  }
+}
+
+TEST_CASE("[comm] cross-memory: a rank that gave up is never written to, and its late peer does not succeed") {
+  for (const char* mode : {"shared", "heap"}) {
+    CAPTURE(mode);
+    test::require_all_succeeded(test::run_processes(2, "cross_memory_peer_left", {{"SHARDKIT_TIMEOUT_MS", "60000"}, {"SHARDKIT_TEST_BUFFERS", mode}},
+                                                    std::chrono::seconds(60)));
+  }
 }
 
 TEST_CASE("[comm] cross-memory access refused (a rank in another pid namespace): every rank falls back to the rings") {

@@ -1,25 +1,29 @@
 #pragma once
-//! All-reduce between processes of one host that reach each other's memory directly: rank r reduces slice r of
-//! every rank's input and writes the result straight into every rank's output ("reduce-scatter, then push").
-//! No byte passes through the transport; it carries only the buffer addresses and a closing barrier.
+//! Collectives between processes of one host that reach each other's memory directly; no byte passes through the
+//! transport, which carries only the buffer addresses and the barriers. all_reduce: rank r reduces slice r of
+//! every rank's input into its own output, barrier, then copies every other slice from the output of the rank that
+//! reduced it, barrier. reduce_scatter and all_gather(v) are the first and the second half alone.
 //!
 //! How a peer's buffer is reached, per buffer and per peer:
-//! - inside a host_shared_memory allocation (core/host_shared_memory.hpp): mapped through /proc/<pid>/fd and
-//!   read or written with plain loads and stores, so the reduction reads the peers' pages in place (about one
-//!   read and one write of the buffer per rank in all);
-//! - anywhere else: process_vm_readv / process_vm_writev, through a small cache-resident buffer (one more kernel
-//!   copy per peer slice). Still about a third of the copying of a ring over shared-memory rings.
+//! - inside a host_shared_memory allocation (core/host_shared_memory.hpp): mapped through /proc/<pid>/fd and read
+//!   with plain loads, so the reduction reads the peers' pages in place;
+//! - anywhere else: process_vm_readv, through a small cache-resident buffer (one more kernel copy per peer slice).
+//! One fused pass per rank and phase (reduce_into_all: every source read and the destination written, line by line,
+//! with streaming stores).
 //!
-//! Ranks exchange (pid, addresses, count, allocations) over the transport first. The first call also checks that
-//! every rank may reach every peer (same user, no Yama restriction, same pid namespace, and really this host: it
-//! reads the peer's record back out of the peer and compares); if any may not, all ranks agree to use the ring
-//! from then on. Rank r writes only slice r of any output and reads only slice r of
-//! any input, chunk by chunk, each chunk read before it is written: so in-place all-reduce is safe without a
-//! barrier between reading and writing.
+//! A rank only ever *reads* its peers' memory and writes its own. That is what keeps a failure contained: a peer
+//! that gave up (deadline) and handed its buffers back to its caller is never written to, and a rank that read
+//! such a buffer finds out before it reports success, because every rank checks after its reads that each peer is
+//! still inside this very call (it reads the peer's record back: op tag, addresses and a "live" word the peer
+//! clears when it leaves, successfully or not). Ranks exchange the records over the transport first. The first
+//! call also checks that every rank may reach every peer (same user, no Yama restriction, same pid namespace, and
+//! really this host: the record read back must equal the one received); if any may not, all ranks agree to use the
+//! rings from then on. Rank r writes only what no one reads in that phase, so in-place works.
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -127,7 +131,9 @@ struct shared_ref {
 struct record {
   std::uint64_t in, out, count;
   std::int64_t pid;
-  std::uint64_t probe;  // an address in the owner that is readable while the call lasts (its own record)
+  std::uint64_t tag;    // the op's message tag: a later call at the same stack address differs
+  std::uint64_t probe;  // where this record lives in its owner, for peers to read back
+  std::uint64_t live;   // 1 while the owner is inside the call; cleared when it leaves
   shared_ref shared_in, shared_out;
 };
 
@@ -175,31 +181,54 @@ void exchange(p2p_op<T>& op, const void* mine, void* all, std::size_t bytes) {
 }
 
 
-//! One call's view of the peers: their records, and their buffers where mapped (nullptr: kernel copies).
+//! One call's records and its view of the peers: their records, and their buffers where mapped (nullptr: kernel
+//! copies). Not movable: peers read `mine` at its address; the destructor clears its live word.
 struct session {
+  record mine{};
   std::vector<record> peers;
-  std::vector<const std::byte*> in;
-  std::vector<std::byte*> out;
+  std::vector<const std::byte*> in, out;
 
-  //! Peer p's input at `offset`: mapped, or read through the kernel into `staging`; nullptr when the peer is gone.
+  session() = default;
+  session(const session&) = delete;
+  session& operator=(const session&) = delete;
+  ~session() { std::atomic_ref<std::uint64_t>(mine.live).store(0, std::memory_order_release); }
+
+  //! Peer p's input (or output) at `offset`: mapped, or read through the kernel into `staging`; nullptr when the
+  //! peer's memory cannot be read any more.
   const std::byte* input(int p, std::size_t offset, std::size_t len, std::byte* staging) const {
-    if (const std::byte* mapped = in[std::size_t(p)]) return mapped + offset;
-    return read_remote(peers[std::size_t(p)].pid, staging, peers[std::size_t(p)].in + offset, len) ? staging : nullptr;
+    return view(in[std::size_t(p)], peers[std::size_t(p)].in, p, offset, len, staging);
+  }
+  const std::byte* output(int p, std::size_t offset, std::size_t len, std::byte* staging) const {
+    return view(out[std::size_t(p)], peers[std::size_t(p)].out, p, offset, len, staging);
+  }
+
+ private:
+  const std::byte* view(const std::byte* mapped, std::uint64_t remote, int p, std::size_t offset, std::size_t len,
+                        std::byte* staging) const {
+    if (mapped) return mapped + offset;
+    return read_remote(peers[std::size_t(p)].pid, staging, remote + offset, len) ? staging : nullptr;
   }
 };
+
+//! Whether process `r.pid` still holds record `r` at r.probe (so it is still inside the call that sent it).
+inline bool still_there(const record& r) {
+  record seen{};
+  return read_remote(r.pid, reinterpret_cast<std::byte*>(&seen), r.probe, sizeof seen) &&
+         std::memcmp(&seen, &r, sizeof seen) == 0;
+}
 
 //! Exchanges addresses, checks that every rank passed `check` (an element count), probes access on a group's
 //! first call, and maps the peers' host_shared_memory buffers. False (every rank together) when access is
 //! refused somewhere.
 template <transport::p2p T>
-bool open_session(p2p_op<T>& op, const std::byte* in, std::size_t in_bytes, std::byte* out, std::size_t out_bytes,
+bool open_session(p2p_op<T>& op, const std::byte* in, std::size_t in_bytes, const std::byte* out, std::size_t out_bytes,
                   std::uint64_t check, cross_memory_group& group, session& s) {
   const int n = op.n(), me = op.me();
-  record mine{std::uint64_t(reinterpret_cast<std::uintptr_t>(in)), std::uint64_t(reinterpret_cast<std::uintptr_t>(out)),
-              check, std::int64_t(::getpid()), 0, shared_ref::of(in, in_bytes), shared_ref::of(out, out_bytes)};
-  mine.probe = std::uint64_t(reinterpret_cast<std::uintptr_t>(&mine));
+  s.mine = {std::uint64_t(reinterpret_cast<std::uintptr_t>(in)), std::uint64_t(reinterpret_cast<std::uintptr_t>(out)),
+            check, std::int64_t(::getpid()), std::uint64_t(op.tag()), std::uint64_t(reinterpret_cast<std::uintptr_t>(&s.mine)),
+            1, shared_ref::of(in, in_bytes), shared_ref::of(out, out_bytes)};
   s.peers.assign(static_cast<std::size_t>(n), record{});
-  exchange(op, &mine, s.peers.data(), sizeof(record));
+  exchange(op, &s.mine, s.peers.data(), sizeof(record));
   for (int p = 0; p < n; ++p)
     if (s.peers[std::size_t(p)].count != check)
       throw error(errc::mismatch,
@@ -207,16 +236,11 @@ bool open_session(p2p_op<T>& op, const std::byte* in, std::size_t in_bytes, std:
                       " elements where this rank passed " + std::to_string(check),
                   op.context(p));
   if (group.state == cross_memory_state::unknown) {
-    // Read each peer's record out of its memory and compare it with the one it sent: proves both that access is
-    // allowed and that the pid is that rank's process here (a rank wrongly believed local would fail this).
+    // Reading each peer's record back out of its memory proves both that access is allowed and that the pid is
+    // that rank's process here (a rank wrongly believed local fails this).
     std::uint8_t ok = 1;
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      record seen{};
-      if (!read_remote(s.peers[std::size_t(p)].pid, reinterpret_cast<std::byte*>(&seen), s.peers[std::size_t(p)].probe, sizeof seen) ||
-          std::memcmp(&seen, &s.peers[std::size_t(p)], sizeof seen) != 0)
-        ok = 0;
-    }
+    for (int p = 0; p < n; ++p)
+      if (p != me && !still_there(s.peers[std::size_t(p)])) ok = 0;
     std::vector<std::uint8_t> oks(static_cast<std::size_t>(n));
     exchange(op, &ok, oks.data(), 1);
     for (int p = 0; p < n; ++p)
@@ -244,12 +268,31 @@ bool open_session(p2p_op<T>& op, const std::byte* in, std::size_t in_bytes, std:
   return true;
 }
 
-//! The closing barrier: every rank is done with every peer's buffers.
+//! After reading peers' memory: every peer must still be inside this call, or what was read may be a buffer its
+//! caller already had back (errc::aborted naming the peer, and this rank's result is not to be trusted).
 template <transport::p2p T>
-void close_session(p2p_op<T>& op) {
+void check_peers_stayed(p2p_op<T>& op, const session& s) {
+  for (int p = 0; p < op.n(); ++p)
+    if (p != op.me() && !still_there(s.peers[std::size_t(p)]))
+      throw error(errc::aborted,
+                  "rank " + std::to_string(p) + " left this collective (it failed or timed out) while this rank was "
+                  "reading its buffers; the result is not valid",
+                  op.context(p));
+}
+
+//! A barrier on the transport (zero-byte-ish exchange).
+template <transport::p2p T>
+void barrier(p2p_op<T>& op) {
   char token = 0;
   std::vector<char> tokens(static_cast<std::size_t>(op.n()));
   exchange(op, &token, tokens.data(), 1);
+}
+
+//! The closing barrier, after checking that the peers stayed: every rank is done with every peer's buffers.
+template <transport::p2p T>
+void close_session(p2p_op<T>& op, const session& s) {
+  check_peers_stayed(op, s);
+  barrier(op);
 }
 
 inline error lost(const error_context& where, int p, const char* what) {
@@ -262,6 +305,50 @@ inline std::size_t chunk_elems(std::size_t es) { return std::max<std::size_t>(1,
 
 }  // namespace cross_memory_detail
 
+namespace cross_memory_detail {
+
+//! Reduces block [begin, begin + count) of every rank's input (this rank's `in`, peers' through `s`) into `dst`.
+template <transport::p2p T>
+void reduce_block(p2p_op<T>& op, const session& s, const std::byte* in, std::byte* dst, std::size_t begin,
+                  std::size_t count, dtype type, reduce_op rop) {
+  const int n = op.n(), me = op.me();
+  const std::size_t es = size_of(type), chunk = chunk_elems(es);
+  std::byte* const staged = op.scratch(std::size_t(n) * std::min(count, chunk) * es + 1);
+  std::vector<const std::byte*> srcs;
+  for (std::size_t done = 0; done < count; done += chunk) {
+    const std::size_t k = std::min(chunk, count - done), offset = (begin + done) * es, len = k * es;
+    srcs.assign({in + offset});
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      const std::byte* theirs = s.input(p, offset, len, staged + std::size_t(p) * chunk * es);
+      if (!theirs) throw lost(op.context(p), p, "read");
+      srcs.push_back(theirs);
+    }
+    std::byte* const to = dst + done * es;
+    reduce_into_all(rop, type, srcs, std::span<std::byte* const>(&to, 1), k, n);
+  }
+}
+
+//! Copies block p (per `part`) of every peer's output, or input (`from_inputs`), into the same block of `out`.
+template <transport::p2p T>
+void gather_blocks(p2p_op<T>& op, const session& s, std::byte* out, const partition& part, std::size_t es, bool from_inputs) {
+  for (int p = 0; p < op.n(); ++p) {
+    if (p == op.me() || part.count(p) == 0) continue;
+    const std::size_t len = part.count(p) * es, at = part.begin(p) * es, offset = from_inputs ? 0 : at;
+    const std::byte* mapped = from_inputs ? s.in[std::size_t(p)] : s.out[std::size_t(p)];
+    if (mapped) {  // one pass with streaming stores: a one-source reduce_into_all is a copy
+      const std::byte* const src = mapped + offset;
+      std::byte* const dst = out + at;
+      reduce_into_all(reduce_op::sum, dtype::u8, std::span<const std::byte* const>(&src, 1), std::span<std::byte* const>(&dst, 1), len);
+    } else if (!read_remote(s.peers[std::size_t(p)].pid, out + at,
+                            (from_inputs ? s.peers[std::size_t(p)].in : s.peers[std::size_t(p)].out) + offset, len)) {
+      throw lost(op.context(p), p, "read");
+    }
+  }
+}
+
+}  // namespace cross_memory_detail
+
 //! All-reduce of `count` elements from `in` to `out` (in == out: in place). Returns false, having changed
 //! nothing, when cross-memory access is refused somewhere in the group (`group.state` remembers it; every rank
 //! returns false together). Ranks must be processes of one host (or threads of one process).
@@ -270,34 +357,15 @@ bool cross_memory_all_reduce(p2p_op<T>& op, const std::byte* in, std::byte* out,
                              reduce_op rop, cross_memory_group& group) {
   using namespace cross_memory_detail;
   if (group.state == cross_memory_state::refused || count == 0 || op.n() < 2) return false;
-  const int n = op.n(), me = op.me();
   const std::size_t es = size_of(type);
   session s;
   if (!open_session(op, in, count * es, out, count * es, count, group, s)) return false;
-  const partition part = partition::equal(count, n);
-  const std::size_t begin = part.begin(me), mine_count = part.count(me), chunk = chunk_elems(es);
-  // Sources: this rank's input, then each peer's. Destinations: this rank's output and each mapped peer output;
-  // the others get this rank's result through the kernel.
-  std::byte* const staged = op.scratch(std::size_t(n) * std::min(mine_count, chunk) * es + 1);
-  std::vector<const std::byte*> srcs;
-  std::vector<std::byte*> dsts;
-  for (std::size_t done = 0; done < mine_count; done += chunk) {
-    const std::size_t k = std::min(chunk, mine_count - done), offset = (begin + done) * es, len = k * es;
-    srcs.assign({in + offset});
-    dsts.assign({out + offset});
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      const std::byte* theirs = s.input(p, offset, len, staged + std::size_t(p) * chunk * es);
-      if (!theirs) throw lost(op.context(p), p, "read");
-      srcs.push_back(theirs);
-      if (std::byte* mapped = s.out[std::size_t(p)]) dsts.push_back(mapped + offset);
-    }
-    reduce_into_all(rop, type, srcs, dsts, k, n);
-    for (int p = 0; p < n; ++p)
-      if (p != me && !s.out[std::size_t(p)] && !write_remote(s.peers[std::size_t(p)].pid, s.peers[std::size_t(p)].out + offset, out + offset, len))
-        throw lost(op.context(p), p, "write");
-  }
-  close_session(op);
+  const partition part = partition::equal(count, op.n());
+  reduce_block(op, s, in, out + part.begin(op.me()) * es, part.begin(op.me()), part.count(op.me()), type, rop);
+  check_peers_stayed(op, s);  // the inputs read were still theirs
+  barrier(op);                // every slice is reduced, and nobody reads an input any more
+  gather_blocks(op, s, out, part, es, false);
+  close_session(op, s);
   return true;
 }
 
@@ -308,52 +376,27 @@ bool cross_memory_reduce_scatter(p2p_op<T>& op, const std::byte* in, std::byte* 
                                  reduce_op rop, cross_memory_group& group) {
   using namespace cross_memory_detail;
   if (group.state == cross_memory_state::refused || part.total() == 0 || op.n() < 2) return false;
-  const int n = op.n(), me = op.me();
   const std::size_t es = size_of(type);
   session s;
-  if (!open_session(op, in, part.total() * es, out, part.count(me) * es, part.total(), group, s)) return false;
-  const std::size_t begin = part.begin(me), mine_count = part.count(me), chunk = chunk_elems(es);
-  std::byte* const staged = op.scratch(std::size_t(n) * std::min(mine_count, chunk) * es + 1);
-  std::vector<const std::byte*> srcs;
-  for (std::size_t done = 0; done < mine_count; done += chunk) {
-    const std::size_t k = std::min(chunk, mine_count - done), offset = (begin + done) * es, len = k * es;
-    srcs.assign({in + offset});
-    for (int p = 0; p < n; ++p) {
-      if (p == me) continue;
-      const std::byte* theirs = s.input(p, offset, len, staged + std::size_t(p) * chunk * es);
-      if (!theirs) throw lost(op.context(p), p, "read");
-      srcs.push_back(theirs);
-    }
-    std::byte* const dst = out + done * es;
-    reduce_into_all(rop, type, srcs, std::span<std::byte* const>(&dst, 1), k, n);
-  }
-  close_session(op);
+  if (!open_session(op, in, part.total() * es, out, part.count(op.me()) * es, part.total(), group, s)) return false;
+  reduce_block(op, s, in, out, part.begin(op.me()), part.count(op.me()), type, rop);
+  close_session(op, s);
   return true;
 }
 
-//! All-gather(v): rank r writes its `in` (part.count(r) elements) into block r of every rank's `out`
-//! (part.total() elements). In place when `in` is this rank's block of `out`. False as cross_memory_all_reduce.
+//! All-gather(v): block r of every rank's `out` (part.total() elements) gets rank r's `in` (part.count(r)
+//! elements). In place when `in` is this rank's block of `out`. False as cross_memory_all_reduce.
 template <transport::p2p T>
 bool cross_memory_all_gather(p2p_op<T>& op, const std::byte* in, std::byte* out, const partition& part, std::size_t es,
                              cross_memory_group& group) {
   using namespace cross_memory_detail;
   if (group.state == cross_memory_state::refused || part.total() == 0 || op.n() < 2) return false;
-  const int n = op.n(), me = op.me();
   session s;
-  if (!open_session(op, in, part.count(me) * es, out, part.total() * es, part.total(), group, s)) return false;
-  const std::size_t offset = part.begin(me) * es, len = part.count(me) * es;
-  // One read of the input, streamed to every mapped output (a one-source reduce_into_all is a multi-destination
-  // copy with non-temporal stores); the other outputs get it through the kernel.
-  std::vector<std::byte*> dsts;
-  if (out + offset != in) dsts.push_back(out + offset);
-  for (int p = 0; p < n; ++p)
-    if (p != me && s.out[std::size_t(p)]) dsts.push_back(s.out[std::size_t(p)] + offset);
-  const std::byte* const src = in;
-  if (len && !dsts.empty()) reduce_into_all(reduce_op::sum, dtype::u8, std::span<const std::byte* const>(&src, 1), dsts, len);
-  for (int p = 0; p < n; ++p)
-    if (p != me && len && !s.out[std::size_t(p)] && !write_remote(s.peers[std::size_t(p)].pid, s.peers[std::size_t(p)].out + offset, in, len))
-      throw lost(op.context(p), p, "write");
-  close_session(op);
+  if (!open_session(op, in, part.count(op.me()) * es, out, part.total() * es, part.total(), group, s)) return false;
+  const std::size_t mine = part.begin(op.me()) * es, len = part.count(op.me()) * es;
+  if (out + mine != in && len) std::memmove(out + mine, in, len);
+  gather_blocks(op, s, out, part, es, true);
+  close_session(op, s);
   return true;
 }
 
