@@ -1,29 +1,35 @@
 #pragma once
 //! Collectives between processes of one host that reach each other's memory directly; no byte passes through the
-//! transport, which carries only the buffer addresses and the barriers. all_reduce: rank r reduces slice r of
-//! every rank's input into its own output, barrier, then copies every other slice from the output of the rank that
-//! reduced it, barrier. reduce_scatter and all_gather(v) are the first and the second half alone.
+//! transport, which carries only the buffer addresses and a closing barrier. all_reduce: rank r reduces slice r of
+//! every rank's input and writes the result straight into every rank's output ("reduce-scatter, then push"), one
+//! fused pass (reduce_into_all: per 64-byte line every source read and every destination written with streaming
+//! stores). reduce_scatter is the first half (into this rank's output only); all_gather(v) the second (rank r
+//! writes its input into block r of every output).
 //!
 //! How a peer's buffer is reached, per buffer and per peer:
 //! - inside a host_shared_memory allocation (core/host_shared_memory.hpp): mapped through /proc/<pid>/fd and read
-//!   with plain loads, so the reduction reads the peers' pages in place;
-//! - anywhere else: process_vm_readv, through a small cache-resident buffer (one more kernel copy per peer slice).
-//! One fused pass per rank and phase (reduce_into_all: every source read and the destination written, line by line,
-//! with streaming stores).
+//!   or written in place;
+//! - anywhere else: process_vm_readv / process_vm_writev, through a small cache-resident buffer.
 //!
-//! A rank only ever *reads* its peers' memory and writes its own. That is what keeps a failure contained: a peer
-//! that gave up (deadline) and handed its buffers back to its caller is never written to, and a rank that read
-//! such a buffer finds out before it reports success, because every rank checks after its reads that each peer is
-//! still inside this very call (it reads the peer's record back: op tag, addresses and a "live" word the peer
-//! clears when it leaves, successfully or not). Ranks exchange the records over the transport first. The first
-//! call also checks that every rank may reach every peer (same user, no Yama restriction, same pid namespace, and
-//! really this host: the record read back must equal the one received); if any may not, all ranks agree to use the
-//! rings from then on. Rank r writes only what no one reads in that phase, so in-place works.
+//! Failures stay contained although ranks write into each other's memory. Each rank's address record (op tag,
+//! addresses, a "live" word) stays in its memory for the whole call, and peers read it back: before every
+//! write_span_bytes a rank writes into a peer, and after all its reads. A rank leaving the call clears its live word
+//! first; leaving on an error it then waits session::leave_grace before handing the buffers back to its caller, so
+//! a peer that checked just before can finish its span and no later write starts. A rank that read a buffer whose
+//! owner had left fails with errc::aborted instead of reporting success. Rank r only reads slice r of any input and
+//! only writes slice r of any output, each line read before it is written, so in-place needs no extra barrier.
+//!
+//! The first call also checks that every rank may reach every peer (same user, no Yama restriction, same pid
+//! namespace, and really this host: the record read back must equal the one received); if any may not, all ranks
+//! agree to use the rings from then on.
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 
 #include <atomic>
+#include <chrono>
+#include <exception>
+#include <thread>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -186,20 +192,27 @@ void exchange(p2p_op<T>& op, const void* mine, void* all, std::size_t bytes) {
 struct session {
   record mine{};
   std::vector<record> peers;
-  std::vector<const std::byte*> in, out;
+  std::vector<const std::byte*> in;
+  std::vector<std::byte*> out;
+  const int unwinding_at_start_ = std::uncaught_exceptions();
+
+  //! How long a rank leaving a failed call waits, after clearing its live word, before its caller may reuse the
+  //! buffers: a peer checks the word before every span it writes here (write_span), so this only has to outlast
+  //! one span's copy (well under a millisecond) plus scheduling delay.
+  static constexpr std::chrono::milliseconds leave_grace{500};
 
   session() = default;
   session(const session&) = delete;
   session& operator=(const session&) = delete;
-  ~session() { std::atomic_ref<std::uint64_t>(mine.live).store(0, std::memory_order_release); }
+  ~session() {
+    std::atomic_ref<std::uint64_t>(mine.live).store(0, std::memory_order_release);
+    if (std::uncaught_exceptions() > unwinding_at_start_) std::this_thread::sleep_for(leave_grace);
+  }
 
   //! Peer p's input (or output) at `offset`: mapped, or read through the kernel into `staging`; nullptr when the
   //! peer's memory cannot be read any more.
   const std::byte* input(int p, std::size_t offset, std::size_t len, std::byte* staging) const {
     return view(in[std::size_t(p)], peers[std::size_t(p)].in, p, offset, len, staging);
-  }
-  const std::byte* output(int p, std::size_t offset, std::size_t len, std::byte* staging) const {
-    return view(out[std::size_t(p)], peers[std::size_t(p)].out, p, offset, len, staging);
   }
 
  private:
@@ -268,17 +281,23 @@ bool open_session(p2p_op<T>& op, const std::byte* in, std::size_t in_bytes, cons
   return true;
 }
 
+inline error left_call(const error_context& where, int p, const char* doing) {
+  return error(errc::aborted,
+               "rank " + std::to_string(p) + " left this collective (it failed or timed out) while this rank was " +
+                   doing + "; the result is not valid",
+               where);
+}
+
 //! After reading peers' memory: every peer must still be inside this call, or what was read may be a buffer its
 //! caller already had back (errc::aborted naming the peer, and this rank's result is not to be trusted).
 template <transport::p2p T>
 void check_peers_stayed(p2p_op<T>& op, const session& s) {
   for (int p = 0; p < op.n(); ++p)
-    if (p != op.me() && !still_there(s.peers[std::size_t(p)]))
-      throw error(errc::aborted,
-                  "rank " + std::to_string(p) + " left this collective (it failed or timed out) while this rank was "
-                  "reading its buffers; the result is not valid",
-                  op.context(p));
+    if (p != op.me() && !still_there(s.peers[std::size_t(p)])) throw left_call(op.context(p), p, "reading its buffers");
 }
+
+//! Bytes written into peers' outputs between two checks that they are still in the call.
+inline constexpr std::size_t write_span_bytes = std::size_t(1) << 20;
 
 //! A barrier on the transport (zero-byte-ish exchange).
 template <transport::p2p T>
@@ -307,43 +326,38 @@ inline std::size_t chunk_elems(std::size_t es) { return std::max<std::size_t>(1,
 
 namespace cross_memory_detail {
 
-//! Reduces block [begin, begin + count) of every rank's input (this rank's `in`, peers' through `s`) into `dst`.
+//! Reduces block [begin, begin + count) of every rank's input (this rank's `in`, peers' through `s`) into `dst`
+//! and, with `push`, into the same place of every peer's output too (mapped: in the same pass; otherwise through
+//! the kernel). Before each write_span_bytes of pushing, every peer is checked to be still in the call.
 template <transport::p2p T>
 void reduce_block(p2p_op<T>& op, const session& s, const std::byte* in, std::byte* dst, std::size_t begin,
-                  std::size_t count, dtype type, reduce_op rop) {
+                  std::size_t count, dtype type, reduce_op rop, bool push) {
   const int n = op.n(), me = op.me();
   const std::size_t es = size_of(type), chunk = chunk_elems(es);
   std::byte* const staged = op.scratch(std::size_t(n) * std::min(count, chunk) * es + 1);
   std::vector<const std::byte*> srcs;
+  std::vector<std::byte*> dsts;
+  std::size_t unchecked = write_span_bytes;
   for (std::size_t done = 0; done < count; done += chunk) {
     const std::size_t k = std::min(chunk, count - done), offset = (begin + done) * es, len = k * es;
     srcs.assign({in + offset});
+    dsts.assign({dst + done * es});
+    if (push && (unchecked += len) > write_span_bytes) {
+      for (int p = 0; p < n; ++p)
+        if (p != me && !still_there(s.peers[std::size_t(p)])) throw left_call(op.context(p), p, "writing into its buffers");
+      unchecked = len;
+    }
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
       const std::byte* theirs = s.input(p, offset, len, staged + std::size_t(p) * chunk * es);
       if (!theirs) throw lost(op.context(p), p, "read");
       srcs.push_back(theirs);
+      if (push && s.out[std::size_t(p)]) dsts.push_back(s.out[std::size_t(p)] + offset);
     }
-    std::byte* const to = dst + done * es;
-    reduce_into_all(rop, type, srcs, std::span<std::byte* const>(&to, 1), k, n);
-  }
-}
-
-//! Copies block p (per `part`) of every peer's output, or input (`from_inputs`), into the same block of `out`.
-template <transport::p2p T>
-void gather_blocks(p2p_op<T>& op, const session& s, std::byte* out, const partition& part, std::size_t es, bool from_inputs) {
-  for (int p = 0; p < op.n(); ++p) {
-    if (p == op.me() || part.count(p) == 0) continue;
-    const std::size_t len = part.count(p) * es, at = part.begin(p) * es, offset = from_inputs ? 0 : at;
-    const std::byte* mapped = from_inputs ? s.in[std::size_t(p)] : s.out[std::size_t(p)];
-    if (mapped) {  // one pass with streaming stores: a one-source reduce_into_all is a copy
-      const std::byte* const src = mapped + offset;
-      std::byte* const dst = out + at;
-      reduce_into_all(reduce_op::sum, dtype::u8, std::span<const std::byte* const>(&src, 1), std::span<std::byte* const>(&dst, 1), len);
-    } else if (!read_remote(s.peers[std::size_t(p)].pid, out + at,
-                            (from_inputs ? s.peers[std::size_t(p)].in : s.peers[std::size_t(p)].out) + offset, len)) {
-      throw lost(op.context(p), p, "read");
-    }
+    reduce_into_all(rop, type, srcs, dsts, k, n);
+    for (int p = 0; push && p < n; ++p)
+      if (p != me && !s.out[std::size_t(p)] && !write_remote(s.peers[std::size_t(p)].pid, s.peers[std::size_t(p)].out + offset, dsts[0], len))
+        throw lost(op.context(p), p, "write");
   }
 }
 
@@ -361,10 +375,7 @@ bool cross_memory_all_reduce(p2p_op<T>& op, const std::byte* in, std::byte* out,
   session s;
   if (!open_session(op, in, count * es, out, count * es, count, group, s)) return false;
   const partition part = partition::equal(count, op.n());
-  reduce_block(op, s, in, out + part.begin(op.me()) * es, part.begin(op.me()), part.count(op.me()), type, rop);
-  check_peers_stayed(op, s);  // the inputs read were still theirs
-  barrier(op);                // every slice is reduced, and nobody reads an input any more
-  gather_blocks(op, s, out, part, es, false);
+  reduce_block(op, s, in, out + part.begin(op.me()) * es, part.begin(op.me()), part.count(op.me()), type, rop, true);
   close_session(op, s);
   return true;
 }
@@ -379,23 +390,40 @@ bool cross_memory_reduce_scatter(p2p_op<T>& op, const std::byte* in, std::byte* 
   const std::size_t es = size_of(type);
   session s;
   if (!open_session(op, in, part.total() * es, out, part.count(op.me()) * es, part.total(), group, s)) return false;
-  reduce_block(op, s, in, out, part.begin(op.me()), part.count(op.me()), type, rop);
+  reduce_block(op, s, in, out, part.begin(op.me()), part.count(op.me()), type, rop, false);
   close_session(op, s);
   return true;
 }
 
 //! All-gather(v): block r of every rank's `out` (part.total() elements) gets rank r's `in` (part.count(r)
-//! elements). In place when `in` is this rank's block of `out`. False as cross_memory_all_reduce.
+//! elements), which rank r writes there itself: into mapped outputs in one pass with streaming stores (a
+//! one-source reduce_into_all is a multi-destination copy), into the others through the kernel. In place when
+//! `in` is this rank's block of `out`. False as cross_memory_all_reduce.
 template <transport::p2p T>
 bool cross_memory_all_gather(p2p_op<T>& op, const std::byte* in, std::byte* out, const partition& part, std::size_t es,
                              cross_memory_group& group) {
   using namespace cross_memory_detail;
   if (group.state == cross_memory_state::refused || part.total() == 0 || op.n() < 2) return false;
+  const int n = op.n(), me = op.me();
   session s;
-  if (!open_session(op, in, part.count(op.me()) * es, out, part.total() * es, part.total(), group, s)) return false;
-  const std::size_t mine = part.begin(op.me()) * es, len = part.count(op.me()) * es;
-  if (out + mine != in && len) std::memmove(out + mine, in, len);
-  gather_blocks(op, s, out, part, es, true);
+  if (!open_session(op, in, part.count(me) * es, out, part.total() * es, part.total(), group, s)) return false;
+  const std::size_t at = part.begin(me) * es, len = part.count(me) * es;
+  std::vector<std::byte*> dsts;
+  for (std::size_t done = 0; done < len; done += write_span_bytes) {
+    const std::size_t k = std::min(write_span_bytes, len - done);
+    dsts.clear();
+    if (out + at != in) dsts.push_back(out + at + done);
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      if (!still_there(s.peers[std::size_t(p)])) throw left_call(op.context(p), p, "writing into its buffers");
+      if (s.out[std::size_t(p)]) dsts.push_back(s.out[std::size_t(p)] + at + done);
+    }
+    const std::byte* const src = in + done;
+    if (!dsts.empty()) reduce_into_all(reduce_op::sum, dtype::u8, std::span<const std::byte* const>(&src, 1), dsts, k);
+    for (int p = 0; p < n; ++p)
+      if (p != me && !s.out[std::size_t(p)] && !write_remote(s.peers[std::size_t(p)].pid, s.peers[std::size_t(p)].out + at + done, src, k))
+        throw lost(op.context(p), p, "write");
+  }
   close_session(op, s);
   return true;
 }
