@@ -11,6 +11,7 @@
 #include <span>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -116,45 +117,41 @@ inline void store_line(std::byte* dst, const std::byte* line, bool streaming) no
   std::memcpy(dst, line, 64);
 }
 
+//! One 64-byte line: line[j] = source 0 (op) source 1 (op) ... at element j, sources given by `line_of(q)`.
+//! The trip counts are constants, so the loops vectorise.
+template <class T, class A, std::size_t L, class LineOf, class F>
+inline void reduce_line(std::size_t sources, LineOf line_of, int average_over, F f, T* line) noexcept {
+  A acc[L];
+  const T* s0 = line_of(0);
+  for (std::size_t j = 0; j < L; ++j) acc[j] = A(s0[j]);
+  for (std::size_t q = 1; q < sources; ++q) {
+    const T* sq = line_of(q);
+    for (std::size_t j = 0; j < L; ++j) acc[j] = f(acc[j], A(sq[j]));
+  }
+  if (average_over > 1)
+    for (std::size_t j = 0; j < L; ++j) acc[j] = A(acc[j] / A(average_over));
+  for (std::size_t j = 0; j < L; ++j) line[j] = T(acc[j]);
+}
+
 template <class T, class F>
 void reduce_into_all_typed(std::span<const std::byte* const> srcs, std::span<std::byte* const> dsts, std::size_t count,
-                           int average_over, F f) noexcept {
+                           int average_over, F f) {
   constexpr bool half = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
   using A = std::conditional_t<half, float, T>;  // 16-bit floats accumulate in float and round once
   constexpr std::size_t per_line = 64 / sizeof(T);
-  // The last, partial line (the full ones take the loop below, whose constant trip counts vectorise).
-  const auto partial_line = [&](std::size_t first, std::size_t m, A* acc) {
-    const T* s0 = reinterpret_cast<const T*>(srcs[0]) + first;
-    for (std::size_t j = 0; j < m; ++j) acc[j] = A(s0[j]);
-    for (std::size_t q = 1; q < srcs.size(); ++q) {
-      const T* sq = reinterpret_cast<const T*>(srcs[q]) + first;
-      for (std::size_t j = 0; j < m; ++j) acc[j] = f(acc[j], A(sq[j]));
-    }
-    if (average_over > 1)
-      for (std::size_t j = 0; j < m; ++j) acc[j] = A(acc[j] / A(average_over));
-  };
+  alignas(16) T line[per_line];
   std::size_t i = 0;
   for (; i + per_line <= count; i += per_line) {
-    A acc[per_line];
-    const T* s0 = reinterpret_cast<const T*>(srcs[0]) + i;
-    for (std::size_t j = 0; j < per_line; ++j) acc[j] = A(s0[j]);
-    for (std::size_t q = 1; q < srcs.size(); ++q) {
-      const T* sq = reinterpret_cast<const T*>(srcs[q]) + i;
-      for (std::size_t j = 0; j < per_line; ++j) acc[j] = f(acc[j], A(sq[j]));
-    }
-    if (average_over > 1)
-      for (std::size_t j = 0; j < per_line; ++j) acc[j] = A(acc[j] / A(average_over));
-    alignas(16) T line[per_line];
-    for (std::size_t j = 0; j < per_line; ++j) line[j] = T(acc[j]);
+    reduce_line<T, A, per_line>(srcs.size(), [&](std::size_t q) { return reinterpret_cast<const T*>(srcs[q]) + i; },
+                                average_over, f, line);
     for (std::byte* d : dsts)
       store_line(d + i * sizeof(T), reinterpret_cast<const std::byte*>(line), reinterpret_cast<std::uintptr_t>(d) % 16 == 0);
   }
-  if (i < count) {
-    A acc[per_line];
-    partial_line(i, count - i, acc);
-    T line[per_line];
-    for (std::size_t j = 0; j < count - i; ++j) line[j] = T(acc[j]);
-    for (auto* d : dsts) std::memcpy(d + i * sizeof(T), line, (count - i) * sizeof(T));
+  if (const std::size_t m = count - i) {  // the last, partial line: through zero-padded copies of the sources
+    std::vector<T> padded(srcs.size() * per_line, T{});
+    for (std::size_t q = 0; q < srcs.size(); ++q) std::memcpy(&padded[q * per_line], srcs[q] + i * sizeof(T), m * sizeof(T));
+    reduce_line<T, A, per_line>(srcs.size(), [&](std::size_t q) { return &padded[q * per_line]; }, average_over, f, line);
+    for (std::byte* d : dsts) std::memcpy(d + i * sizeof(T), line, m * sizeof(T));
   }
 #if defined(__SSE2__)
   _mm_sfence();  // the non-temporal stores are visible before whatever tells a peer they are there
@@ -169,7 +166,7 @@ void reduce_into_all_typed(std::span<const std::byte* const> srcs, std::span<std
 //! A destination may be one of the sources (in place): each line is read from every source before it is written.
 //! `average_over` > 1 divides the result by it (reduce_op::avg; integers truncate, as finish_average does).
 inline void reduce_into_all(reduce_op op, dtype t, std::span<const std::byte* const> srcs, std::span<std::byte* const> dsts,
-                            std::size_t count, int average_over = 0) noexcept {
+                            std::size_t count, int average_over = 0) {
   if (srcs.empty() || count == 0) return;
   if (op != reduce_op::avg) average_over = 0;
   visit_dtype(t, [&](auto tag) {
