@@ -186,7 +186,6 @@ void exchange(p2p_op<T>& op, const void* mine, void* all, std::size_t bytes) {
   op.wait_sends();
 }
 
-
 //! One call's records and its view of the peers: their records, and their buffers where mapped (nullptr: kernel
 //! copies). Not movable: peers read `mine` at its address; the destructor clears its live word.
 struct session {
@@ -197,8 +196,8 @@ struct session {
   const int unwinding_at_start_ = std::uncaught_exceptions();
 
   //! How long a rank leaving a failed call waits, after clearing its live word, before its caller may reuse the
-  //! buffers: a peer checks the word before every span it writes here (write_span), so this only has to outlast
-  //! one span's copy (well under a millisecond) plus scheduling delay.
+  //! buffers: a peer reads the word before every write_span_bytes it writes here, so this only has to outlast one
+  //! span's copy (well under a millisecond) plus scheduling delay.
   static constexpr std::chrono::milliseconds leave_grace{500};
 
   session() = default;
@@ -209,17 +208,11 @@ struct session {
     if (std::uncaught_exceptions() > unwinding_at_start_) std::this_thread::sleep_for(leave_grace);
   }
 
-  //! Peer p's input (or output) at `offset`: mapped, or read through the kernel into `staging`; nullptr when the
-  //! peer's memory cannot be read any more.
+  //! Peer p's input at `offset`: mapped, or read through the kernel into `staging`; nullptr when the peer's
+  //! memory cannot be read any more.
   const std::byte* input(int p, std::size_t offset, std::size_t len, std::byte* staging) const {
-    return view(in[std::size_t(p)], peers[std::size_t(p)].in, p, offset, len, staging);
-  }
-
- private:
-  const std::byte* view(const std::byte* mapped, std::uint64_t remote, int p, std::size_t offset, std::size_t len,
-                        std::byte* staging) const {
-    if (mapped) return mapped + offset;
-    return read_remote(peers[std::size_t(p)].pid, staging, remote + offset, len) ? staging : nullptr;
+    if (const std::byte* mapped = in[std::size_t(p)]) return mapped + offset;
+    return read_remote(peers[std::size_t(p)].pid, staging, peers[std::size_t(p)].in + offset, len) ? staging : nullptr;
   }
 };
 
