@@ -23,6 +23,7 @@
 //! namespace, and really this host: the record read back must equal the one received); if any may not, all ranks
 //! agree to use the rings from then on.
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 
@@ -230,6 +231,10 @@ template <transport::p2p T>
 bool open_session(p2p_op<T>& op, const std::byte* in, std::size_t in_bytes, const std::byte* out, std::size_t out_bytes,
                   std::uint64_t check, cross_memory_group& group, session& s) {
   const int n = op.n(), me = op.me();
+  // Under Yama's ptrace_scope 1 (Ubuntu's default) sibling processes may not attach to each other unless each
+  // names them; let any process of this user read this one, as Open MPI's shared-memory transport does. A kernel
+  // without Yama refuses the call (EINVAL), which changes nothing.
+  if (group.state == cross_memory_state::unknown) ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   s.mine = {std::uint64_t(reinterpret_cast<std::uintptr_t>(in)), std::uint64_t(reinterpret_cast<std::uintptr_t>(out)),
             check, std::int64_t(::getpid()), std::uint64_t(op.tag()), std::uint64_t(reinterpret_cast<std::uintptr_t>(&s.mine)),
             1, shared_ref::of(in, in_bytes), shared_ref::of(out, out_bytes)};
