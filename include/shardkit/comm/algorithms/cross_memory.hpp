@@ -144,32 +144,30 @@ struct record {
   shared_ref shared_in, shared_out;
 };
 
-//! Reads n bytes at `remote` in process `pid` into `local`; false when the kernel refuses or the range is bad.
-inline bool read_remote(std::int64_t pid, std::byte* local, std::uint64_t remote, std::size_t n) {
+//! Moves n bytes between `local` and `remote` in process `pid` with `call` (process_vm_readv or _writev), resuming
+//! after partial transfers; false when the kernel refuses or the range is bad.
+template <class Call>
+bool transfer_remote(Call call, std::int64_t pid, std::byte* local, std::uint64_t remote, std::size_t n) {
   while (n) {
     iovec l{local, n}, r{reinterpret_cast<void*>(remote), n};
-    const ssize_t got = ::process_vm_readv(pid_t(pid), &l, 1, &r, 1, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    local += got;
-    remote += std::uint64_t(got);
-    n -= std::size_t(got);
+    const ssize_t done = call(pid_t(pid), &l, 1, &r, 1, 0);
+    if (done < 0 && errno == EINTR) continue;
+    if (done <= 0) return false;
+    local += done;
+    remote += std::uint64_t(done);
+    n -= std::size_t(done);
   }
   return true;
 }
 
-//! Writes n bytes from `local` to `remote` in process `pid`; false when the kernel refuses or the range is bad.
+//! Reads n bytes at `remote` in process `pid` into `local`.
+inline bool read_remote(std::int64_t pid, std::byte* local, std::uint64_t remote, std::size_t n) {
+  return transfer_remote(::process_vm_readv, pid, local, remote, n);
+}
+
+//! Writes n bytes from `local` to `remote` in process `pid`.
 inline bool write_remote(std::int64_t pid, std::uint64_t remote, const std::byte* local, std::size_t n) {
-  while (n) {
-    iovec l{const_cast<std::byte*>(local), n}, r{reinterpret_cast<void*>(remote), n};
-    const ssize_t put = ::process_vm_writev(pid_t(pid), &l, 1, &r, 1, 0);
-    if (put < 0 && errno == EINTR) continue;
-    if (put <= 0) return false;
-    local += put;
-    remote += std::uint64_t(put);
-    n -= std::size_t(put);
-  }
-  return true;
+  return transfer_remote(::process_vm_writev, pid, const_cast<std::byte*>(local), remote, n);
 }
 
 //! Every rank sends `bytes` at `mine` to every peer and receives each peer's into `all` (slot per rank).
