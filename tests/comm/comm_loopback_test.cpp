@@ -3,7 +3,9 @@
 #include "comm/conformance.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 
+#include <future>
 #include <numeric>
+#include <thread>
 #include "support/harness.hpp"
 
 using namespace shardkit;
@@ -141,6 +143,79 @@ TEST_CASE("[comm] work handles can be awaited by coroutines") {
   for (int i = 0; i < 500 && resumed.load() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   CHECK(resumed.load() == 2);
   CHECK(data[0][99] == 2.0f);
+}
+
+TEST_CASE("[comm] a waiting thread runs its queued operation itself, never out of order or beside another") {
+  comm::detail::progress_engine engine;
+  std::atomic<int> running{0}, overlaps{0};
+  std::mutex m;
+  std::vector<int> order;
+  const auto task = [&](int i) {
+    return [&, i] {
+      if (running.fetch_add(1) != 0) overlaps.fetch_add(1);
+      {
+        std::lock_guard g(m);
+        order.push_back(i);
+      }
+      running.fetch_sub(1);
+    };
+  };
+  SUBCASE("one waiter: the operation it waits for mostly runs on its own thread") {
+    int here = 0;
+    for (int i = 0; i < 200; ++i) {
+      const auto me = std::this_thread::get_id();
+      std::thread::id ran_on;
+      auto t = engine.post([&, i] {
+        ran_on = std::this_thread::get_id();
+        task(i)();
+      });
+      if (engine.run_through(t.get())) {
+        CHECK(ran_on == me);
+        ++here;
+      } else {
+        while (true) {  // the engine thread took it: wait for it the ordinary way
+          std::lock_guard g(m);
+          if (int(order.size()) == i + 1) break;
+        }
+      }
+    }
+    CHECK(here >= 40);  // the engine thread is asleep when each is posted; the waiter is almost always first
+  }
+  SUBCASE("several waiters and the engine thread, bursts of operations") {
+    constexpr int bursts = 50, per_burst = 8;
+    for (int b = 0; b < bursts; ++b) {
+      std::vector<std::shared_ptr<comm::detail::progress_engine::task>> posted;
+      for (int i = 0; i < per_burst; ++i) posted.push_back(engine.post(task(b * per_burst + i)));
+      std::vector<std::thread> waiters;
+      for (int w : {7, 2, 5}) waiters.emplace_back([&, w] { engine.run_through(posted[std::size_t(w)].get()); });
+      for (auto& t : waiters) t.join();
+    }
+    while (true) {
+      std::lock_guard g(m);
+      if (order.size() == std::size_t(bursts * per_burst)) break;
+    }
+  }
+  SUBCASE("an operation already running on the engine thread is left to it") {
+    std::promise<void> gate;
+    auto opened = gate.get_future().share();
+    std::atomic<bool> started{false};
+    engine.post([&] {
+      started = true;
+      opened.wait();
+      task(0)();
+    });
+    while (!started) std::this_thread::yield();
+    auto next = engine.post(task(1));
+    CHECK_FALSE(engine.run_through(next.get()));  // it would run before the one in progress
+    gate.set_value();
+    while (true) {
+      std::lock_guard g(m);
+      if (order.size() == 2) break;
+    }
+  }
+  CHECK(overlaps.load() == 0);
+  std::lock_guard g(m);
+  for (std::size_t i = 0; i < order.size(); ++i) CHECK(order[i] == int(i));
 }
 
 TEST_CASE("[comm] a work handle's wait_for times out while the peer is absent, then completes") {

@@ -114,6 +114,7 @@ TEST_CASE("[tcp] tcp_options::from_env reads every variable and names a bad one"
   CHECK(defaults.streams_per_peer == 2);
   CHECK(defaults.chunk_bytes == 512u << 10);
   CHECK(defaults.socket_buffer_bytes == 0);  // kernel autotuning
+  CHECK(defaults.direct_send_bytes == 64u << 10);
   CHECK(defaults.auth_token.empty());
 
   env = {{"SHARDKIT_SOCKET_IFNAME", "^docker,lo"}, {"SHARDKIT_SOCKET_NSTREAMS", "4"},
@@ -121,7 +122,7 @@ TEST_CASE("[tcp] tcp_options::from_env reads every variable and names a bad one"
          {"SHARDKIT_SOCKET_THREADS", "2"},         {"SHARDKIT_SOCKET_MAX_UNEXPECTED", "256MiB"},
          {"SHARDKIT_SOCKET_CONNECT_TIMEOUT", "7"}, {"SHARDKIT_SOCKET_HANDSHAKE_TIMEOUT", "3"},
          {"SHARDKIT_SOCKET_PORT", "29600"},        {"SHARDKIT_AUTH_TOKEN", "tok"},
-         {"SHARDKIT_SOCKET_BIND", "10.0.0.1, 10.0.1.1"}};
+         {"SHARDKIT_SOCKET_BIND", "10.0.0.1, 10.0.1.1"}, {"SHARDKIT_SOCKET_DIRECT_SEND", "0"}};
   const auto o = tcp_options::from_env(lookup);
   CHECK(o.ifname == "^docker,lo");
   CHECK(o.streams_per_peer == 4);
@@ -134,6 +135,7 @@ TEST_CASE("[tcp] tcp_options::from_env reads every variable and names a bad one"
   CHECK(o.listen_port == 29600);
   CHECK(o.auth_token == "tok");
   CHECK(o.bind_addresses == std::vector<std::string>{"10.0.0.1", "10.0.1.1"});
+  CHECK(o.direct_send_bytes == 0);
 
   for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
            {"SHARDKIT_SOCKET_NSTREAMS", "0"},
@@ -141,7 +143,9 @@ TEST_CASE("[tcp] tcp_options::from_env reads every variable and names a bad one"
            {"SHARDKIT_SOCKET_CHUNK", "65M"},
            {"SHARDKIT_SOCKET_CHUNK", "12X"},
            {"SHARDKIT_SOCKET_CHUNK", "-5"},
-           {"SHARDKIT_SOCKET_PORT", "70000"}}) {
+           {"SHARDKIT_SOCKET_PORT", "70000"},
+           {"SHARDKIT_SOCKET_DIRECT_SEND", "128M"},
+           {"SHARDKIT_SOCKET_DIRECT_SEND", "lots"}}) {
     env = {{name, value}};
     try {
       (void)tcp_options::from_env(lookup);

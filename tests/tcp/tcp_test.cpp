@@ -27,6 +27,10 @@ TEST_CASE("[tcp] ping-pong of every size class, striped or not") {
     opts.streams_per_peer = 1;
     opts.io_threads = 2;
   }
+  SUBCASE("every send through the io thread (direct_send_bytes 0)") { opts.direct_send_bytes = 0; }
+  SUBCASE("every one-frame message written by the sending thread (direct_send_bytes = chunk_bytes = 8 MiB)") {
+    opts.chunk_bytes = opts.direct_send_bytes = 8u << 20;
+  }
   const std::vector<std::size_t> sizes{0,    1,    7,         999,           1000, 1001, 65537,
                                        (512u << 10) - 1, 512u << 10, (512u << 10) + 1, (8u << 20) + 13};
   run_world(2, opts, [&](tcp_transport& t) {
@@ -123,6 +127,39 @@ TEST_CASE("[tcp] one tag keeps its order when big striped and tiny messages inte
         SCENARIO_CHECK(std::equal(want.begin(), want.end(), in[std::size_t(i)].begin()));
       }
       SCENARIO_CHECK(t.stats().messages_received == count);
+    }
+  });
+}
+
+TEST_CASE("[tcp] a send the socket cannot take at once is finished by the io thread, in order") {
+  // Sending threads write one-frame messages themselves; with small socket buffers and a receiver that is not
+  // reading yet, those writes come back short or with EAGAIN and the io thread must carry on from the exact byte
+  // where they stopped, ahead of the messages queued behind them.
+  auto opts = loopback_options();
+  opts.streams_per_peer = 1;
+  opts.socket_buffer_bytes = 16 << 10;
+  opts.chunk_bytes = opts.direct_send_bytes = 1u << 20;
+  constexpr int count = 40;
+  const auto size_of = [](int i) { return i % 4 == 3 ? std::size_t(3) : std::size_t(200'000 + 7919 * i); };
+  run_world(2, opts, [&](tcp_transport& t) {
+    if (t.rank() == 0) {
+      std::vector<std::vector<std::byte>> msgs;
+      std::vector<sk::completion> sends;
+      for (int i = 0; i < count; ++i) {
+        msgs.push_back(pattern(size_of(i), unsigned(i)));
+        sends.push_back(t.send(1, 9, cbytes(msgs.back())));
+        if (i == 0) SCENARIO_CHECK(!sends[0].is_done());  // 200 kB do not fit 16 KiB of socket buffer
+      }
+      SCENARIO_CHECK(sk::wait_all(sends, sk::deadline_after(30s)));
+      SCENARIO_CHECK(t.stats().messages_sent == count);
+    } else {
+      std::this_thread::sleep_for(200ms);  // the sender meets a full socket
+      std::vector<std::byte> in(size_of(count - 2) + 1);
+      for (int i = 0; i < count; ++i) {
+        SCENARIO_CHECK(wait_ok(t.recv(0, 9, wbytes(in))) == size_of(i));
+        const auto want = pattern(size_of(i), unsigned(i));
+        SCENARIO_CHECK(std::equal(want.begin(), want.end(), in.begin()));
+      }
     }
   });
 }

@@ -59,6 +59,7 @@ class core : public std::enable_shared_from_this<core> {
                                .rank = p,
                                .streams = opts_.streams_per_peer,
                                .chunk_bytes = opts_.chunk_bytes,
+                               .direct_send_bytes = opts_.direct_send_bytes,
                                .max_message_bytes = opts_.max_message_bytes,
                                .max_unexpected_bytes = opts_.max_unexpected_bytes});
   }

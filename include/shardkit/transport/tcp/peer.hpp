@@ -1,7 +1,12 @@
 #pragma once
 //! One remote rank as this rank sees it: its striped connections ("links"), the scheduler that cuts messages into
-//! frames, and the matcher that lands frames in posted recvs. All state lives on the peer's strand; user threads
-//! reach it only through asio::post, and recv cancellation through recv_op's atomic state.
+//! frames, and the matcher that lands frames in posted recvs. Socket operations run on the peer's strand. The
+//! receive state is under rx_mutex_ and the send state under tx_mutex_ (taken in that order), so that a user
+//! thread posts a recv (or takes a message that already arrived) and writes a small message to an idle
+//! connection itself, with one non-blocking sendmsg: no hand-off to the io thread, whose wake-ups are most of a
+//! small collective's latency. What does not go out at once is finished by the io thread. Completions are
+//! fired after the locks are released (their continuations may post more operations); recv cancellation goes
+//! through recv_op's atomic state.
 //!
 //! Ordering. Every message to a peer gets the next sequence number. Connections pull frames from one FIFO, so
 //! each connection carries frames in non-decreasing sequence order. The receiver *matches* messages to recvs
@@ -21,9 +26,11 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
+#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <unordered_map>
@@ -35,6 +42,9 @@
 #include "shardkit/transport/tcp/ops.hpp"
 #include "shardkit/transport/tcp/stats.hpp"
 #include "shardkit/transport/tcp/wire.hpp"
+
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 namespace shardkit::transport::detail::tcp {
 
@@ -65,9 +75,9 @@ struct link {
   std::array<std::byte, frame_header_size> rx_bytes{};
   frame_header rx{};
   bool parked = false;
-  bool eof = false;  // the peer closed this connection cleanly, between frames
   std::vector<std::byte> discard;  // payloads of messages nobody can take (recv too small)
-  // send side: one write in flight per connection
+  // send side (under the peer's tx mutex): one write in flight per connection
+  bool eof = false;  // the peer closed this connection cleanly, between frames
   bool writing = false;
   std::size_t tx_frames = 0;
   std::array<std::array<std::byte, frame_header_size>, max_batch_frames> tx_headers{};
@@ -80,6 +90,7 @@ struct peer_settings {
   int rank = 0;  // the peer's
   int streams = 1;
   std::size_t chunk_bytes = 0;
+  std::size_t direct_send_bytes = 0;  // messages up to this size are written by the sending thread when it can
   std::uint64_t max_message_bytes = 0;
   std::size_t max_unexpected_bytes = 0;  // 0 = unbounded
 };
@@ -110,24 +121,46 @@ class peer {
   //! Starts reading every connection.
   void start() {
     asio::post(strand_, [this] {
-      for (auto& l : links_)
-        if (l) read_header(*l);
+      locked([&] {
+        for (auto& l : links_)
+          if (l) read_header(*l);
+      });
     });
   }
 
   // ---- from any thread ----
   void submit_send(std::shared_ptr<send_op> op) {
-    asio::post(strand_, [this, op = std::move(op)]() mutable { on_send(std::move(op)); });
+    std::unique_lock lock(tx_mutex_);
+    if (tx_failure_) {
+      auto failure = tx_failure_;
+      lock.unlock();
+      op->done.set_error(failure);
+      return;
+    }
+    op->seq = next_send_seq_++;
+    if (send_queue_.empty() && op->bytes.size() <= s_.direct_send_bytes && op->bytes.size() <= s_.chunk_bytes) {
+      for (auto& l : links_)
+        if (l && !l->writing && !l->eof) return send_directly(lock, *l, std::move(op));
+    }
+    send_queue_.push_back(std::move(op));
+    lock.unlock();
+    asio::post(strand_, [this] {
+      std::lock_guard g(tx_mutex_);
+      pump_idle_links();
+    });
   }
+  //! Posts the recv here and now, or completes it with a message that already arrived.
   void submit_recv(std::shared_ptr<recv_op> op) {
-    asio::post(strand_, [this, op = std::move(op)]() mutable { on_recv(std::move(op)); });
+    locked([&] { on_recv(std::move(op)); });
   }
   //! After a cancel: drops withdrawn recvs of `tag` so a tag that is never used again leaves nothing behind.
-  void submit_purge(message_tag tag) { asio::post(strand_, [this, tag] { purge(tag); }); }
+  void submit_purge(message_tag tag) {
+    locked([&] { purge(tag); });
+  }
   //! Closes the connections and fails every operation with `reason` (then later ones too); runs `then` after.
   void submit_close(std::exception_ptr reason, std::string message, log::level level, std::function<void()> then) {
     asio::post(strand_, [this, reason = std::move(reason), message = std::move(message), level, then = std::move(then)] {
-      fail(reason, message, level, level);
+      locked([&] { fail(reason, message, level, level); });
       if (then) then();
     });
   }
@@ -142,6 +175,32 @@ class peer {
     std::shared_ptr<unexpected_message> buffered;   // or in a buffer until its recv comes
   };
 
+  //! An outcome decided under rx_mutex_, delivered after it is released.
+  struct due_outcome {
+    completion done;
+    std::exception_ptr failure;
+    std::size_t bytes = 0;
+  };
+  void finish_later(const completion& c, std::size_t bytes) { due_.push_back({c, nullptr, bytes}); }
+  void fail_later(const completion& c, std::exception_ptr e) { due_.push_back({c, std::move(e), 0}); }
+
+  //! Runs f under rx_mutex_, then fires the completions it decided.
+  template <class F>
+  void locked(F&& f) {
+    std::vector<due_outcome> due;
+    {
+      std::lock_guard lock(rx_mutex_);
+      f();
+      due.swap(due_);
+    }
+    for (auto& d : due) {
+      if (d.failure)
+        d.done.set_error(std::move(d.failure));
+      else
+        d.done.set_done(d.bytes);
+    }
+  }
+
   error_context context() const { return {.rank = s_.self, .peer = s_.rank, .operation = "tcp"}; }
   std::string where(const link& l) const {
     return "rank " + std::to_string(s_.rank) + " at " + l.remote + " (stream " + std::to_string(l.index) +
@@ -155,21 +214,62 @@ class peer {
                                          {.rank = s_.self, .peer = s_.rank, .operation = "tcp.recv"}));
   }
 
-  // ---------------- send side ----------------
+  // ---------------- send side (tx_mutex_ held) ----------------
 
-  void on_send(std::shared_ptr<send_op> op) {
-    if (failure_) {
-      op->done.set_error(failure_);
+  //! Writes a one-frame message to an idle connection from this thread. What the socket does not take at once
+  //! (its buffer is full) goes on as an ordinary asynchronous write, as does an error (the write's handler
+  //! reports it like any other). Called with the send queue empty, so the frame keeps the connection's frames in
+  //! sequence order.
+  void send_directly(std::unique_lock<std::mutex>& lock, link& l, std::shared_ptr<send_op> op) {
+    const std::size_t len = op->bytes.size();
+    const frame_header h{.length = std::uint32_t(len), .tag = op->tag, .seq = op->seq, .total = len, .offset = 0};
+    encode(h, std::span<std::byte, frame_header_size>(l.tx_headers[0]));
+    ::iovec iov[2] = {{l.tx_headers[0].data(), frame_header_size},
+                      {const_cast<std::byte*>(op->bytes.data()), len}};
+    ::msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = len > 0 ? 2 : 1;
+    const ::ssize_t n = ::sendmsg(l.socket.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    counters::bump(counters_.frames_sent);
+    counters::bump(counters_.writes);
+    op->cut = len;
+    op->fully_cut = true;
+    if (n == ::ssize_t(frame_header_size + len)) {
+      counters::bump(counters_.messages_sent);
+      counters::bump(counters_.bytes_sent, len);
+      lock.unlock();
+      op->done.set_done(len);
       return;
     }
-    op->seq = next_send_seq_++;
-    send_queue_.push_back(std::move(op));
+    // The rest (or all of it, and any error) goes through the io thread.
+    const std::size_t sent = n > 0 ? std::size_t(n) : 0;
+    std::size_t buffers = 0;
+    if (sent < frame_header_size)
+      l.tx_buffers[buffers++] = asio::buffer(l.tx_headers[0].data() + sent, frame_header_size - sent);
+    const std::size_t payload_sent = sent > frame_header_size ? sent - frame_header_size : 0;
+    if (len > payload_sent) l.tx_buffers[buffers++] = asio::buffer(op->bytes.data() + payload_sent, len - payload_sent);
+    op->frames_in_flight = 1;
+    l.tx_ops[0] = std::move(op);
+    l.tx_frames = 1;
+    l.writing = true;
+    lock.unlock();
+    asio::post(strand_, [this, &l, buffers] { start_write(l, buffers); });
+  }
+
+  void pump_idle_links() {
     for (auto& l : links_)
       if (l && !l->writing && !l->eof) pump(*l);
   }
 
+  void start_write(link& l, std::size_t buffers) {
+    asio::async_write(l.socket, buffer_range{l.tx_buffers.data(), l.tx_buffers.data() + buffers},
+                      asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t) {
+                        written(l, ec);
+                      }));
+  }
+
   //! Hands the next frames of the send queue to an idle connection. Connections pull whole chunks, so a slower
-  //! interface simply takes fewer of them.
+  //! interface simply takes fewer of them. On the strand.
   void pump(link& l) {
     std::size_t frames = 0, buffers = 0, batch = 0;
     while (frames < max_batch_frames && !send_queue_.empty()) {
@@ -197,25 +297,27 @@ class peer {
     counters::bump(counters_.frames_sent, frames);
     counters::bump(counters_.writes);
     l.writing = true;
-    asio::async_write(l.socket, buffer_range{l.tx_buffers.data(), l.tx_buffers.data() + buffers},
-                      asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t) {
-                        written(l, ec);
-                      }));
+    start_write(l, buffers);
   }
 
   void written(link& l, const boost::system::error_code& ec) {
-    l.writing = false;
-    if (ec) link_error(l, ec, "sending");  // fails the frames of this batch too
-    for (std::size_t i = 0; i < l.tx_frames; ++i) {
-      std::shared_ptr<send_op> op = std::move(l.tx_ops[i]);
-      if (--op->frames_in_flight == 0 && op->fully_cut && !failure_) {
-        counters::bump(counters_.messages_sent);
-        counters::bump(counters_.bytes_sent, op->bytes.size());
-        op->done.set_done(op->bytes.size());
+    if (ec) locked([&] { link_error(l, ec, "sending"); });  // fails the frames of this batch too
+    std::vector<std::shared_ptr<send_op>> finished;
+    {
+      std::lock_guard lock(tx_mutex_);
+      l.writing = false;
+      for (std::size_t i = 0; i < l.tx_frames; ++i) {
+        std::shared_ptr<send_op> op = std::move(l.tx_ops[i]);
+        if (--op->frames_in_flight == 0 && op->fully_cut && !tx_failure_) {
+          counters::bump(counters_.messages_sent);
+          counters::bump(counters_.bytes_sent, op->bytes.size());
+          finished.push_back(std::move(op));
+        }
       }
+      l.tx_frames = 0;
+      if (!tx_failure_ && !l.eof) pump(l);
     }
-    l.tx_frames = 0;
-    if (!failure_ && !l.eof) pump(l);
+    for (auto& op : finished) op->done.set_done(op->bytes.size());  // continuations may send: no lock held
   }
 
   // ---------------- receive side ----------------
@@ -229,7 +331,7 @@ class peer {
       auto msg = it->second.pop_front();
       if (it->second.empty()) unexpected_.erase(it);
       if (msg->total > op->bytes.size()) {
-        op->done.set_error(too_small(msg->total, op->bytes.size()));
+        fail_later(op->done, too_small(msg->total, op->bytes.size()));
         if (msg->complete())
           release(*msg);
         else
@@ -242,7 +344,7 @@ class peer {
       return;
     }
     if (failure_) {
-      if (op->try_bind()) op->done.set_error(failure_);
+      if (op->try_bind()) fail_later(op->done, failure_);
       return;
     }
     posted_[op->tag].push_back(std::move(op));
@@ -259,13 +361,17 @@ class peer {
   void read_header(link& l) {
     asio::async_read(l.socket, asio::buffer(l.rx_bytes),
                      asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t) {
-                       if (ec == asio::error::eof) return link_eof(l);
-                       if (ec) return link_error(l, ec, "reading a frame header");
-                       if (failure_) return;
-                       l.rx = decode_frame(std::span<const std::byte, frame_header_size>(l.rx_bytes));
-                       if (!valid_header(l)) return;
-                       if (route(l)) resume_parked();
+                       locked([&] { header_read(l, ec); });
                      }));
+  }
+
+  void header_read(link& l, const boost::system::error_code& ec) {
+    if (ec == asio::error::eof) return link_eof(l);
+    if (ec) return link_error(l, ec, "reading a frame header");
+    if (failure_) return;
+    l.rx = decode_frame(std::span<const std::byte, frame_header_size>(l.rx_bytes));
+    if (!valid_header(l)) return;
+    if (route(l)) resume_parked();
   }
 
   bool valid_header(link& l) {
@@ -315,7 +421,7 @@ class peer {
     inflight_message m{.tag = h.tag, .total = h.total};
     if (auto op = take_posted(h.tag)) {
       if (h.total > op->bytes.size()) {
-        op->done.set_error(too_small(h.total, op->bytes.size()));  // the payload is read and dropped
+        fail_later(op->done, too_small(h.total, op->bytes.size()));  // the payload is read and dropped
       } else {
         m.base = op->bytes.data();
         m.recv = std::move(op);
@@ -377,8 +483,10 @@ class peer {
     }
     asio::async_read(l.socket, asio::buffer(dst, h.length),
                      asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t) {
-                       if (ec) return link_error(l, ec, "receiving a frame payload");
-                       if (!failure_) payload_done(l);
+                       locked([&] {
+                         if (ec) return link_error(l, ec, "receiving a frame payload");
+                         if (!failure_) payload_done(l);
+                       });
                      }));
   }
 
@@ -395,7 +503,7 @@ class peer {
     if (done.recv) {
       counters::bump(counters_.messages_received);
       counters::bump(counters_.bytes_received, done.total);
-      done.recv->done.set_done(std::size_t(done.total));
+      finish_later(done.recv->done, std::size_t(done.total));
     } else if (auto& msg = done.buffered) {
       if (msg->waiter)
         deliver(*msg, msg->waiter);
@@ -411,7 +519,7 @@ class peer {
     counters::bump(counters_.messages_received);
     counters::bump(counters_.bytes_received, total);
     release(msg);
-    op->done.set_done(total);
+    finish_later(op->done, total);
   }
 
   void release(unexpected_message& msg) {
@@ -421,8 +529,13 @@ class peer {
     if (s_.max_unexpected_bytes > 0) resume_parked();
   }
 
-  //! Lets parked connections whose message is now matched, or next in order, proceed.
+  //! Lets parked connections whose message is now matched, or next in order, proceed. Reading a connection is
+  //! the strand's business: from a user thread (a recv posted, a buffer released) this goes through the strand.
   void resume_parked() {
+    if (!strand_.running_in_this_thread()) {
+      asio::post(strand_, [this] { locked([&] { resume_parked(); }); });
+      return;
+    }
     if (resuming_) return;  // the outer call rescans
     resuming_ = true;
     for (bool progress = true; progress && !failure_;) {
@@ -445,7 +558,10 @@ class peer {
   //! deliverable), or after a grace period if some never do.
   void link_eof(link& l) {
     if (failure_) return;
-    l.eof = true;
+    {
+      std::lock_guard lock(tx_mutex_);
+      l.eof = true;
+    }
     const std::string message = "rank " + std::to_string(s_.rank) + " at " + l.remote +
                                 " closed its connections (its process ended or it destroyed its transport)";
     if (++eof_links_ == s_.streams) {
@@ -456,10 +572,12 @@ class peer {
     if (eof_links_ > 1) return;
     grace_.expires_after(std::chrono::seconds(1));
     grace_.async_wait(asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec) {
-      if (ec || failure_) return;
-      const std::string m = "rank " + std::to_string(s_.rank) + " closed " + where(l) +
-                            " but not its other connections within 1 s";
-      fail(std::make_exception_ptr(error(errc::peer_lost, m, context())), m, log::level::warn, log::level::warn);
+      locked([&] {
+        if (ec || failure_) return;
+        const std::string m = "rank " + std::to_string(s_.rank) + " closed " + where(l) +
+                              " but not its other connections within 1 s";
+        fail(std::make_exception_ptr(error(errc::peer_lost, m, context())), m, log::level::warn, log::level::warn);
+      });
     }));
   }
 
@@ -490,24 +608,29 @@ class peer {
     if (failure_) return;
     failure_ = std::move(reason);
     grace_.cancel();
-    for (auto& l : links_) {
-      if (!l) continue;
-      boost::system::error_code ignored;
-      l->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-      l->socket.close(ignored);
-      l->parked = false;
-    }
     std::vector<completion> victims;
     // A send can be queued and in several connections' batches at once: list it once.
     const auto add_send = [&](send_op& op) {
       if (std::exchange(op.listed, true)) return;
       victims.push_back(op.done);
     };
-    while (!send_queue_.empty()) add_send(*send_queue_.pop_front());
-    for (auto& l : links_)
-      if (l)
-        for (std::size_t i = 0; i < l->tx_frames; ++i)
-          if (l->tx_ops[i]) add_send(*l->tx_ops[i]);
+    {
+      // Under the tx mutex: no sending thread is inside sendmsg on a descriptor closed here (or reused).
+      std::lock_guard lock(tx_mutex_);
+      tx_failure_ = failure_;
+      for (auto& l : links_) {
+        if (!l) continue;
+        boost::system::error_code ignored;
+        l->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+        l->socket.close(ignored);
+        l->parked = false;
+      }
+      while (!send_queue_.empty()) add_send(*send_queue_.pop_front());
+      for (auto& l : links_)
+        if (l)
+          for (std::size_t i = 0; i < l->tx_frames; ++i)
+            if (l->tx_ops[i]) add_send(*l->tx_ops[i]);
+    }
     for (auto& [tag, q] : posted_)
       while (!q.empty()) {
         auto op = q.pop_front();
@@ -532,7 +655,7 @@ class peer {
     for (const auto& c : victims) pending += c.is_done() ? 0 : 1;
     log::write(pending > 0 ? busy_level : idle_level, s_.self, "tcp: ", message,
                pending > 0 ? " (" + std::to_string(pending) + " pending operations failed)" : std::string());
-    for (const auto& c : victims) c.set_error(failure_);
+    for (const auto& c : victims) fail_later(c, failure_);
   }
 
   strand_type strand_;
@@ -542,9 +665,13 @@ class peer {
   asio::steady_timer grace_;
   int eof_links_ = 0;
 
+  std::mutex tx_mutex_;  // guards the send side: what follows, and each link's tx fields and eof
+  std::exception_ptr tx_failure_;  // failure_, as the send side sees it
   fifo<send_op> send_queue_;
   std::uint64_t next_send_seq_ = 0;
 
+  std::mutex rx_mutex_;  // guards the receive side: what follows, failure_ and each link's rx fields
+  std::vector<due_outcome> due_;
   std::uint64_t next_match_ = 0;
   bool resuming_ = false;
   std::unordered_map<message_tag, fifo<recv_op>> posted_;
