@@ -152,6 +152,7 @@ bool transfer_remote(Call call, std::int64_t pid, std::byte* local, std::uint64_
     iovec l{local, n}, r{reinterpret_cast<void*>(remote), n};
     const ssize_t done = call(pid_t(pid), &l, 1, &r, 1, 0);
     if (done < 0 && errno == EINTR) continue;
+    if (done == 0) errno = 0;  // nothing moved, no error: lost() reports a short transfer
     if (done <= 0) return false;
     local += done;
     remote += std::uint64_t(done);
@@ -310,9 +311,13 @@ void close_session(p2p_op<T>& op, const session& s) {
   barrier(op);
 }
 
+//! Called right after the failed transfer, so errno is the kernel's reason.
 inline error lost(const error_context& where, int p, const char* what) {
+  const int reason = errno;
   return error(errc::peer_lost,
-               std::string("cannot ") + what + " rank " + std::to_string(p) + "'s memory any more (process gone?)", where);
+               std::string("cannot ") + what + " rank " + std::to_string(p) + "'s memory any more (" +
+                   (reason ? std::strerror(reason) : "short transfer") + "; its process ended?)",
+               where);
 }
 
 //! Chunk of the kernel-copy paths: bounds the staging memory and keeps system calls large.
@@ -330,7 +335,10 @@ void reduce_block(p2p_op<T>& op, const session& s, const std::byte* in, std::byt
                   std::size_t count, dtype type, reduce_op rop, bool push) {
   const int n = op.n(), me = op.me();
   const std::size_t es = size_of(type), chunk = chunk_elems(es);
-  std::byte* const staged = op.scratch(std::size_t(n) * std::min(count, chunk) * es + 1);
+  // One staging slot per rank, as large as the largest chunk of this block (not chunk: a small block gets a
+  // small scratch allocation, and slots spaced by the full chunk would run past its end).
+  const std::size_t slot_bytes = std::min(count, chunk) * es;
+  std::byte* const staged = op.scratch(std::size_t(n) * slot_bytes + 1);
   std::vector<const std::byte*> srcs;
   std::vector<std::byte*> dsts;
   std::size_t unchecked = write_span_bytes;
@@ -345,7 +353,7 @@ void reduce_block(p2p_op<T>& op, const session& s, const std::byte* in, std::byt
     }
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
-      const std::byte* theirs = s.input(p, offset, len, staged + std::size_t(p) * chunk * es);
+      const std::byte* theirs = s.input(p, offset, len, staged + std::size_t(p) * slot_bytes);
       if (!theirs) throw lost(op.context(p), p, "read");
       srcs.push_back(theirs);
       if (push && s.out[std::size_t(p)]) dsts.push_back(s.out[std::size_t(p)] + offset);
