@@ -251,7 +251,7 @@ class process_group {
   process_group(std::unique_ptr<detail::communicator_interface> comm, group_options opts)
       : impl_(std::make_shared<impl>(std::move(comm), std::move(opts))) {}
 
-  struct impl : std::enable_shared_from_this<impl> {
+  struct impl {
     std::unique_ptr<detail::communicator_interface> comm;
     group_options opts;
     mutable std::mutex mutex;
@@ -318,7 +318,7 @@ class process_group {
       auto done = completion::pending();
       const auto timeout = o.timeout.count() > 0 ? o.timeout : opts.timeout;
       const collective_options co{deadline_after(timeout), o.algo};
-      auto queued = engine.post([this, done, co, fp, name, run = std::forward<F>(run)]() mutable {
+      engine.post([this, done, co, fp, name, run = std::forward<F>(run)]() mutable {
         try {
           if (auto b = broken_work()) {
             done.set_error(b->exception());
@@ -338,13 +338,7 @@ class process_group {
           done.set_error(ex);
         }
       });
-      // The waiter runs the operation itself if it is still queued; the weak pointers let a work handle outlive
-      // its group (the group's engine drains its queue when the group goes).
-      return work(done, [weak_self = weak_from_this(), weak_task = std::weak_ptr(queued)] {
-        const auto self = weak_self.lock();
-        const auto task = weak_task.lock();
-        if (self && task) self->engine.run_through(task.get());
-      });
+      return work(done);
     }
 
     void check_fingerprints(const char* name, const fingerprint& fp, const collective_options& co) {

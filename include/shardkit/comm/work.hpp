@@ -2,7 +2,6 @@
 //! work: the handle every process_group call returns. Wait on it (with or without a timeout), poll it, or
 //! co_await it; a failed operation rethrows its shardkit::error, which names the rank, group, op and peer.
 #include <chrono>
-#include <functional>
 #include <utility>
 
 #include "shardkit/core/completion.hpp"
@@ -13,15 +12,9 @@ class work {
  public:
   work() = default;
   explicit work(completion c) : done_(std::move(c)) {}
-  //! `run_here` may run the operation on the thread that waits for it, if it has not started yet (a process
-  //! group's queued collective): blocking anyway, that thread saves the hand-offs to and from another one.
-  work(completion c, std::function<void()> run_here) : done_(std::move(c)), run_here_(std::move(run_here)) {}
 
   //! Blocks until the operation ends; rethrows its failure.
-  void wait() const {
-    if (run_here_ && !done_.is_done()) run_here_();
-    done_.wait();
-  }
+  void wait() const { done_.wait(); }
   //! Blocks at most `timeout`; false if the operation is still running (it keeps running).
   template <class Rep, class Period>
   bool wait_for(std::chrono::duration<Rep, Period> timeout) const {
@@ -36,7 +29,6 @@ class work {
 
  private:
   completion done_;
-  std::function<void()> run_here_;
 };
 
 }  // namespace shardkit::comm
