@@ -164,6 +164,56 @@ TEST_CASE("[tcp] a send the socket cannot take at once is finished by the io thr
   });
 }
 
+TEST_CASE("[tcp] frames packed many to a read, or cut anywhere, arrive intact") {
+  // The receiver reads a connection in 4 KiB gulps: a gulp holds many small frames, or ends inside a header or a
+  // payload; a payload longer than what is left of a gulp is finished by a read straight into the recv.
+  auto opts = loopback_options();
+  opts.streams_per_peer = 1;
+  SUBCASE("written by the sending thread") {}
+  SUBCASE("written by the io thread") { opts.direct_send_bytes = 0; }
+  constexpr int count = 3000;
+  const auto size_of = [](int i) {
+    switch (i % 5) {
+      case 0: return std::size_t(i % 97);
+      case 1: return std::size_t(4096 - 40 + i % 90);  // around the gulp size, header included
+      case 2: return std::size_t(1);
+      case 3: return std::size_t(8192 + i % 13);
+      default: return std::size_t(0);
+    }
+  };
+  run_world(2, opts, [&](tcp_transport& t) {
+    if (t.rank() == 0) {
+      std::vector<std::vector<std::byte>> msgs;
+      std::vector<sk::completion> sends;
+      for (int i = 0; i < count; ++i) {
+        msgs.push_back(pattern(size_of(i), unsigned(i)));
+        sends.push_back(t.send(1, sk::transport::message_tag(i % 7), cbytes(msgs.back())));
+      }
+      SCENARIO_CHECK(sk::wait_all(sends, sk::deadline_after(30s)));
+    } else {
+      std::vector<std::vector<std::byte>> in(count);
+      std::vector<sk::completion> recvs(count);
+      // Tags 0-3 are posted early (landing in place), tags 4-6 late (buffered as they arrive); one tag's recvs
+      // are posted in its send order, as the matching rule requires.
+      const auto post = [&](bool early) {
+        for (int i = 0; i < count; ++i)
+          if ((i % 7 < 4) == early) {
+            in[std::size_t(i)].resize(size_of(i));
+            recvs[std::size_t(i)] = t.recv(0, sk::transport::message_tag(i % 7), wbytes(in[std::size_t(i)]));
+          }
+      };
+      post(true);
+      std::this_thread::sleep_for(20ms);
+      post(false);
+      SCENARIO_CHECK(sk::wait_all(recvs, sk::deadline_after(30s)));  // all landed before any check may throw
+      for (int i = 0; i < count; ++i) {
+        SCENARIO_CHECK(wait_ok(recvs[std::size_t(i)]) == size_of(i));
+        SCENARIO_CHECK(in[std::size_t(i)] == pattern(size_of(i), unsigned(i)));
+      }
+    }
+  });
+}
+
 TEST_CASE("[tcp] stats count messages, and those that arrived before their recv") {
   run_world(2, loopback_options(), [&](tcp_transport& t) {
     const auto a = pattern(5000, 1), b = pattern(7, 2);

@@ -71,8 +71,13 @@ struct link {
   int index = 0;
   std::string local, remote;        // "ip:port", for messages
   std::uint64_t peer_max_frame = 0;  // from the peer's handshake: a longer frame is a protocol error
-  // receive side
-  std::array<std::byte, frame_header_size> rx_bytes{};
+  // receive side: bytes are read into `stage` as they come (one system call takes a small frame whole, header and
+  // payload, and the next header if it is there); a payload longer than what is staged is read straight into
+  // its destination.
+  static constexpr std::size_t stage_bytes = 4096;
+  std::unique_ptr<std::byte[]> stage = std::make_unique_for_overwrite<std::byte[]>(stage_bytes);
+  std::size_t stage_pos = 0, stage_end = 0;  // unread bytes are [stage_pos, stage_end)
+  bool draining = false, drain_again = false;
   frame_header rx{};
   bool parked = false;
   std::vector<std::byte> discard;  // payloads of messages nobody can take (recv too small)
@@ -123,7 +128,7 @@ class peer {
     asio::post(strand_, [this] {
       locked([&] {
         for (auto& l : links_)
-          if (l) read_header(*l);
+          if (l) next_frame(*l);
       });
     });
   }
@@ -358,20 +363,48 @@ class peer {
     if (it->second.empty()) posted_.erase(it);
   }
 
-  void read_header(link& l) {
-    asio::async_read(l.socket, asio::buffer(l.rx_bytes),
-                     asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t) {
-                       locked([&] { header_read(l, ec); });
-                     }));
+  //! Takes the next frame header from the stage and routes its frame, for as long as frames are staged whole;
+  //! reads more when a header is incomplete. A frame finished from the stage calls back in here (through
+  //! payload_done): that turns into another round of this loop, not a deeper call.
+  void next_frame(link& l) {
+    if (l.draining) {
+      l.drain_again = true;
+      return;
+    }
+    l.draining = true;
+    do {
+      l.drain_again = false;
+      if (failure_) break;
+      if (l.stage_end - l.stage_pos < frame_header_size) {
+        read_more(l);
+        break;
+      }
+      l.rx = decode_frame(std::span<const std::byte, frame_header_size>(l.stage.get() + l.stage_pos, frame_header_size));
+      l.stage_pos += frame_header_size;
+      if (!valid_header(l)) break;
+      if (route(l)) resume_parked();
+    } while (l.drain_again);
+    l.draining = false;
   }
 
-  void header_read(link& l, const boost::system::error_code& ec) {
-    if (ec == asio::error::eof) return link_eof(l);
-    if (ec) return link_error(l, ec, "reading a frame header");
+  void read_more(link& l) {
+    const std::size_t kept = l.stage_end - l.stage_pos;
+    if (kept > 0 && l.stage_pos > 0) std::memmove(l.stage.get(), l.stage.get() + l.stage_pos, kept);
+    l.stage_pos = 0;
+    l.stage_end = kept;
+    l.socket.async_read_some(asio::buffer(l.stage.get() + kept, link::stage_bytes - kept),
+                             asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t n) {
+                               locked([&] { staged(l, ec, n); });
+                             }));
+  }
+
+  void staged(link& l, const boost::system::error_code& ec, std::size_t n) {
+    if (ec == asio::error::eof && l.stage_end == l.stage_pos) return link_eof(l);
+    if (ec) return link_error(l, ec, l.stage_end > l.stage_pos ? "reading a frame header (closed in the middle of it)"
+                                                                : "reading a frame header");
     if (failure_) return;
-    l.rx = decode_frame(std::span<const std::byte, frame_header_size>(l.rx_bytes));
-    if (!valid_header(l)) return;
-    if (route(l)) resume_parked();
+    l.stage_end += n;
+    next_frame(l);
   }
 
   bool valid_header(link& l) {
@@ -474,14 +507,20 @@ class peer {
       return;
     }
     if (h.length == 0) return payload_done(l);
+    // What is staged already lands now; only the rest is read, straight into place.
+    const std::size_t staged = std::min<std::size_t>(h.length, l.stage_end - l.stage_pos);
+    if (m.base && staged > 0) std::memcpy(m.base + h.offset, l.stage.get() + l.stage_pos, staged);
+    l.stage_pos += staged;
+    if (staged == h.length) return payload_done(l);
+    const std::size_t rest = h.length - staged;
     std::byte* dst;
     if (m.base) {
-      dst = m.base + h.offset;
+      dst = m.base + h.offset + staged;
     } else {
-      if (l.discard.size() < h.length) l.discard.resize(h.length);
+      if (l.discard.size() < rest) l.discard.resize(rest);
       dst = l.discard.data();
     }
-    asio::async_read(l.socket, asio::buffer(dst, h.length),
+    asio::async_read(l.socket, asio::buffer(dst, rest),
                      asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t) {
                        locked([&] {
                          if (ec) return link_error(l, ec, "receiving a frame payload");
@@ -496,21 +535,22 @@ class peer {
     inflight_message& m = it->second;
     m.received += l.rx.length;
     if (m.buffered) m.buffered->received = m.received;
-    read_header(l);
-    if (m.received < m.total) return;
-    inflight_message done = std::move(m);
-    inflight_.erase(it);
-    if (done.recv) {
-      counters::bump(counters_.messages_received);
-      counters::bump(counters_.bytes_received, done.total);
-      finish_later(done.recv->done, std::size_t(done.total));
-    } else if (auto& msg = done.buffered) {
-      if (msg->waiter)
-        deliver(*msg, msg->waiter);
-      else if (msg->discard)
-        release(*msg);
-      // else it waits, complete, in unexpected_ for its recv
+    if (m.received == m.total) {
+      inflight_message done = std::move(m);
+      inflight_.erase(it);
+      if (done.recv) {
+        counters::bump(counters_.messages_received);
+        counters::bump(counters_.bytes_received, done.total);
+        finish_later(done.recv->done, std::size_t(done.total));
+      } else if (auto& msg = done.buffered) {
+        if (msg->waiter)
+          deliver(*msg, msg->waiter);
+        else if (msg->discard)
+          release(*msg);
+        // else it waits, complete, in unexpected_ for its recv
+      }
     }
+    next_frame(l);  // last: it may take more frames from the stage, changing inflight_
   }
 
   void deliver(unexpected_message& msg, std::shared_ptr<recv_op> op) {  // by value: release() drops msg.waiter
