@@ -15,6 +15,19 @@ namespace sk = shardkit;
 
 static_assert(sk::transport::p2p<tcp_transport>);
 
+//! Sends message i, pattern(size_of(i), i), to `peer` on tag_of(i) for every i < count; `kept` holds the bytes
+//! until the sends complete.
+template <class SizeOf, class TagOf>
+std::vector<sk::completion> send_patterned(tcp_transport& t, int peer, int count, SizeOf size_of, TagOf tag_of,
+                                           std::vector<std::vector<std::byte>>& kept) {
+  std::vector<sk::completion> sends;
+  for (int i = 0; i < count; ++i) {
+    kept.push_back(pattern(size_of(i), unsigned(i)));
+    sends.push_back(t.send(peer, sk::transport::message_tag(tag_of(i)), cbytes(kept.back())));
+  }
+  return sends;
+}
+
 TEST_CASE("[tcp] ping-pong of every size class, striped or not") {
   auto opts = loopback_options();
   SUBCASE("defaults: 2 streams, 512 KiB chunks") {}
@@ -105,11 +118,7 @@ TEST_CASE("[tcp] one tag keeps its order when big striped and tiny messages inte
   run_world(2, opts, [&](tcp_transport& t) {
     if (t.rank() == 0) {
       std::vector<std::vector<std::byte>> msgs;
-      std::vector<sk::completion> sends;
-      for (int i = 0; i < count; ++i) {
-        msgs.push_back(pattern(size_of(i), unsigned(i)));
-        sends.push_back(t.send(1, 42, cbytes(msgs.back())));
-      }
+      const auto sends = send_patterned(t, 1, count, size_of, [](int) { return 42; }, msgs);
       SCENARIO_CHECK(sk::wait_all(sends, sk::deadline_after(15s)));
       const auto st = t.stats();
       SCENARIO_CHECK(st.messages_sent == count);
@@ -144,12 +153,8 @@ TEST_CASE("[tcp] a send the socket cannot take at once is finished by the io thr
   run_world(2, opts, [&](tcp_transport& t) {
     if (t.rank() == 0) {
       std::vector<std::vector<std::byte>> msgs;
-      std::vector<sk::completion> sends;
-      for (int i = 0; i < count; ++i) {
-        msgs.push_back(pattern(size_of(i), unsigned(i)));
-        sends.push_back(t.send(1, 9, cbytes(msgs.back())));
-        if (i == 0) SCENARIO_CHECK(!sends[0].is_done());  // 200 kB do not fit 16 KiB of socket buffer
-      }
+      const auto sends = send_patterned(t, 1, count, size_of, [](int) { return 9; }, msgs);
+      SCENARIO_CHECK(!sends[0].is_done());  // 200 kB do not fit 16 KiB of socket buffer while nobody reads
       SCENARIO_CHECK(sk::wait_all(sends, sk::deadline_after(30s)));
       SCENARIO_CHECK(t.stats().messages_sent == count);
     } else {
@@ -184,11 +189,7 @@ TEST_CASE("[tcp] frames packed many to a read, or cut anywhere, arrive intact") 
   run_world(2, opts, [&](tcp_transport& t) {
     if (t.rank() == 0) {
       std::vector<std::vector<std::byte>> msgs;
-      std::vector<sk::completion> sends;
-      for (int i = 0; i < count; ++i) {
-        msgs.push_back(pattern(size_of(i), unsigned(i)));
-        sends.push_back(t.send(1, sk::transport::message_tag(i % 7), cbytes(msgs.back())));
-      }
+      const auto sends = send_patterned(t, 1, count, size_of, [](int i) { return i % 7; }, msgs);
       SCENARIO_CHECK(sk::wait_all(sends, sk::deadline_after(30s)));
     } else {
       std::vector<std::vector<std::byte>> in(count);
