@@ -1,12 +1,10 @@
 #pragma once
-//! One remote rank as this rank sees it: its striped connections ("links"), the scheduler that cuts messages into
-//! frames, and the matcher that lands frames in posted recvs. Socket operations run on the peer's strand. The
-//! receive state is under rx_mutex_ and the send state under tx_mutex_ (taken in that order), so that a user
-//! thread posts a recv (or takes a message that already arrived) and writes a small message to an idle
-//! connection itself, with one non-blocking sendmsg: no hand-off to the io thread, whose wake-ups are most of a
-//! small collective's latency. What does not go out at once is finished by the io thread. Completions are
-//! fired after the locks are released (their continuations may post more operations); recv cancellation goes
-//! through recv_op's atomic state.
+//! One remote rank as this rank sees it: its striped connections ("links"), its send side (sender.hpp: sequence
+//! numbers, frames, direct writes) and the matcher that lands frames in posted recvs. Socket operations run on the
+//! peer's strand. The receive state is under rx_mutex_ (taken before the sender's mutex, in close()), so a user
+//! thread posts a recv, or takes a message that already arrived, itself: no hand-off to the io thread, whose
+//! wake-ups are most of a small collective's latency. Completions are fired after the lock is released (their
+//! continuations may post more operations); recv cancellation goes through recv_op's atomic state.
 //!
 //! Ordering. Every message to a peer gets the next sequence number. Connections pull frames from one FIFO, so
 //! each connection carries frames in non-decreasing sequence order. The receiver *matches* messages to recvs
@@ -25,8 +23,6 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
-#include <boost/asio/write.hpp>
-#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -39,66 +35,15 @@
 
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
+#include "shardkit/transport/tcp/link.hpp"
 #include "shardkit/transport/tcp/ops.hpp"
+#include "shardkit/transport/tcp/sender.hpp"
 #include "shardkit/transport/tcp/stats.hpp"
 #include "shardkit/transport/tcp/wire.hpp"
-
-#include <sys/socket.h>
-#include <sys/uio.h>
 
 namespace shardkit::transport::detail::tcp {
 
 namespace asio = boost::asio;
-
-//! Frames gathered into one async_write (one writev): many small messages cost one system call.
-inline constexpr std::size_t max_batch_frames = 16;
-
-//! A view of buffers owned elsewhere. asio copies a buffer sequence into each write operation; copying this is
-//! two pointers, where a std::vector would be a heap allocation per write.
-struct buffer_range {
-  const asio::const_buffer* first = nullptr;
-  const asio::const_buffer* last = nullptr;
-  using value_type = asio::const_buffer;
-  using const_iterator = const asio::const_buffer*;
-  const_iterator begin() const noexcept { return first; }
-  const_iterator end() const noexcept { return last; }
-};
-
-//! One TCP connection to the peer, used in both directions.
-struct link {
-  explicit link(asio::ip::tcp::socket s) : socket(std::move(s)) {}
-  asio::ip::tcp::socket socket;
-  int index = 0;
-  std::string local, remote;        // "ip:port", for messages
-  std::uint64_t peer_max_frame = 0;  // from the peer's handshake: a longer frame is a protocol error
-  // receive side: bytes are read into `stage` as they come (one system call takes a small frame whole, header and
-  // payload, and the next header if it is there); a payload longer than what is staged is read straight into
-  // its destination.
-  static constexpr std::size_t stage_bytes = 4096;
-  std::unique_ptr<std::byte[]> stage = std::make_unique_for_overwrite<std::byte[]>(stage_bytes);
-  std::size_t stage_pos = 0, stage_end = 0;  // unread bytes are [stage_pos, stage_end)
-  bool draining = false, drain_again = false;
-  frame_header rx{};
-  bool parked = false;
-  std::vector<std::byte> discard;  // payloads of messages nobody can take (recv too small)
-  // send side (under the peer's tx mutex): one write in flight per connection
-  bool eof = false;  // the peer closed this connection cleanly, between frames
-  bool writing = false;
-  std::size_t tx_frames = 0;
-  std::array<std::array<std::byte, frame_header_size>, max_batch_frames> tx_headers{};
-  std::array<asio::const_buffer, 2 * max_batch_frames> tx_buffers{};
-  std::array<std::shared_ptr<send_op>, max_batch_frames> tx_ops{};
-};
-
-struct peer_settings {
-  int self = 0;  // this rank
-  int rank = 0;  // the peer's
-  int streams = 1;
-  std::size_t chunk_bytes = 0;
-  std::size_t direct_send_bytes = 0;  // messages up to this size are written by the sending thread when it can
-  std::uint64_t max_message_bytes = 0;
-  std::size_t max_unexpected_bytes = 0;  // 0 = unbounded
-};
 
 class peer {
  public:
@@ -134,26 +79,7 @@ class peer {
   }
 
   // ---- from any thread ----
-  void submit_send(std::shared_ptr<send_op> op) {
-    std::unique_lock lock(tx_mutex_);
-    if (tx_failure_) {
-      auto failure = tx_failure_;
-      lock.unlock();
-      op->done.set_error(failure);
-      return;
-    }
-    op->seq = next_send_seq_++;
-    if (send_queue_.empty() && op->bytes.size() <= s_.direct_send_bytes && op->bytes.size() <= s_.chunk_bytes) {
-      for (auto& l : links_)
-        if (l && !l->writing && !l->eof) return send_directly(lock, *l, std::move(op));
-    }
-    send_queue_.push_back(std::move(op));
-    lock.unlock();
-    asio::post(strand_, [this] {
-      std::lock_guard g(tx_mutex_);
-      pump_idle_links();
-    });
-  }
+  void submit_send(std::shared_ptr<send_op> op) { tx_.submit(std::move(op)); }
   //! Posts the recv here and now, or completes it with a message that already arrived.
   void submit_recv(std::shared_ptr<recv_op> op) {
     locked([&] { on_recv(std::move(op)); });
@@ -217,112 +143,6 @@ class peer {
                                              " bytes does not fit the posted receive of " + std::to_string(room) +
                                              " bytes",
                                          {.rank = s_.self, .peer = s_.rank, .operation = "tcp.recv"}));
-  }
-
-  // ---------------- send side (tx_mutex_ held) ----------------
-
-  //! Writes a one-frame message to an idle connection from this thread. What the socket does not take at once
-  //! (its buffer is full) goes on as an ordinary asynchronous write, as does an error (the write's handler
-  //! reports it like any other). Called with the send queue empty, so the frame keeps the connection's frames in
-  //! sequence order.
-  void send_directly(std::unique_lock<std::mutex>& lock, link& l, std::shared_ptr<send_op> op) {
-    const std::size_t len = op->bytes.size();
-    const frame_header h{.length = std::uint32_t(len), .tag = op->tag, .seq = op->seq, .total = len, .offset = 0};
-    encode(h, std::span<std::byte, frame_header_size>(l.tx_headers[0]));
-    ::iovec iov[2] = {{l.tx_headers[0].data(), frame_header_size},
-                      {const_cast<std::byte*>(op->bytes.data()), len}};
-    ::msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = len > 0 ? 2 : 1;
-    const ::ssize_t n = ::sendmsg(l.socket.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-    counters::bump(counters_.frames_sent);
-    counters::bump(counters_.writes);
-    op->cut = len;
-    op->fully_cut = true;
-    if (n == ::ssize_t(frame_header_size + len)) {
-      counters::bump(counters_.messages_sent);
-      counters::bump(counters_.bytes_sent, len);
-      lock.unlock();
-      op->done.set_done(len);
-      return;
-    }
-    // The rest (or all of it, and any error) goes through the io thread.
-    const std::size_t sent = n > 0 ? std::size_t(n) : 0;
-    std::size_t buffers = 0;
-    if (sent < frame_header_size)
-      l.tx_buffers[buffers++] = asio::buffer(l.tx_headers[0].data() + sent, frame_header_size - sent);
-    const std::size_t payload_sent = sent > frame_header_size ? sent - frame_header_size : 0;
-    if (len > payload_sent) l.tx_buffers[buffers++] = asio::buffer(op->bytes.data() + payload_sent, len - payload_sent);
-    op->frames_in_flight = 1;
-    l.tx_ops[0] = std::move(op);
-    l.tx_frames = 1;
-    l.writing = true;
-    lock.unlock();
-    asio::post(strand_, [this, &l, buffers] { start_write(l, buffers); });
-  }
-
-  void pump_idle_links() {
-    for (auto& l : links_)
-      if (l && !l->writing && !l->eof) pump(*l);
-  }
-
-  void start_write(link& l, std::size_t buffers) {
-    asio::async_write(l.socket, buffer_range{l.tx_buffers.data(), l.tx_buffers.data() + buffers},
-                      asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t) {
-                        written(l, ec);
-                      }));
-  }
-
-  //! Hands the next frames of the send queue to an idle connection. Connections pull whole chunks, so a slower
-  //! interface simply takes fewer of them. On the strand.
-  void pump(link& l) {
-    std::size_t frames = 0, buffers = 0, batch = 0;
-    while (frames < max_batch_frames && !send_queue_.empty()) {
-      send_op& op = *send_queue_.front();
-      const std::size_t len = std::min(s_.chunk_bytes, op.bytes.size() - op.cut);
-      if (frames > 0 && batch + len > s_.chunk_bytes) break;
-      const frame_header h{.length = std::uint32_t(len), .tag = op.tag, .seq = op.seq, .total = op.bytes.size(),
-                           .offset = op.cut};
-      encode(h, std::span<std::byte, frame_header_size>(l.tx_headers[frames]));
-      l.tx_buffers[buffers++] = asio::buffer(l.tx_headers[frames]);
-      if (len > 0) l.tx_buffers[buffers++] = asio::buffer(op.bytes.data() + op.cut, len);
-      op.cut += len;
-      ++op.frames_in_flight;
-      batch += len;
-      if (op.cut == op.bytes.size()) {
-        op.fully_cut = true;
-        l.tx_ops[frames] = send_queue_.pop_front();
-      } else {
-        l.tx_ops[frames] = send_queue_.front();
-      }
-      ++frames;
-    }
-    l.tx_frames = frames;
-    if (frames == 0) return;
-    counters::bump(counters_.frames_sent, frames);
-    counters::bump(counters_.writes);
-    l.writing = true;
-    start_write(l, buffers);
-  }
-
-  void written(link& l, const boost::system::error_code& ec) {
-    if (ec) locked([&] { link_error(l, ec, "sending"); });  // fails the frames of this batch too
-    std::vector<std::shared_ptr<send_op>> finished;
-    {
-      std::lock_guard lock(tx_mutex_);
-      l.writing = false;
-      for (std::size_t i = 0; i < l.tx_frames; ++i) {
-        std::shared_ptr<send_op> op = std::move(l.tx_ops[i]);
-        if (--op->frames_in_flight == 0 && op->fully_cut && !tx_failure_) {
-          counters::bump(counters_.messages_sent);
-          counters::bump(counters_.bytes_sent, op->bytes.size());
-          finished.push_back(std::move(op));
-        }
-      }
-      l.tx_frames = 0;
-      if (!tx_failure_ && !l.eof) pump(l);
-    }
-    for (auto& op : finished) op->done.set_done(op->bytes.size());  // continuations may send: no lock held
   }
 
   // ---------------- receive side ----------------
@@ -598,10 +418,7 @@ class peer {
   //! deliverable), or after a grace period if some never do.
   void link_eof(link& l) {
     if (failure_) return;
-    {
-      std::lock_guard lock(tx_mutex_);
-      l.eof = true;
-    }
+    tx_.mark_eof(l);
     const std::string message = "rank " + std::to_string(s_.rank) + " at " + l.remote +
                                 " closed its connections (its process ended or it destroyed its transport)";
     if (++eof_links_ == s_.streams) {
@@ -649,28 +466,9 @@ class peer {
     failure_ = std::move(reason);
     grace_.cancel();
     std::vector<completion> victims;
-    // A send can be queued and in several connections' batches at once: list it once.
-    const auto add_send = [&](send_op& op) {
-      if (std::exchange(op.listed, true)) return;
-      victims.push_back(op.done);
-    };
-    {
-      // Under the tx mutex: no sending thread is inside sendmsg on a descriptor closed here (or reused).
-      std::lock_guard lock(tx_mutex_);
-      tx_failure_ = failure_;
-      for (auto& l : links_) {
-        if (!l) continue;
-        boost::system::error_code ignored;
-        l->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-        l->socket.close(ignored);
-        l->parked = false;
-      }
-      while (!send_queue_.empty()) add_send(*send_queue_.pop_front());
-      for (auto& l : links_)
-        if (l)
-          for (std::size_t i = 0; i < l->tx_frames; ++i)
-            if (l->tx_ops[i]) add_send(*l->tx_ops[i]);
-    }
+    tx_.close(failure_, victims);  // closes the connections first
+    for (auto& l : links_)
+      if (l) l->parked = false;
     for (auto& [tag, q] : posted_)
       while (!q.empty()) {
         auto op = q.pop_front();
@@ -705,10 +503,6 @@ class peer {
   asio::steady_timer grace_;
   int eof_links_ = 0;
 
-  std::mutex tx_mutex_;  // guards the send side: what follows, and each link's tx fields and eof
-  std::exception_ptr tx_failure_;  // failure_, as the send side sees it
-  fifo<send_op> send_queue_;
-  std::uint64_t next_send_seq_ = 0;
 
   std::mutex rx_mutex_;  // guards the receive side: what follows, failure_ and each link's rx fields
   std::vector<due_outcome> due_;
@@ -719,6 +513,10 @@ class peer {
   std::unordered_map<std::uint64_t, inflight_message> inflight_;
   std::uint64_t unexpected_bytes_ = 0;
   counters counters_;
+  // Last: it refers to the members above. A failed write is a failed connection, like a failed read.
+  sender tx_{strand_, links_, s_, counters_, [this](link& l, const boost::system::error_code& ec) {
+               locked([&] { link_error(l, ec, "sending"); });
+             }};
 };
 
 }  // namespace shardkit::transport::detail::tcp

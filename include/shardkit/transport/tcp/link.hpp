@@ -1,0 +1,69 @@
+#pragma once
+//! One TCP connection to a peer ("link") with its receive stage and write slot, and the settings a peer runs by.
+#include <array>
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardkit/transport/tcp/ops.hpp"
+#include "shardkit/transport/tcp/wire.hpp"
+
+namespace shardkit::transport::detail::tcp {
+
+namespace asio = boost::asio;
+
+//! Frames gathered into one async_write (one writev): many small messages cost one system call.
+inline constexpr std::size_t max_batch_frames = 16;
+
+//! A view of buffers owned elsewhere. asio copies a buffer sequence into each write operation; copying this is
+//! two pointers, where a std::vector would be a heap allocation per write.
+struct buffer_range {
+  const asio::const_buffer* first = nullptr;
+  const asio::const_buffer* last = nullptr;
+  using value_type = asio::const_buffer;
+  using const_iterator = const asio::const_buffer*;
+  const_iterator begin() const noexcept { return first; }
+  const_iterator end() const noexcept { return last; }
+};
+
+//! One TCP connection to the peer, used in both directions.
+struct link {
+  explicit link(asio::ip::tcp::socket s) : socket(std::move(s)) {}
+  asio::ip::tcp::socket socket;
+  int index = 0;
+  std::string local, remote;        // "ip:port", for messages
+  std::uint64_t peer_max_frame = 0;  // from the peer's handshake: a longer frame is a protocol error
+  // receive side: bytes are read into `stage` as they come (one system call takes a small frame whole, header and
+  // payload, and the next header if it is there); a payload longer than what is staged is read straight into
+  // its destination.
+  static constexpr std::size_t stage_bytes = 4096;
+  std::unique_ptr<std::byte[]> stage = std::make_unique_for_overwrite<std::byte[]>(stage_bytes);
+  std::size_t stage_pos = 0, stage_end = 0;  // unread bytes are [stage_pos, stage_end)
+  bool draining = false, drain_again = false;
+  frame_header rx{};
+  bool parked = false;
+  std::vector<std::byte> discard;  // payloads of messages nobody can take (recv too small)
+  // send side (under the peer's tx mutex): one write in flight per connection
+  bool eof = false;  // the peer closed this connection cleanly, between frames
+  bool writing = false;
+  std::size_t tx_frames = 0;
+  std::array<std::array<std::byte, frame_header_size>, max_batch_frames> tx_headers{};
+  std::array<asio::const_buffer, 2 * max_batch_frames> tx_buffers{};
+  std::array<std::shared_ptr<send_op>, max_batch_frames> tx_ops{};
+};
+
+struct peer_settings {
+  int self = 0;  // this rank
+  int rank = 0;  // the peer's
+  int streams = 1;
+  std::size_t chunk_bytes = 0;
+  std::size_t direct_send_bytes = 0;  // messages up to this size are written by the sending thread when it can
+  std::uint64_t max_message_bytes = 0;
+  std::size_t max_unexpected_bytes = 0;  // 0 = unbounded
+};
+
+}  // namespace shardkit::transport::detail::tcp
