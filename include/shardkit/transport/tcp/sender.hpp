@@ -89,7 +89,6 @@ class sender {
  private:
   // ---- mutex_ held ----
 
-
   //! Writes a one-frame message to an idle connection from this thread. What the socket does not take at once
   //! (its buffer is full) goes on as an ordinary asynchronous write, as does an error (the write's handler
   //! reports it like any other). Called with the send queue empty, so the frame keeps the connection's frames in
