@@ -12,22 +12,5 @@ binary=${2:?usage: comm_netlab.sh path/to/scripts/netlab path/to/comm_process_te
 lab_up "$netlab" c 3
 common=(SHARDKIT_SOCKET_IFNAME=eth0 SHARDKIT_TIMEOUT_MS=60000 SHARDKIT_TEST_LARGE=1)
 
-start=$(date +%s)
-sent_before=$(tx_mbytes 1)
-run_ranks "$binary" conformance_tcp 400 "0 1 2" "${common[@]}"
-sent=$(($(tx_mbytes 1) - sent_before))
-for r in 0 1 2; do
-  [[ ${codes[$r]} -eq 0 ]] || { show conformance_tcp "$r"; fail "TCP conformance rank $r exited ${codes[$r]}"; }
-done
-echo "TCP conformance over the lab: 3 ranks passed in $(($(date +%s) - start)) s; host 1 sent $sent MB on eth0"
-((sent > 100)) || fail "host 1 sent only $sent MB on eth0: did the ranks talk over the lab links?"
-
-start=$(date +%s)
-sent_before=$(tx_mbytes 1)
-run_ranks "$binary" conformance_two_hosts 400 "0 0 1 1" "${common[@]}"
-sent=$(($(tx_mbytes 1) - sent_before))
-for r in 0 1 2 3; do
-  [[ ${codes[$r]} -eq 0 ]] || { show conformance_two_hosts "$r"; fail "shm+tcp conformance rank $r exited ${codes[$r]}"; }
-done
-echo "shm+tcp conformance over the lab (2 hosts x 2 ranks): passed in $(($(date +%s) - start)) s; host 1 sent $sent MB on eth0"
-((sent > 50)) || fail "host 1 sent only $sent MB on eth0: did the hosts talk over the lab link?"
+lab_conformance "TCP conformance" "$binary" conformance_tcp 400 "0 1 2" 100 "${common[@]}"
+lab_conformance "shm+tcp conformance (2 hosts x 2 ranks)" "$binary" conformance_two_hosts 400 "0 0 1 1" 50 "${common[@]}"

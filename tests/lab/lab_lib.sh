@@ -56,3 +56,19 @@ show() { echo "--- rank $2 ($1), exit ${codes[$2]}:"; grep -v '^\[shardkit ERROR
 
 # tx_mbytes HOST: bytes host HOST has sent on its lab link, in MB.
 tx_mbytes() { echo $(($(ip netns exec "$NETLAB_PREFIX-h$1" cat /sys/class/net/eth0/statistics/tx_bytes) / 1000000)); }
+
+# lab_conformance LABEL BINARY SCENARIO SECONDS HOSTS MIN_MB [VAR=value...]: run_ranks, then every rank must
+# have exited 0 and lab host 1 must have sent at least MIN_MB on its link (so the ranks really used the lab).
+lab_conformance() {
+  local label=$1 binary=$2 scenario=$3 seconds=$4 hosts=$5 min_mb=$6 start sent_before sent r
+  shift 6
+  start=$(date +%s)
+  sent_before=$(tx_mbytes 1)
+  run_ranks "$binary" "$scenario" "$seconds" "$hosts" "$@"
+  sent=$(($(tx_mbytes 1) - sent_before))
+  for r in "${!codes[@]}"; do
+    [[ ${codes[$r]} -eq 0 ]] || { show "$scenario" "$r"; fail "$label rank $r exited ${codes[$r]}"; }
+  done
+  echo "$label over the lab: ${#codes[@]} ranks passed in $(($(date +%s) - start)) s; host 1 sent $sent MB on eth0"
+  ((sent >= min_mb)) || fail "host 1 sent only $sent MB on eth0: did the ranks talk over the lab links?"
+}
