@@ -202,6 +202,49 @@ class completion {
   std::shared_ptr<state> state_;
 };
 
+//! Outcomes decided while a producer holds its lock, delivered after it lets go: a completion's continuations
+//! run on the completing thread and may call straight back into the producer (post the next send or recv).
+class deferred_completions {
+ public:
+  void push(completion done, std::exception_ptr failure, std::size_t bytes) {
+    ready_.push_back({std::move(done), std::move(failure), bytes});
+  }
+  bool empty() const noexcept { return ready_.empty(); }
+  //! What is queued, to fire() once the producer's lock is released (the caller holds it now).
+  deferred_completions take() {
+    deferred_completions taken;
+    taken.ready_.swap(ready_);
+    return taken;
+  }
+  //! Completes every outcome taken; no producer lock may be held.
+  void fire() {
+    for (auto& o : ready_) {
+      if (o.failure)
+        o.done.set_error(std::move(o.failure));
+      else
+        o.done.set_done(o.bytes);
+    }
+    ready_.clear();
+  }
+  //! take() under `mutex` (not held by the caller), then fire() outside it.
+  void publish(std::mutex& mutex) {
+    deferred_completions now;
+    {
+      std::lock_guard lock(mutex);
+      now = take();
+    }
+    now.fire();
+  }
+
+ private:
+  struct outcome {
+    completion done;
+    std::exception_ptr failure;
+    std::size_t bytes = 0;
+  };
+  std::vector<outcome> ready_;
+};
+
 //! Waits for every completion; rethrows the first failure after all have ended or the deadline passed.
 //! Returns false on timeout.
 inline bool wait_all(std::span<const completion> cs, deadline dl = no_deadline) {

@@ -593,7 +593,7 @@ class fabric_transport {
   fabric_detail::post_backlog<op> backlog_;
   fabric_detail::peer_liveness liveness_;
   std::vector<std::uint64_t> sweep_;
-  fabric_detail::outcome_queue outcomes_;
+  deferred_completions outcomes_;  // outcomes of settled operations, published outside mutex_
   std::vector<std::uint64_t> transfers_;  // announced transfers sent to each peer
   std::uint64_t next_id_ = 0, probe_number_ = 0;
   int user_ops_ = 0;

@@ -1,6 +1,6 @@
 #pragma once
 //! One operation of fabric_transport (a send, a recv, or a liveness probe): its postings, how far it got, and
-//! its outcome; the queue that publishes outcomes, and the errors operations end with.
+//! its outcome, and the errors operations end with.
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -69,37 +69,6 @@ struct operation {
     for (auto* mr : registrations) fi_close(&mr->fid);
     registrations.clear();
   }
-};
-
-//! Outcomes of settled operations, queued under the transport's mutex and published after it is released:
-//! a completion's continuation may call send or recv, which take that mutex.
-class outcome_queue {
- public:
-  //! The transport's mutex is held.
-  void push(completion done, std::exception_ptr failure, std::size_t bytes) {
-    ready_.push_back({std::move(done), std::move(failure), bytes});
-  }
-  bool empty() const noexcept { return ready_.empty(); }
-  //! Takes what is queued under `mutex` (not held by the caller) and completes it outside.
-  void publish(std::mutex& mutex) {
-    std::vector<outcome> now;
-    {
-      std::lock_guard lock(mutex);
-      now.swap(ready_);
-    }
-    for (auto& o : now) {
-      if (o.failure) o.done.set_error(o.failure);
-      else o.done.set_done(o.bytes);
-    }
-  }
-
- private:
-  struct outcome {
-    completion done;
-    std::exception_ptr failure;
-    std::size_t bytes = 0;
-  };
-  std::vector<outcome> ready_;
 };
 
 inline std::exception_ptr protocol_error(error_context where, std::string what) {

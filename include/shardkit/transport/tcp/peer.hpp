@@ -106,30 +106,19 @@ class peer {
     std::shared_ptr<unexpected_message> buffered;   // or in a buffer until its recv comes
   };
 
-  //! An outcome decided under rx_mutex_, delivered after it is released.
-  struct due_outcome {
-    completion done;
-    std::exception_ptr failure;
-    std::size_t bytes = 0;
-  };
-  void finish_later(const completion& c, std::size_t bytes) { due_.push_back({c, nullptr, bytes}); }
-  void fail_later(const completion& c, std::exception_ptr e) { due_.push_back({c, std::move(e), 0}); }
+  void finish_later(const completion& c, std::size_t bytes) { due_.push(c, nullptr, bytes); }
+  void fail_later(const completion& c, std::exception_ptr e) { due_.push(c, std::move(e), 0); }
 
   //! Runs f under rx_mutex_, then fires the completions it decided.
   template <class F>
   void locked(F&& f) {
-    std::vector<due_outcome> due;
+    deferred_completions due;
     {
       std::lock_guard lock(rx_mutex_);
       f();
-      due.swap(due_);
+      due = due_.take();
     }
-    for (auto& d : due) {
-      if (d.failure)
-        d.done.set_error(std::move(d.failure));
-      else
-        d.done.set_done(d.bytes);
-    }
+    due.fire();
   }
 
   error_context context() const { return {.rank = s_.self, .peer = s_.rank, .operation = "tcp"}; }
@@ -505,7 +494,7 @@ class peer {
 
 
   std::mutex rx_mutex_;  // guards the receive side: what follows, failure_ and each link's rx fields
-  std::vector<due_outcome> due_;
+  deferred_completions due_;  // decided under rx_mutex_, fired after it
   std::uint64_t next_match_ = 0;
   bool resuming_ = false;
   std::unordered_map<message_tag, fifo<recv_op>> posted_;
