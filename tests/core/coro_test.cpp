@@ -33,6 +33,13 @@ errc code_of(const std::function<void()>& f) {
   return errc{};
 }
 
+// std::this_thread::get_id() is pthread_self(), declared const: clang may reuse its value across a co_await that
+// moved the coroutine to another thread. Asked through an opaque call, it cannot.
+[[gnu::noinline]] std::thread::id thread_id() {
+  asm volatile("" ::: "memory");
+  return std::this_thread::get_id();
+}
+
 template <class F>
 void wait_until(F&& ready) {  // for states reached on other threads; no deadline: ctest's timeout is the bound
   while (!ready()) std::this_thread::yield();
@@ -127,6 +134,22 @@ TEST_CASE("[core] task is lazy, start() runs it, and an unstarted task frees its
   CHECK(alive.use_count() == 1);  // sync_wait destroyed the frame before returning
 }
 
+TEST_CASE("[core] start() inside a coroutine runs the task until it really suspends") {
+  auto outer = []() -> task<bool> {
+    co_await value(0);  // from here on, under GCC, this runs inside a transfer trampoline
+    bool ran = false;
+    auto inner = [](bool& flag) -> task<int> {
+      flag = co_await value(1) == 1;  // finishes at once: no real suspension
+      co_return 2;
+    }(ran);
+    inner.start();
+    const bool ran_at_start = ran;
+    const int v = co_await inner;
+    co_return ran_at_start && v == 2;
+  };
+  CHECK(sync_wait(outer()));
+}
+
 TEST_CASE("[core] long chains of co_await of ready tasks run in constant stack") {
   CHECK(sync_wait(sum_loop(100000)) == 100000L * 99999 / 2);
   CHECK(sync_wait(depth(100000)) == 100000);
@@ -146,7 +169,7 @@ TEST_CASE("[core] a started task awaited from another thread hands over its resu
 
 TEST_CASE("[core] on(pool) continues on a pool thread and sets the current executor") {
   thread_pool pool(3);
-  const auto main_id = std::this_thread::get_id();
+  const auto main_id = thread_id();
   CHECK_FALSE(pool.running_in_this_thread());
   CHECK_FALSE(current_executor());
 
@@ -154,12 +177,14 @@ TEST_CASE("[core] on(pool) continues on a pool thread and sets the current execu
     std::thread::id before, after;
     bool in_pool = false;
     bool current_is_pool = false;
+    bool empty_before = false;
   };
   auto hop = [](thread_pool& p) -> task<seen> {
     seen s;
-    s.before = std::this_thread::get_id();
+    s.before = thread_id();
+    s.empty_before = !current_executor() && !p.running_in_this_thread();  // asked on both sides of the hop
     co_await on(p);
-    s.after = std::this_thread::get_id();
+    s.after = thread_id();
     s.in_pool = p.running_in_this_thread();
     s.current_is_pool = current_executor() == executor_ref(p);
     co_return s;
@@ -169,6 +194,7 @@ TEST_CASE("[core] on(pool) continues on a pool thread and sets the current execu
   CHECK(s.after != main_id);
   CHECK(s.in_pool);
   CHECK(s.current_is_pool);
+  CHECK(s.empty_before);
 
   std::future<bool> spawned = spawn(pool, [](thread_pool& p) -> task<bool> { co_return p.running_in_this_thread(); }(pool));
   CHECK(spawned.get());
@@ -177,7 +203,7 @@ TEST_CASE("[core] on(pool) continues on a pool thread and sets the current execu
   inline_executor inl;
   auto stays = [](inline_executor& ex) -> task<std::thread::id> {
     co_await on(ex);
-    co_return std::this_thread::get_id();
+    co_return thread_id();
   };
   CHECK(sync_wait(stays(inl)) == main_id);
 }
@@ -191,14 +217,24 @@ TEST_CASE("[core] via() resumes on the executor the coroutine awaited from, not 
     bool via_in_pool = false, plain_in_pool = true;
     std::size_t bytes = 0;
   };
+  // Awaits a completion and counts once the coroutine has really suspended on it: the "transport" completes it
+  // only then, so the continuation runs on the transport's thread, not inline in the awaiting one.
+  struct counted_wait {
+    const completion& c;
+    std::atomic<int>& suspended;
+    bool await_ready() const noexcept { return false; }
+    void await_suspend(std::coroutine_handle<> h) const {
+      c.then([h] { h.resume(); });
+      ++suspended;
+    }
+    std::size_t await_resume() const { return c.bytes(); }
+  };
   auto body = [&](thread_pool& p) -> task<where> {
     where w;
     co_await on(p);
-    ++suspended;
-    w.bytes = co_await via(current_executor(), op);
+    w.bytes = co_await via(current_executor(), counted_wait{op, suspended});
     w.via_in_pool = p.running_in_this_thread();
-    ++suspended;
-    co_await plain;  // no via: continues on whichever thread completes it
+    co_await counted_wait{plain, suspended};  // no via: continues on whichever thread completes it
     w.plain_in_pool = p.running_in_this_thread();
     co_return w;
   };
@@ -240,26 +276,34 @@ TEST_CASE("[core] resume_on posts to a foreign executor and resumes inline witho
     co_await hop_awaiter{executor_ref(p)};
     const bool in_pool = p.running_in_this_thread();
     co_await hop_awaiter{executor_ref{}};  // empty: inline, same thread
-    co_return std::pair{in_pool && p.running_in_this_thread(), std::this_thread::get_id()};
+    co_return std::pair{in_pool && p.running_in_this_thread(), thread_id()};
   };
   auto [in_pool, id] = sync_wait(body(pool));
   CHECK(in_pool);
-  CHECK(id != std::this_thread::get_id());
+  CHECK(id != thread_id());
 }
 
 TEST_CASE("[core] thread_pool drains on destruction, drops stopped work, refuses posts after join") {
   std::atomic<int> ran{0};
-  std::stop_source cancel;
+  std::stop_source cancel_queued, cancel_early;
+  auto alive = std::make_shared<int>(1);
   {
-    thread_pool pool(2);
+    thread_pool pool(1);
+    std::atomic<bool> go{false};
+    pool.post([&] { wait_until([&] { return go.load(); }); });  // holds the only worker
+    pool.post([&] { ran += 1000000; }, cancel_queued.get_token());
     for (int i = 0; i < 1000; ++i) pool.post([&] { ++ran; });
     pool.post([&] { pool.post([&] { ++ran; }); });  // posted by work while draining: still runs
-    cancel.request_stop();
-    pool.post([&] { ran += 1000000; }, cancel.get_token());
+    cancel_queued.request_stop();                    // withdraws the one queued behind the blocker
+    cancel_early.request_stop();
+    pool.post([&] { ran += 1000000; }, cancel_early.get_token());
+    go = true;
     pool.join();
     CHECK(code_of([&] { pool.post([] {}); }) == errc::closed);
+    CHECK(code_of([&] { (void)spawn(pool, holds(lifetime{alive})); }) == errc::closed);
   }
   CHECK(ran.load() == 1001);
+  CHECK(alive.use_count() == 1);  // the task refused by a closed pool was destroyed
   CHECK(code_of([] { thread_pool none(0); }) == errc::invalid_argument);
 }
 

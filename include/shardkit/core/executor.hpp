@@ -98,10 +98,13 @@ class executor_ref {
 };
 
 namespace detail {
-// Clang (and in places GCC) may compute a thread_local's address once per coroutine and keep it across a
-// suspension, so a coroutine resumed on another thread would read the first thread's variable. Every access goes
-// through these out-of-line functions, which recompute the address on each call.
+// Clang may compute a thread_local's address (or a const function's result: pthread_self, so also
+// std::this_thread::get_id) once per coroutine and keep it across a suspension, so a coroutine resumed on another
+// thread would read the first thread's variable. Every access goes through these out-of-line functions, which
+// recompute the address on each call; the empty asm keeps the optimizer from proving them pure and merging calls.
+#define SHARDKIT_DETAIL_OPAQUE() asm volatile("" ::: "memory")
 [[gnu::noinline]] inline executor_ref& current_executor_slot() noexcept {
+  SHARDKIT_DETAIL_OPAQUE();
   thread_local executor_ref current;
   return current;
 }
@@ -113,12 +116,13 @@ struct resume_queue {
   std::vector<std::coroutine_handle<>> pending;
 };
 [[gnu::noinline]] inline resume_queue*& active_resume_queue() noexcept {
+  SHARDKIT_DETAIL_OPAQUE();
   thread_local resume_queue* q = nullptr;
   return q;
 }
 
-//! Hides the running trampoline for a scope (sync_wait blocks inside it: resumptions it needs must not be queued
-//! behind the blocked frame).
+// Hides the running trampoline for a scope, so what is resumed in it runs now instead of after the current
+// frame suspends (task::start, start_detached: "runs until its first suspension", and sync_wait blocks).
 class resume_queue_isolation {
  public:
   resume_queue_isolation() noexcept : saved_(std::exchange(active_resume_queue(), nullptr)) {}
@@ -276,6 +280,7 @@ class thread_pool {
   };
 
   [[gnu::noinline]] static const thread_pool*& current_pool() noexcept {
+    SHARDKIT_DETAIL_OPAQUE();
     thread_local const thread_pool* pool = nullptr;
     return pool;
   }
@@ -352,3 +357,5 @@ struct dispatch_awaiter {
 }  // namespace detail
 
 }  // namespace shardkit
+
+#undef SHARDKIT_DETAIL_OPAQUE

@@ -3,7 +3,9 @@
 //!
 //! A task does nothing until it is awaited (`co_await t`) or started (`t.start()`). Its result, or the exception
 //! that escaped it, is delivered to the awaiter. Completion transfers control to the awaiter symmetrically (a tail
-//! call), so a loop or a recursion of a million co_awaits of tasks that finish at once runs in constant stack.
+//! call; under GCC through the thread's trampoline, see detail::symmetric_transfer), so a loop or a recursion of a
+//! million co_awaits of tasks that finish at once runs in constant stack.
+//! GCC 12 evaluates a co_await inside `c ? a : b` even when its arm is not taken: write an if statement.
 //! A task is move-only and awaited once. Destroying a task that never started frees its frame (and what its
 //! parameters own); destroying one that started and has not finished terminates, as a joinable std::thread does:
 //! its frame may be referenced by whoever will resume it.
@@ -137,6 +139,8 @@ class [[nodiscard]] task {
     if (!h_) throw_error(errc::invalid_argument, "start() on an empty task");
     if (started_) return;
     started_ = true;
+    // Its own trampoline: under one already draining (GCC's transfers, a release) it would only be queued.
+    detail::resume_queue_isolation now;
     h_.resume();
   }
 
@@ -263,6 +267,7 @@ template <class T>
 std::future<T> start_detached(task<T> t) {
   std::promise<T> p;
   std::future<T> f = p.get_future();
+  detail::resume_queue_isolation now;  // as in task::start()
   detail::run_detached(std::move(t), std::move(p)).handle.resume();
   return f;
 }
@@ -297,7 +302,6 @@ std::future<T> spawn(E&& ex, task<T> t) {
 //! @endcode
 template <class T>
 T sync_wait(task<T> t) {
-  detail::resume_queue_isolation isolate;
   return start_detached(std::move(t)).get();
 }
 
@@ -305,7 +309,8 @@ T sync_wait(task<T> t) {
 //! exception. The executor is chosen at the call, so `via(current_executor(), op)` returns to where the coroutine
 //! was when it began waiting, even when op completes on a communication thread.
 //! @code
-//! std::size_t n = co_await shardkit::via(shardkit::current_executor(), group.all_reduce(...).done());
+//! shardkit::completion work = transport.send(...);   // completes on the transport's thread
+//! std::size_t n = co_await shardkit::via(shardkit::current_executor(), work);  // continues here, on the pool
 //! @endcode
 template <class Awaitable>
 task<std::remove_cvref_t<detail::await_result_t<Awaitable>>> via(executor_ref ex, Awaitable aw) {
