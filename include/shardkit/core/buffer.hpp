@@ -8,8 +8,20 @@
 #include <type_traits>
 
 #include "shardkit/core/dtype.hpp"
+#include "shardkit/core/error.hpp"
 
 namespace shardkit {
+
+namespace detail {
+//! Out of line so that slice() stays small enough to inline.
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_bad_slice(std::size_t offset, std::size_t n, std::size_t count,
+                                                                  dtype type) {
+  throw_error(errc::invalid_argument, "slice of " + std::to_string(n) + " elements at offset " + std::to_string(offset) +
+                                          " runs past the end of a view of " + std::to_string(count) + " " +
+                                          std::string(to_string(type)) + " elements",
+              {.operation = "buffer_view.slice"});
+}
+}  // namespace detail
 
 enum class device_kind : std::uint8_t { host, cuda };
 
@@ -55,8 +67,12 @@ class basic_buffer_view {
   constexpr std::size_t size_bytes() const noexcept { return count_ * size_of(type_); }
   constexpr bool empty() const noexcept { return count_ == 0; }
 
-  //! Elements [offset, offset + n).
-  constexpr basic_buffer_view slice(std::size_t offset, std::size_t n) const noexcept {
+  //! Elements [offset, offset + n); errc::invalid_argument naming offset, n and count() when that runs past the
+  //! end. Checked always, not only in debug builds: no algorithm slices per chunk (they step raw pointers), slice
+  //! runs a few times per collective in process_group's argument checks, where two compares cost nothing
+  //! measurable next to the call, and a view past its buffer would be read and written by peers too.
+  constexpr basic_buffer_view slice(std::size_t offset, std::size_t n) const {
+    if (offset > count_ || n > count_ - offset) detail::throw_bad_slice(offset, n, count_, type_);
     return {data_ + offset * element_size(), n, type_, device_};
   }
   std::span<std::conditional_t<Mutable, std::byte, const std::byte>> bytes() const noexcept {

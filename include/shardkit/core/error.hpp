@@ -21,6 +21,7 @@ enum class errc {
   io,                    //!< an operating-system I/O error
   unsupported,           //!< the backend cannot do this (dtype, device, op)
   config,                //!< a missing or contradictory setting (environment, options)
+  out_of_memory,         //!< an allocation did not fit (an arena's region, the system's memory)
 };
 
 namespace detail {
@@ -40,6 +41,7 @@ struct error_category_impl final : std::error_category {
       case errc::io: return "I/O error";
       case errc::unsupported: return "unsupported";
       case errc::config: return "configuration error";
+      case errc::out_of_memory: return "out of memory";
     }
     return "unknown shardkit error";
   }

@@ -22,11 +22,13 @@
 #include <shared_mutex>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "shardkit/core/arena_memory.hpp"
 #include "shardkit/core/error.hpp"
 
 namespace shardkit {
@@ -81,9 +83,13 @@ inline std::optional<host_shared_location> find_host_shared(const void* p, std::
 }
 
 //! An allocation of `bytes` of zeroed host memory that local peers can map. Move-only; unmapped and closed by
-//! the destructor (peers that mapped it keep their mapping until they drop it).
+//! the destructor (peers that mapped it keep their mapping until they drop it). Models arena_memory: a
+//! flat_arena (core/arena.hpp) cuts one into many buffers, all reached by a peer through one mapping.
 class host_shared_memory {
  public:
+  using arena_memory_concept = arena_memory_tag;
+  static constexpr std::string_view memory_name = "host_shared_memory";
+
   host_shared_memory() = default;
   explicit host_shared_memory(std::size_t bytes) : size_(bytes) {
     if (bytes == 0) return;
@@ -116,9 +122,17 @@ class host_shared_memory {
   std::byte* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
   std::span<std::byte> bytes() const noexcept { return {data_, size_}; }
-  //! The allocation as elements of T (size() / sizeof(T) of them).
+  //! The allocation as size() / sizeof(T) elements of T. T must be trivially copyable (peers copy these bytes
+  //! without running constructors); errc::invalid_argument when size() is not a whole number of T (a typo in a
+  //! size computation would otherwise drop the tail silently). The base is page-aligned, checked for T anyway.
   template <class T>
-  std::span<T> as() const noexcept {
+    requires std::is_trivially_copyable_v<T>
+  std::span<T> as() const {
+    if (size_ % sizeof(T) != 0 || reinterpret_cast<std::uintptr_t>(data_) % alignof(T) != 0)
+      throw_error(errc::invalid_argument,
+                  "an allocation of " + std::to_string(size_) + " bytes is not a whole number of " +
+                      std::to_string(sizeof(T)) + "-byte elements aligned to " + std::to_string(alignof(T)),
+                  {.operation = "host_shared_memory.as"});
     return {reinterpret_cast<T*>(data_), size_ / sizeof(T)};
   }
 
