@@ -105,6 +105,13 @@ class p2p_communicator {
   //! Whether this group spans several hosts with equally many ranks each (all_reduce can go hierarchical).
   bool is_hierarchical() const noexcept { return levels_.has_value(); }
   T& transport() const noexcept { return *transport_; }
+  //! What this group's cross-memory mapping caches (flat collectives, and the hierarchical all-reduce's intra-host
+  //! level) did so far, summed: one mapping per peer's host_shared_memory allocation however many buffers it
+  //! holds. Copies of a communicator share the caches. Read it between calls, not while one runs.
+  algorithms::peer_mapping_stats cross_memory_mappings() const noexcept {
+    const auto a = cross_memory_->mappings.stats(), b = intra_cross_memory_->mappings.stats();
+    return {a.made + b.made, a.reused + b.reused, a.evicted + b.evicted, a.held + b.held};
+  }
 
   void all_reduce(const_buffer_view in, buffer_view out, reduce_op op, const collective_options& o) {
     auto ctx = begin("all_reduce", o);

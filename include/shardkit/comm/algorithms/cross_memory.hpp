@@ -50,9 +50,22 @@ namespace shardkit::comm::algorithms {
 //! Whether cross-memory access works among a group's ranks: found out by the first large all-reduce.
 enum class cross_memory_state : std::uint8_t { unknown, usable, refused };
 
+//! What a group's mapping cache did so far: how a trainer (or a test) sees that its buffers cost one mapping per
+//! peer allocation, not one per buffer or per call.
+struct peer_mapping_stats {
+  std::uint64_t made = 0;     //!< peer allocations mapped (mmap calls), evictions and remaps included
+  std::uint64_t reused = 0;   //!< lookups answered by a mapping already held
+  std::uint64_t evicted = 0;  //!< mappings dropped to stay within max_entries
+  std::size_t held = 0;       //!< mappings held now
+};
+
 //! This rank's mappings of peers' host_shared_memory allocations, kept between calls (mapping costs page-table
 //! work per call otherwise). At most `max_entries`; the least recently used is dropped first, never one the
 //! current call uses. A mapping keeps a peer's freed allocation alive until dropped, hence the bound.
+//!
+//! An entry is a whole allocation (pid, fd, inode), never a buffer: every buffer inside one allocation, at any
+//! offset (the views of a flat_arena, core/arena.hpp), is reached through the same mapping, so a trainer whose
+//! dozens of FSDP units' buffers are views of one arena region costs one mapping per peer, well inside the bound.
 class peer_mappings {
  public:
   static constexpr std::size_t max_entries = 16;
@@ -72,6 +85,7 @@ class peer_mappings {
     for (auto& e : entries_)
       if (e.pid == pid && e.fd == where.fd && e.inode == where.inode && e.size >= where.size) {
         e.last_used = call_;
+        ++reused_;
         return e.base;
       }
     const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(where.fd);
@@ -86,10 +100,12 @@ class peer_mappings {
     if (p == MAP_FAILED) return nullptr;
     evict();
     entries_.push_back({pid, where.fd, where.inode, static_cast<std::byte*>(p), where.size, call_});
+    ++made_;
     return entries_.back().base;
   }
 
   std::size_t size() const noexcept { return entries_.size(); }
+  peer_mapping_stats stats() const noexcept { return {made_, reused_, evicted_, entries_.size()}; }
 
  private:
   struct entry {
@@ -108,11 +124,13 @@ class peer_mappings {
       if (oldest == entries_.end()) return;  // all in use by this call: allow more
       ::munmap(oldest->base, oldest->size);
       entries_.erase(oldest);
+      ++evicted_;
     }
   }
 
   std::vector<entry> entries_;
   std::uint64_t call_ = 0;
+  std::uint64_t made_ = 0, reused_ = 0, evicted_ = 0;
 };
 
 //! What a group keeps between cross-memory all-reduces.
