@@ -1,0 +1,85 @@
+#pragma once
+//! pinned_host_memory: page-locked host memory from cudaHostAlloc, an arena_memory (core/arena_memory.hpp), and
+//! pinned_staging_arena, the flat arena cut from it: where a checkpoint stages CUDA shards (device-to-host copies
+//! from page-locked memory run at full bus speed and asynchronously on a stream; from pageable memory the driver
+//! bounces them through a pinned buffer of its own, synchronously). One region for every staging buffer: pinning
+//! is slow (the kernel locks every page) and a pinned page is memory nothing else can use, so it is done once,
+//! sized by an arena_plan.
+//!
+//! Only code that uses CUDA includes this header (it needs cuda_runtime_api.h and links shardkit::nccl, which
+//! carries CUDA::cudart); the core target knows only the concept and page_aligned_memory, the same interface for a
+//! build without CUDA: `basic_flat_arena<page_aligned_memory>` (staging_arena) there,
+//! `basic_flat_arena<pinned_host_memory>` here.
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "shardkit/backends/nccl/errors.hpp"
+#include "shardkit/core/arena.hpp"
+#include "shardkit/core/arena_memory.hpp"
+#include "shardkit/core/log.hpp"
+
+namespace shardkit::backends {
+
+//! `bytes` of page-locked host memory, usable by every CUDA context of the process (cudaHostAllocPortable: a
+//! staging region serves whichever device a shard lives on). Contents are not zeroed (the stager overwrites
+//! them; zeroing gigabytes at start-up would cost seconds). Failure is errc::out_of_memory when CUDA says so
+//! (cudaErrorMemoryAllocation: the pinned limit or RAM), errc::backend otherwise (no device, no driver), naming
+//! the call and the size.
+class pinned_host_memory {
+ public:
+  using arena_memory_concept = arena_memory_tag;
+  static constexpr std::string_view memory_name = "pinned_host_memory";
+
+  pinned_host_memory() = default;
+  explicit pinned_host_memory(std::size_t bytes) : size_(bytes) {
+    if (bytes == 0) return;
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // a failed allocation is not sticky: clear it so later calls do not report it
+      size_ = 0;
+      throw error(e == cudaErrorMemoryAllocation ? errc::out_of_memory : errc::backend,
+                  "cudaHostAlloc of " + std::to_string(bytes) + " bytes failed: " + nccl_detail::cuda_error_text(e),
+                  {.operation = "pinned_host_memory"});
+    }
+    data_ = static_cast<std::byte*>(p);
+  }
+  pinned_host_memory(pinned_host_memory&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  pinned_host_memory& operator=(pinned_host_memory&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  pinned_host_memory(const pinned_host_memory&) = delete;
+  pinned_host_memory& operator=(const pinned_host_memory&) = delete;
+  ~pinned_host_memory() { release(); }
+
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+
+ private:
+  void release() noexcept {
+    if (data_) {
+      const cudaError_t e = cudaFreeHost(data_);
+      if (e != cudaSuccess) log::warn("pinned_host_memory: cudaFreeHost failed: ", nccl_detail::cuda_error_text(e));
+    }
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+//! Staging buffers for CUDA shards, in one page-locked region.
+using pinned_staging_arena = basic_flat_arena<pinned_host_memory>;
+
+}  // namespace shardkit::backends
