@@ -1,6 +1,7 @@
 #pragma once
 //! Everything of shardkit that needs no optional dependency: core types, the rendezvous stores, the loopback and
 //! shared-memory transports, the generic communicator and process groups.
+#include "shardkit/core/arena.hpp"
 #include "shardkit/core/buffer.hpp"
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/dtype.hpp"
