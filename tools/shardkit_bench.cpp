@@ -209,7 +209,7 @@ int run_gloo(const args& a) {
   if (const char* v = std::getenv("GLOO_SOCKET_IFNAME"); opts.interface.empty() && v && *v)
     opts.interface = std::string(v).substr(0, std::string(v).find(','));
   if (opts.interface.empty() && opts.hostname.empty() && info.local_world_size == info.world_size) opts.hostname = "127.0.0.1";
-  if (!std::getenv("SHARDKIT_GLOO_VERIFY")) opts.verify = false;
+  opts.verify = sk::settings::get<sk::settings::boolean>("SHARDKIT_GLOO_VERIFY").value_or(false);
   auto comm = sk::backends::gloo_communicator::create(scoped, info.rank, info.world_size, opts);
   if (a.transport == "gloo-ring") {
     sk::bench::gloo_ring_target g(comm.context());

@@ -10,12 +10,12 @@
 //!    otherwise shm to the ranks of the same host routed beside tcp to the others ("shm+tcp"), with large
 //!    all-reduces going hierarchical (intra-host, then inter-host).
 //! Rank 0 hosts the TCP store at MASTER_ADDR:MASTER_PORT.
-#include <cstdlib>
 #include <string>
 #include <string_view>
 
 #include "shardkit/comm/p2p_communicator.hpp"
 #include "shardkit/comm/process_group.hpp"
+#include "shardkit/core/settings.hpp"
 #include "shardkit/rendezvous/env.hpp"
 #include "shardkit/rendezvous/hosts.hpp"
 #include "shardkit/rendezvous/store.hpp"
@@ -36,8 +36,7 @@ struct world {
 };
 
 inline std::string transport_from_env(std::string_view fallback = "auto") {
-  const char* v = std::getenv("SHARDKIT_TRANSPORT");
-  return v && *v ? std::string(v) : std::string(fallback);
+  return settings::get<settings::choice>("SHARDKIT_TRANSPORT").value_or(std::string(fallback));
 }
 
 //! Connects the store, the transport and the world group. Collective: every rank of the job calls it.

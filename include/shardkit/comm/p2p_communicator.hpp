@@ -49,19 +49,11 @@ struct p2p_options {
 
   static p2p_options from_env() {
     p2p_options o;
-    const char* where = "p2p_options";
-    if (const char* v = std::getenv("SHARDKIT_RD_THRESHOLD"))
-      o.recursive_doubling_max_bytes = settings::parse_byte_size("SHARDKIT_RD_THRESHOLD", v, where);
-    if (const char* v = std::getenv("SHARDKIT_ONE_SHOT_THRESHOLD"))
-      o.one_shot_max_bytes = settings::parse_byte_size("SHARDKIT_ONE_SHOT_THRESHOLD", v, where);
-    if (const char* v = std::getenv("SHARDKIT_ONE_SHOT_MAX_RANKS"))
-      o.one_shot_max_ranks = int(settings::parse_integer("SHARDKIT_ONE_SHOT_MAX_RANKS", v, 0, 1 << 20, where));
-    if (const char* v = std::getenv("SHARDKIT_CROSS_MEMORY"))
-      o.cross_memory = settings::parse_integer("SHARDKIT_CROSS_MEMORY", v, 0, 1, where) != 0;
-    if (const char* v = std::getenv("SHARDKIT_SEGMENT_BYTES")) {
-      o.segment_bytes = settings::parse_byte_size("SHARDKIT_SEGMENT_BYTES", v, where);
-      if (o.segment_bytes == 0) settings::bad_setting("SHARDKIT_SEGMENT_BYTES", v, "must be a positive byte count", where);
-    }
+    if (auto v = settings::get<settings::bytes>("SHARDKIT_RD_THRESHOLD")) o.recursive_doubling_max_bytes = std::size_t(*v);
+    if (auto v = settings::get<settings::bytes>("SHARDKIT_ONE_SHOT_THRESHOLD")) o.one_shot_max_bytes = std::size_t(*v);
+    if (auto v = settings::get<settings::integer>("SHARDKIT_ONE_SHOT_MAX_RANKS")) o.one_shot_max_ranks = int(*v);
+    if (auto v = settings::get<settings::boolean>("SHARDKIT_CROSS_MEMORY")) o.cross_memory = *v;
+    if (auto v = settings::get<settings::bytes>("SHARDKIT_SEGMENT_BYTES")) o.segment_bytes = std::size_t(*v);
     return o;
   }
 };

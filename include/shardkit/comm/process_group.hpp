@@ -29,6 +29,7 @@
 #include "shardkit/comm/detail/progress_engine.hpp"
 #include "shardkit/comm/work.hpp"
 #include "shardkit/core/log.hpp"
+#include "shardkit/core/settings.hpp"
 #include "shardkit/core/timer.hpp"
 
 namespace shardkit::comm {
@@ -42,14 +43,12 @@ struct group_options {
 
   static group_options from_env() {
     group_options o;
-    if (const char* v = std::getenv("SHARDKIT_TIMEOUT_MS")) {
-      char* end = nullptr;
-      const long long ms = std::strtoll(v, &end, 10);
-      if (end == v || *end != '\0' || ms <= 0)
-        throw_error(errc::config, "SHARDKIT_TIMEOUT_MS must be a positive number of milliseconds, got '" + std::string(v) + "'");
-      o.timeout = std::chrono::milliseconds(ms);
-    }
-    if (const char* v = std::getenv("SHARDKIT_DEBUG")) o.check_consistency = std::string_view(v) == "detail";
+    if (auto v = settings::get<std::chrono::milliseconds>("SHARDKIT_TIMEOUT_MS")) o.timeout = *v;
+    if (auto v = settings::get<settings::choice>("SHARDKIT_DEBUG")) o.check_consistency = *v == "detail";
+    // Read once into statics by noexcept code (log level, completion's spin), which can only report a bad value
+    // and fall back: read them strictly here, so that creating a group throws the error instead.
+    (void)settings::get<settings::choice>("SHARDKIT_LOG");
+    (void)settings::get<std::chrono::microseconds>("SHARDKIT_SPIN_US");
     return o;
   }
 };

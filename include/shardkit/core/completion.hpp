@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/settings.hpp"
 
 namespace shardkit {
 
@@ -36,13 +37,9 @@ inline constexpr deadline no_deadline = deadline::max();
 //! collective goes through several (progress thread, transport thread, each step): polling first is what keeps
 //! an 8-byte all_reduce near the wire's latency.
 inline std::chrono::microseconds spin_before_block() noexcept {
-  static const std::chrono::microseconds spin = [] {
-    const char* v = std::getenv("SHARDKIT_SPIN_US");
-    if (!v || !*v) return std::chrono::microseconds(50);
-    char* end = nullptr;
-    const long long us = std::strtoll(v, &end, 10);
-    return std::chrono::microseconds(end != v && *end == '\0' && us >= 0 ? std::min(us, 100000LL) : 50);
-  }();
+  // Read once, from noexcept code: a bad value falls back to 50 here and throws at group creation.
+  static const std::chrono::microseconds spin =
+      settings::get_or<std::chrono::microseconds>("SHARDKIT_SPIN_US", std::chrono::microseconds(50));
   return spin;
 }
 

@@ -1,5 +1,6 @@
 #pragma once
-//! Leveled logging to stderr, configured by SHARDKIT_LOG=trace|debug|info|warn|error|off (default warn).
+//! Leveled logging to stderr, configured by SHARDKIT_LOG=trace|debug|info|warn|error|off (default warn; an invalid
+//! value is reported and read as warn, and makes group_options::from_env() throw).
 //!
 //! One line per call, written with a single write() so lines from ranks and threads never interleave.
 #include <unistd.h>
@@ -12,6 +13,8 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+
+#include "shardkit/core/settings.hpp"
 
 namespace shardkit::log {
 
@@ -34,10 +37,8 @@ inline level parse_level(std::string_view s, level fallback = level::warn) noexc
 
 namespace detail {
 inline std::atomic<int>& threshold() {
-  static std::atomic<int> t{[] {
-    const char* v = std::getenv("SHARDKIT_LOG");
-    return static_cast<int>(v ? parse_level(v) : level::warn);
-  }()};
+  // Read once, from noexcept callers: a bad value falls back to warn here and throws at group creation.
+  static std::atomic<int> t{static_cast<int>(parse_level(settings::get_or<settings::choice>("SHARDKIT_LOG", "warn")))};
   return t;
 }
 inline std::atomic<int>& process_rank() {

@@ -17,13 +17,14 @@
 #include <unistd.h>
 
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/settings.hpp"
 #include "shardkit/rendezvous/store.hpp"
 
 namespace shardkit::rendezvous {
 
 //! This process's host identity (see the file comment). Never empty.
 inline std::string host_identity() {
-  if (const char* v = std::getenv("SHARDKIT_HOST_ID"); v && *v) return std::string("id:") + v;
+  if (auto v = settings::get<settings::text>("SHARDKIT_HOST_ID")) return "id:" + *v;
   std::string id;
   if (std::ifstream boot("/proc/sys/kernel/random/boot_id"); boot) std::getline(boot, id);
   if (id.empty()) {  // no procfs: fall back to the hostname, the best a sandbox offers

@@ -25,6 +25,7 @@
 #include "shardkit/backends/gloo/store_adapter.hpp"
 #include "shardkit/backends/gloo/waiter_pool.hpp"
 #include "shardkit/core/log.hpp"
+#include "shardkit/core/settings.hpp"
 #include "shardkit/rendezvous/store.hpp"
 
 namespace shardkit::backends {
@@ -51,18 +52,13 @@ struct gloo_options {
   std::size_t segment_bytes = 1 << 20;
 
   static gloo_options from_env() {
+    namespace s = settings;
     gloo_options o;
-    if (const char* v = std::getenv("SHARDKIT_SOCKET_IFNAME")) {
-      std::string s(v);
-      o.interface = s.substr(0, s.find(','));
-    }
-    if (const char* v = std::getenv("SHARDKIT_GLOO_HOSTNAME")) o.hostname = v;
-    if (const char* v = std::getenv("SHARDKIT_GLOO_VERIFY")) o.verify = std::string_view(v) != "0";
-    if (const char* v = std::getenv("SHARDKIT_SEGMENT_BYTES")) {
-      const auto s = std::strtoull(v, nullptr, 10);
-      if (s == 0) throw_error(errc::config, "SHARDKIT_SEGMENT_BYTES must be a positive byte count, got '" + std::string(v) + "'");
-      o.segment_bytes = s;
-    }
+    if (auto v = s::get<s::text>("SHARDKIT_SOCKET_IFNAME")) o.interface = v->substr(0, v->find(','));
+    if (auto v = s::get<s::text>("SHARDKIT_GLOO_HOSTNAME")) o.hostname = *v;
+    if (auto v = s::get<s::boolean>("SHARDKIT_GLOO_VERIFY")) o.verify = *v;
+    // The same parser as the p2p communicator's: 1M is 1 MiB here too (it was strtoull's 1 byte).
+    if (auto v = s::get<s::bytes>("SHARDKIT_SEGMENT_BYTES")) o.segment_bytes = std::size_t(*v);
     return o;
   }
   //! Everything on 127.0.0.1 (ranks of one host, tests).

@@ -87,15 +87,6 @@ inline errc classify(int fi_err) noexcept {
   }
 }
 
-[[noreturn]] inline void bad_setting(const std::string& name, const std::string& value, const std::string& why) {
-  settings::bad_setting(name, value, why, "fabric.options");
-}
-inline std::uint64_t parse_byte_size(const char* name, const std::string& text) {
-  return settings::parse_byte_size(name, text, "fabric.options");
-}
-inline long long parse_integer(const char* name, const std::string& text, long long lo, long long hi) {
-  return settings::parse_integer(name, text, lo, hi, "fabric.options");
-}
 
 template <class T>
 struct fid_closer {
@@ -147,18 +138,13 @@ inline int tag_bits(std::uint64_t mem_tag_format) noexcept {
 }  // namespace fabric_detail
 
 inline fabric_options fabric_options::from_env() {
-  namespace d = fabric_detail;
+  namespace s = settings;
   fabric_options o;
-  if (const char* v = std::getenv("SHARDKIT_FABRIC_PROVIDER"); v && *v) o.provider = v;
-  if (const char* v = std::getenv("SHARDKIT_FABRIC_DOMAIN")) o.domain = v;
-  if (const char* v = std::getenv("SHARDKIT_FABRIC_MAX_MSG"); v && *v) {
-    o.max_message_bytes = std::size_t(d::parse_byte_size("SHARDKIT_FABRIC_MAX_MSG", v));
-    if (o.max_message_bytes < 4096) d::bad_setting("SHARDKIT_FABRIC_MAX_MSG", v, "must be at least 4K");
-  }
-  if (const char* v = std::getenv("SHARDKIT_FABRIC_EAGER"); v && *v)
-    o.eager_bytes = std::size_t(d::parse_byte_size("SHARDKIT_FABRIC_EAGER", v));
-  if (const char* v = std::getenv("SHARDKIT_FABRIC_PEER_TIMEOUT"); v && *v)
-    o.peer_timeout = std::chrono::seconds(d::parse_integer("SHARDKIT_FABRIC_PEER_TIMEOUT", v, 0, 86400));
+  if (auto v = s::get<s::text>("SHARDKIT_FABRIC_PROVIDER")) o.provider = *v;
+  if (auto v = s::get<s::text>("SHARDKIT_FABRIC_DOMAIN")) o.domain = *v;
+  if (auto v = s::get<s::bytes>("SHARDKIT_FABRIC_MAX_MSG")) o.max_message_bytes = std::size_t(*v);  // at least 4K
+  if (auto v = s::get<s::bytes>("SHARDKIT_FABRIC_EAGER")) o.eager_bytes = std::size_t(*v);
+  if (auto v = s::get<std::chrono::seconds>("SHARDKIT_FABRIC_PEER_TIMEOUT")) o.peer_timeout = *v;
   return o;
 }
 

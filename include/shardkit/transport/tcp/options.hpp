@@ -17,7 +17,8 @@
 //! | SHARDKIT_SOCKET_PORT               | listen_port          | 0 = ephemeral                                  |
 //! | SHARDKIT_AUTH_TOKEN                | auth_token           | empty = no authentication                      |
 //!
-//! A malformed value is shardkit::error(errc::config) naming the variable.
+//! A malformed value is shardkit::error(errc::config) naming the variable. The variables are declared (type, range,
+//! default) in core/settings_table.hpp and listed with the others in docs/environment.md.
 #include <cctype>
 #include <chrono>
 #include <cstddef>
@@ -108,12 +109,6 @@ inline constexpr std::size_t max_token_bytes = 4096;
 [[noreturn]] inline void bad_setting(const std::string& name, const std::string& value, const std::string& why) {
   settings::bad_setting(name, value, why, "tcp.options");
 }
-inline std::uint64_t parse_byte_size(const std::string& name, const std::string& text) {
-  return settings::parse_byte_size(name, text, "tcp.options");
-}
-inline long long parse_integer(const std::string& name, const std::string& text, long long lo, long long hi) {
-  return settings::parse_integer(name, text, lo, hi, "tcp.options");
-}
 
 //! Splits "a, b,,c" into {"a", "b", "c"}.
 inline std::vector<std::string> split_list(std::string_view s) {
@@ -133,48 +128,28 @@ inline std::vector<std::string> split_list(std::string_view s) {
 }  // namespace detail::tcp
 
 inline tcp_options tcp_options::from_env(const std::function<const char*(const char*)>& lookup) {
-  namespace d = detail::tcp;
+  namespace s = settings;
+  const auto& env = lookup;
   tcp_options o;
-  const auto get = [&](const char* name) -> const char* {
-    const char* v = lookup(name);
-    return v && *v ? v : nullptr;
-  };
-  if (auto v = get("SHARDKIT_SOCKET_IFNAME")) o.ifname = v;
-  if (auto v = get("SHARDKIT_SOCKET_BIND")) o.bind_addresses = d::split_list(v);
-  if (auto v = get("SHARDKIT_SOCKET_NSTREAMS"))
-    o.streams_per_peer = int(d::parse_integer("SHARDKIT_SOCKET_NSTREAMS", v, 1, 64));
-  if (auto v = get("SHARDKIT_SOCKET_CHUNK")) {
-    const auto n = d::parse_byte_size("SHARDKIT_SOCKET_CHUNK", v);
-    if (n == 0 || n > d::max_chunk_bytes) d::bad_setting("SHARDKIT_SOCKET_CHUNK", v, "must be in [1, 64M]");
-    o.chunk_bytes = std::size_t(n);
-  }
-  if (auto v = get("SHARDKIT_SOCKET_DIRECT_SEND")) {
-    const auto n = d::parse_byte_size("SHARDKIT_SOCKET_DIRECT_SEND", v);
-    if (n > d::max_chunk_bytes) d::bad_setting("SHARDKIT_SOCKET_DIRECT_SEND", v, "must be at most 64M");
-    o.direct_send_bytes = std::size_t(n);
-  }
-  if (auto v = get("SHARDKIT_SOCKET_BUFFER")) {
-    const auto n = d::parse_byte_size("SHARDKIT_SOCKET_BUFFER", v);
-    if (n > (std::uint64_t(1) << 30)) d::bad_setting("SHARDKIT_SOCKET_BUFFER", v, "must be at most 1G");
-    o.socket_buffer_bytes = int(n);
-  }
-  if (auto v = get("SHARDKIT_SOCKET_THREADS"))
-    o.io_threads = int(d::parse_integer("SHARDKIT_SOCKET_THREADS", v, 1, 64));
-  if (auto v = get("SHARDKIT_SOCKET_MAX_UNEXPECTED"))
-    o.max_unexpected_bytes = std::size_t(d::parse_byte_size("SHARDKIT_SOCKET_MAX_UNEXPECTED", v));
-  if (auto v = get("SHARDKIT_SOCKET_CONNECT_TIMEOUT"))
-    o.connect_timeout = std::chrono::seconds(d::parse_integer("SHARDKIT_SOCKET_CONNECT_TIMEOUT", v, 1, 86400));
-  if (auto v = get("SHARDKIT_SOCKET_HANDSHAKE_TIMEOUT"))
-    o.handshake_timeout = std::chrono::seconds(d::parse_integer("SHARDKIT_SOCKET_HANDSHAKE_TIMEOUT", v, 1, 3600));
-  if (auto v = get("SHARDKIT_SOCKET_PORT"))
-    o.listen_port = std::uint16_t(d::parse_integer("SHARDKIT_SOCKET_PORT", v, 0, 65535));
-  if (auto v = lookup("SHARDKIT_AUTH_TOKEN")) o.auth_token = v;
+  // Ranges (chunk and direct send up to 64M, buffer up to 1G, ...) are the table's (core/settings_table.hpp).
+  if (auto v = s::get<s::text>("SHARDKIT_SOCKET_IFNAME", env)) o.ifname = *v;
+  if (auto v = s::get<s::list>("SHARDKIT_SOCKET_BIND", env)) o.bind_addresses = *v;
+  if (auto v = s::get<s::integer>("SHARDKIT_SOCKET_NSTREAMS", env)) o.streams_per_peer = int(*v);
+  if (auto v = s::get<s::bytes>("SHARDKIT_SOCKET_CHUNK", env)) o.chunk_bytes = std::size_t(*v);
+  if (auto v = s::get<s::bytes>("SHARDKIT_SOCKET_DIRECT_SEND", env)) o.direct_send_bytes = std::size_t(*v);
+  if (auto v = s::get<s::bytes>("SHARDKIT_SOCKET_BUFFER", env)) o.socket_buffer_bytes = int(*v);
+  if (auto v = s::get<s::integer>("SHARDKIT_SOCKET_THREADS", env)) o.io_threads = int(*v);
+  if (auto v = s::get<s::bytes>("SHARDKIT_SOCKET_MAX_UNEXPECTED", env)) o.max_unexpected_bytes = std::size_t(*v);
+  if (auto v = s::get<std::chrono::seconds>("SHARDKIT_SOCKET_CONNECT_TIMEOUT", env)) o.connect_timeout = *v;
+  if (auto v = s::get<std::chrono::seconds>("SHARDKIT_SOCKET_HANDSHAKE_TIMEOUT", env)) o.handshake_timeout = *v;
+  if (auto v = s::get<s::integer>("SHARDKIT_SOCKET_PORT", env)) o.listen_port = std::uint16_t(*v);
+  if (auto v = s::get<s::text>("SHARDKIT_AUTH_TOKEN", env)) o.auth_token = *v;
   o.validate();
   return o;
 }
 
 inline tcp_options tcp_options::from_env() {
-  return from_env([](const char* name) -> const char* { return std::getenv(name); });
+  return from_env(settings::process_environment);
 }
 
 inline void tcp_options::validate() const {

@@ -1,0 +1,133 @@
+#pragma once
+//! The one table of shardkit's environment variables: every SHARDKIT_* variable that any part of shardkit reads,
+//! declared once with its type, default, meaning and the target whose code reads it. It is only data (no backend
+//! header is included), so the optional targets' variables (tcp, gloo, fabric) are declared here too.
+//!
+//! Code reads a variable only through settings::get<T>("NAME") (settings.hpp), which refuses at compile time a
+//! name that is not in this table or is declared with another type. docs/environment.md is generated from it
+//! (`shardkit-env --markdown > docs/environment.md`); core_settings_test fails when the two differ, when a
+//! SHARDKIT_* string in include/ or tools/ names a variable missing here, or when an entry here is read nowhere.
+#include <cstdint>
+#include <limits>
+#include <string_view>
+
+namespace shardkit::settings {
+
+//! How a variable's text is parsed (settings.hpp has the parsers; docs/environment.md describes the syntax).
+enum class kind {
+  text,          //!< any non-empty string
+  integer,       //!< a decimal integer: "8"
+  bytes,         //!< a byte count: "4096", "64K", "1M", "2GiB" (K, M, G are powers of 1024)
+  boolean,       //!< 1/0, true/false, on/off, yes/no
+  choice,        //!< one of a fixed list of words
+  list,          //!< comma-separated items: "a,b,c"
+  microseconds,  //!< a duration; a bare number is in the variable's unit, "ms"/"s"/"min"/"h" suffixes convert
+  milliseconds,
+  seconds,
+};
+
+inline constexpr std::int64_t unbounded = std::numeric_limits<std::int64_t>::max();
+
+//! One environment variable.
+struct variable {
+  std::string_view name;
+  kind type;
+  std::string_view default_text;  //!< the default, as text for people (what the reader uses when unset)
+  std::string_view meaning;
+  std::string_view target;  //!< CMake target(s) whose code reads it: core (shardkit::shardkit), tcp, gloo, fabric
+  std::int64_t min = 0;     //!< integer, bytes and durations (in the variable's unit): accepted range
+  std::int64_t max = unbounded;
+  std::string_view choices = {};  //!< choice: the accepted words, separated by '|' (matched ignoring case)
+};
+
+// Keep this sorted by target, then by name within a target's group (the generated docs follow this order).
+inline constexpr variable table[] = {
+    // ---- core: process groups, algorithms, launch ----
+    {.name = "SHARDKIT_TRANSPORT", .type = kind::choice, .default_text = "auto",
+     .meaning = "transport of init_process_group: shm (every rank on one host), tcp, shm+tcp (shm within a host, tcp "
+                "across), or auto (chosen from the discovered hosts); tcp and shm+tcp need shardkit::tcp",
+     .target = "core", .choices = "auto|shm|tcp|shm+tcp"},
+    {.name = "SHARDKIT_HOST_ID", .type = kind::text, .default_text = "(boot id + mount and network namespaces)",
+     .meaning = "this rank's host identity: ranks with equal ids share memory (shm, hierarchical all-reduce)",
+     .target = "core"},
+    {.name = "SHARDKIT_TIMEOUT_MS", .type = kind::milliseconds, .default_text = "1800000 (30 min)",
+     .meaning = "deadline of each process-group operation (group_options::timeout)", .target = "core", .min = 1},
+    {.name = "SHARDKIT_DEBUG", .type = kind::choice, .default_text = "off",
+     .meaning = "detail: ranks exchange op fingerprints (op, dtype, count, root) before every collective and a "
+                "mismatch is an error naming the ranks",
+     .target = "core", .choices = "off|detail"},
+    {.name = "SHARDKIT_LOG", .type = kind::choice, .default_text = "warn",
+     .meaning = "log level on stderr (warning = warn, none = off)", .target = "core",
+     .choices = "trace|debug|info|warn|warning|error|off|none"},
+    {.name = "SHARDKIT_SPIN_US", .type = kind::microseconds, .default_text = "50",
+     .meaning = "how long a wait polls before it sleeps (0: never poll)", .target = "core", .min = 0, .max = 100000},
+    {.name = "SHARDKIT_RD_THRESHOLD", .type = kind::bytes, .default_text = "64K",
+     .meaning = "all_reduce at or below this size uses recursive doubling", .target = "core"},
+    {.name = "SHARDKIT_ONE_SHOT_THRESHOLD", .type = kind::bytes, .default_text = "0 (off)",
+     .meaning = "all_reduce at or below this size, in groups of at most SHARDKIT_ONE_SHOT_MAX_RANKS, takes one hop",
+     .target = "core"},
+    {.name = "SHARDKIT_ONE_SHOT_MAX_RANKS", .type = kind::integer, .default_text = "8",
+     .meaning = "largest group that uses the one-hop all_reduce", .target = "core", .min = 0, .max = 1 << 20},
+    {.name = "SHARDKIT_SEGMENT_BYTES", .type = kind::bytes, .default_text = "1M",
+     .meaning = "pipeline segment of the ring and tree algorithms (also those gloo_communicator runs where gloo has "
+                "none)",
+     .target = "core, gloo", .min = 1},
+    {.name = "SHARDKIT_CROSS_MEMORY", .type = kind::boolean, .default_text = "1",
+     .meaning = "large all-reduces between processes of one host read peers' buffers directly (mapped "
+                "host_shared_memory, else process_vm_readv); 0: the ring instead",
+     .target = "core"},
+
+    // ---- tcp: the TCP transport (shardkit::tcp); gloo reads the interface too ----
+    {.name = "SHARDKIT_SOCKET_IFNAME", .type = kind::text,
+     .default_text = "(all up non-loopback IPv4 interfaces but docker*, virbr*; else loopback)",
+     .meaning = "interfaces to stripe over, NCCL_SOCKET_IFNAME syntax: eth0,eth1 (prefixes), =eth0 (exact), ^docker "
+                "(exclude); gloo binds the first entry",
+     .target = "tcp, gloo"},
+    {.name = "SHARDKIT_SOCKET_BIND", .type = kind::list, .default_text = "(none)",
+     .meaning = "IPv4 source addresses to bind, instead of interfaces", .target = "tcp"},
+    {.name = "SHARDKIT_SOCKET_NSTREAMS", .type = kind::integer, .default_text = "2",
+     .meaning = "TCP streams per peer (every rank must use the same)", .target = "tcp", .min = 1, .max = 64},
+    {.name = "SHARDKIT_SOCKET_CHUNK", .type = kind::bytes, .default_text = "512K",
+     .meaning = "largest frame: a larger message is cut into chunks of this size striped over the streams", .target = "tcp", .min = 1, .max = std::int64_t(64) << 20},
+    {.name = "SHARDKIT_SOCKET_DIRECT_SEND", .type = kind::bytes, .default_text = "64K",
+     .meaning = "a send up to this size is written by the sending thread when a connection is idle (0: every send goes through the io thread)",
+     .target = "tcp", .min = 0, .max = std::int64_t(64) << 20},
+    {.name = "SHARDKIT_SOCKET_BUFFER", .type = kind::bytes, .default_text = "0 (the kernel's autotuning)",
+     .meaning = "SO_SNDBUF and SO_RCVBUF of every connection", .target = "tcp", .min = 0, .max = std::int64_t(1) << 30},
+    {.name = "SHARDKIT_SOCKET_THREADS", .type = kind::integer, .default_text = "1",
+     .meaning = "io threads of the transport", .target = "tcp", .min = 1, .max = 64},
+    {.name = "SHARDKIT_SOCKET_MAX_UNEXPECTED", .type = kind::bytes, .default_text = "0 (unbounded)",
+     .meaning = "bytes of messages that arrived before their recv buffered per peer; at the bound the peer is no longer read until a recv is posted", .target = "tcp"},
+    {.name = "SHARDKIT_SOCKET_CONNECT_TIMEOUT", .type = kind::seconds, .default_text = "300",
+     .meaning = "bound on the whole connection setup (store waits, connects, handshakes)", .target = "tcp", .min = 1, .max = 86400},
+    {.name = "SHARDKIT_SOCKET_HANDSHAKE_TIMEOUT", .type = kind::seconds, .default_text = "5",
+     .meaning = "how long an accepted connection may take to present a valid handshake", .target = "tcp", .min = 1, .max = 3600},
+    {.name = "SHARDKIT_SOCKET_PORT", .type = kind::integer, .default_text = "0 (ephemeral)",
+     .meaning = "port of every listener (a fixed port allows one rank per host and address)", .target = "tcp",
+     .min = 0, .max = 65535},
+    {.name = "SHARDKIT_AUTH_TOKEN", .type = kind::text, .default_text = "(none: no authentication)",
+     .meaning = "shared secret every connection's handshake must carry (at most 4096 bytes)", .target = "tcp"},
+
+    // ---- gloo: gloo_communicator (shardkit::gloo) ----
+    {.name = "SHARDKIT_GLOO_HOSTNAME", .type = kind::text, .default_text = "(this host's name, else 127.0.0.1)",
+     .meaning = "address or host name gloo binds when SHARDKIT_SOCKET_IFNAME is unset", .target = "gloo"},
+    {.name = "SHARDKIT_GLOO_VERIFY", .type = kind::boolean, .default_text = "1 (shardkit-bench: 0)",
+     .meaning = "exchange (op, dtype, count, root) before each collective, so a count mismatch is an error instead "
+                "of gloo terminating the process",
+     .target = "gloo"},
+
+    // ---- fabric: the libfabric transport (shardkit::fabric) ----
+    {.name = "SHARDKIT_FABRIC_PROVIDER", .type = kind::text, .default_text = "tcp;ofi_rxm",
+     .meaning = "libfabric provider: tcp;ofi_rxm, shm, verbs;ofi_rxm, efa, ...", .target = "fabric"},
+    {.name = "SHARDKIT_FABRIC_DOMAIN", .type = kind::text, .default_text = "(the provider's first)",
+     .meaning = "libfabric domain (tcp: an interface, e.g. eth0)", .target = "fabric"},
+    {.name = "SHARDKIT_FABRIC_MAX_MSG", .type = kind::bytes, .default_text = "64M",
+     .meaning = "largest piece of a message handed to the provider at once (larger messages travel as chunks)", .target = "fabric", .min = 4096},
+    {.name = "SHARDKIT_FABRIC_EAGER", .type = kind::bytes, .default_text = "8K",
+     .meaning = "messages up to this size travel with their header in one provider message (larger ones announce their size first)", .target = "fabric"},
+    {.name = "SHARDKIT_FABRIC_PEER_TIMEOUT", .type = kind::seconds, .default_text = "30",
+     .meaning = "a peer silent this long while operations with it are pending is lost (0: send no liveness probes)",
+     .target = "fabric", .min = 0, .max = 86400},
+};
+
+}  // namespace shardkit::settings
