@@ -2,6 +2,8 @@
 
 #include "comm/conformance.hpp"
 #include "shardkit/comm/loopback_world.hpp"
+#include "shardkit/core/task.hpp"
+#include "shardkit/core/when_all.hpp"
 
 #include <future>
 #include <numeric>
@@ -121,28 +123,92 @@ TEST_CASE("[comm] conformance suite over the loopback transport, ranks as thread
   }
 }
 
-TEST_CASE("[comm] work handles can be awaited by coroutines") {
+TEST_CASE("[comm] work handles can be awaited by coroutines, which resume where they awaited") {
   auto groups = comm::make_loopback_world(2, test_group_options());
-  struct task {
-    struct promise_type {
-      task get_return_object() { return {}; }
-      std::suspend_never initial_suspend() noexcept { return {}; }
-      std::suspend_never final_suspend() noexcept { return {}; }
-      void return_void() {}
-      void unhandled_exception() { std::terminate(); }
-    };
-  };
-  std::atomic<int> resumed{0};
   std::vector<std::vector<float>> data(2, std::vector<float>(100, 1.0f));
-  auto body = [&](int r) -> task {
-    co_await groups[std::size_t(r)].all_reduce(buffer_view(std::span<float>(data[std::size_t(r)])));
-    resumed.fetch_add(1);
+  thread_pool pool(2);
+  auto body = [&](int r) -> task<bool> {
+    co_await on(pool);
+    auto w = groups[std::size_t(r)].all_reduce(buffer_view(std::span<float>(data[std::size_t(r)])));
+    CHECK(w.bytes() == 100 * sizeof(float));
+    co_await w;
+    co_return pool.running_in_this_thread();  // never the group's progress thread
   };
-  body(0);
-  body(1);
-  for (int i = 0; i < 500 && resumed.load() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  CHECK(resumed.load() == 2);
+  auto [a, b] = sync_wait(when_all(body(0), body(1)));
+  CHECK(a);
+  CHECK(b);
   CHECK(data[0][99] == 2.0f);
+  // From sync_wait alone (no pool), a coroutine continues on the thread that waits.
+  const auto main_id = std::this_thread::get_id();
+  auto on_caller = [&](int r) -> task<std::thread::id> {
+    co_await groups[std::size_t(r)].barrier();
+    co_return std::this_thread::get_id();
+  };
+  std::thread other([&] { groups[1].barrier().wait(); });
+  CHECK(sync_wait(on_caller(0)) == main_id);
+  other.join();
+}
+
+TEST_CASE("[comm] a coroutine that awaits a collective and then blocks does not hold up the group's next collective") {
+  auto groups = comm::make_loopback_world(2, test_group_options());
+  thread_pool pool(2);
+  std::promise<void> second_done;
+  auto released = second_done.get_future().share();
+  std::vector<float> x0(8, 1.0f), x1(8, 1.0f), y0(8, 1.0f), y1(8, 1.0f);
+  // Rank 0's coroutine resumes after the first all_reduce and then blocks (as a checkpoint write would) until
+  // the *second* all_reduce of the same group has completed. Resumed on the progress thread, it would block the
+  // very thread that must run the second one: a deadlock, caught by the wait_for below.
+  auto writer = [&]() -> task<void> {
+    co_await on(pool);
+    co_await groups[0].all_reduce(buffer_view(std::span<float>(x0)));
+    released.wait();
+  };
+  auto writer_done = spawn(pool, writer());
+  groups[1].all_reduce(buffer_view(std::span<float>(x1))).wait();
+  auto w0 = groups[0].all_reduce(buffer_view(std::span<float>(y0)));
+  auto w1 = groups[1].all_reduce(buffer_view(std::span<float>(y1)));
+  REQUIRE(w0.wait_for(std::chrono::seconds(30)));
+  w1.wait();
+  second_done.set_value();
+  REQUIRE(writer_done.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+  writer_done.get();
+  CHECK(y0[0] == 2.0f);
+}
+
+TEST_CASE("[comm] split from a coroutine does not deadlock; blocking on a progress thread fails clearly") {
+  auto groups = comm::make_loopback_world(2, test_group_options());
+  thread_pool pool(2);
+  auto splitter = [&](int r) -> task<int> {
+    co_await on(pool);
+    co_await groups[std::size_t(r)].barrier();
+    auto sub = groups[std::size_t(r)].dup();  // blocks this pool thread, not the progress thread
+    std::vector<std::int32_t> v{r + 1};
+    co_await sub.all_reduce(buffer_view(std::span<std::int32_t>(v)));
+    co_return v[0];
+  };
+  auto [a, b] = sync_wait(when_all(splitter(0), splitter(1)));
+  CHECK(a == 3);
+  CHECK(b == 3);
+
+  // A coroutine that asked to stay on the progress thread (resume_inline) and then blocks gets an error at once,
+  // before anything is queued. It surely suspends: rank 1 joins the barrier only after it started.
+  auto stays = [&]() -> task<std::string> {
+    co_await groups[0].barrier().resume_inline();
+    try {
+      groups[0].dup();
+    } catch (const error& e) {
+      co_return std::string(e.what());
+    }
+    co_return std::string("no error");
+  };
+  auto message = start_detached(stays());
+  groups[1].barrier().wait();
+  const std::string m = message.get();
+  CHECK(m.find("progress thread") != std::string::npos);
+  CHECK(m.find("co_await") != std::string::npos);
+  std::thread peer([&] { groups[1].barrier().wait(); });
+  groups[0].barrier().wait();  // the group is still usable: nothing was queued for the refused split
+  peer.join();
 }
 
 TEST_CASE("[comm] a work handle's wait_for times out while the peer is absent, then completes") {

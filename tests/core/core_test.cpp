@@ -7,6 +7,7 @@
 
 #include "shardkit/core/buffer.hpp"
 #include "shardkit/core/completion.hpp"
+#include "shardkit/core/task.hpp"
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/host_shared_memory.hpp"
@@ -100,31 +101,53 @@ TEST_CASE("[core] errors carry their context into what()") {
 }
 
 TEST_CASE("[core] completion waits, times out, fails and resumes coroutines") {
-  auto c = completion::pending();
+  completion_source src;
+  completion c = src;
   CHECK_FALSE(c.wait_for(std::chrono::milliseconds(5)));
   int called = 0;
   c.then([&] { ++called; });
-  std::thread t([c] { c.set_done(42); });
+  std::thread t([src] { src.set_done(42); });
   c.wait();
   t.join();
   CHECK(c.bytes() == 42);
   CHECK(called == 1);
-  c.set_error(error(errc::aborted, "late"));  // ignored: first outcome wins
+  src.set_error(error(errc::aborted, "late"));  // ignored: first outcome wins
   CHECK_FALSE(c.has_failed());
 
   auto f = completion::failed(std::make_exception_ptr(error(errc::peer_lost, "gone")));
   CHECK_THROWS_AS(f.wait(), error);
 
-  auto p = completion::pending();
+  completion_source p;
   bool cancelled = false;
   p.on_cancel([&] {
     cancelled = true;
     p.set_error(error(errc::aborted, "cancelled"));
     return true;
   });
-  CHECK(p.cancel());
+  completion pc = p;
+  CHECK(pc.cancel());
   CHECK(cancelled);
-  CHECK(p.has_failed());
+  CHECK(pc.has_failed());
+}
+
+template <class C>
+concept can_end = requires(const C& c) { c.set_error(std::exception_ptr()); } || requires(const C& c) { c.on_cancel(nullptr); };
+
+TEST_CASE("[core] a typed completion carries its value; only its source can end it") {
+  basic_completion_source<std::string> src;
+  basic_completion<std::string> etag = src;
+  static_assert(!can_end<basic_completion<std::string>>);
+  static_assert(!can_end<completion>);
+  static_assert(can_end<basic_completion_source<std::string>> && can_end<completion_source>);
+  CHECK_FALSE(etag.is_done());
+  std::thread t([src] { src.set_value("\"abc\""); });
+  CHECK(etag.get() == "\"abc\"");
+  t.join();
+  auto consumer = [](basic_completion<std::string> c) -> task<std::size_t> { co_return (co_await c).size(); };
+  CHECK(sync_wait(consumer(etag)) == 5);
+  basic_completion_source<std::vector<int>> failing;
+  failing.set_error(error(errc::io, "no such key"));
+  CHECK_THROWS_AS(basic_completion<std::vector<int>>(failing).get(), error);
 }
 
 TEST_CASE_TEMPLATE("[core] reduce_into_all matches pairwise combine, in place and unaligned", T, float, double,

@@ -182,7 +182,9 @@ TEST_CASE("[core] on(pool) continues on a pool thread and sets the current execu
   auto hop = [](thread_pool& p) -> task<seen> {
     seen s;
     s.before = thread_id();
-    s.empty_before = !current_executor() && !p.running_in_this_thread();  // asked on both sides of the hop
+    // Under sync_wait the current executor is its run_loop on this thread (asked on both sides of the hop).
+    s.empty_before = current_executor() && current_executor().running_in_this_thread() && !(current_executor() == executor_ref(p)) &&
+                     !p.running_in_this_thread();
     co_await on(p);
     s.after = thread_id();
     s.in_pool = p.running_in_this_thread();
@@ -210,8 +212,8 @@ TEST_CASE("[core] on(pool) continues on a pool thread and sets the current execu
 
 TEST_CASE("[core] via() resumes on the executor the coroutine awaited from, not the completing thread") {
   thread_pool pool(2);
-  completion op = completion::pending();
-  completion plain = completion::pending();
+  completion_source op_source, plain_source;
+  completion op = op_source, plain = plain_source;
   std::atomic<int> suspended{0};
   struct where {
     bool via_in_pool = false, plain_in_pool = true;
@@ -241,9 +243,9 @@ TEST_CASE("[core] via() resumes on the executor the coroutine awaited from, not 
   std::future<where> f = start_detached(body(pool));
   std::thread comm([&] {  // stands for a transport's thread
     wait_until([&] { return suspended.load() == 1; });
-    op.set_done(123);
+    op_source.set_done(123);
     wait_until([&] { return suspended.load() == 2; });
-    plain.set_done();
+    plain_source.set_done();
   });
   where w = f.get();
   comm.join();
@@ -342,10 +344,11 @@ TEST_CASE("[core] when_all returns every value") {
 }
 
 TEST_CASE("[core] when_all waits for every child before rethrowing the first failure") {
-  completion gate = completion::pending();
+  completion_source gate;
+  completion gate_opened = gate;
   std::atomic<bool> slow_finished{false};
   auto slow = [&](errc fail_with) -> task<int> {
-    co_await gate;
+    co_await gate_opened;
     slow_finished = true;
     if (fail_with != errc{}) throw_error(fail_with, "second failure");
     co_return 1;

@@ -82,7 +82,7 @@ class process_group {
     auto& s = self();
     s.check_pair("all_reduce", in, out, in.count());
     s.check_alias("all_reduce", in, out, out);
-    return s.submit("all_reduce", {kind::all_reduce, in.type(), out.count(), -1, op}, o,
+    return s.submit("all_reduce", {kind::all_reduce, in.type(), out.count(), -1, op}, o, out.size_bytes(),
                     [=](detail::communicator_interface& c, const collective_options& co) { c.all_reduce(in, out, op, co); });
   }
 
@@ -92,7 +92,7 @@ class process_group {
     auto& s = self();
     s.check_pair("all_gather", in, out, in.count() * std::size_t(s.comm->size()));
     s.check_alias("all_gather", in, out, out.slice(in.count() * std::size_t(s.comm->rank()), in.count()));
-    return s.submit("all_gather", {kind::all_gather, in.type(), in.count(), -1, reduce_op::sum}, o,
+    return s.submit("all_gather", {kind::all_gather, in.type(), in.count(), -1, reduce_op::sum}, o, out.size_bytes(),
                     [=](detail::communicator_interface& c, const collective_options& co) { c.all_gather(in, out, co); });
   }
 
@@ -107,7 +107,7 @@ class process_group {
     const std::size_t before = std::accumulate(counts.begin(), counts.begin() + s.comm->rank(), std::size_t{0});
     s.check_pair("all_gatherv", in, out, total);
     s.check_alias("all_gatherv", in, out, out.slice(before, in.count()));
-    return s.submit("all_gatherv", {kind::all_gatherv, in.type(), total, -1, reduce_op::sum}, o,
+    return s.submit("all_gatherv", {kind::all_gatherv, in.type(), total, -1, reduce_op::sum}, o, out.size_bytes(),
                     [=, counts = std::move(counts)](detail::communicator_interface& c, const collective_options& co) {
                       c.all_gatherv(in, out, counts, co);
                     });
@@ -118,7 +118,7 @@ class process_group {
     auto& s = self();
     s.check_pair("reduce_scatter", out, in, out.count() * std::size_t(s.comm->size()), "input");
     s.check_alias("reduce_scatter", out, in, in.slice(out.count() * std::size_t(s.comm->rank()), out.count()));
-    return s.submit("reduce_scatter", {kind::reduce_scatter, in.type(), out.count(), -1, op}, o,
+    return s.submit("reduce_scatter", {kind::reduce_scatter, in.type(), out.count(), -1, op}, o, in.size_bytes(),
                     [=](detail::communicator_interface& c, const collective_options& co) { c.reduce_scatter(in, out, op, co); });
   }
 
@@ -126,7 +126,7 @@ class process_group {
     auto& s = self();
     s.check_root("broadcast", root);
     s.check_device("broadcast", data);
-    return s.submit("broadcast", {kind::broadcast, data.type(), data.count(), root, reduce_op::sum}, o,
+    return s.submit("broadcast", {kind::broadcast, data.type(), data.count(), root, reduce_op::sum}, o, data.size_bytes(),
                     [=](detail::communicator_interface& c, const collective_options& co) { c.broadcast(data, root, co); });
   }
 
@@ -139,7 +139,7 @@ class process_group {
       s.check_pair("reduce", in, out, in.count());
       s.check_alias("reduce", in, out, out);
     }
-    return s.submit("reduce", {kind::reduce, in.type(), in.count(), root, op}, o,
+    return s.submit("reduce", {kind::reduce, in.type(), in.count(), root, op}, o, in.size_bytes(),
                     [=](detail::communicator_interface& c, const collective_options& co) { c.reduce(in, out, op, root, co); });
   }
 
@@ -149,7 +149,7 @@ class process_group {
     s.check_pair("all_to_all", in, out, in.count());
     if (in.count() % std::size_t(s.comm->size()) != 0)
       s.fail_arg("all_to_all", std::to_string(in.count()) + " elements do not split into " + std::to_string(s.comm->size()) + " equal blocks");
-    return s.submit("all_to_all", {kind::all_to_all, in.type(), in.count(), -1, reduce_op::sum}, o,
+    return s.submit("all_to_all", {kind::all_to_all, in.type(), in.count(), -1, reduce_op::sum}, o, out.size_bytes(),
                     [=](detail::communicator_interface& c, const collective_options& co) { c.all_to_all(in, out, co); });
   }
 
@@ -166,7 +166,7 @@ class process_group {
     if (out_total != out.count())
       s.fail_arg("all_to_allv", "out_counts add up to " + std::to_string(out_total) + " but the output has " + std::to_string(out.count()) + " elements");
     s.check_pair("all_to_allv", in, out, out.count());
-    return s.submit("all_to_allv", {kind::all_to_allv, in.type(), 0, -1, reduce_op::sum}, o,
+    return s.submit("all_to_allv", {kind::all_to_allv, in.type(), 0, -1, reduce_op::sum}, o, std::max(in.size_bytes(), out.size_bytes()),
                     [=, ic = std::move(in_counts), oc = std::move(out_counts)](detail::communicator_interface& c,
                                                                                 const collective_options& co) {
                       c.all_to_allv(in, ic, out, oc, co);
@@ -174,7 +174,7 @@ class process_group {
   }
 
   work barrier(op_options o = {}) {
-    return self().submit("barrier", {kind::barrier, dtype::u8, 0, -1, reduce_op::sum}, o,
+    return self().submit("barrier", {kind::barrier, dtype::u8, 0, -1, reduce_op::sum}, o, 0,
                          [](detail::communicator_interface& c, const collective_options& co) { c.barrier(co); });
   }
 
@@ -188,24 +188,25 @@ class process_group {
     s.check_peer("send", peer);
     s.check_device("send", in);
     if (auto b = s.broken_work()) return *b;
-    return with_deadline(s.comm->isend(in, peer, tag, {}), "send", peer, tag, o.timeout);
+    return with_deadline(s.comm->isend(in, peer, tag, {}), "send", peer, tag, o.timeout, in.size_bytes());
   }
   work recv(buffer_view out, int peer, std::uint32_t tag = 0, op_options o = {}) {
     auto& s = self();
     s.check_peer("recv", peer);
     s.check_device("recv", out);
     if (auto b = s.broken_work()) return *b;
-    return with_deadline(s.comm->irecv(out, peer, tag, {}), "recv", peer, tag, o.timeout);
+    return with_deadline(s.comm->irecv(out, peer, tag, {}), "recv", peer, tag, o.timeout, out.size_bytes());
   }
 
   // ---- groups ----
   //! Collective over this group: ranks passing the same color form a new group, ordered by (key, rank).
   //! A negative color takes no part (returns an empty process_group). Blocks until the new group exists.
   process_group split(int color, int key, group_options opts) {
+    detail::check_may_block("process_group::split");  // before anything is queued: the caller cannot wait for it
     auto& s = self();
     auto promise = std::make_shared<std::promise<std::unique_ptr<detail::communicator_interface>>>();
     auto fut = promise->get_future();
-    work w = s.submit("split", {kind::split, dtype::u8, 0, -1, reduce_op::sum}, {},
+    work w = s.submit("split", {kind::split, dtype::u8, 0, -1, reduce_op::sum}, {}, 0,
                       [=](detail::communicator_interface& c, const collective_options& co) { promise->set_value(c.split(color, key, co)); });
     w.wait();
     auto child = fut.get();
@@ -312,9 +313,9 @@ class process_group {
     }
 
     template <class F>
-    work submit(const char* name, fingerprint fp, op_options o, F&& run) {
+    work submit(const char* name, fingerprint fp, op_options o, std::size_t bytes, F&& run) {
       if (auto b = broken_work()) return *b;
-      auto done = completion::pending();
+      completion_source done;
       const auto timeout = o.timeout.count() > 0 ? o.timeout : opts.timeout;
       const collective_options co{deadline_after(timeout), o.algo};
       engine.post([this, done, co, fp, name, run = std::forward<F>(run)]() mutable {
@@ -337,7 +338,7 @@ class process_group {
           done.set_error(ex);
         }
       });
-      return work(done);
+      return work(done, bytes);
     }
 
     void check_fingerprints(const char* name, const fingerprint& fp, const collective_options& co) {
@@ -369,7 +370,8 @@ class process_group {
     }
   };
 
-  work with_deadline(completion op, const char* name, int peer, std::uint32_t tag, std::chrono::milliseconds timeout) {
+  work with_deadline(completion op, const char* name, int peer, std::uint32_t tag, std::chrono::milliseconds timeout,
+                     std::size_t bytes) {
     auto& s = self();
     if (timeout.count() <= 0) timeout = s.opts.timeout;
     error_context ctx = s.context(name);
@@ -378,7 +380,7 @@ class process_group {
                              std::to_string(timeout.count()) + " ms: peer rank " + std::to_string(peer) +
                              " did not post the matching " + (std::string_view(name) == "send" ? "recv" : "send");
     const auto timeout_error = std::make_exception_ptr(error(errc::timeout, what, ctx));
-    auto result = completion::pending();
+    completion_source result;
     auto timed_out = std::make_shared<std::atomic<bool>>(false);
     auto& timers = shardkit::detail::timer_service::instance();
     std::weak_ptr<impl> weak = impl_;
@@ -400,7 +402,7 @@ class process_group {
       else result.set_done(op.bytes());
     });
     result.on_cancel([op] { return op.cancel(); });
-    return work(result);
+    return work(result, bytes);
   }
 
   impl& self() const {

@@ -3,8 +3,10 @@
 //! process groups (a collective's work handle).
 //!
 //! A completion can be waited on (forever, or until a deadline), polled, awaited with co_await, or given a
-//! callback. It ends either done (with a byte count) or failed (with an exception, normally shardkit::error).
-//! Continuations run on the thread that completes the operation, after the state is published.
+//! callback. It ends either done (with a value: a byte count for transfers) or failed (with an exception,
+//! normally shardkit::error). The producer holds the completion_source; consumers hold completions.
+//! Continuations (then) run on the thread that completes the operation, after the state is published;
+//! co_await resumes on the awaiting coroutine's executor.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -15,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <thread>
 #include <cstdlib>
@@ -23,6 +26,7 @@
 
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/settings.hpp"
+#include "shardkit/core/executor.hpp"
 
 namespace shardkit {
 
@@ -64,35 +68,74 @@ inline deadline deadline_after(std::chrono::milliseconds timeout) noexcept {
   return now + timeout;
 }
 
-class completion {
-  struct state {
-    std::mutex mutex;
-    std::condition_variable cv;
-    std::atomic<bool> done{false};
-    std::exception_ptr failure;
-    std::size_t bytes = 0;
-    std::vector<std::function<void()>> continuations;
-    std::function<bool()> cancel;  // set by the producer; returns true if it withdrew the operation
-  };
+template <class T>
+class basic_completion_source;
+
+namespace detail {
+template <class T>
+struct completion_state {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::atomic<bool> done{false};
+  std::exception_ptr failure;
+  std::optional<T> value;
+  std::vector<std::function<void()>> continuations;
+  std::function<bool()> cancel;  // set by the producer; returns true if it withdrew the operation
+
+  void finish(std::exception_ptr e, std::optional<T> v) {
+    std::vector<std::function<void()>> run;
+    {
+      std::lock_guard lock(mutex);
+      if (done.load(std::memory_order_relaxed)) return;  // first outcome wins (cancel vs. arrival)
+      failure = std::move(e);
+      value = std::move(v);
+      cancel = nullptr;
+      run.swap(continuations);
+      done.store(true, std::memory_order_release);
+      cv.notify_all();
+    }
+    for (auto& f : run) f();
+  }
+};
+}  // namespace detail
+
+//! The consumer's handle of an operation that ends later with a T (or a failure). Only the matching
+//! basic_completion_source can end it: every consumer holds this handle, and none of them may finish the
+//! operation for the producer.
+//!
+//! co_await resumes the coroutine on the executor it was running on when it began waiting
+//! (shardkit::current_executor(): a thread_pool's worker, sync_wait's thread), never on the thread that completed
+//! the operation (a transport's or a process group's progress thread) unless asked: `co_await c.resume_inline()`.
+//! A coroutine with no current executor resumes inline, as before.
+//! @code
+//! shardkit::basic_completion_source<std::string> src;
+//! shardkit::basic_completion<std::string> etag = src;   // handed to the consumer
+//! src.set_value("\"9b2cf535f27731c974343645a3985328\"");  // the producer, e.g. an upload's last part
+//! std::string v = etag.get();
+//! @endcode
+template <class T>
+class basic_completion {
+  using state = detail::completion_state<T>;
 
  public:
-  //! An empty handle (valid() == false).
-  completion() = default;
+  using value_type = T;
 
-  //! A new pending operation.
-  static completion pending() {
-    completion c;
-    c.state_ = std::make_shared<state>();
+  //! An empty handle (valid() == false).
+  basic_completion() = default;
+
+  static basic_completion ready(T v) {
+    basic_completion c(std::make_shared<state>());
+    c.state_->finish(nullptr, std::move(v));
     return c;
   }
-  static completion ready(std::size_t bytes = 0) {
-    completion c = pending();
-    c.set_done(bytes);
-    return c;
+  static basic_completion ready()
+    requires std::same_as<T, std::size_t>
+  {
+    return ready(0);
   }
-  static completion failed(std::exception_ptr e) {
-    completion c = pending();
-    c.set_error(std::move(e));
+  static basic_completion failed(std::exception_ptr e) {
+    basic_completion c(std::make_shared<state>());
+    c.state_->finish(std::move(e), std::nullopt);
     return c;
   }
 
@@ -102,12 +145,19 @@ class completion {
 
   //! The failure, or nullptr while pending or after success.
   std::exception_ptr exception() const noexcept { return is_done() ? state_->failure : nullptr; }
-  //! Bytes transferred (for a recv: the size of the message received).
-  std::size_t bytes() const noexcept { return is_done() ? state_->bytes : 0; }
+  //! Bytes transferred (for a recv: the size of the message received); 0 while pending or after a failure.
+  std::size_t bytes() const noexcept
+    requires std::same_as<T, std::size_t>
+  {
+    return is_done() && state_->value ? *state_->value : 0;
+  }
 
   //! Waits until done; rethrows the failure.
-  void wait() const {
-    wait_until(no_deadline);
+  void wait() const { wait_until(no_deadline); }
+  //! Waits until done, then returns the value (rethrows the failure).
+  const T& get() const {
+    wait();
+    return *state_->value;
   }
   //! Waits until done or the deadline; returns false if the deadline passed first. Rethrows the failure.
   bool wait_until(deadline dl) const {
@@ -129,7 +179,7 @@ class completion {
                                      : deadline_after(std::chrono::ceil<std::chrono::milliseconds>(d)));
   }
 
-  //! Runs f once the operation ends (now, on this thread, if it already has).
+  //! Runs f once the operation ends (now, on this thread, if it already has; else on the completing thread).
   void then(std::function<void()> f) const {
     if (!state_) throw_error(errc::invalid_argument, "then() on an empty completion");
     {
@@ -155,55 +205,80 @@ class completion {
     return fn();
   }
 
-  // ---- producer side ----
-  void set_done(std::size_t bytes = 0) const { finish(nullptr, bytes); }
-  void set_error(std::exception_ptr e) const { finish(std::move(e), 0); }
-  void set_error(const shardkit::error& e) const { finish(std::make_exception_ptr(e), 0); }
+  // ---- co_await ----
+  struct awaiter {
+    const basic_completion& self;
+    bool inline_resume = false;
+    bool await_ready() const noexcept { return self.is_done(); }
+    void await_suspend(std::coroutine_handle<> h) const {
+      if (inline_resume) {
+        self.then([h] { h.resume(); });
+        return;
+      }
+      self.then([h, ex = current_executor()] { resume_on(ex, h); });
+    }
+    const T& await_resume() const {
+      if (self.state_->failure) std::rethrow_exception(self.state_->failure);
+      return *self.state_->value;
+    }
+  };
+  awaiter operator co_await() const& noexcept { return awaiter{*this}; }
+  //! An awaitable that resumes on the thread that completes the operation (no hop back): for code that knows it
+  //! does nothing slow or blocking before its next co_await.
+  awaiter resume_inline() const& noexcept { return awaiter{*this, true}; }
+
+  //! Identity of the shared state (two handles to the same operation compare equal).
+  friend bool operator==(const basic_completion& a, const basic_completion& b) noexcept { return a.state_ == b.state_; }
+
+ private:
+  friend class basic_completion_source<T>;
+  explicit basic_completion(std::shared_ptr<state> s) : state_(std::move(s)) {}
+  std::shared_ptr<state> state_;
+};
+
+//! The producer's side: it alone ends the operation (set_value / set_done / set_error) and says how to withdraw
+//! it (on_cancel). Converts to the consumer's handle, which it hands out. The first outcome wins; later ones
+//! are ignored (a cancel racing an arrival).
+template <class T>
+class basic_completion_source {
+  using state = detail::completion_state<T>;
+
+ public:
+  basic_completion_source() : state_(std::make_shared<state>()) {}
+
+  basic_completion<T> get_completion() const { return basic_completion<T>(state_); }
+  operator basic_completion<T>() const { return get_completion(); }  // NOLINT: handing out is what it is for
+
+  bool is_done() const noexcept { return state_->done.load(std::memory_order_acquire); }
+
+  void set_value(T v) const { state_->finish(nullptr, std::move(v)); }
+  void set_done(std::size_t bytes = 0) const
+    requires std::same_as<T, std::size_t>
+  {
+    set_value(bytes);
+  }
+  void set_error(std::exception_ptr e) const { state_->finish(std::move(e), std::nullopt); }
+  void set_error(const shardkit::error& e) const { set_error(std::make_exception_ptr(e)); }
   void on_cancel(std::function<bool()> fn) const {
-    if (!state_) throw_error(errc::invalid_argument, "on_cancel() on an empty completion");
     std::lock_guard lock(state_->mutex);
     state_->cancel = std::move(fn);
   }
 
-  // ---- co_await ----
-  struct awaiter {
-    const completion& self;
-    bool await_ready() const noexcept { return self.is_done(); }
-    void await_suspend(std::coroutine_handle<> h) const { self.then([h] { h.resume(); }); }
-    std::size_t await_resume() const {
-      if (self.state_->failure) std::rethrow_exception(self.state_->failure);
-      return self.state_->bytes;
-    }
-  };
-  awaiter operator co_await() const& noexcept { return awaiter{*this}; }
-
-  //! Identity of the shared state (two handles to the same operation compare equal).
-  friend bool operator==(const completion& a, const completion& b) noexcept { return a.state_ == b.state_; }
+  friend bool operator==(const basic_completion_source& a, const basic_completion_source& b) noexcept { return a.state_ == b.state_; }
 
  private:
-  void finish(std::exception_ptr e, std::size_t bytes) const {
-    std::vector<std::function<void()>> run;
-    {
-      std::lock_guard lock(state_->mutex);
-      if (state_->done.load(std::memory_order_relaxed)) return;  // first outcome wins (cancel vs. arrival)
-      state_->failure = std::move(e);
-      state_->bytes = bytes;
-      state_->cancel = nullptr;
-      run.swap(state_->continuations);
-      state_->done.store(true, std::memory_order_release);
-      state_->cv.notify_all();
-    }
-    for (auto& f : run) f();
-  }
-
   std::shared_ptr<state> state_;
 };
+
+//! The byte-counting operations of transports and process groups: sends, receives, collectives.
+using completion = basic_completion<std::size_t>;
+using completion_source = basic_completion_source<std::size_t>;
 
 //! Outcomes decided while a producer holds its lock, delivered after it lets go: a completion's continuations
 //! run on the completing thread and may call straight back into the producer (post the next send or recv).
 class deferred_completions {
  public:
-  void push(completion done, std::exception_ptr failure, std::size_t bytes) {
+  void push(completion_source done, std::exception_ptr failure, std::size_t bytes) {
     ready_.push_back({std::move(done), std::move(failure), bytes});
   }
   bool empty() const noexcept { return ready_.empty(); }
@@ -235,7 +310,7 @@ class deferred_completions {
 
  private:
   struct outcome {
-    completion done;
+    completion_source done;
     std::exception_ptr failure;
     std::size_t bytes = 0;
   };

@@ -23,6 +23,7 @@
 //! transport's or progress engine's) captures current_executor() when it suspends and resumes with resume_on(), so
 //! the coroutine continues where it was, not on the communication thread.
 #include <algorithm>
+#include <atomic>
 #include <concepts>
 #include <condition_variable>
 #include <coroutine>
@@ -221,6 +222,60 @@ class inline_executor {
   using executor_concept = executor_tag;
   void post(std::function<void()> f) const { f(); }
   bool running_in_this_thread() const noexcept { return true; }
+};
+
+//! A queue of work run by whichever thread calls run() (sync_wait's): the executor of a thread that blocks
+//! until its coroutine ends, so the coroutine resumes there after each co_await instead of on the thread that
+//! completed the awaited operation (a transport's or a process group's progress thread).
+//! @code
+//! shardkit::run_loop loop;
+//! loop.post([&] { loop.finish(); });
+//! loop.run();  // runs the posted function, returns after finish()
+//! @endcode
+class run_loop {
+ public:
+  using executor_concept = executor_tag;
+
+  void post(std::function<void()> f) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(f));
+    }
+    cv_.notify_one();
+  }
+  bool running_in_this_thread() const noexcept { return runner_.load() == std::this_thread::get_id(); }
+
+  //! Runs posted work on this thread until finish() (what is queued before finish() still runs).
+  void run() {
+    runner_.store(std::this_thread::get_id());
+    executor_scope scope(*this);
+    for (;;) {
+      std::function<void()> f;
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [&] { return finished_ || !queue_.empty(); });
+        if (queue_.empty()) break;
+        f = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      f();
+    }
+    runner_.store(std::thread::id());
+  }
+  void finish() {
+    {
+      std::lock_guard lock(mutex_);
+      finished_ = true;
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool finished_ = false;
+  std::atomic<std::thread::id> runner_{};
 };
 
 //! N worker threads over one FIFO queue.

@@ -295,14 +295,27 @@ std::future<T> spawn(E&& ex, task<T> t) {
   return f;
 }
 
-//! Runs t to completion, blocking the calling thread, and returns its value (rethrows its exception). Do not call
-//! it from a coroutine or from a thread that t needs (a worker of a pool t hops onto, when it is the only one).
+//! Runs t to completion, blocking the calling thread, and returns its value (rethrows its exception). The
+//! calling thread is t's executor meanwhile (a run_loop): after each co_await, t continues here, not on the
+//! thread that completed what it awaited. Do not call it from a coroutine or from a thread that t needs (a worker
+//! of a pool t hops onto, when it is the only one).
 //! @code
 //! int v = shardkit::sync_wait(answer());
 //! @endcode
 template <class T>
 T sync_wait(task<T> t) {
-  return start_detached(std::move(t)).get();
+  run_loop loop;
+  auto finished = [](task<T> inner, run_loop& l) -> task<T> {
+    struct finish_on_exit {
+      run_loop& l;
+      ~finish_on_exit() { l.finish(); }
+    } at_exit{l};
+    co_return co_await std::move(inner);
+  };
+  std::future<T> f;
+  loop.post([&] { f = start_detached(finished(std::move(t), loop)); });
+  loop.run();
+  return f.get();
 }
 
 //! Awaits aw, then continues on ex (inline when already there; no hop when ex is empty), with aw's result or

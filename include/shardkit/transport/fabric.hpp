@@ -80,7 +80,7 @@ class fabric_transport {
     stopping_.store(true);
     wake_.notify_all();
     if (progress_.joinable()) progress_.join();
-    std::vector<completion> failed;
+    std::vector<completion_source> failed;
     const auto closed = std::make_exception_ptr(error(errc::closed, "fabric transport closed", {.rank = rank_}));
     {
       std::lock_guard lock(mutex_);
@@ -198,7 +198,7 @@ class fabric_transport {
   //! from the provider (fi_cancel), so their buffers are not written afterwards where it honours that.
   void abort(std::exception_ptr reason) {
     if (!reason) reason = std::make_exception_ptr(error(errc::aborted, "fabric transport aborted", {.rank = rank_}));
-    std::vector<completion> failed;
+    std::vector<completion_source> failed;
     {
       std::lock_guard lock(mutex_);
       if (!aborted_) aborted_ = reason;
@@ -304,7 +304,7 @@ class fabric_transport {
 
   // ---- operations, mutex_ held ----
 
-  completion track(const std::shared_ptr<op>& o) {
+  completion_source track(const std::shared_ptr<op>& o) {
     o->id = next_id_++;
     ops_.emplace(o->id, o);
     ++user_ops_;

@@ -29,11 +29,11 @@ class loopback_hub {
 
   struct pending_send {
     std::span<const std::byte> bytes;
-    completion done;
+    completion_source done;
   };
   struct pending_recv {
     std::span<std::byte> bytes;
-    completion done;
+    completion_source done;
   };
   // (destination, source, tag): FIFO per key is exactly the p2p ordering rule.
   using key = std::tuple<int, int, message_tag>;
@@ -67,7 +67,7 @@ class loopback_transport {
 
   completion send(int peer, message_tag tag, std::span<const std::byte> bytes) {
     check_peer(peer, "send");
-    auto done = completion::pending();
+    completion_source done;
     loopback_hub::pending_recv match;
     {
       std::lock_guard lock(hub_->mutex_);
@@ -88,7 +88,7 @@ class loopback_transport {
 
   completion recv(int peer, message_tag tag, std::span<std::byte> bytes) {
     check_peer(peer, "recv");
-    auto done = completion::pending();
+    completion_source done;
     loopback_hub::pending_send match;
     {
       std::lock_guard lock(hub_->mutex_);
@@ -125,7 +125,7 @@ class loopback_transport {
 
   //! The cancel hook of an unmatched send or recv: takes it out of its queue (false once it was matched).
   template <class Queues>
-  std::function<bool()> withdraw(Queues& queues, loopback_hub::key k, completion done, int peer, const char* op) const {
+  std::function<bool()> withdraw(Queues& queues, loopback_hub::key k, completion_source done, int peer, const char* op) const {
     std::weak_ptr<loopback_hub> weak = hub_;
     return [weak, &queues, k, done, peer, op, rank = rank_] {
       auto hub = weak.lock();
@@ -152,7 +152,7 @@ class loopback_transport {
               {.rank = rank_, .peer = peer, .operation = std::string("loopback.") + op})));
   }
 
-  void deliver(std::span<const std::byte> src, const completion& sent, const loopback_hub::pending_recv& dst, int peer) const {
+  void deliver(std::span<const std::byte> src, const completion_source& sent, const loopback_hub::pending_recv& dst, int peer) const {
     if (src.size() > dst.bytes.size()) {
       const error e(errc::protocol,
                     "message of " + std::to_string(src.size()) + " bytes does not fit the posted receive of " +
@@ -168,7 +168,7 @@ class loopback_transport {
   }
 
   void fail_all(std::exception_ptr reason) {
-    std::vector<std::pair<completion, int>> failed;
+    std::vector<std::pair<completion_source, int>> failed;
     {
       std::lock_guard lock(hub_->mutex_);
       if (!reason) hub_->closed_[std::size_t(rank_)] = true;

@@ -74,7 +74,7 @@ class gloo_p2p {
     std::vector<std::byte> staging;
     std::span<std::byte> user;
     bool cancelled = false;
-    completion done = completion::pending();
+    completion_source done;
 
     void stop() {
       std::lock_guard lock(mutex);

@@ -42,14 +42,14 @@ struct channel_queue {
   std::exception_ptr broken;  //!< the failure that killed the link; answers every later operation
 };
 
-inline void fail_with(const completion& c, const std::exception_ptr& e) noexcept { c.set_error(e); }
+inline void fail_with(const completion_source& c, const std::exception_ptr& e) noexcept { c.set_error(e); }
 
 class send_channel {
   struct pending {
     const_buffer_view data;
     std::uint32_t tag;
     deadline until;
-    completion done;
+    completion_source done;
   };
 
  public:
@@ -87,7 +87,7 @@ class send_channel {
   void interrupt(errc code, const std::string& reason) { interrupt_.raise(code, reason); }
 
   completion post(const_buffer_view data, std::uint32_t tag, deadline until) {
-    auto done = completion::pending();
+    completion_source done;
     {
       std::lock_guard lock(q_->mutex);
       if (q_->broken || q_->stopping) {
@@ -143,7 +143,7 @@ class recv_channel {
     buffer_view out;
     std::uint32_t tag;
     deadline until;
-    completion done;
+    completion_source done;
   };
   struct stashed {
     std::uint32_t tag;
@@ -193,7 +193,7 @@ class recv_channel {
   void interrupt(errc code, const std::string& reason) { interrupt_.raise(code, reason); }
 
   completion post(buffer_view out, std::uint32_t tag, deadline until) {
-    auto done = completion::pending();
+    completion_source done;
     std::unique_lock lock(q_->mutex);
     if (q_->broken || q_->stopping) {
       const auto e = q_->broken ? q_->broken
@@ -220,7 +220,7 @@ class recv_channel {
     done.on_cancel([weak, id, ctx]() -> bool {
       auto q = weak.lock();
       if (!q) return false;
-      completion withdrawn;
+      completion_source withdrawn;
       {
         std::lock_guard l(q->mutex);
         auto& v = q->posted_recvs;
@@ -236,7 +236,7 @@ class recv_channel {
   }
 
  private:
-  void deliver_stashed(const stashed& s, buffer_view out, const completion& done) {
+  void deliver_stashed(const stashed& s, buffer_view out, const completion_source& done) {
     const auto ctx = link_.context("recv");
     try {
       if (s.bytes != out.size_bytes()) throw size_mismatch(s.bytes, out.size_bytes(), ctx);

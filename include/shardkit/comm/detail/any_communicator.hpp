@@ -121,7 +121,7 @@ class communicator_model final : public communicator_interface {
  private:
   template <class F>
   static completion on_thread(F f) {
-    auto c = completion::pending();
+    completion_source c;
     std::thread([c, f = std::move(f)]() mutable {
       try {
         f();

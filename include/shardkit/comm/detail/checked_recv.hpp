@@ -24,7 +24,7 @@ inline std::exception_ptr with_context(std::exception_ptr e, const error_context
 //! errc::mismatch. `translate` turns the transport's failure into the communicator's (context, error codes).
 template <class Translate = decltype(&with_context)>
 completion checked_recv(completion got, std::size_t expected, error_context ctx, Translate translate = &with_context) {
-  auto result = completion::pending();
+  completion_source result;
   got.then([got, result, expected, ctx = std::move(ctx), translate] {
     if (auto e = got.exception()) {
       result.set_error(translate(e, ctx));

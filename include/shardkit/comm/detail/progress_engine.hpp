@@ -8,13 +8,18 @@
 #include <mutex>
 #include <thread>
 
+#include "shardkit/comm/work.hpp"
 #include "shardkit/core/completion.hpp"
 
 namespace shardkit::comm::detail {
 
 class progress_engine {
  public:
-  progress_engine() : thread_([this] { run(); }) {}
+  progress_engine()
+      : thread_([this] {
+          on_progress_thread() = true;  // blocking on work here would deadlock: work::wait refuses (work.hpp)
+          run();
+        }) {}
   progress_engine(const progress_engine&) = delete;
   progress_engine& operator=(const progress_engine&) = delete;
 

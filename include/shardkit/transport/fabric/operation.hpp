@@ -37,7 +37,7 @@ struct operation {
   bool settled = false, cancelling = false, withdrawn = false;
   std::exception_ptr outcome;
   std::vector<fid_mr*> registrations;
-  completion done = completion::pending();
+  completion_source done;
 
   bool is_user() const noexcept { return kind == op_kind::send || kind == op_kind::recv; }
   const char* name() const noexcept { return kind == op_kind::recv ? "fabric.recv" : "fabric.send"; }

@@ -97,7 +97,7 @@ class engine : public std::enable_shared_from_this<engine> {
       ring_doorbell(*out.peer);
       return completion::ready(bytes.size());
     }
-    auto done = completion::pending();
+    completion_source done;
     out.queue.push_back(send_request{done, bytes.data(), bytes.size(), h});
     pending_.fetch_add(1, std::memory_order_seq_cst);
     lock.unlock();
@@ -122,13 +122,13 @@ class engine : public std::enable_shared_from_this<engine> {
         return completion::ready(msg->size);
       }
       // Still landing: the progress thread continues straight into our buffer and completes us.
-      auto done = completion::pending();
+      completion_source done;
       msg->waiter = recv_request{done, bytes.data(), bytes.size(), 0};
       pending_.fetch_add(1, std::memory_order_seq_cst);
       return done;
     }
     if (in.lost) return completion::failed(in.lost);
-    auto done = completion::pending();
+    completion_source done;
     const std::uint64_t id = in.next_id++;
     done.on_cancel([weak = weak_from_this(), peer, tag, id] {
       auto self = weak.lock();

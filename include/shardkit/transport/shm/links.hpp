@@ -27,14 +27,14 @@
 namespace shardkit::transport::detail::shm {
 
 struct recv_request {
-  completion done;
+  completion_source done;
   std::byte* data = nullptr;
   std::size_t capacity = 0;
   std::uint64_t id = 0;  //!< finds it again on cancel
 };
 
 struct send_request {
-  completion done;
+  completion_source done;
   const std::byte* data = nullptr;
   std::uint64_t size = 0;
   frame_header header;
@@ -53,7 +53,7 @@ struct unexpected_message {
 
 //! A completion to finish once no lock is held.
 struct settlement {
-  completion done;
+  completion_source done;
   std::exception_ptr failure;
   std::size_t bytes = 0;
 };

@@ -148,7 +148,7 @@ class core : public std::enable_shared_from_this<core> {
     auto op = std::make_shared<recv_op>();
     op->bytes = bytes;
     op->tag = tag;
-    completion done = op->done;
+    completion_source done = op->done;
     // Weak references: the completion's state holds this callback, and the op and the transport hold the
     // completion; strong ones would keep each other alive.
     done.on_cancel([weak_op = std::weak_ptr<recv_op>(op), weak_core = weak_from_this(), self = rank_, peer, tag] {

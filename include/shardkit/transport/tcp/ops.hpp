@@ -16,7 +16,7 @@ namespace shardkit::transport::detail::tcp {
 
 struct send_op {
   std::span<const std::byte> bytes;
-  completion done = completion::pending();
+  completion_source done;
   message_tag tag = 0;
   std::uint64_t seq = 0;         // assigned on the peer's strand, in submission order
   std::size_t cut = 0;           // bytes already handed to a connection as frames
@@ -33,7 +33,7 @@ struct recv_op {
   enum : int { posted, bound, cancelled };
 
   std::span<std::byte> bytes;
-  completion done = completion::pending();
+  completion_source done;
   message_tag tag = 0;
   std::atomic<int> state{posted};
   std::shared_ptr<recv_op> next;  // per-tag FIFO link

@@ -106,8 +106,8 @@ class peer {
     std::shared_ptr<unexpected_message> buffered;   // or in a buffer until its recv comes
   };
 
-  void finish_later(const completion& c, std::size_t bytes) { due_.push(c, nullptr, bytes); }
-  void fail_later(const completion& c, std::exception_ptr e) { due_.push(c, std::move(e), 0); }
+  void finish_later(const completion_source& c, std::size_t bytes) { due_.push(c, nullptr, bytes); }
+  void fail_later(const completion_source& c, std::exception_ptr e) { due_.push(c, std::move(e), 0); }
 
   //! Runs f under rx_mutex_, then fires the completions it decided.
   template <class F>
@@ -454,7 +454,7 @@ class peer {
     if (failure_) return;
     failure_ = std::move(reason);
     grace_.cancel();
-    std::vector<completion> victims;
+    std::vector<completion_source> victims;
     tx_.close(failure_, victims);  // closes the connections first
     for (auto& l : links_)
       if (l) l->parked = false;

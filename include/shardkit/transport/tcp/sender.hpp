@@ -67,7 +67,7 @@ class sender {
   //! Closes every connection and appends every unfinished send to `victims` (once each: a send can be queued and
   //! in several connections' batches at once); later submits fail with `reason`. Closing under the mutex means
   //! no sending thread is inside sendmsg on a descriptor closed here (or reused). On the strand.
-  void close(std::exception_ptr reason, std::vector<completion>& victims) {
+  void close(std::exception_ptr reason, std::vector<completion_source>& victims) {
     std::lock_guard lock(mutex_);
     failure_ = std::move(reason);
     for (auto& l : links_) {
