@@ -16,6 +16,7 @@
 #include <memory>
 #include <regex>
 #include <string>
+#include <thread>
 
 #include "shardkit/backends/gloo.hpp"
 #include "shardkit/comm/process_group.hpp"
@@ -39,8 +40,9 @@ class stray_store {
  public:
   using store_concept = rendezvous::store_tag;
 
-  stray_store(rendezvous::any_store base, int rank, int size, std::shared_ptr<std::atomic<int>> budget)
-      : base_(std::move(base)), rank_(rank), size_(size), budget_(std::move(budget)) {}
+  stray_store(rendezvous::any_store base, int rank, int size, std::shared_ptr<std::atomic<int>> budget,
+              std::shared_ptr<std::atomic<int>> delivered)
+      : base_(std::move(base)), rank_(rank), size_(size), budget_(std::move(budget)), delivered_(std::move(delivered)) {}
 
   void set(const std::string& k, const std::string& v) { base_.set(k, v); }
   std::string get(const std::string& k, std::chrono::milliseconds t) {
@@ -79,13 +81,29 @@ class stray_store {
     if (int(mine.sin_port) - int(theirs.sin_port) <= 0) return;
     if (budget_->fetch_sub(1) <= 0) return;
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (::connect(fd, reinterpret_cast<const sockaddr*>(&theirs), sizeof theirs) != 0) budget_->fetch_add(1);
+    const bool landed = ::connect(fd, reinterpret_cast<const sockaddr*>(&theirs), sizeof theirs) == 0;
     ::close(fd);
+    if (!landed) {
+      budget_->fetch_add(1);
+      return;
+    }
+    delivered_->fetch_add(1);
+    // Return (and let this rank connect) only once the peer's gloo took the stray and closed its listening
+    // socket, so this rank's own connect is refused outright. Were it queued behind the stray instead, gloo would
+    // reset it, and a reset landing between gloo's getsockopt and getpeername in its I/O thread is an ENFORCE
+    // that terminates the process (gloo's bug, not the case under test; docs/backends.md).
+    for (int i = 0; i < 2000; ++i) {
+      const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
+      const bool refused = ::connect(probe, reinterpret_cast<const sockaddr*>(&theirs), sizeof theirs) != 0;
+      ::close(probe);
+      if (refused) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 
   rendezvous::any_store base_;
   int rank_, size_;
-  std::shared_ptr<std::atomic<int>> budget_;
+  std::shared_ptr<std::atomic<int>> budget_, delivered_;
 };
 
 gloo_options quick_gloo_options() {
@@ -155,21 +173,22 @@ TEST_CASE("[gloo] groups destroyed under waiting peers, then new groups, many ti
 TEST_CASE("[gloo] a stray connection to a new group's listening socket does not break the group (threads)") {
   auto base = rendezvous::make_store<rendezvous::memory_store>();
   const int n = 4, rounds = 12;
-  auto budget = std::make_shared<std::atomic<int>>(1);
+  auto budget = std::make_shared<std::atomic<int>>(1), delivered = std::make_shared<std::atomic<int>>(0);
   test::run_threads(n, [&](int r) {
-    auto store = rendezvous::any_store(std::make_shared<stray_store>(base, r, n, budget));
+    auto store = rendezvous::any_store(std::make_shared<stray_store>(base, r, n, budget, delivered));
     auto pg = comm::process_group::create(gloo_communicator::create(store, r, n, quick_gloo_options()), long_timeout());
     create_with_strays(pg, budget, rounds, true);
   });
-  CHECK(budget->load() == 0);  // every round's stray was delivered
+  // Strays land in most rounds (a round whose every client-side read came after the listener closed has none).
+  CHECK(delivered->load() >= rounds / 2);
 }
 
 SHARDKIT_SCENARIO(gloo_destroy_and_stray) {
   const auto info = rendezvous::info_from_env();
   auto base = rendezvous::connect_store(info, std::chrono::seconds(60));
   // Every process has its own budget: each may slip one stray into a round.
-  auto budget = std::make_shared<std::atomic<int>>(1);
-  auto store = rendezvous::any_store(std::make_shared<stray_store>(base, info.rank, info.world_size, budget));
+  auto budget = std::make_shared<std::atomic<int>>(1), delivered = std::make_shared<std::atomic<int>>(0);
+  auto store = rendezvous::any_store(std::make_shared<stray_store>(base, info.rank, info.world_size, budget, delivered));
   auto pg = comm::process_group::create(gloo_communicator::create(store, info.rank, info.world_size, quick_gloo_options()),
                                         long_timeout());
   for (int round = 0; round < 9; ++round) destroy_under_waiters_then_create(pg, round % info.world_size, round);

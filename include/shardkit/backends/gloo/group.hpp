@@ -19,6 +19,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shardkit/backends/gloo/p2p.hpp"
@@ -169,33 +170,31 @@ struct connected_mesh {
 };
 
 //! A rank whose attempt failed before it connected all its pairs leaves the peers it would have connected to
-//! waiting in accept() until their timeout. Connecting to each listening socket a peer published for this rank,
-//! and closing at once, makes those peers fail this attempt now. (Sockets that already accepted this rank are
-//! closed: the connect is refused, harmlessly.)
-inline void release_waiting_peers(rendezvous::any_store& attempt_store, int rank, int size) noexcept {
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank) continue;
-    try {
-      const std::string key = std::to_string(peer);  // gloo's key for `peer`'s pair addresses
-      if (!attempt_store.check(std::span<const std::string>(&key, 1))) continue;
-      const std::string all = attempt_store.get(key, std::chrono::milliseconds(1000));
-      const std::size_t width = all.size() / std::size_t(size - 1);
-      const std::size_t index = std::size_t(rank > peer ? rank - 1 : rank);
-      if (width == 0 || (index + 1) * width > all.size()) continue;
-      const ::gloo::transport::tcp::Address address(std::vector<char>(all.begin() + std::ptrdiff_t(index * width),
-                                                                      all.begin() + std::ptrdiff_t((index + 1) * width)));
-      const auto& ss = address.getSockaddr();
-      const socklen_t len = ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-      const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-      if (fd < 0) continue;
-      if (::connect(fd, reinterpret_cast<const sockaddr*>(&ss), len) != 0 && errno == EINPROGRESS) {
-        pollfd p{fd, POLLOUT, 0};
-        ::poll(&p, 1, 200);
-      }
-      ::close(fd);
-    } catch (...) {
+//! waiting in accept() until their timeout. Connecting to the listening socket `peer` published for this rank,
+//! and closing at once, makes that peer fail this attempt now. (A socket that already accepted this rank is
+//! closed: the connect is refused, harmlessly.) False while `peer` has not published its addresses yet.
+inline bool release_waiting_peer(rendezvous::any_store& attempt_store, int rank, int size, int peer) noexcept {
+  try {
+    const std::string key = std::to_string(peer);  // gloo's key for `peer`'s pair addresses
+    if (!attempt_store.check(std::span<const std::string>(&key, 1))) return false;
+    const std::string all = attempt_store.get(key, std::chrono::milliseconds(1000));
+    const std::size_t width = all.size() / std::size_t(size - 1);
+    const std::size_t index = std::size_t(rank > peer ? rank - 1 : rank);
+    if (width == 0 || (index + 1) * width > all.size()) return true;
+    const ::gloo::transport::tcp::Address address(std::vector<char>(all.begin() + std::ptrdiff_t(index * width),
+                                                                    all.begin() + std::ptrdiff_t((index + 1) * width)));
+    const auto& ss = address.getSockaddr();
+    const socklen_t len = ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return true;
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&ss), len) != 0 && errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, 200);
     }
+    ::close(fd);  // FIN, never a reset: see discard()
+  } catch (...) {
   }
+  return true;
 }
 
 //! The hello records of one attempt. They belong to the attempt, not to the exchange: after a failed exchange
@@ -256,9 +255,10 @@ inline void discard(world_state& world, connected_mesh& m) noexcept {
 }
 
 //! One attempt: connect the mesh under `attempt_prefix` and check every pair. Throws what went wrong.
+//! `mesh_failed` is set when connectFullMesh itself failed: peers may then be waiting for this rank's connects.
 inline connected_mesh connect_mesh(world_state& world, rendezvous::any_store attempt_store, const std::string& attempt_prefix,
                                    rendezvous::any_store group_store, const std::string& failed_key, int rank, int size,
-                                   steady_clock::time_point until) {
+                                   steady_clock::time_point until, bool& mesh_failed) {
   connected_mesh m;
   const auto left = std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(until - steady_clock::now()));
   m.context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
@@ -269,7 +269,7 @@ inline connected_mesh connect_mesh(world_state& world, rendezvous::any_store att
     m.context->connectFullMesh(adapter, device);
   } catch (...) {
     m.context.reset();  // closes this attempt's listening sockets: peers connecting to them are refused at once
-    release_waiting_peers(attempt_store, rank, size);
+    mesh_failed = true;
     throw;
   }
   m.p2p.emplace(m.context, world.pool);
@@ -311,10 +311,11 @@ inline std::shared_ptr<group_state> connect_group(std::shared_ptr<world_state> w
     auto attempt_store = attempt == 0 ? group_store
                                       : rendezvous::any_store(std::make_shared<rendezvous::prefix_store>(world->store, attempt_prefix));
     connected_mesh mesh;
+    bool mesh_failed = false;
     std::string failure;  // empty: this rank's attempt succeeded
     errc failure_code = errc::backend;
     try {
-      mesh = connect_mesh(*world, attempt_store, attempt_prefix, group_store, failed_key, rank, size, until);
+      mesh = connect_mesh(*world, attempt_store, attempt_prefix, group_store, failed_key, rank, size, until, mesh_failed);
     } catch (const error& e) {
       failure = e.detail();
       failure_code = errc(e.code().value());
@@ -336,6 +337,18 @@ inline std::shared_ptr<group_state> connect_group(std::shared_ptr<world_state> w
       group_store.set(outcome_key + std::to_string(rank), failure.empty() ? "ok" : "failed");
       std::vector<std::string> keys;
       for (int r = 0; r < size; ++r) keys.push_back(outcome_key + std::to_string(r));
+      if (mesh_failed) {
+        // Until every rank has reported, release each peer as soon as it has published its addresses (a peer that
+        // arrives after this rank failed would otherwise wait in accept() for it until the deadline).
+        std::vector<bool> released(std::size_t(size), false);
+        released[std::size_t(rank)] = true;
+        while (!group_store.check(keys)) {
+          if (steady_clock::now() >= until) break;
+          for (int peer = 0; peer < size; ++peer)
+            if (!released[std::size_t(peer)]) released[std::size_t(peer)] = release_waiting_peer(attempt_store, rank, size, peer);
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      }
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - steady_clock::now());
       if (left.count() <= 0) throw error(errc::timeout, "the connect deadline passed");
       group_store.wait(keys, left);
