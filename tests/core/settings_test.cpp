@@ -3,6 +3,8 @@
 // table, and a scan of include/ and tools/ for SHARDKIT_* names the table does not declare (or entries nothing reads).
 #include <doctest/doctest.h>
 
+#include "support/scoped_env.hpp"
+
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -32,37 +34,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-//! Sets (or unsets, with nullptr) one variable for a scope and restores it after.
-class scoped_env {
- public:
-  scoped_env(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) saved_ = old;
-    if (value) ::setenv(name, value, 1);
-    else ::unsetenv(name);
-  }
-  ~scoped_env() {
-    if (saved_) ::setenv(name_.c_str(), saved_->c_str(), 1);
-    else ::unsetenv(name_.c_str());
-  }
-  scoped_env(const scoped_env&) = delete;
-  scoped_env& operator=(const scoped_env&) = delete;
-
- private:
-  std::string name_;
-  std::optional<std::string> saved_;
-};
-
-//! The message of the errc::config `f` throws ("" when it throws nothing; a FAIL when it throws another code).
-template <class F>
-std::string config_error(F&& f) {
-  try {
-    f();
-  } catch (const sk::error& e) {
-    CHECK(e.code() == sk::errc::config);
-    return e.detail();
-  }
-  return "";
-}
+using shardkit::test::config_error;
+using shardkit::test::scoped_env;
 
 //! An environment of a map (get's second argument).
 struct fake_env {

@@ -2,6 +2,8 @@
 // SHARDKIT_SEGMENT_BYTES=1M is 1 MiB here too (strtoull used to read it as 1 byte).
 #include <doctest/doctest.h>
 
+#include "support/scoped_env.hpp"
+
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -10,36 +12,8 @@
 
 namespace {
 
-//! Sets (or unsets, with nullptr) one variable for a scope and restores it after.
-class scoped_env {
- public:
-  scoped_env(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) saved_ = old;
-    if (value) ::setenv(name, value, 1);
-    else ::unsetenv(name);
-  }
-  ~scoped_env() {
-    if (saved_) ::setenv(name_.c_str(), saved_->c_str(), 1);
-    else ::unsetenv(name_.c_str());
-  }
-  scoped_env(const scoped_env&) = delete;
-  scoped_env& operator=(const scoped_env&) = delete;
-
- private:
-  std::string name_;
-  std::optional<std::string> saved_;
-};
-
-template <class F>
-std::string config_error(F&& f) {
-  try {
-    f();
-  } catch (const shardkit::error& e) {
-    CHECK(e.code() == shardkit::errc::config);
-    return e.detail();
-  }
-  return "";
-}
+using shardkit::test::config_error;
+using shardkit::test::scoped_env;
 
 }  // namespace
 

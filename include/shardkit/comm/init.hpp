@@ -10,8 +10,12 @@
 //!    otherwise shm to the ranks of the same host routed beside tcp to the others ("shm+tcp"), with large
 //!    all-reduces going hierarchical (intra-host, then inter-host).
 //! Rank 0 hosts the TCP store at MASTER_ADDR:MASTER_PORT.
+#include <functional>
+#include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "shardkit/comm/p2p_communicator.hpp"
 #include "shardkit/comm/process_group.hpp"
@@ -20,10 +24,6 @@
 #include "shardkit/rendezvous/hosts.hpp"
 #include "shardkit/rendezvous/store.hpp"
 #include "shardkit/transport/shm.hpp"
-#if defined(SHARDKIT_HAS_TCP)
-#include "shardkit/transport/routed.hpp"
-#include "shardkit/transport/tcp.hpp"
-#endif
 
 namespace shardkit::comm {
 
@@ -34,6 +34,48 @@ struct world {
   std::string transport;  //!< the transport that was chosen: "shm", "tcp" or "shm+tcp"
   rendezvous::host_map hosts;  //!< the host of each rank
 };
+
+//! What a transport's factory gets from init_process_group: the job, its store (scoped to the transport) and
+//! the discovered hosts.
+struct transport_setup {
+  const rendezvous::rendezvous_info& info;
+  rendezvous::any_store& scoped_store;
+  const rendezvous::host_map& hosts;
+  int my_host;
+  std::vector<int> local_ranks;
+};
+using group_factory = std::function<process_group(const transport_setup&, const group_options&)>;
+
+namespace detail {
+// Transports register themselves by name where their own header is included (the tcp target's registers "tcp"
+// and "shm+tcp"), so the body of every inline function here is the same in every translation unit, whichever
+// targets each was compiled with (a feature macro in init_process_group's body broke the one-definition rule).
+struct transport_registry {
+  std::mutex mutex;
+  std::map<std::string, group_factory, std::less<>> factories;
+};
+inline transport_registry& transports() {
+  static transport_registry r;
+  return r;
+}
+}  // namespace detail
+
+//! Makes `name` available to init_process_group (SHARDKIT_TRANSPORT). Returns true (for an inline registrar).
+inline bool register_transport(std::string name, group_factory make) {
+  auto& r = detail::transports();
+  std::lock_guard lock(r.mutex);
+  r.factories[std::move(name)] = std::move(make);
+  return true;
+}
+
+inline const bool shm_transport_registered = register_transport("shm", [](const transport_setup& s, const group_options& opts) {
+  if (!s.hosts.single_host())
+    throw_error(errc::config, "SHARDKIT_TRANSPORT=shm needs every rank on one host, but the " + std::to_string(s.info.world_size) +
+                                  " ranks are on " + std::to_string(s.hosts.host_count()) + " hosts (use tcp or auto)",
+                {.rank = s.info.rank, .operation = "init_process_group"});
+  auto t = transport::shm_transport::connect(s.scoped_store, s.info.rank, s.info.world_size);
+  return process_group::create(p2p_communicator<transport::shm_transport>(t), opts);
+});
 
 inline std::string transport_from_env(std::string_view fallback = "auto") {
   return settings::get<settings::choice>("SHARDKIT_TRANSPORT").value_or(std::string(fallback));
@@ -56,38 +98,25 @@ inline world init_process_group(std::string transport = transport_from_env(), gr
     transport = w.hosts.single_host() ? "shm" : w.hosts.one_rank_per_host() ? "tcp" : "shm+tcp";
   w.transport = transport;
   rendezvous::any_store scoped(std::make_shared<rendezvous::prefix_store>(w.store, "shardkit/" + transport));
-  if (transport == "shm") {
-    if (!w.hosts.single_host())
-      throw_error(errc::config, "SHARDKIT_TRANSPORT=shm needs every rank on one host, but the " +
-                                    std::to_string(w.info.world_size) + " ranks are on " + std::to_string(w.hosts.host_count()) +
-                                    " hosts (use tcp or auto)",
-                  {.rank = w.info.rank, .operation = "init_process_group"});
-    auto t = transport::shm_transport::connect(scoped, w.info.rank, w.info.world_size);
-    w.group = process_group::create(p2p_communicator<transport::shm_transport>(t), opts);
-    return w;
+  group_factory make;
+  std::string known;
+  {
+    auto& r = detail::transports();
+    std::lock_guard lock(r.mutex);
+    if (auto it = r.factories.find(transport); it != r.factories.end()) make = it->second;
+    for (const auto& [name, f] : r.factories) known += (known.empty() ? "" : ", ") + name;
   }
-#if defined(SHARDKIT_HAS_TCP)
-  if (transport == "tcp") {
-    auto t = transport::tcp_transport::connect(scoped, w.info.rank, w.info.world_size);
-    w.group = process_group::create(p2p_communicator<transport::tcp_transport>(t, p2p_options::from_env(), w.hosts.host_of), opts);
-    return w;
-  }
-  if (transport == "shm+tcp") {
-    rendezvous::any_store host_scope(
-        std::make_shared<rendezvous::prefix_store>(scoped, "host" + std::to_string(my_host)));
-    auto near = transport::shm_transport::connect(host_scope, w.hosts.local_rank(w.info.rank), int(local_ranks.size()));
-    auto far = transport::tcp_transport::connect(scoped, w.info.rank, w.info.world_size);
-    using routed = transport::routed_transport<transport::shm_transport, transport::tcp_transport>;
-    auto t = std::make_shared<routed>(near, far, local_ranks);
-    w.group = process_group::create(p2p_communicator<routed>(t, p2p_options::from_env(), w.hosts.host_of), opts);
-    return w;
-  }
-#endif
-  throw_error(errc::config, "SHARDKIT_TRANSPORT='" + transport + "' is not available in this build (known: shm, auto"
-#if defined(SHARDKIT_HAS_TCP)
-                            ", tcp, shm+tcp"
-#endif
-                            ")");
+  if (!make)
+    throw_error(errc::config, "SHARDKIT_TRANSPORT='" + transport + "' is not available in this program (known: auto, " + known +
+                                  "; tcp and shm+tcp need the shardkit::tcp target and its header)",
+                {.rank = w.info.rank, .operation = "init_process_group"});
+  w.group = make(transport_setup{w.info, scoped, w.hosts, my_host, local_ranks}, opts);
+  return w;
 }
 
 }  // namespace shardkit::comm
+
+#if defined(SHARDKIT_HAS_TCP)
+// Only adds registrations (inline variables), never changes a function above.
+#include "shardkit/comm/init_tcp.hpp"
+#endif
