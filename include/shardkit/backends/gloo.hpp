@@ -329,7 +329,7 @@ class gloo_communicator {
 
   comm::algorithms::p2p_op<gloo_detail::gloo_p2p> p2p_op(const char* name, std::uint32_t tag, const comm::collective_options& o) {
     return comm::algorithms::p2p_op<gloo_detail::gloo_p2p>(*g_->p2p, g_->members, rank(), transport::message_tag(tag),
-                                                           o.until, name, {});
+                                                           o.until, name);
   }
   static transport::message_tag user_tag(std::uint32_t tag) noexcept { return (transport::message_tag(1) << 55) | tag; }
   void check_user_tag(std::uint32_t tag, const char* op) const {

@@ -67,7 +67,6 @@ class scratch_arena {
     }
     return memory_.get();
   }
-  std::size_t capacity() const noexcept { return size_; }
 
  private:
   std::unique_ptr<std::byte[]> memory_;
@@ -79,9 +78,8 @@ class p2p_op {
  public:
   //! `arena` (optional) lends the op its scratch memory; without one the op allocates its own.
   p2p_op(T& transport, std::span<const int> members, int me, transport::message_tag tag, deadline until,
-         const char* name, std::string group, scratch_arena* arena = nullptr)
-      : transport_(transport), members_(members), me_(me), tag_(tag), until_(until), name_(name), group_(std::move(group)),
-        arena_(arena) {}
+         const char* name, scratch_arena* arena = nullptr)
+      : transport_(transport), members_(members), me_(me), tag_(tag), until_(until), name_(name), arena_(arena) {}
 
   p2p_op(const p2p_op&) = delete;
   p2p_op& operator=(const p2p_op&) = delete;
@@ -159,7 +157,7 @@ class p2p_op {
   }
 
   error_context context(int peer) const {
-    error_context ctx{.rank = me_, .operation = name_, .group = group_};
+    error_context ctx{.rank = me_, .operation = name_};  // the process group adds its name
     if (peer >= 0) ctx.peer = peer;
     return ctx;
   }
@@ -187,7 +185,6 @@ class p2p_op {
   transport::message_tag tag_;
   deadline until_;
   const char* name_;
-  std::string group_;
   std::vector<completion> sends_, recvs_;
   scratch_arena* arena_;
   scratch_arena own_;
