@@ -34,19 +34,33 @@ struct store_tag {};
 
 inline constexpr std::chrono::milliseconds default_store_timeout{300'000};
 
+//! The parts of the store concept, named so that a type missing one is rejected with that part's name.
 template <class S>
-concept store = requires { typename S::store_concept; } && std::same_as<typename S::store_concept, store_tag> &&
-                requires(S& s, const std::string& key, const std::string& value, std::chrono::milliseconds timeout,
-                         std::span<const std::string> keys, std::int64_t delta) {
-                  s.set(key, value);
-                  { s.get(key, timeout) } -> std::same_as<std::string>;
-                  s.wait(keys, timeout);
-                  { s.check(keys) } -> std::same_as<bool>;
-                  { s.add(key, delta) } -> std::same_as<std::int64_t>;
-                  { s.compare_set(key, value, value) } -> std::same_as<std::string>;
-                  { s.remove(key) } -> std::same_as<bool>;
-                  { s.num_keys() } -> std::same_as<std::int64_t>;
-                };
+concept opts_into_store = requires { typename S::store_concept; } && std::same_as<typename S::store_concept, store_tag>;
+template <class S>
+concept store_sets_and_gets = requires(S& s, const std::string& key, const std::string& value, std::chrono::milliseconds timeout) {
+  s.set(key, value);
+  { s.get(key, timeout) } -> std::same_as<std::string>;
+};
+template <class S>
+concept store_waits_for_keys = requires(S& s, std::span<const std::string> keys, std::chrono::milliseconds timeout) {
+  s.wait(keys, timeout);
+  { s.check(keys) } -> std::same_as<bool>;
+};
+template <class S>
+concept store_counts_and_swaps = requires(S& s, const std::string& key, const std::string& value, std::int64_t delta) {
+  { s.add(key, delta) } -> std::same_as<std::int64_t>;
+  { s.compare_set(key, value, value) } -> std::same_as<std::string>;
+};
+template <class S>
+concept store_removes_keys = requires(S& s, const std::string& key) {
+  { s.remove(key) } -> std::same_as<bool>;
+  { s.num_keys() } -> std::same_as<std::int64_t>;
+};
+
+template <class S>
+concept store = opts_into_store<S> && store_sets_and_gets<S> && store_waits_for_keys<S> && store_counts_and_swaps<S> &&
+                store_removes_keys<S>;
 
 namespace detail {
 struct store_interface {
