@@ -61,7 +61,7 @@ enum class algorithm : std::uint8_t {
   automatic,           //!< by size: one-shot when tiny, recursive doubling when small, else hierarchical or ring
   ring,                //!< bandwidth-optimal ring (reduce-scatter + all-gather), pipelined in segments
   recursive_doubling,  //!< latency-optimal log2(n) exchanges of the whole buffer
-  tree,                //!< binomial tree (broadcast, reduce)
+  tree,                //!< binomial tree: what broadcast and reduce always run; asked of all_reduce, it means automatic
   hierarchical,        //!< all_reduce: reduce-scatter within hosts, all-reduce across hosts, all-gather within
   one_shot,            //!< all_reduce: every rank sends its buffer to every other and reduces all n (one hop)
 };

@@ -126,7 +126,8 @@ class p2p_communicator {
                                           opts_.cross_memory ? intra_cross_memory_.get() : nullptr);
     } else if (algo == algorithm::ring && use_cross_memory(o, bytes) &&
                algorithms::cross_memory_all_reduce(ctx, in.data(), out.data(), out.count(), out.type(), op, *cross_memory_)) {
-      // done: every rank of the host read its slice from the others (falls through to the ring when refused)
+      // done: each rank reduced its slice of every peer's input and wrote it into every peer's output
+      // (cross_memory.hpp); when a peer refuses access, every rank falls through to the ring together
     } else if (algo == algorithm::one_shot) {
       algorithms::one_shot_all_reduce(ctx, in.data(), out.data(), out.count(), out.type(), op);
     } else if (algo == algorithm::recursive_doubling) {
