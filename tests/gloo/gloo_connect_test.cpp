@@ -59,12 +59,10 @@ class stray_store {
 
  private:
   static sockaddr_in address_for(const std::string& all_of_peer, int peer, int reader, int size) {
-    const std::size_t width = all_of_peer.size() / std::size_t(size - 1);
-    const std::size_t index = std::size_t(reader > peer ? reader - 1 : reader);
-    const ::gloo::transport::tcp::Address a(std::vector<char>(all_of_peer.begin() + std::ptrdiff_t(index * width),
-                                                              all_of_peer.begin() + std::ptrdiff_t((index + 1) * width)));
+    const auto a = backends::gloo_detail::published_address(all_of_peer, peer, reader, size);
+    if (!a) throw std::runtime_error("malformed gloo address list of rank " + std::to_string(peer));
     sockaddr_in in{};
-    std::memcpy(&in, &a.getSockaddr(), sizeof in);
+    std::memcpy(&in, &a->getSockaddr(), sizeof in);
     return in;
   }
 

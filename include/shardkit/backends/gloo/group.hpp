@@ -169,6 +169,16 @@ struct connected_mesh {
   std::shared_ptr<hellos> hello;  // outlives the context and its pending operations (discard())
 };
 
+//! The address that `publisher` published (gloo's key "<publisher>": one address per other rank, in rank order)
+//! for its pair with `reader`; nullopt when the value is malformed.
+inline std::optional<::gloo::transport::tcp::Address> published_address(const std::string& all, int publisher, int reader, int size) {
+  const std::size_t width = size > 1 ? all.size() / std::size_t(size - 1) : 0;
+  const std::size_t index = std::size_t(reader > publisher ? reader - 1 : reader);
+  if (width == 0 || (index + 1) * width > all.size()) return std::nullopt;
+  return ::gloo::transport::tcp::Address(std::vector<char>(all.begin() + std::ptrdiff_t(index * width),
+                                                           all.begin() + std::ptrdiff_t((index + 1) * width)));
+}
+
 //! A rank whose attempt failed before it connected all its pairs leaves the peers it would have connected to
 //! waiting in accept() until their timeout. Connecting to the listening socket `peer` published for this rank,
 //! and closing at once, makes that peer fail this attempt now. (A socket that already accepted this rank is
@@ -177,13 +187,9 @@ inline bool release_waiting_peer(rendezvous::any_store& attempt_store, int rank,
   try {
     const std::string key = std::to_string(peer);  // gloo's key for `peer`'s pair addresses
     if (!attempt_store.check(std::span<const std::string>(&key, 1))) return false;
-    const std::string all = attempt_store.get(key, std::chrono::milliseconds(1000));
-    const std::size_t width = all.size() / std::size_t(size - 1);
-    const std::size_t index = std::size_t(rank > peer ? rank - 1 : rank);
-    if (width == 0 || (index + 1) * width > all.size()) return true;
-    const ::gloo::transport::tcp::Address address(std::vector<char>(all.begin() + std::ptrdiff_t(index * width),
-                                                                    all.begin() + std::ptrdiff_t((index + 1) * width)));
-    const auto& ss = address.getSockaddr();
+    const auto address = published_address(attempt_store.get(key, std::chrono::milliseconds(1000)), peer, rank, size);
+    if (!address) return true;
+    const auto& ss = address->getSockaddr();
     const socklen_t len = ss.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
     const int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return true;
