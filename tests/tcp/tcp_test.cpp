@@ -219,15 +219,19 @@ TEST_CASE("[tcp] frames packed many to a read, or cut anywhere, arrive intact") 
 TEST_CASE("[tcp] stats count messages, and those that arrived before their recv") {
   run_world(2, loopback_options(), [&](tcp_transport& t) {
     const auto a = pattern(5000, 1), b = pattern(7, 2);
+    std::byte ready{};
     if (t.rank() == 0) {
+      wait_ok(t.recv(1, 3, {&ready, 1}));  // rank 1's recv for b is posted: b cannot arrive unexpected
       wait_ok(t.send(1, 1, cbytes(a)));
       wait_ok(t.send(1, 2, cbytes(b)));
       SCENARIO_CHECK(t.stats().messages_sent == 2);
       SCENARIO_CHECK(t.stats().bytes_sent == 5007);
     } else {
       std::vector<std::byte> in_a(5000), in_b(7);
+      auto got_b = t.recv(0, 2, wbytes(in_b));
+      wait_ok(t.send(0, 3, {&ready, 1}));
       // Messages match in send order: once b is in, a was matched before it, with no recv posted for it.
-      wait_ok(t.recv(0, 2, wbytes(in_b)));
+      wait_ok(got_b);
       SCENARIO_CHECK(t.stats().unexpected_messages == 1);
       SCENARIO_CHECK(t.stats().unexpected_bytes == 5000);
       wait_ok(t.recv(0, 1, wbytes(in_a)));
