@@ -1,6 +1,8 @@
 #pragma once
-//! async_semaphore: a budget of bytes that coroutines (and plain threads) acquire and release, waiting in FIFO
-//! order. The base of FSDP's rate limiter for in-flight all-gathers.
+//! basic_async_semaphore<Resource>: a resource that coroutines (and plain threads) acquire and release, waiting in
+//! FIFO order. The resource policy decides whether a request fits now and what a grant carries (a byte count, an
+//! offset into a region); the semaphore owns the waiting. async_semaphore, the byte counter, is the base of FSDP's
+//! rate limiter (fsdp/rate_limiter.hpp, whose policy hands out blocks of one region).
 //!
 //! Fairness is strict FIFO: a request is admitted only when every request queued before it has been, so a large
 //! all-gather at the head is not starved by small ones behind it (they wait even when they would fit). A request
@@ -11,7 +13,8 @@
 //! letting go of it, each on the executor that was current when it began waiting (resume_on: inline when that is
 //! the releasing thread's or none, else posted). Inline resumptions go through the thread's trampoline, so a
 //! chain of coroutines that each release to the next does not deepen the stack. Blocking waiters sleep on a
-//! condition variable of the semaphore.
+//! condition variable of the semaphore. The grant is stored in the waiter's node under the lock, so the woken
+//! coroutine or thread takes exactly what was reserved for it.
 //! @code
 //! shardkit::async_semaphore inflight(512 << 20);   // bytes of all-gathered parameters
 //! shardkit::task<void> prefetch(unit& u) {
@@ -20,15 +23,31 @@
 //!   u.hold(std::move(permit));                    // released when the unit frees its parameters
 //! }
 //! @endcode
+//!
+//! ### Named requirement `semaphore_resource<R>` (every call is made under the semaphore's lock)
+//! | expression           | type / semantics                                                                    |
+//! |----------------------|-------------------------------------------------------------------------------------|
+//! | `R::request_type`    | what a waiter asks for; stored in its queue node                                    |
+//! | `R::grant_type`      | what an admitted waiter receives; nothrow-movable                                   |
+//! | `r.try_take(q)`      | noexcept, `std::optional<grant_type>`: takes and returns the grant if q fits now    |
+//! | `r.give_back(g)`     | returns a grant; may throw only before changing anything                            |
+//! | `cr.describe(q)`     | `std::string` naming the request in errors ("async_semaphore: a request of 8 bytes")|
+//! Liveness is the policy's: every request it is given must fit once every grant has been given back (callers
+//! check requests up front), else the head of the queue waits forever.
 #include <algorithm>
+#include <chrono>
+#include <concepts>
 #include <condition_variable>
 #include <coroutine>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "shardkit/core/error.hpp"
@@ -36,68 +55,55 @@
 
 namespace shardkit {
 
-class async_semaphore;
+//! See the table in the file comment.
+template <class R>
+concept semaphore_resource =
+    std::movable<typename R::request_type> && std::is_nothrow_move_constructible_v<typename R::grant_type> &&
+    requires(R& r, const R& cr, const typename R::request_type& q, typename R::grant_type g) {
+      { r.try_take(q) } noexcept -> std::same_as<std::optional<typename R::grant_type>>;
+      r.give_back(std::move(g));
+      { cr.describe(q) } -> std::convertible_to<std::string>;
+    };
 
-//! A held share of an async_semaphore; released on destruction. Move-only.
-//! @code
-//! {
-//!   shardkit::permit p = co_await sem.acquire_permit(4096);
-//!   assert(p.size() == 4096);
-//! }  // released here
-//! @endcode
-class permit {
- public:
-  permit() noexcept = default;
-  permit(permit&& o) noexcept : sem_(std::exchange(o.sem_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  permit& operator=(permit&& o) noexcept {
-    if (this != &o) {
-      release();
-      sem_ = std::exchange(o.sem_, nullptr);
-      n_ = std::exchange(o.n_, 0);
-    }
-    return *this;
-  }
-  ~permit() { release(); }
-
-  std::size_t size() const noexcept { return n_; }
-  explicit operator bool() const noexcept { return sem_ != nullptr; }
-  //! Gives the share back now (no-op if empty).
-  inline void release() noexcept;
-
- private:
-  friend class async_semaphore;
-  permit(async_semaphore& s, std::size_t n) noexcept : sem_(&s), n_(n) {}
-  async_semaphore* sem_ = nullptr;
-  std::size_t n_ = 0;
+//! Admissions so far. waits: admissions that had to queue; waited: their total time queued (enqueue to grant).
+//! Withdrawn requests count in neither.
+struct semaphore_queue_stats {
+  std::uint64_t grants = 0;
+  std::uint64_t waits = 0;
+  std::chrono::nanoseconds waited{0};
 };
-
-namespace detail {
-struct semaphore_waiter {
-  enum class state : std::uint8_t { idle, queued, granted, aborted };
-  std::size_t n = 0;
-  semaphore_waiter* prev = nullptr;
-  semaphore_waiter* next = nullptr;
-  state st = state::idle;
-  std::coroutine_handle<> handle;  // null for a blocked thread
-  executor_ref executor;
-};
-}  // namespace detail
 
 //! See the file comment.
-class async_semaphore {
-  using waiter = detail::semaphore_waiter;
-  using state = waiter::state;
+template <semaphore_resource Resource>
+class basic_async_semaphore {
+ public:
+  using request_type = typename Resource::request_type;
+  using grant_type = typename Resource::grant_type;
+
+ private:
+  struct waiter {
+    enum class state : std::uint8_t { idle, queued, granted, aborted };
+    request_type request;
+    std::optional<grant_type> grant;
+    waiter* prev = nullptr;
+    waiter* next = nullptr;
+    state st = state::idle;
+    std::coroutine_handle<> handle;  // null for a blocked thread
+    executor_ref executor;
+    std::chrono::steady_clock::time_point queued_at;
+  };
+  using state = typename waiter::state;
 
   struct withdrawal {
-    async_semaphore* sem;
+    basic_async_semaphore* sem;
     waiter* w;
     void operator()() const noexcept { sem->withdraw(*w); }
   };
 
  public:
-  //! co_await yields void (AsPermit false) or a permit; throws errc::aborted if withdrawn by its stop token.
-  //! Not movable: it is the queue node while the coroutine waits.
-  template <bool AsPermit>
+  //! co_await yields Then(grant) (the grant itself by default); throws errc::aborted if withdrawn by its stop
+  //! token. Not movable: it is the queue node while the coroutine waits.
+  template <class Then = std::identity>
   class acquire_awaiter {
    public:
     acquire_awaiter(const acquire_awaiter&) = delete;
@@ -117,61 +123,51 @@ class async_semaphore {
       if (stop_.stop_possible()) on_stop_.emplace(stop_, withdrawal{&sem_, &w_});
       return sem_.enqueue(w_);
     }
-    auto await_resume() {
-      if (w_.st == state::aborted) sem_.throw_aborted(w_.n);
-      if constexpr (AsPermit) return permit(sem_, w_.n);
+    std::remove_cvref_t<std::invoke_result_t<Then&, grant_type>> await_resume() {
+      if (w_.st == state::aborted) sem_.throw_aborted(w_.request);
+      return std::invoke(then_, std::move(*w_.grant));
     }
 
    private:
-    friend class async_semaphore;
-    acquire_awaiter(async_semaphore& s, std::size_t n, std::stop_token st) : sem_(s), stop_(std::move(st)) {
-      w_.n = n;
-    }
-    async_semaphore& sem_;
+    friend class basic_async_semaphore;
+    acquire_awaiter(basic_async_semaphore& s, request_type q, std::stop_token st, Then then)
+        : sem_(s), stop_(std::move(st)), then_(std::move(then)), w_{.request = std::move(q)} {}
+    basic_async_semaphore& sem_;
     std::stop_token stop_;
+    Then then_;
     waiter w_;
     std::optional<std::stop_callback<withdrawal>> on_stop_;
   };
 
-  //! A semaphore of `budget` units (bytes), none in use.
-  explicit async_semaphore(std::size_t budget) : budget_(budget) {}
+  //! The resource is constructed from args; nothing is in use.
+  template <class... Args>
+    requires std::constructible_from<Resource, Args...>
+  explicit basic_async_semaphore(Args&&... args) : resource_(std::forward<Args>(args)...) {}
   //! Nothing may be waiting any more.
-  ~async_semaphore() = default;
-  async_semaphore(const async_semaphore&) = delete;
-  async_semaphore& operator=(const async_semaphore&) = delete;
+  ~basic_async_semaphore() = default;
+  basic_async_semaphore(const basic_async_semaphore&) = delete;
+  basic_async_semaphore& operator=(const basic_async_semaphore&) = delete;
 
-  //! `co_await sem.acquire(n)`: waits (FIFO) until n units are free and takes them. n > budget() throws
-  //! errc::invalid_argument here; with a stop token, a stop while queued throws errc::aborted at the co_await.
-  acquire_awaiter<false> acquire(std::size_t n, std::stop_token stop = {}) {
-    check_request(n, "acquire");
-    return {*this, n, std::move(stop)};
-  }
-  //! As acquire(), yielding a permit that releases the units when destroyed.
-  acquire_awaiter<true> acquire_permit(std::size_t n, std::stop_token stop = {}) {
-    check_request(n, "acquire_permit");
-    return {*this, n, std::move(stop)};
+  //! `co_await sem.acquire(q)`: waits (FIFO) until q fits, takes it and yields then(grant); with a stop token, a
+  //! stop while queued throws errc::aborted at the co_await.
+  template <class Then = std::identity>
+  acquire_awaiter<Then> acquire(request_type q, std::stop_token stop = {}, Then then = {}) {
+    return {*this, std::move(q), std::move(stop), std::move(then)};
   }
 
-  //! Takes n units if they are free and nobody is queued; never waits.
-  bool try_acquire(std::size_t n) {
-    check_request(n, "try_acquire");
-    waiter w;
-    w.n = n;
-    return admit_now(w);
-  }
-  std::optional<permit> try_acquire_permit(std::size_t n) {
-    if (!try_acquire(n)) return std::nullopt;
-    return permit(*this, n);
+  //! The grant if q fits now and nobody is queued; never waits.
+  std::optional<grant_type> try_acquire(request_type q) {
+    waiter w{.request = std::move(q)};
+    if (!admit_now(w)) return std::nullopt;
+    return std::move(w.grant);
   }
 
-  //! Blocks the calling thread until n units are admitted (FIFO with the coroutines). For plain threads: a pool
-  //! worker blocked here holds up the coroutines queued on it.
-  void acquire_blocking(std::size_t n, std::stop_token stop = {}) {
-    check_request(n, "acquire_blocking");
-    waiter w;
-    w.n = n;
-    if (stop.stop_requested()) throw_aborted(n);
-    if (admit_now(w)) return;
+  //! Blocks the calling thread until q is admitted (FIFO with the coroutines). For plain threads: a pool worker
+  //! blocked here holds up the coroutines queued on it.
+  grant_type acquire_blocking(request_type q, std::stop_token stop = {}) {
+    waiter w{.request = std::move(q)};
+    if (stop.stop_requested()) throw_aborted(w.request);
+    if (admit_now(w)) return std::move(*w.grant);
     std::optional<std::stop_callback<withdrawal>> on_stop;
     if (stop.stop_possible()) on_stop.emplace(stop, withdrawal{this, &w});
     if (enqueue(w)) {
@@ -179,75 +175,59 @@ class async_semaphore {
       blocked_.wait(lock, [&] { return w.st != state::queued; });
     }
     on_stop.reset();  // waits for a withdrawal running on another thread to be done with w
-    if (w.st == state::aborted) throw_aborted(n);
-  }
-  permit acquire_permit_blocking(std::size_t n, std::stop_token stop = {}) {
-    acquire_blocking(n, std::move(stop));
-    return permit(*this, n);
+    if (w.st == state::aborted) throw_aborted(w.request);
+    return std::move(*w.grant);
   }
 
-  //! Gives back n units and admits the waiters that now fit, in order. Releasing more than is in use throws
-  //! errc::invalid_argument.
-  void release(std::size_t n) {
+  //! Gives g back to the resource and admits the waiters that now fit, in order. What give_back throws (a grant
+  //! that was never taken) propagates and admits nobody.
+  void release(grant_type g) {
     waiter* ready = nullptr;
     bool wake_blocked = false;
     {
       std::lock_guard lock(mutex_);
-      if (n > in_use_)
-        throw_error(errc::invalid_argument, "async_semaphore: release of " + std::to_string(n) +
-                                                " bytes while only " + std::to_string(in_use_) + " are in use");
-      in_use_ -= n;
+      resource_.give_back(std::move(g));
       admit_queued(ready, wake_blocked);
     }
     wake(ready, wake_blocked);
   }
 
-  std::size_t budget() const noexcept { return budget_; }
-  std::size_t in_use() const {
-    std::lock_guard lock(mutex_);
-    return in_use_;
-  }
-  std::size_t available() const {
-    std::lock_guard lock(mutex_);
-    return budget_ - in_use_;
-  }
-  //! The highest in_use() ever reached.
-  std::size_t peak() const {
-    std::lock_guard lock(mutex_);
-    return peak_;
-  }
   //! Requests queued now.
   std::size_t waiting() const {
     std::lock_guard lock(mutex_);
     return waiting_;
   }
+  //! f(const Resource&, const semaphore_queue_stats&) under the lock: one consistent snapshot.
+  template <class F>
+  decltype(auto) inspect(F&& f) const {
+    std::lock_guard lock(mutex_);
+    return std::invoke(std::forward<F>(f), resource_, stats_);
+  }
+  //! f(Resource&) under the lock, for bookkeeping only (resetting a peak): nobody is admitted afterwards, so f
+  //! must not make room.
+  template <class F>
+  decltype(auto) modify(F&& f) {
+    std::lock_guard lock(mutex_);
+    return std::invoke(std::forward<F>(f), resource_);
+  }
 
  private:
-  friend class permit;
-
-  void check_request(std::size_t n, const char* what) const {
-    if (n > budget_)
-      throw_error(errc::invalid_argument, std::string("async_semaphore::") + what + ": a request of " +
-                                              std::to_string(n) + " bytes exceeds the whole budget of " +
-                                              std::to_string(budget_) + " bytes");
-  }
-  [[noreturn]] void throw_aborted(std::size_t n) const {
-    throw_error(errc::aborted, "async_semaphore: a request of " + std::to_string(n) +
-                                   " bytes was withdrawn by its stop token while queued");
+  [[noreturn]] void throw_aborted(const request_type& q) const {
+    throw_error(errc::aborted, resource_.describe(q) + " was withdrawn by its stop token while queued");
   }
 
-  void take_locked(std::size_t n) noexcept {
-    in_use_ += n;
-    peak_ = std::max(peak_, in_use_);
+  bool grant_locked(waiter& w) noexcept {
+    w.grant = resource_.try_take(w.request);
+    if (!w.grant) return false;
+    w.st = state::granted;
+    ++stats_.grants;
+    return true;
   }
 
   // Admits w at once if it fits and nobody is ahead of it (no barging past the queue).
   bool admit_now(waiter& w) {
     std::lock_guard lock(mutex_);
-    if (head_ || w.n > budget_ - in_use_) return false;
-    take_locked(w.n);
-    w.st = state::granted;
-    return true;
+    return !head_ && grant_locked(w);
   }
 
   // Queues w, or admits it if that became possible since admit_now; false means "do not wait" (admitted, or
@@ -255,12 +235,9 @@ class async_semaphore {
   bool enqueue(waiter& w) {
     std::lock_guard lock(mutex_);
     if (w.st == state::aborted) return false;
-    if (!head_ && w.n <= budget_ - in_use_) {
-      take_locked(w.n);
-      w.st = state::granted;
-      return false;
-    }
+    if (!head_ && grant_locked(w)) return false;
     w.st = state::queued;
+    w.queued_at = std::chrono::steady_clock::now();
     w.prev = tail_;
     w.next = nullptr;
     (tail_ ? tail_->next : head_) = &w;
@@ -281,11 +258,13 @@ class async_semaphore {
   // flagged: their nodes may vanish as soon as the lock is free.
   void admit_queued(waiter*& ready, bool& wake_blocked) noexcept {
     waiter** last = &ready;
-    while (head_ && head_->n <= budget_ - in_use_) {
+    std::optional<std::chrono::steady_clock::time_point> now;
+    while (head_ && grant_locked(*head_)) {
       waiter& w = *head_;
       unlink_locked(w);
-      take_locked(w.n);
-      w.st = state::granted;
+      if (!now) now = std::chrono::steady_clock::now();
+      ++stats_.waits;
+      stats_.waited += *now - w.queued_at;
       if (w.handle) {
         *last = &w;
         last = &w.next;
@@ -332,6 +311,165 @@ class async_semaphore {
     }
   }
 
+  mutable std::mutex mutex_;
+  std::condition_variable blocked_;
+  Resource resource_;
+  semaphore_queue_stats stats_;
+  std::size_t waiting_ = 0;
+  waiter* head_ = nullptr;
+  waiter* tail_ = nullptr;
+};
+
+namespace detail {
+// async_semaphore's policy: a count of bytes; the grant is the count itself.
+class byte_budget {
+ public:
+  using request_type = std::size_t;
+  using grant_type = std::size_t;
+
+  explicit byte_budget(std::size_t budget) noexcept : budget_(budget) {}
+  std::optional<std::size_t> try_take(std::size_t n) noexcept {
+    if (n > budget_ - in_use_) return std::nullopt;
+    in_use_ += n;
+    peak_ = std::max(peak_, in_use_);
+    return n;
+  }
+  void give_back(std::size_t n) {
+    if (n > in_use_)
+      throw_error(errc::invalid_argument, "async_semaphore: release of " + std::to_string(n) +
+                                              " bytes while only " + std::to_string(in_use_) + " are in use");
+    in_use_ -= n;
+  }
+  std::string describe(std::size_t n) const { return "async_semaphore: a request of " + std::to_string(n) + " bytes"; }
+
+  std::size_t budget() const noexcept { return budget_; }
+  std::size_t in_use() const noexcept { return in_use_; }
+  std::size_t peak() const noexcept { return peak_; }
+
+ private:
+  std::size_t budget_;
+  std::size_t in_use_ = 0;
+  std::size_t peak_ = 0;
+};
+}  // namespace detail
+
+class async_semaphore;
+
+//! A held share of an async_semaphore; released on destruction. Move-only.
+//! @code
+//! {
+//!   shardkit::permit p = co_await sem.acquire_permit(4096);
+//!   assert(p.size() == 4096);
+//! }  // released here
+//! @endcode
+class permit {
+ public:
+  permit() noexcept = default;
+  permit(permit&& o) noexcept : sem_(std::exchange(o.sem_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  permit& operator=(permit&& o) noexcept {
+    if (this != &o) {
+      release();
+      sem_ = std::exchange(o.sem_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  ~permit() { release(); }
+
+  std::size_t size() const noexcept { return n_; }
+  explicit operator bool() const noexcept { return sem_ != nullptr; }
+  //! Gives the share back now (no-op if empty).
+  inline void release() noexcept;
+
+ private:
+  friend class async_semaphore;
+  permit(async_semaphore& s, std::size_t n) noexcept : sem_(&s), n_(n) {}
+  async_semaphore* sem_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+//! A budget of bytes: basic_async_semaphore over a plain counter, with plain and permit-returning acquires.
+class async_semaphore {
+  using base = basic_async_semaphore<detail::byte_budget>;
+  struct discard {
+    void operator()(std::size_t) const noexcept {}
+  };
+  struct to_permit {
+    async_semaphore* sem;
+    permit operator()(std::size_t n) const noexcept { return permit(*sem, n); }
+  };
+
+ public:
+  //! co_await yields void (AsPermit false) or a permit; throws errc::aborted if withdrawn by its stop token.
+  template <bool AsPermit>
+  using acquire_awaiter = base::acquire_awaiter<std::conditional_t<AsPermit, to_permit, discard>>;
+
+  //! A semaphore of `budget` units (bytes), none in use.
+  explicit async_semaphore(std::size_t budget) : budget_(budget), sem_(budget) {}
+  async_semaphore(const async_semaphore&) = delete;
+  async_semaphore& operator=(const async_semaphore&) = delete;
+
+  //! `co_await sem.acquire(n)`: waits (FIFO) until n units are free and takes them. n > budget() throws
+  //! errc::invalid_argument here; with a stop token, a stop while queued throws errc::aborted at the co_await.
+  acquire_awaiter<false> acquire(std::size_t n, std::stop_token stop = {}) {
+    check_request(n, "acquire");
+    return sem_.acquire(n, std::move(stop), discard{});
+  }
+  //! As acquire(), yielding a permit that releases the units when destroyed.
+  acquire_awaiter<true> acquire_permit(std::size_t n, std::stop_token stop = {}) {
+    check_request(n, "acquire_permit");
+    return sem_.acquire(n, std::move(stop), to_permit{this});
+  }
+
+  //! Takes n units if they are free and nobody is queued; never waits.
+  bool try_acquire(std::size_t n) {
+    check_request(n, "try_acquire");
+    return sem_.try_acquire(n).has_value();
+  }
+  std::optional<permit> try_acquire_permit(std::size_t n) {
+    if (!try_acquire(n)) return std::nullopt;
+    return permit(*this, n);
+  }
+
+  //! Blocks the calling thread until n units are admitted (FIFO with the coroutines). For plain threads: a pool
+  //! worker blocked here holds up the coroutines queued on it.
+  void acquire_blocking(std::size_t n, std::stop_token stop = {}) {
+    check_request(n, "acquire_blocking");
+    sem_.acquire_blocking(n, std::move(stop));
+  }
+  permit acquire_permit_blocking(std::size_t n, std::stop_token stop = {}) {
+    acquire_blocking(n, std::move(stop));
+    return permit(*this, n);
+  }
+
+  //! Gives back n units and admits the waiters that now fit, in order. Releasing more than is in use throws
+  //! errc::invalid_argument.
+  void release(std::size_t n) { sem_.release(n); }
+
+  std::size_t budget() const noexcept { return budget_; }
+  std::size_t in_use() const {
+    return sem_.inspect([](const detail::byte_budget& b, const auto&) { return b.in_use(); });
+  }
+  std::size_t available() const {
+    return sem_.inspect([](const detail::byte_budget& b, const auto&) { return b.budget() - b.in_use(); });
+  }
+  //! The highest in_use() ever reached.
+  std::size_t peak() const {
+    return sem_.inspect([](const detail::byte_budget& b, const auto&) { return b.peak(); });
+  }
+  //! Requests queued now.
+  std::size_t waiting() const { return sem_.waiting(); }
+
+ private:
+  friend class permit;
+
+  void check_request(std::size_t n, const char* what) const {
+    if (n > budget_)
+      throw_error(errc::invalid_argument, std::string("async_semaphore::") + what + ": a request of " +
+                                              std::to_string(n) + " bytes exceeds the whole budget of " +
+                                              std::to_string(budget_) + " bytes");
+  }
+
   void give_back(std::size_t n) noexcept {
     try {
       release(n);
@@ -341,13 +479,7 @@ class async_semaphore {
   }
 
   const std::size_t budget_;
-  mutable std::mutex mutex_;
-  std::condition_variable blocked_;
-  std::size_t in_use_ = 0;
-  std::size_t peak_ = 0;
-  std::size_t waiting_ = 0;
-  waiter* head_ = nullptr;
-  waiter* tail_ = nullptr;
+  base sem_;
 };
 
 inline void permit::release() noexcept {

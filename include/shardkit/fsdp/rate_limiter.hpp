@@ -1,0 +1,334 @@
+#pragma once
+//! rate_limiter: bounds the bytes of all-gathered (unsharded) parameters alive at once, and hands out the memory
+//! they live in.
+//!
+//! Why bytes, not a count of buffers: PyTorch FSDP's limit_all_gathers lets 2 all-gathers be in flight, a number
+//! "empirically chosen". FSDP units differ in size (an embedding unit can be ten times a transformer block), so a
+//! count bounds neither memory nor overlap: 2 huge units run out of memory where 2 small ones leave prefetch on
+//! the table. A byte budget lets the trainer state the memory it can spare ("2 GiB of gathered parameters") and
+//! get as much overlap as fits in it. max_inflight adds a count limit for those who also want one.
+//!
+//! Why one region: the limiter owns a single allocation of budget_bytes and every lease is a block of it, so the
+//! budget is a physical bound (peak bytes cannot exceed it, the resident memory of gathered buffers is the
+//! budget), pages are touched once and reused every step instead of churning the heap, and with
+//! host_shared_memory the ranks of a host map the region once and all-gather into each other's blocks in place.
+//! Blocks start on `alignment` and are padded to it; placement is first-fit over a free list that coalesces on
+//! release.
+//!
+//! Admission is strict FIFO (core/async_semaphore.hpp): the head of the queue waits until a contiguous block of
+//! its size and a count slot are free, and nobody behind it barges in, so a large unit is not starved by small
+//! ones. A request may wait although enough bytes are free in total, scattered in holes; that is the price of the
+//! physical bound, and it cannot deadlock by fragmentation alone: a request of at most the region's size fits
+//! once nothing is held (the free list is then one block, the whole region), and every lease is released
+//! eventually. It can deadlock by holding: a task that keeps a lease while queueing for another that does not fit
+//! beside it waits for itself. Requests above the whole budget are errors (check_request), never hangs.
+//! @code
+//! shardkit::fsdp::rate_limiter limiter({.budget_bytes = 2ull << 30, .max_inflight = 4});
+//! limiter.check_request(unit.full_bytes(), "unit '" + unit.name() + "' all-gather");   // at set-up
+//! shardkit::task<void> prefetch(unit& u) {
+//!   auto gathered = co_await limiter.acquire(u.full_bytes(), u.name());  // waits for room, FIFO
+//!   co_await u.all_gather_into(gathered.view(u.dtype(), u.numel()));
+//!   u.hold(std::move(gathered));                                         // its block returns when u frees it
+//! }
+//! @endcode
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "shardkit/core/arena.hpp"
+#include "shardkit/core/arena_memory.hpp"
+#include "shardkit/core/async_semaphore.hpp"
+#include "shardkit/core/buffer.hpp"
+#include "shardkit/core/dtype.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/core/host_shared_memory.hpp"
+
+namespace shardkit::fsdp {
+
+struct rate_limiter_options {
+  std::size_t budget_bytes = 0;  //!< bytes of all-gathered buffers alive at once; 0 is an error
+  std::size_t max_inflight = 0;  //!< optional count limit; 0 = no count limit
+  std::size_t alignment = 64;    //!< every block starts on this boundary and is padded to it
+  std::string name = "fsdp.limiter";
+};
+
+struct rate_limiter_stats {
+  std::size_t budget_bytes = 0;  //!< the region's size: budget_bytes rounded up to the alignment
+  std::size_t in_use_bytes = 0, peak_bytes = 0;
+  std::size_t in_use_count = 0, peak_count = 0;
+  std::uint64_t grants = 0;
+  std::uint64_t waits = 0;            //!< grants that had to queue
+  std::chrono::nanoseconds waited{0};  //!< total time requests spent queued (enqueue -> grant)
+};
+
+namespace detail {
+
+struct limiter_request {
+  std::size_t bytes = 0;  // padded
+  std::string label;
+};
+struct region_block {
+  std::size_t offset = 0, size = 0;
+};
+
+// The limiter's semaphore_resource: first-fit blocks of one region plus a count limit. Taking a block never
+// allocates (a shrunk hole's node is re-keyed through extract), so admission cannot fail; only a release that
+// opens a hole between two held blocks inserts a node.
+class region_blocks {
+ public:
+  using request_type = limiter_request;
+  using grant_type = region_block;
+
+  region_blocks(std::size_t region, std::size_t max_count, std::string_view name)
+      : region_(region), max_count_(max_count), name_(name) {
+    holes_.emplace(0, region);
+  }
+
+  std::optional<region_block> try_take(const limiter_request& q) noexcept {
+    if (max_count_ != 0 && count_ == max_count_) return std::nullopt;
+    region_block b{0, q.bytes};
+    if (q.bytes != 0) {
+      auto hole = std::find_if(holes_.begin(), holes_.end(), [&](const auto& h) { return h.second >= q.bytes; });
+      if (hole == holes_.end()) return std::nullopt;
+      b.offset = hole->first;
+      if (hole->second == q.bytes) {
+        holes_.erase(hole);
+      } else {
+        auto after = std::next(hole);
+        auto node = holes_.extract(hole);
+        node.key() += q.bytes;
+        node.mapped() -= q.bytes;
+        holes_.insert(after, std::move(node));
+      }
+    }
+    in_use_ += q.bytes;
+    peak_ = std::max(peak_, in_use_);
+    peak_count_ = std::max(peak_count_, ++count_);
+    return b;
+  }
+
+  void give_back(region_block b) {
+    if (b.size != 0) coalesce(b);
+    in_use_ -= b.size;
+    --count_;
+  }
+
+  std::string describe(const limiter_request& q) const {
+    return std::string(name_) + ": " + (q.label.empty() ? std::string("a request") : q.label) + " of " +
+           std::to_string(q.bytes) + " bytes";
+  }
+
+  void reset_peak() noexcept {
+    peak_ = in_use_;
+    peak_count_ = count_;
+  }
+  void fill(rate_limiter_stats& s) const noexcept {
+    s.budget_bytes = region_;
+    s.in_use_bytes = in_use_;
+    s.peak_bytes = peak_;
+    s.in_use_count = count_;
+    s.peak_count = peak_count_;
+  }
+
+ private:
+  void coalesce(region_block b) {
+    auto next = holes_.lower_bound(b.offset);
+    if (next != holes_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == b.offset) {
+        prev->second += b.size;
+        if (next != holes_.end() && prev->first + prev->second == next->first) {
+          prev->second += next->second;
+          holes_.erase(next);
+        }
+        return;
+      }
+    }
+    if (next != holes_.end() && b.offset + b.size == next->first) {
+      auto node = holes_.extract(next++);
+      node.key() = b.offset;
+      node.mapped() += b.size;
+      holes_.insert(next, std::move(node));
+      return;
+    }
+    holes_.emplace_hint(next, b.offset, b.size);
+  }
+
+  std::size_t region_, max_count_;
+  std::string_view name_;
+  std::map<std::size_t, std::size_t> holes_;  // offset -> size, disjoint and never adjacent
+  std::size_t in_use_ = 0, peak_ = 0, count_ = 0, peak_count_ = 0;
+};
+
+}  // namespace detail
+
+//! See the file comment. Outlives its leases; nothing may be waiting when it is destroyed. Not movable (leases
+//! and queued requests point at it).
+template <arena_memory Memory = host_shared_memory>
+class basic_rate_limiter {
+  using semaphore = basic_async_semaphore<detail::region_blocks>;
+
+ public:
+  //! One block of the region, released (and the next request admitted) on destruction or release(). Move-only.
+  class lease {
+   public:
+    lease() noexcept = default;
+    lease(lease&& o) noexcept : limiter_(std::exchange(o.limiter_, nullptr)), block_(std::exchange(o.block_, {})) {}
+    lease& operator=(lease&& o) noexcept {
+      if (this != &o) {
+        release();
+        limiter_ = std::exchange(o.limiter_, nullptr);
+        block_ = std::exchange(o.block_, {});
+      }
+      return *this;
+    }
+    ~lease() { release(); }
+
+    //! The whole block: the request padded to the alignment.
+    std::span<std::byte> bytes() const noexcept {
+      return limiter_ ? std::span<std::byte>(limiter_->region_.data() + block_.offset, block_.size)
+                      : std::span<std::byte>();
+    }
+    //! count elements of type at byte_offset in the block; errc::invalid_argument when they run past the block or
+    //! would be misaligned for the type.
+    buffer_view view(dtype type, std::size_t count, std::size_t byte_offset = 0) const {
+      const std::size_t es = size_of(type);  // the region is page-aligned: offsets decide the alignment
+      if (byte_offset > block_.size || count > (block_.size - byte_offset) / es ||
+          (block_.offset + byte_offset) % es != 0)
+        throw_error(errc::invalid_argument,
+                    std::to_string(count) + " " + std::string(to_string(type)) + " elements at byte offset " +
+                        std::to_string(byte_offset) + " do not fit, aligned, in a block of " +
+                        std::to_string(block_.size) + " bytes",
+                    {.operation = limiter_ ? limiter_->name_ + ".lease.view" : std::string("lease.view")});
+      return {bytes().data() + byte_offset, count, type};
+    }
+    std::size_t size() const noexcept { return block_.size; }
+    //! From the start of the region (memory()): where a peer that mapped the region finds this block.
+    std::size_t offset() const noexcept { return block_.offset; }
+    explicit operator bool() const noexcept { return limiter_ != nullptr; }
+    //! Gives the block back now (no-op if empty).
+    void release() noexcept {
+      if (limiter_) std::exchange(limiter_, nullptr)->give_back(std::exchange(block_, {}));
+    }
+
+   private:
+    friend class basic_rate_limiter;
+    lease(basic_rate_limiter& l, detail::region_block b) noexcept : limiter_(&l), block_(b) {}
+    basic_rate_limiter* limiter_ = nullptr;
+    detail::region_block block_;
+  };
+
+ private:
+  struct to_lease {
+    basic_rate_limiter* limiter;
+    lease operator()(detail::region_block b) const noexcept { return lease(*limiter, b); }
+  };
+
+ public:
+  //! co_await yields a lease; throws errc::aborted naming the label if withdrawn by its stop token.
+  using acquire_awaiter = typename semaphore::template acquire_awaiter<to_lease>;
+
+  //! Allocates the region of budget_bytes rounded up to the alignment. errc::invalid_argument for a zero budget
+  //! or an alignment that is not a power of two up to arena_memory_base_alignment; what Memory throws otherwise.
+  explicit basic_rate_limiter(rate_limiter_options options)
+      : name_(std::move(options.name)),
+        alignment_(shardkit::detail::checked_alignment(options.alignment, "rate_limiter")),
+        region_(Memory(checked_region(options.budget_bytes, alignment_, name_))),
+        sem_(region_.size(), options.max_inflight, name_) {}
+  basic_rate_limiter(const basic_rate_limiter&) = delete;
+  basic_rate_limiter& operator=(const basic_rate_limiter&) = delete;
+
+  //! Throws errc::invalid_argument, naming `what` ("unit 'block3' all-gather"), when a request of `bytes` could
+  //! never be granted (padded, it exceeds the whole budget). Call it at set-up for every unit; acquires call it
+  //! too, so such a request fails instead of hanging.
+  void check_request(std::size_t bytes, std::string_view what) const {
+    const std::size_t need = padded(bytes);
+    if (need <= budget()) return;
+    throw_error(errc::invalid_argument,
+                std::string(what) + " needs " + std::to_string(need) + " bytes (" + std::to_string(bytes) +
+                    " requested, padded to " + std::to_string(alignment_) + "-byte alignment), more than the whole " +
+                    "budget of " + std::to_string(budget()) + " bytes: raise rate_limiter_options::budget_bytes to " +
+                    "at least " + std::to_string(need),
+                {.operation = name_});
+  }
+
+  //! `co_await limiter.acquire(bytes, label)`: waits (FIFO) for a block of bytes (padded) and a count slot.
+  acquire_awaiter acquire(std::size_t bytes, std::string_view label = {}, std::stop_token stop = {}) {
+    return sem_.acquire(request(bytes, label, "acquire"), std::move(stop), to_lease{this});
+  }
+  //! As acquire(), blocking the calling thread (FIFO with the coroutines).
+  lease acquire_blocking(std::size_t bytes, std::string_view label = {}, std::stop_token stop = {}) {
+    return lease(*this, sem_.acquire_blocking(request(bytes, label, "acquire_blocking"), std::move(stop)));
+  }
+  //! A lease if a block and a slot are free and nobody is queued; never waits.
+  std::optional<lease> try_acquire(std::size_t bytes) {
+    auto b = sem_.try_acquire(request(bytes, {}, "try_acquire"));
+    if (!b) return std::nullopt;
+    return lease(*this, *b);
+  }
+  //! Requests queued now.
+  std::size_t waiting() const { return sem_.waiting(); }
+
+  rate_limiter_stats stats() const {
+    return sem_.inspect([](const detail::region_blocks& r, const semaphore_queue_stats& q) {
+      rate_limiter_stats s;
+      r.fill(s);
+      s.grants = q.grants;
+      s.waits = q.waits;
+      s.waited = q.waited;
+      return s;
+    });
+  }
+  //! Peaks restart from what is held now (per step, per phase).
+  void reset_peak() {
+    sem_.modify([](detail::region_blocks& r) { r.reset_peak(); });
+  }
+  //! The region every lease is a block of, so the ranks of a host can map it.
+  const Memory& memory() const noexcept { return region_; }
+  //! The region's size: budget_bytes rounded up to the alignment.
+  std::size_t budget() const noexcept { return region_.size(); }
+
+ private:
+  static std::size_t checked_region(std::size_t budget, std::size_t alignment, const std::string& name) {
+    if (budget == 0 || budget > SIZE_MAX - (alignment - 1))
+      throw_error(errc::invalid_argument,
+                  "budget_bytes of " + std::to_string(budget) +
+                      (budget == 0 ? std::string(": a limiter that admits nothing would hang every acquire")
+                                   : std::string(" passes the address space once aligned")),
+                  {.operation = name});
+    return (budget + alignment - 1) & ~(alignment - 1);
+  }
+  std::size_t padded(std::size_t bytes) const noexcept {
+    return bytes > SIZE_MAX - (alignment_ - 1) ? SIZE_MAX : (bytes + alignment_ - 1) & ~(alignment_ - 1);
+  }
+  detail::limiter_request request(std::size_t bytes, std::string_view label, std::string_view op) const {
+    check_request(bytes, label.empty() ? op : label);
+    return {padded(bytes), std::string(label)};
+  }
+  void give_back(detail::region_block b) noexcept {
+    try {
+      sem_.release(b);
+    } catch (...) {
+      std::terminate();  // only a failed allocation of a free-list node: nothing sane is left to do
+    }
+  }
+
+  const std::string name_;
+  const std::size_t alignment_;
+  Memory region_;
+  semaphore sem_;
+};
+
+using rate_limiter = basic_rate_limiter<host_shared_memory>;
+
+}  // namespace shardkit::fsdp

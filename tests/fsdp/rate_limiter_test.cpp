@@ -1,0 +1,450 @@
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardkit/core/arena_memory.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/core/executor.hpp"
+#include "shardkit/core/host_shared_memory.hpp"
+#include "shardkit/core/task.hpp"
+#include "shardkit/core/when_all.hpp"
+#include "shardkit/fsdp/rate_limiter.hpp"
+#include "support/harness.hpp"
+
+using namespace shardkit;
+using shardkit::fsdp::rate_limiter;
+using shardkit::fsdp::rate_limiter_options;
+using lease = rate_limiter::lease;
+
+namespace {
+
+// The error a call throws (code and message); a default error when it throws none.
+shardkit::error error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const shardkit::error& e) {
+    return e;
+  }
+  return shardkit::error(std::error_code{}, "no error");
+}
+
+bool contains(const shardkit::error& e, const std::string& s) { return std::string(e.what()).find(s) != std::string::npos; }
+
+template <class F>
+void wait_until(F&& ready) {  // for states reached on other threads; no deadline: ctest's timeout is the bound
+  while (!ready()) std::this_thread::yield();
+}
+
+// 64-byte blocks make the numbers of these tests readable: a region of `blocks` of them.
+rate_limiter_options blocks_of_64(std::size_t blocks, std::size_t max_inflight = 0) {
+  return {.budget_bytes = blocks * 64, .max_inflight = max_inflight, .alignment = 64, .name = "test.limiter"};
+}
+
+// A coroutine that acquires, logs its name, and parks its lease in `held` for the test to release.
+task<void> acquire_into(rate_limiter& lim, std::size_t bytes, std::string name, std::vector<std::string>& log,
+                        std::vector<lease>& held, std::stop_token stop = {}) {
+  try {
+    lease l = co_await lim.acquire(bytes, name, stop);
+    log.push_back(name);
+    held.push_back(std::move(l));
+  } catch (const shardkit::error& e) {
+    log.push_back(name + (e.code() == make_error_code(errc::aborted) ? ":aborted" : ":other"));
+  }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("[fsdp] rate_limiter hands out aligned, padded blocks of its one region", Memory,
+                   host_shared_memory, page_aligned_memory) {
+  fsdp::basic_rate_limiter<Memory> lim({.budget_bytes = 1000, .alignment = 64});
+  CHECK(lim.budget() == 1024);
+  CHECK(lim.memory().size() == 1024);
+  CHECK(lim.stats().budget_bytes == 1024);
+
+  auto a = lim.try_acquire(100);
+  REQUIRE(a);
+  CHECK(a->size() == 128);
+  CHECK(a->offset() == 0);
+  CHECK(a->bytes().data() == lim.memory().data());
+  CHECK(a->bytes().size() == 128);
+  auto b = lim.try_acquire(1);
+  REQUIRE(b);
+  CHECK(b->offset() == 128);
+  CHECK(b->size() == 64);
+  CHECK(lim.stats().in_use_bytes == 192);
+  CHECK(lim.stats().in_use_count == 2);
+
+  SUBCASE("typed views are bounds- and alignment-checked") {
+    buffer_view v = a->view(dtype::f32, 32);
+    CHECK(v.data() == a->bytes().data());
+    CHECK(v.size_bytes() == 128);
+    CHECK(a->view(dtype::f64, 8, 64).data() == a->bytes().data() + 64);
+    CHECK(error_of([&] { (void)a->view(dtype::f32, 33); }).code() == make_error_code(errc::invalid_argument));
+    CHECK(error_of([&] { (void)a->view(dtype::u8, 1, 128); }).code() == make_error_code(errc::invalid_argument));
+    CHECK(error_of([&] { (void)a->view(dtype::u8, 0, 129); }).code() == make_error_code(errc::invalid_argument));
+    CHECK(error_of([&] { (void)a->view(dtype::f64, 1, 4); }).code() == make_error_code(errc::invalid_argument));
+  }
+  SUBCASE("a lease moves, releases once, and can release early") {
+    auto moved = std::move(*a);
+    CHECK_FALSE(*a);
+    CHECK(moved);
+    CHECK(moved.offset() == 0);
+    CHECK(lim.stats().in_use_count == 2);
+    a.reset();
+    CHECK(lim.stats().in_use_bytes == 192);
+    moved.release();
+    CHECK_FALSE(moved);
+    CHECK(moved.bytes().empty());
+    moved.release();
+    CHECK(lim.stats().in_use_bytes == 64);
+    auto c = lim.try_acquire(128);  // the freed hole at the start: first fit
+    REQUIRE(c);
+    CHECK(c->offset() == 0);
+  }
+  SUBCASE("a zero-byte request takes a count slot and no bytes") {
+    auto z = lim.try_acquire(0);
+    REQUIRE(z);
+    CHECK(z->size() == 0);
+    CHECK(lim.stats().in_use_count == 3);
+    CHECK(lim.stats().in_use_bytes == 192);
+  }
+  a.reset();
+  b.reset();
+  CHECK(lim.stats().in_use_bytes == 0);
+  CHECK(lim.stats().in_use_count == 0);
+  auto whole = lim.try_acquire(1024);  // everything coalesced back into one block
+  REQUIRE(whole);
+  CHECK(whole->offset() == 0);
+}
+
+TEST_CASE("[fsdp] rate_limiter rejects a zero budget and a bad alignment") {
+  CHECK(error_of([] { rate_limiter lim({.budget_bytes = 0}); }).code() == make_error_code(errc::invalid_argument));
+  CHECK(error_of([] { rate_limiter lim({.budget_bytes = 1024, .alignment = 48}); }).code() ==
+        make_error_code(errc::invalid_argument));
+  CHECK(error_of([] { rate_limiter lim({.budget_bytes = 1024, .alignment = 0}); }).code() ==
+        make_error_code(errc::invalid_argument));
+  CHECK(error_of([] { rate_limiter lim({.budget_bytes = 1024, .alignment = 8192}); }).code() ==
+        make_error_code(errc::invalid_argument));
+  rate_limiter unaligned({.budget_bytes = 10, .alignment = 1});
+  CHECK(unaligned.budget() == 10);
+}
+
+TEST_CASE("[fsdp] a request above the budget throws at check_request and at every acquire, naming it") {
+  rate_limiter lim({.budget_bytes = 1000, .alignment = 64, .name = "fsdp.limiter"});  // region of 1024
+  CHECK_NOTHROW(lim.check_request(1024, "unit 'block2' all-gather"));
+  const auto e = error_of([&] { lim.check_request(1025, "unit 'block3' all-gather"); });
+  CHECK(e.code() == make_error_code(errc::invalid_argument));
+  CHECK(contains(e, "unit 'block3' all-gather"));
+  CHECK(contains(e, "1025"));  // requested
+  CHECK(contains(e, "1088"));  // padded
+  CHECK(contains(e, "1024"));  // the budget
+  CHECK(contains(e, "budget_bytes"));
+  CHECK(contains(e, "fsdp.limiter"));
+
+  const auto co = error_of([&] {
+    sync_wait([](rate_limiter& l) -> task<void> { lease x = co_await l.acquire(5000, "unit 'embed' all-gather"); }(lim));
+  });
+  CHECK(co.code() == make_error_code(errc::invalid_argument));
+  CHECK(contains(co, "unit 'embed' all-gather"));
+  CHECK(contains(co, "5000"));
+  const auto blocking = error_of([&] { (void)lim.acquire_blocking(5000, "unit 'head' all-gather"); });
+  CHECK(blocking.code() == make_error_code(errc::invalid_argument));
+  CHECK(contains(blocking, "unit 'head' all-gather"));
+  const auto tried = error_of([&] { (void)lim.try_acquire(5000); });
+  CHECK(tried.code() == make_error_code(errc::invalid_argument));
+  CHECK(contains(tried, "try_acquire"));
+  CHECK(lim.stats().in_use_count == 0);
+  CHECK(lim.waiting() == 0);
+}
+
+TEST_CASE("[fsdp] rate_limiter is FIFO: a big head request is not starved by small ones behind it") {
+  rate_limiter lim(blocks_of_64(10));
+  auto most = lim.try_acquire(8 * 64);
+  REQUIRE(most);
+  std::vector<std::string> order;
+  std::vector<lease> held;
+  std::vector<std::future<void>> pending;
+  pending.push_back(start_detached(acquire_into(lim, 10 * 64, "big", order, held)));
+  for (int i = 0; i < 3; ++i)
+    pending.push_back(start_detached(acquire_into(lim, 64, "small" + std::to_string(i), order, held)));
+  CHECK(order.empty());  // 2 blocks are free, yet the small ones queue behind the big one
+  CHECK(lim.waiting() == 4);
+  CHECK_FALSE(lim.try_acquire(64));  // no barging from outside either
+  most.reset();
+  REQUIRE(order == std::vector<std::string>{"big"});
+  CHECK(lim.stats().in_use_bytes == 10 * 64);
+  {
+    lease big = std::move(held.back());  // its release resumes the small ones, which push into `held`
+    held.pop_back();
+  }
+  CHECK(order == std::vector<std::string>{"big", "small0", "small1", "small2"});
+  CHECK(held.size() == 3);
+  CHECK(held[0].offset() == 0);
+  CHECK(held[1].offset() == 64);
+  CHECK(held[2].offset() == 128);
+  for (auto& f : pending) f.get();
+}
+
+TEST_CASE("[fsdp] max_inflight limits the count of leases whatever their size") {
+  rate_limiter lim(blocks_of_64(100, 2));
+  auto a = lim.try_acquire(64);
+  auto b = lim.try_acquire(64);
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK_FALSE(lim.try_acquire(64));  // bytes are free, slots are not
+  std::vector<std::string> order;
+  std::vector<lease> held;
+  auto f = start_detached(acquire_into(lim, 64, "third", order, held));
+  CHECK(order.empty());
+  a.reset();
+  CHECK(order == std::vector<std::string>{"third"});
+  CHECK(lim.stats().in_use_count == 2);
+  CHECK(lim.stats().peak_count == 2);
+  f.get();
+}
+
+TEST_CASE("[fsdp] holes coalesce; a request waits for a contiguous block, then proceeds") {
+  rate_limiter lim(blocks_of_64(4));
+  std::vector<std::optional<lease>> q;
+  for (std::size_t i = 0; i < 4; ++i) {
+    q.push_back(lim.try_acquire(64));
+    REQUIRE(q.back());
+    CHECK(q.back()->offset() == i * 64);
+  }
+  q[0].reset();
+  q[2].reset();  // 128 bytes free, in two holes
+  CHECK(lim.stats().in_use_bytes == 128);
+  CHECK_FALSE(lim.try_acquire(128));
+  std::vector<std::string> order;
+  std::vector<lease> held;
+  auto f = start_detached(acquire_into(lim, 128, "pair", order, held));
+  CHECK(order.empty());
+  CHECK(lim.waiting() == 1);
+  q[1].reset();  // joins both holes: [0, 192)
+  REQUIRE(order == std::vector<std::string>{"pair"});
+  CHECK(held[0].offset() == 0);
+  CHECK(held[0].size() == 128);
+  f.get();
+  held.clear();
+  q[3].reset();
+  auto whole = lim.try_acquire(256);
+  REQUIRE(whole);
+  CHECK(whole->offset() == 0);
+  whole.reset();
+
+  SUBCASE("releases in both orders merge with the hole after them") {
+    auto a = lim.try_acquire(64);
+    auto b = lim.try_acquire(64);
+    b.reset();  // merges with the free tail
+    a.reset();  // merges with [64, 256)
+    auto all = lim.try_acquire(256);
+    REQUIRE(all);
+    CHECK(all->offset() == 0);
+  }
+}
+
+TEST_CASE("[fsdp] a stop token withdraws a queued acquire with errc::aborted naming its label") {
+  rate_limiter lim(blocks_of_64(10));
+  std::vector<std::string> log;
+  std::vector<lease> held;
+  SUBCASE("a coroutine withdrawn from the head lets the smaller one behind it in") {
+    auto most = lim.try_acquire(6 * 64);
+    std::stop_source stop;
+    auto f1 = start_detached(acquire_into(lim, 10 * 64, "big", log, held, stop.get_token()));
+    auto f2 = start_detached(acquire_into(lim, 4 * 64, "small", log, held));
+    CHECK(log.empty());
+    stop.request_stop();
+    CHECK(log == std::vector<std::string>{"big:aborted", "small"});
+    CHECK(lim.waiting() == 0);
+    CHECK(lim.stats().in_use_bytes == 10 * 64);
+  }
+  SUBCASE("the error names the label and the bytes") {
+    auto all = lim.try_acquire(10 * 64);
+    std::stop_source stop;
+    auto f = start_detached([](rate_limiter& l, std::stop_token st) -> task<void> {
+      lease x = co_await l.acquire(100, "unit 'layers.7' all-gather", st);
+    }(lim, stop.get_token()));
+    stop.request_stop();
+    const auto e = error_of([&] { f.get(); });
+    CHECK(e.code() == make_error_code(errc::aborted));
+    CHECK(contains(e, "unit 'layers.7' all-gather"));
+    CHECK(contains(e, "128 bytes"));
+    CHECK(contains(e, "test.limiter"));
+  }
+  SUBCASE("a stop before the acquire fails it without queueing") {
+    std::stop_source stop;
+    stop.request_stop();
+    auto f = start_detached(acquire_into(lim, 64, "early", log, held, stop.get_token()));
+    CHECK(log == std::vector<std::string>{"early:aborted"});
+    CHECK(lim.stats().in_use_count == 0);
+  }
+  SUBCASE("a blocked thread is withdrawn too") {
+    auto all = lim.try_acquire(10 * 64);
+    std::stop_source stop;
+    std::promise<shardkit::error> outcome;
+    std::thread t([&] { outcome.set_value(error_of([&] { (void)lim.acquire_blocking(64, "unit 'head'", stop.get_token()); })); });
+    wait_until([&] { return lim.waiting() == 1; });
+    stop.request_stop();
+    const auto e = outcome.get_future().get();
+    t.join();
+    CHECK(e.code() == make_error_code(errc::aborted));
+    CHECK(contains(e, "unit 'head'"));
+    CHECK(lim.waiting() == 0);
+  }
+  CHECK(lim.stats().waits <= lim.stats().grants);
+}
+
+TEST_CASE("[fsdp] blocking threads and coroutines on a pool wait in one FIFO queue") {
+  // Every request is 3 of 4 blocks: leases are strictly one at a time, so admission order is the logged order.
+  rate_limiter lim(blocks_of_64(4));
+  thread_pool pool(2);
+  auto all = lim.try_acquire(4 * 64);
+  std::mutex m;
+  std::vector<std::string> order;
+  auto record = [&](const lease& l, const std::string& who) {  // no CHECK off the test's thread
+    std::lock_guard lock(m);
+    order.push_back(l.size() == 192 ? who : who + ":wrong size");
+  };
+  std::vector<std::thread> threads;
+  std::vector<std::future<void>> coroutines;
+  std::vector<std::string> expected;
+  for (int i = 0; i < 3; ++i) {
+    const std::string t = "thread" + std::to_string(i), c = "coro" + std::to_string(i);
+    threads.emplace_back([&, t] { record(lim.acquire_blocking(192, t), t); });
+    wait_until([&, n = expected.size() + 1] { return lim.waiting() == n; });
+    expected.push_back(t);
+    coroutines.push_back(spawn(pool, [](rate_limiter& l, auto& rec, std::string name) -> task<void> {
+      lease x = co_await l.acquire(192, name);
+      co_await on(current_executor());  // hold it across a hop: the waiter behind must not get in meanwhile
+      rec(x, name);
+    }(lim, record, c)));
+    wait_until([&, n = expected.size() + 1] { return lim.waiting() == n; });
+    expected.push_back(c);
+  }
+  all.reset();
+  for (auto& f : coroutines) f.get();
+  for (auto& t : threads) t.join();
+  CHECK(order == expected);
+  CHECK(lim.stats().waits == 6);
+  CHECK(lim.stats().peak_count == 1);
+  CHECK(lim.stats().in_use_count == 0);
+}
+
+TEST_CASE("[fsdp] stats count grants, waits and time queued; reset_peak restarts from what is held") {
+  rate_limiter lim(blocks_of_64(4));
+  auto a = lim.try_acquire(3 * 64);
+  auto s = lim.stats();
+  CHECK(s.grants == 1);
+  CHECK(s.waits == 0);
+  CHECK(s.waited == std::chrono::nanoseconds(0));
+  CHECK(s.peak_bytes == 192);
+
+  std::vector<std::string> log;
+  std::vector<lease> held;
+  auto f = start_detached(acquire_into(lim, 2 * 64, "queued", log, held));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));  // so that the time queued is surely measurable
+  a.reset();
+  f.get();
+  auto b = lim.try_acquire(64);
+  s = lim.stats();
+  CHECK(s.grants == 3);
+  CHECK(s.waits == 1);
+  CHECK(s.waited > std::chrono::nanoseconds(0));
+  CHECK(s.in_use_bytes == 192);
+  CHECK(s.in_use_count == 2);
+  CHECK(s.peak_bytes == 192);
+  CHECK(s.peak_count == 2);
+
+  held.clear();
+  lim.reset_peak();
+  s = lim.stats();
+  CHECK(s.peak_bytes == 64);
+  CHECK(s.peak_count == 1);
+  CHECK(s.grants == 3);
+}
+
+TEST_CASE("[fsdp] invariant: random concurrent leases never overlap and never exceed the budget") {
+  constexpr std::size_t budget = 64 << 10, largest = 24 << 10;
+  constexpr int threads = 8, coroutines = 8, rounds = 400;
+  rate_limiter lim({.budget_bytes = budget, .alignment = 64, .name = "invariant"});
+  thread_pool pool(2);
+  std::atomic<std::uint64_t> next_id{1};
+  std::atomic<int> corrupted{0}, leases{0};
+
+  // Writes the lease's unique id over its whole block, waits, and checks nobody else wrote into it.
+  auto stamp = [&](const lease& l) {
+    const std::uint64_t id = next_id++;
+    const auto bytes = l.bytes();
+    for (std::size_t at = 0; at < bytes.size(); at += sizeof id) std::memcpy(bytes.data() + at, &id, sizeof id);
+    return id;
+  };
+  auto verify = [&](const lease& l, std::uint64_t id) {
+    const auto bytes = l.bytes();
+    for (std::size_t at = 0; at < bytes.size(); at += sizeof id) {
+      std::uint64_t seen;
+      std::memcpy(&seen, bytes.data() + at, sizeof seen);
+      if (seen != id) {
+        ++corrupted;
+        return;
+      }
+    }
+    ++leases;
+  };
+  auto size_of_round = [](std::mt19937& rng) { return std::uniform_int_distribution<std::size_t>(1, largest)(rng); };
+  auto pause = [](std::mt19937& rng) {
+    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 200)(rng)));
+  };
+
+  auto coroutine = [&](unsigned seed) -> task<void> {
+    std::mt19937 rng(seed);
+    for (int r = 0; r < rounds; ++r) {
+      co_await on(pool);
+      lease l = co_await lim.acquire(size_of_round(rng), "coroutine " + std::to_string(seed));
+      const auto id = stamp(l);
+      co_await on(pool);  // others interleave while it is held
+      pause(rng);
+      verify(l, id);
+    }
+  };
+  std::vector<task<void>> tasks;
+  for (unsigned i = 0; i < coroutines; ++i) tasks.push_back(coroutine(100 + i));
+  auto all_tasks = spawn(pool, when_all(std::move(tasks)));
+  test::run_threads(threads, [&](int rank) {
+    std::mt19937 rng(rank);
+    for (int r = 0; r < rounds; ++r) {
+      std::optional<lease> l;
+      if (r % 5 == 4) l = lim.try_acquire(size_of_round(rng));  // now and then one that must not wait
+      if (!l) l = lim.acquire_blocking(size_of_round(rng), "thread " + std::to_string(rank));
+      const auto id = stamp(*l);
+      pause(rng);
+      verify(*l, id);
+    }
+  });
+  all_tasks.get();
+
+  const auto s = lim.stats();
+  CHECK(corrupted.load() == 0);
+  CHECK(leases.load() == (threads + coroutines) * rounds);
+  CHECK(s.peak_bytes <= budget);
+  CHECK(s.peak_count > 1);  // leases were really held side by side
+  CHECK(s.in_use_bytes == 0);
+  CHECK(s.in_use_count == 0);
+  CHECK(s.grants == std::uint64_t((threads + coroutines) * rounds));
+  CHECK(s.waits > 0);
+  CHECK(lim.waiting() == 0);
+  auto whole = lim.try_acquire(budget);  // every hole coalesced back
+  REQUIRE(whole);
+  CHECK(whole->offset() == 0);
+}
