@@ -1,0 +1,69 @@
+#pragma once
+//! How a sharded_model shards, computes and overlaps: strategy, mixed precision, the rate limiter's budget and
+//! the prefetch depth.
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "shardkit/core/dtype.hpp"
+#include "shardkit/core/error.hpp"
+
+namespace shardkit::fsdp {
+
+//! PyTorch's ShardingStrategy, by the same names.
+enum class sharding_strategy : std::uint8_t {
+  full_shard,     //!< parameters, gradients and optimizer state sharded; parameters freed after forward
+  shard_grad_op,  //!< as full_shard, but gathered parameters stay from forward until backward is done
+  no_shard,       //!< every rank holds everything; gradients all-reduced (DDP)
+  hybrid_shard,   //!< full_shard inside groups of `hybrid_shard_size` ranks (a host); replicas all-reduce shards
+};
+
+inline std::string_view to_string(sharding_strategy s) noexcept {
+  switch (s) {
+    case sharding_strategy::full_shard: return "full_shard";
+    case sharding_strategy::shard_grad_op: return "shard_grad_op";
+    case sharding_strategy::no_shard: return "no_shard";
+    case sharding_strategy::hybrid_shard: return "hybrid_shard";
+  }
+  return "?";
+}
+
+//! "full_shard", "shard_grad_op", "no_shard", "hybrid_shard" (also upper case, as PyTorch spells them).
+inline sharding_strategy parse_sharding_strategy(std::string_view s) {
+  std::string lower(s);
+  for (auto& c : lower) c = char(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  for (auto v : {sharding_strategy::full_shard, sharding_strategy::shard_grad_op, sharding_strategy::no_shard,
+                 sharding_strategy::hybrid_shard})
+    if (lower == to_string(v)) return v;
+  throw_error(errc::invalid_argument,
+              "unknown sharding strategy '" + std::string(s) +
+                  "' (expected full_shard, shard_grad_op, no_shard or hybrid_shard)",
+              {.operation = "fsdp.options"});
+}
+
+//! The dtypes of the gathered parameters the trainer computes with and of the gradients it writes and the
+//! group reduces. The master copy the optimizer updates is always f32.
+struct mixed_precision {
+  dtype param = dtype::f32;
+  dtype reduce = dtype::f32;
+};
+
+struct sharding_options {
+  sharding_strategy strategy = sharding_strategy::full_shard;
+  mixed_precision precision{};
+  //! hybrid_shard: ranks per shard group (consecutive ranks, e.g. the ranks of one host); must divide the world.
+  std::size_t hybrid_shard_size = 0;
+  //! Bytes that gathered parameters and unsharded gradients may hold at once: the rate limiter's budget. 0: the
+  //! smallest budget the strategy can run in, plus the largest unit again (one unit of overlap, PyTorch's
+  //! default of two all-gathers in flight).
+  std::size_t limiter_budget_bytes = 0;
+  //! Optional cap on the number of gathered buffers alive at once (0: bytes alone decide).
+  std::size_t limiter_max_inflight = 0;
+  //! How many units ahead of the one in use gathers are queued; the limiter then admits as many as the budget
+  //! holds. 0 gathers each unit only when it is used (no overlap: the baseline the benchmarks compare with).
+  std::size_t prefetch = 1 << 20;
+  //! Prefix of the groups the model creates ("fsdp.gather", "fsdp.reduce", "fsdp.replica").
+  std::string name = "fsdp";
+};
+
+}  // namespace shardkit::fsdp
