@@ -2,6 +2,7 @@
 //! How a sharded_model shards, computes and overlaps: strategy, mixed precision, the rate limiter's budget and
 //! the prefetch depth.
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -48,6 +49,9 @@ struct mixed_precision {
   dtype reduce = dtype::f32;
 };
 
+//! sharding_options::limiter_budget_bytes value: every unit's parameters and gradients fit at once.
+inline constexpr std::size_t unlimited_budget = std::size_t(-1);
+
 struct sharding_options {
   sharding_strategy strategy = sharding_strategy::full_shard;
   mixed_precision precision{};
@@ -56,7 +60,11 @@ struct sharding_options {
   //! Bytes that gathered parameters and unsharded gradients may hold at once: the rate limiter's budget. 0: the
   //! smallest budget the strategy can run in, plus the largest unit again (one unit of overlap, PyTorch's
   //! default of two all-gathers in flight).
+  //! unlimited_budget: room for every unit at once (the limiter then never waits: the "no limiter" baseline).
   std::size_t limiter_budget_bytes = 0;
+  //! When not 0, the budget in units instead: this many times the largest unit's parameters and gradients
+  //! (shard_grad_op adds the parameters it keeps from forward). 1 unit: no overlap of gathers with compute.
+  std::size_t limiter_budget_units = 0;
   //! Optional cap on the number of gathered buffers alive at once (0: bytes alone decide).
   std::size_t limiter_max_inflight = 0;
   //! How many units ahead of the one in use gathers are queued; the limiter then admits as many as the budget

@@ -261,8 +261,16 @@ class sharded_model {
       std::fill(units_[i]->grad.begin(), units_[i]->grad.end(), 0.0f);
     }
 
-    limiter_.emplace(rate_limiter_options{.budget_bytes = opts_.limiter_budget_bytes ? opts_.limiter_budget_bytes
-                                                                                     : default_budget(),
+    std::size_t budget = opts_.limiter_budget_bytes;
+    if (opts_.limiter_budget_units != 0) {
+      if (budget != 0)
+        throw_error(errc::invalid_argument, "set limiter_budget_bytes or limiter_budget_units, not both", where);
+      budget = opts_.limiter_budget_units * largest_unit_bytes() +
+               (opts_.strategy == sharding_strategy::shard_grad_op ? kept_params_bytes() : 0);
+    }
+    if (budget == 0) budget = default_budget();
+    if (budget == unlimited_budget) budget = total_bytes();
+    limiter_.emplace(rate_limiter_options{.budget_bytes = budget,
                                           .max_inflight = opts_.limiter_max_inflight,
                                           .name = opts_.name + ".limiter"});
     check_budget();
@@ -312,6 +320,13 @@ class sharded_model {
   //! The pieces of parameters this rank's shard of unit i holds.
   std::vector<shard_piece> local_pieces(std::size_t i) const { return unit(i).layout.pieces(shard_rank_); }
   const rate_limiter& limiter() const noexcept { return *limiter_; }
+  //! The parameters and gradients of the largest unit, in bytes as the limiter charges them: the unit of a
+  //! budget ("a budget of 2 units").
+  std::size_t largest_unit_bytes() const {
+    std::size_t m = 0;
+    for (auto& u : units_) m = std::max(m, params_bytes(*u) + grads_bytes(*u));
+    return m;
+  }
   //! The groups the model made (empty when its strategy needs none): for the optimizer's norm, the checkpointer.
   comm::process_group& shard_group() noexcept { return reduce_group_; }
   comm::process_group& replica_group() noexcept { return replica_group_; }
@@ -551,6 +566,16 @@ class sharded_model {
       return kept + grads_max;
     }
     return unit_max;
+  }
+  std::size_t kept_params_bytes() const {
+    std::size_t kept = 0;
+    for (auto& u : units_) kept += params_bytes(*u);
+    return kept;
+  }
+  std::size_t total_bytes() const {
+    std::size_t all = 0;
+    for (auto& u : units_) all += params_bytes(*u) + grads_bytes(*u);
+    return all;
   }
   std::size_t default_budget() const {
     std::size_t unit_max = 0;
