@@ -201,7 +201,7 @@ class sharded_model {
     const_buffer_view params;
     buffer_view grads;
     comm::work params_work;   // the all-gather in flight
-    completion params_ready;  // the gather queued for the current pass
+    completion params_ready;  // the gather queued for the current pass has started params_work (or failed)
     completion grads_ready;
     completion reduced;       // the last gradient reduction
   };
@@ -428,6 +428,9 @@ class sharded_model {
     const auto t0 = steady_clock::now();
     try {
       u.params_ready.wait();
+      // params_ready's wait is the happens-before for reading params_work, which the gather thread assigned
+      // before setting it; nothing else writes this unit's params_work until its next gather, queued after this.
+      if (u.params_work.handle().valid()) u.params_work.wait();
       if (p == pass::backward) u.grads_ready.wait();
     } catch (...) {
       abandon_pass();
@@ -670,6 +673,11 @@ class sharded_model {
 
   void queue_gather(std::size_t i) {
     auto& u = *units_[i];
+    // u.grads_lease is reset on the reduce thread. This read is ordered after that reset because a unit's
+    // reduction is always waited before any later pass begins (the synchronizing backward's last end_unit
+    // calls wait_for_gradients; a pass left early drains the reduce thread), and `reduced` is cleared only by
+    // that wait. A valid `reduced` here would mean a reduction still in flight: wait for it rather than race.
+    if (u.reduced.valid()) wait_for_gradients();
     const bool need_params = !u.params_lease && !(params_are_master());
     const bool need_grads = pass_ == pass::backward && !u.grads_lease;
     if (params_are_master()) u.params = buffer_view(u.master);
@@ -691,16 +699,10 @@ class sharded_model {
           if (need_grads) grads_done.set_error(std::current_exception());
           return;
         }
-        // Ready when the all-gather lands: a continuation on the group's thread, short.
-        if (u.params_work.handle().valid())
-          u.params_work.then([params_done, w = u.params_work] {
-            if (auto e = w.exception())
-              params_done.set_error(e);
-            else
-              params_done.set_done();
-          });
-        else
-          params_done.set_done();
+        // Done once the all-gather is started; begin_unit then waits for params_work itself. (A continuation
+        // on params_work that captured the work to read its failure stored the work inside its own state: a
+        // reference cycle that leaked both whenever the all-gather never ended.)
+        params_done.set_done();
       }
       if (need_grads) {
         try {

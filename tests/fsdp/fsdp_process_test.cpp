@@ -1,0 +1,118 @@
+// fsdp::sharded_model with ranks as processes (as under shardkit-run / torchrun): the world from the environment
+// over shared memory (and TCP when built), so the master and gradient arenas, the gather and reduce groups and
+// the limiter's leases live in separate address spaces. Each run must train the toy model like one rank.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "shardkit/comm/init.hpp"
+#include "shardkit/comm/loopback_world.hpp"
+#include "support/harness.hpp"
+#include "toy_model.hpp"
+
+namespace sk = shardkit;
+namespace fsdp = shardkit::fsdp;
+namespace toy = shardkit::test::toy;
+
+namespace {
+
+constexpr int steps = 20;
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+// FSDP_TEST_STRATEGY and FSDP_TEST_HYBRID_SHARD_SIZE, set by the test cases below.
+fsdp::sharding_options options_from_env() {
+  fsdp::sharding_options o;
+  o.strategy = fsdp::parse_sharding_strategy(env_or("FSDP_TEST_STRATEGY", "full_shard"));
+  o.hybrid_shard_size = std::stoul(env_or("FSDP_TEST_HYBRID_SHARD_SIZE", "0"));
+  return o;
+}
+
+// fsdp_test.cpp's check_close for a child, which has no doctest context: throws naming the first difference.
+void require_close(const toy::run_result& got, const toy::run_result& want, double loss_rtol, double param_atol) {
+  const auto fail = [](const std::string& what) { throw std::runtime_error("differs from the 1-rank run: " + what); };
+  if (got.losses.size() != want.losses.size())
+    fail(std::to_string(got.losses.size()) + " losses vs " + std::to_string(want.losses.size()));
+  for (std::size_t s = 0; s < got.losses.size(); ++s)
+    if (!(std::abs(got.losses[s] - want.losses[s]) <= loss_rtol * std::abs(want.losses[s]))) {
+      std::ostringstream m;
+      m.precision(10);
+      m << "step " << s << ": loss " << got.losses[s] << " vs 1-rank " << want.losses[s];
+      fail(m.str());
+    }
+  if (got.final_params.size() != want.final_params.size())
+    fail(std::to_string(got.final_params.size()) + " parameters vs " + std::to_string(want.final_params.size()));
+  for (const auto& [name, w] : want.final_params) {
+    const auto it = got.final_params.find(name);
+    if (it == got.final_params.end()) fail("parameter " + name + " is missing");
+    if (it->second.size() != w.size()) fail("parameter " + name + " has another size");
+    double worst = 0;
+    for (std::size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(it->second[i] - w[i])));
+    if (!(worst <= param_atol)) fail("parameter " + name + ": largest difference " + std::to_string(worst));
+  }
+}
+
+}  // namespace
+
+// Every rank trains through the world group; rank 0 also trains a 1-rank reference over a loopback world in the
+// same process and compares. Losses are global means, so every rank's must equal rank 0's bit for bit.
+SHARDKIT_SCENARIO(fsdp_trains_like_one_rank) {
+  auto world = sk::comm::init_process_group(env_or("FSDP_TEST_TRANSPORT", "shm"));
+  SCENARIO_CHECK(world.group.rank() == sk::test::env_rank());
+  SCENARIO_CHECK(world.group.size() == sk::test::env_world_size());
+  const auto got = toy::train(world.group, options_from_env(), steps);
+  SCENARIO_CHECK(got.losses.size() == std::size_t(steps));
+
+  std::vector<double> rank0 = got.losses;
+  world.group.broadcast(sk::buffer_view(rank0.data(), rank0.size(), sk::dtype::f64), 0).wait();
+  SCENARIO_CHECK(rank0 == got.losses);
+
+  if (world.group.rank() == 0) {
+    auto one = sk::comm::make_loopback_world(1);
+    const auto want = toy::train(one[0], {}, steps);
+    SCENARIO_CHECK(want.losses.back() < 0.8 * want.losses.front());  // the reference does train
+    require_close(got, want, 1e-5, 1e-4);
+  }
+  world.group.barrier().wait();
+}
+
+namespace {
+
+void run_case(int n, const std::string& strategy, std::size_t hybrid_shard_size, const std::string& transport) {
+  CAPTURE(n);
+  CAPTURE(strategy);
+  CAPTURE(transport);
+  std::map<std::string, std::string> env{{"FSDP_TEST_STRATEGY", strategy},
+                                         {"FSDP_TEST_HYBRID_SHARD_SIZE", std::to_string(hybrid_shard_size)},
+                                         {"FSDP_TEST_TRANSPORT", transport},
+                                         {"SHARDKIT_TIMEOUT_MS", "60000"}};
+  if (transport == "tcp") env["SHARDKIT_SOCKET_IFNAME"] = "lo";
+  sk::test::require_all_succeeded(
+      sk::test::run_processes(n, "fsdp_trains_like_one_rank", env, std::chrono::seconds(120)));
+}
+
+}  // namespace
+
+TEST_CASE("[fsdp] ranks as processes over shm: every strategy trains like 1 rank (20 f32 steps, AdamW)") {
+  run_case(2, "full_shard", 0, "shm");
+  run_case(3, "full_shard", 0, "shm");
+  run_case(4, "hybrid_shard", 2, "shm");
+  run_case(2, "no_shard", 0, "shm");
+  run_case(2, "shard_grad_op", 0, "shm");
+}
+
+#if defined(SHARDKIT_HAS_TCP)
+TEST_CASE("[fsdp] ranks as processes over tcp: full_shard trains like 1 rank") {
+  run_case(2, "full_shard", 0, "tcp");
+}
+#endif
