@@ -448,3 +448,24 @@ TEST_CASE("[fsdp] invariant: random concurrent leases never overlap and never ex
   REQUIRE(whole);
   CHECK(whole->offset() == 0);
 }
+
+TEST_CASE("[fsdp] split_front makes two leases of one block, released apart; each part frees its bytes") {
+  fsdp::rate_limiter lim({.budget_bytes = 1024, .max_inflight = 1, .alignment = 64});
+  auto whole = lim.acquire_blocking(1000, "unit 'u' parameters and gradients");
+  const std::size_t base = whole.offset();
+  auto front = whole.split_front(300);  // padded to 320
+  CHECK(front.offset() == base);
+  CHECK(front.size() == 320);
+  CHECK(whole.offset() == base + 320);
+  CHECK(whole.size() == 1024 - 320);
+  CHECK(lim.stats().in_use_count == 2);  // admitted beyond max_inflight: it took no new memory
+  CHECK_THROWS_WITH_AS((void)whole.split_front(0), doctest::Contains("both parts must be non-empty"), shardkit::error);
+  CHECK_THROWS_WITH_AS((void)whole.split_front(704), doctest::Contains("both parts must be non-empty"), shardkit::error);
+  front.release();
+  CHECK(lim.stats().in_use_bytes == 1024 - 320);
+  CHECK(!lim.try_acquire(64));  // the count cap still holds while the rest is out
+  whole.release();
+  CHECK(lim.stats().in_use_bytes == 0);
+  auto again = lim.try_acquire(1024);  // the holes coalesced back into the whole region
+  CHECK(again);
+}

@@ -117,6 +117,9 @@ class region_blocks {
     return b;
   }
 
+  // A held block became two: one more lease, no more bytes.
+  void note_split() noexcept { peak_count_ = std::max(peak_count_, ++count_); }
+
   void give_back(region_block b) {
     if (b.size != 0) coalesce(b);
     in_use_ -= b.size;
@@ -216,6 +219,25 @@ class basic_rate_limiter {
     //! From the start of the region (memory()): where a peer that mapped the region finds this block.
     std::size_t offset() const noexcept { return block_.offset; }
     explicit operator bool() const noexcept { return limiter_ != nullptr; }
+    //! Cuts the first `bytes` (padded to the alignment) off into a lease of their own; this lease keeps the rest,
+    //! and each part is released on its own. Why: a holder that needs two buffers at once (a unit's parameters
+    //! and gradients) must take them as one request, since holding one while queueing for the other can wait
+    //! forever on fragmentation; it frees them at different times by splitting. The new part counts as one more
+    //! lease (toward max_inflight and the stats) but is never refused: it takes no new memory.
+    //! errc::invalid_argument unless the padded size lies strictly between 0 and size().
+    lease split_front(std::size_t bytes) {
+      const std::size_t cut = limiter_ ? limiter_->padded(bytes) : 0;
+      if (!limiter_ || cut == 0 || cut >= block_.size)
+        throw_error(errc::invalid_argument,
+                    "split_front of " + std::to_string(bytes) + " bytes from a lease of " +
+                        std::to_string(block_.size) + " bytes: both parts must be non-empty",
+                    {.operation = limiter_ ? limiter_->name_ + ".lease.split_front" : std::string("lease.split_front")});
+      limiter_->sem_.modify([](detail::region_blocks& r) { r.note_split(); });
+      lease front(*limiter_, {block_.offset, cut});
+      block_.offset += cut;
+      block_.size -= cut;
+      return front;
+    }
     //! Gives the block back now (no-op if empty).
     void release() noexcept {
       if (limiter_) std::exchange(limiter_, nullptr)->give_back(std::exchange(block_, {}));
