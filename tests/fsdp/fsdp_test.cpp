@@ -95,10 +95,18 @@ TEST_CASE("[fsdp] every strategy on 2, 3 and 4 ranks trains like 1 rank (20 f32 
     }
 }
 
-TEST_CASE("[fsdp] SGD with momentum, no prefetch, a count limit: same as 1 rank") {
+TEST_CASE("[fsdp] SGD with momentum, no prefetch, a one-unit budget, a count limit: same as 1 rank") {
   const auto reference = run_on(1, {}, 10, 1, toy::optimizer_kind::sgd);
   fsdp::sharding_options o{.prefetch = 0};
   check_close(run_on(3, o, 10, 1, toy::optimizer_kind::sgd), reference, 1e-5);
+  // A budget of one unit: gathers never overlap compute, and a backward unit's parameters and gradients come
+  // from one request (two would deadlock on a fragmented region).
+  for (auto strategy : {fsdp::sharding_strategy::full_shard, fsdp::sharding_strategy::shard_grad_op}) {
+    o = {.strategy = strategy, .precision = {.param = dtype::bf16}, .limiter_budget_units = 1};
+    CHECK(std::isfinite(run_on(2, o, 5, 1, toy::optimizer_kind::sgd).losses.back()));
+    o.precision = {};
+    check_close(run_on(3, o, 10, 1, toy::optimizer_kind::sgd), reference, 1e-5);
+  }
   o = {.limiter_max_inflight = 2};
   check_close(run_on(4, o, 10, 1, toy::optimizer_kind::sgd), reference, 1e-5);
   auto groups = sk::comm::make_loopback_world(2);  // the check comes before anything collective
@@ -108,12 +116,12 @@ TEST_CASE("[fsdp] SGD with momentum, no prefetch, a count limit: same as 1 rank"
 
 TEST_CASE("[fsdp] gradient accumulation over micro-batches without sync equals one batch") {
   const auto reference = run_on(2, {}, 8);
-  // The unsharded gradients of every unit stay alive across micro-batches: the default budget is too small.
-  CHECK_THROWS_WITH_AS(run_on(2, {}, 1, 2), doctest::Contains("without gradient sync"), sk::error);
-  fsdp::sharding_options o{.limiter_budget_bytes = 1 << 20};
-  check_close(run_on(2, o, 8, 2), reference, 1e-5);
-  o.strategy = fsdp::sharding_strategy::no_shard;
-  check_close(run_on(2, o, 8, 3), reference, 1e-5);
+  // The accumulated gradients live outside the limiter: the smallest budget still works.
+  check_close(run_on(2, {}, 8, 2), reference, 1e-5);
+  check_close(run_on(2, {.limiter_budget_units = 1}, 8, 3), reference, 1e-5);
+  check_close(run_on(2, {.strategy = fsdp::sharding_strategy::no_shard}, 8, 3), reference, 1e-5);
+  check_close(run_on(4, {.strategy = fsdp::sharding_strategy::shard_grad_op, .limiter_budget_units = 1}, 8, 3),
+              reference, 1e-5);
 }
 
 TEST_CASE("[fsdp] bf16 and f16 compute converge; bf16 gradients reduce") {

@@ -200,6 +200,7 @@ class sharded_model {
     std::optional<rate_limiter::lease> grads_lease;
     const_buffer_view params;
     buffer_view grads;
+    buffer_view accumulated;  // unsharded gradients kept across micro-batches (backward without sync)
     comm::work params_work;   // the all-gather in flight
     completion params_ready;  // the gather queued for the current pass has started params_work (or failed)
     completion grads_ready;
@@ -335,12 +336,17 @@ class sharded_model {
     std::lock_guard lock(stats_mutex_);
     model_stats s = stats_;
     s.limiter = limiter_->stats();
+    s.limiter.grants -= limiter_base_.grants;
+    s.limiter.waits -= limiter_base_.waits;
+    s.limiter.waited -= limiter_base_.waited;
     return s;
   }
+  //! Starts the counts again (the limiter's peak from what it holds now), e.g. at each step.
   void reset_stats() {
     std::lock_guard lock(stats_mutex_);
     stats_ = {};
     limiter_->reset_peak();
+    limiter_base_ = limiter_->stats();
   }
 
   // ---- parameters ----
@@ -402,8 +408,9 @@ class sharded_model {
   //! The units in forward order; each is gathered before the loop body sees it. See pass_range.
   pass_range forward();
   //! The units in reverse order, with gradients; `sync_gradients` false accumulates this micro-batch's gradients
-  //! in the unsharded buffers without communication (PyTorch's no_sync()); the next backward with sync true
-  //! reduces them all.
+  //! in unsharded buffers without communication (PyTorch's no_sync()); the next backward with sync true reduces
+  //! them all. Those buffers (one unit's unsharded gradients each, in the reduce dtype) are allocated on the
+  //! first such backward and live outside the limiter's budget.
   pass_range backward(bool sync_gradients = true);
 
   //! Starts unit i of pass p (in that pass's order; see the file comment), waiting for its gather.
@@ -626,8 +633,12 @@ class sharded_model {
                   "a " + std::string(to_string(p)) + " pass began while the " + std::string(to_string(pass_)) +
                       " pass had units left (unit '" + units_[unit_at(next_)]->layout.name() + "' was next)",
                   {.rank = rank_, .operation = "fsdp.pass"});
-    if (p == pass::backward && !sync) check_accumulation_budget();
     if (pass_stop_.stop_requested()) pass_stop_ = std::stop_source();
+    if (p == pass::backward) {
+      use_accumulated_ = !sync || accumulating_;
+      accumulating_ = !sync;
+      if (use_accumulated_) ensure_accumulation_buffers();
+    }
     pass_ = p;
     sync_ = sync;
     in_pass_ = true;
@@ -635,34 +646,20 @@ class sharded_model {
     queued_ = 0;
   }
 
-  // Without sync every unit's gradients stay until the synchronizing micro-batch: the budget must hold them all
-  // beside one unit's parameters, or the pass would wait forever for memory only its end frees.
-  void check_accumulation_budget() const {
-    std::size_t all_grads = 0, params_max = 0, kept = 0;
-    for (auto& u : units_) {
-      all_grads += grads_bytes(*u);
-      params_max = std::max(params_max, params_bytes(*u));
-      kept += params_bytes(*u);
+  // Gradients kept across micro-batches live outside the limiter's region, one buffer per unit for the whole
+  // accumulation (PyTorch's no_sync() costs the same): held that long, they would fragment the region that
+  // gathers cycle through, and a budget would have to cover them all anyway. Allocated on first use, zeroed, and
+  // zeroed again by each reduction.
+  void ensure_accumulation_buffers() {
+    if (accumulation_arena_.capacity() != 0) return;
+    arena_plan plan;
+    for (auto& u : units_) plan.add(opts_.precision.reduce, u->layout.padded_numel(), u->layout.name() + ".accumulated");
+    accumulation_arena_ = flat_arena(plan, opts_.name + ".accumulated");
+    auto views = accumulation_arena_.allocate(plan);
+    for (std::size_t i = 0; i < units_.size(); ++i) {
+      std::memset(views[i].data(), 0, views[i].size_bytes());
+      units_[i]->accumulated = views[i];
     }
-    const std::size_t need =
-        all_grads + (opts_.strategy == sharding_strategy::shard_grad_op ? kept : params_max);
-    const std::size_t need_count = units_.size() + (params_are_master() ? 0
-                                                    : opts_.strategy == sharding_strategy::shard_grad_op
-                                                        ? units_.size()
-                                                        : 1);
-    if (opts_.limiter_max_inflight != 0 && opts_.limiter_max_inflight < need_count)
-      throw_error(errc::invalid_argument,
-                  "backward without gradient sync keeps every unit's unsharded gradients until the synchronizing "
-                  "micro-batch: that needs limiter_max_inflight >= " + std::to_string(need_count) + ", it is " +
-                      std::to_string(opts_.limiter_max_inflight),
-                  {.rank = rank_, .operation = "fsdp.backward"});
-    if (limiter_->budget() < need)
-      throw_error(errc::invalid_argument,
-                  "backward without gradient sync keeps every unit's unsharded gradients (" +
-                      std::to_string(all_grads) + " bytes) until the synchronizing micro-batch; with parameters " +
-                      "that needs a limiter budget of " + std::to_string(need) + " bytes, the budget is " +
-                      std::to_string(limiter_->budget()),
-                  {.rank = rank_, .operation = "fsdp.backward"});
   }
 
   // Queues gathers for pass positions up to (not including) `until`.
@@ -679,8 +676,9 @@ class sharded_model {
     // that wait. A valid `reduced` here would mean a reduction still in flight: wait for it rather than race.
     if (u.reduced.valid()) wait_for_gradients();
     const bool need_params = !u.params_lease && !(params_are_master());
-    const bool need_grads = pass_ == pass::backward && !u.grads_lease;
+    const bool need_grads = pass_ == pass::backward && !use_accumulated_ && !u.grads_lease;
     if (params_are_master()) u.params = buffer_view(u.master);
+    if (pass_ == pass::backward && use_accumulated_) u.grads = u.accumulated;
     if (!need_params) u.params_ready = completion::ready();
     if (pass_ == pass::forward || !need_grads) u.grads_ready = completion::ready();
     completion_source params_done, grads_done;
@@ -691,37 +689,42 @@ class sharded_model {
                          stop = pass_stop_.get_token()] {
       auto& u = *units_[i];
       const std::string label = "unit '" + u.layout.name() + "' " + std::string(to_string(p));
-      if (need_params) {
-        try {
-          gather_params(u, label, stop);
-        } catch (...) {
-          params_done.set_error(std::current_exception());
-          if (need_grads) grads_done.set_error(std::current_exception());
-          return;
+      std::optional<rate_limiter::lease> grads;
+      try {
+        if (need_params && need_grads) {
+          // One request for both: holding the parameters while queueing for the gradients could wait forever
+          // on a fragmented region (rate_limiter::lease::split_front).
+          auto both = limiter_->acquire_blocking(params_bytes(u) + grads_bytes(u),
+                                                 label + " parameters and gradients", stop);
+          auto params = both.split_front(params_bytes(u));
+          grads.emplace(std::move(both));
+          start_gather(u, std::move(params));
+        } else if (need_params) {
+          start_gather(u, limiter_->acquire_blocking(params_bytes(u), label + " parameters", stop));
+        } else if (need_grads) {
+          grads.emplace(limiter_->acquire_blocking(grads_bytes(u), label + " gradients", stop));
         }
-        // Done once the all-gather is started; begin_unit then waits for params_work itself. (A continuation
-        // on params_work that captured the work to read its failure stored the work inside its own state: a
-        // reference cycle that leaked both whenever the all-gather never ended.)
-        params_done.set_done();
+      } catch (...) {
+        if (need_params) params_done.set_error(std::current_exception());
+        if (need_grads) grads_done.set_error(std::current_exception());
+        return;
       }
+      // Done once the all-gather is started; begin_unit then waits for params_work itself. (A continuation
+      // on params_work that captured the work to read its failure stored the work inside its own state: a
+      // reference cycle that leaked both whenever the all-gather never ended.)
+      if (need_params) params_done.set_done();
       if (need_grads) {
-        try {
-          auto l = limiter_->acquire_blocking(grads_bytes(u), label + " gradients", stop);
-          buffer_view g = l.view(opts_.precision.reduce, u.layout.padded_numel());
-          std::memset(g.data(), 0, g.size_bytes());
-          u.grads_lease.emplace(std::move(l));
-          u.grads = g;
-          grads_done.set_done();
-        } catch (...) {
-          grads_done.set_error(std::current_exception());
-        }
+        buffer_view g = grads->view(opts_.precision.reduce, u.layout.padded_numel());
+        std::memset(g.data(), 0, g.size_bytes());
+        u.grads_lease = std::move(grads);
+        u.grads = g;
+        grads_done.set_done();
       }
     });
   }
 
-  // On the gather thread: lease, convert this rank's master into its slot, start the all-gather.
-  void gather_params(unit_state& u, const std::string& label, std::stop_token stop) {
-    auto l = limiter_->acquire_blocking(params_bytes(u), label + " parameters", stop);
+  // On the gather thread: convert this rank's master into its slot of the leased buffer, start the all-gather.
+  void start_gather(unit_state& u, rate_limiter::lease l) {
     buffer_view full = l.view(opts_.precision.param, u.layout.padded_numel());
     buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
     convert(dtype::f32, u.master.data(), mine.type(), mine.data(), u.master.size());
@@ -754,8 +757,11 @@ class sharded_model {
         if (shard_size_ > 1) reduce_group_.reduce_scatter(full, mine, reduce_op::avg).wait();
         if (replicas_ > 1) replica_group_.all_reduce(mine, reduce_op::avg).wait();
         detail::add_into(mine, u.grad);
+        if (u.grads_lease)
+          u.grads_lease.reset();
+        else
+          std::memset(full.data(), 0, full.size_bytes());  // the accumulation buffer, ready for the next round
         u.grads = {};
-        u.grads_lease.reset();
         {
           std::lock_guard lock(stats_mutex_);
           ++stats_.reduces;
@@ -810,14 +816,18 @@ class sharded_model {
   std::optional<rate_limiter> limiter_;
   std::vector<std::unique_ptr<unit_state>> units_;
   flat_arena arena_;
+  flat_arena accumulation_arena_;
   comm::process_group gather_group_, reduce_group_, replica_group_;
 
   pass pass_ = pass::forward;
   bool in_pass_ = false, sync_ = true;
+  bool accumulating_ = false;     // a backward without sync ran since the last synchronizing one
+  bool use_accumulated_ = false;  // this backward's gradients go into the accumulation buffers
   std::size_t next_ = 0, queued_ = 0;
 
   mutable std::mutex stats_mutex_;
   model_stats stats_;
+  rate_limiter_stats limiter_base_{};  // the limiter's counts at reset_stats()
   std::stop_source pass_stop_;  // withdraws the gathers of a pass that is abandoned
   // Declared last: destroyed (joined) first, while everything their jobs touch is alive.
   thread_pool gather_thread_{1};

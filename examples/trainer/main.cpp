@@ -1,0 +1,275 @@
+// The example trainer: a byte-level language model (examples/trainer/model.hpp) trained with fully sharded
+// parameters. The same flags on 1 and on 4 ranks train the same model on the same data: --batch is the global
+// batch, split evenly over the ranks.
+//
+//   shardkit-run -n 4 -- trainer --steps 50                       # shm on one host, full_shard, AdamW
+//   shardkit-run -n 4 -- trainer --strategy hybrid_shard --hybrid-size 2 --dtype bf16 --budget 2u
+//
+// Rank 0 prints one line per step: the global mean loss at full precision, tokens per second, and where the step's
+// time went (compute, waiting for all-gathers, waiting for gradient reductions, gathers queued on the limiter).
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardkit/comm/init.hpp"  // with shardkit::tcp linked, tcp and shm+tcp too
+#include "shardkit/fsdp/optimizer.hpp"
+#include "shardkit/fsdp/sharded_model.hpp"
+#include "trainer/model.hpp"
+
+namespace sk = shardkit;
+namespace fsdp = shardkit::fsdp;
+
+namespace {
+
+struct flags {
+  fsdp::sharding_options sharding;
+  trainer::model_config model;
+  int batch = 16, micro_batches = 1, steps = 20, context = 64;
+  std::uint64_t seed = 1;
+  double lr = 3e-3, weight_decay = 0.1, clip = 1.0;
+};
+
+[[noreturn]] void usage(const std::string& problem) {
+  std::fprintf(stderr,
+               "trainer: %s\n"
+               "usage: trainer [--steps N] [--batch GLOBAL_ROWS] [--micro-batches M] [--context T] [--seed S]\n"
+               "               [--strategy full_shard|shard_grad_op|no_shard|hybrid_shard] [--hybrid-size S]\n"
+               "               [--dtype f32|bf16|f16] [--reduce-dtype f32|bf16|f16]\n"
+               "               [--budget BYTES[K|M|G] | --budget Nu | --budget unlimited] [--max-inflight N]\n"
+               "               [--prefetch N] [--width D] [--blocks L] [--lr X] [--weight-decay X] [--clip X]\n",
+               problem.c_str());
+  std::exit(2);
+}
+
+long long number(std::string_view flag, std::string_view v) {
+  long long n = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || p != v.data() + v.size() || n < 0)
+    usage(std::string(flag) + " wants a non-negative integer, got '" + std::string(v) + "'");
+  return n;
+}
+
+double real(std::string_view flag, std::string_view v) {
+  char* end = nullptr;
+  const std::string s(v);
+  const double d = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size()) usage(std::string(flag) + " wants a number, got '" + s + "'");
+  return d;
+}
+
+sk::dtype dtype_flag(std::string_view flag, std::string_view v) {
+  const auto t = sk::parse_dtype(v);
+  if (!t || !sk::is_floating(*t)) usage(std::string(flag) + " wants f32, bf16, f16 or f64, got '" + std::string(v) + "'");
+  return *t;
+}
+
+// "64M", "2u" (units), "unlimited", or plain bytes.
+void parse_budget(std::string_view v, fsdp::sharding_options& o) {
+  if (v == "unlimited") {
+    o.limiter_budget_bytes = fsdp::unlimited_budget;
+    return;
+  }
+  if (v.empty()) usage("--budget wants a value");
+  const char unit = v.back();
+  const std::string_view digits = (unit >= '0' && unit <= '9') ? v : v.substr(0, v.size() - 1);
+  const auto n = std::size_t(number("--budget", digits));
+  switch (unit) {
+    case 'u': o.limiter_budget_units = n; return;
+    case 'K': case 'k': o.limiter_budget_bytes = n << 10; return;
+    case 'M': case 'm': o.limiter_budget_bytes = n << 20; return;
+    case 'G': case 'g': o.limiter_budget_bytes = n << 30; return;
+    default:
+      if (unit >= '0' && unit <= '9') {
+        o.limiter_budget_bytes = n;
+        return;
+      }
+      usage("--budget: unknown suffix '" + std::string(1, unit) + "' (K, M, G, u for units, or 'unlimited')");
+  }
+}
+
+flags parse(int argc, char** argv) {
+  flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "-h" || a == "--help") usage("train a byte-level language model with fully sharded parameters");
+    if (i + 1 >= argc) usage(std::string(a) + " wants a value");
+    const std::string_view v = argv[++i];
+    if (a == "--steps") f.steps = int(number(a, v));
+    else if (a == "--batch") f.batch = int(number(a, v));
+    else if (a == "--micro-batches") f.micro_batches = int(number(a, v));
+    else if (a == "--context") f.context = int(number(a, v));
+    else if (a == "--seed") f.seed = std::uint64_t(number(a, v));
+    else if (a == "--strategy") f.sharding.strategy = fsdp::parse_sharding_strategy(v);
+    else if (a == "--hybrid-size") f.sharding.hybrid_shard_size = std::size_t(number(a, v));
+    else if (a == "--dtype") f.sharding.precision.param = dtype_flag(a, v);
+    else if (a == "--reduce-dtype") f.sharding.precision.reduce = dtype_flag(a, v);
+    else if (a == "--budget") parse_budget(v, f.sharding);
+    else if (a == "--max-inflight") f.sharding.limiter_max_inflight = std::size_t(number(a, v));
+    else if (a == "--prefetch") f.sharding.prefetch = std::size_t(number(a, v));
+    else if (a == "--width") f.model.width = int(number(a, v)), f.model.hidden = 4 * f.model.width;
+    else if (a == "--blocks") f.model.blocks = int(number(a, v));
+    else if (a == "--lr") f.lr = real(a, v);
+    else if (a == "--weight-decay") f.weight_decay = real(a, v);
+    else if (a == "--clip") f.clip = real(a, v);
+    else usage("unknown flag " + std::string(a));
+  }
+  f.model.context = f.context;
+  if (f.steps <= 0 || f.batch <= 0 || f.micro_batches <= 0 || f.context <= 0 || f.model.width <= 0 ||
+      f.model.blocks <= 0)
+    usage("--steps, --batch, --micro-batches, --context, --width and --blocks must be positive");
+  return f;
+}
+
+// A unit's gathered parameters as f32 spans by name (converted when the compute dtype is not f32).
+struct f32_params {
+  std::vector<float> storage;
+  trainer::param_map map;
+
+  void load(const fsdp::unit_scope& u, const std::vector<trainer::param_spec>& specs) {
+    map.clear();
+    const sk::const_buffer_view all = u.params();
+    if (all.type() == sk::dtype::f32) {
+      for (const auto& s : specs) map.emplace(s.name, u.param<float>(s.name));
+      return;
+    }
+    storage.resize(trainer::unit_numel(specs));
+    sk::convert(all.type(), all.data(), sk::dtype::f32, storage.data(), storage.size());
+    map = trainer::slice_unit<const float>(specs, std::span<const float>(storage));
+  }
+};
+
+// Gradients written in f32; added into the unit's unsharded gradients in the reduce dtype.
+struct f32_grads {
+  std::vector<float> storage;
+  trainer::grad_map map;
+  const fsdp::unit_scope* unit = nullptr;
+
+  void open(const fsdp::unit_scope& u, const std::vector<trainer::param_spec>& specs) {
+    unit = &u;
+    map.clear();
+    if (u.grads().type() == sk::dtype::f32) {
+      for (const auto& s : specs) map.emplace(s.name, u.grad<float>(s.name));
+      return;
+    }
+    storage.assign(trainer::unit_numel(specs), 0.0f);
+    map = trainer::slice_unit<float>(specs, std::span<float>(storage));
+  }
+  void close() {
+    if (storage.empty() || !unit) return;
+    const sk::buffer_view g = unit->grads();
+    std::vector<float> cur(storage.size());
+    sk::convert(g.type(), g.data(), sk::dtype::f32, cur.data(), cur.size());
+    for (std::size_t i = 0; i < cur.size(); ++i) cur[i] += storage[i];
+    sk::convert(sk::dtype::f32, cur.data(), g.type(), g.data(), cur.size());
+    storage.clear();
+  }
+};
+
+double ms(std::chrono::nanoseconds d) { return double(d.count()) / 1e6; }
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const flags f = parse(argc, argv);
+  auto world = sk::comm::init_process_group();
+  auto& pg = world.group;
+  const int rank = pg.rank(), ranks = pg.size();
+  if (f.batch % (ranks * f.micro_batches) != 0)
+    usage("--batch " + std::to_string(f.batch) + " must be divisible by ranks x micro-batches (" +
+          std::to_string(ranks) + " x " + std::to_string(f.micro_batches) + ")");
+  trainer::set_blas_threads(1);  // one rank per core: BLAS threads would compete with the other ranks
+
+  const auto names = trainer::unit_names(f.model);
+  const auto specs = trainer::unit_specs(f.model);
+  std::vector<fsdp::unit_spec> units;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    fsdp::unit_spec u{names[i], {}};
+    for (const auto& p : specs[i]) u.params.push_back({p.name, p.shape});
+    units.push_back(std::move(u));
+  }
+  fsdp::sharded_model model(pg, units, f.sharding);
+  model.init_parameters([&](const fsdp::param_slot& p, std::span<float> full) {
+    trainer::init_param(trainer::param_spec{p.name, p.shape}, full, f.seed);
+  });
+  fsdp::adamw opt(model, {.lr = f.lr, .weight_decay = f.weight_decay});
+
+  const std::string text = trainer::training_text();
+  const int rows = f.batch / ranks / f.micro_batches, T = f.context, d = f.model.width, L = f.model.blocks;
+  const std::size_t act = std::size_t(rows) * T * d;
+  std::vector<std::vector<float>> acts(std::size_t(L) + 2, std::vector<float>(act));  // acts[k]: input of unit k
+  std::vector<float> grad_in(act), grad_out(act);
+  trainer::embed_cache embed_cache;
+  std::vector<trainer::block_cache> block_caches(static_cast<std::size_t>(L));
+  trainer::head_cache head_cache;
+  f32_params params;
+  f32_grads grads;
+
+  if (rank == 0)
+    std::printf("# trainer: %d ranks over %s, %s, params %s, grads %s, %zu units, limiter budget %zu bytes, "
+                "global batch %d x %d tokens\n",
+                ranks, world.transport.c_str(), std::string(fsdp::to_string(f.sharding.strategy)).c_str(),
+                std::string(sk::to_string(f.sharding.precision.param)).c_str(),
+                std::string(sk::to_string(f.sharding.precision.reduce)).c_str(), units.size(),
+                model.limiter().budget(), f.batch, T);
+
+  for (int step = 0; step < f.steps; ++step) {
+    model.reset_stats();
+    const auto t0 = std::chrono::steady_clock::now();
+    double loss = 0;
+    for (int m = 0; m < f.micro_batches; ++m) {
+      const int first = rank * (f.batch / ranks) + m * rows;
+      const trainer::batch b = trainer::make_batch(text, f.batch, T, std::uint64_t(step), f.seed, first, rows);
+      for (auto& u : model.forward()) {
+        params.load(u, specs[u.index()]);
+        const std::size_t k = u.index();
+        if (k == 0)
+          trainer::embed_forward(f.model, params.map, b, acts[1], embed_cache);
+        else if (k <= std::size_t(L))
+          trainer::block_forward(f.model, int(k) - 1, params.map, rows, T, acts[k], acts[k + 1], block_caches[k - 1]);
+        else
+          loss += trainer::head_forward(f.model, params.map, b, acts[k], head_cache) / f.micro_batches;
+      }
+      for (auto& u : model.backward(m + 1 == f.micro_batches)) {
+        params.load(u, specs[u.index()]);
+        grads.open(u, specs[u.index()]);
+        const std::size_t k = u.index();
+        if (k == std::size_t(L) + 1) {
+          trainer::head_backward(f.model, params.map, head_cache, grad_in, grads.map, 1.0f / float(f.micro_batches));
+        } else if (k >= 1) {
+          trainer::block_backward(f.model, int(k) - 1, params.map, block_caches[k - 1], grad_in, grad_out, grads.map);
+          std::swap(grad_in, grad_out);
+        } else {
+          trainer::embed_backward(f.model, embed_cache, grad_in, grads.map);
+        }
+        grads.close();
+      }
+    }
+    const double global_loss = model.mean_over_ranks(loss);
+    if (f.clip > 0) model.clip_grad_norm(f.clip);
+    opt.step();
+    model.zero_grad();
+    const auto elapsed = std::chrono::steady_clock::now() - t0;
+    if (rank == 0) {
+      const auto st = model.stats();
+      const auto waiting = st.waiting_for_gather + st.waiting_for_reduce;
+      std::printf("step %d loss %.9g tokens/s %.0f step_ms %.2f compute_ms %.2f gather_wait_ms %.2f "
+                  "reduce_wait_ms %.2f limiter_wait_ms %.2f peak_gathered_bytes %zu\n",
+                  step, global_loss, double(f.batch) * T / std::chrono::duration<double>(elapsed).count(),
+                  ms(elapsed), ms(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed) - waiting),
+                  ms(st.waiting_for_gather), ms(st.waiting_for_reduce), ms(st.limiter.waited), st.limiter.peak_bytes);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "trainer: %s\n", e.what());
+  return 1;
+}
