@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The example trainer on N ranks (processes, shardkit-run, shm) trains the same model on the same data as on 1 rank:
+# every step's loss agrees within 1e-5 relative. Extra arguments (strategy, micro-batches, budget) go to the N-rank
+# run only: on 1 rank every strategy computes the same thing.
+# usage: trainer_ranks_test.sh SHARDKIT_RUN TRAINER N [trainer flags...]
+set -euo pipefail
+run=$1 trainer=$2 n=$3
+shift 3
+flags=(--steps 6 --batch 12 --context 16 --width 32 --blocks 6)
+export OPENBLAS_NUM_THREADS=1
+one=$("$run" -n 1 -- "$trainer" "${flags[@]}" | grep -o 'step [0-9]* loss [^ ]*')
+many=$("$run" -n "$n" -- "$trainer" "${flags[@]}" "$@" | grep -o 'step [0-9]* loss [^ ]*')
+echo "1 rank:"; echo "$one"
+echo "$n ranks:"; echo "$many"
+[ "$(echo "$one" | wc -l)" = 6 ] || { echo "FAIL: expected 6 steps from the 1-rank run"; exit 1; }
+paste <(echo "$one") <(echo "$many") | awk '
+  { a = $4; b = $8; d = a - b; if (d < 0) d = -d; if (a < 0) a = -a
+    if ($2 != $6 || d > 1e-5 * a) { printf "FAIL: step %s loss %s on 1 rank, %s on many\n", $2, $4, $8; bad = 1 } }
+  END { if (NR != 6) { print "FAIL: the runs printed different numbers of steps"; bad = 1 }; exit bad }'
+echo "OK: losses agree within 1e-5"
