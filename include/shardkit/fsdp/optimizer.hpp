@@ -76,6 +76,29 @@ inline void check_finite_positive(double v, const char* what, const char* op) {
 
 }  // namespace detail
 
+//! What every sharded optimizer shares: its model, options, per-unit state buffers and step count, and the state's
+//! save and load.
+template <class Options>
+class sharded_optimizer {
+ public:
+  void set_lr(double lr) { o_.lr = lr; }
+  std::uint64_t steps() const noexcept { return steps_; }
+  void set_steps(std::uint64_t s) noexcept { steps_ = s; }
+  //! This rank's pieces of every state buffer, named "<param>.<buffer>" (block0.w1.exp_avg).
+  std::vector<shard_tensor> sharded_state() { return state_.sharded(model_); }
+  void load_sharded_state(std::span<const shard_tensor> saved) {
+    detail::load_pieces(sharded_state(), saved, "optimizer state");
+  }
+
+ protected:
+  sharded_optimizer(sharded_model& model, Options o, std::vector<std::string> buffers)
+      : model_(model), o_(std::move(o)), state_(model, std::move(buffers)) {}
+  sharded_model& model_;
+  Options o_;
+  detail::optimizer_state state_;
+  std::uint64_t steps_ = 0;
+};
+
 struct sgd_options {
   double lr = 0.01;
   double momentum = 0.0;
@@ -86,9 +109,9 @@ struct sgd_options {
 };
 
 //! torch.optim.SGD on the local shards.
-class sgd {
+class sgd : public sharded_optimizer<sgd_options> {
  public:
-  sgd(sharded_model& model, sgd_options o = {}) : model_(model), o_(std::move(o)), state_(model, {"momentum"}) {
+  sgd(sharded_model& model, sgd_options o = {}) : sharded_optimizer(model, std::move(o), {"momentum"}) {
     detail::check_finite_positive(o_.lr, "lr", "fsdp.sgd");
     detail::check_finite_positive(o_.momentum, "momentum", "fsdp.sgd");
     detail::check_finite_positive(o_.weight_decay, "weight_decay", "fsdp.sgd");
@@ -113,20 +136,6 @@ class sgd {
     });
     ++steps_;
   }
-
-  void set_lr(double lr) { o_.lr = lr; }
-  std::uint64_t steps() const noexcept { return steps_; }
-  void set_steps(std::uint64_t s) noexcept { steps_ = s; }
-  std::vector<shard_tensor> sharded_state() { return state_.sharded(model_); }
-  void load_sharded_state(std::span<const shard_tensor> saved) {
-    detail::load_pieces(sharded_state(), saved, "optimizer state");
-  }
-
- private:
-  sharded_model& model_;
-  sgd_options o_;
-  detail::optimizer_state state_;
-  std::uint64_t steps_ = 0;
 };
 
 struct adamw_options {
@@ -138,10 +147,10 @@ struct adamw_options {
 };
 
 //! torch.optim.AdamW on the local shards (bias-corrected moments, decoupled weight decay).
-class adamw {
+class adamw : public sharded_optimizer<adamw_options> {
  public:
   adamw(sharded_model& model, adamw_options o = {})
-      : model_(model), o_(std::move(o)), state_(model, {"exp_avg", "exp_avg_sq"}) {
+      : sharded_optimizer(model, std::move(o), {"exp_avg", "exp_avg_sq"}) {
     detail::check_finite_positive(o_.lr, "lr", "fsdp.adamw");
     detail::check_finite_positive(o_.eps, "eps", "fsdp.adamw");
     detail::check_finite_positive(o_.weight_decay, "weight_decay", "fsdp.adamw");
@@ -169,20 +178,6 @@ class adamw {
       }
     });
   }
-
-  void set_lr(double lr) { o_.lr = lr; }
-  std::uint64_t steps() const noexcept { return steps_; }
-  void set_steps(std::uint64_t s) noexcept { steps_ = s; }
-  std::vector<shard_tensor> sharded_state() { return state_.sharded(model_); }
-  void load_sharded_state(std::span<const shard_tensor> saved) {
-    detail::load_pieces(sharded_state(), saved, "optimizer state");
-  }
-
- private:
-  sharded_model& model_;
-  adamw_options o_;
-  detail::optimizer_state state_;
-  std::uint64_t steps_ = 0;
 };
 
 }  // namespace shardkit::fsdp
