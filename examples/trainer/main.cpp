@@ -35,6 +35,7 @@ struct flags {
   int batch = 16, micro_batches = 1, steps = 20, context = 64;
   std::uint64_t seed = 1;
   double lr = 3e-3, weight_decay = 0.1, clip = 1.0;
+  bool skip_compute = false;  // communication alone: the benchmarks' "communication-only" step
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -44,7 +45,8 @@ struct flags {
                "               [--strategy full_shard|shard_grad_op|no_shard|hybrid_shard] [--hybrid-size S]\n"
                "               [--dtype f32|bf16|f16] [--reduce-dtype f32|bf16|f16]\n"
                "               [--budget BYTES[K|M|G] | --budget Nu | --budget unlimited] [--max-inflight N]\n"
-               "               [--prefetch N] [--width D] [--blocks L] [--lr X] [--weight-decay X] [--clip X]\n",
+               "               [--prefetch N] [--width D] [--blocks L] [--lr X] [--weight-decay X] [--clip X]\n"
+               "               [--skip-compute]   (gathers and reductions only: a benchmark's communication-only step)\n",
                problem.c_str());
   std::exit(2);
 }
@@ -100,6 +102,10 @@ flags parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "-h" || a == "--help") usage("train a byte-level language model with fully sharded parameters");
+    if (a == "--skip-compute") {
+      f.skip_compute = true;
+      continue;
+    }
     if (i + 1 >= argc) usage(std::string(a) + " wants a value");
     const std::string_view v = argv[++i];
     if (a == "--steps") f.steps = int(number(a, v));
@@ -228,6 +234,7 @@ int main(int argc, char** argv) try {
       const int first = rank * (f.batch / ranks) + m * rows;
       const trainer::batch b = trainer::make_batch(text, f.batch, T, std::uint64_t(step), f.seed, first, rows);
       for (auto& u : model.forward()) {
+        if (f.skip_compute) continue;
         params.load(u, specs[u.index()]);
         const std::size_t k = u.index();
         if (k == 0)
@@ -238,6 +245,7 @@ int main(int argc, char** argv) try {
           loss += trainer::head_forward(f.model, params.map, b, acts[k], head_cache) / f.micro_batches;
       }
       for (auto& u : model.backward(m + 1 == f.micro_batches)) {
+        if (f.skip_compute) continue;
         params.load(u, specs[u.index()]);
         grads.open(u, specs[u.index()]);
         const std::size_t k = u.index();
