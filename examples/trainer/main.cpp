@@ -181,6 +181,18 @@ struct f32_grads {
 
 double ms(std::chrono::nanoseconds d) { return double(d.count()) / 1e6; }
 
+// The process's peak resident set (VmHWM), in bytes: what the memory comparison of strategies reads.
+std::size_t peak_rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  std::size_t kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmHWM: %zu kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib * 1024;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -269,10 +281,10 @@ int main(int argc, char** argv) try {
       const auto st = model.stats();
       const auto waiting = st.waiting_for_gather + st.waiting_for_reduce;
       std::printf("step %d loss %.9g tokens/s %.0f step_ms %.2f compute_ms %.2f gather_wait_ms %.2f "
-                  "reduce_wait_ms %.2f limiter_wait_ms %.2f peak_gathered_bytes %zu\n",
+                  "reduce_wait_ms %.2f limiter_wait_ms %.2f peak_gathered_bytes %zu peak_rss_bytes %zu\n",
                   step, global_loss, double(f.batch) * T / std::chrono::duration<double>(elapsed).count(),
                   ms(elapsed), ms(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed) - waiting),
-                  ms(st.waiting_for_gather), ms(st.waiting_for_reduce), ms(st.limiter.waited), st.limiter.peak_bytes);
+                  ms(st.waiting_for_gather), ms(st.waiting_for_reduce), ms(st.limiter.waited), st.limiter.peak_bytes, peak_rss_bytes());
       std::fflush(stdout);
     }
   }
