@@ -177,6 +177,8 @@ TEST_CASE("[fsdp] units out of order and passes left early") {
     if (u.index() == 2) break;
   }
   CHECK(model.limiter().stats().in_use_bytes == 0);
+  { auto never_iterated = model.backward(); }
+  CHECK(model.limiter().stats().in_use_bytes == 0);
   // A complete step still works afterwards.
   CHECK(std::isfinite(toy::forward_backward(model, 0, 0, 12, true)));
   CHECK_THROWS_WITH_AS((void)model.forward().begin()->grads(), doctest::Contains("has gradients only in backward"),

@@ -300,6 +300,8 @@ class sharded_model {
 
   //! Withdraws queued gathers and waits for what is running (a pass left by an exception ends here too).
   ~sharded_model() {
+    // An all-gather in flight writes into the limiter's region: wait for it before the region goes.
+    abandon_pass();
     pass_stop_.request_stop();
     gather_thread_.join();
     reduce_thread_.join();
@@ -862,7 +864,7 @@ class sharded_model::pass_range {
   pass_range(const pass_range&) = delete;
   pass_range& operator=(const pass_range&) = delete;
   ~pass_range() {
-    if (started_ && !done_) model_->abandon_pass();
+    if (!done_) model_->abandon_pass();  // also a pass never iterated: the model must not stay "in a pass"
   }
 
   iterator begin() {
