@@ -22,6 +22,7 @@ enum class errc {
   unsupported,           //!< the backend cannot do this (dtype, device, op)
   config,                //!< a missing or contradictory setting (environment, options)
   out_of_memory,         //!< an allocation did not fit (an arena's region, the system's memory)
+  not_found,             //!< a named object does not exist (a storage sink's object on get)
 };
 
 namespace detail {
@@ -42,6 +43,7 @@ struct error_category_impl final : std::error_category {
       case errc::unsupported: return "unsupported";
       case errc::config: return "configuration error";
       case errc::out_of_memory: return "out of memory";
+      case errc::not_found: return "not found";
     }
     return "unknown shardkit error";
   }

@@ -1,0 +1,450 @@
+#pragma once
+//! A sink over a directory of a POSIX file system (a local disk, NFS, Lustre, a FUSE mount of object storage).
+//!
+//! Key "step-100/rank-3.safetensors" is the file <root>/step-100/rank-3.safetensors.
+//!
+//! **put** writes into a temporary in the key's own directory, named ".shardkit-tmp.<pid>.<nonce>.<n>": the pid
+//! and a per-process counter make it unique per writer on a host, and a random per-process nonce keeps two hosts
+//! whose processes share a pid apart on a shared file system. Being in the target directory makes the final rename
+//! a same-directory, same-file-system rename, which POSIX makes atomic: a reader sees the old object or the whole new
+//! one, never a prefix. Being a dot-file with a reserved marker lets list() skip it and keeps it out of keys.
+//! A name independent of the key's last component also keeps temporaries within NAME_MAX whatever the key.
+//!
+//! **commit** is the classic durable-replace sequence: fsync(file), close, rename(temporary, key), fsync(directory).
+//! Without the file fsync a crash after the rename can leave a visible, empty or torn file (ext4's delayed
+//! allocation did exactly that); without the directory fsync a crash can forget the rename, so the object the
+//! checkpointer believed committed (and indexed) is gone. If the directory fsync fails, the rename has happened: the
+//! object is visible but its durability is unknown, and commit throws errc::io saying so; the checkpointer treats
+//! any throw as a failed save (the index, written last, never names it).
+//!
+//! **Directories.** Each writer creates the directories its key needs (mkdir -p, tolerating EEXIST from a racing
+//! rank) and never relies on another rank having created them: on an eventually consistent mount (s3fs over object
+//! storage) a directory made by rank 0 may not be visible to rank 3 yet, which is how checkpointing to object
+//! storage broke (seed 000). With fsync on, each directory it creates is made durable by an fsync of its parent.
+//! remove() deletes the directories it empties (up to the root), so retention leaves no husks; a writer racing with
+//! that (mkdir, then its directory pruned before its open) retries, and once its temporary exists the directory is
+//! not empty and cannot be pruned.
+//!
+//! **A writer that dies** (SIGKILL, power loss) leaves its temporary behind, invisible to get/size/list: a crashed
+//! save never shows a partial object. remove_stale_temporaries() sweeps such leftovers older than a given age.
+//!
+//! **Reads** open the file per call and pread() the range, so concurrent ranged reads of one object from many
+//! threads need no shared state, and each sees one version of the object (the file it opened) even if a commit
+//! replaces the key meanwhile.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "shardkit/core/error.hpp"
+#include "shardkit/storage/sink.hpp"
+
+namespace shardkit::storage {
+
+struct posix_sink_options {
+  //! fsync the file and its directory on commit (and new directories' parents). Off only where durability does not
+  //! matter (tests, scratch staging): it is most of a small object's commit time.
+  bool fsync = true;
+  //! Create the root directory (mkdir -p) if missing; otherwise a missing root is errc::io at construction.
+  bool create_root = true;
+  //! remove() also removes the directories it leaves empty, up to (not including) the root.
+  bool prune_empty_directories = true;
+};
+
+namespace detail {
+
+[[noreturn]] inline void throw_os_error(int e, const char* operation, const std::string& key, const std::string& what,
+                                        const std::string& path) {
+  throw_error(errc::io, what + " '" + path + "': " + std::generic_category().message(e),
+              {.operation = operation, .object = key});
+}
+
+class unique_fd {
+ public:
+  explicit unique_fd(int fd = -1) noexcept : fd_(fd) {}
+  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  unique_fd& operator=(unique_fd&& o) noexcept {
+    if (this != &o) reset(std::exchange(o.fd_, -1));
+    return *this;
+  }
+  ~unique_fd() { reset(); }
+  int get() const noexcept { return fd_; }
+  int release() noexcept { return std::exchange(fd_, -1); }
+  void reset(int fd = -1) noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_;
+};
+
+// fsync of a directory: some file systems cannot (EINVAL); there is nothing more to do on those.
+inline int fsync_directory(const std::string& dir) noexcept {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  int e = 0;
+  if (::fsync(fd) != 0 && errno != EINVAL) e = errno;
+  ::close(fd);
+  return e;
+}
+
+inline std::string parent_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// The key's directory part: "a/b/c" -> "a/b", "c" -> "".
+inline std::string key_directory(const std::string& key) {
+  const auto slash = key.rfind('/');
+  return slash == std::string::npos ? std::string{} : key.substr(0, slash);
+}
+
+inline std::uint64_t process_nonce() {
+  static const std::uint64_t nonce = [] {
+    std::random_device rd;
+    return (std::uint64_t{rd()} << 32) ^ rd();
+  }();
+  return nonce;
+}
+
+inline std::string temporary_name() {
+  static std::atomic<std::uint64_t> counter{0};
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%.*s%ld.%08llx.%llu", static_cast<int>(temporary_marker.size()),
+                temporary_marker.data(), static_cast<long>(::getpid()),
+                static_cast<unsigned long long>(process_nonce() & 0xffffffffu),
+                static_cast<unsigned long long>(counter.fetch_add(1, std::memory_order_relaxed)));
+  return buf;
+}
+
+}  // namespace detail
+
+class posix_sink {
+ public:
+  using sink_concept = sink_tag;
+
+  //! A temporary file being written; commit renames it onto the key. Independent of the posix_sink that made it.
+  class writer {
+   public:
+    writer(writer&& o) noexcept
+        : fd_(std::move(o.fd_)), key_(std::move(o.key_)), path_(std::move(o.path_)),
+          temporary_(std::exchange(o.temporary_, {})), fsync_(o.fsync_), failed_(o.failed_), written_(o.written_) {}
+    writer& operator=(writer&& o) noexcept {
+      if (this != &o) {
+        abort();
+        fd_ = std::move(o.fd_);
+        key_ = std::move(o.key_);
+        path_ = std::move(o.path_);
+        temporary_ = std::exchange(o.temporary_, {});
+        fsync_ = o.fsync_;
+        failed_ = o.failed_;
+        written_ = o.written_;
+      }
+      return *this;
+    }
+    ~writer() { abort(); }
+
+    void write(std::span<const std::byte> bytes) {
+      check_open("sink.write");
+      std::size_t done = 0;
+      while (done < bytes.size()) {
+        const ssize_t n = ::write(fd_.get(), bytes.data() + done, bytes.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          const int e = n < 0 ? errno : EIO;
+          failed_ = true;
+          detail::throw_os_error(e, "sink.write", key_,
+                                 "write after " + std::to_string(done) + " of " + std::to_string(bytes.size()) +
+                                     " bytes (object offset " + std::to_string(written_) + ") to",
+                                 temporary_);
+        }
+        done += static_cast<std::size_t>(n);
+        written_ += static_cast<std::uint64_t>(n);
+      }
+    }
+
+    void commit() {
+      check_open("sink.commit");
+      if (failed_) {
+        abort();
+        throw_error(errc::aborted, "an earlier write failed; nothing was committed",
+                    {.operation = "sink.commit", .object = key_});
+      }
+      if (fsync_ && ::fsync(fd_.get()) != 0) {
+        const int e = errno;
+        fail(e, "fsync", temporary_);
+      }
+      // close() can report a deferred write error (NFS): a file whose close failed is not committed.
+      if (::close(fd_.release()) != 0) {
+        const int e = errno;
+        fail(e, "close", temporary_);
+      }
+      if (::rename(temporary_.c_str(), path_.c_str()) != 0) {
+        const int e = errno;
+        fail(e, "rename onto '" + path_ + "' of", temporary_);
+      }
+      const std::string dir = detail::parent_of(path_);
+      temporary_.clear();
+      if (fsync_)
+        if (const int e = detail::fsync_directory(dir); e != 0)
+          detail::throw_os_error(e, "sink.commit", key_,
+                                 "the object is visible, but its directory entry may not be durable: fsync", dir);
+    }
+
+    void abort() noexcept {
+      fd_.reset();
+      if (!temporary_.empty()) ::unlink(temporary_.c_str());
+      temporary_.clear();
+    }
+
+    //! Bytes written so far.
+    std::uint64_t bytes_written() const noexcept { return written_; }
+
+   private:
+    friend class posix_sink;
+    writer(detail::unique_fd fd, std::string key, std::string path, std::string temporary, bool fsync)
+        : fd_(std::move(fd)), key_(std::move(key)), path_(std::move(path)), temporary_(std::move(temporary)),
+          fsync_(fsync) {}
+
+    void check_open(const char* operation) const {
+      if (temporary_.empty())
+        throw_error(errc::closed, "the writer was already committed or aborted", {.operation = operation, .object = key_});
+    }
+    [[noreturn]] void fail(int e, const std::string& what, const std::string& path) {
+      const std::string where = path;  // abort() clears temporary_, which path may refer to
+      abort();
+      detail::throw_os_error(e, "sink.commit", key_, what, where);
+    }
+
+    detail::unique_fd fd_;
+    std::string key_;
+    std::string path_;       // the key's file
+    std::string temporary_;  // empty once finished
+    bool fsync_ = true;
+    bool failed_ = false;
+    std::uint64_t written_ = 0;
+  };
+
+  explicit posix_sink(std::filesystem::path root, posix_sink_options options = {}) : options_(options) {
+    root_ = root.lexically_normal().string();
+    while (root_.size() > 1 && root_.back() == '/') root_.pop_back();
+    if (root_.empty()) root_ = ".";
+    std::error_code ec;
+    if (options_.create_root) std::filesystem::create_directories(root_, ec);
+    if (!ec && !std::filesystem::is_directory(root_, ec) && !ec) ec = std::make_error_code(std::errc::not_a_directory);
+    if (ec) throw_error(errc::io, "root '" + root_ + "': " + ec.message(), {.operation = "posix_sink", .object = root_});
+  }
+
+  const std::string& root() const noexcept { return root_; }
+  //! The file that holds (or would hold) key.
+  std::string path_of(const std::string& key) const { return root_ + "/" + key; }
+
+  writer put(const std::string& key) {
+    check_key(key, "sink.put");
+    const std::string path = path_of(key);
+    const std::string dir = detail::parent_of(path);
+    // ENOENT: remove() pruned a directory between our mkdir and our open; make it again.
+    for (int attempt = 0;; ++attempt) {
+      make_directories(key);
+      std::string temporary = dir + "/" + detail::temporary_name();
+      const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      if (fd >= 0) return writer(detail::unique_fd(fd), key, path, std::move(temporary), options_.fsync);
+      const int e = errno;
+      if ((e == ENOENT || e == EEXIST) && attempt < 16) continue;
+      detail::throw_os_error(e, "sink.put", key, "create", temporary);
+    }
+  }
+
+  std::size_t get(const std::string& key, std::uint64_t offset, std::span<std::byte> out) {
+    check_key(key, "sink.get");
+    const std::string path = path_of(key);
+    detail::unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0) {
+      const int e = errno;
+      if (e == ENOENT || e == ENOTDIR) throw_error(errc::not_found, "no such object", {.operation = "sink.get", .object = key});
+      detail::throw_os_error(e, "sink.get", key, "open", path);
+    }
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) {
+      const int e = errno;
+      detail::throw_os_error(e, "sink.get", key, "fstat", path);
+    }
+    if (!S_ISREG(st.st_mode)) throw_error(errc::not_found, "no such object (a directory)", {.operation = "sink.get", .object = key});
+    std::size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t n = ::pread(fd.get(), out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        const int e = errno;
+        detail::throw_os_error(e, "sink.get", key, "pread at offset " + std::to_string(offset + done) + " of", path);
+      }
+      if (n == 0) break;
+      done += static_cast<std::size_t>(n);
+    }
+    return done;
+  }
+
+  std::optional<std::uint64_t> size(const std::string& key) {
+    check_key(key, "sink.size");
+    const std::string path = path_of(key);
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+      const int e = errno;
+      if (e == ENOENT || e == ENOTDIR) return std::nullopt;
+      detail::throw_os_error(e, "sink.size", key, "stat", path);
+    }
+    if (!S_ISREG(st.st_mode)) return std::nullopt;
+    return static_cast<std::uint64_t>(st.st_size);
+  }
+
+  bool exists(const std::string& key) { return size(key).has_value(); }
+
+  std::vector<std::string> list(const std::string& prefix) {
+    check_prefix(prefix, "sink.list");
+    std::vector<std::string> keys;
+    walk(detail::key_directory(prefix), [&](const std::string& dir_key) { return could_hold(dir_key, prefix); },
+         [&](const std::string& key, const std::string&, bool temporary) {
+           if (!temporary && key.starts_with(prefix)) keys.push_back(key);
+         });
+    std::sort(keys.begin(), keys.end());
+    return keys;
+  }
+
+  bool remove(const std::string& key) {
+    check_key(key, "sink.remove");
+    const std::string path = path_of(key);
+    if (::unlink(path.c_str()) != 0) {
+      const int e = errno;
+      if (e == ENOENT || e == ENOTDIR || e == EISDIR) return false;
+      detail::throw_os_error(e, "sink.remove", key, "unlink", path);
+    }
+    if (options_.prune_empty_directories) {
+      // Stops at the first directory that is not empty (or is gone, or is being written into).
+      for (std::string dir = detail::key_directory(key); !dir.empty(); dir = detail::key_directory(dir))
+        if (::rmdir(path_of(dir).c_str()) != 0) break;
+    }
+    return true;
+  }
+
+  //! Removes temporaries left by writers that died (they are never visible, but take space) whose last modification
+  //! is older than `older_than`; returns how many. A live writer's temporary is younger than any sane age (each write
+  //! touches it), so a sweep with an age above the longest pause between writes is safe while saves run.
+  std::size_t remove_stale_temporaries(std::chrono::seconds older_than, const std::string& prefix = {}) {
+    check_prefix(prefix, "sink.remove_stale_temporaries");
+    const auto now = std::chrono::system_clock::now();
+    std::size_t removed = 0;
+    walk(detail::key_directory(prefix), [&](const std::string& dir_key) { return could_hold(dir_key, prefix); },
+         [&](const std::string&, const std::string& path, bool temporary) {
+           if (!temporary) return;
+           struct stat st {};
+           if (::stat(path.c_str(), &st) != 0) return;
+           const auto modified = std::chrono::system_clock::time_point(
+               std::chrono::seconds(st.st_mtim.tv_sec) +
+               std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
+           if (now - modified >= older_than && ::unlink(path.c_str()) == 0) ++removed;
+         });
+    return removed;
+  }
+
+ private:
+  // Whether the directory dir_key ("" for the root) may hold keys starting with prefix.
+  static bool could_hold(const std::string& dir_key, const std::string& prefix) {
+    if (dir_key.empty()) return true;
+    const std::string as_prefix = dir_key + "/";
+    return as_prefix.starts_with(prefix) || prefix.starts_with(as_prefix);
+  }
+
+  // Calls file(key, path, is_temporary) for each regular file under dir_key, descending into directories for which
+  // descend(key) holds. A directory that vanishes meanwhile (a concurrent remove) is skipped, not an error.
+  template <class Descend, class File>
+  void walk(const std::string& dir_key, const Descend& descend, const File& file) const {
+    const std::string dir_path = dir_key.empty() ? root_ : path_of(dir_key);
+    DIR* dir = ::opendir(dir_path.c_str());
+    if (!dir) {
+      const int e = errno;
+      if (e == ENOENT || e == ENOTDIR) return;
+      detail::throw_os_error(e, "sink.list", dir_key, "opendir", dir_path);
+    }
+    struct closer {
+      DIR* d;
+      ~closer() { ::closedir(d); }
+    } close_dir{dir};
+    std::vector<std::string> subdirs;
+    while (true) {
+      errno = 0;
+      const dirent* entry = ::readdir(dir);
+      if (!entry) {
+        if (const int e = errno; e != 0) detail::throw_os_error(e, "sink.list", dir_key, "readdir", dir_path);
+        break;
+      }
+      const std::string_view name = entry->d_name;
+      if (name == "." || name == "..") continue;
+      const std::string key = dir_key.empty() ? std::string(name) : dir_key + "/" + std::string(name);
+      const std::string path = dir_path + "/" + std::string(name);
+      bool is_dir = entry->d_type == DT_DIR;
+      bool is_file = entry->d_type == DT_REG;
+      if (entry->d_type == DT_UNKNOWN || entry->d_type == DT_LNK) {
+        // A symlinked file counts as an object; a symlinked directory is not followed (no cycles).
+        struct stat st {};
+        const bool link = entry->d_type == DT_LNK;
+        if (::fstatat(::dirfd(dir), entry->d_name, &st, link ? 0 : AT_SYMLINK_NOFOLLOW) != 0) continue;
+        is_file = S_ISREG(st.st_mode);
+        is_dir = !link && S_ISDIR(st.st_mode);
+      }
+      if (is_file) file(key, path, name.starts_with(temporary_marker));
+      else if (is_dir && descend(key)) subdirs.push_back(key);
+    }
+    for (const auto& sub : subdirs) walk(sub, descend, file);
+  }
+
+  void make_directories(const std::string& key) const {
+    const std::string dir_key = detail::key_directory(key);
+    if (dir_key.empty()) return;
+    std::size_t end = 0;
+    while (end != std::string::npos) {
+      end = dir_key.find('/', end + 1);
+      const std::string path = path_of(dir_key.substr(0, end));
+      if (::mkdir(path.c_str(), 0777) == 0) {
+        if (options_.fsync)
+          if (const int e = detail::fsync_directory(detail::parent_of(path)); e != 0)
+            detail::throw_os_error(e, "sink.put", key, "fsync of the parent of new directory", path);
+        continue;
+      }
+      const int e = errno;
+      if (e == EEXIST) {
+        struct stat st {};
+        if (::stat(path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+          detail::throw_os_error(ENOTDIR, "sink.put", key, "mkdir (an object has that name)", path);
+        continue;
+      }
+      if (e == ENOENT) continue;  // a parent was pruned meanwhile: put() retries from the top
+      detail::throw_os_error(e, "sink.put", key, "mkdir", path);
+    }
+  }
+
+  std::string root_;
+  posix_sink_options options_;
+};
+
+static_assert(sink<posix_sink>);
+
+}  // namespace shardkit::storage

@@ -1,0 +1,322 @@
+#pragma once
+//! The storage sink concept: where checkpoints (and later the data loader's token shards) live, plus a
+//! type-erased handle. posix_sink.hpp, memory_sink.hpp and faulty_sink.hpp model it; an S3 sink will.
+//!
+//! A sink is an object store, not a file system: a flat namespace of objects named by '/'-separated keys
+//! ("step-100/rank-3.safetensors"), each written once as a whole and read by byte ranges. There are no
+//! directories to create, rename or wait for. That is deliberate: checkpointing to shared storage broke when rank 0
+//! created a directory that other ranks' eventually consistent view did not show yet (seed 000), so nothing here
+//! lets one rank depend on another's directory. A sink that needs directories (posix) creates the ones each writer
+//! writes into, inside that writer's put.
+//!
+//! A type S models shardkit::storage::sink when it opts in with `using sink_concept = shardkit::storage::sink_tag;`
+//! and, for `s` an S&, `key` and `prefix` const std::string&, `offset` std::uint64_t, `out` std::span<std::byte>:
+//!
+//! | expression                | result                       | semantics                                           |
+//! |---------------------------|------------------------------|-----------------------------------------------------|
+//! | s.put(key)                | W, an object_writer (below)  | starts writing a new object; nothing is visible yet |
+//! | s.get(key, offset, out)   | std::size_t                  | reads bytes [offset, offset + out.size()) into out; |
+//! |                           |                              | returns the count read, less than out.size() only   |
+//! |                           |                              | where the object ends (0 at or past its end);       |
+//! |                           |                              | errc::not_found if there is no such object          |
+//! | s.size(key)               | std::optional<std::uint64_t> | the object's size; std::nullopt if it is absent     |
+//! | s.exists(key)             | bool                         | s.size(key).has_value()                             |
+//! | s.list(prefix)            | std::vector<std::string>     | keys of committed objects starting with prefix (a   |
+//! |                           |                              | string prefix, as S3's: "step-1" also matches       |
+//! |                           |                              | "step-10/x"), sorted byte-wise; "" lists all        |
+//! | s.remove(key)             | bool                         | deletes the object; true if it existed              |
+//!
+//! and for `w` a W& and `bytes` std::span<const std::byte>, W is move-constructible and:
+//!
+//! | expression     | result         | semantics                                                                |
+//! |----------------|----------------|--------------------------------------------------------------------------|
+//! | w.write(bytes) | void           | appends bytes to the object being written (chunks of any size, in order) |
+//! | w.commit()     | void           | makes the whole object visible at once under its key, replacing any      |
+//! |                |                | earlier one; then get/size/list see it (an eventually consistent sink    |
+//! |                |                | may show it later). If it throws, the object did not become visible,     |
+//! |                |                | except where the sink documents an ambiguous outcome (posix: a failed    |
+//! |                |                | directory fsync after the rename; S3: a lost CompleteMultipartUpload     |
+//! |                |                | reply)                                                                   |
+//! | w.abort()      | void, noexcept | discards what was written; nothing becomes visible                       |
+//!
+//! - A writer is finished after commit() or abort(); a write or commit on a finished writer throws errc::closed.
+//!   Destroying an unfinished writer aborts it.
+//! - After a write() threw (an I/O error, a short write) the object must never become visible: commit() throws
+//!   errc::aborted and discards it. So a caller that ignores a failed write still cannot publish a torn object.
+//! - Readers never see a partial object: not while it is written, not after a crash of its writer. This is the
+//!   property multipart upload gives on S3 (nothing exists until CompleteMultipartUpload) and write-temporary +
+//!   rename gives on POSIX.
+//! - Two commits of the same key: the later one wins, each whole. The checkpointer never does this (every object of
+//!   a checkpoint has a new key), so sinks need not order them further.
+//! - Keys: non-empty, '/'-separated components, none empty (no leading, trailing or doubled '/'), none "." or "..",
+//!   none starting with ".shardkit-tmp." (reserved for temporaries), no NUL. A key that breaks a rule is refused
+//!   with errc::invalid_argument naming it (check_key below). On posix a key cannot also be a "directory" of
+//!   another key ("a" and "a/b"); S3 allows both; the checkpointer never uses both.
+//! - Errors are shardkit::error: errc::io for a failure of the storage (its detail names the OS or service error),
+//!   errc::not_found for get of a missing object, errc::invalid_argument for a bad key; context().operation is
+//!   "sink.put", "sink.get", ... and context().object the key.
+//! - A sink is safe to call from several threads at once (different writers, any reads); one writer is used by
+//!   one thread at a time. A sink outlives the writers it handed out (any_sink keeps its sink alive for them).
+//!
+//! **Blocking, not asynchronous.** Every operation blocks the calling thread until done. The checkpointer persists
+//! from coroutines on a thread_pool of its own (core/executor.hpp), so a blocking write occupies one pool thread and
+//! the pool's size is the number of objects in flight, which is the parallelism a disk or an S3 endpoint wants
+//! anyway. POSIX file I/O has no readiness-based async (a regular file is always "ready"; only io_uring is truly
+//! asynchronous, and a header-only library cannot assume it), and an async concept would make every user sink carry
+//! an executor and a completion protocol for no gain on the data path, where the time goes in write() and fsync().
+//! Do not call a sink from the training thread or from a transport's progress thread: hop to the pool first.
+//!
+//! @code
+//! struct my_sink {
+//!   using sink_concept = shardkit::storage::sink_tag;
+//!   struct writer {
+//!     void write(std::span<const std::byte> bytes);
+//!     void commit();
+//!     void abort() noexcept;
+//!   };
+//!   writer put(const std::string& key);
+//!   std::size_t get(const std::string& key, std::uint64_t offset, std::span<std::byte> out);
+//!   std::optional<std::uint64_t> size(const std::string& key);
+//!   bool exists(const std::string& key);
+//!   std::vector<std::string> list(const std::string& prefix);
+//!   bool remove(const std::string& key);
+//! };
+//! static_assert(shardkit::storage::sink<my_sink>);
+//! @endcode
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "shardkit/core/error.hpp"
+
+namespace shardkit::storage {
+
+//! The tag a sink names as its `sink_concept`.
+struct sink_tag {};
+
+//! The first characters of a temporary's name: reserved, so that no key can be mistaken for one.
+inline constexpr std::string_view temporary_marker = ".shardkit-tmp.";
+
+//! The parts of the concepts, named so that a type missing one is rejected with that part's name.
+template <class W>
+concept object_writer = std::move_constructible<W> && requires(W& w, std::span<const std::byte> bytes) {
+  w.write(bytes);
+  w.commit();
+  { w.abort() } noexcept;
+};
+
+template <class S>
+concept opts_into_sink = requires { typename S::sink_concept; } && std::same_as<typename S::sink_concept, sink_tag>;
+template <class S>
+concept sink_puts_objects = requires(S& s, const std::string& key) {
+  { s.put(key) } -> object_writer;
+};
+template <class S>
+concept sink_gets_ranges = requires(S& s, const std::string& key, std::uint64_t offset, std::span<std::byte> out) {
+  { s.get(key, offset, out) } -> std::same_as<std::size_t>;
+};
+template <class S>
+concept sink_sizes_objects = requires(S& s, const std::string& key) {
+  { s.size(key) } -> std::same_as<std::optional<std::uint64_t>>;
+  { s.exists(key) } -> std::same_as<bool>;
+};
+template <class S>
+concept sink_lists_objects = requires(S& s, const std::string& prefix) {
+  { s.list(prefix) } -> std::same_as<std::vector<std::string>>;
+};
+template <class S>
+concept sink_removes_objects = requires(S& s, const std::string& key) {
+  { s.remove(key) } -> std::same_as<bool>;
+};
+
+//! See the file comment for the requirements.
+template <class S>
+concept sink = opts_into_sink<S> && sink_puts_objects<S> && sink_gets_ranges<S> && sink_sizes_objects<S> &&
+               sink_lists_objects<S> && sink_removes_objects<S>;
+
+//! The writer type a sink's put() returns.
+template <sink S>
+using writer_t = decltype(std::declval<S&>().put(std::declval<const std::string&>()));
+
+namespace detail {
+// Empty when the key follows the rules of the file comment, else why not. A prefix (for list) may be empty or end
+// in '/', and its last component may be partial ("step-1" matches "step-10/..."), so only complete components are
+// held to the rules there.
+inline std::string key_problem(std::string_view key, bool is_prefix) {
+  if (key.empty()) return is_prefix ? std::string{} : "a key is not empty";
+  if (key.find('\0') != std::string_view::npos) return "a key holds no NUL character";
+  if (key.front() == '/') return "a key is relative (no leading '/')";
+  std::size_t begin = 0;
+  while (begin <= key.size()) {
+    std::size_t end = key.find('/', begin);
+    const bool last = end == std::string_view::npos;
+    if (last) end = key.size();
+    const std::string_view part = key.substr(begin, end - begin);
+    if (!(last && is_prefix)) {
+      if (part.empty()) return "a key has no empty component (no trailing or doubled '/')";
+      if (part == "." || part == "..") return "a key has no '.' or '..' component";
+      if (part.starts_with(temporary_marker))
+        return "a key component does not start with '" + std::string(temporary_marker) + "' (reserved for temporaries)";
+    }
+    if (last) break;
+    begin = end + 1;
+  }
+  return {};
+}
+}  // namespace detail
+
+//! Throws errc::invalid_argument naming the key if it breaks a rule of the file comment. User sinks call it too,
+//! so every sink refuses the same keys.
+inline void check_key(const std::string& key, const char* operation) {
+  if (auto why = detail::key_problem(key, false); !why.empty())
+    throw_error(errc::invalid_argument, why, {.operation = operation, .object = key});
+}
+
+//! The same for a list prefix: empty is fine, and the last (partial) component is not checked.
+inline void check_prefix(const std::string& prefix, const char* operation) {
+  if (auto why = detail::key_problem(prefix, true); !why.empty())
+    throw_error(errc::invalid_argument, why, {.operation = operation, .object = prefix});
+}
+
+namespace detail {
+struct writer_interface {
+  virtual ~writer_interface() = default;
+  virtual void write(std::span<const std::byte>) = 0;
+  virtual void commit() = 0;
+  virtual void abort() noexcept = 0;
+};
+
+template <class Owner, object_writer W>
+struct writer_model final : writer_interface {
+  std::shared_ptr<Owner> owner;  // keeps the sink alive as long as its writer
+  W impl;
+  writer_model(std::shared_ptr<Owner> o, W w) : owner(std::move(o)), impl(std::move(w)) {}
+  void write(std::span<const std::byte> b) override { impl.write(b); }
+  void commit() override { impl.commit(); }
+  void abort() noexcept override { impl.abort(); }
+};
+
+struct sink_interface {
+  virtual ~sink_interface() = default;
+  virtual std::unique_ptr<writer_interface> put(const std::string&) = 0;
+  virtual std::size_t get(const std::string&, std::uint64_t, std::span<std::byte>) = 0;
+  virtual std::optional<std::uint64_t> size(const std::string&) = 0;
+  virtual bool exists(const std::string&) = 0;
+  virtual std::vector<std::string> list(const std::string&) = 0;
+  virtual bool remove(const std::string&) = 0;
+};
+}  // namespace detail
+
+//! A move-only handle to any sink's writer (any_sink::put returns one). An empty one (moved from, default) throws
+//! errc::closed on write and commit.
+class any_object_writer {
+ public:
+  any_object_writer() = default;
+  explicit any_object_writer(std::unique_ptr<detail::writer_interface> impl) : impl_(std::move(impl)) {}
+  any_object_writer(any_object_writer&&) noexcept = default;
+  any_object_writer& operator=(any_object_writer&& other) noexcept {
+    if (this != &other) {
+      abort();
+      impl_ = std::move(other.impl_);
+    }
+    return *this;
+  }
+  ~any_object_writer() { abort(); }
+
+  void write(std::span<const std::byte> bytes) { self("sink.write").write(bytes); }
+  void commit() { self("sink.commit").commit(); }
+  void abort() noexcept {
+    if (impl_) impl_->abort();
+  }
+
+ private:
+  detail::writer_interface& self(const char* operation) const {
+    if (!impl_) throw_error(errc::closed, "use of an empty object writer", {.operation = operation});
+    return *impl_;
+  }
+  std::unique_ptr<detail::writer_interface> impl_;
+};
+
+namespace detail {
+template <sink S>
+struct sink_model final : sink_interface {
+  std::shared_ptr<S> impl;
+  explicit sink_model(std::shared_ptr<S> s) : impl(std::move(s)) {}
+  std::unique_ptr<writer_interface> put(const std::string& k) override {
+    return std::make_unique<writer_model<S, writer_t<S>>>(impl, impl->put(k));
+  }
+  std::size_t get(const std::string& k, std::uint64_t o, std::span<std::byte> out) override { return impl->get(k, o, out); }
+  std::optional<std::uint64_t> size(const std::string& k) override { return impl->size(k); }
+  bool exists(const std::string& k) override { return impl->exists(k); }
+  std::vector<std::string> list(const std::string& p) override { return impl->list(p); }
+  bool remove(const std::string& k) override { return impl->remove(k); }
+};
+}  // namespace detail
+
+//! A copyable handle to any sink (shared ownership), so the checkpointer, the data loader and faulty_sink are not
+//! templates on the sink. One virtual call per operation: nothing next to a write() or a network round trip.
+class any_sink {
+ public:
+  using sink_concept = sink_tag;
+
+  any_sink() = default;
+  template <sink S>
+    requires(!std::same_as<S, any_sink>)
+  explicit any_sink(std::shared_ptr<S> s) : impl_(std::make_shared<detail::sink_model<S>>(std::move(s))) {}
+
+  explicit operator bool() const noexcept { return impl_ != nullptr; }
+
+  any_object_writer put(const std::string& key) { return any_object_writer(self().put(key)); }
+  std::size_t get(const std::string& key, std::uint64_t offset, std::span<std::byte> out) {
+    return self().get(key, offset, out);
+  }
+  std::optional<std::uint64_t> size(const std::string& key) { return self().size(key); }
+  bool exists(const std::string& key) { return self().exists(key); }
+  std::vector<std::string> list(const std::string& prefix) { return self().list(prefix); }
+  bool remove(const std::string& key) { return self().remove(key); }
+
+ private:
+  detail::sink_interface& self() const {
+    if (!impl_) throw_error(errc::invalid_argument, "use of an empty any_sink");
+    return *impl_;
+  }
+  std::shared_ptr<detail::sink_interface> impl_;
+};
+
+template <sink S, class... Args>
+any_sink make_sink(Args&&... args) {
+  return any_sink(std::make_shared<S>(std::forward<Args>(args)...));
+}
+
+//! Writes a whole object in one put (small objects: an index, metadata).
+template <sink S>
+void put_object(S& s, const std::string& key, std::span<const std::byte> bytes) {
+  auto w = s.put(key);
+  w.write(bytes);
+  w.commit();
+}
+
+inline std::span<const std::byte> as_bytes(std::string_view text) noexcept {
+  return std::as_bytes(std::span<const char>(text.data(), text.size()));
+}
+
+//! Reads a whole object: errc::not_found if absent. Not atomic against a concurrent replacement of the same key
+//! (size, then get); the checkpointer never replaces an object.
+template <sink S>
+std::vector<std::byte> get_object(S& s, const std::string& key) {
+  const auto n = s.size(key);
+  if (!n) throw_error(errc::not_found, "no such object", {.operation = "sink.get", .object = key});
+  std::vector<std::byte> out(static_cast<std::size_t>(*n));
+  out.resize(s.get(key, 0, out));
+  return out;
+}
+
+}  // namespace shardkit::storage
