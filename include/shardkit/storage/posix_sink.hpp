@@ -347,7 +347,8 @@ class posix_sink {
 
   //! Removes temporaries left by writers that died (they are never visible, but take space) whose last modification
   //! is older than `older_than`; returns how many. A live writer's temporary is younger than any sane age (each write
-  //! touches it), so a sweep with an age above the longest pause between writes is safe while saves run.
+  //! touches it), so a sweep with an age above the longest pause between writes is safe while saves run; a live
+  //! writer swept anyway fails at commit (its rename finds no file) and still publishes nothing partial.
   std::size_t remove_stale_temporaries(std::chrono::seconds older_than, const std::string& prefix = {}) {
     check_prefix(prefix, "sink.remove_stale_temporaries");
     const auto now = std::chrono::system_clock::now();

@@ -3,7 +3,7 @@
 //! type-erased handle. posix_sink.hpp, memory_sink.hpp and faulty_sink.hpp model it; an S3 sink will.
 //!
 //! A sink is an object store, not a file system: a flat namespace of objects named by '/'-separated keys
-//! ("step-100/rank-3.safetensors"), each written once as a whole and read by byte ranges. There are no
+//! ("step-100/rank-3.safetensors"), each written (or replaced) only as a whole and read by byte ranges. There are no
 //! directories to create, rename or wait for. That is deliberate: checkpointing to shared storage broke when rank 0
 //! created a directory that other ranks' eventually consistent view did not show yet (seed 000), so nothing here
 //! lets one rank depend on another's directory. A sink that needs directories (posix) creates the ones each writer
