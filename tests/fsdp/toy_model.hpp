@@ -1,6 +1,10 @@
 #pragma once
 // A small tanh MLP trained through fsdp::sharded_model, for the fsdp suites: units of different, uneven shapes
 // (so shards cut through parameters and padding is real), math in plain loops, data deterministic from the step.
+//
+// The math runs on the host; how it reads the gathered parameters and writes the gradients is `Access`:
+// host_access (the default) reads the views in place; a model on a device passes one that copies (tests/nccl's
+// fsdp suite: cudaMemcpy).
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -63,9 +67,16 @@ inline void add_floats(buffer_view dst, const std::vector<float>& src) {
   convert(dtype::f32, cur.data(), dst.type(), dst.data(), cur.size());
 }
 
+// Parameters read as f32 and gradients added from f32, on views of host memory.
+struct host_access {
+  static std::vector<float> read(const_buffer_view v) { return floats(v); }
+  static void add(buffer_view dst, const std::vector<float>& src) { add_floats(dst, src); }
+};
+
 // One micro-batch: rows [first, first + n) of the step's global batch; gradients scaled by `scale` (1 / number
 // of micro-batches). Returns the mean loss over those rows.
-inline double forward_backward(fsdp::sharded_model& model, int step, int first, int n, bool sync, float scale = 1) {
+template <class Access = host_access>
+double forward_backward(fsdp::sharded_model& model, int step, int first, int n, bool sync, float scale = 1) {
   const std::size_t L = widths.size() - 1;
   std::vector<std::vector<float>> acts(L + 1);  // acts[k]: input of unit k, row-major n x widths[k]
   acts[0].resize(std::size_t(n) * widths[0]);
@@ -73,7 +84,7 @@ inline double forward_backward(fsdp::sharded_model& model, int step, int first, 
     for (std::size_t j = 0; j < widths[0]; ++j) acts[0][std::size_t(r) * widths[0] + j] = input(step, first + r, j);
   for (auto& u : model.forward()) {
     const std::size_t k = u.index(), in = widths[k], out = widths[k + 1];
-    const auto w = floats(u.param(u.name() + ".w")), b = floats(u.param(u.name() + ".b"));
+    const auto w = Access::read(u.param(u.name() + ".w")), b = Access::read(u.param(u.name() + ".b"));
     acts[k + 1].assign(std::size_t(n) * out, 0);
     for (int r = 0; r < n; ++r)
       for (std::size_t o = 0; o < out; ++o) {
@@ -92,7 +103,7 @@ inline double forward_backward(fsdp::sharded_model& model, int step, int first, 
     }
   for (auto& u : model.backward(sync)) {
     const std::size_t k = u.index(), in = widths[k], out = widths[k + 1];
-    const auto w = floats(u.param(u.name() + ".w"));
+    const auto w = Access::read(u.param(u.name() + ".w"));
     std::vector<float> dw(in * out, 0), db(out, 0), dx(std::size_t(n) * in, 0);
     for (int r = 0; r < n; ++r)
       for (std::size_t o = 0; o < out; ++o) {
@@ -104,8 +115,8 @@ inline double forward_backward(fsdp::sharded_model& model, int step, int first, 
           dx[std::size_t(r) * in + i] += dp * w[o * in + i];
         }
       }
-    add_floats(u.grad(u.name() + ".w"), dw);
-    add_floats(u.grad(u.name() + ".b"), db);
+    Access::add(u.grad(u.name() + ".w"), dw);
+    Access::add(u.grad(u.name() + ".b"), db);
     dy = std::move(dx);
   }
   return loss / n;
@@ -119,8 +130,9 @@ struct run_result {
 enum class optimizer_kind { sgd, adamw };
 
 // `steps` optimizer steps over the global batch split evenly over the ranks, in `micro` micro-batches.
-inline run_result train(comm::process_group& world, fsdp::sharding_options o, int steps, int micro = 1,
-                        optimizer_kind opt_kind = optimizer_kind::adamw) {
+template <class Access = host_access>
+run_result train(comm::process_group& world, fsdp::sharding_options o, int steps, int micro = 1,
+                 optimizer_kind opt_kind = optimizer_kind::adamw) {
   fsdp::sharded_model model(world, units(), o);
   model.init_parameters(init);
   std::optional<fsdp::adamw> adam;
@@ -134,7 +146,7 @@ inline run_result train(comm::process_group& world, fsdp::sharding_options o, in
   for (int s = 0; s < steps; ++s) {
     double loss = 0;
     for (int m = 0; m < micro; ++m)
-      loss += forward_backward(model, s, world.rank() * per_rank + m * per_micro, per_micro, m + 1 == micro,
+      loss += forward_backward<Access>(model, s, world.rank() * per_rank + m * per_micro, per_micro, m + 1 == micro,
                                1.0f / float(micro));
     out.losses.push_back(model.mean_over_ranks(loss / micro));
     model.clip_grad_norm(1.0);

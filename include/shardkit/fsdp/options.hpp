@@ -1,6 +1,6 @@
 #pragma once
-//! How a sharded_model shards, computes and overlaps: strategy, mixed precision, the rate limiter's budget and
-//! the prefetch depth.
+//! How a sharded_model shards, computes and overlaps: strategy, mixed precision, the rate limiter's budget, the
+//! prefetch depth and the device the gathered parameters live on.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -8,6 +8,7 @@
 
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/fsdp/device.hpp"
 
 namespace shardkit::fsdp {
 
@@ -63,7 +64,8 @@ struct sharding_options {
   //! unlimited_budget: room for every unit at once (the limiter then never waits: the "no limiter" baseline).
   std::size_t limiter_budget_bytes = 0;
   //! When not 0, the budget in units instead: this many times the largest unit's parameters and gradients
-  //! (shard_grad_op adds the parameters it keeps from forward). 1 unit: no overlap of gathers with compute.
+  //! (shard_grad_op, and no_shard with bf16 parameters or on a device, add the parameters they keep from forward).
+  //! 1 unit: no overlap of gathers with compute.
   std::size_t limiter_budget_units = 0;
   //! Optional cap on the number of gathered buffers alive at once (0: bytes alone decide).
   std::size_t limiter_max_inflight = 0;
@@ -72,6 +74,10 @@ struct sharding_options {
   std::size_t prefetch = 1 << 20;
   //! Prefix of the groups the model creates ("fsdp.gather", "fsdp.reduce", "fsdp.replica").
   std::string name = "fsdp";
+  //! Where gathered parameters and unsharded gradients live (the limiter's region) and the trainer computes: the
+  //! host by default; `backends::cuda_gather_device({.device = local_rank})` for a GPU, with groups on NCCL. The
+  //! master and gradient shards and the optimizer state stay in host memory either way (fsdp/device.hpp).
+  any_gather_device device{};
 };
 
 }  // namespace shardkit::fsdp

@@ -15,6 +15,12 @@
 //! Blocks start on `alignment` and are padded to it; placement is first-fit over a free list that coalesces on
 //! release.
 //!
+//! Where the region lives is the Memory's business: host_shared_memory by default; device memory for gathered
+//! parameters on a GPU (backends/nccl/cuda_device_memory.hpp, or whatever a sharded_model's gather_device
+//! allocates). A Memory with `location()` (a shardkit::device) tags every lease's view with it, so a collective
+//! knows the block is device memory; without one, views are host memory. bytes() and view() are then addresses in
+//! that device's memory: the limiter itself never reads or writes the region.
+//!
 //! Admission is strict FIFO (core/async_semaphore.hpp): the head of the queue waits until a contiguous block of
 //! its size and a count slot are free, and nobody behind it barges in, so a large unit is not starved by small
 //! ones. A request may wait although enough bytes are free in total, scattered in holes; that is the price of the
@@ -33,6 +39,7 @@
 //! @endcode
 #include <algorithm>
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -43,6 +50,7 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "shardkit/core/arena.hpp"
@@ -80,6 +88,17 @@ struct limiter_request {
 struct region_block {
   std::size_t offset = 0, size = 0;
 };
+
+//! The device a region lives on: its location() where the memory type says (device memory), else the host.
+template <class M>
+device memory_location(const M& m) noexcept {
+  if constexpr (requires {
+                  { m.location() } -> std::same_as<device>;
+                })
+    return m.location();
+  else
+    return device::host();
+}
 
 // The limiter's semaphore_resource: first-fit blocks of one region plus a count limit. Taking a block never
 // allocates (a shrunk hole's node is re-keyed through extract), so admission cannot fail; only a release that
@@ -213,7 +232,7 @@ class basic_rate_limiter {
                         std::to_string(byte_offset) + " do not fit, aligned, in a block of " +
                         std::to_string(block_.size) + " bytes",
                     {.operation = limiter_ ? limiter_->name_ + ".lease.view" : std::string("lease.view")});
-      return {bytes().data() + byte_offset, count, type};
+      return {bytes().data() + byte_offset, count, type, limiter_->location_};
     }
     std::size_t size() const noexcept { return block_.size; }
     //! From the start of the region (memory()): where a peer that mapped the region finds this block.
@@ -263,10 +282,19 @@ class basic_rate_limiter {
   //! Allocates the region of budget_bytes rounded up to the alignment. errc::invalid_argument for a zero budget
   //! or an alignment that is not a power of two up to arena_memory_base_alignment; what Memory throws otherwise.
   explicit basic_rate_limiter(rate_limiter_options options)
+      : basic_rate_limiter(std::move(options), [](std::size_t bytes) { return Memory(bytes); }) {}
+  //! As above, the region made by `make_region(bytes)` (bytes: the budget rounded up to the alignment), for
+  //! memory a size alone does not say how to allocate (a device's, through a sharded_model's gather_device). A
+  //! region smaller than `bytes` is errc::invalid_argument.
+  template <class MakeRegion>
+    requires std::is_invocable_r_v<Memory, MakeRegion&, std::size_t>
+  basic_rate_limiter(rate_limiter_options options, MakeRegion&& make_region)
       : name_(std::move(options.name)),
         alignment_(shardkit::detail::checked_alignment(options.alignment, "rate_limiter")),
-        region_(Memory(checked_region(options.budget_bytes, alignment_, name_))),
-        sem_(region_.size(), options.max_inflight, name_) {}
+        budget_(checked_region(options.budget_bytes, alignment_, name_)),
+        region_(sized_region(make_region(budget_), budget_, name_)),
+        location_(detail::memory_location(region_)),
+        sem_(budget_, options.max_inflight, name_) {}
   basic_rate_limiter(const basic_rate_limiter&) = delete;
   basic_rate_limiter& operator=(const basic_rate_limiter&) = delete;
 
@@ -317,8 +345,10 @@ class basic_rate_limiter {
   }
   //! The region every lease is a block of, so the ranks of a host can map it.
   const Memory& memory() const noexcept { return region_; }
-  //! The region's size: budget_bytes rounded up to the alignment.
-  std::size_t budget() const noexcept { return region_.size(); }
+  //! budget_bytes rounded up to the alignment (the region's size, or the part of it the limiter hands out).
+  std::size_t budget() const noexcept { return budget_; }
+  //! Where the region lives: the device every lease's view names.
+  device location() const noexcept { return location_; }
 
  private:
   static std::size_t checked_region(std::size_t budget, std::size_t alignment, const std::string& name) {
@@ -329,6 +359,14 @@ class basic_rate_limiter {
                                    : std::string(" passes the address space once aligned")),
                   {.operation = name});
     return (budget + alignment - 1) & ~(alignment - 1);
+  }
+  static Memory sized_region(Memory m, std::size_t bytes, const std::string& name) {
+    if (m.size() < bytes)
+      throw_error(errc::invalid_argument,
+                  "the region made for a budget of " + std::to_string(bytes) + " bytes has only " +
+                      std::to_string(m.size()),
+                  {.operation = name});
+    return m;
   }
   std::size_t padded(std::size_t bytes) const noexcept {
     return bytes > SIZE_MAX - (alignment_ - 1) ? SIZE_MAX : (bytes + alignment_ - 1) & ~(alignment_ - 1);
@@ -347,7 +385,9 @@ class basic_rate_limiter {
 
   const std::string name_;
   const std::size_t alignment_;
+  const std::size_t budget_;
   Memory region_;
+  const device location_;
   semaphore sem_;
 };
 

@@ -32,6 +32,14 @@
 //! ranks holding the same shard (all-reduce). full_shard and shard_grad_op: S = world; no_shard: S = 1;
 //! hybrid_shard: S = hybrid_shard_size. Gradients are averaged (each rank's gradient is the mean over its rows;
 //! the mean over equal-sized rank batches is the mean over the global batch).
+//!
+//! Device (sharding_options::device, fsdp/device.hpp): the limiter's region, and so the gathered parameters and
+//! unsharded gradients the trainer reads and writes, live on the gather device (the host by default; a GPU with
+//! backends::cuda_gather_device and groups on NCCL). The master and gradient shards and the optimizer stay in
+//! host memory: a gather uploads this rank's master shard, converted to the parameter dtype, into its slot of
+//! the gathered buffer and all-gathers on the device; a reduction reduce-scatters on the device and adds this
+//! rank's reduced slot into the f32 gradient shard on the host (ZeRO-Offload's split). The scalar all-reduces
+//! (clip_grad_norm, mean_over_ranks) and full_state stage their host values through device memory.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -75,15 +83,6 @@ struct shard_tensor {
 };
 
 namespace detail {
-
-//! dst += src, src of any floating dtype (the reduced gradient in the reduce dtype).
-inline void add_into(const_buffer_view src, std::span<float> dst) {
-  visit_dtype(src.type(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* in = reinterpret_cast<const T*>(src.data());
-    for (std::size_t i = 0; i < dst.size(); ++i) dst[i] += float(in[i]);
-  });
-}
 
 inline std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
@@ -137,6 +136,9 @@ inline void load_pieces(const std::vector<shard_tensor>& mine, std::span<const s
 
 class sharded_model;
 
+//! The rate limiter a sharded_model gathers through: its region is gather_memory from sharding_options::device.
+using gather_limiter = basic_rate_limiter<gather_memory>;
+
 //! A unit while the trainer uses it in a pass: its gathered parameters (and in backward its unsharded
 //! gradients, to accumulate into). Ends (frees or reduces) when the pass moves on or end() is called.
 class unit_scope {
@@ -145,7 +147,8 @@ class unit_scope {
   const std::string& name() const noexcept;
   fsdp::pass pass() const noexcept { return pass_; }
 
-  //! All gathered parameters, flat, in the parameter dtype.
+  //! All gathered parameters, flat, in the parameter dtype. The views name the model's gather device (dev()); on a
+  //! GPU they, and the spans of the typed accessors, are device memory: for kernels and copies, not host reads.
   const_buffer_view params() const noexcept { return params_; }
   const_buffer_view param(std::string_view name) const;
   template <element_type T>
@@ -196,8 +199,8 @@ class sharded_model {
     std::span<float> master;  // f32 shard the optimizer updates
     std::span<float> grad;    // f32 shard of reduced gradients, accumulated over steps until zero_grad()
     // Gathered parameters: a lease, or the master itself (one shard, f32: nothing to gather or convert).
-    std::optional<rate_limiter::lease> params_lease;
-    std::optional<rate_limiter::lease> grads_lease;
+    std::optional<gather_limiter::lease> params_lease;
+    std::optional<gather_limiter::lease> grads_lease;
     const_buffer_view params;
     buffer_view grads;
     buffer_view accumulated;  // unsharded gradients kept across micro-batches (backward without sync)
@@ -267,14 +270,19 @@ class sharded_model {
       if (budget != 0)
         throw_error(errc::invalid_argument, "set limiter_budget_bytes or limiter_budget_units, not both", where);
       budget = opts_.limiter_budget_units * largest_unit_bytes() +
-               (opts_.strategy == sharding_strategy::shard_grad_op ? kept_params_bytes() : 0);
+               (keeps_params() ? kept_params_bytes() : 0);
     }
     if (budget == 0) budget = default_budget();
     if (budget == unlimited_budget) budget = total_bytes();
     limiter_.emplace(rate_limiter_options{.budget_bytes = budget,
                                           .max_inflight = opts_.limiter_max_inflight,
-                                          .name = opts_.name + ".limiter"});
+                                          .name = opts_.name + ".limiter"},
+                     [&](std::size_t bytes) { return opts_.device.allocate(bytes); });
     check_budget();
+    // One stager per thread that copies: the gather thread, the reduce thread and the trainer's (state, scalars).
+    gather_stager_ = opts_.device.make_stager();
+    reduce_stager_ = opts_.device.make_stager();
+    control_stager_ = opts_.device.make_stager();
 
     // Collective from here on: every rank splits in the same order.
     auto named = [&](const char* what) {
@@ -322,7 +330,9 @@ class sharded_model {
   std::span<const float> grad_shard(std::size_t i) const { return unit(i).grad; }
   //! The pieces of parameters this rank's shard of unit i holds.
   std::vector<shard_piece> local_pieces(std::size_t i) const { return unit(i).layout.pieces(shard_rank_); }
-  const rate_limiter& limiter() const noexcept { return *limiter_; }
+  const gather_limiter& limiter() const noexcept { return *limiter_; }
+  //! Where gathered parameters and unsharded gradients live (sharding_options::device).
+  device location() const { return opts_.device.location(); }
   //! The parameters and gradients of the largest unit, in bytes as the limiter charges them: the unit of a
   //! budget ("a budget of 2 units").
   std::size_t largest_unit_bytes() const {
@@ -389,9 +399,22 @@ class sharded_model {
   std::map<std::string, std::vector<float>> full_state(int root = 0) {
     require_idle("full_state");
     std::map<std::string, std::vector<float>> out;
+    // On a device the all-gather runs in device memory: one buffer of the largest unit, for this call only.
+    gather_memory staged;
+    if (shard_size_ > 1 && !opts_.device.on_host()) {
+      std::size_t largest = 0;
+      for (auto& u : units_) largest = std::max(largest, u->layout.padded_numel());
+      staged = opts_.device.allocate(largest * sizeof(float));
+    }
     for (auto& u : units_) {
       std::vector<float> flat(u->layout.padded_numel());
-      if (shard_size_ > 1) {
+      if (shard_size_ > 1 && staged.size() != 0) {
+        buffer_view all = staged.view(dtype::f32, flat.size());
+        buffer_view mine = all.slice(u->layout.shard_begin(shard_rank_), u->layout.shard_numel());
+        control_stager_.upload(const_buffer_view(u->master), mine);
+        gather_group_.all_gather(mine, all).wait();
+        control_stager_.download(all, buffer_view(std::span<float>(flat)));
+      } else if (shard_size_ > 1) {
         std::copy(u->master.begin(), u->master.end(), flat.begin() + std::ptrdiff_t(u->layout.shard_begin(shard_rank_)));
         buffer_view all{std::span<float>(flat)};
         gather_group_.all_gather(all.slice(u->layout.shard_begin(shard_rank_), u->layout.shard_numel()), all).wait();
@@ -513,7 +536,7 @@ class sharded_model {
     double sq = 0;
     for (auto& u : units_)
       for (float g : u->grad) sq += double(g) * double(g);
-    if (shard_size_ > 1) reduce_group_.all_reduce(buffer_view(&sq, 1, dtype::f64)).wait();
+    if (shard_size_ > 1) all_reduce_scalar(reduce_group_, sq, reduce_op::sum);
     const double norm = std::sqrt(sq);
     if (norm > max_norm && norm > 0) {
       const float scale = float(max_norm / (norm + 1e-6));
@@ -525,8 +548,8 @@ class sharded_model {
 
   //! Reduces a scalar (a loss) over the whole job (shard and replica groups): every rank gets the mean.
   double mean_over_ranks(double v) {
-    if (shard_size_ > 1) reduce_group_.all_reduce(buffer_view(&v, 1, dtype::f64), reduce_op::avg).wait();
-    if (replicas_ > 1) replica_group_.all_reduce(buffer_view(&v, 1, dtype::f64), reduce_op::avg).wait();
+    if (shard_size_ > 1) all_reduce_scalar(reduce_group_, v, reduce_op::avg);
+    if (replicas_ > 1) all_reduce_scalar(replica_group_, v, reduce_op::avg);
     return v;
   }
 
@@ -554,8 +577,27 @@ class sharded_model {
   bool frees_after_forward() const noexcept {
     return opts_.strategy == sharding_strategy::full_shard || opts_.strategy == sharding_strategy::hybrid_shard;
   }
-  // The master itself serves as the gathered parameters: nothing to gather, nothing to convert.
-  bool params_are_master() const noexcept { return shard_size_ == 1 && opts_.precision.param == dtype::f32; }
+  // Gathered parameters held from forward until the unit's backward: the budget must hold every unit's at once
+  // (nothing for no_shard when the master itself is used).
+  bool keeps_params() const noexcept { return !frees_after_forward(); }
+  // The master itself serves as the gathered parameters: nothing to gather, nothing to convert, no device to copy to.
+  bool params_are_master() const {
+    return shard_size_ == 1 && opts_.precision.param == dtype::f32 && opts_.device.on_host();
+  }
+
+  // On the trainer's thread: a host scalar through the group, staged through a device cell where the group's
+  // backend takes only device memory (NCCL).
+  void all_reduce_scalar(comm::process_group& g, double& v, reduce_op op) {
+    if (opts_.device.on_host()) {
+      g.all_reduce(buffer_view(&v, 1, dtype::f64), op).wait();
+      return;
+    }
+    if (scalar_cell_.size() == 0) scalar_cell_ = opts_.device.allocate(64);
+    buffer_view cell = scalar_cell_.view(dtype::f64, 1);
+    control_stager_.upload(const_buffer_view(&v, 1, dtype::f64), cell);
+    g.all_reduce(cell, op).wait();
+    control_stager_.download(cell, buffer_view(&v, 1, dtype::f64));
+  }
   std::size_t params_bytes(const unit_state& u) const {
     return params_are_master() ? 0
                                : detail::round_up(u.layout.padded_numel() * size_of(opts_.precision.param), 64);
@@ -565,14 +607,14 @@ class sharded_model {
   }
 
   // What a strategy must be able to hold at once: a backward unit's parameters and gradients, plus the
-  // parameters shard_grad_op keeps from forward through backward.
+  // parameters shard_grad_op (and no_shard, where they are not the master) keeps from forward through backward.
   std::size_t minimum_budget() const {
     std::size_t unit_max = 0, kept = 0;
     for (auto& u : units_) {
       unit_max = std::max(unit_max, params_bytes(*u) + grads_bytes(*u));
       kept += params_bytes(*u);
     }
-    if (opts_.strategy == sharding_strategy::shard_grad_op) {
+    if (keeps_params()) {
       std::size_t grads_max = 0;
       for (auto& u : units_) grads_max = std::max(grads_max, grads_bytes(*u));
       return kept + grads_max;
@@ -601,22 +643,19 @@ class sharded_model {
                   "limiter budget of " + std::to_string(limiter_->budget()) + " bytes is below the " +
                       std::to_string(need) + " bytes that " + std::string(to_string(opts_.strategy)) +
                       " must hold at once (a backward unit's parameters and gradients" +
-                      (opts_.strategy == sharding_strategy::shard_grad_op ? ", plus every unit's parameters kept "
-                                                                            "from forward"
-                                                                          : "") +
+                      (keeps_params() ? ", plus every unit's parameters kept from forward" : "") +
                       "): raise sharding_options::limiter_budget_bytes",
                   {.rank = rank_, .operation = "fsdp.sharded_model"});
     // The count cap binds like bytes: a backward unit holds two leases (parameters, gradients), and
-    // shard_grad_op keeps one per unit from forward.
+    // shard_grad_op and no_shard keep one per unit from forward.
     const std::size_t gathered = params_are_master() ? 0 : 1;
-    const std::size_t need_count =
-        opts_.strategy == sharding_strategy::shard_grad_op ? gathered * units_.size() + 1 : gathered + 1;
+    const std::size_t need_count = keeps_params() ? gathered * units_.size() + 1 : gathered + 1;
     if (opts_.limiter_max_inflight != 0 && opts_.limiter_max_inflight < need_count)
       throw_error(errc::invalid_argument,
                   "limiter_max_inflight of " + std::to_string(opts_.limiter_max_inflight) + " is below the " +
                       std::to_string(need_count) + " buffers " + std::string(to_string(opts_.strategy)) +
                       " holds at once (a backward unit's parameters and gradients" +
-                      (opts_.strategy == sharding_strategy::shard_grad_op ? ", plus every unit's parameters" : "") +
+                      (keeps_params() ? ", plus every unit's parameters" : "") +
                       ")",
                   {.rank = rank_, .operation = "fsdp.sharded_model"});
     for (auto& u : units_) {
@@ -653,14 +692,15 @@ class sharded_model {
   // gathers cycle through, and a budget would have to cover them all anyway. Allocated on first use, zeroed, and
   // zeroed again by each reduction.
   void ensure_accumulation_buffers() {
-    if (accumulation_arena_.capacity() != 0) return;
-    arena_plan plan;
-    for (auto& u : units_) plan.add(opts_.precision.reduce, u->layout.padded_numel(), u->layout.name() + ".accumulated");
-    accumulation_arena_ = flat_arena(plan, opts_.name + ".accumulated");
-    auto views = accumulation_arena_.allocate(plan);
-    for (std::size_t i = 0; i < units_.size(); ++i) {
-      std::memset(views[i].data(), 0, views[i].size_bytes());
-      units_[i]->accumulated = views[i];
+    if (accumulation_.size() != 0) return;
+    std::size_t bytes = 0;
+    for (auto& u : units_) bytes += grads_bytes(*u);
+    accumulation_ = opts_.device.allocate(bytes);
+    std::size_t at = 0;
+    for (auto& u : units_) {
+      u->accumulated = accumulation_.view(opts_.precision.reduce, u->layout.padded_numel(), at);
+      control_stager_.zero(u->accumulated);
+      at += grads_bytes(*u);
     }
   }
 
@@ -691,11 +731,11 @@ class sharded_model {
                          stop = pass_stop_.get_token()] {
       auto& u = *units_[i];
       const std::string label = "unit '" + u.layout.name() + "' " + std::string(to_string(p));
-      std::optional<rate_limiter::lease> grads;
+      std::optional<gather_limiter::lease> grads;
       try {
         if (need_params && need_grads) {
           // One request for both: holding the parameters while queueing for the gradients could wait forever
-          // on a fragmented region (rate_limiter::lease::split_front).
+          // on a fragmented region (basic_rate_limiter::lease::split_front).
           auto both = limiter_->acquire_blocking(params_bytes(u) + grads_bytes(u),
                                                  label + " parameters and gradients", stop);
           auto params = both.split_front(params_bytes(u));
@@ -717,7 +757,12 @@ class sharded_model {
       if (need_params) params_done.set_done();
       if (need_grads) {
         buffer_view g = grads->view(opts_.precision.reduce, u.layout.padded_numel());
-        std::memset(g.data(), 0, g.size_bytes());
+        try {
+          gather_stager_.zero(g);
+        } catch (...) {
+          grads_done.set_error(std::current_exception());
+          return;
+        }
         u.grads_lease = std::move(grads);
         u.grads = g;
         grads_done.set_done();
@@ -725,11 +770,12 @@ class sharded_model {
     });
   }
 
-  // On the gather thread: convert this rank's master into its slot of the leased buffer, start the all-gather.
-  void start_gather(unit_state& u, rate_limiter::lease l) {
+  // On the gather thread: convert this rank's master into its slot of the leased buffer (on a device: through
+  // pinned host memory and a copy), start the all-gather.
+  void start_gather(unit_state& u, gather_limiter::lease l) {
     buffer_view full = l.view(opts_.precision.param, u.layout.padded_numel());
     buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
-    convert(dtype::f32, u.master.data(), mine.type(), mine.data(), u.master.size());
+    gather_stager_.upload(const_buffer_view(u.master), mine);
     u.params_lease.emplace(std::move(l));
     u.params = full;
     u.params_work = {};
@@ -758,11 +804,11 @@ class sharded_model {
         buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
         if (shard_size_ > 1) reduce_group_.reduce_scatter(full, mine, reduce_op::avg).wait();
         if (replicas_ > 1) replica_group_.all_reduce(mine, reduce_op::avg).wait();
-        detail::add_into(mine, u.grad);
+        reduce_stager_.add_to_host(mine, u.grad);
         if (u.grads_lease)
           u.grads_lease.reset();
         else
-          std::memset(full.data(), 0, full.size_bytes());  // the accumulation buffer, ready for the next round
+          reduce_stager_.zero(full);  // the accumulation buffer, ready for the next round
         u.grads = {};
         {
           std::lock_guard lock(stats_mutex_);
@@ -815,11 +861,13 @@ class sharded_model {
   int rank_ = 0, world_size_ = 1;
   std::size_t shard_size_ = 1, replicas_ = 1, shard_rank_ = 0;
   // The limiter outlives the units: their leases give their blocks back to it.
-  std::optional<rate_limiter> limiter_;
+  std::optional<gather_limiter> limiter_;
   std::vector<std::unique_ptr<unit_state>> units_;
   flat_arena arena_;
-  flat_arena accumulation_arena_;
+  gather_memory accumulation_;  // on the gather device, allocated by the first backward without sync
+  gather_memory scalar_cell_;   // a device's staging for the scalar all-reduces (trainer thread)
   comm::process_group gather_group_, reduce_group_, replica_group_;
+  any_device_stager gather_stager_, reduce_stager_, control_stager_;
 
   pass pass_ = pass::forward;
   bool in_pass_ = false, sync_ = true;
