@@ -5,7 +5,9 @@
 // (nccl_test, scripts/gpu-check) says anything about NCCL itself.
 //
 // The model: "device" memory is host memory, but recorded, and NCCL calls and copies refuse pointers on the
-// wrong side (as a GPU would), so host buffers handed to NCCL fail here too; each stream is a thread running its queue in order (the legacy
+// wrong side (as a GPU would), so host buffers handed to NCCL fail here too; page-locked host memory (cudaHostAlloc)
+// is recorded as well, and copies to and from it run asynchronously in stream order as on a GPU, so a missing
+// synchronisation reads stale bytes here too; each stream is a thread running its queue in order (the legacy
 // stream runs work inline); events are flags set by the stream; every NCCL operation is a stream task that
 // rendezvouses with the other ranks (threads) and blocks its stream, as a kernel would, until they arrive or the
 // communicator is aborted. Nonblocking communicators report ncclInProgress until every rank has joined.
@@ -116,6 +118,18 @@ bool in_device_memory(const void* p, size_t n) {
   --it;
   return b + n <= it->first + it->second;
 }
+// Page-locked host memory: copies from and to it are asynchronous (cudaMemcpyAsync returns before they run).
+std::mutex pinned_mutex;
+std::map<const std::byte*, size_t> pinned;  // start -> bytes
+bool in_pinned_memory(const void* p, size_t n) {
+  const auto* b = static_cast<const std::byte*>(p);
+  std::lock_guard l(pinned_mutex);
+  auto it = pinned.upper_bound(b);
+  if (it == pinned.begin()) return false;
+  --it;
+  return b + n <= it->first + it->second;
+}
+
 bool device_or_complain(const char* call, const char* what, const void* p, size_t n) {
   if (in_device_memory(p, n)) return true;
   std::fprintf(stderr, "cuda_nccl_model: %s: %s (%zu bytes at %p) is not in device memory\n", call, what, n, p);
@@ -413,6 +427,23 @@ cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t) { return cudaMalloc(p, n); }
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int) {
+  *p = std::malloc(n ? n : 1);
+  std::memset(*p, 0xCD, n);
+  std::lock_guard l(pinned_mutex);
+  pinned[static_cast<const std::byte*>(*p)] = n ? n : 1;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* p) {
+  if (!p) return cudaSuccess;
+  {
+    std::lock_guard l(pinned_mutex);
+    if (pinned.erase(static_cast<const std::byte*>(p)) == 0) return cudaErrorInvalidValue;
+  }
+  std::free(p);
+  return cudaSuccess;
+}
 cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
   run_on(s, [p] { free_device(p); });
   return cudaSuccess;
@@ -436,11 +467,16 @@ cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind k) {
   std::memcpy(d, s, n);
   return cudaSuccess;
 }
-// Host memory is modelled as pageable (the backend is never given pinned memory here), with the runtime's rules
-// for it: a download returns once done, so it waits for everything queued before it on the stream (a parked
-// collective included); an upload takes its copy of the source before returning and lands in stream order.
+// Pageable host memory follows the runtime's rules for it: a download returns once done, so it waits for
+// everything queued before it on the stream (a parked collective included); an upload takes its copy of the
+// source before returning and lands in stream order. Copies from or to page-locked memory (cudaHostAlloc) are
+// asynchronous: they run in stream order, reading and writing the host bytes then.
 cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t st) {
   if (!copy_ends_ok("cudaMemcpyAsync", d, s, n, k)) return cudaErrorInvalidValue;
+  if ((k == cudaMemcpyDeviceToHost && in_pinned_memory(d, n)) || (k == cudaMemcpyHostToDevice && in_pinned_memory(s, n))) {
+    run_on(st, [d, s, n] { std::memcpy(d, s, n); });
+    return cudaSuccess;
+  }
   if (k == cudaMemcpyDeviceToHost) {
     if (!is_legacy(st)) reinterpret_cast<model_stream*>(st)->sync();
     std::memcpy(d, s, n);
@@ -452,6 +488,11 @@ cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, 
     return cudaSuccess;
   }
   run_on(st, [d, s, n] { std::memcpy(d, s, n); });
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t st) {
+  if (!device_or_complain("cudaMemsetAsync", "the destination", d, n)) return cudaErrorInvalidValue;
+  run_on(st, [d, v, n] { std::memset(d, v, n); });
   return cudaSuccess;
 }
 

@@ -1,0 +1,105 @@
+#pragma once
+//! cuda_device_memory: one cudaMalloc allocation on the current device, an arena_memory (core/arena_memory.hpp)
+//! that knows where it lives, so `fsdp::basic_rate_limiter<cuda_device_memory>` hands out leases whose views are
+//! tagged `device::cuda(ordinal)` and go straight to an NCCL group.
+//!
+//! Only code that uses CUDA includes this header (it needs cuda_runtime_api.h and links shardkit::nccl).
+//! @code
+//!   cudaSetDevice(local_rank);
+//!   shardkit::fsdp::basic_rate_limiter<shardkit::backends::cuda_device_memory> limiter({.budget_bytes = 1 << 30});
+//!   auto l = limiter.acquire_blocking(n * 2, "unit 'block0' all-gather");
+//!   nccl_group.all_gather(mine, l.view(dtype::bf16, n)).wait();   // the view names cuda:local_rank
+//! @endcode
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "shardkit/backends/nccl/cuda_resources.hpp"
+#include "shardkit/backends/nccl/errors.hpp"
+#include "shardkit/core/arena_memory.hpp"
+#include "shardkit/core/buffer.hpp"
+#include "shardkit/core/log.hpp"
+
+namespace shardkit::backends {
+
+//! `bytes` of device memory on the device current at construction (contents not zeroed: the limiter's users write
+//! before they read). The base is aligned to arena_memory_base_alignment as the concept promises: cudaMalloc
+//! guarantees 256 bytes, so the allocation is a page longer and the base rounded up. Freed on the device it was
+//! allocated on, whatever device the destroying thread has current.
+//!
+//! cudaFree waits for the whole device, NCCL kernels parked on a missing peer included: free a region only when
+//! no group that uses it has a collective pending (a sharded_model destroys its groups before its limiter).
+//! Failure is errc::out_of_memory when CUDA says so (cudaErrorMemoryAllocation), errc::backend otherwise (no
+//! device, no driver), naming the call and the size.
+class cuda_device_memory {
+ public:
+  using arena_memory_concept = arena_memory_tag;
+  static constexpr std::string_view memory_name = "cuda_device_memory";
+
+  cuda_device_memory() = default;
+  explicit cuda_device_memory(std::size_t bytes) : size_(bytes) {
+    const error_context ctx{.operation = "cuda_device_memory"};
+    SHARDKIT_CUDA_CHECK(cudaGetDevice(&ordinal_), ctx);
+    if (bytes == 0) return;
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes + arena_memory_base_alignment);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: later calls must not report it
+      size_ = 0;
+      throw error(e == cudaErrorMemoryAllocation ? errc::out_of_memory : errc::backend,
+                  "cudaMalloc of " + std::to_string(bytes) + " bytes on cuda:" + std::to_string(ordinal_) +
+                      " failed: " + nccl_detail::cuda_error_text(e),
+                  ctx);
+    }
+    raw_ = static_cast<std::byte*>(p);
+    const auto at = reinterpret_cast<std::uintptr_t>(raw_);
+    data_ = raw_ + ((arena_memory_base_alignment - at % arena_memory_base_alignment) % arena_memory_base_alignment);
+  }
+  cuda_device_memory(cuda_device_memory&& o) noexcept
+      : raw_(std::exchange(o.raw_, nullptr)),
+        data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
+        ordinal_(o.ordinal_) {}
+  cuda_device_memory& operator=(cuda_device_memory&& o) noexcept {
+    if (this != &o) {
+      release();
+      raw_ = std::exchange(o.raw_, nullptr);
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+      ordinal_ = o.ordinal_;
+    }
+    return *this;
+  }
+  cuda_device_memory(const cuda_device_memory&) = delete;
+  cuda_device_memory& operator=(const cuda_device_memory&) = delete;
+  ~cuda_device_memory() { release(); }
+
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  int ordinal() const noexcept { return ordinal_; }
+  device location() const noexcept { return device::cuda(ordinal_); }
+
+ private:
+  void release() noexcept {
+    if (raw_) {
+      nccl_detail::device_guard guard(ordinal_, nccl_detail::device_guard::quiet_t{});
+      const cudaError_t e = cudaFree(raw_);
+      if (e != cudaSuccess) log::warn("cuda_device_memory: cudaFree failed: ", nccl_detail::cuda_error_text(e));
+    }
+    raw_ = data_ = nullptr;
+    size_ = 0;
+  }
+
+  std::byte* raw_ = nullptr;   // what cudaMalloc returned
+  std::byte* data_ = nullptr;  // raw_ rounded up to arena_memory_base_alignment
+  std::size_t size_ = 0;
+  int ordinal_ = 0;
+};
+
+static_assert(arena_memory<cuda_device_memory>);
+
+}  // namespace shardkit::backends
