@@ -8,12 +8,13 @@
 
 #include "shardkit/comm/loopback_world.hpp"
 #include "support/harness.hpp"
-#include "toy_model.hpp"
+#include "toy_checks.hpp"
 
 namespace sk = shardkit;
 namespace fsdp = shardkit::fsdp;
 namespace toy = shardkit::test::toy;
 using shardkit::dtype;
+using shardkit::test::toy::check_close;
 
 TEST_CASE("[fsdp] unit layout: padding, equal shards, pieces cover every parameter once") {
   fsdp::unit_spec spec{"block0", {{"block0.w1", {64, 256}}, {"block0.b1", {256}}, {"block0.g", {3}}}};
@@ -56,26 +57,6 @@ toy::run_result run_on(int n, fsdp::sharding_options o, int steps, int micro = 1
   // Every rank computed the same global losses.
   for (int r = 1; r < n; ++r) CHECK(results[std::size_t(r)].losses == results[0].losses);
   return results[0];
-}
-
-void check_close(const toy::run_result& got, const toy::run_result& want, double tol) {
-  REQUIRE(got.losses.size() == want.losses.size());
-  for (std::size_t s = 0; s < got.losses.size(); ++s) {
-    INFO("step " << s << ": loss " << got.losses[s] << " vs 1-rank " << want.losses[s]);
-    CHECK(std::abs(got.losses[s] - want.losses[s]) <= tol * std::abs(want.losses[s]));
-  }
-  REQUIRE(got.final_params.size() == want.final_params.size());
-  // Not structured bindings: INFO captures in a lambda, which clang before 16 refuses for bindings.
-  for (const auto& entry : want.final_params) {
-    const std::string& name = entry.first;
-    const auto& w = entry.second;
-    const auto& g = got.final_params.at(name);
-    REQUIRE(g.size() == w.size());
-    double worst = 0;
-    for (std::size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(g[i] - w[i])));
-    INFO("parameter " << name << ": largest difference " << worst);
-    CHECK(worst <= 1e-4);
-  }
 }
 
 }  // namespace

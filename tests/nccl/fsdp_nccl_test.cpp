@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/toy_model.hpp"
+#include "fsdp/toy_checks.hpp"
 #include "shardkit/backends/nccl.hpp"
 #include "shardkit/backends/nccl/cuda_device_memory.hpp"
 #include "shardkit/backends/nccl/cuda_gather_device.hpp"
@@ -28,6 +28,7 @@ namespace toy = shardkit::test::toy;
 using shardkit::const_buffer_view;
 using shardkit::device;
 using shardkit::dtype;
+using shardkit::test::toy::check_close;
 using shardkit::backends::cuda_gather_device;
 using shardkit::backends::nccl_detail::device_guard;
 
@@ -103,26 +104,6 @@ toy::run_result run_on_host(int n, fsdp::sharding_options o, int steps, int micr
   std::vector<toy::run_result> results(static_cast<std::size_t>(n));
   sk::test::run_threads(n, [&](int r) { results[std::size_t(r)] = toy::train(groups[std::size_t(r)], o, steps, micro); });
   return results[0];
-}
-
-// As tests/fsdp/fsdp_test.cpp's: losses within a relative `tol`, final parameters within `param_tol`.
-void check_close(const toy::run_result& got, const toy::run_result& want, double tol, double param_tol = 1e-4) {
-  REQUIRE(got.losses.size() == want.losses.size());
-  for (std::size_t s = 0; s < got.losses.size(); ++s) {
-    INFO("step " << s << ": loss " << got.losses[s] << " vs host " << want.losses[s]);
-    CHECK(std::abs(got.losses[s] - want.losses[s]) <= tol * std::abs(want.losses[s]));
-  }
-  REQUIRE(got.final_params.size() == want.final_params.size());
-  for (const auto& entry : want.final_params) {
-    const std::string& name = entry.first;
-    const auto& w = entry.second;
-    const auto& g = got.final_params.at(name);
-    REQUIRE(g.size() == w.size());
-    double worst = 0;
-    for (std::size_t i = 0; i < w.size(); ++i) worst = std::max(worst, double(std::abs(g[i] - w[i])));
-    INFO("parameter " << name << ": largest difference " << worst);
-    CHECK(worst <= param_tol);
-  }
 }
 
 int ranks() { return std::min(sk::backends::cuda_device_count(), 2); }
