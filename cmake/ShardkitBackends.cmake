@@ -58,4 +58,12 @@ macro(shardkit_find_backends)
     target_link_libraries(nccl INTERFACE CUDA::cudart shardkit_deps::nccl)
     target_compile_definitions(nccl INTERFACE SHARDKIT_HAS_NCCL=1)
   endif()
+
+  # The checkpoint format (include/shardkit/ckpt/): per-tensor xxHash64 and a JSON header and index.
+  shardkit_backend_wanted(SHARDKIT_WITH_CKPT SHARDKIT_CKPT_FOUND "xxHash (libxxhash-dev) and nlohmann/json (nlohmann-json3-dev)")
+  if(SHARDKIT_WITH_CKPT_ENABLED)
+    shardkit_add_interface(ckpt)
+    target_link_libraries(ckpt INTERFACE shardkit_deps::xxhash nlohmann_json::nlohmann_json)
+    target_compile_definitions(ckpt INTERFACE SHARDKIT_HAS_CKPT=1)
+  endif()
 endmacro()

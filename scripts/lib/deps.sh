@@ -1,6 +1,6 @@
 # Installs the Debian packages shardkit's build, tests and demo use, when any is missing. Sourced by scripts/*.
 shardkit_apt_packages=(cmake ninja-build g++ pkg-config libboost-dev libgloo-dev libfabric-dev libfabric-bin
-  doctest-dev libbenchmark-dev nlohmann-json3-dev libopenblas-dev iproute2 iperf3 procps)
+  doctest-dev libbenchmark-dev nlohmann-json3-dev libxxhash-dev libopenblas-dev iproute2 iperf3 procps)
 
 shardkit_ensure_deps() {
   local missing=()
