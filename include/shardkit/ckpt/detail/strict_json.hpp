@@ -48,7 +48,7 @@ inline bool parse_strict_json(std::string_view text, json& out, std::string& why
   return true;
 }
 
-// Typed accessors: each returns false (and sets why, naming `what`) when the value is not of the type.
+// Typed accessors: each returns false when the value is not of the type (the caller says which field of what).
 inline bool as_u64(const json& v, std::uint64_t& out) {
   if (!v.is_number_unsigned()) return false;
   out = v.get<std::uint64_t>();
