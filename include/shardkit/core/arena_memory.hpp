@@ -45,6 +45,7 @@
 #include <utility>
 
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/unique_resource.hpp"
 
 namespace shardkit {
 
@@ -83,7 +84,7 @@ class page_aligned_memory {
   static constexpr std::string_view memory_name = "page_aligned_memory";
 
   page_aligned_memory() = default;
-  explicit page_aligned_memory(std::size_t bytes) : size_(bytes) {
+  explicit page_aligned_memory(std::size_t bytes) {
     if (bytes == 0) return;
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
@@ -92,34 +93,24 @@ class page_aligned_memory {
                   "mmap of " + std::to_string(bytes) + " bytes failed: " + std::strerror(e),
                   {.operation = "page_aligned_memory"});
     }
-    data_ = static_cast<std::byte*>(p);
+    region_ = region({static_cast<std::byte*>(p), bytes});
   }
-  page_aligned_memory(page_aligned_memory&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
-  page_aligned_memory& operator=(page_aligned_memory&& o) noexcept {
-    if (this != &o) {
-      release();
-      data_ = std::exchange(o.data_, nullptr);
-      size_ = std::exchange(o.size_, 0);
-    }
-    return *this;
-  }
-  page_aligned_memory(const page_aligned_memory&) = delete;
-  page_aligned_memory& operator=(const page_aligned_memory&) = delete;
-  ~page_aligned_memory() { release(); }
 
-  std::byte* data() const noexcept { return data_; }
-  std::size_t size() const noexcept { return size_; }
+  std::byte* data() const noexcept { return region_->data; }
+  std::size_t size() const noexcept { return region_->size; }
 
  private:
-  void release() noexcept {
-    if (data_) ::munmap(data_, size_);
-    data_ = nullptr;
-    size_ = 0;
-  }
-
-  std::byte* data_ = nullptr;
-  std::size_t size_ = 0;
+  struct mapping {
+    std::byte* data = nullptr;
+    std::size_t size = 0;
+  };
+  struct unmap {
+    void operator()(mapping& m) const noexcept {
+      if (m.data) ::munmap(m.data, m.size);
+    }
+  };
+  using region = detail::unique_resource<mapping, unmap>;
+  region region_;
 };
 
 }  // namespace shardkit

@@ -30,6 +30,7 @@
 
 #include "shardkit/core/arena_memory.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/unique_resource.hpp"
 
 namespace shardkit {
 
@@ -91,70 +92,62 @@ class host_shared_memory {
   static constexpr std::string_view memory_name = "host_shared_memory";
 
   host_shared_memory() = default;
-  explicit host_shared_memory(std::size_t bytes) : size_(bytes) {
+  explicit host_shared_memory(std::size_t bytes) {
     if (bytes == 0) return;
-    fd_ = ::memfd_create("shardkit-shared", MFD_CLOEXEC);
-    if (fd_ < 0) fail("memfd_create");
-    if (::ftruncate(fd_, off_t(bytes)) != 0) fail("ftruncate to " + std::to_string(bytes) + " bytes");
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    auto& m = region_.get();
+    m.size = bytes;
+    m.fd = ::memfd_create("shardkit-shared", MFD_CLOEXEC);
+    if (m.fd < 0) fail("memfd_create");
+    if (::ftruncate(m.fd, off_t(bytes)) != 0) fail("ftruncate to " + std::to_string(bytes) + " bytes");
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, m.fd, 0);
     if (p == MAP_FAILED) fail("mmap of " + std::to_string(bytes) + " bytes");
-    data_ = static_cast<std::byte*>(p);
+    m.data = static_cast<std::byte*>(p);
     struct stat st {};
-    if (::fstat(fd_, &st) != 0) fail("fstat");
+    if (::fstat(m.fd, &st) != 0) fail("fstat");
     detail::host_shared_registry::instance().add(
-        data_, {.fd = fd_, .inode = std::uint64_t(st.st_ino), .offset = 0, .size = std::uint64_t(bytes)});
+        m.data, {.fd = m.fd, .inode = std::uint64_t(st.st_ino), .offset = 0, .size = std::uint64_t(bytes)});
+    m.registered = true;
   }
-  host_shared_memory(host_shared_memory&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), fd_(std::exchange(o.fd_, -1)) {}
-  host_shared_memory& operator=(host_shared_memory&& o) noexcept {
-    if (this != &o) {
-      release();
-      data_ = std::exchange(o.data_, nullptr);
-      size_ = std::exchange(o.size_, 0);
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  host_shared_memory(const host_shared_memory&) = delete;
-  host_shared_memory& operator=(const host_shared_memory&) = delete;
-  ~host_shared_memory() { release(); }
 
-  std::byte* data() const noexcept { return data_; }
-  std::size_t size() const noexcept { return size_; }
-  std::span<std::byte> bytes() const noexcept { return {data_, size_}; }
+  std::byte* data() const noexcept { return region_->data; }
+  std::size_t size() const noexcept { return region_->size; }
+  std::span<std::byte> bytes() const noexcept { return {data(), size()}; }
   //! The allocation as size() / sizeof(T) elements of T. T must be trivially copyable (peers copy these bytes
   //! without running constructors); errc::invalid_argument when size() is not a whole number of T (a typo in a
   //! size computation would otherwise drop the tail silently). The base is page-aligned, checked for T anyway.
   template <class T>
     requires std::is_trivially_copyable_v<T>
   std::span<T> as() const {
-    if (size_ % sizeof(T) != 0 || reinterpret_cast<std::uintptr_t>(data_) % alignof(T) != 0)
+    if (size() % sizeof(T) != 0 || reinterpret_cast<std::uintptr_t>(data()) % alignof(T) != 0)
       throw_error(errc::invalid_argument,
-                  "an allocation of " + std::to_string(size_) + " bytes is not a whole number of " +
+                  "an allocation of " + std::to_string(size()) + " bytes is not a whole number of " +
                       std::to_string(sizeof(T)) + "-byte elements aligned to " + std::to_string(alignof(T)),
                   {.operation = "host_shared_memory.as"});
-    return {reinterpret_cast<T*>(data_), size_ / sizeof(T)};
+    return {reinterpret_cast<T*>(data()), size() / sizeof(T)};
   }
 
  private:
+  struct shared_mapping {
+    std::byte* data = nullptr;
+    std::size_t size = 0;
+    int fd = -1;
+    bool registered = false;  // in the registry peers' lookups go through
+  };
+  struct unmap_and_close {
+    void operator()(shared_mapping& m) const noexcept {
+      if (m.registered) detail::host_shared_registry::instance().remove(m.data);
+      if (m.data) ::munmap(m.data, m.size);
+      if (m.fd >= 0) ::close(m.fd);
+    }
+  };
+
   [[noreturn]] void fail(const std::string& what) {
     const int e = errno;
-    release();
+    region_.reset();
     throw_error(errc::io, what + " failed: " + std::strerror(e), {.operation = "host_shared_memory"});
   }
-  void release() noexcept {
-    if (data_) {
-      detail::host_shared_registry::instance().remove(data_);
-      ::munmap(data_, size_);
-    }
-    if (fd_ >= 0) ::close(fd_);
-    data_ = nullptr;
-    fd_ = -1;
-  }
 
-  std::byte* data_ = nullptr;
-  std::size_t size_ = 0;
-  int fd_ = -1;
+  detail::unique_resource<shared_mapping, unmap_and_close> region_;
 };
 
 }  // namespace shardkit

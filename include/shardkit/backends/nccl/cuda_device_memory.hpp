@@ -23,6 +23,7 @@
 #include "shardkit/core/arena_memory.hpp"
 #include "shardkit/core/buffer.hpp"
 #include "shardkit/core/log.hpp"
+#include "shardkit/core/unique_resource.hpp"
 
 namespace shardkit::backends {
 
@@ -41,63 +42,52 @@ class cuda_device_memory {
   static constexpr std::string_view memory_name = "cuda_device_memory";
 
   cuda_device_memory() = default;
-  explicit cuda_device_memory(std::size_t bytes) : size_(bytes) {
+  explicit cuda_device_memory(std::size_t bytes) {
     const error_context ctx{.operation = "cuda_device_memory"};
-    SHARDKIT_CUDA_CHECK(cudaGetDevice(&ordinal_), ctx);
+    int ordinal = 0;
+    SHARDKIT_CUDA_CHECK(cudaGetDevice(&ordinal), ctx);
+    region_->ordinal = ordinal;
     if (bytes == 0) return;
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, bytes + arena_memory_base_alignment);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();  // not sticky: later calls must not report it
-      size_ = 0;
       throw error(e == cudaErrorMemoryAllocation ? errc::out_of_memory : errc::backend,
-                  "cudaMalloc of " + std::to_string(bytes) + " bytes on cuda:" + std::to_string(ordinal_) +
+                  "cudaMalloc of " + std::to_string(bytes) + " bytes on cuda:" + std::to_string(ordinal) +
                       " failed: " + nccl_detail::cuda_error_text(e),
                   ctx);
     }
-    raw_ = static_cast<std::byte*>(p);
-    const auto at = reinterpret_cast<std::uintptr_t>(raw_);
-    data_ = raw_ + ((arena_memory_base_alignment - at % arena_memory_base_alignment) % arena_memory_base_alignment);
+    auto* raw = static_cast<std::byte*>(p);
+    const auto at = reinterpret_cast<std::uintptr_t>(raw);
+    region_ = region({.raw = raw,
+                      .data = raw + ((arena_memory_base_alignment - at % arena_memory_base_alignment) %
+                                     arena_memory_base_alignment),
+                      .size = bytes,
+                      .ordinal = ordinal});
   }
-  cuda_device_memory(cuda_device_memory&& o) noexcept
-      : raw_(std::exchange(o.raw_, nullptr)),
-        data_(std::exchange(o.data_, nullptr)),
-        size_(std::exchange(o.size_, 0)),
-        ordinal_(o.ordinal_) {}
-  cuda_device_memory& operator=(cuda_device_memory&& o) noexcept {
-    if (this != &o) {
-      release();
-      raw_ = std::exchange(o.raw_, nullptr);
-      data_ = std::exchange(o.data_, nullptr);
-      size_ = std::exchange(o.size_, 0);
-      ordinal_ = o.ordinal_;
-    }
-    return *this;
-  }
-  cuda_device_memory(const cuda_device_memory&) = delete;
-  cuda_device_memory& operator=(const cuda_device_memory&) = delete;
-  ~cuda_device_memory() { release(); }
 
-  std::byte* data() const noexcept { return data_; }
-  std::size_t size() const noexcept { return size_; }
-  int ordinal() const noexcept { return ordinal_; }
-  device location() const noexcept { return device::cuda(ordinal_); }
+  std::byte* data() const noexcept { return region_->data; }
+  std::size_t size() const noexcept { return region_->size; }
+  int ordinal() const noexcept { return region_->ordinal; }
+  device location() const noexcept { return device::cuda(region_->ordinal); }
 
  private:
-  void release() noexcept {
-    if (raw_) {
-      nccl_detail::device_guard guard(ordinal_, nccl_detail::device_guard::quiet_t{});
-      const cudaError_t e = cudaFree(raw_);
+  struct allocation {
+    std::byte* raw = nullptr;   // what cudaMalloc returned
+    std::byte* data = nullptr;  // raw rounded up to arena_memory_base_alignment
+    std::size_t size = 0;
+    int ordinal = 0;
+  };
+  struct free_on_device {
+    void operator()(allocation& a) const noexcept {
+      if (!a.raw) return;
+      nccl_detail::device_guard guard(a.ordinal, nccl_detail::device_guard::quiet_t{});
+      const cudaError_t e = cudaFree(a.raw);
       if (e != cudaSuccess) log::warn("cuda_device_memory: cudaFree failed: ", nccl_detail::cuda_error_text(e));
     }
-    raw_ = data_ = nullptr;
-    size_ = 0;
-  }
-
-  std::byte* raw_ = nullptr;   // what cudaMalloc returned
-  std::byte* data_ = nullptr;  // raw_ rounded up to arena_memory_base_alignment
-  std::size_t size_ = 0;
-  int ordinal_ = 0;
+  };
+  using region = shardkit::detail::unique_resource<allocation, free_on_device>;
+  region region_;
 };
 
 static_assert(arena_memory<cuda_device_memory>);

@@ -21,6 +21,7 @@
 #include "shardkit/core/arena.hpp"
 #include "shardkit/core/arena_memory.hpp"
 #include "shardkit/core/log.hpp"
+#include "shardkit/core/unique_resource.hpp"
 
 namespace shardkit::backends {
 
@@ -35,48 +36,36 @@ class pinned_host_memory {
   static constexpr std::string_view memory_name = "pinned_host_memory";
 
   pinned_host_memory() = default;
-  explicit pinned_host_memory(std::size_t bytes) : size_(bytes) {
+  explicit pinned_host_memory(std::size_t bytes) {
     if (bytes == 0) return;
     void* p = nullptr;
     const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();  // a failed allocation is not sticky: clear it so later calls do not report it
-      size_ = 0;
       throw error(e == cudaErrorMemoryAllocation ? errc::out_of_memory : errc::backend,
                   "cudaHostAlloc of " + std::to_string(bytes) + " bytes failed: " + nccl_detail::cuda_error_text(e),
                   {.operation = "pinned_host_memory"});
     }
-    data_ = static_cast<std::byte*>(p);
+    region_ = region({static_cast<std::byte*>(p), bytes});
   }
-  pinned_host_memory(pinned_host_memory&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
-  pinned_host_memory& operator=(pinned_host_memory&& o) noexcept {
-    if (this != &o) {
-      release();
-      data_ = std::exchange(o.data_, nullptr);
-      size_ = std::exchange(o.size_, 0);
-    }
-    return *this;
-  }
-  pinned_host_memory(const pinned_host_memory&) = delete;
-  pinned_host_memory& operator=(const pinned_host_memory&) = delete;
-  ~pinned_host_memory() { release(); }
 
-  std::byte* data() const noexcept { return data_; }
-  std::size_t size() const noexcept { return size_; }
+  std::byte* data() const noexcept { return region_->data; }
+  std::size_t size() const noexcept { return region_->size; }
 
  private:
-  void release() noexcept {
-    if (data_) {
-      const cudaError_t e = cudaFreeHost(data_);
+  struct allocation {
+    std::byte* data = nullptr;
+    std::size_t size = 0;
+  };
+  struct free_host {
+    void operator()(allocation& a) const noexcept {
+      if (!a.data) return;
+      const cudaError_t e = cudaFreeHost(a.data);
       if (e != cudaSuccess) log::warn("pinned_host_memory: cudaFreeHost failed: ", nccl_detail::cuda_error_text(e));
     }
-    data_ = nullptr;
-    size_ = 0;
-  }
-
-  std::byte* data_ = nullptr;
-  std::size_t size_ = 0;
+  };
+  using region = shardkit::detail::unique_resource<allocation, free_host>;
+  region region_;
 };
 
 //! Staging buffers for CUDA shards, in one page-locked region.
