@@ -1,8 +1,14 @@
-// A downstream trainer in miniature: two thread-ranks all_reduce over the loopback transport.
+// A downstream trainer in miniature: two thread-ranks all_reduce over the loopback transport, a one-rank sharded
+// model trains a step, and its state round-trips through a checkpoint file in a memory sink.
+#include <shardkit/ckpt/format.hpp>
+#include <shardkit/fsdp/optimizer.hpp>
 #include <shardkit/shardkit.hpp>
+#include <shardkit/storage/memory_sink.hpp>
 #include <shardkit/transport/tcp.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -15,6 +21,30 @@ int main() {
   other.join();
   if (data[0][999] != 3.0f || data[1][0] != 3.0f) {
     std::puts("consumer: wrong all_reduce result");
+    return 1;
+  }
+  namespace fsdp = shardkit::fsdp;
+  auto world = shardkit::comm::make_loopback_world(1);
+  fsdp::sharded_model model(world[0], {{"layer", {{"layer.w", {4, 4}}}}});
+  model.init_parameters([](const fsdp::param_slot&, std::span<float> full) {
+    for (std::size_t i = 0; i < full.size(); ++i) full[i] = float(i);
+  });
+  fsdp::sgd opt(model, {.lr = 0.5});
+  for (auto& u : model.forward()) (void)u.param<float>("layer.w");
+  for (auto& u : model.backward()) {
+    auto g = u.grad<float>("layer.w");
+    std::fill(g.begin(), g.end(), 1.0f);
+  }
+  opt.step();
+  shardkit::storage::memory_sink sink;
+  auto state = model.sharded_state();
+  shardkit::ckpt::write_safetensors(sink, "step-1/rank-0.safetensors", {shardkit::ckpt::shard_piece(state[0])});
+  const auto file = shardkit::ckpt::read_header(sink, "step-1/rank-0.safetensors");
+  const auto bytes = shardkit::ckpt::read_tensor(sink, file, "layer.w");
+  float w5 = 0;
+  std::memcpy(&w5, bytes.data() + 5 * sizeof(float), sizeof(float));
+  if (w5 != 4.5f) {
+    std::printf("consumer: checkpointed parameter is %g, expected 4.5\n", double(w5));
     return 1;
   }
   std::puts("consumer: shardkit found and working");
