@@ -48,6 +48,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -262,14 +263,19 @@ class posix_sink {
     check_key(key, "sink.put");
     const std::string path = path_of(key);
     const std::string dir = detail::parent_of(path);
-    // ENOENT: remove() pruned a directory between our mkdir and our open; make it again.
+    // ENOENT: remove() pruned a directory between our mkdir and our open; make it again. Removers that prune in a
+    // tight loop beside us (a CI run lost 16 rounds in a row under load) can win many times: yield and keep
+    // trying, bounded only so that a directory that truly cannot stay still ends in an error.
     for (int attempt = 0;; ++attempt) {
       make_directories(key);
       std::string temporary = dir + "/" + detail::temporary_name();
       const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
       if (fd >= 0) return writer(detail::unique_fd(fd), key, path, std::move(temporary), options_.fsync);
       const int e = errno;
-      if ((e == ENOENT || e == EEXIST) && attempt < 16) continue;
+      if ((e == ENOENT || e == EEXIST) && attempt < 10000) {
+        if (attempt >= 4) std::this_thread::yield();
+        continue;
+      }
       detail::throw_os_error(e, "sink.put", key, "create", temporary);
     }
   }
