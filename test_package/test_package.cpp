@@ -1,0 +1,33 @@
+// The Conan package's smoke test: two ranks, each a thread, all_reduce over the in-process loopback transport.
+#include <shardkit/shardkit.hpp>
+#if defined(SHARDKIT_HAS_TCP)
+#include <shardkit/transport/tcp.hpp>  // Boost.Asio from the system include path
+#endif
+#if defined(SHARDKIT_HAS_CKPT)
+#include <shardkit/ckpt/format.hpp>  // xxHash and nlohmann/json from the system
+#endif
+
+#include <cstdio>
+#include <span>
+#include <thread>
+#include <vector>
+
+int main() {
+#if defined(SHARDKIT_HAS_TCP)
+  static_assert(shardkit::transport::p2p<shardkit::transport::tcp_transport>);
+#endif
+  auto groups = shardkit::comm::make_loopback_world(2);
+  std::vector<std::vector<float>> data{std::vector<float>(1024, 1.0f), std::vector<float>(1024, 2.0f)};
+  std::thread other([&] { groups[1].all_reduce(shardkit::buffer_view(std::span<float>(data[1]))).wait(); });
+  groups[0].all_reduce(shardkit::buffer_view(std::span<float>(data[0]))).wait();
+  other.join();
+  for (const auto& rank : data)
+    for (float v : rank)
+      if (v != 3.0f) {
+        std::printf("test_package: all_reduce gave %g, expected 3\n", double(v));
+        return 1;
+      }
+  std::printf("test_package: 2-rank all_reduce over loopback threads: %zu floats, each 1 + 2 = %g\n", data[0].size(),
+              double(data[0][0]));
+  return 0;
+}
