@@ -1,0 +1,30 @@
+#!/bin/sh
+# package_pkg_config: installs the build tree to WORK_DIR/prefix and builds consumers with nothing but
+# pkg-config and the compiler, as a Makefile project would:
+#   1. test_package/test_package.cpp with `pkg-config --cflags --libs shardkit` (the core alone);
+#   2. tests/package/consumer/main.cpp (TCP transport, fsdp, ckpt) with shardkit shardkit-tcp shardkit-ckpt.
+# Both run. Skips (77) with the reason when pkg-config is missing.
+#   run_pkgconfig.sh SOURCE_DIR BINARY_DIR WORK_DIR CXX
+set -eu
+src=$1 bin=$2 work=$3 cxx=$4
+if ! command -v pkg-config >/dev/null 2>&1; then
+  echo "SKIP: pkg-config not on PATH (Debian: apt-get install pkg-config)"
+  exit 77
+fi
+rm -rf "$work"
+mkdir -p "$work"
+cmake --install "$bin" --prefix "$work/prefix" >/dev/null
+pcdir=$(dirname "$(find "$work/prefix" -name shardkit.pc | head -n1)")
+[ -f "$pcdir/shardkit.pc" ] || { echo "no shardkit.pc under $work/prefix"; exit 1; }
+export PKG_CONFIG_PATH="$pcdir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+set -x
+pkg-config --modversion shardkit
+pkg-config --cflags --libs shardkit
+# shellcheck disable=SC2046  # the flags are words
+"$cxx" -o "$work/core_consumer" "$src/test_package/test_package.cpp" $(pkg-config --cflags --libs shardkit)
+"$work/core_consumer"
+mods="shardkit shardkit-tcp shardkit-ckpt"
+pkg-config --print-errors --exists $mods
+# shellcheck disable=SC2046
+"$cxx" -O1 -o "$work/consumer" "$src/tests/package/consumer/main.cpp" $(pkg-config --cflags --libs $mods)
+"$work/consumer"
