@@ -1,0 +1,355 @@
+#pragma once
+//! Token files: the data loader's input. A token file is one sink object of little-endian uint16 or uint32 tokens.
+//! Its documents are told apart either by a delimiter token (documents are the maximal runs of other tokens) or by
+//! an offsets object (`<key>.offsets`: little-endian uint64 token indices, documents + 1 of them, the first 0, the
+//! last the file's token count; document i is [offsets[i], offsets[i+1])). A small JSON sidecar (`<key>.json`)
+//! says which:
+//!
+//!     {"format": "shardkit.tokens", "version": 1, "dtype": "uint16", "vocab": 257, "delimiter": 256,
+//!      "offsets": true, "documents": 812, "tokens": 1048576}
+//!
+//! ("vocab" and "delimiter" are optional.) A file without a sidecar is described by the dataset's defaults.
+//!
+//! The loader keeps one integer per document in memory (where it begins). An offsets object gives them in one
+//! read; a delimiter-only file is scanned once when it is opened, so write offsets (shardkit-tokenize does) for
+//! large corpora. Every check names the object and the byte offset: a size that is not a multiple of the token
+//! width, offsets that go backwards or past the end, a token >= the declared vocab (checked when a range is read,
+//! and during the scan of a delimited file).
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "shardkit/ckpt/detail/strict_json.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/storage/sink.hpp"
+
+namespace shardkit::data {
+
+static_assert(std::endian::native == std::endian::little, "token files are little-endian; so is every host we run on");
+
+//! The stored width of a token.
+enum class token_type : std::uint8_t { u16 = 2, u32 = 4 };
+
+inline unsigned width_of(token_type t) noexcept { return static_cast<unsigned>(t); }
+inline std::string_view name_of(token_type t) noexcept { return t == token_type::u16 ? "uint16" : "uint32"; }
+
+//! What a token file's sidecar says (and, for a file without one, what the dataset assumes).
+struct token_file_info {
+  token_type dtype = token_type::u16;
+  std::optional<std::uint32_t> vocab;      //!< when set, every token is < vocab
+  std::optional<std::uint32_t> delimiter;  //!< documents end at this token (ignored for splitting when offsets)
+  bool offsets = false;                    //!< documents are described by `<key>.offsets`
+  std::uint64_t documents = 0;             //!< in a sidecar: the counts the writer wrote (checked on open)
+  std::uint64_t tokens = 0;
+};
+
+inline std::string sidecar_key(const std::string& key) { return key + ".json"; }
+inline std::string offsets_key(const std::string& key) { return key + ".offsets"; }
+
+//! The sidecar's JSON text (one line).
+inline std::string to_json(const token_file_info& info) {
+  ckpt::detail::json j = {{"format", "shardkit.tokens"}, {"version", 1}, {"dtype", name_of(info.dtype)}};
+  if (info.vocab) j["vocab"] = *info.vocab;
+  if (info.delimiter) j["delimiter"] = *info.delimiter;
+  j["offsets"] = info.offsets;
+  j["documents"] = info.documents;
+  j["tokens"] = info.tokens;
+  return j.dump();
+}
+
+//! Strict parser of a sidecar: unknown fields, missing ones and wrong types are errors naming the sidecar's key.
+inline token_file_info parse_token_file_info(std::string_view text, const std::string& key) {
+  namespace sj = ckpt::detail;
+  auto fail = [&](const std::string& why) -> void {
+    throw_error(errc::invalid_argument, "token file sidecar: " + why, {.operation = "data.open", .object = key});
+  };
+  sj::json j;
+  std::string why;
+  if (!sj::parse_strict_json(text, j, why)) fail(why);
+  if (!j.is_object()) fail("not a JSON object");
+  if (auto extra = sj::unknown_keys(j, {"format", "version", "dtype", "vocab", "delimiter", "offsets", "documents", "tokens"});
+      !extra.empty())
+    fail("unknown field(s) " + extra);
+  if (!j.contains("format") || j["format"] != "shardkit.tokens") fail("\"format\" is not \"shardkit.tokens\"");
+  std::uint64_t version = 0;
+  if (!j.contains("version") || !sj::as_u64(j["version"], version)) fail("no integer \"version\"");
+  if (version != 1) fail("version " + std::to_string(version) + " (this build reads version 1)");
+  token_file_info info;
+  if (!j.contains("dtype") || !j["dtype"].is_string()) fail("no string \"dtype\"");
+  const auto dtype = j["dtype"].get<std::string>();
+  if (dtype == "uint16") info.dtype = token_type::u16;
+  else if (dtype == "uint32") info.dtype = token_type::u32;
+  else fail("\"dtype\" is '" + dtype + "' (uint16 or uint32)");
+  auto u32_field = [&](const char* name) -> std::optional<std::uint32_t> {
+    if (!j.contains(name)) return std::nullopt;
+    std::uint64_t v = 0;
+    if (!sj::as_u64(j[name], v) || v > UINT32_MAX) fail(std::string("\"") + name + "\" is not a 32-bit unsigned integer");
+    return static_cast<std::uint32_t>(v);
+  };
+  info.vocab = u32_field("vocab");
+  info.delimiter = u32_field("delimiter");
+  if (!j.contains("offsets") || !j["offsets"].is_boolean()) fail("no boolean \"offsets\"");
+  info.offsets = j["offsets"].get<bool>();
+  if (!j.contains("documents") || !sj::as_u64(j["documents"], info.documents)) fail("no integer \"documents\"");
+  if (!j.contains("tokens") || !sj::as_u64(j["tokens"], info.tokens)) fail("no integer \"tokens\"");
+  if (!info.offsets && !info.delimiter) fail("neither \"offsets\" nor a \"delimiter\": documents cannot be told apart");
+  return info;
+}
+
+namespace detail {
+
+// A token's value from its stored bytes.
+inline std::uint32_t load_token(const std::byte* p, token_type t) noexcept {
+  if (t == token_type::u16) {
+    std::uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+  }
+  std::uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The largest token value accepted: below the vocab when declared, and representable as int32 (the loader's output).
+inline std::uint64_t token_limit(const token_file_info& info) noexcept {
+  return info.vocab ? *info.vocab : std::uint64_t{INT32_MAX} + 1;
+}
+
+}  // namespace detail
+
+//! An opened, checked token file with its document index. Immutable after open; share it between threads freely.
+class token_file {
+ public:
+  //! Reads `key`'s sidecar if there is one (else uses `fallback`, whose "offsets" is also true when a
+  //! `<key>.offsets` object exists), checks sizes and offsets, and indexes the documents.
+  static token_file open(storage::any_sink& sink, const std::string& key, token_file_info fallback = {}) {
+    token_file f;
+    f.key_ = key;
+    const std::string side = sidecar_key(key);
+    if (sink.exists(side)) {
+      auto bytes = storage::get_object(sink, side);
+      f.info_ = parse_token_file_info(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), side);
+      f.has_sidecar_ = true;
+    } else {
+      f.info_ = fallback;
+      if (!f.info_.offsets && sink.exists(offsets_key(key))) f.info_.offsets = true;
+      if (!f.info_.offsets && !f.info_.delimiter)
+        f.fail(errc::config, "no sidecar, no offsets object and no delimiter: documents cannot be told apart");
+    }
+    const auto size = sink.size(key);
+    if (!size) throw_error(errc::not_found, "no such token file", {.operation = "data.open", .object = key});
+    const unsigned w = width_of(f.info_.dtype);
+    if (*size % w != 0)
+      f.fail(errc::invalid_argument, "truncated or corrupt token file: its size " + std::to_string(*size) +
+                                         " is not a multiple of the token width " + std::to_string(w) +
+                                         " (a partial token at byte offset " + std::to_string(*size - *size % w) + ")");
+    const std::uint64_t tokens = *size / w;
+    if (f.has_sidecar_ && f.info_.tokens != tokens)
+      f.fail(errc::invalid_argument, "truncated or corrupt token file: the sidecar says " + std::to_string(f.info_.tokens) +
+                                         " tokens but the file holds " + std::to_string(tokens) + " (it ends at byte offset " +
+                                         std::to_string(*size) + ", expected " + std::to_string(f.info_.tokens * w) + ")");
+    f.info_.tokens = tokens;
+    if (f.info_.offsets) f.read_offsets(sink);
+    else f.scan_delimited(sink);
+    if (f.has_sidecar_ && f.info_.documents != f.documents())
+      f.fail(errc::invalid_argument, "the sidecar says " + std::to_string(f.info_.documents) + " documents but the file holds " +
+                                         std::to_string(f.documents()));
+    f.info_.documents = f.documents();
+    return f;
+  }
+
+  const std::string& key() const noexcept { return key_; }
+  const token_file_info& info() const noexcept { return info_; }
+  token_type dtype() const noexcept { return info_.dtype; }
+  unsigned width() const noexcept { return width_of(info_.dtype); }
+  std::uint64_t tokens() const noexcept { return info_.tokens; }
+  std::uint64_t documents() const noexcept { return begins_.size() - 1; }
+
+  //! Document i spans tokens [begin(i), end(i)); in a delimited file that range may end in delimiters, which
+  //! content_end() strips.
+  std::uint64_t begin(std::uint64_t i) const noexcept { return begins_[i]; }
+  std::uint64_t end(std::uint64_t i) const noexcept { return begins_[i + 1]; }
+  bool delimited() const noexcept { return !info_.offsets; }
+
+  //! Reads tokens [first, first + out.size() / width()) into out and checks their values; a short read (the object
+  //! shrank) or a bad token is an error naming the file and the byte offset.
+  void read(storage::any_sink& sink, std::uint64_t first, std::span<std::byte> out) const {
+    const std::uint64_t offset = first * width();
+    std::size_t got;
+    try {
+      got = sink.get(key_, offset, out);
+    } catch (const error& e) {
+      throw e.with_context({.operation = "data.read", .object = key_});
+    }
+    if (got != out.size())
+      fail(errc::invalid_argument, "truncated token file: reading " + std::to_string(out.size()) + " bytes at byte offset " +
+                                       std::to_string(offset) + " got " + std::to_string(got) + " (it ends at byte offset " +
+                                       std::to_string(offset + got) + ")",
+           "data.read");
+    check_values(out, offset, "data.read");
+  }
+
+ private:
+  [[noreturn]] void fail(errc e, const std::string& why, const char* op = "data.open") const {
+    throw_error(e, why, {.operation = op, .object = key_});
+  }
+
+  void check_values(std::span<const std::byte> bytes, std::uint64_t offset, const char* op) const {
+    const std::uint64_t limit = detail::token_limit(info_);
+    const token_type t = info_.dtype;
+    if (t == token_type::u16 && limit > UINT16_MAX) return;
+    const unsigned w = width();
+    const std::size_t n = bytes.size() / w;
+    std::uint32_t largest = 0;
+    for (std::size_t i = 0; i < n; ++i) largest = std::max(largest, detail::load_token(bytes.data() + i * w, t));
+    if (largest < limit) return;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t v = detail::load_token(bytes.data() + i * w, t);
+      if (v >= limit)
+        fail(errc::invalid_argument,
+             "corrupt token file: token " + std::to_string(v) + " at byte offset " + std::to_string(offset + i * w) +
+                 (info_.vocab ? " is not below the declared vocab " + std::to_string(*info_.vocab) : " does not fit int32"),
+             op);
+    }
+  }
+
+  void read_offsets(storage::any_sink& sink) {
+    const std::string okey = offsets_key(key_);
+    const auto size = sink.size(okey);
+    if (!size) fail(errc::not_found, "the offsets object '" + okey + "' does not exist");
+    auto offsets_fail = [&](const std::string& why) {
+      throw_error(errc::invalid_argument, "corrupt offsets of token file '" + key_ + "': " + why,
+                  {.operation = "data.open", .object = okey});
+    };
+    if (*size % 8 != 0)
+      offsets_fail("its size " + std::to_string(*size) + " is not a multiple of 8 (a partial entry at byte offset " +
+                   std::to_string(*size - *size % 8) + ")");
+    if (*size < 16 && info_.tokens != 0) offsets_fail("fewer than two entries");
+    std::vector<std::uint64_t> entries(*size / 8);
+    const std::size_t got = sink.get(okey, 0, std::as_writable_bytes(std::span(entries)));
+    if (got != *size) offsets_fail("short read: " + std::to_string(got) + " of " + std::to_string(*size) + " bytes");
+    if (entries.empty()) entries.push_back(0);
+    if (entries.front() != 0) offsets_fail("the first entry (byte offset 0) is " + std::to_string(entries.front()) + ", not 0");
+    for (std::size_t i = 1; i < entries.size(); ++i) {
+      if (entries[i] < entries[i - 1])
+        offsets_fail("not monotonic: entry " + std::to_string(i) + " at byte offset " + std::to_string(i * 8) + " is " +
+                     std::to_string(entries[i]) + ", below the previous " + std::to_string(entries[i - 1]));
+      if (entries[i] > info_.tokens)
+        offsets_fail("entry " + std::to_string(i) + " at byte offset " + std::to_string(i * 8) + " is " +
+                     std::to_string(entries[i]) + ", past the end of the file's " + std::to_string(info_.tokens) + " tokens");
+    }
+    if (entries.back() != info_.tokens)
+      offsets_fail("the last entry (byte offset " + std::to_string((entries.size() - 1) * 8) + ") is " +
+                   std::to_string(entries.back()) + " but the file holds " + std::to_string(info_.tokens) + " tokens");
+    begins_ = std::move(entries);
+  }
+
+  // Documents are the maximal runs of non-delimiter tokens; one sequential pass in large reads.
+  void scan_delimited(storage::any_sink& sink) {
+    const std::uint32_t delim = *info_.delimiter;
+    const unsigned w = width();
+    constexpr std::uint64_t block_tokens = std::uint64_t{1} << 21;
+    std::vector<std::byte> block;
+    bool in_document = false;
+    for (std::uint64_t first = 0; first < info_.tokens; first += block_tokens) {
+      const std::uint64_t n = std::min(block_tokens, info_.tokens - first);
+      block.resize(n * w);
+      read(sink, first, block);
+      for (std::uint64_t i = 0; i < n; ++i) {
+        const bool is_delim = detail::load_token(block.data() + i * w, info_.dtype) == delim;
+        if (!is_delim && !in_document) begins_.push_back(first + i);
+        in_document = !is_delim;
+      }
+    }
+    begins_.push_back(info_.tokens);
+  }
+
+  std::string key_;
+  token_file_info info_;
+  bool has_sidecar_ = false;
+  std::vector<std::uint64_t> begins_;  // documents + 1 entries
+};
+
+//! Writes a token file, its offsets and its sidecar through a sink, streaming (what shardkit-tokenize and the
+//! tests use). Objects become visible at finish(): tokens, then offsets, then the sidecar last, so a file whose
+//! sidecar exists is complete.
+class token_file_writer {
+ public:
+  //! `format`: dtype, vocab, delimiter (written after every document when set), offsets (write `<key>.offsets`).
+  token_file_writer(storage::any_sink sink, std::string key, token_file_info format)
+      : sink_(std::move(sink)), key_(std::move(key)), info_(format) {
+    info_.documents = info_.tokens = 0;
+    if (!info_.offsets && !info_.delimiter)
+      throw_error(errc::invalid_argument, "a token file needs a delimiter or offsets", {.operation = "data.write", .object = key_});
+    tokens_ = sink_.put(key_);
+    if (info_.offsets) {
+      offsets_ = sink_.put(offsets_key(key_));
+      append_offset(0);
+    }
+  }
+
+  //! Appends one document (empty ones are skipped). Its tokens must fit the dtype and the vocab and must not be the
+  //! delimiter.
+  void add_document(std::span<const std::uint32_t> document) {
+    if (document.empty()) return;
+    const std::uint64_t limit = std::min<std::uint64_t>(info_.vocab.value_or(UINT32_MAX), info_.dtype == token_type::u16 ? 65536 : UINT32_MAX);
+    for (std::uint32_t t : document) {
+      if ((t >= limit && (info_.vocab || info_.dtype == token_type::u16)) || (info_.delimiter && t == *info_.delimiter))
+        throw_error(errc::invalid_argument, "token " + std::to_string(t) + " of document " + std::to_string(info_.documents) +
+                                                " does not fit the file (dtype, vocab) or is its delimiter",
+                    {.operation = "data.write", .object = key_});
+      append_token(t);
+    }
+    if (info_.delimiter) append_token(*info_.delimiter);
+    ++info_.documents;
+    if (info_.offsets) append_offset(info_.tokens);
+  }
+
+  //! Commits the objects; returns what the sidecar says.
+  token_file_info finish() {
+    flush(tokens_, token_buffer_);
+    tokens_.commit();
+    if (info_.offsets) {
+      flush(offsets_, offset_buffer_);
+      offsets_.commit();
+    }
+    storage::put_object(sink_, sidecar_key(key_), storage::as_bytes(to_json(info_)));
+    return info_;
+  }
+
+ private:
+  void append_token(std::uint32_t t) {
+    const unsigned w = width_of(info_.dtype);
+    const std::size_t at = token_buffer_.size();
+    token_buffer_.resize(at + w);
+    std::memcpy(token_buffer_.data() + at, &t, w);  // little-endian: the low bytes first
+    ++info_.tokens;
+    if (token_buffer_.size() >= (std::size_t{1} << 20)) flush(tokens_, token_buffer_);
+  }
+  void append_offset(std::uint64_t o) {
+    const std::size_t at = offset_buffer_.size();
+    offset_buffer_.resize(at + 8);
+    std::memcpy(offset_buffer_.data() + at, &o, 8);
+    if (offset_buffer_.size() >= (std::size_t{1} << 20)) flush(offsets_, offset_buffer_);
+  }
+  static void flush(storage::any_object_writer& w, std::vector<std::byte>& buffer) {
+    if (!buffer.empty()) w.write(buffer);
+    buffer.clear();
+  }
+
+  storage::any_sink sink_;
+  std::string key_;
+  token_file_info info_;
+  storage::any_object_writer tokens_, offsets_;
+  std::vector<std::byte> token_buffer_, offset_buffer_;
+};
+
+}  // namespace shardkit::data
