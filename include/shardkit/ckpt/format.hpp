@@ -70,6 +70,21 @@ constexpr std::optional<dtype> parse_safetensors_dtype(std::string_view s) noexc
 //! make a reader allocate gigabytes.
 inline constexpr std::uint64_t max_header_size = 100'000'000;
 
+//! A tensor larger than this also gets one xxHash64 per chunk of this many bytes of its stored data (the last chunk
+//! may be shorter), recorded in the checkpoint index: a resharded load that needs only part of a saved piece reads
+//! and verifies the chunks that cover that part, not the whole piece.
+inline constexpr std::uint64_t checksum_chunk_bytes = std::uint64_t{1} << 20;
+
+//! The chunk checksums of bytes (empty when they fit in one chunk: the whole tensor's checksum covers them).
+inline std::vector<std::uint64_t> chunk_checksums(std::span<const std::byte> bytes) {
+  std::vector<std::uint64_t> out;
+  if (bytes.size() <= checksum_chunk_bytes) return out;
+  out.reserve((bytes.size() + checksum_chunk_bytes - 1) / checksum_chunk_bytes);
+  for (std::size_t at = 0; at < bytes.size(); at += checksum_chunk_bytes)
+    out.push_back(xxh64(bytes.subspan(at, std::min<std::size_t>(checksum_chunk_bytes, bytes.size() - at))));
+  return out;
+}
+
 //! The prefix of the metadata keys shardkit writes per tensor; reserved.
 inline constexpr std::string_view tensor_metadata_prefix = "shardkit.";
 
@@ -124,6 +139,7 @@ struct stored_tensor {
   std::uint64_t data_begin = 0, data_end = 0;  //!< data_offsets: relative to the data's start
   piece_extent extent;  //!< where it belongs; a file without shardkit metadata: the whole tensor
   std::optional<std::uint64_t> xxh64;  //!< std::nullopt in a file shardkit did not write
+  std::vector<std::uint64_t> chunk_xxh64;  //!< per checksum_chunk_bytes; only from write_safetensors (the index keeps them)
 
   std::uint64_t nbytes() const noexcept { return data_end - data_begin; }
   std::uint64_t numel() const noexcept { return nbytes() / size_of(type); }
@@ -215,7 +231,8 @@ file_table write_safetensors(S& sink, const std::string& key, std::span<const te
     header[t.name] = {{"dtype", safetensors_dtype(t.type)}, {"shape", t.shape},
                       {"data_offsets", {offset, offset + t.bytes.size()}}};
     meta[std::string(tensor_metadata_prefix) + t.name] = detail::tensor_metadata_json(extent, checksum);
-    table.tensors.push_back({t.name, t.type, t.shape, offset, offset + t.bytes.size(), std::move(extent), checksum});
+    table.tensors.push_back(
+        {t.name, t.type, t.shape, offset, offset + t.bytes.size(), std::move(extent), checksum, chunk_checksums(t.bytes)});
     offset += t.bytes.size();
   }
   header["__metadata__"] = std::move(meta);

@@ -43,6 +43,8 @@ struct index_tensor {
   std::uint64_t begin = 0, end = 0;            //!< elements of the flattened global tensor
   std::uint64_t data_begin = 0, data_end = 0;  //!< within the file's data
   std::uint64_t xxh64 = 0;
+  std::vector<std::uint64_t> chunk_xxh64;  //!< one per checksum_chunk_bytes of data when there is more than one chunk
+  std::uint64_t nbytes() const noexcept { return data_end - data_begin; }
   friend bool operator==(const index_tensor&, const index_tensor&) = default;
 };
 
@@ -71,7 +73,8 @@ inline index_file describe_file(const file_table& table) {
     if (!t.xxh64)
       throw_error(errc::invalid_argument, "tensor '" + t.name + "' of " + table.key + " has no checksum",
                   {.operation = "ckpt.index", .object = table.key});
-    f.tensors.push_back({t.name, t.type, t.extent.global_shape, t.extent.begin, t.extent.end, t.data_begin, t.data_end, *t.xxh64});
+    f.tensors.push_back({t.name, t.type, t.extent.global_shape, t.extent.begin, t.extent.end, t.data_begin, t.data_end, *t.xxh64,
+                         t.chunk_xxh64});
   }
   return f;
 }
@@ -82,10 +85,16 @@ inline std::string to_json(const checkpoint_index& index) {
   ojson files = ojson::array();
   for (const auto& f : index.files) {
     ojson tensors = ojson::array();
-    for (const auto& t : f.tensors)
+    for (const auto& t : f.tensors) {
       tensors.push_back({{"name", t.name}, {"dtype", safetensors_dtype(t.type)}, {"global_shape", t.global_shape},
                          {"begin", t.begin}, {"end", t.end}, {"data_offsets", {t.data_begin, t.data_end}},
                          {"xxh64", checksum_to_hex(t.xxh64)}});
+      if (!t.chunk_xxh64.empty()) {
+        ojson chunks = ojson::array();
+        for (auto c : t.chunk_xxh64) chunks.push_back(checksum_to_hex(c));
+        tensors.back()["chunk_xxh64"] = std::move(chunks);
+      }
+    }
     files.push_back({{"key", f.key}, {"size", f.size}, {"tensors", std::move(tensors)}});
   }
   ojson meta = ojson::object();
@@ -150,7 +159,8 @@ inline checkpoint_index parse_index(std::string_view text, const std::string& ke
       t.name = jt["name"].get<std::string>();
       auto bad_tensor = [&](const std::string& what) { bad_file("tensor '" + t.name + "': " + what); };
       if (!names.insert(t.name).second) bad_tensor("listed twice in the file");
-      if (auto extra = detail::unknown_keys(jt, {"name", "dtype", "global_shape", "begin", "end", "data_offsets", "xxh64"});
+      if (auto extra = detail::unknown_keys(jt, {"name", "dtype", "global_shape", "begin", "end", "data_offsets", "xxh64",
+                                                    "chunk_xxh64"});
           !extra.empty())
         bad_tensor("unknown field " + extra);
       if (!jt.contains("dtype") || !jt["dtype"].is_string()) bad_tensor("no \"dtype\" string");
@@ -178,6 +188,19 @@ inline checkpoint_index parse_index(std::string_view text, const std::string& ke
       if (!jt.contains("xxh64") || !jt["xxh64"].is_string() || !checksum_from_hex(jt["xxh64"].get<std::string>()))
         bad_tensor("no \"xxh64\" of 16 hex digits");
       t.xxh64 = *checksum_from_hex(jt["xxh64"].get<std::string>());
+      const std::uint64_t chunks = t.nbytes() > checksum_chunk_bytes ? (t.nbytes() + checksum_chunk_bytes - 1) / checksum_chunk_bytes : 0;
+      if (chunks == 0 && jt.contains("chunk_xxh64")) bad_tensor("\"chunk_xxh64\" for data of one chunk");
+      if (chunks > 0) {
+        if (!jt.contains("chunk_xxh64") || !jt["chunk_xxh64"].is_array() || jt["chunk_xxh64"].size() != chunks)
+          bad_tensor("no \"chunk_xxh64\" array of " + std::to_string(chunks) + " checksums (one per " +
+                     std::to_string(checksum_chunk_bytes) + " bytes)");
+        t.chunk_xxh64.reserve(chunks);
+        for (const auto& c : jt["chunk_xxh64"]) {
+          auto h = c.is_string() ? checksum_from_hex(c.get<std::string>()) : std::nullopt;
+          if (!h) bad_tensor("a \"chunk_xxh64\" entry is not 16 hex digits");
+          t.chunk_xxh64.push_back(*h);
+        }
+      }
       f.tensors.push_back(std::move(t));
     }
     index.files.push_back(std::move(f));

@@ -1,0 +1,187 @@
+#pragma once
+//! Where a checkpoint's objects live in a sink, which checkpoints exist, and retention.
+//!
+//! Layout under a prefix (empty, or ending in '/'):
+//! @code
+//!   <prefix>step-000000000100/rank-00000.safetensors   each rank writes only its own file
+//!   <prefix>step-000000000100/rank-00001.safetensors
+//!   <prefix>step-000000000100/index.json               rank 0 writes it last: the commit
+//! @endcode
+//! Steps have 12 digits so that keys sort as steps do. Nothing here creates a directory for another rank or relies
+//! on one: a sink creates what a key needs (the POSIX sink per rank; S3 has no directories).
+//!
+//! A checkpoint exists when its index exists and parses. LIST is used only to find which indexes exist (and
+//! debris to delete); a checkpoint's files are found through its index, never by listing, so an eventually
+//! consistent listing can at worst hide the newest checkpoint for a while, never mix parts of two.
+#include <algorithm>
+#include <charconv>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardkit/ckpt/index.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/core/log.hpp"
+#include "shardkit/storage/sink.hpp"
+
+namespace shardkit::ckpt {
+
+inline constexpr std::string_view index_object_name = "index.json";
+
+//! "<prefix>step-000000000100/" for step 100.
+inline std::string step_prefix(const std::string& prefix, std::uint64_t step) {
+  std::string digits = std::to_string(step);
+  if (digits.size() < 12) digits.insert(0, 12 - digits.size(), '0');
+  return prefix + "step-" + digits + "/";
+}
+inline std::string index_key(const std::string& prefix, std::uint64_t step) {
+  return step_prefix(prefix, step) + std::string(index_object_name);
+}
+inline std::string rank_file_key(const std::string& prefix, std::uint64_t step, int rank) {
+  std::string digits = std::to_string(rank);
+  if (digits.size() < 5) digits.insert(0, 5 - digits.size(), '0');
+  return step_prefix(prefix, step) + "rank-" + digits + ".safetensors";
+}
+
+//! Checks a checkpoint prefix: empty, or a valid key prefix ending in '/'.
+inline void check_checkpoint_prefix(const std::string& prefix) {
+  if (prefix.empty()) return;
+  if (prefix.back() != '/' || !storage::detail::key_problem(prefix.substr(0, prefix.size() - 1), false).empty())
+    throw_error(errc::invalid_argument, "a checkpoint prefix is empty or a key ending in '/', not '" + prefix + "'",
+                {.operation = "ckpt.prefix", .object = prefix});
+}
+
+namespace detail {
+//! The step of a key "<prefix>step-<digits>/...", if it is one.
+inline std::optional<std::uint64_t> step_of_key(std::string_view key, std::string_view prefix) {
+  if (!key.starts_with(prefix)) return std::nullopt;
+  key.remove_prefix(prefix.size());
+  if (!key.starts_with("step-")) return std::nullopt;
+  key.remove_prefix(5);
+  const auto slash = key.find('/');
+  if (slash == std::string_view::npos || slash == 0) return std::nullopt;
+  std::uint64_t step = 0;
+  auto [end, ec] = std::from_chars(key.data(), key.data() + slash, step);
+  if (ec != std::errc{} || end != key.data() + slash) return std::nullopt;
+  return step;
+}
+}  // namespace detail
+
+//! What LIST shows of the checkpoints under a prefix: for each step, its keys, and whether it has an index.
+struct listing {
+  std::map<std::uint64_t, std::vector<std::string>> keys_by_step;
+  std::set<std::uint64_t> indexed;  //!< steps whose index object is listed (it may still fail to parse)
+};
+
+template <storage::sink S>
+listing list_checkpoints(S& sink, const std::string& prefix) {
+  listing out;
+  for (auto& key : sink.list(prefix + "step-")) {
+    auto step = detail::step_of_key(key, prefix);
+    if (!step) continue;
+    if (key == index_key(prefix, *step)) out.indexed.insert(*step);
+    out.keys_by_step[*step].push_back(std::move(key));
+  }
+  return out;
+}
+
+//! Reads and parses the index of `step`; std::nullopt when it does not exist (or is not visible yet).
+//! A malformed index throws errc::protocol naming it.
+template <storage::sink S>
+std::optional<checkpoint_index> read_index(S& sink, const std::string& prefix, std::uint64_t step) {
+  const std::string key = index_key(prefix, step);
+  std::vector<std::byte> bytes;
+  try {
+    bytes = storage::get_object(sink, key);
+  } catch (const shardkit::error& e) {
+    if (e.code() == make_error_code(errc::not_found)) return std::nullopt;
+    throw;
+  }
+  auto index = parse_index(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), key);
+  if (index.step != step)
+    throw_error(errc::protocol, "checkpoint index " + key + " says step " + std::to_string(index.step),
+                {.operation = "ckpt.index", .object = key});
+  return index;
+}
+
+//! The steps of the complete checkpoints (an index that parses), oldest first. A listed index that does not
+//! parse is reported (warning) and skipped: it is not a checkpoint.
+template <storage::sink S>
+std::vector<std::uint64_t> complete_checkpoints(S& sink, const std::string& prefix) {
+  std::vector<std::uint64_t> out;
+  for (auto step : list_checkpoints(sink, prefix).indexed) {
+    try {
+      if (read_index(sink, prefix, step)) out.push_back(step);
+    } catch (const shardkit::error& e) {
+      log::warn("ckpt: skipping step ", step, ": ", e.what());
+    }
+  }
+  return out;
+}
+
+//! The newest complete checkpoint's index, or std::nullopt when there is none. Reads indexes newest first, so it
+//! costs one LIST and usually one GET.
+template <storage::sink S>
+std::optional<checkpoint_index> latest_checkpoint(S& sink, const std::string& prefix) {
+  const auto listed = list_checkpoints(sink, prefix);
+  for (auto it = listed.indexed.rbegin(); it != listed.indexed.rend(); ++it) {
+    try {
+      if (auto index = read_index(sink, prefix, *it)) return index;
+    } catch (const shardkit::error& e) {
+      log::warn("ckpt: step ", *it, " is not a complete checkpoint: ", e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+//! What retention removed.
+struct retention_report {
+  std::vector<std::uint64_t> removed_checkpoints;  //!< complete ones past keep_last
+  std::vector<std::uint64_t> removed_debris;       //!< steps without an index, older than the newest checkpoint
+  std::uint64_t removed_objects = 0;
+};
+
+//! Keeps the newest `keep_last` complete checkpoints (0: all) and removes older ones, and removes debris: objects of
+//! steps older than `newest` that have no index (saves that failed or were killed). `newest` must be a committed
+//! step whose index was read back. An old checkpoint's index goes first, so a crash midway leaves debris, never a
+//! checkpoint with missing files; its files are the ones its index lists.
+template <storage::sink S>
+retention_report apply_retention(S& sink, const std::string& prefix, std::uint64_t newest, std::uint32_t keep_last) {
+  retention_report report;
+  const auto listed = list_checkpoints(sink, prefix);
+  std::vector<std::uint64_t> complete;
+  for (auto step : listed.indexed)
+    if (step <= newest) complete.push_back(step);
+  if (std::find(complete.begin(), complete.end(), newest) == complete.end()) complete.push_back(newest);
+  std::sort(complete.begin(), complete.end());
+  const std::size_t keep = keep_last == 0 ? complete.size() : std::min<std::size_t>(keep_last, complete.size());
+  const std::set<std::uint64_t> kept(complete.end() - std::ptrdiff_t(keep), complete.end());
+  auto remove = [&](const std::string& key) {
+    if (sink.remove(key)) ++report.removed_objects;
+  };
+  for (const auto& [step, keys] : listed.keys_by_step) {
+    if (step >= newest || kept.contains(step)) continue;
+    if (listed.indexed.contains(step)) {
+      std::optional<checkpoint_index> index;
+      try {
+        index = read_index(sink, prefix, step);
+      } catch (const shardkit::error& e) {
+        log::warn("ckpt: retention removes unreadable index of step ", step, ": ", e.what());
+      }
+      remove(index_key(prefix, step));
+      if (index)
+        for (const auto& f : index->files) remove(f.key);
+      report.removed_checkpoints.push_back(step);
+    } else {
+      report.removed_debris.push_back(step);
+    }
+    for (const auto& key : keys) remove(key);  // debris, and what LIST shows beyond the index's files
+  }
+  return report;
+}
+
+}  // namespace shardkit::ckpt

@@ -1,0 +1,223 @@
+#pragma once
+//! Loading a checkpoint into a state_dict, at any world size: each rank reads only the byte ranges its pieces need
+//! and verifies every byte it uses against the index's checksums.
+//!
+//! The plan: for each tensor the rank loads (elements [begin, end) of a global tensor), the saved pieces of that
+//! tensor that overlap the range, from whichever ranks' files hold them (N saved ranks, M loading ranks: resharding).
+//! The bytes a piece contributes are read with ranged gets rounded out to the index's checksum chunks
+//! (checksum_chunk_bytes), and each chunk is verified before any of its bytes is used; a piece of one chunk is read
+//! whole and verified against its xxh64. A checksum mismatch is errc::io naming the file, the tensor and the bytes.
+//!
+//! Errors name the checkpoint and what is wrong: a tensor the rank needs that the checkpoint lacks, another dtype or
+//! global shape, elements no saved piece covers (errc::invalid_argument); a file that ended early (errc::io).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "shardkit/ckpt/catalog.hpp"
+#include "shardkit/ckpt/checksum.hpp"
+#include "shardkit/ckpt/format.hpp"
+#include "shardkit/ckpt/index.hpp"
+#include "shardkit/ckpt/state.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/storage/sink.hpp"
+
+namespace shardkit::ckpt {
+
+//! What a load did.
+struct load_report {
+  std::uint64_t step = 0;
+  std::uint32_t saved_world_size = 0;
+  std::map<std::string, std::string> metadata;
+  bool rank_entries_loaded = false;  //!< false after a rescale: per-rank entries were left as they were
+  std::uint64_t bytes_read = 0;      //!< from the sink, checksum chunks included
+  std::size_t tensors_loaded = 0;
+};
+
+//! Every saved piece of every tensor of an index, by name, sorted by where it begins. Built once per load in
+//! O(pieces log pieces); a rank then finds its overlaps by binary search.
+class load_plan {
+ public:
+  struct source {
+    const index_file* file;
+    const index_tensor* tensor;
+    std::uint64_t data_start;  //!< where the file's data begins (its size less its data: the format ends with data)
+  };
+
+  explicit load_plan(const checkpoint_index& index) {
+    for (const auto& f : index.files) {
+      std::uint64_t data = 0;
+      for (const auto& t : f.tensors) data = std::max(data, t.data_end);
+      const std::uint64_t start = f.size - data;
+      for (const auto& t : f.tensors) by_name_[t.name].push_back({&f, &t, start});
+    }
+    for (auto& [name, v] : by_name_)
+      std::sort(v.begin(), v.end(), [](const source& a, const source& b) { return a.tensor->begin < b.tensor->begin; });
+  }
+
+  //! The saved pieces of `name`, sorted by begin; empty when the checkpoint has none.
+  std::span<const source> pieces(const std::string& name) const {
+    auto it = by_name_.find(name);
+    if (it == by_name_.end()) return {};
+    return it->second;
+  }
+  std::size_t tensor_count() const noexcept { return by_name_.size(); }
+
+ private:
+  std::unordered_map<std::string, std::vector<source>> by_name_;
+};
+
+namespace detail {
+
+//! Reads bytes [first, last) of a saved piece into out (last - first bytes), verifying the checksum chunks (or the
+//! whole piece) that cover them. Returns the bytes read from the sink.
+template <storage::sink S>
+std::uint64_t read_verified(S& sink, const load_plan::source& src, std::uint64_t first, std::uint64_t last,
+                            std::span<std::byte> out, std::vector<std::byte>& scratch) {
+  const index_tensor& t = *src.tensor;
+  const std::string& key = src.file->key;
+  const std::uint64_t n = t.nbytes();
+  auto get = [&](std::uint64_t from, std::span<std::byte> into) {
+    if (sink.get(key, src.data_start + t.data_begin + from, into) != into.size())
+      throw_error(errc::io, "the file " + key + " ended while reading tensor '" + t.name + "' (truncated?)",
+                  {.operation = "ckpt.load", .object = key});
+  };
+  auto mismatch = [&](std::uint64_t from, std::uint64_t to, std::uint64_t got, std::uint64_t want) {
+    throw_error(errc::io,
+                "checksum mismatch in " + key + ", tensor '" + t.name + "' bytes [" + std::to_string(from) + ", " +
+                    std::to_string(to) + ") (xxh64 " + checksum_to_hex(got) + ", the index says " + checksum_to_hex(want) + ")",
+                {.operation = "ckpt.load", .object = key});
+  };
+  if (t.chunk_xxh64.empty()) {
+    scratch.resize(static_cast<std::size_t>(n));
+    get(0, scratch);
+    if (auto got = xxh64(scratch); got != t.xxh64) mismatch(0, n, got, t.xxh64);
+    std::memcpy(out.data(), scratch.data() + first, static_cast<std::size_t>(last - first));
+    return n;
+  }
+  // Chunk by chunk, in reads of up to 16 chunks: bounded scratch, large enough requests.
+  constexpr std::uint64_t C = checksum_chunk_bytes, batch = 16;
+  std::uint64_t read = 0;
+  for (std::uint64_t c = first / C; c * C < last; c += batch) {
+    const std::uint64_t from = c * C, to = std::min({(c + batch) * C, n, (last + C - 1) / C * C});
+    scratch.resize(static_cast<std::size_t>(to - from));
+    get(from, scratch);
+    read += to - from;
+    for (std::uint64_t at = from; at < to; at += C) {
+      const std::uint64_t end = std::min(at + C, n);
+      const auto got = xxh64(std::span<const std::byte>(scratch).subspan(static_cast<std::size_t>(at - from),
+                                                                         static_cast<std::size_t>(end - at)));
+      if (got != t.chunk_xxh64[static_cast<std::size_t>(at / C)]) mismatch(at, end, got, t.chunk_xxh64[static_cast<std::size_t>(at / C)]);
+    }
+    const std::uint64_t b = std::max(first, from), e = std::min(last, to);
+    std::memcpy(out.data() + (b - first), scratch.data() + (b - from), static_cast<std::size_t>(e - b));
+  }
+  return read;
+}
+
+inline std::string describe_u64_shape(const std::vector<std::uint64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+}  // namespace detail
+
+//! Loads every tensor of `into` (saved and loaded-only) from the checkpoint `index` describes, and this rank's
+//! per-rank entries when the world size is unchanged. `into`'s memory is written only with verified bytes; on an
+//! error some tensors may be loaded and others not (load again, or from another checkpoint).
+template <storage::sink S>
+load_report load_state(S& sink, const checkpoint_index& index, const state_dict& into, int rank, int world_size,
+                       const std::string& checkpoint_name = "checkpoint") {
+  load_report report{index.step, index.world_size, index.metadata};
+  const load_plan plan(index);
+  std::vector<std::byte> scratch;
+  auto load_one = [&](const tensor_view& v) {
+    auto bad = [&](const std::string& what) {
+      throw_error(errc::invalid_argument, checkpoint_name + " (step " + std::to_string(index.step) + "), tensor '" + v.name + "': " + what,
+                  {.rank = rank, .operation = "ckpt.load", .object = v.name});
+    };
+    const auto pieces = plan.pieces(v.name);
+    if (pieces.empty()) bad("not in the checkpoint");
+    const index_tensor& first = *pieces.front().tensor;
+    if (first.type != v.type)
+      bad("saved as " + std::string(safetensors_dtype(first.type)) + ", loaded as " + std::string(safetensors_dtype(v.type)));
+    if (first.global_shape != v.global_shape)
+      bad("saved with global shape " + detail::describe_u64_shape(first.global_shape) + ", loaded as " +
+          detail::describe_u64_shape(v.global_shape));
+    const std::uint64_t es = size_of(v.type);
+    // Pieces sorted by begin; `at` is the first element not yet loaded, so overlapping copies (replicas) load once.
+    std::uint64_t at = v.begin;
+    auto it = std::partition_point(pieces.begin(), pieces.end(), [&](const load_plan::source& s) { return s.tensor->end <= v.begin; });
+    for (; it != pieces.end() && at < v.end; ++it) {
+      const index_tensor& t = *it->tensor;
+      if (t.begin > at) break;  // a gap: reported below
+      const std::uint64_t b = at, e = std::min(v.end, t.end);
+      if (e <= b) continue;
+      report.bytes_read += detail::read_verified(sink, *it, (b - t.begin) * es, (e - t.begin) * es,
+                                                 v.bytes.subspan(static_cast<std::size_t>((b - v.begin) * es),
+                                                                 static_cast<std::size_t>((e - b) * es)),
+                                                 scratch);
+      at = e;
+    }
+    if (at < v.end)
+      bad("elements [" + std::to_string(at) + ", " + std::to_string(v.end) + ") are in no saved piece (this rank loads [" +
+          std::to_string(v.begin) + ", " + std::to_string(v.end) + "))");
+    ++report.tensors_loaded;
+  };
+  for (const auto& v : into.saved_tensors()) load_one(v);
+  for (const auto& v : into.loaded_only_tensors()) load_one(v);
+
+  if (index.world_size == static_cast<std::uint32_t>(world_size)) {
+    for (const auto& e : into.rank_entries()) {
+      const std::string name = rank_entry_tensor(rank, e.name);
+      const auto pieces = plan.pieces(name);
+      if (pieces.empty())
+        throw_error(errc::invalid_argument, checkpoint_name + " (step " + std::to_string(index.step) + ") has no per-rank entry '" +
+                                                e.name + "' of rank " + std::to_string(rank),
+                    {.rank = rank, .operation = "ckpt.load", .object = e.name});
+      const index_tensor& t = *pieces.front().tensor;
+      if (e.bytes) {
+        e.bytes->resize(static_cast<std::size_t>(t.nbytes()));
+        report.bytes_read += detail::read_verified(sink, pieces.front(), 0, t.nbytes(), *e.bytes, scratch);
+      } else {
+        if (t.nbytes() != e.value.size())
+          throw_error(errc::invalid_argument,
+                      "per-rank entry '" + e.name + "' of rank " + std::to_string(rank) + " holds " + std::to_string(t.nbytes()) +
+                          " bytes, the state " + std::to_string(e.value.size()),
+                      {.rank = rank, .operation = "ckpt.load", .object = e.name});
+        report.bytes_read += detail::read_verified(sink, pieces.front(), 0, t.nbytes(), e.value, scratch);
+      }
+    }
+    report.rank_entries_loaded = true;
+  }
+  return report;
+}
+
+//! Every saved rank's bytes of the per-rank entry `name`, in saved-rank order (what a rescaled data loader
+//! redistributes). errc::invalid_argument when a rank's entry is missing.
+template <storage::sink S>
+std::vector<std::vector<std::byte>> read_rank_bytes(S& sink, const checkpoint_index& index, const std::string& name) {
+  const load_plan plan(index);
+  std::vector<std::vector<std::byte>> out(index.world_size);
+  std::vector<std::byte> scratch;
+  for (std::uint32_t r = 0; r < index.world_size; ++r) {
+    const auto pieces = plan.pieces(rank_entry_tensor(int(r), name));
+    if (pieces.empty())
+      throw_error(errc::invalid_argument,
+                  "the checkpoint of step " + std::to_string(index.step) + " has no per-rank entry '" + name + "' of rank " + std::to_string(r),
+                  {.operation = "ckpt.load", .object = name});
+    out[r].resize(static_cast<std::size_t>(pieces.front().tensor->nbytes()));
+    detail::read_verified(sink, pieces.front(), 0, out[r].size(), out[r], scratch);
+  }
+  return out;
+}
+
+}  // namespace shardkit::ckpt
