@@ -66,4 +66,12 @@ macro(shardkit_find_backends)
     target_link_libraries(ckpt INTERFACE shardkit_deps::xxhash nlohmann_json::nlohmann_json)
     target_compile_definitions(ckpt INTERFACE SHARDKIT_HAS_CKPT=1)
   endif()
+
+  # The S3 sink (include/shardkit/storage/s3_sink.hpp): libcurl, which signs with its own SigV4.
+  shardkit_backend_wanted(SHARDKIT_WITH_S3 SHARDKIT_S3_FOUND "libcurl (libcurl4-openssl-dev)")
+  if(SHARDKIT_WITH_S3_ENABLED)
+    shardkit_add_interface(s3)
+    target_link_libraries(s3 INTERFACE CURL::libcurl)
+    target_compile_definitions(s3 INTERFACE SHARDKIT_HAS_S3=1)
+  endif()
 endmacro()

@@ -1,6 +1,7 @@
 # Installs the Debian packages shardkit's build, tests and demo use, when any is missing. Sourced by scripts/*.
 shardkit_apt_packages=(cmake ninja-build g++ pkg-config libboost-dev libgloo-dev libfabric-dev libfabric-bin
-  doctest-dev libbenchmark-dev nlohmann-json3-dev libxxhash-dev libopenblas-dev iproute2 iperf3 procps)
+  doctest-dev libbenchmark-dev nlohmann-json3-dev libxxhash-dev libopenblas-dev iproute2 iperf3 procps
+  libcurl4-openssl-dev s3cmd)
 
 shardkit_ensure_deps() {
   local missing=()
@@ -13,5 +14,14 @@ shardkit_ensure_deps() {
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  # node and npm run the s3 tests' server (s3rver, from the npm registry). Checked as commands, not packages:
+  # a NodeSource nodejs already ships npm, and Debian's npm package would conflict with it.
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    echo "shardkit: installing nodejs npm" >&2
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
   fi
 }

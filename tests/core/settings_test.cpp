@@ -222,7 +222,7 @@ TEST_CASE("[core] settings: get_or (for values read once into statics) falls bac
 
 TEST_CASE("[core] settings: the table declares each variable once, consistently, with a default of its type") {
   std::set<std::string_view> names;
-  const std::set<std::string_view> targets{"core", "tcp", "gloo", "fabric", "nccl"};
+  const std::set<std::string_view> targets{"core", "tcp", "gloo", "fabric", "nccl", "s3"};
   for (const auto& v : settings::table) {
     CAPTURE(v.name);
     CHECK(names.insert(v.name).second);

@@ -113,4 +113,8 @@ struct any_posix_fixture {  // type-erased, over posix
 
 using namespace storage_test;
 
+// Another suite may run the conformance cases over its own fixtures: it defines SINK_FIXTURES, then includes
+// storage_test.cpp (tests/s3/s3_conformance_test.cpp does).
+#ifndef SINK_FIXTURES
 #define SINK_FIXTURES posix_fixture, memory_fixture, faulty_fixture, any_posix_fixture
+#endif

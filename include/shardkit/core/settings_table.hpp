@@ -1,7 +1,7 @@
 #pragma once
 //! The one table of shardkit's environment variables: every SHARDKIT_* variable that any part of shardkit reads,
 //! declared once with its type, default, meaning and the target whose code reads it. It is only data (no backend
-//! header is included), so the optional targets' variables (tcp, gloo, fabric) are declared here too.
+//! header is included), so the optional targets' variables (tcp, gloo, fabric, s3) are declared here too.
 //!
 //! Code reads a variable only through settings::get<T>("NAME") (settings.hpp), which refuses at compile time a
 //! name that is not in this table or is declared with another type. docs/environment.md is generated from it
@@ -34,7 +34,7 @@ struct variable {
   kind type;
   std::string_view default_text;  //!< the default, as text for people (what the reader uses when unset)
   std::string_view meaning;
-  std::string_view target;  //!< CMake target(s) whose code reads it: core (shardkit::shardkit), tcp, gloo, fabric
+  std::string_view target;  //!< CMake target(s) whose code reads it: core (shardkit::shardkit), tcp, gloo, fabric, s3
   std::int64_t min = 0;     //!< integer, bytes and durations (in the variable's unit): accepted range
   std::int64_t max = unbounded;
   std::string_view choices = {};  //!< choice: the accepted words, separated by '|' (matched ignoring case)
@@ -128,6 +128,27 @@ inline constexpr variable table[] = {
     {.name = "SHARDKIT_FABRIC_PEER_TIMEOUT", .type = kind::seconds, .default_text = "30",
      .meaning = "a peer silent this long while operations with it are pending is lost (0: send no liveness probes)",
      .target = "fabric", .min = 0, .max = 86400},
+
+    // ---- s3: the S3 sink (shardkit::s3); the AWS_* variables are the AWS tools' own (docs/s3.md) ----
+    {.name = "SHARDKIT_S3_PART_SIZE", .type = kind::bytes, .default_text = "8M",
+     .meaning = "objects up to this size are one PutObject, larger ones multipart uploads of parts this large (AWS "
+                "refuses parts under 5M); also the size of each parallel ranged GET",
+     .target = "s3", .min = 1, .max = std::int64_t(5) << 30},
+    {.name = "SHARDKIT_S3_PARALLEL", .type = kind::integer, .default_text = "8",
+     .meaning = "parts of one upload, and ranges of one read, in flight at once (the sink's connections and worker "
+                "threads)",
+     .target = "s3", .min = 1, .max = 256},
+    {.name = "SHARDKIT_S3_MAX_ATTEMPTS", .type = kind::integer, .default_text = "8",
+     .meaning = "attempts per request on 5xx, SlowDown, timeouts and resets (exponential backoff with jitter) before "
+                "the error is reported",
+     .target = "s3", .min = 1, .max = 100},
+    {.name = "SHARDKIT_S3_STALL_TIMEOUT", .type = kind::milliseconds, .default_text = "30000 (30 s)",
+     .meaning = "a request that moves no byte for this long is abandoned and retried", .target = "s3", .min = 1,
+     .max = 3600000},
+    {.name = "SHARDKIT_S3_ADDRESSING", .type = kind::choice, .default_text = "auto",
+     .meaning = "path (endpoint/bucket/key), virtual (bucket.endpoint/key), or auto (virtual for *.amazonaws.com "
+                "and DNS-safe buckets, else path)",
+     .target = "s3", .choices = "auto|path|virtual"},
 };
 
 }  // namespace shardkit::settings

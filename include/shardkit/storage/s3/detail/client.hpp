@@ -1,0 +1,363 @@
+#pragma once
+// The S3 sink's HTTP layer over libcurl: one request signed by libcurl's own SigV4 (CURLOPT_AWS_SIGV4), a pool of
+// easy handles so that connections are reused, the retry policy, and the error text. Private: s3_sink.hpp is the API.
+//
+// Retries: a transport failure (refused, reset, timed out, stalled, a truncated reply) and HTTP 500/502/503/504,
+// 429 and the S3 codes SlowDown, RequestTimeout, InternalError are retried up to max_attempts with "full jitter"
+// backoff (a uniform wait in [0, min(cap, base * 2^n)]), which spreads a fleet of ranks hitting one SlowDown apart
+// instead of retrying in lock step. Everything else (403 wrong credentials, 404 NoSuchBucket, 400) is reported at
+// once: retrying cannot fix it, and a checkpoint of 1000 ranks must not turn one typo into a retry storm.
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardkit/core/error.hpp"
+#include "shardkit/core/executor.hpp"
+#include "shardkit/core/log.hpp"
+#include "shardkit/storage/s3/config.hpp"
+#include "shardkit/storage/s3/detail/text.hpp"
+
+namespace shardkit::storage::s3_detail {
+
+inline void global_init() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+struct easy_deleter {
+  void operator()(CURL* c) const noexcept { curl_easy_cleanup(c); }
+};
+using easy_ptr = std::unique_ptr<CURL, easy_deleter>;
+
+struct request {
+  const char* operation = "GetObject";  // the S3 API name, for errors
+  const char* method = "GET";
+  std::string key;    // the object's key in the bucket (the sink's prefix included); empty: the bucket itself
+  std::string query;  // canonical: sorted by name, values encoded, "name=" for flags
+  std::span<const std::byte> body;
+  std::vector<std::string> headers;
+  std::span<std::byte> into;                 // GET: the object's bytes go here
+  std::optional<std::uint64_t> range_begin;  // GET: "Range: bytes=b-(b+into.size()-1)"
+  bool error_in_ok = false;                  // CompleteMultipartUpload: a 200 may carry an <Error>
+};
+
+struct response {
+  long status = 0;
+  std::string text;          // the body when it is not the object's bytes (XML, an error)
+  std::size_t received = 0;  // bytes written into request::into
+  std::string etag;
+  std::optional<std::uint64_t> content_length;
+  CURLcode curl = CURLE_OK;
+  std::string curl_error;
+  unsigned attempts = 0;
+  bool empty_object = false;  // a Content-Range said the object has no bytes
+  std::string code() const { return xml_value(text, "Code"); }
+  bool ok() const { return curl == CURLE_OK && status >= 200 && status < 300; }
+};
+
+inline bool transient(CURLcode c) noexcept {
+  switch (c) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_SEND_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_WEIRD_SERVER_REPLY:
+      return true;
+    default:
+      return false;
+  }
+}
+
+inline bool retriable(const response& r) {
+  if (r.curl != CURLE_OK) return transient(r.curl);
+  if (r.status >= 500 || r.status == 429) return true;
+  const std::string code = r.code();
+  return code == "SlowDown" || code == "RequestTimeout" || code == "InternalError" || code == "ServiceUnavailable";
+}
+
+// One per sink: the resolved configuration, idle easy handles (each keeps its connection alive), the worker threads
+// that send parts and ranges in parallel.
+class client {
+ public:
+  client(s3_location location, s3_options options)
+      : location_(std::move(location)), options_(resolve(std::move(options))),
+        base_url_(bucket_url(options_.endpoint, location_.bucket, options_.addressing)),
+        virtual_hosted_(!base_url_.ends_with("/" + location_.bucket)) {
+    global_init();
+    sigv4_ = "aws:amz:" + options_.region + ":s3";
+  }
+  ~client() { pool_.reset(); }  // joins the workers before the handles go
+
+  const s3_location& location() const noexcept { return location_; }
+  const s3_options& options() const noexcept { return options_; }
+  const std::string& base_url() const noexcept { return base_url_; }
+  std::string full_key(const std::string& key) const { return location_.prefix + key; }
+  std::string url_of(const std::string& full_key) const { return "s3://" + location_.bucket + "/" + full_key; }
+
+  // The worker threads, made on first use: a sink that only reads small objects never starts them.
+  thread_pool& workers() {
+    std::lock_guard lock(pool_mutex_);
+    if (!pool_) pool_ = std::make_unique<thread_pool>(options_.parallel);
+    return *pool_;
+  }
+
+  // Runs r until it succeeds, fails for good, or runs out of attempts; returns the last response (the caller
+  // decides what a 404 or 416 means). A GET that broke off after some bytes resumes where it stopped.
+  response execute(request r) {
+    response out;
+    std::size_t got = 0;
+    for (unsigned attempt = 1;; ++attempt) {
+      response one;
+      {
+        easy_ptr h = take();
+        perform(h.get(), r, one);
+        give(std::move(h));
+      }
+      one.attempts = attempt;
+      if (r.error_in_ok && one.ok() && one.text.find("<Error>") != std::string::npos) one.status = 500;
+      if (!r.into.empty() && (one.status == 206 || one.status == 200)) {
+        got += one.received;
+        if (one.curl != CURLE_OK && one.received > 0) {  // resume after the bytes that arrived
+          r.into = r.into.subspan(one.received);
+          *r.range_begin += one.received;
+        }
+      }
+      one.received = got;
+      out = std::move(one);
+      if (out.ok() || !retriable(out) || attempt >= options_.max_attempts) return out;
+      const auto wait = backoff(attempt);
+      log::info("s3 ", r.operation, " ", url_of(r.key), ": ", describe(out), "; retry ", attempt, " of ",
+                options_.max_attempts - 1, " in ", wait.count(), " ms");
+      std::this_thread::sleep_for(wait);
+    }
+  }
+
+  // "HTTP 503 SlowDown (Please reduce your request rate.)" or "connection: Connection reset by peer (curl 56)".
+  std::string describe(const response& r) const {
+    std::string s;
+    if (r.curl != CURLE_OK) {
+      s = "connection: " + (r.curl_error.empty() ? std::string(curl_easy_strerror(r.curl)) : r.curl_error) +
+          " (curl " + std::to_string(static_cast<int>(r.curl)) + ")";
+    } else {
+      s = "HTTP " + std::to_string(r.status);
+      const std::string code = r.code(), message = xml_value(r.text, "Message");
+      if (!code.empty()) s += " " + code;
+      if (!message.empty()) s += " (" + message + ")";
+      if (code.empty() && r.text.empty() && (r.status == 403 || r.status == 404))
+        s += r.status == 403 ? " (no error code in the reply: check the credentials and the bucket's policy)"
+                             : " (no error code in the reply)";
+    }
+    return scrub(s);
+  }
+
+  // The error for a failed request: names the S3 operation, the bucket and key, the HTTP status and S3 code, and
+  // how many attempts were made. context().operation is the sink operation, context().object the sink key.
+  [[noreturn]] void fail(const response& r, const request& q, const char* sink_operation, const std::string& key,
+                         errc e = errc::io) const {
+    std::string detail = "S3 " + std::string(q.operation) + " " + url_of(q.key) + ": " + describe(r);
+    detail += r.attempts <= 1 ? (retriable(r) ? " (1 attempt)" : " (not retried)")
+                              : " (after " + std::to_string(r.attempts) + " attempts)";
+    throw_error(e, scrub(detail), {.operation = sink_operation, .object = key});
+  }
+
+  // Removes any credential text from a message (a server could echo one back; nothing of ours prints them).
+  std::string scrub(std::string s) const {
+    const auto& c = *options_.credentials;
+    for (const std::string* secret : {&c.secret_access_key, &c.session_token, &c.access_key_id}) {
+      if (secret->size() < 4) continue;
+      for (auto at = s.find(*secret); at != std::string::npos; at = s.find(*secret, at)) s.replace(at, secret->size(), "***");
+    }
+    return s;
+  }
+
+ private:
+  std::chrono::milliseconds backoff(unsigned attempt) const {
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    const auto base = options_.base_backoff.count();
+    const auto cap = std::min<std::int64_t>(options_.max_backoff.count(), base << std::min(attempt - 1, 20u));
+    return std::chrono::milliseconds(std::uniform_int_distribution<std::int64_t>(0, std::max<std::int64_t>(cap, 0))(rng));
+  }
+
+  easy_ptr take() {
+    {
+      std::lock_guard lock(handles_mutex_);
+      if (!idle_.empty()) {
+        easy_ptr h = std::move(idle_.back());
+        idle_.pop_back();
+        return h;
+      }
+    }
+    easy_ptr h(curl_easy_init());
+    if (!h) throw_error(errc::out_of_memory, "curl_easy_init failed", {.operation = "s3_sink"});
+    return h;
+  }
+  void give(easy_ptr h) {
+    std::lock_guard lock(handles_mutex_);
+    if (idle_.size() < 2 * std::size_t(options_.parallel) + 4) idle_.push_back(std::move(h));
+  }
+
+  struct transfer {
+    const request* r;
+    response* out;
+    CURL* h;
+    std::size_t sent = 0;
+    std::uint64_t skip = 0;  // a server that ignored Range sends the object from its start
+    bool status_known = false;
+    bool into_data = false;
+  };
+
+  static size_t on_read(char* buffer, size_t size, size_t n, void* user) {
+    auto* t = static_cast<transfer*>(user);
+    const std::size_t count = std::min(size * n, t->r->body.size() - t->sent);
+    if (count) std::memcpy(buffer, t->r->body.data() + t->sent, count);
+    t->sent += count;
+    return count;
+  }
+
+  static size_t on_write(char* data, size_t size, size_t n, void* user) {
+    auto* t = static_cast<transfer*>(user);
+    std::size_t count = size * n;
+    if (!t->status_known) {
+      long status = 0;
+      curl_easy_getinfo(t->h, CURLINFO_RESPONSE_CODE, &status);
+      t->status_known = true;
+      t->into_data = !t->r->into.empty() && (status == 200 || status == 206);
+      if (status == 200 && t->r->range_begin) t->skip = *t->r->range_begin;
+    }
+    if (!t->into_data) {
+      // A ListObjectsV2 page of 1000 long keys is a few hundred KiB; a body far beyond that is not S3 talking.
+      if (t->out->text.size() + count > (std::size_t(64) << 20)) return 0;
+      t->out->text.append(data, count);
+      return count;
+    }
+    std::size_t at = 0;
+    if (t->skip) {
+      at = static_cast<std::size_t>(std::min<std::uint64_t>(t->skip, count));
+      t->skip -= at;
+    }
+    const std::size_t room = t->r->into.size() - t->out->received;
+    const std::size_t take = std::min(room, count - at);
+    if (take) std::memcpy(t->r->into.data() + t->out->received, data + at, take);
+    t->out->received += take;
+    return count;  // bytes past the range (a server ignoring Range) are dropped
+  }
+
+  static size_t on_header(char* data, size_t size, size_t n, void* user) {
+    auto* t = static_cast<transfer*>(user);
+    const std::string_view line(data, size * n);
+    const auto named = [&](std::string_view name) {
+      if (line.size() <= name.size() || line[name.size()] != ':') return false;
+      for (std::size_t i = 0; i < name.size(); ++i)
+        if (std::tolower(static_cast<unsigned char>(line[i])) != name[i]) return false;
+      return true;
+    };
+    if (named("etag")) t->out->etag = trim(line.substr(5));
+    // A range of an empty object: S3 answers 416, but some servers (s3rver) send "206, Content-Range: bytes
+    // 0-0/0, Content-Length: 1" and then no byte, which would hang until the connection times out.
+    if (named("content-range") && trim(line.substr(14)).ends_with("/0")) {
+      t->out->empty_object = true;
+      return 0;  // abandons the transfer (perform reports it as 416)
+    }
+    return size * n;
+  }
+
+  void perform(CURL* h, const request& r, response& out) const {
+    curl_easy_reset(h);  // keeps the connection cache: the point of reusing handles
+    std::string url = base_url_;
+    if (!r.key.empty()) url += "/" + uri_encode(r.key, true);
+    else if (virtual_hosted_) url += "/";
+    if (!r.query.empty()) url += "?" + r.query;
+    transfer t{&r, &out, h};
+    char error_buffer[CURL_ERROR_SIZE] = {};
+    curl_slist* headers = nullptr;
+    const auto add = [&](const std::string& hdr) { headers = curl_slist_append(headers, hdr.c_str()); };
+    // The payload is not hashed (UNSIGNED-PAYLOAD): hashing 8 MiB parts costs CPU that TLS's own integrity makes
+    // redundant, and is what the AWS SDKs do over https.
+    add("x-amz-content-sha256: UNSIGNED-PAYLOAD");
+    add("Expect:");  // no 100-continue round trip before each part
+    if (!options_.credentials->session_token.empty()) add("x-amz-security-token: " + options_.credentials->session_token);
+    if (r.range_begin && !r.into.empty())
+      add("Range: bytes=" + std::to_string(*r.range_begin) + "-" + std::to_string(*r.range_begin + r.into.size() - 1));
+    for (const auto& hdr : r.headers) add(hdr);
+
+    curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(h, CURLOPT_AWS_SIGV4, sigv4_.c_str());
+    curl_easy_setopt(h, CURLOPT_USERNAME, options_.credentials->access_key_id.c_str());
+    curl_easy_setopt(h, CURLOPT_PASSWORD, options_.credentials->secret_access_key.c_str());
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
+    curl_easy_setopt(h, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_1_1);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 1L << 20);
+    curl_easy_setopt(h, CURLOPT_UPLOAD_BUFFERSIZE, 1L << 20);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.connect_timeout.count()));
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, static_cast<long>(std::max<std::int64_t>(1, (options_.stall_timeout.count() + 999) / 1000)));
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, error_buffer);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, &client::on_write);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &t);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, &client::on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, &t);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, options_.verify_tls ? 1L : 0L);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, options_.verify_tls ? 2L : 0L);
+    if (!options_.ca_bundle.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, options_.ca_bundle.c_str());
+    const std::string_view method = r.method;
+    if (method == "HEAD") {
+      curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
+    } else if (method == "PUT") {
+      curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
+      curl_easy_setopt(h, CURLOPT_READFUNCTION, &client::on_read);
+      curl_easy_setopt(h, CURLOPT_READDATA, &t);
+      curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(r.body.size()));
+    } else if (method == "POST") {
+      curl_easy_setopt(h, CURLOPT_POST, 1L);
+      curl_easy_setopt(h, CURLOPT_READFUNCTION, &client::on_read);
+      curl_easy_setopt(h, CURLOPT_READDATA, &t);
+      curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(r.body.size()));
+    } else if (method != "GET") {
+      curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r.method);
+    }
+    out.curl = curl_easy_perform(h);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &out.status);
+    if (out.empty_object) out.curl = CURLE_OK, out.status = 416, out.received = 0;
+    curl_off_t length = -1;
+    if (curl_easy_getinfo(h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) == CURLE_OK && length >= 0)
+      out.content_length = static_cast<std::uint64_t>(length);
+    if (out.curl != CURLE_OK) out.curl_error = error_buffer;
+    curl_slist_free_all(headers);
+    // The handle must not keep pointers into this frame: the next request resets it anyway, but a pooled handle
+    // is also cleaned up by the pool, which must not see dangling user data.
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, nullptr);
+  }
+
+  s3_location location_;
+  s3_options options_;
+  std::string base_url_;
+  bool virtual_hosted_;
+  std::string sigv4_;
+  std::mutex handles_mutex_;
+  std::vector<easy_ptr> idle_;
+  std::mutex pool_mutex_;
+  std::unique_ptr<thread_pool> pool_;
+};
+
+}  // namespace shardkit::storage::s3_detail

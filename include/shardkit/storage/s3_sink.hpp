@@ -1,0 +1,512 @@
+#pragma once
+//! A sink over an S3-compatible object store (AWS S3, MinIO, Ceph RGW, IBM COS, s3rver), through libcurl; link
+//! shardkit::s3. Location `s3://bucket/prefix`: key "step-100/rank-3.safetensors" is the object
+//! "prefix/step-100/rank-3.safetensors" of the bucket. Configuration: storage/s3/config.hpp and docs/s3.md.
+//!
+//! **put** buffers up to part_size bytes. An object that fits is one PutObject at commit. A larger one becomes a
+//! multipart upload: CreateMultipartUpload when the first part is full, then each full part is sent by the sink's
+//! worker threads (up to `parallel` parts of a writer in flight, each over a reused connection), while write()
+//! keeps filling the next part; commit sends the last part, waits for all, and CompleteMultipartUpload makes the
+//! object visible at once. That is what makes S3 a sink: nothing exists under the key until Complete succeeds, so
+//! a reader never sees a partial object and a writer that dies leaves only an invisible pending upload. A failed
+//! part (after its retries), a failed commit and abort() all issue AbortMultipartUpload, so a failed save leaves
+//! no parts behind (a writer killed outright cannot: abort_pending_uploads() and a bucket lifecycle rule
+//! "AbortIncompleteMultipartUpload" clear those). Memory per writer: at most (parallel + 1) * part_size.
+//!
+//! **Ambiguous commit.** If CompleteMultipartUpload's reply is lost and the retry finds the upload gone
+//! (NoSuchUpload), the first attempt succeeded: commit checks that the key holds an object of the written size and
+//! returns. A PutObject retried after a lost reply simply writes the same bytes again.
+//!
+//! **get** is one ranged GET; a read larger than part_size is cut into part_size ranges fetched in parallel.
+//! **size/exists** are HEAD. **list** is ListObjectsV2 with continuation tokens (keys under the prefix, the prefix
+//! removed, sorted byte-wise as S3 returns them). **remove** is HEAD + DeleteObject (S3's DELETE does not say
+//! whether the object existed); **remove_objects** deletes up to 1000 keys per DeleteObjects request (retention).
+//!
+//! **Consistency.** AWS S3 has had strong read-after-write consistency for PUT, DELETE and LIST since December
+//! 2020; other stores may list or read a new object late. The sink never relies on LIST or on an order between
+//! objects: the checkpointer names every object of a checkpoint in its index, written last (docs/s3.md).
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "shardkit/core/error.hpp"
+#include "shardkit/storage/s3/config.hpp"
+#include "shardkit/storage/s3/detail/client.hpp"
+#include "shardkit/storage/sink.hpp"
+
+namespace shardkit::storage {
+
+//! A multipart upload that was started and neither completed nor aborted (s3_sink::pending_uploads).
+struct s3_pending_upload {
+  std::string key;  //!< the sink key (the sink's prefix removed)
+  std::string upload_id;
+};
+
+class s3_sink {
+ public:
+  using sink_concept = sink_tag;
+
+  class writer {
+   public:
+    writer(writer&& o) noexcept
+        : client_(std::move(o.client_)), key_(std::move(o.key_)), full_key_(std::move(o.full_key_)),
+          buffer_(std::move(o.buffer_)), upload_(std::move(o.upload_)), upload_id_(std::move(o.upload_id_)),
+          parts_(o.parts_), total_(o.total_), failed_(o.failed_) {}
+    writer& operator=(writer&& o) noexcept {
+      if (this != &o) {
+        abort();
+        client_ = std::move(o.client_);
+        key_ = std::move(o.key_);
+        full_key_ = std::move(o.full_key_);
+        buffer_ = std::move(o.buffer_);
+        upload_ = std::move(o.upload_);
+        upload_id_ = std::move(o.upload_id_);
+        parts_ = o.parts_;
+        total_ = o.total_;
+        failed_ = o.failed_;
+      }
+      return *this;
+    }
+    ~writer() { abort(); }
+
+    void write(std::span<const std::byte> bytes) {
+      check_open("sink.write");
+      if (failed_)
+        throw_error(errc::aborted, "an earlier write failed; this object will not be committed",
+                    {.operation = "sink.write", .object = key_});
+      const std::size_t part = client_->options().part_size;
+      try {
+        while (!bytes.empty()) {
+          if (buffer_.capacity() < part) buffer_.reserve(part);
+          const std::size_t n = std::min(bytes.size(), part - buffer_.size());
+          buffer_.insert(buffer_.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n));
+          bytes = bytes.subspan(n);
+          total_ += n;
+          if (buffer_.size() == part) send_part();
+        }
+      } catch (...) {
+        failed_ = true;
+        abort_upload();
+        throw;
+      }
+    }
+
+    void commit() {
+      check_open("sink.commit");
+      auto client = client_;
+      if (failed_) {
+        abort();
+        throw_error(errc::aborted, "an earlier write failed; nothing was committed",
+                    {.operation = "sink.commit", .object = key_});
+      }
+      try {
+        if (!upload_) {
+          s3_detail::request r{.operation = "PutObject", .method = "PUT", .key = full_key_, .body = buffer_};
+          auto resp = client->execute(r);
+          if (!resp.ok()) client->fail(resp, r, "sink.commit", key_);
+        } else {
+          if (!buffer_.empty()) send_part();
+          wait_parts(0);
+          complete();
+        }
+      } catch (...) {
+        abort();
+        throw;
+      }
+      finish();
+    }
+
+    void abort() noexcept {
+      if (!client_) return;
+      abort_upload();
+      finish();
+    }
+
+    //! Bytes written so far.
+    std::uint64_t bytes_written() const noexcept { return total_; }
+
+   private:
+    friend class s3_sink;
+    // What the worker threads share with the writer while parts are in flight.
+    struct upload_state {
+      std::mutex mutex;
+      std::condition_variable changed;
+      unsigned in_flight = 0;
+      std::vector<std::string> etags;  // by part number - 1
+      std::exception_ptr error;
+      std::vector<std::vector<std::byte>> spare;  // part buffers back from the workers, reused
+    };
+
+    writer(std::shared_ptr<s3_detail::client> client, std::string key)
+        : client_(std::move(client)), key_(std::move(key)), full_key_(client_->full_key(key_)) {}
+
+    void check_open(const char* operation) const {
+      if (!client_)
+        throw_error(errc::closed, "the writer was already committed or aborted", {.operation = operation, .object = key_});
+    }
+
+    void finish() noexcept {
+      client_.reset();
+      buffer_ = {};
+      upload_.reset();
+    }
+
+    // Waits until at most `most` parts are in flight; rethrows a part's error.
+    void wait_parts(unsigned most) {
+      std::unique_lock lock(upload_->mutex);
+      upload_->changed.wait(lock, [&] { return upload_->in_flight <= most || upload_->error; });
+      if (upload_->error) {
+        auto e = upload_->error;
+        lock.unlock();
+        std::rethrow_exception(e);
+      }
+    }
+
+    void send_part() {
+      auto& client = *client_;
+      if (!upload_) {
+        s3_detail::request r{.operation = "CreateMultipartUpload", .method = "POST", .key = full_key_, .query = "uploads="};
+        auto resp = client.execute(r);
+        upload_id_ = s3_detail::xml_value(resp.text, "UploadId");
+        if (!resp.ok() || upload_id_.empty()) client.fail(resp, r, "sink.write", key_);
+        upload_ = std::make_shared<upload_state>();
+      }
+      wait_parts(client.options().parallel - 1);
+      const int number = ++parts_;
+      std::vector<std::byte> part;
+      {
+        std::lock_guard lock(upload_->mutex);
+        upload_->etags.resize(static_cast<std::size_t>(number));
+        ++upload_->in_flight;
+        if (!upload_->spare.empty()) {
+          part = std::move(upload_->spare.back());
+          upload_->spare.pop_back();
+        }
+      }
+      part.clear();
+      std::swap(part, buffer_);  // the full part goes; an emptied earlier one is filled next
+      // The worker holds the state (shared) and the client (raw: this writer outlives its parts, since commit and
+      // abort wait for all of them before letting the client go).
+      client.workers().post([c = &client, state = upload_, part = std::move(part), number, full_key = full_key_,
+                             key = key_, id = upload_id_]() mutable {
+        std::exception_ptr error;
+        std::string etag;
+        try {
+          s3_detail::request r{.operation = "UploadPart", .method = "PUT", .key = full_key,
+                               .query = "partNumber=" + std::to_string(number) + "&uploadId=" + s3_detail::uri_encode(id, false),
+                               .body = part};
+          auto resp = c->execute(r);
+          if (!resp.ok() || resp.etag.empty()) c->fail(resp, r, "sink.write", key);
+          etag = std::move(resp.etag);
+        } catch (...) {
+          error = std::current_exception();
+        }
+        std::lock_guard lock(state->mutex);
+        if (error && !state->error) state->error = error;
+        state->etags[static_cast<std::size_t>(number) - 1] = std::move(etag);
+        state->spare.push_back(std::move(part));
+        --state->in_flight;
+        state->changed.notify_all();
+      });
+    }
+
+    void complete() {
+      auto& client = *client_;
+      std::string xml = "<CompleteMultipartUpload>";
+      for (std::size_t i = 0; i < upload_->etags.size(); ++i)
+        xml += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" +
+               s3_detail::xml_escape(upload_->etags[i]) + "</ETag></Part>";
+      xml += "</CompleteMultipartUpload>";
+      s3_detail::request r{.operation = "CompleteMultipartUpload", .method = "POST", .key = full_key_,
+                           .query = "uploadId=" + s3_detail::uri_encode(upload_id_, false), .body = as_bytes(xml),
+                           .headers = {"Content-Type: application/xml"}, .error_in_ok = true};
+      auto resp = client.execute(r);
+      if (resp.ok()) {
+        upload_id_.clear();  // nothing left to abort
+        return;
+      }
+      // A lost reply to an attempt that succeeded: the retry finds the upload gone. The object of our size under
+      // the key is ours (the checkpointer never writes a key twice).
+      if (resp.attempts > 1 && resp.code() == "NoSuchUpload") {
+        s3_detail::request head{.operation = "HeadObject", .method = "HEAD", .key = full_key_};
+        auto h = client.execute(head);
+        if (h.ok() && h.content_length == total_) {
+          upload_id_.clear();
+          return;
+        }
+      }
+      client.fail(resp, r, "sink.commit", key_);
+    }
+
+    // Waits for the parts in flight, then AbortMultipartUpload (best effort: its own failure is only logged, and a
+    // lifecycle rule or abort_pending_uploads() clears what it could not).
+    void abort_upload() noexcept {
+      if (!upload_ || upload_id_.empty()) return;
+      {
+        std::unique_lock lock(upload_->mutex);
+        upload_->changed.wait(lock, [&] { return upload_->in_flight == 0; });
+      }
+      try {
+        abort_multipart(*client_, full_key_, upload_id_);
+      } catch (const std::exception& e) {
+        log::warn("s3_sink: could not abort the multipart upload of '", key_, "': ", e.what());
+      }
+      upload_id_.clear();
+    }
+
+    std::shared_ptr<s3_detail::client> client_;  // null once finished
+    std::string key_;
+    std::string full_key_;
+    std::vector<std::byte> buffer_;
+    std::shared_ptr<upload_state> upload_;  // null until the first part is sent
+    std::string upload_id_;                 // empty when there is nothing to abort
+    int parts_ = 0;
+    std::uint64_t total_ = 0;
+    bool failed_ = false;
+  };
+
+  //! The sink of `location`; options default to s3_options::from_env(), and endpoint, region and credentials left
+  //! empty are taken from the environment (errc::config when there are no credentials). Sends no request.
+  explicit s3_sink(s3_location location, s3_options options = s3_options::from_env())
+      : client_(std::make_shared<s3_detail::client>(std::move(location), std::move(options))) {}
+  //! From an "s3://bucket/prefix" string.
+  explicit s3_sink(std::string_view location, s3_options options = s3_options::from_env())
+      : s3_sink(parse_s3_location(location), std::move(options)) {}
+
+  const s3_location& location() const noexcept { return client_->location(); }
+  //! The resolved options (endpoint, region filled in). Holds the credentials: do not print it.
+  const s3_options& options() const noexcept { return client_->options(); }
+
+  writer put(const std::string& key) {
+    check_key(key, "sink.put");
+    return writer(client_, key);
+  }
+
+  std::size_t get(const std::string& key, std::uint64_t offset, std::span<std::byte> out) {
+    check_key(key, "sink.get");
+    auto& c = *client_;
+    if (out.empty()) {
+      if (!size(key)) throw_error(errc::not_found, "no such object", {.operation = "sink.get", .object = key});
+      return 0;
+    }
+    const std::size_t chunk = c.options().part_size;
+    if (out.size() <= chunk || c.options().parallel == 1) return get_range(key, offset, out);
+    // Ranges of part_size, all but the first on the workers; the counts add up to the first short range.
+    const std::size_t n = (out.size() + chunk - 1) / chunk;
+    struct shared {
+      std::mutex mutex;
+      std::condition_variable done;
+      std::size_t left;
+      std::vector<std::size_t> received;
+      std::vector<std::exception_ptr> errors;
+    } state{.left = n - 1, .received = std::vector<std::size_t>(n), .errors = std::vector<std::exception_ptr>(n)};
+    const auto slice = [&](std::size_t i) { return out.subspan(i * chunk, std::min(chunk, out.size() - i * chunk)); };
+    for (std::size_t i = 1; i < n; ++i)
+      c.workers().post([this, &state, &slice, &key, offset, chunk, i] {
+        std::size_t got = 0;
+        std::exception_ptr error;
+        try {
+          got = get_range(key, offset + i * chunk, slice(i));
+        } catch (...) {
+          error = std::current_exception();
+        }
+        std::lock_guard lock(state.mutex);
+        state.received[i] = got;
+        state.errors[i] = error;
+        if (--state.left == 0) state.done.notify_all();
+      });
+    try {
+      state.received[0] = get_range(key, offset, slice(0));
+    } catch (...) {
+      state.errors[0] = std::current_exception();
+    }
+    {
+      std::unique_lock wait(state.mutex);
+      state.done.wait(wait, [&] { return state.left == 0; });
+    }
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (state.errors[i]) std::rethrow_exception(state.errors[i]);
+      total += state.received[i];
+      if (state.received[i] < slice(i).size()) break;
+    }
+    return total;
+  }
+
+  std::optional<std::uint64_t> size(const std::string& key) {
+    check_key(key, "sink.size");
+    return head(key, "sink.size");
+  }
+  bool exists(const std::string& key) {
+    check_key(key, "sink.exists");
+    return head(key, "sink.exists").has_value();
+  }
+
+  std::vector<std::string> list(const std::string& prefix) {
+    check_prefix(prefix, "sink.list");
+    auto& c = *client_;
+    const std::string& root = c.location().prefix;
+    std::vector<std::string> keys;
+    std::string token;
+    do {
+      // The canonical query: parameters sorted by name.
+      std::string query;
+      if (!token.empty()) query += "continuation-token=" + s3_detail::uri_encode(token, false) + "&";
+      query += "list-type=2&max-keys=" + std::to_string(list_page_size_);
+      const std::string full = root + prefix;
+      if (!full.empty()) query += "&prefix=" + s3_detail::uri_encode(full, false);
+      s3_detail::request r{.operation = "ListObjectsV2", .query = query};
+      auto resp = c.execute(r);
+      if (!resp.ok()) c.fail(resp, r, "sink.list", prefix);
+      for (auto& k : s3_detail::xml_values(resp.text, "Key")) {
+        if (!k.starts_with(root)) continue;
+        std::string key = k.substr(root.size());
+        if (detail::key_problem(key, false).empty()) keys.push_back(std::move(key));  // others are not sink keys
+      }
+      token = s3_detail::xml_value(resp.text, "IsTruncated") == "true"
+                  ? s3_detail::xml_value(resp.text, "NextContinuationToken")
+                  : std::string{};
+    } while (!token.empty());
+    std::sort(keys.begin(), keys.end());
+    return keys;
+  }
+
+  bool remove(const std::string& key) {
+    check_key(key, "sink.remove");
+    if (!head(key, "sink.remove")) return false;
+    auto& c = *client_;
+    s3_detail::request r{.operation = "DeleteObject", .method = "DELETE", .key = c.full_key(key)};
+    auto resp = c.execute(r);
+    if (!resp.ok() && resp.status != 404) c.fail(resp, r, "sink.remove", key);
+    return true;
+  }
+
+  //! Deletes many objects with DeleteObjects (up to 1000 keys per request): retention of old checkpoints. A
+  //! missing key is not an error. errc::io naming the first key S3 could not delete.
+  void remove_objects(std::span<const std::string> keys) {
+    for (const auto& k : keys) check_key(k, "sink.remove_objects");
+    auto& c = *client_;
+    for (std::size_t begin = 0; begin < keys.size(); begin += 1000) {
+      const auto batch = keys.subspan(begin, std::min<std::size_t>(1000, keys.size() - begin));
+      std::string xml = "<Delete><Quiet>true</Quiet>";
+      for (const auto& k : batch) xml += "<Object><Key>" + s3_detail::xml_escape(c.full_key(k)) + "</Key></Object>";
+      xml += "</Delete>";
+      const auto digest = s3_detail::md5(as_bytes(xml));
+      s3_detail::request r{.operation = "DeleteObjects", .method = "POST", .query = "delete=", .body = as_bytes(xml),
+                           .headers = {"Content-Type: application/xml", "Content-MD5: " + s3_detail::base64(digest)}};
+      auto resp = c.execute(r);
+      if (!resp.ok()) c.fail(resp, r, "sink.remove_objects", batch.front());
+      for (const auto& e : s3_detail::xml_blocks(resp.text, "Error")) {
+        const std::string full = s3_detail::xml_value(e, "Key");
+        throw_error(errc::io,
+                    c.scrub("S3 DeleteObjects " + c.url_of(full) + ": " + s3_detail::xml_value(e, "Code") + " (" +
+                            s3_detail::xml_value(e, "Message") + ")"),
+                    {.operation = "sink.remove_objects", .object = full.substr(std::min(full.size(), c.location().prefix.size()))});
+      }
+    }
+  }
+
+  //! Multipart uploads under `prefix` (of this sink's keys) that were started and never completed or aborted:
+  //! what writers killed mid-upload leave (invisible, but billed). ListMultipartUploads, all pages.
+  std::vector<s3_pending_upload> pending_uploads(const std::string& prefix = {}) {
+    check_prefix(prefix, "sink.pending_uploads");
+    auto& c = *client_;
+    std::vector<s3_pending_upload> out;
+    std::string key_marker, id_marker;
+    while (true) {
+      std::string query;
+      if (!key_marker.empty()) query += "key-marker=" + s3_detail::uri_encode(key_marker, false) + "&";
+      const std::string full = c.location().prefix + prefix;
+      if (!full.empty()) query += "prefix=" + s3_detail::uri_encode(full, false) + "&";
+      if (!id_marker.empty()) query += "upload-id-marker=" + s3_detail::uri_encode(id_marker, false) + "&";
+      query += "uploads=";
+      s3_detail::request r{.operation = "ListMultipartUploads", .query = query};
+      auto resp = c.execute(r);
+      if (!resp.ok()) c.fail(resp, r, "sink.pending_uploads", prefix);
+      for (const auto& block : s3_detail::xml_blocks(resp.text, "Upload")) {
+        const std::string k = s3_detail::xml_value(block, "Key");
+        if (k.starts_with(c.location().prefix))
+          out.push_back({k.substr(c.location().prefix.size()), s3_detail::xml_value(block, "UploadId")});
+      }
+      if (s3_detail::xml_value(resp.text, "IsTruncated") != "true") break;
+      key_marker = s3_detail::xml_value(resp.text, "NextKeyMarker");
+      id_marker = s3_detail::xml_value(resp.text, "NextUploadIdMarker");
+      if (key_marker.empty() && id_marker.empty()) break;
+    }
+    return out;
+  }
+
+  //! Aborts every pending upload under `prefix`; returns how many. Only while no writer of this prefix is live
+  //! (it would abort that writer's upload, and its commit would then fail: nothing partial becomes visible).
+  std::size_t abort_pending_uploads(const std::string& prefix = {}) {
+    std::size_t n = 0;
+    for (const auto& u : pending_uploads(prefix)) {
+      abort_multipart(*client_, client_->full_key(u.key), u.upload_id);
+      ++n;
+    }
+    return n;
+  }
+
+  //! The page size of list() (S3's max-keys, at most 1000): small values exercise pagination in tests.
+  void set_list_page_size(unsigned n) noexcept { list_page_size_ = std::clamp(n, 1u, 1000u); }
+
+ private:
+  static void abort_multipart(s3_detail::client& c, const std::string& full_key, const std::string& id) {
+    s3_detail::request r{.operation = "AbortMultipartUpload", .method = "DELETE", .key = full_key,
+                         .query = "uploadId=" + s3_detail::uri_encode(id, false)};
+    auto resp = c.execute(r);
+    if (!resp.ok() && resp.code() != "NoSuchUpload") c.fail(resp, r, "sink.abort", full_key);
+  }
+
+  // HEAD: the size, or nullopt on 404. A 404 the first time is checked against the bucket once (HeadBucket), so
+  // that a misspelled bucket is an error, not an empty store.
+  std::optional<std::uint64_t> head(const std::string& key, const char* operation) {
+    auto& c = *client_;
+    s3_detail::request r{.operation = "HeadObject", .method = "HEAD", .key = c.full_key(key)};
+    auto resp = c.execute(r);
+    if (resp.ok()) return resp.content_length.value_or(0);
+    if (resp.curl != CURLE_OK || resp.status != 404) c.fail(resp, r, operation, key);
+    check_bucket(operation, key);
+    return std::nullopt;
+  }
+
+  void check_bucket(const char* operation, const std::string& key) {
+    if (bucket_checked_->load(std::memory_order_acquire)) return;
+    auto& c = *client_;
+    // ListObjectsV2 of one key rather than HeadBucket: its error has a body, so the code (NoSuchBucket) shows.
+    s3_detail::request r{.operation = "ListObjectsV2", .query = "list-type=2&max-keys=1"};
+    auto resp = c.execute(r);
+    if (!resp.ok()) c.fail(resp, r, operation, key);
+    bucket_checked_->store(true, std::memory_order_release);
+  }
+
+  std::size_t get_range(const std::string& key, std::uint64_t offset, std::span<std::byte> out) {
+    auto& c = *client_;
+    s3_detail::request r{.operation = "GetObject", .key = c.full_key(key), .into = out, .range_begin = offset};
+    auto resp = c.execute(r);
+    if (resp.ok()) return resp.received;
+    if (resp.curl == CURLE_OK && resp.status == 416) return 0;  // at or past the end
+    if (resp.curl == CURLE_OK && resp.status == 404 && resp.code() != "NoSuchBucket")
+      throw_error(errc::not_found, "no such object (" + c.url_of(r.key) + ")", {.operation = "sink.get", .object = key});
+    c.fail(resp, r, "sink.get", key);
+  }
+
+  std::shared_ptr<s3_detail::client> client_;
+  unsigned list_page_size_ = 1000;
+  std::shared_ptr<std::atomic<bool>> bucket_checked_ = std::make_shared<std::atomic<bool>>(false);
+};
+
+static_assert(sink<s3_sink>);
+
+}  // namespace shardkit::storage

@@ -1,0 +1,355 @@
+// The S3 sink: locations, addressing, credentials and encoding (no server needed), then against the test server
+// (s3rver): multipart uploads byte-identical to a posix_sink copy, ranged and parallel reads, list pagination,
+// batch delete, aborted uploads leaving nothing, virtual-hosted addressing, and the clear, quick errors of wrong
+// credentials and a missing bucket, with no credential text in any message.
+#include <doctest/doctest.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "s3/s3_fixtures.hpp"
+#include "shardkit/storage/open_sink.hpp"
+#include "shardkit/storage/s3/detail/text.hpp"
+#include "support/harness.hpp"
+#include "support/scoped_env.hpp"
+
+using namespace s3_test;
+using shardkit::errc;
+using shardkit::test::scoped_env;
+namespace sd = shardkit::storage::s3_detail;
+
+namespace {
+
+std::vector<std::byte> read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(chars.size());
+  std::memcpy(out.data(), chars.data(), chars.size());
+  return out;
+}
+
+template <class F>
+double seconds_of(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+static_assert(st::sink<st::s3_sink>);
+
+// ---------------------------------------------------------------------------------------------------------------
+// No server needed
+
+TEST_CASE("[s3] parse_s3_location: bucket and prefix, refusals name the location") {
+  CHECK(st::parse_s3_location("s3://bucket") == st::s3_location{"bucket", ""});
+  CHECK(st::parse_s3_location("s3://bucket/") == st::s3_location{"bucket", ""});
+  CHECK(st::parse_s3_location("s3://my-bucket.eu/run-7") == st::s3_location{"my-bucket.eu", "run-7/"});
+  CHECK(st::parse_s3_location("s3://b12/a/b/c//") == st::s3_location{"b12", "a/b/c/"});
+  CHECK(st::to_string(st::parse_s3_location("s3://b12/a")) == "s3://b12/a/");
+  for (const char* bad : {"s3://", "s3://ab", "gs://bucket/x", "/tmp/x", "s3://bucket/a//b", "s3://bucket/../x",
+                          "s3://-bucket/x", "s3://bu cket", "s3://bucket/./x"}) {
+    CAPTURE(bad);
+    CHECK(contains(error_of([&] { st::parse_s3_location(bad); }, errc::invalid_argument), bad));
+  }
+}
+
+TEST_CASE("[s3] addressing: path style, virtual-hosted, and automatic by endpoint and bucket") {
+  using st::s3_addressing;
+  CHECK(sd::bucket_url("http://127.0.0.1:9000", "b-1", s3_addressing::automatic) == "http://127.0.0.1:9000/b-1");
+  CHECK(sd::bucket_url("https://s3.eu-west-1.amazonaws.com", "b-1", s3_addressing::automatic) ==
+        "https://b-1.s3.eu-west-1.amazonaws.com");
+  // A dotted bucket over https would not match the wildcard certificate: path style.
+  CHECK(sd::bucket_url("https://s3.eu-west-1.amazonaws.com", "a.b", s3_addressing::automatic) ==
+        "https://s3.eu-west-1.amazonaws.com/a.b");
+  CHECK(sd::bucket_url("https://s3.amazonaws.com", "Old_Bucket", s3_addressing::automatic) ==
+        "https://s3.amazonaws.com/Old_Bucket");
+  CHECK(sd::bucket_url("http://minio:9000", "b-1", s3_addressing::virtual_hosted) == "http://b-1.minio:9000");
+  CHECK(sd::bucket_url("https://s3.amazonaws.com", "b-1", s3_addressing::path) == "https://s3.amazonaws.com/b-1");
+}
+
+TEST_CASE("[s3] encoding: SigV4 URI encoding, XML, Content-MD5") {
+  CHECK(sd::uri_encode("a b/c~d_e.f-g+h=é", true) == "a%20b/c~d_e.f-g%2Bh%3D%C3%A9");
+  CHECK(sd::uri_encode("a/b", false) == "a%2Fb");
+  CHECK(sd::xml_values("<R><Key>a&amp;b</Key><Key>&lt;c&gt;&#233;</Key></R>", "Key") ==
+        std::vector<std::string>{"a&b", "<c>\xC3\xA9"});
+  CHECK(sd::xml_escape("a<&>'\"") == "a&lt;&amp;&gt;&apos;&quot;");
+  const auto md5_of = [](std::string_view s) {
+    const auto d = sd::md5(st::as_bytes(s));
+    return sd::base64(d);
+  };
+  CHECK(md5_of("") == "1B2M2Y8AsgTpgAmY7PhCfg==");                                     // d41d8cd9...
+  CHECK(md5_of("abc") == "kAFQmDzST7DWlj99KOF/cg==");                                  // 90015098...
+  CHECK(md5_of("The quick brown fox jumps over the lazy dog") == "nhB9nTcrtoJr2B01QqQZ1g==");  // 9e107d9d...
+  std::string long_text(1000, 'x');
+  CHECK(md5_of(long_text).size() == 24);
+}
+
+TEST_CASE("[s3] credentials: environment first, then the shared credentials file's profile") {
+  temp_dir dir;
+  const auto file = (dir.path / "credentials").string();
+  std::ofstream(file) << "# comment\n[other]\naws_access_key_id = OTHERID\naws_secret_access_key = othersecret\n\n"
+                         "[default]\naws_access_key_id=DEFAULTID\n aws_secret_access_key = defaultsecret \n"
+                         "aws_session_token = tok\n";
+  scoped_env id("AWS_ACCESS_KEY_ID", nullptr), secret("AWS_SECRET_ACCESS_KEY", nullptr),
+      token("AWS_SESSION_TOKEN", nullptr), profile("AWS_PROFILE", nullptr), path("AWS_SHARED_CREDENTIALS_FILE", file.c_str());
+  auto c = sd::resolve_credentials();
+  CHECK(c.access_key_id == "DEFAULTID");
+  CHECK(c.secret_access_key == "defaultsecret");
+  CHECK(c.session_token == "tok");
+  {
+    scoped_env p("AWS_PROFILE", "other");
+    CHECK(sd::resolve_credentials().access_key_id == "OTHERID");
+  }
+  {
+    scoped_env i("AWS_ACCESS_KEY_ID", "ENVID"), s("AWS_SECRET_ACCESS_KEY", "envsecret");
+    CHECK(sd::resolve_credentials().access_key_id == "ENVID");
+  }
+  scoped_env none("AWS_SHARED_CREDENTIALS_FILE", (dir.path / "missing").string().c_str());
+  const auto what = error_of([] { sd::resolve_credentials(); }, errc::config);
+  CHECK(contains(what, "AWS_ACCESS_KEY_ID"));
+  CHECK_FALSE(contains(what, "defaultsecret"));
+  CHECK_FALSE(contains(what, "othersecret"));
+}
+
+TEST_CASE("[s3] open_sink: directories, file://, memory:, s3:// and unknown schemes") {
+  temp_dir dir;
+  auto a = st::open_sink((dir.path / "plain").string());
+  put_string(a, "k", "v");
+  CHECK(fs::exists(dir.path / "plain" / "k"));
+  auto b = st::open_sink("file://" + (dir.path / "url").string());
+  put_string(b, "k", "v");
+  CHECK(fs::exists(dir.path / "url" / "k"));
+  auto m = st::open_sink("memory:");
+  put_string(m, "k", "v");
+  CHECK(read_string(m, "k") == "v");
+  CHECK(contains(error_of([] { st::open_sink("gs://bucket/x"); }, errc::invalid_argument), "gs"));
+  error_of([] { st::open_sink("file://relative"); }, errc::invalid_argument);
+  error_of([] { st::open_sink(""); }, errc::invalid_argument);
+  st::open_sink_options o;
+  o.s3 = st::s3_options{};
+  o.s3->endpoint = "http://127.0.0.1:1";
+  o.s3->credentials = st::s3_credentials{"ID", "SECRET", ""};
+  auto s = st::open_sink("s3://some-bucket/run-1", o);  // sends nothing until used
+  CHECK(static_cast<bool>(s));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Against the server
+
+TEST_CASE("[s3] multipart upload: byte-identical to the posix_sink copy, parts in parallel") {
+  if (!server_or_skip()) return;
+  auto o = options_for(*server());
+  o.part_size = 256 << 10;
+  o.parallel = 4;
+  const auto loc = location("multipart");
+  st::s3_sink s3(loc, o);
+  temp_dir dir;
+  st::posix_sink posix(dir.path, {.fsync = false});
+  const auto data = pattern((3 << 20) + 12345, 7);  // 12 full parts and a short one
+  auto ws = s3.put("ckpt/rank-0.safetensors");
+  auto wp = posix.put("ckpt/rank-0.safetensors");
+  std::size_t at = 0, step = 1;
+  while (at < data.size()) {  // chunks of growing, odd sizes that straddle part boundaries
+    const std::size_t n = std::min(step, data.size() - at);
+    ws.write(std::span(data).subspan(at, n));
+    wp.write(std::span(data).subspan(at, n));
+    at += n;
+    step = step * 3 + 1;
+  }
+  CHECK(s3.pending_uploads("ckpt/").size() == 1);  // started, not visible
+  CHECK_FALSE(s3.exists("ckpt/rank-0.safetensors"));
+  ws.commit();
+  wp.commit();
+  CHECK(s3.pending_uploads().empty());
+  CHECK(s3.size("ckpt/rank-0.safetensors") == data.size());
+  const auto from_s3 = st::get_object(s3, "ckpt/rank-0.safetensors");
+  CHECK(from_s3 == read_file(posix.path_of("ckpt/rank-0.safetensors")));
+  CHECK(from_s3 == data);
+  // The server's stored file itself (s3rver keeps each object as <data>/<bucket>/<key>._S3rver_object).
+  if (!server()->data_dir.empty()) {
+    const fs::path stored =
+        fs::path(server()->data_dir) / loc.bucket / (loc.prefix + "ckpt/rank-0.safetensors._S3rver_object");
+    CHECK(read_file(stored) == read_file(posix.path_of("ckpt/rank-0.safetensors")));
+  }
+  // An object of exactly N parts (no short last part) and one of exactly one part.
+  for (std::size_t n : {std::size_t(2) * o.part_size, o.part_size}) {
+    const auto d = pattern(n, 3);
+    st::put_object(s3, "exact-" + std::to_string(n), d);
+    CHECK(st::get_object(s3, "exact-" + std::to_string(n)) == d);
+  }
+}
+
+TEST_CASE("[s3] ranged reads: small ranges, parallel large ranges, past the end") {
+  if (!server_or_skip()) return;
+  auto o = options_for(*server());
+  o.part_size = 64 << 10;  // reads above 64 KiB are parallel ranged GETs
+  o.parallel = 4;
+  st::s3_sink s(location("ranges"), o);
+  const auto data = pattern((1 << 20) + 777, 11);
+  st::put_object(s, "obj", data);
+  for (auto [offset, n] : {std::pair<std::uint64_t, std::size_t>{0, 1}, {12345, 100}, {65535, 2}, {0, 64 << 10},
+                           {1, (64 << 10) + 1}, {12345, 700000}, {0, data.size()}, {100, data.size()}}) {
+    CAPTURE(offset);
+    CAPTURE(n);
+    std::vector<std::byte> buf(n);
+    const std::size_t expect = std::min<std::uint64_t>(n, data.size() - offset);
+    REQUIRE(s.get("obj", offset, buf) == expect);
+    CHECK(std::equal(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(expect), data.begin() + static_cast<std::ptrdiff_t>(offset)));
+  }
+  std::vector<std::byte> buf(300000);
+  CHECK(s.get("obj", data.size(), buf) == 0);
+  CHECK(s.get("obj", data.size() - 10, buf) == 10);
+  CHECK(s.get("obj", data.size() + 5, buf) == 0);
+  CHECK(contains(error_of([&] { s.get("missing", 0, buf); }, errc::not_found), "'missing'"));
+}
+
+TEST_CASE("[s3] list: pagination with continuation tokens, prefixes, keys outside the sink's prefix") {
+  if (!server_or_skip()) return;
+  const auto loc = location("list");
+  st::s3_sink s(loc, options_for(*server()));
+  s.set_list_page_size(3);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 14; ++i) keys.push_back("step-" + std::to_string(i % 3) + "/rank-" + std::to_string(i));
+  shardkit::test::run_threads(7, [&](int t) {
+    for (int i = t; i < 14; i += 7) put_string(s, keys[static_cast<std::size_t>(i)], keys[static_cast<std::size_t>(i)]);
+  });
+  std::sort(keys.begin(), keys.end());
+  CHECK(s.list("") == keys);
+  std::vector<std::string> step1;
+  for (const auto& k : keys)
+    if (k.starts_with("step-1/")) step1.push_back(k);
+  CHECK(s.list("step-1/") == step1);
+  CHECK(s.list("step-9").empty());
+  // A sibling prefix's objects are not this sink's.
+  st::s3_sink sibling(st::s3_location{loc.bucket, loc.prefix.substr(0, loc.prefix.size() - 1) + "x/"}, options_for(*server()));
+  put_string(sibling, "other", "x");
+  CHECK(s.list("").size() == keys.size());
+}
+
+TEST_CASE("[s3] remove_objects: DeleteObjects in batches of 1000, missing keys are fine") {
+  if (!server_or_skip()) return;
+  st::s3_sink s(location("batch-delete"), options_for(*server()));
+  std::vector<std::string> keys;
+  for (int i = 0; i < 1003; ++i) keys.push_back("old/" + std::to_string(i));
+  shardkit::test::run_threads(8, [&](int t) {
+    for (std::size_t i = static_cast<std::size_t>(t); i < keys.size(); i += 8) put_string(s, keys[i], "x");
+  });
+  put_string(s, "keep/index.json", "{}");
+  REQUIRE(s.list("old/").size() == keys.size());
+  keys.push_back("old/never-written");
+  s.remove_objects(keys);
+  CHECK(s.list("old/").empty());
+  CHECK(s.list("") == std::vector<std::string>{"keep/index.json"});
+  s.remove_objects(std::vector<std::string>{});  // nothing to do
+  CHECK(s.remove("keep/index.json"));
+  CHECK_FALSE(s.remove("keep/index.json"));
+}
+
+TEST_CASE("[s3] aborted and failed uploads leave no object and no pending upload") {
+  if (!server_or_skip()) return;
+  auto o = options_for(*server());
+  o.part_size = 16 << 10;
+  o.parallel = 2;
+  st::s3_sink s(location("abort"), o);
+  const auto data = pattern(200000, 5);
+  {
+    auto w = s.put("a/aborted");
+    w.write(data);
+    CHECK(s.pending_uploads().size() == 1);
+    w.abort();
+  }
+  {
+    auto w = s.put("a/abandoned");  // destroyed unfinished
+    w.write(data);
+  }
+  {
+    auto w = s.put("a/moved");
+    auto other = std::move(w);
+    other.write(data);
+    w = s.put("a/replaced");  // assigning over a writer aborts what it held
+    w.write(data);
+  }
+  CHECK(s.pending_uploads().empty());
+  CHECK(s.list("").empty());
+  CHECK_FALSE(s.exists("a/aborted"));
+
+  // A writer that never finishes (a killed process): its upload stays pending until abort_pending_uploads().
+  auto* leaked = new st::s3_sink::writer(s.put("a/killed"));
+  leaked->write(data);
+  REQUIRE(s.pending_uploads().size() == 1);
+  CHECK(s.pending_uploads().front().key == "a/killed");
+  CHECK(s.abort_pending_uploads() == 1);
+  CHECK(s.pending_uploads().empty());
+  error_of([&] { leaked->commit(); }, errc::io);  // its upload is gone: the commit fails, nothing is visible
+  delete leaked;
+  CHECK_FALSE(s.exists("a/killed"));
+  CHECK(s.pending_uploads().empty());
+}
+
+TEST_CASE("[s3] virtual-hosted addressing and session tokens") {
+  if (!server_or_skip()) return;
+  auto o = options_for(*server());
+  // s3rver maps <bucket>.s3.localhost onto the bucket; libcurl resolves *.localhost to loopback itself.
+  const auto port = server()->endpoint.substr(server()->endpoint.rfind(':') + 1);
+  o.endpoint = "http://s3.localhost:" + port;
+  o.addressing = st::s3_addressing::virtual_hosted;
+  o.credentials->session_token = "FwoGZXIvYXdzEXAMPLETOKEN";  // signed as x-amz-security-token
+  st::s3_sink s(location("vhost"), o);
+  put_string(s, "a/b c+d", "virtual");
+  CHECK(read_string(s, "a/b c+d") == "virtual");
+  CHECK(s.list("") == std::vector<std::string>{"a/b c+d"});
+}
+
+TEST_CASE("[s3] wrong credentials and a missing bucket: a clear error at once, no retry storm, no secrets") {
+  if (!server_or_skip()) return;
+  const std::string secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY", key_id = "AKIAWRONGKEYID77", token = "SESSIONTOKEN-42x";
+  auto o = options_for(*server());
+  o.max_attempts = 8;
+  o.base_backoff = std::chrono::milliseconds(200);  // 8 attempts of this would take seconds
+  auto wrong = o;
+  wrong.credentials = st::s3_credentials{key_id, secret, token};
+  const auto loc = location("auth");
+  st::s3_sink bad(loc, wrong);
+  std::vector<std::string> messages;
+  const double took = seconds_of([&] {
+    messages.push_back(error_of([&] { put_string(bad, "step-1/rank-0", "x"); }, errc::io));
+    messages.push_back(error_of([&] { bad.list(""); }, errc::io));
+    messages.push_back(error_of([&] { bad.size("step-1/rank-0"); }, errc::io));
+    std::vector<std::byte> buf(10);
+    messages.push_back(error_of([&] { bad.get("step-1/rank-0", 0, buf); }, errc::io));
+  });
+  CHECK(took < 2.0);
+  CHECK(contains(messages[0], "403"));
+  CHECK(contains(messages[0], "PutObject"));
+  CHECK(contains(messages[0], "s3://" + loc.bucket + "/" + loc.prefix + "step-1/rank-0"));
+  CHECK(contains(messages[0], "'step-1/rank-0'"));
+  CHECK(contains(messages[0], "not retried"));
+  CHECK(contains(messages[1], "ListObjectsV2"));
+
+  auto missing = o;
+  st::s3_sink nobucket(st::s3_location{"no-such-bucket-shardkit", "p/"}, missing);
+  const double took2 = seconds_of([&] {
+    messages.push_back(error_of([&] { put_string(nobucket, "k", "x"); }, errc::io));
+    messages.push_back(error_of([&] { nobucket.exists("k"); }, errc::io));  // not "false": the bucket is checked
+    messages.push_back(error_of([&] { nobucket.list(""); }, errc::io));
+  });
+  CHECK(took2 < 2.0);
+  for (std::size_t i = messages.size() - 3; i < messages.size(); ++i) {
+    CHECK(contains(messages[i], "NoSuchBucket"));
+    CHECK(contains(messages[i], "no-such-bucket-shardkit"));
+  }
+  for (const auto& m : messages) {
+    CAPTURE(m);
+    CHECK_FALSE(contains(m, secret));
+    CHECK_FALSE(contains(m, key_id));
+    CHECK_FALSE(contains(m, token));
+    CHECK_FALSE(contains(m, "S3RVER"));
+  }
+}
