@@ -1,12 +1,21 @@
-// shardkit-bench: nccl-tests-style collective benchmark.
+// shardkit-bench: nccl-tests-style collective benchmark, with nccl-tests' options where they exist.
 //
-//   shardkit-run -n 4 -- shardkit-bench -b 8 -e 64M -f 2 -o all_reduce --transport tcp
-//   shardkit-run -n 4 -- shardkit-bench -b 8 -e 64M -f 2 -o all_reduce --transport gloo-ring   (the Gloo anchor)
-//   shardkit-bench --threads 4 -b 1K -e 16M              (ranks as threads over the loopback transport)
+//   shardkit-run -n 4 -- shardkit-bench -b 8 -e 64M -f 2 --transport tcp                 (all_reduce, sum)
+//   shardkit-run -n 4 -- shardkit-bench -b 8 -e 64M -f 2 --transport gloo-ring           (the Gloo anchor)
+//   shardkit-run -n 4 -- shardkit-bench --minbytes 1K --maxbytes 64M --collective all_gather,broadcast --root 1
+//   shardkit-bench --threads 4 -b 1K -e 16M -o all --output sweep.csv --plot busbw.png   (ranks as threads)
 //
 // Columns: size, count, type, redop, collective, time_us (mean, slowest rank), algbw and busbw (decimal GB/s,
 // nccl-tests' bus factors), wrong (checked elements that differed), cpu_s_per_gb (process CPU seconds per GB
-// of algorithm bytes, summed over ranks). --json prints one JSON object per row instead.
+// of algorithm bytes, summed over ranks). --json prints one JSON object per row instead; --output FILE writes
+// the rows as CSV or JSON lines too; --plot FILE.png draws busbw against size with gnuplot.
+//
+// nccl-tests picks the collective by binary (all_reduce_perf, ...) and uses -o for the reduction op and -r for
+// the root; shardkit-bench is one binary, so the collective is --collective. -o and -r used to be the collective
+// and the reduction op here: given those names (not ambiguous: no collective is called sum), they still work,
+// with a note. Only `-o all` changed meaning: all reduction ops now (nccl-tests), all collectives before
+// (--collective all). -a stays the all_reduce algorithm (nccl-tests' -a averages times across ranks; here the
+// time is always the slowest rank's).
 //
 // Transports: shm, tcp, auto (init_process_group's choice); with shardkit::gloo also
 //   gloo       a process group over gloo_communicator (Gloo's collectives behind shardkit's API);
@@ -21,10 +30,13 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
+#include "bench_report.hpp"
 #include "shardkit/bench/collective_bench.hpp"
 #include "shardkit/comm/init.hpp"
 #include "shardkit/comm/loopback_world.hpp"
@@ -42,32 +54,67 @@ namespace sk = shardkit;
 struct args {
   std::size_t min_bytes = 8, max_bytes = 64u << 20;
   double factor = 2;
+  std::size_t step_bytes = 0;  //!< --stepbytes: linear sweep (nccl-tests' -i); 0: multiply by `factor`
   std::vector<sk::bench::collective> ops{sk::bench::collective::all_reduce};
   sk::dtype type = sk::dtype::f32;
-  sk::reduce_op rop = sk::reduce_op::sum;
+  std::vector<sk::reduce_op> rops{sk::reduce_op::sum};
+  int root = 0;
+  bool check = true;
   int iters = 20, warmup = 5, threads = 0;
   sk::comm::algorithm algo = sk::comm::algorithm::automatic;
   std::string transport = sk::comm::transport_from_env();
   bool json = false;
   bool shared_buffers = false;
+  std::string output;   //!< --output FILE (.csv, or .json/.jsonl/.ndjson)
+  std::string plot;     //!< --plot FILE.png
+  std::string gnuplot;  //!< gnuplot found on PATH when --plot is given
 };
 
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
+//! A bad argument: one line saying what is wrong (the options are --help's).
+[[noreturn]] void usage(const std::string& why, int rc = 2) {
+  if (rc) {
+    std::fprintf(stderr, "shardkit-bench: %s (shardkit-bench --help lists the options)\n", why.c_str());
+    std::exit(rc);
+  }
+  std::fprintf(stdout,
                "shardkit-bench: %s\n"
-               "usage: shardkit-bench [-b MIN] [-e MAX] [-f FACTOR] [-o OP[,OP...]|all] [-d DTYPE] [-r REDOP]\n"
-               "                      [-n ITERS] [-w WARMUP] [-a auto|ring|rd|hierarchical|one_shot] [--transport shm|tcp|shm+tcp|auto"
+               "usage: shardkit-bench [options]   (nccl-tests' long and short options where they exist)\n"
+               "  -b, --minbytes SIZE        smallest message (default 8)\n"
+               "  -e, --maxbytes SIZE        largest message (default 64M)\n"
+               "  -f, --stepfactor F         multiply the size by F each step (default 2)\n"
+               "  -i, --stepbytes SIZE       add SIZE each step instead (a linear sweep)\n"
+               "  -n, --iters N              timed iterations per size (default 20)\n"
+               "  -w, --warmup_iters N       untimed iterations first (default 5)\n"
+               "  -d, --datatype T           f32 f64 f16 bf16 i32 i64 u8, or float double half bfloat16 int32 int64 uint8\n"
+               "  -o, --op OP[,OP...]|all    reduction op: sum prod min max avg (default sum)\n"
+               "  -r, --root R               root of broadcast and reduce (default 0)\n"
+               "  -c, --check 0|1            verify results (default 1)\n"
+               "      --collective C[,C...]|all  all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n"
+               "                             (default all_reduce)\n"
+               "  -a, --algorithm A          all_reduce algorithm: auto ring rd hierarchical one_shot\n"
+               "      --transport T          shm tcp shm+tcp auto"
 #if defined(SHARDKIT_HAS_GLOO)
-               "|gloo|gloo-ring"
+               " gloo gloo-ring"
 #endif
 #if defined(SHARDKIT_HAS_FABRIC)
-               "|fabric"
+               " fabric"
 #endif
-               "] [--threads N] [--json]\n"
-               "                      [--shared-buffers]   (buffers in host_shared_memory: local peers map them)\n"
-               "sizes take K/M/G suffixes (binary); ops: all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n",
+               "\n"
+               "      --threads N            N ranks as threads of this process, over the loopback transport\n"
+               "      --shared-buffers       buffers in host_shared_memory (local peers map them)\n"
+               "      --json                 one JSON object per row on stdout instead of the table\n"
+               "      --output FILE          also write the rows to FILE: CSV (.csv) or JSON lines (.json .jsonl .ndjson)\n"
+               "      --plot FILE.png        draw busbw against size with gnuplot (Debian: apt-get install gnuplot-nox)\n"
+               "sizes take K/M/G suffixes (binary); --opt=value works too. Before the nccl-tests options, -o named\n"
+               "the collective and -r the reduction op: both still work that way (with a note) when given those names.\n",
                why.c_str());
-  std::exit(2);
+  std::exit(rc);
+}
+
+//! One note per job, not one per rank.
+void note(const std::string& what) {
+  const char* rank = std::getenv("RANK");
+  if (!rank || std::string(rank) == "0") std::fprintf(stderr, "shardkit-bench: note: %s\n", what.c_str());
 }
 
 std::size_t parse_size(const std::string& s) {
@@ -86,43 +133,104 @@ std::size_t parse_size(const std::string& s) {
   return std::size_t(v * mult);
 }
 
+int parse_int(const std::string& k, const std::string& v) {
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end) usage(k + " takes an integer, not '" + v + "'");
+  return int(x);
+}
+
+std::vector<std::string> split_commas(const std::string& list) {
+  std::vector<std::string> out;
+  for (std::size_t p = 0;;) {
+    const auto q = list.find(',', p);
+    out.push_back(list.substr(p, q == std::string::npos ? std::string::npos : q - p));
+    if (q == std::string::npos) return out;
+    p = q + 1;
+  }
+}
+
+//! "all" or a list of collective names; nullopt when a name is not a collective.
+std::optional<std::vector<sk::bench::collective>> parse_collectives(const std::string& list) {
+  if (list == "all") return std::vector<sk::bench::collective>(std::begin(sk::bench::all_collectives), std::end(sk::bench::all_collectives));
+  std::vector<sk::bench::collective> out;
+  for (const auto& name : split_commas(list)) {
+    auto c = sk::bench::parse_collective(name);
+    if (!c) return std::nullopt;
+    out.push_back(*c);
+  }
+  return out;
+}
+
+//! "all" or a list of reduction op names (nccl-tests' -o); nullopt when a name is not one.
+std::optional<std::vector<sk::reduce_op>> parse_reduce_ops(const std::string& list) {
+  if (list == "all") return std::vector<sk::reduce_op>(std::begin(sk::all_reduce_ops), std::end(sk::all_reduce_ops));
+  std::vector<sk::reduce_op> out;
+  for (const auto& name : split_commas(list)) {
+    auto r = sk::parse_reduce_op(name);
+    if (!r) return std::nullopt;
+    out.push_back(*r);
+  }
+  return out;
+}
+
 args parse(int argc, char** argv) {
   args a;
   for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
+    std::string k = argv[i];
+    std::optional<std::string> inline_value;  // --opt=value
+    if (k.rfind("--", 0) == 0)
+      if (const auto eq = k.find('='); eq != std::string::npos) inline_value = k.substr(eq + 1), k.resize(eq);
     auto next = [&]() -> std::string {
+      if (inline_value) return *std::exchange(inline_value, std::nullopt);
       if (i + 1 >= argc) usage(k + " needs a value");
       return argv[++i];
     };
-    if (k == "-b") a.min_bytes = parse_size(next());
-    else if (k == "-e") a.max_bytes = parse_size(next());
-    else if (k == "-f") { a.factor = std::atof(next().c_str()); if (a.factor <= 1) usage("-f must be > 1"); }
-    else if (k == "-o") {
-      a.ops.clear();
-      std::string list = next();
-      if (list == "all") a.ops.assign(std::begin(sk::bench::all_collectives), std::end(sk::bench::all_collectives));
-      else
-        for (std::size_t p = 0; p <= list.size();) {
-          const auto q = list.find(',', p);
-          const auto name = list.substr(p, q == std::string::npos ? std::string::npos : q - p);
-          auto op = sk::bench::parse_collective(name);
-          if (!op) usage("unknown collective '" + name + "'");
-          a.ops.push_back(*op);
-          if (q == std::string::npos) break;
-          p = q + 1;
-        }
-    } else if (k == "-d") {
-      auto t = sk::parse_dtype(next());
-      if (!t) usage("unknown dtype");
+    if (k == "-b" || k == "--minbytes") a.min_bytes = parse_size(next());
+    else if (k == "-e" || k == "--maxbytes") a.max_bytes = parse_size(next());
+    else if (k == "-f" || k == "--stepfactor") {
+      a.factor = std::atof(next().c_str());
+      if (a.factor <= 1) usage(k + " must be > 1");
+      a.step_bytes = 0;
+    } else if (k == "-i" || k == "--stepbytes") {
+      a.step_bytes = parse_size(next());
+      if (a.step_bytes == 0) usage(k + " must be > 0");
+    } else if (k == "--collective") {
+      const auto v = next();
+      auto ops = parse_collectives(v);
+      if (!ops) usage("unknown collective in '" + v + "'");
+      a.ops = *ops;
+    } else if (k == "-o" || k == "--op") {
+      const auto v = next();
+      if (auto rops = parse_reduce_ops(v)) a.rops = *rops;
+      else if (auto ops = k == "-o" && v != "all" ? parse_collectives(v) : std::nullopt) {
+        note("-o " + v + ": -o is the reduction op now, as in nccl-tests; pick collectives with --collective " + v);
+        a.ops = *ops;
+      } else
+        usage("unknown reduction op in '" + v + "' (sum, prod, min, max, avg, all; collectives: --collective)");
+    } else if (k == "-d" || k == "--datatype") {
+      const auto v = next();
+      auto t = sk::parse_dtype(v);
+      if (!t) usage("unknown datatype '" + v + "'");
       a.type = *t;
-    } else if (k == "-r") {
-      auto r = sk::parse_reduce_op(next());
-      if (!r) usage("unknown reduce op");
-      a.rop = *r;
-    } else if (k == "-n") a.iters = std::atoi(next().c_str());
-    else if (k == "-w") a.warmup = std::atoi(next().c_str());
+    } else if (k == "-r" || k == "--root") {
+      const auto v = next();
+      if (auto r = k == "-r" ? sk::parse_reduce_op(v) : std::nullopt) {
+        note("-r " + v + ": -r is the root now, as in nccl-tests; the reduction op is -o/--op " + v);
+        a.rops = {*r};
+      } else {
+        a.root = parse_int(k, v);
+        if (a.root < 0) usage(k + " must not be negative");
+      }
+    } else if (k == "-c" || k == "--check") {
+      const auto v = next();
+      if (v == "0" || v == "false") a.check = false;
+      else if (v == "1" || v == "true") a.check = true;
+      else usage(k + " takes 0 or 1");
+    } else if (k == "-n" || k == "--iters") a.iters = parse_int(k, next());
+    else if (k == "-w" || k == "--warmup_iters") a.warmup = parse_int(k, next());
     else if (k == "--transport") a.transport = next();
-    else if (k == "-a") {
+    else if (k == "-a" || k == "--algorithm") {
       const std::string v = next();
       if (v == "auto") a.algo = sk::comm::algorithm::automatic;
       else if (v == "ring") a.algo = sk::comm::algorithm::ring;
@@ -131,45 +239,86 @@ args parse(int argc, char** argv) {
       else if (v == "one_shot" || v == "one-shot") a.algo = sk::comm::algorithm::one_shot;
       else usage("unknown all_reduce algorithm '" + v + "' (auto, ring, rd, hierarchical, one_shot)");
     }
-    else if (k == "--threads") a.threads = std::atoi(next().c_str());
+    else if (k == "--threads") a.threads = parse_int(k, next());
     else if (k == "--json") a.json = true;
     else if (k == "--shared-buffers") a.shared_buffers = true;
-    else if (k == "-h" || k == "--help") usage("help");
+    else if (k == "--output") {
+      a.output = next();
+      if (!sk::tools::result_file::kind_of(a.output))
+        usage("--output " + a.output + ": the extension picks the format: .csv, or .json/.jsonl/.ndjson (JSON lines)");
+    } else if (k == "--plot") {
+      a.plot = next();
+      a.gnuplot = sk::tools::find_on_path("gnuplot");
+      if (a.gnuplot.empty())
+        usage("--plot needs gnuplot, which is not on PATH (Debian: apt-get install gnuplot-nox)");
+    } else if (k == "-h" || k == "--help") usage("nccl-tests-style collective benchmark", 0);
     else usage("unknown argument '" + k + "'");
+    if (inline_value) usage(k + " takes no value");
   }
-  if (a.min_bytes > a.max_bytes) usage("-b is larger than -e");
-  if (a.iters <= 0 || a.warmup < 0) usage("-n must be positive and -w not negative");
+  if (a.min_bytes > a.max_bytes) usage("--minbytes is larger than --maxbytes");
+  if (a.iters <= 0 || a.warmup < 0) usage("--iters must be positive and --warmup_iters not negative");
   return a;
+}
+
+//! The sweep's sizes: min, then times the factor (or plus the step) while not above max.
+std::vector<std::size_t> sweep_sizes(const args& a) {
+  std::vector<std::size_t> sizes;
+  for (double b = double(a.min_bytes); b <= double(a.max_bytes) * 1.0000001;) {
+    sizes.push_back(std::size_t(b));
+    const double next = a.step_bytes ? b + double(a.step_bytes) : b * a.factor;
+    b = next > b ? next : b + 1;  // from 0 bytes a factor alone would never move
+  }
+  return sizes;
+}
+
+bool reduces(sk::bench::collective c) {
+  return c == sk::bench::collective::all_reduce || c == sk::bench::collective::reduce_scatter ||
+         c == sk::bench::collective::reduce;
 }
 
 template <sk::bench::bench_target G>
 int run(G& pg, const args& a, const std::string& transport) {
   const bool leader = pg.rank() == 0;
+  if (a.root >= pg.size()) {
+    if (leader) std::fprintf(stderr, "shardkit-bench: --root %d is not a rank of %d\n", a.root, pg.size());
+    return 2;
+  }
+  sk::tools::result_file out;
+  if (leader && !a.output.empty()) out = sk::tools::result_file(a.output);
   if (leader && !a.json) {
-    std::printf("# shardkit-bench: %d ranks, transport %s, %d warmup + %d timed iterations\n", pg.size(), transport.c_str(),
-                a.warmup, a.iters);
+    std::printf("# shardkit-bench: %d ranks, transport %s, %d warmup + %d timed iterations%s\n", pg.size(), transport.c_str(),
+                a.warmup, a.iters, a.check ? "" : ", results not checked");
     sk::bench::print_header(stdout);
   }
+  std::vector<sk::tools::bench_row> rows;
   std::size_t wrong = 0;
   for (auto op : a.ops)
-    for (double b = double(a.min_bytes); b <= double(a.max_bytes) * 1.0000001; b *= a.factor) {
-      sk::bench::bench_case c{.op = op, .bytes = std::size_t(b), .type = a.type, .rop = a.rop, .shared_buffers = a.shared_buffers};
-      auto r = sk::bench::run_case(pg, c, a.warmup, a.iters);
-      wrong += r.wrong;
-      if (!leader) continue;
-      if (a.json)
-        std::printf("{\"collective\":\"%s\",\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"redop\":\"%s\",\"ranks\":%d,"
-                    "\"transport\":\"%s\",\"shared_buffers\":%s,\"time_us\":%.3f,\"algbw\":%.6f,\"busbw\":%.6f,\"wrong\":%zu,\"cpu_s_per_gb\":%.4f}\n",
-                    std::string(to_string(op)).c_str(), r.c.bytes, r.count, std::string(to_string(a.type)).c_str(),
-                    std::string(to_string(a.rop)).c_str(), pg.size(), transport.c_str(), a.shared_buffers ? "true" : "false", r.time_us, r.algbw_gbs,
-                    r.busbw_gbs, r.wrong, r.cpu_s_per_gb);
-      else {
-        sk::bench::print_row(stdout, r);
+    for (auto rop : a.rops) {
+      if (!reduces(op) && rop != a.rops.front()) continue;  // one sweep when the op does not matter
+      for (std::size_t bytes : sweep_sizes(a)) {
+        sk::bench::bench_case c{.op = op, .bytes = bytes, .type = a.type, .rop = rop, .root = a.root,
+                                .shared_buffers = a.shared_buffers, .check = a.check};
+        auto r = sk::bench::run_case(pg, c, a.warmup, a.iters);
+        wrong += r.wrong;
+        if (!leader) continue;
+        sk::tools::bench_row row{r, pg.size(), transport, a.shared_buffers};
+        if (a.json) std::printf("%s\n", sk::tools::to_json(row).c_str());
+        else sk::bench::print_row(stdout, r);
         std::fflush(stdout);
+        out.write(row);
+        rows.push_back(std::move(row));
       }
-      if (a.factor <= 1) break;
     }
-  if (leader && !a.json) std::printf("# %zu wrong elements\n", wrong);
+  if (leader && !a.json) {
+    if (a.check) std::printf("# %zu wrong elements\n", wrong);
+    else std::printf("# results not checked (--check 0)\n");
+  }
+  if (leader && !a.plot.empty()) {
+    sk::tools::plot_busbw(a.gnuplot, a.plot, rows,
+                          "shardkit-bench: " + std::to_string(pg.size()) + " ranks, " + transport + ", " +
+                              std::string(to_string(a.type)));
+    std::fprintf(a.json ? stderr : stdout, "# busbw plot: %s\n", a.plot.c_str());
+  }
   return wrong ? 1 : 0;
 }
 
@@ -198,9 +347,10 @@ int run_fabric(const args& a) {
 int run_gloo(const args& a) {
   if (a.transport == "gloo-ring")
     for (auto op : a.ops)
-      if (!sk::bench::gloo_ring_target::supports({.op = op, .type = a.type, .rop = a.rop}))
-        usage("--transport gloo-ring measures Gloo's ring all_reduce (f32/f64/i32/i64; sum/prod/min/max) only; "
-              "use --transport gloo for the other collectives");
+      for (auto rop : a.rops)
+        if (!sk::bench::gloo_ring_target::supports({.op = op, .type = a.type, .rop = rop}))
+          usage("--transport gloo-ring measures Gloo's ring all_reduce (f32/f64/i32/i64; sum/prod/min/max) only; "
+                "use --transport gloo for the other collectives");
   const auto info = sk::rendezvous::info_from_env();
   sk::log::set_process_rank(info.rank);
   auto store = sk::rendezvous::connect_store(info);

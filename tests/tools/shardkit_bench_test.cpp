@@ -1,0 +1,218 @@
+// Runs the built shardkit-bench (ranks as threads, --threads) with nccl-tests' options, the old short options,
+// --output and --plot, and reads what it printed and wrote.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#ifndef SHARDKIT_BENCH_PATH
+#error "SHARDKIT_BENCH_PATH must name the shardkit-bench binary"
+#endif
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct outcome {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+//! A scratch directory per test case, removed at the end.
+struct scratch {
+  fs::path dir;
+  scratch() {
+    std::string tmpl = (fs::temp_directory_path() / "shardkit-bench-test.XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    dir = tmpl;
+  }
+  ~scratch() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  fs::path operator/(const std::string& name) const { return dir / name; }
+};
+
+//! `env_prefix shardkit-bench args` through the shell, stdout and stderr captured in files of `s`.
+outcome bench(const scratch& s, const std::string& args, const std::string& env_prefix = "") {
+  const auto out = s / "stdout", err = s / "stderr";
+  const std::string cmd = env_prefix + " '" SHARDKIT_BENCH_PATH "' " + args + " >'" + out.string() + "' 2>'" +
+                          err.string() + "' </dev/null";
+  const int status = std::system(cmd.c_str());
+  outcome o;
+  o.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  o.out = slurp(out);
+  o.err = slurp(err);
+  return o;
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> v;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty()) v.push_back(l);
+  return v;
+}
+
+std::string field(const std::string& json, const std::string& name) {
+  std::smatch m;
+  const std::regex re("\"" + name + "\":(\"[^\"]*\"|[^,}]*)");
+  if (!std::regex_search(json, m, re)) return "<missing>";
+  std::string v = m[1];
+  if (v.size() >= 2 && v.front() == '"') v = v.substr(1, v.size() - 2);
+  return v;
+}
+
+const char* quick = " --threads 2 -n 1 -w 0";
+
+}  // namespace
+
+TEST_CASE("[tools] shardkit-bench: nccl-tests' long options sweep sizes by factor or step") {
+  scratch s;
+  auto o = bench(s, std::string("--minbytes 1K --maxbytes=8K --stepfactor 2 --iters 2 --warmup_iters 1 --json") + quick);
+  REQUIRE_MESSAGE(o.rc == 0, o.err);
+  auto rows = lines(o.out);
+  REQUIRE(rows.size() == 4);
+  CHECK(field(rows[0], "size") == "1024");
+  CHECK(field(rows[3], "size") == "8192");
+  for (const auto& r : rows) {
+    CHECK(field(r, "collective") == "all_reduce");
+    CHECK(field(r, "redop") == "sum");
+    CHECK(field(r, "wrong") == "0");
+    CHECK(field(r, "check") == "true");
+  }
+
+  o = bench(s, std::string("-b 1K -e 3K --stepbytes 1K --datatype double --json") + quick);
+  REQUIRE_MESSAGE(o.rc == 0, o.err);
+  rows = lines(o.out);
+  REQUIRE(rows.size() == 3);
+  CHECK(field(rows[1], "size") == "2048");
+  CHECK(field(rows[2], "size") == "3072");
+  CHECK(field(rows[2], "type") == "f64");
+  CHECK(field(rows[2], "count") == "384");
+}
+
+TEST_CASE("[tools] shardkit-bench: --op is the reduction op, --collective the collective, --root the root") {
+  scratch s;
+  auto o = bench(s, std::string("-b 1K -e 1K --op max --collective all_reduce,reduce,broadcast --root 1 --json") + quick);
+  REQUIRE_MESSAGE(o.rc == 0, o.err);
+  auto rows = lines(o.out);
+  REQUIRE(rows.size() == 3);
+  CHECK(field(rows[0], "collective") == "all_reduce");
+  CHECK(field(rows[1], "collective") == "reduce");
+  CHECK(field(rows[2], "collective") == "broadcast");
+  CHECK(field(rows[0], "redop") == "max");
+  CHECK(field(rows[2], "root") == "1");
+  CHECK(field(rows[2], "wrong") == "0");  // broadcast from rank 1 is checked
+  CHECK(o.err.empty());
+
+  SUBCASE("-o all: every reduction op for reducing collectives, one sweep for the others") {
+    o = bench(s, std::string("-b 1K -e 1K -o all --collective all_reduce,all_gather --json") + quick);
+    REQUIRE_MESSAGE(o.rc == 0, o.err);
+    rows = lines(o.out);
+    REQUIRE(rows.size() == 6);
+    std::string ops;
+    for (int i = 0; i < 5; ++i) ops += field(rows[std::size_t(i)], "redop") + " ";
+    CHECK(ops == "sum avg min max prod ");
+    CHECK(field(rows[5], "collective") == "all_gather");
+  }
+  SUBCASE("--collective all") {
+    o = bench(s, std::string("-b 1K -e 1K --collective all --json") + quick);
+    REQUIRE_MESSAGE(o.rc == 0, o.err);
+    CHECK(lines(o.out).size() == 6);
+  }
+  SUBCASE("a root outside the group is an error, not a hang") {
+    o = bench(s, std::string("-b 1K -e 1K --root 2") + quick);
+    CHECK(o.rc == 2);
+    CHECK(o.err.find("--root 2 is not a rank of 2") != std::string::npos);
+  }
+}
+
+TEST_CASE("[tools] shardkit-bench: the old -o COLLECTIVE and -r REDOP still work, with a note") {
+  scratch s;
+  auto o = bench(s, std::string("-b 1K -e 1K -o reduce_scatter -r min --json") + quick);
+  REQUIRE_MESSAGE(o.rc == 0, o.err);
+  auto rows = lines(o.out);
+  REQUIRE(rows.size() == 1);
+  CHECK(field(rows[0], "collective") == "reduce_scatter");
+  CHECK(field(rows[0], "redop") == "min");
+  CHECK(o.err.find("--collective reduce_scatter") != std::string::npos);
+  CHECK(o.err.find("-o/--op min") != std::string::npos);
+
+  o = bench(s, "-o nonsense");
+  CHECK(o.rc == 2);
+  CHECK(o.err.find("unknown reduction op") != std::string::npos);
+}
+
+TEST_CASE("[tools] shardkit-bench: --check 0 skips verification and says so") {
+  scratch s;
+  auto o = bench(s, std::string("-b 1K -e 1K --check 0") + quick);
+  REQUIRE_MESSAGE(o.rc == 0, o.err);
+  CHECK(o.out.find("n/a") != std::string::npos);
+  CHECK(o.out.find("results not checked") != std::string::npos);
+  o = bench(s, std::string("-b 1K -e 1K -c 0 --json") + quick);
+  CHECK(field(o.out, "check") == "false");
+}
+
+TEST_CASE("[tools] shardkit-bench: --output writes CSV or JSON lines by extension") {
+  scratch s;
+  auto o = bench(s, std::string("-b 1K -e 4K --collective all_reduce,all_gather --output '") + (s / "r.csv").string() +
+                        "'" + quick);
+  REQUIRE_MESSAGE(o.rc == 0, o.err);
+  auto csv = lines(slurp(s / "r.csv"));
+  REQUIRE(csv.size() == 1 + 6);
+  CHECK(csv[0] == "collective,size,count,type,redop,ranks,transport,shared_buffers,time_us,algbw,busbw,wrong,cpu_s_per_gb,root,check");
+  CHECK(csv[1].rfind("all_reduce,1024,256,f32,sum,2,loopback,0,", 0) == 0);
+  CHECK(csv[6].rfind("all_gather,4096,1024,f32,", 0) == 0);
+  CHECK(o.out.find("all_gather") != std::string::npos);  // the table still goes to stdout
+
+  o = bench(s, std::string("-b 1K -e 2K --output '") + (s / "r.jsonl").string() + "'" + quick);
+  REQUIRE_MESSAGE(o.rc == 0, o.err);
+  auto json = lines(slurp(s / "r.jsonl"));
+  REQUIRE(json.size() == 2);
+  CHECK(field(json[1], "size") == "2048");
+  CHECK(field(json[1], "ranks") == "2");
+
+  o = bench(s, "--output '" + (s / "r.txt").string() + "'");
+  CHECK(o.rc == 2);
+  CHECK(o.err.find(".csv, or .json/.jsonl/.ndjson") != std::string::npos);
+  CHECK(!fs::exists(s / "r.txt"));
+}
+
+TEST_CASE("[tools] shardkit-bench: --plot draws busbw against size with gnuplot, or says it is missing") {
+  scratch s;
+  SUBCASE("gnuplot missing") {
+    auto o = bench(s, "--plot '" + (s / "b.png").string() + "'" + quick, "PATH=/nonexistent");
+    CHECK(o.rc == 2);
+    CHECK(o.err.find("--plot needs gnuplot") != std::string::npos);
+    CHECK(o.err.find("gnuplot-nox") != std::string::npos);
+  }
+  SUBCASE("gnuplot present") {
+    const bool have_gnuplot = std::system("command -v gnuplot >/dev/null 2>&1") == 0;
+    if (!have_gnuplot) {
+      MESSAGE("skipped: gnuplot not on PATH (apt-get install gnuplot-nox)");
+      return;
+    }
+    auto o = bench(s, "-b 1K -e 64K -f 4 -o all --collective all_reduce,all_gather --plot '" + (s / "b.png").string() +
+                          "'" + quick);
+    REQUIRE_MESSAGE(o.rc == 0, o.err);
+    const auto png = slurp(s / "b.png");
+    REQUIRE(png.size() > 1000);
+    CHECK(png.substr(1, 3) == "PNG");
+    CHECK(o.out.find("busbw plot") != std::string::npos);
+  }
+}

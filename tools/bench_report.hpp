@@ -1,0 +1,167 @@
+#pragma once
+// shardkit-bench's results outside the terminal table: a JSON object per row (--json, --output FILE.jsonl), CSV
+// (--output FILE.csv) and a busbw-vs-size PNG drawn by gnuplot (--plot FILE.png). Rank 0 writes them.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "shardkit/bench/collective_bench.hpp"
+
+namespace shardkit::tools {
+
+//! One line of the table with what the table's header says once: ranks, transport, buffer kind.
+struct bench_row {
+  bench::bench_result r;
+  int ranks = 0;
+  std::string transport;
+  bool shared_buffers = false;
+};
+
+inline std::string format(const char* fmt, auto... v) {
+  const int n = std::snprintf(nullptr, 0, fmt, v...);
+  std::string s(std::size_t(n), '\0');
+  std::snprintf(s.data(), s.size() + 1, fmt, v...);
+  return s;
+}
+
+//! The fields of the first --json format come first, unchanged, so existing readers (scripts/lab-bench) keep
+//! working; root and check were added with the nccl-tests options.
+inline std::string to_json(const bench_row& x) {
+  const auto& r = x.r;
+  return format("{\"collective\":\"%s\",\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"redop\":\"%s\",\"ranks\":%d,"
+                "\"transport\":\"%s\",\"shared_buffers\":%s,\"time_us\":%.3f,\"algbw\":%.6f,\"busbw\":%.6f,\"wrong\":%zu,"
+                "\"cpu_s_per_gb\":%.4f,\"root\":%d,\"check\":%s}",
+                std::string(to_string(r.c.op)).c_str(), r.c.bytes, r.count, std::string(to_string(r.c.type)).c_str(),
+                std::string(to_string(r.c.rop)).c_str(), x.ranks, x.transport.c_str(), x.shared_buffers ? "true" : "false",
+                r.time_us, r.algbw_gbs, r.busbw_gbs, r.wrong, r.cpu_s_per_gb, r.c.root, r.c.check ? "true" : "false");
+}
+
+inline constexpr std::string_view csv_header =
+    "collective,size,count,type,redop,ranks,transport,shared_buffers,time_us,algbw,busbw,wrong,cpu_s_per_gb,root,check";
+
+inline std::string to_csv(const bench_row& x) {
+  const auto& r = x.r;
+  return format("%s,%zu,%zu,%s,%s,%d,%s,%d,%.3f,%.6f,%.6f,%zu,%.4f,%d,%d", std::string(to_string(r.c.op)).c_str(),
+                r.c.bytes, r.count, std::string(to_string(r.c.type)).c_str(), std::string(to_string(r.c.rop)).c_str(),
+                x.ranks, x.transport.c_str(), int(x.shared_buffers), r.time_us, r.algbw_gbs, r.busbw_gbs, r.wrong,
+                r.cpu_s_per_gb, r.c.root, int(r.c.check));
+}
+
+inline bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+//! --output FILE: CSV for *.csv, JSON lines for *.json, *.jsonl, *.ndjson; anything else is refused up front
+//! (a typo should not cost a long run). Rows are flushed as they come, so an interrupted sweep keeps its rows.
+class result_file {
+ public:
+  enum class kind { csv, json_lines };
+
+  static std::optional<kind> kind_of(std::string_view path) {
+    if (ends_with(path, ".csv")) return kind::csv;
+    if (ends_with(path, ".json") || ends_with(path, ".jsonl") || ends_with(path, ".ndjson")) return kind::json_lines;
+    return std::nullopt;
+  }
+
+  result_file() = default;
+  explicit result_file(const std::string& path) : kind_(kind_of(path).value_or(kind::json_lines)) {
+    f_ = std::fopen(path.c_str(), "w");
+    if (!f_) throw std::runtime_error("cannot write " + path);
+    if (kind_ == kind::csv) std::fprintf(f_, "%s\n", std::string(csv_header).c_str());
+    std::fflush(f_);
+  }
+  result_file(result_file&& o) noexcept : f_(std::exchange(o.f_, nullptr)), kind_(o.kind_) {}
+  result_file& operator=(result_file&& o) noexcept {
+    std::swap(f_, o.f_);
+    kind_ = o.kind_;
+    return *this;
+  }
+  ~result_file() {
+    if (f_) std::fclose(f_);
+  }
+
+  void write(const bench_row& row) {
+    if (!f_) return;
+    std::fprintf(f_, "%s\n", (kind_ == kind::csv ? to_csv(row) : to_json(row)).c_str());
+    std::fflush(f_);
+  }
+
+ private:
+  std::FILE* f_ = nullptr;
+  kind kind_ = kind::json_lines;
+};
+
+//! The first executable `name` on PATH, or "" (what `command -v` answers, without a shell).
+inline std::string find_on_path(std::string_view name) {
+  const char* path = std::getenv("PATH");
+  std::string_view rest = path ? path : "";
+  while (!rest.empty()) {
+    const auto colon = rest.find(':');
+    std::string dir(rest.substr(0, colon));
+    rest = colon == std::string_view::npos ? std::string_view{} : rest.substr(colon + 1);
+    if (dir.empty()) dir = ".";
+    const std::string candidate = dir + "/" + std::string(name);
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return {};
+}
+
+inline std::string gnuplot_quoted(std::string_view s) {
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') q += '\\';
+    q += c;
+  }
+  return q + "\"";
+}
+
+//! --plot FILE.png: busbw (decimal GB/s) against the message size on a log2 axis, one line per collective
+//! (and per reduction op and dtype when the sweep had several). The data goes to gnuplot inline as datablocks,
+//! so nothing is left beside the PNG. Throws when gnuplot fails.
+inline void plot_busbw(const std::string& gnuplot, const std::string& png, const std::vector<bench_row>& rows,
+                       const std::string& title) {
+  std::map<std::string, std::vector<const bench_row*>> series;  // name -> rows in sweep order
+  std::map<std::string, bool> varies;                          // does redop / type differ between rows?
+  for (const auto& x : rows) {
+    varies["redop"] = varies["redop"] || x.r.c.rop != rows.front().r.c.rop;
+    varies["type"] = varies["type"] || x.r.c.type != rows.front().r.c.type;
+  }
+  for (const auto& x : rows) {
+    std::string name(to_string(x.r.c.op));
+    const bool reduces = x.r.c.op == bench::collective::all_reduce || x.r.c.op == bench::collective::reduce_scatter ||
+                         x.r.c.op == bench::collective::reduce;
+    if (varies["redop"] && reduces) name += " " + std::string(to_string(x.r.c.rop));
+    if (varies["type"]) name += " " + std::string(to_string(x.r.c.type));
+    series[name].push_back(&x);
+  }
+  std::string script = "set terminal pngcairo size 900,540\nset output " + gnuplot_quoted(png) + "\n";
+  script += "set title " + gnuplot_quoted(title) + " noenhanced\n";
+  script +=
+      "set xlabel \"message size (bytes)\"\nset ylabel \"busbw (GB/s, 1e9)\"\nset logscale x 2\n"
+      "set format x \"%.0b%BB\"\nset key top left noenhanced\nset grid\nset yrange [0:*]\n";
+  int i = 0;
+  std::string plot = "plot ";
+  for (const auto& [name, pts] : series) {
+    script += format("$s%d << EOD\n", i);
+    for (const auto* x : pts) script += format("%zu %.6f\n", x->r.c.bytes, x->r.busbw_gbs);
+    script += "EOD\n";
+    plot += format("%s$s%d using 1:2 with linespoints title %s", i ? ", " : "", i, gnuplot_quoted(name).c_str());
+    ++i;
+  }
+  script += plot + "\n";
+  std::FILE* p = ::popen((gnuplot_quoted(gnuplot) + " 2>&1").c_str(), "w");
+  if (!p) throw std::runtime_error("cannot start " + gnuplot);
+  std::fputs(script.c_str(), p);
+  const int status = ::pclose(p);
+  if (status != 0) throw std::runtime_error("gnuplot failed drawing " + png + " (exit status " + std::to_string(status) + ")");
+}
+
+}  // namespace shardkit::tools
