@@ -48,7 +48,7 @@ class ShardkitConan(ConanFile):
         "with_ckpt": True,
         "with_s3": False,
     }
-    exports_sources = "include/*", "CMakeLists.txt", "README.md"
+    exports_sources = "include/*", "CMakeLists.txt"
     no_copy_source = True
 
     # Debian/Ubuntu package that provides each option's system dependency.

@@ -14,6 +14,8 @@ mkdir -p "$work"
 export CONAN_HOME="$work/conan-home"
 conan --version
 conan profile detect >/dev/null 2>&1
+# Offline by construction: no remote to reach (the recipe's dependencies come from the system).
+conan remote disable "*" >/dev/null
 # `profile detect` writes GCC's default standard (gnu17 for GCC 12); the recipe validates C++20.
 # mode=check: system requirements are checked (dpkg), never installed.
 conan create "$src" -s compiler.cppstd=20 \
