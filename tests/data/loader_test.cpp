@@ -272,3 +272,35 @@ TEST_CASE("[data] load refuses blobs that do not describe one step of this run")
   CHECK(error_of(blobs) == "(no error)");
   CHECK_THROWS_AS(l.load(blobs, 0, 13), shardkit::error);  // more ranks than logical shards
 }
+
+TEST_CASE("[data] documents are shuffled, differently every epoch, and each epoch delivers each document once") {
+  auto sink = storage::make_sink<storage::memory_sink>();
+  std::uint32_t next = 16;
+  write_dataset(sink, "c/", 2, 50, data::token_type::u32, true, next, 9, 30);
+  data::loader_options o;
+  o.datasets = {{.name = "c", .prefix = "c/"}};
+  o.sequence_length = 16;
+  o.batch_size = 4;
+  o.logical_shards = 1;  // one stream: the epoch boundary is exact
+  o.epochs = 2;
+  o.eos = eos_token;
+  o.chunk_tokens = 200;
+  data::loader l(sink, o);
+  std::vector<std::int32_t> stream;
+  for (auto b = l.next(); !b.empty(); b = l.next())
+    for (std::size_t i = 0; i < b.size(); ++i) stream.insert(stream.end(), b.sequence(i).begin(), b.sequence(i).begin() + b.lengths[i]);
+  std::vector<std::int32_t> firsts;  // each document's first token names it
+  bool at_start = true;
+  for (std::int32_t t : stream) {
+    if (at_start) firsts.push_back(t);
+    at_start = t == eos_token;
+  }
+  REQUIRE(firsts.size() == 200);
+  std::vector<std::int32_t> epoch0(firsts.begin(), firsts.begin() + 100), epoch1(firsts.begin() + 100, firsts.end());
+  CHECK(!std::is_sorted(epoch0.begin(), epoch0.end()));
+  CHECK(epoch0 != epoch1);
+  std::sort(epoch0.begin(), epoch0.end());
+  std::sort(epoch1.begin(), epoch1.end());
+  CHECK(std::adjacent_find(epoch0.begin(), epoch0.end()) == epoch0.end());
+  CHECK(epoch0 == epoch1);
+}
