@@ -304,3 +304,74 @@ TEST_CASE("[data] documents are shuffled, differently every epoch, and each epoc
   CHECK(std::adjacent_find(epoch0.begin(), epoch0.end()) == epoch0.end());
   CHECK(epoch0 == epoch1);
 }
+
+namespace {
+
+// The options of the process test: one corpus under DATA_TEST_DIR, one epoch.
+data::loader_options process_options() {
+  data::loader_options o;
+  o.datasets = {{.name = "corpus", .prefix = "corpus/"}};
+  o.sequence_length = 80;
+  o.batch_size = 2;
+  o.epochs = 1;
+  o.bos = bos_token;
+  o.eos = eos_token;
+  return o;
+}
+
+std::vector<std::byte> token_bytes(const std::vector<std::int32_t>& tokens) {
+  auto b = std::as_bytes(std::span(tokens));
+  return {b.begin(), b.end()};
+}
+
+}  // namespace
+
+// A rank of the process test. DATA_TEST_PHASE=save: 6 steps, then its state to ckpt/; resume: every blob of ckpt/,
+// then to the end of the epoch. Each writes what it delivered (the batches' tokens, in order) to out/<phase>-<rank>.
+SHARDKIT_SCENARIO(data_loader_rank) {
+  const int rank = env_rank(), world = env_world_size();
+  auto sink = storage::make_sink<storage::posix_sink>(std::getenv("DATA_TEST_DIR"), storage::posix_sink_options{.fsync = false});
+  const std::string phase = std::getenv("DATA_TEST_PHASE");
+  data::loader l(sink, process_options(), rank, world);
+  std::vector<std::int32_t> delivered;
+  if (phase == "save") {
+    for (int i = 0; i < 6; ++i) {
+      auto b = l.next();
+      delivered.insert(delivered.end(), b.tokens.begin(), b.tokens.end());
+    }
+    storage::put_object(sink, "ckpt/data-rank-" + std::to_string(rank), l.state());
+  } else {
+    std::vector<std::vector<std::byte>> blobs;
+    for (const auto& key : sink.list("ckpt/")) blobs.push_back(storage::get_object(sink, key));
+    l.load(blobs, rank, world);
+    for (auto b = l.next(); !b.empty(); b = l.next()) delivered.insert(delivered.end(), b.tokens.begin(), b.tokens.end());
+  }
+  storage::put_object(sink, "out/" + phase + "-" + std::to_string(rank), token_bytes(delivered));
+}
+
+TEST_CASE("[data] ranks as processes: 3 save, 2 resume; the streams equal an in-process run's") {
+  const auto dir = std::filesystem::temp_directory_path() / ("shardkit-data-proc-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto sink = storage::make_sink<storage::posix_sink>(dir, storage::posix_sink_options{.fsync = false});
+  std::uint32_t next = 16;
+  write_dataset(sink, "corpus/", 3, 40, data::token_type::u16, false, next, 8);
+  require_all_succeeded(run_processes(3, "data_loader_rank", {{"DATA_TEST_DIR", dir.string()}, {"DATA_TEST_PHASE", "save"}}));
+  require_all_succeeded(run_processes(2, "data_loader_rank", {{"DATA_TEST_DIR", dir.string()}, {"DATA_TEST_PHASE", "resume"}}));
+
+  // The same run simulated in this process.
+  simulated_run run(sink, process_options(), 3);
+  std::vector<std::vector<std::int32_t>> save(3), resume(2);
+  for (int i = 0; i < 6; ++i)
+    for (int r = 0; r < 3; ++r) {
+      auto b = run.ranks[r]->next();
+      save[r].insert(save[r].end(), b.tokens.begin(), b.tokens.end());
+    }
+  run.rescale(run.states(), 2, 0);
+  for (int r = 0; r < 2; ++r)
+    for (auto b = run.ranks[r]->next(); !b.empty(); b = run.ranks[r]->next())
+      resume[r].insert(resume[r].end(), b.tokens.begin(), b.tokens.end());
+  for (int r = 0; r < 3; ++r) CHECK(storage::get_object(sink, "out/save-" + std::to_string(r)) == token_bytes(save[r]));
+  for (int r = 0; r < 2; ++r) CHECK(storage::get_object(sink, "out/resume-" + std::to_string(r)) == token_bytes(resume[r]));
+  CHECK(!resume[0].empty());
+  std::filesystem::remove_all(dir);
+}

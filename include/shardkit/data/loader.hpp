@@ -140,8 +140,17 @@ class loader {
     item it;
     const auto t0 = clock::now();
     if (options_.prefetch == 0) {
-      if (!finished_) it = produce();
-      else it.snapshot = consumed_, it.out.sequence_length = options_.sequence_length;
+      if (finished_) {
+        it.snapshot = consumed_;
+        it.out.sequence_length = options_.sequence_length;
+      } else {
+        try {
+          it = produce();
+        } catch (...) {  // the streams may have moved on partway: back to what was delivered
+          for (std::size_t i = 0; i < streams_.size(); ++i) streams_[i].reset(consumed_[i]);
+          throw;
+        }
+      }
       finished_ = finished_ || it.out.empty();
     } else {
       std::unique_lock lock(mutex_);

@@ -126,6 +126,8 @@ class shard_stream {
       const std::uint64_t bos_n = rules_->bos ? 1 : 0;
       const std::uint64_t content = open_.content_end - open_.begin;
       const std::uint64_t framed = bos_n + content + (rules_->eos ? 1 : 0);
+      if (state_.open_offset > framed)
+        throw_error(errc::invalid_argument, "a state's packing carry points past its document", {.operation = "data.next"});
       const std::uint64_t take = std::min<std::uint64_t>(framed - state_.open_offset, out.size() - pos);
       std::uint64_t at = state_.open_offset;
       const std::uint64_t stop = at + take;
