@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "data/data_fixtures.hpp"
+#include "shardkit/storage/faulty_sink.hpp"
 #include "shardkit/storage/posix_sink.hpp"
 #include "support/harness.hpp"
 
@@ -374,4 +375,32 @@ TEST_CASE("[data] ranks as processes: 3 save, 2 resume; the streams equal an in-
   for (int r = 0; r < 2; ++r) CHECK(storage::get_object(sink, "out/resume-" + std::to_string(r)) == token_bytes(resume[r]));
   CHECK(!resume[0].empty());
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("[data] a failed read surfaces from next() naming the file; reloading the last state loses nothing") {
+  two_datasets ds;
+  auto faulty = std::make_shared<storage::faulty_sink>(ds.sink);
+  const int steps = 60;
+  std::vector<delivered> clean, recovered;
+  {
+    data::loader l(ds.sink, ds.options(), 0, 1);
+    for (int i = 0; i < steps; ++i) append(clean, l.next());
+  }
+  data::loader l(storage::any_sink(faulty), ds.options(), 0, 1);
+  for (int i = 0; i < 5; ++i) append(recovered, l.next());
+  faulty->inject_next(storage::fault::get_error);
+  std::string m;
+  while (recovered.size() < clean.size() && m.empty()) {
+    try {
+      append(recovered, l.next());
+    } catch (const shardkit::error& e) {
+      m = e.what();
+    }
+  }
+  CHECK(m.find("injected") != std::string::npos);
+  CHECK(m.find("sink.get") != std::string::npos);
+  CHECK(m.find(".tokens'") != std::string::npos);
+  l.load(std::vector<std::vector<std::byte>>{l.state()}, 0, 1);  // what was delivered stays delivered
+  while (recovered.size() < clean.size()) append(recovered, l.next());
+  CHECK(recovered == clean);
 }
