@@ -14,8 +14,9 @@
 //! "AbortIncompleteMultipartUpload" clear those). Memory per writer: at most (parallel + 1) * part_size.
 //!
 //! **Ambiguous commit.** If CompleteMultipartUpload's reply is lost and the retry finds the upload gone
-//! (NoSuchUpload), the first attempt succeeded: commit checks that the key holds an object of the written size and
-//! returns. A PutObject retried after a lost reply simply writes the same bytes again.
+//! (NoSuchUpload), the first attempt succeeded: after a retried Complete fails, commit checks whether the key holds
+//! an object of the written size and then returns. A PutObject retried after a lost reply simply writes the
+//! same bytes again.
 //!
 //! **get** is one ranged GET; a read larger than part_size is cut into part_size ranges fetched in parallel.
 //! **size/exists** are HEAD. **list** is ListObjectsV2 with continuation tokens (keys under the prefix, the prefix
@@ -236,9 +237,10 @@ class s3_sink {
         upload_id_.clear();  // nothing left to abort
         return;
       }
-      // A lost reply to an attempt that succeeded: the retry finds the upload gone. The object of our size under
-      // the key is ours (the checkpointer never writes a key twice).
-      if (resp.attempts > 1 && resp.code() == "NoSuchUpload") {
+      // A lost reply to an attempt that succeeded: the retry finds the upload gone (S3 says NoSuchUpload; some
+      // servers fail otherwise). The object of our size under the key is ours (the checkpointer never writes a key
+      // twice).
+      if (resp.attempts > 1) {
         s3_detail::request head{.operation = "HeadObject", .method = "HEAD", .key = full_key_};
         auto h = client.execute(head);
         if (h.ok() && h.content_length == total_) {

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -81,6 +82,7 @@ inline bool transient(CURLcode c) noexcept {
     case CURLE_HTTP2_STREAM:
     case CURLE_SSL_CONNECT_ERROR:
     case CURLE_WEIRD_SERVER_REPLY:
+    case CURLE_SEND_FAIL_REWIND:
       return true;
     default:
       return false;
@@ -233,6 +235,15 @@ class client {
     return count;
   }
 
+  // libcurl rewinds the body when it resends a request (a reused connection the server had closed).
+  static int on_seek(void* user, curl_off_t offset, int origin) {
+    auto* t = static_cast<transfer*>(user);
+    if (origin != SEEK_SET || offset < 0 || static_cast<std::uint64_t>(offset) > t->r->body.size())
+      return CURL_SEEKFUNC_CANTSEEK;
+    t->sent = static_cast<std::size_t>(offset);
+    return CURL_SEEKFUNC_OK;
+  }
+
   static size_t on_write(char* data, size_t size, size_t n, void* user) {
     auto* t = static_cast<transfer*>(user);
     std::size_t count = size * n;
@@ -328,11 +339,15 @@ class client {
       curl_easy_setopt(h, CURLOPT_READFUNCTION, &client::on_read);
       curl_easy_setopt(h, CURLOPT_READDATA, &t);
       curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(r.body.size()));
+      curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, &client::on_seek);
+      curl_easy_setopt(h, CURLOPT_SEEKDATA, &t);
     } else if (method == "POST") {
       curl_easy_setopt(h, CURLOPT_POST, 1L);
       curl_easy_setopt(h, CURLOPT_READFUNCTION, &client::on_read);
       curl_easy_setopt(h, CURLOPT_READDATA, &t);
       curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(r.body.size()));
+      curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, &client::on_seek);
+      curl_easy_setopt(h, CURLOPT_SEEKDATA, &t);
     } else if (method != "GET") {
       curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r.method);
     }
