@@ -4,6 +4,16 @@
 //
 //   shardkit-run -n 4 -- trainer --steps 50                       # shm on one host, full_shard, AdamW
 //   shardkit-run -n 4 -- trainer --strategy hybrid_shard --hybrid-size 2 --dtype bf16 --budget 2u
+//   shardkit-run -n 4 -- trainer --steps 40 --ckpt-dir runs/a --ckpt-every 5 --data runs/data
+//   shardkit-run -n 2 -- trainer --steps 60 --ckpt-dir runs/a --ckpt-every 5 --data runs/data --resume
+//
+// Data: by default each global row is a window of the built-in text at an offset hashed from (seed, step, row), the
+// same on any number of ranks. --data LOCATION reads token files through the data loader instead (byte tokens;
+// when LOCATION holds none, rank 0 writes the built-in text there first, one document per line); the loader's
+// state is checkpointed with the model, so a resumed run, at any rank count, continues the same stream.
+// Checkpoints: --ckpt-dir LOCATION (a directory or s3://bucket/prefix) saves every --ckpt-every steps,
+// asynchronously (zero-overhead staging by default: only the next optimizer step waits for the copy); --resume
+// continues from the newest complete checkpoint, on any number of ranks.
 //
 // Rank 0 prints one line per step: the global mean loss at full precision, tokens per second, and where the step's
 // time went (compute, waiting for all-gathers, waiting for gradient reductions, gathers queued on the limiter).
@@ -15,13 +25,20 @@
 #include <exception>
 #include <map>
 #include <optional>
+#include <utility>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <csignal>
+
+#include "shardkit/ckpt/checkpointer.hpp"
 #include "shardkit/comm/init.hpp"  // with shardkit::tcp linked, tcp and shm+tcp too
+#include "shardkit/data/loader.hpp"
+#include "shardkit/data/tokenize.hpp"
 #include "shardkit/fsdp/optimizer.hpp"
 #include "shardkit/fsdp/sharded_model.hpp"
+#include "shardkit/storage/open_sink.hpp"
 #include "trainer/model.hpp"
 
 namespace sk = shardkit;
@@ -36,6 +53,13 @@ struct flags {
   std::uint64_t seed = 1;
   double lr = 3e-3, weight_decay = 0.1, clip = 1.0;
   bool skip_compute = false;  // communication alone: the benchmarks' "communication-only" step
+  std::string data;           // token files for the data loader; empty: the built-in text's windows
+  std::string ckpt_dir;
+  int ckpt_every = 0;
+  std::uint32_t ckpt_keep = 3;
+  shardkit::ckpt::staging ckpt_mode = shardkit::ckpt::staging::zero_overhead;
+  bool resume = false;
+  int die_at_step = -1, die_rank = -1;  // tests: SIGKILL this rank at the start of that step
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -46,7 +70,9 @@ struct flags {
                "               [--dtype f32|bf16|f16] [--reduce-dtype f32|bf16|f16]\n"
                "               [--budget BYTES[K|M|G] | --budget Nu | --budget unlimited] [--max-inflight N]\n"
                "               [--prefetch N] [--width D] [--blocks L] [--lr X] [--weight-decay X] [--clip X]\n"
-               "               [--skip-compute]   (gathers and reductions only: a benchmark's communication-only step)\n",
+               "               [--skip-compute]   (gathers and reductions only: a benchmark's communication-only step)\n"
+               "               [--data LOCATION] [--ckpt-dir LOCATION] [--ckpt-every N] [--ckpt-keep K]\n"
+               "               [--ckpt-mode zero-overhead|at-call] [--resume] [--die-at-step N --die-rank R]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -106,6 +132,10 @@ flags parse(int argc, char** argv) {
       f.skip_compute = true;
       continue;
     }
+    if (a == "--resume") {
+      f.resume = true;
+      continue;
+    }
     if (i + 1 >= argc) usage(std::string(a) + " wants a value");
     const std::string_view v = argv[++i];
     if (a == "--steps") f.steps = int(number(a, v));
@@ -125,6 +155,17 @@ flags parse(int argc, char** argv) {
     else if (a == "--lr") f.lr = real(a, v);
     else if (a == "--weight-decay") f.weight_decay = real(a, v);
     else if (a == "--clip") f.clip = real(a, v);
+    else if (a == "--data") f.data = v;
+    else if (a == "--ckpt-dir") f.ckpt_dir = v;
+    else if (a == "--ckpt-every") f.ckpt_every = int(number(a, v));
+    else if (a == "--ckpt-keep") f.ckpt_keep = std::uint32_t(number(a, v));
+    else if (a == "--ckpt-mode") {
+      if (v == "zero-overhead") f.ckpt_mode = shardkit::ckpt::staging::zero_overhead;
+      else if (v == "at-call") f.ckpt_mode = shardkit::ckpt::staging::at_call;
+      else usage("--ckpt-mode wants zero-overhead or at-call, got '" + std::string(v) + "'");
+    }
+    else if (a == "--die-at-step") f.die_at_step = int(number(a, v));
+    else if (a == "--die-rank") f.die_rank = int(number(a, v));
     else usage("unknown flag " + std::string(a));
   }
   f.model.context = f.context;
@@ -193,6 +234,40 @@ std::size_t peak_rss_bytes() {
   return kib * 1024;
 }
 
+// Opens the token files at `location` for the loader; when there are none, rank 0 writes the built-in text there
+// first (byte tokens, one document per line).
+std::pair<sk::storage::any_sink, sk::data::loader_options> open_data(const std::string& location, const std::string& text, sk::comm::process_group& pg, int rows,
+                           int T, std::uint64_t seed) {
+  auto sink = sk::storage::open_sink(location);
+  if (pg.rank() == 0 && sink.list("").empty()) {
+    sk::data::token_file_writer w(sink, "builtin.tokens", sk::data::byte_token_format());
+    for (auto doc : sk::data::split_documents(text, sk::data::split_mode::line)) sk::data::add_byte_document(w, doc);
+    w.finish();
+    std::printf("# data: wrote the built-in text as byte tokens to %s\n", location.c_str());
+  }
+  pg.barrier().wait();
+  sk::data::loader_options o;
+  std::vector<std::string> files;  // every token file: what is not a sidecar
+  for (auto& key : sink.list(""))
+    if (!key.ends_with(".json") && !key.ends_with(".offsets")) files.push_back(std::move(key));
+  o.datasets = {{.name = "text", .files = std::move(files)}};
+  o.sequence_length = std::size_t(T) + 1;
+  o.batch_size = std::size_t(rows);
+  o.seed = seed;
+  o.eos = '\n';  // the model's vocabulary is the 256 bytes: a newline ends a document
+  return {sink, o};
+}
+
+trainer::batch next_batch(sk::data::loader& loader, int rows, int T) {
+  const sk::data::batch in = loader.next();
+  trainer::batch b;
+  b.B = rows;
+  b.T = T;
+  b.tokens.resize(in.tokens.size());
+  for (std::size_t i = 0; i < in.tokens.size(); ++i) b.tokens[i] = static_cast<std::uint8_t>(in.tokens[i]);
+  return b;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -221,6 +296,43 @@ int main(int argc, char** argv) try {
 
   const std::string text = trainer::training_text();
   const int rows = f.batch / ranks / f.micro_batches, T = f.context, d = f.model.width, L = f.model.blocks;
+
+  // The data loader, when --data is given: each rank's micro-batch is `rows` sequences of T+1 byte tokens.
+  std::optional<sk::data::loader> loader;
+  if (!f.data.empty()) {
+    auto [sink, options] = open_data(f.data, text, pg, rows, T, f.seed);
+    loader.emplace(sink, options, rank, ranks);
+  }
+
+  // What a checkpoint holds: this rank's pieces of the parameters and of AdamW's moments (hybrid sharding: one
+  // replica saves them), AdamW's step count, the step, and the data loader's state.
+  std::uint64_t optimizer_steps = 0;
+  std::vector<std::byte> loader_state;
+  const bool saves_shards = model.replicas() <= 1 || model.replica_group().rank() == 0;
+  sk::ckpt::state_dict state;
+  state.add_shards(model.sharded_state(), "", saves_shards)
+      .add_shards(opt.sharded_state(), "optim.", saves_shards)
+      .add_value("optim.steps", optimizer_steps);
+  if (loader) state.add_rank_bytes("data_loader", loader_state);
+  std::optional<sk::ckpt::checkpointer> ckpt;
+  if (!f.ckpt_dir.empty())
+    ckpt.emplace(pg, sk::storage::open_sink(f.ckpt_dir), sk::ckpt::checkpointer_options{.keep_last = f.ckpt_keep, .mode = f.ckpt_mode});
+  int start = 0;
+  if (f.resume) {
+    if (!ckpt) usage("--resume needs --ckpt-dir");
+    if (auto loaded = ckpt->load_latest(state)) {
+      start = int(loaded->step);
+      opt.set_steps(optimizer_steps);
+      if (loader) loader->load(ckpt->read_rank_bytes(loaded->step, "data_loader"), rank, ranks);
+      if (rank == 0)
+        std::printf("# resumed from step %d of %s (saved by %u ranks, loaded by %d)\n", start, f.ckpt_dir.c_str(),
+                    loaded->saved_world_size, ranks);
+    } else if (rank == 0) {
+      std::printf("# no checkpoint in %s: starting at step 0\n", f.ckpt_dir.c_str());
+    }
+  }
+  std::vector<sk::basic_completion<sk::ckpt::save_result>> saves;
+  double ckpt_stall_ms = 0;
   const std::size_t act = std::size_t(rows) * T * d;
   std::vector<std::vector<float>> acts(std::size_t(L) + 2, std::vector<float>(act));  // acts[k]: input of unit k
   std::vector<float> grad_in(act), grad_out(act);
@@ -238,13 +350,15 @@ int main(int argc, char** argv) try {
                 std::string(sk::to_string(f.sharding.precision.reduce)).c_str(), units.size(),
                 model.limiter().budget(), f.batch, T);
 
-  for (int step = 0; step < f.steps; ++step) {
+  for (int step = start; step < f.steps; ++step) {
+    if (step == f.die_at_step && (f.die_rank < 0 || f.die_rank == rank)) std::raise(SIGKILL);
     model.reset_stats();
     const auto t0 = std::chrono::steady_clock::now();
     double loss = 0;
     for (int m = 0; m < f.micro_batches; ++m) {
       const int first = rank * (f.batch / ranks) + m * rows;
-      const trainer::batch b = trainer::make_batch(text, f.batch, T, std::uint64_t(step), f.seed, first, rows);
+      const trainer::batch b = loader ? next_batch(*loader, rows, T)
+                                      : trainer::make_batch(text, f.batch, T, std::uint64_t(step), f.seed, first, rows);
       for (auto& u : model.forward()) {
         if (f.skip_compute) continue;
         params.load(u, specs[u.index()]);
@@ -274,18 +388,39 @@ int main(int argc, char** argv) try {
     }
     const double global_loss = model.mean_over_ranks(loss);
     if (f.clip > 0) model.clip_grad_norm(f.clip);
+    if (ckpt) ckpt_stall_ms = 1e3 * ckpt->wait_staged();  // the last checkpoint's copy, before parameters change
     opt.step();
     model.zero_grad();
+    if (ckpt && f.ckpt_every > 0 && (step + 1) % f.ckpt_every == 0) {
+      optimizer_steps = opt.steps();
+      if (loader) loader_state = loader->state();
+      const auto c0 = std::chrono::steady_clock::now();
+      saves.push_back(ckpt->save(std::uint64_t(step + 1), state, {{"model", "examples/trainer"}}));
+      ckpt_stall_ms += ms(std::chrono::steady_clock::now() - c0);
+    }
     const auto elapsed = std::chrono::steady_clock::now() - t0;
     if (rank == 0) {
       const auto st = model.stats();
       const auto waiting = st.waiting_for_gather + st.waiting_for_reduce;
       std::printf("step %d loss %.9g tokens/s %.0f step_ms %.2f compute_ms %.2f gather_wait_ms %.2f "
-                  "reduce_wait_ms %.2f limiter_wait_ms %.2f peak_gathered_bytes %zu peak_rss_bytes %zu\n",
+                  "reduce_wait_ms %.2f limiter_wait_ms %.2f ckpt_stall_ms %.3f data_wait_ms %.3f peak_gathered_bytes %zu "
+                  "peak_rss_bytes %zu\n",
                   step, global_loss, double(f.batch) * T / std::chrono::duration<double>(elapsed).count(),
                   ms(elapsed), ms(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed) - waiting),
-                  ms(st.waiting_for_gather), ms(st.waiting_for_reduce), ms(st.limiter.waited), st.limiter.peak_bytes, peak_rss_bytes());
+                  ms(st.waiting_for_gather), ms(st.waiting_for_reduce), ms(st.limiter.waited), ckpt_stall_ms,
+                  loader ? 1e3 * loader->stats().wait_seconds : 0.0, st.limiter.peak_bytes, peak_rss_bytes());
       std::fflush(stdout);
+    }
+    ckpt_stall_ms = 0;
+  }
+  if (ckpt) {
+    ckpt->wait();
+    std::size_t committed = 0;
+    for (auto& c : saves) committed += c.get().committed;
+    if (rank == 0 && !saves.empty()) {
+      const auto st = ckpt->stats();
+      std::printf("# checkpoints: %zu of %zu committed in %s, training stalled %.3f ms in all\n", committed, saves.size(),
+                  f.ckpt_dir.c_str(), 1e3 * st.stall_seconds);
     }
   }
   return 0;

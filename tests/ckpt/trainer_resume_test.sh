@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The example trainer checkpoints asynchronously and resumes exactly: a 4-rank run whose rank 1 is killed (SIGKILL)
+# mid-run, resumed on 4 ranks, prints the same losses, to the last digit, as an uninterrupted run; resumed again on
+# 2 ranks (a rescale, the data loader's state redistributed) it continues training from where it was.
+# usage: trainer_resume_test.sh SHARDKIT_RUN TRAINER
+set -euo pipefail
+run=$1 trainer=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+export OPENBLAS_NUM_THREADS=1
+flags=(--batch 12 --context 16 --width 32 --blocks 4 --data "$work/data")
+losses() { grep -o 'step [0-9]* loss [^ ]*' || true; }
+
+"$run" -n 4 -- "$trainer" --steps 10 "${flags[@]}" | losses > reference.txt
+echo "uninterrupted:"; cat reference.txt
+[ "$(wc -l < reference.txt)" = 10 ] || { echo "FAIL: the reference run printed $(wc -l < reference.txt) steps, not 10"; exit 1; }
+
+if "$run" -n 4 -- "$trainer" --steps 10 "${flags[@]}" --ckpt-dir "$work/ckpt" --ckpt-every 2 --die-at-step 7 --die-rank 1 \
+    > killed.txt 2>&1; then
+  echo "FAIL: the run whose rank 1 was killed succeeded"; cat killed.txt; exit 1
+fi
+grep -q "rank 1 was killed by signal 9" killed.txt || { echo "FAIL: rank 1 was not killed"; cat killed.txt; exit 1; }
+
+"$run" -n 4 -- "$trainer" --steps 10 "${flags[@]}" --ckpt-dir "$work/ckpt" --ckpt-every 2 --resume > resumed.txt
+grep -o 'resumed from step [0-9]*' resumed.txt || { echo "FAIL: nothing to resume from"; cat resumed.txt; exit 1; }
+losses < resumed.txt > resumed_losses.txt
+echo "resumed on 4 ranks:"; cat resumed_losses.txt
+first=$(head -1 resumed_losses.txt | awk '{print $2}')
+[ "$first" -ge 2 ] && [ "$first" -le 7 ] || { echo "FAIL: resumed at step $first, not within [2, 7]"; exit 1; }
+# Same steps, same losses, bit for bit (%.9g): parameters, AdamW moments and step count, and the data stream.
+diff <(awk -v f="$first" '$2 >= f' reference.txt) resumed_losses.txt || { echo "FAIL: the resumed losses differ"; exit 1; }
+
+"$run" -n 2 -- "$trainer" --steps 14 "${flags[@]}" --ckpt-dir "$work/ckpt" --ckpt-every 2 --ckpt-mode at-call --resume \
+  > rescaled.txt
+grep -q 'resumed from step 10 of .* (saved by 4 ranks, loaded by 2)' rescaled.txt || { echo "FAIL: no rescaled resume"; cat rescaled.txt; exit 1; }
+losses < rescaled.txt > rescaled_losses.txt
+echo "resumed on 2 ranks:"; cat rescaled_losses.txt
+# It goes on from the trained state: the first rescaled loss is near the last one, far below the initial one.
+awk -v last="$(tail -1 reference.txt | awk '{print $4}')" -v initial="$(head -1 reference.txt | awk '{print $4}')" '
+  NR == 1 { if ($2 != 10 || $4 > last * 1.1 || $4 > initial * 0.95) { printf "FAIL: step %s loss %s after step 9 loss %s (initial %s)\n", $2, $4, last, initial; exit 1 } }
+  END { if (NR != 4) { print "FAIL: expected steps 10..13"; exit 1 } }' rescaled_losses.txt
+grep -q 'checkpoints: 2 of 2 committed' rescaled.txt || { echo "FAIL: the rescaled run's checkpoints"; cat rescaled.txt; exit 1; }
+echo "OK: exact resume after a kill, and a rescaled resume that goes on training"
