@@ -28,6 +28,14 @@ std::string message_of(auto&& fn) {
   return "(no error)";
 }
 
+// The error of opening a loader on the options and reading 100 batches: some checks run as chunks are read.
+std::string first_error(storage::any_sink& sink, const data::loader_options& o) {
+  return message_of([&] {
+    data::loader l(sink, o);
+    for (int i = 0; i < 100; ++i) l.next();
+  });
+}
+
 void put_raw(storage::any_sink& sink, const std::string& key, std::span<const std::byte> bytes) {
   storage::put_object(sink, key, bytes);
 }
@@ -86,9 +94,11 @@ TEST_CASE("[data] a token file round-trips through the writer, with offsets and 
     // The documents' tokens are consecutive values: document i starts where i-1 ended.
     std::vector<std::byte> bytes(f.tokens() * 2);
     f.read(sink, 0, bytes);
+    const auto begins = f.document_offsets(sink, 0, f.documents());
+    CHECK(begins.back() == f.tokens());
     for (std::uint64_t d = 0; d < f.documents(); ++d)
-      CHECK(data::detail::load_token(bytes.data() + f.begin(d) * 2, data::token_type::u16) ==
-            16 + f.begin(d) - (offsets ? 0 : d));
+      CHECK(data::detail::load_token(bytes.data() + begins[d] * 2, data::token_type::u16) == 16 + begins[d] - (offsets ? 0 : d));
+    CHECK(f.document_offsets(sink, 3, 2) == std::vector<std::uint64_t>(begins.begin() + 3, begins.begin() + 6));
   }
 }
 
@@ -115,7 +125,8 @@ TEST_CASE("[data] (e) a truncated or corrupt token file is an error naming the f
   SUBCASE("offsets that go backwards") {
     put_values<std::uint16_t>(sink, "x.tokens", std::vector<std::uint16_t>(100, 9));
     put_values<std::uint64_t>(sink, "x.tokens.offsets", {0, 40, 30, 100});
-    const auto m = message_of([&] { data::loader l(sink, one_file("x.tokens")); });
+    const auto m = first_error(sink, one_file("x.tokens"));
+    CHECK(m.find("'x.tokens.offsets'") != std::string::npos);
     CHECK(m.find("x.tokens") != std::string::npos);
     CHECK(m.find("not monotonic") != std::string::npos);
     CHECK(m.find("byte offset 16") != std::string::npos);
@@ -123,9 +134,20 @@ TEST_CASE("[data] (e) a truncated or corrupt token file is an error naming the f
   SUBCASE("offsets past the end") {
     put_values<std::uint16_t>(sink, "x.tokens", std::vector<std::uint16_t>(100, 9));
     put_values<std::uint64_t>(sink, "x.tokens.offsets", {0, 40, 140, 100});
-    const auto m = message_of([&] { data::loader l(sink, one_file("x.tokens")); });
+    const auto m = first_error(sink, one_file("x.tokens"));
     CHECK(m.find("past the end") != std::string::npos);
     CHECK(m.find("byte offset 16") != std::string::npos);
+  }
+  SUBCASE("offsets that do not end at the file's end: found on open") {
+    put_values<std::uint16_t>(sink, "x.tokens", std::vector<std::uint16_t>(100, 9));
+    put_values<std::uint64_t>(sink, "x.tokens.offsets", {0, 40, 90});
+    const auto m = message_of([&] { data::loader l(sink, one_file("x.tokens")); });
+    CHECK(m.find("'x.tokens.offsets'") != std::string::npos);
+    CHECK(m.find("byte offset 16") != std::string::npos);
+    put_values<std::uint64_t>(sink, "x.tokens.offsets", {0, 40, 100, 7});
+    CHECK(message_of([&] { data::loader l(sink, one_file("x.tokens")); }).find("x.tokens.offsets") != std::string::npos);
+    put_values<std::uint8_t>(sink, "x.tokens.offsets", std::vector<std::uint8_t>(20));
+    CHECK(message_of([&] { data::loader l(sink, one_file("x.tokens")); }).find("byte offset 16") != std::string::npos);
   }
   SUBCASE("a token >= the declared vocab, in a delimited file: found on open") {
     std::vector<std::uint16_t> tokens(500, 9);

@@ -98,7 +98,9 @@ class loader {
       : sink_(std::move(sink)), options_(std::move(options)) {
     check_options();
     rules_ = {.sequence_length = options_.sequence_length, .bos = options_.bos, .eos = options_.eos,
-              .epochs = options_.epochs, .window_tokens = std::max<std::uint64_t>(options_.chunk_tokens, 1024)};
+              .epochs = options_.epochs,
+              // twice the mean chunk: most chunks are then one read
+              .window_tokens = std::max<std::uint64_t>(2 * options_.chunk_tokens, 1024)};
     for (const auto& spec : options_.datasets) {
       detail::dataset_layout layout;
       std::vector<std::string> keys = spec.files;
@@ -303,10 +305,11 @@ class loader {
                   {.operation = "data.loader"});
   }
   void check_cursor(const shard_state& s, std::size_t d) const {
-    const auto& chunks = layouts_[d].shard_chunks[s.id];
+    const auto& layout = layouts_[d];
     const auto& c = s.datasets[d];
-    if (!c.exhausted && (c.chunk >= chunks.size() ||
-                         c.document >= chunks[feistel_permutation(chunks.size(), c.key)(c.chunk)].count))
+    const std::uint64_t chunks = layout.chunks(s.id);
+    if (!c.exhausted && (c.chunk >= chunks ||
+                         c.document >= layout.chunk_at(s.id, feistel_permutation(chunks, c.key)(c.chunk)).count))
       throw_error(errc::invalid_argument, "logical shard " + std::to_string(s.id) + "'s cursor of dataset " + std::to_string(d) +
                                               " points past its data", {.operation = "data.load"});
   }

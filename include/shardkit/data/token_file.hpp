@@ -10,10 +10,11 @@
 //!
 //! ("vocab" and "delimiter" are optional.) A file without a sidecar is described by the dataset's defaults.
 //!
-//! The loader keeps one integer per document in memory (where it begins). An offsets object gives them in one
-//! read; a delimiter-only file is scanned once when it is opened, so write offsets (shardkit-tokenize does) for
-//! large corpora. Every check names the object and the byte offset: a size that is not a multiple of the token
-//! width, offsets that go backwards or past the end, a token >= the declared vocab (checked when a range is read,
+//! With an offsets object nothing per document is held in memory: the loader reads the offsets of a chunk of
+//! documents when it reaches it. A delimiter-only file is scanned once when it is opened and its index (8 bytes a
+//! document) kept, so write offsets (shardkit-tokenize does) for large corpora. Every check names the object and the
+//! byte offset: a size that is not a multiple of the token width, offsets that go backwards or past the end (their
+//! ends checked at open, the rest as chunks are read), a token >= the declared vocab (checked when a range is read,
 //! and during the scan of a delimited file).
 #include <algorithm>
 #include <bit>
@@ -171,13 +172,42 @@ class token_file {
   token_type dtype() const noexcept { return info_.dtype; }
   unsigned width() const noexcept { return width_of(info_.dtype); }
   std::uint64_t tokens() const noexcept { return info_.tokens; }
-  std::uint64_t documents() const noexcept { return begins_.size() - 1; }
-
-  //! Document i spans tokens [begin(i), end(i)); in a delimited file that range may end in delimiters, which
-  //! content_end() strips.
-  std::uint64_t begin(std::uint64_t i) const noexcept { return begins_[i]; }
-  std::uint64_t end(std::uint64_t i) const noexcept { return begins_[i + 1]; }
+  std::uint64_t documents() const noexcept { return documents_; }
   bool delimited() const noexcept { return !info_.offsets; }
+
+  //! Where documents [first, first + count) begin, and where the last one ends: count + 1 token indices; document
+  //! i spans [out[i - first], out[i - first + 1]) (a range that may end in delimiters, which are not part of it).
+  //! With an offsets object this is one ranged read of it, checked (monotonic, within the file: an error names the
+  //! offsets object and the byte offset); a delimited file answers from the index its scan built.
+  std::vector<std::uint64_t> document_offsets(storage::any_sink& sink, std::uint64_t first, std::uint64_t count) const {
+    if (first + count > documents_)
+      throw_error(errc::invalid_argument, "documents [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                                              ") of " + std::to_string(documents_), {.operation = "data.read", .object = key_});
+    if (!info_.offsets) return {begins_.begin() + static_cast<std::ptrdiff_t>(first),
+                                begins_.begin() + static_cast<std::ptrdiff_t>(first + count + 1)};
+    std::vector<std::uint64_t> out(count + 1);
+    const std::string okey = offsets_key(key_);
+    std::size_t got;
+    try {
+      got = sink.get(okey, first * 8, std::as_writable_bytes(std::span(out)));
+    } catch (const error& e) {
+      throw e.with_context({.operation = "data.read", .object = okey});
+    }
+    if (got != out.size() * 8)
+      offsets_fail("truncated: reading " + std::to_string(out.size() * 8) + " bytes at byte offset " +
+                   std::to_string(first * 8) + " got " + std::to_string(got), "data.read");
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const std::uint64_t at = (first + i) * 8;
+      if (i > 0 && out[i] < out[i - 1])
+        offsets_fail("not monotonic: entry " + std::to_string(first + i) + " at byte offset " + std::to_string(at) + " is " +
+                     std::to_string(out[i]) + ", below the previous " + std::to_string(out[i - 1]), "data.read");
+      if (out[i] > info_.tokens)
+        offsets_fail("entry " + std::to_string(first + i) + " at byte offset " + std::to_string(at) + " is " +
+                     std::to_string(out[i]) + ", past the end of the file's " + std::to_string(info_.tokens) + " tokens",
+                     "data.read");
+    }
+    return out;
+  }
 
   //! Reads tokens [first, first + out.size() / width()) into out and checks their values; a short read (the object
   //! shrank) or a bad token is an error naming the file and the byte offset.
@@ -221,35 +251,35 @@ class token_file {
     }
   }
 
+  [[noreturn]] void offsets_fail(const std::string& why, const char* op = "data.open") const {
+    throw_error(errc::invalid_argument, "corrupt offsets of token file '" + key_ + "': " + why,
+                {.operation = op, .object = offsets_key(key_)});
+  }
+
+  // Only the ends are read here (the first entry is 0, the last the token count); the entries between are read, and
+  // checked, a chunk at a time: a rank never holds a whole corpus's index.
   void read_offsets(storage::any_sink& sink) {
     const std::string okey = offsets_key(key_);
     const auto size = sink.size(okey);
     if (!size) fail(errc::not_found, "the offsets object '" + okey + "' does not exist");
-    auto offsets_fail = [&](const std::string& why) {
-      throw_error(errc::invalid_argument, "corrupt offsets of token file '" + key_ + "': " + why,
-                  {.operation = "data.open", .object = okey});
-    };
     if (*size % 8 != 0)
       offsets_fail("its size " + std::to_string(*size) + " is not a multiple of 8 (a partial entry at byte offset " +
                    std::to_string(*size - *size % 8) + ")");
-    if (*size < 16 && info_.tokens != 0) offsets_fail("fewer than two entries");
-    std::vector<std::uint64_t> entries(*size / 8);
-    const std::size_t got = sink.get(okey, 0, std::as_writable_bytes(std::span(entries)));
-    if (got != *size) offsets_fail("short read: " + std::to_string(got) + " of " + std::to_string(*size) + " bytes");
-    if (entries.empty()) entries.push_back(0);
-    if (entries.front() != 0) offsets_fail("the first entry (byte offset 0) is " + std::to_string(entries.front()) + ", not 0");
-    for (std::size_t i = 1; i < entries.size(); ++i) {
-      if (entries[i] < entries[i - 1])
-        offsets_fail("not monotonic: entry " + std::to_string(i) + " at byte offset " + std::to_string(i * 8) + " is " +
-                     std::to_string(entries[i]) + ", below the previous " + std::to_string(entries[i - 1]));
-      if (entries[i] > info_.tokens)
-        offsets_fail("entry " + std::to_string(i) + " at byte offset " + std::to_string(i * 8) + " is " +
-                     std::to_string(entries[i]) + ", past the end of the file's " + std::to_string(info_.tokens) + " tokens");
-    }
-    if (entries.back() != info_.tokens)
-      offsets_fail("the last entry (byte offset " + std::to_string((entries.size() - 1) * 8) + ") is " +
-                   std::to_string(entries.back()) + " but the file holds " + std::to_string(info_.tokens) + " tokens");
-    begins_ = std::move(entries);
+    if (*size < 8) offsets_fail("it is empty (it holds documents + 1 entries, at least the 0 that starts them)");
+    documents_ = *size / 8 - 1;
+    std::uint64_t ends[2] = {0, 0};
+    auto entry = [&](std::uint64_t i) {
+      std::uint64_t v = 0;
+      if (sink.get(okey, i * 8, std::as_writable_bytes(std::span(&v, 1))) != 8) offsets_fail("short read of entry " + std::to_string(i));
+      return v;
+    };
+    ends[0] = entry(0);
+    ends[1] = entry(documents_);
+    if (ends[0] != 0) offsets_fail("the first entry (byte offset 0) is " + std::to_string(ends[0]) + ", not 0");
+    if (ends[1] != info_.tokens)
+      offsets_fail("the last entry (byte offset " + std::to_string(documents_ * 8) + ") is " + std::to_string(ends[1]) +
+                   (ends[1] > info_.tokens ? ", past the end of the file's " : " but the file holds ") +
+                   std::to_string(info_.tokens) + " tokens");
   }
 
   // Documents are the maximal runs of non-delimiter tokens; one sequential pass in large reads.
@@ -270,12 +300,14 @@ class token_file {
       }
     }
     begins_.push_back(info_.tokens);
+    documents_ = begins_.size() - 1;
   }
 
   std::string key_;
   token_file_info info_;
   bool has_sidecar_ = false;
-  std::vector<std::uint64_t> begins_;  // documents + 1 entries
+  std::uint64_t documents_ = 0;
+  std::vector<std::uint64_t> begins_;  // a delimited file's index: documents + 1 entries
 };
 
 //! Writes a token file, its offsets and its sidecar through a sink, streaming (what shardkit-tokenize and the

@@ -19,47 +19,63 @@
 
 namespace shardkit::data::detail {
 
-// A run of consecutive documents of one file, read with one ranged get: the unit of the chunk shuffle.
+// A run of consecutive documents of one file, read with one ranged get (and its offsets with another): the unit of
+// the chunk shuffle.
 struct chunk {
   std::uint32_t file = 0;
   std::uint64_t first = 0;  // first document (file-local index)
   std::uint64_t count = 0;  // documents
-  std::uint64_t token_begin = 0, token_end = 0;
 };
 
-// A dataset's files and, per logical shard, the chunks that shard owns. Logical shard s owns the documents
-// [s * D / L, (s + 1) * D / L) of the dataset's D documents (files in order), cut into chunks at file ends and
-// where a chunk would pass chunk_tokens tokens (a single longer document is a chunk of its own).
+// The documents of one file that one logical shard owns, cut into chunks of per_chunk documents (the last shorter).
+struct shard_segment {
+  std::uint32_t file = 0;
+  std::uint64_t first = 0, count = 0;
+  std::uint64_t per_chunk = 1;
+  std::uint64_t first_chunk = 0;  // the shard's index of this segment's first chunk
+};
+
+// A dataset's files and where each logical shard's chunks are. Logical shard s owns the documents
+// [s * D / L, (s + 1) * D / L) of the dataset's D documents (files in order). A file's chunks hold
+// chunk_tokens * documents / tokens documents (at least 1): chunk_tokens tokens on average, found without reading a
+// document's offsets, so a layout holds a few integers per file and shard, nothing per document.
 struct dataset_layout {
   std::vector<token_file> files;
   std::uint64_t documents = 0;
-  std::vector<std::vector<chunk>> shard_chunks;
+  std::vector<std::vector<shard_segment>> shard_segments;
+  std::vector<std::uint64_t> shard_chunks;
+
+  std::uint64_t chunks(std::uint32_t shard) const { return shard_chunks[shard]; }
+
+  chunk chunk_at(std::uint32_t shard, std::uint64_t i) const {
+    const auto& segments = shard_segments[shard];
+    auto it = std::upper_bound(segments.begin(), segments.end(), i,
+                               [](std::uint64_t v, const shard_segment& s) { return v < s.first_chunk; });
+    const shard_segment& s = *(it - 1);
+    const std::uint64_t first = s.first + (i - s.first_chunk) * s.per_chunk;
+    return {.file = s.file, .first = first, .count = std::min(s.per_chunk, s.first + s.count - first)};
+  }
 
   void cut(std::uint32_t logical_shards, std::uint64_t chunk_tokens) {
-    std::vector<std::uint64_t> first_document{0};
-    for (const auto& f : files) first_document.push_back(first_document.back() + f.documents());
+    std::vector<std::uint64_t> first_document{0}, per_chunk;
+    for (const auto& f : files) {
+      first_document.push_back(first_document.back() + f.documents());
+      const auto n = static_cast<unsigned __int128>(chunk_tokens) * f.documents() / std::max<std::uint64_t>(f.tokens(), 1);
+      per_chunk.push_back(std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::min<unsigned __int128>(n, UINT64_MAX))));
+    }
     documents = first_document.back();
-    shard_chunks.assign(logical_shards, {});
+    shard_segments.assign(logical_shards, {});
+    shard_chunks.assign(logical_shards, 0);
     for (std::uint32_t s = 0; s < logical_shards; ++s) {
       const auto lo = static_cast<std::uint64_t>((static_cast<unsigned __int128>(documents) * s) / logical_shards);
       const auto hi = static_cast<std::uint64_t>((static_cast<unsigned __int128>(documents) * (s + 1)) / logical_shards);
-      auto& out = shard_chunks[s];
-      std::uint64_t g = lo;
-      while (g < hi) {
-        const auto f = static_cast<std::uint32_t>(std::upper_bound(first_document.begin(), first_document.end(), g) -
-                                                  first_document.begin() - 1);
-        const token_file& file = files[f];
-        const std::uint64_t local_end = std::min(hi, first_document[f + 1]) - first_document[f];
-        chunk c{.file = f, .first = g - first_document[f], .count = 0};
-        c.token_begin = file.begin(c.first);
-        std::uint64_t d = c.first;
-        while (d < local_end && (c.count == 0 || file.end(d) - c.token_begin <= chunk_tokens)) {
-          ++c.count;
-          ++d;
-        }
-        c.token_end = file.end(d - 1);
-        out.push_back(c);
-        g += c.count;
+      for (std::uint32_t f = 0; f < files.size(); ++f) {
+        const std::uint64_t a = std::max(lo, first_document[f]), b = std::min(hi, first_document[f + 1]);
+        if (a >= b) continue;
+        const shard_segment seg{.file = f, .first = a - first_document[f], .count = b - a, .per_chunk = per_chunk[f],
+                                .first_chunk = shard_chunks[s]};
+        shard_segments[s].push_back(seg);
+        shard_chunks[s] += (seg.count + seg.per_chunk - 1) / seg.per_chunk;
       }
     }
   }
@@ -81,7 +97,7 @@ inline shard_state initial_shard_state(std::uint32_t id, const std::vector<datas
     dataset_cursor c;
     c.rng = mix64(seed ^ mix64(0x5348415244ull + d * 0x100000001b3ull) ^ mix64(0xda7a0000ull + id));
     c.key = splitmix64(c.rng);
-    c.exhausted = layouts[d].shard_chunks[id].empty();
+    c.exhausted = layouts[d].chunks(id) == 0;
     s.datasets.push_back(c);
   }
   return s;
@@ -90,7 +106,8 @@ inline shard_state initial_shard_state(std::uint32_t id, const std::vector<datas
 class shard_stream {
  public:
   shard_stream(const std::vector<dataset_layout>& layouts, storage::any_sink sink, const packing_rules& rules, shard_state state)
-      : layouts_(&layouts), sink_(std::move(sink)), rules_(&rules), state_(std::move(state)), windows_(layouts.size()) {}
+      : layouts_(&layouts), sink_(std::move(sink)), rules_(&rules), state_(std::move(state)), windows_(layouts.size()),
+        chunks_(layouts.size()) {}
 
   const shard_state& state() const noexcept { return state_; }
   void reset(shard_state s) {
@@ -164,6 +181,12 @@ class shard_stream {
     std::uint64_t begin = 0, end = 0;  // tokens
     std::vector<std::byte> bytes;
   };
+  struct chunk_cache {  // the offsets of the chunk last resolved (a cache: not state)
+    bool valid = false;
+    std::uint64_t index = 0;
+    chunk where;
+    std::vector<std::uint64_t> offsets;
+  };
   struct open_document {
     bool valid = false;
     std::uint32_t file = 0;
@@ -191,17 +214,25 @@ class shard_stream {
   // Finds the document the cursor of dataset d points at: chunk order and document order are keyed permutations.
   void resolve(std::size_t d) {
     const auto& c = state_.datasets[d];
-    const auto& chunks = (*layouts_)[d].shard_chunks[state_.id];
-    if (c.chunk >= chunks.size())
+    const auto& layout = (*layouts_)[d];
+    const std::uint64_t chunks = layout.chunks(state_.id);
+    if (c.chunk >= chunks)
       throw_error(errc::invalid_argument, "a state's cursor points past its shard's chunks", {.operation = "data.next"});
-    const std::uint64_t ci = feistel_permutation(chunks.size(), c.key)(c.chunk);
-    const chunk& ch = chunks[ci];
-    if (c.document >= ch.count)
+    const std::uint64_t ci = feistel_permutation(chunks, c.key)(c.chunk);
+    chunk_cache& cc = chunks_[d];
+    if (!cc.valid || cc.index != ci) {
+      cc.valid = false;
+      cc.where = layout.chunk_at(state_.id, ci);
+      cc.offsets = layout.files[cc.where.file].document_offsets(sink_, cc.where.first, cc.where.count);
+      cc.index = ci;
+      cc.valid = true;
+    }
+    if (c.document >= cc.where.count)
       throw_error(errc::invalid_argument, "a state's cursor points past its chunk's documents", {.operation = "data.next"});
-    const std::uint64_t doc = ch.first + feistel_permutation(ch.count, mix64(c.key ^ (ci * 0x9e3779b97f4a7c15ull)))(c.document);
-    const token_file& f = (*layouts_)[d].files[ch.file];
-    open_ = {.valid = true, .file = ch.file, .begin = f.begin(doc), .content_end = f.end(doc),
-             .chunk_begin = ch.token_begin, .chunk_end = ch.token_end};
+    const std::uint64_t local = feistel_permutation(cc.where.count, mix64(c.key ^ (ci * 0x9e3779b97f4a7c15ull)))(c.document);
+    const token_file& f = layout.files[cc.where.file];
+    open_ = {.valid = true, .file = cc.where.file, .begin = cc.offsets[local], .content_end = cc.offsets[local + 1],
+             .chunk_begin = cc.offsets.front(), .chunk_end = cc.offsets.back()};
     if (f.info().delimiter) {  // a range may end in the delimiter(s) that separate it from the next document
       const std::uint32_t delim = *f.info().delimiter;
       while (open_.content_end > open_.begin &&
@@ -212,11 +243,12 @@ class shard_stream {
 
   void advance(std::size_t d) {
     auto& c = state_.datasets[d];
-    const auto& chunks = (*layouts_)[d].shard_chunks[state_.id];
-    const std::uint64_t ci = feistel_permutation(chunks.size(), c.key)(c.chunk);
-    if (++c.document < chunks[ci].count) return;
+    const auto& layout = (*layouts_)[d];
+    const std::uint64_t chunks = layout.chunks(state_.id);
+    const std::uint64_t ci = feistel_permutation(chunks, c.key)(c.chunk);
+    if (++c.document < layout.chunk_at(state_.id, ci).count) return;
     c.document = 0;
-    if (++c.chunk < chunks.size()) return;
+    if (++c.chunk < chunks) return;
     c.chunk = 0;
     ++c.epoch;
     if (rules_->epochs != 0 && c.epoch >= rules_->epochs) c.exhausted = true;
@@ -273,6 +305,7 @@ class shard_stream {
   const packing_rules* rules_;
   shard_state state_;
   std::vector<window> windows_;  // per dataset
+  std::vector<chunk_cache> chunks_;  // per dataset
   open_document open_;
 };
 
