@@ -6,6 +6,20 @@
 #if defined(SHARDKIT_HAS_CKPT)
 #include <shardkit/ckpt/format.hpp>  // xxHash and nlohmann/json from the system
 #endif
+// The other components' headers, when the package was asked for them (-o "shardkit/*:with_s3=True" ...): their
+// defines, include directories and system libraries must be enough to compile and link against.
+#if defined(SHARDKIT_HAS_S3)
+#include <shardkit/storage/s3_sink.hpp>
+#endif
+#if defined(SHARDKIT_HAS_GLOO)
+#include <shardkit/backends/gloo.hpp>
+#endif
+#if defined(SHARDKIT_HAS_FABRIC)
+#include <shardkit/transport/fabric.hpp>
+#endif
+#if defined(SHARDKIT_HAS_NCCL)
+#include <shardkit/backends/nccl.hpp>
+#endif
 
 #include <cstdio>
 #include <span>
@@ -27,6 +41,16 @@ int main() {
         std::printf("test_package: all_reduce gave %g, expected 3\n", double(v));
         return 1;
       }
+  // Link probes: one symbol from each enabled component's system library (system_libs must name it).
+#if defined(SHARDKIT_HAS_CKPT)
+  std::printf("test_package: xxHash %u linked\n", XXH_versionNumber());
+#endif
+#if defined(SHARDKIT_HAS_S3)
+  std::printf("test_package: %s linked\n", curl_version());
+#endif
+#if defined(SHARDKIT_HAS_FABRIC)
+  std::printf("test_package: libfabric %u.%u linked\n", FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
+#endif
   std::printf("test_package: 2-rank all_reduce over loopback threads: %zu floats, each 1 + 2 = %g\n", data[0].size(),
               double(data[0][0]));
   return 0;
