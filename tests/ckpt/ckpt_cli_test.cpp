@@ -1,0 +1,346 @@
+// shardkit-ckpt, the built binary, over a checkpoint that ckpt::checkpointer wrote from a 3-rank loopback world into
+// a temporary directory: ls (steps, complete or debris, latest), verify (passes, then names the file, the tensor and
+// the bytes of a flipped byte, exit 1), inspect (pieces per rank), consolidate (Hugging Face layout: one file, or
+// shards by --max-shard-size with model.safetensors.index.json; whole tensors equal the saved pieces joined).
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "shardkit/ckpt/checkpointer.hpp"
+#include "shardkit/comm/loopback_world.hpp"
+#include "shardkit/storage/posix_sink.hpp"
+#include "support/harness.hpp"
+
+#ifndef SHARDKIT_CKPT_PATH
+#error "SHARDKIT_CKPT_PATH (the shardkit-ckpt binary) is set by tests/ckpt/CMakeLists.txt"
+#endif
+
+namespace sk = shardkit;
+namespace ck = shardkit::ckpt;
+namespace st = shardkit::storage;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int world = 3;
+
+struct global_tensor {
+  std::string name;
+  std::vector<std::uint64_t> shape;
+  std::size_t numel() const {
+    std::size_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+};
+// block0.w is 4 MiB, so each rank's piece (1.33 MiB) has two checksum chunks.
+const std::vector<global_tensor> model_tensors{{"embed", {97, 31}}, {"block0.w", {1024, 1024}}, {"block0.b", {1000}}, {"norm", {7}}};
+
+float value_at(std::uint64_t step, const std::string& name, std::size_t i) {
+  return float(step) * 1000.0f + float(name.size()) * 10.0f + float(i % 4093) * 0.25f;
+}
+std::size_t piece_begin(std::size_t n, int r) { return std::size_t(r) * n / world; }
+
+// One rank's state: its piece of every tensor, the optimizer's moments (optim.*), a replicated counter, its bytes.
+struct rank_state {
+  struct piece {
+    std::string name;
+    std::vector<std::size_t> shape;
+    std::size_t begin = 0, end = 0;
+    std::span<float> data;
+  };
+  std::vector<std::vector<float>> storage;
+  std::vector<piece> pieces, moments;
+  std::uint64_t optimizer_steps = 0;
+  std::vector<std::byte> loader;
+  ck::state_dict dict;
+
+  rank_state(int rank, std::uint64_t step) {
+    storage.reserve(2 * model_tensors.size());
+    for (const auto& t : model_tensors) {
+      const std::size_t b = piece_begin(t.numel(), rank), e = piece_begin(t.numel(), rank + 1);
+      std::vector<std::size_t> shape(t.shape.begin(), t.shape.end());
+      auto& values = storage.emplace_back(e - b);
+      for (std::size_t i = b; i < e; ++i) values[i - b] = value_at(step, t.name, i);
+      pieces.push_back({t.name, shape, b, e, values});
+      moments.push_back({"exp_avg." + t.name, shape, b, e, storage.emplace_back(e - b, 0.5f)});
+    }
+    optimizer_steps = step * 10;
+    loader.assign(std::size_t(5 + rank), std::byte(step));
+    dict.add_shards(pieces).add_shards(moments, "optim.").add_value("optim.steps", optimizer_steps).add_rank_bytes("loader", loader);
+  }
+};
+
+struct temp_dir {
+  fs::path path;
+  explicit temp_dir(const std::string& name)
+      : path(fs::temp_directory_path() / ("shardkit-ckpt-cli-" + name + "-" + std::to_string(::getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// Steps 1 and 2 committed by 3 ranks, and debris of a step 3 that never got its index.
+void write_checkpoints(const fs::path& dir) {
+  st::any_sink sink = st::make_sink<st::posix_sink>(dir, st::posix_sink_options{.fsync = false});
+  auto groups = sk::comm::make_loopback_world(world);
+  sk::test::run_threads(world, [&](int r) {
+    ck::checkpointer saver(groups[std::size_t(r)], sink, {.keep_last = 0});
+    for (std::uint64_t step : {1, 2}) {
+      rank_state s(r, step);
+      REQUIRE(saver.save(step, s.dict, {{"run", "cli-test"}}).get().committed);
+    }
+  });
+  st::put_object(sink, ck::rank_file_key("", 3, 0), st::as_bytes("a save killed before its commit"));
+}
+
+struct run_result {
+  int status = -1;
+  std::string output;  // stdout and stderr
+};
+
+run_result run_tool(const std::string& args) {
+  const std::string command = std::string(SHARDKIT_CKPT_PATH) + " " + args + " 2>&1";
+  run_result r;
+  FILE* p = ::popen(command.c_str(), "r");
+  REQUIRE(p);
+  char buffer[4096];
+  while (std::size_t n = std::fread(buffer, 1, sizeof buffer, p)) r.output.append(buffer, n);
+  const int status = ::pclose(p);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string line_with(const std::string& text, const std::string& needle) {
+  auto at = text.find(needle);
+  if (at == std::string::npos) return {};
+  if (needle.starts_with('\n')) ++at;  // the line after that newline
+  const auto begin = text.rfind('\n', at) == std::string::npos ? 0 : text.rfind('\n', at) + 1;
+  return text.substr(begin, text.find('\n', at) - begin);
+}
+
+// Every saved piece of `name` from the step's rank files, joined in rank order: what a whole tensor must equal.
+std::vector<std::byte> joined_pieces(st::any_sink& sink, std::uint64_t step, const std::string& name) {
+  std::vector<std::byte> out;
+  for (int r = 0; r < world; ++r) {
+    const auto file = ck::read_header(sink, ck::rank_file_key("", step, r));
+    if (!file.find(name)) continue;
+    const auto bytes = ck::read_tensor(sink, file, name);
+    out.insert(out.end(), bytes.begin(), bytes.end());
+  }
+  return out;
+}
+
+// Checks a consolidated directory: every file parses strictly, every model tensor is there once with its global
+// shape and the joined pieces' bytes; returns the file of each tensor.
+std::map<std::string, std::string> check_consolidated(const fs::path& out, st::any_sink& checkpoint, std::uint64_t step,
+                                                      const std::vector<std::string>& files) {
+  st::any_sink sink = st::make_sink<st::posix_sink>(out, st::posix_sink_options{.create_root = false});
+  std::map<std::string, std::string> where;
+  for (const auto& key : files) {
+    const auto table = ck::read_header(sink, key);  // the strict parser
+    CHECK(table.metadata.at("format") == "pt");
+    for (const auto& t : table.tensors) {
+      CHECK_MESSAGE(where.emplace(t.name, key).second, t.name, " is in two files");
+      CHECK(t.extent.begin == 0);
+      CHECK(ck::read_tensor(sink, table, t.name) == joined_pieces(checkpoint, step, t.name));
+    }
+  }
+  for (const auto& t : model_tensors) {
+    REQUIRE_MESSAGE(where.contains(t.name), t.name, " is not consolidated");
+    const auto table = ck::read_header(sink, where[t.name]);
+    CHECK(table.at(t.name).shape == t.shape);
+    const auto bytes = ck::read_tensor(sink, table, t.name);
+    std::vector<float> values(t.numel());
+    REQUIRE(bytes.size() == values.size() * sizeof(float));
+    std::memcpy(values.data(), bytes.data(), bytes.size());
+    for (std::size_t i = 0; i < values.size(); ++i)
+      if (values[i] != value_at(step, t.name, i)) {
+        FAIL(t.name, " element ", i, " is ", values[i]);
+        break;
+      }
+  }
+  return where;
+}
+
+}  // namespace
+
+TEST_CASE("[ckpt] shardkit-ckpt ls, verify, inspect and consolidate a 3-rank checkpoint") {
+  temp_dir dir("main");
+  write_checkpoints(dir.path);
+  st::any_sink sink = st::make_sink<st::posix_sink>(dir.path, st::posix_sink_options{.create_root = false});
+  const std::string loc = dir.path.string();
+
+  SUBCASE("ls: every step, complete or debris, the latest marked") {
+    const auto r = run_tool("ls " + loc);
+    INFO("shardkit-ckpt said:\n", r.output);
+    REQUIRE(r.status == 0);
+    CHECK(r.output.find("3 steps, 2 complete checkpoints, latest step 2") != std::string::npos);
+    const auto step1 = line_with(r.output, "\n1 "), step2 = line_with(r.output, "\n2 "), step3 = line_with(r.output, "\n3 ");
+    CHECK(step1.find("complete") != std::string::npos);
+    CHECK(step1.find("latest") == std::string::npos);
+    CHECK(step2.find("complete") != std::string::npos);
+    CHECK(step2.find("latest") != std::string::npos);
+    CHECK(step2.find("run=cli-test") != std::string::npos);
+    CHECK(step2.find("  3  ") != std::string::npos);  // world size and files
+    CHECK(step3.find("debris") != std::string::npos);
+  }
+
+  SUBCASE("verify passes, then names the file, the tensor and the bytes of a flipped byte") {
+    auto r = run_tool("verify " + loc + " --progress");
+    INFO("shardkit-ckpt said:\n", r.output);
+    CHECK(r.status == 0);
+    CHECK(r.output.find("verifying step 2") != std::string::npos);
+    CHECK(r.output.find(": OK") != std::string::npos);
+    CHECK(r.output.find("100%") != std::string::npos);  // the progress bar, asked for without a terminal
+    CHECK(run_tool("verify " + loc + " --step 1").status == 0);
+
+    // A byte in the second checksum chunk of rank 1's piece of block0.w.
+    const std::string key = ck::rank_file_key("", 2, 1);
+    const auto table = ck::read_header(sink, key);
+    const auto& t = table.at("block0.w");
+    REQUIRE(t.nbytes() > ck::checksum_chunk_bytes + 1000);
+    const std::uint64_t at = table.data_start() + t.data_begin + ck::checksum_chunk_bytes + 1000;
+    {
+      std::fstream f(dir.path / key, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(std::streamoff(at));
+      char c = 0;
+      f.read(&c, 1);
+      c = char(c ^ 0x10);
+      f.seekp(std::streamoff(at));
+      f.write(&c, 1);
+    }
+    r = run_tool("verify " + loc);
+    CHECK(r.status == 1);
+    const auto error = line_with(r.output, "checksum mismatch");
+    CHECK(error.find("rank-00001.safetensors") != std::string::npos);
+    CHECK(error.find("'block0.w'") != std::string::npos);
+    CHECK(error.find("bytes [" + std::to_string(ck::checksum_chunk_bytes) + ", " + std::to_string(t.nbytes()) + ")") != std::string::npos);
+    CHECK(line_with(r.output, "rank-00001.safetensors").starts_with("FAIL"));
+    CHECK(line_with(r.output, "rank-00000.safetensors").starts_with("ok"));
+    CHECK(r.output.find("1 problems") != std::string::npos);
+    CHECK(run_tool("verify " + loc + " --step 1").status == 0);  // the other checkpoint is untouched
+
+    // consolidate refuses to write the bad bytes, naming the tensor.
+    temp_dir out("bad");
+    r = run_tool("consolidate " + loc + " --out " + out.path.string());
+    CHECK(r.status == 1);
+    CHECK(r.output.find("checksum mismatch") != std::string::npos);
+    CHECK(r.output.find("block0.w") != std::string::npos);
+    CHECK(!fs::exists(out.path / "model.safetensors"));
+  }
+
+  SUBCASE("verify: a step without an index is not a checkpoint") {
+    const auto r = run_tool("verify " + loc + " --step 3");
+    INFO("shardkit-ckpt said:\n", r.output);
+    CHECK(r.status == 1);
+    CHECK(r.output.find("step 3 has no index") != std::string::npos);
+    CHECK(r.output.find("debris") != std::string::npos);
+  }
+
+  SUBCASE("inspect: the tensor table with each rank's piece") {
+    const auto r = run_tool("inspect " + loc + " --step 1");
+    INFO("shardkit-ckpt said:\n", r.output);
+    REQUIRE(r.status == 0);
+    CHECK(r.output.find("step 1 of " + loc + ": world size 3, 3 files") != std::string::npos);
+    const auto row = line_with(r.output, "block0.w ");
+    CHECK(row.find("F32") != std::string::npos);
+    CHECK(row.find("[1024, 1024]") != std::string::npos);
+    CHECK(row.find("4.00 MiB") != std::string::npos);
+    const std::size_t n = 1024 * 1024;
+    CHECK(row.find("3: r0 [0, " + std::to_string(piece_begin(n, 1)) + ") r1 [" + std::to_string(piece_begin(n, 1)) + ", " +
+                   std::to_string(piece_begin(n, 2)) + ") r2 [" + std::to_string(piece_begin(n, 2)) + ", " + std::to_string(n) + ")") !=
+          std::string::npos);
+    CHECK(line_with(r.output, "optim.steps").find("1: r0") != std::string::npos);  // replicated: rank 0 saves it
+    CHECK(line_with(r.output, "rank/2/loader").find("U8") != std::string::npos);
+  }
+
+  SUBCASE("consolidate into one model.safetensors") {
+    temp_dir out("one");
+    auto r = run_tool("consolidate " + loc + " --out " + out.path.string());
+    INFO("shardkit-ckpt said:\n", r.output);
+    REQUIRE(r.status == 0);
+    CHECK(r.output.find("left out 3 per-rank entries (rank/...) and 5 optimizer tensors") != std::string::npos);
+    CHECK(!fs::exists(out.path / "model.safetensors.index.json"));
+    const auto where = check_consolidated(out.path, sink, 2, {"model.safetensors"});
+    CHECK(where.size() == model_tensors.size());  // no optim.*, no rank/*
+
+    r = run_tool("consolidate " + loc + " --out " + out.path.string() + " --step 1");
+    CHECK(r.status == 1);
+    CHECK(r.output.find("already holds a consolidated model") != std::string::npos);
+    r = run_tool("consolidate " + loc + " --out " + out.path.string() + " --step 1 --force --all");
+    REQUIRE(r.status == 0);
+    const auto all = check_consolidated(out.path, sink, 1, {"model.safetensors"});
+    CHECK(all.contains("optim.exp_avg.block0.w"));
+    CHECK(all.contains("optim.steps"));
+    CHECK(all.contains("rank/1/loader"));
+  }
+
+  SUBCASE("consolidate into shards by --max-shard-size with model.safetensors.index.json") {
+    temp_dir out("sharded");
+    const std::uint64_t max = 2'000'000;
+    const auto r = run_tool("consolidate " + loc + " --out " + out.path.string() + " --max-shard-size 2MB");
+    INFO("shardkit-ckpt said:\n", r.output);
+    REQUIRE(r.status == 0);
+    std::ifstream in(out.path / "model.safetensors.index.json");
+    REQUIRE(in);
+    const auto index = nlohmann::json::parse(in);
+    REQUIRE(index.contains("metadata"));
+    REQUIRE(index.contains("weight_map"));
+    std::set<std::string> files;
+    for (const auto& [name, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+    const std::size_t n = files.size();
+    CHECK(n == 3);  // block0.w (4 MiB) alone; the small tensors around it
+    std::uint64_t total = 0;
+    for (const auto& t : model_tensors) total += t.numel() * sizeof(float);
+    CHECK(index["metadata"]["total_size"].get<std::uint64_t>() == total);
+    for (std::size_t i = 1; i <= n; ++i) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i, n);
+      CHECK_MESSAGE(files.contains(name), name);
+    }
+    CHECK(!fs::exists(out.path / "model.safetensors"));
+    const auto where = check_consolidated(out.path, sink, 2, {files.begin(), files.end()});
+    CHECK(where.size() == index["weight_map"].size());
+    for (const auto& [name, file] : where) CHECK(index["weight_map"][name] == file);
+    st::any_sink shards = st::make_sink<st::posix_sink>(out.path, st::posix_sink_options{.create_root = false});
+    for (const auto& key : files) {
+      const auto table = ck::read_header(shards, key);
+      const std::uint64_t data = table.file_size - table.data_start();
+      CHECK_MESSAGE((data <= max || table.tensors.size() == 1), key, " holds ", data, " bytes in ", table.tensors.size(), " tensors");
+    }
+  }
+}
+
+TEST_CASE("[ckpt] shardkit-ckpt: clear errors for a bad location or bad arguments") {
+  temp_dir empty("empty");
+  auto r = run_tool("ls " + empty.path.string());
+  INFO("shardkit-ckpt said:\n", r.output);
+  CHECK(r.status == 0);
+  CHECK(r.output.find("0 steps, 0 complete checkpoints") != std::string::npos);
+  r = run_tool("verify " + empty.path.string());
+  CHECK(r.status == 1);
+  CHECK(r.output.find(empty.path.string() + " holds no complete checkpoint") != std::string::npos);
+  r = run_tool("ls " + (empty.path / "missing").string());
+  CHECK(r.status == 1);
+  CHECK(r.output.find("missing") != std::string::npos);
+  CHECK(!fs::exists(empty.path / "missing"));  // reading never creates the directory
+  CHECK(run_tool("consolidate " + empty.path.string()).status == 2);  // no --out
+  CHECK(run_tool("consolidate " + empty.path.string() + " --out x --max-shard-size 5XB").status == 2);
+  CHECK(run_tool("frobnicate " + empty.path.string()).status == 2);
+  CHECK(run_tool("--help").status == 0);
+}

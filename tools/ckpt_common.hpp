@@ -1,0 +1,155 @@
+#pragma once
+// What shardkit-ckpt's commands share: opening a location, choosing the checkpoint (--step or the latest), and
+// formatting sizes and shapes.
+#include <cctype>
+#include <charconv>
+#include <exception>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "shardkit/ckpt/catalog.hpp"
+#include "shardkit/ckpt/index.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/storage/posix_sink.hpp"
+#include "shardkit/storage/sink.hpp"
+#if __has_include("shardkit/storage/open_sink.hpp")
+#include "shardkit/storage/open_sink.hpp"
+#define SHARDKIT_CKPT_CLI_OPEN_SINK 1
+#endif
+
+namespace ckpt_cli {
+
+namespace sk = shardkit;
+namespace ck = shardkit::ckpt;
+namespace st = shardkit::storage;
+
+//! What every command takes besides its own options.
+struct common_options {
+  std::string location;
+  std::optional<std::uint64_t> step;  //!< --step N; none: the latest complete checkpoint
+  bool progress = false;              //!< --progress: bars even when stderr is not a terminal
+};
+
+//! What an error says, without the "shardkit op 'object': category:" prefix where the detail already names them.
+inline std::string message_of(const std::exception& e) {
+  if (const auto* s = dynamic_cast<const sk::error*>(&e)) {
+    const std::string& object = s->context().object;
+    if (s->detail().empty()) return s->what();
+    if (object.empty() || s->detail().find(object) != std::string::npos) return s->detail();
+    return object + ": " + s->detail();
+  }
+  return e.what();
+}
+
+//! "1.50 GiB": binary units, three significant digits; exact below 1 KiB.
+inline std::string human_bytes(std::uint64_t n) {
+  static constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (n < 1024) return std::to_string(n) + " B";
+  double v = double(n);
+  int u = 0;
+  while (v >= 1024 && u < 5) v /= 1024, ++u;
+  char out[32];
+  std::snprintf(out, sizeof out, v < 10 ? "%.2f %s" : v < 100 ? "%.1f %s" : "%.0f %s", v, units[u]);
+  return out;
+}
+
+inline std::string shape_text(const std::vector<std::uint64_t>& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+inline std::string range_text(std::uint64_t begin, std::uint64_t end) {
+  return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+}
+
+//! A size with an optional unit, as Hugging Face's max_shard_size takes it: "5GB" (10^9), "500MiB" (2^20), "123".
+inline std::optional<std::uint64_t> parse_size(std::string_view text) {
+  std::uint64_t number = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (ec != std::errc{} || end == text.data()) return std::nullopt;
+  std::string unit(end, text.data() + text.size());
+  for (auto& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
+  struct suffix {
+    const char* name;
+    std::uint64_t factor;
+  };
+  static constexpr suffix suffixes[] = {{"", 1},           {"B", 1},           {"KB", 1000},        {"MB", 1000'000},
+                                        {"GB", 1000'000'000}, {"TB", 1000'000'000'000}, {"KIB", 1ull << 10},
+                                        {"MIB", 1ull << 20}, {"GIB", 1ull << 30}, {"TIB", 1ull << 40}};
+  for (const auto& s : suffixes)
+    if (unit == s.name) {
+      if (number > UINT64_MAX / s.factor) return std::nullopt;
+      return number * s.factor;
+    }
+  return std::nullopt;
+}
+
+//! The location as a sink. Reading commands pass create = false, so that a mistyped directory is an error rather
+//! than a new empty one.
+inline st::any_sink open_location(const std::string& location, bool create) {
+#if defined(SHARDKIT_CKPT_CLI_OPEN_SINK)
+  st::open_sink_options options;
+  options.posix.create_root = create;
+  return st::open_sink(location, options);
+#else
+  if (location.find("://") != std::string::npos)
+    sk::throw_error(sk::errc::unsupported, "this shardkit-ckpt reads directories only (no storage/open_sink.hpp)",
+                    {.operation = "shardkit-ckpt", .object = location});
+  st::posix_sink_options options;
+  options.create_root = create;
+  return st::make_sink<st::posix_sink>(location, options);
+#endif
+}
+
+//! The checkpoint a command works on: --step N (whose index must exist and parse) or the newest complete one.
+inline ck::checkpoint_index choose_checkpoint(st::any_sink& sink, const common_options& o) {
+  if (o.step) {
+    auto index = ck::read_index(sink, "", *o.step);
+    if (!index) {
+      const bool has_objects = !sink.list(ck::step_prefix("", *o.step)).empty();
+      sk::throw_error(sk::errc::not_found,
+                      o.location + ": step " + std::to_string(*o.step) + " has no index " + ck::index_key("", *o.step) +
+                          (has_objects ? ", so it is not a checkpoint (debris of a save that did not commit)"
+                                       : " (no object of that step exists)"),
+                      {.operation = "shardkit-ckpt", .object = o.location});
+    }
+    return *index;
+  }
+  auto latest = ck::latest_checkpoint(sink, "");
+  if (!latest)
+    sk::throw_error(sk::errc::not_found, o.location + " holds no complete checkpoint (no step-*/index.json that parses)",
+                    {.operation = "shardkit-ckpt", .object = o.location});
+  return *latest;
+}
+
+//! The rank a file belongs to: the number in its name "rank-<digits>.safetensors", else its position in the index
+//! (the checkpointer lists files in rank order).
+inline std::uint32_t rank_of_file(const ck::checkpoint_index& index, std::size_t position) {
+  const std::string& key = index.files[position].key;
+  const auto at = key.rfind("/rank-");
+  if (at != std::string::npos) {
+    std::uint32_t r = 0;
+    const char* first = key.data() + at + 6;
+    auto [end, ec] = std::from_chars(first, key.data() + key.size(), r);
+    if (ec == std::errc{} && std::string_view(end) == ".safetensors") return r;
+  }
+  return std::uint32_t(position);
+}
+
+//! The global tensors of an index in the order they first appear (rank 0's file first: the model's order).
+inline std::vector<std::string> tensor_names(const ck::checkpoint_index& index) {
+  std::vector<std::string> names;
+  std::unordered_set<std::string> seen;
+  for (const auto& f : index.files)
+    for (const auto& t : f.tensors)
+      if (seen.insert(t.name).second) names.push_back(t.name);
+  return names;
+}
+
+}  // namespace ckpt_cli

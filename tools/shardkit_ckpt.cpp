@@ -1,0 +1,259 @@
+// shardkit-ckpt: lists, verifies, inspects and consolidates the checkpoints shardkit::ckpt::checkpointer writes.
+//
+//   shardkit-ckpt ls LOCATION
+//   shardkit-ckpt verify LOCATION [--step N]
+//   shardkit-ckpt inspect LOCATION [--step N]
+//   shardkit-ckpt consolidate LOCATION --out DIR [--step N] [--max-shard-size 5GB] [--all] [--force]
+//
+// LOCATION is what the checkpointer was given: a directory, or s3://bucket/prefix where storage/open_sink.hpp and
+// the S3 sink are built in. Without --step a command takes the newest complete checkpoint (the one a resume
+// loads). Progress bars go to stderr when it is a terminal or with --progress (--no-progress: never). Exit
+// status: 0 fine, 1 a problem (verify found one, or an error), 2 a usage error. The format is specified in
+// docs/checkpoint-format.md.
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <unistd.h>
+
+#include "ckpt_common.hpp"
+#include "ckpt_consolidate.hpp"
+#include "ckpt_verify.hpp"
+
+namespace {
+
+using namespace ckpt_cli;
+
+int usage(std::FILE* to = stderr) {
+  std::fputs(
+      "usage: shardkit-ckpt ls LOCATION\n"
+      "       shardkit-ckpt verify LOCATION [--step N]\n"
+      "       shardkit-ckpt inspect LOCATION [--step N]\n"
+      "       shardkit-ckpt consolidate LOCATION --out DIR [--step N] [--max-shard-size 5GB] [--all] [--force]\n"
+      "LOCATION: a checkpoint directory (or s3://bucket/prefix); without --step, the latest complete checkpoint.\n"
+      "  --progress / --no-progress  progress bars on stderr (default: when stderr is a terminal)\n"
+      "  --out DIR                   consolidate: where model.safetensors (or model-0000i-of-0000N.safetensors and\n"
+      "                              model.safetensors.index.json) go\n"
+      "  --max-shard-size SIZE       consolidate: largest output file's data, e.g. 5GB (10^9), 500MiB (2^20), bytes\n"
+      "  --all                       consolidate: also per-rank entries (rank/...) and optimizer state (optim.*)\n"
+      "  --force                     consolidate: replace a consolidated model already in DIR\n",
+      to);
+  return to == stdout ? 0 : 2;
+}
+
+// A table printed with each column as wide as its widest cell; the last column is not padded.
+void print_table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::size_t> width;
+  for (const auto& row : rows)
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      if (width.size() <= c) width.resize(c + 1, 0);
+      width[c] = std::max(width[c], row[c].size());
+    }
+  for (const auto& row : rows) {
+    std::string line;
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      line += row[c];
+      if (c + 1 < row.size()) line += std::string(width[c] - row[c].size() + 2, ' ');
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    std::printf("%s\n", line.c_str());
+  }
+}
+
+std::string metadata_text(const std::map<std::string, std::string>& metadata) {
+  std::string out;
+  for (const auto& [k, v] : metadata) out += (out.empty() ? "" : " ") + k + "=" + v;
+  return out;
+}
+
+std::size_t model_tensor_count(const ck::checkpoint_index& index) {
+  std::size_t n = 0;
+  for (const auto& name : tensor_names(index)) n += !name.starts_with("rank/");
+  return n;
+}
+
+// Every step under the location: complete (an index that parses and every file it lists present), damaged (an
+// index whose files are not all there), bad index, or debris (objects without an index).
+int run_ls(const common_options& o) {
+  auto sink = open_location(o.location, false);
+  const auto listed = ck::list_checkpoints(sink, "");
+  const auto latest = ck::latest_checkpoint(sink, "");
+  std::vector<std::vector<std::string>> rows{{"step", "status", "latest", "world", "files", "size", "tensors", "metadata"}};
+  std::vector<std::string> notes;
+  std::size_t complete = 0;
+  for (const auto& [step, keys] : listed.keys_by_step) {
+    const std::set<std::string> present(keys.begin(), keys.end());
+    std::optional<ck::checkpoint_index> index;
+    std::string problem;
+    if (listed.indexed.contains(step)) try {
+        index = ck::read_index(sink, "", step);
+        if (!index) problem = "its index vanished while listing";
+      } catch (const std::exception& e) {
+        problem = message_of(e);
+      }
+    const bool latest_one = latest && latest->step == step;
+    if (!index) {
+      std::uint64_t bytes = 0;
+      for (const auto& k : keys) bytes += sink.size(k).value_or(0);
+      const bool debris = !listed.indexed.contains(step);
+      rows.push_back({std::to_string(step), debris ? "debris" : "bad-index", "", "-", std::to_string(keys.size()), human_bytes(bytes), "-",
+                      debris ? "(no index: a save that did not commit)" : ""});
+      if (!debris) notes.push_back("step " + std::to_string(step) + ": " + problem);
+      continue;
+    }
+    std::uint64_t bytes = sink.size(ck::index_key("", step)).value_or(0);
+    std::size_t missing = 0;
+    for (const auto& f : index->files) {
+      bytes += f.size;
+      if (!present.contains(f.key)) {
+        ++missing;
+        notes.push_back("step " + std::to_string(step) + ": " + f.key + " is listed in its index but absent");
+      }
+    }
+    complete += missing == 0;
+    rows.push_back({std::to_string(step), missing ? "damaged" : "complete", latest_one ? "latest" : "", std::to_string(index->world_size),
+                    std::to_string(index->files.size()), human_bytes(bytes), std::to_string(model_tensor_count(*index)),
+                    metadata_text(index->metadata)});
+  }
+  std::printf("%s: %zu step%s, %zu complete checkpoint%s%s\n", o.location.c_str(), listed.keys_by_step.size(),
+              listed.keys_by_step.size() == 1 ? "" : "s", complete, complete == 1 ? "" : "s",
+              latest ? (", latest step " + std::to_string(latest->step)).c_str() : "");
+  if (rows.size() > 1) print_table(rows);
+  for (const auto& n : notes) std::printf("note: %s\n", n.c_str());
+  return 0;
+}
+
+int run_verify(const common_options& o) {
+  auto sink = open_location(o.location, false);
+  const auto index = choose_checkpoint(sink, o);
+  std::printf("verifying step %llu of %s: world size %u, %zu files\n", static_cast<unsigned long long>(index.step),
+              o.location.c_str(), index.world_size, index.files.size());
+  const auto summary = verify_checkpoint(sink, index, o.progress, stdout);
+  for (const auto& p : summary.problems) std::printf("error: %s\n", p.c_str());
+  std::printf("step %llu: %zu files, %zu tensors, %s checked: %s\n", static_cast<unsigned long long>(index.step), summary.files,
+              summary.tensors, human_bytes(summary.bytes).c_str(),
+              summary.problems.empty() ? "OK" : (std::to_string(summary.problems.size()) + " problems").c_str());
+  return summary.problems.empty() ? 0 : 1;
+}
+
+int run_inspect(const common_options& o) {
+  auto sink = open_location(o.location, false);
+  const auto index = choose_checkpoint(sink, o);
+  std::uint64_t bytes = 0;
+  for (const auto& f : index.files) bytes += f.size;
+  std::printf("step %llu of %s: world size %u, %zu files, %s%s%s\n", static_cast<unsigned long long>(index.step), o.location.c_str(),
+              index.world_size, index.files.size(), human_bytes(bytes).c_str(), index.metadata.empty() ? "" : ", metadata: ",
+              metadata_text(index.metadata).c_str());
+  const ck::load_plan plan(index);
+  std::map<const ck::index_file*, std::uint32_t> rank;
+  for (std::size_t p = 0; p < index.files.size(); ++p) rank[&index.files[p]] = rank_of_file(index, p);
+  std::vector<std::vector<std::string>> rows{{"name", "dtype", "shape", "size", "pieces"}};
+  for (const auto& name : tensor_names(index)) {
+    const auto pieces = plan.pieces(name);
+    const ck::index_tensor& t = *pieces.front().tensor;
+    std::uint64_t numel = 1;
+    for (auto d : t.global_shape) numel *= d;
+    std::string ranges = std::to_string(pieces.size()) + ":";
+    for (const auto& p : pieces) ranges += " r" + std::to_string(rank[p.file]) + " " + range_text(p.tensor->begin, p.tensor->end);
+    rows.push_back({name, std::string(ck::safetensors_dtype(t.type)), shape_text(t.global_shape),
+                    human_bytes(numel * sk::size_of(t.type)), ranges});
+  }
+  print_table(rows);
+  std::printf("%zu tensors; pieces are elements [begin, end) of the flattened tensor, rN the rank whose file holds them\n",
+              rows.size() - 1);
+  return 0;
+}
+
+int run_consolidate(const common_options& o, const consolidate_options& c) {
+  auto sink = open_location(o.location, false);
+  const auto index = choose_checkpoint(sink, o);
+  const auto summary = consolidate_checkpoint(sink, o.location, index, c, o.progress);
+  std::printf("consolidated step %llu of %s into %s: %zu tensors, %s in %zu file%s\n", static_cast<unsigned long long>(index.step),
+              o.location.c_str(), c.out.c_str(), summary.tensors, human_bytes(summary.total_size).c_str(), summary.files.size(),
+              summary.files.size() == 1 ? "" : "s");
+  for (const auto& [key, size] : summary.files) std::printf("  %s  %s\n", key.c_str(), human_bytes(size).c_str());
+  if (summary.excluded_rank_entries || summary.excluded_optimizer)
+    std::printf("left out %zu per-rank entries (rank/...) and %zu optimizer tensors (optim.*); --all includes them\n",
+                summary.excluded_rank_entries, summary.excluded_optimizer);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return usage();
+  const std::string_view command = argv[1];
+  if (command == "-h" || command == "--help" || command == "help") return usage(stdout);
+  if (command != "ls" && command != "verify" && command != "inspect" && command != "consolidate") {
+    std::fprintf(stderr, "shardkit-ckpt: unknown command '%s'\n", argv[1]);
+    return usage();
+  }
+  common_options o;
+  o.progress = ::isatty(STDERR_FILENO) == 1;
+  consolidate_options c;
+  bool out_given = false;
+  for (int i = 2; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&](std::string_view name) -> std::optional<std::string> {
+      if (i + 1 < argc) return std::string(argv[++i]);
+      std::fprintf(stderr, "shardkit-ckpt: %s needs a value\n", std::string(name).c_str());
+      return std::nullopt;
+    };
+    if (a == "-h" || a == "--help") return usage(stdout);
+    if (a == "--progress") o.progress = true;
+    else if (a == "--no-progress") o.progress = false;
+    else if (a == "--step" && command != "ls") {
+      const auto v = value(a);
+      std::uint64_t step = 0;
+      if (!v) return usage();
+      auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), step);
+      if (ec != std::errc{} || end != v->data() + v->size()) {
+        std::fprintf(stderr, "shardkit-ckpt: --step takes a step number, not '%s'\n", v->c_str());
+        return 2;
+      }
+      o.step = step;
+    } else if (a == "--out" && command == "consolidate") {
+      const auto v = value(a);
+      if (!v) return usage();
+      c.out = *v;
+      out_given = true;
+    } else if (a == "--max-shard-size" && command == "consolidate") {
+      const auto v = value(a);
+      if (!v) return usage();
+      const auto size = parse_size(*v);
+      if (!size || *size == 0) {
+        std::fprintf(stderr, "shardkit-ckpt: --max-shard-size takes a size such as 5GB, 500MiB or 1000000, not '%s'\n", v->c_str());
+        return 2;
+      }
+      c.max_shard_size = *size;
+    } else if (a == "--all" && command == "consolidate") c.all = true;
+    else if (a == "--force" && command == "consolidate") c.force = true;
+    else if (!a.starts_with("-") && o.location.empty()) o.location = a;
+    else {
+      std::fprintf(stderr, "shardkit-ckpt %s: unexpected argument '%s'\n", argv[1], argv[i]);
+      return usage();
+    }
+  }
+  if (o.location.empty()) {
+    std::fprintf(stderr, "shardkit-ckpt %s: no LOCATION\n", argv[1]);
+    return usage();
+  }
+  if (command == "consolidate" && !out_given) {
+    std::fprintf(stderr, "shardkit-ckpt consolidate: --out DIR is required\n");
+    return usage();
+  }
+  try {
+    if (command == "ls") return run_ls(o);
+    if (command == "verify") return run_verify(o);
+    if (command == "inspect") return run_inspect(o);
+    return run_consolidate(o, c);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "shardkit-ckpt %s: %s\n", argv[1], message_of(e).c_str());
+    return 1;
+  }
+}
