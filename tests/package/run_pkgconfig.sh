@@ -1,19 +1,22 @@
 #!/bin/sh
-# package_pkg_config: installs the build tree to WORK_DIR/prefix and builds consumers with nothing but
-# pkg-config and the compiler, as a Makefile project would:
+# package_pkg_config: configures the source headers-only (no tests, tools, examples or benchmarks: the install
+# docs/packaging.md describes, and independent of what the enclosing build has built yet), installs it to
+# WORK_DIR/prefix and builds consumers with nothing but pkg-config and the compiler, as a Makefile project would:
 #   1. test_package/test_package.cpp with `pkg-config --cflags --libs shardkit` (the core alone);
 #   2. tests/package/consumer/main.cpp (TCP transport, fsdp, ckpt) with shardkit shardkit-tcp shardkit-ckpt.
 # Both run. Skips (77) with the reason when pkg-config is missing.
-#   run_pkgconfig.sh SOURCE_DIR BINARY_DIR WORK_DIR CXX
+#   run_pkgconfig.sh SOURCE_DIR WORK_DIR CXX GENERATOR
 set -eu
-src=$1 bin=$2 work=$3 cxx=$4
+src=$1 work=$2 cxx=$3 generator=$4
 if ! command -v pkg-config >/dev/null 2>&1; then
   echo "SKIP: pkg-config not on PATH (Debian: apt-get install pkg-config)"
   exit 77
 fi
 rm -rf "$work"
 mkdir -p "$work"
-cmake --install "$bin" --prefix "$work/prefix" >/dev/null
+cmake -S "$src" -B "$work/build" -G "$generator" -DCMAKE_CXX_COMPILER="$cxx" -DSHARDKIT_BUILD_TESTS=OFF \
+  -DSHARDKIT_BUILD_TOOLS=OFF -DSHARDKIT_BUILD_EXAMPLES=OFF -DSHARDKIT_BUILD_BENCH=OFF >/dev/null
+cmake --install "$work/build" --prefix "$work/prefix" >/dev/null
 pcdir=$(dirname "$(find "$work/prefix" -name shardkit.pc | head -n1)")
 [ -f "$pcdir/shardkit.pc" ] || { echo "no shardkit.pc under $work/prefix"; exit 1; }
 export PKG_CONFIG_PATH="$pcdir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
