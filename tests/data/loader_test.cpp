@@ -404,3 +404,27 @@ TEST_CASE("[data] a failed read surfaces from next() naming the file; reloading 
   while (recovered.size() < clean.size()) append(recovered, l.next());
   CHECK(recovered == clean);
 }
+
+TEST_CASE("[data] with a global batch that is a multiple of the logical shards, every world size sees the same global batches") {
+  two_datasets ds;
+  auto global_batches = [&](int world) {
+    auto o = ds.options();
+    o.batch_size = 24 / world;  // global batch 24 = 2 x 12 logical shards
+    simulated_run run(ds.sink, o, world);
+    std::vector<std::vector<delivered>> steps;
+    for (int i = 0; i < 15; ++i) {
+      std::vector<delivered> all;
+      for (auto& r : run.ranks) append(all, r->next());
+      std::sort(all.begin(), all.end(), [](const delivered& a, const delivered& b) {
+        return std::tie(a.shard, a.tokens) < std::tie(b.shard, b.tokens);
+      });
+      steps.push_back(std::move(all));
+    }
+    return steps;
+  };
+  const auto one = global_batches(1);
+  for (int world : {2, 3, 4, 6, 12}) {
+    CAPTURE(world);
+    CHECK(global_batches(world) == one);
+  }
+}
