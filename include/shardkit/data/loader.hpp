@@ -211,6 +211,10 @@ class loader {
     if (states.size() != old_world)
       bad(errc::invalid_argument, std::to_string(states.size()) + " blobs from a world of " + std::to_string(old_world) +
                                       ": every rank's blob is needed");
+    for (const auto& s : states)
+      if (s.weights.size() != layouts_.size())
+        bad(errc::mismatch, "rank " + std::to_string(s.rank) + "'s state mixes " + std::to_string(s.weights.size()) +
+                                " datasets, this loader " + std::to_string(layouts_.size()));
     std::vector<bool> rank_seen(old_world), shard_seen(options_.logical_shards);
     std::vector<shard_state> all(options_.logical_shards);
     for (const auto& s : states) {
@@ -232,8 +236,6 @@ class loader {
     }
     for (std::uint32_t id = 0; id < options_.logical_shards; ++id)
       if (!shard_seen[id]) bad(errc::invalid_argument, "logical shard " + std::to_string(id) + " is in no blob");
-    if (states[0].weights.size() != layouts_.size())
-      bad(errc::mismatch, "the state mixes " + std::to_string(states[0].weights.size()) + " datasets");
     stop();
     rank_ = rank;
     world_ = world;
