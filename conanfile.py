@@ -51,13 +51,14 @@ class ShardkitConan(ConanFile):
     exports_sources = "include/*", "CMakeLists.txt"
     no_copy_source = True
 
-    # Debian/Ubuntu package that provides each option's system dependency.
+    # The Debian/Ubuntu packages that provide each option's system dependency: alternatives, the first
+    # complete one wins (libcurl's development files come in an OpenSSL and a GnuTLS flavour).
     _apt_packages = {
-        "with_tcp": ["libboost-dev"],
-        "with_gloo": ["libgloo-dev"],
-        "with_fabric": ["libfabric-dev"],
-        "with_ckpt": ["libxxhash-dev", "nlohmann-json3-dev"],
-        "with_s3": ["libcurl4-openssl-dev"],
+        "with_tcp": [["libboost-dev"]],
+        "with_gloo": [["libgloo-dev"]],
+        "with_fabric": [["libfabric-dev"]],
+        "with_ckpt": [["libxxhash-dev", "nlohmann-json3-dev"]],
+        "with_s3": [["libcurl4-openssl-dev"], ["libcurl4-gnutls-dev"]],
         # NCCL and CUDA come from NVIDIA's installers or repositories, under names that vary: not checked here.
     }
 
@@ -88,9 +89,13 @@ class ShardkitConan(ConanFile):
 
     def system_requirements(self):
         apt = Apt(self)
-        wanted = [p for opt, pkgs in self._apt_packages.items() if self.options.get_safe(opt) for p in pkgs]
-        if wanted:
-            apt.install(wanted, update=False, check=True)
+        for option, alternatives in self._apt_packages.items():
+            if not self.options.get_safe(option):
+                continue
+            if len(alternatives) == 1:  # its error names the missing package
+                apt.install(alternatives[0], update=False, check=True)
+            else:
+                apt.install_substitutes(*alternatives, update=False, check=True)
 
     def build(self):
         pass  # nothing to compile
