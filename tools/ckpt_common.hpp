@@ -46,6 +46,11 @@ inline std::string message_of(const std::exception& e) {
   return e.what();
 }
 
+//! "1 problem", "2 problems".
+inline std::string plural(std::size_t n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
 //! "1.50 GiB": binary units, three significant digits; exact below 1 KiB.
 inline std::string human_bytes(std::uint64_t n) {
   static constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};

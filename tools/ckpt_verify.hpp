@@ -192,7 +192,7 @@ inline verify_summary verify_checkpoint(st::any_sink& sink, const ck::checkpoint
         problems.push_back(f.key + ": tensor '" + h.name + "' is in the file but not in the index");
     const std::size_t found = problems.size() - problems_before;
     std::fprintf(out, "%s  %s  %zu tensors, %s%s\n", found ? "FAIL" : "ok  ", f.key.c_str(), f.tensors.size(),
-                 human_bytes(header.file_size).c_str(), found ? (", " + std::to_string(found) + " problems").c_str() : "");
+                 human_bytes(header.file_size).c_str(), found ? (", " + plural(found, "problem")).c_str() : "");
   }
   bar.finish();
   return summary;

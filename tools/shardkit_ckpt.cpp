@@ -136,7 +136,7 @@ int run_verify(const common_options& o) {
   for (const auto& p : summary.problems) std::printf("error: %s\n", p.c_str());
   std::printf("step %llu: %zu files, %zu tensors, %s checked: %s\n", static_cast<unsigned long long>(index.step), summary.files,
               summary.tensors, human_bytes(summary.bytes).c_str(),
-              summary.problems.empty() ? "OK" : (std::to_string(summary.problems.size()) + " problems").c_str());
+              summary.problems.empty() ? "OK" : plural(summary.problems.size(), "problem").c_str());
   return summary.problems.empty() ? 0 : 1;
 }
 

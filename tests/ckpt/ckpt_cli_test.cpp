@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -18,11 +19,12 @@
 
 #include "shardkit/ckpt/checkpointer.hpp"
 #include "shardkit/comm/loopback_world.hpp"
+#include "shardkit/storage/memory_sink.hpp"
 #include "shardkit/storage/posix_sink.hpp"
 #include "support/harness.hpp"
 
-#ifndef SHARDKIT_CKPT_PATH
-#error "SHARDKIT_CKPT_PATH (the shardkit-ckpt binary) is set by tests/ckpt/CMakeLists.txt"
+#if !defined(SHARDKIT_CKPT_PATH) || !defined(SHARDKIT_CKPT_FORMAT_DOC)
+#error "SHARDKIT_CKPT_PATH (the shardkit-ckpt binary) and SHARDKIT_CKPT_FORMAT_DOC are set by tests/ckpt/CMakeLists.txt"
 #endif
 
 namespace sk = shardkit;
@@ -232,7 +234,7 @@ TEST_CASE("[ckpt] shardkit-ckpt ls, verify, inspect and consolidate a 3-rank che
     CHECK(error.find("bytes [" + std::to_string(ck::checksum_chunk_bytes) + ", " + std::to_string(t.nbytes()) + ")") != std::string::npos);
     CHECK(line_with(r.output, "rank-00001.safetensors").starts_with("FAIL"));
     CHECK(line_with(r.output, "rank-00000.safetensors").starts_with("ok"));
-    CHECK(r.output.find("1 problems") != std::string::npos);
+    CHECK(r.output.find("checked: 1 problem\n") != std::string::npos);
     CHECK(run_tool("verify " + loc + " --step 1").status == 0);  // the other checkpoint is untouched
 
     // consolidate refuses to write the bad bytes, naming the tensor.
@@ -343,4 +345,43 @@ TEST_CASE("[ckpt] shardkit-ckpt: clear errors for a bad location or bad argument
   CHECK(run_tool("consolidate " + empty.path.string() + " --out x --max-shard-size 5XB").status == 2);
   CHECK(run_tool("frobnicate " + empty.path.string()).status == 2);
   CHECK(run_tool("--help").status == 0);
+}
+
+TEST_CASE("[ckpt] docs/checkpoint-format.md: its example index is what the library writes, byte for byte") {
+  std::ifstream in(SHARDKIT_CKPT_FORMAT_DOC);
+  REQUIRE(in);
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto intro = doc.find("byte for byte");
+  REQUIRE(intro != std::string::npos);
+  const auto begin = doc.find("```text\n", intro) + 8;
+  const std::string documented = doc.substr(begin, doc.find("\n```", begin) - begin);
+
+  // Section 3.3's checkpoint, written as the checkpointer writes it.
+  auto sink = st::make_sink<st::memory_sink>();
+  const std::uint64_t step = 100;
+  const std::vector<float> w{0, 0.5f, 1, 1.5f, 2, 2.5f}, b{1, 2, 3};
+  const std::vector<std::byte> loader[2] = {std::vector<std::byte>(3, std::byte{7}), std::vector<std::byte>(3, std::byte{9})};
+  ck::checkpoint_index index{step, 2, {{"run", "example"}}, {}};
+  for (int r = 0; r < 2; ++r) {
+    std::vector<ck::tensor_source> sources{ck::tensor_piece("layer.w", sk::dtype::f32, {2, 3}, std::uint64_t(3 * r), std::uint64_t(3 * r + 3),
+                                                            std::as_bytes(std::span(w).subspan(std::size_t(3 * r), 3)))};
+    if (r == 0) sources.push_back(ck::whole_tensor("layer.b", sk::dtype::f32, {3}, std::as_bytes(std::span(b))));
+    sources.push_back(ck::whole_tensor(ck::rank_entry_tensor(r, "loader"), sk::dtype::u8, {3}, loader[r]));
+    index.files.push_back(ck::describe_file(ck::write_safetensors(
+        sink, ck::rank_file_key("", step, r), sources,
+        {{"step", std::to_string(step)}, {"rank", std::to_string(r)}, {"world_size", "2"}})));
+  }
+  CHECK(ck::to_json(index) == documented);
+  CHECK(ck::parse_index(documented, "the documented index") == index);
+
+  // Rank 1's file: N = 392 (88 01 ...), 415 bytes, data 1.5 2 2.5 then the loader's 09 09 09.
+  const auto file = st::get_object(sink, ck::rank_file_key("", step, 1));
+  REQUIRE(file.size() == 415);
+  CHECK(std::to_integer<int>(file[0]) == 0x88);
+  CHECK(std::to_integer<int>(file[1]) == 0x01);
+  const std::vector<std::byte> data(file.end() - 15, file.end());
+  const std::vector<std::byte> expected{std::byte{0x00}, std::byte{0x00}, std::byte{0xc0}, std::byte{0x3f}, std::byte{0x00},
+                                        std::byte{0x00}, std::byte{0x00}, std::byte{0x40}, std::byte{0x00}, std::byte{0x00},
+                                        std::byte{0x20}, std::byte{0x40}, std::byte{0x09}, std::byte{0x09}, std::byte{0x09}};
+  CHECK(data == expected);
 }
