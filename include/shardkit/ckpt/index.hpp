@@ -17,6 +17,7 @@
 //! whose size does not match the range or that run past the file's size, a tensor whose dtype or global shape
 //! differs between files, non-string metadata.
 #include <cstdint>
+#include <charconv>
 #include <map>
 #include <string>
 #include <string_view>
@@ -79,29 +80,138 @@ inline index_file describe_file(const file_table& table) {
   return f;
 }
 
-//! The index as compact JSON text (4096 ranks x 1000 tensors is ~0.5 GB indented, ~0.4 GB compact: compact).
-inline std::string to_json(const checkpoint_index& index) {
-  using ojson = nlohmann::ordered_json;
-  ojson files = ojson::array();
-  for (const auto& f : index.files) {
-    ojson tensors = ojson::array();
-    for (const auto& t : f.tensors) {
-      tensors.push_back({{"name", t.name}, {"dtype", safetensors_dtype(t.type)}, {"global_shape", t.global_shape},
-                         {"begin", t.begin}, {"end", t.end}, {"data_offsets", {t.data_begin, t.data_end}},
-                         {"xxh64", checksum_to_hex(t.xxh64)}});
-      if (!t.chunk_xxh64.empty()) {
-        ojson chunks = ojson::array();
-        for (auto c : t.chunk_xxh64) chunks.push_back(checksum_to_hex(c));
-        tensors.back()["chunk_xxh64"] = std::move(chunks);
-      }
+namespace detail {
+// JSON string escaping for names and metadata (RFC 8259: quote, backslash and control characters).
+inline void append_json_string(std::string& out, std::string_view v) {
+  out += '"';
+  for (char c : v) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          static constexpr char hex[] = "0123456789abcdef";
+          out += "\\u00";
+          out += hex[(c >> 4) & 0xf];
+          out += hex[c & 0xf];
+        } else {
+          out += c;
+        }
     }
-    files.push_back({{"key", f.key}, {"size", f.size}, {"tensors", std::move(tensors)}});
   }
-  ojson meta = ojson::object();
-  for (const auto& [k, v] : index.metadata) meta[k] = v;
-  ojson root = {{"format", index_format_name}, {"version", index_format_version}, {"step", index.step},
-                {"world_size", index.world_size}, {"metadata", std::move(meta)}, {"files", std::move(files)}};
-  return root.dump();
+  out += '"';
+}
+inline void append_u64(std::string& out, std::uint64_t v) {
+  char buf[24];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, end);
+}
+}  // namespace detail
+
+//! The index as compact JSON text, written directly (4096 ranks x 1000 tensors is ~0.5 GB: a JSON library's
+//! document tree would cost seconds and gigabytes; this costs one pass).
+inline std::string to_json(const checkpoint_index& index) {
+  using detail::append_json_string;
+  using detail::append_u64;
+  std::string out;
+  std::size_t estimate = 256;
+  for (const auto& f : index.files) estimate += 64 + f.key.size() + f.tensors.size() * 192;
+  out.reserve(estimate);
+  out += "{\"format\":";
+  append_json_string(out, index_format_name);
+  out += ",\"version\":";
+  append_u64(out, index_format_version);
+  out += ",\"step\":";
+  append_u64(out, index.step);
+  out += ",\"world_size\":";
+  append_u64(out, index.world_size);
+  out += ",\"metadata\":{";
+  bool first = true;
+  for (const auto& [k, v] : index.metadata) {
+    if (!first) out += ',';
+    first = false;
+    append_json_string(out, k);
+    out += ':';
+    append_json_string(out, v);
+  }
+  out += "},\"files\":[";
+  for (std::size_t i = 0; i < index.files.size(); ++i) {
+    const auto& f = index.files[i];
+    if (i) out += ',';
+    out += "{\"key\":";
+    append_json_string(out, f.key);
+    out += ",\"size\":";
+    append_u64(out, f.size);
+    out += ",\"tensors\":[";
+    for (std::size_t j = 0; j < f.tensors.size(); ++j) {
+      const auto& t = f.tensors[j];
+      if (j) out += ',';
+      out += "{\"name\":";
+      append_json_string(out, t.name);
+      out += ",\"dtype\":\"";
+      out += safetensors_dtype(t.type);
+      out += "\",\"global_shape\":[";
+      for (std::size_t d = 0; d < t.global_shape.size(); ++d) {
+        if (d) out += ',';
+        append_u64(out, t.global_shape[d]);
+      }
+      out += "],\"begin\":";
+      append_u64(out, t.begin);
+      out += ",\"end\":";
+      append_u64(out, t.end);
+      out += ",\"data_offsets\":[";
+      append_u64(out, t.data_begin);
+      out += ',';
+      append_u64(out, t.data_end);
+      out += "],\"xxh64\":\"";
+      out += checksum_to_hex(t.xxh64);
+      out += '"';
+      if (!t.chunk_xxh64.empty()) {
+        out += ",\"chunk_xxh64\":[";
+        for (std::size_t c = 0; c < t.chunk_xxh64.size(); ++c) {
+          if (c) out += ',';
+          out += '"';
+          out += checksum_to_hex(t.chunk_xxh64[c]);
+          out += '"';
+        }
+        out += ']';
+      }
+      out += '}';
+    }
+    out += "]}";
+  }
+  out += "]}";
+  return out;
+}
+
+//! The checks parse_index makes of one file's entry, on the struct (what a rank sends rank 0 in a commit round is
+//! checked the same way as an index read from storage). Throws errc::protocol starting with `where`.
+inline void check_index_file(const index_file& f, const std::string& where) {
+  auto bad = [&](const std::string& what) {
+    throw_error(errc::protocol, where + ": file '" + f.key + "': " + what, {.operation = "ckpt.index", .object = f.key});
+  };
+  if (auto why = storage::detail::key_problem(f.key, false); !why.empty()) bad(why);
+  std::unordered_set<std::string_view> names;
+  names.reserve(f.tensors.size());
+  for (const auto& t : f.tensors) {
+    auto bad_tensor = [&](const std::string& what) { bad("tensor '" + t.name + "': " + what); };
+    if (!names.insert(t.name).second) bad_tensor("listed twice in the file");
+    std::uint64_t numel = 0;
+    if (!detail::shape_numel(t.global_shape, numel) || t.begin > t.end || t.end > numel)
+      bad_tensor("range [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + ") is not within global shape " +
+                 detail::describe_shape(t.global_shape));
+    if (t.data_begin > t.data_end || (t.end - t.begin) > UINT64_MAX / size_of(t.type) ||
+        t.data_end - t.data_begin != (t.end - t.begin) * size_of(t.type))
+      bad_tensor("data_offsets span " + std::to_string(t.data_end - t.data_begin) + " bytes for " +
+                 std::to_string(t.end - t.begin) + " elements of " + std::string(safetensors_dtype(t.type)));
+    if (t.data_end > f.size) bad_tensor("data_offsets end past the file's size " + std::to_string(f.size));
+    const std::uint64_t chunks = t.nbytes() > checksum_chunk_bytes ? (t.nbytes() + checksum_chunk_bytes - 1) / checksum_chunk_bytes : 0;
+    if (t.chunk_xxh64.size() != chunks)
+      bad_tensor(std::to_string(t.chunk_xxh64.size()) + " chunk checksums for " + std::to_string(chunks) + " chunks");
+  }
 }
 
 //! Parses and validates index text; `key` (the index's object key) names it in errors. See the file comment.

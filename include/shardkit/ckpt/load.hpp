@@ -52,11 +52,23 @@ class load_plan {
   };
 
   explicit load_plan(const checkpoint_index& index) {
+    // Ranks' files list the same tensors in the same order, usually: the previous file's bucket for position j
+    // is tried before hashing the name (4096 ranks x 1000 tensors: 4 M lookups).
+    std::vector<std::pair<const std::string*, std::vector<source>*>> previous;
     for (const auto& f : index.files) {
       std::uint64_t data = 0;
       for (const auto& t : f.tensors) data = std::max(data, t.data_end);
       const std::uint64_t start = f.size - data;
-      for (const auto& t : f.tensors) by_name_[t.name].push_back({&f, &t, start});
+      if (previous.size() < f.tensors.size()) previous.resize(f.tensors.size(), {nullptr, nullptr});
+      for (std::size_t j = 0; j < f.tensors.size(); ++j) {
+        const auto& t = f.tensors[j];
+        auto& [name, bucket] = previous[j];
+        if (!name || *name != t.name) {
+          bucket = &by_name_[t.name];
+          name = &t.name;
+        }
+        bucket->push_back({&f, &t, start});
+      }
     }
     for (auto& [name, v] : by_name_)
       std::sort(v.begin(), v.end(), [](const source& a, const source& b) { return a.tensor->begin < b.tensor->begin; });
