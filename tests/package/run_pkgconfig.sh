@@ -3,8 +3,10 @@
 # docs/packaging.md describes, and independent of what the enclosing build has built yet), installs it to
 # WORK_DIR/prefix and builds consumers with nothing but pkg-config and the compiler, as a Makefile project would:
 #   1. test_package/test_package.cpp with `pkg-config --cflags --libs shardkit` (the core alone);
-#   2. tests/package/consumer/main.cpp (TCP transport, fsdp, ckpt) with shardkit shardkit-tcp shardkit-ckpt.
-# Both run. Skips (77) with the reason when pkg-config is missing.
+#   2. tests/package/consumer/main.cpp (TCP transport, fsdp, ckpt) with shardkit shardkit-tcp shardkit-ckpt;
+#   3. test_package.cpp again with every shardkit-<backend> module the install has: it then includes each
+#      backend's header and calls into its system library, so each .pc file's flags are checked.
+# All run. Skips (77) with the reason when pkg-config is missing.
 #   run_pkgconfig.sh SOURCE_DIR WORK_DIR CXX GENERATOR
 set -eu
 src=$1 work=$2 cxx=$3 generator=$4
@@ -31,3 +33,10 @@ pkg-config --print-errors --exists $mods
 # shellcheck disable=SC2046
 "$cxx" -O1 -o "$work/consumer" "$src/tests/package/consumer/main.cpp" $(pkg-config --cflags --libs $mods)
 "$work/consumer"
+all=shardkit
+for m in tcp ckpt s3 gloo fabric nccl; do
+  if pkg-config --exists "shardkit-$m"; then all="$all shardkit-$m"; fi
+done
+# shellcheck disable=SC2046
+"$cxx" -o "$work/all_consumer" "$src/test_package/test_package.cpp" $(pkg-config --cflags --libs $all)
+"$work/all_consumer"
