@@ -128,7 +128,11 @@ inline ck::checkpoint_index choose_checkpoint(st::any_sink& sink, const common_o
   }
   auto latest = ck::latest_checkpoint(sink, "");
   if (!latest)
-    sk::throw_error(sk::errc::not_found, o.location + " holds no complete checkpoint (no step-*/index.json that parses)",
+    sk::throw_error(sk::errc::not_found,
+                    o.location + " holds no complete checkpoint (no step-*/index.json that parses)" +
+                        (sink.exists(std::string(ck::index_object_name))
+                             ? "; it looks like one checkpoint's step-* directory: give its parent and --step N"
+                             : ""),
                     {.operation = "shardkit-ckpt", .object = o.location});
   return *latest;
 }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,9 @@
 #include "shardkit/storage/memory_sink.hpp"
 #include "shardkit/storage/posix_sink.hpp"
 #include "support/harness.hpp"
+#if defined(SHARDKIT_HAS_S3)
+#include "shardkit/storage/open_sink.hpp"
+#endif
 
 #if !defined(SHARDKIT_CKPT_PATH) || !defined(SHARDKIT_CKPT_FORMAT_DOC)
 #error "SHARDKIT_CKPT_PATH (the shardkit-ckpt binary) and SHARDKIT_CKPT_FORMAT_DOC are set by tests/ckpt/CMakeLists.txt"
@@ -200,6 +204,38 @@ TEST_CASE("[ckpt] shardkit-ckpt ls, verify, inspect and consolidate a 3-rank che
     CHECK(step2.find("run=cli-test") != std::string::npos);
     CHECK(step2.find("  3  ") != std::string::npos);  // world size and files
     CHECK(step3.find("debris") != std::string::npos);
+  }
+
+  SUBCASE("ls and verify: an index that does not parse, a file missing, records that disagree") {
+    st::put_object(sink, ck::index_key("", 1), st::as_bytes("{\"format\": \"shardkit.ckpt\", \"version\": 1"));
+    REQUIRE(sink.remove(ck::rank_file_key("", 2, 2)));
+    auto r = run_tool("ls " + loc);
+    INFO("shardkit-ckpt said:\n", r.output);
+    CHECK(r.status == 0);
+    CHECK(r.output.find("3 steps, 0 complete checkpoints, latest step 2") != std::string::npos);
+    CHECK(line_with(r.output, "\n1 ").find("bad-index") != std::string::npos);
+    CHECK(line_with(r.output, "\n2 ").find("damaged") != std::string::npos);
+    CHECK(line_with(r.output, "note: step 1:").find("malformed checkpoint index") != std::string::npos);
+    CHECK(line_with(r.output, "note: step 2:").find("rank-00002.safetensors is listed in its index but absent") != std::string::npos);
+
+    r = run_tool("verify " + loc);
+    CHECK(r.status == 1);
+    CHECK(line_with(r.output, "FAIL").find("rank-00002.safetensors") != std::string::npos);
+    CHECK(r.output.find("no such checkpoint file") != std::string::npos);
+
+    // The index says another checksum than the file's header (and the data) for one tensor.
+    auto index = *ck::read_index(sink, "", 2);
+    index.files[0].tensors[0].xxh64 ^= 1;
+    st::put_object(sink, ck::index_key("", 2), st::as_bytes(ck::to_json(index)));
+    r = run_tool("verify " + loc);
+    const std::string name = index.files[0].tensors[0].name;
+    CHECK(r.status == 1);
+    CHECK(line_with(r.output, "the file's header says xxh64").find("rank-00000.safetensors, tensor '" + name + "'") != std::string::npos);
+    CHECK(line_with(r.output, "checksum mismatch").find("tensor '" + name + "'") != std::string::npos);
+
+    r = run_tool("verify " + loc + "/" + ck::step_prefix("", 2));
+    CHECK(r.status == 1);
+    CHECK(r.output.find("give its parent and --step N") != std::string::npos);
   }
 
   SUBCASE("verify passes, then names the file, the tensor and the bytes of a flipped byte") {
@@ -385,3 +421,33 @@ TEST_CASE("[ckpt] docs/checkpoint-format.md: its example index is what the libra
                                         std::byte{0x20}, std::byte{0x40}, std::byte{0x09}, std::byte{0x09}, std::byte{0x09}};
   CHECK(data == expected);
 }
+
+#if defined(SHARDKIT_HAS_S3)
+TEST_CASE("[ckpt] shardkit-ckpt over s3://bucket/prefix (the server scripts/test starts)") {
+  const char* endpoint = std::getenv("AWS_ENDPOINT_URL");
+  const char* bucket = std::getenv("SHARDKIT_TEST_S3_BUCKET");
+  if (!endpoint || !*endpoint || !bucket || !*bucket) {
+    MESSAGE("[ckpt] the s3:// case skipped: no test S3 server (scripts/test starts s3rver and sets AWS_ENDPOINT_URL)");
+    return;
+  }
+  temp_dir dir("s3");
+  write_checkpoints(dir.path);
+  const std::string location = std::string("s3://") + bucket + "/ckpt-cli-" + std::to_string(::getpid());
+  st::any_sink s3 = st::open_sink(location);
+  st::any_sink local = st::make_sink<st::posix_sink>(dir.path, st::posix_sink_options{.create_root = false});
+  for (const auto& key : local.list("")) st::put_object(s3, key, st::get_object(local, key));
+
+  auto r = run_tool("ls " + location);
+  INFO("shardkit-ckpt said:\n", r.output);
+  CHECK(r.status == 0);
+  CHECK(r.output.find("3 steps, 2 complete checkpoints, latest step 2") != std::string::npos);
+  r = run_tool("verify " + location);
+  CHECK(r.status == 0);
+  CHECK(r.output.find(": OK") != std::string::npos);
+  temp_dir out("s3-out");
+  r = run_tool("consolidate " + location + " --out " + out.path.string() + " --step 1");
+  REQUIRE(r.status == 0);
+  check_consolidated(out.path, local, 1, {"model.safetensors"});
+  for (const auto& key : s3.list("")) s3.remove(key);
+}
+#endif
