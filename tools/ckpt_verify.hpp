@@ -191,7 +191,7 @@ inline verify_summary verify_checkpoint(st::any_sink& sink, const ck::checkpoint
       if (!listed.contains(h.name))
         problems.push_back(f.key + ": tensor '" + h.name + "' is in the file but not in the index");
     const std::size_t found = problems.size() - problems_before;
-    std::fprintf(out, "%s  %s  %zu tensors, %s%s\n", found ? "FAIL" : "ok  ", f.key.c_str(), f.tensors.size(),
+    std::fprintf(out, "%s  %s  %s, %s%s\n", found ? "FAIL" : "ok  ", f.key.c_str(), plural(f.tensors.size(), "tensor").c_str(),
                  human_bytes(header.file_size).c_str(), found ? (", " + plural(found, "problem")).c_str() : "");
   }
   bar.finish();

@@ -134,8 +134,8 @@ int run_verify(const common_options& o) {
               o.location.c_str(), index.world_size, index.files.size());
   const auto summary = verify_checkpoint(sink, index, o.progress, stdout);
   for (const auto& p : summary.problems) std::printf("error: %s\n", p.c_str());
-  std::printf("step %llu: %zu files, %zu tensors, %s checked: %s\n", static_cast<unsigned long long>(index.step), summary.files,
-              summary.tensors, human_bytes(summary.bytes).c_str(),
+  std::printf("step %llu: %s, %s, %s checked: %s\n", static_cast<unsigned long long>(index.step),
+              plural(summary.files, "file").c_str(), plural(summary.tensors, "tensor").c_str(), human_bytes(summary.bytes).c_str(),
               summary.problems.empty() ? "OK" : plural(summary.problems.size(), "problem").c_str());
   return summary.problems.empty() ? 0 : 1;
 }
@@ -172,9 +172,9 @@ int run_consolidate(const common_options& o, const consolidate_options& c) {
   auto sink = open_location(o.location, false);
   const auto index = choose_checkpoint(sink, o);
   const auto summary = consolidate_checkpoint(sink, o.location, index, c, o.progress);
-  std::printf("consolidated step %llu of %s into %s: %zu tensors, %s in %zu file%s\n", static_cast<unsigned long long>(index.step),
-              o.location.c_str(), c.out.c_str(), summary.tensors, human_bytes(summary.total_size).c_str(), summary.files.size(),
-              summary.files.size() == 1 ? "" : "s");
+  std::printf("consolidated step %llu of %s into %s: %s, %s in %s\n", static_cast<unsigned long long>(index.step),
+              o.location.c_str(), c.out.c_str(), plural(summary.tensors, "tensor").c_str(), human_bytes(summary.total_size).c_str(),
+              plural(summary.files.size(), "file").c_str());
   for (const auto& [key, size] : summary.files) std::printf("  %s  %s\n", key.c_str(), human_bytes(size).c_str());
   if (summary.excluded_rank_entries || summary.excluded_optimizer)
     std::printf("left out %zu per-rank entries (rank/...) and %zu optimizer tensors (optim.*); --all includes them\n",
