@@ -33,6 +33,7 @@ struct common_options {
   std::string location;
   std::optional<std::uint64_t> step;  //!< --step N; none: the latest complete checkpoint
   bool progress = false;              //!< --progress: bars even when stderr is not a terminal
+  bool json = false;                  //!< --json (ls, inspect): a JSON document instead of a table
 };
 
 //! What an error says, without the "shardkit op 'object': category:" prefix where the detail already names them.

@@ -1,8 +1,8 @@
 // shardkit-ckpt: lists, verifies, inspects and consolidates the checkpoints shardkit::ckpt::checkpointer writes.
 //
-//   shardkit-ckpt ls LOCATION
+//   shardkit-ckpt ls LOCATION [--json]
 //   shardkit-ckpt verify LOCATION [--step N]
-//   shardkit-ckpt inspect LOCATION [--step N]
+//   shardkit-ckpt inspect LOCATION [--step N] [--json]
 //   shardkit-ckpt consolidate LOCATION --out DIR [--step N] [--max-shard-size 5GB] [--all] [--force]
 //
 // LOCATION is what the checkpointer was given: a directory, or s3://bucket/prefix where storage/open_sink.hpp and
@@ -30,12 +30,13 @@ using namespace ckpt_cli;
 
 int usage(std::FILE* to = stderr) {
   std::fputs(
-      "usage: shardkit-ckpt ls LOCATION\n"
+      "usage: shardkit-ckpt ls LOCATION [--json]\n"
       "       shardkit-ckpt verify LOCATION [--step N]\n"
-      "       shardkit-ckpt inspect LOCATION [--step N]\n"
+      "       shardkit-ckpt inspect LOCATION [--step N] [--json]\n"
       "       shardkit-ckpt consolidate LOCATION --out DIR [--step N] [--max-shard-size 5GB] [--all] [--force]\n"
       "LOCATION: a checkpoint directory (or s3://bucket/prefix); without --step, the latest complete checkpoint.\n"
       "  --progress / --no-progress  progress bars on stderr (default: when stderr is a terminal)\n"
+      "  --json                      ls, inspect: one JSON document on stdout (exact bytes, every piece's file)\n"
       "  --out DIR                   consolidate: where model.safetensors (or model-0000i-of-0000N.safetensors and\n"
       "                              model.safetensors.index.json) go\n"
       "  --max-shard-size SIZE       consolidate: largest output file's data, e.g. 5GB (10^9), 500MiB (2^20), bytes\n"
@@ -76,54 +77,90 @@ std::size_t model_tensor_count(const ck::checkpoint_index& index) {
   return n;
 }
 
+// What ls says of one step.
+struct step_info {
+  std::uint64_t step = 0;
+  std::string status;  // complete, damaged, bad-index, debris
+  bool latest = false;
+  std::optional<std::uint32_t> world_size;
+  std::size_t files = 0;  // the index's files, or the objects of a step without a (parsable) index
+  std::uint64_t bytes = 0;
+  std::optional<std::size_t> tensors;
+  std::map<std::string, std::string> metadata;
+  std::vector<std::string> problems;
+};
+
 // Every step under the location: complete (an index that parses and every file it lists present), damaged (an
 // index whose files are not all there), bad index, or debris (objects without an index).
-int run_ls(const common_options& o) {
-  auto sink = open_location(o.location, false);
+std::vector<step_info> list_steps(st::any_sink& sink) {
   const auto listed = ck::list_checkpoints(sink, "");
   const auto latest = ck::latest_checkpoint(sink, "");
-  std::vector<std::vector<std::string>> rows{{"step", "status", "latest", "world", "files", "size", "tensors", "metadata"}};
-  std::vector<std::string> notes;
-  std::size_t complete = 0;
+  std::vector<step_info> out;
   for (const auto& [step, keys] : listed.keys_by_step) {
+    step_info info{.step = step, .latest = latest && latest->step == step};
     const std::set<std::string> present(keys.begin(), keys.end());
     std::optional<ck::checkpoint_index> index;
-    std::string problem;
     if (listed.indexed.contains(step)) try {
         index = ck::read_index(sink, "", step);
-        if (!index) problem = "its index vanished while listing";
+        if (!index) info.problems.push_back("its index vanished while listing");
       } catch (const std::exception& e) {
-        problem = message_of(e);
+        info.problems.push_back(message_of(e));
       }
-    const bool latest_one = latest && latest->step == step;
     if (!index) {
-      std::uint64_t bytes = 0;
-      for (const auto& k : keys) bytes += sink.size(k).value_or(0);
-      const bool debris = !listed.indexed.contains(step);
-      rows.push_back({std::to_string(step), debris ? "debris" : "bad-index", "", "-", std::to_string(keys.size()), human_bytes(bytes), "-",
-                      debris ? "(no index: a save that did not commit)" : ""});
-      if (!debris) notes.push_back("step " + std::to_string(step) + ": " + problem);
+      info.status = listed.indexed.contains(step) ? "bad-index" : "debris";
+      info.files = keys.size();
+      for (const auto& k : keys) info.bytes += sink.size(k).value_or(0);
+      out.push_back(std::move(info));
       continue;
     }
-    std::uint64_t bytes = sink.size(ck::index_key("", step)).value_or(0);
-    std::size_t missing = 0;
+    info.bytes = sink.size(ck::index_key("", step)).value_or(0);
     for (const auto& f : index->files) {
-      bytes += f.size;
-      if (!present.contains(f.key)) {
-        ++missing;
-        notes.push_back("step " + std::to_string(step) + ": " + f.key + " is listed in its index but absent");
-      }
+      info.bytes += f.size;
+      if (!present.contains(f.key)) info.problems.push_back(f.key + " is listed in its index but absent");
     }
-    complete += missing == 0;
-    rows.push_back({std::to_string(step), missing ? "damaged" : "complete", latest_one ? "latest" : "", std::to_string(index->world_size),
-                    std::to_string(index->files.size()), human_bytes(bytes), std::to_string(model_tensor_count(*index)),
-                    metadata_text(index->metadata)});
+    info.status = info.problems.empty() ? "complete" : "damaged";
+    info.world_size = index->world_size;
+    info.files = index->files.size();
+    info.tensors = model_tensor_count(*index);
+    info.metadata = index->metadata;
+    out.push_back(std::move(info));
   }
-  std::printf("%s: %zu step%s, %zu complete checkpoint%s%s\n", o.location.c_str(), listed.keys_by_step.size(),
-              listed.keys_by_step.size() == 1 ? "" : "s", complete, complete == 1 ? "" : "s",
-              latest ? (", latest step " + std::to_string(latest->step)).c_str() : "");
+  return out;
+}
+
+int run_ls(const common_options& o) {
+  auto sink = open_location(o.location, false);
+  const auto steps = list_steps(sink);
+  std::size_t complete = 0;
+  std::optional<std::uint64_t> latest;
+  for (const auto& s : steps) {
+    complete += s.status == "complete";
+    if (s.latest) latest = s.step;
+  }
+  if (o.json) {
+    nlohmann::ordered_json j = {{"location", o.location}, {"latest", nullptr}, {"steps", nlohmann::ordered_json::array()}};
+    if (latest) j["latest"] = *latest;
+    for (const auto& s : steps) {
+      nlohmann::ordered_json e = {{"step", s.step}, {"status", s.status}, {"latest", s.latest}, {"world_size", nullptr},
+                                  {"files", s.files}, {"bytes", s.bytes}, {"tensors", nullptr}, {"metadata", s.metadata},
+                                  {"problems", s.problems}};
+      if (s.world_size) e["world_size"] = *s.world_size;
+      if (s.tensors) e["tensors"] = *s.tensors;
+      j["steps"].push_back(std::move(e));
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s: %s, %s%s\n", o.location.c_str(), plural(steps.size(), "step").c_str(),
+              plural(complete, "complete checkpoint").c_str(), latest ? (", latest step " + std::to_string(*latest)).c_str() : "");
+  std::vector<std::vector<std::string>> rows{{"step", "status", "latest", "world", "files", "size", "tensors", "metadata"}};
+  for (const auto& s : steps)
+    rows.push_back({std::to_string(s.step), s.status, s.latest ? "latest" : "", s.world_size ? std::to_string(*s.world_size) : "-",
+                    std::to_string(s.files), human_bytes(s.bytes), s.tensors ? std::to_string(*s.tensors) : "-",
+                    s.status == "debris" ? "(no index: a save that did not commit)" : metadata_text(s.metadata)});
   if (rows.size() > 1) print_table(rows);
-  for (const auto& n : notes) std::printf("note: %s\n", n.c_str());
+  for (const auto& s : steps)
+    for (const auto& p : s.problems) std::printf("note: step %llu: %s\n", static_cast<unsigned long long>(s.step), p.c_str());
   return 0;
 }
 
@@ -145,12 +182,29 @@ int run_inspect(const common_options& o) {
   const auto index = choose_checkpoint(sink, o);
   std::uint64_t bytes = 0;
   for (const auto& f : index.files) bytes += f.size;
-  std::printf("step %llu of %s: world size %u, %zu files, %s%s%s\n", static_cast<unsigned long long>(index.step), o.location.c_str(),
-              index.world_size, index.files.size(), human_bytes(bytes).c_str(), index.metadata.empty() ? "" : ", metadata: ",
-              metadata_text(index.metadata).c_str());
   const ck::load_plan plan(index);
   std::map<const ck::index_file*, std::uint32_t> rank;
   for (std::size_t p = 0; p < index.files.size(); ++p) rank[&index.files[p]] = rank_of_file(index, p);
+  if (o.json) {
+    nlohmann::ordered_json j = {{"location", o.location}, {"step", index.step}, {"world_size", index.world_size},
+                                {"files", index.files.size()}, {"bytes", bytes}, {"metadata", index.metadata},
+                                {"tensors", nlohmann::ordered_json::array()}};
+    for (const auto& name : tensor_names(index)) {
+      const auto pieces = plan.pieces(name);
+      const ck::index_tensor& t = *pieces.front().tensor;
+      nlohmann::ordered_json e = {{"name", name}, {"dtype", ck::safetensors_dtype(t.type)}, {"global_shape", t.global_shape},
+                                  {"pieces", nlohmann::ordered_json::array()}};
+      for (const auto& p : pieces)
+        e["pieces"].push_back({{"rank", rank[p.file]}, {"file", p.file->key}, {"begin", p.tensor->begin}, {"end", p.tensor->end},
+                               {"data_offsets", {p.tensor->data_begin, p.tensor->data_end}}});
+      j["tensors"].push_back(std::move(e));
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("step %llu of %s: world size %u, %s, %s%s%s\n", static_cast<unsigned long long>(index.step), o.location.c_str(),
+              index.world_size, plural(index.files.size(), "file").c_str(), human_bytes(bytes).c_str(),
+              index.metadata.empty() ? "" : ", metadata: ", metadata_text(index.metadata).c_str());
   std::vector<std::vector<std::string>> rows{{"name", "dtype", "shape", "size", "pieces"}};
   for (const auto& name : tensor_names(index)) {
     const auto pieces = plan.pieces(name);
@@ -163,8 +217,8 @@ int run_inspect(const common_options& o) {
                     human_bytes(numel * sk::size_of(t.type)), ranges});
   }
   print_table(rows);
-  std::printf("%zu tensors; pieces are elements [begin, end) of the flattened tensor, rN the rank whose file holds them\n",
-              rows.size() - 1);
+  std::printf("%s; pieces are elements [begin, end) of the flattened tensor, rN the rank whose file holds them\n",
+              plural(rows.size() - 1, "tensor").c_str());
   return 0;
 }
 
@@ -205,6 +259,7 @@ int main(int argc, char** argv) {
     };
     if (a == "-h" || a == "--help") return usage(stdout);
     if (a == "--progress") o.progress = true;
+    else if (a == "--json" && (command == "ls" || command == "inspect")) o.json = true;
     else if (a == "--no-progress") o.progress = false;
     else if (a == "--step" && command != "ls") {
       const auto v = value(a);

@@ -204,6 +204,20 @@ TEST_CASE("[ckpt] shardkit-ckpt ls, verify, inspect and consolidate a 3-rank che
     CHECK(step2.find("run=cli-test") != std::string::npos);
     CHECK(step2.find("  3  ") != std::string::npos);  // world size and files
     CHECK(step3.find("debris") != std::string::npos);
+
+    const auto j = run_tool("ls " + loc + " --json");
+    REQUIRE(j.status == 0);
+    const auto listing = nlohmann::json::parse(j.output);
+    CHECK(listing["latest"] == 2);
+    REQUIRE(listing["steps"].size() == 3);
+    std::uint64_t on_disk = 0;
+    for (const auto& e : fs::recursive_directory_iterator(dir.path / ck::step_prefix("", 2)))
+      if (e.is_regular_file()) on_disk += e.file_size();
+    CHECK(listing["steps"][1]["bytes"] == on_disk);
+    CHECK(listing["steps"][1]["world_size"] == world);
+    CHECK(listing["steps"][1]["status"] == "complete");
+    CHECK(listing["steps"][2]["status"] == "debris");
+    CHECK(listing["steps"][2]["world_size"].is_null());
   }
 
   SUBCASE("ls and verify: an index that does not parse, a file missing, records that disagree") {
@@ -305,6 +319,24 @@ TEST_CASE("[ckpt] shardkit-ckpt ls, verify, inspect and consolidate a 3-rank che
           std::string::npos);
     CHECK(line_with(r.output, "optim.steps").find("1: r0") != std::string::npos);  // replicated: rank 0 saves it
     CHECK(line_with(r.output, "rank/2/loader").find("U8") != std::string::npos);
+
+    const auto j = run_tool("inspect " + loc + " --step 1 --json");
+    REQUIRE(j.status == 0);
+    const auto table = nlohmann::json::parse(j.output);
+    CHECK(table["step"] == 1);
+    bool found = false;
+    for (const auto& t : table["tensors"])
+      if (t["name"] == "block0.w") {
+        found = true;
+        REQUIRE(t["pieces"].size() == 3);
+        for (int rank = 0; rank < world; ++rank) {
+          CHECK(t["pieces"][std::size_t(rank)]["rank"] == rank);
+          CHECK(t["pieces"][std::size_t(rank)]["file"] == ck::rank_file_key("", 1, rank));
+          CHECK(t["pieces"][std::size_t(rank)]["begin"] == piece_begin(n, rank));
+          CHECK(t["pieces"][std::size_t(rank)]["end"] == piece_begin(n, rank + 1));
+        }
+      }
+    CHECK(found);
   }
 
   SUBCASE("consolidate into one model.safetensors") {
