@@ -19,6 +19,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -142,13 +143,18 @@ std::optional<checkpoint_index> latest_checkpoint(S& sink, const std::string& pr
 struct retention_report {
   std::vector<std::uint64_t> removed_checkpoints;  //!< complete ones past keep_last
   std::vector<std::uint64_t> removed_debris;       //!< steps without an index, older than the newest checkpoint
-  std::uint64_t removed_objects = 0;
+  std::uint64_t removed_objects = 0;  //!< keys deleted: each listed, or named by a removed checkpoint's index
 };
 
 //! Keeps the newest `keep_last` complete checkpoints (0: all) and removes older ones, and removes debris: objects of
 //! steps older than `newest` that have no index (saves that failed or were killed). `newest` must be a committed
-//! step whose index was read back. An old checkpoint's index goes first, so a crash midway leaves debris, never a
-//! checkpoint with missing files; its files are the ones its index lists.
+//! step whose index was read back.
+//!
+//! Deletes in two batches (storage::remove_many: one DeleteObjects per 1000 keys on S3, remove() key by key on a
+//! sink without a batch delete): first the indexes of the checkpoints it removes, then, once those are gone, their
+//! files (the ones each index lists, and whatever LIST shows beyond them) and the debris. A batch has no order
+//! inside it, hence two: a crash or an error midway leaves debris (files without an index, removed next time),
+//! never a checkpoint whose index names missing files.
 template <storage::sink S>
 retention_report apply_retention(S& sink, const std::string& prefix, std::uint64_t newest, std::uint32_t keep_last) {
   retention_report report;
@@ -160,27 +166,31 @@ retention_report apply_retention(S& sink, const std::string& prefix, std::uint64
   std::sort(complete.begin(), complete.end());
   const std::size_t keep = keep_last == 0 ? complete.size() : std::min<std::size_t>(keep_last, complete.size());
   const std::set<std::uint64_t> kept(complete.end() - std::ptrdiff_t(keep), complete.end());
-  auto remove = [&](const std::string& key) {
-    if (sink.remove(key)) ++report.removed_objects;
-  };
+  std::vector<std::string> indexes;
+  std::set<std::string> files;
   for (const auto& [step, keys] : listed.keys_by_step) {
     if (step >= newest || kept.contains(step)) continue;
+    const std::string index = index_key(prefix, step);
     if (listed.indexed.contains(step)) {
-      std::optional<checkpoint_index> index;
       try {
-        index = read_index(sink, prefix, step);
+        if (auto parsed = read_index(sink, prefix, step))
+          for (const auto& f : parsed->files) files.insert(f.key);
       } catch (const shardkit::error& e) {
         log::warn("ckpt: retention removes unreadable index of step ", step, ": ", e.what());
       }
-      remove(index_key(prefix, step));
-      if (index)
-        for (const auto& f : index->files) remove(f.key);
+      indexes.push_back(index);
       report.removed_checkpoints.push_back(step);
     } else {
       report.removed_debris.push_back(step);
     }
-    for (const auto& key : keys) remove(key);  // debris, and what LIST shows beyond the index's files
+    for (const auto& key : keys)
+      if (key != index) files.insert(key);  // debris, and what LIST shows beyond the index's files
   }
+  storage::remove_many(sink, std::span<const std::string>(indexes));
+  report.removed_objects += indexes.size();
+  const std::vector<std::string> rest(files.begin(), files.end());
+  storage::remove_many(sink, std::span<const std::string>(rest));
+  report.removed_objects += rest.size();
   return report;
 }
 

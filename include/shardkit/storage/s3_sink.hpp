@@ -21,7 +21,8 @@
 //! **get** is one ranged GET; a read larger than part_size is cut into part_size ranges fetched in parallel.
 //! **size/exists** are HEAD. **list** is ListObjectsV2 with continuation tokens (keys under the prefix, the prefix
 //! removed, sorted byte-wise as S3 returns them). **remove** is HEAD + DeleteObject (S3's DELETE does not say
-//! whether the object existed); **remove_objects** deletes up to 1000 keys per DeleteObjects request (retention).
+//! whether the object existed); **remove_objects** deletes up to 1000 keys per DeleteObjects request, and is the
+//! sink's remove_many (sink_removes_many), through which ckpt::apply_retention deletes old checkpoints.
 //!
 //! **Consistency.** AWS S3 has had strong read-after-write consistency for PUT, DELETE and LIST since December
 //! 2020; other stores may list or read a new object late. The sink never relies on LIST or on an order between
@@ -419,6 +420,9 @@ class s3_sink {
     }
   }
 
+  //! The batch delete of the sink concept (sink_removes_many): remove_objects.
+  void remove_many(std::span<const std::string> keys) { remove_objects(keys); }
+
   //! Multipart uploads under `prefix` (of this sink's keys) that were started and never completed or aborted:
   //! what writers killed mid-upload leave (invisible, but billed). ListMultipartUploads, all pages.
   std::vector<s3_pending_upload> pending_uploads(const std::string& prefix = {}) {
@@ -509,6 +513,6 @@ class s3_sink {
   std::shared_ptr<std::atomic<bool>> bucket_checked_ = std::make_shared<std::atomic<bool>>(false);
 };
 
-static_assert(sink<s3_sink>);
+static_assert(sink<s3_sink> && sink_removes_many<s3_sink>);
 
 }  // namespace shardkit::storage

@@ -1,6 +1,6 @@
 #pragma once
 //! The storage sink concept: where checkpoints (and later the data loader's token shards) live, plus a
-//! type-erased handle. posix_sink.hpp, memory_sink.hpp and faulty_sink.hpp model it; an S3 sink will.
+//! type-erased handle. posix_sink.hpp, memory_sink.hpp, faulty_sink.hpp and s3_sink.hpp model it.
 //!
 //! A sink is an object store, not a file system: a flat namespace of objects named by '/'-separated keys
 //! ("step-100/rank-3.safetensors"), each written (or replaced) only as a whole and read by byte ranges. There are no
@@ -38,6 +38,21 @@
 //! |                |                | directory fsync after the rename; S3: a lost CompleteMultipartUpload     |
 //! |                |                | reply)                                                                   |
 //! | w.abort()      | void, noexcept | discards what was written; nothing becomes visible                       |
+//!
+//! **Optional capability: batch delete.** A sink may also have, for `keys` a std::span<const std::string>:
+//!
+//! | expression          | result | semantics                                                                 |
+//! |---------------------|--------|---------------------------------------------------------------------------|
+//! | s.remove_many(keys) | void   | deletes every object of keys; a key with no object is not an error; no    |
+//! |                     |        | order among the keys and not atomic (a throw may leave some deleted); a   |
+//! |                     |        | caller that needs an order makes one call per stage. Throws errc::io      |
+//! |                     |        | naming a key it could not delete                                          |
+//!
+//! (concept sink_removes_many). An object store deletes a thousand keys in one request this way (S3's
+//! DeleteObjects: s3_sink maps it to remove_objects), where remove() costs a round trip or two per key. Callers use
+//! the free function storage::remove_many(s, keys), which takes the member where there is one and otherwise calls
+//! s.remove(key) key by key; any_sink forwards it the same way, so a sink behind an any_sink keeps its batch path.
+//! Retention (ckpt::apply_retention) deletes through it.
 //!
 //! - A writer is finished after commit() or abort(); a write or commit on a finished writer throws errc::closed.
 //!   Destroying an unfinished writer aborts it.
@@ -142,6 +157,23 @@ template <class S>
 concept sink = opts_into_sink<S> && sink_puts_objects<S> && sink_gets_ranges<S> && sink_sizes_objects<S> &&
                sink_lists_objects<S> && sink_removes_objects<S>;
 
+//! The optional batch delete of the file comment: s.remove_many(keys) for a span of keys.
+template <class S>
+concept sink_removes_many = sink<S> && requires(S& s, std::span<const std::string> keys) {
+  { s.remove_many(keys) } -> std::same_as<void>;
+};
+
+//! Deletes every object of `keys` (a missing one is not an error): one s.remove_many(keys) where the sink has it,
+//! else s.remove(key) for each key in turn (stopping at the first error).
+template <sink S>
+void remove_many(S& s, std::span<const std::string> keys) {
+  if constexpr (sink_removes_many<S>) {
+    if (!keys.empty()) s.remove_many(keys);
+  } else {
+    for (const auto& key : keys) s.remove(key);
+  }
+}
+
 //! The writer type a sink's put() returns.
 template <sink S>
 using writer_t = decltype(std::declval<S&>().put(std::declval<const std::string&>()));
@@ -212,6 +244,7 @@ struct sink_interface {
   virtual bool exists(const std::string&) = 0;
   virtual std::vector<std::string> list(const std::string&) = 0;
   virtual bool remove(const std::string&) = 0;
+  virtual void remove_many(std::span<const std::string>) = 0;
 };
 }  // namespace detail
 
@@ -258,6 +291,7 @@ struct sink_model final : sink_interface {
   bool exists(const std::string& k) override { return impl->exists(k); }
   std::vector<std::string> list(const std::string& p) override { return impl->list(p); }
   bool remove(const std::string& k) override { return impl->remove(k); }
+  void remove_many(std::span<const std::string> keys) override { storage::remove_many(*impl, keys); }
 };
 }  // namespace detail
 
@@ -282,6 +316,8 @@ class any_sink {
   bool exists(const std::string& key) { return self().exists(key); }
   std::vector<std::string> list(const std::string& prefix) { return self().list(prefix); }
   bool remove(const std::string& key) { return self().remove(key); }
+  //! The sink's own batch delete, or remove() key by key when it has none (sink_removes_many).
+  void remove_many(std::span<const std::string> keys) { self().remove_many(keys); }
 
  private:
   detail::sink_interface& self() const {

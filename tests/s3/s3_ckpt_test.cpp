@@ -1,0 +1,380 @@
+// Checkpoints on S3: ckpt::checkpointer over the S3 sink against the test server (s3rver), thread ranks on a
+// loopback world. Save from 3 ranks and load at 3 and resharded 3 -> 2 and 2 -> 4, bit for bit; every object
+// byte-identical to what the posix_sink writes for the same state and step; loads that never LIST (a sink that
+// refuses LIST during the load) and read only the index and the files it names; retention through DeleteObjects
+// (remove_many) leaving exactly the kept checkpoints, no debris and no pending multipart upload; the same through
+// a proxy failing 10% of requests (503 SlowDown, 500, resets, slow, stalled); and wrong credentials failing the
+// save's completion at once with a clear error and no secret in it.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "s3/fault_proxy.hpp"
+#include "s3/s3_fixtures.hpp"
+#include "shardkit/ckpt/checkpointer.hpp"
+#include "shardkit/comm/loopback_world.hpp"
+#include "support/harness.hpp"
+
+using namespace s3_test;
+namespace sk = shardkit;
+namespace ck = shardkit::ckpt;
+
+namespace {
+
+// A model's global tensors; "block0.w" spans several checksum chunks and, per rank, several multipart parts.
+struct global_tensor {
+  std::string name;
+  std::vector<std::uint64_t> shape;
+  std::size_t numel() const {
+    std::size_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+};
+const std::vector<global_tensor>& model_tensors() {
+  static const std::vector<global_tensor> t{{"embed", {97, 31}}, {"block0.w", {640, 1000}}, {"block0.b", {1000}},
+                                            {"norm", {7}}, {"tiny", {1}}};
+  return t;
+}
+float value_at(std::uint64_t step, const std::string& name, std::size_t i) {
+  return float(step) * 1000.0f + float(std::hash<std::string>{}(name) % 97) + float(i) * 0.001f;
+}
+
+// One rank's state: an uneven split of each tensor over `world` ranks (FSDP's pieces), a replicated counter and
+// per-rank bytes (a data loader's state).
+struct rank_state {
+  struct piece {
+    std::string name;
+    std::vector<std::size_t> shape;
+    std::size_t begin = 0, end = 0;
+    std::span<float> data;
+  };
+  std::vector<std::vector<float>> storage;
+  std::vector<piece> pieces;
+  std::uint64_t optimizer_steps = 0;
+  std::vector<std::byte> loader;
+  ck::state_dict dict;
+
+  rank_state(int rank, int world) {
+    storage.reserve(model_tensors().size());
+    for (const auto& t : model_tensors()) {
+      const std::size_t n = t.numel(), b = std::size_t(rank) * n / std::size_t(world), e = std::size_t(rank + 1) * n / std::size_t(world);
+      storage.emplace_back(e - b, -1.0f);
+      pieces.push_back({t.name, std::vector<std::size_t>(t.shape.begin(), t.shape.end()), b, e, storage.back()});
+    }
+    dict.add_shards(pieces).add_value("optim.steps", optimizer_steps).add_rank_bytes("loader", loader);
+  }
+  void fill(std::uint64_t step, int rank) {
+    for (auto& p : pieces)
+      for (std::size_t i = p.begin; i < p.end; ++i) p.data[i - p.begin] = value_at(step, p.name, i);
+    optimizer_steps = step * 10;
+    loader.assign(std::size_t(5 + rank), std::byte(step & 0xff));
+  }
+  // Bit for bit: the loaded floats compared as floats equal only when their bits are (no NaN here).
+  void check(std::uint64_t step, int rank, bool rank_entries) const {
+    for (const auto& p : pieces)
+      for (std::size_t i = p.begin; i < p.end; ++i)
+        if (p.data[i - p.begin] != value_at(step, p.name, i)) {
+          FAIL("tensor ", p.name, " element ", i, " is ", p.data[i - p.begin], ", saved ", value_at(step, p.name, i));
+          return;
+        }
+    CHECK(optimizer_steps == step * 10);
+    if (rank_entries) CHECK(loader == std::vector<std::byte>(std::size_t(5 + rank), std::byte(step & 0xff)));
+  }
+};
+
+// A sink in front of another that records what a load reads, can refuse LIST, and counts deletions. It has
+// remove_many, forwarded to the inner sink's (the S3 sink's DeleteObjects, through any_sink).
+struct watched_sink {
+  using sink_concept = st::sink_tag;
+  struct record {
+    std::mutex mutex;
+    std::atomic<bool> refuse_list{false};
+    std::set<std::string> read;  // keys of get/size/exists
+    int lists = 0, removes = 0;
+    std::vector<std::vector<std::string>> batches;
+  };
+  st::any_sink inner;
+  std::shared_ptr<record> rec = std::make_shared<record>();
+
+  explicit watched_sink(st::any_sink s) : inner(std::move(s)) {}
+  st::any_object_writer put(const std::string& key) { return inner.put(key); }
+  std::size_t get(const std::string& key, std::uint64_t offset, std::span<std::byte> out) {
+    note(key);
+    return inner.get(key, offset, out);
+  }
+  std::optional<std::uint64_t> size(const std::string& key) {
+    note(key);
+    return inner.size(key);
+  }
+  bool exists(const std::string& key) {
+    note(key);
+    return inner.exists(key);
+  }
+  std::vector<std::string> list(const std::string& prefix) {
+    if (rec->refuse_list)
+      sk::throw_error(errc::io, "LIST refused by the test: a load must find its files through the index",
+                      {.operation = "sink.list", .object = prefix});
+    {
+      std::lock_guard lock(rec->mutex);
+      ++rec->lists;
+    }
+    return inner.list(prefix);
+  }
+  bool remove(const std::string& key) {
+    {
+      std::lock_guard lock(rec->mutex);
+      ++rec->removes;
+    }
+    return inner.remove(key);
+  }
+  void remove_many(std::span<const std::string> keys) {
+    {
+      std::lock_guard lock(rec->mutex);
+      rec->batches.emplace_back(keys.begin(), keys.end());
+    }
+    inner.remove_many(keys);
+  }
+
+ private:
+  void note(const std::string& key) {
+    std::lock_guard lock(rec->mutex);
+    rec->read.insert(key);
+  }
+};
+static_assert(st::sink_removes_many<watched_sink>);
+
+// Saves the state of each step from `world` thread ranks; every save must commit.
+void save_on(int world, st::any_sink sink, const std::vector<std::uint64_t>& steps, ck::checkpointer_options o = {}) {
+  auto groups = sk::comm::make_loopback_world(world);
+  sk::test::run_threads(world, [&](int r) {
+    rank_state s(r, world);
+    ck::checkpointer saver(groups[std::size_t(r)], sink, o);
+    for (auto step : steps) {
+      s.fill(step, r);
+      const auto result = saver.save(step, s.dict, {{"run", "s3"}}).get();
+      CHECK_MESSAGE(result.committed, result.reason);
+    }
+  });
+}
+
+// Loads the checkpoint of `step` into `world` thread ranks (load(step): no LIST needed) and checks every element.
+void load_and_check(int world, st::any_sink sink, std::uint64_t step, const std::string& prefix = {}) {
+  auto groups = sk::comm::make_loopback_world(world);
+  sk::test::run_threads(world, [&](int r) {
+    rank_state s(r, world);
+    ck::checkpointer loader(groups[std::size_t(r)], sink, {.prefix = prefix});
+    const auto report = loader.load(step, s.dict);
+    CHECK(report.step == step);
+    CHECK(report.metadata.at("run") == "s3");
+    CHECK(report.rank_entries_loaded == (report.saved_world_size == std::uint32_t(world)));
+    s.check(step, r, report.rank_entries_loaded);
+  });
+}
+
+// The keys an index names: itself and its files.
+std::set<std::string> keys_of(const ck::checkpoint_index& index, const std::string& prefix) {
+  std::set<std::string> out{ck::index_key(prefix, index.step)};
+  for (const auto& f : index.files) out.insert(f.key);
+  return out;
+}
+
+// Every object of `a` is in `b` with the same bytes, and the other way round.
+void check_same_objects(st::any_sink a, st::any_sink b) {
+  const auto keys = a.list("");
+  REQUIRE(keys == b.list(""));
+  for (const auto& k : keys) {
+    CAPTURE(k);
+    CHECK(st::get_object(a, k) == st::get_object(b, k));
+  }
+}
+
+// Test options with parts of 256 KiB, 3 in flight: each rank's file (~0.9 MB at 3 ranks) is a parallel multipart
+// upload and each load's larger ranges are parallel ranged GETs.
+st::s3_options multipart_options() {
+  auto o = options_for(*server());
+  o.part_size = 256 << 10;
+  o.parallel = 3;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("[s3] checkpoint: 3 ranks save, load at 3 and 3 -> 2 bit-exact, objects byte-identical to posix, loads never LIST") {
+  if (!server_or_skip()) return;
+  auto s3 = std::make_shared<st::s3_sink>(location("ckpt"), multipart_options());
+  auto watched = std::make_shared<watched_sink>(st::any_sink(s3));
+  st::any_sink sink(watched);
+  save_on(3, sink, {10});
+  CHECK(s3->pending_uploads().empty());
+
+  // The same state and step through the posix sink: the same keys, the same bytes, index included.
+  temp_dir dir;
+  auto posix = st::make_sink<st::posix_sink>(dir.path, st::posix_sink_options{.fsync = false});
+  save_on(3, posix, {10});
+  check_same_objects(st::any_sink(s3), posix);
+  const auto index = ck::read_index(*s3, "", 10);
+  REQUIRE(index);
+  CHECK(index->world_size == 3);
+  const auto posix_keys = posix.list("");
+  CHECK(keys_of(*index, "") == std::set<std::string>(posix_keys.begin(), posix_keys.end()));
+
+  // Loads with LIST refused: they read the index, then only the files it names.
+  watched->rec->refuse_list = true;
+  watched->rec->read.clear();
+  load_and_check(3, sink, 10);
+  load_and_check(2, sink, 10);
+  CHECK(watched->rec->read == keys_of(*index, ""));
+  watched->rec->refuse_list = false;
+
+  // load_latest finds the step by listing indexes (the only LIST a load makes), then loads the same way.
+  auto groups = sk::comm::make_loopback_world(2);
+  sk::test::run_threads(2, [&](int r) {
+    rank_state s(r, 2);
+    ck::checkpointer loader(groups[std::size_t(r)], sink);
+    const auto report = loader.load_latest(s.dict);
+    REQUIRE(report);
+    CHECK(report->saved_world_size == 3);
+    s.check(10, r, false);
+  });
+}
+
+TEST_CASE("[s3] checkpoint: 2 ranks save, 4 ranks load bit-exact without LIST") {
+  if (!server_or_skip()) return;
+  auto s3 = std::make_shared<st::s3_sink>(location("ckpt-2to4"), multipart_options());
+  auto watched = std::make_shared<watched_sink>(st::any_sink(s3));
+  st::any_sink sink(watched);
+  save_on(2, sink, {7});
+  watched->rec->refuse_list = true;
+  load_and_check(4, sink, 7);
+  load_and_check(2, sink, 7);
+  const auto index = ck::read_index(*s3, "", 7);
+  REQUIRE(index);
+  CHECK(watched->rec->read == keys_of(*index, ""));
+}
+
+TEST_CASE("[s3] checkpoint retention: keep_last 2 after 4 saves leaves 2 indexes and their files, through DeleteObjects") {
+  if (!server_or_skip()) return;
+  auto s3 = std::make_shared<st::s3_sink>(location("ckpt-retention"), multipart_options());
+  auto watched = std::make_shared<watched_sink>(st::any_sink(s3));
+  const std::string prefix = "run-1/";
+  save_on(3, st::any_sink(watched), {100, 200, 300, 400}, {.prefix = prefix, .keep_last = 2});
+
+  CHECK(ck::complete_checkpoints(*s3, prefix) == std::vector<std::uint64_t>{300, 400});
+  std::set<std::string> expected;
+  for (std::uint64_t step : {300, 400}) {
+    const auto index = ck::read_index(*s3, prefix, step);
+    REQUIRE(index);
+    CHECK(index->files.size() == 3);
+    expected.merge(keys_of(*index, prefix));
+  }
+  const auto all = s3->list("");
+  CHECK(std::set<std::string>(all.begin(), all.end()) == expected);  // nothing else: no debris
+  CHECK(all.size() == 8);
+  CHECK(s3->pending_uploads().empty());
+  // The batch path: steps 100 and 200 went in DeleteObjects requests (indexes first, then files), never one
+  // DeleteObject per key.
+  CHECK(watched->rec->removes == 0);
+  REQUIRE(watched->rec->batches.size() == 4);
+  CHECK(watched->rec->batches[0] == std::vector<std::string>{ck::index_key(prefix, 100)});
+  CHECK(watched->rec->batches[1].size() == 3);
+  CHECK(watched->rec->batches[2] == std::vector<std::string>{ck::index_key(prefix, 200)});
+  CHECK(watched->rec->batches[3].size() == 3);
+  load_and_check(3, st::any_sink(watched), 400, prefix);
+  load_and_check(2, st::any_sink(watched), 300, prefix);
+}
+
+TEST_CASE("[s3] checkpoint through a proxy failing 10% of requests: saves commit, loads return identical bytes") {
+  if (!server_or_skip()) return;
+  const auto& srv = *server();
+  fault_proxy proxy(port_of(srv.endpoint), 0.10, 20261124);
+  auto o = multipart_options();
+  o.endpoint = "http://127.0.0.1:" + std::to_string(proxy.port());
+  o.part_size = 64 << 10;
+  o.parallel = 4;
+  o.max_attempts = 10;  // ten faults in a row at 10%: 1e-10
+  o.base_backoff = std::chrono::milliseconds(5);
+  o.max_backoff = std::chrono::milliseconds(100);
+  o.stall_timeout = std::chrono::milliseconds(1000);
+  const auto loc = location("ckpt-faults");
+  auto faulty = std::make_shared<st::s3_sink>(loc, o);
+  auto direct = std::make_shared<st::s3_sink>(loc, options_for(srv));  // the same objects, not through the proxy
+  auto watched = std::make_shared<watched_sink>(st::any_sink(faulty));
+
+  save_on(3, st::any_sink(watched), {1, 2, 3, 4}, {.keep_last = 2});
+  CHECK(ck::complete_checkpoints(*direct, "") == std::vector<std::uint64_t>{3, 4});
+  CHECK(direct->list("").size() == 8);  // two indexes and their three files each
+  CHECK(direct->pending_uploads().empty());
+  CHECK(watched->rec->removes == 0);
+
+  // The bytes through the faults are the server's, and the server's are the posix sink's for the same saves.
+  temp_dir dir;
+  auto posix = st::make_sink<st::posix_sink>(dir.path, st::posix_sink_options{.fsync = false});
+  save_on(3, posix, {1, 2, 3, 4}, {.keep_last = 2});
+  check_same_objects(st::any_sink(faulty), st::any_sink(direct));
+  check_same_objects(st::any_sink(direct), posix);
+
+  watched->rec->refuse_list = true;
+  load_and_check(3, st::any_sink(watched), 4);
+  load_and_check(2, st::any_sink(watched), 3);
+
+  const auto counts = proxy.counts();
+  std::string summary;
+  int faults = 0;
+  for (const auto& [f, n] : counts) {
+    summary += std::string(name_of(f)) + ": " + std::to_string(n) + "; ";
+    if (f != fault::none) faults += n;
+  }
+  MESSAGE("proxy: " << proxy.requests() << " requests; " << summary);
+  CHECK(faults >= 6);  // each kind at least once
+}
+
+TEST_CASE("[s3] checkpoint with wrong credentials: the save fails at once naming bucket, key and operation, no secret") {
+  if (!server_or_skip()) return;
+  const std::string secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY", key_id = "AKIAWRONGKEYID77";
+  auto o = options_for(*server());
+  o.max_attempts = 8;
+  o.base_backoff = std::chrono::milliseconds(200);  // 8 attempts of this would take seconds
+  o.credentials = st::s3_credentials{key_id, secret, ""};
+  const auto loc = location("ckpt-auth");
+  auto bad = st::make_sink<st::s3_sink>(loc, o);
+  auto groups = sk::comm::make_loopback_world(2);
+  std::vector<std::string> messages(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  sk::test::run_threads(2, [&](int r) {
+    rank_state s(r, 2);
+    s.fill(5, r);
+    ck::checkpointer saver(groups[std::size_t(r)], bad);
+    auto done = saver.save(5, s.dict);
+    messages[std::size_t(r)] = error_of([&] { done.get(); }, errc::io);
+    CHECK(saver.stats().failed == 1);
+  });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(took < 3.0);  // no retry storm: a 403 is not retried
+  for (int r = 0; r < 2; ++r) {
+    const auto& m = messages[std::size_t(r)];
+    CAPTURE(m);
+    CHECK(contains(m, "checkpoint of step 5 was not committed"));
+    for (int writer = 0; writer < 2; ++writer) {
+      const std::string file = ck::rank_file_key("", 5, writer);
+      CHECK(contains(m, "s3://" + loc.bucket + "/" + loc.prefix + file));  // bucket and key
+      CHECK(contains(m, "'" + file + "'"));
+    }
+    CHECK(contains(m, "PutObject"));  // the operation
+    CHECK(contains(m, "403"));
+    CHECK(contains(m, "not retried"));
+    CHECK_FALSE(contains(m, secret));
+    CHECK_FALSE(contains(m, key_id));
+    CHECK_FALSE(contains(m, "S3RVER"));
+  }
+  // Nothing was written: the server holds nothing under the prefix.
+  st::s3_sink good(loc, options_for(*server()));
+  CHECK(good.list("").empty());
+  CHECK(good.pending_uploads().empty());
+}
