@@ -283,7 +283,8 @@ inline file_table parse_header(const std::string& key, std::string_view header, 
       meta = &entry;
       continue;
     }
-    auto bad = [&](const std::string& what) { malformed(key, "tensor '" + name + "': " + what); };
+    // Structured bindings are captured by init-capture: clang before 16 cannot capture them directly.
+    auto bad = [&, &name = name](const std::string& what) { malformed(key, "tensor '" + name + "': " + what); };
     if (!entry.is_object()) bad("its entry is not a JSON object");
     if (auto extra = detail::unknown_keys(entry, {"dtype", "shape", "data_offsets"}); !extra.empty())
       bad("unknown field " + extra);
@@ -340,7 +341,7 @@ inline file_table parse_header(const std::string& key, std::string_view header, 
       const std::string name = k.substr(tensor_metadata_prefix.size());
       auto it = std::find_if(table.tensors.begin(), table.tensors.end(), [&](const stored_tensor& t) { return t.name == name; });
       if (it == table.tensors.end()) malformed(key, "metadata '" + k + "' names no tensor of the file");
-      auto bad = [&](const std::string& what) { malformed(key, "tensor '" + name + "': metadata '" + k + "': " + what); };
+      auto bad = [&, &k = k](const std::string& what) { malformed(key, "tensor '" + name + "': metadata '" + k + "': " + what); };
       json m;
       std::string mwhy;
       if (!detail::parse_strict_json(v.get<std::string>(), m, mwhy)) bad(mwhy);

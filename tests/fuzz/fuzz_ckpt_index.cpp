@@ -1,0 +1,25 @@
+// ckpt::parse_index over arbitrary text. Accepted indexes must survive to_json and parse back equal; any
+// exception other than shardkit::error (nlohmann's own, std::out_of_range, ...) escapes and is a finding.
+#include "fuzz_input.hpp"
+#include "shardkit/ckpt/index.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  namespace ckpt = shardkit::ckpt;
+  const shardkit::fuzz::input in(data, size);
+  ckpt::checkpoint_index index;
+  try {
+    index = ckpt::parse_index(in.rest_text(), "fuzz/index.json");
+  } catch (const shardkit::error&) {
+    return 0;
+  }
+  const std::string again = ckpt::to_json(index);
+  ckpt::checkpoint_index reparsed;
+  try {
+    reparsed = ckpt::parse_index(again, "fuzz/index.json (written back)");
+  } catch (const shardkit::error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    shardkit::fuzz::require(false, "an accepted index, written back by to_json, is refused");
+  }
+  shardkit::fuzz::require(reparsed == index, "an accepted index does not round-trip through to_json");
+  return 0;
+}

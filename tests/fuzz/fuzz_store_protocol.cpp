@@ -1,0 +1,97 @@
+// The TCP store server (rendezvous/tcp_store_server.hpp: frame cutting, the hello gate, every opcode's payload
+// reader, parked get/wait and cancel) fed one client's byte stream.
+//
+// Input: u8 config (bit 0: send a valid hello frame first, so most inputs reach the request parser), then the
+// bytes the client sends. A fresh server per input (state does not leak between inputs). The client then shuts
+// down its sending side and reads until the server closes; a server that does not close within 10 s has hung
+// on the input, which is a finding. Afterwards a well-behaved client must still be served (the server thread
+// survived).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+
+#include "fuzz_input.hpp"
+#include "shardkit/rendezvous/tcp_store.hpp"
+
+namespace {
+
+namespace rdv = shardkit::rendezvous;
+
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(std::uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) std::abort();
+  return fd;
+}
+
+// Sends while draining what the server answers (a client that never reads would be dropped by design, and the
+// test would only measure that); returns once everything is sent and the server closed, false after 10 s.
+bool send_and_drain(int fd, std::string_view bytes) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::size_t sent = 0;
+  bool shut = false;
+  char buf[65536];
+  while (std::chrono::steady_clock::now() < until) {
+    if (sent == bytes.size() && !shut) {
+      ::shutdown(fd, SHUT_WR);
+      shut = true;
+    }
+    pollfd p{fd, short(POLLIN | (shut ? 0 : POLLOUT)), 0};
+    if (::poll(&p, 1, 100) < 0) continue;
+    if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return true;  // closed (or reset) by the server
+    }
+    if (!shut && (p.revents & POLLOUT)) {
+      const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) sent += std::size_t(n);
+      else if (n < 0 && errno != EAGAIN && errno != EINTR) sent = bytes.size();  // dropped mid-send: just read on
+    }
+  }
+  return false;
+}
+
+void close_hard(int fd) {
+  const linger l{1, 0};  // a reset, not TIME_WAIT: millions of inputs must not use up the ephemeral ports
+  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+  ::close(fd);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  static const bool quiet = [] {
+    ::setenv("SHARDKIT_LOG", "off", 0);  // most inputs end in a "dropping client" warning
+    return true;
+  }();
+  (void)quiet;
+  shardkit::fuzz::input in(data, size);
+  const auto config = in.take<std::uint8_t>();
+  std::string bytes;
+  if (config & 1)
+    bytes = rdv::detail::frame_writer(rdv::detail::store_op::hello)
+                .u32(rdv::detail::store_magic)
+                .u32(rdv::detail::store_protocol_version)
+                .take();
+  bytes += in.rest_text();
+
+  rdv::tcp_store_server server(rdv::tcp_store_server_options{.bind_address = "127.0.0.1", .max_frame_bytes = 1 << 20});
+  const int fd = connect_to(server.port());
+  const bool closed = send_and_drain(fd, bytes);
+  close_hard(fd);
+  shardkit::fuzz::require(closed, "the store server neither answered to the end nor closed within 10 s");
+  // The server thread is still alive and serving.
+  rdv::tcp_store client("127.0.0.1", server.port(),
+                        rdv::tcp_store_options{.connect_timeout = std::chrono::seconds(10), .timeout = std::chrono::seconds(10)});
+  client.set("fuzz/alive", "1");
+  shardkit::fuzz::require(client.get("fuzz/alive", std::chrono::seconds(10)) == "1", "the store server lost a key");
+  return 0;
+}
