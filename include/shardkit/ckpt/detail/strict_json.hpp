@@ -40,6 +40,11 @@ inline bool parse_strict_json(std::string_view text, json& out, std::string& why
   } catch (const json::parse_error& e) {
     why = "invalid JSON at byte " + std::to_string(e.byte) + ": " + e.what();
     return false;
+  } catch (const json::exception& e) {
+    // Not every rejection is a parse_error: a number too large for a double ("1e400") is out_of_range.406.
+    // Found by fuzzing (tests/fuzz/regressions/ckpt_index/number_overflow): it escaped as nlohmann's exception.
+    why = std::string("invalid JSON: ") + e.what();
+    return false;
   }
   if (!duplicate.empty()) {
     why = "the key '" + duplicate + "' appears twice in one JSON object";
