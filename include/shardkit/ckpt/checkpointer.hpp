@@ -33,6 +33,8 @@
 //!   }
 //!   ck.wait();
 //! @endcode
+#include <sys/mman.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -52,6 +54,7 @@
 #include "shardkit/ckpt/load.hpp"
 #include "shardkit/ckpt/state.hpp"
 #include "shardkit/comm/process_group.hpp"
+#include "shardkit/core/arena_memory.hpp"
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/executor.hpp"
@@ -446,6 +449,7 @@ class checkpointer {
   struct staged_tensor {
     tensor_view view;
     std::size_t offset = 0;
+    tensor_checksums checksums;  // computed while copying
   };
   struct save_job {
     std::uint64_t step = 0;
@@ -482,12 +486,19 @@ class checkpointer {
     const auto t0 = std::chrono::steady_clock::now();
     std::size_t total = 0;
     for (const auto& t : job.tensors) total += (t.bytes.size() + 63) / 64 * 64;
-    if (staging_buffer_.size() < total) staging_buffer_.resize(total);
+    if (staging_buffer_.size() < total) {
+      // Not zeroed (every staged byte is copied in), and in huge pages where the kernel allows: faulting in
+      // gigabytes of 4 KiB pages costs more than copying them. Kept for the next saves.
+      staging_buffer_ = {};
+      const std::size_t huge = std::size_t{2} << 20;
+      staging_buffer_ = page_aligned_memory((total + huge - 1) / huge * huge);
+      ::madvise(staging_buffer_.data(), staging_buffer_.size(), MADV_HUGEPAGE);
+    }
     std::size_t at = 0;
     job.staged_tensors.clear();
     for (const auto& t : job.tensors) {
-      std::memcpy(staging_buffer_.data() + at, t.bytes.data(), t.bytes.size());
-      job.staged_tensors.push_back({t, at});
+      auto sums = copy_and_checksum(t.bytes, {staging_buffer_.data() + at, t.bytes.size()});
+      job.staged_tensors.push_back({t, at, std::move(sums)});
       at += (t.bytes.size() + 63) / 64 * 64;
     }
     job.tensors.clear();
@@ -565,6 +576,7 @@ class checkpointer {
         sources.push_back(whole_tensor(v.name, v.type, v.global_shape, bytes));
       else
         sources.push_back(tensor_piece(v.name, v.type, v.global_shape, v.begin, v.end, bytes));
+      sources.back().checksums = s.checksums;
     }
     for (const auto& b : job.rank_bytes)
       sources.push_back(whole_tensor(rank_entry_tensor(rank_, b.name), dtype::u8, {b.bytes.size()}, b.bytes));
@@ -655,7 +667,7 @@ class checkpointer {
   std::optional<std::uint64_t> last_step_;
   basic_completion<save_result> chain_;  // the last save's: the next one runs after it
   basic_completion_source<bool> staged_;
-  std::vector<std::byte> staging_buffer_;
+  page_aligned_memory staging_buffer_;  // one checkpoint's tensors, reused by every save
   checkpointer_stats stats_;
   std::optional<thread_pool> pool_;  // last: its worker uses the members above until it is joined
 };

@@ -29,6 +29,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <span>
@@ -75,13 +76,31 @@ inline constexpr std::uint64_t max_header_size = 100'000'000;
 //! and verifies the chunks that cover that part, not the whole piece.
 inline constexpr std::uint64_t checksum_chunk_bytes = std::uint64_t{1} << 20;
 
-//! The chunk checksums of bytes (empty when they fit in one chunk: the whole tensor's checksum covers them).
-inline std::vector<std::uint64_t> chunk_checksums(std::span<const std::byte> bytes) {
-  std::vector<std::uint64_t> out;
-  if (bytes.size() <= checksum_chunk_bytes) return out;
-  out.reserve((bytes.size() + checksum_chunk_bytes - 1) / checksum_chunk_bytes);
-  for (std::size_t at = 0; at < bytes.size(); at += checksum_chunk_bytes)
-    out.push_back(xxh64(bytes.subspan(at, std::min<std::size_t>(checksum_chunk_bytes, bytes.size() - at))));
+//! A tensor's checksums: xxh64 of all its bytes, and per checksum chunk when there is more than one.
+struct tensor_checksums {
+  std::uint64_t whole = 0;
+  std::vector<std::uint64_t> chunks;
+};
+
+//! Copies `from` into `to` (the same size) a checksum chunk at a time and hashes each chunk right after copying
+//! it, while it is in cache: staging a tensor and checksumming it cost one pass over memory instead of three.
+//! With `to` empty, only hashes.
+inline tensor_checksums copy_and_checksum(std::span<const std::byte> from, std::span<std::byte> to = {}) {
+  tensor_checksums out;
+  xxh64_stream whole;
+  const bool many = from.size() > checksum_chunk_bytes;
+  if (many) out.chunks.reserve((from.size() + checksum_chunk_bytes - 1) / checksum_chunk_bytes);
+  for (std::size_t at = 0; at < from.size(); at += checksum_chunk_bytes) {
+    const std::size_t n = std::min<std::size_t>(checksum_chunk_bytes, from.size() - at);
+    std::span<const std::byte> chunk = from.subspan(at, n);
+    if (!to.empty()) {
+      std::memcpy(to.data() + at, chunk.data(), n);
+      chunk = to.subspan(at, n);
+    }
+    whole.update(chunk);
+    if (many) out.chunks.push_back(xxh64(chunk));
+  }
+  out.whole = whole.digest();
   return out;
 }
 
@@ -103,6 +122,7 @@ struct tensor_source {
   std::vector<std::uint64_t> shape;   //!< as stored in the file: {end - begin} for a piece
   std::optional<piece_extent> piece;  //!< std::nullopt: a whole tensor
   std::span<const std::byte> bytes;
+  std::optional<tensor_checksums> checksums;  //!< computed when staged (copy_and_checksum); else by the writer
 };
 
 inline tensor_source whole_tensor(std::string name, dtype type, std::vector<std::uint64_t> shape,
@@ -227,12 +247,13 @@ file_table write_safetensors(S& sink, const std::string& key, std::span<const te
     piece_extent extent = detail::check_source(key, t);
     if (header.contains(t.name))
       throw_error(errc::invalid_argument, "tensor '" + t.name + "' is written twice", {.operation = "ckpt.write", .object = key});
-    const std::uint64_t checksum = xxh64(t.bytes);
+    tensor_checksums sums = t.checksums ? *t.checksums : copy_and_checksum(t.bytes);
+    const std::uint64_t checksum = sums.whole;
     header[t.name] = {{"dtype", safetensors_dtype(t.type)}, {"shape", t.shape},
                       {"data_offsets", {offset, offset + t.bytes.size()}}};
     meta[std::string(tensor_metadata_prefix) + t.name] = detail::tensor_metadata_json(extent, checksum);
     table.tensors.push_back(
-        {t.name, t.type, t.shape, offset, offset + t.bytes.size(), std::move(extent), checksum, chunk_checksums(t.bytes)});
+        {t.name, t.type, t.shape, offset, offset + t.bytes.size(), std::move(extent), checksum, std::move(sums.chunks)});
     offset += t.bytes.size();
   }
   header["__metadata__"] = std::move(meta);
