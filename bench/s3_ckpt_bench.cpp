@@ -1,0 +1,207 @@
+// s3_ckpt_bench: a checkpoint of the same state saved and loaded through ckpt::checkpointer into a posix directory
+// and into an S3 location, alternating, in the same run (docs/benchmarks.md, "Checkpoints on S3").
+//
+//   s3_ckpt_bench DIR s3://bucket/prefix [--mib 256] [--ranks 2] [--tensors 16] [--rounds 3]
+//
+// `ranks` thread ranks on a loopback world each hold an even share of `tensors` f32 tensors of mib MiB in all.
+// A save is timed from the call on every rank to the last rank's completion (committed: its index written and read
+// back), with its phases (stage at the call, persist, commit on rank 0); a load is load(step) at the same rank
+// count, timed to the last rank, and checked bit for bit. Each checkpoint is deleted after its round (untimed);
+// sync() runs before every timed step, so that no step pays for another's writeback. S3 options from the
+// environment (AWS_*, SHARDKIT_S3_PART_SIZE / SHARDKIT_S3_PARALLEL), posix with fsync (open_sink's default).
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardkit/ckpt/checkpointer.hpp"
+#include "shardkit/comm/loopback_world.hpp"
+#include "shardkit/storage/open_sink.hpp"
+
+namespace sk = shardkit;
+namespace ck = shardkit::ckpt;
+namespace st = shardkit::storage;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "s3_ckpt_bench: %s\nusage: s3_ckpt_bench DIR s3://bucket/prefix [--mib 256] [--ranks 2] [--tensors 16] "
+               "[--rounds 3]\n",
+               why);
+  std::exit(2);
+}
+
+struct piece {
+  std::string name;
+  std::vector<std::size_t> shape;
+  std::size_t begin = 0, end = 0;
+  std::span<float> data;
+};
+
+// One rank's share: elements [r * n / R, (r + 1) * n / R) of each tensor, filled from (step, tensor, element).
+struct rank_state {
+  std::vector<std::vector<float>> storage;
+  std::vector<piece> pieces;
+  ck::state_dict dict;
+  rank_state(int rank, int ranks, std::size_t tensors, std::size_t elements) {
+    storage.reserve(tensors);
+    for (std::size_t t = 0; t < tensors; ++t) {
+      const std::size_t b = std::size_t(rank) * elements / std::size_t(ranks), e = std::size_t(rank + 1) * elements / std::size_t(ranks);
+      storage.emplace_back(e - b);
+      pieces.push_back({"layer" + std::to_string(t) + ".w", {elements}, b, e, storage.back()});
+    }
+    dict.add_shards(pieces);
+  }
+  static float value(std::uint64_t step, std::size_t t, std::size_t i) {
+    return float(step) + float(t) * 0.5f + float(i % 100003) * 1e-5f;
+  }
+  void fill(std::uint64_t step) {
+    for (std::size_t t = 0; t < pieces.size(); ++t)
+      for (std::size_t i = pieces[t].begin; i < pieces[t].end; ++i) pieces[t].data[i - pieces[t].begin] = value(step, t, i);
+  }
+  bool matches(std::uint64_t step) const {
+    for (std::size_t t = 0; t < pieces.size(); ++t)
+      for (std::size_t i = pieces[t].begin; i < pieces[t].end; ++i)
+        if (pieces[t].data[i - pieces[t].begin] != value(step, t, i)) return false;
+    return true;
+  }
+};
+
+struct figures {
+  double save = 0, stage = 0, persist = 0, commit = 0, load = 0;
+};
+
+figures round_trip(st::any_sink sink, int ranks, std::size_t tensors, std::size_t elements, std::uint64_t step) {
+  figures f;
+  std::vector<rank_state> states;
+  states.reserve(std::size_t(ranks));
+  for (int r = 0; r < ranks; ++r) states.emplace_back(r, ranks, tensors, elements);
+  for (auto& s : states) s.fill(step);
+  std::vector<ck::save_result> results(static_cast<std::size_t>(ranks));
+  {
+    auto groups = sk::comm::make_loopback_world(ranks);
+    std::vector<std::optional<ck::checkpointer>> savers(static_cast<std::size_t>(ranks));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r)  // construction is collective (dup)
+      threads.emplace_back([&, r] { savers[std::size_t(r)].emplace(groups[std::size_t(r)], sink, ck::checkpointer_options{.keep_last = 0}); });
+    for (auto& t : threads) t.join();
+    threads.clear();
+    ::sync();
+    const auto t0 = clock_type::now();
+    for (int r = 0; r < ranks; ++r)
+      threads.emplace_back([&, r] { results[std::size_t(r)] = savers[std::size_t(r)]->save(step, states[std::size_t(r)].dict).get(); });
+    for (auto& t : threads) t.join();
+    f.save = since(t0);
+  }
+  for (const auto& r : results) {
+    if (!r.committed) {
+      std::fprintf(stderr, "s3_ckpt_bench: step %llu not committed: %s\n", (unsigned long long)step, r.reason.c_str());
+      std::exit(1);
+    }
+    f.stage = std::max(f.stage, r.stage_seconds);
+    f.persist = std::max(f.persist, r.persist_seconds);
+  }
+  f.commit = results[0].commit_seconds;
+
+  for (auto& s : states) s.fill(step + 1000);  // overwritten by the load
+  {
+    auto groups = sk::comm::make_loopback_world(ranks);
+    std::vector<std::optional<ck::checkpointer>> loaders(static_cast<std::size_t>(ranks));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r)
+      threads.emplace_back([&, r] { loaders[std::size_t(r)].emplace(groups[std::size_t(r)], sink); });
+    for (auto& t : threads) t.join();
+    threads.clear();
+    ::sync();
+    const auto t0 = clock_type::now();
+    for (int r = 0; r < ranks; ++r)
+      threads.emplace_back([&, r] { loaders[std::size_t(r)]->load(step, states[std::size_t(r)].dict); });
+    for (auto& t : threads) t.join();
+    f.load = since(t0);
+  }
+  for (auto& s : states)
+    if (!s.matches(step)) {
+      std::fprintf(stderr, "s3_ckpt_bench: the load of step %llu differs from the save\n", (unsigned long long)step);
+      std::exit(1);
+    }
+  // Untimed: the checkpoint goes, so that every round starts from the same store.
+  const auto index = ck::read_index(sink, "", step);
+  std::vector<std::string> keys{ck::index_key("", step)};
+  for (const auto& file : index->files) keys.push_back(file.key);
+  st::remove_many(sink, keys);
+  return f;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  if (argc < 3) usage("a directory and an s3:// location");
+  const std::string dir = argv[1], s3 = argv[2];
+  if (!s3.starts_with("s3://")) usage("the second location is s3://bucket/prefix");
+  std::size_t mib = 256, tensors = 16;
+  int ranks = 2, rounds = 3;
+  for (int i = 3; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    const long v = std::strtol(argv[i + 1], nullptr, 10);
+    if (v <= 0) usage("counts are positive");
+    if (a == "--mib") mib = std::size_t(v);
+    else if (a == "--ranks") ranks = int(v);
+    else if (a == "--tensors") tensors = std::size_t(v);
+    else if (a == "--rounds") rounds = int(v);
+    else usage(("unknown option " + a).c_str());
+  }
+  const std::size_t elements = mib * (std::size_t(1) << 20) / 4 / tensors;
+  const double gb = double(elements * tensors * 4) / 1e9;
+  std::printf("# %zu MiB of f32 state (%zu tensors of %zu elements) from %d ranks, %d rounds; %s and %s\n", mib, tensors,
+              elements, ranks, rounds, dir.c_str(), s3.c_str());
+  std::fflush(stdout);
+  auto posix = st::open_sink(dir), object = st::open_sink(s3);
+  std::vector<figures> of_posix, of_s3;
+  for (int round = 0; round < rounds; ++round) {
+    const auto step = std::uint64_t(round + 1);
+    // Alternate which goes first, so that neither always follows the other's writeback.
+    for (int which = 0; which < 2; ++which) {
+      const bool s3_now = (which == 0) == (round % 2 == 1);
+      auto f = round_trip(s3_now ? object : posix, ranks, tensors, elements, step);
+      (s3_now ? of_s3 : of_posix).push_back(f);
+      std::printf("round %d %-5s save %.3f s (stage %.3f persist %.3f commit %.3f) load %.3f s\n", round + 1,
+                  s3_now ? "s3" : "posix", f.save, f.stage, f.persist, f.commit, f.load);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\n| %zu MiB, %d ranks, median of %d | save s | save GB/s | stage s | persist s | commit s | load s | load GB/s |\n",
+              mib, ranks, rounds);
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (int which = 0; which < 2; ++which) {
+    const auto& v = which == 0 ? of_posix : of_s3;
+    auto pick = [&](double figures::*m) {
+      std::vector<double> x;
+      for (const auto& f : v) x.push_back(f.*m);
+      return median(x);
+    };
+    const double save = pick(&figures::save), load = pick(&figures::load);
+    std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", which == 0 ? "posix (fsync)" : "s3 (s3rver)",
+                save, gb / save, pick(&figures::stage), pick(&figures::persist), pick(&figures::commit), load, gb / load);
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "s3_ckpt_bench: %s\n", e.what());
+  return 1;
+}
