@@ -6,7 +6,8 @@
 // `ranks` thread ranks on a loopback world each hold an even share of `tensors` f32 tensors of mib MiB in all.
 // A save is timed from the call on every rank to the last rank's completion (committed: its index written and read
 // back), with its phases (stage at the call, persist, commit on rank 0); a load is load(step) at the same rank
-// count, timed to the last rank, and checked bit for bit. Each checkpoint is deleted after its round (untimed);
+// count, timed to the last rank, and checked bit for bit. The ranks and their checkpointers live for the whole run
+// (a warm-up round first allocates the staging buffers). Each checkpoint is deleted after its round (untimed);
 // sync() runs before every timed step, so that no step pays for another's writeback. S3 options from the
 // environment (AWS_*, SHARDKIT_S3_PART_SIZE / SHARDKIT_S3_PARALLEL), posix with fsync (open_sink's default).
 #include <unistd.h>
@@ -17,7 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -83,66 +84,79 @@ struct figures {
   double save = 0, stage = 0, persist = 0, commit = 0, load = 0;
 };
 
-figures round_trip(st::any_sink sink, int ranks, std::size_t tensors, std::size_t elements, std::uint64_t step) {
-  figures f;
-  std::vector<rank_state> states;
-  states.reserve(std::size_t(ranks));
-  for (int r = 0; r < ranks; ++r) states.emplace_back(r, ranks, tensors, elements);
-  for (auto& s : states) s.fill(step);
-  std::vector<ck::save_result> results(static_cast<std::size_t>(ranks));
-  {
-    auto groups = sk::comm::make_loopback_world(ranks);
-    std::vector<std::optional<ck::checkpointer>> savers(static_cast<std::size_t>(ranks));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < ranks; ++r)  // construction is collective (dup)
-      threads.emplace_back([&, r] { savers[std::size_t(r)].emplace(groups[std::size_t(r)], sink, ck::checkpointer_options{.keep_last = 0}); });
-    for (auto& t : threads) t.join();
-    threads.clear();
-    ::sync();
-    const auto t0 = clock_type::now();
-    for (int r = 0; r < ranks; ++r)
-      threads.emplace_back([&, r] { results[std::size_t(r)] = savers[std::size_t(r)]->save(step, states[std::size_t(r)].dict).get(); });
-    for (auto& t : threads) t.join();
-    f.save = since(t0);
+// One sink's thread ranks, each with its state, a checkpointer that saves and one that loads. They live for the
+// whole run, as a trainer's do: the staging buffers are allocated by the warm-up round, not by a timed one.
+class bench_ranks {
+ public:
+  bench_ranks(st::any_sink sink, int ranks, std::size_t tensors, std::size_t elements)
+      : sink_(std::move(sink)), ranks_(ranks), groups_(sk::comm::make_loopback_world(ranks)) {
+    states_.reserve(std::size_t(ranks));
+    for (int r = 0; r < ranks; ++r) states_.emplace_back(r, ranks, tensors, elements);
+    savers_.resize(std::size_t(ranks));
+    loaders_.resize(std::size_t(ranks));
+    on_ranks([&](int r) {  // construction is collective (dup)
+      savers_[std::size_t(r)] = std::make_unique<ck::checkpointer>(groups_[std::size_t(r)], sink_, ck::checkpointer_options{.keep_last = 0});
+      loaders_[std::size_t(r)] = std::make_unique<ck::checkpointer>(groups_[std::size_t(r)], sink_);
+    });
   }
-  for (const auto& r : results) {
-    if (!r.committed) {
-      std::fprintf(stderr, "s3_ckpt_bench: step %llu not committed: %s\n", (unsigned long long)step, r.reason.c_str());
-      std::exit(1);
-    }
-    f.stage = std::max(f.stage, r.stage_seconds);
-    f.persist = std::max(f.persist, r.persist_seconds);
-  }
-  f.commit = results[0].commit_seconds;
 
-  for (auto& s : states) s.fill(step + 1000);  // overwritten by the load
-  {
-    auto groups = sk::comm::make_loopback_world(ranks);
-    std::vector<std::optional<ck::checkpointer>> loaders(static_cast<std::size_t>(ranks));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < ranks; ++r)
-      threads.emplace_back([&, r] { loaders[std::size_t(r)].emplace(groups[std::size_t(r)], sink); });
-    for (auto& t : threads) t.join();
-    threads.clear();
-    ::sync();
-    const auto t0 = clock_type::now();
-    for (int r = 0; r < ranks; ++r)
-      threads.emplace_back([&, r] { loaders[std::size_t(r)]->load(step, states[std::size_t(r)].dict); });
-    for (auto& t : threads) t.join();
-    f.load = since(t0);
+  ~bench_ranks() {
+    on_ranks([&](int r) {
+      loaders_[std::size_t(r)].reset();
+      savers_[std::size_t(r)].reset();
+    });
   }
-  for (auto& s : states)
-    if (!s.matches(step)) {
-      std::fprintf(stderr, "s3_ckpt_bench: the load of step %llu differs from the save\n", (unsigned long long)step);
-      std::exit(1);
+
+  figures round_trip(std::uint64_t step) {
+    figures f;
+    for (auto& s : states_) s.fill(step);
+    std::vector<ck::save_result> results(static_cast<std::size_t>(ranks_));
+    ::sync();
+    auto t0 = clock_type::now();
+    on_ranks([&](int r) { results[std::size_t(r)] = savers_[std::size_t(r)]->save(step, states_[std::size_t(r)].dict).get(); });
+    f.save = since(t0);
+    for (const auto& r : results) {
+      if (!r.committed) {
+        std::fprintf(stderr, "s3_ckpt_bench: step %llu not committed: %s\n", (unsigned long long)step, r.reason.c_str());
+        std::exit(1);
+      }
+      f.stage = std::max(f.stage, r.stage_seconds);
+      f.persist = std::max(f.persist, r.persist_seconds);
     }
-  // Untimed: the checkpoint goes, so that every round starts from the same store.
-  const auto index = ck::read_index(sink, "", step);
-  std::vector<std::string> keys{ck::index_key("", step)};
-  for (const auto& file : index->files) keys.push_back(file.key);
-  st::remove_many(sink, keys);
-  return f;
-}
+    f.commit = results[0].commit_seconds;
+
+    for (auto& s : states_) s.fill(step + 1000);  // overwritten by the load
+    ::sync();
+    t0 = clock_type::now();
+    on_ranks([&](int r) { loaders_[std::size_t(r)]->load(step, states_[std::size_t(r)].dict); });
+    f.load = since(t0);
+    for (auto& s : states_)
+      if (!s.matches(step)) {
+        std::fprintf(stderr, "s3_ckpt_bench: the load of step %llu differs from the save\n", (unsigned long long)step);
+        std::exit(1);
+      }
+    // Untimed: the checkpoint goes, so that every round starts from the same store.
+    const auto index = ck::read_index(sink_, "", step);
+    std::vector<std::string> keys{ck::index_key("", step)};
+    for (const auto& file : index->files) keys.push_back(file.key);
+    st::remove_many(sink_, keys);
+    return f;
+  }
+
+ private:
+  template <class F>
+  void on_ranks(F&& fn) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks_; ++r) threads.emplace_back([&, r] { fn(r); });
+    for (auto& t : threads) t.join();
+  }
+
+  st::any_sink sink_;
+  int ranks_;
+  std::vector<sk::comm::process_group> groups_;
+  std::vector<rank_state> states_;
+  std::vector<std::unique_ptr<ck::checkpointer>> savers_, loaders_;  // not movable
+};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -172,14 +186,16 @@ int main(int argc, char** argv) try {
   std::printf("# %zu MiB of f32 state (%zu tensors of %zu elements) from %d ranks, %d rounds; %s and %s\n", mib, tensors,
               elements, ranks, rounds, dir.c_str(), s3.c_str());
   std::fflush(stdout);
-  auto posix = st::open_sink(dir), object = st::open_sink(s3);
+  bench_ranks posix(st::open_sink(dir), ranks, tensors, elements), object(st::open_sink(s3), ranks, tensors, elements);
+  posix.round_trip(1);  // warm-up: staging buffers, connections, the bucket check
+  object.round_trip(1);
   std::vector<figures> of_posix, of_s3;
   for (int round = 0; round < rounds; ++round) {
-    const auto step = std::uint64_t(round + 1);
+    const auto step = std::uint64_t(round + 2);
     // Alternate which goes first, so that neither always follows the other's writeback.
     for (int which = 0; which < 2; ++which) {
       const bool s3_now = (which == 0) == (round % 2 == 1);
-      auto f = round_trip(s3_now ? object : posix, ranks, tensors, elements, step);
+      auto f = (s3_now ? object : posix).round_trip(step);
       (s3_now ? of_s3 : of_posix).push_back(f);
       std::printf("round %d %-5s save %.3f s (stage %.3f persist %.3f commit %.3f) load %.3f s\n", round + 1,
                   s3_now ? "s3" : "posix", f.save, f.stage, f.persist, f.commit, f.load);
