@@ -11,6 +11,10 @@
 //! Errors name the checkpoint and what is wrong: a tensor the rank needs that the checkpoint lacks, another dtype or
 //! global shape, elements no saved piece covers (errc::invalid_argument); a file that ended early (errc::io).
 #include <algorithm>
+#include <thread>
+#include <mutex>
+#include <exception>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -145,13 +149,28 @@ inline std::string describe_u64_shape(const std::vector<std::uint64_t>& s) {
 //! Loads every tensor of `into` (saved and loaded-only) from the checkpoint `index` describes, and this rank's
 //! per-rank entries when the world size is unchanged. `into`'s memory is written only with verified bytes; on an
 //! error some tensors may be loaded and others not (load again, or from another checkpoint).
+//! How a load reads.
+struct load_options {
+  //! Reads in flight at once on this rank (each a range of one saved piece, read, verified and copied by its own
+  //! thread): one sequential stream leaves the disk idle while it hashes and copies.
+  std::size_t threads = 4;
+};
+
 template <storage::sink S>
 load_report load_state(S& sink, const checkpoint_index& index, const state_dict& into, int rank, int world_size,
-                       const std::string& checkpoint_name = "checkpoint") {
+                       const std::string& checkpoint_name = "checkpoint", load_options options = {}) {
   load_report report{index.step, index.world_size, index.metadata};
   const load_plan plan(index);
   std::vector<std::byte> scratch;
-  auto load_one = [&](const tensor_view& v) {
+  // The plan for this rank: every (saved piece, byte range, destination) its tensors need, checked first, so that a
+  // checkpoint that cannot fill the state is refused before anything is read.
+  struct read_job {
+    const load_plan::source* source;
+    std::uint64_t first, last;
+    std::span<std::byte> out;
+  };
+  std::vector<read_job> jobs;
+  auto plan_one = [&](const tensor_view& v) {
     auto bad = [&](const std::string& what) {
       throw_error(errc::invalid_argument, checkpoint_name + " (step " + std::to_string(index.step) + "), tensor '" + v.name + "': " + what,
                   {.rank = rank, .operation = "ckpt.load", .object = v.name});
@@ -165,7 +184,7 @@ load_report load_state(S& sink, const checkpoint_index& index, const state_dict&
       bad("saved with global shape " + detail::describe_u64_shape(first.global_shape) + ", loaded as " +
           detail::describe_u64_shape(v.global_shape));
     const std::uint64_t es = size_of(v.type);
-    // Pieces sorted by begin; `at` is the first element not yet loaded, so overlapping copies (replicas) load once.
+    // Pieces sorted by begin; `at` is the first element not yet planned, so overlapping copies (replicas) load once.
     std::uint64_t at = v.begin;
     auto it = std::partition_point(pieces.begin(), pieces.end(), [&](const load_plan::source& s) { return s.tensor->end <= v.begin; });
     for (; it != pieces.end() && at < v.end; ++it) {
@@ -173,10 +192,8 @@ load_report load_state(S& sink, const checkpoint_index& index, const state_dict&
       if (t.begin > at) break;  // a gap: reported below
       const std::uint64_t b = at, e = std::min(v.end, t.end);
       if (e <= b) continue;
-      report.bytes_read += detail::read_verified(sink, *it, (b - t.begin) * es, (e - t.begin) * es,
-                                                 v.bytes.subspan(static_cast<std::size_t>((b - v.begin) * es),
-                                                                 static_cast<std::size_t>((e - b) * es)),
-                                                 scratch);
+      jobs.push_back({&*it, (b - t.begin) * es, (e - t.begin) * es,
+                      v.bytes.subspan(static_cast<std::size_t>((b - v.begin) * es), static_cast<std::size_t>((e - b) * es))});
       at = e;
     }
     if (at < v.end)
@@ -184,8 +201,40 @@ load_report load_state(S& sink, const checkpoint_index& index, const state_dict&
           std::to_string(v.begin) + ", " + std::to_string(v.end) + "))");
     ++report.tensors_loaded;
   };
-  for (const auto& v : into.saved_tensors()) load_one(v);
-  for (const auto& v : into.loaded_only_tensors()) load_one(v);
+  for (const auto& v : into.saved_tensors()) plan_one(v);
+  for (const auto& v : into.loaded_only_tensors()) plan_one(v);
+
+  // Largest first: the long reads start early and the small ones fill in around them.
+  std::sort(jobs.begin(), jobs.end(), [](const read_job& a, const read_job& b) { return a.out.size() > b.out.size(); });
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::uint64_t> bytes_read{0};
+  std::mutex failure_mutex;
+  std::exception_ptr failure;
+  auto worker = [&] {
+    std::vector<std::byte> own;
+    for (std::size_t i; (i = next.fetch_add(1)) < jobs.size();) {
+      {
+        std::lock_guard lock(failure_mutex);
+        if (failure) return;
+      }
+      try {
+        const auto& j = jobs[i];
+        bytes_read += detail::read_verified(sink, *j.source, j.first, j.last, j.out, own);
+      } catch (...) {
+        std::lock_guard lock(failure_mutex);
+        if (!failure) failure = std::current_exception();
+        return;
+      }
+    }
+  };
+  {
+    const std::size_t n = std::min(std::max<std::size_t>(options.threads, 1), jobs.size());
+    std::vector<std::jthread> helpers;
+    for (std::size_t t = 1; t < n; ++t) helpers.emplace_back(worker);
+    worker();
+  }
+  if (failure) std::rethrow_exception(failure);
+  report.bytes_read += bytes_read;
 
   if (index.world_size == static_cast<std::uint32_t>(world_size)) {
     for (const auto& e : into.rank_entries()) {
