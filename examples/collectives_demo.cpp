@@ -1,5 +1,5 @@
 // The demo job: every rank runs every collective on a few sizes, checks the results, and rank 0 prints a
-// busbw table. Launch with `shardkit-run -n 4 collectives_demo` (scripts/demo does).
+// busbw table. Launch with `shardkit-run -n 4 collectives_demo` (scripts/demo --collectives does).
 #include <cstdio>
 #include <exception>
 
