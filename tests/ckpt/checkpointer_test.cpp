@@ -20,6 +20,7 @@
 #include "shardkit/storage/posix_sink.hpp"
 #include "support/harness.hpp"
 #include "support/scoped_env.hpp"
+#include "ckpt_fixtures.hpp"
 
 namespace sk = shardkit;
 namespace ck = shardkit::ckpt;
@@ -27,64 +28,35 @@ namespace st = shardkit::storage;
 
 namespace {
 
+using shardkit::test::ckpt::global_tensor;
+using shardkit::test::ckpt::piece;
+
 // A model's global tensors: a few shapes, one larger than a checksum chunk (so partial reads verify chunks).
-struct global_tensor {
-  std::string name;
-  std::vector<std::uint64_t> shape;
-  std::size_t numel() const {
-    std::size_t n = 1;
-    for (auto d : shape) n *= d;
-    return n;
-  }
-};
 const std::vector<global_tensor>& model_tensors() {
   static const std::vector<global_tensor> t{{"embed", {97, 31}}, {"block0.w", {640, 1000}}, {"block0.b", {1000}},
                                             {"norm", {7}}, {"tiny", {1}}};
   return t;
 }
-float value_at(std::uint64_t step, const std::string& name, std::size_t i) {
-  return float(step) * 1000.0f + float(std::hash<std::string>{}(name) % 97) + float(i) * 0.001f;
-}
 
-// One rank's state: FSDP-like pieces (an uneven split of each tensor over `world` ranks), a replicated step
-// counter and per-rank bytes.
+// One rank's state: FSDP-like pieces, a replicated step counter and per-rank bytes and value.
 struct rank_state {
-  struct piece {
-    std::string name;
-    std::vector<std::size_t> shape;
-    std::size_t begin = 0, end = 0;
-    std::span<float> data;
-  };
-  std::vector<std::vector<float>> storage;
-  std::vector<piece> pieces;
+  shardkit::test::ckpt::sharded_tensors model;
   std::uint64_t optimizer_steps = 0;
   std::vector<std::byte> loader;
   std::uint64_t rng = 0;
   ck::state_dict dict;
 
-  rank_state(int rank, int world) {
-    for (const auto& t : model_tensors()) {
-      // Uneven: rank r holds [r * n / world, (r + 1) * n / world), like a padded FSDP split's pieces.
-      const std::size_t n = t.numel(), b = std::size_t(rank) * n / std::size_t(world), e = std::size_t(rank + 1) * n / std::size_t(world);
-      storage.emplace_back(e - b, -1.0f);
-      pieces.push_back({t.name, std::vector<std::size_t>(t.shape.begin(), t.shape.end()), b, e, storage.back()});
-    }
-    dict.add_shards(pieces).add_value("optim.steps", optimizer_steps).add_rank_bytes("loader", loader).add_rank_value("rng", rng);
+  rank_state(int rank, int world) : model(model_tensors(), rank, world) {
+    dict.add_shards(model.pieces()).add_value("optim.steps", optimizer_steps).add_rank_bytes("loader", loader).add_rank_value("rng", rng);
   }
   void fill(std::uint64_t step, int rank) {
-    for (auto& p : pieces)
-      for (std::size_t i = p.begin; i < p.end; ++i) p.data[i - p.begin] = value_at(step, p.name, i);
+    model.fill(step);
     optimizer_steps = step * 10;
     loader.assign(std::size_t(5 + rank), std::byte(step & 0xff));
     rng = step * 7919 + std::uint64_t(rank);
   }
   void check(std::uint64_t step) const {
-    for (const auto& p : pieces)
-      for (std::size_t i = p.begin; i < p.end; ++i)
-        if (p.data[i - p.begin] != value_at(step, p.name, i)) {
-          FAIL("tensor ", p.name, " element ", i, " is ", p.data[i - p.begin], ", saved ", value_at(step, p.name, i));
-          return;
-        }
+    model.check(step);
     CHECK(optimizer_steps == step * 10);
   }
 };
@@ -344,13 +316,13 @@ TEST_CASE("[ckpt] bad requests and mismatched state are clear errors") {
   std::vector<float> other(10);
   {
     ck::state_dict d;
-    rank_state::piece p{"embed", {31, 97}, 0, 97 * 31, wrong};
+    piece p{"embed", {31, 97}, 0, 97 * 31, wrong};
     d.add_shards(std::vector{p});
     CHECK_THROWS_WITH_AS(c.load(4, d), doctest::Contains("tensor 'embed': saved with global shape [97, 31], loaded as [31, 97]"), sk::error);
   }
   {
     ck::state_dict d;
-    rank_state::piece p{"missing", {10}, 0, 10, other};
+    piece p{"missing", {10}, 0, 10, other};
     d.add_shards(std::vector{p});
     CHECK_THROWS_WITH_AS(c.load(4, d), doctest::Contains("tensor 'missing': not in the checkpoint"), sk::error);
   }

@@ -23,6 +23,7 @@
 #include "shardkit/storage/memory_sink.hpp"
 #include "shardkit/storage/posix_sink.hpp"
 #include "support/harness.hpp"
+#include "ckpt_fixtures.hpp"
 #if defined(SHARDKIT_HAS_S3)
 #include "shardkit/storage/open_sink.hpp"
 #endif
@@ -40,50 +41,26 @@ namespace {
 
 constexpr int world = 3;
 
-struct global_tensor {
-  std::string name;
-  std::vector<std::uint64_t> shape;
-  std::size_t numel() const {
-    std::size_t n = 1;
-    for (auto d : shape) n *= d;
-    return n;
-  }
-};
+using shardkit::test::ckpt::global_tensor;
+using shardkit::test::ckpt::value_at;
 // block0.w is 4 MiB, so each rank's piece (1.33 MiB) has two checksum chunks.
 const std::vector<global_tensor> model_tensors{{"embed", {97, 31}}, {"block0.w", {1024, 1024}}, {"block0.b", {1000}}, {"norm", {7}}};
 
-float value_at(std::uint64_t step, const std::string& name, std::size_t i) {
-  return float(step) * 1000.0f + float(name.size()) * 10.0f + float(i % 4093) * 0.25f;
-}
 std::size_t piece_begin(std::size_t n, int r) { return std::size_t(r) * n / world; }
 
 // One rank's state: its piece of every tensor, the optimizer's moments (optim.*), a replicated counter, its bytes.
 struct rank_state {
-  struct piece {
-    std::string name;
-    std::vector<std::size_t> shape;
-    std::size_t begin = 0, end = 0;
-    std::span<float> data;
-  };
-  std::vector<std::vector<float>> storage;
-  std::vector<piece> pieces, moments;
+  shardkit::test::ckpt::sharded_tensors pieces, moments;
   std::uint64_t optimizer_steps = 0;
   std::vector<std::byte> loader;
   ck::state_dict dict;
 
-  rank_state(int rank, std::uint64_t step) {
-    storage.reserve(2 * model_tensors.size());
-    for (const auto& t : model_tensors) {
-      const std::size_t b = piece_begin(t.numel(), rank), e = piece_begin(t.numel(), rank + 1);
-      std::vector<std::size_t> shape(t.shape.begin(), t.shape.end());
-      auto& values = storage.emplace_back(e - b);
-      for (std::size_t i = b; i < e; ++i) values[i - b] = value_at(step, t.name, i);
-      pieces.push_back({t.name, shape, b, e, values});
-      moments.push_back({"exp_avg." + t.name, shape, b, e, storage.emplace_back(e - b, 0.5f)});
-    }
+  rank_state(int rank, std::uint64_t step) : pieces(model_tensors, rank, world), moments(model_tensors, rank, world, "exp_avg.") {
+    pieces.fill(step);
+    for (const auto& m : moments.pieces()) std::fill(m.data.begin(), m.data.end(), 0.5f);
     optimizer_steps = step * 10;
     loader.assign(std::size_t(5 + rank), std::byte(step));
-    dict.add_shards(pieces).add_shards(moments, "optim.").add_value("optim.steps", optimizer_steps).add_rank_bytes("loader", loader);
+    dict.add_shards(pieces.pieces()).add_shards(moments.pieces(), "optim.").add_value("optim.steps", optimizer_steps).add_rank_bytes("loader", loader);
   }
 };
 

@@ -20,6 +20,7 @@
 #include "shardkit/ckpt/checkpointer.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "support/harness.hpp"
+#include "ckpt/ckpt_fixtures.hpp"
 
 using namespace s3_test;
 namespace sk = shardkit;
@@ -27,63 +28,33 @@ namespace ck = shardkit::ckpt;
 
 namespace {
 
+using shardkit::test::ckpt::global_tensor;
+
 // A model's global tensors; "block0.w" spans several checksum chunks and, per rank, several multipart parts.
-struct global_tensor {
-  std::string name;
-  std::vector<std::uint64_t> shape;
-  std::size_t numel() const {
-    std::size_t n = 1;
-    for (auto d : shape) n *= d;
-    return n;
-  }
-};
 const std::vector<global_tensor>& model_tensors() {
   static const std::vector<global_tensor> t{{"embed", {97, 31}}, {"block0.w", {640, 1000}}, {"block0.b", {1000}},
                                             {"norm", {7}}, {"tiny", {1}}};
   return t;
 }
-float value_at(std::uint64_t step, const std::string& name, std::size_t i) {
-  return float(step) * 1000.0f + float(std::hash<std::string>{}(name) % 97) + float(i) * 0.001f;
-}
 
-// One rank's state: an uneven split of each tensor over `world` ranks (FSDP's pieces), a replicated counter and
-// per-rank bytes (a data loader's state).
+// One rank's state: FSDP-like pieces, a replicated counter and per-rank bytes (a data loader's state).
 struct rank_state {
-  struct piece {
-    std::string name;
-    std::vector<std::size_t> shape;
-    std::size_t begin = 0, end = 0;
-    std::span<float> data;
-  };
-  std::vector<std::vector<float>> storage;
-  std::vector<piece> pieces;
+  shardkit::test::ckpt::sharded_tensors model;
   std::uint64_t optimizer_steps = 0;
   std::vector<std::byte> loader;
   ck::state_dict dict;
 
-  rank_state(int rank, int world) {
-    storage.reserve(model_tensors().size());
-    for (const auto& t : model_tensors()) {
-      const std::size_t n = t.numel(), b = std::size_t(rank) * n / std::size_t(world), e = std::size_t(rank + 1) * n / std::size_t(world);
-      storage.emplace_back(e - b, -1.0f);
-      pieces.push_back({t.name, std::vector<std::size_t>(t.shape.begin(), t.shape.end()), b, e, storage.back()});
-    }
-    dict.add_shards(pieces).add_value("optim.steps", optimizer_steps).add_rank_bytes("loader", loader);
+  rank_state(int rank, int world) : model(model_tensors(), rank, world) {
+    dict.add_shards(model.pieces()).add_value("optim.steps", optimizer_steps).add_rank_bytes("loader", loader);
   }
   void fill(std::uint64_t step, int rank) {
-    for (auto& p : pieces)
-      for (std::size_t i = p.begin; i < p.end; ++i) p.data[i - p.begin] = value_at(step, p.name, i);
+    model.fill(step);
     optimizer_steps = step * 10;
     loader.assign(std::size_t(5 + rank), std::byte(step & 0xff));
   }
   // Bit for bit: the loaded floats compared as floats equal only when their bits are (no NaN here).
   void check(std::uint64_t step, int rank, bool rank_entries) const {
-    for (const auto& p : pieces)
-      for (std::size_t i = p.begin; i < p.end; ++i)
-        if (p.data[i - p.begin] != value_at(step, p.name, i)) {
-          FAIL("tensor ", p.name, " element ", i, " is ", p.data[i - p.begin], ", saved ", value_at(step, p.name, i));
-          return;
-        }
+    model.check(step);
     CHECK(optimizer_steps == step * 10);
     if (rank_entries) CHECK(loader == std::vector<std::byte>(std::size_t(5 + rank), std::byte(step & 0xff)));
   }
