@@ -10,7 +10,7 @@ trap 'rm -rf "$work"' EXIT
 SHARDKIT_DEMO_BUILD=$build SHARDKIT_DEMO_NO_BUILD=1 SHARDKIT_DEMO_RUNS=$work/demo "$src/scripts/demo" --quick \
   2>&1 | tee "$work/out.txt"
 out=$work/out.txt
-for line in '== summary' 'tokens/s (4 ranks, median step)' 'all_reduce busbw' 'limiter peak / budget' \
+for line in '== summary' 'tokens/s (4 ranks, median step)' 'all_reduce busbw, best size' 'limiter peak / budget' \
             'checkpoint stall, zero-overhead' 'checkpoint stall, at-call staging' 'latest (shardkit-ckpt ls)' 'loss curve'; do
   grep -qF "$line" "$out" || { echo "FAIL: the summary has no '$line'"; exit 1; }
 done
