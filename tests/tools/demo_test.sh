@@ -11,7 +11,7 @@ SHARDKIT_DEMO_BUILD=$build SHARDKIT_DEMO_NO_BUILD=1 SHARDKIT_DEMO_RUNS=$work/dem
   2>&1 | tee "$work/out.txt"
 out=$work/out.txt
 for line in '== summary' 'tokens/s (4 ranks, median step)' 'all_reduce busbw, best size' 'limiter peak / budget' \
-            'checkpoint stall, zero-overhead' 'checkpoint stall, at-call staging' 'latest (shardkit-ckpt ls)' 'loss curve'; do
+            'checkpoint stall, zero-overhead' 'checkpoint stall, synchronous save' 'latest (shardkit-ckpt ls)' 'loss curve'; do
   grep -qF "$line" "$out" || { echo "FAIL: the summary has no '$line'"; exit 1; }
 done
 grep -q 'resumed from step 12 of .* (saved by 4 ranks, loaded by 2)' "$out" || { echo "FAIL: no resume on 2 ranks"; exit 1; }
