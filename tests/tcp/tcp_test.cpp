@@ -354,9 +354,10 @@ TEST_CASE("[tcp] a closed peer fails pending and later operations with errc::pee
     wait_ok(r);
     const auto want = pattern(2 << 20, unsigned(other));
     SCENARIO_CHECK(in == want);
-    std::vector<std::byte> bye(1);
-    auto rb = t->recv(other, 2, wbytes(bye));
-    wait_ok(t->send(other, 2, cbytes(bye)));
+    // Separate buffers: the peer's bye may land while this rank's send still reads its own (a race TSan found).
+    std::vector<std::byte> bye_in(1), bye_out(1);
+    auto rb = t->recv(other, 2, wbytes(bye_in));
+    wait_ok(t->send(other, 2, cbytes(bye_out)));
     wait_ok(rb);
   });
 }
