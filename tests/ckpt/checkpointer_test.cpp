@@ -31,12 +31,7 @@ namespace {
 using shardkit::test::ckpt::global_tensor;
 using shardkit::test::ckpt::piece;
 
-// A model's global tensors: a few shapes, one larger than a checksum chunk (so partial reads verify chunks).
-const std::vector<global_tensor>& model_tensors() {
-  static const std::vector<global_tensor> t{{"embed", {97, 31}}, {"block0.w", {640, 1000}}, {"block0.b", {1000}},
-                                            {"norm", {7}}, {"tiny", {1}}};
-  return t;
-}
+const std::vector<global_tensor>& model_tensors() { return shardkit::test::ckpt::small_model(); }
 
 // One rank's state: FSDP-like pieces, a replicated step counter and per-rank bytes and value.
 struct rank_state {

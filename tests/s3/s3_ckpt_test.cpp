@@ -30,12 +30,7 @@ namespace {
 
 using shardkit::test::ckpt::global_tensor;
 
-// A model's global tensors; "block0.w" spans several checksum chunks and, per rank, several multipart parts.
-const std::vector<global_tensor>& model_tensors() {
-  static const std::vector<global_tensor> t{{"embed", {97, 31}}, {"block0.w", {640, 1000}}, {"block0.b", {1000}},
-                                            {"norm", {7}}, {"tiny", {1}}};
-  return t;
-}
+const std::vector<global_tensor>& model_tensors() { return shardkit::test::ckpt::small_model(); }
 
 // One rank's state: FSDP-like pieces, a replicated counter and per-rank bytes (a data loader's state).
 struct rank_state {
