@@ -1,0 +1,206 @@
+#pragma once
+//! A save's commit round, as data: what each rank tells rank 0 (its status and its file's table, in a compact binary
+//! message) and how rank 0 turns every rank's message into the checkpoint's index, checking each as parse_index
+//! checks an index read from storage. The checkpointer (checkpointer.hpp) moves the messages; bench/ckpt_bench
+//! measures assemble_index at 4096 simulated ranks.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "shardkit/ckpt/catalog.hpp"
+#include "shardkit/ckpt/index.hpp"
+#include "shardkit/core/dtype.hpp"
+
+namespace shardkit::ckpt {
+
+//! What a rank tells rank 0 in a save's commit round.
+enum class commit_status : std::uint8_t { ok = 0, skipped = 1, failed = 2 };
+
+namespace detail {
+// The commit message's binary layout (little-endian, this machine's: ranks of one job share it): "SKCM", u32
+// version, u64 step, u8 status, str error, then when ok: str key, u64 size, u32 tensors, and per tensor str name,
+// u8 dtype, u32 ndims, u64 dims..., u64 begin, end, data_begin, data_end, xxh64, u32 chunks, u64 chunk checksums.
+// Binary, not JSON: rank 0 reads one per rank, 4096 ranks x 1000 tensors must take well under a second.
+inline constexpr std::uint32_t commit_message_version = 1;
+
+class message_writer {
+ public:
+  template <class T>
+  void put(T v) {
+    const auto* p = reinterpret_cast<const char*>(&v);
+    out.append(p, sizeof v);
+  }
+  void put(std::string_view s) {
+    put(static_cast<std::uint32_t>(s.size()));
+    out.append(s);
+  }
+  std::string out;
+};
+
+class message_reader {
+ public:
+  explicit message_reader(std::string_view in) : in_(in) {}
+  template <class T>
+  T get() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, in_.data() + at_, sizeof v);
+    at_ += sizeof v;
+    return v;
+  }
+  std::string get_string() {
+    const auto n = get<std::uint32_t>();
+    need(n);
+    std::string s(in_.substr(at_, n));
+    at_ += n;
+    return s;
+  }
+  //! A count of items of at least `item_bytes` each, checked against what is left (a corrupt count cannot make
+  //! the reader allocate).
+  std::size_t get_count(std::size_t item_bytes) {
+    const auto n = get<std::uint32_t>();
+    if (item_bytes && n > (in_.size() - at_) / item_bytes) throw std::runtime_error("a count runs past the message");
+    return n;
+  }
+  bool done() const noexcept { return at_ == in_.size(); }
+
+ private:
+  void need(std::size_t n) const {
+    if (n > in_.size() - at_) throw std::runtime_error("the message ends early");
+  }
+  std::string_view in_;
+  std::size_t at_ = 0;
+};
+}  // namespace detail
+
+//! A rank's message in a save's commit round: its status, why it failed, and its file's entry as the index will
+//! hold it.
+inline std::string commit_message(std::uint64_t step, commit_status status, const std::string& error,
+                                  const std::optional<index_file>& file) {
+  detail::message_writer w;
+  w.out.reserve(64 + (file ? file->tensors.size() * 96 : 0));
+  w.out.append("SKCM");
+  w.put(detail::commit_message_version);
+  w.put(step);
+  w.put(static_cast<std::uint8_t>(status));
+  w.put(std::string_view(error));
+  if (status != commit_status::ok) return std::move(w.out);
+  w.put(std::string_view(file->key));
+  w.put(file->size);
+  w.put(static_cast<std::uint32_t>(file->tensors.size()));
+  for (const auto& t : file->tensors) {
+    w.put(std::string_view(t.name));
+    w.put(static_cast<std::uint8_t>(t.type));
+    w.put(static_cast<std::uint32_t>(t.global_shape.size()));
+    for (auto d : t.global_shape) w.put(d);
+    for (auto v : {t.begin, t.end, t.data_begin, t.data_end, t.xxh64}) w.put(v);
+    w.put(static_cast<std::uint32_t>(t.chunk_xxh64.size()));
+    for (auto c : t.chunk_xxh64) w.put(c);
+  }
+  return std::move(w.out);
+}
+
+//! What rank 0 makes of a round's messages (one per rank, in rank order): the index when every rank wrote its
+//! file, else why not.
+struct assembled_index {
+  checkpoint_index index;
+  std::string reasons;   //!< empty when every rank's file is in the index
+  bool skipped = false;  //!< a rank skipped the save
+};
+
+//! Decodes and checks every message (its step; its file's key, table and the tensors' agreement across files, as
+//! parse_index checks an index) and assembles the index. Linear in the total number of pieces.
+inline assembled_index assemble_index(std::uint64_t step, const std::string& prefix,
+                                      const std::map<std::string, std::string>& metadata,
+                                      std::span<const std::string> messages) {
+  assembled_index out{{step, static_cast<std::uint32_t>(messages.size()), metadata, {}}, {}, false};
+  auto& [index, reasons, skipped] = out;
+  index.files.reserve(messages.size());
+  struct global_of {
+    dtype type;
+    const std::vector<std::uint64_t>* shape;
+    std::size_t file;
+  };
+  std::unordered_map<std::string_view, global_of> globals;
+  auto add_reason = [&](std::size_t r, const std::string& why) {
+    reasons += (reasons.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + why;
+  };
+  for (std::size_t r = 0; r < messages.size(); ++r) {
+    try {
+      detail::message_reader in(messages[r]);
+      if (messages[r].substr(0, 4) != "SKCM") throw std::runtime_error("not a commit message");
+      (void)in.get<std::uint32_t>();
+      if (in.get<std::uint32_t>() != detail::commit_message_version) throw std::runtime_error("another message version");
+      const auto saved_step = in.get<std::uint64_t>();
+      if (saved_step != step) throw std::runtime_error("it saved step " + std::to_string(saved_step));
+      const auto status = static_cast<commit_status>(in.get<std::uint8_t>());
+      std::string error = in.get_string();
+      if (status == commit_status::skipped) {
+        skipped = true;
+        add_reason(r, "skipped it (its previous save was still persisting)");
+        continue;
+      }
+      if (status != commit_status::ok) {
+        add_reason(r, error);
+        continue;
+      }
+      index_file f;
+      f.key = in.get_string();
+      if (f.key != rank_file_key(prefix, step, int(r))) throw std::runtime_error("its file is '" + f.key + "'");
+      f.size = in.get<std::uint64_t>();
+      f.tensors.resize(in.get_count(4 + 1 + 4 + 5 * 8 + 4));
+      for (auto& t : f.tensors) {
+        t.name = in.get_string();
+        const auto type = in.get<std::uint8_t>();
+        if (std::find(std::begin(all_dtypes), std::end(all_dtypes), static_cast<dtype>(type)) == std::end(all_dtypes))
+          throw std::runtime_error("tensor '" + t.name + "' has an unknown dtype");
+        t.type = static_cast<dtype>(type);
+        t.global_shape.resize(in.get_count(8));
+        for (auto& d : t.global_shape) d = in.get<std::uint64_t>();
+        t.begin = in.get<std::uint64_t>();
+        t.end = in.get<std::uint64_t>();
+        t.data_begin = in.get<std::uint64_t>();
+        t.data_end = in.get<std::uint64_t>();
+        t.xxh64 = in.get<std::uint64_t>();
+        t.chunk_xxh64.resize(in.get_count(8));
+        for (auto& c : t.chunk_xxh64) c = in.get<std::uint64_t>();
+      }
+      if (!in.done()) throw std::runtime_error("bytes after the file's table");
+      check_index_file(f, "rank " + std::to_string(r) + "'s commit message");
+      index.files.push_back(std::move(f));
+    } catch (const std::exception& e) {
+      add_reason(r, std::string("bad commit message: ") + e.what());
+    }
+  }
+  if (!reasons.empty()) return out;
+  // Every piece of a tensor agrees on its dtype and global shape (pointers into index.files: complete now).
+  // As in load_plan: position j of the previous file usually names the same tensor; hash only when it does not.
+  std::vector<const index_tensor*> previous;
+  for (std::size_t i = 0; i < index.files.size(); ++i)
+    for (std::size_t j = 0; j < index.files[i].tensors.size(); ++j) {
+      const auto& t = index.files[i].tensors[j];
+      if (previous.size() <= j) previous.resize(j + 1, nullptr);
+      const index_tensor* p = std::exchange(previous[j], &t);
+      if (p && p->name == t.name && p->type == t.type && p->global_shape == t.global_shape) continue;
+      auto [it, fresh] = globals.try_emplace(t.name, global_of{t.type, &t.global_shape, i});
+      if (fresh || (it->second.type == t.type && *it->second.shape == t.global_shape)) continue;
+      add_reason(i, "tensor '" + t.name + "' is " + std::string(safetensors_dtype(t.type)) + " " +
+                        ckpt::detail::describe_shape(t.global_shape) + " but " + std::string(safetensors_dtype(it->second.type)) +
+                        " " + ckpt::detail::describe_shape(*it->second.shape) + " in rank " +
+                        std::to_string(it->second.file) + "'s file");
+      return out;
+    }
+  return out;
+}
+
+}  // namespace shardkit::ckpt
