@@ -7,8 +7,10 @@
 //! engine of the group's own, per-operation timeouts, argument checks, optional cross-rank fingerprints.
 //!
 //! A type C models shardkit::comm::communicator when it opts in with
-//! `using communicator_concept = shardkit::comm::communicator_tag;` and, for `c` a C&, `o` a
-//! `const collective_options&` (o.until is the deadline, o.algo an algorithm request it may ignore):
+//! `using communicator_concept = shardkit::comm::communicator_tag;`, is move-constructible (process_group holds
+//! it by value, split() returns one), and, for `c` a C&, `o` a `const collective_options&` (o.until is the
+//! deadline, o.algo an algorithm request it may ignore), `in` a const_buffer_view, `out` and `data` buffer_views,
+//! `counts` spans of std::size_t, `tag` a std::uint32_t (return values other than split's are ignored):
 //!
 //! | expression                                  | semantics (blocking on the calling thread until done or o.until) |
 //! |---------------------------------------------|-------------------------------------------------------------------|
@@ -27,12 +29,25 @@
 //! | c.split(color, key, o)                      | collective; std::optional<C>: ranks of one color, ordered by      |
 //! |                                             | (key, rank); nullopt for color < 0                                |
 //!
-//! Optional (detected, see has_host_all_gather):
+//! Optional (detected by process_group's type erasure, detail/any_communicator.hpp):
 //!
 //! | expression                                  | semantics                                                         |
 //! |---------------------------------------------|-------------------------------------------------------------------|
 //! | c.host_all_gather(in, out, o)               | as all_gather, for a few bytes of metadata in host memory         |
 //! |                                             | (process_group's fingerprints), whatever supports() says          |
+//! |                                             | (has_host_all_gather); without it: c.all_gather, or errc::        |
+//! |                                             | unsupported when supports(device::host()) is false                |
+//! | c.isend(in, peer, tag, o), c.irecv(out,     | both or neither; return a shardkit::completion at once (a recv's  |
+//! | peer, tag, o)                               | bytes() is the size received); without them process_group runs   |
+//! |                                             | c.send / c.recv on a thread of their own per call                 |
+//! | c.abort(std::exception_ptr) or              | fails everything in flight, from any thread, while an operation   |
+//! | c.abort(std::string)                        | runs; called when a timed-out transfer cannot be withdrawn, so    |
+//! |                                             | that no buffer of a failed work is touched afterwards             |
+//!
+//! Threads: process_group calls a communicator's collectives (and split) one at a time, in issue order, from
+//! its own progress thread; a communicator made by split() runs on another group's thread at the same time, so
+//! what a parent and its children share must be thread-safe. send/recv (or isend/irecv) come from the caller's
+//! thread, concurrently with collectives; abort from a timer thread.
 //!
 //! The control plane: process_group exchanges its own bookkeeping in host memory. A communicator whose
 //! collectives accept host buffers needs nothing more (c.all_gather serves); one that accepts only device memory
@@ -41,7 +56,9 @@
 //!
 //! Arguments have already been checked by process_group against the local rank's view (sizes, dtypes, root).
 //! Inconsistency *across* ranks must be detected where the backend can (size mismatch of a message) and reported
-//! as errc::mismatch. Errors are thrown as shardkit::error.
+//! as errc::mismatch; a deadline (o.until) that passes as errc::timeout; a lost peer as errc::peer_lost. Errors
+//! are thrown as shardkit::error; process_group then marks the group broken (except errc::invalid_argument and
+//! errc::unsupported), so a later call fails fast with the first cause.
 #include <concepts>
 #include <cstdint>
 #include <optional>

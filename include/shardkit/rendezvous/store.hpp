@@ -10,13 +10,19 @@
 //! | s.get(key, timeout)                | std::string   | waits for key up to timeout, then errc::timeout naming the key  |
 //! | s.wait(keys, timeout)              | void          | waits for all keys; errc::timeout lists the missing ones        |
 //! | s.check(keys)                      | bool          | true if all keys exist now                                      |
-//! | s.add(key, delta)                  | std::int64_t  | atomically adds to a decimal counter (missing = 0); new value   |
-//! | s.compare_set(key, expected, want) | std::string   | sets want if the value is expected (or key missing and expected |
-//! |                                    |               | is empty); returns the value now stored                         |
+//! | s.add(key, delta)                  | std::int64_t  | atomically adds to a decimal counter (missing = 0); new value;  |
+//! |                                    |               | errc::invalid_argument if the value is not an integer           |
+//! | s.compare_set(key, expected, want) | std::string   | atomically sets want if the value is expected (or key missing   |
+//! |                                    |               | and expected is empty) and returns want; else returns the value |
+//! |                                    |               | stored, or expected itself if the key is missing (as torch)     |
 //! | s.remove(key)                      | bool          | deletes key; true if it existed                                 |
 //! | s.num_keys()                       | std::int64_t  | number of keys                                                  |
 //!
-//! A timeout of zero or less means wait forever.
+//! (key and value are const std::string&, keys a std::span<const std::string>, timeout std::chrono::milliseconds.)
+//! A timeout of zero or less means wait forever. set, add and compare_set wake get and wait callers waiting for
+//! the key. Errors are shardkit::error: errc::timeout, errc::invalid_argument, and for a remote store errc::io or
+//! errc::peer_lost when its server cannot be reached. Every operation is thread-safe: the ranks of one process
+//! (and a transport's connect) call one store from several threads at once.
 #include <chrono>
 #include <concepts>
 #include <cstdint>

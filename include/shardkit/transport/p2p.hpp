@@ -16,9 +16,18 @@
 //!     in any order and any number may be outstanding;
 //!  6. a lost peer fails that peer's pending and later operations with errc::peer_lost naming the peer; a pending
 //!     recv can be withdrawn with completion::cancel() as long as no byte has been written into it;
-//!  7. peer == rank() is not required to work (algorithms copy locally instead);
+//!  7. peer == rank() is not required to work (algorithms copy locally instead); a peer outside [0, size()) may
+//!     be refused by throwing errc::invalid_argument from the call itself. Every other failure (a lost peer, a
+//!     message too large, a cancel) is reported through the returned completion, never thrown by send or recv;
 //!  8. send and recv are thread-safe: several process groups share one transport and call it from their own
-//!     progress threads at the same time.
+//!     progress threads at the same time; a completion may be completed on any thread (its continuations run
+//!     there, so send and recv must not hold a lock of the transport while completing one: a continuation may
+//!     post the next send or recv).
+//!
+//! Optional, detected: `static constexpr bool ranks_share_host = true;` (concept ranks_share_host: the ranks may
+//! read each other's memory, so large all-reduces use cross-memory attach) and `t.abort(std::exception_ptr)`
+//! (concept abortable: fail every outstanding operation with that reason; p2p_communicator calls it when a
+//! transfer that timed out cannot be withdrawn, so that no buffer is touched after its work failed).
 //!
 //! @code
 //! struct my_transport {
