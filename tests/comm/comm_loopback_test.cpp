@@ -99,6 +99,41 @@ TEST_CASE("[comm] fingerprints go through a communicator's host_all_gather where
   }
 }
 
+TEST_CASE("[comm] the shared consistency check names every rank that differs and what it called") {
+  using comm::detail::collective_kind;
+  using comm::detail::op_fingerprint;
+  std::vector<std::int64_t> all;
+  const auto add = [&](op_fingerprint f) {
+    const auto row = f.encode();
+    all.insert(all.end(), row.begin(), row.end());
+  };
+  add({collective_kind::all_reduce, dtype::f32, 10, -1, reduce_op::sum});
+  add({collective_kind::all_reduce, dtype::f32, 10, -1, reduce_op::sum});
+  CHECK_NOTHROW(comm::detail::check_fingerprints(all, 2, "all_reduce", {.rank = 1}));
+  add({collective_kind::broadcast, dtype::i64, 10, 2});
+  add({collective_kind::all_reduce, dtype::f32, 10, -1, reduce_op::max});
+  try {
+    comm::detail::check_fingerprints(all, 4, "all_reduce", {.rank = 1, .operation = "all_reduce"}, 7);
+    FAIL("a mismatch passed");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::mismatch);
+    CHECK(e.context().rank == 1);
+    CHECK(e.detail() == "ranks called different collectives at the same point (collective #7): rank 0 called "
+                        "all_reduce(dtype f32, count 10, op sum); rank 2 called broadcast(dtype i64, count 10, root 2); "
+                        "rank 3 called all_reduce(dtype f32, count 10, op max) (this rank ran all_reduce)");
+  }
+  // all_to_allv: row i = rank i's send counts, then its receive counts.
+  std::vector<std::int64_t> matrix = {0, 3, /* recv */ 0, 4,   // rank 0 sends 3 to rank 1
+                                      4, 0, /* recv */ 2, 0};  // rank 1 expects 2 from rank 0
+  try {
+    comm::detail::check_count_matrix(matrix, 2, {.rank = 0});
+    FAIL("a count mismatch passed");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::mismatch);
+    CHECK(e.detail().find("rank 0 sends 3 elements to rank 1, which expects 2") != std::string::npos);
+  }
+}
+
 TEST_CASE("[comm] fingerprinted collectives pass when ranks agree and fail every rank with errc::mismatch when not") {
   for (int n : {1, 2, 3}) {
     CAPTURE(n);

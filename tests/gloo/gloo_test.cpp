@@ -83,6 +83,45 @@ TEST_CASE("[gloo] a message larger than the posted receive fails that receive an
   });
 }
 
+TEST_CASE("[gloo] ranks that disagree fail every rank with the shared errc::mismatch text, before gloo moves a byte") {
+  // gloo_options::verify (on by default) with process_group's own check off: only the backend's check runs.
+  with_gloo_threads(3, [](comm::process_group& pg, int r) {
+    const auto expect_mismatch = [&](auto&& call, const std::vector<std::string>& mentions) {
+      try {
+        call();
+        FAIL("ranks that disagree were not stopped");
+      } catch (const error& e) {
+        INFO(e.what());
+        CHECK(e.code() == errc::mismatch);
+        CHECK(e.context().rank == r);
+        for (const auto& m : mentions) CHECK(std::string(e.what()).find(m) != std::string::npos);
+      }
+    };
+    {
+      auto g = pg.dup();
+      std::vector<float> v(r == 2 ? 12 : 10, 1.0f);
+      expect_mismatch([&] { g.all_reduce(buffer_view(std::span<float>(v))).wait(); },
+                      {"ranks called different collectives at the same point (collective #",
+                       "rank 0 called all_reduce(dtype f32, count 10, op sum)", "rank 2 called all_reduce(dtype f32, count 12, op sum)",
+                       "this rank ran all_reduce"});
+      // The group is broken with the same error: the next collective fails at once, naming the mismatch.
+      expect_mismatch([&] { g.barrier().wait(); }, {"rank 2 called"});
+    }
+    {
+      auto g = pg.dup();
+      // Rank 0 sends 2 elements to rank 1, which expects 1 from it; every other pair agrees.
+      std::vector<std::size_t> in_counts(3, 1), out_counts(3, 1);
+      if (r == 0) in_counts[1] = 2;
+      std::vector<float> in(4, 1.0f), out(3, 0.0f);
+      expect_mismatch([&] {
+        g.all_to_allv(const_buffer_view(std::span<const float>(in.data(), r == 0 ? 4 : 3)), in_counts,
+                      buffer_view(std::span<float>(out)), out_counts).wait();
+      }, {"rank 0 sends 2 elements to rank 1, which expects 1", "this rank ran all_to_allv"});
+    }
+    pg.barrier().wait();  // the parent group is unaffected
+  });
+}
+
 TEST_CASE("[gloo] a rank that never arrives makes the others time out naming it, within the deadline") {
   auto store = rendezvous::make_store<rendezvous::memory_store>();
   const int n = 3;

@@ -46,23 +46,16 @@
 #include "shardkit/backends/gloo/p2p.hpp"
 #include "shardkit/comm/algorithms/recursive_doubling.hpp"
 #include "shardkit/comm/detail/checked_recv.hpp"
+#include "shardkit/comm/detail/consistency.hpp"
 #include "shardkit/comm/algorithms/ring.hpp"
 #include "shardkit/comm/communicator.hpp"
 
 namespace shardkit::backends {
 
 class gloo_communicator {
-  enum class kind : std::int64_t { all_reduce = 1, all_gather, all_gatherv, reduce_scatter, broadcast, reduce, all_to_all,
-                                   all_to_allv, barrier };
+  using kind = comm::detail::collective_kind;
   //! What every rank must agree on before gloo moves a byte (see gloo_options::verify).
-  struct record {
-    kind op;
-    dtype type;
-    std::size_t count;
-    int root = -1;
-    reduce_op rop = reduce_op::sum;
-    std::int64_t extra = 0;  // a hash of per-rank counts
-  };
+  using record = comm::detail::op_fingerprint;
 
  public:
   using communicator_concept = comm::communicator_tag;
@@ -389,38 +382,22 @@ class gloo_communicator {
     throw reported;
   }
 
-  static std::string describe(const std::int64_t* f) {
-    static const char* names[] = {"?", "all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "broadcast", "reduce",
-                                  "all_to_all", "all_to_allv", "barrier"};
-    std::ostringstream os;
-    os << (f[0] >= 1 && f[0] <= 9 ? names[f[0]] : "?") << "(dtype " << to_string(dtype(f[1])) << ", count " << f[2];
-    if (f[3] >= 0) os << ", root " << f[3];
-    if (kind(f[0]) == kind::all_reduce || kind(f[0]) == kind::reduce || kind(f[0]) == kind::reduce_scatter)
-      os << ", op " << to_string(reduce_op(f[4]));
-    if (f[5]) os << ", counts #" << std::hex << (std::uint64_t(f[5]) & 0xffff);
-    os << ")";
-    return os.str();
-  }
-
   //! A fixed-size all-gather of every rank's record: safe whatever the ranks called, and all ranks see the same
   //! table, so they all fail with the same errc::mismatch.
   void verify(const char* name, std::uint32_t seq, const record& r, const comm::collective_options& o) {
-    constexpr std::size_t width = 6;
-    std::int64_t mine[width] = {std::int64_t(r.op), std::int64_t(r.type), std::int64_t(r.count), r.root, std::int64_t(r.rop), r.extra};
-    std::vector<std::int64_t> all(width * std::size_t(size()));
+    auto mine = r.encode();
+    std::vector<std::int64_t> all(record::width * std::size_t(size()));
     ::gloo::AllgatherOptions g(g_->context);
-    g.setInput(mine, width);
+    g.setInput(mine.data(), mine.size());
     g.setOutput(all.data(), all.size());
     g.setTag(seq * 2);
     g.setTimeout(time_left(o));
     ::gloo::allgather(g);
-    std::ostringstream diff;
-    for (int q = 1; q < size(); ++q)
-      if (!std::equal(all.begin(), all.begin() + width, all.begin() + std::ptrdiff_t(q * width)))
-        diff << "; rank " << q << " called " << describe(&all[std::size_t(q) * width]);
-    if (!diff.str().empty())
-      throw verify_mismatch(errc::mismatch, "ranks disagree on collective #" + std::to_string(seq) + ": rank 0 called " + describe(all.data()) + diff.str(),
-                  {.rank = rank(), .operation = name});
+    try {
+      comm::detail::check_fingerprints(all, size(), name, {.rank = rank(), .operation = name}, seq);
+    } catch (const error& e) {
+      throw verify_mismatch(e.code(), e.detail(), e.context());
+    }
   }
 
   //! all_to_allv: what rank i sends to j must be what j expects from i, checked on every rank.
@@ -438,13 +415,11 @@ class gloo_communicator {
     g.setTag(tag);
     g.setTimeout(time_left(o));
     ::gloo::allgather(g);  // tag reused by alltoallv below: different slot prefix
-    for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t j = 0; j < n; ++j)
-        if (all[i * 2 * n + j] != all[j * 2 * n + n + i])
-          throw verify_mismatch(errc::mismatch,
-                      "rank " + std::to_string(i) + " sends " + std::to_string(all[i * 2 * n + j]) + " elements to rank " +
-                          std::to_string(j) + ", which expects " + std::to_string(all[j * 2 * n + n + i]),
-                      {.rank = rank(), .operation = "all_to_allv"});
+    try {
+      comm::detail::check_count_matrix(all, n, {.rank = rank(), .operation = "all_to_allv"});
+    } catch (const error& e) {
+      throw verify_mismatch(e.code(), e.detail(), e.context());
+    }
   }
 
   std::shared_ptr<gloo_detail::group_state> g_;

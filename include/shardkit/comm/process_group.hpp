@@ -26,6 +26,7 @@
 
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/comm/detail/any_communicator.hpp"
+#include "shardkit/comm/detail/consistency.hpp"
 #include "shardkit/comm/detail/progress_engine.hpp"
 #include "shardkit/comm/work.hpp"
 #include "shardkit/core/log.hpp"
@@ -238,15 +239,8 @@ class process_group {
   }
 
  private:
-  enum class kind : std::int64_t { all_reduce = 1, all_gather, all_gatherv, reduce_scatter, broadcast, reduce, all_to_all,
-                                   all_to_allv, barrier, split };
-  struct fingerprint {
-    kind op;
-    dtype type;
-    std::size_t count;
-    int root;
-    reduce_op rop;
-  };
+  using kind = detail::collective_kind;
+  using fingerprint = detail::op_fingerprint;
 
   process_group(std::unique_ptr<detail::communicator_interface> comm, group_options opts)
       : impl_(std::make_shared<impl>(std::move(comm), std::move(opts))) {}
@@ -342,31 +336,16 @@ class process_group {
     }
 
     void check_fingerprints(const char* name, const fingerprint& fp, const collective_options& co) {
-      const int n = comm->size();
-      std::int64_t mine[5] = {std::int64_t(fp.op), std::int64_t(fp.type), std::int64_t(fp.count), fp.root,
-                              std::int64_t(fp.rop)};
-      std::vector<std::int64_t> all(std::size_t(n) * 5);
+      const auto mine = fp.encode();
+      std::vector<std::int64_t> all(std::size_t(comm->size()) * fingerprint::width);
       try {
-        comm->host_all_gather(const_buffer_view(mine, 5, dtype::i64), buffer_view(all.data(), all.size(), dtype::i64), co);
+        comm->host_all_gather(const_buffer_view(mine.data(), mine.size(), dtype::i64),
+                              buffer_view(all.data(), all.size(), dtype::i64), co);
       } catch (const error& e) {  // say that it was the check, not the collective itself, that failed
         throw error(e.code(), std::string("exchanging fingerprints before ") + name + ": " + e.detail(),
                     e.with_context(context(name)).context());
       }
-      std::ostringstream diff;
-      const auto describe = [&](int r) {
-        const std::int64_t* f = &all[std::size_t(r) * 5];
-        std::ostringstream os;
-        os << "rank " << r << " called op#" << f[0] << " (dtype " << to_string(dtype(f[1])) << ", count " << f[2];
-        if (f[3] >= 0) os << ", root " << f[3];
-        os << ", op " << to_string(reduce_op(f[4])) << ")";
-        return os.str();
-      };
-      for (int r = 1; r < n; ++r)
-        if (!std::equal(&all[0], &all[5], &all[std::size_t(r) * 5])) diff << "; " << describe(r);
-      if (!diff.str().empty())
-        throw error(errc::mismatch, std::string("ranks called different collectives at the same point: ") + describe(0) + diff.str() +
-                                        " (this rank ran " + name + ")",
-                    context(name));
+      detail::check_fingerprints(all, comm->size(), name, context(name));
     }
   };
 

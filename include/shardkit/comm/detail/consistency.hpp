@@ -1,0 +1,91 @@
+#pragma once
+//! The cross-rank consistency check, shared by process_group (check_consistency, SHARDKIT_DEBUG=detail) and the
+//! Gloo backend (gloo_options::verify): each rank encodes what it is about to call as a fixed-width record, the
+//! records are all-gathered by whatever control plane the caller has, and every rank compares the same table. The
+//! record has a fixed size whatever was called, so the exchange itself is safe even when the ranks disagree, and
+//! every rank throws the same errc::mismatch text, naming the ranks and what they called.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <sstream>
+#include <string>
+
+#include "shardkit/core/dtype.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/core/reduce_op.hpp"
+
+namespace shardkit::comm::detail {
+
+enum class collective_kind : std::int64_t { all_reduce = 1, all_gather, all_gatherv, reduce_scatter, broadcast, reduce,
+                                            all_to_all, all_to_allv, barrier, split };
+
+inline const char* to_string(collective_kind k) noexcept {
+  static const char* names[] = {"?", "all_reduce", "all_gather", "all_gatherv", "reduce_scatter", "broadcast", "reduce",
+                                "all_to_all", "all_to_allv", "barrier", "split"};
+  const auto i = std::int64_t(k);
+  return i >= 1 && i <= 10 ? names[i] : "?";
+}
+
+//! What every rank must agree on before a collective moves a byte.
+struct op_fingerprint {
+  collective_kind op;
+  dtype type = dtype::u8;
+  std::size_t count = 0;
+  int root = -1;
+  reduce_op rop = reduce_op::sum;
+  std::int64_t extra = 0;  // a hash of per-rank counts (all_gatherv), 0 where there are none
+
+  static constexpr std::size_t width = 6;  // int64 words per rank in the exchanged table
+  std::array<std::int64_t, width> encode() const noexcept {
+    return {std::int64_t(op), std::int64_t(type), std::int64_t(count), root, std::int64_t(rop), extra};
+  }
+};
+
+//! "all_reduce(dtype f32, count 10, op sum)" from one rank's row of the table.
+inline std::string describe_fingerprint(const std::int64_t* f) {
+  const auto k = collective_kind(f[0]);
+  std::ostringstream os;
+  os << to_string(k) << "(dtype " << to_string(dtype(f[1])) << ", count " << f[2];
+  if (f[3] >= 0) os << ", root " << f[3];
+  if (k == collective_kind::all_reduce || k == collective_kind::reduce || k == collective_kind::reduce_scatter)
+    os << ", op " << to_string(reduce_op(f[4]));
+  if (f[5]) os << ", counts #" << std::hex << (std::uint64_t(f[5]) & 0xffff);
+  os << ")";
+  return os.str();
+}
+
+//! Compares the all-gathered table (`size` rows of op_fingerprint::width) and throws errc::mismatch naming every
+//! rank that differs from rank 0 and what each called. `this_op` is what this rank ran; `seq`, when the caller
+//! numbers its collectives, says which one.
+inline void check_fingerprints(std::span<const std::int64_t> all, int size, const char* this_op, error_context ctx,
+                               std::int64_t seq = -1) {
+  constexpr std::size_t w = op_fingerprint::width;
+  std::ostringstream diff;
+  for (int r = 1; r < size; ++r) {
+    const auto row = all.begin() + std::ptrdiff_t(std::size_t(r) * w);
+    if (!std::equal(all.begin(), all.begin() + w, row)) diff << "; rank " << r << " called " << describe_fingerprint(&*row);
+  }
+  if (diff.str().empty()) return;
+  std::string what = "ranks called different collectives at the same point";
+  if (seq >= 0) what += " (collective #" + std::to_string(seq) + ")";
+  what += ": rank 0 called " + describe_fingerprint(all.data()) + diff.str() + " (this rank ran " + this_op + ")";
+  throw error(errc::mismatch, std::move(what), std::move(ctx));
+}
+
+//! all_to_allv: row i of `all` holds rank i's send counts (n) then its receive counts (n); what rank i sends to j
+//! must be what j expects from i. Throws errc::mismatch naming the first pair that disagrees.
+inline void check_count_matrix(std::span<const std::int64_t> all, std::size_t n, error_context ctx) {
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < n; ++j)
+      if (all[i * 2 * n + j] != all[j * 2 * n + n + i])
+        throw error(errc::mismatch,
+                    "ranks called different collectives at the same point: rank " + std::to_string(i) + " sends " +
+                        std::to_string(all[i * 2 * n + j]) + " elements to rank " + std::to_string(j) +
+                        ", which expects " + std::to_string(all[j * 2 * n + n + i]) + " (this rank ran all_to_allv)",
+                    std::move(ctx));
+}
+
+}  // namespace shardkit::comm::detail
