@@ -7,6 +7,9 @@
 //   ckpt_bench scale --ranks 4096 --tensors 1000
 //       rank 0's commit work for a save of that many ranks (their commit messages simulated in one process):
 //       assembling and checking the index, writing its JSON, and the load plan; bytes gathered per rank.
+//   ckpt_bench sweep DIR --sizes 1M,16M,64M --ranks 4 --tensors 64
+//       the save's figures (synchronous and zero-overhead stall, phases) for each state size, one JSON object per
+//       line: what scripts/plots draws as the stall against the state size.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -30,7 +33,8 @@ double since(clock_type::time_point t0) { return std::chrono::duration<double>(c
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "ckpt_bench: %s\nusage: ckpt_bench save DIR [--bytes N[K|M|G]] [--ranks R] [--tensors T] [--load-ranks M]\n"
-               "       ckpt_bench scale [--ranks R] [--tensors T]\n",
+               "       ckpt_bench scale [--ranks R] [--tensors T]\n"
+               "       ckpt_bench sweep DIR [--sizes N,N,...] [--ranks R] [--tensors T]\n",
                why);
   std::exit(2);
 }
@@ -72,12 +76,16 @@ struct rank_state {
   }
 };
 
-int run_save(const std::string& dir, std::uint64_t bytes, int ranks, int tensors, int load_ranks) {
-  std::filesystem::remove_all(dir);
-  auto sink = sk::storage::make_sink<sk::storage::posix_sink>(dir, sk::storage::posix_sink_options{.create_root = true});
+// Synchronous and zero-overhead saves of the same state, the second save of each measured.
+struct save_figures {
+  std::vector<ck::save_result> sync_results, zero_results;
+  std::vector<double> sync_stall, zero_stall;  // per rank, seconds the trainer waited
+};
+
+save_figures measure_saves(sk::storage::any_sink sink, std::uint64_t bytes, int ranks, int tensors) {
   auto groups = sk::comm::make_loopback_world(ranks);
-  std::vector<ck::save_result> sync_results(static_cast<std::size_t>(ranks)), zero_results(static_cast<std::size_t>(ranks));
-  std::vector<double> sync_stall(static_cast<std::size_t>(ranks)), zero_stall(static_cast<std::size_t>(ranks));
+  save_figures f{std::vector<ck::save_result>(std::size_t(ranks)), std::vector<ck::save_result>(std::size_t(ranks)),
+                 std::vector<double>(std::size_t(ranks)), std::vector<double>(std::size_t(ranks))};
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)
     threads.emplace_back([&, r] {
@@ -88,8 +96,8 @@ int run_save(const std::string& dir, std::uint64_t bytes, int ranks, int tensors
       sync_ck.save(1, s.dict).get();
       // Synchronous: the trainer waits for the whole save.
       auto t0 = clock_type::now();
-      sync_results[std::size_t(r)] = sync_ck.save(2, s.dict).get();
-      sync_stall[std::size_t(r)] = since(t0);
+      f.sync_results[std::size_t(r)] = sync_ck.save(2, s.dict).get();
+      f.sync_stall[std::size_t(r)] = since(t0);
       groups[std::size_t(r)].barrier().wait();
       // Zero-overhead: save() at the step boundary, the next forward/backward (simulated: a sleep), then
       // wait_staged() before the optimizer step.
@@ -98,12 +106,20 @@ int run_save(const std::string& dir, std::uint64_t bytes, int ranks, int tensors
       t0 = clock_type::now();
       auto done = zero_ck.save(2, s.dict);
       double stall = since(t0);
-      std::this_thread::sleep_for(std::chrono::duration<double>(std::max(0.2, 2.0 * sync_results[0].stage_seconds + 0.1)));
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::max(0.2, 2.0 * f.sync_results[0].stage_seconds + 0.1)));
       stall += zero_ck.wait_staged();
-      zero_stall[std::size_t(r)] = stall;
-      zero_results[std::size_t(r)] = done.get();
+      f.zero_stall[std::size_t(r)] = stall;
+      f.zero_results[std::size_t(r)] = done.get();
     });
   for (auto& t : threads) t.join();
+  return f;
+}
+
+int run_save(const std::string& dir, std::uint64_t bytes, int ranks, int tensors, int load_ranks) {
+  std::filesystem::remove_all(dir);
+  auto sink = sk::storage::make_sink<sk::storage::posix_sink>(dir, sk::storage::posix_sink_options{.create_root = true});
+  auto [sync_results, zero_results, sync_stall, zero_stall] = measure_saves(sink, bytes, ranks, tensors);
+  std::vector<std::thread> threads;
   auto worst = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
   const double gib = double(bytes) / double(1u << 30);
   std::printf("state %.3f GiB over %d ranks, %d tensors, posix sink %s\n", gib, ranks, tensors, dir.c_str());
@@ -147,15 +163,16 @@ int run_scale(int ranks, int tensors) {
   std::vector<std::string> messages(static_cast<std::size_t>(ranks));
   const auto m0 = clock_type::now();
   for (int r = 0; r < ranks; ++r) {
-    ck::index_file f{ck::rank_file_key("", 1, r), 0, {}};
+    ck::checkpoint_index f{1, 1, {}, {}, {{ck::rank_file_key("", 1, r), 0, {}}}};
+    auto& file = f.files[0];
     std::uint64_t at = 0;
     for (int t = 0; t < tensors; ++t) {
       const std::uint64_t numel = 1000u * std::uint64_t(ranks), b = std::uint64_t(r) * 1000, e = b + 1000;
-      f.tensors.push_back({"layers." + std::to_string(t) + ".weight", sk::dtype::f32, {numel}, b, e, at, at + 4000,
-                           0x0123456789abcdefull ^ std::uint64_t(r * tensors + t), {}});
+      f.tensors.push_back({"layers." + std::to_string(t) + ".weight", sk::dtype::f32, {numel}});
+      file.pieces.push_back({std::uint32_t(t), b, e, at, at + 4000, 0x0123456789abcdefull ^ std::uint64_t(r * tensors + t), {}});
       at += 4000;
     }
-    f.size = at + 4096;
+    file.size = at + 4096;
     messages[std::size_t(r)] = ck::commit_message(1, ck::commit_status::ok, {}, f);
   }
   const double make = since(m0);
@@ -184,6 +201,27 @@ int run_scale(int ranks, int tensors) {
   return back.files.size() == std::size_t(ranks) && plan.tensor_count() == std::size_t(tensors) ? 0 : 1;
 }
 
+// One JSON object per state size (scripts/plots draws the stall against the size): the synchronous and the
+// zero-overhead save's stall (slowest rank) and rank 0's phases, each size in a fresh directory under `dir`.
+int run_sweep(const std::string& dir, const std::vector<std::uint64_t>& sizes, int ranks, int tensors) {
+  for (const auto bytes : sizes) {
+    std::filesystem::remove_all(dir);
+    auto sink = sk::storage::make_sink<sk::storage::posix_sink>(dir, sk::storage::posix_sink_options{.create_root = true});
+    const auto f = measure_saves(sink, bytes, ranks, tensors);
+    const double sync = *std::max_element(f.sync_stall.begin(), f.sync_stall.end());
+    const double zero = *std::max_element(f.zero_stall.begin(), f.zero_stall.end());
+    std::printf("{\"bytes\":%llu,\"ranks\":%d,\"tensors\":%d,\"sync_stall_s\":%.6f,\"zero_stall_s\":%.6f,"
+                "\"sync_stage_s\":%.6f,\"sync_persist_s\":%.6f,\"sync_commit_s\":%.6f,\"zero_stage_s\":%.6f,"
+                "\"zero_persist_s\":%.6f}\n",
+                (unsigned long long)bytes, ranks, tensors, sync, zero, f.sync_results[0].stage_seconds,
+                f.sync_results[0].persist_seconds, f.sync_results[0].commit_seconds, f.zero_results[0].stage_seconds,
+                f.zero_results[0].persist_seconds);
+    std::fflush(stdout);
+  }
+  std::filesystem::remove_all(dir);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -191,25 +229,33 @@ int main(int argc, char** argv) try {
   const std::string what = argv[1];
   std::string dir;
   int i = 2;
-  if (what == "save") {
-    if (argc < 3) usage("save wants a directory");
+  if (what == "save" || what == "sweep") {
+    if (argc < 3) usage("save and sweep want a directory");
     dir = argv[2];
     i = 3;
   }
   std::uint64_t bytes = std::uint64_t(256) << 20;
   int ranks = what == "scale" ? 4096 : 4, tensors = what == "scale" ? 1000 : 64, load_ranks = 0;
+  std::vector<std::uint64_t> sizes;
   for (; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--bytes") bytes = parse_bytes(v);
     else if (a == "--ranks") ranks = std::atoi(v.c_str());
     else if (a == "--tensors") tensors = std::atoi(v.c_str());
     else if (a == "--load-ranks") load_ranks = std::atoi(v.c_str());
+    else if (a == "--sizes")
+      for (std::size_t at = 0; at <= v.size();) {
+        const std::size_t comma = std::min(v.find(',', at), v.size());
+        sizes.push_back(parse_bytes(v.substr(at, comma - at)));
+        at = comma + 1;
+      }
     else usage(("unknown flag " + a).c_str());
   }
   if (i != argc) usage("a flag wants a value");
   if (ranks < 1 || tensors < 1) usage("--ranks and --tensors are positive");
   if (what == "save") return run_save(dir, bytes, ranks, tensors, load_ranks > 0 ? load_ranks : std::max(1, ranks / 2));
   if (what == "scale") return run_scale(ranks, tensors);
+  if (what == "sweep") return run_sweep(dir, sizes.empty() ? std::vector<std::uint64_t>{1 << 20, 16 << 20, 64 << 20} : sizes, ranks, tensors);
   usage("which benchmark: save or scale");
 } catch (const std::exception& e) {
   std::fprintf(stderr, "ckpt_bench: %s\n", e.what());

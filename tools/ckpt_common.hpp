@@ -152,13 +152,12 @@ inline std::uint32_t rank_of_file(const ck::checkpoint_index& index, std::size_t
   return std::uint32_t(position);
 }
 
-//! The global tensors of an index in the order they first appear (rank 0's file first: the model's order).
+//! The global tensors of an index in the table's order (the order they first appear: rank 0's file first, the
+//! model's order).
 inline std::vector<std::string> tensor_names(const ck::checkpoint_index& index) {
   std::vector<std::string> names;
-  std::unordered_set<std::string> seen;
-  for (const auto& f : index.files)
-    for (const auto& t : f.tensors)
-      if (seen.insert(t.name).second) names.push_back(t.name);
+  names.reserve(index.tensors.size());
+  for (const auto& t : index.tensors) names.push_back(t.name);
   return names;
 }
 

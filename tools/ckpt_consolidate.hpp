@@ -64,7 +64,7 @@ inline output_tensor plan_tensor(const ck::load_plan& plan, const std::string& n
   out.nbytes = numel * es;
   std::uint64_t at = 0;
   for (const auto& p : pieces) {
-    const ck::index_tensor& t = *p.tensor;
+    const ck::index_piece& t = *p.piece;
     if (t.begin > at) break;
     const std::uint64_t e = std::min(numel, t.end);
     if (e <= at) continue;

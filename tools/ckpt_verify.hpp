@@ -36,7 +36,7 @@ inline constexpr std::size_t max_chunk_reports = 8;  // per tensor: a wiped file
 
 // Hashes tensor `t` of `file` (offsets from the file's header) against the index's entry `want`.
 inline void verify_tensor_data(st::any_sink& sink, const ck::file_table& file, const ck::stored_tensor& t,
-                               const ck::index_tensor& want, std::vector<std::byte>& buffer, progress_bar& bar,
+                               const ck::index_piece& want, std::vector<std::byte>& buffer, progress_bar& bar,
                                verify_summary& out) {
   const std::uint64_t n = t.nbytes(), base = file.data_start() + t.data_begin;
   const std::uint64_t C = ck::checksum_chunk_bytes;
@@ -87,18 +87,21 @@ inline void verify_tensor_data(st::any_sink& sink, const ck::file_table& file, c
 }
 
 // The header's record of a tensor against the index's; appends what differs.
-inline void compare_records(const std::string& key, const ck::stored_tensor& h, const ck::index_tensor& t,
-                            std::vector<std::string>& problems) {
+inline void compare_records(const std::string& key, const ck::stored_tensor& h, const ck::index_tensor& tensor,
+                            const ck::index_piece& t, std::vector<std::string>& problems) {
   auto differ = [&](const std::string& what, const std::string& header, const std::string& index) {
-    problems.push_back(key + ", tensor '" + t.name + "': the file's header says " + what + " " + header + ", the index says " + index);
+    problems.push_back(key + ", tensor '" + tensor.name + "': the file's header says " + what + " " + header + ", the index says " + index);
   };
-  if (h.type != t.type) differ("dtype", std::string(ck::safetensors_dtype(h.type)), std::string(ck::safetensors_dtype(t.type)));
+  if (h.type != tensor.type)
+    differ("dtype", std::string(ck::safetensors_dtype(h.type)), std::string(ck::safetensors_dtype(tensor.type)));
   if (h.data_begin != t.data_begin || h.data_end != t.data_end)
     differ("data_offsets", range_text(h.data_begin, h.data_end), range_text(t.data_begin, t.data_end));
-  if (h.extent.global_shape != t.global_shape) differ("global shape", shape_text(h.extent.global_shape), shape_text(t.global_shape));
+  if (h.extent.global_shape != tensor.global_shape)
+    differ("global shape", shape_text(h.extent.global_shape), shape_text(tensor.global_shape));
   if (h.extent.begin != t.begin || h.extent.end != t.end)
     differ("elements", range_text(h.extent.begin, h.extent.end), range_text(t.begin, t.end));
-  if (!h.xxh64) problems.push_back(key + ", tensor '" + t.name + "': the file's header has no \"shardkit." + t.name + "\" checksum");
+  if (!h.xxh64)
+    problems.push_back(key + ", tensor '" + tensor.name + "': the file's header has no \"shardkit." + tensor.name + "\" checksum");
   else if (*h.xxh64 != t.xxh64) differ("xxh64", ck::checksum_to_hex(*h.xxh64), ck::checksum_to_hex(t.xxh64));
 }
 
@@ -117,8 +120,9 @@ inline void check_coverage(const ck::checkpoint_index& index, std::vector<std::s
   std::map<std::string, std::vector<std::pair<std::uint64_t, std::uint64_t>>> ranges;
   std::map<std::string, std::uint64_t> numel;
   for (const auto& f : index.files)
-    for (const auto& t : f.tensors) {
-      ranges[t.name].emplace_back(t.begin, t.end);
+    for (const auto& p : f.pieces) {
+      const auto& t = index.tensor_of(p);
+      ranges[t.name].emplace_back(p.begin, p.end);
       std::uint64_t n = 1;
       for (auto d : t.global_shape) n *= d;
       numel[t.name] = n;
@@ -149,14 +153,14 @@ inline verify_summary verify_checkpoint(st::any_sink& sink, const ck::checkpoint
   detail::check_coverage(index, problems);
   std::uint64_t total = 0;
   for (const auto& f : index.files)
-    for (const auto& t : f.tensors) total += t.nbytes();
+    for (const auto& p : f.pieces) total += p.nbytes();
   progress_bar bar(progress, "verify step " + std::to_string(index.step), total);
   std::vector<std::byte> buffer;
   for (std::size_t p = 0; p < index.files.size(); ++p) {
     const ck::index_file& f = index.files[p];
     const std::size_t problems_before = problems.size();
     std::uint64_t file_bytes = 0;
-    for (const auto& t : f.tensors) file_bytes += t.nbytes();
+    for (const auto& p : f.pieces) file_bytes += p.nbytes();
     ck::file_table header;
     try {
       header = ck::read_header(sink, f.key);
@@ -173,17 +177,18 @@ inline verify_summary verify_checkpoint(st::any_sink& sink, const ck::checkpoint
     const std::uint32_t rank = rank_of_file(index, p);
     detail::compare_file_metadata(header, index, rank, problems);
     std::set<std::string> listed;
-    for (const auto& t : f.tensors) {
-      listed.insert(t.name);
-      const ck::stored_tensor* h = header.find(t.name);
+    for (const auto& t : f.pieces) {
+      const std::string& name = index.tensor_of(t).name;
+      listed.insert(name);
+      const ck::stored_tensor* h = header.find(name);
       if (!h) {
-        problems.push_back(f.key + ": the index lists tensor '" + t.name + "' but the file's header has none");
+        problems.push_back(f.key + ": the index lists tensor '" + name + "' but the file's header has none");
         bar.add(t.nbytes());
         continue;
       }
-      if (t.name.starts_with("rank/") && !t.name.starts_with("rank/" + std::to_string(rank) + "/"))
-        problems.push_back(f.key + ", tensor '" + t.name + "': a per-rank entry in the file of rank " + std::to_string(rank));
-      detail::compare_records(f.key, *h, t, problems);
+      if (name.starts_with("rank/") && !name.starts_with("rank/" + std::to_string(rank) + "/"))
+        problems.push_back(f.key + ", tensor '" + name + "': a per-rank entry in the file of rank " + std::to_string(rank));
+      detail::compare_records(f.key, *h, index.tensor_of(t), t, problems);
       ++summary.tensors;
       detail::verify_tensor_data(sink, header, *h, t, buffer, bar, summary);
     }
@@ -191,7 +196,7 @@ inline verify_summary verify_checkpoint(st::any_sink& sink, const ck::checkpoint
       if (!listed.contains(h.name))
         problems.push_back(f.key + ": tensor '" + h.name + "' is in the file but not in the index");
     const std::size_t found = problems.size() - problems_before;
-    std::fprintf(out, "%s  %s  %s, %s%s\n", found ? "FAIL" : "ok  ", f.key.c_str(), plural(f.tensors.size(), "tensor").c_str(),
+    std::fprintf(out, "%s  %s  %s, %s%s\n", found ? "FAIL" : "ok  ", f.key.c_str(), plural(f.pieces.size(), "tensor").c_str(),
                  human_bytes(header.file_size).c_str(), found ? (", " + plural(found, "problem")).c_str() : "");
   }
   bar.finish();

@@ -195,8 +195,8 @@ int run_inspect(const common_options& o) {
       nlohmann::ordered_json e = {{"name", name}, {"dtype", ck::safetensors_dtype(t.type)}, {"global_shape", t.global_shape},
                                   {"pieces", nlohmann::ordered_json::array()}};
       for (const auto& p : pieces)
-        e["pieces"].push_back({{"rank", rank[p.file]}, {"file", p.file->key}, {"begin", p.tensor->begin}, {"end", p.tensor->end},
-                               {"data_offsets", {p.tensor->data_begin, p.tensor->data_end}}});
+        e["pieces"].push_back({{"rank", rank[p.file]}, {"file", p.file->key}, {"begin", p.piece->begin}, {"end", p.piece->end},
+                               {"data_offsets", {p.piece->data_begin, p.piece->data_end}}});
       j["tensors"].push_back(std::move(e));
     }
     std::printf("%s\n", j.dump(2).c_str());
@@ -212,7 +212,7 @@ int run_inspect(const common_options& o) {
     std::uint64_t numel = 1;
     for (auto d : t.global_shape) numel *= d;
     std::string ranges = std::to_string(pieces.size()) + ":";
-    for (const auto& p : pieces) ranges += " r" + std::to_string(rank[p.file]) + " " + range_text(p.tensor->begin, p.tensor->end);
+    for (const auto& p : pieces) ranges += " r" + std::to_string(rank[p.file]) + " " + range_text(p.piece->begin, p.piece->end);
     rows.push_back({name, std::string(ck::safetensors_dtype(t.type)), shape_text(t.global_shape),
                     human_bytes(numel * sk::size_of(t.type)), ranges});
   }

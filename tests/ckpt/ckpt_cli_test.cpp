@@ -216,10 +216,10 @@ TEST_CASE("[ckpt] shardkit-ckpt ls, verify, inspect and consolidate a 3-rank che
 
     // The index says another checksum than the file's header (and the data) for one tensor.
     auto index = *ck::read_index(sink, "", 2);
-    index.files[0].tensors[0].xxh64 ^= 1;
+    index.files[0].pieces[0].xxh64 ^= 1;
     st::put_object(sink, ck::index_key("", 2), st::as_bytes(ck::to_json(index)));
     r = run_tool("verify " + loc);
-    const std::string name = index.files[0].tensors[0].name;
+    const std::string name = index.tensor_of(index.files[0].pieces[0]).name;
     CHECK(r.status == 1);
     CHECK(line_with(r.output, "the file's header says xxh64").find("rank-00000.safetensors, tensor '" + name + "'") != std::string::npos);
     CHECK(line_with(r.output, "checksum mismatch").find("tensor '" + name + "'") != std::string::npos);
@@ -406,15 +406,14 @@ TEST_CASE("[ckpt] docs/checkpoint-format.md: its example index is what the libra
   const std::uint64_t step = 100;
   const std::vector<float> w{0, 0.5f, 1, 1.5f, 2, 2.5f}, b{1, 2, 3};
   const std::vector<std::byte> loader[2] = {std::vector<std::byte>(3, std::byte{7}), std::vector<std::byte>(3, std::byte{9})};
-  ck::checkpoint_index index{step, 2, {{"run", "example"}}, {}};
+  ck::checkpoint_index index{step, 2, {{"run", "example"}}, {}, {}};
   for (int r = 0; r < 2; ++r) {
     std::vector<ck::tensor_source> sources{ck::tensor_piece("layer.w", sk::dtype::f32, {2, 3}, std::uint64_t(3 * r), std::uint64_t(3 * r + 3),
                                                             std::as_bytes(std::span(w).subspan(std::size_t(3 * r), 3)))};
     if (r == 0) sources.push_back(ck::whole_tensor("layer.b", sk::dtype::f32, {3}, std::as_bytes(std::span(b))));
     sources.push_back(ck::whole_tensor(ck::rank_entry_tensor(r, "loader"), sk::dtype::u8, {3}, loader[r]));
-    index.files.push_back(ck::describe_file(ck::write_safetensors(
-        sink, ck::rank_file_key("", step, r), sources,
-        {{"step", std::to_string(step)}, {"rank", std::to_string(r)}, {"world_size", "2"}})));
+    ck::add_file(index, ck::write_safetensors(sink, ck::rank_file_key("", step, r), sources,
+                                              {{"step", std::to_string(step)}, {"rank", std::to_string(r)}, {"world_size", "2"}}));
   }
   CHECK(ck::to_json(index) == documented);
   CHECK(ck::parse_index(documented, "the documented index") == index);

@@ -1,6 +1,8 @@
-// ckpt::parse_index over arbitrary text. Accepted indexes must survive to_json and parse back equal; any
-// exception other than shardkit::error (nlohmann's own, std::out_of_range, ...) escapes and is a finding.
+// ckpt::parse_index over arbitrary text. Accepted indexes must survive to_json and parse back equal, and must be
+// JSON that nlohmann/json's strict parse accepts too (the index has its own reader: it must be no laxer); any
+// exception other than shardkit::error (std::out_of_range, ...) escapes and is a finding.
 #include "fuzz_input.hpp"
+#include "shardkit/ckpt/detail/strict_json.hpp"
 #include "shardkit/ckpt/index.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -11,6 +13,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     index = ckpt::parse_index(in.rest_text(), "fuzz/index.json");
   } catch (const shardkit::error&) {
     return 0;
+  }
+  {
+    ckpt::detail::json tree;
+    std::string why;
+    shardkit::fuzz::require(ckpt::detail::parse_strict_json(in.rest_text(), tree, why),
+                            "an index the reader accepted is not strict JSON to nlohmann/json");
   }
   const std::string again = ckpt::to_json(index);
   ckpt::checkpoint_index reparsed;

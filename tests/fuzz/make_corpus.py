@@ -65,23 +65,26 @@ write("store_protocol", "explicit_hello_wrong_version", bytes([0]) + sframe(byte
 write("store_protocol", "explicit_hello_then_set", bytes([0]) + hello + sframe(bytes([SET]) + s("k") + s("v")))
 
 # ---- ckpt_index: index JSON (ckpt/index.hpp; the documented example of docs/checkpoint-format.md) ----
-write("ckpt_index", "documented_example", """{"format": "shardkit.ckpt", "version": 1, "step": 100, "world_size": 2, "metadata": {"run": "example"},
+write("ckpt_index", "documented_example", """{"format": "shardkit.ckpt", "version": 2, "step": 100, "world_size": 2, "metadata": {"run": "example"},
+ "tensors": [
+   {"name": "layer.w", "dtype": "F32", "global_shape": [2, 3]},
+   {"name": "layer.b", "dtype": "F32", "global_shape": [3]},
+   {"name": "rank/0/loader", "dtype": "U8", "global_shape": [3]},
+   {"name": "rank/1/loader", "dtype": "U8", "global_shape": [3]}],
  "files": [
   {"key": "step-000000000100/rank-00000.safetensors", "size": 587,
-   "tensors": [
-     {"name": "layer.w", "dtype": "F32", "global_shape": [2, 3], "begin": 0, "end": 3, "data_offsets": [0, 12], "xxh64": "9ee9050123e07b4e"},
-     {"name": "layer.b", "dtype": "F32", "global_shape": [3], "begin": 0, "end": 3, "data_offsets": [12, 24], "xxh64": "6d50bdacee372b0e"},
-     {"name": "rank/0/loader", "dtype": "U8", "global_shape": [3], "begin": 0, "end": 3, "data_offsets": [24, 27], "xxh64": "5d3bedaf70c7c69e"}]},
+   "pieces": [[0, 0, 3, 0, "9ee9050123e07b4e"], [1, 0, 3, 12, "6d50bdacee372b0e"], [2, 0, 3, 24, "5d3bedaf70c7c69e"]]},
   {"key": "step-000000000100/rank-00001.safetensors", "size": 415,
-   "tensors": [
-     {"name": "layer.w", "dtype": "F32", "global_shape": [2, 3], "begin": 3, "end": 6, "data_offsets": [0, 12], "xxh64": "2ec5bd92b6b1d01e"},
-     {"name": "rank/1/loader", "dtype": "U8", "global_shape": [3], "begin": 0, "end": 3, "data_offsets": [12, 15], "xxh64": "699fb34a49760d71"}]}]}
+   "pieces": [[0, 3, 6, 0, "2ec5bd92b6b1d01e"], [3, 0, 3, 12, "699fb34a49760d71"]]}]}
 """)
-write("ckpt_index", "empty", '{"format": "shardkit.ckpt", "version": 1, "step": 0, "world_size": 1, "metadata": {}, "files": []}')
-write("ckpt_index", "bf16_scalar", json.dumps({"format": "shardkit.ckpt", "version": 1, "step": 7, "world_size": 1, "metadata": {},
-      "files": [{"key": "f", "size": 200, "tensors": [
-          {"name": "s", "dtype": "BF16", "global_shape": [], "begin": 0, "end": 1, "data_offsets": [0, 2], "xxh64": "0000000000000001"},
-          {"name": "i", "dtype": "I64", "global_shape": [4, 1], "begin": 1, "end": 3, "data_offsets": [2, 18], "xxh64": "ffffffffffffffff"}]}]}))
+write("ckpt_index", "empty", '{"format": "shardkit.ckpt", "version": 2, "step": 0, "world_size": 1, "metadata": {}, "tensors": [], "files": []}')
+write("ckpt_index", "bf16_scalar", json.dumps({"format": "shardkit.ckpt", "version": 2, "step": 7, "world_size": 1, "metadata": {},
+      "tensors": [{"name": "s", "dtype": "BF16", "global_shape": []}, {"name": "i", "dtype": "I64", "global_shape": [4, 1]}],
+      "files": [{"key": "f", "size": 200, "pieces": [[0, 0, 1, 0, "0000000000000001"], [1, 1, 3, 2, "ffffffffffffffff"]]}]}))
+write("ckpt_index", "chunked_escaped", json.dumps({"files": [{"pieces": [[0, 0, 300000, 0, "00000000000000AA",
+      "0123456789abcdef" "fedcba9876543210"]], "size": 1200000, "key": "a/b"}],
+      "tensors": [{"global_shape": [300000], "dtype": "F32", "name": "caf\u00e9\n\ud83d\ude00"}],
+      "metadata": {"k\"": "v\\"}, "world_size": 1, "step": 1, "version": 2, "format": "shardkit.ckpt"}, ensure_ascii=True, indent=1))
 
 # ---- safetensors_header: u32 data size, then the header JSON (ckpt/format.hpp parse_header) ----
 def st(data_size, header):

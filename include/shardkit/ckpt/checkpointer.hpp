@@ -338,7 +338,7 @@ class checkpointer {
           // Its own completion reported it; this save goes on.
         }
       }
-      std::optional<index_file> file;
+      std::optional<checkpoint_index> file;  // this rank's file, as a one-file index
       std::string error;
       commit_status status = commit_status::ok;
       if (job->skipped) {
@@ -349,7 +349,7 @@ class checkpointer {
         const auto t0 = std::chrono::steady_clock::now();
         try {
           file = write_file(*job);
-          result.bytes_written = file->size;
+          result.bytes_written = file->files.at(0).size;
         } catch (const std::exception& e) {
           status = commit_status::failed;
           error = e.what();
@@ -384,7 +384,7 @@ class checkpointer {
     }
   }
 
-  index_file write_file(save_job& job) {
+  checkpoint_index write_file(save_job& job) {
     std::vector<tensor_source> sources;
     sources.reserve(job.staged_tensors.size() + job.rank_bytes.size());
     for (const auto& s : job.staged_tensors) {

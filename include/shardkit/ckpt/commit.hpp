@@ -28,10 +28,11 @@ enum class commit_status : std::uint8_t { ok = 0, skipped = 1, failed = 2 };
 
 namespace detail {
 // The commit message's binary layout (little-endian, this machine's: ranks of one job share it): "SKCM", u32
-// version, u64 step, u8 status, str error, then when ok: str key, u64 size, u32 tensors, and per tensor str name,
-// u8 dtype, u32 ndims, u64 dims..., u64 begin, end, data_begin, data_end, xxh64, u32 chunks, u64 chunk checksums.
-// Binary, not JSON: rank 0 reads one per rank, 4096 ranks x 1000 tensors must take well under a second.
-inline constexpr std::uint32_t commit_message_version = 1;
+// version, u64 step, u8 status, str error, then when ok: str key, u64 size; u32 tensors, per tensor str name, u8
+// dtype, u32 ndims, u64 dims...; u32 pieces, per piece u32 tensor (in this message's table), u64 begin, end,
+// data_begin, data_end, xxh64, u32 chunks, u64 chunk checksums. Binary, not JSON: rank 0 reads one per rank, and
+// 4096 ranks x 1000 tensors must take well under a second.
+inline constexpr std::uint32_t commit_message_version = 2;
 
 class message_writer {
  public:
@@ -58,10 +59,17 @@ class message_reader {
     at_ += sizeof v;
     return v;
   }
-  std::string get_string() {
+  //! A view into the message (which outlives the reader's use of it).
+  std::string_view get_string() {
     const auto n = get<std::uint32_t>();
     need(n);
-    std::string s(in_.substr(at_, n));
+    const auto s = in_.substr(at_, n);
+    at_ += n;
+    return s;
+  }
+  std::string_view get_bytes(std::size_t n) {
+    need(n);
+    const auto s = in_.substr(at_, n);
     at_ += n;
     return s;
   }
@@ -83,29 +91,34 @@ class message_reader {
 };
 }  // namespace detail
 
-//! A rank's message in a save's commit round: its status, why it failed, and its file's entry as the index will
-//! hold it.
+//! A rank's message in a save's commit round: its status, why it failed, and (when ok) its file as a one-file
+//! index (describe_file).
 inline std::string commit_message(std::uint64_t step, commit_status status, const std::string& error,
-                                  const std::optional<index_file>& file) {
+                                  const std::optional<checkpoint_index>& file) {
   detail::message_writer w;
-  w.out.reserve(64 + (file ? file->tensors.size() * 96 : 0));
+  w.out.reserve(64 + (file ? file->tensors.size() * 64 + file->files.at(0).pieces.size() * 60 : 0));
   w.out.append("SKCM");
   w.put(detail::commit_message_version);
   w.put(step);
   w.put(static_cast<std::uint8_t>(status));
   w.put(std::string_view(error));
   if (status != commit_status::ok) return std::move(w.out);
-  w.put(std::string_view(file->key));
-  w.put(file->size);
+  const index_file& f = file->files.at(0);
+  w.put(std::string_view(f.key));
+  w.put(f.size);
   w.put(static_cast<std::uint32_t>(file->tensors.size()));
   for (const auto& t : file->tensors) {
     w.put(std::string_view(t.name));
     w.put(static_cast<std::uint8_t>(t.type));
     w.put(static_cast<std::uint32_t>(t.global_shape.size()));
     for (auto d : t.global_shape) w.put(d);
-    for (auto v : {t.begin, t.end, t.data_begin, t.data_end, t.xxh64}) w.put(v);
-    w.put(static_cast<std::uint32_t>(t.chunk_xxh64.size()));
-    for (auto c : t.chunk_xxh64) w.put(c);
+  }
+  w.put(static_cast<std::uint32_t>(f.pieces.size()));
+  for (const auto& p : f.pieces) {
+    w.put(p.tensor);
+    for (auto v : {p.begin, p.end, p.data_begin, p.data_end, p.xxh64}) w.put(v);
+    w.put(static_cast<std::uint32_t>(p.chunk_xxh64.size()));
+    for (auto c : p.chunk_xxh64) w.put(c);
   }
   return std::move(w.out);
 }
@@ -118,23 +131,29 @@ struct assembled_index {
   bool skipped = false;  //!< a rank skipped the save
 };
 
-//! Decodes and checks every message (its step; its file's key, table and the tensors' agreement across files, as
-//! parse_index checks an index) and assembles the index. Linear in the total number of pieces.
+//! Decodes and checks every message (its step; its file's key, table and pieces, as parse_index checks an index;
+//! a tensor's dtype and global shape agree across ranks) and assembles the index. Linear in the total number of
+//! pieces: a rank's table usually lists the tensors the previous rank's did, in the same order, and a tensor found
+//! at the same position with the same bytes needs no lookup.
 inline assembled_index assemble_index(std::uint64_t step, const std::string& prefix,
                                       const std::map<std::string, std::string>& metadata,
                                       std::span<const std::string> messages) {
-  assembled_index out{{step, static_cast<std::uint32_t>(messages.size()), metadata, {}}, {}, false};
+  assembled_index out{{step, static_cast<std::uint32_t>(messages.size()), metadata, {}, {}}, {}, false};
   auto& [index, reasons, skipped] = out;
   index.files.reserve(messages.size());
-  struct global_of {
-    dtype type;
-    const std::vector<std::uint64_t>* shape;
-    std::size_t file;
+  // Names are views into `messages`, which outlive this function's use of them.
+  std::unordered_map<std::string_view, std::uint32_t> global;
+  struct table_entry {
+    std::string_view name;
+    std::uint8_t type;
+    std::string_view dims;  // the u64 dims' bytes
+    std::uint32_t global;
   };
-  std::unordered_map<std::string_view, global_of> globals;
+  std::vector<table_entry> previous, current;
   auto add_reason = [&](std::size_t r, const std::string& why) {
     reasons += (reasons.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + why;
   };
+  detail::file_checker checker(index);
   for (std::size_t r = 0; r < messages.size(); ++r) {
     try {
       detail::message_reader in(messages[r]);
@@ -144,62 +163,67 @@ inline assembled_index assemble_index(std::uint64_t step, const std::string& pre
       const auto saved_step = in.get<std::uint64_t>();
       if (saved_step != step) throw std::runtime_error("it saved step " + std::to_string(saved_step));
       const auto status = static_cast<commit_status>(in.get<std::uint8_t>());
-      std::string error = in.get_string();
+      const std::string_view error = in.get_string();
       if (status == commit_status::skipped) {
         skipped = true;
         add_reason(r, "skipped it (its previous save was still persisting)");
         continue;
       }
       if (status != commit_status::ok) {
-        add_reason(r, error);
+        add_reason(r, std::string(error));
         continue;
       }
       index_file f;
-      f.key = in.get_string();
+      f.key = std::string(in.get_string());
       if (f.key != rank_file_key(prefix, step, int(r))) throw std::runtime_error("its file is '" + f.key + "'");
       f.size = in.get<std::uint64_t>();
-      f.tensors.resize(in.get_count(4 + 1 + 4 + 5 * 8 + 4));
-      for (auto& t : f.tensors) {
-        t.name = in.get_string();
-        const auto type = in.get<std::uint8_t>();
-        if (std::find(std::begin(all_dtypes), std::end(all_dtypes), static_cast<dtype>(type)) == std::end(all_dtypes))
-          throw std::runtime_error("tensor '" + t.name + "' has an unknown dtype");
-        t.type = static_cast<dtype>(type);
-        t.global_shape.resize(in.get_count(8));
-        for (auto& d : t.global_shape) d = in.get<std::uint64_t>();
-        t.begin = in.get<std::uint64_t>();
-        t.end = in.get<std::uint64_t>();
-        t.data_begin = in.get<std::uint64_t>();
-        t.data_end = in.get<std::uint64_t>();
-        t.xxh64 = in.get<std::uint64_t>();
-        t.chunk_xxh64.resize(in.get_count(8));
-        for (auto& c : t.chunk_xxh64) c = in.get<std::uint64_t>();
+      current.resize(in.get_count(4 + 1 + 4));
+      for (std::size_t j = 0; j < current.size(); ++j) {
+        auto& e = current[j];
+        e.name = in.get_string();
+        e.type = in.get<std::uint8_t>();
+        e.dims = in.get_bytes(in.get_count(8) * 8);
+        if (j < previous.size() && previous[j].name == e.name && previous[j].type == e.type && previous[j].dims == e.dims) {
+          e.global = previous[j].global;
+          continue;
+        }
+        if (std::find(std::begin(all_dtypes), std::end(all_dtypes), static_cast<dtype>(e.type)) == std::end(all_dtypes))
+          throw std::runtime_error("tensor '" + std::string(e.name) + "' has an unknown dtype");
+        std::vector<std::uint64_t> shape(e.dims.size() / 8);
+        if (!shape.empty()) std::memcpy(shape.data(), e.dims.data(), e.dims.size());
+        const auto [it, fresh] = global.try_emplace(e.name, static_cast<std::uint32_t>(index.tensors.size()));
+        if (fresh) {
+          index.tensors.push_back({std::string(e.name), static_cast<dtype>(e.type), std::move(shape)});
+        } else if (const auto& g = index.tensors[it->second]; g.type != static_cast<dtype>(e.type) || g.global_shape != shape) {
+          throw std::runtime_error("tensor '" + std::string(e.name) + "' is " +
+                                   std::string(safetensors_dtype(static_cast<dtype>(e.type))) + " " +
+                                   ckpt::detail::describe_shape(shape) + " but " + std::string(safetensors_dtype(g.type)) + " " +
+                                   ckpt::detail::describe_shape(g.global_shape) + " in an earlier rank's file");
+        }
+        e.global = it->second;
+      }
+      f.pieces.resize(in.get_count(4 + 5 * 8 + 4));
+      for (auto& p : f.pieces) {
+        const auto local = in.get<std::uint32_t>();
+        if (local >= current.size()) throw std::runtime_error("a piece of tensor " + std::to_string(local) + " of " +
+                                                              std::to_string(current.size()));
+        p.tensor = current[local].global;
+        p.begin = in.get<std::uint64_t>();
+        p.end = in.get<std::uint64_t>();
+        p.data_begin = in.get<std::uint64_t>();
+        p.data_end = in.get<std::uint64_t>();
+        p.xxh64 = in.get<std::uint64_t>();
+        p.chunk_xxh64.resize(in.get_count(8));
+        for (auto& c : p.chunk_xxh64) c = in.get<std::uint64_t>();
       }
       if (!in.done()) throw std::runtime_error("bytes after the file's table");
-      check_index_file(f, "rank " + std::to_string(r) + "'s commit message");
+      checker.check(f, "rank " + std::to_string(r) + "'s commit message");
       index.files.push_back(std::move(f));
+      std::swap(previous, current);
     } catch (const std::exception& e) {
       add_reason(r, std::string("bad commit message: ") + e.what());
     }
   }
-  if (!reasons.empty()) return out;
-  // Every piece of a tensor agrees on its dtype and global shape (pointers into index.files: complete now).
-  // As in load_plan: position j of the previous file usually names the same tensor; hash only when it does not.
-  std::vector<const index_tensor*> previous;
-  for (std::size_t i = 0; i < index.files.size(); ++i)
-    for (std::size_t j = 0; j < index.files[i].tensors.size(); ++j) {
-      const auto& t = index.files[i].tensors[j];
-      if (previous.size() <= j) previous.resize(j + 1, nullptr);
-      const index_tensor* p = std::exchange(previous[j], &t);
-      if (p && p->name == t.name && p->type == t.type && p->global_shape == t.global_shape) continue;
-      auto [it, fresh] = globals.try_emplace(t.name, global_of{t.type, &t.global_shape, i});
-      if (fresh || (it->second.type == t.type && *it->second.shape == t.global_shape)) continue;
-      add_reason(i, "tensor '" + t.name + "' is " + std::string(safetensors_dtype(t.type)) + " " +
-                        ckpt::detail::describe_shape(t.global_shape) + " but " + std::string(safetensors_dtype(it->second.type)) +
-                        " " + ckpt::detail::describe_shape(*it->second.shape) + " in rank " +
-                        std::to_string(it->second.file) + "'s file");
-      return out;
-    }
   return out;
 }
 

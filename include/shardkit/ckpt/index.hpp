@@ -1,31 +1,40 @@
 #pragma once
 //! The checkpoint's index: the one JSON object that says what a checkpoint holds. Rank 0 writes it last, after the
-//! checkpoint group gathered every rank's file_table; a checkpoint without its index does not exist (the commit
+//! checkpoint group gathered every rank's file table; a checkpoint without its index does not exist (the commit
 //! protocol, not this header, does that). A loader reads the index, then only the byte ranges it needs.
 //!
 //! @code
-//! {"format": "shardkit.ckpt", "version": 1, "step": 100, "world_size": 4, "metadata": {"run": "..."},
-//!  "files": [{"key": "step-100/rank-0.safetensors", "size": 123456,
-//!             "tensors": [{"name": "block0.w1", "dtype": "F32", "global_shape": [8, 8], "begin": 0, "end": 16,
-//!                          "data_offsets": [0, 64], "xxh64": "0123456789abcdef"}, ...]}, ...]}
+//! {"format": "shardkit.ckpt", "version": 2, "step": 100, "world_size": 4, "metadata": {"run": "..."},
+//!  "tensors": [{"name": "block0.w1", "dtype": "F32", "global_shape": [8, 8]}, ...],
+//!  "files": [{"key": "step-000000000100/rank-00000.safetensors", "size": 123456,
+//!             "pieces": [[0, 0, 16, 0, "0123456789abcdef"], [1, 0, 300000, 64, "...", "<16 hex digits per MiB>"]]},
+//!            ...]}
 //! @endcode
 //!
-//! data_offsets are relative to the file's data (as in the safetensors header); begin/end are the elements of the
-//! flattened global tensor the piece holds. parse_index refuses, with errc::protocol naming the index and the file
-//! or tensor: invalid JSON, a key twice in an object, a missing or unknown field, a wrong type, another format or
-//! version, world_size 0, a file key twice, a tensor twice in a file, a range outside its global shape, offsets
-//! whose size does not match the range or that run past the file's size, a tensor whose dtype or global shape
-//! differs between files, non-string metadata.
-#include <cstdint>
+//! The tensor table is written once; a file's pieces are [tensor (its position in the table), begin, end (elements
+//! of the flattened global tensor), data offset (within the file's data, as in the safetensors header), xxh64] and,
+//! for a piece of more than one checksum chunk, the chunks' checksums concatenated. Columns of numbers, not objects
+//! with names: 4096 ranks x 1000 tensors is 4 M pieces, and every loading rank reads the index
+//! (docs/checkpoint-format.md has the figures).
+//!
+//! parse_index refuses, with errc::protocol naming the index and the file, tensor or byte: invalid JSON, a key twice
+//! in an object, a missing or unknown field, a wrong type, another format or version, world_size 0, a tensor named
+//! twice in the table, a file key twice, a tensor twice in a file, a piece of a tensor not in the table, a range
+//! outside its global shape, data past the file's size, a wrong number of chunk checksums, a tensor in the table that
+//! no file holds a piece of, non-string metadata.
 #include <charconv>
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "shardkit/ckpt/checksum.hpp"
+#include "shardkit/ckpt/detail/json_cursor.hpp"
 #include "shardkit/ckpt/detail/strict_json.hpp"
 #include "shardkit/ckpt/format.hpp"
 #include "shardkit/core/dtype.hpp"
@@ -34,26 +43,32 @@
 namespace shardkit::ckpt {
 
 inline constexpr std::string_view index_format_name = "shardkit.ckpt";
-inline constexpr std::uint64_t index_format_version = 1;
+inline constexpr std::uint64_t index_format_version = 2;
 
-//! One stored piece of a tensor.
+//! A tensor of the checkpoint: one entry of the index's table, whichever files hold its pieces.
 struct index_tensor {
   std::string name;
   dtype type = dtype::f32;
   std::vector<std::uint64_t> global_shape;
+  friend bool operator==(const index_tensor&, const index_tensor&) = default;
+};
+
+//! One stored piece of a tensor, in one file.
+struct index_piece {
+  std::uint32_t tensor = 0;                    //!< position in checkpoint_index::tensors
   std::uint64_t begin = 0, end = 0;            //!< elements of the flattened global tensor
   std::uint64_t data_begin = 0, data_end = 0;  //!< within the file's data
   std::uint64_t xxh64 = 0;
   std::vector<std::uint64_t> chunk_xxh64;  //!< one per checksum_chunk_bytes of data when there is more than one chunk
   std::uint64_t nbytes() const noexcept { return data_end - data_begin; }
-  friend bool operator==(const index_tensor&, const index_tensor&) = default;
+  friend bool operator==(const index_piece&, const index_piece&) = default;
 };
 
 //! One rank's file.
 struct index_file {
   std::string key;
   std::uint64_t size = 0;
-  std::vector<index_tensor> tensors;
+  std::vector<index_piece> pieces;
   friend bool operator==(const index_file&, const index_file&) = default;
 };
 
@@ -61,23 +76,49 @@ struct checkpoint_index {
   std::uint64_t step = 0;
   std::uint32_t world_size = 0;
   std::map<std::string, std::string> metadata;
+  std::vector<index_tensor> tensors;
   std::vector<index_file> files;
+
+  const index_tensor& tensor_of(const index_piece& p) const { return tensors.at(p.tensor); }
   friend bool operator==(const checkpoint_index&, const checkpoint_index&) = default;
 };
 
-//! What the index records of a written file (write_safetensors' result). errc::invalid_argument if a tensor has
-//! no checksum (a file shardkit did not write).
-inline index_file describe_file(const file_table& table) {
+//! Appends what the index records of a written file (write_safetensors' or read_header's table) to `index`: its
+//! pieces, and its tensors to the table when they are new there. errc::invalid_argument if a tensor has no
+//! checksum (a file shardkit did not write) or is in the table with another dtype or global shape.
+inline void add_file(checkpoint_index& index, const file_table& table) {
+  // Reserved first: `position` holds views of the table's names, which must not move while it grows.
+  index.tensors.reserve(index.tensors.size() + table.tensors.size());
+  std::unordered_map<std::string_view, std::uint32_t> position;
+  position.reserve(index.tensors.size() + table.tensors.size());
+  for (std::uint32_t i = 0; i < index.tensors.size(); ++i) position.emplace(index.tensors[i].name, i);
   index_file f{table.key, table.file_size, {}};
-  f.tensors.reserve(table.tensors.size());
+  f.pieces.reserve(table.tensors.size());
   for (const auto& t : table.tensors) {
-    if (!t.xxh64)
-      throw_error(errc::invalid_argument, "tensor '" + t.name + "' of " + table.key + " has no checksum",
+    auto bad = [&](const std::string& what) {
+      throw_error(errc::invalid_argument, "tensor '" + t.name + "' of " + table.key + " " + what,
                   {.operation = "ckpt.index", .object = table.key});
-    f.tensors.push_back({t.name, t.type, t.extent.global_shape, t.extent.begin, t.extent.end, t.data_begin, t.data_end, *t.xxh64,
-                         t.chunk_xxh64});
+    };
+    if (!t.xxh64) bad("has no checksum");
+    auto it = position.find(t.name);
+    if (it == position.end()) {
+      index.tensors.push_back({t.name, t.type, t.extent.global_shape});
+      it = position.emplace(index.tensors.back().name, static_cast<std::uint32_t>(index.tensors.size() - 1)).first;
+    } else if (index.tensors[it->second].type != t.type || index.tensors[it->second].global_shape != t.extent.global_shape) {
+      bad("is " + std::string(safetensors_dtype(t.type)) + " " + detail::describe_shape(t.extent.global_shape) + ", another file's " +
+          std::string(safetensors_dtype(index.tensors[it->second].type)) + " " +
+          detail::describe_shape(index.tensors[it->second].global_shape));
+    }
+    f.pieces.push_back({it->second, t.extent.begin, t.extent.end, t.data_begin, t.data_end, *t.xxh64, t.chunk_xxh64});
   }
-  return f;
+  index.files.push_back(std::move(f));
+}
+
+//! The index of one file (what a rank tells rank 0 in a commit round, and tests).
+inline checkpoint_index describe_file(const file_table& table) {
+  checkpoint_index one;
+  add_file(one, table);
+  return one;
 }
 
 namespace detail {
@@ -104,6 +145,10 @@ inline void append_json_string(std::string& out, std::string_view v) {
   }
   out += '"';
 }
+inline void write_hex16(char* out, std::uint64_t h) noexcept {
+  static constexpr char digits[] = "0123456789abcdef";
+  for (int i = 15; i >= 0; --i, h >>= 4) out[i] = digits[h & 0xf];
+}
 inline void append_u64(std::string& out, std::uint64_t v) {
   char buf[24];
   auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
@@ -111,14 +156,14 @@ inline void append_u64(std::string& out, std::uint64_t v) {
 }
 }  // namespace detail
 
-//! The index as compact JSON text, written directly (4096 ranks x 1000 tensors is ~0.5 GB: a JSON library's
-//! document tree would cost seconds and gigabytes; this costs one pass).
+//! The index as compact JSON text, written directly in one pass (4 M pieces: a JSON library's document tree would
+//! cost seconds and gigabytes).
 inline std::string to_json(const checkpoint_index& index) {
   using detail::append_json_string;
   using detail::append_u64;
   std::string out;
-  std::size_t estimate = 256;
-  for (const auto& f : index.files) estimate += 64 + f.key.size() + f.tensors.size() * 192;
+  std::size_t estimate = 256 + index.tensors.size() * 96;
+  for (const auto& f : index.files) estimate += 64 + f.key.size() + f.pieces.size() * 64;
   out.reserve(estimate);
   out += "{\"format\":";
   append_json_string(out, index_format_name);
@@ -137,7 +182,23 @@ inline std::string to_json(const checkpoint_index& index) {
     out += ':';
     append_json_string(out, v);
   }
-  out += "},\"files\":[";
+  out += "},\"tensors\":[";
+  for (std::size_t i = 0; i < index.tensors.size(); ++i) {
+    const auto& t = index.tensors[i];
+    if (i) out += ',';
+    out += "{\"name\":";
+    append_json_string(out, t.name);
+    out += ",\"dtype\":\"";
+    out += safetensors_dtype(t.type);
+    out += "\",\"global_shape\":[";
+    for (std::size_t d = 0; d < t.global_shape.size(); ++d) {
+      if (d) out += ',';
+      append_u64(out, t.global_shape[d]);
+    }
+    out += "]}";
+  }
+  out += "],\"files\":[";
+  char piece[160];
   for (std::size_t i = 0; i < index.files.size(); ++i) {
     const auto& f = index.files[i];
     if (i) out += ',';
@@ -145,41 +206,34 @@ inline std::string to_json(const checkpoint_index& index) {
     append_json_string(out, f.key);
     out += ",\"size\":";
     append_u64(out, f.size);
-    out += ",\"tensors\":[";
-    for (std::size_t j = 0; j < f.tensors.size(); ++j) {
-      const auto& t = f.tensors[j];
-      if (j) out += ',';
-      out += "{\"name\":";
-      append_json_string(out, t.name);
-      out += ",\"dtype\":\"";
-      out += safetensors_dtype(t.type);
-      out += "\",\"global_shape\":[";
-      for (std::size_t d = 0; d < t.global_shape.size(); ++d) {
-        if (d) out += ',';
-        append_u64(out, t.global_shape[d]);
+    out += ",\"pieces\":[";
+    for (std::size_t j = 0; j < f.pieces.size(); ++j) {
+      const auto& p = f.pieces[j];
+      // One piece into a stack buffer, appended once: the writer's cost is per piece.
+      char* at = piece;
+      if (j) *at++ = ',';
+      *at++ = '[';
+      for (std::uint64_t v : {std::uint64_t{p.tensor}, p.begin, p.end, p.data_begin}) {
+        at = std::to_chars(at, piece + sizeof piece, v).ptr;
+        *at++ = ',';
       }
-      out += "],\"begin\":";
-      append_u64(out, t.begin);
-      out += ",\"end\":";
-      append_u64(out, t.end);
-      out += ",\"data_offsets\":[";
-      append_u64(out, t.data_begin);
-      out += ',';
-      append_u64(out, t.data_end);
-      out += "],\"xxh64\":\"";
-      out += checksum_to_hex(t.xxh64);
-      out += '"';
-      if (!t.chunk_xxh64.empty()) {
-        out += ",\"chunk_xxh64\":[";
-        for (std::size_t c = 0; c < t.chunk_xxh64.size(); ++c) {
-          if (c) out += ',';
-          out += '"';
-          out += checksum_to_hex(t.chunk_xxh64[c]);
-          out += '"';
+      *at++ = '"';
+      detail::write_hex16(at, p.xxh64);
+      at += 16;
+      *at++ = '"';
+      if (!p.chunk_xxh64.empty()) {
+        out.append(piece, at);
+        at = piece;
+        out += ",\"";
+        for (auto c : p.chunk_xxh64) {
+          char hex[16];
+          detail::write_hex16(hex, c);
+          out.append(hex, 16);
         }
-        out += ']';
+        *at++ = '"';
       }
-      out += '}';
+      *at++ = ']';
+      out.append(piece, at);
     }
     out += "]}";
   }
@@ -187,144 +241,245 @@ inline std::string to_json(const checkpoint_index& index) {
   return out;
 }
 
-//! The checks parse_index makes of one file's entry, on the struct (what a rank sends rank 0 in a commit round is
-//! checked the same way as an index read from storage). Throws errc::protocol starting with `where`.
-inline void check_index_file(const index_file& f, const std::string& where) {
-  auto bad = [&](const std::string& what) {
-    throw_error(errc::protocol, where + ": file '" + f.key + "': " + what, {.operation = "ckpt.index", .object = f.key});
-  };
-  if (auto why = storage::detail::key_problem(f.key, false); !why.empty()) bad(why);
-  std::unordered_set<std::string_view> names;
-  names.reserve(f.tensors.size());
-  for (const auto& t : f.tensors) {
-    auto bad_tensor = [&](const std::string& what) { bad("tensor '" + t.name + "': " + what); };
-    if (!names.insert(t.name).second) bad_tensor("listed twice in the file");
-    std::uint64_t numel = 0;
-    if (!detail::shape_numel(t.global_shape, numel) || t.begin > t.end || t.end > numel)
-      bad_tensor("range [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + ") is not within global shape " +
-                 detail::describe_shape(t.global_shape));
-    if (t.data_begin > t.data_end || (t.end - t.begin) > UINT64_MAX / size_of(t.type) ||
-        t.data_end - t.data_begin != (t.end - t.begin) * size_of(t.type))
-      bad_tensor("data_offsets span " + std::to_string(t.data_end - t.data_begin) + " bytes for " +
-                 std::to_string(t.end - t.begin) + " elements of " + std::string(safetensors_dtype(t.type)));
-    if (t.data_end > f.size) bad_tensor("data_offsets end past the file's size " + std::to_string(f.size));
-    const std::uint64_t chunks = t.nbytes() > checksum_chunk_bytes ? (t.nbytes() + checksum_chunk_bytes - 1) / checksum_chunk_bytes : 0;
-    if (t.chunk_xxh64.size() != chunks)
-      bad_tensor(std::to_string(t.chunk_xxh64.size()) + " chunk checksums for " + std::to_string(chunks) + " chunks");
+namespace detail {
+
+// The checks of one file's entry against the index's table. parse_index makes them of an index read from storage
+// and assemble_index of each rank's commit message, so both refuse the same things.
+class file_checker {
+ public:
+  explicit file_checker(const checkpoint_index& index) : index_(index) {}
+
+  //! Throws errc::protocol starting with `where` when `f` is not a well-formed entry of the index.
+  void check(const index_file& f, const std::string& where) {
+    auto bad = [&](const std::string& what) {
+      throw_error(errc::protocol, where + ": file '" + f.key + "': " + what, {.operation = "ckpt.index", .object = f.key});
+    };
+    if (auto why = storage::detail::key_problem(f.key, false); !why.empty()) bad(why);
+    grow();
+    ++stamp_;
+    for (std::size_t j = 0; j < f.pieces.size(); ++j) {
+      const auto& p = f.pieces[j];
+      if (p.tensor >= index_.tensors.size())
+        bad("piece " + std::to_string(j) + " is of tensor " + std::to_string(p.tensor) + ", the table has " +
+            std::to_string(index_.tensors.size()));
+      const index_tensor& t = index_.tensors[p.tensor];
+      auto bad_piece = [&](const std::string& what) { bad("tensor '" + t.name + "': " + what); };
+      if (std::exchange(seen_[p.tensor], stamp_) == stamp_) bad_piece("two pieces in the file");
+      if (p.begin > p.end || p.end > numel_[p.tensor])
+        bad_piece("range [" + std::to_string(p.begin) + ", " + std::to_string(p.end) + ") is not within global shape " +
+                  describe_shape(t.global_shape));
+      if (p.data_begin > p.data_end || (p.end - p.begin) > UINT64_MAX / size_of(t.type) ||
+          p.data_end - p.data_begin != (p.end - p.begin) * size_of(t.type))
+        bad_piece("data_offsets span " + std::to_string(p.data_end - p.data_begin) + " bytes for " +
+                  std::to_string(p.end - p.begin) + " elements of " + std::string(safetensors_dtype(t.type)));
+      if (p.data_end > f.size) bad_piece("data ends past the file's size " + std::to_string(f.size));
+      const std::uint64_t chunks = p.nbytes() > checksum_chunk_bytes ? (p.nbytes() + checksum_chunk_bytes - 1) / checksum_chunk_bytes : 0;
+      if (p.chunk_xxh64.size() != chunks)
+        bad_piece(std::to_string(p.chunk_xxh64.size()) + " chunk checksums for " + std::to_string(chunks) + " chunks of " +
+                  std::to_string(checksum_chunk_bytes) + " bytes");
+    }
   }
-}
+
+ private:
+  // The table may grow between files (assemble_index adds each rank's new tensors).
+  void grow() {
+    for (std::size_t i = numel_.size(); i < index_.tensors.size(); ++i) {
+      std::uint64_t n = 0;
+      if (!shape_numel(index_.tensors[i].global_shape, n))
+        throw_error(errc::protocol, "tensor '" + index_.tensors[i].name + "': global shape " +
+                                        describe_shape(index_.tensors[i].global_shape) + " overflows",
+                    {.operation = "ckpt.index", .object = index_.tensors[i].name});
+      numel_.push_back(n);
+    }
+    seen_.resize(index_.tensors.size(), 0);
+  }
+
+  const checkpoint_index& index_;
+  std::vector<std::uint64_t> numel_;
+  std::vector<std::uint64_t> seen_;  // the stamp of the last file that had a piece of the tensor
+  std::uint64_t stamp_ = 0;
+};
+
+}  // namespace detail
 
 //! Parses and validates index text; `key` (the index's object key) names it in errors. See the file comment.
 inline checkpoint_index parse_index(std::string_view text, const std::string& key) {
-  using detail::json;
   auto bad = [&](const std::string& what) {
     throw_error(errc::protocol, "malformed checkpoint index " + key + ": " + what, {.operation = "ckpt.index", .object = key});
   };
-  json root;
-  std::string why;
-  if (!detail::parse_strict_json(text, root, why)) bad(why);
-  if (!root.is_object()) bad("not a JSON object");
-  if (auto extra = detail::unknown_keys(root, {"format", "version", "step", "world_size", "metadata", "files"}); !extra.empty())
-    bad("unknown field " + extra);
-  if (!root.contains("format") || root["format"] != index_format_name) bad("\"format\" is not \"shardkit.ckpt\"");
-  std::uint64_t version = 0;
-  if (!root.contains("version") || !detail::as_u64(root["version"], version)) bad("no \"version\" number");
-  if (version != index_format_version)
-    bad("version " + std::to_string(version) + " (this shardkit reads version " + std::to_string(index_format_version) + ")");
   checkpoint_index index;
-  std::uint64_t world = 0;
-  if (!root.contains("step") || !detail::as_u64(root["step"], index.step)) bad("no \"step\" non-negative integer");
-  if (!root.contains("world_size") || !detail::as_u64(root["world_size"], world) || world == 0 || world > UINT32_MAX)
-    bad("no \"world_size\" positive integer");
-  index.world_size = static_cast<std::uint32_t>(world);
-  if (!root.contains("metadata") || !root["metadata"].is_object()) bad("no \"metadata\" object");
-  for (const auto& [k, v] : root["metadata"].items()) {
-    if (!v.is_string()) bad("metadata '" + k + "' is not a string");
-    index.metadata[k] = v.get<std::string>();
-  }
-  if (!root.contains("files") || !root["files"].is_array()) bad("no \"files\" array");
-  struct global_of {
-    dtype type;
-    const std::vector<std::uint64_t>* shape;
-    const std::string* file;
-  };
-  std::unordered_map<std::string, global_of> globals;
-  std::unordered_set<std::string> keys;
-  index.files.reserve(root["files"].size());
-  for (const auto& jf : root["files"]) {
-    index_file f;
-    if (!jf.is_object() || !jf.contains("key") || !jf["key"].is_string()) bad("a file without a \"key\" string");
-    f.key = jf["key"].get<std::string>();
-    auto bad_file = [&](const std::string& what) { bad("file '" + f.key + "': " + what); };
-    if (!storage::detail::key_problem(f.key, false).empty()) bad_file(storage::detail::key_problem(f.key, false));
-    if (!keys.insert(f.key).second) bad_file("listed twice");
-    if (auto extra = detail::unknown_keys(jf, {"key", "size", "tensors"}); !extra.empty()) bad_file("unknown field " + extra);
-    if (!jf.contains("size") || !detail::as_u64(jf["size"], f.size)) bad_file("no \"size\" non-negative integer");
-    if (!jf.contains("tensors") || !jf["tensors"].is_array()) bad_file("no \"tensors\" array");
-    std::unordered_set<std::string> names;
-    f.tensors.reserve(jf["tensors"].size());
-    for (const auto& jt : jf["tensors"]) {
-      index_tensor t;
-      if (!jt.is_object() || !jt.contains("name") || !jt["name"].is_string()) bad_file("a tensor without a \"name\" string");
-      t.name = jt["name"].get<std::string>();
-      auto bad_tensor = [&](const std::string& what) { bad_file("tensor '" + t.name + "': " + what); };
-      if (!names.insert(t.name).second) bad_tensor("listed twice in the file");
-      if (auto extra = detail::unknown_keys(jt, {"name", "dtype", "global_shape", "begin", "end", "data_offsets", "xxh64",
-                                                    "chunk_xxh64"});
-          !extra.empty())
-        bad_tensor("unknown field " + extra);
-      if (!jt.contains("dtype") || !jt["dtype"].is_string()) bad_tensor("no \"dtype\" string");
-      const auto dt = parse_safetensors_dtype(jt["dtype"].get<std::string>());
-      if (!dt) bad_tensor("unknown dtype '" + jt["dtype"].get<std::string>() + "'");
-      t.type = *dt;
-      if (!jt.contains("global_shape") || !detail::as_u64_array(jt["global_shape"], t.global_shape))
-        bad_tensor("no \"global_shape\" array of non-negative integers");
-      if (!jt.contains("begin") || !detail::as_u64(jt["begin"], t.begin) || !jt.contains("end") || !detail::as_u64(jt["end"], t.end))
-        bad_tensor("no \"begin\" and \"end\" non-negative integers");
-      std::uint64_t numel = 0;
-      if (!detail::shape_numel(t.global_shape, numel) || t.begin > t.end || t.end > numel)
-        bad_tensor("range [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + ") is not within global shape " +
-                   detail::describe_shape(t.global_shape));
-      std::vector<std::uint64_t> offsets;
-      if (!jt.contains("data_offsets") || !detail::as_u64_array(jt["data_offsets"], offsets) || offsets.size() != 2 ||
-          offsets[0] > offsets[1])
-        bad_tensor("no \"data_offsets\" pair [begin, end] of non-negative integers");
-      t.data_begin = offsets[0];
-      t.data_end = offsets[1];
-      if ((t.end - t.begin) > UINT64_MAX / size_of(t.type) || t.data_end - t.data_begin != (t.end - t.begin) * size_of(t.type))
-        bad_tensor("data_offsets span " + std::to_string(t.data_end - t.data_begin) + " bytes for " +
-                   std::to_string(t.end - t.begin) + " elements of " + std::string(safetensors_dtype(t.type)));
-      if (t.data_end > f.size) bad_tensor("data_offsets end past the file's size " + std::to_string(f.size));
-      if (!jt.contains("xxh64") || !jt["xxh64"].is_string() || !checksum_from_hex(jt["xxh64"].get<std::string>()))
-        bad_tensor("no \"xxh64\" of 16 hex digits");
-      t.xxh64 = *checksum_from_hex(jt["xxh64"].get<std::string>());
-      const std::uint64_t chunks = t.nbytes() > checksum_chunk_bytes ? (t.nbytes() + checksum_chunk_bytes - 1) / checksum_chunk_bytes : 0;
-      if (chunks == 0 && jt.contains("chunk_xxh64")) bad_tensor("\"chunk_xxh64\" for data of one chunk");
-      if (chunks > 0) {
-        if (!jt.contains("chunk_xxh64") || !jt["chunk_xxh64"].is_array() || jt["chunk_xxh64"].size() != chunks)
-          bad_tensor("no \"chunk_xxh64\" array of " + std::to_string(chunks) + " checksums (one per " +
-                     std::to_string(checksum_chunk_bytes) + " bytes)");
-        t.chunk_xxh64.reserve(chunks);
-        for (const auto& c : jt["chunk_xxh64"]) {
-          auto h = c.is_string() ? checksum_from_hex(c.get<std::string>()) : std::nullopt;
-          if (!h) bad_tensor("a \"chunk_xxh64\" entry is not 16 hex digits");
-          t.chunk_xxh64.push_back(*h);
-        }
+  std::string scratch;
+  detail::json_cursor in(text);
+  // Each object's members: any order, each once, no others.
+  auto members = [&](const std::string& what, std::initializer_list<std::string_view> names, auto&& on_member) {
+    std::vector<bool> seen(names.size(), false);
+    const bool is_object = in.object([&](const std::string& k) {
+      std::size_t i = 0;
+      for (auto n : names) {
+        if (n == k) break;
+        ++i;
       }
-      f.tensors.push_back(std::move(t));
+      if (i == names.size()) bad(what + ": unknown field '" + k + "'");
+      if (seen[i]) bad(what + ": the key '" + k + "' appears twice in one JSON object");
+      seen[i] = true;
+      on_member(k);
+    });
+    if (!is_object) bad(what + " is not a JSON object");
+    std::size_t i = 0;
+    for (auto n : names) {
+      if (!seen[i++]) bad(what + ": no \"" + std::string(n) + "\"");
     }
-    index.files.push_back(std::move(f));
+  };
+  auto u64 = [&](const std::string& what) {
+    auto v = in.u64();
+    if (!v) bad(what + " is not a non-negative integer");
+    return *v;
+  };
+  auto str = [&](const std::string& what) {
+    auto v = in.string(scratch);
+    if (!v) bad(what + " is not a string");
+    return *v;
+  };
+  try {
+    std::uint64_t world = 0;
+    members("the index", {"format", "version", "step", "world_size", "metadata", "tensors", "files"}, [&](const std::string& k) {
+      if (k == "format") {
+        if (str("\"format\"") != index_format_name) bad("\"format\" is not \"shardkit.ckpt\"");
+      } else if (k == "version") {
+        const auto version = u64("\"version\"");
+        if (version != index_format_version)
+          bad("version " + std::to_string(version) + " (this shardkit reads version " + std::to_string(index_format_version) + ")");
+      } else if (k == "step") {
+        index.step = u64("\"step\"");
+      } else if (k == "world_size") {
+        world = u64("\"world_size\"");
+        if (world == 0 || world > UINT32_MAX) bad("\"world_size\" " + std::to_string(world) + " is not a positive 32-bit count");
+      } else if (k == "metadata") {
+        if (!in.object([&](const std::string& name) {
+              const auto v = str("metadata '" + name + "'");
+              if (!index.metadata.emplace(name, std::string(v)).second)
+                bad("metadata: the key '" + name + "' appears twice in one JSON object");
+            }))
+          bad("\"metadata\" is not a JSON object");
+      } else if (k == "tensors") {
+        std::unordered_set<std::string> names;
+        if (!in.array([&] {
+              index_tensor t;
+              const std::string where = "tensor " + std::to_string(index.tensors.size()) + " of the table";
+              members(where, {"name", "dtype", "global_shape"}, [&](const std::string& m) {
+                if (m == "name") {
+                  t.name = std::string(str(where + "'s name"));
+                } else if (m == "dtype") {
+                  const auto d = str(where + "'s dtype");
+                  const auto dt = parse_safetensors_dtype(std::string(d));
+                  if (!dt) bad(where + ": unknown dtype '" + std::string(d) + "'");
+                  t.type = *dt;
+                } else if (!in.array([&] { t.global_shape.push_back(u64(where + "'s global_shape entry")); })) {
+                  bad(where + "'s global_shape is not an array");
+                }
+              });
+              std::uint64_t numel = 0;
+              if (!detail::shape_numel(t.global_shape, numel))
+                bad("tensor '" + t.name + "': global shape " + detail::describe_shape(t.global_shape) + " overflows");
+              if (!names.insert(t.name).second) bad("tensor '" + t.name + "' is in the table twice");
+              index.tensors.push_back(std::move(t));
+            }))
+          bad("\"tensors\" is not an array");
+      } else {
+        std::unordered_set<std::string> keys;
+        if (!in.array([&] {
+              index_file f;
+              const std::string where = "file " + std::to_string(index.files.size());
+              members(where, {"key", "size", "pieces"}, [&](const std::string& m) {
+                if (m == "key") {
+                  f.key = std::string(str(where + "'s key"));
+                } else if (m == "size") {
+                  f.size = u64(where + "'s size");
+                } else if (!in.array([&] {
+                             // Names built only for an error: 4 M pieces.
+                             auto what = [&] { return where + " piece " + std::to_string(f.pieces.size()); };
+                             auto number = [&](const char* field) {
+                               const auto v = in.u64();
+                               if (!v) bad(what() + "'s " + field + " is not a non-negative integer");
+                               return *v;
+                             };
+                             auto hex = [&](const char* field) {
+                               const auto v = in.string(scratch);
+                               if (!v) bad(what() + "'s " + field + " is not a string");
+                               return *v;
+                             };
+                             index_piece p;
+                             int field = 0;
+                             if (!in.array([&] {
+                                   switch (field++) {
+                                     case 0: {
+                                       const auto t = number("tensor");
+                                       if (t > UINT32_MAX) bad(what() + "'s tensor " + std::to_string(t) + " is not in the table");
+                                       p.tensor = static_cast<std::uint32_t>(t);
+                                       break;
+                                     }
+                                     case 1: p.begin = number("begin"); break;
+                                     case 2: p.end = number("end"); break;
+                                     case 3: p.data_begin = number("data offset"); break;
+                                     case 4: {
+                                       const auto h = checksum_from_hex(hex("xxh64"));
+                                       if (!h) bad(what() + "'s xxh64 is not 16 hex digits");
+                                       p.xxh64 = *h;
+                                       break;
+                                     }
+                                     case 5: {
+                                       const auto text = hex("chunk checksums");
+                                       if (text.size() % 16 != 0 || text.empty())
+                                         bad(what() + "'s chunk checksums are not 16 hex digits each");
+                                       p.chunk_xxh64.reserve(text.size() / 16);
+                                       for (std::size_t c = 0; c < text.size(); c += 16) {
+                                         const auto h = checksum_from_hex(text.substr(c, 16));
+                                         if (!h) bad(what() + "'s chunk checksums are not 16 hex digits each");
+                                         p.chunk_xxh64.push_back(*h);
+                                       }
+                                       break;
+                                     }
+                                     default: bad(what() + " has more than 6 fields");
+                                   }
+                                 }))
+                               bad(what() + " is not an array");
+                             if (field < 5) bad(what() + " has " + std::to_string(field) + " fields, not 5 or 6");
+                             f.pieces.push_back(std::move(p));
+                           })) {
+                  bad(where + "'s pieces are not an array");
+                }
+              });
+              if (!keys.insert(f.key).second) bad("file '" + f.key + "' is listed twice");
+              index.files.push_back(std::move(f));
+            }))
+          bad("\"files\" is not an array");
+      }
+    });
+    in.finish();
+    index.world_size = static_cast<std::uint32_t>(world);
+  } catch (const detail::json_syntax_error& e) {
+    bad(e.what());
   }
-  // Consistency across files, after all are in place (pointers into index stay valid now).
-  for (const auto& f : index.files)
-    for (const auto& t : f.tensors) {
-      auto [it, fresh] = globals.try_emplace(t.name, global_of{t.type, &t.global_shape, &f.key});
-      if (fresh) continue;
-      if (it->second.type != t.type || *it->second.shape != t.global_shape)
-        bad("tensor '" + t.name + "' is " + std::string(safetensors_dtype(t.type)) + " " + detail::describe_shape(t.global_shape) +
-            " in file '" + f.key + "' but " + std::string(safetensors_dtype(it->second.type)) + " " +
-            detail::describe_shape(*it->second.shape) + " in file '" + *it->second.file + "'");
+  // The pieces' data ends follow from their dtypes, known once the whole table is read (members come in any order).
+  detail::file_checker checker(index);
+  std::vector<bool> has_piece(index.tensors.size(), false);
+  for (auto& f : index.files) {
+    for (std::size_t j = 0; j < f.pieces.size(); ++j) {
+      auto& p = f.pieces[j];
+      if (p.tensor >= index.tensors.size())
+        bad("file '" + f.key + "': piece " + std::to_string(j) + " is of tensor " + std::to_string(p.tensor) + ", the table has " +
+            std::to_string(index.tensors.size()));
+      const std::uint64_t es = size_of(index.tensors[p.tensor].type);
+      if (p.end < p.begin || (p.end - p.begin) > (UINT64_MAX - p.data_begin) / es)
+        bad("file '" + f.key + "': tensor '" + index.tensors[p.tensor].name + "': range [" + std::to_string(p.begin) + ", " +
+            std::to_string(p.end) + ") is not a range of its bytes");
+      p.data_end = p.data_begin + (p.end - p.begin) * es;
+      has_piece[p.tensor] = true;
     }
+    checker.check(f, "malformed checkpoint index " + key);
+  }
+  for (std::size_t i = 0; i < index.tensors.size(); ++i)
+    if (!has_piece[i]) bad("tensor '" + index.tensors[i].name + "' is in the table but in no file");
   return index;
 }
 

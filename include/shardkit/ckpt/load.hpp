@@ -45,49 +45,47 @@ struct load_report {
   std::size_t tensors_loaded = 0;
 };
 
-//! Every saved piece of every tensor of an index, by name, sorted by where it begins. Built once per load in
+//! Every saved piece of every tensor of an index, by tensor, sorted by where each begins. Built once per load in
 //! O(pieces log pieces); a rank then finds its overlaps by binary search.
 class load_plan {
  public:
   struct source {
     const index_file* file;
+    const index_piece* piece;
     const index_tensor* tensor;
     std::uint64_t data_start;  //!< where the file's data begins (its size less its data: the format ends with data)
   };
 
-  explicit load_plan(const checkpoint_index& index) {
-    // Ranks' files list the same tensors in the same order, usually: the previous file's bucket for position j
-    // is tried before hashing the name (4096 ranks x 1000 tensors: 4 M lookups).
-    std::vector<std::pair<const std::string*, std::vector<source>*>> previous;
+  explicit load_plan(const checkpoint_index& index) : pieces_(index.tensors.size()) {
+    position_.reserve(index.tensors.size());
+    for (std::uint32_t i = 0; i < index.tensors.size(); ++i) position_.emplace(index.tensors[i].name, i);
+    std::vector<std::size_t> count(index.tensors.size(), 0);
+    for (const auto& f : index.files)
+      for (const auto& p : f.pieces) ++count.at(p.tensor);
+    for (std::size_t i = 0; i < count.size(); ++i) pieces_[i].reserve(count[i]);
     for (const auto& f : index.files) {
       std::uint64_t data = 0;
-      for (const auto& t : f.tensors) data = std::max(data, t.data_end);
+      for (const auto& p : f.pieces) data = std::max(data, p.data_end);
       const std::uint64_t start = f.size - data;
-      if (previous.size() < f.tensors.size()) previous.resize(f.tensors.size(), {nullptr, nullptr});
-      for (std::size_t j = 0; j < f.tensors.size(); ++j) {
-        const auto& t = f.tensors[j];
-        auto& [name, bucket] = previous[j];
-        if (!name || *name != t.name) {
-          bucket = &by_name_[t.name];
-          name = &t.name;
-        }
-        bucket->push_back({&f, &t, start});
-      }
+      for (const auto& p : f.pieces) pieces_[p.tensor].push_back({&f, &p, &index.tensors[p.tensor], start});
     }
-    for (auto& [name, v] : by_name_)
-      std::sort(v.begin(), v.end(), [](const source& a, const source& b) { return a.tensor->begin < b.tensor->begin; });
+    // Ranks' files are in rank order and flat shards in rank order too: usually sorted already.
+    auto by_begin = [](const source& a, const source& b) { return a.piece->begin < b.piece->begin; };
+    for (auto& v : pieces_)
+      if (!std::is_sorted(v.begin(), v.end(), by_begin)) std::sort(v.begin(), v.end(), by_begin);
   }
 
   //! The saved pieces of `name`, sorted by begin; empty when the checkpoint has none.
-  std::span<const source> pieces(const std::string& name) const {
-    auto it = by_name_.find(name);
-    if (it == by_name_.end()) return {};
-    return it->second;
+  std::span<const source> pieces(std::string_view name) const {
+    auto it = position_.find(name);
+    if (it == position_.end()) return {};
+    return pieces_[it->second];
   }
-  std::size_t tensor_count() const noexcept { return by_name_.size(); }
+  std::size_t tensor_count() const noexcept { return position_.size(); }
 
  private:
-  std::unordered_map<std::string, std::vector<source>> by_name_;
+  std::vector<std::vector<source>> pieces_;                    // by position in the index's table
+  std::unordered_map<std::string_view, std::uint32_t> position_;  // views of the index's names
 };
 
 namespace detail {
@@ -97,17 +95,18 @@ namespace detail {
 template <storage::sink S>
 std::uint64_t read_verified(S& sink, const load_plan::source& src, std::uint64_t first, std::uint64_t last,
                             std::span<std::byte> out, std::vector<std::byte>& scratch) {
-  const index_tensor& t = *src.tensor;
+  const index_piece& t = *src.piece;
+  const std::string& name = src.tensor->name;
   const std::string& key = src.file->key;
   const std::uint64_t n = t.nbytes();
   auto get = [&](std::uint64_t from, std::span<std::byte> into) {
     if (sink.get(key, src.data_start + t.data_begin + from, into) != into.size())
-      throw_error(errc::io, "the file " + key + " ended while reading tensor '" + t.name + "' (truncated?)",
+      throw_error(errc::io, "the file " + key + " ended while reading tensor '" + name + "' (truncated?)",
                   {.operation = "ckpt.load", .object = key});
   };
   auto mismatch = [&](std::uint64_t from, std::uint64_t to, std::uint64_t got, std::uint64_t want) {
     throw_error(errc::io,
-                "checksum mismatch in " + key + ", tensor '" + t.name + "' bytes [" + std::to_string(from) + ", " +
+                "checksum mismatch in " + key + ", tensor '" + name + "' bytes [" + std::to_string(from) + ", " +
                     std::to_string(to) + ") (xxh64 " + checksum_to_hex(got) + ", the index says " + checksum_to_hex(want) + ")",
                 {.operation = "ckpt.load", .object = key});
   };
@@ -177,7 +176,7 @@ load_report load_state(S& sink, const checkpoint_index& index, const state_dict&
     };
     const auto pieces = plan.pieces(v.name);
     if (pieces.empty()) bad("not in the checkpoint");
-    const index_tensor& first = *pieces.front().tensor;
+    const index_tensor& first = *pieces.front().tensor;  // every piece's: one table entry
     if (first.type != v.type)
       bad("saved as " + std::string(safetensors_dtype(first.type)) + ", loaded as " + std::string(safetensors_dtype(v.type)));
     if (first.global_shape != v.global_shape)
@@ -186,9 +185,9 @@ load_report load_state(S& sink, const checkpoint_index& index, const state_dict&
     const std::uint64_t es = size_of(v.type);
     // Pieces sorted by begin; `at` is the first element not yet planned, so overlapping copies (replicas) load once.
     std::uint64_t at = v.begin;
-    auto it = std::partition_point(pieces.begin(), pieces.end(), [&](const load_plan::source& s) { return s.tensor->end <= v.begin; });
+    auto it = std::partition_point(pieces.begin(), pieces.end(), [&](const load_plan::source& s) { return s.piece->end <= v.begin; });
     for (; it != pieces.end() && at < v.end; ++it) {
-      const index_tensor& t = *it->tensor;
+      const index_piece& t = *it->piece;
       if (t.begin > at) break;  // a gap: reported below
       const std::uint64_t b = at, e = std::min(v.end, t.end);
       if (e <= b) continue;
@@ -244,7 +243,7 @@ load_report load_state(S& sink, const checkpoint_index& index, const state_dict&
         throw_error(errc::invalid_argument, checkpoint_name + " (step " + std::to_string(index.step) + ") has no per-rank entry '" +
                                                 e.name + "' of rank " + std::to_string(rank),
                     {.rank = rank, .operation = "ckpt.load", .object = e.name});
-      const index_tensor& t = *pieces.front().tensor;
+      const index_piece& t = *pieces.front().piece;
       if (e.bytes) {
         e.bytes->resize(static_cast<std::size_t>(t.nbytes()));
         report.bytes_read += detail::read_verified(sink, pieces.front(), 0, t.nbytes(), *e.bytes, scratch);
@@ -275,7 +274,7 @@ std::vector<std::vector<std::byte>> read_rank_bytes(S& sink, const checkpoint_in
       throw_error(errc::invalid_argument,
                   "the checkpoint of step " + std::to_string(index.step) + " has no per-rank entry '" + name + "' of rank " + std::to_string(r),
                   {.operation = "ckpt.load", .object = name});
-    out[r].resize(static_cast<std::size_t>(pieces.front().tensor->nbytes()));
+    out[r].resize(static_cast<std::size_t>(pieces.front().piece->nbytes()));
     detail::read_verified(sink, pieces.front(), 0, out[r].size(), out[r], scratch);
   }
   return out;
