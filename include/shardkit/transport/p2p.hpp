@@ -41,6 +41,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <span>
 
 #include "shardkit/core/completion.hpp"
@@ -81,5 +82,13 @@ concept ranks_share_host = p2p<T> && requires { requires T::ranks_share_host; };
 //! Optional: a transport that can fail everything outstanding at once (used when a group aborts).
 template <class T>
 concept abortable = p2p<T> && requires(T& t, std::exception_ptr reason) { t.abort(reason); };
+
+//! Optional: a transport that tells whether it has lost `peer` (`t.lost(peer)`: the error that failed the peer, or
+//! null while it is alive). A collective waiting on a live peer uses it to fail as soon as another member of its
+//! group is lost, with an error naming that member, instead of timing out on the live peer that waits for it.
+template <class T>
+concept reports_lost_peers = p2p<T> && requires(const T& t, int peer) {
+  { t.lost(peer) } -> std::same_as<std::exception_ptr>;
+};
 
 }  // namespace shardkit::transport

@@ -64,6 +64,17 @@ class routed_transport {
     return is_local(peer) ? local_->recv(local_index_[std::size_t(peer)], tag, bytes) : remote_->recv(peer, tag, bytes);
   }
 
+  //! The error that failed `peer` on the transport serving it, or null (also when that transport cannot tell).
+  std::exception_ptr lost(int peer) const {
+    if (peer < 0 || peer >= size()) return nullptr;
+    if (is_local(peer)) {
+      if constexpr (reports_lost_peers<Local>) return local_->lost(local_index_[std::size_t(peer)]);
+      return nullptr;
+    }
+    if constexpr (reports_lost_peers<Remote>) return remote_->lost(peer);
+    return nullptr;
+  }
+
   //! Aborts both transports (those that can be aborted).
   void abort(std::exception_ptr reason) {
     if constexpr (abortable<Local>) local_->abort(reason);

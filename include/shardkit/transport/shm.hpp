@@ -190,6 +190,9 @@ class shm_transport {
   //! Starts receiving the next message with `tag` from `peer` into `bytes`.
   completion recv(int peer, message_tag tag, std::span<std::byte> bytes) { return engine_->recv(peer, tag, bytes); }
 
+  //! The error that failed `peer` (it closed, aborted or its process exited), or null while it is alive.
+  std::exception_ptr lost(int peer) const { return engine_->lost(peer); }
+
   //! Fails every pending and later operation with `reason` (errc::aborted when null); peers see this rank lost.
   void abort(std::exception_ptr reason = nullptr) { engine_->abort(std::move(reason)); }
 
@@ -238,5 +241,6 @@ class shm_transport {
 
 static_assert(p2p<shm_transport>);
 static_assert(abortable<shm_transport>);
+static_assert(reports_lost_peers<shm_transport>);
 
 }  // namespace shardkit::transport

@@ -110,6 +110,9 @@ class tcp_transport {
   //! completion callback (an io thread), where it only starts it.
   void abort(std::exception_ptr reason) { core_->abort(std::move(reason)); }
 
+  //! The error that failed `peer` (closed, reset or refused connections), or null while it is alive.
+  std::exception_ptr lost(int peer) const { return core_->lost(peer); }
+
   //! The connections to `peer`: "stream 0 10.0.0.2:41234, stream 1 10.0.1.2:41235" (diagnostics).
   std::string describe_peer(int peer) const { return core_->describe_peer(peer); }
   //! The "ip:port" list this rank listened on during setup (closed since).
@@ -123,5 +126,6 @@ class tcp_transport {
 
 static_assert(p2p<tcp_transport>);
 static_assert(abortable<tcp_transport>);
+static_assert(reports_lost_peers<tcp_transport>);
 
 }  // namespace shardkit::transport

@@ -308,7 +308,7 @@ inline error left_call(const error_context& where, int p, const char* doing) {
 template <transport::p2p T>
 void check_peers_stayed(p2p_op<T>& op, const session& s) {
   for (int p = 0; p < op.n(); ++p)
-    if (p != op.me() && !still_there(s.peers[std::size_t(p)])) throw left_call(op.context(p), p, "reading its buffers");
+    if (p != op.me() && !still_there(s.peers[std::size_t(p)])) throw op.naming_lost_members(left_call(op.context(p), p, "reading its buffers"), p);
 }
 
 //! Bytes written into peers' outputs between two checks that they are still in the call.
@@ -366,20 +366,20 @@ void reduce_block(p2p_op<T>& op, const session& s, const std::byte* in, std::byt
     dsts.assign({dst + done * es});
     if (push && (unchecked += len) > write_span_bytes) {
       for (int p = 0; p < n; ++p)
-        if (p != me && !still_there(s.peers[std::size_t(p)])) throw left_call(op.context(p), p, "writing into its buffers");
+        if (p != me && !still_there(s.peers[std::size_t(p)])) throw op.naming_lost_members(left_call(op.context(p), p, "writing into its buffers"), p);
       unchecked = len;
     }
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
       const std::byte* theirs = s.input(p, offset, len, staged + std::size_t(p) * slot_bytes);
-      if (!theirs) throw lost(op.context(p), p, "read");
+      if (!theirs) throw op.naming_lost_members(lost(op.context(p), p, "read"), p);
       srcs.push_back(theirs);
       if (push && s.out[std::size_t(p)]) dsts.push_back(s.out[std::size_t(p)] + offset);
     }
     reduce_into_all(rop, type, srcs, dsts, k, n);
     for (int p = 0; push && p < n; ++p)
       if (p != me && !s.out[std::size_t(p)] && !write_remote(s.peers[std::size_t(p)].pid, s.peers[std::size_t(p)].out + offset, dsts[0], len))
-        throw lost(op.context(p), p, "write");
+        throw op.naming_lost_members(lost(op.context(p), p, "write"), p);
   }
 }
 
@@ -437,14 +437,14 @@ bool cross_memory_all_gather(p2p_op<T>& op, const std::byte* in, std::byte* out,
     if (out + at != in) dsts.push_back(out + at + done);
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
-      if (!still_there(s.peers[std::size_t(p)])) throw left_call(op.context(p), p, "writing into its buffers");
+      if (!still_there(s.peers[std::size_t(p)])) throw op.naming_lost_members(left_call(op.context(p), p, "writing into its buffers"), p);
       if (s.out[std::size_t(p)]) dsts.push_back(s.out[std::size_t(p)] + at + done);
     }
     const std::byte* const src = in + done;
     if (!dsts.empty()) reduce_into_all(reduce_op::sum, dtype::u8, std::span<const std::byte* const>(&src, 1), dsts, k);
     for (int p = 0; p < n; ++p)
       if (p != me && !s.out[std::size_t(p)] && !write_remote(s.peers[std::size_t(p)].pid, s.peers[std::size_t(p)].out + at + done, src, k))
-        throw lost(op.context(p), p, "write");
+        throw op.naming_lost_members(lost(op.context(p), p, "write"), p);
   }
   close_session(op, s);
   return true;

@@ -115,8 +115,11 @@ class p2p_op {
     }
   }
 
-  //! How long ~p2p_op waits for transfers that were already under way when an error ended the op.
-  static constexpr std::chrono::milliseconds abandon_grace{2000};
+  //! How long ~p2p_op waits for transfers that were already under way when an error ended the op. Short: the op
+  //! has already failed (often after its whole timeout), and a transfer still running then is nearly always stuck
+  //! behind a dead link; every millisecond here is added to the time before the caller sees the error (with 2 s,
+  //! a lab link set down mid-collective surfaced at timeout + 2 s; docs/reliability.md, chaos).
+  static constexpr std::chrono::milliseconds abandon_grace{500};
 
   int n() const noexcept { return int(members_.size()); }
   int me() const noexcept { return me_; }
@@ -156,6 +159,18 @@ class p2p_op {
     sends_.clear();
   }
 
+  //! `e`, plus the other members of the group that the transport has lost. A peer that left because its own
+  //! collective failed on a dead rank looks lost or gone too: this names the dead rank wherever the error came
+  //! from. `named`: the group rank `e` is about (-1: the one in its context, if any).
+  error naming_lost_members(const error& e, int named) const {
+    if (named < 0 && e.context().peer)
+      for (int r = 0; r < n(); ++r)
+        if (members_[std::size_t(r)] == *e.context().peer) named = r;
+    const std::string others = lost_members(named);
+    if (others.empty()) return e;
+    return error(e.code(), e.detail() + "; " + others, e.context());
+  }
+
   error_context context(int peer) const {
     error_context ctx{.rank = me_, .operation = name_};  // the process group adds its name
     if (peer >= 0) ctx.peer = peer;
@@ -166,17 +181,79 @@ class p2p_op {
   void wait(const completion& c, int peer, const char* what) {
     bool done;
     try {
-      done = c.wait_until(until_);
+      done = wait_watching(c);
     } catch (const error& e) {
-      throw e.with_context(context(peer));
+      throw naming_lost_members(e.with_context(context(peer)), peer);
     }
     if (!done) {
+      if (const int gone = first_lost_member(); gone >= 0) {
+        std::string detail = "rank " + std::to_string(gone) + " of this group was lost while this rank was " + what +
+                             (peer >= 0 ? " peer rank " + std::to_string(peer) : std::string(" a peer")) + ": " +
+                             lost_reason(gone);
+        if (const std::string others = lost_members(gone); !others.empty()) detail += "; " + others;
+        throw error(errc::peer_lost, detail, context(gone));
+      }
       throw error(errc::timeout,
                   std::string("deadline passed while ") + what + (peer >= 0 ? " peer rank " + std::to_string(peer) : " a peer") +
                       " (transport rank " + (peer >= 0 ? std::to_string(members_[std::size_t(peer)]) : "?") +
                       "); that rank is slow, stuck, or did not call " + name_,
                   context(peer));
     }
+  }
+
+  //! Waits until `c` is done or the deadline passes; with a transport that reports lost peers, also returns
+  //! (false) as soon as any member of the group is lost: this op can then never complete, since every member
+  //! takes part in it, directly or through the peers it waits on.
+  bool wait_watching(const completion& c) {
+    if constexpr (transport::reports_lost_peers<T>) {
+      // Most ops end within the first slice; between slices, the members are polled (a few syscalls at most).
+      constexpr auto slice = std::chrono::milliseconds(100);
+      for (;;) {
+        const auto now = deadline::clock::now();
+        if (c.wait_until(std::min(until_, deadline(now + slice)))) return true;
+        if (deadline::clock::now() >= until_) return false;
+        if (first_lost_member() >= 0) return false;
+      }
+    } else {
+      return c.wait_until(until_);
+    }
+  }
+
+  //! The lowest group rank whose transport rank the transport has lost, or -1.
+  int first_lost_member() const {
+    if constexpr (transport::reports_lost_peers<T>) {
+      for (int r = 0; r < n(); ++r)
+        if (r != me_ && transport_.lost(members_[std::size_t(r)])) return r;
+    }
+    return -1;
+  }
+
+  std::string lost_reason(int r) const {
+    if constexpr (transport::reports_lost_peers<T>) {
+      try {
+        if (auto e = transport_.lost(members_[std::size_t(r)])) std::rethrow_exception(e);
+      } catch (const error& e) {
+        return e.detail();
+      } catch (const std::exception& e) {
+        return e.what();
+      } catch (...) {
+        return "unknown";
+      }
+    }
+    return {};
+  }
+
+  //! "lost members of this group: rank 2 (why)[, ...]" for every lost member but `except`, or "".
+  std::string lost_members(int except) const {
+    std::string s;
+    if constexpr (transport::reports_lost_peers<T>) {
+      for (int r = 0; r < n(); ++r) {
+        if (r == me_ || r == except || !transport_.lost(members_[std::size_t(r)])) continue;
+        s += (s.empty() ? "lost members of this group: " : ", ") + std::string("rank ") + std::to_string(r) + " (" +
+             lost_reason(r) + ")";
+      }
+    }
+    return s;
   }
 
   T& transport_;

@@ -57,7 +57,7 @@ class engine : public std::enable_shared_from_this<engine> {
         self_(this_process()),
         out_(std::make_unique<outbound_link[]>(std::size_t(cfg.size))),
         in_(std::make_unique<inbound_link[]>(std::size_t(cfg.size))),
-        gone_(std::size_t(cfg.size), false) {
+        lost_(std::size_t(cfg.size)), gone_(std::size_t(cfg.size), false) {
     const segment_view mine{own_.data()};
     own_header_ = &mine.header();
     for (int p = 0; p < cfg_.size; ++p) {
@@ -162,6 +162,21 @@ class engine : public std::enable_shared_from_this<engine> {
     return true;
   }
 
+  //! Why `p` was lost, or null while it is alive (any thread). A process that died since the last heartbeat
+  //! counts as lost here already (the progress thread fails its operations at its next check).
+  std::exception_ptr lost(int p) const {
+    if (p < 0 || p >= size() || p == rank()) return nullptr;
+    {
+      std::lock_guard lock(lost_mutex_);
+      if (lost_[std::size_t(p)]) return lost_[std::size_t(p)];
+    }
+    const auto& owner = in_at(p).peer->owner;
+    if (owner.pid != self_.pid && check_process(owner, self_) == liveness::dead)
+      return std::make_exception_ptr(error(errc::peer_lost, "rank " + std::to_string(p) + " (pid " + std::to_string(owner.pid) + ") exited",
+                                           {.rank = rank(), .peer = p, .operation = "shm"}));
+    return nullptr;
+  }
+
   //! Fails every pending and later operation with `reason` and tells the peers this rank is gone. Returns once
   //! the pending operations have failed (at once when called on the progress thread, which finishes the job at
   //! its next turn).
@@ -243,6 +258,7 @@ class engine : public std::enable_shared_from_this<engine> {
 
   outbound_link& out_at(int p) noexcept { return out_[static_cast<std::size_t>(p)]; }
   inbound_link& in_at(int p) noexcept { return in_[static_cast<std::size_t>(p)]; }
+  const inbound_link& in_at(int p) const noexcept { return in_[static_cast<std::size_t>(p)]; }
 
   std::exception_ptr abort_reason() {
     if (!aborted_.load(std::memory_order_acquire)) return nullptr;
@@ -401,6 +417,9 @@ class engine : public std::enable_shared_from_this<engine> {
         lost_one = true;
       }
     }
+    // A peer that closed may have done so because its collective failed on a rank that died: look for dead
+    // processes now rather than at the next heartbeat, so that waiting collectives name the dead rank too.
+    if (lost_one && !with_pid) check_peers(true);
     return lost_one;
   }
 
@@ -416,6 +435,10 @@ class engine : public std::enable_shared_from_this<engine> {
     const auto fail = [&](const char* op) {
       return std::make_exception_ptr(error(code, why, {.rank = rank(), .peer = p, .operation = op}));
     };
+    {
+      std::lock_guard lock(lost_mutex_);
+      lost_[std::size_t(p)] = fail("shm");
+    }
     std::vector<settlement> failed;
     fail_links(in_at(p), out_at(p), fail("shm.recv"), fail("shm.send"), failed);
     settle(failed);
@@ -493,6 +516,9 @@ class engine : public std::enable_shared_from_this<engine> {
   std::exception_ptr abort_reason_;  // guarded by abort_mutex_
   bool abort_handled_ = false;       // guarded by abort_mutex_ (written by the progress thread)
   bool running_ = true;              // guarded by abort_mutex_
+
+  mutable std::mutex lost_mutex_;
+  std::vector<std::exception_ptr> lost_;  // guarded by lost_mutex_: why each lost peer was lost
 
   // Progress thread only.
   std::vector<bool> gone_;

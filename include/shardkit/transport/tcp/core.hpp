@@ -213,6 +213,11 @@ class core : public std::enable_shared_from_this<core> {
     return peers_[std::size_t(peer)]->describe();
   }
 
+  std::exception_ptr lost(int peer) const {
+    if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[std::size_t(peer)]) return nullptr;
+    return peers_[std::size_t(peer)]->failure();
+  }
+
   std::string listening() const { return mesh_ ? mesh_->listening() : std::string(); }
 
   tcp_stats stats() const {

@@ -68,6 +68,12 @@ class peer {
 
   void add_stats(tcp_stats& s) const noexcept { counters_.add_to(s); }
 
+  //! The error that failed this peer (its connections closed, reset or broke the protocol), or null.
+  std::exception_ptr failure() {
+    std::lock_guard lock(rx_mutex_);
+    return failure_;
+  }
+
   //! Starts reading every connection.
   void start() {
     asio::post(strand_, [this] {
