@@ -17,13 +17,12 @@
 #include <string_view>
 #include <vector>
 
-#include "shardkit/comm/p2p_communicator.hpp"
 #include "shardkit/comm/process_group.hpp"
+#include "shardkit/core/separate_compilation.hpp"
 #include "shardkit/core/settings.hpp"
 #include "shardkit/rendezvous/env.hpp"
 #include "shardkit/rendezvous/hosts.hpp"
 #include "shardkit/rendezvous/store.hpp"
-#include "shardkit/transport/shm.hpp"
 
 namespace shardkit::comm {
 
@@ -68,55 +67,21 @@ inline bool register_transport(std::string name, group_factory make) {
   return true;
 }
 
-inline const bool shm_transport_registered = register_transport("shm", [](const transport_setup& s, const group_options& opts) {
-  if (!s.hosts.single_host())
-    throw_error(errc::config, "SHARDKIT_TRANSPORT=shm needs every rank on one host, but the " + std::to_string(s.info.world_size) +
-                                  " ranks are on " + std::to_string(s.hosts.host_count()) + " hosts (use tcp or auto)",
-                {.rank = s.info.rank, .operation = "init_process_group"});
-  auto t = transport::shm_transport::connect(s.scoped_store, s.info.rank, s.info.world_size);
-  return process_group::create(p2p_communicator<transport::shm_transport>(t), opts);
-});
-
 inline std::string transport_from_env(std::string_view fallback = "auto") {
   return settings::get<settings::choice>("SHARDKIT_TRANSPORT").value_or(std::string(fallback));
 }
 
-//! Connects the store, the transport and the world group. Collective: every rank of the job calls it.
-inline world init_process_group(std::string transport = transport_from_env(), group_options opts = group_options::from_env(),
-                                std::chrono::milliseconds timeout = rendezvous::default_store_timeout) {
-  world w;
-  w.info = rendezvous::info_from_env();
-  log::set_process_rank(w.info.rank);
-  w.store = rendezvous::connect_store(w.info, timeout);
-  w.hosts = rendezvous::discover_hosts(w.store, w.info.rank, w.info.world_size, timeout, "shardkit/hosts/");
-  const int my_host = w.hosts.host_of[std::size_t(w.info.rank)];
-  const auto local_ranks = w.hosts.ranks_on(my_host);
-  if (int(local_ranks.size()) != w.info.local_world_size)
-    log::warn("LOCAL_WORLD_SIZE=", w.info.local_world_size, " but ", local_ranks.size(),
-              " ranks share this host (by boot id and namespaces; SHARDKIT_HOST_ID overrides): going by the latter");
-  if (transport == "auto")
-    transport = w.hosts.single_host() ? "shm" : w.hosts.one_rank_per_host() ? "tcp" : "shm+tcp";
-  w.transport = transport;
-  rendezvous::any_store scoped(std::make_shared<rendezvous::prefix_store>(w.store, "shardkit/" + transport));
-  group_factory make;
-  std::string known;
-  {
-    auto& r = detail::transports();
-    std::lock_guard lock(r.mutex);
-    if (auto it = r.factories.find(transport); it != r.factories.end()) make = it->second;
-    for (const auto& [name, f] : r.factories) known += (known.empty() ? "" : ", ") + name;
-  }
-  if (!make)
-    throw_error(errc::config, "SHARDKIT_TRANSPORT='" + transport + "' is not available in this program (known: auto, " + known +
-                                  "; tcp and shm+tcp need the shardkit::tcp target and its header)",
-                {.rank = w.info.rank, .operation = "init_process_group"});
-  w.group = make(transport_setup{w.info, scoped, w.hosts, my_host, local_ranks}, opts);
-  return w;
-}
+//! Connects the store, the transport and the world group. Collective: every rank of the job calls it. Defined in
+//! comm/init_impl.hpp (inline, or once in the program's <shardkit/impl/src.hpp> under SHARDKIT_SEPARATE_COMPILATION).
+SHARDKIT_DECL world init_process_group(std::string transport = transport_from_env(), group_options opts = group_options::from_env(),
+                                       std::chrono::milliseconds timeout = rendezvous::default_store_timeout);
 
 }  // namespace shardkit::comm
 
+#if !defined(SHARDKIT_SEPARATE_COMPILATION)
+#include "shardkit/comm/init_impl.hpp"
 #if defined(SHARDKIT_HAS_TCP)
 // Only adds registrations (inline variables), never changes a function above.
 #include "shardkit/comm/init_tcp.hpp"
+#endif
 #endif

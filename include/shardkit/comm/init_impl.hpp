@@ -1,0 +1,54 @@
+#pragma once
+//! The bodies behind comm/init.hpp: init_process_group and the shm transport's registration. init.hpp includes this
+//! file in header-only use; under SHARDKIT_SEPARATE_COMPILATION only <shardkit/impl/src.hpp> does, in one
+//! translation unit of the program (core/separate_compilation.hpp), so the transports compile once.
+#include <memory>
+#include <string>
+
+#include "shardkit/comm/init.hpp"
+#include "shardkit/comm/p2p_communicator.hpp"
+#include "shardkit/transport/shm.hpp"
+
+namespace shardkit::comm {
+
+inline const bool shm_transport_registered = register_transport("shm", [](const transport_setup& s, const group_options& opts) {
+  if (!s.hosts.single_host())
+    throw_error(errc::config, "SHARDKIT_TRANSPORT=shm needs every rank on one host, but the " + std::to_string(s.info.world_size) +
+                                  " ranks are on " + std::to_string(s.hosts.host_count()) + " hosts (use tcp or auto)",
+                {.rank = s.info.rank, .operation = "init_process_group"});
+  auto t = transport::shm_transport::connect(s.scoped_store, s.info.rank, s.info.world_size);
+  return process_group::create(p2p_communicator<transport::shm_transport>(t), opts);
+});
+
+SHARDKIT_DECL world init_process_group(std::string transport, group_options opts, std::chrono::milliseconds timeout) {
+  world w;
+  w.info = rendezvous::info_from_env();
+  log::set_process_rank(w.info.rank);
+  w.store = rendezvous::connect_store(w.info, timeout);
+  w.hosts = rendezvous::discover_hosts(w.store, w.info.rank, w.info.world_size, timeout, "shardkit/hosts/");
+  const int my_host = w.hosts.host_of[std::size_t(w.info.rank)];
+  const auto local_ranks = w.hosts.ranks_on(my_host);
+  if (int(local_ranks.size()) != w.info.local_world_size)
+    log::warn("LOCAL_WORLD_SIZE=", w.info.local_world_size, " but ", local_ranks.size(),
+              " ranks share this host (by boot id and namespaces; SHARDKIT_HOST_ID overrides): going by the latter");
+  if (transport == "auto")
+    transport = w.hosts.single_host() ? "shm" : w.hosts.one_rank_per_host() ? "tcp" : "shm+tcp";
+  w.transport = transport;
+  rendezvous::any_store scoped(std::make_shared<rendezvous::prefix_store>(w.store, "shardkit/" + transport));
+  group_factory make;
+  std::string known;
+  {
+    auto& r = detail::transports();
+    std::lock_guard lock(r.mutex);
+    if (auto it = r.factories.find(transport); it != r.factories.end()) make = it->second;
+    for (const auto& [name, f] : r.factories) known += (known.empty() ? "" : ", ") + name;
+  }
+  if (!make)
+    throw_error(errc::config, "SHARDKIT_TRANSPORT='" + transport + "' is not available in this program (known: auto, " + known +
+                                  "; tcp and shm+tcp need the shardkit::tcp target and its header)",
+                {.rank = w.info.rank, .operation = "init_process_group"});
+  w.group = make(transport_setup{w.info, scoped, w.hosts, my_host, local_ranks}, opts);
+  return w;
+}
+
+}  // namespace shardkit::comm

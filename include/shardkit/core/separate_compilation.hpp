@@ -1,0 +1,16 @@
+#pragma once
+//! Opt-in separate compilation, as Asio offers it (ASIO_SEPARATE_COMPILATION): shardkit stays header-only, but a
+//! program may define SHARDKIT_SEPARATE_COMPILATION for **all** of its translation units and compile the heavy
+//! bodies once, in one source file that includes <shardkit/impl/src.hpp>. What moves there today is what a trainer
+//! includes and pays for most: init_process_group with the transports it can choose (shm, tcp, shm+tcp) and the
+//! store server rank 0 hosts. A 12-line program that calls init_process_group compiled in 13.6 s (g++ -O0, with the
+//! tcp target) and 1.9 s this way (docs/benchmarks.md, "compile time").
+//!
+//! SHARDKIT_DECL marks a function that is inline in header-only use and an ordinary declaration otherwise.
+//! Defining the macro in some translation units and not in others breaks the one-definition rule: set it on the
+//! target (`target_compile_definitions(trainer PRIVATE SHARDKIT_SEPARATE_COMPILATION)`).
+#if defined(SHARDKIT_SEPARATE_COMPILATION)
+#define SHARDKIT_DECL
+#else
+#define SHARDKIT_DECL inline
+#endif

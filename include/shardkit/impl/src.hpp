@@ -1,0 +1,17 @@
+#pragma once
+//! Under SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp), one source file of the program includes
+//! this header and nothing else of shardkit's: it compiles, once, the bodies the other translation units only
+//! declare. With the tcp target linked (SHARDKIT_HAS_TCP) the tcp and shm+tcp transports come with them.
+//!
+//! @code
+//!   // shardkit_src.cpp
+//!   #include <shardkit/impl/src.hpp>
+//! @endcode
+#if !defined(SHARDKIT_SEPARATE_COMPILATION)
+#error "<shardkit/impl/src.hpp> is for SHARDKIT_SEPARATE_COMPILATION builds: define it for every translation unit of the program"
+#endif
+
+#include "shardkit/comm/init_impl.hpp"
+#if defined(SHARDKIT_HAS_TCP)
+#include "shardkit/comm/init_tcp.hpp"
+#endif
