@@ -30,6 +30,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "shardkit/core/error.hpp"
@@ -258,6 +259,10 @@ class shm_mapping {
       ::close(fd);
       fail("fstat", name, e);
     }
+    if (st.st_size <= 0) {  // mmap would refuse it with a bare EINVAL; say what is wrong instead
+      ::close(fd);
+      throw_error(errc::protocol, "the shared-memory object is empty", {.operation = "shm.connect", .object = name});
+    }
     shm_mapping m;
     m.name_ = std::move(name);
     m.map(fd, static_cast<std::size_t>(st.st_size));
@@ -350,11 +355,19 @@ inline shm_mapping open_segment(const std::string& name, const std::string& sess
   if (h.magic != segment_magic) bad("not a shardkit shm segment");
   if (h.version != segment_version)
     bad("segment version " + std::to_string(h.version) + ", expected " + std::to_string(segment_version));
-  if (h.rank != rank || h.size != size || session != h.session) bad("segment belongs to another rank or session");
-  if (h.total_bytes != m.size() || h.total_bytes != segment_layout(h.ring_bytes, h.ring_count).total_bytes ||
-      h.ring_count != static_cast<std::uint32_t>(size - 1) || h.ring_bytes == 0 ||
-      (h.ring_bytes & (h.ring_bytes - 1)) != 0)
-    bad("segment layout is inconsistent");
+  // The session field need not be terminated in a hostile segment: never read past it.
+  const std::string_view their_session(h.session, ::strnlen(h.session, sizeof h.session));
+  if (h.rank != rank || h.size != size || their_session != session) bad("segment belongs to another rank or session");
+  // Everything that sizes or places a ring is checked against the mapping before any of it is multiplied (a
+  // hostile ring_bytes of 2^63 made the layout's total wrap around to the object's size) or used as an offset.
+  const auto count = static_cast<std::uint32_t>(size - 1);
+  if (h.ring_count != count || h.ring_bytes == 0 || (h.ring_bytes & (h.ring_bytes - 1)) != 0 ||
+      (count > 0 && h.ring_bytes > m.size() / count))
+    bad("segment layout is inconsistent (ring count or size)");
+  const segment_layout layout(h.ring_bytes, count);
+  if (h.total_bytes != m.size() || layout.total_bytes != m.size() || h.controls_offset != layout.controls_offset ||
+      h.data_offset != layout.data_offset)
+    bad("segment layout is inconsistent (offsets or total size)");
   return m;
 }
 
