@@ -27,7 +27,8 @@
 //! Optional, detected: `static constexpr bool ranks_share_host = true;` (concept ranks_share_host: the ranks may
 //! read each other's memory, so large all-reduces use cross-memory attach) and `t.abort(std::exception_ptr)`
 //! (concept abortable: fail every outstanding operation with that reason; p2p_communicator calls it when a
-//! transfer that timed out cannot be withdrawn, so that no buffer is touched after its work failed).
+//! transfer that timed out cannot be withdrawn, so that no buffer is touched after its work failed), and
+//! `t.lost(peer)` (concept reports_lost_peers, below).
 //!
 //! @code
 //! struct my_transport {
