@@ -23,7 +23,7 @@
 //! not committed.
 //! @code
 //!   shardkit::ckpt::checkpointer ck(world, shardkit::storage::make_sink<shardkit::storage::posix_sink>("ckpt"),
-//!                                   {.keep_last = 2, .staging = shardkit::ckpt::staging::zero_overhead});
+//!                                   {.keep_last = 2, .mode = shardkit::ckpt::staging::zero_overhead});
 //!   if (auto r = ck.load_latest(state)) step = r->step;
 //!   for (; step < steps; ++step) {
 //!     forward_backward();
