@@ -282,6 +282,7 @@ class deferred_completions {
     ready_.push_back({std::move(done), std::move(failure), bytes});
   }
   bool empty() const noexcept { return ready_.empty(); }
+  std::size_t size() const noexcept { return ready_.size(); }
   //! What is queued, to fire() once the producer's lock is released (the caller holds it now).
   deferred_completions take() {
     deferred_completions taken;

@@ -157,8 +157,11 @@ class engine : public std::enable_shared_from_this<engine> {
       it->second.erase(pos);
       if (it->second.empty()) in.posted.erase(it);
     }
-    settle_one({taken->done, std::make_exception_ptr(error(errc::aborted, "receive cancelled before any byte arrived",
-                                                           {.rank = rank(), .peer = peer, .operation = "shm.recv"}))});
+    deferred_completions cancelled;
+    cancelled.push(taken->done, std::make_exception_ptr(error(errc::aborted, "receive cancelled before any byte arrived",
+                                                              {.rank = rank(), .peer = peer, .operation = "shm.recv"})),
+                   0);
+    settle(cancelled);
     return true;
   }
 
@@ -266,16 +269,11 @@ class engine : public std::enable_shared_from_this<engine> {
     return abort_reason_;
   }
 
-  void settle_one(settlement s) {
-    if (s.failure)
-      s.done.set_error(s.failure);
-    else
-      s.done.set_done(s.bytes);
-    pending_.fetch_sub(1, std::memory_order_relaxed);
-  }
-  void settle(std::vector<settlement>& all) {
-    for (auto& s : all) settle_one(std::move(s));
-    all.clear();
+  //! Fires what the progress thread decided (no lock held: continuations may call back into the transport).
+  void settle(deferred_completions& all) {
+    const std::size_t n = all.size();
+    all.fire();
+    pending_.fetch_sub(n, std::memory_order_relaxed);
   }
 
   void ring_everyone() {
@@ -300,7 +298,7 @@ class engine : public std::enable_shared_from_this<engine> {
   bool pump_outbound(int p) {
     auto& out = out_at(p);
     bool progressed = false;
-    std::vector<settlement> finished;
+    deferred_completions finished;
     for (;;) {
       send_request* rq;
       {
@@ -341,7 +339,7 @@ class engine : public std::enable_shared_from_this<engine> {
         break;
       }
       std::lock_guard lock(out.mutex);
-      finished.push_back({std::move(rq->done), nullptr, rq->size});
+      finished.push(std::move(rq->done), nullptr, rq->size);
       out.queue.pop_front();
     }
     settle(finished);
@@ -353,7 +351,7 @@ class engine : public std::enable_shared_from_this<engine> {
     if (gone_[std::size_t(p)]) return false;
     auto& in = in_at(p);
     bool progressed = false;
-    std::vector<settlement> finished;
+    deferred_completions finished;
     // A producer as fast as us could keep this loop busy forever; one ring's worth, then the other peers.
     std::uint64_t budget = in.ring.capacity();
     while (budget > 0) {
@@ -439,7 +437,7 @@ class engine : public std::enable_shared_from_this<engine> {
       std::lock_guard lock(lost_mutex_);
       lost_[std::size_t(p)] = fail("shm");
     }
-    std::vector<settlement> failed;
+    deferred_completions failed;
     fail_links(in_at(p), out_at(p), fail("shm.recv"), fail("shm.send"), failed);
     settle(failed);
   }
@@ -450,7 +448,7 @@ class engine : public std::enable_shared_from_this<engine> {
 
   void handle_abort() {
     const auto reason = abort_reason();
-    std::vector<settlement> failed;
+    deferred_completions failed;
     for (int p = 0; p < size(); ++p)
       if (p != rank()) fail_links(in_at(p), out_at(p), reason, reason, failed);
     settle(failed);
@@ -466,7 +464,7 @@ class engine : public std::enable_shared_from_this<engine> {
     if (!reason)
       reason = std::make_exception_ptr(
           error(errc::closed, "shm transport closed with the operation pending", {.rank = rank()}));
-    std::vector<settlement> failed;
+    deferred_completions failed;
     for (int p = 0; p < size(); ++p)
       if (p != rank()) fail_links(in_at(p), out_at(p), reason, reason, failed);
     settle(failed);

@@ -3,8 +3,8 @@
 //! buffered messages on it) and the operations on one inbound link's frames, which need no engine-wide state.
 //!
 //! Locking: fields marked "guarded" are under that link's mutex; the frame in progress belongs to the progress
-//! thread alone. The functions here never settle a completion: they append it to a list that the caller
-//! settles once it holds no lock (a continuation may call back into the transport).
+//! thread alone. The functions here never settle a completion: they push it onto a deferred_completions that the
+//! caller fires once it holds no lock (a continuation may call back into the transport).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -49,13 +49,6 @@ struct unexpected_message {
   std::unique_ptr<std::byte[]> bytes;
   bool complete = false;               //!< every byte landed
   std::optional<recv_request> waiter;  //!< a recv that took it while it was still landing
-};
-
-//! A completion to finish once no lock is held.
-struct settlement {
-  completion_source done;
-  std::exception_ptr failure;
-  std::size_t bytes = 0;
 };
 
 //! This rank -> peer. The ring lives in the peer's segment.
@@ -108,7 +101,7 @@ inline void reset_frame(inbound_link& in) {
 
 //! A frame header arrived from `peer`: match it to the oldest recv posted for its tag, or start buffering it.
 inline void start_frame(inbound_link& in, const frame_header& h, int rank, int peer,
-                        std::vector<settlement>& finished) {
+                        deferred_completions& finished) {
   in.in_frame = true;
   in.frame = h;
   in.consumed = 0;
@@ -119,7 +112,7 @@ inline void start_frame(inbound_link& in, const frame_header& h, int rank, int p
     it->second.pop_front();
     if (it->second.empty()) in.posted.erase(it);
     if (h.size > rq.capacity) {
-      finished.push_back({std::move(rq.done), truncated_error(rank, peer, h.size, rq.capacity)});  // payload dropped
+      finished.push(std::move(rq.done), truncated_error(rank, peer, h.size, rq.capacity), 0);  // payload dropped
     } else {
       in.target = rq.data;
       in.matched = std::move(rq);
@@ -149,9 +142,9 @@ inline void redirect_if_claimed(inbound_link& in) {
 }
 
 //! Every byte of the frame landed: complete its recv, or leave the buffered message for a later one.
-inline void finish_frame(inbound_link& in, std::vector<settlement>& finished) {
+inline void finish_frame(inbound_link& in, deferred_completions& finished) {
   if (in.matched) {
-    finished.push_back({std::move(in.matched->done), nullptr, in.frame.size});
+    finished.push(std::move(in.matched->done), nullptr, in.frame.size);
   } else if (in.buffered) {
     std::optional<recv_request> waiter;
     {
@@ -165,7 +158,7 @@ inline void finish_frame(inbound_link& in, std::vector<settlement>& finished) {
     }
     if (waiter) {
       if (in.frame.size) std::memcpy(waiter->data, in.buffered->bytes.get(), in.frame.size);
-      finished.push_back({std::move(waiter->done), nullptr, in.frame.size});
+      finished.push(std::move(waiter->done), nullptr, in.frame.size);
     }
   }
   reset_frame(in);
@@ -174,17 +167,17 @@ inline void finish_frame(inbound_link& in, std::vector<settlement>& finished) {
 //! Fails everything pending on both links with a peer, and every later operation on them (progress thread only:
 //! it also drops the frame in progress).
 inline void fail_links(inbound_link& in, outbound_link& out, const std::exception_ptr& recv_error,
-                       const std::exception_ptr& send_error, std::vector<settlement>& failed) {
+                       const std::exception_ptr& send_error, deferred_completions& failed) {
   {
     std::lock_guard lock(in.mutex);
     if (!in.lost) in.lost = recv_error;
     for (auto& [tag, q] : in.posted)
-      for (auto& r : q) failed.push_back({std::move(r.done), recv_error});
+      for (auto& r : q) failed.push(std::move(r.done), recv_error, 0);
     in.posted.clear();
     if (in.in_frame) {
-      if (in.matched) failed.push_back({std::move(in.matched->done), recv_error});
+      if (in.matched) failed.push(std::move(in.matched->done), recv_error, 0);
       if (in.buffered) {
-        if (in.buffered->waiter) failed.push_back({std::move(in.buffered->waiter->done), recv_error});
+        if (in.buffered->waiter) failed.push(std::move(in.buffered->waiter->done), recv_error, 0);
         // It will never be complete: no recv may take it.
         if (auto it = in.unexpected.find(in.frame.tag); it != in.unexpected.end()) {
           std::erase(it->second, in.buffered);
@@ -196,7 +189,7 @@ inline void fail_links(inbound_link& in, outbound_link& out, const std::exceptio
   }
   std::lock_guard lock(out.mutex);
   if (!out.lost) out.lost = send_error;
-  for (auto& r : out.queue) failed.push_back({std::move(r.done), send_error});
+  for (auto& r : out.queue) failed.push(std::move(r.done), send_error, 0);
   out.queue.clear();
 }
 

@@ -175,7 +175,7 @@ class sender {
 
   void written(link& l, const boost::system::error_code& ec) {
     if (ec) on_error_(l, ec);  // the peer fails, and close() lists this batch's sends too
-    std::vector<std::shared_ptr<send_op>> finished;
+    deferred_completions finished;
     {
       std::lock_guard lock(mutex_);
       l.writing = false;
@@ -184,13 +184,13 @@ class sender {
         if (--op->frames_in_flight == 0 && op->fully_cut && !failure_) {
           counters::bump(counters_.messages_sent);
           counters::bump(counters_.bytes_sent, op->bytes.size());
-          finished.push_back(std::move(op));
+          finished.push(op->done, nullptr, op->bytes.size());
         }
       }
       l.tx_frames = 0;
       if (!failure_ && !l.eof) pump(l);
     }
-    for (auto& op : finished) op->done.set_done(op->bytes.size());  // continuations may send: no lock held
+    finished.fire();  // continuations may send: no lock held
   }
 
   strand_type& strand_;
