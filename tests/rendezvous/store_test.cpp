@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "shardkit/rendezvous/gather.hpp"
 #include "shardkit/rendezvous/memory_store.hpp"
 #include "shardkit/rendezvous/tcp_store.hpp"
 #include "support/harness.hpp"
@@ -381,4 +382,47 @@ TEST_CASE("[rendezvous] tcp_store::create waits for world_size ranks and cleans 
   const auto e = expect_error([] { rdv::tcp_store::create("127.0.0.1", 0, true, 2, 200ms); });
   CHECK(e.code() == errc::timeout);
   CHECK(contains(e.what(), "only 1 of 2"));
+}
+
+TEST_CASE("[rendezvous] all_gather_values: every rank gets every value in order, in 3 requests (rank 0: N + 3)") {
+  rdv::tcp_store_server server({.bind_address = "127.0.0.1"});
+  constexpr int n = 6;
+  for (int call = 0; call < 2; ++call) {  // the same prefix twice: the second call is a new generation
+    CAPTURE(call);
+    std::vector<std::vector<std::string>> got(n);
+    shardkit::test::run_threads(n, [&](int r) {
+      rdv::tcp_store store("127.0.0.1", server.port(), quick());
+      // Binary values of different lengths, with the separator inside: the packing must not care.
+      got[std::size_t(r)] = rdv::all_gather_values(store, "g/", r, n, std::string(std::size_t(r), ':') + char(r) + "x" + std::to_string(call), 10s);
+    });
+    for (int r = 0; r < n; ++r) {
+      REQUIRE(got[std::size_t(r)].size() == std::size_t(n));
+      for (int q = 0; q < n; ++q)
+        CHECK(got[std::size_t(r)][std::size_t(q)] == std::string(std::size_t(q), ':') + char(q) + "x" + std::to_string(call));
+    }
+  }
+}
+
+TEST_CASE("[rendezvous] all_gather_values: a rank that never publishes is named by rank 0's timeout") {
+  rdv::memory_store store;
+  std::string rank0, rank1;
+  shardkit::test::run_threads(2, [&](int r) {
+    try {
+      rdv::all_gather_values(store, "g/", r, 3, "v", 300ms);
+    } catch (const shardkit::error& e) {
+      CHECK(e.code() == shardkit::make_error_code(shardkit::errc::timeout));
+      (r == 0 ? rank0 : rank1) = e.what();
+    }
+  });
+  CHECK(rank0.find("g/3.0/2") != std::string::npos);  // rank 2's key, in generation 0 of size 3
+  CHECK(rank1.find("rank 0 did not gather") != std::string::npos);
+}
+
+TEST_CASE("[rendezvous] all_gather_values: a malformed gathered blob is errc::protocol, not a crash") {
+  const shardkit::error_context ctx{};
+  for (const std::string blob : {"5:abc", "x:abc", "3abc", "2:ab2:cd", ":", "99999999999:a"}) {
+    CAPTURE(blob);
+    CHECK_THROWS_AS(rdv::detail::unpack_values(blob, 3, ctx), shardkit::error);
+  }
+  CHECK(rdv::detail::unpack_values("1:a0:2:bc", 3, ctx) == std::vector<std::string>{"a", "", "bc"});
 }

@@ -18,6 +18,7 @@
 
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/settings.hpp"
+#include "shardkit/rendezvous/gather.hpp"
 #include "shardkit/rendezvous/store.hpp"
 
 namespace shardkit::rendezvous {
@@ -81,10 +82,8 @@ inline host_map discover_hosts(any_store& store, int rank, int size, std::chrono
   if (rank < 0 || rank >= size)
     throw_error(errc::invalid_argument, "rank " + std::to_string(rank) + " outside [0, " + std::to_string(size) + ")",
                 {.rank = rank, .operation = "discover_hosts"});
-  store.set(prefix + std::to_string(rank), host_identity());
-  std::vector<std::string> ids;
-  for (int r = 0; r < size; ++r) ids.push_back(store.get(prefix + std::to_string(r), timeout));
-  return host_map::from_identities(ids);
+  // Gathered (three requests per rank, N + 3 on rank 0), not every rank reading every key: N^2 requests in all.
+  return host_map::from_identities(all_gather_values(store, prefix, rank, size, host_identity(), timeout));
 }
 
 }  // namespace shardkit::rendezvous

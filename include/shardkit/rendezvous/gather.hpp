@@ -1,0 +1,88 @@
+#pragma once
+//! all_gather through the store: every rank publishes one value and receives every rank's, in O(1) requests per
+//! rank (3; rank 0 makes N + 3).
+//!
+//! Reading every rank's key from every rank costs N requests per rank, N^2 in all, through one server thread:
+//! at 4096 ranks that is 16.8 M round trips (minutes; docs/benchmarks.md, "Rendezvous at scale"). Instead rank 0
+//! waits for all keys in one request, reads them, and publishes one blob that the others read with one get.
+//! Every rank still receives N values: O(N) bytes per rank is inherent to an all-gather.
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardkit/core/error.hpp"
+#include "shardkit/rendezvous/store.hpp"
+
+namespace shardkit::rendezvous {
+
+namespace detail {
+// "<decimal length>:<bytes>" per value, concatenated: values are binary-safe.
+inline std::string pack_values(const std::vector<std::string>& values) {
+  std::string blob;
+  for (const auto& v : values) blob += std::to_string(v.size()) + ":" + v;
+  return blob;
+}
+
+inline std::vector<std::string> unpack_values(const std::string& blob, int count, const error_context& ctx) {
+  std::vector<std::string> values;
+  values.reserve(std::size_t(count));
+  std::size_t at = 0;
+  while (at < blob.size()) {
+    const auto colon = blob.find(':', at);
+    std::size_t len = 0;
+    bool ok = colon != std::string::npos && colon > at && colon - at <= 10;
+    for (std::size_t i = at; ok && i < colon; ++i) {
+      ok = blob[i] >= '0' && blob[i] <= '9';
+      len = len * 10 + std::size_t(blob[i] - '0');
+    }
+    if (!ok || len > blob.size() - colon - 1)
+      throw error(errc::protocol, "malformed gathered value at byte " + std::to_string(at), ctx);
+    values.push_back(blob.substr(colon + 1, len));
+    at = colon + 1 + len;
+  }
+  if (int(values.size()) != count)
+    throw error(errc::protocol, "gathered " + std::to_string(values.size()) + " values for " + std::to_string(count) + " ranks", ctx);
+  return values;
+}
+}  // namespace detail
+
+//! Collective over ranks [0, size) of one store: publishes `value` under `prefix` and returns every rank's value,
+//! indexed by rank. errc::timeout after `timeout`: on rank 0 naming the ranks that never published, on the
+//! others saying that rank 0 did not gather (its own error names the missing ranks). The same prefix may be used
+//! again on the same store: each call's ranks join a new generation, as the TCP transport's setup does.
+template <store S>
+std::vector<std::string> all_gather_values(S& store, const std::string& base, int rank, int size, const std::string& value,
+                                           std::chrono::milliseconds timeout) {
+  const error_context ctx{.rank = rank, .operation = "store.all_gather", .object = base};
+  if (rank < 0 || rank >= size)
+    throw error(errc::invalid_argument, "rank " + std::to_string(rank) + " outside [0, " + std::to_string(size) + ")", ctx);
+  // Every rank of generation g joins before any rank can finish g, hence before anyone joins g + 1.
+  const std::int64_t joined = store.add(base + "joined/" + std::to_string(size), 1);
+  const std::string prefix = base + std::to_string(size) + "." + std::to_string((joined - 1) / size) + "/";
+  store.set(prefix + std::to_string(rank), value);
+  if (rank == 0) {
+    std::vector<std::string> keys;
+    keys.reserve(std::size_t(size));
+    for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
+    store.wait(keys, timeout);  // its timeout lists the keys, hence the ranks, that are missing
+    std::vector<std::string> values;
+    values.reserve(std::size_t(size));
+    for (const auto& k : keys) values.push_back(store.get(k, timeout));
+    store.set(prefix + "all", detail::pack_values(values));
+    return values;
+  }
+  std::string blob;
+  try {
+    blob = store.get(prefix + "all", timeout);
+  } catch (const error& e) {
+    if (e.code() != errc::timeout) throw;
+    throw error(errc::timeout,
+                "rank 0 did not gather every rank's value within " + std::to_string(timeout.count()) +
+                    " ms (some rank never published; rank 0's error names it)",
+                ctx);
+  }
+  return detail::unpack_values(blob, size, ctx);
+}
+
+}  // namespace shardkit::rendezvous
