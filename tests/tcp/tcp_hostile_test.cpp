@@ -14,6 +14,7 @@
 
 #include "shardkit/transport/tcp/core.hpp"
 #include "shardkit/transport/tcp/wire.hpp"
+#include "shardkit/rendezvous/gather.hpp"
 #include "tcp_test_support.hpp"
 
 using namespace tcp_test;
@@ -25,9 +26,15 @@ using asio::ip::tcp;
 
 namespace {
 
+//! The key under which rank `rank` of `world` publishes its addresses for generation 0 of group "world" (the
+//! transport's generation, then all_gather_values' own: "<size>.<generation>/<rank>").
+std::string address_key(int rank, int world) {
+  return wire::store_prefix("world", world) + "0/addr/" + std::to_string(world) + ".0/" + std::to_string(rank);
+}
+
 //! The first address rank `rank` of `world` published for generation 0 of group "world".
 tcp::endpoint published(sk::rendezvous::any_store& store, int rank, int world) {
-  const auto text = store.get(wire::store_prefix("world", world) + "0/addr/" + std::to_string(rank), 10s);
+  const auto text = store.get(address_key(rank, world), 10s);
   const auto first = text.substr(0, text.find(','));
   const auto colon = first.rfind(':');
   return {asio::ip::make_address_v4(first.substr(0, colon)), std::uint16_t(std::stoi(first.substr(colon + 1)))};
@@ -153,7 +160,7 @@ TEST_CASE("[tcp] strangers on a listener during setup are dropped and setup comp
     // starts late. So rank 1 is mid-setup throughout, with real connections arriving after the strangers.
     if (rank == 2) strangers_done.wait();
     sk::rendezvous::any_store mine(std::make_shared<gated_store>(store, [&, rank](const std::string& key) {
-      if (rank == 0 && key.ends_with("/addr/1")) strangers_done.wait();
+      if (rank == 0 && key == address_key(1, 3)) strangers_done.wait();
     }));
     auto t = tcp_transport::connect(mine, rank, 3, opts);
     for (int p = 0; p < 3; ++p) {
@@ -245,8 +252,9 @@ class fake_rank {
     acceptor_.open(tcp::v4());
     acceptor_.bind({asio::ip::make_address_v4("127.0.0.1"), 0});
     acceptor_.listen();
-    store.set(base_ + "addr/" + std::to_string(rank),
-              "127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port()));
+    // Publishes as the transport does (through all_gather_values); returns once every rank has published.
+    sk::rendezvous::all_gather_values(store, base_ + "addr/", rank, world,
+                                      "127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port()), 10s);
   }
 
   //! Accepts the 2 streams of every lower rank.

@@ -110,11 +110,16 @@ std::uint64_t read_verified(S& sink, const load_plan::source& src, std::uint64_t
                     std::to_string(to) + ") (xxh64 " + checksum_to_hex(got) + ", the index says " + checksum_to_hex(want) + ")",
                 {.operation = "ckpt.load", .object = key});
   };
+  // Bytes the caller wants whole are read straight into `out` and verified there: a copy through scratch would
+  // cost as much CPU as the hash (on a loaded host the load is CPU-bound). Only the ends of a range that starts or
+  // stops inside a checksum chunk go through scratch.
   if (t.chunk_xxh64.empty()) {
-    scratch.resize(static_cast<std::size_t>(n));
-    get(0, scratch);
-    if (auto got = xxh64(scratch); got != t.xxh64) mismatch(0, n, got, t.xxh64);
-    std::memcpy(out.data(), scratch.data() + first, static_cast<std::size_t>(last - first));
+    const bool direct = first == 0 && last == n;
+    if (!direct) scratch.resize(static_cast<std::size_t>(n));
+    const std::span<std::byte> buffer = direct ? out.first(static_cast<std::size_t>(n)) : std::span<std::byte>(scratch);
+    get(0, buffer);
+    if (auto got = xxh64(buffer); got != t.xxh64) mismatch(0, n, got, t.xxh64);
+    if (!direct) std::memcpy(out.data(), scratch.data() + first, static_cast<std::size_t>(last - first));
     return n;
   }
   // Chunk by chunk, in reads of up to 16 chunks: bounded scratch, large enough requests.
@@ -122,15 +127,19 @@ std::uint64_t read_verified(S& sink, const load_plan::source& src, std::uint64_t
   std::uint64_t read = 0;
   for (std::uint64_t c = first / C; c * C < last; c += batch) {
     const std::uint64_t from = c * C, to = std::min({(c + batch) * C, n, (last + C - 1) / C * C});
-    scratch.resize(static_cast<std::size_t>(to - from));
-    get(from, scratch);
+    const bool direct = from >= first && to <= last;
+    if (!direct) scratch.resize(static_cast<std::size_t>(to - from));
+    const std::span<std::byte> buffer = direct ? out.subspan(static_cast<std::size_t>(from - first), static_cast<std::size_t>(to - from))
+                                               : std::span<std::byte>(scratch);
+    get(from, buffer);
     read += to - from;
     for (std::uint64_t at = from; at < to; at += C) {
       const std::uint64_t end = std::min(at + C, n);
-      const auto got = xxh64(std::span<const std::byte>(scratch).subspan(static_cast<std::size_t>(at - from),
-                                                                         static_cast<std::size_t>(end - at)));
+      const auto got = xxh64(std::span<const std::byte>(buffer).subspan(static_cast<std::size_t>(at - from),
+                                                                        static_cast<std::size_t>(end - at)));
       if (got != t.chunk_xxh64[static_cast<std::size_t>(at / C)]) mismatch(at, end, got, t.chunk_xxh64[static_cast<std::size_t>(at / C)]);
     }
+    if (direct) continue;
     const std::uint64_t b = std::max(first, from), e = std::min(last, to);
     std::memcpy(out.data() + (b - first), scratch.data() + (b - from), static_cast<std::size_t>(e - b));
   }
@@ -145,9 +154,6 @@ inline std::string describe_u64_shape(const std::vector<std::uint64_t>& s) {
 
 }  // namespace detail
 
-//! Loads every tensor of `into` (saved and loaded-only) from the checkpoint `index` describes, and this rank's
-//! per-rank entries when the world size is unchanged. `into`'s memory is written only with verified bytes; on an
-//! error some tensors may be loaded and others not (load again, or from another checkpoint).
 //! How a load reads.
 struct load_options {
   //! Reads in flight at once on this rank (each a range of one saved piece, read, verified and copied by its own
@@ -155,6 +161,11 @@ struct load_options {
   std::size_t threads = 4;
 };
 
+//! Loads every tensor of `into` (saved and loaded-only) from the checkpoint `index` describes, and this rank's
+//! per-rank entries when the world size is unchanged. Every byte is verified against the index's checksums before
+//! load_state returns; bytes a rank takes whole are read into `into` and verified there, so after an error (a
+//! checksum mismatch, a short file) some tensors may hold loaded bytes, others their old ones, and the failed
+//! range unverified ones: load again, from this or another checkpoint, before using the state.
 template <storage::sink S>
 load_report load_state(S& sink, const checkpoint_index& index, const state_dict& into, int rank, int world_size,
                        const std::string& checkpoint_name = "checkpoint", load_options options = {}) {

@@ -23,6 +23,7 @@
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
+#include "shardkit/rendezvous/gather.hpp"
 #include "shardkit/rendezvous/store.hpp"
 #include "shardkit/transport/tcp/interfaces.hpp"
 #include "shardkit/transport/tcp/mesh.hpp"
@@ -114,13 +115,22 @@ class core : public std::enable_shared_from_this<core> {
     std::string published;
     for (const auto& ep : endpoints)
       published += (published.empty() ? "" : ",") + ep.address().to_string() + ":" + std::to_string(ep.port());
-    store.set(base + "addr/" + std::to_string(rank_), published);
-
+    // Gathered through rank 0 (3 store requests per rank), not every rank reading the key of every higher rank:
+    // that was N^2 / 2 requests through the store's one thread (docs/benchmarks.md, "Rendezvous at scale").
+    std::vector<std::string> published_by;
+    try {
+      published_by = rendezvous::all_gather_values(store, base + "addr/", rank_, size_, published, remaining());
+    } catch (const error& e) {
+      if (e.code() != errc::timeout) throw;
+      throw error(errc::timeout,
+                  "not every rank published its address within " + std::to_string(opts_.connect_timeout.count()) +
+                      " ms (is every rank running, with the same group name and world size?): " + e.detail(),
+                  {.rank = rank_, .operation = "tcp.connect"});
+    }
     for (int p = rank_ + 1; p < size_; ++p) {
-      const std::string text = store_get(store, base + "addr/" + std::to_string(p), remaining(), p);
       std::vector<boost::asio::ip::address_v4> addresses;
       std::vector<std::uint16_t> ports;
-      parse_addresses(text, p, addresses, ports);
+      parse_addresses(published_by[std::size_t(p)], p, addresses, ports);
       mesh_->connect_to(p, std::move(addresses), std::move(ports), until);
     }
     mesh_->wait(until);
