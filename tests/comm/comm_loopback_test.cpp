@@ -5,9 +5,14 @@
 #include "shardkit/core/task.hpp"
 #include "shardkit/core/when_all.hpp"
 
+#include <filesystem>
 #include <future>
+#include <mutex>
+#include <set>
 #include <numeric>
 #include <thread>
+
+#include <unistd.h>
 #include "support/harness.hpp"
 
 using namespace shardkit;
@@ -56,6 +61,44 @@ class metadata_probe : public loopback_communicator {
  private:
   std::shared_ptr<counters> n_;
 };
+
+//! The loopback communicator with only blocking send/recv (no isend/irecv): process_group must run them itself.
+//! Records the kernel thread id each blocking call ran on (tids are not reused as quickly as std::thread ids).
+class blocking_p2p_only : private loopback_communicator {
+ public:
+  using communicator_concept = comm::communicator_tag;
+  blocking_p2p_only(loopback_communicator c, std::shared_ptr<std::set<pid_t>> tids)
+      : loopback_communicator(std::move(c)), tids_(std::move(tids)), mutex_(std::make_shared<std::mutex>()) {}
+  using loopback_communicator::all_gather, loopback_communicator::all_gatherv, loopback_communicator::all_reduce,
+      loopback_communicator::all_to_all, loopback_communicator::all_to_allv, loopback_communicator::barrier,
+      loopback_communicator::broadcast, loopback_communicator::rank, loopback_communicator::reduce,
+      loopback_communicator::reduce_scatter, loopback_communicator::size, loopback_communicator::supports;
+  void send(const_buffer_view in, int peer, std::uint32_t tag, const comm::collective_options& o) {
+    note_thread();
+    loopback_communicator::send(in, peer, tag, o);
+  }
+  void recv(buffer_view out, int peer, std::uint32_t tag, const comm::collective_options& o) {
+    note_thread();
+    loopback_communicator::recv(out, peer, tag, o);
+  }
+  std::optional<blocking_p2p_only> split(int color, int key, const comm::collective_options& o) {
+    auto child = loopback_communicator::split(color, key, o);
+    if (!child) return std::nullopt;
+    return blocking_p2p_only(std::move(*child), tids_);
+  }
+
+ private:
+  void note_thread() {
+    std::lock_guard lock(*mutex_);
+    tids_->insert(::gettid());
+  }
+  std::shared_ptr<std::set<pid_t>> tids_;
+  std::shared_ptr<std::mutex> mutex_;
+};
+
+std::size_t threads_in_process() {
+  return std::size_t(std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator{}));
+}
 
 // Checked groups over probes of `P`'s kind; what their ranks' all_reduce (of host memory) and barrier did.
 template <class P>
@@ -132,6 +175,58 @@ TEST_CASE("[comm] the shared consistency check names every rank that differs and
     CHECK(e.code() == errc::mismatch);
     CHECK(e.detail().find("rank 0 sends 3 elements to rank 1, which expects 2") != std::string::npos);
   }
+}
+
+TEST_CASE("[comm] blocking send/recv of a communicator without isend/irecv reuse a few joined threads, not one per call") {
+  static_assert(!comm::detail::has_async_p2p<blocking_p2p_only>);
+  static_assert(comm::communicator<blocking_p2p_only>);
+  {  // process-wide threads started on first use (the deadline timer) are not the ones counted here
+    auto warm = comm::make_loopback_world(2, test_group_options());
+    test::run_threads(2, [&](int me) {
+      std::int64_t v = 0;
+      if (me == 0) warm[0].send(const_buffer_view(&v, 1, dtype::i64), 1).wait();
+      else warm[1].recv(buffer_view(&v, 1, dtype::i64), 0).wait();
+    });
+  }
+  const std::size_t before = threads_in_process();
+  constexpr int rounds = 300;
+  std::vector<std::shared_ptr<std::set<pid_t>>> tids{std::make_shared<std::set<pid_t>>(), std::make_shared<std::set<pid_t>>()};
+  {
+    std::vector<comm::process_group> groups;
+    int r = 0;
+    for (auto& t : transport::loopback_transport::create_world(2)) {
+      groups.push_back(comm::process_group::create(blocking_p2p_only(loopback_communicator(t), tids[std::size_t(r)]),
+                                                   test_group_options()));
+      ++r;
+    }
+    test::run_threads(2, [&](int me) {
+      auto& pg = groups[std::size_t(me)];
+      const int peer = 1 - me;
+      for (int i = 0; i < rounds; ++i) {
+        // One way, waited at once: a single worker per rank serves every call.
+        std::int64_t v = me == 0 ? i : -1;
+        buffer_view b(&v, 1, dtype::i64);
+        if (me == 0) pg.send(b, peer, 1).wait();
+        else pg.recv(b, peer, 1).wait();
+        if (me == 1) REQUIRE(v == i);
+        // An exchange: send and recv both posted before either is waited for, so they need two workers at once.
+        std::int64_t out = me * 1000 + i, in = -1;
+        auto s = pg.send(const_buffer_view(&out, 1, dtype::i64), peer, 2);
+        auto q = pg.recv(buffer_view(&in, 1, dtype::i64), peer, 2);
+        s.wait();
+        q.wait();
+        REQUIRE(in == peer * 1000 + i);
+      }
+    });
+    // 2 * rounds blocking calls per rank ran on at most the two workers an exchange needs.
+    for (const auto& t : tids) {
+      CHECK(t->size() >= 1);
+      CHECK(t->size() <= 2);
+    }
+    CHECK(threads_in_process() <= before + 2 * 2 + 2 * 4);  // the workers, and each group's own threads
+  }
+  // The groups are gone: every worker was joined with them, none was left detached.
+  CHECK(threads_in_process() == before);
 }
 
 TEST_CASE("[comm] fingerprinted collectives pass when ranks agree and fail every rank with errc::mismatch when not") {

@@ -39,7 +39,8 @@
 //! |                                             | unsupported when supports(device::host()) is false                |
 //! | c.isend(in, peer, tag, o), c.irecv(out,     | both or neither; return a shardkit::completion at once (a recv's  |
 //! | peer, tag, o)                               | bytes() is the size received); without them process_group runs   |
-//! |                                             | c.send / c.recv on a thread of their own per call                 |
+//! |                                             | c.send / c.recv on worker threads of its own, started only while  |
+//! |                                             | every one is busy and joined with the group                       |
 //! | c.abort(std::exception_ptr) or              | fails everything in flight, from any thread, while an operation   |
 //! | c.abort(std::string)                        | runs; called when a timed-out transfer cannot be withdrawn, so    |
 //! |                                             | that no buffer of a failed work is touched afterwards             |

@@ -2,10 +2,17 @@
 //! Type erasure for communicators, so process_group (and FSDP, the checkpointer, the loader above it) is one
 //! concrete type whatever backend runs underneath. User-facing types model the concept; only this erasure is
 //! virtual.
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <variant>
+#include <vector>
 
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/core/error.hpp"
@@ -30,13 +37,89 @@ struct communicator_interface {
   //! all_gather of a few bytes of host memory (process_group's fingerprints), on backends whose collectives
   //! take only device memory too: the communicator's host_all_gather where it has one, else its all_gather.
   virtual void host_all_gather(const_buffer_view, buffer_view, const collective_options&) = 0;
-  //! Point-to-point returns a completion at once; backends without native async p2p run it on a helper thread.
+  //! Point-to-point returns a completion at once; backends without native async p2p run it on blocking_p2p_runner.
   virtual completion isend(const_buffer_view, int, std::uint32_t, const collective_options&) = 0;
   virtual completion irecv(buffer_view, int, std::uint32_t, const collective_options&) = 0;
   virtual std::unique_ptr<communicator_interface> split(int, int, const collective_options&) = 0;
   //! Fails what is in flight underneath (the transport, the NCCL communicator), so that no buffer of an
   //! abandoned operation is touched afterwards. False when the backend cannot abort.
   virtual bool abort(std::exception_ptr reason) = 0;
+};
+
+//! Runs the blocking send/recv of a communicator without isend/irecv. A blocking send may wait for the peer's
+//! matching recv, and a rank commonly posts a send and a recv before waiting for either (an exchange), so the calls
+//! cannot share a fixed number of threads without deadlocking: a worker is added only when every worker is busy,
+//! idle ones take the next call, and the destructor joins them all. Threads stay bounded by the most calls ever in
+//! flight at once, instead of one new (detached, never joined) thread per call.
+class blocking_p2p_runner {
+ public:
+  blocking_p2p_runner() = default;
+  blocking_p2p_runner(const blocking_p2p_runner&) = delete;
+  blocking_p2p_runner& operator=(const blocking_p2p_runner&) = delete;
+  //! Runs what is queued, then joins: a queued call still completes its completion (its deadline bounds it).
+  ~blocking_p2p_runner() {
+    {
+      std::lock_guard lock(mutex_);
+      closing_ = true;
+    }
+    wake_.notify_all();
+    for (auto& w : workers_) w.join();
+  }
+
+  //! `f` runs the blocking call; its outcome completes the returned completion.
+  template <class F>
+  completion run(F f) {
+    completion_source done;
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back({std::function<void()>(std::move(f)), done});
+      if (idle_ < queue_.size()) {
+        ++idle_;  // counted idle from its start, so that the next call does not start another one meanwhile
+        workers_.emplace_back([this] { work(); });
+      }
+    }
+    wake_.notify_one();
+    return done;
+  }
+
+ private:
+  struct call {
+    std::function<void()> run;
+    completion_source done;
+  };
+
+  void work() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return closing_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // closing, nothing left
+      call c = std::move(queue_.front());
+      queue_.pop_front();
+      --idle_;
+      lock.unlock();
+      std::exception_ptr failure;
+      try {
+        c.run();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      lock.lock();
+      // Idle again before the caller learns of the outcome: the call its continuation or its waiter posts next
+      // finds this worker free instead of starting another.
+      ++idle_;
+      lock.unlock();
+      if (failure) c.done.set_error(std::move(failure));
+      else c.done.set_done();
+      lock.lock();
+    }
+  }
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<call> queue_;
+  std::vector<std::thread> workers_;
+  std::size_t idle_ = 0;  // workers waiting for a call: a new call starts a worker only when it would otherwise wait
+  bool closing_ = false;
 };
 
 //! A communicator may offer asynchronous point-to-point natively.
@@ -87,11 +170,11 @@ class communicator_model final : public communicator_interface {
   }
   completion isend(const_buffer_view in, int peer, std::uint32_t tag, const collective_options& o) override {
     if constexpr (has_async_p2p<C>) return comm_.isend(in, peer, tag, o);
-    else return on_thread([=, this] { comm_.send(in, peer, tag, o); });
+    else return blocking_p2p_.run([=, this] { comm_.send(in, peer, tag, o); });
   }
   completion irecv(buffer_view out, int peer, std::uint32_t tag, const collective_options& o) override {
     if constexpr (has_async_p2p<C>) return comm_.irecv(out, peer, tag, o);
-    else return on_thread([=, this] { comm_.recv(out, peer, tag, o); });
+    else return blocking_p2p_.run([=, this] { comm_.recv(out, peer, tag, o); });
   }
   std::unique_ptr<communicator_interface> split(int color, int key, const collective_options& o) override {
     auto child = comm_.split(color, key, o);
@@ -119,20 +202,9 @@ class communicator_model final : public communicator_interface {
   C& get() noexcept { return comm_; }
 
  private:
-  template <class F>
-  static completion on_thread(F f) {
-    completion_source c;
-    std::thread([c, f = std::move(f)]() mutable {
-      try {
-        f();
-        c.set_done();
-      } catch (...) {
-        c.set_error(std::current_exception());
-      }
-    }).detach();
-    return c;
-  }
   C comm_;
+  // After comm_, so destroyed first: its workers, which call comm_, are joined before comm_ goes.
+  [[no_unique_address]] std::conditional_t<has_async_p2p<C>, std::monostate, blocking_p2p_runner> blocking_p2p_;
 };
 
 }  // namespace shardkit::comm::detail
