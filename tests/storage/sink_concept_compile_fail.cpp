@@ -10,7 +10,9 @@ struct user_sink {
   struct writer {
     void write(std::span<const std::byte>) {}
     void commit() {}
-#if !defined(SHARDKIT_CASE_NO_ABORT)
+#if defined(SHARDKIT_CASE_ABORT_MAY_THROW)
+    void abort() {}
+#elif !defined(SHARDKIT_CASE_NO_ABORT)
     void abort() noexcept {}
 #endif
   };

@@ -121,19 +121,26 @@ struct sink_tag {};
 inline constexpr std::string_view temporary_marker = ".shardkit-tmp.";
 
 //! The parts of the concepts, named so that a type missing one is rejected with that part's name.
+//! (A writer's parts are concepts of their own, and sink_puts_objects names the writer type instead of checking a
+//! return-type-requirement: GCC then says which member a writer lacks, where it said only "'s.put(key)' does not
+//! satisfy return-type-requirement".)
 template <class W>
-concept object_writer = std::move_constructible<W> && requires(W& w, std::span<const std::byte> bytes) {
-  w.write(bytes);
-  w.commit();
+concept writer_writes = requires(W& w, std::span<const std::byte> bytes) { w.write(bytes); };
+template <class W>
+concept writer_commits = requires(W& w) { w.commit(); };
+template <class W>
+concept writer_aborts_without_throwing = requires(W& w) {
   { w.abort() } noexcept;
 };
+template <class W>
+concept object_writer = std::move_constructible<W> && writer_writes<W> && writer_commits<W> && writer_aborts_without_throwing<W>;
 
 template <class S>
 concept opts_into_sink = requires { typename S::sink_concept; } && std::same_as<typename S::sink_concept, sink_tag>;
 template <class S>
-concept sink_puts_objects = requires(S& s, const std::string& key) {
-  { s.put(key) } -> object_writer;
-};
+using writer_of = decltype(std::declval<S&>().put(std::declval<const std::string&>()));
+template <class S>
+concept sink_puts_objects = requires(S& s, const std::string& key) { s.put(key); } && object_writer<writer_of<S>>;
 template <class S>
 concept sink_gets_ranges = requires(S& s, const std::string& key, std::uint64_t offset, std::span<std::byte> out) {
   { s.get(key, offset, out) } -> std::same_as<std::size_t>;
