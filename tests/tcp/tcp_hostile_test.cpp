@@ -8,6 +8,7 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 #include <atomic>
+#include <future>
 #include <latch>
 #include <map>
 #include <thread>
@@ -40,14 +41,15 @@ tcp::endpoint published(sk::rendezvous::any_store& store, int rank, int world) {
   return {asio::ip::make_address_v4(first.substr(0, colon)), std::uint16_t(std::stoi(first.substr(colon + 1)))};
 }
 
-wire::hello_message hello_from(int sender, int receiver, int world, int stream, std::uint64_t group, std::size_t token) {
+wire::hello_message hello_from(int sender, int receiver, int world, int stream, std::uint64_t group, std::size_t token,
+                               int streams = 2) {
   return {.kind = wire::hello_kind::hello,
           .group_id = group,
           .sender = std::uint32_t(sender),
           .receiver = std::uint32_t(receiver),
           .world_size = std::uint32_t(world),
           .stream = std::uint32_t(stream),
-          .streams = 2,
+          .streams = std::uint32_t(streams),
           .max_frame = 512 << 10,
           .token_length = std::uint32_t(token)};
 }
@@ -244,7 +246,8 @@ namespace {
 //! the test write arbitrary frames on them.
 class fake_rank {
  public:
-  fake_rank(sk::rendezvous::any_store store, int rank, int world) : rank_(rank), world_(world), acceptor_(io_) {
+  fake_rank(sk::rendezvous::any_store store, int rank, int world, int streams = 2)
+      : rank_(rank), world_(world), streams_(streams), acceptor_(io_) {
     const std::string prefix = wire::store_prefix("world", world);
     const auto joined = store.add(prefix + "joined", 1);
     base_ = prefix + std::to_string((joined - 1) / world) + "/";
@@ -257,17 +260,27 @@ class fake_rank {
                                       "127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port()), 10s);
   }
 
-  //! Accepts the 2 streams of every lower rank.
+  //! Accepts the streams of every lower rank. Gives up (throws) after 60 s, so that a rank whose setup failed
+  //! ends the test instead of leaving this thread in accept() forever.
   void accept_all() {
-    for (int i = 0; i < rank_ * 2; ++i) {
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    acceptor_.non_blocking(true);
+    for (int i = 0; i < rank_ * streams_; ++i) {
       tcp::socket s(io_);
-      acceptor_.accept(s);
+      for (boost::system::error_code ec;; ec.clear()) {
+        acceptor_.accept(s, ec);
+        if (!ec) break;
+        if (ec != asio::error::would_block) throw boost::system::system_error(ec);
+        if (std::chrono::steady_clock::now() > until) throw std::runtime_error("fake_rank: no connection within 60 s");
+        std::this_thread::sleep_for(5ms);
+      }
+      s.non_blocking(false);
       std::array<std::byte, wire::hello_size> buf{};
       asio::read(s, asio::buffer(buf));
       const auto h = wire::decode_hello(buf);
       std::string token(h.token_length, '\0');
       asio::read(s, asio::buffer(token));
-      auto ack = hello_from(rank_, int(h.sender), world_, int(h.stream), group_, 0);
+      auto ack = hello_from(rank_, int(h.sender), world_, int(h.stream), group_, 0, streams_);
       ack.kind = wire::hello_kind::ack;
       send_hello(s, ack, "");
       links_.emplace(std::pair{int(h.sender), int(h.stream)}, std::move(s));
@@ -284,7 +297,7 @@ class fake_rank {
 
  private:
   asio::io_context io_;
-  int rank_, world_;
+  int rank_, world_, streams_;
   std::string base_;
   std::uint64_t group_ = 0;
   tcp::acceptor acceptor_;
@@ -339,4 +352,64 @@ TEST_CASE("[tcp] a peer breaking the frame protocol is dropped with errc::protoc
     finished.arrive_and_wait();
   });
   fake_thread.join();
+}
+
+TEST_CASE("[tcp] a frame that skips a sequence number fails the peer with errc::protocol at once, not at the timeout") {
+  // The receiver matches messages in sequence order and parks a connection whose next frame is of a later message
+  // until another connection delivers the missing one. When no connection can (all wait behind later messages),
+  // the peer broke the protocol: the pending recv must fail now, naming the peer and both sequence numbers.
+  for (int streams : {1, 2}) {
+    CAPTURE(streams);
+    auto store = fresh_store();
+    // Promises, not latches: the guard below sets whichever is still unset however the checks end, so neither
+    // thread waits for the other forever.
+    std::promise<void> first_received, verdict;
+    auto first_received_f = first_received.get_future(), verdict_f = verdict.get_future();
+    std::latch stream0_skipped(1);
+    std::thread fake_thread([&] {
+      fake_rank fake(store, 1, 2, streams);
+      fake.accept_all();
+      fake.send_frame(0, 0, {.length = 5, .tag = 9, .seq = 0, .total = 5, .offset = 0}, "hello");
+      first_received_f.wait_for(30s);
+      fake.send_frame(0, 0, {.length = 1, .tag = 9, .seq = 2, .total = 1, .offset = 0}, "x");  // #1 skipped
+      stream0_skipped.count_down();
+      if (streams == 2) {  // the other connection may still bring #1: only its own later frame settles it
+        std::this_thread::sleep_for(300ms);
+        fake.send_frame(0, 1, {.length = 1, .tag = 9, .seq = 3, .total = 1, .offset = 0}, "y");
+      }
+      verdict_f.wait_for(30s);  // sockets stay open: the failure must come from the frames alone
+    });
+    auto opts = loopback_options();
+    opts.streams_per_peer = streams;
+    opts.handshake_timeout = 10s;  // the fake answers from a plain thread: slow on a loaded machine
+    struct release {
+      std::promise<void>&first, &last;
+      std::thread& fake;
+      ~release() {
+        for (auto* p : {&first, &last}) try {
+            p->set_value();
+          } catch (const std::future_error&) {  // already set
+          }
+        fake.join();
+      }
+    } release_fake{first_received, verdict, fake_thread};
+    auto t = tcp_transport::connect(store, 0, 2, opts);
+    std::vector<std::byte> buf(64);
+    CHECK(wait_ok(t->recv(1, 9, wbytes(buf))) == 5);
+    auto pending = t->recv(1, 9, wbytes(buf));
+    first_received.set_value();
+    stream0_skipped.wait();
+    if (streams == 2) CHECK_FALSE(pending.wait_for(150ms));  // parked, legitimately: stream 1 is still reading
+    const auto start = std::chrono::steady_clock::now();
+    const auto e = wait_error(pending, sk::errc::protocol, 5s);
+    CHECK(std::chrono::steady_clock::now() - start < 2s);
+    INFO(e.what());
+    CHECK(e.context().peer == 1);
+    CHECK(std::string(e.what()).find("rank 1 at 127.0.0.1:") != std::string::npos);
+    CHECK(std::string(e.what()).find("where message #1 was expected next") != std::string::npos);
+    CHECK(std::string(e.what()).find(streams == 1 ? "message #2 where" : "message #") != std::string::npos);
+    // The peer is failed as for any protocol error: later operations with it fail at once.
+    wait_error(t->send(1, 9, cbytes(buf)), sk::errc::protocol, 1s);
+    wait_error(t->recv(1, 9, wbytes(buf)), sk::errc::protocol, 1s);
+  }
 }

@@ -252,6 +252,17 @@ class peer {
     }
     if (h.seq > next_match_) {
       l.parked = true;  // an earlier message's first frame is still on another connection
+      // Each connection carries frames in sequence order and the next message to match always has a frame at the
+      // head of some connection (see the top of this file). When every connection waits behind a later message,
+      // the peer skipped a sequence number and no wait can end: with one connection per peer, at its first such
+      // frame. Fail now instead of leaving the recv to its owner's timeout.
+      const bool all_ahead = std::all_of(links_.begin(), links_.end(), [&](const std::unique_ptr<link>& x) {
+        return !x || x->eof || (x->parked && x->rx.seq > next_match_);
+      });
+      if (all_ahead)
+        return protocol(l, "a frame of message #" + std::to_string(h.seq) + " where message #" +
+                               std::to_string(next_match_) + " was expected next, and no connection carries #" +
+                               std::to_string(next_match_) + " (a skipped sequence number)");
       return false;
     }
     inflight_message* m = match(h);
