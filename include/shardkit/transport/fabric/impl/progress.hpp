@@ -1,0 +1,74 @@
+#pragma once
+//! fabric_transport's progress thread, cancellation of a pending recv, and publishing outcomes outside mutex_.
+#include "shardkit/transport/fabric/transport.hpp"
+
+namespace shardkit::transport {
+
+inline bool fabric_transport::cancel(const std::weak_ptr<op>& weak) {
+  auto o = weak.lock();
+  if (!o) return false;
+  std::unique_lock lock(mutex_);
+  if (o->settled || o->at != stage::header) return false;  // the header arrived: bytes may be in the buffer
+  posting& hp = o->postings.front();
+  o->cancelling = true;
+  if (o->queued) {  // never reached the provider
+    withdraw(*o);
+    o->withdrawn = true;
+    settle(*o, std::make_exception_ptr(error(errc::aborted, "receive cancelled", context(*o))));
+  } else if (hp.live) {
+    fi_cancel(&hp.ep->fid, &hp.context);
+    // The CQ says what happened: withdrawn (FI_ECANCELED), or the message matched after all.
+    const auto until = steady_clock::now() + std::chrono::seconds(5);
+    while (hp.live && steady_clock::now() < until) {
+      if (poll_locked() > 0 || !hp.live) continue;
+      lock.unlock();
+      drain();
+      std::this_thread::yield();
+      lock.lock();
+    }
+  }
+  o->cancelling = false;
+  sweep();
+  const bool withdrawn = o->withdrawn;
+  const auto outcome = o->outcome;
+  lock.unlock();
+  if (withdrawn) o->done.set_error(outcome);
+  drain();
+  return withdrawn;
+}
+
+inline void fabric_transport::progress_loop() {
+  int idle_rounds = 0;
+  auto next_check = steady_clock::now();
+  while (!stopping_.load(std::memory_order_relaxed)) {
+    std::unique_lock lock(mutex_);
+    const int got = poll_locked();
+    if (const auto now = steady_clock::now(); now >= next_check) {
+      liveness_.check(
+          now, [&](int peer) { send_probe(peer, message_kind::probe, ++probe_number_); },
+          [&](int peer, std::string detail) { mark_lost(peer, std::move(detail)); });
+      sweep();
+      next_check = now + std::chrono::milliseconds(50);
+    }
+    if (!outcomes_.empty()) {
+      lock.unlock();
+      drain();
+      lock.lock();
+    }
+    if (got > 0) {
+      idle_rounds = 0;
+      continue;
+    }
+    if (user_ops_ == 0 && backlog_.empty()) {
+      wake_.wait_for(lock, std::chrono::milliseconds(1));  // still progress now and then: peers connect to us
+      continue;
+    }
+    lock.unlock();
+    if (++idle_rounds > 64) std::this_thread::sleep_for(std::chrono::microseconds(idle_rounds > 1024 ? 200 : 20));
+    else std::this_thread::yield();
+  }
+}
+
+inline void fabric_transport::drain() { outcomes_.publish(mutex_); }
+
+}  // namespace shardkit::transport
