@@ -22,7 +22,7 @@
 //! skipped save still takes part in its commit round, saying "skipped", so that every rank agrees the step was
 //! not committed.
 //! @code
-//!   shardkit::ckpt::checkpointer ck(world, shardkit::storage::make_sink<shardkit::storage::posix_sink>("ckpt"),
+//!   shardkit::ckpt::checkpointer ck(pg, shardkit::storage::make_sink<shardkit::storage::posix_sink>("ckpt"),
 //!                                   {.keep_last = 2, .mode = shardkit::ckpt::staging::zero_overhead});
 //!   if (auto r = ck.load_latest(state)) step = r->step;
 //!   for (; step < steps; ++step) {
