@@ -113,6 +113,18 @@ inline st::any_sink open_location(const std::string& location, bool create) {
 #endif
 }
 
+//! The tool's location is the directory that holds step-*/ (what the checkpointer's sink root plus its prefix
+//! name); a checkpointer saving under a prefix ("runs/7/") wrote file keys with that prefix. Keys are made relative
+//! to the location: the part from "step-<12 digits>/" of the index's own step on.
+inline ck::checkpoint_index relative_to_location(ck::checkpoint_index index) {
+  const std::string step_dir = ck::step_prefix("", index.step);
+  for (auto& f : index.files) {
+    if (f.key.starts_with(step_dir)) continue;
+    if (const auto at = f.key.find("/" + step_dir); at != std::string::npos) f.key.erase(0, at + 1);
+  }
+  return index;
+}
+
 //! The checkpoint a command works on: --step N (whose index must exist and parse) or the newest complete one.
 inline ck::checkpoint_index choose_checkpoint(st::any_sink& sink, const common_options& o) {
   if (o.step) {
@@ -125,7 +137,7 @@ inline ck::checkpoint_index choose_checkpoint(st::any_sink& sink, const common_o
                                        : " (no object of that step exists)"),
                       {.operation = "shardkit-ckpt", .object = o.location});
     }
-    return *index;
+    return relative_to_location(std::move(*index));
   }
   auto latest = ck::latest_checkpoint(sink, "");
   if (!latest)
@@ -135,7 +147,7 @@ inline ck::checkpoint_index choose_checkpoint(st::any_sink& sink, const common_o
                              ? "; it looks like one checkpoint's step-* directory: give its parent and --step N"
                              : ""),
                     {.operation = "shardkit-ckpt", .object = o.location});
-  return *latest;
+  return relative_to_location(std::move(*latest));
 }
 
 //! The rank a file belongs to: the number in its name "rank-<digits>.safetensors", else its position in the index

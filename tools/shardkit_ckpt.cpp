@@ -102,6 +102,7 @@ std::vector<step_info> list_steps(st::any_sink& sink) {
     std::optional<ck::checkpoint_index> index;
     if (listed.indexed.contains(step)) try {
         index = ck::read_index(sink, "", step);
+        if (index) index = relative_to_location(std::move(*index));
         if (!index) info.problems.push_back("its index vanished while listing");
       } catch (const std::exception& e) {
         info.problems.push_back(message_of(e));

@@ -373,6 +373,29 @@ TEST_CASE("[ckpt] shardkit-ckpt ls, verify, inspect and consolidate a 3-rank che
   }
 }
 
+TEST_CASE("[ckpt] shardkit-ckpt on a checkpointer's prefix: the location is the directory that holds step-*") {
+  temp_dir dir("prefix");
+  {
+    st::any_sink sink = st::make_sink<st::posix_sink>(dir.path, st::posix_sink_options{.fsync = false});
+    auto groups = sk::comm::make_loopback_world(world);
+    sk::test::run_threads(world, [&](int r) {
+      ck::checkpointer saver(groups[std::size_t(r)], sink, {.prefix = "runs/7/", .keep_last = 0});
+      rank_state s(r, 4);
+      REQUIRE(saver.save(4, s.dict).get().committed);
+    });
+  }
+  const std::string loc = (dir.path / "runs" / "7").string();
+  auto r = run_tool("ls " + loc);
+  CHECK(r.status == 0);
+  CHECK(line_with(r.output, "complete").find("latest") != std::string::npos);
+  r = run_tool("verify " + loc);
+  CHECK(r.status == 0);
+  CHECK(r.output.find("FAIL") == std::string::npos);
+  r = run_tool("consolidate " + loc + " --out " + (dir.path / "hf").string());
+  CHECK(r.status == 0);
+  CHECK(fs::exists(dir.path / "hf" / "model.safetensors"));
+}
+
 TEST_CASE("[ckpt] shardkit-ckpt: clear errors for a bad location or bad arguments") {
   temp_dir empty("empty");
   auto r = run_tool("ls " + empty.path.string());
