@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shardkit/core/completion.hpp"
@@ -166,7 +167,17 @@ class p2p_op {
     if (named < 0 && e.context().peer)
       for (int r = 0; r < n(); ++r)
         if (members_[std::size_t(r)] == *e.context().peer) named = r;
-    const std::string others = lost_members(named);
+    std::string others = lost_members(named);
+    if constexpr (transport::reports_lost_peers<T>) {
+      // The peer the error is about is alive: it left because of something else, most often a rank that died,
+      // which this transport may learn of a moment after that peer did (its own heartbeat, an EOF still
+      // queued). Give it that moment; the group is broken either way.
+      const bool named_alive = named >= 0 && named != me_ && !transport_.lost(members_[std::size_t(named)]);
+      for (int i = 0; others.empty() && named_alive && i < 25; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        others = lost_members(named);
+      }
+    }
     if (others.empty()) return e;
     return error(e.code(), e.detail() + "; " + others, e.context());
   }

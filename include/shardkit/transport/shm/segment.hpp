@@ -148,8 +148,10 @@ inline void ring_doorbell(segment_header& h) noexcept {
 // ---- process liveness ----
 
 namespace proc {
-//! Reads /proc/<pid>/stat: the state letter and the start time, or nullopt when the process does not exist.
-inline std::optional<std::pair<char, std::uint64_t>> read_stat(std::int32_t pid, bool* proc_missing = nullptr) {
+//! Reads /proc/<pid>/stat: the state letter and the start time, or nullopt when the process does not exist;
+//! `flags` (optional) receives the kernel's task flags (field 9).
+inline std::optional<std::pair<char, std::uint64_t>> read_stat(std::int32_t pid, bool* proc_missing = nullptr,
+                                                              std::uint64_t* flags = nullptr) {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
@@ -169,7 +171,7 @@ inline std::optional<std::pair<char, std::uint64_t>> read_stat(std::int32_t pid,
   const char state = *p;
   // Field 3 is the state; start time is field 22, i.e. 19 more fields after it.
   for (int field = 3; field < 22 && *p; ++p)
-    if (*p == ' ') ++field;
+    if (*p == ' ' && ++field == 9 && flags) *flags = std::strtoull(p + 1, nullptr, 10);
   return std::pair{state, std::strtoull(p, nullptr, 10)};
 }
 
@@ -189,13 +191,19 @@ inline process_identity this_process() {
 
 enum class liveness { alive, dead, unknown };
 
-//! Whether the process is still running. A zombie counts as dead (it will never write again), and so does a pid
+//! Whether the process is still running. A zombie or an exiting process counts as dead (it will never write again), and so does a pid
 //! that now belongs to a process started at another time. Processes in another pid namespace are `unknown`.
 inline liveness check_process(const process_identity& id, const process_identity& self) {
   if (id.pid <= 0 || id.pid_namespace != self.pid_namespace) return liveness::unknown;
   bool proc_missing = false;
-  if (auto st = proc::read_stat(id.pid, &proc_missing)) {
+  std::uint64_t flags = 0;
+  if (auto st = proc::read_stat(id.pid, &proc_missing, &flags)) {
     if (st->first == 'Z' || st->first == 'X' || st->first == 'x') return liveness::dead;
+    // PF_EXITING: killed and tearing down, not yet a zombie. Its memory may already be gone (a peer's
+    // process_vm_writev fails with ESRCH) while its state still reads R or D; chaos trials caught a survivor
+    // asking in that window (docs/reliability.md, "Chaos").
+    constexpr std::uint64_t pf_exiting = 0x4;
+    if (flags & pf_exiting) return liveness::dead;
     if (id.start_time != 0 && st->second != id.start_time) return liveness::dead;
     return liveness::alive;
   }
