@@ -1,7 +1,8 @@
 #pragma once
 //! Under SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp), one source file of the program includes
 //! this header and nothing else of shardkit's: it compiles, once, the bodies the other translation units only
-//! declare. With the tcp target linked (SHARDKIT_HAS_TCP) the tcp and shm+tcp transports come with them.
+//! declare: init_process_group and its transports, and the sharded model. With the tcp target linked
+//! (SHARDKIT_HAS_TCP) the tcp and shm+tcp transports come with them.
 //!
 //! @code
 //!   // shardkit_src.cpp
@@ -15,3 +16,4 @@
 #if defined(SHARDKIT_HAS_TCP)
 #include "shardkit/comm/init_tcp.hpp"
 #endif
+#include "shardkit/fsdp/sharded_model_impl.hpp"
