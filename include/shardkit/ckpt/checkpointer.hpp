@@ -33,6 +33,9 @@
 //!   }
 //!   ck.wait();
 //! @endcode
+//!
+//! The member bodies are in ckpt/checkpointer_impl.hpp: inline in header-only use, compiled once in the program's
+//! <shardkit/impl/src.hpp> under SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp).
 #include <sys/mman.h>
 
 #include <chrono>
@@ -59,6 +62,7 @@
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/executor.hpp"
 #include "shardkit/core/log.hpp"
+#include "shardkit/core/separate_compilation.hpp"
 #include "shardkit/core/task.hpp"
 #include "shardkit/storage/sink.hpp"
 
@@ -107,155 +111,44 @@ struct checkpointer_stats {
 class checkpointer {
  public:
   //! Collective over `training` (it dup()s the group).
-  checkpointer(comm::process_group& training, storage::any_sink sink, checkpointer_options o = {})
-      : opts_(std::move(o)), sink_(std::move(sink)) {
-    check_checkpoint_prefix(opts_.prefix);
-    comm::group_options g = comm::group_options::from_env();
-    g.name = "ckpt";
-    group_ = training.dup(std::move(g));
-    rank_ = group_.rank();
-    world_ = group_.size();
-    staged_.set_value(true);
-    pool_.emplace(1);
-  }
+  SHARDKIT_DECL checkpointer(comm::process_group& training, storage::any_sink sink, checkpointer_options o = {});
 
   checkpointer(const checkpointer&) = delete;
   checkpointer& operator=(const checkpointer&) = delete;
 
   //! Waits for the saves in flight (their completions carry their failures), then stops the worker.
-  ~checkpointer() {
-    wait_for_saves();
-    pool_.reset();
-  }
+  SHARDKIT_DECL ~checkpointer();
 
   //! Saves `state` as the checkpoint of `step` (collective over the checkpointer's group: every rank saves the same
   //! steps in the same order). Returns when the state is staged (at_call) or at once (zero_overhead); the
   //! completion ends when the checkpoint is committed (or not: result.committed, result.reason), or fails with the
   //! error that stopped it (a write that failed, naming the rank and file; a lost peer).
-  basic_completion<save_result> save(std::uint64_t step, const state_dict& state,
-                                     std::map<std::string, std::string> metadata = {}) {
-    const auto t0 = std::chrono::steady_clock::now();
-    basic_completion<save_result> previous;
-    {
-      std::lock_guard lock(mutex_);
-      if (last_step_ && step <= *last_step_)
-        throw_error(errc::invalid_argument,
-                    "checkpoint step " + std::to_string(step) + " after step " + std::to_string(*last_step_) + ": steps increase",
-                    {.rank = rank_, .operation = "ckpt.save"});
-      last_step_ = step;
-      previous = chain_;
-    }
-    auto job = std::make_shared<save_job>();
-    job->step = step;
-    job->metadata = std::move(metadata);
-    const bool busy = previous.valid() && !previous.is_done();
-    if (busy && opts_.busy == when_busy::skip) {
-      job->skipped = true;
-      log::warn("ckpt: rank ", rank_, " skips the checkpoint of step ", step, ": the previous one is still persisting");
-    } else {
-      for (const auto& e : state.rank_entries())
-        job->rank_bytes.push_back({e.name, e.bytes ? *e.bytes : std::vector<std::byte>(e.value.begin(), e.value.end())});
-      for (const auto& t : state.saved_tensors())
-        if (!t.replicated || rank_ == 0) job->tensors.push_back(t);
-      if (opts_.mode == staging::at_call) {
-        if (busy) wait_quietly(previous);  // the staging buffer is the previous save's until it is persisted
-        job->stage_seconds = stage(*job);
-      }
-    }
-    basic_completion_source<save_result> done;
-    job->done = done;
-    job->stall_seconds = seconds_since(t0);
-    {
-      std::lock_guard lock(mutex_);
-      staged_ = job->staged;
-      chain_ = done.get_completion();
-      stats_.saves++;
-      stats_.stall_seconds += job->stall_seconds;
-    }
-    spawn(*pool_, run(job, std::move(previous)));
-    return done.get_completion();
-  }
+  SHARDKIT_DECL basic_completion<save_result> save(std::uint64_t step, const state_dict& state,
+                                                   std::map<std::string, std::string> metadata = {});
 
   //! Zero-overhead mode: blocks until the last save's tensors are staged (call it before the optimizer step
   //! changes them). Returns the seconds it blocked. At once in at_call mode.
-  double wait_staged() {
-    basic_completion<bool> s;
-    {
-      std::lock_guard lock(mutex_);
-      s = staged_.get_completion();
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    wait_quietly(s);
-    const double waited = seconds_since(t0);
-    std::lock_guard lock(mutex_);
-    stats_.stall_seconds += waited;
-    return waited;
-  }
+  SHARDKIT_DECL double wait_staged();
 
   //! Blocks until every save has ended; rethrows the last one's failure.
-  void wait() {
-    basic_completion<save_result> last;
-    {
-      std::lock_guard lock(mutex_);
-      last = chain_;
-    }
-    if (last.valid()) last.get();
-  }
+  SHARDKIT_DECL void wait();
 
   //! The newest complete checkpoint's step, the same on every rank (rank 0 looks, then tells the others: ranks
   //! that listed an eventually consistent store on their own could disagree). Collective; waits for saves in
   //! flight first.
-  std::optional<std::uint64_t> latest() {
-    wait_for_saves();
-    std::int64_t found = -1;
-    std::string failure;
-    if (rank_ == 0) {
-      try {
-        if (auto index = latest_checkpoint(sink_, opts_.prefix)) found = static_cast<std::int64_t>(index->step);
-      } catch (const std::exception& e) {
-        failure = e.what();
-        found = -2;
-      }
-    }
-    group_.broadcast(buffer_view(std::span<std::int64_t>(&found, 1)), 0).wait();
-    if (found == -2)
-      throw_error(errc::io, "finding the latest checkpoint failed on rank 0" + (failure.empty() ? "" : ": " + failure),
-                  {.rank = rank_, .operation = "ckpt.latest", .object = opts_.prefix});
-    if (found < 0) return std::nullopt;
-    return static_cast<std::uint64_t>(found);
-  }
+  SHARDKIT_DECL std::optional<std::uint64_t> latest();
 
   //! Loads the checkpoint of `step` into `into` (see load_state: resharding, verified ranged reads). Not
   //! collective, but every rank must load the same step. errc::not_found when that checkpoint does not exist.
-  load_report load(std::uint64_t step, const state_dict& into) {
-    wait_for_saves();
-    auto index = read_index(sink_, opts_.prefix, step);
-    if (!index)
-      throw_error(errc::not_found, "no checkpoint of step " + std::to_string(step) + " (no index " + index_key(opts_.prefix, step) + ")",
-                  {.rank = rank_, .operation = "ckpt.load", .object = index_key(opts_.prefix, step)});
-    return load_state(sink_, *index, into, rank_, world_, "checkpoint " + index_key(opts_.prefix, step));
-  }
+  SHARDKIT_DECL load_report load(std::uint64_t step, const state_dict& into);
 
   //! Loads the newest complete checkpoint; std::nullopt when there is none. Collective (latest()).
-  std::optional<load_report> load_latest(const state_dict& into) {
-    auto step = latest();
-    if (!step) return std::nullopt;
-    return load(*step, into);
-  }
+  SHARDKIT_DECL std::optional<load_report> load_latest(const state_dict& into);
 
   //! Every saved rank's bytes of the per-rank entry `name` in the checkpoint of `step` (after a rescale).
-  std::vector<std::vector<std::byte>> read_rank_bytes(std::uint64_t step, const std::string& name) {
-    auto index = read_index(sink_, opts_.prefix, step);
-    if (!index)
-      throw_error(errc::not_found, "no checkpoint of step " + std::to_string(step),
-                  {.rank = rank_, .operation = "ckpt.load", .object = index_key(opts_.prefix, step)});
-    return ckpt::read_rank_bytes(sink_, *index, name);
-  }
+  SHARDKIT_DECL std::vector<std::vector<std::byte>> read_rank_bytes(std::uint64_t step, const std::string& name);
 
-  checkpointer_stats stats() const {
-    std::lock_guard lock(mutex_);
-    return stats_;
-  }
+  SHARDKIT_DECL checkpointer_stats stats() const;
   const checkpointer_options& options() const noexcept { return opts_; }
   comm::process_group& group() noexcept { return group_; }
   storage::any_sink& sink() noexcept { return sink_; }
@@ -293,191 +186,20 @@ class checkpointer {
   static void wait_quietly(const basic_completion<T>& c) {
     if (c.valid()) c.wait();
   }
-  void wait_for_saves() {
-    try {
-      wait();
-    } catch (const std::exception&) {
-      // The save's own completion carried its failure; a load or lookup goes on.
-    }
-  }
+  SHARDKIT_DECL void wait_for_saves();
 
   // Copies the job's tensors into the staging buffer (grown, never shrunk: reused by every save).
-  double stage(save_job& job) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::size_t total = 0;
-    for (const auto& t : job.tensors) total += (t.bytes.size() + 63) / 64 * 64;
-    if (staging_buffer_.size() < total) {
-      // Not zeroed (every staged byte is copied in), and in huge pages where the kernel allows: faulting in
-      // gigabytes of 4 KiB pages costs more than copying them. Kept for the next saves.
-      staging_buffer_ = {};
-      const std::size_t huge = std::size_t{2} << 20;
-      staging_buffer_ = page_aligned_memory((total + huge - 1) / huge * huge);
-      ::madvise(staging_buffer_.data(), staging_buffer_.size(), MADV_HUGEPAGE);
-    }
-    std::size_t at = 0;
-    job.staged_tensors.clear();
-    for (const auto& t : job.tensors) {
-      auto sums = copy_and_checksum(t.bytes, {staging_buffer_.data() + at, t.bytes.size()});
-      job.staged_tensors.push_back({t, at, std::move(sums)});
-      at += (t.bytes.size() + 63) / 64 * 64;
-    }
-    job.tensors.clear();
-    mark_staged(job);
-    return seconds_since(t0);
-  }
+  SHARDKIT_DECL double stage(save_job& job);
 
-  task<void> run(std::shared_ptr<save_job> job, basic_completion<save_result> previous) {
-    save_result result{.step = job->step, .index_key = index_key(opts_.prefix, job->step),
-                       .stall_seconds = job->stall_seconds, .stage_seconds = job->stage_seconds};
-    std::exception_ptr failure;
-    try {
-      if (previous.valid()) {
-        try {
-          co_await previous;
-        } catch (...) {
-          // Its own completion reported it; this save goes on.
-        }
-      }
-      std::optional<checkpoint_index> file;  // this rank's file, as a one-file index
-      std::string error;
-      commit_status status = commit_status::ok;
-      if (job->skipped) {
-        status = commit_status::skipped;
-        result.skipped = true;
-      } else {
-        if (!job->staged.is_done()) result.stage_seconds = stage(*job);
-        const auto t0 = std::chrono::steady_clock::now();
-        try {
-          file = write_file(*job);
-          result.bytes_written = file->files.at(0).size;
-        } catch (const std::exception& e) {
-          status = commit_status::failed;
-          error = e.what();
-        }
-        result.persist_seconds = seconds_since(t0);
-      }
-      mark_staged(*job);  // a skipped save has nothing staged to wait for
-      const auto t1 = std::chrono::steady_clock::now();
-      const std::string outcome = co_await commit_round(*job, commit_message(job->step, status, error, file), result);
-      result.commit_seconds = seconds_since(t1);
-      auto j = nlohmann::json::parse(outcome);
-      result.committed = j["committed"].get<bool>();
-      result.reason = j["reason"].get<std::string>();
-      if (j["skipped"].get<bool>()) result.skipped = true;
-      if (!result.committed && !result.skipped)
-        throw_error(errc::io, "checkpoint of step " + std::to_string(job->step) + " was not committed: " + result.reason,
-                    {.rank = rank_, .operation = "ckpt.save", .object = result.index_key});
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    mark_staged(*job);
-    {
-      std::lock_guard lock(mutex_);
-      if (failure) stats_.failed++;
-      else if (result.committed) stats_.committed++;
-      else stats_.skipped++;
-    }
-    if (failure) job->done.set_error(failure);
-    else {
-      if (!result.committed) log::warn("ckpt: step ", job->step, " not committed: ", result.reason);
-      job->done.set_value(std::move(result));
-    }
-  }
+  SHARDKIT_DECL task<void> run(std::shared_ptr<save_job> job, basic_completion<save_result> previous);
 
-  checkpoint_index write_file(save_job& job) {
-    std::vector<tensor_source> sources;
-    sources.reserve(job.staged_tensors.size() + job.rank_bytes.size());
-    for (const auto& s : job.staged_tensors) {
-      const auto& v = s.view;
-      auto bytes = std::span<const std::byte>(staging_buffer_.data() + s.offset, v.bytes.size());
-      std::uint64_t numel = 1;
-      for (auto d : v.global_shape) numel *= d;
-      if (v.begin == 0 && v.end == numel)
-        sources.push_back(whole_tensor(v.name, v.type, v.global_shape, bytes));
-      else
-        sources.push_back(tensor_piece(v.name, v.type, v.global_shape, v.begin, v.end, bytes));
-      sources.back().checksums = s.checksums;
-    }
-    for (const auto& b : job.rank_bytes)
-      sources.push_back(whole_tensor(rank_entry_tensor(rank_, b.name), dtype::u8, {b.bytes.size()}, b.bytes));
-    const std::string key = rank_file_key(opts_.prefix, job.step, rank_);
-    std::map<std::string, std::string> meta{{"step", std::to_string(job.step)}, {"rank", std::to_string(rank_)},
-                                            {"world_size", std::to_string(world_)}};
-    return describe_file(write_safetensors(sink_, key, sources, meta));
-  }
+  SHARDKIT_DECL checkpoint_index write_file(save_job& job);
 
   // Gathers every rank's message on rank 0, which commits (or not) and broadcasts the outcome JSON.
-  task<std::string> commit_round(save_job& job, std::string message, save_result& result) {
-    std::string outcome;
-    if (rank_ != 0) {
-      const auto n = static_cast<std::int64_t>(message.size());
-      co_await group_.send(const_buffer_view(std::span<const std::int64_t>(&n, 1)), 0, 1);
-      co_await group_.send(const_buffer_view(message.data(), message.size(), dtype::u8), 0, 2);
-    } else {
-      std::vector<std::string> messages(static_cast<std::size_t>(world_));
-      messages[0] = std::move(message);
-      std::vector<std::int64_t> sizes(static_cast<std::size_t>(world_));
-      std::vector<comm::work> pending;
-      for (int r = 1; r < world_; ++r) pending.push_back(group_.recv(buffer_view(std::span<std::int64_t>(&sizes[std::size_t(r)], 1)), r, 1));
-      for (auto& w : pending) co_await w;
-      pending.clear();
-      for (int r = 1; r < world_; ++r) {
-        messages[std::size_t(r)].resize(static_cast<std::size_t>(sizes[std::size_t(r)]));
-        pending.push_back(group_.recv(buffer_view(messages[std::size_t(r)].data(), messages[std::size_t(r)].size(), dtype::u8), r, 2));
-      }
-      for (auto& w : pending) co_await w;
-      outcome = commit(job, messages, result);
-    }
-    auto n = static_cast<std::int64_t>(outcome.size());
-    co_await group_.broadcast(buffer_view(std::span<std::int64_t>(&n, 1)), 0);
-    outcome.resize(static_cast<std::size_t>(n));
-    co_await group_.broadcast(buffer_view(outcome.data(), outcome.size(), dtype::u8), 0);
-    co_return outcome;
-  }
+  SHARDKIT_DECL task<std::string> commit_round(save_job& job, std::string message, save_result& result);
 
   // Rank 0: the index from every rank's file, written last; read back; retention.
-  std::string commit(save_job& job, const std::vector<std::string>& messages, save_result& result) {
-    auto outcome = [](bool committed, bool skipped, const std::string& reason) {
-      return nlohmann::json{{"committed", committed}, {"skipped", skipped}, {"reason", reason}}.dump();
-    };
-    auto [index, reasons, skipped] = assemble_index(job.step, opts_.prefix, job.metadata, messages);
-    if (!reasons.empty()) return outcome(false, skipped, reasons);
-    // The index, last. A throw from the sink does not prove that nothing was written (a lost acknowledgement):
-    // what decides is whether the index reads back.
-    const std::string key = index_key(opts_.prefix, job.step);
-    std::string put_error;
-    try {
-      storage::put_object(sink_, key, storage::as_bytes(to_json(index)));
-    } catch (const std::exception& e) {
-      put_error = e.what();
-    }
-    const auto until = std::chrono::steady_clock::now() + opts_.readback_timeout;
-    std::optional<checkpoint_index> back;
-    for (auto pause = std::chrono::milliseconds(1);; pause = std::min(pause * 2, std::chrono::milliseconds(500))) {
-      try {
-        back = read_index(sink_, opts_.prefix, job.step);
-      } catch (const std::exception& e) {
-        log::warn("ckpt: reading back ", key, ": ", e.what());
-      }
-      if (back || std::chrono::steady_clock::now() >= until) break;
-      std::this_thread::sleep_for(pause);
-    }
-    if (back && *back != index)
-      return outcome(false, false, "the index read back from " + key + " differs from the one written");
-    if (!back && !put_error.empty()) return outcome(false, false, "writing the index " + key + ": " + put_error);
-    if (!back) {
-      log::warn("ckpt: ", key, " is written but not readable yet; retention waits for the next save");
-      return outcome(true, false, {});
-    }
-    try {
-      auto report = apply_retention(sink_, opts_.prefix, job.step, opts_.keep_last);
-      result.removed_steps = report.removed_checkpoints;
-      result.removed_steps.insert(result.removed_steps.end(), report.removed_debris.begin(), report.removed_debris.end());
-    } catch (const std::exception& e) {
-      log::warn("ckpt: retention after step ", job.step, ": ", e.what());  // the checkpoint stands; retry next time
-    }
-    return outcome(true, false, {});
-  }
+  SHARDKIT_DECL std::string commit(save_job& job, const std::vector<std::string>& messages, save_result& result);
 
   checkpointer_options opts_;
   storage::any_sink sink_;
@@ -493,3 +215,7 @@ class checkpointer {
 };
 
 }  // namespace shardkit::ckpt
+
+#if !defined(SHARDKIT_SEPARATE_COMPILATION)
+#include "shardkit/ckpt/checkpointer_impl.hpp"
+#endif

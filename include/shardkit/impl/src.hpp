@@ -1,8 +1,9 @@
 #pragma once
 //! Under SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp), one source file of the program includes
 //! this header and nothing else of shardkit's: it compiles, once, the bodies the other translation units only
-//! declare: init_process_group and its transports, and the sharded model. With the tcp target linked
-//! (SHARDKIT_HAS_TCP) the tcp and shm+tcp transports come with them.
+//! declare: init_process_group and its transports, the sharded model, and, with the ckpt target linked
+//! (SHARDKIT_HAS_CKPT), the checkpointer and the data loader. With the tcp target linked (SHARDKIT_HAS_TCP) the tcp
+//! and shm+tcp transports come with them.
 //!
 //! @code
 //!   // shardkit_src.cpp
@@ -17,3 +18,8 @@
 #include "shardkit/comm/init_tcp.hpp"
 #endif
 #include "shardkit/fsdp/sharded_model_impl.hpp"
+#if defined(SHARDKIT_HAS_CKPT)
+// The checkpointer and the loader need xxHash and nlohmann/json, which only the ckpt target brings.
+#include "shardkit/ckpt/checkpointer_impl.hpp"
+#include "shardkit/data/loader_impl.hpp"
+#endif

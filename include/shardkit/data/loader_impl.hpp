@@ -1,0 +1,283 @@
+#pragma once
+//! The bodies behind data/loader.hpp: opening the datasets, the prefetch thread, batches and state loads.
+//! loader.hpp includes this file in header-only use; under SHARDKIT_SEPARATE_COMPILATION only
+//! <shardkit/impl/src.hpp> does (the loader needs the ckpt target, SHARDKIT_HAS_CKPT), in one translation unit of
+//! the program (core/separate_compilation.hpp).
+#include "shardkit/data/loader.hpp"
+
+namespace shardkit::data {
+
+SHARDKIT_DECL loader::loader(storage::any_sink sink, loader_options options, int rank, int world)
+    : sink_(std::move(sink)), options_(std::move(options)) {
+  check_options();
+  rules_ = {.sequence_length = options_.sequence_length, .bos = options_.bos, .eos = options_.eos,
+            .epochs = options_.epochs,
+            // twice the mean chunk: most chunks are then one read
+            .window_tokens = std::max<std::uint64_t>(2 * options_.chunk_tokens, 1024)};
+  for (const auto& spec : options_.datasets) {
+    detail::dataset_layout layout;
+    std::vector<std::string> keys = spec.files;
+    if (!spec.prefix.empty())
+      for (auto& k : sink_.list(spec.prefix))
+        if (!k.ends_with(".json") && !k.ends_with(".offsets")) keys.push_back(std::move(k));
+    if (keys.empty())
+      throw_error(errc::config, "dataset '" + spec.name + "' has no token files", {.operation = "data.open", .object = spec.prefix});
+    for (const auto& k : keys) layout.files.push_back(token_file::open(sink_, k, spec.defaults));
+    layout.cut(options_.logical_shards, options_.chunk_tokens);
+    layouts_.push_back(std::move(layout));
+    weights_.push_back(spec.weight);
+  }
+  fingerprint_ = compute_fingerprint();
+  check_place(rank, world);
+  rank_ = rank;
+  world_ = world;
+  std::vector<shard_state> fresh;
+  for (std::uint32_t id : shards_of(options_.logical_shards, rank, world))
+    fresh.push_back(detail::initial_shard_state(id, layouts_, options_.seed));
+  install(std::move(fresh));
+}
+
+SHARDKIT_DECL std::vector<std::uint32_t> loader::shards_of(std::uint32_t logical_shards, int rank, int world) {
+  std::vector<std::uint32_t> out;
+  const auto lo = static_cast<std::uint64_t>(rank) * logical_shards / static_cast<std::uint64_t>(world);
+  const auto hi = static_cast<std::uint64_t>(rank + 1) * logical_shards / static_cast<std::uint64_t>(world);
+  for (auto s = lo; s < hi; ++s) out.push_back(static_cast<std::uint32_t>(s));
+  return out;
+}
+
+SHARDKIT_DECL batch loader::next() {
+  item it;
+  const auto t0 = clock::now();
+  if (options_.prefetch == 0) {
+    if (finished_) {
+      it.snapshot = consumed_;
+      it.out.sequence_length = options_.sequence_length;
+    } else {
+      try {
+        it = produce();
+      } catch (...) {  // the streams may have moved on partway: back to what was delivered
+        for (std::size_t i = 0; i < streams_.size(); ++i) streams_[i].reset(consumed_[i]);
+        throw;
+      }
+    }
+    finished_ = finished_ || it.out.empty();
+  } else {
+    std::unique_lock lock(mutex_);
+    ready_.wait(lock, [&] { return !queue_.empty(); });
+    if (queue_.front().error) std::rethrow_exception(queue_.front().error);
+    if (queue_.front().out.empty()) {  // the end: keep it queued, so every later call returns it too
+      it.out.sequence_length = options_.sequence_length;
+      it.snapshot = queue_.front().snapshot;
+    } else {
+      it = std::move(queue_.front());
+      queue_.pop_front();
+      space_.notify_one();
+    }
+    stats_.produce_seconds = produce_seconds_;
+  }
+  const double waited = std::chrono::duration<double>(clock::now() - t0).count();
+  stats_.wait_seconds += waited;
+  stats_.max_wait_seconds = std::max(stats_.max_wait_seconds, waited);
+  if (options_.prefetch == 0) stats_.produce_seconds += waited;
+  consumed_ = std::move(it.snapshot);
+  if (!it.out.empty()) {
+    ++stats_.batches;
+    stats_.sequences += it.out.size();
+  }
+  return std::move(it.out);
+}
+
+SHARDKIT_DECL void loader::load(std::span<const std::vector<std::byte>> states, int rank, int world) {
+  std::vector<rank_state> decoded;
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    try {
+      decoded.push_back(decode_state(states[i]));
+    } catch (const error& e) {
+      throw e.with_context({.object = "state blob " + std::to_string(i)});
+    }
+  }
+  load_values(decoded, rank, world);
+}
+
+SHARDKIT_DECL void loader::load_values(std::span<const rank_state> states, int rank, int world) {
+  auto bad = [](errc e, const std::string& why) { throw_error(e, why, {.operation = "data.load"}); };
+  if (states.empty()) bad(errc::invalid_argument, "no state blobs");
+  check_place(rank, world);
+  const std::uint32_t old_world = states[0].world;
+  if (states.size() != old_world)
+    bad(errc::invalid_argument, std::to_string(states.size()) + " blobs from a world of " + std::to_string(old_world) +
+                                    ": every rank's blob is needed");
+  for (const auto& s : states)
+    if (s.weights.size() != layouts_.size())
+      bad(errc::mismatch, "rank " + std::to_string(s.rank) + "'s state mixes " + std::to_string(s.weights.size()) +
+                              " datasets, this loader " + std::to_string(layouts_.size()));
+  std::vector<bool> rank_seen(old_world), shard_seen(options_.logical_shards);
+  std::vector<shard_state> all(options_.logical_shards);
+  for (const auto& s : states) {
+    if (s.fingerprint != fingerprint_ || s.logical_shards != options_.logical_shards)
+      bad(errc::mismatch, "rank " + std::to_string(s.rank) + "'s state was taken with another loader configuration "
+                          "(datasets, files, sequence length, BOS/EOS/pad, chunking, seed, epochs or logical shards)");
+    if (s.world != old_world || s.rank >= old_world || rank_seen[s.rank])
+      bad(errc::invalid_argument, "the blobs are not one per rank of one world (rank " + std::to_string(s.rank) + " of " +
+                                      std::to_string(s.world) + ")");
+    rank_seen[s.rank] = true;
+    if (s.weights != states[0].weights) bad(errc::mismatch, "ranks " + std::to_string(s.rank) + " and " +
+                                                                std::to_string(states[0].rank) + " mix with different weights");
+    for (const auto& sh : s.shards) {
+      if (shard_seen[sh.id]) bad(errc::invalid_argument, "logical shard " + std::to_string(sh.id) + " appears twice");
+      shard_seen[sh.id] = true;
+      for (std::size_t d = 0; d < sh.datasets.size(); ++d) check_cursor(sh, d);
+      all[sh.id] = sh;
+    }
+  }
+  for (std::uint32_t id = 0; id < options_.logical_shards; ++id)
+    if (!shard_seen[id]) bad(errc::invalid_argument, "logical shard " + std::to_string(id) + " is in no blob");
+  stop();
+  rank_ = rank;
+  world_ = world;
+  weights_ = states[0].weights;
+  std::vector<shard_state> mine;
+  for (std::uint32_t id : shards_of(options_.logical_shards, rank, world)) mine.push_back(std::move(all[id]));
+  install(std::move(mine));
+}
+
+SHARDKIT_DECL void loader::set_weights(std::vector<double> weights) {
+  check_weights(weights);
+  stop();
+  weights_ = std::move(weights);
+  for (auto& s : consumed_)
+    for (auto& c : s.datasets) c.delivered = 0;
+  install(std::move(consumed_));
+}
+
+SHARDKIT_DECL std::uint64_t loader::dataset_tokens(std::size_t d) const {
+  std::uint64_t n = 0;
+  for (const auto& f : layouts_.at(d).files) n += f.tokens();
+  return n;
+}
+
+SHARDKIT_DECL void loader::check_options() const {
+  auto bad = [](const std::string& why) { throw_error(errc::invalid_argument, why, {.operation = "data.loader"}); };
+  if (options_.datasets.empty()) bad("no datasets");
+  if (options_.sequence_length == 0 || options_.sequence_length > UINT32_MAX) bad("sequence_length must be in [1, 2^32)");
+  if (options_.batch_size == 0) bad("batch_size is 0");
+  if (options_.logical_shards == 0) bad("logical_shards is 0");
+  if (options_.chunk_tokens == 0) bad("chunk_tokens is 0");
+  std::vector<double> w;
+  for (const auto& d : options_.datasets) w.push_back(d.weight);
+  check_weights(w);
+}
+
+SHARDKIT_DECL void loader::check_weights(const std::vector<double>& w) const {
+  bool positive = false;
+  for (double x : w) {
+    if (!std::isfinite(x) || x < 0)
+      throw_error(errc::invalid_argument, "a mixing weight is negative or not finite", {.operation = "data.set_weights"});
+    positive = positive || x > 0;
+  }
+  if (w.size() != options_.datasets.size() || !positive)
+    throw_error(errc::invalid_argument, "one weight per dataset, at least one positive", {.operation = "data.set_weights"});
+}
+
+SHARDKIT_DECL void loader::check_place(int rank, int world) const {
+  if (world < 1 || rank < 0 || rank >= world || static_cast<std::uint32_t>(world) > options_.logical_shards)
+    throw_error(errc::invalid_argument, "rank " + std::to_string(rank) + " of world " + std::to_string(world) +
+                                            " (a world may not exceed the " + std::to_string(options_.logical_shards) +
+                                            " logical shards)",
+                {.operation = "data.loader"});
+}
+
+SHARDKIT_DECL void loader::check_cursor(const shard_state& s, std::size_t d) const {
+  const auto& layout = layouts_[d];
+  const auto& c = s.datasets[d];
+  const std::uint64_t chunks = layout.chunks(s.id);
+  if (!c.exhausted && (c.chunk >= chunks ||
+                       c.document >= layout.chunk_at(s.id, feistel_permutation(chunks, c.key)(c.chunk)).count))
+    throw_error(errc::invalid_argument, "logical shard " + std::to_string(s.id) + "'s cursor of dataset " + std::to_string(d) +
+                                            " points past its data", {.operation = "data.load"});
+}
+
+SHARDKIT_DECL std::uint64_t loader::compute_fingerprint() const {
+  std::string text = "shardkit.data/1";
+  auto add = [&](const auto&... xs) { ((text += "|" + std::to_string(xs)), ...); };
+  add(options_.logical_shards, options_.seed, options_.sequence_length, options_.bos.value_or(-1), options_.bos.has_value(),
+      options_.eos.value_or(-1), options_.eos.has_value(), options_.pad, options_.epochs, options_.chunk_tokens);
+  for (std::size_t d = 0; d < layouts_.size(); ++d) {
+    text += "|dataset " + options_.datasets[d].name;
+    for (const auto& f : layouts_[d].files) {
+      text += "|" + f.key();
+      add(f.tokens(), f.documents(), f.width());
+    }
+  }
+  return ckpt::xxh64(storage::as_bytes(text));
+}
+
+SHARDKIT_DECL void loader::install(std::vector<shard_state> shards) {
+  consumed_ = shards;
+  streams_.clear();
+  for (auto& s : shards) streams_.emplace_back(layouts_, sink_, rules_, std::move(s));
+  queue_.clear();
+  finished_ = false;
+  if (options_.prefetch > 0) {
+    stopping_ = false;
+    thread_ = std::thread([this] { prefetch_loop(); });
+  }
+}
+
+SHARDKIT_DECL void loader::stop() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  space_.notify_all();
+  thread_.join();
+}
+
+SHARDKIT_DECL void loader::prefetch_loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      space_.wait(lock, [&] { return stopping_ || queue_.size() < options_.prefetch; });
+      if (stopping_) return;
+    }
+    item it;
+    const auto t0 = clock::now();
+    try {
+      it = produce();
+    } catch (...) {
+      it.error = std::current_exception();
+    }
+    const bool last = it.error || it.out.empty();
+    std::lock_guard lock(mutex_);
+    produce_seconds_ += std::chrono::duration<double>(clock::now() - t0).count();
+    queue_.push_back(std::move(it));
+    ready_.notify_one();
+    if (last) return;
+  }
+}
+
+SHARDKIT_DECL loader::item loader::produce() {
+  item it;
+  batch& b = it.out;
+  b.sequence_length = options_.sequence_length;
+  b.tokens.resize(options_.batch_size * options_.sequence_length);
+  while (b.size() < options_.batch_size) {
+    detail::shard_stream* next = nullptr;
+    for (auto& s : streams_)
+      if (!s.exhausted(weights_) && (!next || s.state().sequences < next->state().sequences)) next = &s;
+    if (!next) break;
+    auto row = std::span<std::int32_t>(b.tokens).subspan(b.size() * options_.sequence_length, options_.sequence_length);
+    const std::size_t n = next->fill(row, weights_);
+    if (n == 0) continue;  // it had nothing left after all
+    std::fill(row.begin() + static_cast<std::ptrdiff_t>(n), row.end(), options_.pad);
+    b.lengths.push_back(static_cast<std::uint32_t>(n));
+    b.shards.push_back(next->state().id);
+  }
+  b.tokens.resize(b.size() * options_.sequence_length);
+  it.snapshot.reserve(streams_.size());
+  for (const auto& s : streams_) it.snapshot.push_back(s.state());
+  return it;
+}
+
+}  // namespace shardkit::data
