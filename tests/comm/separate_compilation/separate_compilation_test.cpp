@@ -1,14 +1,27 @@
 // SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp): this translation unit includes comm/init.hpp and
-// calls init_process_group, whose body and transports are compiled only in shardkit_src.cpp. Ranks as processes
-// over shm and (with the tcp target) tcp; the CMake target also checks that this file's object defines no
-// transport code (separate_compilation_objects.sh).
+// calls init_process_group, whose body and transports are compiled only in shardkit_src.cpp; it also trains a
+// sharded_model and (with the ckpt target) saves and loads it with a checkpointer, whose member bodies are compiled
+// there too. Ranks as processes over shm and (with the tcp target) tcp; the CMake target also checks that this
+// file's object defines no transport code and none of those members (separate_compilation_objects.sh).
 #include <doctest/doctest.h>
 
-#include <shardkit/comm/init.hpp>
+#include <unistd.h>
 
+#include <shardkit/comm/init.hpp>
+#include <shardkit/fsdp/sharded_model.hpp>
+#if defined(SHARDKIT_HAS_CKPT)
+#include <shardkit/ckpt/checkpointer.hpp>
+#include <shardkit/storage/posix_sink.hpp>
+#endif
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "fsdp/toy_model.hpp"
 #include "support/harness.hpp"
 
 #if !defined(SHARDKIT_SEPARATE_COMPILATION)
@@ -26,8 +39,52 @@ void all_reduce_in_child(const char* transport) {
   auto second = world.group.dup();
   second.barrier().wait();
 }
+// Two ranks: the gathered parameters are the initialized ones, and the gradient shards after a backward hold the
+// mean of the ranks' gradients (1 and 2: 1.5, exact however the average is taken). With the ckpt target the model's
+// shards go through a checkpoint and back.
+void model_in_child() {
+  namespace fsdp = shardkit::fsdp;
+  namespace toy = shardkit::test::toy;
+  auto world = shardkit::comm::init_process_group("shm");
+  SCENARIO_CHECK(world.group.size() == 2);
+  fsdp::sharded_model model(world.group, toy::units());
+  model.init_parameters(toy::init);
+  std::vector<float> full;
+  for (auto& u : model.forward())
+    for (const auto& p : model.layout(u.index()).params()) {
+      full.assign(p.numel, 0.0f);
+      toy::init(p, full);
+      const auto got = u.param<float>(p.name);
+      SCENARIO_CHECK(std::equal(got.begin(), got.end(), full.begin(), full.end()));
+    }
+  for (auto& u : model.backward())
+    for (const auto& p : model.layout(u.index()).params()) {
+      const auto g = u.grad<float>(p.name);
+      std::fill(g.begin(), g.end(), float(world.group.rank() + 1));
+    }
+  for (std::size_t i = 0; i < model.num_units(); ++i)
+    for (const auto& piece : model.local_pieces(i))
+      for (float v : model.grad_shard(i).subspan(piece.shard_offset, piece.numel())) SCENARIO_CHECK(v == 1.5f);
+  SCENARIO_CHECK(model.stats().reduces == model.num_units());
+#if defined(SHARDKIT_HAS_CKPT)
+  const char* dir = std::getenv("SEPARATE_CKPT_DIR");
+  SCENARIO_CHECK(dir != nullptr);
+  shardkit::ckpt::checkpointer ck(world.group, shardkit::storage::make_sink<shardkit::storage::posix_sink>(
+                                                   dir, shardkit::storage::posix_sink_options{.fsync = false}));
+  shardkit::ckpt::state_dict state;
+  state.add_shards(model.sharded_state());
+  const auto before = model.full_state();
+  SCENARIO_CHECK(ck.save(7, state).get().committed);
+  model.init_parameters([](const fsdp::param_slot&, std::span<float> f) { std::fill(f.begin(), f.end(), 0.0f); });
+  SCENARIO_CHECK(model.full_state() != before || world.group.rank() != 0);
+  const auto loaded = ck.load_latest(state);
+  SCENARIO_CHECK(loaded && loaded->step == 7);
+  SCENARIO_CHECK(model.full_state() == before);
+#endif
+}
 }  // namespace
 
+SHARDKIT_SCENARIO(separate_model) { model_in_child(); }
 SHARDKIT_SCENARIO(separate_shm) { all_reduce_in_child("shm"); }
 SHARDKIT_SCENARIO(separate_tcp) { all_reduce_in_child("tcp"); }
 SHARDKIT_SCENARIO(separate_unknown) { (void)shardkit::comm::init_process_group("carrier-pigeon"); }
@@ -41,6 +98,13 @@ TEST_CASE("[comm] init_process_group compiled separately: ranks as processes ove
   shardkit::test::require_all_succeeded(shardkit::test::run_processes(2, "separate_tcp"));
 }
 #endif
+
+TEST_CASE("[comm] sharded_model (and checkpointer) compiled separately: ranks as processes over shm") {
+  const auto dir = std::filesystem::temp_directory_path() / ("shardkit-separate-ckpt-" + std::to_string(::getpid()));
+  const auto results = shardkit::test::run_processes(2, "separate_model", {{"SEPARATE_CKPT_DIR", dir.string()}});
+  std::filesystem::remove_all(dir);
+  shardkit::test::require_all_succeeded(results);
+}
 
 TEST_CASE("[comm] init_process_group compiled separately: the transports registered in src.hpp are the known ones") {
   const auto results = shardkit::test::run_processes(1, "separate_unknown");
