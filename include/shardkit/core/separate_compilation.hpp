@@ -3,8 +3,10 @@
 //! program may define SHARDKIT_SEPARATE_COMPILATION for **all** of its translation units and compile the heavy
 //! bodies once, in one source file that includes <shardkit/impl/src.hpp>. What moves there today is what a trainer
 //! includes and pays for most: init_process_group with the transports it can choose (shm, tcp, shm+tcp) and the
-//! store server rank 0 hosts. A 12-line program that calls init_process_group compiled in 13.6 s (g++ -O0, with the
-//! tcp target) and 1.9 s this way (docs/benchmarks.md, "compile time").
+//! store server rank 0 hosts, and the member bodies of fsdp::sharded_model, ckpt::checkpointer and data::loader
+//! (their *_impl.hpp headers). A 12-line program that calls init_process_group compiled in 13.6 s (g++ -O0, with the
+//! tcp target) and 1.9 s this way; the example trainer in 15 s before the model, checkpointer and loader moved and
+//! 9-10 s after (docs/benchmarks.md, "compile time").
 //!
 //! SHARDKIT_DECL marks a function that is inline in header-only use and an ordinary declaration otherwise.
 //! Defining the macro in some translation units and not in others breaks the one-definition rule: set it on the
