@@ -194,14 +194,22 @@ template <transport::p2p T>
 void exchange(p2p_op<T>& op, const void* mine, void* all, std::size_t bytes) {
   std::vector<completion> recvs(static_cast<std::size_t>(op.n()));
   auto* slots = static_cast<std::byte*>(all);
-  for (int p = 0; p < op.n(); ++p)
-    if (p != op.me()) recvs[std::size_t(p)] = op.recv(p, slots + std::size_t(p) * bytes, bytes);
-  for (int p = 0; p < op.n(); ++p)
-    if (p != op.me()) op.send(p, static_cast<const std::byte*>(mine), bytes);
-  std::memcpy(slots + std::size_t(op.me()) * bytes, mine, bytes);
-  for (int p = 0; p < op.n(); ++p)
-    if (p != op.me()) op.wait_recv(recvs[std::size_t(p)], p, bytes);
-  op.wait_sends();
+  try {
+    for (int p = 0; p < op.n(); ++p)
+      if (p != op.me()) recvs[std::size_t(p)] = op.recv(p, slots + std::size_t(p) * bytes, bytes);
+    for (int p = 0; p < op.n(); ++p)
+      if (p != op.me()) op.send(p, static_cast<const std::byte*>(mine), bytes);
+    std::memcpy(slots + std::size_t(op.me()) * bytes, mine, bytes);
+    for (int p = 0; p < op.n(); ++p)
+      if (p != op.me()) op.wait_recv(recvs[std::size_t(p)], p, bytes);
+    op.wait_sends();
+  } catch (...) {
+    // `mine` and `all` are often the caller's locals (barrier's tokens, the session's records) and die as this
+    // unwinds, long before the op does: a live peer's record still on its way landed in freed memory and
+    // corrupted the heap (chaos: SIGSEGV in 2 of ~440 shm kill trials; docs/reliability.md). Settle first.
+    op.abandon_pending();
+    throw;
+  }
 }
 
 //! One call's records and its view of the peers: their records, and their buffers where mapped (nullptr: kernel

@@ -89,31 +89,40 @@ class p2p_op {
   //! grace to finish: returning while a send still reads, or a recv still writes, the caller's buffer would let
   //! the transport touch freed memory. A transfer still running after the grace aborts the transport (the group
   //! is broken by the error anyway), which guarantees the buffers are no longer referenced.
-  ~p2p_op() {
+  ~p2p_op() { abandon_pending(); }
+
+  //! What the destructor does, for a caller whose buffers die before the op does (a helper's local vector that
+  //! posted recvs): withdraws every transfer still pending on them, or waits for it, or aborts the transport,
+  //! before they go. Call it from a catch block, then rethrow.
+  void abandon_pending() noexcept {
     bool in_flight = false;
     for (auto& c : recvs_)
       if (!c.is_done() && !c.cancel()) in_flight = true;
     for (auto& c : sends_)  // transports that can withdraw an unmatched send (loopback) let go of it here
       if (!c.is_done() && !c.cancel()) in_flight = true;
-    if (!in_flight) return;
-    const auto grace = deadline_after(abandon_grace);
-    std::size_t stuck = 0;
-    for (auto* list : {&recvs_, &sends_})
-      for (auto& c : *list) {
-        try {
-          if (!c.wait_until(grace)) ++stuck;
-        } catch (...) {  // failed: no longer in flight
+    if (in_flight) {
+      const auto grace = deadline_after(abandon_grace);
+      std::size_t stuck = 0;
+      for (auto* list : {&recvs_, &sends_})
+        for (auto& c : *list) {
+          try {
+            if (!c.wait_until(grace)) ++stuck;
+          } catch (...) {  // failed: no longer in flight
+          }
+        }
+      if (stuck > 0) {
+        const std::string why = std::string(name_) + " ended with " + std::to_string(stuck) +
+                                " transfers still using its buffers after a grace period";
+        if constexpr (transport::abortable<T>) {
+          log::error(why, ": aborting the transport so that they can no longer touch them");
+          transport_.abort(std::make_exception_ptr(error(errc::aborted, why + "; the transport was aborted", context(-1))));
+        } else {
+          log::error(why, " and this transport cannot be aborted: they may still read or write them");
         }
       }
-    if (stuck == 0) return;
-    const std::string why = std::string(name_) + " ended with " + std::to_string(stuck) +
-                            " transfers still using its buffers after a grace period";
-    if constexpr (transport::abortable<T>) {
-      log::error(why, ": aborting the transport so that they can no longer touch them");
-      transport_.abort(std::make_exception_ptr(error(errc::aborted, why + "; the transport was aborted", context(-1))));
-    } else {
-      log::error(why, " and this transport cannot be aborted: they may still read or write them");
     }
+    recvs_.clear();
+    sends_.clear();
   }
 
   //! How long ~p2p_op waits for transfers that were already under way when an error ended the op. Short: the op
