@@ -10,7 +10,7 @@
 //!   #include <shardkit/impl/src.hpp>
 //! @endcode
 #if !defined(SHARDKIT_SEPARATE_COMPILATION)
-#error "<shardkit/impl/src.hpp> is for SHARDKIT_SEPARATE_COMPILATION builds: define it for every translation unit of the program"
+#error "<shardkit/impl/src.hpp> is for separately compiled programs: define the macro of core/separate_compilation.hpp for every translation unit of the program"
 #endif
 
 #include "shardkit/comm/init_impl.hpp"
