@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "shardkit/comm/communicator.hpp"
+#include "shardkit/core/detail/blocking_call_pool.hpp"
 #include "shardkit/core/error.hpp"
 
 namespace shardkit::comm::detail {
@@ -46,80 +47,38 @@ struct communicator_interface {
   virtual bool abort(std::exception_ptr reason) = 0;
 };
 
-//! Runs the blocking send/recv of a communicator without isend/irecv. A blocking send may wait for the peer's
-//! matching recv, and a rank commonly posts a send and a recv before waiting for either (an exchange), so the calls
-//! cannot share a fixed number of threads without deadlocking: a worker is added only when every worker is busy,
-//! idle ones take the next call, and the destructor joins them all. Threads stay bounded by the most calls ever in
-//! flight at once, instead of one new (detached, never joined) thread per call.
+//! Runs the blocking send/recv of a communicator without isend/irecv, each on a thread of a blocking_call_pool
+//! (a blocking send may wait for the peer's matching recv, posted after it: no call waits for another's thread),
+//! and turns its outcome into a completion. Threads stay bounded by the most calls ever in flight at once, and the
+//! destructor joins them, instead of one new (detached, never joined) thread per call.
 class blocking_p2p_runner {
  public:
-  blocking_p2p_runner() = default;
-  blocking_p2p_runner(const blocking_p2p_runner&) = delete;
-  blocking_p2p_runner& operator=(const blocking_p2p_runner&) = delete;
-  //! Runs what is queued, then joins: a queued call still completes its completion (its deadline bounds it).
-  ~blocking_p2p_runner() {
-    {
-      std::lock_guard lock(mutex_);
-      closing_ = true;
-    }
-    wake_.notify_all();
-    for (auto& w : workers_) w.join();
-  }
-
   //! `f` runs the blocking call; its outcome completes the returned completion.
   template <class F>
   completion run(F f) {
-    completion_source done;
-    {
-      std::lock_guard lock(mutex_);
-      queue_.push_back({std::function<void()>(std::move(f)), done});
-      if (idle_ < queue_.size()) {
-        ++idle_;  // counted idle from its start, so that the next call does not start another one meanwhile
-        workers_.emplace_back([this] { work(); });
-      }
-    }
-    wake_.notify_one();
-    return done;
+    struct outcome {
+      completion_source done;
+      std::exception_ptr failure;
+    };
+    auto o = std::make_shared<outcome>();
+    completion c = o->done;
+    pool_.run(
+        [f = std::move(f), o]() mutable {
+          try {
+            f();
+          } catch (...) {
+            o->failure = std::current_exception();
+          }
+        },
+        [o] {
+          if (o->failure) o->done.set_error(std::move(o->failure));
+          else o->done.set_done();
+        });
+    return c;
   }
 
  private:
-  struct call {
-    std::function<void()> run;
-    completion_source done;
-  };
-
-  void work() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      wake_.wait(lock, [&] { return closing_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // closing, nothing left
-      call c = std::move(queue_.front());
-      queue_.pop_front();
-      --idle_;
-      lock.unlock();
-      std::exception_ptr failure;
-      try {
-        c.run();
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      lock.lock();
-      // Idle again before the caller learns of the outcome: the call its continuation or its waiter posts next
-      // finds this worker free instead of starting another.
-      ++idle_;
-      lock.unlock();
-      if (failure) c.done.set_error(std::move(failure));
-      else c.done.set_done();
-      lock.lock();
-    }
-  }
-
-  mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<call> queue_;
-  std::vector<std::thread> workers_;
-  std::size_t idle_ = 0;  // workers waiting for a call: a new call starts a worker only when it would otherwise wait
-  bool closing_ = false;
+  shardkit::detail::blocking_call_pool pool_;
 };
 
 //! A communicator may offer asynchronous point-to-point natively.
