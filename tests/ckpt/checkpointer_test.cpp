@@ -185,6 +185,38 @@ TEST_CASE("[ckpt] retention keeps the newest K checkpoints and removes debris of
   CHECK(load_and_check(2, sink, 9) == 9);
 }
 
+namespace {
+// Forwards to a memory sink and counts the calls that read an index (get and size of a key ending in index.json).
+struct index_read_counting_sink {
+  using sink_concept = st::sink_tag;
+  explicit index_read_counting_sink(std::shared_ptr<std::atomic<int>> reads) : index_reads(std::move(reads)) {}
+  st::memory_sink inner;
+  std::shared_ptr<std::atomic<int>> index_reads;
+  void count(const std::string& key) {
+    if (key.ends_with("index.json")) ++*index_reads;
+  }
+  auto put(const std::string& key) { return inner.put(key); }
+  std::size_t get(const std::string& key, std::uint64_t offset, std::span<std::byte> out) {
+    if (offset == 0) count(key);
+    return inner.get(key, offset, out);
+  }
+  std::optional<std::uint64_t> size(const std::string& key) { return inner.size(key); }
+  bool exists(const std::string& key) { return inner.exists(key); }
+  std::vector<std::string> list(const std::string& prefix) { return inner.list(prefix); }
+  bool remove(const std::string& key) { return inner.remove(key); }
+};
+}  // namespace
+
+TEST_CASE("[ckpt] load_latest reads the newest index once on rank 0 and once on each other rank") {
+  auto reads = std::make_shared<std::atomic<int>>(0);
+  st::any_sink sink = st::make_sink<index_read_counting_sink>(reads);
+  save_on(3, sink, {4, 7});
+  const int before = *reads;
+  CHECK(load_and_check(3, sink, 7) == 7);
+  // Rank 0 finds the newest (one read of step 7's index) and loads with what it parsed; ranks 1 and 2 read it once.
+  CHECK(*reads - before == 3);
+}
+
 TEST_CASE("[ckpt] zero-overhead staging: save returns at once, wait_staged before the update, the saved state is the step's") {
   auto sink = memory();
   auto groups = sk::comm::make_loopback_world(2);

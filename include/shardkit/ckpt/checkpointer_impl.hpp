@@ -91,13 +91,18 @@ SHARDKIT_DECL void checkpointer::wait() {
   if (last.valid()) last.get();
 }
 
-SHARDKIT_DECL std::optional<std::uint64_t> checkpointer::latest() {
+SHARDKIT_DECL std::optional<std::uint64_t> checkpointer::latest() { return find_latest(nullptr); }
+
+SHARDKIT_DECL std::optional<std::uint64_t> checkpointer::find_latest(std::optional<checkpoint_index>* parsed_on_rank0) {
   wait_for_saves();
   std::int64_t found = -1;
   std::string failure;
   if (rank_ == 0) {
     try {
-      if (auto index = latest_checkpoint(sink_, opts_.prefix)) found = static_cast<std::int64_t>(index->step);
+      if (auto index = latest_checkpoint(sink_, opts_.prefix)) {
+        found = static_cast<std::int64_t>(index->step);
+        if (parsed_on_rank0) *parsed_on_rank0 = std::move(index);
+      }
     } catch (const std::exception& e) {
       failure = e.what();
       found = -2;
@@ -121,9 +126,11 @@ SHARDKIT_DECL load_report checkpointer::load(std::uint64_t step, const state_dic
 }
 
 SHARDKIT_DECL std::optional<load_report> checkpointer::load_latest(const state_dict& into) {
-  auto step = latest();
+  std::optional<checkpoint_index> parsed;
+  auto step = find_latest(&parsed);
   if (!step) return std::nullopt;
-  return load(*step, into);
+  if (!parsed) return load(*step, into);
+  return load_state(sink_, *parsed, into, rank_, world_, "checkpoint " + index_key(opts_.prefix, *step));
 }
 
 SHARDKIT_DECL std::vector<std::vector<std::byte>> checkpointer::read_rank_bytes(std::uint64_t step, const std::string& name) {
