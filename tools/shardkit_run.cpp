@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,6 +31,8 @@
 #include <string_view>
 #include <vector>
 
+#include "shardkit/core/settings.hpp"
+
 namespace {
 
 using clock_type = std::chrono::steady_clock;
@@ -38,7 +41,8 @@ constexpr const char* usage_text =
     "usage: shardkit-run -n N [--master-addr ADDR] [--master-port PORT] [--grace SECONDS] [--] PROGRAM [ARGS...]\n"
     "\n"
     "Runs N ranks of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR\n"
-    "(default 127.0.0.1) and MASTER_PORT (default: a free port) set, and prefixes every line they print with\n"
+    "(default 127.0.0.1), MASTER_PORT (default: a free port) and SHARDKIT_AUTH_TOKEN (unless set: a random one\n"
+    "for this job) set, and prefixes every line they print with\n"
     "\"[rank K] \". When a rank fails, the others are stopped (SIGTERM, then SIGKILL after the grace period,\n"
     "default 5 s) and shardkit-run exits with that rank's status (128+S for signal S). SIGINT, SIGTERM and SIGHUP\n"
     "are forwarded to every rank (a second one sends SIGKILL); the exit status is then 128+S unless a rank failed.\n"
@@ -206,6 +210,22 @@ struct rank_process {
   stream out, err;
 };
 
+// The ranks authenticate each other with SHARDKIT_AUTH_TOKEN (the store's hello, the TCP transport's handshake).
+// A job whose user set none gets a random one, so a connection from another job or a stranger to this job's
+// ports is refused instead of reading or writing its rendezvous keys.
+std::string random_token() {
+  unsigned char bytes[32];
+  for (std::size_t got = 0; got < sizeof bytes;) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0 && errno != EINTR) fatal(std::string("getrandom: ") + std::strerror(errno));
+    if (n > 0) got += std::size_t(n);
+  }
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string t;
+  for (const unsigned char b : bytes) t += {hex[b >> 4], hex[b & 15]};
+  return t;
+}
+
 pid_t spawn(const options& o, int rank, int port, rank_process& p) {
   int out_pipe[2], err_pipe[2];
   if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0)
@@ -255,6 +275,12 @@ pid_t spawn(const options& o, int rank, int port, rank_process& p) {
 int main(int argc, char** argv) {
   const options o = parse_args(argc, argv);
   const int port = o.master_port ? o.master_port : free_port();
+  try {
+    if (!shardkit::settings::get<shardkit::settings::text>("SHARDKIT_AUTH_TOKEN"))
+      ::setenv("SHARDKIT_AUTH_TOKEN", random_token().c_str(), 1);  // the ranks inherit it
+  } catch (const std::exception& e) {
+    fatal(e.what());
+  }
 
   if (::pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) fatal(std::string("pipe: ") + std::strerror(errno));
   struct sigaction sa {};

@@ -1,8 +1,9 @@
 // The TCP store server (rendezvous/tcp_store_server.hpp: frame cutting, the hello gate, every opcode's payload
 // reader, parked get/wait and cancel) fed one client's byte stream.
 //
-// Input: u8 config (bit 0: send a valid hello frame first, so most inputs reach the request parser), then the
-// bytes the client sends. A fresh server per input (state does not leak between inputs). The client then shuts
+// Input: u8 config (bit 0: send a hello frame first, so most inputs reach the request parser; bit 1: the server
+// has an auth token, which that hello carries; bit 2: the hello carries a wrong token instead, so the server must
+// refuse and serve none of what follows), then the bytes the client sends. A fresh server per input (state does not leak between inputs). The client then shuts
 // down its sending side and reads until the server closes; a server that does not close within 10 s has hung
 // on the input, which is a finding. Afterwards a well-behaved client must still be served (the server thread
 // survived).
@@ -37,7 +38,18 @@ int connect_to(int port) {
   for (;;) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
-    const int e = errno;
+    int e = errno;
+    // libFuzzer's once-a-second SIGALRM (its -timeout watchdog) can interrupt a blocking connect, which then goes
+    // on in the background: wait for it instead of calling that a failure (a 120 s run aborted on EINTR).
+    if (fd >= 0 && e == EINTR) {
+      pollfd p{fd, POLLOUT, 0};
+      int r;
+      while ((r = ::poll(&p, 1, 10000)) < 0 && errno == EINTR) {
+      }
+      socklen_t len = sizeof e;
+      if (r > 0 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0 && e == 0) return fd;
+      if (r == 0) e = ETIMEDOUT;
+    }
     if (fd >= 0) ::close(fd);
     if ((e != EADDRNOTAVAIL && e != EAGAIN && e != EMFILE && e != ENFILE) || std::chrono::steady_clock::now() > until) {
       std::fprintf(stderr, "fuzz_store_protocol: cannot connect to the store server on port %d: %s\n", port, std::strerror(e));
@@ -90,22 +102,24 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   (void)quiet;
   shardkit::fuzz::input in(data, size);
   const auto config = in.take<std::uint8_t>();
+  const std::string token = (config & 2) ? "fuzz-token" : "";
   std::string bytes;
-  if (config & 1)
-    bytes = rdv::detail::frame_writer(rdv::detail::store_op::hello)
-                .u32(rdv::detail::store_magic)
-                .u32(rdv::detail::store_protocol_version)
-                .take();
+  if (config & 1) bytes = rdv::detail::store_hello((config & 4) ? token + "?" : token);
   bytes += in.rest_text();
 
-  rdv::tcp_store_server server(rdv::tcp_store_server_options{.bind_address = "127.0.0.1", .max_frame_bytes = 1 << 20});
+  rdv::tcp_store_server server(
+      rdv::tcp_store_server_options{.bind_address = "127.0.0.1", .max_frame_bytes = 1 << 20, .auth_token = token});
   const int fd = connect_to(server.port());
   const bool closed = send_and_drain(fd, bytes);
   close_hard(fd);
   shardkit::fuzz::require(closed, "the store server neither answered to the end nor closed within 10 s");
   // The server thread is still alive and serving.
   rdv::tcp_store client("127.0.0.1", server.port(),
-                        rdv::tcp_store_options{.connect_timeout = std::chrono::seconds(10), .timeout = std::chrono::seconds(10)});
+                        rdv::tcp_store_options{.connect_timeout = std::chrono::seconds(10),
+                                               .timeout = std::chrono::seconds(10),
+                                               .auth_token = token});
+  // A refused hello must have let nothing through: the input wrote no key.
+  if ((config & 5) == 5) shardkit::fuzz::require(client.num_keys() == 0, "a client with a wrong token wrote a key");
   client.set("fuzz/alive", "1");
   shardkit::fuzz::require(client.get("fuzz/alive", std::chrono::seconds(10)) == "1", "the store server lost a key");
   return 0;

@@ -34,7 +34,8 @@ write("tcp_frame", "budgeted_empty_and_split",
 write("tcp_frame", "recv_too_small", bytes([1]) + recvs((0, 4)) + frame(0, 0, 10, 0, b"0123456789"))
 
 
-# ---- store_protocol: u8 config (bit 0: hello first), then request frames (rendezvous/tcp_store_server.hpp) ----
+# ---- store_protocol: u8 config (bit 0: hello first; bit 1: the server has a token, which the hello carries;
+# bit 2: the hello's token is wrong), then request frames (rendezvous/tcp_store_server.hpp, protocol version 2) ----
 def sframe(payload):
     return struct.pack("<I", len(payload)) + payload
 
@@ -49,7 +50,11 @@ def keys(*ks):
 
 
 SET, GET, WAIT, CHECK, ADD, CAS, REMOVE, NUM_KEYS, CANCEL = range(1, 10)
-hello = sframe(bytes([0]) + struct.pack("<II", 0x54534B53, 1))
+def hello_frame(version, token):
+    return sframe(bytes([0]) + struct.pack("<II", 0x54534B53, version) + s(token))
+
+
+hello = hello_frame(2, "")
 write("store_protocol", "set_get_remove",
       bytes([1]) + sframe(bytes([SET]) + s("k") + s("v")) + sframe(bytes([GET]) + s("k")) +
       sframe(bytes([REMOVE]) + s("k")) + sframe(bytes([NUM_KEYS])))
@@ -61,8 +66,11 @@ write("store_protocol", "parked_wait_then_cancel",
       bytes([1]) + sframe(bytes([WAIT]) + keys("a", "b")) + sframe(bytes([CANCEL])) + sframe(bytes([SET]) + s("a") + s("1")))
 write("store_protocol", "parked_get_released",
       bytes([1]) + sframe(bytes([GET]) + s("later")) + sframe(bytes([SET]) + s("later") + s("v")))
-write("store_protocol", "explicit_hello_wrong_version", bytes([0]) + sframe(bytes([0]) + struct.pack("<II", 0x54534B53, 2)))
+write("store_protocol", "explicit_hello_wrong_version", bytes([0]) + sframe(bytes([0]) + struct.pack("<II", 0x54534B53, 1)))
 write("store_protocol", "explicit_hello_then_set", bytes([0]) + hello + sframe(bytes([SET]) + s("k") + s("v")))
+write("store_protocol", "token_then_set", bytes([3]) + sframe(bytes([SET]) + s("k") + s("v")) + sframe(bytes([GET]) + s("k")))
+write("store_protocol", "wrong_token_then_set", bytes([7]) + sframe(bytes([SET]) + s("k") + s("v")) + sframe(bytes([ADD]) + s("n") + struct.pack("<q", 1)))
+write("store_protocol", "explicit_wrong_token", bytes([2]) + hello_frame(2, "fuzz-tokem") + sframe(bytes([SET]) + s("k") + s("v")))
 
 # ---- ckpt_index: index JSON (ckpt/index.hpp; the documented example of docs/checkpoint-format.md) ----
 write("ckpt_index", "documented_example", """{"format": "shardkit.ckpt", "version": 2, "step": 100, "world_size": 2, "metadata": {"run": "example"},

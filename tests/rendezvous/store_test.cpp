@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <set>
 #include <string>
 #include <thread>
@@ -103,6 +104,20 @@ struct raw_socket {
     }
     return false;
   }
+  // Everything the server sends until it closes (or the timeout passes).
+  std::string read_until_closed(std::chrono::milliseconds timeout = 3s) const {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    std::string out;
+    char buf[4096];
+    while (std::chrono::steady_clock::now() < until) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      out.append(buf, std::size_t(n));
+    }
+    return out;
+  }
   std::string read_frame() const {
     std::string out;
     char buf[256];
@@ -116,8 +131,30 @@ struct raw_socket {
 };
 
 std::string hello(std::uint32_t version = rdv::detail::store_protocol_version) {
-  return rdv::detail::frame_writer(rdv::detail::store_op::hello).u32(rdv::detail::store_magic).u32(version).take();
+  return rdv::detail::store_hello("", version);
 }
+
+// What this process writes to stderr (the log) while it lives.
+struct stderr_capture {
+  std::FILE* file = std::tmpfile();
+  int saved = ::dup(2);
+  stderr_capture() { ::dup2(::fileno(file), 2); }
+  ~stderr_capture() {
+    restore();
+    std::fclose(file);
+  }
+  void restore() {
+    if (saved >= 0) ::dup2(saved, 2), ::close(saved), saved = -1;
+  }
+  std::string text() const {
+    std::string out;
+    char buf[4096];
+    std::size_t n;
+    std::rewind(file);
+    while ((n = std::fread(buf, 1, sizeof buf, file)) > 0) out.append(buf, n);
+    return out;
+  }
+};
 
 }  // namespace
 
@@ -265,7 +302,7 @@ TEST_CASE("[rendezvous] tcp_store: garbage, oversized and unknown frames drop on
   }
   SUBCASE("a hello of another magic") {
     raw_socket raw(server.port());
-    raw.send(rdv::detail::frame_writer(rdv::detail::store_op::hello).u32(0xdeadbeef).u32(1).take());
+    raw.send(rdv::detail::frame_writer(rdv::detail::store_op::hello).u32(0xdeadbeef).u32(2).str("").take());
     CHECK(raw.closed_by_peer());
   }
   SUBCASE("an oversized frame after a good hello") {
@@ -312,6 +349,92 @@ TEST_CASE("[rendezvous] tcp_store: garbage, oversized and unknown frames drop on
   t.join();
   CHECK(waited == "now");
   CHECK(good.add("n", 1) == 1);
+}
+
+TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is refused, logged, and reads or writes nothing") {
+  const std::string token = "job-secret-0123456789";
+  rdv::tcp_store_server server({.bind_address = "127.0.0.1", .auth_token = token});
+  auto with_token = [&](std::string t) {
+    auto o = quick();
+    o.auth_token = std::move(t);
+    return o;
+  };
+  rdv::tcp_store good("127.0.0.1", server.port(), with_token(token));
+  good.set("k", "v");
+  auto waiter = std::make_shared<rdv::tcp_store>("127.0.0.1", server.port(), with_token(token));
+  std::string waited;
+  std::thread t([&] { waited = waiter->get("later", 10s); });
+
+  stderr_capture log;
+  SUBCASE("a client with a wrong token fails at once with a named error") {
+    const auto start = std::chrono::steady_clock::now();
+    const auto e = expect_error([&] { rdv::tcp_store("127.0.0.1", server.port(), with_token("guess")); });
+    CHECK(std::chrono::steady_clock::now() - start < 2s);  // refused, not retried until connect_timeout (5 s)
+    CHECK(e.code() == errc::auth_failed);
+    CHECK(contains(e.what(), "wrong auth token"));
+    CHECK(contains(e.what(), "127.0.0.1:" + std::to_string(server.port())));
+    CHECK(contains(log.text(), "dropping client"));
+    CHECK(contains(log.text(), "wrong auth token"));
+  }
+  SUBCASE("a client without a token, when the server has one") {
+    const auto e = expect_error([&] { rdv::tcp_store("127.0.0.1", server.port(), quick()); });
+    CHECK(e.code() == errc::auth_failed);
+    CHECK(contains(e.what(), "no auth token"));
+    CHECK(contains(log.text(), "dropping client"));
+  }
+  SUBCASE("requests pipelined behind a wrong hello are never served") {
+    raw_socket raw(server.port());
+    using op = rdv::detail::store_op;
+    raw.send(rdv::detail::store_hello("guess") + rdv::detail::frame_writer(op::set).str("stolen").str("x").take() +
+             rdv::detail::frame_writer(op::get).str("k").take() + rdv::detail::frame_writer(op::add).str("n").i64(1).take());
+    const auto resp = raw.read_frame();
+    REQUIRE(!resp.empty());
+    CHECK(resp[0] == char(rdv::detail::store_status::error));
+    CHECK(contains(resp, "wrong auth token"));
+    CHECK(raw.read_until_closed().empty());  // the error was the only answer, then the server closed
+    CHECK(raw.closed_by_peer(100ms));
+    CHECK_FALSE(good.check(keys{"stolen"}));
+    CHECK_FALSE(good.check(keys{"n"}));
+  }
+  SUBCASE("a protocol version 1 hello (no token) gets a version error") {
+    raw_socket raw(server.port());
+    raw.send(rdv::detail::frame_writer(rdv::detail::store_op::hello).u32(rdv::detail::store_magic).u32(1).take());
+    const auto resp = raw.read_frame();
+    REQUIRE(!resp.empty());
+    CHECK(resp[0] == char(rdv::detail::store_status::error));
+    CHECK(contains(resp, "protocol version 2, the client 1"));
+    CHECK(raw.closed_by_peer());
+    CHECK(contains(log.text(), "dropping client"));
+  }
+  SUBCASE("a token longer than the limit is an oversized hello") {
+    raw_socket raw(server.port());
+    raw.send(rdv::detail::store_hello(std::string(rdv::detail::max_store_token_bytes + 1, 'x')));
+    CHECK(raw.closed_by_peer());
+  }
+  log.restore();
+
+  // The job is unaffected: the parked waiter and the good client go on.
+  CHECK(good.get("k", 1s) == "v");
+  good.set("later", "now");
+  t.join();
+  CHECK(waited == "now");
+  CHECK(good.add("n", 1) == 1);
+}
+
+TEST_CASE("[rendezvous] tcp_store: a server without a token refuses a client with one; create() passes the token") {
+  rdv::tcp_store_server open_server({.bind_address = "127.0.0.1"});
+  auto o = quick();
+  o.auth_token = "x";
+  const auto e = expect_error([&] { rdv::tcp_store("127.0.0.1", open_server.port(), o); });
+  CHECK(e.code() == errc::auth_failed);
+  CHECK(contains(e.what(), "wrong auth token"));
+
+  auto host = rdv::tcp_store::create("127.0.0.1", 0, true, std::nullopt, 10s, "t0k");
+  auto other = rdv::tcp_store::create("127.0.0.1", host->server()->port(), false, std::nullopt, 10s, "t0k");
+  other->set("a", "b");
+  CHECK(host->get("a", 1s) == "b");
+  CHECK(expect_error([&] { rdv::tcp_store::create("127.0.0.1", host->server()->port(), false, std::nullopt, 10s, "t0K"); })
+            .code() == errc::auth_failed);
 }
 
 TEST_CASE("[rendezvous] tcp_store: a client may start before its server") {

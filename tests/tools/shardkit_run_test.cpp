@@ -193,6 +193,25 @@ TEST_CASE("[tools] shardkit-run sets the rendezvous variables and prefixes every
   CHECK(out == "[rank 0] 10.9.8.7:4567\n");
 }
 
+TEST_CASE("[tools] shardkit-run gives a job without SHARDKIT_AUTH_TOKEN a random one, the same for every rank") {
+  ::unsetenv("SHARDKIT_AUTH_TOKEN");
+  std::string first, second;
+  REQUIRE(run({"-n", "2", "sh", "-c", "echo \"token $SHARDKIT_AUTH_TOKEN\""}, &first) == 0);
+  const std::regex token_re("\\[rank 0\\] token ([0-9a-f]{64})\n");
+  std::smatch m;
+  REQUIRE(std::regex_search(first, m, token_re));
+  const std::string token = m[1];
+  CHECK(contains(first, "[rank 1] token " + token + "\n"));
+  REQUIRE(run({"-n", "1", "sh", "-c", "echo \"token $SHARDKIT_AUTH_TOKEN\""}, &second) == 0);
+  CHECK_FALSE(contains(second, token));  // a new one per job
+
+  ::setenv("SHARDKIT_AUTH_TOKEN", "users-own", 1);
+  REQUIRE(run({"-n", "2", "sh", "-c", "echo \"token $SHARDKIT_AUTH_TOKEN\""}, &second) == 0);
+  ::unsetenv("SHARDKIT_AUTH_TOKEN");
+  CHECK(contains(second, "[rank 0] token users-own\n"));
+  CHECK(contains(second, "[rank 1] token users-own\n"));
+}
+
 TEST_CASE("[tools] shardkit-run keeps lines whole when ranks print at once") {
   std::string out;
   const std::string payload(100, 'x');

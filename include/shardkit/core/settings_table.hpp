@@ -106,7 +106,9 @@ inline constexpr variable table[] = {
      .meaning = "port of every listener (a fixed port allows one rank per host and address)", .target = "tcp",
      .min = 0, .max = 65535},
     {.name = "SHARDKIT_AUTH_TOKEN", .type = kind::text, .default_text = "(none: no authentication)",
-     .meaning = "shared secret every connection's handshake must carry (at most 4096 bytes)", .target = "tcp"},
+     .meaning = "shared secret the store's hello and every transport connection's handshake must carry (at most "
+                "4096 bytes); shardkit-run sets a random one per job when unset",
+     .target = "tcp"},
 
     // ---- gloo: gloo_communicator (shardkit::gloo) ----
     {.name = "SHARDKIT_GLOO_HOSTNAME", .type = kind::text, .default_text = "(this host's name, else 127.0.0.1)",

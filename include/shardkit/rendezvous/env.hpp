@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/settings.hpp"
 #include "shardkit/rendezvous/store.hpp"
 #include "shardkit/rendezvous/tcp_store.hpp"
 
@@ -303,10 +304,13 @@ inline rendezvous_info info_from_env(const std::map<std::string, std::string>& v
 
 //! Connects this rank to the job's store: rank 0 hosts a tcp_store server on master_port and waits until every
 //! rank has connected (or `timeout`); the others connect to master_addr:master_port, retrying until `timeout`
-//! while rank 0 starts.
+//! while rank 0 starts. The store takes SHARDKIT_AUTH_TOKEN as its auth token, like the TCP transport: a client
+//! without it cannot read or write a key (shardkit-run sets one per job).
 inline any_store connect_store(const rendezvous_info& info, std::chrono::milliseconds timeout = default_store_timeout) {
   validate(info);
-  return any_store(tcp_store::create(info.master_addr, info.master_port, info.rank == 0, info.world_size, timeout));
+  const std::string token = settings::get<settings::text>("SHARDKIT_AUTH_TOKEN").value_or(std::string());
+  return any_store(
+      tcp_store::create(info.master_addr, info.master_port, info.rank == 0, info.world_size, timeout, token));
 }
 
 }  // namespace shardkit::rendezvous

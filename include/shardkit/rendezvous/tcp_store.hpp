@@ -64,6 +64,9 @@ struct tcp_store_options {
   std::chrono::milliseconds timeout = default_store_timeout;
   //! The largest frame sent or accepted; keep it equal to the server's.
   std::uint32_t max_frame_bytes = detail::default_max_frame_bytes;
+  //! Sent in the hello; must equal the server's (tcp_store_server_options::auth_token), else the constructor
+  //! fails with errc::auth_failed ("wrong auth token") and no key was read or written.
+  std::string auth_token;
 };
 
 //! A client of a tcp_store_server; models shardkit::rendezvous::store.
@@ -84,6 +87,10 @@ class tcp_store {
     if (port_ <= 0 || port_ > 65535)
       throw_error(errc::invalid_argument, "port " + std::to_string(port_) + " is outside 1..65535",
                   {.operation = "store.connect", .object = address()});
+    if (opts_.auth_token.size() > detail::max_store_token_bytes)
+      throw_error(errc::invalid_argument,
+                  "auth_token of " + std::to_string(opts_.auth_token.size()) + " bytes: at most 4096",
+                  {.operation = "store.connect", .object = address()});
     connect();
   }
   tcp_store(const tcp_store&) = delete;
@@ -93,14 +100,17 @@ class tcp_store {
   //! `port` (0 = ephemeral) listening on every interface, and connects to it over loopback; the server lives as
   //! long as the returned client. With world_size, the server side returns only once world_size clients (itself
   //! included) have called create(), or fails with errc::timeout saying how many joined. `timeout` is both the
-  //! connect timeout and the default request timeout.
+  //! connect timeout and the default request timeout. `auth_token` is the server's and this client's
+  //! (connect_store() passes SHARDKIT_AUTH_TOKEN).
   static std::shared_ptr<tcp_store> create(const std::string& host, int port, bool is_server,
                                            std::optional<int> world_size = std::nullopt,
-                                           std::chrono::milliseconds timeout = default_store_timeout) {
-    const tcp_store_options opts{.connect_timeout = timeout, .timeout = timeout};
+                                           std::chrono::milliseconds timeout = default_store_timeout,
+                                           const std::string& auth_token = {}) {
+    const tcp_store_options opts{.connect_timeout = timeout, .timeout = timeout, .auth_token = auth_token};
     std::shared_ptr<tcp_store> store;
     if (is_server) {
-      auto server = std::make_shared<tcp_store_server>(tcp_store_server_options{.port = port});
+      auto server =
+          std::make_shared<tcp_store_server>(tcp_store_server_options{.port = port, .auth_token = auth_token});
       // Loopback, not `host`: host names this machine as others see it and may not resolve here (yet).
       store = std::make_shared<tcp_store>(server->local_address(), server->port(), opts);
       store->server_ = std::move(server);
@@ -352,13 +362,13 @@ class tcp_store {
   }
 
   void handshake() {
-    send_all(request(op::hello).u32(detail::store_magic).u32(detail::store_protocol_version).take());
+    send_all(detail::store_hello(opts_.auth_token));
     auto resp = read_frame(deadline_after(opts_.timeout));
     if (!resp) throw_error(errc::timeout, "no handshake answer");
     detail::frame_reader r(*resp);
     if (static_cast<detail::store_status>(r.u8()) == detail::store_status::error) {
       r.u8();
-      throw_error(errc::auth_failed, r.str());
+      throw_error(errc::auth_failed, "the store at " + address() + " refused this client: " + r.str());
     }
     if (r.u32() != detail::store_magic) throw_error(errc::protocol, "the server at this port is not a shardkit store");
     r.u32();

@@ -36,6 +36,8 @@
 #include <span>
 #include <string_view>
 
+#include "shardkit/core/constant_time.hpp"
+
 namespace shardkit::transport::detail::tcp {
 
 inline constexpr std::uint32_t protocol_version = 1;
@@ -173,17 +175,7 @@ inline frame_header decode_frame(std::span<const std::byte, frame_header_size> i
   return f;
 }
 
-//! Compares two secrets in time that depends only on their lengths, never on where they first differ, so the
-//! token cannot be guessed byte by byte from answer times.
-inline bool constant_time_equal(std::string_view a, std::string_view b) noexcept {
-  const std::size_t n = a.size() > b.size() ? a.size() : b.size();
-  volatile unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (std::size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff = static_cast<unsigned char>(diff | (x ^ y));
-  }
-  return diff == 0;
-}
+// The token compare is shared with the store's hello (core/constant_time.hpp).
+using shardkit::constant_time_equal;
 
 }  // namespace shardkit::transport::detail::tcp

@@ -1,0 +1,166 @@
+#pragma once
+//! The TCP store's wire format, shared by the client (tcp_store.hpp) and the server (tcp_store_server.hpp, which
+//! documents the protocol): constants, frame building and parsing, and the socket bits both halves use.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "shardkit/core/error.hpp"
+
+namespace shardkit::rendezvous {
+
+namespace detail {
+
+inline constexpr std::uint32_t store_magic = 0x54534b53;  // "SKST" as bytes on the wire
+// 2: the hello carries the job's auth token (version 1 had none, so a v1 client is refused with a version error).
+inline constexpr std::uint32_t store_protocol_version = 2;
+inline constexpr std::uint32_t default_max_frame_bytes = 64u << 20;
+//! The longest auth token (the same bound as the TCP transport's handshake).
+inline constexpr std::size_t max_store_token_bytes = 4096;
+//! A hello is u8 + magic + version + the token as a string: a stranger's first frame stays this small.
+inline constexpr std::uint32_t max_hello_bytes = 1 + 4 + 4 + 4 + max_store_token_bytes;
+
+enum class store_op : std::uint8_t { hello = 0, set, get, wait, check, add, compare_set, remove, num_keys, cancel };
+enum class store_status : std::uint8_t { ok = 0, error = 1, cancelled = 2 };
+
+//! Owns one file descriptor.
+class unique_fd {
+ public:
+  unique_fd() = default;
+  explicit unique_fd(int fd) noexcept : fd_(fd) {}
+  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  unique_fd& operator=(unique_fd&& o) noexcept {
+    if (this != &o) reset(std::exchange(o.fd_, -1));
+    return *this;
+  }
+  ~unique_fd() { reset(); }
+  int get() const noexcept { return fd_; }
+  explicit operator bool() const noexcept { return fd_ >= 0; }
+  void reset(int fd = -1) noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+inline std::string errno_message(int e) { return std::system_category().message(e); }
+
+//! "host:port", with brackets around an IPv6 literal.
+inline std::string host_port(const std::string& host, int port) {
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+inline std::string describe_peer(const sockaddr_storage& ss) {
+  char buf[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (ss.ss_family == AF_INET) {
+    const auto& a = reinterpret_cast<const sockaddr_in&>(ss);
+    ::inet_ntop(AF_INET, &a.sin_addr, buf, sizeof buf);
+    port = ntohs(a.sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(ss);
+    ::inet_ntop(AF_INET6, &a.sin6_addr, buf, sizeof buf);
+    port = ntohs(a.sin6_port);
+  }
+  return host_port(buf, port);
+}
+
+inline std::uint32_t load_u32(const char* p) noexcept {
+  std::uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
+  return v;
+}
+
+//! Builds one frame; take() patches in the length prefix.
+class frame_writer {
+ public:
+  explicit frame_writer(std::uint8_t first) : buf_(4, '\0') { u8(first); }
+  explicit frame_writer(store_op op) : frame_writer(static_cast<std::uint8_t>(op)) {}
+  explicit frame_writer(store_status s) : frame_writer(static_cast<std::uint8_t>(s)) {}
+  frame_writer& u8(std::uint8_t v) { return le(v, 1); }
+  frame_writer& u32(std::uint32_t v) { return le(v, 4); }
+  frame_writer& i64(std::int64_t v) { return le(static_cast<std::uint64_t>(v), 8); }
+  frame_writer& str(std::string_view s) {
+    u32(static_cast<std::uint32_t>(s.size()));
+    buf_.append(s);
+    return *this;
+  }
+  frame_writer& strs(std::span<const std::string> ss) {
+    u32(static_cast<std::uint32_t>(ss.size()));
+    for (const auto& s : ss) str(s);
+    return *this;
+  }
+  std::size_t payload_size() const noexcept { return buf_.size() - 4; }
+  std::string take() {
+    const auto n = static_cast<std::uint32_t>(payload_size());
+    for (int i = 0; i < 4; ++i) buf_[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+    return std::move(buf_);
+  }
+
+ private:
+  frame_writer& le(std::uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) buf_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+    return *this;
+  }
+  std::string buf_;
+};
+
+//! Reads one payload; anything short or left over is errc::protocol.
+class frame_reader {
+ public:
+  explicit frame_reader(std::string_view p) : p_(p) {}
+  std::uint8_t u8() { return static_cast<std::uint8_t>(take(1)[0]); }
+  std::uint32_t u32() { return load_u32(take(4).data()); }
+  std::int64_t i64() {
+    const auto s = take(8);
+    return static_cast<std::int64_t>(load_u32(s.data()) | (std::uint64_t(load_u32(s.data() + 4)) << 32));
+  }
+  std::string str() { return std::string(take(u32())); }
+  std::vector<std::string> strs() {
+    const auto n = u32();
+    if (n > p_.size() / 4) throw_error(errc::protocol, "key count larger than the frame");
+    std::vector<std::string> out;
+    out.reserve(n);
+    for (std::uint32_t i = 0; i < n; ++i) out.push_back(str());
+    return out;
+  }
+  void finish() const {
+    if (!p_.empty()) throw_error(errc::protocol, "trailing bytes in a store frame");
+  }
+
+ private:
+  std::string_view take(std::size_t n) {
+    if (n > p_.size()) throw_error(errc::protocol, "truncated store frame");
+    const auto s = p_.substr(0, n);
+    p_.remove_prefix(n);
+    return s;
+  }
+  std::string_view p_;
+};
+
+//! The client's first frame: the magic, the protocol version it speaks and the job's token.
+inline std::string store_hello(std::string_view token, std::uint32_t version = store_protocol_version) {
+  return frame_writer(store_op::hello).u32(store_magic).u32(version).str(token).take();
+}
+
+inline void set_nodelay(int fd) noexcept {
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+}  // namespace detail
+
+}  // namespace shardkit::rendezvous
