@@ -4,7 +4,8 @@
 #  1. kill -9 of one rank at a random point of the collective loop: every other rank fails within its timeout + 1 s
 #     with an error naming the killed rank (the chaos_kill_in_collective scenario checks itself and exits 0);
 #  2. a lab link set down (ip link set eth0 down in a host's namespace) mid-collective: every rank, on both sides
-#     of it, fails with an error within its timeout + 1 s (nothing dies, so nothing closes a connection: timeouts).
+#     of it, fails with an error within its timeout + 1 s of the link going down, and by the failed collective's
+#     own deadline (+ 100 ms of scheduling slack; nothing dies, so nothing closes a connection: timeouts).
 # CHAOS_TRIALS (default 2) trials of each. Exit 77 (ctest SKIP_RETURN_CODE) with a one-line reason without root.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../lab/lab_lib.sh"
@@ -16,24 +17,33 @@ timeout_ms=3000
 lab_up "$netlab" k 3
 common=(SHARDKIT_SOCKET_IFNAME=eth0 SHARDKIT_TIMEOUT_MS=$timeout_ms CHAOS_TRANSPORT=tcp)
 monotonic_ns() { python3 -c 'import time; print(time.monotonic_ns())'; }
-times=()
+times=() op_times=()
 
-# collect SCENARIO: appends each survivor's time to error (ms) to times[].
+# collect SCENARIO: appends each survivor's time to error (ms) to times[], and the time from the failed
+# collective's call to the error (its deadline is that call + the timeout) to op_times[].
 collect() {
   local r line
   for r in "${!codes[@]}"; do
     line=$(grep -m1 '^CHAOS rank' "$logs/$1.$r.log") || continue
-    times+=("$(sed -E 's/.* failed ([0-9.]+) ms after.*/\1/' <<<"$line")")
+    times+=("$(sed -E 's/.* failed ([0-9.]+) ms after the kill.*/\1/' <<<"$line")")
+    op_times+=("$(sed -E 's/.* ([0-9.]+) ms after the collective was called.*/\1/' <<<"$line")")
   done
+}
+
+# spread LABEL VALUES...: "LABEL min A median B max C".
+spread() {
+  local label=$1 sorted n
+  shift
+  sorted=($(printf '%s\n' "$@" | sort -g))
+  n=${#sorted[@]}
+  ((n > 0)) || sorted=("?")
+  echo "$label min ${sorted[0]:-?} median ${sorted[$((n / 2))]:-?} max ${sorted[$((n - 1))]:-?} over $n ranks"
 }
 
 summary() {
   local label=$1 passed=$2
-  local sorted=($(printf '%s\n' "${times[@]}" | sort -g)) n
-  n=${#sorted[@]}
-  ((n > 0)) || sorted=("?")
-  echo "CHAOS lab $label: $passed/$trials trials passed; time to error (ms) min ${sorted[0]:-?} median ${sorted[$((n / 2))]:-?} max ${sorted[$((n - 1))]:-?} over $n ranks (timeout $timeout_ms ms)"
-  times=()
+  echo "CHAOS lab $label: $passed/$trials trials passed; $(spread "time to error (ms)" "${times[@]}"); $(spread "from the failed collective's call (ms)" "${op_times[@]}") (timeout $timeout_ms ms)"
+  times=() op_times=()
 }
 
 passed=0

@@ -79,6 +79,7 @@ void collective_loop(comm::process_group& pg, int victim, int kill_after_ms, con
   for (long iter = 0;; ++iter) {
     const std::size_t count = counts[rng() % std::size(counts)];
     const unsigned kind = rng() % 3;
+    const auto called = monotonic_ns();  // the collective's deadline is this + SHARDKIT_TIMEOUT_MS
     try {
       if (kind == 0) {
         data.assign(count, float(rank + 1));
@@ -97,12 +98,18 @@ void collective_loop(comm::process_group& pg, int victim, int kill_after_ms, con
     } catch (const error& e) {
       const auto failed = monotonic_ns();
       const double ms = ms_since_kill(dir, failed);
+      const double op_ms = double(failed - called) / 1e6;
       const std::string what = e.what();
-      std::printf("CHAOS rank %d failed %.1f ms after the kill (iteration %ld, timeout %s ms): %s\n", rank, ms, iter,
-                  env_or("SHARDKIT_TIMEOUT_MS", "?").c_str(), what.c_str());
+      std::printf("CHAOS rank %d failed %.1f ms after the kill, %.1f ms after the collective was called (iteration %ld, "
+                  "timeout %s ms): %s\n",
+                  rank, ms, op_ms, iter, env_or("SHARDKIT_TIMEOUT_MS", "?").c_str(), what.c_str());
       std::fflush(stdout);
-      const double limit = std::stod(env_or("SHARDKIT_TIMEOUT_MS", "0")) + 1000;
-      SCENARIO_CHECK(ms <= limit);
+      const double timeout_ms = std::stod(env_or("SHARDKIT_TIMEOUT_MS", "0"));
+      SCENARIO_CHECK(ms <= timeout_ms + 1000);
+      // A collective that nothing completes (a link set down) fails by its own deadline: the abort of transfers
+      // stuck behind the link is taken from its timeout, not added to it (p2p_op::abandon_pending). The slack is
+      // scheduling on a loaded machine, not a grace.
+      if (victim < 0) SCENARIO_CHECK(op_ms <= timeout_ms + 100);
       // victim < 0: a link went down (chaos_netlab.sh), nobody died; a timeout naming the silent peer is right.
       if (victim >= 0) SCENARIO_CHECK(what.find("rank " + std::to_string(victim)) != std::string::npos);
       return;

@@ -8,6 +8,7 @@
 #include "support/harness.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -272,6 +273,44 @@ TEST_CASE("[comm] cross-memory: a rank that gave up is never written to, and its
     test::require_all_succeeded(test::run_processes(2, "cross_memory_peer_left", {{"SHARDKIT_TIMEOUT_MS", "60000"}, {"SHARDKIT_TEST_BUFFERS", mode}},
                                                     std::chrono::seconds(60)));
   }
+}
+
+// Rank 1 never calls the second all_reduce. Rank 0's cross-memory call must fail with a timeout by its deadline:
+// the 0.5 s it waits after an error before its buffers go back (peers may still write into them) comes out of its
+// timeout (cross_memory.hpp, leave_reserve), not on top of it (it did: 2.0 s + 0.5 s).
+SHARDKIT_SCENARIO(cross_memory_timeout_by_deadline) {
+  const int rank = test::env_rank();
+  auto world = comm::init_process_group("shm");
+  auto& pg = world.group;
+  const std::size_t count = std::size_t(1) << 18;  // 1 MiB: past the rings' limit, so cross-memory
+  std::vector<float> in(count, float(rank + 1)), out(count);
+  pg.all_reduce(const_buffer_view(std::span<const float>(in)), buffer_view(std::span<float>(out))).wait();
+  SCENARIO_CHECK(out[777] == 3.0f);
+  if (rank == 0) {
+    const auto timeout = std::chrono::milliseconds(2000);
+    const auto start = std::chrono::steady_clock::now();
+    bool timed_out = false;
+    try {
+      pg.all_reduce(const_buffer_view(std::span<const float>(in)), buffer_view(std::span<float>(out)), reduce_op::sum,
+                    {.timeout = timeout})
+          .wait();
+    } catch (const error& e) {
+      timed_out = e.code() == make_error_code(errc::timeout);
+      std::fprintf(stderr, "rank 0: %s\n", e.what());
+    }
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    std::fprintf(stderr, "rank 0: the call failed after %lld ms (timeout %lld ms)\n", (long long)took.count(),
+                 (long long)timeout.count());
+    SCENARIO_CHECK(timed_out);
+    SCENARIO_CHECK(took <= timeout + std::chrono::milliseconds(150));  // scheduling slack, not a grace
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(3));  // alive, but never calls
+  }
+}
+
+TEST_CASE("[comm] cross-memory: a call that times out fails by its deadline, its leave wait included") {
+  test::require_all_succeeded(
+      test::run_processes(2, "cross_memory_timeout_by_deadline", {{"SHARDKIT_TIMEOUT_MS", "60000"}}, std::chrono::seconds(60)));
 }
 
 TEST_CASE("[comm] cross-memory access refused (a rank in another pid namespace): every rank falls back to the rings") {

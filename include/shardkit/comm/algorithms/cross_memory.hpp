@@ -15,7 +15,8 @@
 //! addresses, a "live" word) stays in its memory for the whole call, and peers read it back: before every
 //! write_span_bytes a rank writes into a peer, and after all its reads. A rank leaving the call clears its live word
 //! first; leaving on an error it then waits session::leave_grace before handing the buffers back to its caller, so
-//! a peer that checked just before can finish its span and no later write starts. A rank that read a buffer whose
+//! a peer that checked just before can finish its span and no later write starts (that wait is taken from the
+//! call's timeout, leave_reserve, so a timed-out call still fails by its deadline). A rank that read a buffer whose
 //! owner had left fails with errc::aborted instead of reporting success. Rank r only reads slice r of any input and
 //! only writes slice r of any output, each line read before it is written, so in-place needs no extra barrier.
 //!
@@ -242,6 +243,22 @@ struct session {
   }
 };
 
+//! Takes session::leave_grace off the op's deadline while a session is open (declare it before the session, so
+//! that it outlives the session's leave wait): a call that fails on a timeout then fails leave_grace early, and
+//! after the wait its error still reaches the caller by the deadline instead of leave_grace past it.
+template <transport::p2p T>
+class leave_reserve {
+ public:
+  explicit leave_reserve(p2p_op<T>& op) noexcept : op_(op), taken_(op.reserve_from_deadline(session::leave_grace)) {}
+  leave_reserve(const leave_reserve&) = delete;
+  leave_reserve& operator=(const leave_reserve&) = delete;
+  ~leave_reserve() { op_.restore_deadline(taken_); }
+
+ private:
+  p2p_op<T>& op_;
+  std::chrono::milliseconds taken_;
+};
+
 //! Whether process `r.pid` still holds record `r` at r.probe (so it is still inside the call that sent it).
 inline bool still_there(const record& r) {
   record seen{};
@@ -402,6 +419,7 @@ bool cross_memory_all_reduce(p2p_op<T>& op, const std::byte* in, std::byte* out,
   using namespace cross_memory_detail;
   if (group.state == cross_memory_state::refused || count == 0 || op.n() < 2) return false;
   const std::size_t es = size_of(type);
+  leave_reserve reserve(op);
   session s;
   if (!open_session(op, in, count * es, out, count * es, count, group, s)) return false;
   const partition part = partition::equal(count, op.n());
@@ -418,6 +436,7 @@ bool cross_memory_reduce_scatter(p2p_op<T>& op, const std::byte* in, std::byte* 
   using namespace cross_memory_detail;
   if (group.state == cross_memory_state::refused || part.total() == 0 || op.n() < 2) return false;
   const std::size_t es = size_of(type);
+  leave_reserve reserve(op);
   session s;
   if (!open_session(op, in, part.total() * es, out, part.count(op.me()) * es, part.total(), group, s)) return false;
   reduce_block(op, s, in, out, part.begin(op.me()), part.count(op.me()), type, rop, false);
@@ -435,6 +454,7 @@ bool cross_memory_all_gather(p2p_op<T>& op, const std::byte* in, std::byte* out,
   using namespace cross_memory_detail;
   if (group.state == cross_memory_state::refused || part.total() == 0 || op.n() < 2) return false;
   const int n = op.n(), me = op.me();
+  leave_reserve reserve(op);
   session s;
   if (!open_session(op, in, part.count(me) * es, out, part.total() * es, part.total(), group, s)) return false;
   const std::size_t at = part.begin(me) * es, len = part.count(me) * es;

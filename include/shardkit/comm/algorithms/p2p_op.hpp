@@ -88,7 +88,8 @@ class p2p_op {
   //! When an error unwinds the op, recvs still posted are withdrawn and transfers already under way get a short
   //! grace to finish: returning while a send still reads, or a recv still writes, the caller's buffer would let
   //! the transport touch freed memory. A transfer still running after the grace aborts the transport (the group
-  //! is broken by the error anyway), which guarantees the buffers are no longer referenced.
+  //! is broken by the error anyway), which guarantees the buffers are no longer referenced. The grace ends at the
+  //! op's deadline at the latest, so the error still surfaces within the caller's timeout.
   ~p2p_op() { abandon_pending(); }
 
   //! What the destructor does, for a caller whose buffers die before the op does (a helper's local vector that
@@ -101,7 +102,13 @@ class p2p_op {
     for (auto& c : sends_)  // transports that can withdraw an unmatched send (loopback) let go of it here
       if (!c.is_done() && !c.cancel()) in_flight = true;
     if (in_flight) {
-      const auto grace = deadline_after(abandon_grace);
+      // The grace comes out of the op's own budget: an op that failed at its deadline (a link set down, a peer
+      // that stopped answering) aborts at once instead of making its caller wait abandon_grace past the timeout
+      // (docs/reliability.md: a lab link set down surfaced at timeout + 0.5 s). abort() returns only once the
+      // transport has let go of every buffer, so the caller still never gets a buffer a transfer may touch. A
+      // transport that cannot be aborted keeps the whole grace: it is the only protection its buffers have.
+      const auto grace = transport::abortable<T> ? std::min(deadline_after(abandon_grace), until_)
+                                                 : deadline_after(abandon_grace);
       std::size_t stuck = 0;
       for (auto* list : {&recvs_, &sends_})
         for (auto& c : *list) {
@@ -125,11 +132,21 @@ class p2p_op {
     sends_.clear();
   }
 
-  //! How long ~p2p_op waits for transfers that were already under way when an error ended the op. Short: the op
-  //! has already failed (often after its whole timeout), and a transfer still running then is nearly always stuck
-  //! behind a dead link; every millisecond here is added to the time before the caller sees the error (with 2 s,
-  //! a lab link set down mid-collective surfaced at timeout + 2 s; docs/reliability.md, chaos).
+  //! The longest ~p2p_op waits for transfers that were already under way when an error ended the op, and never
+  //! past the op's deadline. Short: a transfer still running then is nearly always stuck behind a dead link, and
+  //! every millisecond here is added to the time before the caller sees the error.
   static constexpr std::chrono::milliseconds abandon_grace{500};
+
+  //! Moves this op's deadline `t` earlier, for a step that must spend up to `t` after an error before it may
+  //! return (cross_memory's session::leave_grace): its error then still reaches the caller within the timeout.
+  //! Only when at least 2 t are left, so the waits keep at least half of a short timeout (a shorter one keeps them
+  //! whole). Returns what was taken, for restore_deadline.
+  std::chrono::milliseconds reserve_from_deadline(std::chrono::milliseconds t) noexcept {
+    if (until_ == no_deadline || until_ - deadline::clock::now() < 2 * t) return std::chrono::milliseconds(0);
+    until_ -= t;
+    return t;
+  }
+  void restore_deadline(std::chrono::milliseconds taken) noexcept { until_ += taken; }
 
   int n() const noexcept { return int(members_.size()); }
   int me() const noexcept { return me_; }
@@ -181,9 +198,11 @@ class p2p_op {
       // The peer the error is about is alive: it left because of something else, most often a rank that died,
       // which this transport may learn of a moment after that peer did (its own heartbeat, an EOF still
       // queued). Give it that moment; the group is broken either way.
+      // Not past the op's deadline: the error must reach the caller within its timeout.
       const bool named_alive = named >= 0 && named != me_ && !transport_.lost(members_[std::size_t(named)]);
-      for (int i = 0; others.empty() && named_alive && i < 25; ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      const auto pause = std::chrono::milliseconds(10);
+      for (int i = 0; others.empty() && named_alive && i < 25 && deadline::clock::now() + pause <= until_; ++i) {
+        std::this_thread::sleep_for(pause);
         others = lost_members(named);
       }
     }
