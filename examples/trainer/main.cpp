@@ -420,10 +420,18 @@ int main(int argc, char** argv) try {
   if (ckpt) {
     ckpt->wait();
     std::size_t committed = 0;
-    for (auto& c : saves) committed += c.get().committed;
-    if (rank == 0 && !saves.empty())
-      std::printf("# checkpoints: %zu of %zu committed in %s, training stalled %.3f ms in all\n", committed, saves.size(),
-                  f.ckpt_dir.c_str(), total_ckpt_stall_ms);
+    double stage_ms = 0, persist_ms = 0, commit_ms = 0;
+    for (auto& c : saves) {
+      const auto& r = c.get();
+      committed += r.committed;
+      stage_ms += 1e3 * r.stage_seconds, persist_ms += 1e3 * r.persist_seconds, commit_ms += 1e3 * r.commit_seconds;
+    }
+    if (rank == 0 && !saves.empty()) {
+      const double n = double(saves.size());
+      std::printf("# checkpoints: %zu of %zu committed in %s, training stalled %.3f ms in all; per save on rank 0: "
+                  "stage %.3f ms, persist %.3f ms, commit %.3f ms\n",
+                  committed, saves.size(), f.ckpt_dir.c_str(), total_ckpt_stall_ms, stage_ms / n, persist_ms / n, commit_ms / n);
+    }
   }
   return 0;
 } catch (const std::exception& e) {

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -255,6 +257,72 @@ TEST_CASE("[ckpt] a save requested while the previous persists is skipped on eve
     CHECK(skipped.reason.find("skipped it") != std::string::npos);
   });
   CHECK(ck::complete_checkpoints(inner, "") == std::vector<std::uint64_t>{1});
+}
+
+namespace {
+// A memory sink whose put of step 2's index waits (up to 20 s) until rank 0's file of step 3 is being written, to
+// show that a save persists while the previous one commits. Records what it saw.
+struct commit_gate {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool step3_file_started = false;
+  bool index2_started = false;
+  bool overlapped = false;
+};
+struct gated_sink {
+  using sink_concept = st::sink_tag;
+  explicit gated_sink(std::shared_ptr<commit_gate> g) : gate(std::move(g)) {}
+  st::memory_sink inner;
+  std::shared_ptr<commit_gate> gate;
+  auto put(const std::string& key) {
+    std::unique_lock lock(gate->mutex);
+    if (key.starts_with("step-000000000003/rank-00000")) {  // rank 0, the rank that commits step 2
+      gate->step3_file_started = true;
+      gate->changed.notify_all();
+    } else if (key == "step-000000000002/index.json") {
+      gate->index2_started = true;
+      gate->overlapped = gate->changed.wait_for(lock, std::chrono::seconds(20), [&] { return gate->step3_file_started; });
+    } else if (key == "step-000000000004/index.json" || key.starts_with("step-000000000004/rank-")) {
+      // At most two saves in flight: save 4 starts only after save 2 ended.
+      CHECK(gate->index2_started);
+    }
+    lock.unlock();
+    return inner.put(key);
+  }
+  std::size_t get(const std::string& key, std::uint64_t offset, std::span<std::byte> out) { return inner.get(key, offset, out); }
+  std::optional<std::uint64_t> size(const std::string& key) { return inner.size(key); }
+  bool exists(const std::string& key) { return inner.exists(key); }
+  std::vector<std::string> list(const std::string& prefix) { return inner.list(prefix); }
+  bool remove(const std::string& key) { return inner.remove(key); }
+};
+}  // namespace
+
+TEST_CASE("[ckpt] saves pipeline: one persists while the previous commits; rounds and results stay in step order") {
+  for (auto mode : {ck::staging::at_call, ck::staging::zero_overhead}) {
+    CAPTURE(int(mode));
+    auto gate = std::make_shared<commit_gate>();
+    st::any_sink sink = st::make_sink<gated_sink>(gate);
+    auto groups = sk::comm::make_loopback_world(2);
+    sk::test::run_threads(2, [&](int r) {
+      rank_state s(r, 2);
+      ck::checkpointer saver(groups[std::size_t(r)], sink, {.keep_last = 0, .mode = mode});
+      std::vector<sk::basic_completion<ck::save_result>> saves;
+      for (std::uint64_t step = 1; step <= 4; ++step) {
+        s.fill(step, r);
+        saves.push_back(saver.save(step, s.dict));
+        saver.wait_staged();
+      }
+      saver.wait();  // the last save ended, so every save did
+      for (std::size_t i = 0; i < saves.size(); ++i) {
+        REQUIRE(saves[i].is_done());
+        CHECK(saves[i].get().committed);
+        CHECK(saves[i].get().step == i + 1);
+      }
+    });
+    CHECK(gate->overlapped);
+    CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{1, 2, 3, 4});
+    load_and_check(2, sink, 4);
+  }
 }
 
 TEST_CASE("[ckpt] injected faults and late visibility never produce a wrong load") {

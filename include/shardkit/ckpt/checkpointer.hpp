@@ -17,10 +17,12 @@
 //! 4. **retain**: rank 0 keeps the newest keep_last complete checkpoints, and removes debris of failed saves.
 //! Rank 0 then tells every rank the outcome, so all ranks' results agree.
 //!
-//! Bounded memory: one checkpoint staged per rank. A save requested while the previous one still persists waits
-//! for it (when_busy::wait, in save() or, zero-overhead, in wait_staged()) or is skipped (when_busy::skip): a
-//! skipped save still takes part in its commit round, saying "skipped", so that every rank agrees the step was
-//! not committed.
+//! Bounded memory: one checkpoint staged per rank. The staging buffer is free once the rank's file is written, so
+//! saves are a two-stage pipeline on two worker threads: save N stages and persists while save N-1 commits (its
+//! fsyncs, rank 0's index and retention), and commit rounds run in step order. At most two saves are in flight: a
+//! save requested while the previous one still persists, or while the one before it still commits, waits
+//! (when_busy::wait, in save() or, zero-overhead, in wait_staged()) or is skipped (when_busy::skip): a skipped save
+//! still takes part in its commit round, saying "skipped", so that every rank agrees the step was not committed.
 //! @code
 //!   shardkit::ckpt::checkpointer ck(pg, shardkit::storage::make_sink<shardkit::storage::posix_sink>("ckpt"),
 //!                                   {.keep_last = 2, .mode = shardkit::ckpt::staging::zero_overhead});
@@ -172,6 +174,7 @@ class checkpointer {
     std::vector<staged_tensor> staged_tensors;
     std::vector<rank_blob> rank_bytes;
     basic_completion_source<bool> staged;
+    basic_completion_source<bool> persisted;  // the staging buffer is free again
     basic_completion_source<save_result> done;
     double stall_seconds = 0, stage_seconds = 0;
   };
@@ -179,6 +182,19 @@ class checkpointer {
   static void mark_staged(save_job& job) {
     if (!job.staged.is_done()) job.staged.set_value(true);
   }
+  static void mark_persisted(save_job& job) {
+    if (!job.persisted.is_done()) job.persisted.set_value(true);
+  }
+  // What a save waits for before it stages, and before its commit round.
+  struct pipeline_turn {
+    basic_completion<bool> previous_persisted;        // save N-1 let go of the staging buffer
+    basic_completion<save_result> before_previous;    // save N-2 ended: at most two saves in flight
+    basic_completion<save_result> previous;           // save N-1 ended: commit rounds in step order
+    bool ready() const {
+      return (!previous_persisted.valid() || previous_persisted.is_done()) &&
+             (!before_previous.valid() || before_previous.is_done());
+    }
+  };
   static double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -195,7 +211,7 @@ class checkpointer {
   // Copies the job's tensors into the staging buffer (grown, never shrunk: reused by every save).
   SHARDKIT_DECL double stage(save_job& job);
 
-  SHARDKIT_DECL task<void> run(std::shared_ptr<save_job> job, basic_completion<save_result> previous);
+  SHARDKIT_DECL task<void> run(std::shared_ptr<save_job> job, pipeline_turn turn);
 
   SHARDKIT_DECL checkpoint_index write_file(save_job& job);
 
@@ -211,7 +227,9 @@ class checkpointer {
   int rank_ = 0, world_ = 1;
   mutable std::mutex mutex_;
   std::optional<std::uint64_t> last_step_;
-  basic_completion<save_result> chain_;  // the last save's: the next one runs after it
+  basic_completion<save_result> chain_;        // the last save's: the next one commits after it
+  basic_completion<save_result> chain_before_;  // the save before it
+  basic_completion<bool> persisted_;            // the last save's file is written
   basic_completion_source<bool> staged_;
   page_aligned_memory staging_buffer_;  // one checkpoint's tensors, reused by every save
   checkpointer_stats stats_;

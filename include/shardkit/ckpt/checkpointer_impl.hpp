@@ -16,7 +16,8 @@ SHARDKIT_DECL checkpointer::checkpointer(comm::process_group& training, storage:
   rank_ = group_.rank();
   world_ = group_.size();
   staged_.set_value(true);
-  pool_.emplace(1);
+  // Two: one save persists while the previous one commits (its fsyncs and rank 0's index and retention block).
+  pool_.emplace(2);
 }
 
 SHARDKIT_DECL checkpointer::~checkpointer() {
@@ -27,7 +28,7 @@ SHARDKIT_DECL checkpointer::~checkpointer() {
 SHARDKIT_DECL basic_completion<save_result> checkpointer::save(std::uint64_t step, const state_dict& state,
                                                                std::map<std::string, std::string> metadata) {
   const auto t0 = std::chrono::steady_clock::now();
-  basic_completion<save_result> previous;
+  pipeline_turn turn;
   {
     std::lock_guard lock(mutex_);
     if (last_step_ && step <= *last_step_)
@@ -35,22 +36,26 @@ SHARDKIT_DECL basic_completion<save_result> checkpointer::save(std::uint64_t ste
                   "checkpoint step " + std::to_string(step) + " after step " + std::to_string(*last_step_) + ": steps increase",
                   {.rank = rank_, .operation = "ckpt.save"});
     last_step_ = step;
-    previous = chain_;
+    turn = {persisted_, chain_before_, chain_};
   }
   auto job = std::make_shared<save_job>();
   job->step = step;
   job->metadata = std::move(metadata);
-  const bool busy = previous.valid() && !previous.is_done();
+  const bool busy = !turn.ready();
   if (busy && opts_.busy == when_busy::skip) {
     job->skipped = true;
-    log::warn("ckpt: rank ", rank_, " skips the checkpoint of step ", step, ": the previous one is still persisting");
+    log::warn("ckpt: rank ", rank_, " skips the checkpoint of step ", step,
+              ": the previous one is still persisting (or the one before it committing)");
   } else {
     for (const auto& e : state.rank_entries())
       job->rank_bytes.push_back({e.name, e.bytes ? *e.bytes : std::vector<std::byte>(e.value.begin(), e.value.end())});
     for (const auto& t : state.saved_tensors())
       if (!t.replicated || rank_ == 0) job->tensors.push_back(t);
     if (opts_.mode == staging::at_call) {
-      if (busy) wait_quietly(previous);  // the staging buffer is the previous save's until it is persisted
+      if (busy) {  // the staging buffer is the previous save's until it is persisted
+        wait_quietly(turn.previous_persisted);
+        wait_quietly(turn.before_previous);
+      }
       job->stage_seconds = stage(*job);
     }
   }
@@ -60,11 +65,13 @@ SHARDKIT_DECL basic_completion<save_result> checkpointer::save(std::uint64_t ste
   {
     std::lock_guard lock(mutex_);
     staged_ = job->staged;
+    persisted_ = job->persisted.get_completion();
+    chain_before_ = chain_;
     chain_ = done.get_completion();
     stats_.saves++;
     stats_.stall_seconds += job->stall_seconds;
   }
-  spawn(*pool_, run(job, std::move(previous)));
+  spawn(*pool_, run(job, std::move(turn)));
   return done.get_completion();
 }
 
@@ -178,18 +185,22 @@ SHARDKIT_DECL double checkpointer::stage(save_job& job) {
   return seconds_since(t0);
 }
 
-SHARDKIT_DECL task<void> checkpointer::run(std::shared_ptr<save_job> job, basic_completion<save_result> previous) {
+SHARDKIT_DECL task<void> checkpointer::run(std::shared_ptr<save_job> job, pipeline_turn turn) {
   save_result result{.step = job->step, .index_key = index_key(opts_.prefix, job->step),
                      .stall_seconds = job->stall_seconds, .stage_seconds = job->stage_seconds};
-  std::exception_ptr failure;
-  try {
-    if (previous.valid()) {
-      try {
-        co_await previous;
-      } catch (...) {
-        // Its own completion reported it; this save goes on.
-      }
+  // Waits for a completion of an earlier save; that save's own completion reports its failure.
+  auto settle = [](auto c) -> task<void> {
+    if (!c.valid()) co_return;
+    try {
+      co_await c;
+    } catch (...) {
     }
+  };
+  std::exception_ptr failure;
+  bool previous_ended = false;
+  try {
+    co_await settle(turn.previous_persisted);
+    co_await settle(turn.before_previous);
     std::optional<checkpoint_index> file;  // this rank's file, as a one-file index
     std::string error;
     commit_status status = commit_status::ok;
@@ -209,6 +220,9 @@ SHARDKIT_DECL task<void> checkpointer::run(std::shared_ptr<save_job> job, basic_
       result.persist_seconds = seconds_since(t0);
     }
     mark_staged(*job);  // a skipped save has nothing staged to wait for
+    mark_persisted(*job);
+    co_await settle(turn.previous);  // its commit round first: every rank runs the rounds in step order
+    previous_ended = true;
     const auto t1 = std::chrono::steady_clock::now();
     const std::string outcome = co_await commit_round(*job, commit_message(job->step, status, error, file), result);
     result.commit_seconds = seconds_since(t1);
@@ -223,6 +237,9 @@ SHARDKIT_DECL task<void> checkpointer::run(std::shared_ptr<save_job> job, basic_
     failure = std::current_exception();
   }
   mark_staged(*job);
+  mark_persisted(*job);
+  // Saves end in step order, so that waiting for the last one (wait(), the destructor) waits for all.
+  if (!previous_ended) co_await settle(turn.previous);
   {
     std::lock_guard lock(mutex_);
     if (failure) stats_.failed++;
