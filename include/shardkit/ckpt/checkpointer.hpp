@@ -40,6 +40,7 @@
 //! <shardkit/impl/src.hpp> under SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp).
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +55,7 @@
 
 #include "shardkit/ckpt/catalog.hpp"
 #include "shardkit/ckpt/commit.hpp"
+#include "shardkit/ckpt/device.hpp"
 #include "shardkit/ckpt/format.hpp"
 #include "shardkit/ckpt/index.hpp"
 #include "shardkit/ckpt/load.hpp"
@@ -87,6 +89,9 @@ struct checkpointer_options {
   //! How long rank 0 retries reading a new index back (a store that shows new objects late) before it leaves
   //! retention for the next save.
   std::chrono::milliseconds readback_timeout{10'000};
+  //! Copies the state's tensors that live on a device (a GPU) to and from host memory, and allocates the staging
+  //! buffer where it copies fastest (page-locked); see ckpt/device.hpp. Empty: host tensors only.
+  any_checkpoint_device device;
 };
 
 //! What one save did, on this rank. committed is the same on every rank.
@@ -202,6 +207,15 @@ class checkpointer {
   static void wait_quietly(const basic_completion<T>& c) {
     if (c.valid()) c.wait();
   }
+  // Waits for a completion of an earlier save; that save's own completion reports its failure.
+  template <class T>
+  static task<void> settle_quietly(basic_completion<T> c) {
+    if (!c.valid()) co_return;
+    try {
+      co_await c;
+    } catch (...) {
+    }
+  }
   SHARDKIT_DECL void wait_for_saves();
 
   // latest()'s work; on rank 0 also hands back the index it parsed, so load_latest does not read it twice (at 4096
@@ -231,7 +245,7 @@ class checkpointer {
   basic_completion<save_result> chain_before_;  // the save before it
   basic_completion<bool> persisted_;            // the last save's file is written
   basic_completion_source<bool> staged_;
-  page_aligned_memory staging_buffer_;  // one checkpoint's tensors, reused by every save
+  staging_memory staging_buffer_;  // one checkpoint's tensors, reused by every save
   checkpointer_stats stats_;
   std::optional<thread_pool> pool_;  // last: its worker uses the members above until it is joined
 };

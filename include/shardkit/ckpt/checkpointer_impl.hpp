@@ -28,6 +28,13 @@ SHARDKIT_DECL checkpointer::~checkpointer() {
 SHARDKIT_DECL basic_completion<save_result> checkpointer::save(std::uint64_t step, const state_dict& state,
                                                                std::map<std::string, std::string> metadata) {
   const auto t0 = std::chrono::steady_clock::now();
+  bool on_device = false;
+  for (const auto& t : state.saved_tensors()) {
+    opts_.device.check_serves(t.location, t.name, "ckpt.save");
+    on_device |= t.location != device::host();
+  }
+  // The copies (now, or on the worker when zero-overhead) must see the optimizer step the trainer queued.
+  if (on_device) opts_.device.order_after_trainer();
   pipeline_turn turn;
   {
     std::lock_guard lock(mutex_);
@@ -129,7 +136,8 @@ SHARDKIT_DECL load_report checkpointer::load(std::uint64_t step, const state_dic
   if (!index)
     throw_error(errc::not_found, "no checkpoint of step " + std::to_string(step) + " (no index " + index_key(opts_.prefix, step) + ")",
                 {.rank = rank_, .operation = "ckpt.load", .object = index_key(opts_.prefix, step)});
-  return load_state(sink_, *index, into, rank_, world_, "checkpoint " + index_key(opts_.prefix, step));
+  return load_state(sink_, *index, into, rank_, world_, "checkpoint " + index_key(opts_.prefix, step),
+                    {.device = opts_.device});
 }
 
 SHARDKIT_DECL std::optional<load_report> checkpointer::load_latest(const state_dict& into) {
@@ -137,7 +145,8 @@ SHARDKIT_DECL std::optional<load_report> checkpointer::load_latest(const state_d
   auto step = find_latest(&parsed);
   if (!step) return std::nullopt;
   if (!parsed) return load(*step, into);
-  return load_state(sink_, *parsed, into, rank_, world_, "checkpoint " + index_key(opts_.prefix, *step));
+  return load_state(sink_, *parsed, into, rank_, world_, "checkpoint " + index_key(opts_.prefix, *step),
+                    {.device = opts_.device});
 }
 
 SHARDKIT_DECL std::vector<std::vector<std::byte>> checkpointer::read_rank_bytes(std::uint64_t step, const std::string& name) {
@@ -165,20 +174,39 @@ SHARDKIT_DECL double checkpointer::stage(save_job& job) {
   const auto t0 = std::chrono::steady_clock::now();
   std::size_t total = 0;
   for (const auto& t : job.tensors) total += (t.bytes.size() + 63) / 64 * 64;
+  const bool on_device = std::any_of(job.tensors.begin(), job.tensors.end(),
+                                     [](const tensor_view& t) { return t.location != device::host(); });
   if (staging_buffer_.size() < total) {
     // Not zeroed (every staged byte is copied in), and in huge pages where the kernel allows: faulting in
-    // gigabytes of 4 KiB pages costs more than copying them. Kept for the next saves.
+    // gigabytes of 4 KiB pages costs more than copying them. Kept for the next saves. With device tensors, the
+    // device's page-locked memory: its copies run asynchronously and at full speed only from there.
     staging_buffer_ = {};
     const std::size_t huge = std::size_t{2} << 20;
-    staging_buffer_ = page_aligned_memory((total + huge - 1) / huge * huge);
-    ::madvise(staging_buffer_.data(), staging_buffer_.size(), MADV_HUGEPAGE);
+    const std::size_t bytes = (total + huge - 1) / huge * huge;
+    if (on_device) {
+      staging_buffer_ = opts_.device.allocate_staging(bytes);
+    } else {
+      staging_buffer_ = staging_memory(page_aligned_memory(bytes));
+      ::madvise(staging_buffer_.data(), staging_buffer_.size(), MADV_HUGEPAGE);
+    }
   }
   std::size_t at = 0;
   job.staged_tensors.clear();
   for (const auto& t : job.tensors) {
-    auto sums = copy_and_checksum(t.bytes, {staging_buffer_.data() + at, t.bytes.size()});
-    job.staged_tensors.push_back({t, at, std::move(sums)});
+    const std::span<std::byte> staged(staging_buffer_.data() + at, t.bytes.size());
+    if (t.location == device::host())
+      job.staged_tensors.push_back({t, at, copy_and_checksum(t.bytes, staged)});
+    else {
+      opts_.device.download(t.bytes.data(), staged);  // queued; hashed below, once every copy has landed
+      job.staged_tensors.push_back({t, at, {}});
+    }
     at += (t.bytes.size() + 63) / 64 * 64;
+  }
+  if (on_device) {
+    opts_.device.synchronize();
+    for (auto& s : job.staged_tensors)
+      if (s.view.location != device::host())
+        s.checksums = copy_and_checksum(std::span<const std::byte>(staging_buffer_.data() + s.offset, s.view.bytes.size()));
   }
   job.tensors.clear();
   mark_staged(job);
@@ -188,19 +216,11 @@ SHARDKIT_DECL double checkpointer::stage(save_job& job) {
 SHARDKIT_DECL task<void> checkpointer::run(std::shared_ptr<save_job> job, pipeline_turn turn) {
   save_result result{.step = job->step, .index_key = index_key(opts_.prefix, job->step),
                      .stall_seconds = job->stall_seconds, .stage_seconds = job->stage_seconds};
-  // Waits for a completion of an earlier save; that save's own completion reports its failure.
-  auto settle = [](auto c) -> task<void> {
-    if (!c.valid()) co_return;
-    try {
-      co_await c;
-    } catch (...) {
-    }
-  };
   std::exception_ptr failure;
   bool previous_ended = false;
   try {
-    co_await settle(turn.previous_persisted);
-    co_await settle(turn.before_previous);
+    co_await settle_quietly(turn.previous_persisted);
+    co_await settle_quietly(turn.before_previous);
     std::optional<checkpoint_index> file;  // this rank's file, as a one-file index
     std::string error;
     commit_status status = commit_status::ok;
@@ -221,7 +241,7 @@ SHARDKIT_DECL task<void> checkpointer::run(std::shared_ptr<save_job> job, pipeli
     }
     mark_staged(*job);  // a skipped save has nothing staged to wait for
     mark_persisted(*job);
-    co_await settle(turn.previous);  // its commit round first: every rank runs the rounds in step order
+    co_await settle_quietly(turn.previous);  // its commit round first: every rank runs the rounds in step order
     previous_ended = true;
     const auto t1 = std::chrono::steady_clock::now();
     const std::string outcome = co_await commit_round(*job, commit_message(job->step, status, error, file), result);
@@ -239,7 +259,7 @@ SHARDKIT_DECL task<void> checkpointer::run(std::shared_ptr<save_job> job, pipeli
   mark_staged(*job);
   mark_persisted(*job);
   // Saves end in step order, so that waiting for the last one (wait(), the destructor) waits for all.
-  if (!previous_ended) co_await settle(turn.previous);
+  if (!previous_ended) co_await settle_quietly(turn.previous);
   {
     std::lock_guard lock(mutex_);
     if (failure) stats_.failed++;

@@ -27,6 +27,7 @@
 
 #include "shardkit/ckpt/catalog.hpp"
 #include "shardkit/ckpt/checksum.hpp"
+#include "shardkit/ckpt/device.hpp"
 #include "shardkit/ckpt/format.hpp"
 #include "shardkit/ckpt/index.hpp"
 #include "shardkit/ckpt/state.hpp"
@@ -159,13 +160,16 @@ struct load_options {
   //! Reads in flight at once on this rank (each a range of one saved piece, read, verified and copied by its own
   //! thread): one sequential stream leaves the disk idle while it hashes and copies.
   std::size_t threads = 4;
+  //! Copies into the state's tensors that live on a device (ckpt/device.hpp); empty: host tensors only.
+  any_checkpoint_device device;
 };
 
 //! Loads every tensor of `into` (saved and loaded-only) from the checkpoint `index` describes, and this rank's
 //! per-rank entries when the world size is unchanged. Every byte is verified against the index's checksums before
-//! load_state returns; bytes a rank takes whole are read into `into` and verified there, so after an error (a
-//! checksum mismatch, a short file) some tensors may hold loaded bytes, others their old ones, and the failed
-//! range unverified ones: load again, from this or another checkpoint, before using the state.
+//! load_state returns; bytes a rank takes whole are read into `into` and verified there (tensors on a device: into
+//! the device's host staging, uploaded once every byte is verified), so after an error (a checksum mismatch, a short
+//! file) some tensors may hold loaded bytes, others their old ones, and the failed range unverified ones: load
+//! again, from this or another checkpoint, before using the state.
 template <storage::sink S>
 load_report load_state(S& sink, const checkpoint_index& index, const state_dict& into, int rank, int world_size,
                        const std::string& checkpoint_name = "checkpoint", load_options options = {}) {
@@ -180,6 +184,24 @@ load_report load_state(S& sink, const checkpoint_index& index, const state_dict&
     std::span<std::byte> out;
   };
   std::vector<read_job> jobs;
+  // Tensors on a device are read and verified in host staging (the device's page-locked memory), then uploaded.
+  struct upload_job {
+    std::span<const std::byte> staged;
+    std::byte* device_bytes;
+  };
+  std::vector<upload_job> uploads;
+  staging_memory staging;
+  {
+    std::size_t staged = 0;
+    for (const auto* list : {&into.saved_tensors(), &into.loaded_only_tensors()})
+      for (const auto& v : *list) {
+        if (v.location == device::host()) continue;
+        options.device.check_serves(v.location, v.name, "ckpt.load");
+        staged += (v.bytes.size() + 63) / 64 * 64;
+      }
+    if (staged > 0) staging = options.device.allocate_staging(staged);
+  }
+  std::size_t staging_used = 0;
   auto plan_one = [&](const tensor_view& v) {
     auto bad = [&](const std::string& what) {
       throw_error(errc::invalid_argument, checkpoint_name + " (step " + std::to_string(index.step) + "), tensor '" + v.name + "': " + what,
@@ -194,6 +216,12 @@ load_report load_state(S& sink, const checkpoint_index& index, const state_dict&
       bad("saved with global shape " + detail::describe_u64_shape(first.global_shape) + ", loaded as " +
           detail::describe_u64_shape(v.global_shape));
     const std::uint64_t es = size_of(v.type);
+    std::span<std::byte> destination = v.bytes;
+    if (v.location != device::host()) {
+      destination = {staging.data() + staging_used, v.bytes.size()};
+      staging_used += (v.bytes.size() + 63) / 64 * 64;
+      uploads.push_back({destination, v.bytes.data()});
+    }
     // Pieces sorted by begin; `at` is the first element not yet planned, so overlapping copies (replicas) load once.
     std::uint64_t at = v.begin;
     auto it = std::partition_point(pieces.begin(), pieces.end(), [&](const load_plan::source& s) { return s.piece->end <= v.begin; });
@@ -203,7 +231,7 @@ load_report load_state(S& sink, const checkpoint_index& index, const state_dict&
       const std::uint64_t b = at, e = std::min(v.end, t.end);
       if (e <= b) continue;
       jobs.push_back({&*it, (b - t.begin) * es, (e - t.begin) * es,
-                      v.bytes.subspan(static_cast<std::size_t>((b - v.begin) * es), static_cast<std::size_t>((e - b) * es))});
+                      destination.subspan(static_cast<std::size_t>((b - v.begin) * es), static_cast<std::size_t>((e - b) * es))});
       at = e;
     }
     if (at < v.end)
@@ -245,6 +273,11 @@ load_report load_state(S& sink, const checkpoint_index& index, const state_dict&
   }
   if (failure) std::rethrow_exception(failure);
   report.bytes_read += bytes_read;
+  if (!uploads.empty()) {
+    options.device.order_after_trainer();  // the trainer's queued kernels may still read what is replaced
+    for (const auto& u : uploads) options.device.upload(u.staged, u.device_bytes);
+    options.device.synchronize();
+  }
 
   if (index.world_size == static_cast<std::uint32_t>(world_size)) {
     for (const auto& e : into.rank_entries()) {

@@ -18,6 +18,8 @@
 //!        .add_shards(opt.sharded_state(), "optim.")
 //!        .add_value("optim.steps", opt_steps)           // replicated std::uint64_t
 //!        .add_rank_bytes("data_loader", loader_state);  // std::vector<std::byte>
+//!   state.add_piece("embed.weight", shardkit::buffer_view(dev_ptr, n, shardkit::dtype::bf16, shardkit::device::cuda(0)),
+//!                   {vocab, width}, first_element);     // a piece in GPU memory (see ckpt/device.hpp)
 //! @endcode
 //! The views must stay valid (and, for a save, unchanged until staged) while the checkpointer uses them.
 #include <concepts>
@@ -29,6 +31,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "shardkit/core/buffer.hpp"
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
 
@@ -40,8 +43,9 @@ struct tensor_view {
   dtype type = dtype::f32;
   std::vector<std::uint64_t> global_shape;
   std::uint64_t begin = 0, end = 0;
-  std::span<std::byte> bytes;  //!< (end - begin) * size_of(type) bytes
+  std::span<std::byte> bytes;  //!< (end - begin) * size_of(type) bytes, in `location`'s memory
   bool replicated = false;     //!< every rank holds these bytes: only rank 0 saves them
+  device location{};           //!< not the host: copied through checkpointer_options::device (ckpt/device.hpp)
 };
 
 //! Bytes that belong to this rank alone. `bytes` is resized by a load.
@@ -88,6 +92,29 @@ class state_dict {
     static_assert(!std::is_const_v<T>, "a load writes into the tensor: pass a mutable span");
     if (shape.empty()) shape = {data.size()};
     tensor_view v{std::move(name), dtype_v<T>, std::move(shape), 0, data.size(), std::as_writable_bytes(data), true};
+    check_piece(v);
+    remember(v.name);
+    tensors_.push_back(std::move(v));
+    return *this;
+  }
+
+  //! Elements [begin, begin + data.count()) of the flattened global tensor `name` of `global_shape`, in any
+  //! memory: host, or a device's (data.dev(): saved and loaded through checkpointer_options::device, never read by
+  //! host code). `saves` as for add_shards.
+  state_dict& add_piece(std::string name, buffer_view data, std::vector<std::uint64_t> global_shape, std::uint64_t begin,
+                        bool saves = true) {
+    tensor_view v{std::move(name), data.type(), std::move(global_shape), begin, begin + data.count(), data.bytes(), false,
+                  data.dev()};
+    check_piece(v);
+    remember(v.name);
+    (saves ? tensors_ : loaded_only_).push_back(std::move(v));
+    return *this;
+  }
+
+  //! A whole replicated tensor in any memory (see add_piece): rank 0 saves it, every rank loads it.
+  state_dict& add_tensor(std::string name, buffer_view data, std::vector<std::uint64_t> shape = {}) {
+    if (shape.empty()) shape = {data.count()};
+    tensor_view v{std::move(name), data.type(), std::move(shape), 0, data.count(), data.bytes(), true, data.dev()};
     check_piece(v);
     remember(v.name);
     tensors_.push_back(std::move(v));
