@@ -237,10 +237,11 @@ class run_loop {
   using executor_concept = executor_tag;
 
   void post(std::function<void()> f) {
-    {
-      std::lock_guard lock(mutex_);
-      queue_.push_back(std::move(f));
-    }
+    // Notified under the lock: once the runner can see f, it may run it (a coroutine's last step, then
+    // finish()), return from run() and destroy this loop (sync_wait's is on its stack) while a notify_one after
+    // the unlock would still touch cv_ (a use after free that TSan caught as a race with ~condition_variable).
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(f));
     cv_.notify_one();
   }
   bool running_in_this_thread() const noexcept { return runner_.load() == std::this_thread::get_id(); }
@@ -263,10 +264,10 @@ class run_loop {
     runner_.store(std::thread::id());
   }
   void finish() {
-    {
-      std::lock_guard lock(mutex_);
-      finished_ = true;
-    }
+    // Under the lock for the same reason as post(): finish() may come from another thread, and run() may return
+    // and the loop die as soon as finished_ is visible.
+    std::lock_guard lock(mutex_);
+    finished_ = true;
     cv_.notify_one();
   }
 
@@ -341,11 +342,21 @@ class thread_pool {
   }
 
   void push(item it) {
-    {
-      std::lock_guard lock(mutex_);
-      if (closing_ && !running_in_this_thread()) throw_error(errc::closed, "post() to a thread_pool that is joining");
-      queue_.push_back(std::move(it));
+    const bool from_worker = running_in_this_thread();
+    std::unique_lock lock(mutex_);
+    if (closing_ && !from_worker) throw_error(errc::closed, "post() to a thread_pool that is joining");
+    queue_.push_back(std::move(it));
+    // From another thread (a progress thread completing an operation), notify under the lock: once the item is
+    // visible a worker may run it (a coroutine's last step), the owner may see the coroutine done and destroy the
+    // pool, and join() returns as soon as the queue is drained, so a notify_one after the unlock could touch a
+    // destroyed wake_ (TSan: ckpt_checkpointer_test, the checkpointer's pool). From a worker the pool cannot be
+    // joined before this worker returns (busy_), so it notifies after the unlock and the woken worker does not
+    // block on the mutex.
+    if (!from_worker) {
+      wake_.notify_one();
+      return;
     }
+    lock.unlock();
     wake_.notify_one();
   }
 
