@@ -2,14 +2,15 @@
 # The point of SHARDKIT_SEPARATE_COMPILATION: the user's translation unit compiles no transport, store server or
 # out-of-line member of the classes whose bodies live in an *_impl.hpp (sharded_model, checkpointer, loader);
 # shardkit_src.cpp's does. Usage: separate_compilation_objects.sh OBJECT... IMPL_HEADER... (the test's object and
-# shardkit_src's, and the *_impl.hpp files whose members to look for). Every `SHARDKIT_DECL ... Class::member(`
-# definition of an impl header is a pattern: a member added to one is checked without touching this script.
+# shardkit_src's, and the *_impl.hpp files whose members to look for, with any part they include, e.g.
+# fsdp/detail/sharded_model_passes.hpp). Every `SHARDKIT_DECL ... Class::member(` definition of an impl header is a
+# pattern: a member added to one is checked without touching this script.
 set -euo pipefail
 user= src= members=()
 for f in "$@"; do
   case $(basename "$f") in
     shardkit_src*) src=$f ;;
-    *_impl.hpp)
+    *.hpp)
       ns=$(grep -m1 -oP '^namespace \K[A-Za-z_:]+(?= \{)' "$f")
       mapfile -t found < <(grep -oP '^SHARDKIT_DECL .*?\K\b[A-Za-z_]\w*(::~?[A-Za-z_]\w*)+(?=\()' "$f" | sort -u)
       [[ ${#found[@]} -gt 0 ]] || { echo "FAIL: no SHARDKIT_DECL member definitions in $f"; exit 1; }

@@ -1,0 +1,182 @@
+#pragma once
+//! sharded_model's communication: the gather thread's all-gathers through the limiter, the reduce thread's
+//! reduce-scatters and replica all-reduces, waiting for them, and the scalar all-reduces (gradient norm, loss).
+//! Part of fsdp/sharded_model_impl.hpp (see there for how it compiles).
+#include "shardkit/fsdp/sharded_model.hpp"
+
+namespace shardkit::fsdp {
+
+SHARDKIT_DECL void sharded_model::wait_for_gradients() {
+  const auto t0 = steady_clock::now();
+  std::exception_ptr first;
+  std::string where;
+  for (auto& u : units_) {
+    if (!u->reduced.valid()) continue;
+    try {
+      u->reduced.wait();
+    } catch (...) {
+      if (!first) {
+        first = std::current_exception();
+        where = u->layout.name();
+      }
+    }
+    u->reduced = {};
+  }
+  {
+    std::lock_guard lock(stats_mutex_);
+    stats_.waiting_for_reduce += steady_clock::now() - t0;
+  }
+  if (first) detail::rethrow_for_unit(first, where, "gradient reduction", rank_);
+}
+
+SHARDKIT_DECL void sharded_model::zero_grad() {
+  wait_for_gradients();
+  for (auto& u : units_) std::fill(u->grad.begin(), u->grad.end(), 0.0f);
+}
+
+SHARDKIT_DECL double sharded_model::clip_grad_norm(double max_norm) {
+  wait_for_gradients();
+  double sq = 0;
+  for (auto& u : units_)
+    for (float g : u->grad) sq += double(g) * double(g);
+  if (shard_size_ > 1) all_reduce_scalar(reduce_group_, sq, reduce_op::sum);
+  const double norm = std::sqrt(sq);
+  if (norm > max_norm && norm > 0) {
+    const float scale = float(max_norm / (norm + 1e-6));
+    for (auto& u : units_)
+      for (float& g : u->grad) g *= scale;
+  }
+  return norm;
+}
+
+SHARDKIT_DECL double sharded_model::mean_over_ranks(double v) {
+  if (shard_size_ > 1) all_reduce_scalar(reduce_group_, v, reduce_op::avg);
+  if (replicas_ > 1) all_reduce_scalar(replica_group_, v, reduce_op::avg);
+  return v;
+}
+
+SHARDKIT_DECL void sharded_model::all_reduce_scalar(comm::process_group& g, double& v, reduce_op op) {
+  if (opts_.device.on_host()) {
+    g.all_reduce(buffer_view(&v, 1, dtype::f64), op).wait();
+    return;
+  }
+  if (scalar_cell_.size() == 0) scalar_cell_ = opts_.device.allocate(64);
+  buffer_view cell = scalar_cell_.view(dtype::f64, 1);
+  control_stager_.upload(const_buffer_view(&v, 1, dtype::f64), cell);
+  g.all_reduce(cell, op).wait();
+  control_stager_.download(cell, buffer_view(&v, 1, dtype::f64));
+}
+
+SHARDKIT_DECL void sharded_model::queue_gathers(std::size_t until) {
+  until = std::min(until, units_.size());
+  for (; queued_ < until; ++queued_) queue_gather(unit_at(queued_));
+}
+
+SHARDKIT_DECL void sharded_model::queue_gather(std::size_t i) {
+  auto& u = *units_[i];
+  // u.grads_lease is reset on the reduce thread. This read is ordered after that reset because a unit's
+  // reduction is always waited before any later pass begins (the synchronizing backward's last end_unit
+  // calls wait_for_gradients; a pass left early drains the reduce thread), and `reduced` is cleared only by
+  // that wait. A valid `reduced` here would mean a reduction still in flight: wait for it rather than race.
+  if (u.reduced.valid()) wait_for_gradients();
+  const bool need_params = !u.params_lease && !(params_are_master());
+  const bool need_grads = pass_ == pass::backward && !use_accumulated_ && !u.grads_lease;
+  if (params_are_master()) u.params = buffer_view(u.master);
+  if (pass_ == pass::backward && use_accumulated_) u.grads = u.accumulated;
+  if (!need_params) u.params_ready = completion::ready();
+  if (pass_ == pass::forward || !need_grads) u.grads_ready = completion::ready();
+  completion_source params_done, grads_done;
+  if (need_params) u.params_ready = params_done;
+  if (need_grads) u.grads_ready = grads_done;
+  if (!need_params && !need_grads) return;
+  gather_thread_.post([this, i, need_params, need_grads, params_done, grads_done, p = pass_,
+                       stop = pass_stop_.get_token()] {
+    auto& u = *units_[i];
+    const std::string label = "unit '" + u.layout.name() + "' " + std::string(to_string(p));
+    std::optional<gather_limiter::lease> grads;
+    try {
+      if (need_params && need_grads) {
+        // One request for both: holding the parameters while queueing for the gradients could wait forever
+        // on a fragmented region (basic_rate_limiter::lease::split_front).
+        auto both = limiter_->acquire_blocking(params_bytes(u) + grads_bytes(u),
+                                               label + " parameters and gradients", stop);
+        auto params = both.split_front(params_bytes(u));
+        grads.emplace(std::move(both));
+        start_gather(u, std::move(params));
+      } else if (need_params) {
+        start_gather(u, limiter_->acquire_blocking(params_bytes(u), label + " parameters", stop));
+      } else if (need_grads) {
+        grads.emplace(limiter_->acquire_blocking(grads_bytes(u), label + " gradients", stop));
+      }
+    } catch (...) {
+      if (need_params) params_done.set_error(std::current_exception());
+      if (need_grads) grads_done.set_error(std::current_exception());
+      return;
+    }
+    // Done once the all-gather is started; begin_unit then waits for params_work itself. (A continuation
+    // on params_work that captured the work to read its failure stored the work inside its own state: a
+    // reference cycle that leaked both whenever the all-gather never ended.)
+    if (need_params) params_done.set_done();
+    if (need_grads) {
+      buffer_view g = grads->view(opts_.precision.reduce, u.layout.padded_numel());
+      try {
+        gather_stager_.zero(g);
+      } catch (...) {
+        grads_done.set_error(std::current_exception());
+        return;
+      }
+      u.grads_lease = std::move(grads);
+      u.grads = g;
+      grads_done.set_done();
+    }
+  });
+}
+
+SHARDKIT_DECL void sharded_model::start_gather(unit_state& u, gather_limiter::lease l) {
+  buffer_view full = l.view(opts_.precision.param, u.layout.padded_numel());
+  buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
+  gather_stager_.upload(const_buffer_view(u.master), mine);
+  u.params_lease.emplace(std::move(l));
+  u.params = full;
+  u.params_work = {};
+  if (shard_size_ > 1) u.params_work = gather_group_.all_gather(mine, full);
+  std::lock_guard lock(stats_mutex_);
+  ++stats_.gathers;
+}
+
+SHARDKIT_DECL void sharded_model::release_params(unit_state& u) {
+  u.params_lease.reset();
+  if (!params_are_master()) u.params = {};
+  u.params_ready = {};
+}
+
+SHARDKIT_DECL void sharded_model::queue_reduce(std::size_t i) {
+  auto& u = *units_[i];
+  completion_source done;
+  u.reduced = done;
+  u.grads_ready = {};
+  reduce_thread_.post([this, i, done] {
+    auto& u = *units_[i];
+    try {
+      buffer_view full = u.grads;
+      buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
+      if (shard_size_ > 1) reduce_group_.reduce_scatter(full, mine, reduce_op::avg).wait();
+      if (replicas_ > 1) replica_group_.all_reduce(mine, reduce_op::avg).wait();
+      reduce_stager_.add_to_host(mine, u.grad);
+      if (u.grads_lease)
+        u.grads_lease.reset();
+      else
+        reduce_stager_.zero(full);  // the accumulation buffer, ready for the next round
+      u.grads = {};
+      {
+        std::lock_guard lock(stats_mutex_);
+        ++stats_.reduces;
+      }
+      done.set_done();
+    } catch (...) {
+      done.set_error(std::current_exception());
+    }
+  });
+}
+
+}  // namespace shardkit::fsdp
