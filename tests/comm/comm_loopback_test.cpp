@@ -177,6 +177,26 @@ TEST_CASE("[comm] the shared consistency check names every rank that differs and
   }
 }
 
+TEST_CASE("[comm] all_gatherv with the same total but different per-rank counts is a mismatch naming the counts") {
+  comm::group_options o = test_group_options();
+  o.check_consistency = true;
+  auto groups = comm::make_loopback_world(2, o);
+  test::run_threads(2, [&](int r) {
+    // Rank 0 thinks it gathers 1 + 2 elements, rank 1 thinks 2 + 1: both 3 in all, each sending 1 or 2.
+    const std::vector<std::size_t> counts = r == 0 ? std::vector<std::size_t>{1, 2} : std::vector<std::size_t>{2, 1};
+    std::vector<float> in(counts[std::size_t(r)], 1.0f), out(3, 0.0f);
+    try {
+      groups[std::size_t(r)].all_gatherv(const_buffer_view(std::span<const float>(in)), buffer_view(std::span<float>(out)), counts).wait();
+      FAIL("ranks that disagree on the counts were not stopped");
+    } catch (const error& e) {
+      INFO(e.what());
+      CHECK(e.code() == errc::mismatch);
+      CHECK(e.detail().find("rank 0 called all_gatherv(dtype f32, count 3, counts #") != std::string::npos);
+      CHECK(e.detail().find("rank 1 called all_gatherv(dtype f32, count 3, counts #") != std::string::npos);
+    }
+  });
+}
+
 TEST_CASE("[comm] blocking send/recv of a communicator without isend/irecv reuse a few joined threads, not one per call") {
   static_assert(!comm::detail::has_async_p2p<blocking_p2p_only>);
   static_assert(comm::communicator<blocking_p2p_only>);

@@ -115,7 +115,7 @@ class gloo_communicator {
 
   void all_gatherv(const_buffer_view in, buffer_view out, std::span<const std::size_t> counts, const comm::collective_options& o) {
     const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    run("all_gatherv", o, record{kind::all_gatherv, in.type(), total, -1, reduce_op::sum, hash(counts)}, [&](std::uint32_t tag) {
+    run("all_gatherv", o, record{kind::all_gatherv, in.type(), total, -1, reduce_op::sum, comm::detail::counts_fingerprint(counts)}, [&](std::uint32_t tag) {
       if (total == 0) return;
       const std::size_t before = std::accumulate(counts.begin(), counts.begin() + rank(), std::size_t{0});
       typed(in.type(), [&](auto* t) {
@@ -292,12 +292,6 @@ class gloo_communicator {
     return p ? p : &dummy;
   }
   static std::byte* nonnull(std::byte* p) noexcept { return const_cast<std::byte*>(nonnull(static_cast<const std::byte*>(p))); }
-
-  static std::int64_t hash(std::span<const std::size_t> counts) noexcept {
-    std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the counts
-    for (auto c : counts) h = (h ^ c) * 1099511628211ull;
-    return std::int64_t(h >> 1);
-  }
 
   //! gloo's reduce callback: out = a (op) b, where out may be a (or b).
   static ::gloo::AllreduceOptions::Func reduce_function(reduce_op op, dtype t) {

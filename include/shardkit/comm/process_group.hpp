@@ -76,6 +76,14 @@ class process_group {
   int size() const { return self().comm->size(); }
   const std::string& name() const { return self().opts.name; }
   const group_options& options() const { return self().opts; }
+  //! Whether this group's backend takes buffers on `d` (communicator concept: supports(device)).
+  bool supports(device d) const { return self().comm->supports(d); }
+  //! The backend's type, as messages name it (e.g. shardkit::comm::p2p_communicator<...shm_transport>).
+  std::string backend_name() const { return self().comm->backend_name(); }
+  //! Bytes the backend holds between operations for its own use (ring scratch, staging), now; that memory is kept,
+  //! so this is also its peak. nullopt where the communicator cannot tell (it has no scratch_bytes(), see
+  //! docs/concepts.md). Readable from any thread while operations run.
+  std::optional<std::size_t> scratch_bytes() const { return self().comm->scratch_bytes(); }
 
   // ---- collectives ----
   work all_reduce(buffer_view data, reduce_op op = reduce_op::sum, op_options o = {}) { return all_reduce(data, data, op, o); }
@@ -108,7 +116,8 @@ class process_group {
     const std::size_t before = std::accumulate(counts.begin(), counts.begin() + s.comm->rank(), std::size_t{0});
     s.check_pair("all_gatherv", in, out, total);
     s.check_alias("all_gatherv", in, out, out.slice(before, in.count()));
-    return s.submit("all_gatherv", {kind::all_gatherv, in.type(), total, -1, reduce_op::sum}, o, out.size_bytes(),
+    const auto counts_fp = detail::counts_fingerprint(counts);  // before `counts` moves into the lambda
+    return s.submit("all_gatherv", {kind::all_gatherv, in.type(), total, -1, reduce_op::sum, counts_fp}, o, out.size_bytes(),
                     [=, counts = std::move(counts)](detail::communicator_interface& c, const collective_options& co) {
                       c.all_gatherv(in, out, counts, co);
                     });

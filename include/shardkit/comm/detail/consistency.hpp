@@ -44,6 +44,14 @@ struct op_fingerprint {
   }
 };
 
+//! op_fingerprint::extra for an all_gatherv: its per-rank counts, hashed (FNV-1a), so ranks that disagree on
+//! who contributes how much are told so before the collective runs.
+inline std::int64_t counts_fingerprint(std::span<const std::size_t> counts) noexcept {
+  std::uint64_t h = 1469598103934665603ull;
+  for (auto c : counts) h = (h ^ c) * 1099511628211ull;
+  return std::int64_t(h >> 1);
+}
+
 //! "all_reduce(dtype f32, count 10, op sum)" from one rank's row of the table.
 inline std::string describe_fingerprint(const std::int64_t* f) {
   const auto k = collective_kind(f[0]);
