@@ -65,8 +65,8 @@ class counting_communicator {
     return counting_communicator(std::move(*child), total_);
   }
 
-  // Optional: process_group uses abort (a timed-out transfer) and the asynchronous point-to-point pair where the
-  // communicator has them; forward them where the inner one does.
+  // Optional: process_group uses abort (a timed-out transfer), the asynchronous point-to-point pair and
+  // scratch_bytes (memory figures) where the communicator has them; forward them where the inner one does.
   void abort(std::exception_ptr why)
     requires requires(Inner& c, std::exception_ptr e) { c.abort(e); }
   {
@@ -82,6 +82,11 @@ class counting_communicator {
     requires requires(Inner& c) { c.irecv(out, peer, tag, o); }
   {
     return inner_.irecv(out, peer, tag, o);
+  }
+  std::size_t scratch_bytes() const
+    requires requires(const Inner& c) { c.scratch_bytes(); }
+  {
+    return inner_.scratch_bytes();
   }
 
  private:

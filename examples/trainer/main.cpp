@@ -405,13 +405,17 @@ int main(int argc, char** argv) try {
     if (rank == 0) {
       const auto st = model.stats();
       const auto waiting = st.waiting_for_gather + st.waiting_for_reduce;
+      // The groups' own scratch, outside the budget that peak_gathered_bytes stays under; "unknown" where a
+      // backend cannot tell (NCCL).
+      const std::string scratch = st.group_scratch_known ? std::to_string(st.group_scratch_bytes) : "unknown";
       std::printf("step %d loss %.9g tokens/s %.0f step_ms %.2f compute_ms %.2f gather_wait_ms %.2f "
                   "reduce_wait_ms %.2f limiter_wait_ms %.2f ckpt_stall_ms %.3f data_wait_ms %.3f peak_gathered_bytes %zu "
-                  "peak_rss_bytes %zu\n",
+                  "group_scratch_bytes %s peak_rss_bytes %zu\n",
                   step, global_loss, double(f.batch) * T / std::chrono::duration<double>(elapsed).count(),
                   ms(elapsed), ms(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed) - waiting),
                   ms(st.waiting_for_gather), ms(st.waiting_for_reduce), ms(st.limiter.waited), ckpt_stall_ms,
-                  loader ? 1e3 * loader->stats().wait_seconds : 0.0, st.limiter.peak_bytes, peak_rss_bytes());
+                  loader ? 1e3 * loader->stats().wait_seconds : 0.0, st.limiter.peak_bytes, scratch.c_str(),
+                  peak_rss_bytes());
       std::fflush(stdout);
     }
     total_ckpt_stall_ms += ckpt_stall_ms;

@@ -136,6 +136,96 @@ TEST_CASE("[fsdp] the limiter's peak stays within its budget and prefetch waits 
   });
 }
 
+TEST_CASE("[fsdp] a group reports the scratch its backend keeps: what the ring and in-place all_to_all allocated") {
+  constexpr int n = 4;
+  auto groups = sk::comm::make_loopback_world(n);
+  std::vector<std::size_t> before(n), after_gather(n), after_reduce(n), after_all_to_all(n);
+  sk::test::run_threads(n, [&](int r) {
+    auto& g = groups[std::size_t(r)];
+    REQUIRE(g.scratch_bytes().has_value());
+    before[std::size_t(r)] = *g.scratch_bytes();
+    // The ring all-gather works in the output: no scratch.
+    std::vector<float> mine(1024, float(r)), all(n * 1024);
+    g.all_gather(sk::const_buffer_view(std::span<const float>(mine)), sk::buffer_view(std::span<float>(all))).wait();
+    after_gather[std::size_t(r)] = *g.scratch_bytes();
+    // The ring reduce-scatter of 4 x 1024 f32 keeps three 1024-element slots: 12 KiB.
+    std::vector<float> in(n * 1024, 1.0f), out(1024);
+    g.reduce_scatter(sk::const_buffer_view(std::span<const float>(in)), sk::buffer_view(std::span<float>(out)))
+        .wait();
+    CHECK(out[0] == float(n));
+    after_reduce[std::size_t(r)] = *g.scratch_bytes();
+    // An in-place all_to_all copies its input (64 KiB) into the scratch, which keeps the larger block.
+    std::vector<float> blocks(n * 4096, float(r));
+    sk::buffer_view b{std::span<float>(blocks)};
+    g.all_to_all(b, b).wait();
+    CHECK(blocks[0] == 0.0f);
+    CHECK(blocks[std::size_t(n - 1) * 4096] == float(n - 1));
+    after_all_to_all[std::size_t(r)] = *g.scratch_bytes();
+  });
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(r);
+    CHECK(before[std::size_t(r)] == 0);
+    CHECK(after_gather[std::size_t(r)] == 0);
+    CHECK(after_reduce[std::size_t(r)] == 3 * 1024 * sizeof(float));
+    CHECK(after_all_to_all[std::size_t(r)] == n * 4096 * sizeof(float));
+  }
+}
+
+TEST_CASE("[fsdp] the model's stats count its groups' scratch next to the limiter's peak") {
+  constexpr int n = 4;
+  auto groups = sk::comm::make_loopback_world(n);
+  sk::test::run_threads(n, [&](int r) {
+    fsdp::sharded_model model(groups[std::size_t(r)], toy::units(), {});
+    CHECK(model.stats().group_scratch_bytes == 0);  // nothing ran yet
+    CHECK(model.stats().group_scratch_known);
+    model.init_parameters(toy::init);
+    for (int s = 0; s < 2; ++s) toy::forward_backward(model, s, r * 6, 6, true);
+    // The only collective that keeps scratch here is the reduce group's ring reduce-scatter of each unit's f32
+    // gradients: three slots of the largest shard (the scalar all-reduces' 8 bytes fit in them).
+    std::size_t largest_shard = 0;
+    for (std::size_t i = 0; i < model.num_units(); ++i)
+      largest_shard = std::max(largest_shard, model.layout(i).shard_numel());
+    const auto st = model.stats();
+    CHECK(st.group_scratch_bytes == 3 * largest_shard * sizeof(float));
+    CHECK(st.group_scratch_bytes == *model.shard_group().scratch_bytes());
+    CHECK(st.peak_bytes() == st.limiter.peak_bytes + st.group_scratch_bytes);
+    CHECK(st.limiter.peak_bytes <= st.limiter.budget_bytes);
+    model.reset_stats();  // held memory: not a count to restart
+    CHECK(model.stats().group_scratch_bytes == st.group_scratch_bytes);
+  });
+}
+
+namespace {
+
+// Host memory that says it is a GPU: what a CUDA gather device looks like to a group, without a GPU.
+struct cuda_looking_device {
+  using gather_device_concept = fsdp::gather_device_tag;
+  sk::device location() const noexcept { return sk::device::cuda(0); }
+  sk::host_shared_memory allocate(std::size_t bytes) const { return sk::host_shared_memory(bytes); }
+  fsdp::host_gather_device::stager make_stager() const noexcept { return {}; }
+};
+
+}  // namespace
+
+TEST_CASE("[fsdp] a gather device the group's backend cannot take is refused at construction, naming both") {
+  auto groups = sk::comm::make_loopback_world(2);
+  std::vector<std::string> messages(2);
+  sk::test::run_threads(2, [&](int r) {
+    try {
+      fsdp::sharded_model model(groups[std::size_t(r)], toy::units(), {.device = cuda_looking_device{}});
+    } catch (const sk::error& e) {
+      CHECK(e.code() == sk::errc::invalid_argument);
+      messages[std::size_t(r)] = e.what();
+    }
+  });
+  for (const auto& m : messages) {
+    CHECK(m.find("the gather device is cuda:0") != std::string::npos);
+    CHECK(m.find("group 'world' runs on shardkit::comm::p2p_communicator<shardkit::transport::loopback_transport>") !=
+          std::string::npos);
+    CHECK(m.find("does not accept buffers on cuda:0") != std::string::npos);
+  }
+}
+
 TEST_CASE("[fsdp] a budget below what the strategy needs is an error at construction") {
   auto groups = sk::comm::make_loopback_world(1);
   CHECK_THROWS_WITH_AS(fsdp::sharded_model(groups[0], toy::units(), {.limiter_budget_bytes = 256}),

@@ -1,7 +1,7 @@
 // fsdp::sharded_model over NCCL with its gathered parameters and unsharded gradients in CUDA device memory
 // (backends::cuda_gather_device): the toy model of tests/fsdp trains like a 1-rank host run; the limiter over
-// cuda_device_memory and the stager's copies and conversions; a host-memory model on an NCCL group fails naming
-// the unit. Ranks are threads, one per device.
+// cuda_device_memory and the stager's copies and conversions; a host-memory model on an NCCL group is refused at
+// construction, naming the device and the backend. Ranks are threads, one per device.
 //
 // Linked twice (tests/nccl/CMakeLists.txt): fsdp_nccl_test against the CUDA runtime and NCCL, which prints
 // "[nccl] skipped: <reason>" without a device and runs the two-rank cases only with two GPUs; fsdp_nccl_model_test
@@ -189,7 +189,7 @@ TEST_CASE("[fsdp][nccl] full_shard with parameters on CUDA devices trains like a
   }
 }
 
-TEST_CASE("[fsdp][nccl] gathered memory on the host of an NCCL group: an error naming the unit, not a hang") {
+TEST_CASE("[fsdp][nccl] gathered memory on the host of an NCCL group: refused at construction, naming both") {
   if (!device_or_skip()) return;
   const int n = ranks();
   if (n < 2) {
@@ -201,14 +201,14 @@ TEST_CASE("[fsdp][nccl] gathered memory on the host of an NCCL group: an error n
     SHARDKIT_CUDA_CHECK(cudaSetDevice(r), sk::error_context{});
     auto pg = sk::comm::process_group::create(sk::backends::nccl_communicator::create(store, r, n, nccl_options(r)),
                                               group_options());
-    fsdp::sharded_model model(pg, toy::units(), {.precision = {.param = dtype::bf16}});  // device: the host
-    model.init_parameters(toy::init);
     try {
-      toy::forward_backward(model, 0, 0, 6, true);
-      SCENARIO_CHECK(!"a host-memory gather ran on NCCL");
+      fsdp::sharded_model model(pg, toy::units(), {.precision = {.param = dtype::bf16}});  // device: the host
+      SCENARIO_CHECK(!"a host gather device was accepted over NCCL");
     } catch (const sk::error& e) {
       const std::string what = e.what();
-      SCENARIO_CHECK(what.find("unit 'layer0' forward all-gather") != std::string::npos);
+      SCENARIO_CHECK(e.code() == sk::errc::invalid_argument);
+      SCENARIO_CHECK(what.find("the gather device is host") != std::string::npos);
+      SCENARIO_CHECK(what.find("runs on shardkit::backends::nccl_communicator") != std::string::npos);
       SCENARIO_CHECK(what.find("does not accept buffers on host") != std::string::npos);
     }
   });

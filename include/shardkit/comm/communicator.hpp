@@ -15,7 +15,8 @@
 //! | expression                                  | semantics (blocking on the calling thread until done or o.until) |
 //! |---------------------------------------------|-------------------------------------------------------------------|
 //! | c.rank(), c.size()                          | this rank in the group, number of ranks                           |
-//! | c.supports(device)                          | whether buffers on that device are accepted                       |
+//! | c.supports(device)                          | whether buffers on that device are accepted (process_group's      |
+//! |                                             | supports(); fsdp checks its gather device with it at setup)       |
 //! | c.all_reduce(in, out, op, o)                | out = op over ranks of in; in.data() == out.data() is in-place    |
 //! | c.all_gather(in, out, o)                    | out = concat over ranks of in (out.count = size * in.count)       |
 //! | c.all_gatherv(in, out, counts, o)           | as all_gather with counts[r] elements from rank r                 |
@@ -44,6 +45,10 @@
 //! | c.abort(std::exception_ptr) or              | fails everything in flight, from any thread, while an operation   |
 //! | c.abort(std::string)                        | runs; called when a timed-out transfer cannot be withdrawn, so    |
 //! |                                             | that no buffer of a failed work is touched afterwards             |
+//! | c.scratch_bytes() (const)                   | convertible to std::size_t: bytes it holds between operations for |
+//! |                                             | its own use (ring slots, staging), now, from any thread while an  |
+//! |                                             | operation runs (has_scratch_bytes); without it process_group's    |
+//! |                                             | scratch_bytes() is nullopt ("cannot tell")                        |
 //!
 //! Threads: process_group calls a communicator's collectives (and split) one at a time, in issue order, from
 //! its own progress thread; a communicator made by split() runs on another group's thread at the same time, so
@@ -132,6 +137,12 @@ concept has_collectives = requires(C& c, const_buffer_view in, buffer_view out, 
 template <class C>
 concept has_host_all_gather = requires(C& c, const_buffer_view in, buffer_view out, const collective_options& o) {
   c.host_all_gather(in, out, o);
+};
+
+//! A communicator may say how much memory it keeps for itself (the optional row of the table above).
+template <class C>
+concept has_scratch_bytes = requires(const C& c) {
+  { c.scratch_bytes() } -> std::convertible_to<std::size_t>;
 };
 
 template <class C>

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -91,6 +92,9 @@ class p2p_communicator {
   int rank() const noexcept { return me_; }
   int size() const noexcept { return int(members_.size()); }
   bool supports(device d) const noexcept { return d.kind == device_kind::host; }
+  //! The scratch this group keeps between operations (its ring slots, recursive doubling's and the cross-memory
+  //! staging), which is also its peak: the arena keeps its largest allocation. Split groups keep their own.
+  std::size_t scratch_bytes() const noexcept { return scratch_->held(); }
   //! Transport rank of each group rank.
   const std::vector<int>& members() const noexcept { return members_; }
   std::uint32_t group_id() const noexcept { return group_id_; }
@@ -280,11 +284,13 @@ class p2p_communicator {
   void exchange(const_buffer_view in, const algorithms::partition& in_part, buffer_view out,
                 const algorithms::partition& out_part, const char* name, const collective_options& o) {
     auto ctx = begin(name, o);
-    std::vector<std::byte> copy;
     const std::byte* src = in.data();
-    if (overlaps(in, out)) {  // in-place all_to_all: the exchange needs the input intact until every send is done
-      copy.assign(in.data(), in.data() + in.size_bytes());
-      src = copy.data();
+    if (overlaps(in, out) && in.size_bytes()) {
+      // In-place all_to_all: the exchange needs the input intact until every send is done. The copy is the
+      // group's scratch (pairwise_all_to_all takes none), so it is kept and counted in scratch_bytes().
+      std::byte* copy = ctx.scratch(in.size_bytes());
+      std::memcpy(copy, in.data(), in.size_bytes());
+      src = copy;
     }
     algorithms::pairwise_all_to_all(ctx, src, in_part, out.data(), out_part, out.element_size());
   }

@@ -155,7 +155,18 @@ struct model_stats {
   std::chrono::nanoseconds waiting_for_gather{0};  //!< the trainer waiting for a unit's parameters
   std::chrono::nanoseconds waiting_for_reduce{0};  //!< the trainer waiting for gradient reductions to finish
   std::uint64_t gathers = 0, reduces = 0;
+  //! The gathered parameters and unsharded gradients: limiter.peak_bytes <= limiter.budget_bytes always.
   rate_limiter_stats limiter{};
+  //! What the model's groups (gather, reduce, replica) hold on their own, now: ring slots and other scratch their
+  //! backends keep between collectives (comm::process_group::scratch_bytes()). Kept memory, so also its peak, and
+  //! outside the limiter's budget: it grows on the first collective of each size and then stays. Not reset by
+  //! reset_stats().
+  std::size_t group_scratch_bytes = 0;
+  //! False when some group's backend cannot say (NCCL: its buffers are NCCL's own); group_scratch_bytes then
+  //! counts only the groups that can.
+  bool group_scratch_known = true;
+  //! The most the model held at once for gathers and reductions: the limiter's peak plus the groups' scratch.
+  std::size_t peak_bytes() const noexcept { return limiter.peak_bytes + group_scratch_bytes; }
 };
 
 //! See the file comment.
@@ -212,6 +223,7 @@ class sharded_model {
   comm::process_group& shard_group() noexcept { return reduce_group_; }
   comm::process_group& replica_group() noexcept { return replica_group_; }
 
+  //! Safe to call from any thread, also while a pass runs.
   SHARDKIT_DECL model_stats stats() const;
   //! Starts the counts again (the limiter's peak from what it holds now), e.g. at each step.
   SHARDKIT_DECL void reset_stats();

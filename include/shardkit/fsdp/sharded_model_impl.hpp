@@ -28,6 +28,13 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
     : opts_(std::move(opts)), rank_(world.rank()), world_size_(world.size()) {
   const error_context where{.rank = rank_, .operation = "fsdp.sharded_model", .group = world.name()};
   if (units.empty()) throw_error(errc::invalid_argument, "a model needs at least one unit", where);
+  // Here rather than at the first collective: the groups below are split from `world` and share its backend.
+  if (const device d = opts_.device.location(); !world.supports(d))
+    throw_error(errc::invalid_argument,
+                "the gather device is " + to_string(d) + ", but group '" + world.name() + "' runs on " +
+                    world.backend_name() + ", which does not accept buffers on " + to_string(d) +
+                    ": use a group whose backend does (NCCL for CUDA) or the host gather device",
+                where);
   for (dtype t : {opts_.precision.param, opts_.precision.reduce})
     if (!is_floating(t))
       throw_error(errc::invalid_argument,
@@ -135,6 +142,13 @@ SHARDKIT_DECL model_stats sharded_model::stats() const {
   s.limiter.grants -= limiter_base_.grants;
   s.limiter.waits -= limiter_base_.waits;
   s.limiter.waited -= limiter_base_.waited;
+  for (const comm::process_group* g : {&gather_group_, &reduce_group_, &replica_group_}) {
+    if (!*g) continue;
+    if (auto held = g->scratch_bytes())
+      s.group_scratch_bytes += *held;
+    else
+      s.group_scratch_known = false;
+  }
   return s;
 }
 

@@ -2,6 +2,7 @@
 //! One collective's view of a p2p transport: the group's members, this op's message tag, its deadline, and waits
 //! that turn silence into a timeout naming the peer and a wrong-sized message into errc::mismatch.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <cstddef>
@@ -56,22 +57,29 @@ struct segments {
 //! Scratch memory kept by a communicator between operations. A ring all-reduce of 64 MiB needs 3 chunk-sized slots;
 //! allocating them per call costs a page fault per 4 KiB (above glibc's mmap threshold the pages are fresh each
 //! time), which measured as much CPU as the reduction itself. Not thread-safe: one per communicator, used by
-//! that communicator's one operation at a time. It keeps its largest allocation.
+//! that communicator's one operation at a time (held() excepted). It keeps its largest allocation.
 class scratch_arena {
  public:
   //! At least `bytes` of uninitialised memory, valid until the next call.
   std::byte* get(std::size_t bytes) {
     if (bytes > size_) {
       memory_.reset();  // release first: the old and new blocks need not coexist
+      held_.store(0, std::memory_order_relaxed);
       memory_ = std::make_unique_for_overwrite<std::byte[]>(bytes);
       size_ = bytes;
+      held_.store(bytes, std::memory_order_relaxed);
     }
     return memory_.get();
   }
 
+  //! The bytes allocated now, from any thread (a memory figure: the communicator's scratch_bytes()). Since the arena
+  //! keeps its largest allocation, this is also its peak.
+  std::size_t held() const noexcept { return held_.load(std::memory_order_relaxed); }
+
  private:
   std::unique_ptr<std::byte[]> memory_;
   std::size_t size_ = 0;
+  std::atomic<std::size_t> held_{0};
 };
 
 template <transport::p2p T>

@@ -3,6 +3,8 @@
 //! concrete type whatever backend runs underneath. User-facing types model the concept; only this erasure is
 //! virtual.
 #include <condition_variable>
+#include <cstdlib>
+#include <cxxabi.h>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -11,6 +13,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <typeinfo>
 #include <variant>
 #include <vector>
 
@@ -19,6 +22,16 @@
 #include "shardkit/core/error.hpp"
 
 namespace shardkit::comm::detail {
+
+//! T's name as the source spells it (shardkit::comm::p2p_communicator<shardkit::transport::shm_transport>), for
+//! messages that name a group's backend: the concept has no name member, and every type has this one.
+template <class T>
+std::string type_name() {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> readable(abi::__cxa_demangle(typeid(T).name(), nullptr, nullptr, &status),
+                                                   std::free);
+  return status == 0 && readable ? std::string(readable.get()) : std::string(typeid(T).name());
+}
 
 struct communicator_interface {
   virtual ~communicator_interface() = default;
@@ -45,6 +58,10 @@ struct communicator_interface {
   //! Fails what is in flight underneath (the transport, the NCCL communicator), so that no buffer of an
   //! abandoned operation is touched afterwards. False when the backend cannot abort.
   virtual bool abort(std::exception_ptr reason) = 0;
+  //! The communicator's scratch_bytes() where it has one; nullopt where it cannot tell.
+  virtual std::optional<std::size_t> scratch_bytes() const = 0;
+  //! The communicator's type, for messages that name the backend.
+  virtual std::string backend_name() const = 0;
 };
 
 //! Runs the blocking send/recv of a communicator without isend/irecv, each on a thread of a blocking_call_pool
@@ -158,6 +175,13 @@ class communicator_model final : public communicator_interface {
       return false;
     }
   }
+  std::optional<std::size_t> scratch_bytes() const override {
+    if constexpr (has_scratch_bytes<C>)
+      return std::size_t(comm_.scratch_bytes());
+    else
+      return std::nullopt;
+  }
+  std::string backend_name() const override { return type_name<C>(); }
   C& get() noexcept { return comm_; }
 
  private:
