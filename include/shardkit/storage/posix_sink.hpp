@@ -56,6 +56,7 @@
 
 #include "shardkit/core/arena_memory.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/unique_fd.hpp"
 #include "shardkit/storage/sink.hpp"
 
 namespace shardkit::storage {
@@ -84,25 +85,7 @@ namespace detail {
               {.operation = operation, .object = key});
 }
 
-class unique_fd {
- public:
-  explicit unique_fd(int fd = -1) noexcept : fd_(fd) {}
-  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  unique_fd& operator=(unique_fd&& o) noexcept {
-    if (this != &o) reset(std::exchange(o.fd_, -1));
-    return *this;
-  }
-  ~unique_fd() { reset(); }
-  int get() const noexcept { return fd_; }
-  int release() noexcept { return std::exchange(fd_, -1); }
-  void reset(int fd = -1) noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_;
-};
+using shardkit::unique_fd;
 
 // fsync of a directory: some file systems cannot (EINVAL); there is nothing more to do on those.
 inline int fsync_directory(const std::string& dir) noexcept {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/unique_fd.hpp"
 
 namespace shardkit::rendezvous {
 
@@ -35,26 +36,7 @@ enum class store_op : std::uint8_t { hello = 0, set, get, wait, check, add, comp
 enum class store_status : std::uint8_t { ok = 0, error = 1, cancelled = 2 };
 
 //! Owns one file descriptor.
-class unique_fd {
- public:
-  unique_fd() = default;
-  explicit unique_fd(int fd) noexcept : fd_(fd) {}
-  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  unique_fd& operator=(unique_fd&& o) noexcept {
-    if (this != &o) reset(std::exchange(o.fd_, -1));
-    return *this;
-  }
-  ~unique_fd() { reset(); }
-  int get() const noexcept { return fd_; }
-  explicit operator bool() const noexcept { return fd_ >= 0; }
-  void reset(int fd = -1) noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
+using shardkit::unique_fd;
 
 inline std::string errno_message(int e) { return std::system_category().message(e); }
 
