@@ -405,8 +405,8 @@ int main(int argc, char** argv) try {
     if (rank == 0) {
       const auto st = model.stats();
       const auto waiting = st.waiting_for_gather + st.waiting_for_reduce;
-      // The groups' own scratch, outside the budget that peak_gathered_bytes stays under; "unknown" where a
-      // backend cannot tell (NCCL).
+      // The groups' own scratch: peak_gathered_bytes + it stays within a --budget in bytes (in units, the scratch
+      // comes on top); "unknown" where a backend cannot tell (NCCL).
       const std::string scratch = st.group_scratch_known ? std::to_string(st.group_scratch_bytes) : "unknown";
       std::printf("step %d loss %.9g tokens/s %.0f step_ms %.2f compute_ms %.2f gather_wait_ms %.2f "
                   "reduce_wait_ms %.2f limiter_wait_ms %.2f ckpt_stall_ms %.3f data_wait_ms %.3f peak_gathered_bytes %zu "

@@ -176,23 +176,67 @@ TEST_CASE("[fsdp] the model's stats count its groups' scratch next to the limite
   auto groups = sk::comm::make_loopback_world(n);
   sk::test::run_threads(n, [&](int r) {
     fsdp::sharded_model model(groups[std::size_t(r)], toy::units(), {});
-    CHECK(model.stats().group_scratch_bytes == 0);  // nothing ran yet
-    CHECK(model.stats().group_scratch_known);
-    model.init_parameters(toy::init);
-    for (int s = 0; s < 2; ++s) toy::forward_backward(model, s, r * 6, 6, true);
     // The only collective that keeps scratch here is the reduce group's ring reduce-scatter of each unit's f32
-    // gradients: three slots of the largest shard (the scalar all-reduces' 8 bytes fit in them).
+    // gradients: three slots of the largest shard (the scalar all-reduces' 8 bytes fit in them). Construction
+    // ran one of each size, so it is there before the first step, and the budget holds it on top of the region.
     std::size_t largest_shard = 0;
     for (std::size_t i = 0; i < model.num_units(); ++i)
       largest_shard = std::max(largest_shard, model.layout(i).shard_numel());
+    const std::size_t expected = 3 * largest_shard * sizeof(float);
+    const auto at_start = model.stats();
+    CHECK(at_start.group_scratch_known);
+    CHECK(at_start.group_scratch_bytes == expected);
+    CHECK(at_start.budget_bytes == at_start.limiter.budget_bytes + expected);
+    model.init_parameters(toy::init);
+    for (int s = 0; s < 2; ++s) toy::forward_backward(model, s, r * 6, 6, true);
     const auto st = model.stats();
-    CHECK(st.group_scratch_bytes == 3 * largest_shard * sizeof(float));
+    CHECK(st.group_scratch_bytes == expected);
     CHECK(st.group_scratch_bytes == *model.shard_group().scratch_bytes());
     CHECK(st.peak_bytes() == st.limiter.peak_bytes + st.group_scratch_bytes);
     CHECK(st.limiter.peak_bytes <= st.limiter.budget_bytes);
+    CHECK(st.peak_bytes() <= st.budget_bytes);
     model.reset_stats();  // held memory: not a count to restart
-    CHECK(model.stats().group_scratch_bytes == st.group_scratch_bytes);
+    CHECK(model.stats().group_scratch_bytes == expected);
   });
+}
+
+TEST_CASE("[fsdp] a budget in bytes includes the groups' scratch; one the scratch leaves too little of is refused") {
+  constexpr int n = 4;
+  auto groups = sk::comm::make_loopback_world(n);
+  std::vector<std::string> refused(n);
+  sk::test::run_threads(n, [&](int r) {
+    auto& g = groups[std::size_t(r)];
+    // full_shard needs one unit's parameters and gradients at once; the scratch is measured by a first model.
+    std::size_t scratch = 0, unit = 0;
+    {
+      fsdp::sharded_model probe(g, toy::units(), {});
+      scratch = probe.stats().group_scratch_bytes;
+      unit = probe.largest_unit_bytes();
+    }
+    REQUIRE(scratch > 0);
+    const std::size_t budget = unit + scratch + 100;  // the region, rounded down to 64 bytes, still holds a unit
+    fsdp::sharded_model model(g, toy::units(), {.limiter_budget_bytes = budget});
+    const auto at_start = model.stats();
+    CHECK(at_start.budget_bytes <= budget);
+    CHECK(at_start.limiter.budget_bytes + at_start.group_scratch_bytes <= budget);
+    CHECK(at_start.limiter.budget_bytes >= unit);
+    model.init_parameters(toy::init);
+    for (int s = 0; s < 2; ++s) toy::forward_backward(model, s, r * 6, 6, true);
+    const auto st = model.stats();
+    CHECK(st.limiter.peak_bytes >= unit);  // it did gather at the one-unit limit
+    CHECK(st.peak_bytes() <= budget);
+    // Enough for the unit alone, not for the unit and the scratch: refused at construction, on every rank.
+    try {
+      fsdp::sharded_model too_small(g, toy::units(), {.limiter_budget_bytes = unit + scratch - 64});
+    } catch (const sk::error& e) {
+      CHECK(e.code() == sk::errc::invalid_argument);
+      refused[std::size_t(r)] = e.what();
+    }
+  });
+  for (const auto& m : refused) {
+    CHECK(m.find("bytes of scratch the model's groups keep") != std::string::npos);
+    CHECK(m.find("below the") != std::string::npos);
+  }
 }
 
 namespace {

@@ -58,9 +58,11 @@ struct sharding_options {
   mixed_precision precision{};
   //! hybrid_shard: ranks per shard group (consecutive ranks, e.g. the ranks of one host); must divide the world.
   std::size_t hybrid_shard_size = 0;
-  //! Bytes that gathered parameters and unsharded gradients may hold at once: the rate limiter's budget. 0: the
+  //! Bytes that gathered parameters, unsharded gradients and the model's groups' own scratch (ring slots, staging:
+  //! model_stats::group_scratch_bytes, measured at construction) may hold at once; the rate limiter's budget is
+  //! what the scratch leaves, and a budget the scratch leaves too little of is an error at construction. 0: the
   //! smallest budget the strategy can run in, plus the largest unit again (one unit of overlap, PyTorch's
-  //! default of two all-gathers in flight).
+  //! default of two all-gathers in flight), with the scratch on top.
   //! unlimited_budget: room for every unit at once (the limiter then never waits: the "no limiter" baseline).
   std::size_t limiter_budget_bytes = 0;
   //! When not 0, the budget in units instead: this many times the largest unit's parameters and gradients

@@ -55,6 +55,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <stop_token>
 #include <string>
@@ -158,14 +159,20 @@ struct model_stats {
   //! The gathered parameters and unsharded gradients: limiter.peak_bytes <= limiter.budget_bytes always.
   rate_limiter_stats limiter{};
   //! What the model's groups (gather, reduce, replica) hold on their own, now: ring slots and other scratch their
-  //! backends keep between collectives (comm::process_group::scratch_bytes()). Kept memory, so also its peak, and
-  //! outside the limiter's budget: it grows on the first collective of each size and then stays. Not reset by
+  //! backends keep between collectives (comm::process_group::scratch_bytes()). Kept memory, so also its peak;
+  //! construction runs one collective of each size the model issues, so it is all there from the start and
+  //! grows only if the trainer runs larger collectives of its own on the model's groups. Not reset by
   //! reset_stats().
   std::size_t group_scratch_bytes = 0;
   //! False when some group's backend cannot say (NCCL: its buffers are NCCL's own); group_scratch_bytes then
   //! counts only the groups that can.
   bool group_scratch_known = true;
+  //! The budget the model keeps to: the limiter's region plus the groups' scratch measured at construction. An
+  //! explicit sharding_options::limiter_budget_bytes is this figure (the region is what the scratch leaves); a
+  //! budget in units, the default and unlimited_budget size the region, and the scratch comes on top.
+  std::size_t budget_bytes = 0;
   //! The most the model held at once for gathers and reductions: the limiter's peak plus the groups' scratch.
+  //! At most budget_bytes.
   std::size_t peak_bytes() const noexcept { return limiter.peak_bytes + group_scratch_bytes; }
 };
 
@@ -305,7 +312,13 @@ class sharded_model {
   SHARDKIT_DECL std::size_t kept_params_bytes() const;
   SHARDKIT_DECL std::size_t total_bytes() const;
   SHARDKIT_DECL std::size_t default_budget() const;
-  SHARDKIT_DECL void check_budget() const;
+  // region: the bytes the limiter would hand out; scratch: the groups' scratch charged against the budget.
+  SHARDKIT_DECL void check_budget(std::size_t region, std::size_t scratch) const;
+  // Runs one collective of each size the model issues on each of its groups whose backend reports its scratch,
+  // so that the scratch is all allocated; returns it (summed over the groups, the largest over the ranks).
+  SHARDKIT_DECL std::size_t warm_up_groups(comm::process_group& world);
+  // The groups' scratch now; `known` is cleared when a group cannot tell.
+  SHARDKIT_DECL std::size_t group_scratch(bool& known) const;
 
   // ---- pass bookkeeping ----
   std::size_t unit_at(std::size_t pos) const noexcept { return pass_ == pass::forward ? pos : units_.size() - 1 - pos; }
@@ -360,6 +373,7 @@ class sharded_model {
 
   mutable std::mutex stats_mutex_;
   model_stats stats_;
+  std::size_t setup_scratch_ = 0;  // the groups' scratch after warm_up_groups()
   rate_limiter_stats limiter_base_{};  // the limiter's counts at reset_stats()
   std::stop_source pass_stop_;  // withdraws the gathers of a pass that is abandoned
   // Declared last: destroyed (joined) first, while everything their jobs touch is alive.

@@ -84,6 +84,9 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
   }
 
   std::size_t budget = opts_.limiter_budget_bytes;
+  // A budget in bytes is all the model may hold, its groups' scratch included; one the model derives (units, the
+  // default, unlimited) sizes the limiter's region, and the scratch comes on top.
+  const bool charge_scratch = budget != 0 && budget != unlimited_budget;
   if (opts_.limiter_budget_units != 0) {
     if (budget != 0)
       throw_error(errc::invalid_argument, "set limiter_budget_bytes or limiter_budget_units, not both", where);
@@ -92,11 +95,7 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
   }
   if (budget == 0) budget = default_budget();
   if (budget == unlimited_budget) budget = total_bytes();
-  limiter_.emplace(rate_limiter_options{.budget_bytes = budget,
-                                        .max_inflight = opts_.limiter_max_inflight,
-                                        .name = opts_.name + ".limiter"},
-                   [&](std::size_t bytes) { return opts_.device.allocate(bytes); });
-  check_budget();
+  check_budget(budget, 0);  // before any collective: a setting every rank shares
   // One stager per thread that copies: the gather thread, the reduce thread and the trainer's (state, scalars).
   gather_stager_ = opts_.device.make_stager();
   reduce_stager_ = opts_.device.make_stager();
@@ -119,6 +118,78 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
     }
   }
   if (replicas_ > 1) replica_group_ = world.split(int(shard_rank_), rank_, named("replica"));
+
+  setup_scratch_ = warm_up_groups(world);
+  std::size_t region = budget;
+  if (charge_scratch) {
+    // Rounded down to the limiter's alignment, which would otherwise round the region up past the budget.
+    region = setup_scratch_ < budget ? (budget - setup_scratch_) / 64 * 64 : 0;
+    check_budget(region, setup_scratch_);
+  }
+  limiter_.emplace(rate_limiter_options{.budget_bytes = region,
+                                        .max_inflight = opts_.limiter_max_inflight,
+                                        .name = opts_.name + ".limiter"},
+                   [&](std::size_t bytes) { return opts_.device.allocate(bytes); });
+  for (auto& u : units_) {
+    limiter_->check_request(params_bytes(*u), "unit '" + u->layout.name() + "' gathered parameters");
+    limiter_->check_request(grads_bytes(*u), "unit '" + u->layout.name() + "' unsharded gradients");
+  }
+}
+
+SHARDKIT_DECL std::size_t sharded_model::warm_up_groups(comm::process_group& world) {
+  const auto tells = [](const comm::process_group& g) { return g && g.scratch_bytes().has_value(); };
+  const bool gather = tells(gather_group_), reduce = tells(reduce_group_), replica = tells(replica_group_);
+  if (!gather && !reduce && !replica) return 0;  // NCCL, or no groups: nothing to measure (the same on every rank)
+  // One collective of each size the model issues, on each group, so that the scratch its backend keeps (the
+  // largest it needed) is there now: the gathers in the parameter dtype and full_state's in f32, the
+  // reduce-scatters in the reduce dtype, the replicas' all-reduces of a shard, the scalar all-reduces.
+  std::size_t largest = 0;
+  for (auto& u : units_)
+    largest = std::max(largest, u->layout.padded_numel() *
+                                    std::max({size_of(opts_.precision.param), size_of(opts_.precision.reduce),
+                                              sizeof(float)}));
+  gather_memory scratch = opts_.device.allocate(largest);
+  std::set<std::size_t> sizes;
+  for (auto& u : units_) sizes.insert(u->layout.padded_numel());
+  for (const std::size_t padded : sizes) {
+    const std::size_t shard = padded / shard_size_;
+    const std::size_t mine_at = shard * shard_rank_;
+    if (gather)
+      for (dtype t : {opts_.precision.param, dtype::f32}) {
+        buffer_view full = scratch.view(t, padded);
+        gather_group_.all_gather(full.slice(mine_at, shard), full).wait();
+      }
+    if (reduce) {
+      buffer_view full = scratch.view(opts_.precision.reduce, padded);
+      control_stager_.zero(full);
+      reduce_group_.reduce_scatter(full, full.slice(mine_at, shard), reduce_op::avg).wait();
+    }
+    if (replica) {
+      buffer_view mine = scratch.view(opts_.precision.reduce, shard);
+      control_stager_.zero(mine);
+      replica_group_.all_reduce(mine, reduce_op::avg).wait();
+    }
+  }
+  double v = 0;
+  if (reduce) all_reduce_scalar(reduce_group_, v, reduce_op::sum);
+  if (replica) all_reduce_scalar(replica_group_, v, reduce_op::sum);
+  bool known = true;
+  // The largest over ranks, so that a budget check that fails, fails on every rank.
+  double held = double(group_scratch(known));
+  all_reduce_scalar(world, held, reduce_op::max);
+  return std::size_t(held);
+}
+
+SHARDKIT_DECL std::size_t sharded_model::group_scratch(bool& known) const {
+  std::size_t sum = 0;
+  for (const comm::process_group* g : {&gather_group_, &reduce_group_, &replica_group_}) {
+    if (!*g) continue;
+    if (auto held = g->scratch_bytes())
+      sum += *held;
+    else
+      known = false;
+  }
+  return sum;
 }
 
 SHARDKIT_DECL sharded_model::~sharded_model() {
@@ -142,13 +213,8 @@ SHARDKIT_DECL model_stats sharded_model::stats() const {
   s.limiter.grants -= limiter_base_.grants;
   s.limiter.waits -= limiter_base_.waits;
   s.limiter.waited -= limiter_base_.waited;
-  for (const comm::process_group* g : {&gather_group_, &reduce_group_, &replica_group_}) {
-    if (!*g) continue;
-    if (auto held = g->scratch_bytes())
-      s.group_scratch_bytes += *held;
-    else
-      s.group_scratch_known = false;
-  }
+  s.group_scratch_bytes = group_scratch(s.group_scratch_known);
+  s.budget_bytes = s.limiter.budget_bytes + setup_scratch_;
   return s;
 }
 
@@ -220,15 +286,22 @@ SHARDKIT_DECL std::size_t sharded_model::default_budget() const {
   return minimum_budget() + unit_max;
 }
 
-SHARDKIT_DECL void sharded_model::check_budget() const {
+SHARDKIT_DECL void sharded_model::check_budget(std::size_t region, std::size_t scratch) const {
   const std::size_t need = minimum_budget();
-  if (limiter_->budget() < need)
+  const std::string holds = std::to_string(need) + " bytes that " + std::string(to_string(opts_.strategy)) +
+                            " must hold at once (a backward unit's parameters and gradients" +
+                            (keeps_params() ? ", plus every unit's parameters kept from forward" : "") + ")";
+  if (region < need && scratch == 0)
     throw_error(errc::invalid_argument,
-                "limiter budget of " + std::to_string(limiter_->budget()) + " bytes is below the " +
-                    std::to_string(need) + " bytes that " + std::string(to_string(opts_.strategy)) +
-                    " must hold at once (a backward unit's parameters and gradients" +
-                    (keeps_params() ? ", plus every unit's parameters kept from forward" : "") +
-                    "): raise sharding_options::limiter_budget_bytes",
+                "limiter budget of " + std::to_string(region) + " bytes is below the " + holds +
+                    ": raise sharding_options::limiter_budget_bytes",
+                {.rank = rank_, .operation = "fsdp.sharded_model"});
+  if (region < need)
+    throw_error(errc::invalid_argument,
+                "limiter budget of " + std::to_string(opts_.limiter_budget_bytes) + " bytes, less the " +
+                    std::to_string(scratch) + " bytes of scratch the model's groups keep (model_stats::" +
+                    "group_scratch_bytes), leaves " + std::to_string(region) + " bytes, below the " + holds +
+                    ": raise sharding_options::limiter_budget_bytes to at least " + std::to_string(need + scratch),
                 {.rank = rank_, .operation = "fsdp.sharded_model"});
   // The count cap binds like bytes: a backward unit holds two leases (parameters, gradients), and
   // shard_grad_op and no_shard keep one per unit from forward.
@@ -242,10 +315,6 @@ SHARDKIT_DECL void sharded_model::check_budget() const {
                     (keeps_params() ? ", plus every unit's parameters" : "") +
                     ")",
                 {.rank = rank_, .operation = "fsdp.sharded_model"});
-  for (auto& u : units_) {
-    limiter_->check_request(params_bytes(*u), "unit '" + u->layout.name() + "' gathered parameters");
-    limiter_->check_request(grads_bytes(*u), "unit '" + u->layout.name() + "' unsharded gradients");
-  }
 }
 
 }  // namespace shardkit::fsdp
