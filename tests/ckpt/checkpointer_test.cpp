@@ -268,6 +268,7 @@ struct commit_gate {
   bool step3_file_started = false;
   bool index2_started = false;
   bool overlapped = false;
+  std::vector<std::string> puts;  // in order: what happened, for a failure's message
 };
 struct gated_sink {
   using sink_concept = st::sink_tag;
@@ -276,6 +277,7 @@ struct gated_sink {
   std::shared_ptr<commit_gate> gate;
   auto put(const std::string& key) {
     std::unique_lock lock(gate->mutex);
+    gate->puts.push_back(key);
     if (key.starts_with("step-000000000003/rank-00000")) {  // rank 0, the rank that commits step 2
       gate->step3_file_started = true;
       gate->changed.notify_all();
@@ -319,6 +321,9 @@ TEST_CASE("[ckpt] saves pipeline: one persists while the previous commits; round
         CHECK(saves[i].get().step == i + 1);
       }
     });
+    std::string order;
+    for (const auto& k : gate->puts) order += k + " ";
+    INFO("puts in order: " << order);
     CHECK(gate->overlapped);
     CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{1, 2, 3, 4});
     load_and_check(2, sink, 4);

@@ -221,6 +221,10 @@ SHARDKIT_DECL task<void> checkpointer::run(std::shared_ptr<save_job> job, pipeli
   try {
     co_await settle_quietly(turn.previous_persisted);
     co_await settle_quietly(turn.before_previous);
+    // A completion's continuations resume one after another on the thread that completes it (core's resume
+    // queue): resumed there, this save's blocking writes would wait behind the previous save's blocking commit, or
+    // the other way round. A hop through the pool lets its other thread take whichever is queued second.
+    co_await on(*pool_);
     std::optional<checkpoint_index> file;  // this rank's file, as a one-file index
     std::string error;
     commit_status status = commit_status::ok;
@@ -243,6 +247,7 @@ SHARDKIT_DECL task<void> checkpointer::run(std::shared_ptr<save_job> job, pipeli
     mark_persisted(*job);
     co_await settle_quietly(turn.previous);  // its commit round first: every rank runs the rounds in step order
     previous_ended = true;
+    co_await on(*pool_);  // as above: the commit blocks (rank 0's index, fsyncs, retention)
     const auto t1 = std::chrono::steady_clock::now();
     const std::string outcome = co_await commit_round(*job, commit_message(job->step, status, error, file), result);
     result.commit_seconds = seconds_since(t1);
