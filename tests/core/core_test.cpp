@@ -57,6 +57,22 @@ TEST_CASE_TEMPLATE("[core] combine applies every op", T, float, double, std::int
   CHECK(avg == std::vector<T>{T(1), T(3), T(2)});
 }
 
+TEST_CASE("[core] integer sums and products wrap around instead of overflowing (no undefined behaviour)") {
+  std::int32_t a[2] = {std::numeric_limits<std::int32_t>::max(), -1414812757};
+  const std::int32_t b[2] = {1, -1414812757};
+  combine(reduce_op::sum, dtype::i32, a, b, 2);
+  CHECK(a[0] == std::numeric_limits<std::int32_t>::min());
+  CHECK(a[1] == std::int32_t(std::uint32_t(-1414812757) * 2u));
+  std::int64_t c[1] = {std::numeric_limits<std::int64_t>::min()};
+  const std::int64_t d[1] = {-1};
+  combine(reduce_op::sum, dtype::i64, c, d, 1);
+  CHECK(c[0] == std::numeric_limits<std::int64_t>::max());
+  std::int64_t e[1] = {std::int64_t{1} << 62};
+  const std::int64_t f[1] = {4};
+  combine(reduce_op::prod, dtype::i64, e, f, 1);
+  CHECK(e[0] == 0);
+}
+
 TEST_CASE("[core] combine on 16-bit floats goes through float") {
   std::vector<bfloat16> a(1000, bfloat16(1.5f)), b(1000, bfloat16(2.0f));
   combine(reduce_op::sum, dtype::bf16, a.data(), b.data(), a.size());

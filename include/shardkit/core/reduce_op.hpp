@@ -43,6 +43,27 @@ constexpr std::optional<reduce_op> parse_reduce_op(std::string_view s) noexcept 
 }
 
 namespace detail {
+// Sums and products of integers wrap around (two's complement), as NCCL's and Gloo's do, instead of overflowing (undefined
+// behaviour: UBSan caught an int32 sum of the CUDA model's 0xAB fill). Same instructions; others as they are.
+template <class T>
+constexpr T wrapping_add(T x, T y) noexcept {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;  // no int promotion
+    return T(U(U(x) + U(y)));
+  } else {
+    return T(x + y);
+  }
+}
+template <class T>
+constexpr T wrapping_mul(T x, T y) noexcept {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;  // no int promotion
+    return T(U(U(x) * U(y)));
+  } else {
+    return T(x * y);
+  }
+}
+
 template <class T, class F>
 inline void combine_loop(T* __restrict dst, const T* __restrict src, std::size_t n, F f) noexcept {
   for (std::size_t i = 0; i < n; ++i) dst[i] = f(dst[i], src[i]);
@@ -65,9 +86,9 @@ inline void combine_typed(reduce_op op, T* __restrict dst, const T* __restrict s
     switch (op) {
       case reduce_op::sum:
       case reduce_op::avg:  // avg sums here; finish_average() divides once at the end
-        combine_loop(dst, src, n, [](T x, T y) { return T(x + y); });
+        combine_loop(dst, src, n, [](T x, T y) { return wrapping_add(x, y); });
         break;
-      case reduce_op::prod: combine_loop(dst, src, n, [](T x, T y) { return T(x * y); }); break;
+      case reduce_op::prod: combine_loop(dst, src, n, [](T x, T y) { return wrapping_mul(x, y); }); break;
       case reduce_op::min: combine_loop(dst, src, n, [](T x, T y) { return y < x ? y : x; }); break;
       case reduce_op::max: combine_loop(dst, src, n, [](T x, T y) { return x < y ? y : x; }); break;
     }
@@ -175,9 +196,9 @@ inline void reduce_into_all(reduce_op op, dtype t, std::span<const std::byte* co
     switch (op) {
       case reduce_op::sum:
       case reduce_op::avg:
-        detail::reduce_into_all_typed<T>(srcs, dsts, count, average_over, [](A x, A y) { return A(x + y); });
+        detail::reduce_into_all_typed<T>(srcs, dsts, count, average_over, [](A x, A y) { return detail::wrapping_add(x, y); });
         break;
-      case reduce_op::prod: detail::reduce_into_all_typed<T>(srcs, dsts, count, 0, [](A x, A y) { return A(x * y); }); break;
+      case reduce_op::prod: detail::reduce_into_all_typed<T>(srcs, dsts, count, 0, [](A x, A y) { return detail::wrapping_mul(x, y); }); break;
       case reduce_op::min: detail::reduce_into_all_typed<T>(srcs, dsts, count, 0, [](A x, A y) { return y < x ? y : x; }); break;
       case reduce_op::max: detail::reduce_into_all_typed<T>(srcs, dsts, count, 0, [](A x, A y) { return x < y ? y : x; }); break;
     }
