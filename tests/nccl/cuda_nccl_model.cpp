@@ -55,7 +55,10 @@ struct model_stream {
           q.pop_front();
           busy = true;
         }
-        if (!f) return;
+        if (!f) {  // cudaStreamDestroy: the stream was detached, so it owns itself now
+          delete this;
+          return;
+        }
         f();
         {
           std::lock_guard l(m);
@@ -66,10 +69,10 @@ struct model_stream {
     });
   }
   void push(std::function<void()> f) {
-    {
-      std::lock_guard l(m);
-      q.push_back(std::move(f));
-    }
+    // Notified under the lock: after cudaStreamDestroy's push the thread may delete the stream as soon as it can
+    // take the lock, so nothing of it may be touched after the unlock.
+    std::lock_guard l(m);
+    q.push_back(std::move(f));
     cv.notify_all();
   }
   void sync() {
@@ -93,7 +96,8 @@ struct model_event {
 // copying the wrong way) here although a GPU would refuse it: every allocation is recorded, and NCCL calls and
 // copies check that their pointers are where they must be.
 std::mutex allocations_mutex;
-std::map<const std::byte*, size_t> allocations;  // start -> bytes
+// Never destroyed: a stream's thread still running at exit (parked work) may use it after static destructors.
+std::map<const std::byte*, size_t>& allocations = *new std::map<const std::byte*, size_t>;  // start -> bytes
 
 void* allocate_device(size_t n) {
   void* p = std::malloc(n ? n : 1);
@@ -120,7 +124,8 @@ bool in_device_memory(const void* p, size_t n) {
 }
 // Page-locked host memory: copies from and to it are asynchronous (cudaMemcpyAsync returns before they run).
 std::mutex pinned_mutex;
-std::map<const std::byte*, size_t> pinned;  // start -> bytes
+// Never destroyed: a stream's thread still running at exit (parked work) may use it after static destructors.
+std::map<const std::byte*, size_t>& pinned = *new std::map<const std::byte*, size_t>;  // start -> bytes
 bool in_pinned_memory(const void* p, size_t n) {
   const auto* b = static_cast<const std::byte*>(p);
   std::lock_guard l(pinned_mutex);
@@ -380,9 +385,11 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  // The stream's thread ends, and deletes the stream, once the tasks queued before run; one may be parked (a
+  // collective a peer never joins), so nothing here waits for it.
   auto* fs = reinterpret_cast<model_stream*>(s);
+  fs->t.detach();
   fs->push(nullptr);
-  fs->t.detach();  // leaked on purpose: a task may still be parked
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
