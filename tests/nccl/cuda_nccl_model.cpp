@@ -143,12 +143,19 @@ bool device_or_complain(const char* call, const char* what, const void* p, size_
 
 // ---- NCCL ----
 struct world;
-struct model_comm {
+// The handle (ncclComm_t) is the raw pointer; `self` is the handle's reference, which ncclCommDestroy and
+// ncclCommAbort drop, as the real ones free the communicator. Stream tasks and an unfinished split hold references
+// of their own, so a task queued or parked on the stream when the communicator is freed still finds it (aborted)
+// where a GPU's kernel would find NCCL's abort flag. A handle never destroyed is a leak LeakSanitizer reports.
+struct model_comm : std::enable_shared_from_this<model_comm> {
+  std::mutex wm;  // guards w while a split child waits for its world (set when the last parent rank arrives)
   std::shared_ptr<world> w;
   int rank = 0;
   std::atomic<bool> aborted{false};
   std::atomic<int> state{ncclInProgress};
   std::uint64_t coll_seq = 0, split_seq = 0;
+  std::shared_ptr<model_comm> self;
+  ~model_comm();
 };
 
 struct coll_arg {
@@ -162,7 +169,7 @@ struct coll_arg {
 };
 struct coll_slot {
   std::vector<coll_arg> args;
-  int arrived = 0;
+  int arrived = 0, left = 0;  // the slot is erased when every rank has seen it done
   bool done = false;
 };
 struct p2p_msg {
@@ -172,10 +179,12 @@ struct p2p_msg {
 };
 struct split_slot {
   std::vector<std::tuple<int, int>> ck;  // color, key per parent rank
-  std::vector<model_comm*> out;
+  std::vector<std::shared_ptr<model_comm>> out;
   int arrived = 0;
 };
 
+// Owned by its communicators (model_comm::w); members point back without owning (a freed communicator clears
+// its entry).
 struct world {
   int n;
   std::mutex m;
@@ -188,6 +197,13 @@ struct world {
   explicit world(int n_) : n(n_), members(n_, nullptr) {}
 };
 
+model_comm::~model_comm() {
+  if (!w) return;  // a split child freed before its split completed never joined a world
+  std::lock_guard l(w->m);
+  if (w->members[rank] == this) w->members[rank] = nullptr;
+}
+
+// Worlds being initialised, by unique id; erased once every rank has joined (its communicators own it then).
 std::mutex registry_mutex;
 std::map<std::string, std::shared_ptr<world>> registry;
 std::atomic<int> id_counter{0};
@@ -294,7 +310,7 @@ ncclResult_t enqueue_coll(model_comm* c, cudaStream_t stream, coll_arg a, const 
   if (!c || c->aborted) return ncclInvalidUsage;
   if (!buffers_on_device(*c, a, call)) return ncclInvalidArgument;
   const auto seq = c->coll_seq++;
-  run_on(stream, [c, seq, a] {
+  run_on(stream, [c = c->shared_from_this(), seq, a] {
     auto& w = *c->w;
     std::unique_lock l(w.m);
     auto& s = w.colls[seq];
@@ -307,6 +323,7 @@ ncclResult_t enqueue_coll(model_comm* c, cudaStream_t stream, coll_arg a, const 
     } else {
       w.cv.wait(l, [&] { return s.done || c->aborted.load(); });
     }
+    if (s.done && ++s.left == w.n) w.colls.erase(seq);
   });
   return ncclSuccess;
 }
@@ -352,7 +369,7 @@ ncclResult_t flush_group() {
   group_ops.clear();
   for (auto& [k, ops] : by) {
     if (k.first->aborted) return ncclInvalidUsage;
-    run_on(k.second, [ops] { run_p2p_group(ops); });
+    run_on(k.second, [keep = k.first->shared_from_this(), ops] { run_p2p_group(ops); });
   }
   return ncclSuccess;
 }
@@ -526,14 +543,25 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
     if (!slot) slot = std::make_shared<world>(nranks);
     w = slot;
   }
-  auto* c = new model_comm;
+  auto c = std::make_shared<model_comm>();
+  c->self = c;
   c->w = w;
   c->rank = rank;
-  *out = reinterpret_cast<ncclComm_t>(c);
-  std::lock_guard l(w->m);
-  w->members[rank] = c;
-  if (++w->joined == w->n)
-    for (auto* m : w->members) m->state = ncclSuccess;
+  *out = reinterpret_cast<ncclComm_t>(c.get());
+  bool complete = false;
+  {
+    std::lock_guard l(w->m);
+    w->members[rank] = c.get();
+    if (++w->joined == w->n) {
+      complete = true;
+      for (auto* m : w->members)
+        if (m) m->state = ncclSuccess;
+    }
+  }
+  if (complete) {
+    std::lock_guard l(registry_mutex);
+    if (auto it = registry.find(id.internal); it != registry.end() && it->second == w) registry.erase(it);
+  }
   return ncclInProgress;
 }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* st) {
@@ -542,21 +570,35 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* st) {
   *st = ncclResult_t(c->state.load());
   return ncclSuccess;
 }
-ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  auto* c = reinterpret_cast<model_comm*>(comm);
-  if (!c) return ncclSuccess;
+}  // extern "C"
+
+namespace {
+// ncclCommDestroy and ncclCommAbort: work parked on the communicator gives up, and the handle's reference goes
+// (the communicator is freed here unless a stream task or an unfinished split still holds it).
+void release(model_comm* c) {
   c->aborted = true;
+  std::shared_ptr<world> w;
   {
-    std::lock_guard l(c->w->m);
+    std::lock_guard l(c->wm);
+    w = c->w;
   }
-  c->w->cv.notify_all();
-  return ncclSuccess;  // leaked on purpose: stream tasks may still look at it
+  if (w) {
+    { std::lock_guard l(w->m); }  // a waiter between its check of `aborted` and its wait cannot miss the notify
+    w->cv.notify_all();
+  }
+  auto handle = std::move(c->self);
+}
+}  // namespace
+
+extern "C" {
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (comm) release(reinterpret_cast<model_comm*>(comm));
+  return ncclSuccess;
 }
 ncclResult_t ncclCommFinalize(ncclComm_t) { return ncclSuccess; }
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-  auto* c = reinterpret_cast<model_comm*>(comm);
-  c->aborted = true;
-  c->w->cv.notify_all();
+  if (!comm) return ncclInvalidArgument;
+  release(reinterpret_cast<model_comm*>(comm));
   return ncclSuccess;
 }
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* r) { *r = reinterpret_cast<model_comm*>(comm)->rank; return ncclSuccess; }
@@ -565,12 +607,12 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out,
   auto* c = reinterpret_cast<model_comm*>(comm);
   auto& w = *c->w;
   const auto seq = c->split_seq++;
-  model_comm* mine = nullptr;
+  std::shared_ptr<model_comm> mine;
   if (color != NCCL_SPLIT_NOCOLOR) {
-    mine = new model_comm;
-    mine->state = ncclInProgress;
+    mine = std::make_shared<model_comm>();
+    mine->self = mine;
   }
-  *out = reinterpret_cast<ncclComm_t>(mine);
+  *out = reinterpret_cast<ncclComm_t>(mine.get());
   std::lock_guard l(w.m);
   auto& s = w.splits[seq];
   if (s.ck.empty()) {
@@ -587,14 +629,18 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out,
       std::sort(v.begin(), v.end());
       auto nw = std::make_shared<world>(int(v.size()));
       for (int i = 0; i < int(v.size()); ++i) {
-        auto* m = s.out[std::get<1>(v[i])];
-        m->w = nw;
-        m->rank = i;
-        nw->members[i] = m;
+        auto& m = s.out[std::get<1>(v[i])];
+        {
+          std::lock_guard ml(m->wm);
+          m->w = nw;
+          m->rank = i;
+        }
+        nw->members[i] = m.get();
       }
       nw->joined = nw->n;
       for (auto* m : nw->members) m->state = ncclSuccess;
     }
+    w.splits.erase(seq);  // the children's handles (or their owners' aborts) hold them now
   }
   return ncclInProgress;
 }
