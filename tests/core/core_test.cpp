@@ -1,12 +1,18 @@
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "shardkit/core/buffer.hpp"
 #include "shardkit/core/completion.hpp"
+#include "shardkit/core/detail/blocking_call_pool.hpp"
+#include "shardkit/core/detail/worker_threads.hpp"
 #include "shardkit/core/task.hpp"
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
@@ -245,4 +251,43 @@ TEST_CASE("[core] host_shared_memory: registered while alive, found by interior 
   moved = host_shared_memory();
   CHECK_FALSE(find_host_shared(base, 16));
   CHECK(host_shared_memory(0).data() == nullptr);
+}
+
+TEST_CASE("[core] worker_threads: destruction asks the threads to stop, wakes and joins them") {
+  std::mutex mutex;
+  std::condition_variable cv;
+  int returned = 0;  // under mutex
+  bool stopped_early = false;
+  {
+    shardkit::detail::worker_threads threads(mutex, cv);
+    CHECK(threads.empty());
+    for (int i = 0; i < 2; ++i)
+      threads.start([&] {
+        std::unique_lock lock(mutex);
+        stopped_early = stopped_early || threads.stop_requested();
+        cv.wait(lock, [&] { return threads.stop_requested(); });  // only the destructor can end this wait
+        ++returned;
+      });
+    CHECK_FALSE(threads.empty());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::lock_guard lock(mutex);
+    CHECK(returned == 0);
+  }
+  CHECK(returned == 2);  // joined: both returned before the destructor did
+  CHECK_FALSE(stopped_early);
+}
+
+TEST_CASE("[core] blocking_call_pool: a call never waits for another's thread; queued calls run before it joins") {
+  std::atomic<int> calls = 0, afters = 0;
+  {
+    shardkit::detail::blocking_call_pool pool;
+    completion_source second_ran;
+    completion waited = second_ran;
+    // The first call blocks until the second one ran: with one thread for both, this would never end.
+    pool.run([&, waited] { waited.wait(); ++calls; }, [&] { ++afters; });
+    pool.run([&, second_ran] { ++calls; second_ran.set_done(); }, [&] { ++afters; });
+    for (int i = 0; i < 8; ++i) pool.run([&] { ++calls; });
+  }
+  CHECK(calls == 10);
+  CHECK(afters == 2);
 }

@@ -5,10 +5,10 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <thread>
 #include <utility>
 
 #include "shardkit/core/completion.hpp"
+#include "shardkit/core/detail/worker_threads.hpp"
 
 namespace shardkit::detail {
 
@@ -26,7 +26,7 @@ class timer_service {
     key k;
     {
       std::lock_guard lock(mutex_);
-      if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+      if (thread_.empty()) thread_.start([this] { run(); });
       k = {when, next_id_++};
       timers_.emplace(k, std::move(f));
     }
@@ -41,21 +41,13 @@ class timer_service {
 
   timer_service(const timer_service&) = delete;
   timer_service& operator=(const timer_service&) = delete;
-  ~timer_service() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    cv_.notify_one();
-    if (thread_.joinable()) thread_.join();
-  }
 
  private:
   timer_service() = default;
 
   void run() {
     std::unique_lock lock(mutex_);
-    while (!stopping_) {
+    while (!thread_.stop_requested()) {
       if (timers_.empty()) {
         cv_.wait(lock);
         continue;
@@ -77,8 +69,7 @@ class timer_service {
   std::condition_variable cv_;
   std::map<key, std::function<void()>> timers_;
   std::uint64_t next_id_ = 0;
-  bool stopping_ = false;
-  std::thread thread_;
+  worker_threads thread_{mutex_, cv_};  // last: stopped and joined (at exit) before the timers die
 };
 
 }  // namespace shardkit::detail

@@ -6,32 +6,23 @@
 #include <deque>
 #include <functional>
 #include <mutex>
-#include <thread>
 
 #include "shardkit/comm/work.hpp"
 #include "shardkit/core/completion.hpp"
+#include "shardkit/core/detail/worker_threads.hpp"
 
 namespace shardkit::comm::detail {
 
 class progress_engine {
  public:
-  progress_engine()
-      : thread_([this] {
-          on_progress_thread() = true;  // blocking on work here would deadlock: work::wait refuses (work.hpp)
-          run();
-        }) {}
+  progress_engine() {
+    thread_.start([this] {
+      on_progress_thread() = true;  // blocking on work here would deadlock: work::wait refuses (work.hpp)
+      run();
+    });
+  }
   progress_engine(const progress_engine&) = delete;
   progress_engine& operator=(const progress_engine&) = delete;
-
-  //! Finishes what is queued, then joins.
-  ~progress_engine() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
 
   void post(std::function<void()> task) {
     {
@@ -41,15 +32,13 @@ class progress_engine {
     cv_.notify_one();
   }
 
-  bool on_engine_thread() const noexcept { return std::this_thread::get_id() == thread_.get_id(); }
-
  private:
   void run() {
     for (;;) {
       std::function<void()> task;
       {
         std::unique_lock lock(mutex_);
-        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        cv_.wait(lock, [&] { return thread_.stop_requested() || !queue_.empty(); });
         if (queue_.empty()) return;
         task = std::move(queue_.front());
         queue_.pop_front();
@@ -58,7 +47,7 @@ class progress_engine {
       // Back-to-back operations (a training step issues many) find the next one without a futex wake-up.
       spin_until([&] {
         std::lock_guard lock(mutex_);
-        return stopping_ || !queue_.empty();
+        return thread_.stop_requested() || !queue_.empty();
       });
     }
   }
@@ -66,8 +55,8 @@ class progress_engine {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
-  std::thread thread_;
+  // Last, so destroyed first: the thread finishes what is queued, then is joined, before the queue dies.
+  shardkit::detail::worker_threads thread_{mutex_, cv_};
 };
 
 }  // namespace shardkit::comm::detail

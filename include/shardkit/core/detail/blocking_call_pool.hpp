@@ -10,9 +10,9 @@
 #include <deque>
 #include <functional>
 #include <mutex>
-#include <thread>
 #include <utility>
-#include <vector>
+
+#include "shardkit/core/detail/worker_threads.hpp"
 
 namespace shardkit::detail {
 
@@ -22,29 +22,17 @@ class blocking_call_pool {
   blocking_call_pool(const blocking_call_pool&) = delete;
   blocking_call_pool& operator=(const blocking_call_pool&) = delete;
 
-  ~blocking_call_pool() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    for (auto& t : threads_) {
-      if (t.get_id() == std::this_thread::get_id()) t.detach();
-      else t.join();
-    }
-  }
-
   //! Runs `call` (which catches its own exceptions) on an idle thread or a new one, then `after` once that thread
   //! counts as idle again: what `after` lets run next (a completion's continuation posting the next call) finds
   //! the thread free instead of starting another.
   void run(std::function<void()> call, std::function<void()> after = {}) {
-    {
-      std::lock_guard lock(mutex_);
-      calls_.push_back({std::move(call), std::move(after)});
-      if (idle_ < calls_.size()) {
-        ++idle_;  // counted idle from its start, so that the next call does not start another one meanwhile
-        threads_.emplace_back([this] { work(); });
-      }
+    // Notified under the lock: once the call is visible a thread may run it and its `after` may let the owner
+    // destroy the pool, so a notify_one after the unlock could touch a destroyed wake_.
+    std::lock_guard lock(mutex_);
+    calls_.push_back({std::move(call), std::move(after)});
+    if (idle_ < calls_.size()) {
+      ++idle_;  // counted idle from its start, so that the next call does not start another one meanwhile
+      threads_.start([this] { work(); });
     }
     wake_.notify_one();
   }
@@ -57,7 +45,7 @@ class blocking_call_pool {
   void work() {
     std::unique_lock lock(mutex_);
     for (;;) {
-      wake_.wait(lock, [&] { return stopping_ || !calls_.empty(); });
+      wake_.wait(lock, [&] { return threads_.stop_requested() || !calls_.empty(); });
       if (calls_.empty()) return;  // stopping, nothing left
       queued q = std::move(calls_.front());
       calls_.pop_front();
@@ -78,9 +66,8 @@ class blocking_call_pool {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<queued> calls_;
-  std::vector<std::thread> threads_;
   std::size_t idle_ = 0;  // threads waiting for a call (or about to)
-  bool stopping_ = false;
+  worker_threads threads_{mutex_, wake_};  // last: stopped and joined before the rest dies
 };
 
 }  // namespace shardkit::detail
