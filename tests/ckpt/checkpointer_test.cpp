@@ -30,6 +30,7 @@
 namespace sk = shardkit;
 namespace ck = shardkit::ckpt;
 namespace st = shardkit::storage;
+namespace tc = shardkit::test::ckpt;
 
 namespace {
 
@@ -187,31 +188,13 @@ TEST_CASE("[ckpt] retention keeps the newest K checkpoints and removes debris of
   CHECK(load_and_check(2, sink, 9) == 9);
 }
 
-namespace {
-// Forwards to a memory sink and counts the calls that read an index (get and size of a key ending in index.json).
-struct index_read_counting_sink {
-  using sink_concept = st::sink_tag;
-  explicit index_read_counting_sink(std::shared_ptr<std::atomic<int>> reads) : index_reads(std::move(reads)) {}
-  st::memory_sink inner;
-  std::shared_ptr<std::atomic<int>> index_reads;
-  void count(const std::string& key) {
-    if (key.ends_with("index.json")) ++*index_reads;
-  }
-  auto put(const std::string& key) { return inner.put(key); }
-  std::size_t get(const std::string& key, std::uint64_t offset, std::span<std::byte> out) {
-    if (offset == 0) count(key);
-    return inner.get(key, offset, out);
-  }
-  std::optional<std::uint64_t> size(const std::string& key) { return inner.size(key); }
-  bool exists(const std::string& key) { return inner.exists(key); }
-  std::vector<std::string> list(const std::string& prefix) { return inner.list(prefix); }
-  bool remove(const std::string& key) { return inner.remove(key); }
-};
-}  // namespace
-
 TEST_CASE("[ckpt] load_latest reads the newest index once on rank 0 and once on each other rank") {
   auto reads = std::make_shared<std::atomic<int>>(0);
-  st::any_sink sink = st::make_sink<index_read_counting_sink>(reads);
+  // Counts the reads of an index: a get of a key ending in index.json from its start.
+  st::any_sink sink = st::make_sink<tc::hooked_memory_sink>(tc::sink_hooks{
+      .on_get = [reads](const std::string& key, std::uint64_t offset) {
+        if (offset == 0 && key.ends_with("index.json")) ++*reads;
+      }});
   save_on(3, sink, {4, 7});
   const int before = *reads;
   CHECK(load_and_check(3, sink, 7) == 7);
@@ -260,8 +243,8 @@ TEST_CASE("[ckpt] a save requested while the previous persists is skipped on eve
 }
 
 namespace {
-// A memory sink whose put of step 2's index waits (up to 20 s) until rank 0's file of step 3 is being written, to
-// show that a save persists while the previous one commits. Records what it saw.
+// A memory sink's put hook: the put of step 2's index waits (up to 20 s) until rank 0's file of step 3 is being
+// written, to show that a save persists while the previous one commits. Records what it saw.
 struct commit_gate {
   std::mutex mutex;
   std::condition_variable changed;
@@ -269,33 +252,21 @@ struct commit_gate {
   bool index2_started = false;
   bool overlapped = false;
   std::vector<std::string> puts;  // in order: what happened, for a failure's message
-};
-struct gated_sink {
-  using sink_concept = st::sink_tag;
-  explicit gated_sink(std::shared_ptr<commit_gate> g) : gate(std::move(g)) {}
-  st::memory_sink inner;
-  std::shared_ptr<commit_gate> gate;
-  auto put(const std::string& key) {
-    std::unique_lock lock(gate->mutex);
-    gate->puts.push_back(key);
+
+  void on_put(const std::string& key) {
+    std::unique_lock lock(mutex);
+    puts.push_back(key);
     if (key.starts_with("step-000000000003/rank-00000")) {  // rank 0, the rank that commits step 2
-      gate->step3_file_started = true;
-      gate->changed.notify_all();
+      step3_file_started = true;
+      changed.notify_all();
     } else if (key == "step-000000000002/index.json") {
-      gate->index2_started = true;
-      gate->overlapped = gate->changed.wait_for(lock, std::chrono::seconds(20), [&] { return gate->step3_file_started; });
+      index2_started = true;
+      overlapped = changed.wait_for(lock, std::chrono::seconds(20), [&] { return step3_file_started; });
     } else if (key == "step-000000000004/index.json" || key.starts_with("step-000000000004/rank-")) {
       // At most two saves in flight: save 4 starts only after save 2 ended.
-      CHECK(gate->index2_started);
+      CHECK(index2_started);
     }
-    lock.unlock();
-    return inner.put(key);
   }
-  std::size_t get(const std::string& key, std::uint64_t offset, std::span<std::byte> out) { return inner.get(key, offset, out); }
-  std::optional<std::uint64_t> size(const std::string& key) { return inner.size(key); }
-  bool exists(const std::string& key) { return inner.exists(key); }
-  std::vector<std::string> list(const std::string& prefix) { return inner.list(prefix); }
-  bool remove(const std::string& key) { return inner.remove(key); }
 };
 }  // namespace
 
@@ -303,7 +274,8 @@ TEST_CASE("[ckpt] saves pipeline: one persists while the previous commits; round
   for (auto mode : {ck::staging::at_call, ck::staging::zero_overhead}) {
     CAPTURE(int(mode));
     auto gate = std::make_shared<commit_gate>();
-    st::any_sink sink = st::make_sink<gated_sink>(gate);
+    st::any_sink sink =
+        st::make_sink<tc::hooked_memory_sink>(tc::sink_hooks{.on_put = [gate](const std::string& key) { gate->on_put(key); }});
     auto groups = sk::comm::make_loopback_world(2);
     sk::test::run_threads(2, [&](int r) {
       rank_state s(r, 2);

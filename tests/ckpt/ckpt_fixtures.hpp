@@ -1,14 +1,20 @@
 #pragma once
 // What the checkpoint suites save: a model's global tensors split over ranks the way FSDP splits them (rank r holds
 // elements [r*n/world, (r+1)*n/world) of each flattened tensor), filled with values that depend on the step, the
-// tensor and the element, so a load can be checked element by element.
+// tensor and the element, so a load can be checked element by element. And a memory sink with hooks, for suites
+// that watch or hold back what the checkpointer does to its sink.
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "shardkit/storage/memory_sink.hpp"
+#include "shardkit/storage/sink.hpp"
 
 namespace shardkit::test::ckpt {
 
@@ -75,5 +81,34 @@ class sharded_tensors {
   std::vector<std::vector<float>> storage_;
   std::vector<piece> pieces_;
 };
+
+//! What hooked_memory_sink calls before it forwards a call; an empty hook is skipped. Hooks run on the caller's
+//! thread (any rank's), so they must be thread-safe; one may block to hold the call back.
+struct sink_hooks {
+  std::function<void(const std::string& key)> on_put;
+  std::function<void(const std::string& key, std::uint64_t offset)> on_get;
+};
+
+//! A storage::memory_sink that runs `hooks` first (put: before the writer is opened; get: before each ranged read).
+struct hooked_memory_sink {
+  using sink_concept = storage::sink_tag;
+  explicit hooked_memory_sink(sink_hooks h) : hooks(std::move(h)) {}
+  sink_hooks hooks;
+  storage::memory_sink inner;
+
+  auto put(const std::string& key) {
+    if (hooks.on_put) hooks.on_put(key);
+    return inner.put(key);
+  }
+  std::size_t get(const std::string& key, std::uint64_t offset, std::span<std::byte> out) {
+    if (hooks.on_get) hooks.on_get(key, offset);
+    return inner.get(key, offset, out);
+  }
+  std::optional<std::uint64_t> size(const std::string& key) { return inner.size(key); }
+  bool exists(const std::string& key) { return inner.exists(key); }
+  std::vector<std::string> list(const std::string& prefix) { return inner.list(prefix); }
+  bool remove(const std::string& key) { return inner.remove(key); }
+};
+static_assert(storage::sink<hooked_memory_sink>);
 
 }  // namespace shardkit::test::ckpt
