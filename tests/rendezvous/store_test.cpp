@@ -77,6 +77,48 @@ shardkit::error expect_error(F&& f) {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// A job in progress on a server that a test then attacks: a good client that set "k", and a second client parked in
+// get("later"). check_unaffected() proves that both go on.
+class running_job {
+ public:
+  running_job(int port, const rdv::tcp_store_options& o) : good("127.0.0.1", port, o), waiter_("127.0.0.1", port, o) {
+    good.set("k", "v");
+    parked_ = std::thread([this] {
+      try {
+        waited_ = waiter_.get("later", 10s);
+      } catch (const std::exception& e) {  // shown by check_unaffected's CHECK instead of terminating
+        waited_ = std::string("the waiter failed: ") + e.what();
+      }
+    });
+  }
+  running_job(const running_job&) = delete;
+  running_job& operator=(const running_job&) = delete;
+  // A test that stopped early (a REQUIRE) still releases the waiter instead of terminating on a joinable thread.
+  ~running_job() {
+    if (!parked_.joinable()) return;
+    try {
+      good.set("later", "ended early");
+    } catch (...) {  // the waiter then times out on its own
+    }
+    parked_.join();
+  }
+
+  void check_unaffected() {
+    CHECK(good.get("k", 1s) == "v");
+    good.set("later", "now");
+    parked_.join();
+    CHECK(waited_ == "now");
+    CHECK(good.add("n", 1) == 1);
+  }
+
+  rdv::tcp_store good;
+
+ private:
+  rdv::tcp_store waiter_;
+  std::string waited_;
+  std::thread parked_;
+};
+
 // A raw TCP connection to poke the server with bytes no client would send.
 struct raw_socket {
   int fd = -1;
@@ -287,13 +329,7 @@ TEST_CASE("[rendezvous] tcp_store: one client shared by threads, with waits raci
 
 TEST_CASE("[rendezvous] tcp_store: garbage, oversized and unknown frames drop only their sender") {
   rdv::tcp_store_server server({.bind_address = "127.0.0.1", .max_frame_bytes = 1 << 20});
-  rdv::tcp_store good("127.0.0.1", server.port(), quick());
-  good.set("k", "v");
-
-  // A parked waiter of the good client must survive all this too.
-  auto waiter = std::make_shared<rdv::tcp_store>("127.0.0.1", server.port(), quick());
-  std::string waited;
-  std::thread t([&] { waited = waiter->get("later", 10s); });
+  running_job job(server.port(), quick());  // its parked waiter must survive all this too
 
   SUBCASE("garbage instead of a hello") {
     raw_socket raw(server.port());
@@ -331,7 +367,7 @@ TEST_CASE("[rendezvous] tcp_store: garbage, oversized and unknown frames drop on
     raw.send(hello());
     raw.read_frame();
     raw.send(std::string("\x10\x00\x00\x00\x01", 5));
-    CHECK(good.get("k", 1s) == "v");
+    CHECK(job.good.get("k", 1s) == "v");
     CHECK_FALSE(raw.closed_by_peer(100ms));
   }
   SUBCASE("a client of another protocol version is told why") {
@@ -344,11 +380,7 @@ TEST_CASE("[rendezvous] tcp_store: garbage, oversized and unknown frames drop on
     CHECK(raw.closed_by_peer());
   }
 
-  CHECK(good.get("k", 1s) == "v");
-  good.set("later", "now");
-  t.join();
-  CHECK(waited == "now");
-  CHECK(good.add("n", 1) == 1);
+  job.check_unaffected();
 }
 
 TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is refused, logged, and reads or writes nothing") {
@@ -359,11 +391,7 @@ TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is ref
     o.auth_token = std::move(t);
     return o;
   };
-  rdv::tcp_store good("127.0.0.1", server.port(), with_token(token));
-  good.set("k", "v");
-  auto waiter = std::make_shared<rdv::tcp_store>("127.0.0.1", server.port(), with_token(token));
-  std::string waited;
-  std::thread t([&] { waited = waiter->get("later", 10s); });
+  running_job job(server.port(), with_token(token));
 
   stderr_capture log;
   SUBCASE("a client with a wrong token fails at once with a named error") {
@@ -393,8 +421,8 @@ TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is ref
     CHECK(contains(resp, "wrong auth token"));
     CHECK(raw.read_until_closed().empty());  // the error was the only answer, then the server closed
     CHECK(raw.closed_by_peer(100ms));
-    CHECK_FALSE(good.check(keys{"stolen"}));
-    CHECK_FALSE(good.check(keys{"n"}));
+    CHECK_FALSE(job.good.check(keys{"stolen"}));
+    CHECK_FALSE(job.good.check(keys{"n"}));
   }
   SUBCASE("a protocol version 1 hello (no token) gets a version error") {
     raw_socket raw(server.port());
@@ -413,12 +441,7 @@ TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is ref
   }
   log.restore();
 
-  // The job is unaffected: the parked waiter and the good client go on.
-  CHECK(good.get("k", 1s) == "v");
-  good.set("later", "now");
-  t.join();
-  CHECK(waited == "now");
-  CHECK(good.add("n", 1) == 1);
+  job.check_unaffected();
 }
 
 TEST_CASE("[rendezvous] tcp_store: a server without a token refuses a client with one; create() passes the token") {
