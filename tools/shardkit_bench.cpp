@@ -91,7 +91,8 @@ struct args {
                "  -c, --check 0|1            verify results (default 1)\n"
                "      --collective C[,C...]|all  all_reduce all_gather reduce_scatter broadcast reduce all_to_all\n"
                "                             (default all_reduce)\n"
-               "  -a, --algorithm A          all_reduce algorithm: auto ring rd hierarchical one_shot\n"
+               "  -a, --algorithm A          all_reduce: auto ring rd hierarchical one_shot; all_gather and\n"
+               "                             reduce_scatter: auto ring direct\n"
                "      --transport T          shm tcp shm+tcp auto"
 #if defined(SHARDKIT_HAS_GLOO)
                " gloo gloo-ring"
@@ -237,7 +238,8 @@ args parse(int argc, char** argv) {
       else if (v == "rd" || v == "recursive_doubling") a.algo = sk::comm::algorithm::recursive_doubling;
       else if (v == "hierarchical") a.algo = sk::comm::algorithm::hierarchical;
       else if (v == "one_shot" || v == "one-shot") a.algo = sk::comm::algorithm::one_shot;
-      else usage("unknown all_reduce algorithm '" + v + "' (auto, ring, rd, hierarchical, one_shot)");
+      else if (v == "direct") a.algo = sk::comm::algorithm::direct;
+      else usage("unknown algorithm '" + v + "' (auto, ring, rd, hierarchical, one_shot, direct)");
     }
     else if (k == "--threads") a.threads = parse_int(k, next());
     else if (k == "--json") a.json = true;

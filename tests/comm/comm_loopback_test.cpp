@@ -371,6 +371,48 @@ TEST_CASE("[comm] a work handle's wait_for times out while the peer is absent, t
   CHECK(a[0] == 3.0f);
 }
 
+TEST_CASE("[comm] direct all_gather(v) and reduce_scatter pass the conformance cases, in rounds of small segments") {
+  comm::p2p_options p2p;
+  p2p.direct_max_ranks = 8;
+  p2p.segment_bytes = 4096;  // reduce_scatter's larger chunks take several rounds, some with a short last one
+  for (int n : {1, 2, 3, 4, 5, 8}) {
+    CAPTURE(n);
+    auto groups = comm::make_loopback_world(n, test_group_options(), p2p);
+    test::conformance_options o;
+    o.backend = "loopback (direct)";
+    test::run_threads(n, [&](int r) {
+      test::conformance_reduce_scatter(groups[std::size_t(r)], o);
+      test::conformance_gathers(groups[std::size_t(r)], o);
+    });
+  }
+}
+
+TEST_CASE("[comm] reduce_scatter goes direct when asked or when the group is small enough, else around the ring") {
+  // The two keep different scratch: the ring three chunk-sized slots, direct two rounds of one segment per peer.
+  const int n = 4;
+  const std::size_t block = 100000;  // elements per rank
+  const auto scratch_after_reduce_scatter = [&](int direct_max_ranks, comm::algorithm algo) {
+    comm::p2p_options p2p;
+    p2p.direct_max_ranks = direct_max_ranks;
+    p2p.segment_bytes = 4096;
+    auto groups = comm::make_loopback_world(n, test_group_options(), p2p);
+    std::vector<std::vector<float>> in(n, std::vector<float>(block * n, 1.0f)), out(n, std::vector<float>(block));
+    test::run_threads(n, [&](int r) {
+      groups[std::size_t(r)].reduce_scatter(buffer_view(std::span<float>(in[std::size_t(r)])),
+                                            buffer_view(std::span<float>(out[std::size_t(r)])), reduce_op::sum,
+                                            {.algo = algo}).wait();
+    });
+    for (auto& o : out) CHECK(o[block - 1] == float(n));
+    return groups[0].scratch_bytes();
+  };
+  const std::size_t direct = 2 * (n - 1) * 4096, ring = 3 * block * sizeof(float);
+  CHECK(scratch_after_reduce_scatter(0, comm::algorithm::automatic) == ring);
+  CHECK(scratch_after_reduce_scatter(3, comm::algorithm::automatic) == ring);  // 4 ranks > 3
+  CHECK(scratch_after_reduce_scatter(4, comm::algorithm::automatic) == direct);
+  CHECK(scratch_after_reduce_scatter(0, comm::algorithm::direct) == direct);
+  CHECK(scratch_after_reduce_scatter(8, comm::algorithm::ring) == ring);
+}
+
 TEST_CASE("[comm] recursive doubling and ring give bitwise-identical results on every rank") {
   const int n = 6;
   auto groups = comm::make_loopback_world(n, test_group_options());

@@ -122,8 +122,8 @@ class process_group_target {
     const bool root = pg_.rank() == c.root;
     switch (c.op) {
       case collective::all_reduce: pg_.all_reduce(in, out, c.rop, {.algo = algo_}).wait(); return;
-      case collective::all_gather: pg_.all_gather(in, out).wait(); return;
-      case collective::reduce_scatter: pg_.reduce_scatter(in, out, c.rop).wait(); return;
+      case collective::all_gather: pg_.all_gather(in, out, {.algo = algo_}).wait(); return;
+      case collective::reduce_scatter: pg_.reduce_scatter(in, out, c.rop, {.algo = algo_}).wait(); return;
       case collective::broadcast:  // the root sends its input, the others receive into their output
         pg_.broadcast(root ? buffer_view(const_cast<std::byte*>(in.data()), in.count(), in.type()) : out, c.root).wait();
         return;

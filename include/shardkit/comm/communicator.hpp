@@ -87,6 +87,7 @@ enum class algorithm : std::uint8_t {
   tree,                //!< binomial tree: what broadcast and reduce always run; asked of all_reduce, it means automatic
   hierarchical,        //!< all_reduce: reduce-scatter within hosts, all-reduce across hosts, all-gather within
   one_shot,            //!< all_reduce: every rank sends its buffer to every other and reduces all n (one hop)
+  direct,              //!< all_gather, reduce_scatter: every rank exchanges its chunks with every other (one hop)
 };
 
 constexpr std::string_view to_string(algorithm a) noexcept {
@@ -97,6 +98,7 @@ constexpr std::string_view to_string(algorithm a) noexcept {
     case algorithm::tree: return "tree";
     case algorithm::hierarchical: return "hierarchical";
     case algorithm::one_shot: return "one_shot";
+    case algorithm::direct: return "direct";
   }
   return "?";
 }

@@ -22,6 +22,7 @@
 #include "shardkit/comm/algorithms/cross_memory.hpp"
 #include "shardkit/comm/algorithms/hierarchical.hpp"
 #include "shardkit/comm/algorithms/one_shot.hpp"
+#include "shardkit/comm/algorithms/direct.hpp"
 #include "shardkit/comm/algorithms/pairwise.hpp"
 #include "shardkit/comm/algorithms/recursive_doubling.hpp"
 #include "shardkit/comm/algorithms/ring.hpp"
@@ -42,6 +43,9 @@ struct p2p_options {
   //! wire, it measured no faster than recursive doubling (docs/benchmarks.md); turn it on where hops cost more.
   std::size_t one_shot_max_bytes = 0;
   int one_shot_max_ranks = 8;
+  //! all_gather(v) and reduce_scatter in groups of at most this many ranks exchange directly with every peer
+  //! instead of around the ring (algorithms/direct.hpp; SHARDKIT_DIRECT_MAX_RANKS overrides; 0: always the ring).
+  int direct_max_ranks = 0;
   //! Pipeline segment of the ring and tree algorithms (SHARDKIT_SEGMENT_BYTES overrides).
   std::size_t segment_bytes = 1 << 20;
   //! Large all-reduces between processes of one host read peers' buffers directly (process_vm_readv) where the
@@ -53,6 +57,7 @@ struct p2p_options {
     if (auto v = settings::get<settings::bytes>("SHARDKIT_RD_THRESHOLD")) o.recursive_doubling_max_bytes = std::size_t(*v);
     if (auto v = settings::get<settings::bytes>("SHARDKIT_ONE_SHOT_THRESHOLD")) o.one_shot_max_bytes = std::size_t(*v);
     if (auto v = settings::get<settings::integer>("SHARDKIT_ONE_SHOT_MAX_RANKS")) o.one_shot_max_ranks = int(*v);
+    if (auto v = settings::get<settings::integer>("SHARDKIT_DIRECT_MAX_RANKS")) o.direct_max_ranks = int(*v);
     if (auto v = settings::get<settings::boolean>("SHARDKIT_CROSS_MEMORY")) o.cross_memory = *v;
     if (auto v = settings::get<settings::bytes>("SHARDKIT_SEGMENT_BYTES")) o.segment_bytes = std::size_t(*v);
     return o;
@@ -158,7 +163,10 @@ class p2p_communicator {
     if (use_cross_memory(o, part.total() * out.element_size()) &&
         algorithms::cross_memory_reduce_scatter(ctx, in.data(), out.data(), part, out.type(), op, *cross_memory_))
       return;  // reduced and averaged in one pass
-    algorithms::ring_reduce_scatter(ctx, in.data(), out.data(), part, out.type(), op, segment_elems(out.type()));
+    if (direct(o))
+      algorithms::direct_reduce_scatter(ctx, in.data(), out.data(), part, out.type(), op, segment_elems(out.type()));
+    else
+      algorithms::ring_reduce_scatter(ctx, in.data(), out.data(), part, out.type(), op, segment_elems(out.type()));
     finish_average(op, out.type(), out.data(), out.count(), size());
   }
 
@@ -269,6 +277,10 @@ class p2p_communicator {
     return algorithms::p2p_op<T>(*transport_, members_, me_, user_tag(name, tag), o.until, name);
   }
   std::size_t segment_elems(dtype t) const noexcept { return std::max<std::size_t>(1, opts_.segment_bytes / size_of(t)); }
+  // all_gather(v) and reduce_scatter: direct when asked, or by default in groups small enough (cross-memory first).
+  bool direct(const collective_options& o) const noexcept {
+    return o.algo == algorithm::direct || (o.algo == algorithm::automatic && size() <= opts_.direct_max_ranks);
+  }
 
   void gather(const_buffer_view in, buffer_view out, const algorithms::partition& part, const char* name,
               const collective_options& o) {
@@ -278,7 +290,10 @@ class p2p_communicator {
       return;
     std::byte* mine = out.data() + part.begin(me_) * es;
     if (mine != in.data() && in.size_bytes()) std::memmove(mine, in.data(), in.size_bytes());
-    algorithms::ring_all_gather(ctx, out.data(), part, es, segment_elems(out.type()));
+    if (direct(o))
+      algorithms::direct_all_gather(ctx, out.data(), part, es);
+    else
+      algorithms::ring_all_gather(ctx, out.data(), part, es, segment_elems(out.type()));
   }
 
   void exchange(const_buffer_view in, const algorithms::partition& in_part, buffer_view out,

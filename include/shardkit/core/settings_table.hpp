@@ -68,6 +68,10 @@ inline constexpr variable table[] = {
      .target = "core"},
     {.name = "SHARDKIT_ONE_SHOT_MAX_RANKS", .type = kind::integer, .default_text = "8",
      .meaning = "largest group that uses the one-hop all_reduce", .target = "core", .min = 0, .max = 1 << 20},
+    {.name = "SHARDKIT_DIRECT_MAX_RANKS", .type = kind::integer, .default_text = "0 (the ring)",
+     .meaning = "all_gather and reduce_scatter in groups of at most this many ranks exchange directly with every "
+                "peer (one hop) instead of around the ring",
+     .target = "core", .min = 0, .max = 1 << 20},
     {.name = "SHARDKIT_SEGMENT_BYTES", .type = kind::bytes, .default_text = "1M",
      .meaning = "pipeline segment of the ring and tree algorithms (also those gloo_communicator runs where gloo has "
                 "none)",
