@@ -40,6 +40,7 @@
 #include "shardkit/fsdp/sharded_model.hpp"
 #include "shardkit/storage/open_sink.hpp"
 #include "trainer/model.hpp"
+#include "trainer/trace.hpp"
 
 namespace sk = shardkit;
 namespace fsdp = shardkit::fsdp;
@@ -61,6 +62,7 @@ struct flags {
   bool ckpt_blocking = false;  // --ckpt-mode blocking: the trainer waits for every save to commit (the baseline)
   bool resume = false;
   int die_at_step = -1, die_rank = -1;  // tests: SIGKILL this rank at the start of that step
+  std::string trace;                    // --trace PREFIX: each rank writes PREFIX.rank<R>.json (trace.hpp)
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -73,7 +75,8 @@ struct flags {
                "               [--prefetch N] [--width D] [--blocks L] [--lr X] [--weight-decay X] [--clip X]\n"
                "               [--skip-compute]   (gathers and reductions only: a benchmark's communication-only step)\n"
                "               [--data LOCATION] [--ckpt-dir LOCATION] [--ckpt-every N] [--ckpt-keep K]\n"
-               "               [--ckpt-mode zero-overhead|at-call|blocking] [--resume] [--die-at-step N --die-rank R]\n",
+               "               [--ckpt-mode zero-overhead|at-call|blocking] [--resume] [--die-at-step N --die-rank R]\n"
+               "               [--trace PREFIX]   (each rank writes its timeline to PREFIX.rank<R>.json: Chrome trace)\n",
                problem.c_str());
   std::exit(2);
 }
@@ -168,6 +171,7 @@ flags parse(int argc, char** argv) {
     }
     else if (a == "--die-at-step") f.die_at_step = int(number(a, v));
     else if (a == "--die-rank") f.die_rank = int(number(a, v));
+    else if (a == "--trace") f.trace = v;
     else usage("unknown flag " + std::string(a));
   }
   f.model.context = f.context;
@@ -290,7 +294,13 @@ int main(int argc, char** argv) try {
     for (const auto& p : specs[i]) u.params.push_back({p.name, p.shape});
     units.push_back(std::move(u));
   }
-  fsdp::sharded_model model(pg, units, f.sharding);
+  std::optional<trainer::chrome_trace> trace;
+  fsdp::sharding_options sharding = f.sharding;
+  if (!f.trace.empty()) {
+    trace.emplace(rank, names);
+    sharding.on_event = [&trace](const fsdp::model_event& e) { trace->add(e); };
+  }
+  fsdp::sharded_model model(pg, units, sharding);
   model.init_parameters([&](const fsdp::param_slot& p, std::span<float> full) {
     trainer::init_param(trainer::param_spec{p.name, p.shape}, full, f.seed);
   });
@@ -402,6 +412,7 @@ int main(int argc, char** argv) try {
       ckpt_stall_ms += ms(std::chrono::steady_clock::now() - c0);
     }
     const auto elapsed = std::chrono::steady_clock::now() - t0;
+    if (trace) trace->step(step, t0, t0 + elapsed);
     if (rank == 0) {
       const auto st = model.stats();
       const auto waiting = st.waiting_for_gather + st.waiting_for_reduce;
@@ -421,6 +432,7 @@ int main(int argc, char** argv) try {
     total_ckpt_stall_ms += ckpt_stall_ms;
     ckpt_stall_ms = 0;
   }
+  if (trace) trace->write(f.trace);
   if (ckpt) {
     ckpt->wait();
     std::size_t committed = 0;

@@ -2,7 +2,10 @@
 // accumulation, state round trips, and failures that name the unit.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -133,6 +136,67 @@ TEST_CASE("[fsdp] the limiter's peak stays within its budget and prefetch waits 
     CHECK(st.limiter.in_use_bytes == 0);
     CHECK(st.gathers == 3 * 2 * toy::units().size());
     CHECK(st.reduces == 3 * toy::units().size());
+  });
+}
+
+TEST_CASE("[fsdp] the timeline: every gather, use and reduction of a step, in order, gathers one at a time") {
+  using kind = fsdp::model_event::kind;
+  auto groups = sk::comm::make_loopback_world(2);
+  const std::size_t units = toy::units().size();
+  sk::test::run_threads(2, [&](int r) {
+    std::mutex m;
+    std::vector<fsdp::model_event> events;
+    fsdp::sharding_options o;
+    o.on_event = [&](const fsdp::model_event& e) {
+      std::lock_guard l(m);
+      events.push_back(e);
+    };
+    {
+      fsdp::sharded_model model(groups[std::size_t(r)], toy::units(), o);
+      model.init_parameters(toy::init);
+      toy::forward_backward(model, 0, r * 6, 6, true);
+    }
+    std::lock_guard l(m);
+    std::map<std::pair<kind, fsdp::pass>, std::vector<std::size_t>> units_of;
+    for (const auto& e : events) {
+      CHECK(e.begin <= e.end);
+      if (e.what != kind::reduce_wait) units_of[{e.what, e.pass}].push_back(e.unit);
+    }
+    std::vector<std::size_t> fwd(units), bwd(units);
+    for (std::size_t i = 0; i < units; ++i) fwd[i] = i, bwd[i] = units - 1 - i;
+    CHECK(units_of[{kind::use, fsdp::pass::forward}] == fwd);
+    CHECK(units_of[{kind::use, fsdp::pass::backward}] == bwd);
+    CHECK(units_of[{kind::gather_wait, fsdp::pass::forward}] == fwd);
+    CHECK(units_of[{kind::reduce, fsdp::pass::backward}] == bwd);  // one reduce thread, in backward order
+    // The gather group runs one collective at a time: each gather starts when the one before it ended.
+    for (auto p : {fsdp::pass::forward, fsdp::pass::backward}) {
+      auto g = units_of[{kind::gather, p}];
+      std::sort(g.begin(), g.end());
+      CHECK(g == fwd);
+    }
+    std::vector<const fsdp::model_event*> gathers;
+    for (const auto& e : events)
+      if (e.what == kind::gather) gathers.push_back(&e);
+    CHECK(gathers.size() == 2 * units);
+    for (std::size_t i = 1; i < gathers.size(); ++i) CHECK(gathers[i]->begin >= gathers[i - 1]->end);
+    CHECK(std::count_if(events.begin(), events.end(), [](auto& e) { return e.what == kind::reduce_wait; }) >= 1);
+  });
+}
+
+TEST_CASE("[fsdp] an on_event callback that throws loses its event, not the step") {
+  auto groups = sk::comm::make_loopback_world(2);
+  sk::test::run_threads(2, [&](int r) {
+    std::atomic<int> calls{0};
+    fsdp::sharding_options o;
+    o.on_event = [&](const fsdp::model_event&) {
+      ++calls;
+      throw std::runtime_error("the trace's disk is full");
+    };
+    fsdp::sharded_model model(groups[std::size_t(r)], toy::units(), o);
+    model.init_parameters(toy::init);
+    toy::forward_backward(model, 0, r * 6, 6, true);
+    CHECK(model.stats().reduces == toy::units().size());
+    CHECK(calls.load() > 0);
   });
 }
 

@@ -1,8 +1,10 @@
 #pragma once
 //! How a sharded_model shards, computes and overlaps: strategy, mixed precision, the rate limiter's budget, the
-//! prefetch depth and the device the gathered parameters live on.
+//! prefetch depth, the device the gathered parameters live on, and where its timeline goes.
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -50,6 +52,41 @@ struct mixed_precision {
   dtype reduce = dtype::f32;
 };
 
+enum class pass : std::uint8_t { forward, backward };
+
+inline std::string_view to_string(pass p) noexcept { return p == pass::forward ? "forward" : "backward"; }
+
+//! One interval of a model's timeline (sharding_options::on_event): what ran or waited, for which unit, when.
+//! Together they show where a step goes: whether gathers and reductions keep the network busy while the trainer
+//! computes, and what the trainer waited for (examples/trainer --trace draws them as a Chrome trace).
+struct model_event {
+  enum class kind : std::uint8_t {
+    gather,        //!< a unit's all-gather on the gather group, from when the group started it until it completed
+    reduce,        //!< a unit's gradient reduction: reduce-scatter, replica all-reduce, adding into the shard
+    limiter_wait,  //!< a gather queued on the rate limiter until its bytes were granted
+    use,           //!< the trainer holding the unit (begin_unit returned .. end_unit began): its compute
+    gather_wait,   //!< the trainer waiting in begin_unit for the unit's parameters
+    reduce_wait,   //!< the trainer waiting for the pass's gradient reductions (unit: no_unit)
+  };
+  static constexpr std::size_t no_unit = std::size_t(-1);
+  kind what{};
+  fsdp::pass pass{};
+  std::size_t unit = no_unit;
+  std::chrono::steady_clock::time_point begin, end;
+};
+
+inline std::string_view to_string(model_event::kind k) noexcept {
+  switch (k) {
+    case model_event::kind::gather: return "gather";
+    case model_event::kind::reduce: return "reduce";
+    case model_event::kind::limiter_wait: return "limiter_wait";
+    case model_event::kind::use: return "use";
+    case model_event::kind::gather_wait: return "gather_wait";
+    case model_event::kind::reduce_wait: return "reduce_wait";
+  }
+  return "?";
+}
+
 //! sharding_options::limiter_budget_bytes value: every unit's parameters and gradients fit at once.
 inline constexpr std::size_t unlimited_budget = std::size_t(-1);
 
@@ -80,6 +117,11 @@ struct sharding_options {
   //! host by default; `backends::cuda_gather_device({.device = local_rank})` for a GPU, with groups on NCCL. The
   //! master and gradient shards and the optimizer state stay in host memory either way (fsdp/device.hpp).
   any_gather_device device{};
+  //! When set, called with each interval of the model's timeline as it ends (model_event), from the trainer's
+  //! thread, the model's gather and reduce threads and the gather group's completions: it must be thread-safe
+  //! and quick (a gather's event is reported on the path that completes it). Not called once the model is
+  //! destroyed. Empty (the default): nothing is recorded.
+  std::function<void(const model_event&)> on_event;
 };
 
 }  // namespace shardkit::fsdp

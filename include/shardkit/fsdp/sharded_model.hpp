@@ -74,10 +74,6 @@
 
 namespace shardkit::fsdp {
 
-enum class pass : std::uint8_t { forward, backward };
-
-inline std::string_view to_string(pass p) noexcept { return p == pass::forward ? "forward" : "backward"; }
-
 //! One tensor of a sharded state: elements [begin, end) of the flattened tensor `name` of global `shape`.
 //! What a rank saves (its pieces) and what loading copies from (any pieces that overlap its own).
 struct shard_tensor {
@@ -192,6 +188,21 @@ class sharded_model {
     completion params_ready;  // the gather queued for the current pass has started params_work (or failed)
     completion grads_ready;
     completion reduced;       // the last gradient reduction
+    steady_clock::time_point used_since;  // begin_unit's return: the start of its `use` event
+  };
+
+  // Where sharding_options::on_event goes. Shared with the gather group's completions, which may still run while
+  // the destructor tears the model down: close() under the mutex is what makes "never called once the model is
+  // destroyed" true, and the mutex also serialises the calls for the callback.
+  struct event_log {
+    std::function<void(const model_event&)> sink;
+    std::mutex mutex;
+    bool open = true;
+    steady_clock::time_point last_gather_end{};  // the group runs gathers in order: the next starts at this end
+    SHARDKIT_DECL void emit(const model_event& e) noexcept;
+    //! A gather posted at `posted` has completed: it ran from when the group was free until now.
+    SHARDKIT_DECL void gather_done(pass p, std::size_t unit, steady_clock::time_point posted) noexcept;
+    SHARDKIT_DECL void close() noexcept;
   };
 
  public:
@@ -339,7 +350,13 @@ class sharded_model {
 
   // On the gather thread: convert this rank's master into its slot of the leased buffer (on a device: through
   // pinned host memory and a copy), start the all-gather.
-  SHARDKIT_DECL void start_gather(unit_state& u, gather_limiter::lease l);
+  SHARDKIT_DECL void start_gather(std::size_t i, pass p, gather_limiter::lease l);
+
+  // An interval of the timeline, when sharding_options::on_event is set.
+  void emit(model_event::kind k, pass p, std::size_t unit, steady_clock::time_point begin,
+            steady_clock::time_point end = steady_clock::now()) const noexcept {
+    if (events_) events_->emit({.what = k, .pass = p, .unit = unit, .begin = begin, .end = end});
+  }
 
   SHARDKIT_DECL void release_params(unit_state& u);
 
@@ -354,6 +371,7 @@ class sharded_model {
   static SHARDKIT_DECL void drain(thread_pool& t) noexcept;
 
   sharding_options opts_;
+  std::shared_ptr<event_log> events_;  // null unless opts_.on_event is set
   int rank_ = 0, world_size_ = 1;
   std::size_t shard_size_ = 1, replicas_ = 1, shard_rank_ = 0;
   // The limiter outlives the units: their leases give their blocks back to it.

@@ -24,8 +24,41 @@ namespace detail {
 
 }  // namespace detail
 
+SHARDKIT_DECL void sharded_model::event_log::emit(const model_event& e) noexcept {
+  std::lock_guard lock(mutex);
+  if (!open) return;
+  try {
+    sink(e);
+  } catch (const std::exception& x) {
+    log::warn("fsdp: sharding_options::on_event threw (", x.what(), "): the event is dropped");
+  } catch (...) {
+    log::warn("fsdp: sharding_options::on_event threw: the event is dropped");
+  }
+}
+
+SHARDKIT_DECL void sharded_model::event_log::gather_done(pass p, std::size_t unit,
+                                                         steady_clock::time_point posted) noexcept {
+  model_event e{.what = model_event::kind::gather, .pass = p, .unit = unit};
+  {
+    std::lock_guard lock(mutex);
+    e.end = steady_clock::now();
+    e.begin = std::max(posted, last_gather_end);
+    last_gather_end = e.end;
+  }
+  emit(e);
+}
+
+SHARDKIT_DECL void sharded_model::event_log::close() noexcept {
+  std::lock_guard lock(mutex);
+  open = false;
+}
+
 SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vector<unit_spec> units, sharding_options opts)
     : opts_(std::move(opts)), rank_(world.rank()), world_size_(world.size()) {
+  if (opts_.on_event) {
+    events_ = std::make_shared<event_log>();
+    events_->sink = opts_.on_event;
+  }
   const error_context where{.rank = rank_, .operation = "fsdp.sharded_model", .group = world.name()};
   if (units.empty()) throw_error(errc::invalid_argument, "a model needs at least one unit", where);
   // Here rather than at the first collective: the groups below are split from `world` and share its backend.
@@ -198,6 +231,7 @@ SHARDKIT_DECL sharded_model::~sharded_model() {
   pass_stop_.request_stop();
   gather_thread_.join();
   reduce_thread_.join();
+  if (events_) events_->close();
 }
 
 SHARDKIT_DECL std::size_t sharded_model::largest_unit_bytes() const {

@@ -26,6 +26,7 @@ SHARDKIT_DECL void sharded_model::wait_for_gradients() {
     std::lock_guard lock(stats_mutex_);
     stats_.waiting_for_reduce += steady_clock::now() - t0;
   }
+  emit(model_event::kind::reduce_wait, pass::backward, model_event::no_unit, t0);
   if (first) detail::rethrow_for_unit(first, where, "gradient reduction", rank_);
 }
 
@@ -94,19 +95,24 @@ SHARDKIT_DECL void sharded_model::queue_gather(std::size_t i) {
     auto& u = *units_[i];
     const std::string label = "unit '" + u.layout.name() + "' " + std::string(to_string(p));
     std::optional<gather_limiter::lease> grads;
+    const auto queued = steady_clock::now();
     try {
       if (need_params && need_grads) {
         // One request for both: holding the parameters while queueing for the gradients could wait forever
         // on a fragmented region (basic_rate_limiter::lease::split_front).
         auto both = limiter_->acquire_blocking(params_bytes(u) + grads_bytes(u),
                                                label + " parameters and gradients", stop);
+        emit(model_event::kind::limiter_wait, p, i, queued);
         auto params = both.split_front(params_bytes(u));
         grads.emplace(std::move(both));
-        start_gather(u, std::move(params));
+        start_gather(i, p, std::move(params));
       } else if (need_params) {
-        start_gather(u, limiter_->acquire_blocking(params_bytes(u), label + " parameters", stop));
+        auto params = limiter_->acquire_blocking(params_bytes(u), label + " parameters", stop);
+        emit(model_event::kind::limiter_wait, p, i, queued);
+        start_gather(i, p, std::move(params));
       } else if (need_grads) {
         grads.emplace(limiter_->acquire_blocking(grads_bytes(u), label + " gradients", stop));
+        emit(model_event::kind::limiter_wait, p, i, queued);
       }
     } catch (...) {
       if (need_params) params_done.set_error(std::current_exception());
@@ -132,14 +138,21 @@ SHARDKIT_DECL void sharded_model::queue_gather(std::size_t i) {
   });
 }
 
-SHARDKIT_DECL void sharded_model::start_gather(unit_state& u, gather_limiter::lease l) {
+SHARDKIT_DECL void sharded_model::start_gather(std::size_t i, pass p, gather_limiter::lease l) {
+  auto& u = *units_[i];
   buffer_view full = l.view(opts_.precision.param, u.layout.padded_numel());
   buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
   gather_stager_.upload(const_buffer_view(u.master), mine);
   u.params_lease.emplace(std::move(l));
   u.params = full;
   u.params_work = {};
-  if (shard_size_ > 1) u.params_work = gather_group_.all_gather(mine, full);
+  if (shard_size_ > 1) {
+    const auto posted = steady_clock::now();
+    u.params_work = gather_group_.all_gather(mine, full);
+    // Captures the log, not the work (a continuation holding its own work would never be freed) nor the model
+    // (the group may complete it while the destructor runs).
+    if (events_) u.params_work.then([log = events_, p, i, posted] { log->gather_done(p, i, posted); });
+  }
   std::lock_guard lock(stats_mutex_);
   ++stats_.gathers;
 }
@@ -157,6 +170,7 @@ SHARDKIT_DECL void sharded_model::queue_reduce(std::size_t i) {
   u.grads_ready = {};
   reduce_thread_.post([this, i, done] {
     auto& u = *units_[i];
+    const auto t0 = steady_clock::now();
     try {
       buffer_view full = u.grads;
       buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
@@ -172,6 +186,7 @@ SHARDKIT_DECL void sharded_model::queue_reduce(std::size_t i) {
         std::lock_guard lock(stats_mutex_);
         ++stats_.reduces;
       }
+      emit(model_event::kind::reduce, pass::backward, i, t0);
       done.set_done();
     } catch (...) {
       done.set_error(std::current_exception());

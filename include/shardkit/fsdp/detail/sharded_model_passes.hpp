@@ -67,10 +67,13 @@ SHARDKIT_DECL unit_scope sharded_model::begin_unit(std::size_t i, pass p) {
     detail::rethrow_for_unit(std::current_exception(), u.layout.name(),
                              std::string(to_string(p)) + " all-gather", rank_);
   }
+  const auto ready = steady_clock::now();
   {
     std::lock_guard lock(stats_mutex_);
-    stats_.waiting_for_gather += steady_clock::now() - t0;
+    stats_.waiting_for_gather += ready - t0;
   }
+  emit(model_event::kind::gather_wait, p, i, t0, ready);
+  u.used_since = ready;
   unit_scope s;
   s.model_ = this;
   s.index_ = i;
@@ -82,6 +85,7 @@ SHARDKIT_DECL unit_scope sharded_model::begin_unit(std::size_t i, pass p) {
 
 SHARDKIT_DECL void sharded_model::end_unit(std::size_t i) {
   auto& u = unit(i);
+  emit(model_event::kind::use, pass_, i, u.used_since);
   if (pass_ == pass::forward) {
     if (frees_after_forward()) release_params(u);
     if (next_ == units_.size()) in_pass_ = false;
