@@ -4,7 +4,10 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
+#include <future>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -290,4 +293,31 @@ TEST_CASE("[core] blocking_call_pool: a call never waits for another's thread; q
   }
   CHECK(calls == 10);
   CHECK(afters == 2);
+}
+
+TEST_CASE("[core] blocking_call_pool: a call's `after` may destroy the pool (its last owner) and the thread ends cleanly") {
+  // The thread that ran `after` is detached by the destructor and goes back to the pool's lock and queue: they
+  // must outlive the pool. When they did not, the thread relocked a freed mutex: under ASan (whose allocator
+  // writes into freed memory) it hung there forever, so the threads are counted until they are gone.
+  const auto threads = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator{});
+  };
+  const auto before = threads();
+  for (int round = 0; round < 20; ++round) {
+    auto pool = std::make_unique<shardkit::detail::blocking_call_pool>();
+    std::promise<void> destroyed;
+    auto f = destroyed.get_future();
+    std::atomic<int> calls = 0;
+    pool->run([&] { ++calls; }, [&] {
+      pool.reset();
+      destroyed.set_value();
+    });
+    f.wait();
+    CHECK(calls == 1);
+    CHECK(pool == nullptr);
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (threads() > before && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(threads() == before);
 }
