@@ -155,6 +155,7 @@ struct model_comm : std::enable_shared_from_this<model_comm> {
   std::atomic<int> state{ncclInProgress};
   std::uint64_t coll_seq = 0, split_seq = 0;
   std::shared_ptr<model_comm> self;
+  model_comm();
   ~model_comm();
 };
 
@@ -197,7 +198,11 @@ struct world {
   explicit world(int n_) : n(n_), members(n_, nullptr) {}
 };
 
+std::atomic<long> live_comms{0};  // what shardkit_model_live_communicators() reports
+
+model_comm::model_comm() { ++live_comms; }
 model_comm::~model_comm() {
+  --live_comms;
   if (!w) return;  // a split child freed before its split completed never joined a world
   std::lock_guard l(w->m);
   if (w->members[rank] == this) w->members[rank] = nullptr;
@@ -591,6 +596,9 @@ void release(model_comm* c) {
 }  // namespace
 
 extern "C" {
+// Not NCCL's: the model's count of communicators alive (tests/nccl/model_hooks.hpp).
+long shardkit_model_live_communicators() { return live_comms.load(); }
+
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (comm) release(reinterpret_cast<model_comm*>(comm));
   return ncclSuccess;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fsdp/toy_checks.hpp"
+#include "nccl/model_hooks.hpp"
 #include "shardkit/backends/nccl.hpp"
 #include "shardkit/backends/nccl/cuda_device_memory.hpp"
 #include "shardkit/backends/nccl/cuda_gather_device.hpp"
@@ -168,6 +169,7 @@ TEST_CASE("[fsdp][nccl] full_shard with parameters on CUDA devices trains like a
   const int n = ranks();
   if (n < 2) MESSAGE("[nccl] 1 rank only: sharding over 2 ranks needs 2 GPUs, this machine has " << n);
   MESSAGE("[nccl] sharded_model on " << n << " rank(s), one per device");
+  const long communicators_before = shardkit::test::nccl::model_live_communicators();
   const auto reference = run_on_host(1, {}, 12);
 
   SUBCASE("f32: within 1e-5 of the host") { check_close(run_on_cuda(n, {}, 12), reference, 1e-5); }
@@ -187,6 +189,8 @@ TEST_CASE("[fsdp][nccl] full_shard with parameters on CUDA devices trains like a
     check_close(run_on_cuda(n, {.strategy = fsdp::sharding_strategy::shard_grad_op, .limiter_budget_units = 1}, 8),
                 run_on_host(1, {}, 8), 1e-5);
   }
+  // The model's groups (gather, reduce, replica: splits of the world) were all destroyed with it.
+  CHECK(shardkit::test::nccl::model_communicators_back_to(communicators_before));
 }
 
 TEST_CASE("[fsdp][nccl] gathered memory on the host of an NCCL group: refused at construction, naming both") {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "nccl/device_conformance.hpp"
+#include "nccl/model_hooks.hpp"
 #include "shardkit/backends/nccl.hpp"
 #include "shardkit/comm/process_group.hpp"
 #include "shardkit/rendezvous/env.hpp"
@@ -132,6 +133,7 @@ TEST_CASE("[nccl] creation checks its arguments, and fails cleanly where there i
 TEST_CASE("[nccl] device suite") {
   if (!device_or_skip()) return;
   const int n = device_world();
+  const long communicators_before = test::nccl::model_live_communicators();
   MESSAGE("[nccl] NCCL " << backends::nccl_version() << ", " << n << " rank(s), one per GPU");
 
   SUBCASE("conformance with ranks as threads (one per GPU)") {
@@ -217,6 +219,8 @@ TEST_CASE("[nccl] device suite") {
     }
     test::require_all_succeeded(test::run_processes(n, "nccl_conformance", {{"SHARDKIT_LOG", "error"}}, std::chrono::seconds(600)));
   }
+  // Every communicator the subcase made, its splits' included, was destroyed (counted on the model; not on a GPU).
+  CHECK(test::nccl::model_communicators_back_to(communicators_before));
 }
 
 SHARDKIT_SCENARIO(nccl_conformance) {
