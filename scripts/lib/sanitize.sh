@@ -28,7 +28,8 @@ shardkit_sanitizer_env() {
 }
 
 # shardkit_build_selected_tests BUILD [ctest args...]: with a ctest filter among the arguments, builds only the
-# binaries the selected tests run (a test named after a target, or whose command or arguments name one); otherwise everything.
+# binaries the selected tests run (a test named after a target, or whose command or arguments name one); otherwise,
+# or when a selected test installs the project (the package tests), everything.
 shardkit_build_selected_tests() {
   local build=$1
   shift
@@ -48,6 +49,10 @@ import json, os, sys
 targets = set(sys.argv[1].split())
 out = set()
 for t in json.load(sys.stdin).get("tests", []):
+    # A package test installs the project first: that needs every installed target.
+    if any("run_consumer.cmake" in w for w in t.get("command") or []):
+        print("all")
+        sys.exit(0)
     # Before a binary exists ctest lists no command for it; add_test names it after its target.
     words = [t["name"]] + list(t.get("command") or [])
     for p in t.get("properties", []):
