@@ -56,7 +56,7 @@ for t in json.load(sys.stdin).get("tests", []):
     # Before a binary exists ctest lists no command for it; add_test names it after its target.
     words = [t["name"]] + list(t.get("command") or [])
     for p in t.get("properties", []):
-        if p.get("name") == "ENVIRONMENT":
+        if p.get("name") in ("ENVIRONMENT", "REQUIRED_FILES"):
             words += [v.split("=", 1)[-1] for v in p.get("value", [])]
     for w in words:
         b = os.path.basename(w)
