@@ -45,12 +45,29 @@ class chrome_trace {
     std::lock_guard lock(mutex_);
     for (const auto& s : spans_)
       std::fprintf(f, ",\n{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
-                   s.name.c_str(), s.cat.c_str(), rank_, s.lane, s.ts_us, s.dur_us);
+                   json_escaped(s.name).c_str(), s.cat.c_str(), rank_, s.lane, s.ts_us, s.dur_us);
     std::fprintf(f, "\n]}\n");
     if (std::fclose(f) != 0) throw std::runtime_error("--trace: writing " + path + " failed");
   }
 
  private:
+  // Unit names are the trainer's to choose: a quote or a control character in one must not break the file.
+  static std::string json_escaped(const std::string& in) {
+    std::string out;
+    for (const char c : in) {
+      if (c == '"' || c == '\\') {
+        out += '\\';
+        out += c;
+      } else if (static_cast<unsigned char>(c) < 0x20) {
+        char u[8];
+        std::snprintf(u, sizeof u, "\\u%04x", static_cast<unsigned char>(c));
+        out += u;
+      } else {
+        out += c;
+      }
+    }
+    return out;
+  }
   struct span {
     std::string name, cat;
     int lane;

@@ -9,7 +9,9 @@ shift 3
 flags=(--steps 6 --batch 12 --context 16 --width 32 --blocks 6)
 export OPENBLAS_NUM_THREADS=1
 one=$("$run" -n 1 -- "$trainer" "${flags[@]}" | grep -o 'step [0-9]* loss [^ ]*')
-many=$("$run" -n "$n" -- "$trainer" "${flags[@]}" "$@" | grep -o 'step [0-9]* loss [^ ]*')
+trace=$(mktemp -d)
+trap 'rm -rf "$trace"' EXIT
+many=$("$run" -n "$n" -- "$trainer" "${flags[@]}" --trace "$trace/t" "$@" | grep -o 'step [0-9]* loss [^ ]*')
 echo "1 rank:"; echo "$one"
 echo "$n ranks:"; echo "$many"
 [ "$(echo "$one" | wc -l)" = 6 ] || { echo "FAIL: expected 6 steps from the 1-rank run"; exit 1; }
@@ -18,3 +20,14 @@ paste <(echo "$one") <(echo "$many") | awk '
     if ($2 != $6 || d > 1e-5 * a) { printf "FAIL: step %s loss %s on 1 rank, %s on many\n", $2, $4, $8; bad = 1 } }
   END { if (NR != 6) { print "FAIL: the runs printed different numbers of steps"; bad = 1 }; exit bad }'
 echo "OK: losses agree within 1e-5"
+# --trace: one Chrome trace per rank, with every step and the units' gathers and uses on it.
+for ((r = 0; r < n; r++)); do
+  f=$trace/t.rank$r.json
+  [ -f "$f" ] || { echo "FAIL: --trace wrote no $f"; exit 1; }
+  steps=$(grep -c '"cat":"step"' "$f"); uses=$(grep -c '"cat":"use"' "$f")
+  # 8 units, used in forward and in backward, every micro-batch of every step
+  [ "$steps" = 6 ] && ((uses > 0 && uses % (6 * 2 * 8) == 0)) ||
+    { echo "FAIL: $f has $steps steps and $uses unit uses (want 6, and 96 per micro-batch)"; exit 1; }
+  if command -v python3 >/dev/null; then python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$f" || { echo "FAIL: $f is not JSON"; exit 1; }; fi
+done
+echo "OK: --trace wrote $n timelines"
