@@ -10,8 +10,10 @@ SHARDKIT_DECL void sharded_model::wait_for_gradients() {
   const auto t0 = steady_clock::now();
   std::exception_ptr first;
   std::string where;
+  bool waited = false;
   for (auto& u : units_) {
     if (!u->reduced.valid()) continue;
+    waited = true;
     try {
       u->reduced.wait();
     } catch (...) {
@@ -26,7 +28,7 @@ SHARDKIT_DECL void sharded_model::wait_for_gradients() {
     std::lock_guard lock(stats_mutex_);
     stats_.waiting_for_reduce += steady_clock::now() - t0;
   }
-  emit(model_event::kind::reduce_wait, pass::backward, model_event::no_unit, t0);
+  if (waited) emit(model_event::kind::reduce_wait, pass::backward, model_event::no_unit, t0);  // not the no-op calls
   if (first) detail::rethrow_for_unit(first, where, "gradient reduction", rank_);
 }
 
