@@ -6,8 +6,9 @@
 //! ranks, so every step waits for the previous rank to have received, woken up and sent on; when ranks share their
 //! cores with compute (FSDP's gathers beside the trainer's math), each of those wake-ups can wait a scheduler slice
 //! and the steps add up. Here data goes from its owner straight to its reader and no rank waits on another's
-//! forwarding. The cost is n-1 flows into each receiver at once (incast) and n-1 connections busy per rank, which
-//! is why the ring stays the choice for larger groups (p2p_options::direct_max_ranks).
+//! forwarding. The cost is n-1 flows into each receiver at once (incast) and n-1 connections busy per rank: in the
+//! lab that cost 6-8% of bandwidth at 64 MiB and more in the FSDP job, so the ring stays the default and direct is
+//! asked per call or per group size (p2p_options::direct_max_ranks; docs/benchmarks.md, tenth session).
 #include <algorithm>
 #include <cstring>
 #include <vector>
