@@ -111,6 +111,28 @@ TEST_CASE("[trainer] make_batch: equal row splits reproduce the global batch") {
   CHECK_THROWS_AS(make_batch(text, B, T, 0, 0, 6, 4), std::invalid_argument);
 }
 
+TEST_CASE("[trainer] fast_tanh is within 3e-7 relative of tanh, odd, and saturates to exactly +-1") {
+  double worst = 0, worst_at = 0;
+  // Dense over both branches and the seam at 0.55, then tiny and huge magnitudes.
+  for (int i = -1'200'000; i <= 1'200'000; ++i) {
+    const float x = static_cast<float>(i) * 1e-5f;
+    const double want = std::tanh(static_cast<double>(x)), got = fast_tanh(x);
+    const double rel = want == 0 ? std::abs(got) : std::abs(got - want) / std::abs(want);
+    if (rel > worst) worst = rel, worst_at = x;
+  }
+  INFO("worst relative error " << worst << " at x = " << worst_at);
+  CHECK(worst <= 3e-7);
+  for (float x : {1e-30f, 1e-10f, 3e-4f, 0.5499f, 0.55f, 0.5501f, 2.0f, 8.9f}) {
+    CHECK(fast_tanh(-x) == -fast_tanh(x));
+    CHECK(close(fast_tanh(x), std::tanh(static_cast<double>(x)), 3e-7, 0));
+  }
+  for (float x : {9.0f, 20.0f, 1e30f, INFINITY}) {
+    CHECK(fast_tanh(x) == 1.0f);
+    CHECK(fast_tanh(-x) == -1.0f);
+  }
+  CHECK(std::isnan(fast_tanh(NAN)));
+}
+
 TEST_CASE("[trainer] backward matches central finite differences for every parameter") {
   const model_config c = tiny_config();
   reference_model m(c, 11);
