@@ -24,6 +24,8 @@
 //! - Memory registration: when the provider demands FI_MR_LOCAL, each operation registers its buffers and
 //!   deregisters them when it retires (no cache: tcp and shm do not need it; a registration cache is the next
 //!   step for verbs/efa).
+//! - shm names each endpoint's shared-memory region after the endpoint: each gets a name unique per process start,
+//!   and setup removes the regions killed ranks left (fabric/shm_regions.hpp).
 //! - Errors name the rank and the peer: fi_* failures are errc::backend with fi_strerror's (and the provider's)
 //!   text; connection errors errc::peer_lost; a message larger than the receive errc::protocol; cancel and abort
 //!   errc::aborted; what is pending at destruction errc::closed.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "shardkit/transport/fabric/resources.hpp"
+#include "shardkit/transport/fabric/shm_regions.hpp"
 #include "shardkit/transport/fabric/wire.hpp"
 
 namespace shardkit::transport::fabric_detail {
@@ -43,6 +44,10 @@ class endpoint_set {
     fid_av* av = nullptr;
     check("fi_av_open", fi_av_open(domain_.get(), &av_attr, &av, nullptr), ctx);
     av_.reset(av);
+    // shm names each endpoint's region after it: ours are unique per process start (shm_regions.hpp says why),
+    // and the regions that killed ranks of this scheme left behind go first.
+    shm_ = provider_ == "shm";
+    if (shm_) sweep_dead_shm_regions();
     for (auto& ep : eps_) ep = open_endpoint(ctx);
 
     address_record mine{provider_, {}};
@@ -89,6 +94,10 @@ class endpoint_set {
     fid_ep* raw = nullptr;
     check("fi_endpoint", fi_endpoint(domain_.get(), info_.get(), &raw, nullptr), ctx);
     fid_ptr<fid_ep> ep(raw);
+    if (shm_) {
+      const std::string name = new_shm_endpoint_name();
+      check("fi_setname", fi_setname(&ep->fid, const_cast<char*>(name.c_str()), name.size() + 1), ctx);
+    }
     check("fi_ep_bind(cq)", fi_ep_bind(ep.get(), &cq_->fid, FI_TRANSMIT | FI_RECV), ctx);
     check("fi_ep_bind(av)", fi_ep_bind(ep.get(), &av_->fid, 0), ctx);
     check("fi_enable", fi_enable(ep.get()), ctx);
@@ -104,6 +113,7 @@ class endpoint_set {
 
   int size_;
   std::string provider_;
+  bool shm_ = false;
   info_ptr info_;
   fid_ptr<fid_fabric> fabric_;
   fid_ptr<fid_domain> domain_;
