@@ -1,14 +1,17 @@
 // libfabric transport: raw p2p semantics over each provider (sizes, order, truncation, cancel, abort, a lost
 // peer), the conformance suite over p2p_communicator<fabric_transport> with ranks as threads and as processes,
-// and a rank killed mid-job.
+// and a rank killed mid-job; on shm, the names of the endpoints' regions and the sweep of those dead ranks left.
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <numeric>
 
@@ -346,6 +349,160 @@ TEST_CASE("[fabric] conformance suite over p2p_communicator<fabric_transport>, r
     }
 }
 
+namespace {
+namespace fd = transport::fabric_detail;
+const std::filesystem::path shm_dir = "/dev/shm";
+
+bool shm_has(const std::string& name) { return std::filesystem::exists(shm_dir / name); }
+void shm_put(const std::string& name, const std::string& bytes) {
+  std::ofstream(shm_dir / name, std::ios::binary) << bytes;
+  if (!shm_has(name)) throw std::runtime_error("could not create /dev/shm/" + name);
+}
+void shm_remove(const std::vector<std::string>& names) {
+  std::error_code ec;
+  for (const auto& n : names) std::filesystem::remove(shm_dir / n, ec);
+}
+//! The /dev/shm entries of our naming scheme made by process `pid`.
+std::vector<std::string> shm_regions_of(std::uint64_t pid) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(shm_dir, ec)) {
+    const std::string name = f.path().filename().string();
+    if (const auto o = fd::parse_shm_region_name(name); o && o->pid == pid) found.push_back(name);
+  }
+  return found;
+}
+//! A pid no process holds now: a child that exited and was reaped.
+std::uint64_t dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  REQUIRE(child > 0);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  return std::uint64_t(child);
+}
+//! One rank of a `size`-rank world over shm per thread of this process (a scenario child has no doctest context,
+//! so no make_world).
+std::vector<std::shared_ptr<fabric_transport>> shm_world(int size) {
+  auto store = rendezvous::make_store<rendezvous::memory_store>();
+  std::vector<std::shared_ptr<fabric_transport>> world(static_cast<std::size_t>(size));
+  test::run_threads(size, [&](int r) { world[std::size_t(r)] = fabric_transport::create(store, r, size, options_for("shm")); });
+  return world;
+}
+bool testing_shm() { return std::find(providers.begin(), providers.end(), "shm") != providers.end(); }
+}  // namespace
+
+TEST_CASE("[fabric] shm: each endpoint's region has a name of its own, and setup sweeps the ones dead processes left") {
+  if (!testing_shm() || make_world(1, "shm").empty()) return;
+  const fd::shm_region_owner me = fd::this_process_owner();
+  if (me.pid_namespace == 0 || me.start_time == 0) {
+    MESSAGE("skipped: /proc does not show this process's pid namespace and start time");
+    return;
+  }
+  const std::uint64_t dead = dead_pid(), parent = std::uint64_t(::getppid());
+  const std::uint64_t parent_start = fd::process_start_time(std::to_string(parent)).value_or(0);
+  REQUIRE(parent_start != 0);
+  auto name = [&](std::uint64_t ns, std::uint64_t pid, std::uint64_t start, std::uint64_t nonce) {
+    return fd::shm_region_name({.pid_namespace = ns, .pid = pid, .start_time = start, .nonce = nonce});
+  };
+  const std::string uid = std::to_string(::getuid());
+  // Gone after setup: this scheme, this user, this pid namespace, and the maker is dead.
+  const std::vector<std::string> swept = {
+      name(me.pid_namespace, dead, 4242, 1),                           // its pid is free
+      name(me.pid_namespace, dead, 4242, 1) + "_7",                    // an mmap-protocol file of that endpoint
+      name(me.pid_namespace, me.pid, me.start_time - 1, 2),            // this pid, an earlier process
+      name(me.pid_namespace, parent, parent_start + 1, 3),             // the pid was reused by our parent
+  };
+  // Left alone: a live maker, or one that cannot be told dead, or not this scheme.
+  const std::vector<std::string> kept = {
+      name(me.pid_namespace, parent, parent_start, 4),                 // our parent's, alive
+      name(me.pid_namespace, parent, 0, 5),                            // a live pid, start time unknown
+      name(me.pid_namespace + 1, dead, 4242, 6),                       // another pid namespace's
+      name(me.pid_namespace, dead, 4242, 7) + "x",                     // not exactly the scheme
+      name(me.pid_namespace, dead, 4242, 8) + "_",                     //
+      std::to_string(dead) + ":" + uid + ":0",                         // shm's default name: maybe another program's
+      "not-shardkit." + std::to_string(dead),                          // another program's
+  };
+  for (const auto& n : swept) shm_put(n, "stale");
+  for (const auto& n : kept) shm_put(n, "stale");
+  std::vector<std::string> ours;
+  {
+    auto w = make_world(2, "shm");
+    REQUIRE(w.size() == 2);
+    for (const auto& n : swept) CHECK_MESSAGE(!shm_has(n), n);
+    for (const auto& n : kept) CHECK_MESSAGE(shm_has(n), n);
+    // Every endpoint (3 per rank) has a region of this scheme with this process's start time, none the default.
+    ours = shm_regions_of(me.pid);
+    CHECK(ours.size() == 6);
+    for (const auto& n : ours) CHECK(fd::parse_shm_region_name(n)->start_time == me.start_time);
+    CHECK_FALSE(shm_has(std::to_string(me.pid) + ":" + uid + ":0"));
+    exchange(*w[0], *w[1], 3, 1 << 20, deadline_after(30s));
+  }
+  for (const auto& n : ours) CHECK_MESSAGE(!shm_has(n), n << " outlived its endpoint");
+  shm_remove(swept);
+  shm_remove(kept);
+}
+
+TEST_CASE("[fabric] shm: the name parser takes this scheme only") {
+  const fd::shm_region_owner o{.pid_namespace = 4026531836, .pid = 31337, .start_time = 98765, .nonce = 0x0123456789abcdefull};
+  const std::string n = fd::shm_region_name(o);
+  CHECK(n == "shardkit-fabric.4026531836.31337.98765.0123456789abcdef");
+  CHECK(fd::parse_shm_region_name(n) == o);
+  CHECK(fd::parse_shm_region_name(n + "_12") == o);
+  for (const std::string& bad : std::initializer_list<std::string>{n + "_", n + "_1x", n + ".1", n.substr(0, n.size() - 1), "shardkit-fabric.1.2.3",
+                                "shardkit-fabric.1.0.3.0123456789abcdef", "shardkit-fabric.1.-2.3.0123456789abcdef",
+                                "Shardkit-fabric.1.2.3.0123456789abcdef", "31337:1000:0", ""})
+    CHECK_MESSAGE(!fd::parse_shm_region_name(bad), bad);
+}
+
+//! A process whose pid a dead rank had finds that rank's regions in /dev/shm, under shm's default names and under
+//! ours (from an earlier start); both hold a real region header naming this (live) pid, which is what made shm's
+//! fi_enable fail with EBUSY. Setup must succeed, sweep ours and leave shm's default names alone.
+SHARDKIT_SCENARIO(fabric_stale_regions_of_this_pid) {
+  const fd::shm_region_owner me = fd::this_process_owner();
+  SCENARIO_CHECK(me.pid_namespace != 0 && me.start_time > 1);
+  const std::string pid = std::to_string(me.pid), uid = std::to_string(::getuid());
+  std::string header;  // the start of a region shm made for this process: its layout version and this pid
+  {
+    auto first = shm_world(1);
+    std::error_code ec;
+    for (const auto& f : std::filesystem::directory_iterator(shm_dir, ec)) {
+      const std::string n = f.path().filename().string();
+      const auto o = fd::parse_shm_region_name(n);
+      if ((o && o->pid == me.pid) || n.starts_with(pid + ":")) {
+        std::ifstream in(f.path(), std::ios::binary);
+        header.assign(std::istreambuf_iterator<char>(in), {});
+        header.resize(std::min<std::size_t>(header.size(), 4096));
+        break;
+      }
+    }
+  }
+  SCENARIO_CHECK(header.size() == 4096);
+  std::vector<std::string> defaults;  // shm's "<pid>:<uid>:<n>", n counting this process's endpoints
+  for (int n = 0; n < 16; ++n) defaults.push_back(pid + ":" + uid + ":" + std::to_string(n));
+  const std::string earlier = fd::shm_region_name({.pid_namespace = me.pid_namespace, .pid = me.pid, .start_time = me.start_time - 1, .nonce = 42});
+  struct cleanup {
+    std::vector<std::string> names;
+    ~cleanup() { shm_remove(names); }
+  } made{defaults};
+  made.names.push_back(earlier);
+  for (const auto& n : made.names) shm_put(n, header);
+  auto w = shm_world(2);
+  const auto dl = deadline_after(30s);
+  std::vector<std::byte> out(1 << 16, std::byte{7}), in(1 << 16);
+  auto r = w[1]->recv(0, 1, in);
+  SCENARIO_CHECK(w[0]->send(1, 1, out).wait_until(dl));
+  SCENARIO_CHECK(r.wait_until(dl));
+  SCENARIO_CHECK(in == out);
+  SCENARIO_CHECK(!shm_has(earlier));
+  for (const auto& n : defaults) SCENARIO_CHECK(shm_has(n));
+}
+
+TEST_CASE("[fabric] shm: a process with a dead rank's pid sets up over that rank's leftover regions") {
+  if (!testing_shm() || make_world(1, "shm").empty()) return;
+  test::require_all_succeeded(test::run_processes(1, "fabric_stale_regions_of_this_pid", {}, 120s));
+}
+
 #ifdef SHARDKIT_TEST_HAVE_TCP_STORE
 namespace {
 rendezvous::any_store scenario_store() {
@@ -384,7 +541,7 @@ SHARDKIT_SCENARIO(fabric_kill_one) {
   if (info.rank == 2) {
     // Die only once 0 and 1 have everything from this rank (their acks say so).
     for (int p : {0, 1}) SCENARIO_CHECK(t->recv(p, 2, in).wait_until(dl));
-    std::printf("victim pid %d\n", int(::getpid()));  // for the test to remove what the kill leaves in /dev/shm
+    std::printf("victim pid %d\n", int(::getpid()));  // the test checks that the next setup sweeps its shm regions
     std::fflush(stdout);
     ::raise(SIGKILL);
   }
@@ -429,20 +586,6 @@ TEST_CASE("[fabric] conformance suite, ranks as processes") {
   }
 }
 
-namespace {
-// libfabric's shm provider names its regions /dev/shm/<pid>:<domain>:<n> and removes them at exit; a process killed
-// with SIGKILL leaves them, and a later process that gets the same pid then fails in fi_enable with EBUSY (seen on
-// a long-lived machine whose pids had wrapped). The victim prints its pid; its regions go here.
-void remove_shm_regions_of_victim(const std::string& output) {
-  const auto at = output.find("victim pid ");
-  if (at == std::string::npos) return;
-  const std::string prefix = std::to_string(std::atoi(output.c_str() + at + 11)) + ":";
-  std::error_code ec;
-  for (const auto& f : std::filesystem::directory_iterator("/dev/shm", ec))
-    if (f.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(f.path(), ec);
-}
-}  // namespace
-
 TEST_CASE("[fabric] ranks as processes: killing one fails its peers' operations with errc::peer_lost naming it") {
   for (const std::string& p : providers) {
     CAPTURE(p);
@@ -455,7 +598,14 @@ TEST_CASE("[fabric] ranks as processes: killing one fails its peers' operations 
     }
     MESSAGE(p << ": " << results[0].output);
     CHECK(results[2].exit_code == -SIGKILL);
-    remove_shm_regions_of_victim(results[2].output);
+    if (p != "shm") continue;
+    // SIGKILL left the victim's regions; the next setup on shm removes them (its pid is free).
+    const auto at = results[2].output.find("victim pid ");
+    REQUIRE(at != std::string::npos);
+    const auto victim = std::uint64_t(std::atoll(results[2].output.c_str() + at + 11));
+    CHECK(shm_regions_of(victim).size() == 3);
+    CHECK_FALSE(make_world(1, p).empty());
+    CHECK(shm_regions_of(victim).empty());
   }
 }
 #else
