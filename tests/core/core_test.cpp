@@ -257,23 +257,23 @@ TEST_CASE("[core] host_shared_memory: registered while alive, found by interior 
 }
 
 TEST_CASE("[core] worker_threads: destruction asks the threads to stop, wakes and joins them") {
-  std::mutex mutex;
-  std::condition_variable cv;
-  int returned = 0;  // under mutex
+  struct nothing {};
+  int returned = 0;  // under the state's mutex, then read once the threads are joined
   bool stopped_early = false;
   {
-    shardkit::detail::worker_threads threads(mutex, cv);
+    shardkit::detail::worker_threads<nothing> threads;
     CHECK(threads.empty());
     for (int i = 0; i < 2; ++i)
-      threads.start([&] {
-        std::unique_lock lock(mutex);
-        stopped_early = stopped_early || threads.stop_requested();
-        cv.wait(lock, [&] { return threads.stop_requested(); });  // only the destructor can end this wait
+      threads.start([&](shardkit::detail::worker_state<nothing>& s) {
+        std::unique_lock lock(s.mutex);
+        stopped_early = stopped_early || s.stop;
+        s.wake.wait(lock, [&] { return s.stop; });  // only the destructor can end this wait
         ++returned;
       });
     CHECK_FALSE(threads.empty());
+    CHECK_FALSE(threads.on_own_thread());
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    std::lock_guard lock(mutex);
+    std::lock_guard lock(threads.state().mutex);
     CHECK(returned == 0);
   }
   CHECK(returned == 2);  // joined: both returned before the destructor did

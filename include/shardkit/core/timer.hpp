@@ -1,7 +1,7 @@
 #pragma once
 //! A process-wide timer thread for deadlines that nobody is blocked on (an irecv whose work handle is polled or
 //! co_awaited must still time out). Callbacks run on the timer thread, in deadline order, and must be short.
-#include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -23,20 +23,22 @@ class timer_service {
 
   //! Runs `f` at `when` (or at once on the timer thread if it already passed). The key cancels it.
   key at(deadline when, std::function<void()> f) {
+    auto& s = thread_.state();
     key k;
     {
-      std::lock_guard lock(mutex_);
-      if (thread_.empty()) thread_.start([this] { run(); });
-      k = {when, next_id_++};
-      timers_.emplace(k, std::move(f));
+      std::lock_guard lock(s.mutex);
+      if (thread_.empty()) thread_.start(run);
+      k = {when, s.next_id++};
+      s.timers.emplace(k, std::move(f));
     }
-    cv_.notify_one();
+    s.wake.notify_one();
     return k;
   }
   //! Drops a timer that has not fired (operations that end in time must not pile up until their deadlines).
   void cancel(const key& k) {
-    std::lock_guard lock(mutex_);
-    timers_.erase(k);
+    auto& s = thread_.state();
+    std::lock_guard lock(s.mutex);
+    s.timers.erase(k);
   }
 
   timer_service(const timer_service&) = delete;
@@ -45,31 +47,33 @@ class timer_service {
  private:
   timer_service() = default;
 
-  void run() {
-    std::unique_lock lock(mutex_);
-    while (!thread_.stop_requested()) {
-      if (timers_.empty()) {
-        cv_.wait(lock);
+  struct schedule {
+    std::map<key, std::function<void()>> timers;
+    std::uint64_t next_id = 0;
+  };
+  using state = worker_state<schedule>;
+
+  static void run(state& s) {
+    std::unique_lock lock(s.mutex);
+    while (!s.stop) {
+      if (s.timers.empty()) {
+        s.wake.wait(lock);
         continue;
       }
-      const auto next = timers_.begin()->first.first;
+      const auto next = s.timers.begin()->first.first;
       if (steady_clock::now() < next) {
-        cv_.wait_until(lock, next);
+        s.wake.wait_until(lock, next);
         continue;
       }
-      auto f = std::move(timers_.begin()->second);
-      timers_.erase(timers_.begin());
+      auto f = std::move(s.timers.begin()->second);
+      s.timers.erase(s.timers.begin());
       lock.unlock();
       f();
       lock.lock();
     }
   }
 
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::map<key, std::function<void()>> timers_;
-  std::uint64_t next_id_ = 0;
-  worker_threads thread_{mutex_, cv_};  // last: stopped and joined (at exit) before the timers die
+  worker_threads<schedule> thread_;  // stopped and joined at exit
 };
 
 }  // namespace shardkit::detail

@@ -1,13 +1,21 @@
 #pragma once
-//! The threads of an object that wait on its condition variable (a queue's workers, a timer thread), stopped and
-//! joined when the object dies.
+//! The threads of an object that wait on a condition variable (a queue's workers, a timer thread, a progress
+//! thread), stopped and joined when the object dies: the stop, notify and join-or-detach are written here once.
 //!
-//! Declare it last in the owner, after the mutex, the condition variable and everything the threads use: it is then
-//! destroyed first, and its destructor sets the stop request and notifies under the owner's mutex, then joins. The
-//! notify is under the lock as in thread_pool::push and run_loop::post (0aa5032): a notify after the unlock would
-//! race with whatever a woken thread does next; here only the list of threads is read after the unlock, and no
-//! other thread touches it.
+//! What the threads use (the lock, the condition variable, the stop request and the owner's queue, `Data`) is a
+//! worker_state that each thread holds a share of, not a member of the owner: the owner may be destroyed from one
+//! of its own threads (a task or a continuation drops its last owner), and that thread, detached instead of joined,
+//! still goes back to the lock and the queue afterwards. A thread's function gets the state and must reach nothing
+//! of the owner itself (no `this`): blocking_call_pool (33c56d3) and the progress engine each relocked a freed
+//! mutex after a call that had destroyed them, before this was shared.
+//!
+//! Declare the worker_threads last in the owner, after everything the threads' work may use: it is then destroyed
+//! first, and its destructor sets the stop request and notifies under the state's lock, then joins. The notify is
+//! under the lock as in thread_pool::push and run_loop::post (0aa5032): a notify after the unlock would race with
+//! whatever a woken thread does next; here only the list of threads is read after the unlock, and no other thread
+//! touches it.
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -15,20 +23,32 @@
 
 namespace shardkit::detail {
 
+//! What an owner's threads share with it. `Data` (the owner's queue, timers) and `stop` are guarded by `mutex`.
+template <class Data>
+struct worker_state : Data {
+  std::mutex mutex;
+  std::condition_variable wake;
+  //! Set when the owner is being destroyed: a thread that sees it returns once its work is done.
+  bool stop = false;
+};
+
+template <class Data>
 class worker_threads {
  public:
-  worker_threads(std::mutex& mutex, std::condition_variable& cv) noexcept : mutex_(mutex), cv_(cv) {}
+  using state_type = worker_state<Data>;
+
+  worker_threads() : state_(std::make_shared<state_type>()) {}
   worker_threads(const worker_threads&) = delete;
   worker_threads& operator=(const worker_threads&) = delete;
 
   //! Waits for every thread to return, after asking them to stop. A thread that is destroying the owner from
   //! inside (the last owner dropped in a call it runs) is detached instead: a self-join would throw in a
-  //! destructor. Such a thread must not touch the owner afterwards.
+  //! destructor. It keeps its share of the state until it returns.
   ~worker_threads() {
     {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-      cv_.notify_all();
+      std::lock_guard lock(state_->mutex);
+      state_->stop = true;
+      state_->wake.notify_all();
     }
     for (auto& t : threads_) {
       if (t.get_id() == std::this_thread::get_id()) t.detach();
@@ -36,23 +56,30 @@ class worker_threads {
     }
   }
 
-  //! Starts one more thread running `f`: under the owner's mutex once other threads may call it too, and never
-  //! once the owner is being destroyed (the destructor reads the list without the lock).
+  state_type& state() const noexcept { return *state_; }
+
+  //! Starts one more thread running `f(state)`; `f` holds nothing of the owner. Under the state's mutex once other
+  //! threads may call it too, and never once the owner is being destroyed (the destructor reads the list without
+  //! the lock).
   template <class F>
-  void start(F&& f) {
-    threads_.emplace_back(std::forward<F>(f));
+  void start(F f) {
+    threads_.emplace_back([s = state_, f = std::move(f)]() mutable { f(*s); });
   }
 
-  //! Whether the owner is being destroyed: a thread that sees it returns once its work is done. Read under the
-  //! owner's mutex.
-  bool stop_requested() const noexcept { return stop_; }
   bool empty() const noexcept { return threads_.empty(); }
 
+  //! Whether the caller is one of these threads: the owner's destructor then runs inside its own work, and what
+  //! its threads would still do with the owner (a queue of tasks that use it) must be done before it returns.
+  //! Called by the owner's destructor, when no thread can be starting.
+  bool on_own_thread() const noexcept {
+    for (const auto& t : threads_)
+      if (t.get_id() == std::this_thread::get_id()) return true;
+    return false;
+  }
+
  private:
-  std::mutex& mutex_;
-  std::condition_variable& cv_;
+  std::shared_ptr<state_type> state_;
   std::vector<std::thread> threads_;
-  bool stop_ = false;
 };
 
 }  // namespace shardkit::detail
