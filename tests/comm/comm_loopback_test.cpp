@@ -10,6 +10,7 @@
 #include <mutex>
 #include <set>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include <unistd.h>
@@ -246,6 +247,41 @@ TEST_CASE("[comm] blocking send/recv of a communicator without isend/irecv reuse
     CHECK(threads_in_process() <= before + 2 * 2 + 2 * 4);  // the workers, and each group's own threads
   }
   // The groups are gone: every worker was joined with them, none was left detached.
+  CHECK(threads_in_process() == before);
+}
+
+TEST_CASE("[comm] a continuation on the progress thread may drop the group's last owner: what was queued still runs, the thread ends") {
+  // The group (and its engine) is then destroyed on its own progress thread, which the engine detaches instead of
+  // joining. That thread must never touch the group again: it relocked the engine's freed mutex after the task,
+  // and an operation queued behind it would have run on the freed group (under ASan a heap-use-after-free). The
+  // threads are counted until they are gone, as a detached thread that hangs on freed memory never ends.
+  const std::size_t before = threads_in_process();
+  const auto test_thread = std::this_thread::get_id();
+  for (int round = 0; round < 20; ++round) {
+    auto groups = comm::make_loopback_world(2, test_group_options());
+    auto last = std::make_shared<std::optional<comm::process_group>>(std::move(groups[0]));
+    std::int64_t v0 = 1 + round, v1 = 2;
+    // Rank 1 has not joined yet, so both are still queued or running on rank 0's progress thread when the
+    // continuation is attached: it runs there, not here.
+    auto barrier0 = (*last)->barrier();
+    auto queued0 = (*last)->all_reduce(buffer_view(&v0, 1, dtype::i64));
+    std::promise<std::thread::id> dropped;
+    barrier0.then([last, &dropped] {
+      last->reset();
+      dropped.set_value(std::this_thread::get_id());
+    });
+    groups[1].barrier().wait();
+    groups[1].all_reduce(buffer_view(&v1, 1, dtype::i64)).wait();
+    REQUIRE(queued0.wait_for(std::chrono::seconds(30)));
+    queued0.wait();  // rethrows a failure
+    CHECK(v0 == 3 + round);
+    CHECK(v1 == 3 + round);
+    CHECK(dropped.get_future().get() != test_thread);
+    CHECK_FALSE(last->has_value());
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (threads_in_process() > before && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   CHECK(threads_in_process() == before);
 }
 

@@ -321,6 +321,8 @@ class process_group {
       completion_source done;
       const auto timeout = o.timeout.count() > 0 ? o.timeout : opts.timeout;
       const collective_options co{deadline_after(timeout), o.algo};
+      // Ending `done` is the last thing the task does with `this`: a continuation it runs may drop the group's last
+      // owner (the engine then runs what is queued behind it and lets the group go: progress_engine.hpp).
       engine.post([this, done, co, fp, name, run = std::forward<F>(run)]() mutable {
         try {
           if (auto b = broken_work()) {

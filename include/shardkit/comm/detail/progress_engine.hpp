@@ -24,6 +24,24 @@ class progress_engine {
   progress_engine(const progress_engine&) = delete;
   progress_engine& operator=(const progress_engine&) = delete;
 
+  //! Destroyed on the progress thread itself (a task, or a continuation its completion ran, dropped the group's
+  //! last owner): that thread is detached, not joined, and the tasks queued behind the current one use the group,
+  //! which goes next. They run here, as a join would have waited for them.
+  ~progress_engine() {
+    if (!thread_.on_own_thread()) return;
+    auto& s = thread_.state();
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::lock_guard lock(s.mutex);
+        if (s.queue.empty()) return;
+        task = std::move(s.queue.front());
+        s.queue.pop_front();
+      }
+      task();
+    }
+  }
+
   void post(std::function<void()> task) {
     auto& s = thread_.state();
     {
