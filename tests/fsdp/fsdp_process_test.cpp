@@ -67,7 +67,12 @@ void require_close(const toy::run_result& got, const toy::run_result& want, doub
 // Every rank trains through the world group; rank 0 also trains a 1-rank reference over a loopback world in the
 // same process and compares. Losses are global means, so every rank's must equal rank 0's bit for bit.
 SHARDKIT_SCENARIO(fsdp_trains_like_one_rank) {
-  auto world = sk::comm::init_process_group(env_or("FSDP_TEST_TRANSPORT", "shm"));
+  const std::string transport = env_or("FSDP_TEST_TRANSPORT", "shm");
+  // shm+tcp: two simulated hosts (SHARDKIT_HOST_ID by rank); "auto" must pick shm within and tcp across.
+  if (transport == "shm+tcp")
+    ::setenv("SHARDKIT_HOST_ID", sk::test::env_rank() < sk::test::env_world_size() / 2 ? "simulated-a" : "simulated-b", 1);
+  auto world = sk::comm::init_process_group(transport == "shm+tcp" ? "auto" : transport);
+  SCENARIO_CHECK(world.transport == transport);
   SCENARIO_CHECK(world.group.rank() == sk::test::env_rank());
   SCENARIO_CHECK(world.group.size() == sk::test::env_world_size());
   const auto got = toy::train(world.group, options_from_env(), steps);
@@ -96,7 +101,7 @@ void run_case(int n, const std::string& strategy, std::size_t hybrid_shard_size,
                                          {"FSDP_TEST_HYBRID_SHARD_SIZE", std::to_string(hybrid_shard_size)},
                                          {"FSDP_TEST_TRANSPORT", transport},
                                          {"SHARDKIT_TIMEOUT_MS", "60000"}};
-  if (transport == "tcp") env["SHARDKIT_SOCKET_IFNAME"] = "lo";
+  if (transport != "shm") env["SHARDKIT_SOCKET_IFNAME"] = "lo";
   sk::test::require_all_succeeded(
       sk::test::run_processes(n, "fsdp_trains_like_one_rank", env, std::chrono::seconds(120)));
 }
@@ -114,5 +119,10 @@ TEST_CASE("[fsdp] ranks as processes over shm: every strategy trains like 1 rank
 #if defined(SHARDKIT_HAS_TCP)
 TEST_CASE("[fsdp] ranks as processes over tcp: full_shard trains like 1 rank") {
   run_case(2, "full_shard", 0, "tcp");
+}
+
+TEST_CASE("[fsdp] ranks as processes over shm+tcp (2 simulated hosts x 2 ranks): hybrid and full_shard train like 1 rank") {
+  run_case(4, "hybrid_shard", 2, "shm+tcp");  // shards within a host over shm, the replicas' all-reduce over tcp
+  run_case(4, "full_shard", 0, "shm+tcp");
 }
 #endif
