@@ -14,9 +14,13 @@
 #include <iterator>
 #include <string>
 #include <numeric>
+#include <future>
+#include <optional>
+#include <thread>
 
 #include "comm/conformance.hpp"
 #include "shardkit/comm/p2p_communicator.hpp"
+#include "shardkit/core/timer.hpp"
 #include "shardkit/rendezvous/memory_store.hpp"
 #include "shardkit/transport/fabric.hpp"
 #include "support/harness.hpp"
@@ -347,6 +351,48 @@ TEST_CASE("[fabric] conformance suite over p2p_communicator<fabric_transport>, r
       MESSAGE("fabric " << p << " conformance, " << n << " ranks as threads: "
                         << std::chrono::duration<double>(steady_clock::now() - start).count() << " s");
     }
+}
+
+TEST_CASE("[fabric] a continuation on the transport's progress thread may drop the last group over it: the thread ends") {
+  // A receive's outcome is published on the transport's progress thread, which runs the continuations of the
+  // group's work there; dropping the last process_group destroys the communicator and the transport on that
+  // thread. Its destructor joined that thread (std::terminate: a self-join throws in a destructor), and the loop
+  // went back to the freed transport's mutex after the continuation. The threads are counted until they are gone.
+  const auto threads_in_process = [] {
+    return std::size_t(std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator{}));
+  };
+  shardkit::detail::timer_service::instance().cancel(shardkit::detail::timer_service::instance().at(no_deadline, [] {}));
+  const std::size_t before = threads_in_process();  // the process-wide timer thread (the groups' timeouts) included
+  const auto test_thread = std::this_thread::get_id();
+  for (const std::string& p : providers)
+    for (int round = 0; round < 3; ++round) {
+      CAPTURE(p);
+      CAPTURE(round);
+      auto w = make_world(2, p);
+      if (w.empty()) break;
+      auto last = std::make_shared<std::optional<comm::process_group>>(
+          comm::process_group::create(comm::p2p_communicator<fabric_transport>(w[0]), test_group_options()));
+      auto other = comm::process_group::create(comm::p2p_communicator<fabric_transport>(w[1]), test_group_options());
+      w.clear();  // the groups are the transports' only owners
+      std::int64_t got = 0, sent = 41 + round;
+      // Rank 1 has not sent yet when the continuation is attached: it runs where the message is reaped.
+      auto r = (*last)->recv(buffer_view(&got, 1, dtype::i64), 1, 3);
+      std::promise<std::thread::id> dropped;
+      r.then([last, &dropped] {
+        last->reset();
+        dropped.set_value(std::this_thread::get_id());
+      });
+      other.send(const_buffer_view(&sent, 1, dtype::i64), 0, 3).wait();
+      auto on = dropped.get_future();
+      REQUIRE(on.wait_for(30s) == std::future_status::ready);
+      CHECK(on.get() != test_thread);
+      r.wait();
+      CHECK(got == sent);
+      CHECK_FALSE(last->has_value());
+    }
+  const auto until = steady_clock::now() + 10s;
+  while (threads_in_process() > before && steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+  CHECK(threads_in_process() == before);
 }
 
 namespace {

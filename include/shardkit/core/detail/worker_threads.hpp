@@ -44,7 +44,12 @@ class worker_threads {
   //! Waits for every thread to return, after asking them to stop. A thread that is destroying the owner from
   //! inside (the last owner dropped in a call it runs) is detached instead: a self-join would throw in a
   //! destructor. It keeps its share of the state until it returns.
-  ~worker_threads() {
+  ~worker_threads() { stop(); }
+
+  //! What the destructor does, for an owner whose own teardown must come after its threads are gone (the fabric
+  //! transport closes its endpoints only once nothing polls them): the caller's thread is detached, not joined.
+  //! Once is enough; the destructor then finds no thread. Never with the state's mutex held.
+  void stop() {
     {
       std::lock_guard lock(state_->mutex);
       state_->stop = true;
@@ -54,6 +59,7 @@ class worker_threads {
       if (t.get_id() == std::this_thread::get_id()) t.detach();
       else t.join();
     }
+    threads_.clear();
   }
 
   state_type& state() const noexcept { return *state_; }

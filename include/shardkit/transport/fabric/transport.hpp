@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "shardkit/core/completion.hpp"
+#include "shardkit/core/detail/worker_threads.hpp"
 #include "shardkit/transport/fabric/endpoints.hpp"
 #include "shardkit/transport/fabric/liveness.hpp"
 #include "shardkit/transport/fabric/operation.hpp"
@@ -51,10 +52,11 @@ class fabric_transport {
 
   fabric_transport(const fabric_transport&) = delete;
   fabric_transport& operator=(const fabric_transport&) = delete;
+  //! May run on the progress thread itself: a continuation it ran dropped the last owner (the last process_group
+  //! over this transport). That thread is detached then, not joined, and the teardown below is done here, with
+  //! nothing polling the endpoints either way.
   ~fabric_transport() {
-    stopping_.store(true);
-    wake_.notify_all();
-    if (progress_.joinable()) progress_.join();
+    progress_.stop();
     std::vector<completion_source> failed;
     const auto closed = std::make_exception_ptr(error(errc::closed, "fabric transport closed", {.rank = rank_}));
     {
@@ -249,11 +251,20 @@ class fabric_transport {
 
   bool cancel(const std::weak_ptr<op>& weak);
 
-  void progress_loop();
+  struct no_queue {};
+  using progress_state = shardkit::detail::worker_state<no_queue>;
+
+  //! Reaps the CQ until the transport is being destroyed. The state's mutex is mutex_, and its stop request is
+  //! read under it before anything of `this` is touched: after a continuation that destroyed the transport (in
+  //! drain()), only the state is left, which this thread holds a share of.
+  void progress_loop(progress_state& s);
 
   //! Publishes the outcomes of settled operations, outside mutex_: continuations may call send/recv.
   void drain();
 
+  // First, so the state it shares with the thread (mutex_ is its mutex) outlives every other member; the
+  // destructor stops the thread before anything else.
+  shardkit::detail::worker_threads<no_queue> progress_;
   int rank_, size_;
   fabric_detail::endpoint_set net_;
   int tag_bits_ = 64;
@@ -264,8 +275,8 @@ class fabric_transport {
   fid_mr* sink_mr_ = nullptr;
   void* sink_desc_ = nullptr;
 
-  std::mutex mutex_;  // every fi_* call and the state below
-  std::condition_variable wake_;
+  std::mutex& mutex_ = progress_.state().mutex;  // every fi_* call and the state below
+  std::condition_variable& wake_ = progress_.state().wake;
   std::map<std::uint64_t, std::shared_ptr<op>> ops_;
   std::vector<std::unique_ptr<op>> probe_slots_;  // the control endpoint's standing receives
   fabric_detail::post_backlog<op> backlog_;
@@ -276,8 +287,6 @@ class fabric_transport {
   std::uint64_t next_id_ = 0, probe_number_ = 0;
   int user_ops_ = 0;
   std::exception_ptr aborted_;
-  std::atomic<bool> stopping_{false};
-  std::thread progress_;
 };
 
 static_assert(abortable<fabric_transport>);

@@ -14,7 +14,7 @@ inline void fabric_transport::on_probe_message(posting& p, int err, std::size_t 
     liveness_.heard(from);
     if (h.kind == message_kind::probe && from != rank_) send_probe(from, message_kind::probe_reply, h.tag);
   }
-  if (!stopping_.load(std::memory_order_relaxed) && err != FI_ECANCELED) submit(p);
+  if (!progress_.state().stop && err != FI_ECANCELED) submit(p);
 }
 
 inline void fabric_transport::send_probe(int peer, message_kind kind, std::uint64_t number) {

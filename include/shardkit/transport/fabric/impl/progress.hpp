@@ -37,11 +37,12 @@ inline bool fabric_transport::cancel(const std::weak_ptr<op>& weak) {
   return withdrawn;
 }
 
-inline void fabric_transport::progress_loop() {
+inline void fabric_transport::progress_loop(progress_state& s) {
   int idle_rounds = 0;
   auto next_check = steady_clock::now();
-  while (!stopping_.load(std::memory_order_relaxed)) {
-    std::unique_lock lock(mutex_);
+  for (;;) {
+    std::unique_lock lock(s.mutex);
+    if (s.stop) return;
     const int got = poll_locked();
     if (const auto now = steady_clock::now(); now >= next_check) {
       liveness_.check(
@@ -52,8 +53,9 @@ inline void fabric_transport::progress_loop() {
     }
     if (!outcomes_.empty()) {
       lock.unlock();
-      drain();
+      drain();  // a continuation may destroy the transport here
       lock.lock();
+      if (s.stop) return;
     }
     if (got > 0) {
       idle_rounds = 0;
