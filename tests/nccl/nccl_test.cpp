@@ -8,13 +8,19 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <future>
+#include <iterator>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nccl/device_conformance.hpp"
 #include "nccl/model_hooks.hpp"
 #include "shardkit/backends/nccl.hpp"
 #include "shardkit/comm/process_group.hpp"
+#include "shardkit/core/timer.hpp"
 #include "shardkit/rendezvous/env.hpp"
 #include "shardkit/rendezvous/memory_store.hpp"
 #include "support/harness.hpp"
@@ -221,6 +227,67 @@ TEST_CASE("[nccl] device suite") {
   }
   // Every communicator the subcase made, its splits' included, was destroyed (counted on the model; not on a GPU).
   CHECK(test::nccl::model_communicators_back_to(communicators_before));
+}
+
+TEST_CASE("[nccl] a continuation on a point-to-point worker may drop the last group over the communicator: the worker ends") {
+  // A receive's completion is ended on its channel's worker, which runs the group's continuations there; dropping
+  // the last process_group destroys the communicator and its channels on that worker. The channel joined its own
+  // worker (std::terminate: a self-join throws in a destructor), and the worker went back to the freed channel's
+  // queue after the completion. The threads are counted until they are gone.
+  if (!device_or_skip()) return;
+  if (device_world() < 2) {
+    MESSAGE("[nccl] not run: point-to-point needs 2 GPUs, this machine has " << device_world());
+    return;
+  }
+  const auto threads_in_process = [] {
+    return std::size_t(std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator{}));
+  };
+  shardkit::detail::timer_service::instance().cancel(shardkit::detail::timer_service::instance().at(no_deadline, [] {}));
+  const std::size_t threads_before = threads_in_process();  // the process-wide timer thread (the groups' timeouts) included
+  const long communicators_before = test::nccl::model_live_communicators();
+  for (int round = 0; round < 3; ++round) {
+    CAPTURE(round);
+    auto store = rendezvous::make_store<rendezvous::memory_store>();
+    std::promise<void> attached;
+    std::promise<std::thread::id> dropped;
+    std::thread::id receiver;
+    bool group_gone = false;
+    double first = -1, last_value = -1;
+    test::run_threads(2, [&](int r) {
+      auto pg = comm::process_group::create(nccl_communicator::create(store, r, 2, test_nccl_options(r)), test_group_options());
+      if (r == 1) {
+        test::nccl::device_array data(1, test::nccl::filled(dtype::f32, 16, 3 + round));
+        attached.get_future().wait();
+        pg.send(data.view(), 0, 7).wait();
+        return;
+      }
+      test::nccl::device_array got(0, dtype::f32, 16);  // outlives the receive
+      auto last = std::make_shared<std::optional<comm::process_group>>(std::move(pg));
+      // Rank 1 sends only once the continuation is attached: it runs where the message is received.
+      auto w = (*last)->recv(got.view(), 1, 7);
+      w.then([last, &dropped] {
+        last->reset();
+        dropped.set_value(std::this_thread::get_id());
+      });
+      attached.set_value();
+      w.wait();
+      receiver = dropped.get_future().get();
+      group_gone = !last->has_value();
+      const auto host = got.download();
+      first = host.get(0);
+      last_value = host.get(15);
+    });
+    CHECK(receiver != std::thread::id{});
+    CHECK(receiver != std::this_thread::get_id());
+    CHECK(group_gone);
+    CHECK(first == double(3 + round));
+    CHECK(last_value == double(3 + round + 15 % 7));
+  }
+  CHECK(test::nccl::model_communicators_back_to(communicators_before));
+  const auto until = steady_clock::now() + std::chrono::seconds(10);
+  while (threads_in_process() > threads_before && steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(threads_in_process() == threads_before);
 }
 
 SHARDKIT_SCENARIO(nccl_conformance) {

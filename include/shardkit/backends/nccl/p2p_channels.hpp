@@ -34,7 +34,10 @@
 namespace shardkit::backends::nccl_detail {
 
 //! What the pending operations of a channel share with the channel's worker and with cancel callbacks (which
-//! may outlive the channel, hence the shared ownership).
+//! may outlive the channel, hence the shared ownership). The worker holds a share too: a completion it ends runs
+//! the operation's continuations on the worker, and one of them may drop the last owner of the communicator (its
+//! last process_group); the channel is then destroyed on its own worker, which is detached instead of joined and,
+//! back from the continuation, finds `stopping` here and returns without touching the channel.
 struct channel_queue {
   std::mutex mutex;
   std::condition_variable cv;
@@ -43,6 +46,13 @@ struct channel_queue {
 };
 
 inline void fail_with(const completion_source& c, const std::exception_ptr& e) noexcept { c.set_error(e); }
+
+//! Joins a channel's worker, or detaches it when the channel is being destroyed from that worker (see
+//! channel_queue).
+inline void join_or_detach(std::thread& worker) {
+  if (worker.get_id() == std::this_thread::get_id()) worker.detach();
+  else worker.join();
+}
 
 class send_channel {
   struct pending {
@@ -54,7 +64,7 @@ class send_channel {
 
  public:
   explicit send_channel(link_setup s) : link_(std::move(s)), q_(std::make_shared<channel_queue>()) {
-    worker_ = std::thread([this] { run(); });
+    worker_ = std::thread([this, q = q_] { run(*q); });
   }
   send_channel(const send_channel&) = delete;
   send_channel& operator=(const send_channel&) = delete;
@@ -75,7 +85,7 @@ class send_channel {
   //! Second half: joins the worker and fails the sends it never started.
   void finish_stop() {
     if (!worker_.joinable()) return;
-    worker_.join();
+    join_or_detach(worker_);
     const auto closed = std::make_exception_ptr(error(errc::closed, "the communicator was destroyed before this send ran",
                                                       link_.context("send")));
     for (auto& p : queue_) fail_with(p.done, closed);
@@ -102,13 +112,15 @@ class send_channel {
   }
 
  private:
-  void run() {
+  // Back from a completion (its continuations may have destroyed the channel), only `q` is read until it says
+  // the channel is not stopping.
+  void run(channel_queue& q) {
     for (;;) {
       pending op;
       {
-        std::unique_lock lock(q_->mutex);
-        q_->cv.wait(lock, [&] { return q_->stopping || !queue_.empty(); });
-        if (q_->stopping) return;
+        std::unique_lock lock(q.mutex);
+        q.cv.wait(lock, [&] { return q.stopping || !queue_.empty(); });
+        if (q.stopping) return;
         op = std::move(queue_.front());
         queue_.pop_front();
       }
@@ -119,8 +131,8 @@ class send_channel {
         const auto e = std::current_exception();
         std::deque<pending> rest;
         {
-          std::lock_guard lock(q_->mutex);
-          if (!q_->broken) q_->broken = e;
+          std::lock_guard lock(q.mutex);
+          if (!q.broken) q.broken = e;
           rest.swap(queue_);
         }
         link_.abort();
@@ -159,7 +171,7 @@ class recv_channel {
 
  public:
   explicit recv_channel(link_setup s) : link_(std::move(s)), q_(std::make_shared<shared_state>()) {
-    worker_ = std::thread([this] { run(); });
+    worker_ = std::thread([this, q = q_] { run(*q); });
   }
   recv_channel(const recv_channel&) = delete;
   recv_channel& operator=(const recv_channel&) = delete;
@@ -178,7 +190,7 @@ class recv_channel {
   }
   void finish_stop() {
     if (!worker_.joinable()) return;
-    worker_.join();
+    join_or_detach(worker_);
     const auto closed = std::make_exception_ptr(error(errc::closed, "the communicator was destroyed before a message arrived",
                                                       link_.context("recv")));
     std::deque<posted> rest;
@@ -264,15 +276,16 @@ class recv_channel {
     return taken;
   }
 
-  void run() {
+  // As send_channel::run: back from a completion, only `q` is read until it says the channel is not stopping.
+  void run(shared_state& q) {
     for (;;) {
       deadline until = no_deadline;
       {
-        std::unique_lock lock(q_->mutex);
-        q_->cv.wait(lock, [&] { return q_->stopping || !q_->posted_recvs.empty(); });
-        if (q_->stopping) return;
+        std::unique_lock lock(q.mutex);
+        q.cv.wait(lock, [&] { return q.stopping || !q.posted_recvs.empty(); });
+        if (q.stopping) return;
         // The next header may be for any posted receive; the earliest deadline among them bounds the wait.
-        for (const auto& p : q_->posted_recvs) until = std::min(until, p.until);
+        for (const auto& p : q.posted_recvs) until = std::min(until, p.until);
       }
       const wait_control w{until, &interrupt_, link_.setup().busy_poll};
       std::optional<posted> target;
