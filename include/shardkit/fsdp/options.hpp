@@ -120,7 +120,9 @@ struct sharding_options {
   //! When set, called with each interval of the model's timeline as it ends (model_event), from the trainer's
   //! thread, the model's gather and reduce threads and the gather group's completions: it must be thread-safe
   //! and quick (a gather's event is reported on the path that completes it). Not called once the model is
-  //! destroyed. Empty (the default): nothing is recorded.
+  //! destroyed. It must not destroy the model (drop its last owner) itself: the destructor waits for the gather
+  //! and reduce threads and takes the lock the call runs under, so from those threads or a gather's completion
+  //! it would wait for itself. Empty (the default): nothing is recorded.
   std::function<void(const model_event&)> on_event;
 };
 
