@@ -11,9 +11,11 @@
 //! asked per call or per group size (p2p_options::direct_max_ranks; docs/benchmarks.md, tenth session).
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "shardkit/comm/algorithms/p2p_op.hpp"
+#include "shardkit/comm/algorithms/pairwise.hpp"
 #include "shardkit/core/reduce_op.hpp"
 
 namespace shardkit::comm::algorithms {
@@ -23,18 +25,12 @@ template <transport::p2p T>
 void direct_all_gather(p2p_op<T>& op, std::byte* data, const partition& part, std::size_t es) {
   const int n = op.n(), me = op.me();
   if (n == 1) return;
-  // Chunks land in disjoint places: every receive and every send is posted at once.
-  std::vector<completion> recvs;
-  for (int i = 1; i < n; ++i) {
-    const int from = (me - i + n) % n;
-    recvs.push_back(op.recv(from, data + part.begin(from) * es, part.count(from) * es));
-  }
-  for (int i = 1; i < n; ++i) op.send((me + i) % n, data + part.begin(me) * es, part.count(me) * es);
-  for (int i = 1; i < n; ++i) {
-    const int from = (me - i + n) % n;
-    op.wait_recv(recvs[std::size_t(i - 1)], from, part.count(from) * es);
-  }
-  op.wait_sends();
+  // Chunks land in disjoint places, so every receive and every send can be posted at once: the all-to-all of a
+  // single block, this rank's chunk, sent to every peer.
+  const std::span<const std::byte> mine(data + part.begin(me) * es, part.count(me) * es);
+  pairwise_exchange(
+      op, [&](int from) { return std::span<std::byte>(data + part.begin(from) * es, part.count(from) * es); },
+      [&](int) { return mine; });
 }
 
 //! Reduce-scatter: rank j's chunk of every rank's `in` goes to rank j, which reduces the n of them into `result`
