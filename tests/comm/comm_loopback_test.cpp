@@ -423,6 +423,74 @@ TEST_CASE("[comm] direct all_gather(v) and reduce_scatter pass the conformance c
   }
 }
 
+// Direct all_gather(v) and all_to_all(v) share one exchange (algorithms::pairwise_exchange): its errors must keep
+// naming the rank that reported, the peer at fault and the collective the caller ran.
+TEST_CASE("[comm] direct all_gather(v) and all_to_all(v) name the peer whose message is missing or the wrong size") {
+  const auto expect = [](const error& e, errc code, int rank, int peer, const std::string& operation) {
+    INFO(e.what());
+    CHECK(e.code() == code);
+    CHECK(e.context().rank == rank);
+    CHECK(e.context().peer == peer);
+    CHECK(e.context().operation == operation);
+  };
+  const comm::op_options direct{.timeout = std::chrono::milliseconds(300), .algo = comm::algorithm::direct};
+  SUBCASE("rank 2 never calls: ranks 0 and 1 time out naming it") {
+    for (const std::string name : {"all_gather", "all_gatherv", "all_to_all", "all_to_allv"}) {
+      CAPTURE(name);
+      auto groups = comm::make_loopback_world(3, test_group_options());
+      test::run_threads(2, [&](int r) {
+        std::vector<float> in(6, float(r)), out(6, -1.0f);
+        const auto chunk = const_buffer_view(std::span<const float>(in).first(2));
+        const auto all = const_buffer_view(std::span<const float>(in));
+        const auto out_view = buffer_view(std::span<float>(out));
+        auto& g = groups[std::size_t(r)];
+        try {
+          if (name == "all_gather") g.all_gather(chunk, out_view, direct).wait();
+          else if (name == "all_gatherv") g.all_gatherv(chunk, out_view, {2, 2, 2}, direct).wait();
+          else if (name == "all_to_all") g.all_to_all(all, out_view, direct).wait();
+          else g.all_to_allv(all, {2, 2, 2}, out_view, {2, 2, 2}, direct).wait();
+          FAIL("completed without rank 2");
+        } catch (const error& e) {
+          expect(e, errc::timeout, r, 2, name);
+        }
+      });
+    }
+  }
+  SUBCASE("rank 1 sends fewer elements than rank 0 expects: rank 0 fails with errc::mismatch naming rank 1") {
+    auto groups = comm::make_loopback_world(2, test_group_options());
+    std::vector<std::string> failed(2);
+    test::run_threads(2, [&](int r) {
+      std::vector<float> in(3, float(r)), out(3, -1.0f);
+      auto& g = groups[std::size_t(r)];
+      try {
+        if (r == 0) g.all_to_allv(const_buffer_view(std::span<const float>(in).first(2)), {1, 1}, buffer_view(std::span<float>(out)), {1, 2}, direct).wait();
+        else g.all_to_allv(const_buffer_view(std::span<const float>(in).first(2)), {1, 1}, buffer_view(std::span<float>(out).first(2)), {1, 1}, direct).wait();
+      } catch (const error& e) {
+        expect(e, errc::mismatch, r, 1 - r, "all_to_allv");
+        failed[std::size_t(r)] = e.detail();
+      }
+    });
+    CHECK(failed[0] == "received 4 bytes where this rank expected 8: ranks passed different counts, dtypes or ops");
+    CHECK(failed[1].empty());
+    groups = comm::make_loopback_world(2, test_group_options());
+    failed.assign(2, "");
+    test::run_threads(2, [&](int r) {
+      std::vector<float> in(2, float(r)), out(3, -1.0f);
+      const std::vector<std::size_t> counts = r == 0 ? std::vector<std::size_t>{1, 2} : std::vector<std::size_t>{1, 1};
+      auto& g = groups[std::size_t(r)];
+      try {
+        g.all_gatherv(const_buffer_view(std::span<const float>(in).first(counts[std::size_t(r)])),
+                      buffer_view(std::span<float>(out).first(r == 0 ? 3 : 2)), counts, direct).wait();
+      } catch (const error& e) {
+        expect(e, errc::mismatch, r, 1 - r, "all_gatherv");
+        failed[std::size_t(r)] = e.detail();
+      }
+    });
+    CHECK(failed[0] == "received 4 bytes where this rank expected 8: ranks passed different counts, dtypes or ops");
+    CHECK(failed[1].empty());
+  }
+}
+
 TEST_CASE("[comm] reduce_scatter goes direct when asked or when the group is small enough, else around the ring") {
   // The two keep different scratch: the ring three chunk-sized slots, direct two rounds of one segment per peer.
   const int n = 4;
