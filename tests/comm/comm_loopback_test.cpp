@@ -423,6 +423,19 @@ TEST_CASE("[comm] direct all_gather(v) and reduce_scatter pass the conformance c
   }
 }
 
+TEST_CASE("[comm] one-shot all_reduce passes the conformance cases") {
+  // Picked only below p2p_options::one_shot_max_bytes (0 by default), so nothing else runs it here.
+  for (int n : {1, 2, 3, 4, 5}) {
+    CAPTURE(n);
+    auto groups = comm::make_loopback_world(n, test_group_options());
+    test::conformance_options o;
+    o.backend = "loopback (one_shot)";
+    o.large = false;
+    o.all_reduce_algorithms = {comm::algorithm::one_shot};
+    test::run_threads(n, [&](int r) { test::conformance_all_reduce(groups[std::size_t(r)], o); });
+  }
+}
+
 // Direct all_gather(v) and all_to_all(v) share one exchange (algorithms::pairwise_exchange): its errors must keep
 // naming the rank that reported, the peer at fault and the collective the caller ran.
 TEST_CASE("[comm] direct all_gather(v) and all_to_all(v) name the peer whose message is missing or the wrong size") {

@@ -35,6 +35,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,7 @@
 #include <unistd.h>
 
 #include "shardkit/comm/algorithms/p2p_op.hpp"
+#include "shardkit/comm/algorithms/pairwise.hpp"
 #include "shardkit/core/host_shared_memory.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/core/reduce_op.hpp"
@@ -193,17 +195,13 @@ inline bool write_remote(std::int64_t pid, std::uint64_t remote, const std::byte
 //! Every rank sends `bytes` at `mine` to every peer and receives each peer's into `all` (slot per rank).
 template <transport::p2p T>
 void exchange(p2p_op<T>& op, const void* mine, void* all, std::size_t bytes) {
-  std::vector<completion> recvs(static_cast<std::size_t>(op.n()));
   auto* slots = static_cast<std::byte*>(all);
+  const std::span<const std::byte> block(static_cast<const std::byte*>(mine), bytes);
+  std::memcpy(slots + std::size_t(op.me()) * bytes, mine, bytes);
   try {
-    for (int p = 0; p < op.n(); ++p)
-      if (p != op.me()) recvs[std::size_t(p)] = op.recv(p, slots + std::size_t(p) * bytes, bytes);
-    for (int p = 0; p < op.n(); ++p)
-      if (p != op.me()) op.send(p, static_cast<const std::byte*>(mine), bytes);
-    std::memcpy(slots + std::size_t(op.me()) * bytes, mine, bytes);
-    for (int p = 0; p < op.n(); ++p)
-      if (p != op.me()) op.wait_recv(recvs[std::size_t(p)], p, bytes);
-    op.wait_sends();
+    pairwise_exchange(
+        op, [&](int from) { return std::span<std::byte>(slots + std::size_t(from) * bytes, bytes); },
+        [&](int) { return block; });
   } catch (...) {
     // `mine` and `all` are often the caller's locals (barrier's tokens, the session's records) and die as this
     // unwinds, long before the op does: a live peer's record still on its way landed in freed memory and

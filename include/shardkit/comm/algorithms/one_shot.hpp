@@ -7,9 +7,10 @@
 //!
 //! Every rank combines the inputs in rank order 0, 1, ..., n-1, so all ranks end with bitwise-identical values.
 #include <cstring>
-#include <vector>
+#include <span>
 
 #include "shardkit/comm/algorithms/p2p_op.hpp"
+#include "shardkit/comm/algorithms/pairwise.hpp"
 #include "shardkit/core/reduce_op.hpp"
 
 namespace shardkit::comm::algorithms {
@@ -28,15 +29,12 @@ void one_shot_all_reduce(p2p_op<T>& op, const std::byte* in, std::byte* out, std
   // One slot per rank; this rank's own input is copied into its slot so that `out` may alias `in`.
   std::byte* const slots = op.scratch(std::size_t(n) * bytes + 1);
   const auto slot = [&](int r) { return slots + std::size_t(r) * bytes; };
-  std::vector<completion> recvs(static_cast<std::size_t>(n));
-  for (int p = 0; p < n; ++p)
-    if (p != me) recvs[std::size_t(p)] = op.recv(p, slot(p), bytes);
-  // Peers in the order after this rank, so that n ranks do not all write to rank 0 first.
-  for (int k = 1; k < n; ++k) op.send((me + k) % n, in, bytes);
   if (bytes) std::memcpy(slot(me), in, bytes);
-  for (int p = 0; p < n; ++p)
-    if (p != me) op.wait_recv(recvs[std::size_t(p)], p, bytes);
-  op.wait_sends();  // `in` may be `out`: the sends must have read it before the result is written
+  // Returns once every send is done too: `in` may be `out`, and the sends must have read it before the result is
+  // written.
+  const std::span<const std::byte> block(in, bytes);
+  pairwise_exchange(
+      op, [&](int from) { return std::span<std::byte>(slot(from), bytes); }, [&](int) { return block; });
   if (bytes) std::memcpy(out, slot(0), bytes);
   for (int r = 1; r < n; ++r) combine(rop, type, out, slot(r), count);
   finish_average(rop, type, out, count, n);
