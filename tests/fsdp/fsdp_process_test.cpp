@@ -109,11 +109,10 @@ void run_case(int n, const std::string& strategy, std::size_t hybrid_shard_size,
 }  // namespace
 
 TEST_CASE("[fsdp] ranks as processes over shm: every strategy trains like 1 rank (20 f32 steps, AdamW)") {
-  run_case(2, "full_shard", 0, "shm");
-  run_case(3, "full_shard", 0, "shm");
-  run_case(4, "hybrid_shard", 2, "shm");
-  run_case(2, "no_shard", 0, "shm");
-  run_case(2, "shard_grad_op", 0, "shm");
+  for (int n : {2, 3, 4})
+    for (const char* strategy : {"full_shard", "shard_grad_op", "no_shard"}) run_case(n, strategy, 0, "shm");
+  run_case(4, "hybrid_shard", 2, "shm");  // 2 hosts' worth of shards x 2 replicas (3 ranks have no such split)
+  run_case(2, "hybrid_shard", 1, "shm");  // shards of one rank: replicas only
 }
 
 #if defined(SHARDKIT_HAS_TCP)
