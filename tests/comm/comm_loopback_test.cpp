@@ -97,9 +97,6 @@ class blocking_p2p_only : private loopback_communicator {
   std::shared_ptr<std::mutex> mutex_;
 };
 
-std::size_t threads_in_process() {
-  return std::size_t(std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator{}));
-}
 
 // Checked groups over probes of `P`'s kind; what their ranks' all_reduce (of host memory) and barrier did.
 template <class P>
@@ -209,7 +206,7 @@ TEST_CASE("[comm] blocking send/recv of a communicator without isend/irecv reuse
       else warm[1].recv(buffer_view(&v, 1, dtype::i64), 0).wait();
     });
   }
-  const std::size_t before = threads_in_process();
+  const auto before = test::thread_ids();
   constexpr int rounds = 300;
   std::vector<std::shared_ptr<std::set<pid_t>>> tids{std::make_shared<std::set<pid_t>>(), std::make_shared<std::set<pid_t>>()};
   {
@@ -244,10 +241,10 @@ TEST_CASE("[comm] blocking send/recv of a communicator without isend/irecv reuse
       CHECK(t->size() >= 1);
       CHECK(t->size() <= 2);
     }
-    CHECK(threads_in_process() <= before + 2 * 2 + 2 * 4);  // the workers, and each group's own threads
+    CHECK(test::threads_left_since(before, std::chrono::milliseconds(0)).size() <= 2 * 2 + 2 * 4);  // the workers, and each group's own threads
   }
   // The groups are gone: every worker was joined with them, none was left detached.
-  CHECK(threads_in_process() == before);
+  CHECK(test::threads_left_since(before, std::chrono::milliseconds(0)).empty());
 }
 
 TEST_CASE("[comm] a continuation on the progress thread may drop the group's last owner: what was queued still runs, the thread ends") {
@@ -255,7 +252,7 @@ TEST_CASE("[comm] a continuation on the progress thread may drop the group's las
   // joining. That thread must never touch the group again: it relocked the engine's freed mutex after the task,
   // and an operation queued behind it would have run on the freed group (under ASan a heap-use-after-free). The
   // threads are counted until they are gone, as a detached thread that hangs on freed memory never ends.
-  const std::size_t before = threads_in_process();
+  const auto before = test::thread_ids();
   const auto test_thread = std::this_thread::get_id();
   for (int round = 0; round < 20; ++round) {
     auto groups = comm::make_loopback_world(2, test_group_options());
@@ -279,10 +276,7 @@ TEST_CASE("[comm] a continuation on the progress thread may drop the group's las
     CHECK(dropped.get_future().get() != test_thread);
     CHECK_FALSE(last->has_value());
   }
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (threads_in_process() > before && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  CHECK(threads_in_process() == before);
+  CHECK(test::threads_left_since(before).empty());
 }
 
 TEST_CASE("[comm] fingerprinted collectives pass when ranks agree and fail every rank with errc::mismatch when not") {

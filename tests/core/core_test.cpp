@@ -21,6 +21,7 @@
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/host_shared_memory.hpp"
 #include "shardkit/core/reduce_op.hpp"
+#include "support/harness.hpp"
 
 using namespace shardkit;
 
@@ -299,10 +300,7 @@ TEST_CASE("[core] blocking_call_pool: a call's `after` may destroy the pool (its
   // The thread that ran `after` is detached by the destructor and goes back to the pool's lock and queue: they
   // must outlive the pool. When they did not, the thread relocked a freed mutex: under ASan (whose allocator
   // writes into freed memory) it hung there forever, so the threads are counted until they are gone.
-  const auto threads = [] {
-    return std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator{});
-  };
-  const auto before = threads();
+  const auto before = shardkit::test::thread_ids();
   for (int round = 0; round < 20; ++round) {
     auto pool = std::make_unique<shardkit::detail::blocking_call_pool>();
     std::promise<void> destroyed;
@@ -316,8 +314,5 @@ TEST_CASE("[core] blocking_call_pool: a call's `after` may destroy the pool (its
     CHECK(calls == 1);
     CHECK(pool == nullptr);
   }
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (threads() > before && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  CHECK(threads() == before);
+  CHECK(shardkit::test::threads_left_since(before).empty());
 }

@@ -358,11 +358,8 @@ TEST_CASE("[fabric] a continuation on the transport's progress thread may drop t
   // group's work there; dropping the last process_group destroys the communicator and the transport on that
   // thread. Its destructor joined that thread (std::terminate: a self-join throws in a destructor), and the loop
   // went back to the freed transport's mutex after the continuation. The threads are counted until they are gone.
-  const auto threads_in_process = [] {
-    return std::size_t(std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator{}));
-  };
   shardkit::detail::timer_service::instance().cancel(shardkit::detail::timer_service::instance().at(no_deadline, [] {}));
-  const std::size_t before = threads_in_process();  // the process-wide timer thread (the groups' timeouts) included
+  const auto before = test::thread_ids();  // the process-wide timer thread (the groups' timeouts) included
   const auto test_thread = std::this_thread::get_id();
   for (const std::string& p : providers)
     for (int round = 0; round < 3; ++round) {
@@ -390,9 +387,7 @@ TEST_CASE("[fabric] a continuation on the transport's progress thread may drop t
       CHECK(got == sent);
       CHECK_FALSE(last->has_value());
     }
-  const auto until = steady_clock::now() + 10s;
-  while (threads_in_process() > before && steady_clock::now() < until) std::this_thread::sleep_for(10ms);
-  CHECK(threads_in_process() == before);
+  CHECK(test::threads_left_since(before).empty());
 }
 
 namespace {

@@ -239,11 +239,8 @@ TEST_CASE("[nccl] a continuation on a point-to-point worker may drop the last gr
     MESSAGE("[nccl] not run: point-to-point needs 2 GPUs, this machine has " << device_world());
     return;
   }
-  const auto threads_in_process = [] {
-    return std::size_t(std::distance(std::filesystem::directory_iterator("/proc/self/task"), std::filesystem::directory_iterator{}));
-  };
   shardkit::detail::timer_service::instance().cancel(shardkit::detail::timer_service::instance().at(no_deadline, [] {}));
-  const std::size_t threads_before = threads_in_process();  // the process-wide timer thread (the groups' timeouts) included
+  const auto threads_before = test::thread_ids();  // the process-wide timer thread (the groups' timeouts) included
   const long communicators_before = test::nccl::model_live_communicators();
   for (int round = 0; round < 3; ++round) {
     CAPTURE(round);
@@ -284,10 +281,7 @@ TEST_CASE("[nccl] a continuation on a point-to-point worker may drop the last gr
     CHECK(last_value == double(3 + round + 15 % 7));
   }
   CHECK(test::nccl::model_communicators_back_to(communicators_before));
-  const auto until = steady_clock::now() + std::chrono::seconds(10);
-  while (threads_in_process() > threads_before && steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  CHECK(threads_in_process() == threads_before);
+  CHECK(test::threads_left_since(threads_before).empty());
 }
 
 SHARDKIT_SCENARIO(nccl_conformance) {

@@ -5,8 +5,10 @@
 
 #include <chrono>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -30,6 +32,28 @@ inline void run_threads(int n, const std::function<void(int)>& fn) {
   for (auto& t : threads) t.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
+}
+
+//! The ids of this process's threads now (/proc/self/task).
+inline std::set<long> thread_ids() {
+  std::set<long> ids;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ids.insert(std::stol(e.path().filename().string()));
+  return ids;
+}
+
+//! Waits up to `timeout` for every thread that is not in `before` to end, and returns those still running (empty:
+//! none left). By id, not by count: a thread of an earlier test that ends meanwhile must not hide, or fake, one
+//! that this test left behind.
+inline std::set<long> threads_left_since(const std::set<long>& before,
+                                         std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    std::set<long> left;
+    for (long id : thread_ids())
+      if (!before.count(id)) left.insert(id);
+    if (left.empty() || std::chrono::steady_clock::now() >= until) return left;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 //! A function run in a child process. It reads its rank from the environment; a throw fails the child.
