@@ -173,7 +173,9 @@ SHARDKIT_DECL void checkpointer::wait_for_saves() {
 SHARDKIT_DECL double checkpointer::stage(save_job& job) {
   const auto t0 = std::chrono::steady_clock::now();
   std::size_t total = 0;
-  for (const auto& t : job.tensors) total += (t.bytes.size() + 63) / 64 * 64;
+  // Packed in file order, with nothing between: the file's data is then this buffer's first `total` bytes, which
+  // the sink can write without another copy (format.hpp).
+  for (const auto& t : job.tensors) total += t.bytes.size();
   const bool on_device = std::any_of(job.tensors.begin(), job.tensors.end(),
                                      [](const tensor_view& t) { return t.location != device::host(); });
   if (staging_buffer_.size() < total) {
@@ -200,7 +202,7 @@ SHARDKIT_DECL double checkpointer::stage(save_job& job) {
       opts_.device.download(t.bytes.data(), staged);  // queued; hashed below, once every copy has landed
       job.staged_tensors.push_back({t, at, {}});
     }
-    at += (t.bytes.size() + 63) / 64 * 64;
+    at += t.bytes.size();
   }
   if (on_device) {
     opts_.device.synchronize();

@@ -3,7 +3,7 @@
 //! any strict safetensors reader opens, written to and read from a storage sink.
 //!
 //! A file is: 8 bytes, the little-endian length N of the header; N bytes of UTF-8 JSON, padded with spaces to a
-//! multiple of 8, `{"name": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, ...,
+//! multiple of 8 and, when the data is 64 KiB or more, so that the data starts at a multiple of 4096, `{"name": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, ...,
 //! "__metadata__": {"key": "string value", ...}}`; then the data, each tensor's bytes at its offsets (relative to
 //! the data's start), contiguous, in the order written, with nothing before, between or after.
 //!
@@ -17,7 +17,9 @@
 //! - The checksum is xxHash64 of the tensor's stored bytes (checksum.hpp); a read of a whole tensor verifies it.
 //!
 //! Writing streams: the header, then each tensor's bytes, to the sink's writer; the file is never assembled in
-//! memory. The checksums go in the header, so the writer hashes every tensor (at memory speed) before writing.
+//! memory. Tensors adjacent in memory go in one write, so the checkpointer's staging buffer (page-aligned, its
+//! tensors packed in file order) reaches a page-aligned offset of the file in whole pages: the POSIX sink writes it
+//! with O_DIRECT straight from there, and a reader that maps the file gets page-aligned data. The checksums go in the header, so the writer hashes every tensor (at memory speed) before writing.
 //! Reading parses the header strictly (parse_header lists what it checks) and reads tensors, or ranges of their
 //! elements, with the sink's ranged get.
 //!
@@ -75,6 +77,11 @@ inline constexpr std::uint64_t max_header_size = 100'000'000;
 //! may be shorter), recorded in the checkpoint index: a resharded load that needs only part of a saved piece reads
 //! and verifies the chunks that cover that part, not the whole piece.
 inline constexpr std::uint64_t checksum_chunk_bytes = std::uint64_t{1} << 20;
+
+//! Where a file's data starts when it holds at least aligned_data_bytes of data: a multiple of this (the header is
+//! padded). A page, for O_DIRECT writes and mmap reads; smaller files keep the reference writer's 8.
+inline constexpr std::size_t data_alignment = 4096;
+inline constexpr std::uint64_t aligned_data_bytes = std::uint64_t{64} << 10;
 
 //! A tensor's checksums: xxh64 of all its bytes, and per checksum chunk when there is more than one.
 struct tensor_checksums {
@@ -258,7 +265,8 @@ file_table write_safetensors(S& sink, const std::string& key, std::span<const te
   }
   header["__metadata__"] = std::move(meta);
   std::string text = header.dump();
-  text.resize((text.size() + 7) / 8 * 8, ' ');
+  const std::size_t align = offset >= aligned_data_bytes ? data_alignment : 8;
+  text.resize((8 + text.size() + align - 1) / align * align - 8, ' ');
   table.header_size = text.size();
   table.file_size = 8 + text.size() + offset;
 
@@ -268,8 +276,14 @@ file_table write_safetensors(S& sink, const std::string& key, std::span<const te
   w.write(length);
   w.write(storage::as_bytes(text));
   constexpr std::size_t chunk = std::size_t{16} << 20;  // bounded calls: a sink may buffer one write's bytes
-  for (const auto& t : tensors)
-    for (std::size_t at = 0; at < t.bytes.size(); at += chunk) w.write(t.bytes.subspan(at, std::min(chunk, t.bytes.size() - at)));
+  for (std::size_t i = 0; i < tensors.size();) {
+    const std::byte* const begin = tensors[i].bytes.data();
+    std::size_t size = 0;
+    do size += tensors[i++].bytes.size();
+    while (i < tensors.size() && !tensors[i].bytes.empty() && tensors[i].bytes.data() == begin + size);
+    const std::span<const std::byte> run(begin, size);
+    for (std::size_t at = 0; at < size; at += chunk) w.write(run.subspan(at, std::min(chunk, size - at)));
+  }
   w.commit();
   return table;
 }

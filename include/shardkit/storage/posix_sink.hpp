@@ -45,6 +45,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <span>
@@ -69,11 +71,14 @@ struct posix_sink_options {
   bool create_root = true;
   //! remove() also removes the directories it leaves empty, up to (not including) the root.
   bool prune_empty_directories = true;
-  //! An object that grows past this many bytes is written with O_DIRECT, a block of this size at a time from an
-  //! aligned buffer, bypassing the page cache (0: never). A checkpoint file is written once and not read back soon:
-  //! copying it through the page cache and its writeback is what limits a buffered write (on the benchmark VM 0.25
-  //! GiB/s buffered against 2 GiB/s direct, fio, docs/benchmarks.md). Where the filesystem refuses O_DIRECT
-  //! (tmpfs), the writer falls back to buffered writes. Multiple of 4096.
+  //! Objects are written with O_DIRECT, bypassing the page cache (0: never): a checkpoint file is written once and
+  //! not read back soon, and copying it through the page cache and its writeback is what limits a buffered write
+  //! (on the benchmark VM 0.25 GiB/s buffered against 2 GiB/s direct, fio, docs/benchmarks.md). Bytes the caller
+  //! passes page-aligned, at a page-aligned offset of the object, go to the file straight from the caller's memory
+  //! (the checkpointer's staging buffer is laid out so); the rest is gathered in an aligned bounce buffer of this
+  //! many bytes and written a block at a time. A sink keeps up to two idle bounce buffers for its next writers.
+  //! Where the filesystem refuses O_DIRECT (tmpfs), the writer writes buffered, without the bounce buffer.
+  //! Multiple of 4096.
   std::size_t direct_io_block = std::size_t{8} << 20;
 };
 
@@ -86,6 +91,39 @@ namespace detail {
 }
 
 using shardkit::unique_fd;
+
+inline constexpr std::size_t direct_io_alignment = 4096;
+
+// The idle bounce buffers of a sink (and its copies), shared with its writers, which may outlive it. A fresh mmap per
+// object cost a fault per page and, under transparent huge pages, zeroing a whole 2 MiB page at a time: a third of
+// the checkpoint threads' CPU with a checkpoint every step in the lab (docs/benchmarks.md, twelfth session).
+class bounce_pool {
+ public:
+  explicit bounce_pool(std::size_t block) : block_(block) { idle_.reserve(max_idle); }
+  std::size_t block() const noexcept { return block_; }
+  page_aligned_memory take() {
+    {
+      std::lock_guard lock(mutex_);
+      if (!idle_.empty()) {
+        page_aligned_memory m = std::move(idle_.back());
+        idle_.pop_back();
+        return m;
+      }
+    }
+    return page_aligned_memory(block_);
+  }
+  void give_back(page_aligned_memory&& m) noexcept {
+    if (m.size() != block_) return;
+    std::lock_guard lock(mutex_);
+    if (idle_.size() < max_idle) idle_.push_back(std::move(m));  // reserved: cannot throw
+  }
+
+ private:
+  static constexpr std::size_t max_idle = 2;  // a save's file and the previous save's commit may overlap
+  std::size_t block_;
+  std::mutex mutex_;
+  std::vector<page_aligned_memory> idle_;
+};
 
 // fsync of a directory: some file systems cannot (EINVAL); there is nothing more to do on those.
 inline int fsync_directory(const std::string& dir) noexcept {
@@ -140,8 +178,8 @@ class posix_sink {
     writer(writer&& o) noexcept
         : fd_(std::move(o.fd_)), key_(std::move(o.key_)), path_(std::move(o.path_)),
           temporary_(std::exchange(o.temporary_, {})), fsync_(o.fsync_), failed_(o.failed_), written_(o.written_),
-          block_(o.block_), bounce_(std::move(o.bounce_)), filled_(std::exchange(o.filled_, 0)), direct_(o.direct_),
-          direct_allowed_(o.direct_allowed_) {}
+          block_(o.block_), pool_(std::move(o.pool_)), bounce_(std::move(o.bounce_)), filled_(std::exchange(o.filled_, 0)),
+          direct_(o.direct_), direct_allowed_(o.direct_allowed_) {}
     writer& operator=(writer&& o) noexcept {
       if (this != &o) {
         abort();
@@ -153,6 +191,7 @@ class posix_sink {
         failed_ = o.failed_;
         written_ = o.written_;
         block_ = o.block_;
+        pool_ = std::move(o.pool_);
         bounce_ = std::move(o.bounce_);
         filled_ = std::exchange(o.filled_, 0);
         direct_ = o.direct_;
@@ -168,8 +207,23 @@ class posix_sink {
         write_all(bytes, "sink.write");
         return;
       }
+      constexpr std::size_t page = detail::direct_io_alignment;
       while (!bytes.empty()) {
-        if (bounce_.size() == 0) bounce_ = page_aligned_memory(block_);
+        if (!direct_allowed_) {
+          // Buffered: the kernel copies into the page cache anyway, so a bounce buffer would only add a copy.
+          flush_bounce_buffered();
+          write_all(bytes, "sink.write");
+          return;
+        }
+        if (filled_ % page == 0 && bytes.size() >= page && reinterpret_cast<std::uintptr_t>(bytes.data()) % page == 0) {
+          // Aligned memory at an aligned offset of the object (every write so far was whole pages): no copy.
+          if (filled_ > 0) flush_block(filled_);
+          const std::size_t n = bytes.size() / page * page;
+          write_maybe_direct(bytes.first(n));
+          bytes = bytes.subspan(n);
+          continue;
+        }
+        if (bounce_.size() == 0) bounce_ = pool_ ? pool_->take() : page_aligned_memory(block_);
         const std::size_t n = std::min(bytes.size(), block_ - filled_);
         std::memcpy(bounce_.data() + filled_, bytes.data(), n);
         filled_ += n;
@@ -196,7 +250,7 @@ class posix_sink {
           throw;
         }
       }
-      bounce_ = {};
+      release_bounce();
       if (failed_) {
         abort();
         throw_error(errc::aborted, "an earlier write failed; nothing was committed",
@@ -224,7 +278,7 @@ class posix_sink {
     }
 
     void abort() noexcept {
-      bounce_ = {};
+      release_bounce();
       filled_ = 0;
       fd_.reset();
       if (!temporary_.empty()) ::unlink(temporary_.c_str());
@@ -236,9 +290,23 @@ class posix_sink {
 
    private:
     friend class posix_sink;
-    writer(detail::unique_fd fd, std::string key, std::string path, std::string temporary, bool fsync, std::size_t block)
+    writer(detail::unique_fd fd, std::string key, std::string path, std::string temporary, bool fsync,
+           std::shared_ptr<detail::bounce_pool> pool)
         : fd_(std::move(fd)), key_(std::move(key)), path_(std::move(path)), temporary_(std::move(temporary)),
-          fsync_(fsync), block_(block / 4096 * 4096) {}
+          fsync_(fsync), block_(pool ? pool->block() : 0), pool_(std::move(pool)) {}
+
+    void release_bounce() noexcept {
+      if (pool_ && bounce_.size() != 0) pool_->give_back(std::move(bounce_));
+      bounce_ = {};
+    }
+
+    // The bounce buffer's bytes, buffered (O_DIRECT is off for good on this file).
+    void flush_bounce_buffered() {
+      if (filled_ == 0) return;
+      const std::size_t n = filled_;
+      filled_ = 0;
+      write_all({bounce_.data(), n}, "sink.write");
+    }
 
     // Writes every byte at the file's offset; a failure breaks the writer (its commit throws errc::aborted).
     void write_all(std::span<const std::byte> bytes, const char* operation) {
@@ -268,21 +336,26 @@ class posix_sink {
       return true;
     }
 
-    // Writes the first n bytes of the bounce buffer (n a multiple of 4096: the file offset stays aligned, since
-    // every earlier write was a whole block) and keeps the rest at its front.
-    void flush_block(std::size_t n) {
+    // Writes page-aligned bytes (a multiple of 4096 long) at the file's offset, which is aligned: every earlier write
+    // was whole pages. O_DIRECT where the filesystem takes it.
+    void write_maybe_direct(std::span<const std::byte> bytes) {
       if (direct_allowed_ && !set_direct(true)) direct_allowed_ = false;
       const std::uint64_t before = written_;
       try {
-        write_all({bounce_.data(), n}, "sink.write");
+        write_all(bytes, "sink.write");
       } catch (const shardkit::error&) {
         if (!direct_ || written_ != before) throw;
         // EINVAL from a filesystem that accepted the flag but not the I/O: once more, buffered.
         failed_ = false;
         direct_allowed_ = false;
         if (!set_direct(false)) throw;
-        write_all({bounce_.data(), n}, "sink.write");
+        write_all(bytes, "sink.write");
       }
+    }
+
+    // Writes the first n bytes of the bounce buffer (n a multiple of 4096) and keeps the rest at its front.
+    void flush_block(std::size_t n) {
+      write_maybe_direct({bounce_.data(), n});
       std::memmove(bounce_.data(), bounce_.data() + n, filled_ - n);
       filled_ -= n;
     }
@@ -305,6 +378,7 @@ class posix_sink {
     bool failed_ = false;
     std::uint64_t written_ = 0;
     std::size_t block_ = 0;        // 0: plain buffered writes
+    std::shared_ptr<detail::bounce_pool> pool_;  // where bounce_ comes from and goes back to
     page_aligned_memory bounce_;   // the block being filled
     std::size_t filled_ = 0;
     bool direct_ = false;          // O_DIRECT is set on fd_
@@ -312,6 +386,9 @@ class posix_sink {
   };
 
   explicit posix_sink(std::filesystem::path root, posix_sink_options options = {}) : options_(options) {
+    if (const std::size_t block = options_.direct_io_block / detail::direct_io_alignment * detail::direct_io_alignment;
+        block > 0)
+      bounce_pool_ = std::make_shared<detail::bounce_pool>(block);
     root_ = root.lexically_normal().string();
     while (root_.size() > 1 && root_.back() == '/') root_.pop_back();
     if (root_.empty()) root_ = ".";
@@ -336,7 +413,7 @@ class posix_sink {
       make_directories(key);
       std::string temporary = dir + "/" + detail::temporary_name();
       const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-      if (fd >= 0) return writer(detail::unique_fd(fd), key, path, std::move(temporary), options_.fsync, options_.direct_io_block);
+      if (fd >= 0) return writer(detail::unique_fd(fd), key, path, std::move(temporary), options_.fsync, bounce_pool_);
       const int e = errno;
       if ((e == ENOENT || e == EEXIST) && attempt < 10000) {
         if (attempt >= 4) std::this_thread::yield();
@@ -516,6 +593,7 @@ class posix_sink {
 
   std::string root_;
   posix_sink_options options_;
+  std::shared_ptr<detail::bounce_pool> bounce_pool_;  // null: no O_DIRECT
 };
 
 static_assert(sink<posix_sink>);
