@@ -19,7 +19,8 @@
 //! Writing streams: the header, then each tensor's bytes, to the sink's writer; the file is never assembled in
 //! memory. Tensors adjacent in memory go in one write, so the checkpointer's staging buffer (page-aligned, its
 //! tensors packed in file order) reaches a page-aligned offset of the file in whole pages: the POSIX sink writes it
-//! with O_DIRECT straight from there, and a reader that maps the file gets page-aligned data. The checksums go in the header, so the writer hashes every tensor (at memory speed) before writing.
+//! with O_DIRECT straight from there, and a reader that maps the file gets page-aligned data. The checksums go in
+//! the header, so the writer hashes every tensor (at memory speed) before writing.
 //! Reading parses the header strictly (parse_header lists what it checks) and reads tensors, or ranges of their
 //! elements, with the sink's ranged get.
 //!
