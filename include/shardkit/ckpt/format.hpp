@@ -3,7 +3,8 @@
 //! any strict safetensors reader opens, written to and read from a storage sink.
 //!
 //! A file is: 8 bytes, the little-endian length N of the header; N bytes of UTF-8 JSON, padded with spaces to a
-//! multiple of 8 and, when the data is 64 KiB or more, so that the data starts at a multiple of 4096, `{"name": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, ...,
+//! multiple of 8 and, when the data is 64 KiB or more, so that the data starts at a multiple of 4096,
+//! `{"name": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, ...,
 //! "__metadata__": {"key": "string value", ...}}`; then the data, each tensor's bytes at its offsets (relative to
 //! the data's start), contiguous, in the order written, with nothing before, between or after.
 //!
