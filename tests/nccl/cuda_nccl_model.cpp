@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -82,9 +83,41 @@ struct model_stream {
 };
 
 bool is_legacy(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread; }
-void run_on(cudaStream_t s, std::function<void()> f) {
-  if (is_legacy(s)) f();
-  else reinterpret_cast<model_stream*>(s)->push(std::move(f));
+
+// The streams created and not destroyed yet. The runtime leaves a call on a destroyed stream undefined (an error
+// code at best, work on a stream created since at the same address at worst), and here the stream is freed memory:
+// such a call aborts with its name, like the other misuse the model sees, so an ordinary build fails where only
+// AddressSanitizer could tell before (a channel's device memory freed on its link's stream after a continuation
+// had destroyed the link).
+std::mutex streams_mutex;
+// Never destroyed: a stream's thread still running at exit (parked work) may use it after static destructors.
+std::set<const void*>& live_streams = *new std::set<const void*>;
+// streams_mutex held.
+model_stream* live_stream_or_abort(cudaStream_t s, const char* call) {
+  if (!live_streams.count(s)) {
+    std::fprintf(stderr, "cuda_nccl_model: %s on stream %p, which was destroyed (or never created)\n", call,
+                 static_cast<const void*>(s));
+    std::abort();
+  }
+  return reinterpret_cast<model_stream*>(s);
+}
+// Waits for the stream's queue (never with streams_mutex held: the wait may be long).
+void sync_stream(cudaStream_t s, const char* call) {
+  if (is_legacy(s)) return;
+  model_stream* fs;
+  {
+    std::lock_guard l(streams_mutex);
+    fs = live_stream_or_abort(s, call);
+  }
+  fs->sync();
+}
+void run_on(cudaStream_t s, std::function<void()> f, const char* call = "a stream-ordered call") {
+  if (is_legacy(s)) {
+    f();
+    return;
+  }
+  std::lock_guard l(streams_mutex);  // held while queueing: a concurrent cudaStreamDestroy cannot free it meanwhile
+  live_stream_or_abort(s, call)->push(std::move(f));
 }
 
 struct model_event {
@@ -403,19 +436,24 @@ cudaError_t cudaSetDevice(int d) { current_device = d; return cudaSuccess; }
 const char* cudaGetErrorName(cudaError_t) { return "cudaErrorModel"; }
 const char* cudaGetErrorString(cudaError_t) { return "model error"; }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
-  *s = reinterpret_cast<cudaStream_t>(new model_stream);
+  auto* fs = new model_stream;
+  std::lock_guard l(streams_mutex);
+  live_streams.insert(fs);
+  *s = reinterpret_cast<cudaStream_t>(fs);
   return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   // The stream's thread ends, and deletes the stream, once the tasks queued before run; one may be parked (a
   // collective a peer never joins), so nothing here waits for it.
-  auto* fs = reinterpret_cast<model_stream*>(s);
+  std::lock_guard l(streams_mutex);
+  auto* fs = live_stream_or_abort(s, "cudaStreamDestroy");
+  live_streams.erase(fs);
   fs->t.detach();
   fs->push(nullptr);
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  if (!is_legacy(s)) reinterpret_cast<model_stream*>(s)->sync();
+  sync_stream(s, "cudaStreamSynchronize");
   return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
@@ -474,7 +512,7 @@ cudaError_t cudaFreeHost(void* p) {
   return cudaSuccess;
 }
 cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
-  run_on(s, [p] { free_device(p); });
+  run_on(s, [p] { free_device(p); }, "cudaFreeAsync");
   return cudaSuccess;
 }
 }  // extern "C"
@@ -507,7 +545,7 @@ cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, 
     return cudaSuccess;
   }
   if (k == cudaMemcpyDeviceToHost) {
-    if (!is_legacy(st)) reinterpret_cast<model_stream*>(st)->sync();
+    sync_stream(st, "cudaMemcpyAsync (device to pageable host)");
     std::memcpy(d, s, n);
     return cudaSuccess;
   }

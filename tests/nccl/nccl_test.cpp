@@ -284,6 +284,57 @@ TEST_CASE("[nccl] a continuation on a point-to-point worker may drop the last gr
   CHECK(test::threads_left_since(threads_before).empty());
 }
 
+TEST_CASE("[nccl] a continuation that drops the last group when a receive fails on a size mismatch: the worker frees nothing on the freed link") {
+  // The receive channel takes a message of the wrong size into device memory of its own (the link stays in step),
+  // then fails the receive; its continuation drops the last group on the worker, which destroys the link and its
+  // stream. That memory was freed on the link's stream only after the continuation (cudaFreeAsync on a destroyed
+  // stream: the model aborts, the runtime's behaviour is undefined).
+  if (!device_or_skip()) return;
+  if (device_world() < 2) {
+    MESSAGE("[nccl] not run: point-to-point needs 2 GPUs, this machine has " << device_world());
+    return;
+  }
+  shardkit::detail::timer_service::instance().cancel(shardkit::detail::timer_service::instance().at(no_deadline, [] {}));
+  const auto threads_before = test::thread_ids();  // the process-wide timer thread (the groups' timeouts) included
+  const long communicators_before = test::nccl::model_live_communicators();
+  auto store = rendezvous::make_store<rendezvous::memory_store>();
+  std::promise<void> attached;
+  std::promise<std::thread::id> dropped;
+  std::thread::id receiver;
+  bool group_gone = false;
+  std::error_code failure;
+  test::run_threads(2, [&](int r) {
+    auto pg = comm::process_group::create(nccl_communicator::create(store, r, 2, test_nccl_options(r)), test_group_options());
+    if (r == 1) {
+      test::nccl::device_array data(1, test::nccl::filled(dtype::f32, 16, 3));
+      attached.get_future().wait();
+      pg.send(data.view(), 0, 7).wait();  // the receiver took the payload: the send itself succeeds
+      return;
+    }
+    test::nccl::device_array got(0, dtype::f32, 8);  // half of what rank 1 sends
+    auto last = std::make_shared<std::optional<comm::process_group>>(std::move(pg));
+    auto w = (*last)->recv(got.view(), 1, 7);
+    w.then([last, &dropped] {
+      last->reset();
+      dropped.set_value(std::this_thread::get_id());
+    });
+    attached.set_value();
+    try {
+      w.wait();
+    } catch (const error& e) {
+      failure = e.code();
+    }
+    receiver = dropped.get_future().get();
+    group_gone = !last->has_value();
+  });
+  CHECK(failure == errc::mismatch);
+  CHECK(receiver != std::thread::id{});
+  CHECK(receiver != std::this_thread::get_id());
+  CHECK(group_gone);
+  CHECK(test::nccl::model_communicators_back_to(communicators_before));
+  CHECK(test::threads_left_since(threads_before).empty());
+}
+
 SHARDKIT_SCENARIO(nccl_conformance) {
   const auto info = rendezvous::info_from_env();
   auto store = rendezvous::connect_store(info);

@@ -220,7 +220,7 @@ class recv_channel {
       stashed s = std::move(*it);
       stash_.erase(it);
       lock.unlock();
-      deliver_stashed(s, out, done);
+      deliver_stashed(std::move(s), out, done);
       return done;
     }
     const std::uint64_t id = q_->next_id++;
@@ -248,13 +248,17 @@ class recv_channel {
   }
 
  private:
-  void deliver_stashed(const stashed& s, buffer_view out, const completion_source& done) {
+  //! The stash is freed (on the link's stream) before `done` ends: on the worker, a continuation of `done` may
+  //! destroy the channel, and the link's stream with it.
+  void deliver_stashed(stashed s, buffer_view out, const completion_source& done) {
     const auto ctx = link_.context("recv");
     try {
       if (s.bytes != out.size_bytes()) throw size_mismatch(s.bytes, out.size_bytes(), ctx);
       link_.copy_stashed(out.data(), s.data.data(), s.bytes, ctx);
+      s.data = {};
       done.set_done(s.bytes);
     } catch (...) {
+      s.data = {};
       done.set_error(std::current_exception());
     }
   }
@@ -305,6 +309,7 @@ class recv_channel {
         device_memory held = link_.allocate(h.bytes, link_.context("recv"));
         link_.recv_payload(held.data(), h.bytes, w);
         if (target) {
+          held = {};  // now, on the link's stream: the receive's continuations may destroy the channel and the link
           target->done.set_error(size_mismatch(h.bytes, target->out.size_bytes(), link_.context("recv")));
           continue;
         }
