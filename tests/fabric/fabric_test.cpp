@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -494,6 +495,70 @@ TEST_CASE("[fabric] shm: the name parser takes this scheme only") {
                                 "shardkit-fabric.1.0.3.0123456789abcdef", "shardkit-fabric.1.-2.3.0123456789abcdef",
                                 "Shardkit-fabric.1.2.3.0123456789abcdef", "31337:1000:0", ""})
     CHECK_MESSAGE(!fd::parse_shm_region_name(bad), bad);
+}
+
+TEST_CASE("[fabric] shm: a process's start time is read whatever its command name holds (spaces, ')', a newline)") {
+  // /proc/<pid>/stat prints the command name unescaped: a newline in it ended the line that was parsed, and a
+  // process so named had no start time (its regions could never be told from a later process's with its pid).
+  for (const std::string comm : {"a b) c", ") 1 2 3 4 5 6", "x\n) 9 9 9", "\n"}) {
+    CAPTURE(comm);
+    int go[2], renamed[2];
+    REQUIRE(::pipe(go) == 0);
+    REQUIRE(::pipe(renamed) == 0);
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::close(go[1]);
+      ::close(renamed[0]);
+      char c;
+      if (::read(go[0], &c, 1) != 1) ::_exit(1);
+      ::prctl(PR_SET_NAME, comm.c_str());
+      if (::write(renamed[1], "r", 1) != 1) ::_exit(1);
+      while (::read(go[0], &c, 1) > 0) {  // until the parent closes its end
+      }
+      ::_exit(0);
+    }
+    REQUIRE(child > 0);
+    ::close(go[0]);
+    ::close(renamed[1]);
+    const auto before = fd::process_start_time(std::to_string(child));  // under the name it inherited
+    char c = 'g';
+    CHECK(::write(go[1], &c, 1) == 1);
+    CHECK(::read(renamed[0], &c, 1) == 1);
+    std::ifstream comm_file("/proc/" + std::to_string(child) + "/comm");
+    const std::string shown((std::istreambuf_iterator<char>(comm_file)), {});
+    const auto after = fd::process_start_time(std::to_string(child));
+    ::close(go[1]);
+    ::close(renamed[0]);
+    int status = 0;
+    CHECK(::waitpid(child, &status, 0) == child);
+    CHECK(shown.size() > comm.size());  // the rename took: /proc shows it (escaped there) and a newline
+    REQUIRE(before.has_value());
+    CHECK(after == before);
+  }
+}
+
+TEST_CASE("[fabric] shm: the sweep keeps a region of this pid whose start time is unknown: it may be this process's") {
+  const fd::shm_region_owner me = fd::this_process_owner();
+  if (me.pid_namespace == 0 || me.start_time <= 1) {
+    MESSAGE("skipped: /proc does not show this process's pid namespace and start time");
+    return;
+  }
+  // A name is made with start time 0 when /proc/self/stat cannot be read at that moment (out of descriptors, say);
+  // a later sweep in this same process that can read it must not take the region for an earlier process's.
+  const auto dir = std::filesystem::temp_directory_path() / ("shardkit-fabric-sweep-test." + std::to_string(me.pid));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto name = [&](std::uint64_t start, std::uint64_t nonce) {
+    return fd::shm_region_name({.pid_namespace = me.pid_namespace, .pid = me.pid, .start_time = start, .nonce = nonce});
+  };
+  const std::string unknown = name(0, 1), mine = name(me.start_time, 2), earlier = name(me.start_time - 1, 3);
+  for (const auto& n : {unknown, mine, earlier}) std::ofstream(dir / n) << "region";
+  CHECK_FALSE(fd::shm_region_owner_dead(*fd::parse_shm_region_name(unknown), me));
+  CHECK(fd::sweep_dead_shm_regions(dir.c_str()) == 1);
+  CHECK(std::filesystem::exists(dir / unknown));
+  CHECK(std::filesystem::exists(dir / mine));
+  CHECK_FALSE(std::filesystem::exists(dir / earlier));
+  std::filesystem::remove_all(dir);
 }
 
 //! A process whose pid a dead rank had finds that rank's regions in /dev/shm, under shm's default names and under

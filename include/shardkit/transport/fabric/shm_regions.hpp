@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <string>
@@ -58,8 +59,9 @@ struct shm_region_owner {
 //! The start time of `pid` as /proc shows it; nullopt when unreadable (gone, hidepid, no /proc).
 inline std::optional<std::uint64_t> process_start_time(const std::string& pid) {
   std::ifstream in("/proc/" + pid + "/stat");
-  std::string stat;
-  if (!std::getline(in, stat)) return std::nullopt;
+  // The whole file, not a line: the command name is printed unescaped, and a newline in it would end the line.
+  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (stat.empty()) return std::nullopt;
   // The command name (field 2) is in parentheses and may hold spaces and ')': count fields after the last ')'.
   const auto close = stat.rfind(')');
   if (close == std::string::npos) return std::nullopt;
@@ -147,7 +149,8 @@ inline std::optional<shm_region_owner> parse_shm_region_name(std::string_view na
 //! Whether the process that made a region of `owner` is provably gone (see the header comment).
 inline bool shm_region_owner_dead(const shm_region_owner& owner, const shm_region_owner& me) {
   if (me.pid_namespace == 0 || owner.pid_namespace != me.pid_namespace) return false;
-  if (owner.pid == me.pid) return me.start_time != 0 && owner.start_time != me.start_time;
+  // Our own pid: an earlier process's only when both start times are known (a name made with 0 may be ours).
+  if (owner.pid == me.pid) return me.start_time != 0 && owner.start_time != 0 && owner.start_time != me.start_time;
   if (::kill(pid_t(owner.pid), 0) == -1 && errno == ESRCH) return true;
   if (me.start_time == 0 || owner.start_time == 0) return false;
   const auto now = process_start_time(std::to_string(owner.pid));
