@@ -2,6 +2,7 @@
 // peer), the conformance suite over p2p_communicator<fabric_transport> with ranks as threads and as processes,
 // and a rank killed mid-job; on shm, the names of the endpoints' regions and the sweep of those dead ranks left.
 #include <doctest/doctest.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -559,6 +560,76 @@ TEST_CASE("[fabric] shm: the sweep keeps a region of this pid whose start time i
   CHECK(std::filesystem::exists(dir / mine));
   CHECK_FALSE(std::filesystem::exists(dir / earlier));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("[fabric] shm: a live process in a time namespace with a shifted boot time is not taken for dead") {
+  // /proc/<pid>/stat shows a start time shifted by the reader's time namespace's boottime offset: a rank in such a
+  // namespace (unshare --time --boottime, a restored container) named its regions with a start time no process
+  // outside it reads, and a sweep there took the live rank for a later process with its pid.
+  const fd::shm_region_owner me = fd::this_process_owner();
+  if (me.pid_namespace == 0 || me.start_time == 0) {
+    MESSAGE("skipped: /proc does not show this process's pid namespace and start time");
+    return;
+  }
+  int report[2], hold[2];
+  REQUIRE(::pipe(report) == 0);
+  REQUIRE(::pipe(hold) == 0);
+  // The child enters a new time namespace (its children live in it), shifts its boot time and forks the rank,
+  // which reports its name and its own reading of its start time, then lives until `hold` closes.
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(report[0]);
+    ::close(hold[1]);
+    if (::unshare(CLONE_NEWTIME) != 0 && ::unshare(CLONE_NEWUSER | CLONE_NEWTIME) != 0) ::_exit(3);
+    {
+      std::ofstream offsets("/proc/self/timens_offsets");
+      offsets << "boottime 100000 0\n" << std::flush;
+      if (!offsets) ::_exit(4);
+    }
+    const pid_t rank = ::fork();
+    if (rank == 0) {
+      const fd::shm_region_owner o = fd::this_process_owner();
+      const std::string line = fd::shm_region_name(o) + " " +
+                               std::to_string(fd::process_start_time(std::to_string(o.pid)).value_or(0)) + "\n";
+      if (::write(report[1], line.data(), line.size()) != ssize_t(line.size())) ::_exit(5);
+      char c;
+      while (::read(hold[0], &c, 1) > 0) {
+      }
+      ::_exit(0);
+    }
+    int status = 0;
+    ::waitpid(rank, &status, 0);
+    ::_exit(rank > 0 && WIFEXITED(status) ? WEXITSTATUS(status) : 6);
+  }
+  REQUIRE(child > 0);
+  ::close(report[1]);
+  ::close(hold[0]);
+  std::string line;
+  char c;
+  while (::read(report[0], &c, 1) == 1 && c != '\n') line += c;
+  std::optional<fd::shm_region_owner> owner;
+  std::uint64_t seen_inside = 0;
+  if (const auto space = line.find(' '); space != std::string::npos) {
+    owner = fd::parse_shm_region_name(line.substr(0, space));
+    seen_inside = std::stoull(line.substr(space + 1));
+  }
+  // While the rank lives: its own reading of its start time is not ours, and the sweep must keep its regions.
+  const auto seen_here = owner ? fd::process_start_time(std::to_string(owner->pid)) : std::nullopt;
+  const bool dead = owner && fd::shm_region_owner_dead(*owner, me);
+  ::close(hold[1]);
+  ::close(report[0]);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  if (WIFEXITED(status) && (WEXITSTATUS(status) == 3 || WEXITSTATUS(status) == 4)) {
+    MESSAGE("skipped: no time namespace with a boottime offset can be made here");
+    return;
+  }
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  REQUIRE(owner.has_value());
+  REQUIRE(seen_here.has_value());
+  CHECK(seen_inside != *seen_here);  // the namespace did shift what the rank reads
+  CHECK_FALSE(dead);
 }
 
 //! A process whose pid a dead rank had finds that rank's regions in /dev/shm, under shm's default names and under

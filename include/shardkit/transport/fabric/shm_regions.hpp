@@ -24,9 +24,12 @@
 //!   IPC namespace) has a pid that means nothing here, and kill() would call a live rank dead;
 //! - its pid must be gone (kill(pid, 0) fails with ESRCH; EPERM means alive, another user's), or the process
 //!   now holding that pid must have started at another time than the one in the name (the pid was reused, so
-//!   the owner is dead). When the start time cannot be read, the owner is taken to be alive.
+//!   the owner is dead). When the start time cannot be read, the owner is taken to be alive; a process whose time
+//!   namespace shifts the boot time reads start times no other process reads, so it neither records nor compares
+//!   them.
 //! A peer that still maps a swept region keeps its mapping (unlink removes only the name).
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -36,6 +39,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <optional>
@@ -82,8 +86,36 @@ inline std::optional<std::uint64_t> process_start_time(const std::string& pid) {
   return value;
 }
 
+//! Whether this process's time namespace shifts the boot time (/proc/self/timens_offsets, Linux 5.6+). /proc
+//! shows every start time plus the reader's boottime offset, so a process in such a namespace reads values for
+//! itself and for others that no process outside it reads, and the other way round. No such file (no time
+//! namespaces) is no shift; a file that cannot be read or parsed counts as one.
+inline bool boottime_shifted() {
+  const int fd = ::open("/proc/self/timens_offsets", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno != ENOENT;
+  char text[512];
+  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  if (n <= 0) return true;
+  text[n] = '\0';
+  for (const char* line = text; *line;) {
+    char clock[16] = {};
+    long long seconds = 0;
+    long nanoseconds = 0;
+    if (std::sscanf(line, "%15s %lld %ld", clock, &seconds, &nanoseconds) == 3 &&
+        (std::string_view(clock) == "boottime" || std::string_view(clock) == "7"))  // 7: CLOCK_BOOTTIME
+      return seconds != 0 || nanoseconds != 0;
+    const char* next = std::strchr(line, '\n');
+    if (!next) break;
+    line = next + 1;
+  }
+  return true;
+}
+
 //! This process as the names know it. The start time is used only when /proc is this pid namespace's (its
-//! "self" is our pid); otherwise another namespace's start times would be compared with ours.
+//! "self" is our pid), otherwise another namespace's start times would be compared with ours, and when this
+//! process's time namespace does not shift the boot time, otherwise a process outside it would read another start
+//! time for this one and take it for dead (and this one would take live processes outside for dead).
 inline shm_region_owner this_process_owner() {
   shm_region_owner me;
   me.pid = std::uint64_t(::getpid());
@@ -95,7 +127,8 @@ inline shm_region_owner this_process_owner() {
     if (open != std::string_view::npos) std::from_chars(s.data() + open + 1, s.data() + s.size(), me.pid_namespace);
   }
   const ssize_t m = ::readlink("/proc/self", link, sizeof link - 1);  // "12345"
-  if (std::uint64_t self = 0; m > 0 && std::from_chars(link, link + m, self).ec == std::errc{} && self == me.pid)
+  if (std::uint64_t self = 0;
+      m > 0 && std::from_chars(link, link + m, self).ec == std::errc{} && self == me.pid && !boottime_shifted())
     me.start_time = process_start_time(std::to_string(me.pid)).value_or(0);
   return me;
 }
