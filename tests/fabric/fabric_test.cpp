@@ -392,6 +392,36 @@ TEST_CASE("[fabric] a continuation on the transport's progress thread may drop t
   CHECK(test::threads_left_since(before).empty());
 }
 
+TEST_CASE("[fabric] a receive's continuation may drop the last owner of the transport when the receive is cancelled or the transport aborted") {
+  // cancel() and abort() end the receive on the caller's thread, and its continuation may drop the last owner
+  // there: they published the transport's other outcomes after that (drain(): its mutex and queue, freed).
+  const auto test_thread = std::this_thread::get_id();
+  for (const std::string& p : providers)
+    for (const bool by_cancel : {true, false}) {
+      CAPTURE(p);
+      CAPTURE(by_cancel);
+      auto w = make_world(2, p);
+      if (w.empty()) break;
+      const std::weak_ptr<fabric_transport> gone = w[0];
+      auto last = std::make_shared<std::shared_ptr<fabric_transport>>(std::move(w[0]));
+      std::vector<std::byte> room(16);
+      auto r = (*last)->recv(1, 9, room);
+      std::thread::id ran_on;
+      r.then([last, &ran_on] {
+        last->reset();
+        ran_on = std::this_thread::get_id();
+      });
+      if (by_cancel)
+        CHECK(r.cancel());
+      else
+        (*last)->abort(nullptr);
+      CHECK(ran_on == test_thread);
+      CHECK(gone.expired());
+      REQUIRE(r.is_done());
+      CHECK(failure_of(r, deadline_after(1s)).code() == errc::aborted);
+    }
+}
+
 namespace {
 namespace fd = transport::fabric_detail;
 const std::filesystem::path shm_dir = "/dev/shm";

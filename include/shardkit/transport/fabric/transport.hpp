@@ -27,7 +27,7 @@
 
 namespace shardkit::transport {
 
-class fabric_transport {
+class fabric_transport : public std::enable_shared_from_this<fabric_transport> {
   using wire_header = fabric_detail::wire_header;
   using message_kind = fabric_detail::message_kind;
   using endpoint_role = fabric_detail::endpoint_role;
@@ -174,6 +174,9 @@ class fabric_transport {
   //! Fails every pending operation with `reason`, and every later one at once. Pending receives are withdrawn
   //! from the provider (fi_cancel), so their buffers are not written afterwards where it honours that.
   void abort(std::exception_ptr reason) {
+    // The failures below run continuations on this thread, and one may drop the last owner (the last
+    // process_group): the transport is kept until this returns, since drain() still uses it.
+    const auto keep = weak_from_this().lock();
     if (!reason) reason = std::make_exception_ptr(error(errc::aborted, "fabric transport aborted", {.rank = rank_}));
     std::vector<completion_source> failed;
     {

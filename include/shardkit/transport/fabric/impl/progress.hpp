@@ -5,6 +5,10 @@
 namespace shardkit::transport {
 
 inline bool fabric_transport::cancel(const std::weak_ptr<op>& weak) {
+  // Called through a completion, which does not own the transport. Ending the receive (and the drain()s) runs
+  // continuations on this thread, and one may drop the last owner: the transport is kept until this returns.
+  // Before the op: it goes first, while the transport it was made by still exists.
+  const auto keep = weak_from_this().lock();
   auto o = weak.lock();
   if (!o) return false;
   std::unique_lock lock(mutex_);
