@@ -2,6 +2,7 @@
 // The machinery of the conformance suite (conformance.hpp): its options, the values it sends and the checks of
 // what comes back, and conformance_run, which records every case's outcome (conformance_report.hpp).
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -70,7 +71,7 @@ inline void expect_broken(comm::process_group& g) {
 }
 
 // Values chosen so every op is exact in every dtype (bf16 has 8 significant bits): small integers for
-// sum/avg/min/max, powers of two for prod.
+// sum/avg/min/max, powers of two for prod. value() depends on i only through i % value_period(op).
 inline double value(reduce_op op, dtype t, int rank, std::size_t i) {
   const bool is_unsigned = t == dtype::u8;
   switch (op) {
@@ -81,8 +82,17 @@ inline double value(reduce_op op, dtype t, int rank, std::size_t i) {
   }
 }
 
+inline std::size_t value_period(reduce_op op) {
+  switch (op) {
+    case reduce_op::prod: return 2;
+    case reduce_op::min:
+    case reduce_op::max: return 11;
+    default: return 5;
+  }
+}
+
 // Expected reduction of value(op, t, r, i) over ranks [0, n), computed in T arithmetic like the backends.
-inline double expected(reduce_op op, dtype t, int n, std::size_t i) {
+inline double expected_uncached(reduce_op op, dtype t, int n, std::size_t i) {
   typed_buffer acc(t, 1), next(t, 1);
   acc.set(0, value(op, t, 0, i));
   for (int r = 1; r < n; ++r) {
@@ -91,6 +101,27 @@ inline double expected(reduce_op op, dtype t, int n, std::size_t i) {
   }
   finish_average(op, t, acc.bytes.data(), 1, n);
   return acc.get(0);
+}
+
+// The same, remembered per thread for the (op, dtype, world size) being checked: the checks call it for every
+// element, and its two small allocations per call made the element checks most of an ASan run
+// (comm_process_test's cross-memory case: 82 s of ASan, 7 s without).
+inline double expected(reduce_op op, dtype t, int n, std::size_t i) {
+  struct memo {
+    reduce_op op{};
+    dtype t{};
+    int n = -1;
+    std::array<double, 11> v{};
+    std::array<bool, 11> known{};
+  };
+  thread_local memo m;
+  if (m.n != n || m.op != op || m.t != t) m = memo{op, t, n, {}, {}};
+  const std::size_t k = i % value_period(op);
+  if (!m.known[k]) {
+    m.v[k] = expected_uncached(op, t, n, k);
+    m.known[k] = true;
+  }
+  return m.v[k];
 }
 
 inline std::string where(const std::string& what, dtype t, reduce_op op, std::size_t count, int rank) {

@@ -193,3 +193,17 @@ TEST_CASE("[comm] a refusal (errc::unsupported) fails the suite unless the optio
     thrown.assign(2, "");
   }
 }
+
+// The checks take expected() from a per-thread memo indexed by i % value_period(op): it must give what computing
+// the element itself gives, for every op, dtype and world size the suites use, past several periods.
+TEST_CASE("[comm] the suite's remembered expected values equal the ones computed per element") {
+  using namespace test::conformance_detail;
+  for (dtype t : all_dtypes)
+    for (reduce_op op : all_reduce_ops)
+      for (int n = 1; n <= 8; ++n)
+        for (std::size_t i = 0; i < 300; ++i) {
+          CAPTURE(i);
+          REQUIRE(value(op, t, n - 1, i) == value(op, t, n - 1, i % value_period(op)));
+          REQUIRE(expected(op, t, n, i) == expected_uncached(op, t, n, i));
+        }
+}
