@@ -39,7 +39,7 @@ inline void conformance_all_reduce(conformance_run& run) {
           for (bool in_place : {true, false})
             run.check(key, [&] {
               auto in = run.buffer(t, count), out = run.buffer(t, count);
-              for (std::size_t i = 0; i < count; ++i) in.set(i, value(op, t, me, i));
+              fill_periodic(in.host(), 0, count, value_period(op), [&](std::size_t i) { return value(op, t, me, i); });
               in.copy_in();
               const auto ctx = where(std::string("all_reduce[") + std::string(to_string(algo)) + (in_place ? ",in-place]" : "]"), t, op, count, me);
               comm::op_options oo{.algo = algo};
@@ -47,8 +47,7 @@ inline void conformance_all_reduce(conformance_run& run) {
               else pg.all_reduce(in.view(), out.view(), op, oo).wait();
               test_buffer& res = in_place ? in : out;
               res.copy_out();
-              for (std::size_t i = 0; i < count; ++i)
-                if (should_check(i, count)) check_reduced(res.host(), i, expected(op, t, n, i), op, n, ctx, o);
+              for_each_checked(count, [&](std::size_t i) { check_reduced(res.host(), i, expected(op, t, n, i), op, n, ctx, o); });
               if (!in_place) {
                 in.copy_out();
                 for (std::size_t i = 0; i < std::min<std::size_t>(count, 64); ++i)
@@ -72,18 +71,17 @@ inline void conformance_reduce_scatter(conformance_run& run) {
         for (bool in_place : {false, true})
           run.check(key, [&] {
             auto in = run.buffer(t, block * std::size_t(n)), out = run.buffer(t, block);
-            for (std::size_t i = 0; i < in.count(); ++i) in.set(i, value(op, t, me, i));
+            fill_periodic(in.host(), 0, in.count(), value_period(op), [&](std::size_t i) { return value(op, t, me, i); });
             in.copy_in();
             const auto ctx = where(in_place ? "reduce_scatter[in-place]" : "reduce_scatter", t, op, block, me);
             if (in_place) pg.reduce_scatter(in.view(), in.view(block * std::size_t(me), block), op).wait();
             else pg.reduce_scatter(in.view(), out.view(), op).wait();
             test_buffer& res = in_place ? in : out;
             res.copy_out();
-            for (std::size_t i = 0; i < block; ++i) {
-              if (!should_check(i, block)) continue;
+            for_each_checked(block, [&](std::size_t i) {
               const std::size_t gi = block * std::size_t(me) + i;
               check_reduced(res.host(), in_place ? gi : i, expected(op, t, n, gi), op, n, ctx, o);
-            }
+            });
           });
       }
     }
@@ -100,7 +98,7 @@ inline void conformance_gathers(conformance_run& run) {
       for (bool in_place : {false, true})
         run.check({"collective", "all_gather", t}, [&] {
           auto in = run.buffer(t, count), out = run.buffer(t, count * std::size_t(n));
-          for (std::size_t i = 0; i < count; ++i) in.set(i, value(reduce_op::sum, t, me, i) + 1);
+          fill_periodic(in.host(), 0, count, value_period(reduce_op::sum), [&](std::size_t i) { return value(reduce_op::sum, t, me, i) + 1; });
           const auto ctx = where(in_place ? "all_gather[in-place]" : "all_gather", t, reduce_op::sum, count, me);
           if (in_place) {
             std::memcpy(out.host().bytes.data() + count * std::size_t(me) * size_of(t), in.host().bytes.data(), in.host().bytes.size());
@@ -112,8 +110,9 @@ inline void conformance_gathers(conformance_run& run) {
           }
           out.copy_out();
           for (int r = 0; r < n; ++r)
-            for (std::size_t i = 0; i < count; ++i)
-              if (should_check(i, count)) check_equal(out.host(), std::size_t(r) * count + i, value(reduce_op::sum, t, r, i) + 1, ctx);
+            for_each_checked(count, [&](std::size_t i) {
+              check_equal(out.host(), std::size_t(r) * count + i, value(reduce_op::sum, t, r, i) + 1, ctx);
+            });
         });
       // all_gatherv: rank r contributes (r * count / 2 + r % 2) elements, so some ranks give none.
       run.check({"collective", "all_gatherv", t}, [&] {
@@ -121,15 +120,14 @@ inline void conformance_gathers(conformance_run& run) {
         for (int r = 0; r < n; ++r) counts[std::size_t(r)] = std::size_t(r) * count / 2 + std::size_t(r % 2) * (count ? 1 : 0);
         auto in = run.buffer(t, counts[std::size_t(me)]);
         auto out = run.buffer(t, std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
-        for (std::size_t i = 0; i < in.count(); ++i) in.set(i, value(reduce_op::max, t, me, i));
+        fill_periodic(in.host(), 0, in.count(), value_period(reduce_op::max), [&](std::size_t i) { return value(reduce_op::max, t, me, i); });
         in.copy_in();
         pg.all_gatherv(in.view(), out.view(), counts).wait();
         out.copy_out();
+        const auto ctx = where("all_gatherv", t, reduce_op::max, count, me);
         std::size_t off = 0;
         for (int r = 0; r < n; ++r) {
-          for (std::size_t i = 0; i < counts[std::size_t(r)]; ++i)
-            if (should_check(i, counts[std::size_t(r)]))
-              check_equal(out.host(), off + i, value(reduce_op::max, t, r, i), where("all_gatherv", t, reduce_op::max, count, me));
+          for_each_checked(counts[std::size_t(r)], [&](std::size_t i) { check_equal(out.host(), off + i, value(reduce_op::max, t, r, i), ctx); });
           off += counts[std::size_t(r)];
         }
       });
@@ -146,13 +144,13 @@ inline void conformance_rooted(conformance_run& run) {
       for (std::size_t count : counts_for(t, o.large && root == n - 1)) {
         run.check({"collective", "broadcast", t}, [&] {
           auto data = run.buffer(t, count);
-          for (std::size_t i = 0; i < count; ++i) data.set(i, me == root ? value(reduce_op::sum, t, root, i) : 99);
+          fill_periodic(data.host(), 0, count, value_period(reduce_op::sum),
+                        [&](std::size_t i) { return me == root ? value(reduce_op::sum, t, root, i) : 99; });
           data.copy_in();
           pg.broadcast(data.view(), root).wait();
           data.copy_out();
-          for (std::size_t i = 0; i < count; ++i)
-            if (should_check(i, count))
-              check_equal(data.host(), i, value(reduce_op::sum, t, root, i), where("broadcast root=" + std::to_string(root), t, reduce_op::sum, count, me));
+          const auto ctx = where("broadcast root=" + std::to_string(root), t, reduce_op::sum, count, me);
+          for_each_checked(count, [&](std::size_t i) { check_equal(data.host(), i, value(reduce_op::sum, t, root, i), ctx); });
         });
         if (count > 4096) continue;
         for (reduce_op op : all_reduce_ops)
@@ -174,7 +172,7 @@ inline void conformance_all_to_all(conformance_run& run) {
   auto& pg = run.group();
   const auto& o = run.options();
   const int n = pg.size(), me = pg.rank();
-  const auto code = [](int from, int to, std::size_t i) { return double((from * 7 + to * 3 + int(i)) % 50); };
+  const auto code = [](int from, int to, std::size_t i) { return double((from * 7 + to * 3 + int(i)) % 50); };  // period 50 in i
   for (dtype t : all_dtypes)
     for (std::size_t block : counts_for(t, o.large)) {
       if (block > 4096) block = block / std::size_t(n) + 1;
@@ -182,17 +180,15 @@ inline void conformance_all_to_all(conformance_run& run) {
         run.check({"collective", "all_to_all", t}, [&] {
           auto in = run.buffer(t, block * std::size_t(n)), out = run.buffer(t, block * std::size_t(n));
           for (int to = 0; to < n; ++to)
-            for (std::size_t i = 0; i < block; ++i) in.set(std::size_t(to) * block + i, code(me, to, i));
+            fill_periodic(in.host(), std::size_t(to) * block, block, 50, [&](std::size_t i) { return code(me, to, i); });
           in.copy_in();
           if (in_place) pg.all_to_all(in.view(), in.view()).wait();
           else pg.all_to_all(in.view(), out.view()).wait();
           test_buffer& res = in_place ? in : out;
           res.copy_out();
+          const auto ctx = where(in_place ? "all_to_all[in-place]" : "all_to_all", t, reduce_op::sum, block, me);
           for (int from = 0; from < n; ++from)
-            for (std::size_t i = 0; i < block; ++i)
-              if (should_check(i, block))
-                check_equal(res.host(), std::size_t(from) * block + i, code(from, me, i),
-                            where(in_place ? "all_to_all[in-place]" : "all_to_all", t, reduce_op::sum, block, me));
+            for_each_checked(block, [&](std::size_t i) { check_equal(res.host(), std::size_t(from) * block + i, code(from, me, i), ctx); });
         });
     }
   // all_to_allv: rank `from` sends (from + 2*to) % 4 elements to `to` (some zero).

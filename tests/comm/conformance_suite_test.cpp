@@ -8,6 +8,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -191,6 +192,29 @@ TEST_CASE("[comm] a refusal (errc::unsupported) fails the suite unless the optio
     });
     for (const auto& t : thrown) CHECK((t.find("refused on purpose") != std::string::npos) == fails);
     thrown.assign(2, "");
+  }
+}
+
+// The suite fills its buffers one period at a time and visits only the checked elements: the same buffer
+// contents, and the same elements checked, as setting and testing every element.
+TEST_CASE("[comm] the suite's periodic fill and checked-element walk match the per-element ones") {
+  using namespace test::conformance_detail;
+  for (std::size_t count : {std::size_t(0), std::size_t(1), std::size_t(37), std::size_t(4095), std::size_t(4096),
+                            std::size_t(5000), std::size_t(97 * 97 + 3), std::size_t((8u << 20) / 2 + 3)}) {
+    CAPTURE(count);
+    std::vector<std::size_t> walked, wanted;
+    for_each_checked(count, [&](std::size_t i) { walked.push_back(i); });
+    for (std::size_t i = 0; i < count; ++i)
+      if (should_check(i, count)) wanted.push_back(i);
+    CHECK(walked == wanted);
+    for (dtype t : {dtype::bf16, dtype::f64, dtype::u8})
+      for (std::size_t period : {std::size_t(2), std::size_t(11), std::size_t(50)}) {
+        const auto v = [&](std::size_t i) { return double(i % period); };
+        typed_buffer filled(t, count + 9), each(t, count + 9);
+        fill_periodic(filled, 9, count, period, v);
+        for (std::size_t i = 0; i < count; ++i) each.set(9 + i, v(i));
+        CHECK(filled.bytes == each.bytes);
+      }
   }
 }
 
