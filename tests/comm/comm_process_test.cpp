@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 
 #include <sched.h>
 #include <sys/wait.h>
@@ -79,7 +78,7 @@ SHARDKIT_SCENARIO(cross_memory_buffers) {
         std::byte* out = in_place ? in : in + bytes + es;
         SCENARIO_CHECK(find_host_shared(in, bytes).has_value() == shared);
         typed_buffer image(t, count), got(t, count);
-        for (std::size_t i = 0; i < count; ++i) image.set(i, value(op, t, rank, i));
+        fill_periodic(image, 0, count, value_period(op), [&](std::size_t i) { return value(op, t, rank, i); });
         for (int call = 0; call < 2; ++call) {
           std::memcpy(in, image.bytes.data(), bytes);
           if (!in_place) std::memset(out, 0xab, bytes);
@@ -108,7 +107,7 @@ SHARDKIT_SCENARIO(cross_memory_buffers) {
         std::byte* in = alloc(total * es, m1, h1);
         std::byte* out = in_place ? in + std::size_t(rank) * block * es : alloc(block * es, m2, h2);
         typed_buffer image(t, total), got(t, block);
-        for (std::size_t i = 0; i < total; ++i) image.set(i, value(op, t, rank, i));
+        fill_periodic(image, 0, total, value_period(op), [&](std::size_t i) { return value(op, t, rank, i); });
         std::memcpy(in, image.bytes.data(), total * es);
         const std::string ctx = where(std::string("cross-memory reduce_scatter[") + mode + (in_place ? ",in-place]" : "]"), t, op, block, rank);
         pg.reduce_scatter(const_buffer_view(in, total, t), buffer_view(out, block, t), op).wait();
@@ -134,7 +133,7 @@ SHARDKIT_SCENARIO(cross_memory_buffers) {
         std::memset(out, 0xab, total * es);
         std::byte* in = in_place ? out + offset * es : alloc(mine * es, m2, h2);
         typed_buffer mine_image(t, mine), got(t, total);
-        for (std::size_t i = 0; i < mine; ++i) mine_image.set(i, value(reduce_op::sum, t, rank, i));
+        fill_periodic(mine_image, 0, mine, value_period(reduce_op::sum), [&](std::size_t i) { return value(reduce_op::sum, t, rank, i); });
         std::memcpy(in, mine_image.bytes.data(), mine * es);
         const std::string ctx = where(std::string("cross-memory all_gather") + (varying ? "v[" : "[") + mode + (in_place ? ",in-place]" : "]"), t, reduce_op::sum, mine, rank);
         if (varying)
@@ -221,7 +220,9 @@ SHARDKIT_SCENARIO(cross_memory_refused) {
 
 // Rank 0 gives up on a large all_reduce (short deadline) before rank 1 arrives. Rank 1 then finds rank 0's
 // address record and must neither report success (it would have read a buffer rank 0's caller already has
-// back) nor ever write into rank 0's memory: rank 0's output keeps exactly what its caller put there.
+// back) nor ever write into rank 0's memory: rank 0's output keeps exactly what its caller put there. The order
+// (rank 0 gave up, then rank 1 calls, then rank 0 checks) goes through the store, not through sleeps: the failed
+// call leaves the group broken.
 SHARDKIT_SCENARIO(cross_memory_peer_left) {
   const int rank = test::env_rank();
   auto world = comm::init_process_group("shm");
@@ -252,10 +253,11 @@ SHARDKIT_SCENARIO(cross_memory_peer_left) {
       failed = e.code() == make_error_code(errc::timeout);
     }
     SCENARIO_CHECK(failed);
-    std::this_thread::sleep_for(std::chrono::seconds(3));  // rank 1 runs its call meanwhile
-    for (float v : out) SCENARIO_CHECK(v == -7.0f);          // nobody wrote into a buffer this rank had back
+    world.store.set("test/rank0_gave_up", "1");
+    world.store.get("test/rank1_done", std::chrono::seconds(60));  // rank 1 runs its call meanwhile
+    for (float v : out) SCENARIO_CHECK(v == -7.0f);                  // nobody wrote into a buffer this rank had back
   } else {
-    std::this_thread::sleep_for(std::chrono::seconds(1));
+    world.store.get("test/rank0_gave_up", std::chrono::seconds(60));
     bool failed = false;
     try {
       pg.all_reduce(const_buffer_view(std::span<const float>(in)), buffer_view(out), reduce_op::sum, {.timeout = std::chrono::milliseconds(1500)}).wait();
@@ -263,6 +265,7 @@ SHARDKIT_SCENARIO(cross_memory_peer_left) {
       failed = true;
       std::fprintf(stderr, "rank 1 failed as it must: %s\n", e.what());
     }
+    world.store.set("test/rank1_done", "1");
     SCENARIO_CHECK(failed);
   }
 }
@@ -303,8 +306,11 @@ SHARDKIT_SCENARIO(cross_memory_timeout_by_deadline) {
                  (long long)timeout.count());
     SCENARIO_CHECK(timed_out);
     SCENARIO_CHECK(took <= timeout + std::chrono::milliseconds(150));  // scheduling slack, not a grace
+    world.store.set("test/rank0_done", "1");
+    world.store.get("test/rank1_left", std::chrono::seconds(60));  // rank 0 hosts the store: rank 1 reads first
   } else {
-    std::this_thread::sleep_for(std::chrono::seconds(3));  // alive, but never calls
+    world.store.get("test/rank0_done", std::chrono::seconds(60));  // alive, but never calls
+    world.store.set("test/rank1_left", "1");
   }
 }
 

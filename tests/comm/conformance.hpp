@@ -392,7 +392,7 @@ inline void conformance_cross_rank_failures(conformance_run& run) {
     for (const auto& k : {mismatch, missing}) run.not_applicable(k, "a world of one rank has no peer");
     return;
   }
-  const comm::op_options quick{.timeout = o.error_timeout};
+  const comm::op_options quick{.timeout = o.absent_peer_timeout};
   run.check(mismatch, [&] {
     auto g = pg.dup();
     std::vector<float> v(me == 0 ? 10 : 12, 1.0f);
