@@ -396,6 +396,7 @@ TEST_CASE("[fabric] a receive's continuation may drop the last owner of the tran
   // cancel() and abort() end the receive on the caller's thread, and its continuation may drop the last owner
   // there: they published the transport's other outcomes after that (drain(): its mutex and queue, freed).
   const auto test_thread = std::this_thread::get_id();
+  int on_caller = 0, ran = 0;
   for (const std::string& p : providers)
     for (const bool by_cancel : {true, false}) {
       CAPTURE(p);
@@ -406,20 +407,26 @@ TEST_CASE("[fabric] a receive's continuation may drop the last owner of the tran
       auto last = std::make_shared<std::shared_ptr<fabric_transport>>(std::move(w[0]));
       std::vector<std::byte> room(16);
       auto r = (*last)->recv(1, 9, room);
-      std::thread::id ran_on;
-      r.then([last, &ran_on] {
+      std::promise<std::thread::id> dropped;
+      r.then([last, &dropped] {
         last->reset();
-        ran_on = std::this_thread::get_id();
+        dropped.set_value(std::this_thread::get_id());
       });
       if (by_cancel)
         CHECK(r.cancel());
       else
         (*last)->abort(nullptr);
-      CHECK(ran_on == test_thread);
+      // Usually the caller's thread (the path this test is for); the progress thread may reap a cancelled
+      // receive's completion first and run the continuation there (seen once in 3 runs), which must be safe too.
+      auto on = dropped.get_future();
+      REQUIRE(on.wait_for(30s) == std::future_status::ready);
+      if (on.get() == test_thread) ++on_caller;
+      ++ran;
       CHECK(gone.expired());
       REQUIRE(r.is_done());
       CHECK(failure_of(r, deadline_after(1s)).code() == errc::aborted);
     }
+  if (ran > 0) CHECK(on_caller > 0);  // abort() ends what is pending on the caller's thread: the path is exercised
 }
 
 namespace {
