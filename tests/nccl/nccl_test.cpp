@@ -341,6 +341,83 @@ TEST_CASE("[nccl] a continuation that drops the last group when a receive fails 
   CHECK(test::threads_left_since(threads_before).empty());
 }
 
+TEST_CASE("[nccl] a continuation of a point-to-point operation that shutdown fails may post or interrupt on the same communicator: the posts fail with errc::closed, nothing deadlocks") {
+  // The router's stop() held its mutex while it failed what was pending, and the continuations of those failures
+  // run there (a receive its worker never took) or on the channel's worker, which stop() joins (one it was
+  // waiting for): one that posts again on the communicator (a retry loop) or interrupts it took that mutex a
+  // second time. Driven on the communicator's router: through the communicator's public API nothing can still
+  // reach it by the time its destructor stops the router.
+  if (!device_or_skip()) return;
+  using namespace backends::nccl_detail;
+  const long communicators_before = test::nccl::model_live_communicators();
+  struct fixture {
+    test::nccl::device_array buf{0, dtype::f32, 4};  // outlives the router and every receive into it
+    std::unique_ptr<p2p_router> router;
+    completion first, send_again, recv_again;
+    bool send_failed_at_once = false, recv_failed_at_once = false;
+    std::size_t links_handed_out = 0;
+    std::promise<void> stopped;
+  };
+  // Stopped at once, the receive is failed by its worker or, when the worker has not taken it yet, by stop()
+  // itself (both are seen); after a pause, by its worker, which is then waiting for peer 1's link id (stop()
+  // interrupts that wait within a second).
+  for (const auto pause : {std::chrono::milliseconds(0), std::chrono::milliseconds(200)}) {
+    CAPTURE(pause.count());
+    // Heap-held: when stop() deadlocks, its threads keep using it after the test gives up on them.
+    auto f = std::make_unique<fixture>();
+    link_setup base;
+    base.device = 0;
+    base.rank = 0;
+    base.store = rendezvous::make_store<rendezvous::memory_store>();
+    base.group = "reentry";
+    base.shutdown_timeout = std::chrono::seconds(1);
+    f->router = std::make_unique<p2p_router>(base, "reentry");
+    // Peer 1 never publishes its link id: the receive waits until stop() ends it.
+    f->first = f->router->irecv(f->buf.view(), 1, 5, no_deadline);
+    f->first.then([fx = f.get()] {
+      fx->router->interrupt(errc::aborted, "a continuation interrupts the stopping communicator");
+      fx->send_again = fx->router->isend(fx->buf.view(), 1, 6, no_deadline);
+      fx->send_failed_at_once = fx->send_again.has_failed();
+      fx->recv_again = fx->router->irecv(fx->buf.view(), 1, 7, no_deadline);
+      fx->recv_failed_at_once = fx->recv_again.has_failed();
+    });
+    std::this_thread::sleep_for(pause);
+    std::thread stopper([fx = f.get()] {
+      std::vector<comm_handle*> links;
+      fx->router->stop(links);
+      fx->links_handed_out = links.size();
+      close_all(links, std::chrono::seconds(1));
+      fx->router.reset();
+      fx->stopped.set_value();
+    });
+    if (f->stopped.get_future().wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+      stopper.detach();
+      (void)f.release();  // deliberately leaked: the deadlocked stopper and worker still use it
+      FAIL("stopping the point-to-point router did not finish within 30 s: a continuation re-entered it (deadlock)");
+    }
+    stopper.join();
+    CHECK(f->links_handed_out == 1);  // a post after stop() made no new link
+    const auto closed_naming = [](const completion& c, const char* op) {
+      REQUIRE(c.has_failed());
+      try {
+        std::rethrow_exception(c.exception());
+      } catch (const error& e) {
+        const std::string what = e.what();
+        CAPTURE(what);
+        CHECK(e.code() == errc::closed);
+        CHECK(e.context().peer == 1);
+        CHECK(e.context().operation == op);
+      }
+    };
+    closed_naming(f->first, "recv");
+    CHECK(f->send_failed_at_once);
+    CHECK(f->recv_failed_at_once);
+    closed_naming(f->send_again, "send");
+    closed_naming(f->recv_again, "recv");
+  }
+  CHECK(test::nccl::model_communicators_back_to(communicators_before));
+}
+
 SHARDKIT_SCENARIO(nccl_conformance) {
   const auto info = rendezvous::info_from_env();
   auto store = rendezvous::connect_store(info);

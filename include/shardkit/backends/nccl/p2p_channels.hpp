@@ -344,34 +344,51 @@ class recv_channel {
 };
 
 //! The channels of one communicator, created on first use per peer and direction.
+//!
+//! No operation ends while `mutex_` is held: ending one runs its continuations (inline, on the ending thread),
+//! and a continuation may post again on this communicator or interrupt it, which takes `mutex_`.
 class p2p_router {
  public:
   //! `base` is copied into every link; sender, peer and key are filled in per link.
   explicit p2p_router(link_setup base, std::string key_prefix) : base_(std::move(base)), prefix_(std::move(key_prefix)) {}
 
   completion isend(const_buffer_view data, int peer, std::uint32_t tag, deadline until) {
-    return channel(sends_, peer, true).post(data, tag, until);
+    auto* c = channel(sends_, peer, true);
+    return c ? c->post(data, tag, until) : refused(peer, "send");
   }
   completion irecv(buffer_view out, int peer, std::uint32_t tag, deadline until) {
-    return channel(recvs_, peer, false).post(out, tag, until);
+    auto* c = channel(recvs_, peer, false);
+    return c ? c->post(out, tag, until) : refused(peer, "recv");
   }
   //! Stops every channel's worker (what is pending fails with errc::closed) and hands out the links'
-  //! communicators, so the owner can finalize them together with its own.
+  //! communicators, so the owner can finalize them together with its own. Later posts fail at once.
   void stop(std::vector<comm_handle*>& links) {
-    std::lock_guard lock(mutex_);
-    for (auto& [peer, c] : sends_) c->request_stop();
-    for (auto& [peer, c] : recvs_) c->request_stop();
-    for (auto& [peer, c] : sends_) {
+    // The channels stay in the maps, owned there, so the links handed out stay valid; once `stopped_` is set no
+    // channel is added, so the lists taken here are complete.
+    std::vector<send_channel*> sends;
+    std::vector<recv_channel*> recvs;
+    {
+      std::lock_guard lock(mutex_);
+      stopped_ = true;
+      for (auto& [peer, c] : sends_) sends.push_back(c.get());
+      for (auto& [peer, c] : recvs_) recvs.push_back(c.get());
+    }
+    // Unlocked: the workers fail what they hold, and finish_stop what they never took, running continuations
+    // here or on a worker that finish_stop joins.
+    for (auto* c : sends) c->request_stop();
+    for (auto* c : recvs) c->request_stop();
+    for (auto* c : sends) {
       c->finish_stop();
       links.push_back(&c->link().comm());
     }
-    for (auto& [peer, c] : recvs_) {
+    for (auto* c : recvs) {
       c->finish_stop();
       links.push_back(&c->link().comm());
     }
   }
 
-  //! Every channel's operation in flight gives up; the channels stay broken.
+  //! Every channel's operation in flight gives up; the channels stay broken. Raising only sets the channels'
+  //! flags (their workers end the operations), so the lock may be held here.
   void interrupt(errc code, const std::string& reason) {
     std::lock_guard lock(mutex_);
     for (auto& [peer, c] : sends_) c->interrupt(code, reason);
@@ -379,9 +396,11 @@ class p2p_router {
   }
 
  private:
+  //! Null once stopped: a channel made then would have a worker nobody stops and a link nobody finalizes.
   template <class Channel>
-  Channel& channel(std::map<int, std::unique_ptr<Channel>>& all, int peer, bool sender) {
+  Channel* channel(std::map<int, std::unique_ptr<Channel>>& all, int peer, bool sender) {
     std::lock_guard lock(mutex_);
+    if (stopped_) return nullptr;
     auto& slot = all[peer];
     if (!slot) {
       link_setup s = base_;
@@ -391,12 +410,18 @@ class p2p_router {
       s.key = prefix_ + "/p2p/" + std::to_string(from) + "-" + std::to_string(to);
       slot = std::make_unique<Channel>(std::move(s));
     }
-    return *slot;
+    return slot.get();
+  }
+
+  completion refused(int peer, const char* op) const {
+    const error_context ctx{.rank = base_.rank, .peer = peer, .operation = op, .group = base_.group};
+    return completion::failed(std::make_exception_ptr(error(errc::closed, "the communicator is shutting down", ctx)));
   }
 
   link_setup base_;
   std::string prefix_;
   std::mutex mutex_;
+  bool stopped_ = false;  // guarded by mutex_
   std::map<int, std::unique_ptr<send_channel>> sends_;
   std::map<int, std::unique_ptr<recv_channel>> recvs_;
 };
