@@ -1,14 +1,17 @@
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <future>
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -154,6 +157,52 @@ TEST_CASE("[core] completion waits, times out, fails and resumes coroutines") {
   CHECK(pc.cancel());
   CHECK(cancelled);
   CHECK(pc.has_failed());
+}
+
+// A continuation runs on the producer's thread (a progress thread, a channel's worker): what it throws must not
+// reach the producer, which took it for its own failure (the NCCL channels' workers then failed their link) or
+// skipped the continuations after it.
+TEST_CASE("[core] a continuation that throws on the completing thread is logged and dropped; the others still run") {
+  completion_source src;
+  completion c = src;
+  std::vector<int> ran;
+  c.then([&] {
+    ran.push_back(1);
+    throw error(errc::io, "from the first continuation");
+  });
+  c.then([&] { ran.push_back(2); });
+  c.then([&] { throw 7; });
+  c.then([&] { ran.push_back(4); });
+  // What log::error writes to stderr, read back from a file.
+  std::FILE* captured = std::tmpfile();
+  REQUIRE(captured);
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  ::dup2(::fileno(captured), 2);
+  bool threw = false;
+  try {
+    src.set_done(3);
+  } catch (...) {
+    threw = true;
+  }
+  ::dup2(saved, 2);
+  ::close(saved);
+  CHECK_FALSE(threw);
+  CHECK(ran == std::vector<int>{1, 2, 4});
+  CHECK(c.bytes() == 3);
+  CHECK_FALSE(c.has_failed());
+  std::string log(4096, '\0');
+  std::rewind(captured);
+  log.resize(std::fread(log.data(), 1, log.size(), captured));
+  std::fclose(captured);
+  INFO(log);
+  CHECK(log.find("continuation threw and was dropped") != std::string::npos);
+  CHECK(log.find("from the first continuation") != std::string::npos);
+  CHECK(log.find("non-std::exception") != std::string::npos);
+
+  // Run at once by then() (the operation already ended), it reaches then()'s caller: co_await's await_suspend
+  // rethrows what resuming fails with in the coroutine.
+  CHECK_THROWS_WITH_AS(c.then([] { throw error(errc::io, "inline"); }), doctest::Contains("inline"), error);
 }
 
 template <class C>

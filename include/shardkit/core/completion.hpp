@@ -6,7 +6,8 @@
 //! callback. It ends either done (with a value: a byte count for transfers) or failed (with an exception,
 //! normally shardkit::error). The producer holds the completion_source; consumers hold completions.
 //! Continuations (then) run on the thread that completes the operation, after the state is published;
-//! co_await resumes on the awaiting coroutine's executor.
+//! co_await resumes on the awaiting coroutine's executor. A continuation must not throw: one that does is logged
+//! and dropped (see then()).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -25,8 +26,9 @@
 #include <vector>
 
 #include "shardkit/core/error.hpp"
-#include "shardkit/core/settings.hpp"
 #include "shardkit/core/executor.hpp"
+#include "shardkit/core/log.hpp"
+#include "shardkit/core/settings.hpp"
 
 namespace shardkit {
 
@@ -72,6 +74,20 @@ template <class T>
 class basic_completion_source;
 
 namespace detail {
+//! Runs a continuation so that nothing it throws reaches the thread running it. That thread is usually the
+//! producer's (a transport's progress thread, a channel's worker, a pool thread): an exception from there would
+//! be taken for the producer's own failure, skip the continuations after it, or end the process in a thread
+//! function.
+inline void run_continuation(const std::function<void()>& f) noexcept {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    log::error("a completion's continuation threw and was dropped (continuations must not throw): ", e.what());
+  } catch (...) {
+    log::error("a completion's continuation threw a non-std::exception and was dropped (continuations must not throw)");
+  }
+}
+
 template <class T>
 struct completion_state {
   std::mutex mutex;
@@ -94,7 +110,7 @@ struct completion_state {
       done.store(true, std::memory_order_release);
       cv.notify_all();
     }
-    for (auto& f : run) f();
+    for (const auto& f : run) run_continuation(f);
   }
 };
 }  // namespace detail
@@ -180,6 +196,10 @@ class basic_completion {
   }
 
   //! Runs f once the operation ends (now, on this thread, if it already has; else on the completing thread).
+  //! f must not throw. On the completing thread, an exception escaping it is logged (log::error) and dropped, and
+  //! the operation's other continuations still run; only when f runs at once, here, does it reach then()'s caller
+  //! (an awaiter's await_suspend relies on that: what resuming fails with is rethrown in the coroutine). Report a
+  //! failure through state the waiter reads, or a completion_source of your own.
   void then(std::function<void()> f) const {
     if (!state_) throw_error(errc::invalid_argument, "then() on an empty completion");
     {
