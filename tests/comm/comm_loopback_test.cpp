@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include "comm/conformance.hpp"
+#include "shardkit/comm/algorithms/pairwise.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/core/task.hpp"
 #include "shardkit/core/when_all.hpp"
@@ -496,6 +497,35 @@ TEST_CASE("[comm] direct all_gather(v) and all_to_all(v) name the peer whose mes
     CHECK(failed[0] == "received 4 bytes where this rank expected 8: ranks passed different counts, dtypes or ops");
     CHECK(failed[1].empty());
   }
+}
+
+// The exchange's sends are waited for after its receives: a send that never completes must name its peer too
+// (it said "sending to a peer", with transport rank "?").
+TEST_CASE("[comm] pairwise_exchange names the peer of a send that never completes") {
+  auto world = transport::loopback_transport::create_world(2);
+  const std::vector<int> members{0, 1};
+  const transport::message_tag tag = 7;
+  std::vector<std::byte> to_peer(16), from_peer(16), peers_message(16);
+  // Rank 1 sends its part and receives nothing: rank 0's receive completes, its send is never matched.
+  std::thread peer([&] {
+    comm::algorithms::p2p_op<transport::loopback_transport> op(*world[1], members, 1, tag,
+                                                               deadline_after(std::chrono::seconds(10)), "test");
+    op.wait_send(op.send(0, peers_message.data(), peers_message.size()), 0);
+  });
+  comm::algorithms::p2p_op<transport::loopback_transport> op(*world[0], members, 0, tag,
+                                                             deadline_after(std::chrono::milliseconds(300)), "all_to_all");
+  try {
+    comm::algorithms::pairwise_exchange(
+        op, [&](int) { return std::span<std::byte>(from_peer); },
+        [&](int) { return std::span<const std::byte>(to_peer); });
+    FAIL("the unmatched send completed");
+  } catch (const error& e) {
+    INFO(e.what());
+    CHECK(e.code() == errc::timeout);
+    CHECK(e.context().peer == 1);
+    CHECK(e.detail() == "deadline passed while sending to peer rank 1 (transport rank 1); that rank is slow, stuck, or did not call all_to_all");
+  }
+  peer.join();
 }
 
 TEST_CASE("[comm] reduce_scatter goes direct when asked or when the group is small enough, else around the ring") {

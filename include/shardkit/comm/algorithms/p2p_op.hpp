@@ -138,6 +138,7 @@ class p2p_op {
     }
     recvs_.clear();
     sends_.clear();
+    send_peers_.clear();
   }
 
   //! The longest ~p2p_op waits for transfers that were already under way when an error ended the op, and never
@@ -169,6 +170,7 @@ class p2p_op {
   completion send(int peer, const std::byte* data, std::size_t bytes) {
     auto c = transport_.send(members_[std::size_t(peer)], tag_, {data, bytes});
     sends_.push_back(c);
+    send_peers_.push_back(peer);
     return c;
   }
   completion recv(int peer, std::byte* data, std::size_t bytes) {
@@ -188,10 +190,12 @@ class p2p_op {
   }
   void wait_send(const completion& c, int peer) { wait(c, peer, "sending to"); }
 
-  //! Waits for every send posted so far (a step reuses a buffer only after its sends are done).
+  //! Waits for every send posted so far (a step reuses a buffer only after its sends are done). A send that
+  //! fails or times out is reported with the peer it went to.
   void wait_sends() {
-    for (auto& c : sends_) wait(c, -1, "sending to");
+    for (std::size_t i = 0; i < sends_.size(); ++i) wait(sends_[i], send_peers_[i], "sending to");
     sends_.clear();
+    send_peers_.clear();
   }
 
   //! `e`, plus the other members of the group that the transport has lost. A peer that left because its own
@@ -310,6 +314,7 @@ class p2p_op {
   deadline until_;
   const char* name_;
   std::vector<completion> sends_, recvs_;
+  std::vector<int> send_peers_;  // the group rank each of sends_ goes to
   scratch_arena* arena_;
   scratch_arena own_;
 };
