@@ -187,6 +187,21 @@ TEST_CASE("[nccl] device suite") {
       }
       twin.barrier({});  // a dup is a separate NCCL communicator: unaffected
       if (n == 1) return;
+      {
+        // Point-to-point after abort() fails too, also to a peer it never talked to: that made a new, working link.
+        test::nccl::device_array buf(r, dtype::f32, 4);
+        const int other = (r + 1) % n;
+        for (const completion& late : {c.isend(buf.view(), other, 1, {}), c.irecv(buf.view(), other, 1, {})}) {
+          SCENARIO_CHECK(late.has_failed());
+          try {
+            late.wait();
+          } catch (const error& e) {
+            SCENARIO_CHECK(e.code() == errc::aborted);
+            SCENARIO_CHECK(e.context().peer == other);
+            SCENARIO_CHECK(std::string(e.what()).find("test abort") != std::string::npos);
+          }
+        }
+      }
       // Point-to-point from a peer that never sends: a deadline ends the receive with errc::timeout (and breaks
       // that peer's link); destroying the communicator fails a receive still pending with errc::closed.
       const int peer = (r + 1) % n;

@@ -353,12 +353,14 @@ class p2p_router {
   explicit p2p_router(link_setup base, std::string key_prefix) : base_(std::move(base)), prefix_(std::move(key_prefix)) {}
 
   completion isend(const_buffer_view data, int peer, std::uint32_t tag, deadline until) {
-    auto* c = channel(sends_, peer, true);
-    return c ? c->post(data, tag, until) : refused(peer, "send");
+    std::exception_ptr refusal;
+    auto* c = channel(sends_, peer, true, refusal);
+    return c ? c->post(data, tag, until) : completion::failed(refusal);
   }
   completion irecv(buffer_view out, int peer, std::uint32_t tag, deadline until) {
-    auto* c = channel(recvs_, peer, false);
-    return c ? c->post(out, tag, until) : refused(peer, "recv");
+    std::exception_ptr refusal;
+    auto* c = channel(recvs_, peer, false, refusal);
+    return c ? c->post(out, tag, until) : completion::failed(refusal);
   }
   //! Stops every channel's worker (what is pending fails with errc::closed) and hands out the links'
   //! communicators, so the owner can finalize them together with its own. Later posts fail at once.
@@ -387,41 +389,48 @@ class p2p_router {
     }
   }
 
-  //! Every channel's operation in flight gives up; the channels stay broken. Raising only sets the channels'
-  //! flags (their workers end the operations), so the lock may be held here.
+  //! Every channel's operation in flight gives up; the channels stay broken, and a post to a peer with no
+  //! channel yet fails at once instead of making a working one (abort(): every later call fails). Raising only
+  //! sets the flags (the workers end the operations), so the lock may be held here.
   void interrupt(errc code, const std::string& reason) {
     std::lock_guard lock(mutex_);
+    interrupted_.raise(code, reason);
     for (auto& [peer, c] : sends_) c->interrupt(code, reason);
     for (auto& [peer, c] : recvs_) c->interrupt(code, reason);
   }
 
  private:
-  //! Null once stopped: a channel made then would have a worker nobody stops and a link nobody finalizes.
+  //! Null, with `refusal` set, once stopped (a channel made then would have a worker nobody stops and a link
+  //! nobody finalizes) or interrupted before this peer had a channel.
   template <class Channel>
-  Channel* channel(std::map<int, std::unique_ptr<Channel>>& all, int peer, bool sender) {
+  Channel* channel(std::map<int, std::unique_ptr<Channel>>& all, int peer, bool sender, std::exception_ptr& refusal) {
+    const error_context ctx{.rank = base_.rank, .peer = peer, .operation = sender ? "send" : "recv", .group = base_.group};
     std::lock_guard lock(mutex_);
-    if (stopped_) return nullptr;
-    auto& slot = all[peer];
-    if (!slot) {
+    if (stopped_) {
+      refusal = std::make_exception_ptr(error(errc::closed, "the communicator is shutting down", ctx));
+      return nullptr;
+    }
+    auto it = all.find(peer);
+    if (it == all.end()) {
+      if (interrupted_.raised()) {
+        refusal = std::make_exception_ptr(interrupted_.to_error("the communicator", ctx));
+        return nullptr;
+      }
       link_setup s = base_;
       s.peer = peer;
       s.sender = sender;
       const int from = sender ? base_.rank : peer, to = sender ? peer : base_.rank;
       s.key = prefix_ + "/p2p/" + std::to_string(from) + "-" + std::to_string(to);
-      slot = std::make_unique<Channel>(std::move(s));
+      it = all.emplace(peer, std::make_unique<Channel>(std::move(s))).first;
     }
-    return slot.get();
-  }
-
-  completion refused(int peer, const char* op) const {
-    const error_context ctx{.rank = base_.rank, .peer = peer, .operation = op, .group = base_.group};
-    return completion::failed(std::make_exception_ptr(error(errc::closed, "the communicator is shutting down", ctx)));
+    return it->second.get();
   }
 
   link_setup base_;
   std::string prefix_;
   std::mutex mutex_;
-  bool stopped_ = false;  // guarded by mutex_
+  bool stopped_ = false;        // guarded by mutex_
+  interrupt_flag interrupted_;  // raised under mutex_
   std::map<int, std::unique_ptr<send_channel>> sends_;
   std::map<int, std::unique_ptr<recv_channel>> recvs_;
 };
