@@ -167,15 +167,15 @@ inline consolidate_summary consolidate_checkpoint(st::any_sink& sink, const std:
     sk::throw_error(sk::errc::invalid_argument,
                     o.out + " already holds a consolidated model (" + existing.front() + "); pass --force to replace it",
                     {.operation = "shardkit-ckpt consolidate", .object = o.out});
-  // The index first: a half-replaced directory must not look like a complete sharded model.
-  std::stable_partition(existing.begin(), existing.end(), [](const std::string& k) { return k.ends_with(".json"); });
-  for (const auto& key : existing) out.remove(key);
 
   progress_bar bar(progress, "consolidate step " + std::to_string(index.step), summary.total_size);
   std::vector<std::byte> buffer, scratch;
   constexpr std::uint64_t window = 16 * ck::checksum_chunk_bytes;
+  // Every new file is written, its bytes verified, before anything of a model already in `out` goes: --force from
+  // a damaged checkpoint then fails with that model intact. The writers commit together once all are written.
+  std::vector<st::any_object_writer> written;
   for (const auto& shard : shards) {
-    auto w = out.put(shard.key);
+    auto& w = written.emplace_back(out.put(shard.key));
     const std::string header = detail::shard_header(shard, index.step);
     w.write(st::as_bytes(header));
     for (const auto* t : shard.tensors)
@@ -186,16 +186,23 @@ inline consolidate_summary consolidate_checkpoint(st::any_sink& sink, const std:
           try {
             ck::detail::read_verified(sink, s.source, from, to, buffer, scratch);
           } catch (const sk::error& e) {
-            // Nothing of this shard becomes visible: w aborts as the error unwinds.
+            // Nothing new becomes visible, nothing old is removed: the writers abort as the error unwinds.
             throw sk::error(e.code(), where + ": " + e.detail(), e.context());
           }
           w.write(buffer);
           bar.add(to - from);
           from = to;
         }
-    w.commit();
     summary.files.emplace_back(shard.key, header.size() + shard.nbytes);
   }
+  // The old index first: a half-replaced directory must not look like a complete sharded model. An old file of the
+  // same name as a new one is replaced by its commit.
+  std::stable_partition(existing.begin(), existing.end(), [](const std::string& k) { return k.ends_with(".json"); });
+  for (const auto& key : existing)
+    if (key.ends_with(".json") ||
+        std::none_of(shards.begin(), shards.end(), [&](const detail::output_shard& s) { return s.key == key; }))
+      out.remove(key);
+  for (auto& w : written) w.commit();
   if (shards.size() > 1) {
     nlohmann::json weight_map = nlohmann::json::object();
     for (const auto& shard : shards)

@@ -271,6 +271,28 @@ TEST_CASE("[ckpt] shardkit-ckpt ls, verify, inspect and consolidate a 3-rank che
     CHECK(r.output.find("checksum mismatch") != std::string::npos);
     CHECK(r.output.find("block0.w") != std::string::npos);
     CHECK(!fs::exists(out.path / "model.safetensors"));
+
+    // Nor does --force from it lose the model already there (one file, or shards and their index): nothing old
+    // goes before every new byte is verified.
+    for (const std::string shard_size : {"", " --max-shard-size 2MB"}) {
+      INFO("the model already there was written with '", shard_size, "'");
+      temp_dir kept("kept");
+      REQUIRE(run_tool("consolidate " + loc + " --step 1 --out " + kept.path.string() + shard_size).status == 0);
+      auto files_in = [&] {
+        std::set<std::string> files;
+        for (const auto& e : fs::directory_iterator(kept.path)) files.insert(e.path().filename().string());
+        return files;
+      };
+      const auto before = files_in();
+      r = run_tool("consolidate " + loc + " --out " + kept.path.string() + " --force");
+      CHECK(r.status == 1);
+      CHECK(r.output.find("checksum mismatch") != std::string::npos);
+      CHECK(files_in() == before);
+      std::vector<std::string> shards;
+      for (const auto& f : before)
+        if (f.ends_with(".safetensors")) shards.push_back(f);
+      check_consolidated(kept.path, sink, 1, shards);
+    }
   }
 
   SUBCASE("verify: a step without an index is not a checkpoint") {
