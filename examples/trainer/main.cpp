@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <map>
 #include <optional>
 #include <utility>
@@ -81,11 +82,12 @@ struct flags {
   std::exit(2);
 }
 
-long long number(std::string_view flag, std::string_view v) {
+// Bounded by what the flag's variable holds: --ckpt-every 4294967297 must not become a save every step.
+long long number(std::string_view flag, std::string_view v, long long max = std::numeric_limits<int>::max()) {
   long long n = 0;
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (ec != std::errc() || p != v.data() + v.size() || n < 0)
-    usage(std::string(flag) + " wants a non-negative integer, got '" + std::string(v) + "'");
+  if (ec != std::errc() || p != v.data() + v.size() || n < 0 || n > max)
+    usage(std::string(flag) + " wants an integer from 0 to " + std::to_string(max) + ", got '" + std::string(v) + "'");
   return n;
 }
 
@@ -112,7 +114,7 @@ void parse_budget(std::string_view v, fsdp::sharding_options& o) {
   if (v.empty()) usage("--budget wants a value");
   const char unit = v.back();
   const std::string_view digits = (unit >= '0' && unit <= '9') ? v : v.substr(0, v.size() - 1);
-  const auto n = std::size_t(number("--budget", digits));
+  const auto n = std::size_t(number("--budget", digits, std::numeric_limits<long long>::max()));
   switch (unit) {
     case 'u': o.limiter_budget_units = n; return;
     case 'K': case 'k': o.limiter_budget_bytes = n << 10; return;
@@ -146,7 +148,7 @@ flags parse(int argc, char** argv) {
     else if (a == "--batch") f.batch = int(number(a, v));
     else if (a == "--micro-batches") f.micro_batches = int(number(a, v));
     else if (a == "--context") f.context = int(number(a, v));
-    else if (a == "--seed") f.seed = std::uint64_t(number(a, v));
+    else if (a == "--seed") f.seed = std::uint64_t(number(a, v, std::numeric_limits<long long>::max()));
     else if (a == "--strategy") f.sharding.strategy = fsdp::parse_sharding_strategy(v);
     else if (a == "--hybrid-size") f.sharding.hybrid_shard_size = std::size_t(number(a, v));
     else if (a == "--dtype") f.sharding.precision.param = dtype_flag(a, v);
@@ -161,8 +163,10 @@ flags parse(int argc, char** argv) {
     else if (a == "--clip") f.clip = real(a, v);
     else if (a == "--data") f.data = v;
     else if (a == "--ckpt-dir") f.ckpt_dir = v;
-    else if (a == "--ckpt-every") f.ckpt_every = int(number(a, v));
-    else if (a == "--ckpt-keep") f.ckpt_keep = std::uint32_t(number(a, v));
+    else if (a == "--ckpt-every") {
+      f.ckpt_every = int(number(a, v));
+      if (f.ckpt_every == 0) usage("--ckpt-every wants the steps between saves, at least 1, got '0'");
+    } else if (a == "--ckpt-keep") f.ckpt_keep = std::uint32_t(number(a, v));
     else if (a == "--ckpt-mode") {
       if (v == "zero-overhead") f.ckpt_mode = shardkit::ckpt::staging::zero_overhead;
       else if (v == "at-call") f.ckpt_mode = shardkit::ckpt::staging::at_call;
@@ -178,6 +182,10 @@ flags parse(int argc, char** argv) {
   if (f.steps <= 0 || f.batch <= 0 || f.micro_batches <= 0 || f.context <= 0 || f.model.width <= 0 ||
       f.model.blocks <= 0)
     usage("--steps, --batch, --micro-batches, --context, --width and --blocks must be positive");
+  // --ckpt-dir without --ckpt-every would train to the end and save nothing, silently.
+  if (f.ckpt_every > 0 && f.ckpt_dir.empty()) usage("--ckpt-every needs --ckpt-dir LOCATION");
+  if (!f.ckpt_dir.empty() && f.ckpt_every == 0 && !f.resume)
+    usage("--ckpt-dir needs --ckpt-every N (steps between saves), or --resume to load from it without saving");
   return f;
 }
 

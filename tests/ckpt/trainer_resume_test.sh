@@ -42,3 +42,18 @@ awk -v last="$(tail -1 reference.txt | awk '{print $4}')" -v initial="$(head -1 
   END { if (NR != 4) { print "FAIL: expected steps 10..13"; exit 1 } }' rescaled_losses.txt
 grep -q 'checkpoints: 2 of 2 committed' rescaled.txt || { echo "FAIL: the rescaled run's checkpoints"; cat rescaled.txt; exit 1; }
 echo "OK: exact resume after a kill, and a rescaled resume that goes on training"
+
+# Checkpoint flags that cannot do what they say are refused before anything runs (status 2, the reason named).
+refused() {  # refused MESSAGE FLAGS...: the trainer exits 2 and says MESSAGE
+  local message=$1 status=0; shift
+  "$trainer" "$@" > refused.txt 2>&1 || status=$?
+  [ "$status" = 2 ] && grep -qF -- "$message" refused.txt || { echo "FAIL: $* (status $status):"; cat refused.txt; exit 1; }
+}
+refused "--ckpt-every wants the steps between saves, at least 1, got '0'" --ckpt-dir "$work/x" --ckpt-every 0
+refused "--ckpt-every wants an integer from 0 to 2147483647, got '-1'" --ckpt-dir "$work/x" --ckpt-every -1
+refused "--ckpt-every wants an integer from 0 to 2147483647, got 'abc'" --ckpt-dir "$work/x" --ckpt-every abc
+refused "--ckpt-every wants an integer from 0 to 2147483647, got '4294967297'" --ckpt-dir "$work/x" --ckpt-every 4294967297
+refused "--ckpt-every needs --ckpt-dir" --ckpt-every 2
+refused "--ckpt-dir needs --ckpt-every N" --ckpt-dir "$work/x"
+[ ! -e "$work/x" ] || { echo "FAIL: a refused run created its --ckpt-dir"; exit 1; }
+echo "OK: checkpoint flags that cannot work are refused"
