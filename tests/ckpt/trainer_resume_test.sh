@@ -43,6 +43,18 @@ awk -v last="$(tail -1 reference.txt | awk '{print $4}')" -v initial="$(head -1 
 grep -q 'checkpoints: 2 of 2 committed' rescaled.txt || { echo "FAIL: the rescaled run's checkpoints"; cat rescaled.txt; exit 1; }
 echo "OK: exact resume after a kill, and a rescaled resume that goes on training"
 
+# A resume that would leave part of the checkpoint unloaded is refused, naming what: a model with fewer --blocks,
+# a run without the --data whose loader state the checkpoint holds.
+partial() {  # partial MESSAGE FLAGS...: the resume exits 1 and says MESSAGE
+  local message=$1 status=0; shift
+  "$run" -n 2 -- "$trainer" --steps 16 --batch 12 --context 16 --width 32 --ckpt-dir "$work/ckpt" --resume "$@" \
+    > partial.txt 2>&1 || status=$?
+  [ "$status" = 1 ] && grep -qF -- "$message" partial.txt || { echo "FAIL: resume with $* (status $status):"; cat partial.txt; exit 1; }
+}
+partial "--resume: step 14 of $work/ckpt holds 18 entries this run would not load (block3." --blocks 3 --data "$work/data"
+partial "--resume: step 14 of $work/ckpt holds 1 entry this run would not load (data_loader)" --blocks 4
+echo "OK: a resume that would load part of the checkpoint is refused"
+
 # Checkpoint flags that cannot do what they say are refused before anything runs (status 2, the reason named).
 refused() {  # refused MESSAGE FLAGS...: the trainer exits 2 and says MESSAGE
   local message=$1 status=0; shift
