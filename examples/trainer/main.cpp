@@ -390,8 +390,20 @@ int main(int argc, char** argv) try {
       if (rank == 0)
         std::printf("# resumed from step %d of %s (saved by %u ranks, loaded by %d)\n", start, f.ckpt_dir.c_str(),
                     loaded->saved_world_size, ranks);
-    } else if (rank == 0) {
-      std::printf("# no checkpoint in %s: starting at step 0\n", f.ckpt_dir.c_str());
+    } else {
+      // Steps whose index does not load were passed over (rank 0 warned why). Starting over at step 0 would train
+      // from scratch on a --resume and overwrite them with its own saves. No index at all (a new location, or a
+      // first save that never committed) is a fresh start.
+      auto sink = sk::storage::open_sink(f.ckpt_dir);
+      const auto listed = sk::ckpt::list_checkpoints(sink, "");
+      if (!listed.indexed.empty()) {
+        std::string steps;
+        for (auto s : listed.indexed) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
+        throw std::runtime_error("--resume: no checkpoint in " + f.ckpt_dir + " loads, though step(s) " + steps +
+                                 " have an index (shardkit-ckpt ls " + f.ckpt_dir + " says why); not starting over "
+                                 "at step 0 on top of them: repair them, or move them away to start anew");
+      }
+      if (rank == 0) std::printf("# no checkpoint in %s: starting at step 0\n", f.ckpt_dir.c_str());
     }
   }
   std::vector<sk::basic_completion<sk::ckpt::save_result>> saves;

@@ -55,6 +55,18 @@ partial "--resume: step 14 of $work/ckpt holds 18 entries this run would not loa
 partial "--resume: step 14 of $work/ckpt holds 1 entry this run would not load (data_loader)" --blocks 4
 echo "OK: a resume that would load part of the checkpoint is refused"
 
+# Every index cut short (a disk that filled up): the resume refuses to start over at step 0, which would overwrite
+# the intact rank files with its own saves, and leaves every file as it was.
+cp -r "$work/ckpt" "$work/bad"
+for index in "$work"/bad/step-*/index.json; do truncate -s 100 "$index"; done
+(cd "$work/bad" && find . -type f -exec md5sum {} + | sort) > bad_before.txt
+status=0
+"$run" -n 2 -- "$trainer" --steps 16 "${flags[@]}" --ckpt-dir "$work/bad" --ckpt-every 2 --resume > bad.txt 2>&1 || status=$?
+[ "$status" = 1 ] && grep -q "no checkpoint in $work/bad loads, though step(s) .* have an index" bad.txt && ! grep -q 'loss' bad.txt ||
+  { echo "FAIL: resume from checkpoints whose indexes are all cut short (status $status):"; cat bad.txt; exit 1; }
+diff bad_before.txt <(cd "$work/bad" && find . -type f -exec md5sum {} + | sort) || { echo "FAIL: the refused resume changed files"; exit 1; }
+echo "OK: a resume whose checkpoints all fail to load stops, and touches none of them"
+
 # Checkpoint flags that cannot do what they say are refused before anything runs (status 2, the reason named).
 refused() {  # refused MESSAGE FLAGS...: the trainer exits 2 and says MESSAGE
   local message=$1 status=0; shift
