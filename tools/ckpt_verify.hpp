@@ -165,7 +165,8 @@ inline verify_summary verify_checkpoint(st::any_sink& sink, const ck::checkpoint
     try {
       header = ck::read_header(sink, f.key);
     } catch (const std::exception& e) {
-      problems.push_back(f.key + ": " + message_of(e));
+      const std::string why = message_of(e);
+      problems.push_back(why.find(f.key) == std::string::npos ? f.key + ": " + why : why);  // the key once
       bar.add(file_bytes);
       std::fprintf(out, "FAIL  %s\n", f.key.c_str());
       continue;

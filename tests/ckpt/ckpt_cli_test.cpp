@@ -213,6 +213,8 @@ TEST_CASE("[ckpt] shardkit-ckpt ls, verify, inspect and consolidate a 3-rank che
     CHECK(r.status == 1);
     CHECK(line_with(r.output, "FAIL").find("rank-00002.safetensors") != std::string::npos);
     CHECK(r.output.find("no such checkpoint file") != std::string::npos);
+    const auto missing = line_with(r.output, "no such checkpoint file");
+    CHECK_MESSAGE(missing.find("rank-00002") == missing.rfind("rank-00002"), "the file named once: ", missing);
 
     // The index says another checksum than the file's header (and the data) for one tensor.
     auto index = *ck::read_index(sink, "", 2);
