@@ -77,8 +77,8 @@ inline constexpr variable table[] = {
                 "none)",
      .target = "core, gloo", .min = 1},
     {.name = "SHARDKIT_CROSS_MEMORY", .type = kind::boolean, .default_text = "1",
-     .meaning = "large all-reduces between processes of one host read peers' buffers directly (mapped "
-                "host_shared_memory, else process_vm_readv); 0: the ring instead",
+     .meaning = "large all-reduces, reduce-scatters and all-gathers between processes of one host read "
+                "peers' buffers directly (mapped host_shared_memory, else process_vm_readv); 0: the ring instead",
      .target = "core"},
 
     // ---- tcp: the TCP transport (shardkit::tcp); gloo reads the interface too ----
