@@ -167,7 +167,7 @@ flags parse(int argc, char** argv) {
     else if (a == "--ckpt-dir") f.ckpt_dir = v;
     else if (a == "--ckpt-every") {
       f.ckpt_every = int(number(a, v));
-      if (f.ckpt_every == 0) usage("--ckpt-every wants the steps between saves, at least 1, got '0'");
+      if (f.ckpt_every == 0) usage("--ckpt-every wants the steps between saves, from 1 to 2147483647, got '0'");
     } else if (a == "--ckpt-keep") f.ckpt_keep = std::uint32_t(number(a, v));
     else if (a == "--ckpt-mode") {
       if (v == "zero-overhead") f.ckpt_mode = shardkit::ckpt::staging::zero_overhead;

@@ -73,7 +73,7 @@ refused() {  # refused MESSAGE FLAGS...: the trainer exits 2 and says MESSAGE
   "$trainer" "$@" > refused.txt 2>&1 || status=$?
   [ "$status" = 2 ] && grep -qF -- "$message" refused.txt || { echo "FAIL: $* (status $status):"; cat refused.txt; exit 1; }
 }
-refused "--ckpt-every wants the steps between saves, at least 1, got '0'" --ckpt-dir "$work/x" --ckpt-every 0
+refused "--ckpt-every wants the steps between saves, from 1 to 2147483647, got '0'" --ckpt-dir "$work/x" --ckpt-every 0
 refused "--ckpt-every wants an integer from 0 to 2147483647, got '-1'" --ckpt-dir "$work/x" --ckpt-every -1
 refused "--ckpt-every wants an integer from 0 to 2147483647, got 'abc'" --ckpt-dir "$work/x" --ckpt-every abc
 refused "--ckpt-every wants an integer from 0 to 2147483647, got '4294967297'" --ckpt-dir "$work/x" --ckpt-every 4294967297
