@@ -177,6 +177,29 @@ TEST_CASE("[ckpt] a flipped bit is a checksum error naming the file and the tens
   }
 }
 
+TEST_CASE("[ckpt] a rank file deleted after the commit is a not_found error naming the file and a tensor") {
+  auto sink = memory();
+  save_on(2, sink, {5});
+  REQUIRE(sink.remove(ck::rank_file_key("", 5, 1)));
+  auto groups = sk::comm::make_loopback_world(2);
+  std::atomic<int> errors{0};
+  sk::test::run_threads(2, [&](int r) {
+    rank_state s(r, 2);
+    ck::checkpointer c(groups[std::size_t(r)], sink);
+    try {
+      c.load(5, s.dict);
+    } catch (const sk::error& e) {
+      CHECK(e.code() == sk::make_error_code(sk::errc::not_found));
+      const std::string what = e.what();
+      CHECK_MESSAGE(what.find("the file step-000000000005/rank-00001.safetensors, which the checkpoint's index lists "
+                              "with tensor '") != std::string::npos, what);
+      CHECK_MESSAGE(what.find("is absent") != std::string::npos, what);
+      ++errors;
+    }
+  });
+  CHECK(errors >= 1);  // every rank that reads from the missing file
+}
+
 TEST_CASE("[ckpt] retention keeps the newest K checkpoints and removes debris of failed saves") {
   auto sink = memory();
   // Debris: a file of a save that never committed.

@@ -101,7 +101,17 @@ std::uint64_t read_verified(S& sink, const load_plan::source& src, std::uint64_t
   const std::string& key = src.file->key;
   const std::uint64_t n = t.nbytes();
   auto get = [&](std::uint64_t from, std::span<std::byte> into) {
-    if (sink.get(key, src.data_start + t.data_begin + from, into) != into.size())
+    std::size_t got = 0;
+    try {
+      got = sink.get(key, src.data_start + t.data_begin + from, into);
+    } catch (const shardkit::error& e) {
+      // The sink's "no such object" says neither that a checkpoint's index lists the file nor what it should hold.
+      if (e.code() != make_error_code(errc::not_found)) throw;
+      throw_error(errc::not_found, "the file " + key + ", which the checkpoint's index lists with tensor '" + name +
+                                       "', is absent (deleted after the save committed?)",
+                  {.operation = "ckpt.load", .object = key});
+    }
+    if (got != into.size())
       throw_error(errc::io, "the file " + key + " ended while reading tensor '" + name + "' (truncated?)",
                   {.operation = "ckpt.load", .object = key});
   };
