@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <condition_variable>
 #include <mutex>
 #include <cstdio>
@@ -100,6 +101,23 @@ std::uint64_t load_and_check(int world, st::any_sink sink, std::uint64_t expecte
   return loaded;
 }
 
+// Loads `step` on 2 thread ranks; `check` looks at each rank's error. Returns how many ranks failed.
+int load_errors_on_two_ranks(st::any_sink sink, std::uint64_t step, const std::function<void(const sk::error&)>& check) {
+  auto groups = sk::comm::make_loopback_world(2);
+  std::atomic<int> errors{0};
+  sk::test::run_threads(2, [&](int r) {
+    rank_state s(r, 2);
+    ck::checkpointer c(groups[std::size_t(r)], sink);
+    try {
+      c.load(step, s.dict);
+    } catch (const sk::error& e) {
+      check(e);
+      ++errors;
+    }
+  });
+  return errors;
+}
+
 }  // namespace
 
 TEST_CASE("[ckpt] save and load at the same world size: pieces, replicated values, per-rank bytes, metadata") {
@@ -159,19 +177,10 @@ TEST_CASE("[ckpt] a flipped bit is a checksum error naming the file and the tens
     const std::uint64_t data_start = file.size - file.pieces.back().data_end;
     bytes[std::size_t(data_start + t->data_begin + t->nbytes() / 2)] ^= std::byte{0x10};
     st::put_object(sink, file.key, bytes);
-    auto groups = sk::comm::make_loopback_world(2);
-    std::atomic<int> errors{0};
-    sk::test::run_threads(2, [&](int r) {
-      rank_state s(r, 2);
-      ck::checkpointer c(groups[std::size_t(r)], sink);
-      try {
-        c.load(5, s.dict);
-      } catch (const sk::error& e) {
-        CHECK(e.code() == sk::make_error_code(sk::errc::io));
-        CHECK(std::string(e.what()).find("checksum mismatch in step-000000000005/rank-00001.safetensors, tensor '" +
-                                         std::string(victim) + "'") != std::string::npos);
-        ++errors;
-      }
+    const int errors = load_errors_on_two_ranks(sink, 5, [&](const sk::error& e) {
+      CHECK(e.code() == sk::make_error_code(sk::errc::io));
+      CHECK(std::string(e.what()).find("checksum mismatch in step-000000000005/rank-00001.safetensors, tensor '" +
+                                       std::string(victim) + "'") != std::string::npos);
     });
     CHECK(errors == 1);  // only the rank that reads the corrupt bytes
   }
@@ -181,21 +190,12 @@ TEST_CASE("[ckpt] a rank file deleted after the commit is a not_found error nami
   auto sink = memory();
   save_on(2, sink, {5});
   REQUIRE(sink.remove(ck::rank_file_key("", 5, 1)));
-  auto groups = sk::comm::make_loopback_world(2);
-  std::atomic<int> errors{0};
-  sk::test::run_threads(2, [&](int r) {
-    rank_state s(r, 2);
-    ck::checkpointer c(groups[std::size_t(r)], sink);
-    try {
-      c.load(5, s.dict);
-    } catch (const sk::error& e) {
-      CHECK(e.code() == sk::make_error_code(sk::errc::not_found));
-      const std::string what = e.what();
-      CHECK_MESSAGE(what.find("the file step-000000000005/rank-00001.safetensors, which the checkpoint's index lists "
-                              "with tensor '") != std::string::npos, what);
-      CHECK_MESSAGE(what.find("is absent") != std::string::npos, what);
-      ++errors;
-    }
+  const int errors = load_errors_on_two_ranks(sink, 5, [](const sk::error& e) {
+    CHECK(e.code() == sk::make_error_code(sk::errc::not_found));
+    const std::string what = e.what();
+    CHECK_MESSAGE(what.find("the file step-000000000005/rank-00001.safetensors, which the checkpoint's index lists "
+                            "with tensor '") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("is absent") != std::string::npos, what);
   });
   CHECK(errors >= 1);  // every rank that reads from the missing file
 }
