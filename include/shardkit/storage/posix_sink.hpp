@@ -59,6 +59,7 @@
 #include "shardkit/core/arena_memory.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/unique_fd.hpp"
+#include "shardkit/storage/detail/bounce_pool.hpp"
 #include "shardkit/storage/sink.hpp"
 
 namespace shardkit::storage {
@@ -93,37 +94,6 @@ namespace detail {
 using shardkit::unique_fd;
 
 inline constexpr std::size_t direct_io_alignment = 4096;
-
-// The idle bounce buffers of a sink (and its copies), shared with its writers, which may outlive it. A fresh mmap per
-// object cost a fault per page and, under transparent huge pages, zeroing a whole 2 MiB page at a time: a third of
-// the checkpoint threads' CPU with a checkpoint every step in the lab (docs/benchmarks.md, twelfth session).
-class bounce_pool {
- public:
-  explicit bounce_pool(std::size_t block) : block_(block) { idle_.reserve(max_idle); }
-  std::size_t block() const noexcept { return block_; }
-  page_aligned_memory take() {
-    {
-      std::lock_guard lock(mutex_);
-      if (!idle_.empty()) {
-        page_aligned_memory m = std::move(idle_.back());
-        idle_.pop_back();
-        return m;
-      }
-    }
-    return page_aligned_memory(block_);
-  }
-  void give_back(page_aligned_memory&& m) noexcept {
-    if (m.size() != block_) return;
-    std::lock_guard lock(mutex_);
-    if (idle_.size() < max_idle) idle_.push_back(std::move(m));  // reserved: cannot throw
-  }
-
- private:
-  static constexpr std::size_t max_idle = 2;  // a save's file and the previous save's commit may overlap
-  std::size_t block_;
-  std::mutex mutex_;
-  std::vector<page_aligned_memory> idle_;
-};
 
 // fsync of a directory: some file systems cannot (EINVAL); there is nothing more to do on those.
 inline int fsync_directory(const std::string& dir) noexcept {
