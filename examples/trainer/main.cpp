@@ -287,35 +287,24 @@ trainer::batch next_batch(sk::data::loader& loader, int rows, int T) {
 // A checkpoint of a model with more --blocks loads into this one with no tensor missing, and one saved with --data
 // loads without its data loader's state; training would go on from part of the saved state. PyTorch's strict
 // load_state_dict refuses what it would leave unloaded, and so does the trainer: it names what, and on every rank.
-// `params` are the whole model's parameters (a rank's state holds only the tensors it has pieces of); the
-// optimizer's entries are optim.<param>.<moment> and optim.steps.
-void refuse_unloaded_entries(const std::string& location, std::uint64_t step, const std::set<std::string>& params,
-                             const sk::ckpt::state_dict& state) {
-  auto sink = sk::storage::open_sink(location);
-  const auto index = sk::ckpt::read_index(sink, "", step);
-  if (!index) return;
-  std::set<std::string> loaded(params);
-  for (const auto& t : state.saved_tensors()) loaded.insert(t.name);
-  for (const auto& t : state.loaded_only_tensors()) loaded.insert(t.name);
-  for (const auto& e : state.rank_entries()) loaded.insert(e.name);
-  auto is_loaded = [&](std::string name) {
-    if (loaded.contains(name)) return true;
+// `params` are the whole model's parameters: a rank's state names only the tensors it has pieces of, so the load
+// reports the others (and their optimizer moments, optim.<param>.<moment>) as not requested here.
+void refuse_unloaded_entries(const std::string& location, const sk::ckpt::load_report& loaded,
+                             const std::set<std::string>& params) {
+  auto of_the_model = [&](std::string name) {
+    if (params.contains(name)) return true;
     if (name.starts_with("optim.")) name.erase(0, 6);
     const auto dot = name.rfind('.');
     return dot != std::string::npos && params.contains(name.substr(0, dot));
   };
   std::vector<std::string> left;
-  std::set<std::string> seen;
-  for (const auto& t : index->tensors) {
-    std::string name = t.name;
-    if (name.starts_with("rank/")) name.erase(0, std::min(name.size(), name.find('/', 5) + 1));  // rank/R/NAME
-    if (!is_loaded(name) && seen.insert(name).second) left.push_back(name);
-  }
+  for (const auto& name : loaded.not_requested)
+    if (!of_the_model(name)) left.push_back(name);
   if (left.empty()) return;
   std::string names;
   for (std::size_t i = 0; i < left.size() && i < 6; ++i) names += (i ? ", " : "") + left[i];
   if (left.size() > 6) names += ", ...";
-  throw std::runtime_error("--resume: step " + std::to_string(step) + " of " + location + " holds " +
+  throw std::runtime_error("--resume: step " + std::to_string(loaded.step) + " of " + location + " holds " +
                            std::to_string(left.size()) + (left.size() == 1 ? " entry" : " entries") +
                            " this run would not load (" + names +
                            "): it was saved with other flags (--blocks, --data); resume with the ones it was saved with");
@@ -383,7 +372,7 @@ int main(int argc, char** argv) try {
       std::set<std::string> params;
       for (const auto& unit : specs)
         for (const auto& p : unit) params.insert(p.name);
-      refuse_unloaded_entries(f.ckpt_dir, loaded->step, params, state);
+      refuse_unloaded_entries(f.ckpt_dir, *loaded, params);
       start = int(loaded->step);
       opt.set_steps(optimizer_steps);
       if (loader) loader->load(ckpt->read_rank_bytes(loaded->step, "data_loader"), rank, ranks);

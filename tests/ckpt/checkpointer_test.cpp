@@ -141,6 +141,23 @@ TEST_CASE("[ckpt] save and load at the same world size: pieces, replicated value
   CHECK(load_and_check(3, sink, 10) == 10);
 }
 
+TEST_CASE("[ckpt] a load reports what the checkpoint holds that the state did not ask for") {
+  auto sink = memory();
+  save_on(2, sink, {5});
+  auto groups = sk::comm::make_loopback_world(2);
+  sk::test::run_threads(2, [&](int r) {
+    rank_state whole(r, 2);
+    ck::checkpointer c(groups[std::size_t(r)], sink);
+    // Everything asked for: nothing left, though the other rank's pieces and per-rank entries are in the index.
+    CHECK(c.load(5, whole.dict).not_requested.empty());
+    // Without the replicated value and one per-rank entry: both named, the entry once (both ranks saved one).
+    std::vector<std::byte> loader;
+    ck::state_dict part;
+    part.add_shards(whole.model.pieces()).add_rank_bytes("loader", loader);
+    CHECK(c.load(5, part).not_requested == std::vector<std::string>{"optim.steps", "rng"});
+  });
+}
+
 TEST_CASE("[ckpt] resharding is bit-exact: 4 -> 2, 2 -> 4, 3 -> 5, 1 -> 3, 5 -> 1") {
   for (auto [from, to] : {std::pair{4, 2}, {2, 4}, {3, 5}, {1, 3}, {5, 1}}) {
     CAPTURE(from);

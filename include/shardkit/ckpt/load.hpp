@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -44,6 +45,12 @@ struct load_report {
   bool rank_entries_loaded = false;  //!< false after a rescale: per-rank entries were left as they were
   std::uint64_t bytes_read = 0;      //!< from the sink, checksum chunks included
   std::size_t tensors_loaded = 0;
+  //! What the checkpoint holds that `into` did not ask for, sorted: tensors by name, per-rank entries by entry
+  //! name (once, whatever rank saved them). A load takes what the state asks for, as PyTorch's distributed
+  //! checkpoint does; a caller that must not resume from part of a checkpoint (a model saved with more layers)
+  //! refuses a non-empty list. A sharded state names only the tensors this rank holds pieces of, so the caller
+  //! knows which of these are its model's all the same.
+  std::vector<std::string> not_requested;
 };
 
 //! Every saved piece of every tensor of an index, by tensor, sorted by where each begins. Built once per load in
@@ -173,6 +180,25 @@ struct load_options {
   //! Copies into the state's tensors that live on a device (ckpt/device.hpp); empty: host tensors only.
   any_checkpoint_device device;
 };
+
+namespace detail {
+//! load_report::not_requested: the index's tensors and per-rank entries (stored as rank/R/NAME) that `into` names
+//! nowhere.
+inline std::vector<std::string> not_requested(const checkpoint_index& index, const state_dict& into) {
+  std::set<std::string_view> asked;
+  for (const auto* list : {&into.saved_tensors(), &into.loaded_only_tensors()})
+    for (const auto& v : *list) asked.insert(v.name);
+  for (const auto& e : into.rank_entries()) asked.insert(e.name);
+  std::set<std::string> left;
+  for (const auto& t : index.tensors) {
+    std::string_view name = t.name;
+    if (name.starts_with("rank/"))
+      if (const auto slash = name.find('/', 5); slash != std::string_view::npos) name.remove_prefix(slash + 1);
+    if (!asked.contains(name)) left.emplace(name);
+  }
+  return {left.begin(), left.end()};
+}
+}  // namespace detail
 
 //! Loads every tensor of `into` (saved and loaded-only) from the checkpoint `index` describes, and this rank's
 //! per-rank entries when the world size is unchanged. Every byte is verified against the index's checksums before
@@ -312,6 +338,7 @@ load_report load_state(S& sink, const checkpoint_index& index, const state_dict&
     }
     report.rank_entries_loaded = true;
   }
+  report.not_requested = detail::not_requested(index, into);
   return report;
 }
 
