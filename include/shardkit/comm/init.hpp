@@ -73,8 +73,9 @@ inline std::string transport_from_env(std::string_view fallback = "auto") {
 
 //! Connects the store, the transport and the world group. Collective: every rank of the job calls it. Defined in
 //! comm/init_impl.hpp (inline, or once in the program's <shardkit/impl/src.hpp> under SHARDKIT_SEPARATE_COMPILATION).
+//! `timeout` bounds the start: how long the ranks wait for each other (SHARDKIT_STORE_TIMEOUT, else 5 min).
 SHARDKIT_DECL world init_process_group(std::string transport = transport_from_env(), group_options opts = group_options::from_env(),
-                                       std::chrono::milliseconds timeout = rendezvous::default_store_timeout);
+                                       std::chrono::milliseconds timeout = rendezvous::store_timeout());
 
 }  // namespace shardkit::comm
 

@@ -28,7 +28,7 @@ SHARDKIT_DECL world init_process_group(std::string transport, group_options opts
   w.hosts = rendezvous::discover_hosts(w.store, w.info.rank, w.info.world_size, timeout, "shardkit/hosts/");
   const int my_host = w.hosts.host_of[std::size_t(w.info.rank)];
   const auto local_ranks = w.hosts.ranks_on(my_host);
-  if (int(local_ranks.size()) != w.info.local_world_size)
+  if (w.info.local_world_size_stated && int(local_ranks.size()) != w.info.local_world_size)
     log::warn("LOCAL_WORLD_SIZE=", w.info.local_world_size, " but ", local_ranks.size(),
               " ranks share this host (by boot id and namespaces; SHARDKIT_HOST_ID overrides): going by the latter");
   if (transport == "auto")

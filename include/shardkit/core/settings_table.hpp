@@ -50,6 +50,10 @@ inline constexpr variable table[] = {
     {.name = "SHARDKIT_HOST_ID", .type = kind::text, .default_text = "(boot id + mount and network namespaces)",
      .meaning = "this rank's host identity: ranks with equal ids share memory (shm, hierarchical all-reduce)",
      .target = "core"},
+    {.name = "SHARDKIT_STORE_TIMEOUT", .type = kind::seconds, .default_text = "300 (5 min)",
+     .meaning = "how long ranks wait for each other at start (connect_store, init_process_group: rank 0 for every "
+                "rank to join, the others for rank 0's store) and the bound of each store request",
+     .target = "core", .min = 1, .max = 86400},
     {.name = "SHARDKIT_TIMEOUT_MS", .type = kind::milliseconds, .default_text = "1800000 (30 min)",
      .meaning = "deadline of each process-group operation (group_options::timeout)", .target = "core", .min = 1},
     {.name = "SHARDKIT_DEBUG", .type = kind::choice, .default_text = "off",

@@ -45,6 +45,9 @@ struct rendezvous_info {
   std::string master_addr = "127.0.0.1";  //!< where rank 0's store listens, as the other hosts see it
   int master_port = 0;                    //!< 0 = ephemeral, only possible when world_size == 1
   std::string source = "explicit";        //!< "torchrun", "openmpi", "slurm" or "explicit"
+  //! Whether local_world_size was stated (by the launcher's variables or by hand), not defaulted: only a stated
+  //! one is worth a warning when the ranks found on this host disagree with it.
+  bool local_world_size_stated = true;
 };
 
 //! Reads one environment variable; nullptr when unset. Tests inject a map instead of touching the real one.
@@ -228,8 +231,9 @@ inline rendezvous_info info_from_env(const env_lookup& lookup = process_env) {
     info.world_size = size;
     env.must_agree("RANK", rank, "OMPI_COMM_WORLD_RANK");
     env.must_agree("WORLD_SIZE", size, "OMPI_COMM_WORLD_SIZE");
-    if (auto local = env.pair("LOCAL_RANK", "LOCAL_WORLD_SIZE", 1))
-      std::tie(info.local_rank, info.local_world_size) = *local;
+    const auto local = env.pair("LOCAL_RANK", "LOCAL_WORLD_SIZE", 1);
+    if (local) std::tie(info.local_rank, info.local_world_size) = *local;
+    info.local_world_size_stated = local.has_value();
     const auto addr = env.str("MASTER_ADDR");
     if (!addr) detail::config_error("MASTER_ADDR", "MASTER_ADDR is not set (RANK is, as torchrun sets both)");
     info.master_addr = *addr;
@@ -238,8 +242,9 @@ inline rendezvous_info info_from_env(const env_lookup& lookup = process_env) {
   } else if (env.has("OMPI_COMM_WORLD_RANK") || env.has("OMPI_COMM_WORLD_SIZE")) {
     info.source = "openmpi";
     std::tie(info.rank, info.world_size) = *env.pair("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", 1);
-    if (auto local = env.pair("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", 1))
-      std::tie(info.local_rank, info.local_world_size) = *local;
+    const auto local = env.pair("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+    if (local) std::tie(info.local_rank, info.local_world_size) = *local;
+    info.local_world_size_stated = local.has_value();
     const auto addr = env.str("MASTER_ADDR");
     if (!addr && info.local_world_size != info.world_size)
       detail::config_error("MASTER_ADDR", "MASTER_ADDR is not set and the Open MPI ranks span several nodes");
@@ -302,15 +307,25 @@ inline rendezvous_info info_from_env(const std::map<std::string, std::string>& v
   });
 }
 
+//! The store's timeout: SHARDKIT_STORE_TIMEOUT, else default_store_timeout (5 min). It bounds how long ranks wait
+//! for each other to start (connect_store, init_process_group) and each store request.
+inline std::chrono::milliseconds store_timeout() {
+  if (auto t = settings::get<std::chrono::seconds>("SHARDKIT_STORE_TIMEOUT"))
+    return std::chrono::duration_cast<std::chrono::milliseconds>(*t);
+  return default_store_timeout;
+}
+
 //! Connects this rank to the job's store: rank 0 hosts a tcp_store server on master_port and waits until every
-//! rank has connected (or `timeout`); the others connect to master_addr:master_port, retrying until `timeout`
-//! while rank 0 starts. The store takes SHARDKIT_AUTH_TOKEN as its auth token, like the TCP transport: a client
-//! without it cannot read or write a key (shardkit-run sets one per job).
-inline any_store connect_store(const rendezvous_info& info, std::chrono::milliseconds timeout = default_store_timeout) {
+//! rank has joined (or `timeout`); the others connect to master_addr:master_port, retrying until `timeout`
+//! while rank 0 starts. Every rank joins with its rank and world size, so a rank started with another
+//! WORLD_SIZE, or a RANK that another process claimed already, is refused at once (errc::config naming the rank
+//! and both values), and rank 0 fails with the same message. The store takes SHARDKIT_AUTH_TOKEN as its auth
+//! token, like the TCP transport: a client without it cannot read or write a key (shardkit-run sets one per job).
+inline any_store connect_store(const rendezvous_info& info, std::chrono::milliseconds timeout = store_timeout()) {
   validate(info);
   const std::string token = settings::get<settings::text>("SHARDKIT_AUTH_TOKEN").value_or(std::string());
-  return any_store(
-      tcp_store::create(info.master_addr, info.master_port, info.rank == 0, info.world_size, timeout, token));
+  return any_store(tcp_store::create(info.master_addr, info.master_port, info.rank == 0, info.world_size, timeout,
+                                     token, info.rank));
 }
 
 }  // namespace shardkit::rendezvous

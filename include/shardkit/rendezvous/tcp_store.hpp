@@ -30,6 +30,7 @@
 
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/log.hpp"
 #include "shardkit/rendezvous/store.hpp"
 #include "shardkit/rendezvous/tcp_store_server.hpp"
 
@@ -98,26 +99,28 @@ class tcp_store {
 
   //! Like torch's TCPStore(host, port, world_size, is_master, timeout). With is_server, starts a server on
   //! `port` (0 = ephemeral) listening on every interface, and connects to it over loopback; the server lives as
-  //! long as the returned client. With world_size, the server side returns only once world_size clients (itself
-  //! included) have called create(), or fails with errc::timeout saying how many joined. `timeout` is both the
-  //! connect timeout and the default request timeout. `auth_token` is the server's and this client's
-  //! (connect_store() passes SHARDKIT_AUTH_TOKEN).
+  //! long as the returned client. With world_size, every client joins the job (see join in
+  //! tcp_store_server.hpp): a client whose world size differs from the server's, or whose `rank` joined already,
+  //! is refused with errc::config naming the rank and both values, and so is the server side, at once; the
+  //! server side returns only once world_size clients (itself included) have joined, or fails with errc::timeout
+  //! saying how many did. `timeout` is both the connect timeout and the default request timeout. `auth_token` is
+  //! the server's and this client's (connect_store() passes SHARDKIT_AUTH_TOKEN). A server port already taken is
+  //! errc::config saying by what: another shardkit store (a second RANK=0, or another job) or another program.
   static std::shared_ptr<tcp_store> create(const std::string& host, int port, bool is_server,
                                            std::optional<int> world_size = std::nullopt,
                                            std::chrono::milliseconds timeout = default_store_timeout,
-                                           const std::string& auth_token = {}) {
+                                           const std::string& auth_token = {}, std::optional<int> rank = std::nullopt) {
     const tcp_store_options opts{.connect_timeout = timeout, .timeout = timeout, .auth_token = auth_token};
     std::shared_ptr<tcp_store> store;
     if (is_server) {
-      auto server =
-          std::make_shared<tcp_store_server>(tcp_store_server_options{.port = port, .auth_token = auth_token});
+      auto server = start_server(port, auth_token, world_size.value_or(0));
       // Loopback, not `host`: host names this machine as others see it and may not resolve here (yet).
       store = std::make_shared<tcp_store>(server->local_address(), server->port(), opts);
       store->server_ = std::move(server);
     } else {
       store = std::make_shared<tcp_store>(host, port, opts);
     }
-    if (world_size) store->wait_for_workers(*world_size, is_server, timeout);
+    if (world_size) store->join(rank.value_or(-1), *world_size, is_server, timeout);
     return store;
   }
 
@@ -304,7 +307,8 @@ class tcp_store {
       try {
         if (dial(dl, last)) return handshake();
       } catch (const error& e) {
-        if (e.code() == errc::auth_failed) throw e.with_context({.operation = "store.connect", .object = address()});
+        if (e.code() == errc::auth_failed || e.code() == errc::protocol)
+          throw e.with_context({.operation = "store.connect", .object = address()});
         last = e.detail();  // e.g. a server still starting closed on us: retry like a refused connect
       }
       fd_.reset();
@@ -312,7 +316,7 @@ class tcp_store {
       if (now >= dl)
         throw_error(errc::timeout,
                     "could not connect to the store at " + address() + " within " +
-                        detail::ms_text(opts_.connect_timeout) + " (last error: " + last + ")",
+                        detail::ms_text(opts_.connect_timeout) + " (SHARDKIT_STORE_TIMEOUT; last error: " + last + ")",
                     {.operation = "store.connect", .object = address()});
       std::this_thread::sleep_for(std::min<steady_clock::duration>(backoff, dl - now));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
@@ -326,9 +330,16 @@ class tcp_store {
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_NUMERICSERV;
     addrinfo* res = nullptr;
-    // Name lookup failures are retried too: a headless service's DNS name appears only once its pod runs.
+    // Name lookup failures are retried too: a headless service's DNS name appears only once its pod runs. A name
+    // that does not exist (not a temporary failure) is said at once, since it is more often a typo.
     if (const int rc = ::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &res); rc != 0) {
-      last = std::string("cannot resolve ") + host_ + ": " + ::gai_strerror(rc);
+      last = std::string("cannot resolve ") + host_ + " (MASTER_ADDR): " + ::gai_strerror(rc);
+      if (rc != EAI_AGAIN && !warned_unresolved_) {
+        warned_unresolved_ = true;
+        log::warn("the store's host ", host_, " (MASTER_ADDR) does not resolve: ", ::gai_strerror(rc),
+                  "; retrying for up to ", detail::ms_text(opts_.connect_timeout),
+                  " (SHARDKIT_STORE_TIMEOUT) in case the name appears later, as a Kubernetes service's does");
+      }
       return false;
     }
     const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
@@ -361,39 +372,90 @@ class tcp_store {
     return false;
   }
 
+  // A shardkit store answers a hello at once; a peer that answers something else, or nothing within this, is
+  // another program (an HTTP server on MASTER_PORT), and retrying it until the connect timeout would not help.
+  static constexpr std::chrono::milliseconds hello_answer_timeout{5000};
+
   void handshake() {
     send_all(detail::store_hello(opts_.auth_token));
-    auto resp = read_frame(deadline_after(opts_.timeout));
-    if (!resp) throw_error(errc::timeout, "no handshake answer");
-    detail::frame_reader r(*resp);
-    if (static_cast<detail::store_status>(r.u8()) == detail::store_status::error) {
-      r.u8();
-      throw_error(errc::auth_failed, "the store at " + address() + " refused this client: " + r.str());
+    const auto bound = opts_.timeout > std::chrono::milliseconds(0) ? std::min(opts_.timeout, hello_answer_timeout)
+                                                                    : hello_answer_timeout;
+    const auto not_a_store = [&](const std::string& why) {
+      throw_error(errc::protocol, "the program at " + address() + " is not a shardkit store (" + why +
+                                      "): check MASTER_ADDR and MASTER_PORT");
+    };
+    std::optional<std::string> resp;
+    try {
+      resp = read_frame(deadline_after(bound));
+    } catch (const error& e) {
+      if (e.code() == errc::peer_lost) throw;  // closed on us: maybe a store still starting, retried
+      not_a_store(e.detail());
     }
-    if (r.u32() != detail::store_magic) throw_error(errc::protocol, "the server at this port is not a shardkit store");
-    r.u32();
+    if (!resp) not_a_store("no answer to the hello within " + detail::ms_text(bound));
+    try {
+      detail::frame_reader r(*resp);
+      if (static_cast<detail::store_status>(r.u8()) == detail::store_status::error) {
+        r.u8();
+        throw_error(errc::auth_failed, "the store at " + address() + " refused this client: " + r.str());
+      }
+      if (r.u32() != detail::store_magic) not_a_store("its answer has another magic");
+      r.u32();
+    } catch (const error& e) {
+      if (e.code() != errc::protocol) throw;
+      not_a_store(e.detail());
+    }
   }
 
-  void wait_for_workers(int world_size, bool is_server, std::chrono::milliseconds timeout) {
-    if (world_size < 1)
-      throw_error(errc::invalid_argument, "world_size " + std::to_string(world_size) + " is below 1",
-                  {.operation = "store.create", .object = address()});
-    // Each client counts itself in; whoever completes the count publishes `ready`, which the host waits on
-    // (parked, not polled) and then removes with the counter, so neither shows in num_keys().
-    const std::string joined = "__shardkit/store/joined", ready = "__shardkit/store/ready";
-    if (add(joined, 1) == world_size) set(ready, "1");
-    if (!is_server) return;
+  // A server on `port`; when the port is taken, says by whom (a hello with a short deadline tells a shardkit
+  // store from another program).
+  static std::shared_ptr<tcp_store_server> start_server(int port, const std::string& auth_token, int world_size) {
     try {
-      wait(std::span<const std::string>(&ready, 1), timeout);
+      return std::make_shared<tcp_store_server>(
+          tcp_store_server_options{.port = port, .auth_token = auth_token, .world_size = world_size});
+    } catch (const error& e) {
+      if (port == 0 || e.code() != errc::config) throw;
+      const std::string where = "port " + std::to_string(port) + " (MASTER_PORT)";
+      const error_context ctx{.operation = "store.listen", .object = detail::host_port("*", port)};
+      try {
+        tcp_store probe("127.0.0.1", port, {.connect_timeout = std::chrono::seconds(2), .timeout = std::chrono::seconds(2),
+                                            .auth_token = auth_token});
+      } catch (const error& p) {
+        if (p.code() == errc::auth_failed)
+          throw_error(errc::config, where + " is taken by the shardkit store of another job (another SHARDKIT_AUTH_TOKEN): "
+                      "choose another MASTER_PORT", ctx);
+        if (p.code() == errc::protocol)
+          throw_error(errc::config, where + " is held by another program, not a shardkit store: choose another MASTER_PORT", ctx);
+        throw;
+      }
+      throw_error(errc::config, where + " already has a shardkit store: two processes were started with RANK=0 "
+                  "(or an earlier run of this job still holds the port)", ctx);
+    }
+  }
+
+  void join(int rank, int world_size, bool is_server, std::chrono::milliseconds timeout) {
+    const error_context ctx{.rank = rank >= 0 ? std::optional<int>(rank) : std::nullopt, .operation = "store.join", .object = address()};
+    if (world_size < 1)
+      throw_error(errc::invalid_argument, "world_size " + std::to_string(world_size) + " is below 1", ctx);
+    call("store.join", {}, request(op::join).i64(rank).i64(world_size));
+    if (!is_server) return;
+    // The server publishes `ready` once every rank joined, or a refusal; the host waits on it (parked, not
+    // polled) and then removes the bookkeeping, so none of it shows in num_keys().
+    const std::string joined(detail::store_joined_key), ready(detail::store_ready_key);
+    std::string outcome;
+    try {
+      outcome = get(ready, timeout);
     } catch (const error& e) {
       if (e.code() != errc::timeout) throw;
+      const auto count = check(std::span<const std::string>(&joined, 1)) ? get(joined, timeout) : std::string("0");
       throw_error(errc::timeout,
-                  "only " + std::to_string(add(joined, 0)) + " of " + std::to_string(world_size) +
-                      " ranks joined the store at " + address() + " within " + detail::ms_text(timeout),
-                  {.operation = "store.create", .object = address()});
+                  "only " + count + " of " + std::to_string(world_size) + " ranks joined the store at " + address() +
+                      " within " + detail::ms_text(timeout) + " (SHARDKIT_STORE_TIMEOUT)",
+                  ctx);
     }
     remove(joined);
     remove(ready);
+    if (outcome.starts_with(detail::store_refused_prefix))
+      throw_error(errc::config, outcome.substr(detail::store_refused_prefix.size()), ctx);
   }
 
   // The server outlives the socket (members are destroyed in reverse order), so our close comes first.
@@ -403,6 +465,7 @@ class tcp_store {
   tcp_store_options opts_;
   std::mutex mutex_;
   detail::unique_fd fd_;
+  bool warned_unresolved_ = false;
 };
 
 }  // namespace shardkit::rendezvous

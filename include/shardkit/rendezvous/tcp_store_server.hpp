@@ -19,6 +19,15 @@
 //!    deadline: when it passes, the client sends cancel, and the server answers the parked request with cancelled
 //!    + the keys still missing (if the real answer already left, it arrives first and cancel is just
 //!    acknowledged), so the stream stays in step and the connection stays usable.
+//!  - join (i64 rank, i64 world_size; rank -1: a client that only counts itself in) claims a place in the job.
+//!    The job's world size is the server's (tcp_store_server_options::world_size) or else the first join's. The
+//!    server refuses (error errc::config, the connection stays usable) a join whose world size differs
+//!    ("rank 1 says WORLD_SIZE=3, the store was started for 2"), whose rank is outside the world, or whose rank
+//!    joined already ("rank 1 joined already, from 127.0.0.1:40112: two processes were started with RANK=1").
+//!    Each accepted join adds one to the key store_joined_key; the one that completes the world sets
+//!    store_ready_key to "1". A refusal before the world is complete sets store_ready_key to "refused: <why>", so
+//!    the host waiting on it fails at once with the same reason instead of waiting for a rank that cannot come.
+//!    Claims last as long as the server: a process that joined and then died is not replaced by a newcomer.
 //!  - A frame over max_frame_bytes, a bad hello, an unknown opcode or a malformed payload drops that client only.
 #include <algorithm>
 #include <charconv>
@@ -51,6 +60,8 @@ struct tcp_store_server_options {
   //! The secret every client's hello must carry (at most 4096 bytes); empty: the clients' must be empty too.
   //! connect_store() (env.hpp) sets it from SHARDKIT_AUTH_TOKEN, the same secret as the TCP transport's.
   std::string auth_token;
+  //! The job's world size, which every join must state; 0: the first join's (see join above).
+  int world_size = 0;
 };
 
 //! The store's server: one background thread multiplexes every client with epoll. Destroying it stops the
@@ -59,6 +70,7 @@ class tcp_store_server {
  public:
   explicit tcp_store_server(tcp_store_server_options options = {})
       : opts_(checked(std::move(options))), net_(opts_.bind_address, opts_.port, opts_.max_frame_bytes) {
+    world_ = opts_.world_size;
     thread_ = std::thread([this] { run(); });
   }
   tcp_store_server(const tcp_store_server&) = delete;
@@ -81,6 +93,9 @@ class tcp_store_server {
     if (o.auth_token.size() > detail::max_store_token_bytes)
       throw_error(errc::invalid_argument,
                   "auth_token of " + std::to_string(o.auth_token.size()) + " bytes: at most 4096",
+                  {.operation = "store.listen"});
+    if (o.world_size < 0)
+      throw_error(errc::invalid_argument, "world_size " + std::to_string(o.world_size) + " is below 0",
                   {.operation = "store.listen"});
     return o;
   }
@@ -192,6 +207,12 @@ class tcp_store_server {
         r.finish();
         return reply(c, ok().u8(data_.erase(key) > 0));
       }
+      case op::join: {
+        const auto rank = r.i64();
+        const auto world = r.i64();
+        r.finish();
+        return join(c, rank, world);
+      }
       case op::num_keys:
         r.finish();
         return reply(c, ok().i64(static_cast<std::int64_t>(data_.size())));
@@ -206,6 +227,42 @@ class tcp_store_server {
       }
       default:
         throw_error(errc::protocol, "unknown opcode " + std::to_string(static_cast<int>(code)));
+    }
+  }
+
+  // A rank claims its place (see join in the file comment).
+  void join(connection& c, std::int64_t rank, std::int64_t world) {
+    if (world_ == 0 && world > 0) world_ = world;
+    std::string why;
+    const std::string who = rank >= 0 ? "rank " + std::to_string(rank) : "a client";
+    if (world != world_) {
+      why = who + " says WORLD_SIZE=" + std::to_string(world) + ", the store was started for " + std::to_string(world_);
+    } else if (rank >= world_ || rank < -1) {
+      why = "rank " + std::to_string(rank) + " is outside [0, WORLD_SIZE=" + std::to_string(world_) + ")";
+    } else if (rank >= 0) {
+      if (auto it = claims_.find(rank); it != claims_.end())
+        why = "rank " + std::to_string(rank) + " joined already, from " + it->second + ": two processes were started with RANK=" +
+              std::to_string(rank);
+    }
+    const std::string ready(detail::store_ready_key);
+    if (!why.empty()) {
+      log::warn("tcp store server on port ", port(), ": refusing the join of ", c.peer, ": ", why);
+      // Tell the host too, unless the job is already complete (then the refusal concerns only the newcomer).
+      if (joined_ < world_ || world_ == 0) {
+        data_[ready] = std::string(detail::store_refused_prefix) + why;
+        key_created(ready);
+      }
+      return reply(c, error_frame(errc::config, why));
+    }
+    if (rank >= 0) claims_.emplace(rank, c.peer);
+    ++joined_;
+    const std::string joined(detail::store_joined_key);
+    data_[joined] = std::to_string(joined_);
+    reply(c, ok());
+    key_created(joined);
+    if (joined_ == world_ && !data_.contains(ready)) {
+      data_[ready] = "1";
+      key_created(ready);
     }
   }
 
@@ -269,6 +326,9 @@ class tcp_store_server {
   // Owned by the server thread:
   std::map<std::string, std::string> data_;
   std::unordered_map<std::string, std::vector<std::uint64_t>> waiters_;
+  std::int64_t world_ = 0;                      // the job's world size (0 until known)
+  std::int64_t joined_ = 0;                     // joins accepted
+  std::map<std::int64_t, std::string> claims_;  // rank -> the address it joined from
   std::thread thread_;  // joined in the destructor, before any member it uses is destroyed
 };
 

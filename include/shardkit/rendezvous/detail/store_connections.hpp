@@ -207,6 +207,8 @@ class store_connections {
       local_address_ = !bind.empty() ? bind : (a->ai_family == AF_INET6 ? "::1" : "127.0.0.1");
       return fd;
     }
+    // A port in use is a setting to change (errc::config); tcp_store::create() then says who holds it.
+    if (last == EADDRINUSE) throw_error(errc::config, "cannot listen: port " + service + " is in use", ctx);
     throw_error(errc::io, "cannot listen: " + errno_message(last), ctx);
   }
 

@@ -25,14 +25,15 @@ namespace detail {
 
 inline constexpr std::uint32_t store_magic = 0x54534b53;  // "SKST" as bytes on the wire
 // 2: the hello carries the job's auth token (version 1 had none, so a v1 client is refused with a version error).
-inline constexpr std::uint32_t store_protocol_version = 2;
+// 3: join, by which a rank claims its place in the job (its rank and world size are checked by the server).
+inline constexpr std::uint32_t store_protocol_version = 3;
 inline constexpr std::uint32_t default_max_frame_bytes = 64u << 20;
 //! The longest auth token (the same bound as the TCP transport's handshake).
 inline constexpr std::size_t max_store_token_bytes = 4096;
 //! A hello is u8 + magic + version + the token as a string: a stranger's first frame stays this small.
 inline constexpr std::uint32_t max_hello_bytes = 1 + 4 + 4 + 4 + max_store_token_bytes;
 
-enum class store_op : std::uint8_t { hello = 0, set, get, wait, check, add, compare_set, remove, num_keys, cancel };
+enum class store_op : std::uint8_t { hello = 0, set, get, wait, check, add, compare_set, remove, num_keys, cancel, join };
 enum class store_status : std::uint8_t { ok = 0, error = 1, cancelled = 2 };
 
 //! Owns one file descriptor.
@@ -137,6 +138,12 @@ class frame_reader {
 inline std::string store_hello(std::string_view token, std::uint32_t version = store_protocol_version) {
   return frame_writer(store_op::hello).u32(store_magic).u32(version).str(token).take();
 }
+
+//! The keys of the join bookkeeping: the count of ranks joined, and what the host waits on ("1" once every rank
+//! joined, or "refused: <why>" once the server refused a rank's claim). The host removes both when it is done.
+inline constexpr std::string_view store_joined_key = "__shardkit/store/joined";
+inline constexpr std::string_view store_ready_key = "__shardkit/store/ready";
+inline constexpr std::string_view store_refused_prefix = "refused: ";
 
 inline void set_nodelay(int fd) noexcept {
   const int one = 1;

@@ -1,0 +1,247 @@
+// The store's join: the mistakes of starting a job (another WORLD_SIZE, a RANK twice, a MASTER_ADDR that does not
+// resolve, a MASTER_PORT held by another program) fail at once, with both values named, on the rank at fault and
+// on the host. Threads for the store's own checks, processes where the mistake is made by a launcher.
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardkit/rendezvous/env.hpp"
+#include "shardkit/rendezvous/tcp_store.hpp"
+#include "support/harness.hpp"
+
+using namespace std::chrono_literals;
+namespace rdv = shardkit::rendezvous;
+using shardkit::errc;
+using steady = std::chrono::steady_clock;
+
+namespace {
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// What a create() threw (or "" when it returned), and how long it took.
+struct outcome {
+  std::string what;
+  errc code{};
+  double seconds = 0;
+  std::shared_ptr<rdv::tcp_store> store;
+};
+
+outcome join(int port, bool host, int world, int rank, std::chrono::milliseconds timeout = 20s) {
+  outcome o;
+  const auto t0 = steady::now();
+  try {
+    o.store = rdv::tcp_store::create("127.0.0.1", port, host, world, timeout, {}, rank);
+  } catch (const shardkit::error& e) {
+    o.what = e.what();
+    o.code = static_cast<errc>(e.code().value());
+  }
+  o.seconds = std::chrono::duration<double>(steady::now() - t0).count();
+  return o;
+}
+
+// A listener that is not a shardkit store: it answers every connection like an HTTP server refusing a bad request
+// (or, when silent, reads and says nothing), until destroyed.
+class stranger {
+ public:
+  explicit stranger(bool answers) : answers_(answers) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(fd_, 16) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~stranger() {
+    stop_ = true;
+    thread_.join();
+    for (int c : clients_) ::close(c);
+    ::close(fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0) continue;
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) continue;
+      clients_.push_back(c);
+      if (answers_) {
+        const std::string resp = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+        [[maybe_unused]] auto n = ::send(c, resp.data(), resp.size(), MSG_NOSIGNAL);
+      }
+    }
+  }
+  bool answers_;
+  int fd_ = -1, port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::vector<int> clients_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("[rendezvous] join: a rank with another WORLD_SIZE is refused at once, and so is the host, naming both") {
+  const int port = shardkit::test::free_port();
+  outcome host, other;
+  shardkit::test::run_threads(2, [&](int r) {
+    if (r == 0) host = join(port, true, 2, 0);
+    else other = join(port, false, 3, 1);
+  });
+  for (const auto* o : {&host, &other}) {
+    CAPTURE(o->what);
+    CHECK(o->code == errc::config);
+    CHECK(has(o->what, "rank 1 says WORLD_SIZE=3, the store was started for 2"));
+    CHECK(o->seconds < 5);
+  }
+}
+
+TEST_CASE("[rendezvous] join: a rank claimed twice is refused at once, naming the rank; a rank outside the world too") {
+  const int port = shardkit::test::free_port();
+  auto host_first = std::async(std::launch::async, [&] { return join(port, true, 3, 0); });
+  // The first rank 1 joins; the world is not complete yet when the second claims rank 1.
+  std::this_thread::sleep_for(50ms);
+  const auto first = join(port, false, 3, 1);
+  CHECK(first.what.empty());
+  const auto second = join(port, false, 3, 1);
+  CAPTURE(second.what);
+  CHECK(second.code == errc::config);
+  CHECK(has(second.what, "rank 1 joined already"));
+  CHECK(has(second.what, "two processes were started with RANK=1"));
+  const auto host = host_first.get();
+  CAPTURE(host.what);
+  CHECK(has(host.what, "rank 1 joined already"));
+  CHECK(host.seconds < 5);
+}
+
+TEST_CASE("[rendezvous] join: after the world is complete, only a newcomer is refused") {
+  const int port = shardkit::test::free_port();
+  outcome h, one;
+  shardkit::test::run_threads(2, [&](int r) { (r == 0 ? h : one) = join(port, r == 0, 2, r); });
+  REQUIRE(h.what.empty());
+  REQUIRE(one.what.empty());
+  CHECK(has(join(port, false, 2, 1).what, "rank 1 joined already"));
+  CHECK(has(join(port, false, 2, 2).what, "rank 2 is outside [0, WORLD_SIZE=2)"));
+  CHECK(h.store->num_keys() == 0);  // no refusal left behind for a host that is done waiting
+}
+
+TEST_CASE("[rendezvous] join: the host's timeout says how many joined and names the setting") {
+  const auto host = join(0, true, 2, 0, 300ms);
+  CHECK(host.code == errc::timeout);
+  CHECK(has(host.what, "only 1 of 2 ranks joined"));
+  CHECK(has(host.what, "SHARDKIT_STORE_TIMEOUT"));
+}
+
+TEST_CASE("[rendezvous] a MASTER_PORT held by another program: a client stops at once, a host says so") {
+  SUBCASE("it answers something else") {
+    stranger s(true);
+    const auto t0 = steady::now();
+    try {
+      rdv::tcp_store c("127.0.0.1", s.port(), {.connect_timeout = 30s, .timeout = 30s});
+      FAIL("connected to a stranger");
+    } catch (const shardkit::error& e) {
+      CAPTURE(e.what());
+      CHECK(e.code() == shardkit::make_error_code(errc::protocol));
+      CHECK(has(e.what(), "is not a shardkit store"));
+    }
+    CHECK(steady::now() - t0 < 5s);
+    const auto host = join(s.port(), true, 2, 0);
+    CAPTURE(host.what);
+    CHECK(has(host.what, "held by another program, not a shardkit store"));
+  }
+  SUBCASE("it says nothing") {
+    stranger s(false);
+    const auto t0 = steady::now();
+    try {
+      rdv::tcp_store c("127.0.0.1", s.port(), {.connect_timeout = 30s, .timeout = 300ms});
+      FAIL("connected to a stranger");
+    } catch (const shardkit::error& e) {
+      CAPTURE(e.what());
+      CHECK(has(e.what(), "is not a shardkit store (no answer to the hello within 300 ms)"));
+    }
+    CHECK(steady::now() - t0 < 5s);
+  }
+  SUBCASE("it is another shardkit store: a second RANK=0") {
+    const int port = shardkit::test::free_port();
+    auto first = std::async(std::launch::async, [&] { return join(port, true, 2, 0, 2s); });
+    std::this_thread::sleep_for(100ms);
+    const auto second = join(port, true, 2, 0);
+    CAPTURE(second.what);
+    CHECK(second.code == errc::config);
+    CHECK(has(second.what, "already has a shardkit store: two processes were started with RANK=0"));
+    CHECK(second.seconds < 5);
+    CHECK(join(port, false, 2, 1).what.empty());
+    CHECK(first.get().what.empty());
+  }
+}
+
+TEST_CASE("[rendezvous] a MASTER_ADDR that does not resolve is said at once, then retried until the timeout") {
+  const auto t0 = steady::now();
+  try {
+    rdv::tcp_store c("no-such-host.invalid", 29500, {.connect_timeout = 300ms, .timeout = 300ms});
+    FAIL("resolved");
+  } catch (const shardkit::error& e) {
+    CAPTURE(e.what());
+    CHECK(e.code() == shardkit::make_error_code(errc::timeout));
+    CHECK(has(e.what(), "cannot resolve no-such-host.invalid (MASTER_ADDR)"));
+  }
+  CHECK(steady::now() - t0 < 5s);
+}
+
+// Processes started by hand the way the mistakes are made: each scenario joins with the environment it was given
+// (rank R may change its own variables first) and prints what came of it.
+SHARDKIT_SCENARIO(rendezvous_join_misuse) {
+  const int rank = shardkit::test::env_rank();
+  if (const char* v = std::getenv(("JOIN_WORLD_SIZE_" + std::to_string(rank)).c_str())) ::setenv("WORLD_SIZE", v, 1);
+  if (const char* v = std::getenv(("JOIN_RANK_" + std::to_string(rank)).c_str())) ::setenv("RANK", v, 1);
+  const auto t0 = steady::now();
+  try {
+    auto store = rdv::connect_store(rdv::info_from_env());
+    std::printf("JOINED\n");
+    if (rank == 0) std::this_thread::sleep_for(1s);  // the host stays while a late duplicate may come
+  } catch (const shardkit::error& e) {
+    const double s = std::chrono::duration<double>(steady::now() - t0).count();
+    std::printf("REFUSED after %.2f s: %s\n", s, e.what());
+    SCENARIO_CHECK(s < 5);
+  }
+}
+
+TEST_CASE("[rendezvous] processes: WORLD_SIZE=2 and 3 on one MASTER_PORT both fail within seconds, naming both") {
+  const auto results = shardkit::test::run_processes(
+      2, "rendezvous_join_misuse", {{"JOIN_WORLD_SIZE_1", "3"}, {"SHARDKIT_STORE_TIMEOUT", "20"}}, 30s);
+  shardkit::test::require_all_succeeded(results);
+  for (const auto& r : results) {
+    CAPTURE(r.output);
+    CHECK(has(r.output, "REFUSED"));
+    CHECK(has(r.output, "rank 1 says WORLD_SIZE=3, the store was started for 2"));
+  }
+}
+
+TEST_CASE("[rendezvous] processes: two started with RANK=1: one is refused at once naming the rank, and the host") {
+  const auto results = shardkit::test::run_processes(
+      3, "rendezvous_join_misuse", {{"JOIN_RANK_2", "1"}, {"SHARDKIT_STORE_TIMEOUT", "20"}}, 30s);
+  shardkit::test::require_all_succeeded(results);
+  int refused = 0;
+  for (const auto& r : results) {
+    CAPTURE(r.output);
+    refused += has(r.output, "REFUSED") && has(r.output, "rank 1 joined already");
+  }
+  // The host and whichever rank-1 process came second; the first rank 1 may have joined or been told the host left.
+  CHECK(refused >= 2);
+  CHECK(has(results[0].output, "rank 1 joined already"));
+}
