@@ -5,12 +5,21 @@
 #include <thread>
 
 extern "C" long shardkit_model_live_communicators() __attribute__((weak));
+extern "C" void shardkit_model_fail_next_split() __attribute__((weak));
 
 namespace shardkit::test::nccl {
 
 //! Communicators the model holds now (0 against the real NCCL, which cannot say).
 inline long model_live_communicators() {
   return shardkit_model_live_communicators ? shardkit_model_live_communicators() : 0;
+}
+
+//! Makes the calling thread's next ncclCommSplit fail in its background job, as a failed bootstrap would (the
+//! parent's state and the new communicator's turn ncclInternalError). False against the real NCCL.
+inline bool model_fail_next_split() {
+  if (!shardkit_model_fail_next_split) return false;
+  shardkit_model_fail_next_split();
+  return true;
 }
 
 //! Whether every communicator made since `before` was counted has been freed again: the backend destroys each one

@@ -244,6 +244,73 @@ TEST_CASE("[nccl] device suite") {
   CHECK(test::nccl::model_communicators_back_to(communicators_before));
 }
 
+TEST_CASE("[nccl] split waits for NCCL's background job: a split that fails there or times out aborts the parent, then the new communicator") {
+  // NCCL runs a split of a nonblocking communicator in a background job and stores the new communicator at its
+  // end; ncclCommSplit itself returns ncclSuccess with *newcomm still null (the parent's state says when the job is
+  // over). split() took that null for "no communicator" and aborted the parent while the job ran (the first GPU run:
+  // every dup() failed). A split that truly fails must still end with the parent and the new communicator aborted,
+  // and nothing leaked.
+  if (!device_or_skip()) return;
+  const long communicators_before = test::nccl::model_live_communicators();
+  const auto expect_aborted = [](nccl_communicator& c, const char* cause) {
+    try {
+      c.barrier({});
+      SCENARIO_CHECK(!"a communicator whose split failed ran a barrier");
+    } catch (const error& e) {
+      SCENARIO_CHECK(e.code() == errc::aborted);
+      SCENARIO_CHECK(std::string(e.what()).find(cause) != std::string::npos);
+    }
+  };
+  SUBCASE("one rank: dup, and a split with the color left out") {
+    auto store = rendezvous::make_store<rendezvous::memory_store>();
+    auto c = nccl_communicator::create(store, 0, 1, test_nccl_options(0));
+    for (int round = 0; round < 3; ++round) {
+      auto twin = c.dup();
+      CHECK(twin.size() == 1);
+      twin.barrier({});
+      CHECK_FALSE(c.split(-1, 0, {}).has_value());
+    }
+    c.barrier({});
+  }
+  SUBCASE("the split fails in NCCL's background job") {
+    if (!test::nccl::model_fail_next_split()) {
+      MESSAGE("[nccl] not run: failing a split on purpose needs the model");
+      return;
+    }
+    auto store = rendezvous::make_store<rendezvous::memory_store>();
+    auto c = nccl_communicator::create(store, 0, 1, test_nccl_options(0));
+    try {
+      (void)c.dup();
+      FAIL("a split that failed in NCCL's job returned a communicator");
+    } catch (const error& e) {
+      CHECK(e.code() == errc::backend);
+      CHECK(std::string(e.what()).find("ncclCommSplit") != std::string::npos);
+    }
+    expect_aborted(c, "ncclCommSplit");
+  }
+  SUBCASE("a peer never calls split: the deadline ends it") {
+    if (device_world() < 2) {
+      MESSAGE("[nccl] not run: a split with an absent peer needs 2 GPUs, this machine has " << device_world());
+      return;
+    }
+    auto store = rendezvous::make_store<rendezvous::memory_store>();
+    test::run_threads(2, [&](int r) {
+      auto c = nccl_communicator::create(store, r, 2, test_nccl_options(r));
+      c.barrier({});
+      if (r == 1) return;  // never splits; its communicator is destroyed (and finalized) meanwhile
+      try {
+        (void)c.split(0, 0, {.until = steady_clock::now() + std::chrono::milliseconds(300)});
+        SCENARIO_CHECK(!"a split without its peer returned");
+      } catch (const error& e) {
+        SCENARIO_CHECK(e.code() == errc::timeout);
+        SCENARIO_CHECK(std::string(e.what()).find("ncclCommSplit") != std::string::npos);
+      }
+      expect_aborted(c, "ncclCommSplit");
+    });
+  }
+  CHECK(test::nccl::model_communicators_back_to(communicators_before));
+}
+
 namespace {
 
 // For the cases that count threads over point-to-point: false (with the reason) without 2 devices; starts the

@@ -30,7 +30,10 @@
 //! - **Averages** use ncclAvg for every dtype: integers sum then divide truncating toward zero (as the host
 //!   algorithms do); floating types pre-multiply by 1/size then sum, which can differ from sum-then-divide in the
 //!   last place when size is not a power of two.
-//! - **Groups.** split() is ncclCommSplit (color < 0 takes no part); dup() is split(0, rank()).
+//! - **Groups.** split() is ncclCommSplit (color < 0 takes no part); dup() is split(0, rank()). NCCL finishes a
+//!   split in a background job and assigns the new communicator at its end: split() waits for the parent's state,
+//!   then for the new handle, then for the new communicator's state, all within the deadline; a split that fails
+//!   or times out aborts the parent (the documented way to stop the job) and then the new communicator.
 //! - **Host metadata.** host_all_gather (the communicator concept's optional control plane, which carries
 //!   process_group's check_consistency fingerprints) copies a few host bytes into a small device buffer of the
 //!   communicator's, runs ncclAllGather on the stream like any collective, and copies the result back. It does
@@ -318,18 +321,21 @@ class nccl_communicator {
         child = std::make_shared<state>(std::move(co), s.store, prefix, ctx);
         out = child->comm.out();
       }
-      ncclConfig_t config = s.config();
-      s.comm.settle(ncclCommSplit(s.comm.get(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, out, &config), "ncclCommSplit", w, ctx);
+      // The child's own config: NCCL keeps the commName pointer, which must live as long as the communicator.
+      ncclConfig_t config = child ? child->config() : s.config();
+      const ncclResult_t r = ncclCommSplit(s.comm.get(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, out, &config);
+      s.comm.wait_split(child ? &child->comm : nullptr, r, "ncclCommSplit", w, ctx);
       if (!child) return std::nullopt;
-      if (!child->comm) throw error(errc::backend, "ncclCommSplit gave no communicator for color " + std::to_string(color), ctx);
-      child->comm.wait_ready("ncclCommSplit (new communicator)", w, ctx);
       SHARDKIT_NCCL_CHECK(ncclCommUserRank(child->comm.get(), &child->rank), ctx, child->comm.get());
       SHARDKIT_NCCL_CHECK(ncclCommCount(child->comm.get(), &child->size), ctx, child->comm.get());
       child->start_p2p();
       return nccl_communicator(std::move(child));
     } catch (...) {
-      if (child) child->comm.abort();  // half-made: finalizing it could wait for peers that never finish the split
-      s.mark_broken(std::current_exception());  // peers may be inside the split: this communicator is done for
+      // The parent first: peers may be inside the split, so it is done for, and aborting it is what stops a split
+      // job still running (NCCL's documented order); only then is the child's handle final, and it is aborted too
+      // (NCCL may have stored a failed communicator there).
+      s.mark_broken(std::current_exception());
+      if (child) child->comm.abort();
       throw;
     }
   }

@@ -6,6 +6,17 @@
 //! an interrupt flag, and a wait that gives up calls ncclCommAbort, which is the only way to release GPU kernels
 //! stuck on a peer that never arrives. An aborted communicator is gone for good; its owner turns the error that
 //! caused the abort into the answer to every later call.
+//!
+//! NCCL's rules for nonblocking communicators, which the waits here follow:
+//! - A call that returns ncclInProgress goes on in NCCL's own thread; the communicator's state
+//!   (ncclCommGetAsyncError) stays ncclInProgress until it is done, and no other NCCL call, and no CUDA work on the
+//!   streams NCCL uses, may come before the state is ncclSuccess. A call that returns ncclSuccess may still have
+//!   left the state in ncclInProgress (ncclCommSplit does, see wait_split), so every call is followed by a poll of
+//!   the state: one query when it is already ncclSuccess.
+//! - ncclCommInitRankConfig assigns the handle at once; ncclCommSplit assigns *newcomm only at the end of its
+//!   background job, so the handle is read atomically and only once that job is known to be over.
+//! - ncclCommFinalize is followed by polls until the state is ncclSuccess, then ncclCommDestroy; anything else
+//!   ends in ncclCommAbort.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -100,12 +111,35 @@ class comm_handle {
   explicit operator bool() const noexcept { return comm_ != nullptr; }
   int device() const noexcept { return device_; }
 
-  //! The result of an enqueueing call: returns at once on ncclSuccess, waits for the background part on
-  //! ncclInProgress, aborts and throws on anything else.
+  //! The result of a call on this communicator: an error aborts and throws; ncclSuccess and ncclInProgress both
+  //! wait until the state is ncclSuccess (see the rules at the top of this file).
   void settle(ncclResult_t r, std::string_view call, const wait_control& w, const error_context& ctx) {
-    if (r == ncclSuccess) return;
-    if (r == ncclInProgress) return wait_ready(call, w, ctx);
-    fail(r, call, ctx);
+    if (r != ncclSuccess && r != ncclInProgress) fail(r, call, ctx);
+    wait_ready(call, w, ctx);
+  }
+
+  //! The handle as NCCL's thread may have stored it: a split's *newcomm is written there at the end of its job.
+  ncclComm_t published() noexcept { return std::atomic_ref<ncclComm_t>(comm_).load(std::memory_order_acquire); }
+
+  //! After ncclCommSplit on this (the parent) returned `r`, with `child` the handle it was given for *newcomm
+  //! (null for NCCL_SPLIT_NOCOLOR). NCCL runs the split in a background job tied to the parent: the parent's
+  //! state is ncclInProgress until the job ends, and the job stores *newcomm at its end, so ncclCommSplit returns
+  //! with *newcomm still null (and, NCCL 2.18 to 2.28, with ncclSuccess). Waits, with the deadline and interrupt
+  //! of `w`, for the parent's state, then for the new handle to appear, then for the new communicator's own state.
+  //! Giving up (error, deadline, interrupt) aborts the parent, which is how NCCL documents stopping a split: the
+  //! abort ends the job, after which *newcomm is final and the caller aborts the child too.
+  //! The parent is never aborted while its split job may still store into *newcomm without that stop.
+  void wait_split(comm_handle* child, ncclResult_t r, std::string_view call, const wait_control& w, const error_context& ctx) {
+    if (r != ncclSuccess && r != ncclInProgress) fail(r, call, ctx);  // no job was started: *newcomm stays null
+    wait_ready(call, w, ctx);
+    if (!child) return;
+    poll_backoff backoff(w.busy_poll);
+    const auto started = steady_clock::now();
+    while (!child->published()) {
+      check_interrupts(call, w, started, ctx);  // aborts this parent, which ends the job
+      backoff.pause();
+    }
+    child->wait_ready(std::string(call) + " (the new communicator)", w, ctx);
   }
 
   //! Polls until the communicator leaves ncclInProgress (initialisation, split, a group of operations being

@@ -1,0 +1,410 @@
+// The CUDA runtime half of the host-memory model of CUDA and NCCL (see cuda_nccl_model.cpp for the whole model
+// and its NCCL half): "device" memory is host memory, but recorded, so copies refuse pointers on the wrong side
+// (as a GPU would); page-locked host memory (cudaHostAlloc) is recorded as well, and copies to and from it run
+// asynchronously in stream order as on a GPU, so a missing synchronisation reads stale bytes here too; each stream
+// is a thread running its queue in order (the legacy stream runs work inline); events are flags set by the stream.
+// SHARDKIT_MODEL_CUDA_DEVICES sets the device count (default 4).
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "nccl/cuda_model_internal.hpp"
+
+using cuda_model::device_or_complain;
+using cuda_model::run_on;
+
+namespace {
+
+thread_local int current_device = 0;
+
+struct model_stream {
+  std::mutex m;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> q;
+  bool busy = false;
+  std::atomic<int> nccl_enqueueing{0};  // see nccl_enqueueing() in cuda_model_internal.hpp
+  std::thread t;
+  model_stream() {
+    t = std::thread([this] {
+      for (;;) {
+        std::function<void()> f;
+        {
+          std::unique_lock l(m);
+          cv.wait(l, [&] { return !q.empty(); });
+          f = std::move(q.front());
+          q.pop_front();
+          busy = true;
+        }
+        if (!f) {  // cudaStreamDestroy: the stream was detached, so it owns itself now
+          delete this;
+          return;
+        }
+        f();
+        {
+          std::lock_guard l(m);
+          busy = false;
+        }
+        cv.notify_all();
+      }
+    });
+  }
+  void push(std::function<void()> f) {
+    // Notified under the lock: after cudaStreamDestroy's push the thread may delete the stream as soon as it can
+    // take the lock, so nothing of it may be touched after the unlock.
+    std::lock_guard l(m);
+    q.push_back(std::move(f));
+    cv.notify_all();
+  }
+  void sync() {
+    std::unique_lock l(m);
+    cv.wait(l, [&] { return q.empty() && !busy; });
+  }
+};
+
+bool is_legacy(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread; }
+
+// The streams created and not destroyed yet. The runtime leaves a call on a destroyed stream undefined (an error
+// code at best, work on a stream created since at the same address at worst), and here the stream is freed memory:
+// such a call aborts with its name, like the other misuse the model sees, so an ordinary build fails where only
+// AddressSanitizer could tell before (a channel's device memory freed on its link's stream after a continuation
+// had destroyed the link).
+std::mutex streams_mutex;
+// Never destroyed: a stream's thread still running at exit (parked work) may use it after static destructors.
+std::set<const void*>& live_streams = *new std::set<const void*>;
+// streams_mutex held.
+model_stream* live_stream_or_abort(cudaStream_t s, const char* call) {
+  if (!live_streams.count(s)) {
+    std::fprintf(stderr, "cuda_nccl_model: %s on stream %p, which was destroyed (or never created)\n", call,
+                 static_cast<const void*>(s));
+    std::abort();
+  }
+  return reinterpret_cast<model_stream*>(s);
+}
+// streams_mutex held. The program's work on a stream NCCL is still enqueueing to (see nccl_enqueueing).
+void refuse_while_nccl_enqueues(model_stream* fs, const char* call) {
+  if (fs->nccl_enqueueing.load() == 0 || cuda_model::on_model_thread()) return;
+  std::fprintf(stderr,
+               "cuda_nccl_model: %s on stream %p while NCCL is still enqueueing a group to it (ncclGroupEnd or a "
+               "collective returned ncclInProgress and the communicator's state was not polled back to ncclSuccess)\n",
+               call, static_cast<const void*>(fs));
+  std::abort();
+}
+// Waits for the stream's queue (never with streams_mutex held: the wait may be long).
+void sync_stream(cudaStream_t s, const char* call) {
+  if (is_legacy(s)) return;
+  model_stream* fs;
+  {
+    std::lock_guard l(streams_mutex);
+    fs = live_stream_or_abort(s, call);
+    refuse_while_nccl_enqueues(fs, call);
+  }
+  fs->sync();
+}
+}  // namespace
+
+namespace cuda_model {
+
+void run_on(cudaStream_t s, std::function<void()> f, const char* call) {
+  if (is_legacy(s)) {
+    f();
+    return;
+  }
+  std::lock_guard l(streams_mutex);  // held while queueing: a concurrent cudaStreamDestroy cannot free it meanwhile
+  auto* fs = live_stream_or_abort(s, call);
+  refuse_while_nccl_enqueues(fs, call);
+  fs->push(std::move(f));
+}
+
+void nccl_enqueueing(cudaStream_t s, int delta) {
+  if (is_legacy(s)) return;
+  std::lock_guard l(streams_mutex);
+  live_stream_or_abort(s, "an NCCL launch")->nccl_enqueueing += delta;
+}
+
+namespace {
+
+thread_local bool model_thread = false;
+
+// NCCL's background thread, as the model plays it: a queue of jobs by due time.
+class background_thread {
+ public:
+  static background_thread& instance() {
+    static auto* b = new background_thread;  // never destroyed: jobs may still be queued at exit
+    return *b;
+  }
+  void after_random_delay(std::function<void()> job) {
+    {
+      std::lock_guard l(m_);
+      due_.emplace(std::chrono::steady_clock::now() + draw_delay(), std::move(job));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  background_thread() {
+    const char* v = std::getenv("SHARDKIT_MODEL_SEED");
+    const unsigned long long seed = v ? std::strtoull(v, nullptr, 10) : std::random_device{}();
+    rng_.seed(seed);
+    std::fprintf(stderr, "cuda_nccl_model: NCCL's background jobs end after random delays, seed %llu "
+                 "(SHARDKIT_MODEL_SEED=%llu draws the same delays)\n", seed, seed);
+    std::thread([this] { run(); }).detach();
+  }
+  // Most jobs end within 150 us, one in eight takes up to 2 ms: long enough for a program that does not wait for
+  // the state it must poll to run ahead of the job, short enough for suites of thousands of operations.
+  std::chrono::microseconds draw_delay() {
+    const bool slow = std::uniform_int_distribution<int>(0, 7)(rng_) == 0;
+    return std::chrono::microseconds(slow ? std::uniform_int_distribution<int>(150, 2000)(rng_)
+                                          : std::uniform_int_distribution<int>(0, 150)(rng_));
+  }
+  void run() {
+    model_thread = true;
+    std::unique_lock l(m_);
+    for (;;) {
+      if (due_.empty()) {
+        cv_.wait(l);
+        continue;
+      }
+      const auto when = due_.begin()->first;
+      if (std::chrono::steady_clock::now() < when) {
+        cv_.wait_until(l, when);
+        continue;
+      }
+      auto job = std::move(due_.begin()->second);
+      due_.erase(due_.begin());
+      l.unlock();
+      job();
+      l.lock();
+    }
+  }
+
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::multimap<std::chrono::steady_clock::time_point, std::function<void()>> due_;
+  std::mt19937_64 rng_;  // guarded by m_
+};
+
+}  // namespace
+
+void after_random_delay(std::function<void()> job) { background_thread::instance().after_random_delay(std::move(job)); }
+bool on_model_thread() noexcept { return model_thread; }
+
+}  // namespace cuda_model
+
+namespace {
+
+struct model_event {
+  std::mutex m;
+  std::shared_ptr<std::atomic<bool>> latest = std::make_shared<std::atomic<bool>>(true);
+};
+
+// "Device" memory is host memory, so nothing would stop the backend from handing NCCL a host pointer (or
+// copying the wrong way) here although a GPU would refuse it: every allocation is recorded, and NCCL calls and
+// copies check that their pointers are where they must be.
+std::mutex allocations_mutex;
+// Never destroyed: a stream's thread still running at exit (parked work) may use it after static destructors.
+std::map<const std::byte*, size_t>& allocations = *new std::map<const std::byte*, size_t>;  // start -> bytes
+
+void* allocate_device(size_t n) {
+  void* p = std::malloc(n ? n : 1);
+  std::memset(p, 0xAB, n);
+  std::lock_guard l(allocations_mutex);
+  allocations[static_cast<const std::byte*>(p)] = n ? n : 1;
+  return p;
+}
+void free_device(void* p) {
+  {
+    std::lock_guard l(allocations_mutex);
+    allocations.erase(static_cast<const std::byte*>(p));
+  }
+  std::free(p);
+}
+}  // namespace
+
+bool cuda_model::in_device_memory(const void* p, size_t n) {
+  if (n == 0) return true;  // nothing is touched: NCCL and cudaMemcpy accept any pointer
+  const auto* b = static_cast<const std::byte*>(p);
+  std::lock_guard l(allocations_mutex);
+  auto it = allocations.upper_bound(b);
+  if (it == allocations.begin()) return false;
+  --it;
+  return b + n <= it->first + it->second;
+}
+namespace {
+// Page-locked host memory: copies from and to it are asynchronous (cudaMemcpyAsync returns before they run).
+std::mutex pinned_mutex;
+// Never destroyed: a stream's thread still running at exit (parked work) may use it after static destructors.
+std::map<const std::byte*, size_t>& pinned = *new std::map<const std::byte*, size_t>;  // start -> bytes
+bool in_pinned_memory(const void* p, size_t n) {
+  const auto* b = static_cast<const std::byte*>(p);
+  std::lock_guard l(pinned_mutex);
+  auto it = pinned.upper_bound(b);
+  if (it == pinned.begin()) return false;
+  --it;
+  return b + n <= it->first + it->second;
+}
+
+}  // namespace
+
+bool cuda_model::device_or_complain(const char* call, const char* what, const void* p, size_t n) {
+  if (in_device_memory(p, n)) return true;
+  std::fprintf(stderr, "cuda_nccl_model: %s: %s (%zu bytes at %p) is not in device memory\n", call, what, n, p);
+  return false;
+}
+
+extern "C" {
+// nccl_test.cpp looks for this (a weak reference) to tell its report that these results are the model's.
+const char* shardkit_cuda_model() { return "host-memory model of CUDA and NCCL (tests/nccl/cuda_nccl_model.cpp)"; }
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  const char* v = std::getenv("SHARDKIT_MODEL_CUDA_DEVICES");
+  *count = v ? std::atoi(v) : 4;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* d) { *d = current_device; return cudaSuccess; }
+cudaError_t cudaSetDevice(int d) { current_device = d; return cudaSuccess; }
+const char* cudaGetErrorName(cudaError_t) { return "cudaErrorModel"; }
+const char* cudaGetErrorString(cudaError_t) { return "model error"; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
+  auto* fs = new model_stream;
+  std::lock_guard l(streams_mutex);
+  live_streams.insert(fs);
+  *s = reinterpret_cast<cudaStream_t>(fs);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  // The stream's thread ends, and deletes the stream, once the tasks queued before run; one may be parked (a
+  // collective a peer never joins), so nothing here waits for it.
+  std::lock_guard l(streams_mutex);
+  auto* fs = live_stream_or_abort(s, "cudaStreamDestroy");
+  refuse_while_nccl_enqueues(fs, "cudaStreamDestroy");
+  live_streams.erase(fs);
+  fs->t.detach();
+  fs->push(nullptr);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  sync_stream(s, "cudaStreamSynchronize");
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+  *e = reinterpret_cast<cudaEvent_t>(new model_event);
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) { delete reinterpret_cast<model_event*>(e); return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  auto* fe = reinterpret_cast<model_event*>(e);
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  {
+    std::lock_guard l(fe->m);
+    fe->latest = flag;
+  }
+  run_on(s, [flag] { flag->store(true); });
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  auto* fe = reinterpret_cast<model_event*>(e);
+  std::lock_guard l(fe->m);
+  return fe->latest->load() ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  auto* fe = reinterpret_cast<model_event*>(e);
+  std::shared_ptr<std::atomic<bool>> flag;
+  {
+    std::lock_guard l(fe->m);
+    flag = fe->latest;
+  }
+  run_on(s, [flag] {
+    while (!flag->load()) std::this_thread::yield();
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaMalloc(void** p, size_t n) { *p = allocate_device(n); return cudaSuccess; }
+cudaError_t cudaFree(void* p) {
+  if (p) free_device(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t) { return cudaMalloc(p, n); }
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int) {
+  *p = std::malloc(n ? n : 1);
+  std::memset(*p, 0xCD, n);
+  std::lock_guard l(pinned_mutex);
+  pinned[static_cast<const std::byte*>(*p)] = n ? n : 1;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* p) {
+  if (!p) return cudaSuccess;
+  {
+    std::lock_guard l(pinned_mutex);
+    if (pinned.erase(static_cast<const std::byte*>(p)) == 0) return cudaErrorInvalidValue;
+  }
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaFreeAsync(void* p, cudaStream_t s) {
+  run_on(s, [p] { free_device(p); }, "cudaFreeAsync");
+  return cudaSuccess;
+}
+}  // extern "C"
+
+namespace {
+// Where a copy of `kind` must find its destination and source.
+bool copy_ends_ok(const char* call, void* d, const void* s, size_t n, cudaMemcpyKind k) {
+  const bool d_dev = k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice;
+  const bool s_dev = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice;
+  if (d_dev && !device_or_complain(call, "the destination", d, n)) return false;
+  if (s_dev && !device_or_complain(call, "the source", s, n)) return false;
+  return true;
+}
+}  // namespace
+
+extern "C" {
+cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind k) {
+  if (!copy_ends_ok("cudaMemcpy", d, s, n, k)) return cudaErrorInvalidValue;
+  std::memcpy(d, s, n);
+  return cudaSuccess;
+}
+// Pageable host memory follows the runtime's rules for it: a download returns once done, so it waits for
+// everything queued before it on the stream (a parked collective included); an upload takes its copy of the
+// source before returning and lands in stream order. Copies from or to page-locked memory (cudaHostAlloc) are
+// asynchronous: they run in stream order, reading and writing the host bytes then.
+cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t st) {
+  if (!copy_ends_ok("cudaMemcpyAsync", d, s, n, k)) return cudaErrorInvalidValue;
+  if ((k == cudaMemcpyDeviceToHost && in_pinned_memory(d, n)) || (k == cudaMemcpyHostToDevice && in_pinned_memory(s, n))) {
+    run_on(st, [d, s, n] { std::memcpy(d, s, n); });
+    return cudaSuccess;
+  }
+  if (k == cudaMemcpyDeviceToHost) {
+    sync_stream(st, "cudaMemcpyAsync (device to pageable host)");
+    std::memcpy(d, s, n);
+    return cudaSuccess;
+  }
+  if (k == cudaMemcpyHostToDevice) {
+    auto staged = std::make_shared<std::vector<std::byte>>(static_cast<const std::byte*>(s), static_cast<const std::byte*>(s) + n);
+    run_on(st, [d, staged] { std::memcpy(d, staged->data(), staged->size()); });
+    return cudaSuccess;
+  }
+  run_on(st, [d, s, n] { std::memcpy(d, s, n); });
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t st) {
+  if (!device_or_complain("cudaMemsetAsync", "the destination", d, n)) return cudaErrorInvalidValue;
+  run_on(st, [d, v, n] { std::memset(d, v, n); });
+  return cudaSuccess;
+}
+
+}  // extern "C"
