@@ -1,7 +1,7 @@
 # Installs the Debian packages shardkit's build, tests and demo use, when any is missing. Sourced by scripts/*.
 shardkit_apt_packages=(cmake ninja-build g++ pkg-config libboost-dev libgloo-dev libfabric-dev libfabric-bin
   doctest-dev libbenchmark-dev nlohmann-json3-dev libxxhash-dev libopenblas-dev iproute2 iperf3 procps
-  libcurl4-openssl-dev s3cmd gnuplot-nox python3)
+  libcurl4-openssl-dev s3cmd gnuplot-nox python3 python3-botocore)
 
 shardkit_ensure_deps() {
   local missing=()

@@ -207,6 +207,12 @@ class fault_proxy {
       message response;
       const bool head_request = request.head.starts_with("HEAD ");
       if (ec || !read_message(*upstream, from_upstream, response, head_request)) break;
+      // An interim "100 Continue" (libcurl sends "Expect: 100-continue" with its uploads and does not wait for
+      // the answer) is dropped: relayed as the reply, it would shift every later reply of the connection by one.
+      bool lost = false;
+      while (response.head.compare(9, 1, "1") == 0 && !lost)
+        lost = !read_message(*upstream, from_upstream, response, head_request);
+      if (lost) break;
       const std::string status = response.head.substr(9, 3);
       if (!head_request && (status == "204" || status == "304") && !response.body.empty()) break;
       if (header_value(response.head, "connection").find("close") != std::string::npos) upstream.reset();

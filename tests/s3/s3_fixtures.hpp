@@ -1,10 +1,13 @@
 #pragma once
-// What the s3 suites share: the server scripts/lib/s3rver.sh started (from the variables it exports), a fresh key
-// prefix per test, and the conformance fixtures. Without a reachable server each suite prints one
-// "[s3] skipped: <reason>" line (ctest reports a skip) and the conformance fixtures fall back to a memory sink, so
-// the cases still run their checks on something.
+// What the s3 suites share: the server scripts/lib/s3rver.sh started (from the variables it exports; s3rver behind
+// a front that verifies every signature), a fresh key prefix per test, the front's controls, and the conformance
+// fixtures. Without a reachable server each suite prints one "[s3] skipped: <reason>" line (ctest reports a skip)
+// and the conformance fixtures fall back to a memory sink, so the cases still run their checks on something.
 #include <doctest/doctest.h>
 
+#include <curl/curl.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -85,6 +88,56 @@ inline std::string unique_prefix(const std::string& what) {
 }
 
 inline st::s3_location location(const std::string& what) { return {server()->bucket, unique_prefix(what)}; }
+
+// The signature-verifying front (tests/s3/sigv4_front.py) that scripts/lib/s3rver.sh puts before s3rver: its
+// control requests. A test that needs credentials to stop working mid-run adds a key of its own (never revoke the
+// shared S3RVER key: other suites use the server at the same time), signs with it, then revokes it: every later
+// request signed with it is 403 InvalidAccessKeyId.
+namespace front {
+
+// One control request; the reply's body, or nullopt when nothing answered 200 (no front: a bare s3rver).
+inline std::optional<std::string> control(const std::string& method, const std::string& path, const std::string& body = {}) {
+  CURL* h = curl_easy_init();
+  if (!h) return std::nullopt;
+  std::string reply;
+  const std::string url = server()->endpoint + path;
+  curl_easy_setopt(h, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method.c_str());
+  if (method == "PUT") {
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body.c_str());
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
+  }
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, +[](char* d, size_t size, size_t n, void* out) {
+    static_cast<std::string*>(out)->append(d, size * n);
+    return size * n;
+  });
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, &reply);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 5000L);
+  long status = 0;
+  const CURLcode rc = curl_easy_perform(h);
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_cleanup(h);
+  if (rc != CURLE_OK || status != 200) return std::nullopt;
+  return reply;
+}
+
+inline bool present() { return control("GET", "/_front/stats").has_value(); }
+inline void add_key(const std::string& id, const std::string& secret) { REQUIRE(control("PUT", "/_front/keys/" + id, secret)); }
+inline void revoke_key(const std::string& id) { REQUIRE(control("DELETE", "/_front/keys/" + id)); }
+
+struct key_counts {
+  long verified = 0, refused = 0;
+};
+// The requests signed with `id` that the front passed on, and those it refused.
+inline key_counts counts_of(const std::string& id) {
+  key_counts c;
+  const auto reply = control("GET", "/_front/keys/" + id);
+  REQUIRE(reply);
+  REQUIRE(std::sscanf(reply->c_str(), "verified %ld refused %ld", &c.verified, &c.refused) == 2);
+  return c;
+}
+
+}  // namespace front
 
 // Conformance fixtures (storage/storage_test.cpp runs its cases over them, see s3_conformance_test.cpp).
 // s3: single PutObjects (8 MiB parts); leftovers() are pending multipart uploads under its prefix.

@@ -353,3 +353,63 @@ TEST_CASE("[s3] wrong credentials and a missing bucket: a clear error at once, n
     CHECK_FALSE(contains(m, "S3RVER"));
   }
 }
+
+TEST_CASE("[s3] every kind of request is signed as S3 verifies it; a wrong secret and a revoked key fail at once") {
+  if (!server_or_skip()) return;
+  if (!front::present()) {
+    MESSAGE("[s3] no signature-verifying front before the server (scripts/lib/s3rver.sh starts one): case skipped");
+    return;
+  }
+  // A key of this test's own, so that its counts and its revocation touch no other suite.
+  const std::string id = "SKSIGN" + unique_prefix("k").substr(2, 16), secret = "sign-test-secret/+=" + id;
+  front::add_key(id, secret);
+  auto o = options_for(*server());
+  o.credentials = st::s3_credentials{id, secret, "FwoGZXIvYXdzEXAMPLETOKEN"};  // x-amz-security-token signed too
+  o.part_size = 4096;
+  o.parallel = 2;
+  st::s3_sink s(location("signed"), o);
+  const auto big = pattern(3 * 4096 + 5, 3);
+  const std::string odd = "a b+c=d/é~x&y%z";  // every character SigV4 encodes, in the path and in list's prefix
+  st::put_object(s, odd, big);                 // multipart: Create, UploadPart, Complete
+  put_string(s, "small/one", "x");             // PutObject
+  CHECK(st::get_object(s, odd) == big);        // parallel ranged GETs
+  CHECK(s.size(odd) == big.size());            // HEAD
+  CHECK_FALSE(s.exists("small/none"));         // HEAD 404, then the bucket check (ListObjectsV2)
+  s.set_list_page_size(1);
+  CHECK(s.list("") == std::vector<std::string>{odd, "small/one"});  // continuation tokens
+  CHECK(s.list("a b+c") == std::vector<std::string>{odd});
+  {
+    auto w = s.put("aborted");
+    w.write(big);
+    CHECK(s.pending_uploads().size() == 1);  // ListMultipartUploads
+  }                                          // AbortMultipartUpload
+  auto leaked = std::make_unique<st::s3_sink::writer>(s.put("leaked"));
+  leaked->write(big);
+  CHECK(s.abort_pending_uploads() == 1);
+  leaked.reset();
+  CHECK(s.remove("small/one"));                // HEAD + DeleteObject
+  s.remove_objects(std::vector<std::string>{odd, "never"});  // DeleteObjects with Content-MD5
+  CHECK(s.list("").empty());
+  auto counts = front::counts_of(id);
+  CHECK(counts.refused == 0);
+  CHECK(counts.verified >= 20);
+
+  auto wrong = o;
+  wrong.credentials->secret_access_key = "not-the-secret";
+  wrong.max_attempts = 8;
+  wrong.base_backoff = std::chrono::milliseconds(200);
+  st::s3_sink bad(location("signed"), wrong);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto mismatch = error_of([&] { put_string(bad, "k", "x"); }, errc::io);
+  CHECK(contains(mismatch, "403 SignatureDoesNotMatch"));
+  CHECK(contains(mismatch, "not retried"));
+  CHECK_FALSE(contains(mismatch, "not-the-secret"));
+  CHECK(front::counts_of(id).refused == 1);
+
+  front::revoke_key(id);  // credentials withdrawn mid-run: the same sink's next request is refused, at once
+  const auto revoked = error_of([&] { put_string(s, "after", "x"); }, errc::io);
+  CHECK(contains(revoked, "403 InvalidAccessKeyId"));
+  CHECK(contains(revoked, "not retried"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  CHECK(front::counts_of(id).refused == 2);
+}

@@ -304,7 +304,10 @@ class client {
     // The payload is not hashed (UNSIGNED-PAYLOAD): hashing 8 MiB parts costs CPU that TLS's own integrity makes
     // redundant, and is what the AWS SDKs do over https.
     add("x-amz-content-sha256: UNSIGNED-PAYLOAD");
-    add("Expect:");  // no 100-continue round trip before each part
+    // No "Expect:" entry to keep libcurl from sending "Expect: 100-continue": libcurl before 8.3.0 (Debian 12's
+    // 7.88.1) lists such a header-removal entry in SignedHeaders while sending no such header, and S3 and MinIO
+    // refuse that signature. libcurl adds its Expect header to uploads after signing (unsigned, as the AWS SDKs
+    // send it, on every version); a wait of 0 for the "100 Continue" sends the body at once, without the round trip.
     if (!options_.credentials->session_token.empty()) add("x-amz-security-token: " + options_.credentials->session_token);
     if (r.range_begin && !r.into.empty())
       add("Range: bytes=" + std::to_string(*r.range_begin) + "-" + std::to_string(*r.range_begin + r.into.size() - 1));
@@ -316,6 +319,7 @@ class client {
     curl_easy_setopt(h, CURLOPT_PASSWORD, options_.credentials->secret_access_key.c_str());
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, headers);
     curl_easy_setopt(h, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_1_1);
+    curl_easy_setopt(h, CURLOPT_EXPECT_100_TIMEOUT_MS, 0L);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 1L << 20);
