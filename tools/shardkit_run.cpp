@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -39,6 +40,8 @@ using clock_type = std::chrono::steady_clock;
 
 constexpr const char* usage_text =
     "usage: shardkit-run -n N [--master-addr ADDR] [--master-port PORT] [--grace SECONDS] [--] PROGRAM [ARGS...]\n"
+    "       shardkit-run --nnodes H --node-rank K --nproc-per-node P --master-addr ADDR --master-port PORT\n"
+    "                    [--auth-token-file FILE] [--] PROGRAM [ARGS...]     (one per host, as torchrun's)\n"
     "\n"
     "Runs N ranks of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR\n"
     "(default 127.0.0.1), MASTER_PORT (default: a free port) and SHARDKIT_AUTH_TOKEN (unless set: a random one\n"
@@ -46,12 +49,22 @@ constexpr const char* usage_text =
     "\"[rank K] \". When a rank fails, the others are stopped (SIGTERM, then SIGKILL after the grace period,\n"
     "default 5 s) and shardkit-run exits with that rank's status (128+S for signal S). SIGINT, SIGTERM and SIGHUP\n"
     "are forwarded to every rank (a second one sends SIGKILL); the exit status is then 128+S unless a rank failed.\n"
+    "Ranks get /dev/null as stdin (each runs in its own process group, which must not read the terminal): give\n"
+    "them input through a file.\n"
     "\n"
-    "  -n, --nproc N        number of ranks (1..1024)\n"
-    "  --master-addr ADDR   address the ranks reach rank 0's store at\n"
-    "  --master-port PORT   port of rank 0's store (1..65535)\n"
-    "  --grace SECONDS      time between SIGTERM and SIGKILL when stopping ranks\n"
-    "  -h, --help           this text\n";
+    "Several hosts: run shardkit-run once on each with the same --nnodes, --master-addr (host of node 0, which\n"
+    "runs rank 0's store), --master-port and auth token; host K runs RANK = K*P .. K*P+P-1 of WORLD_SIZE = H*P.\n"
+    "The token is SHARDKIT_AUTH_TOKEN or the first line of --auth-token-file, the same on every host (required:\n"
+    "a random one per host would not match).\n"
+    "\n"
+    "  -n, --nproc, --nproc-per-node N   ranks on this host (1..1024)\n"
+    "  --nnodes H             hosts in the job (default 1)\n"
+    "  --node-rank K          this host's index, 0..H-1 (default 0)\n"
+    "  --master-addr ADDR     address the ranks reach rank 0's store at (required with --nnodes > 1)\n"
+    "  --master-port PORT     port of rank 0's store, 1..65535 (required with --nnodes > 1)\n"
+    "  --auth-token-file FILE the job's shared secret, instead of SHARDKIT_AUTH_TOKEN\n"
+    "  --grace SECONDS        time between SIGTERM and SIGKILL when stopping ranks\n"
+    "  -h, --help             this text\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
   std::fprintf(stderr, "shardkit-run: %s\n\n%s", message.c_str(), usage_text);
@@ -64,7 +77,9 @@ constexpr const char* usage_text =
 }
 
 struct options {
-  int nproc = 0;
+  int nproc = 0;  // ranks on this host
+  int nnodes = 1, node_rank = 0;
+  std::string auth_token_file;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
   std::chrono::milliseconds grace{5000};
@@ -82,7 +97,7 @@ int parse_int(std::string_view flag, std::string_view text, int lo, int hi) {
 
 options parse_args(int argc, char** argv) {
   options o;
-  bool have_n = false;
+  bool have_n = false, have_addr = false;
   int i = 1;
   for (; i < argc; ++i) {
     std::string_view arg = argv[i];
@@ -107,11 +122,18 @@ options parse_args(int argc, char** argv) {
       if (i + 1 >= argc) usage_error(std::string(flag) + " needs a value");
       return std::string_view(argv[++i]);
     };
-    if (flag == "-n" || flag == "--nproc") {
+    if (flag == "-n" || flag == "--nproc" || flag == "--nproc-per-node") {
       o.nproc = parse_int(flag, take_value(), 1, 1024);
       have_n = true;
+    } else if (flag == "--nnodes") {
+      o.nnodes = parse_int(flag, take_value(), 1, 65536);
+    } else if (flag == "--node-rank") {
+      o.node_rank = parse_int(flag, take_value(), 0, 65535);
+    } else if (flag == "--auth-token-file") {
+      o.auth_token_file = std::string(take_value());
     } else if (flag == "--master-addr") {
       o.master_addr = std::string(take_value());
+      have_addr = true;
       if (o.master_addr.empty()) usage_error("--master-addr needs a non-empty address");
     } else if (flag == "--master-port") {
       o.master_port = parse_int(flag, take_value(), 1, 65535);
@@ -122,6 +144,11 @@ options parse_args(int argc, char** argv) {
     }
   }
   if (!have_n) usage_error("-n N is required");
+  if (o.node_rank >= o.nnodes)
+    usage_error("--node-rank " + std::to_string(o.node_rank) + " must be below --nnodes " + std::to_string(o.nnodes));
+  if (o.nnodes > 1 && (!have_addr || o.master_port == 0))
+    usage_error("--nnodes " + std::to_string(o.nnodes) +
+                " needs --master-addr and --master-port: every host must find node 0's store at the same place");
   for (; i < argc; ++i) o.command.emplace_back(argv[i]);
   if (o.command.empty()) usage_error("no program to run");
   return o;
@@ -245,8 +272,8 @@ pid_t spawn(const options& o, int rank, int port, rank_process& p) {
     ::dup2(out_pipe[1], 1);
     ::dup2(err_pipe[1], 2);
     const auto put = [](const char* k, const std::string& v) { ::setenv(k, v.c_str(), 1); };
-    put("RANK", std::to_string(rank));
-    put("WORLD_SIZE", std::to_string(o.nproc));
+    put("RANK", std::to_string(o.node_rank * o.nproc + rank));
+    put("WORLD_SIZE", std::to_string(o.nnodes * o.nproc));
     put("LOCAL_RANK", std::to_string(rank));
     put("LOCAL_WORLD_SIZE", std::to_string(o.nproc));
     put("MASTER_ADDR", o.master_addr);
@@ -262,7 +289,7 @@ pid_t spawn(const options& o, int rank, int port, rank_process& p) {
   ::setpgid(pid, pid);  // also here: a signal may have to reach the group before the child ran setpgid
   ::close(out_pipe[1]);
   ::close(err_pipe[1]);
-  const std::string prefix = "[rank " + std::to_string(rank) + "] ";
+  const std::string prefix = "[rank " + std::to_string(o.node_rank * o.nproc + rank) + "] ";
   p.pid = pid;
   p.running = true;
   p.out = {out_pipe[0], 1, prefix, {}};
@@ -276,8 +303,19 @@ int main(int argc, char** argv) {
   const options o = parse_args(argc, argv);
   const int port = o.master_port ? o.master_port : free_port();
   try {
-    if (!shardkit::settings::get<shardkit::settings::text>("SHARDKIT_AUTH_TOKEN"))
+    if (!o.auth_token_file.empty()) {
+      std::ifstream in(o.auth_token_file);
+      std::string token;
+      if (!in || !std::getline(in, token) || token.empty())
+        fatal("--auth-token-file " + o.auth_token_file + ": cannot read a token from its first line");
+      ::setenv("SHARDKIT_AUTH_TOKEN", token.c_str(), 1);
+    }
+    if (!shardkit::settings::get<shardkit::settings::text>("SHARDKIT_AUTH_TOKEN")) {
+      if (o.nnodes > 1)
+        fatal("--nnodes " + std::to_string(o.nnodes) + " needs the job's shared secret: set SHARDKIT_AUTH_TOKEN or "
+              "--auth-token-file, the same on every host");
       ::setenv("SHARDKIT_AUTH_TOKEN", random_token().c_str(), 1);  // the ranks inherit it
+    }
   } catch (const std::exception& e) {
     fatal(e.what());
   }
@@ -377,7 +415,7 @@ int main(int argc, char** argv) {
       failed = true;
       exit_status = code;              // a rank's failure outranks a forwarded signal
       if (stop_signal != 0) continue;  // already stopping everything
-      write_all(2, "shardkit-run: rank " + std::to_string(r) + " " +
+      write_all(2, "shardkit-run: rank " + std::to_string(o.node_rank * o.nproc + int(r)) + " " +
                        (exited ? "exited with status " + std::to_string(code)
                                : "was killed by signal " + std::to_string(info.si_status)) +
                        "; stopping the other ranks\n");

@@ -299,7 +299,31 @@ TEST_CASE("[tools] shardkit-run rejects bad usage clearly") {
   CHECK(contains(err, "--master-port"));
   CHECK(run({"-n"}, nullptr, &err) == 2);
   CHECK(contains(err, "-n needs a value"));
+  CHECK(run({"--nnodes", "2", "-n", "1", "true"}, nullptr, &err) == 2);
+  CHECK(contains(err, "--nnodes 2 needs --master-addr and --master-port"));
+  CHECK(run({"--nnodes", "2", "--node-rank", "2", "-n", "1", "true"}, nullptr, &err) == 2);
+  CHECK(contains(err, "--node-rank 2 must be below --nnodes 2"));
+  ::unsetenv("SHARDKIT_AUTH_TOKEN");
+  CHECK(run({"--nnodes", "2", "-n", "1", "--master-addr", "h", "--master-port", "29500", "true"}, nullptr, &err) == 1);
+  CHECK(contains(err, "needs the job's shared secret: set SHARDKIT_AUTH_TOKEN or --auth-token-file"));
   std::string out;
   CHECK(run({"--help"}, &out) == 0);
   CHECK(contains(out, "usage: shardkit-run"));
+  CHECK(contains(out, "Ranks get /dev/null as stdin"));
+  CHECK(contains(out, "--nproc-per-node"));
+}
+
+TEST_CASE("[tools] shardkit-run on host K of H runs ranks K*P.. of H*P, with the shared token from a file") {
+  temp_dir dir;
+  const auto token_file = (dir.path / "token").string();
+  std::ofstream(token_file) << "shared-secret\n";
+  ::unsetenv("SHARDKIT_AUTH_TOKEN");
+  std::string out;
+  REQUIRE(run({"--nnodes", "3", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr", "10.0.0.1",
+               "--master-port", "29511", "--auth-token-file", token_file, "--", "sh", "-c",
+               "echo \"$RANK/$WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT $SHARDKIT_AUTH_TOKEN\""},
+              &out) == 0);
+  INFO(out);
+  CHECK(contains(out, "[rank 2] 2/6 0/2 10.0.0.1:29511 shared-secret\n"));
+  CHECK(contains(out, "[rank 3] 3/6 1/2 10.0.0.1:29511 shared-secret\n"));
 }
