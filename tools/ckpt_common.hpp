@@ -152,6 +152,14 @@ inline ck::checkpoint_index choose_checkpoint(st::any_sink& sink, const common_o
 
 //! The rank a file belongs to: the number in its name "rank-<digits>.safetensors", else its position in the index
 //! (the checkpointer lists files in rank order).
+//! What one step takes on storage: its files as its index lists them, and the index itself. ls, inspect and verify
+//! all say this one size for a step.
+inline std::uint64_t step_bytes(st::any_sink& sink, const ck::checkpoint_index& index) {
+  std::uint64_t bytes = sink.size(ck::index_key("", index.step)).value_or(0);
+  for (const auto& f : index.files) bytes += f.size;
+  return bytes;
+}
+
 inline std::uint32_t rank_of_file(const ck::checkpoint_index& index, std::size_t position) {
   const std::string& key = index.files[position].key;
   const auto at = key.rfind("/rank-");

@@ -114,9 +114,8 @@ std::vector<step_info> list_steps(st::any_sink& sink) {
       out.push_back(std::move(info));
       continue;
     }
-    info.bytes = sink.size(ck::index_key("", step)).value_or(0);
+    info.bytes = step_bytes(sink, *index);
     for (const auto& f : index->files) {
-      info.bytes += f.size;
       if (!present.contains(f.key)) info.problems.push_back(f.key + " is listed in its index but absent");
     }
     info.status = info.problems.empty() ? "complete" : "damaged";
@@ -168,12 +167,13 @@ int run_ls(const common_options& o) {
 int run_verify(const common_options& o) {
   auto sink = open_location(o.location, false);
   const auto index = choose_checkpoint(sink, o);
-  std::printf("verifying step %llu of %s: world size %u, %zu files\n", static_cast<unsigned long long>(index.step),
-              o.location.c_str(), index.world_size, index.files.size());
+  std::printf("verifying step %llu of %s: world size %u, %s, %s\n", static_cast<unsigned long long>(index.step),
+              o.location.c_str(), index.world_size, plural(index.files.size(), "file").c_str(),
+              human_bytes(step_bytes(sink, index)).c_str());
   const auto summary = verify_checkpoint(sink, index, o.progress, stdout);
   for (const auto& p : summary.problems) std::printf("error: %s\n", p.c_str());
-  std::printf("step %llu: %s, %s, %s checked: %s\n", static_cast<unsigned long long>(index.step),
-              plural(summary.files, "file").c_str(), plural(summary.tensors, "tensor").c_str(), human_bytes(summary.bytes).c_str(),
+  std::printf("step %llu: %s, %s checked: %s\n", static_cast<unsigned long long>(index.step),
+              plural(summary.files, "file").c_str(), plural(summary.tensors, "tensor").c_str(),
               summary.problems.empty() ? "OK" : plural(summary.problems.size(), "problem").c_str());
   return summary.problems.empty() ? 0 : 1;
 }
@@ -181,8 +181,7 @@ int run_verify(const common_options& o) {
 int run_inspect(const common_options& o) {
   auto sink = open_location(o.location, false);
   const auto index = choose_checkpoint(sink, o);
-  std::uint64_t bytes = 0;
-  for (const auto& f : index.files) bytes += f.size;
+  const std::uint64_t bytes = step_bytes(sink, index);
   const ck::load_plan plan(index);
   std::map<const ck::index_file*, std::uint32_t> rank;
   for (std::size_t p = 0; p < index.files.size(); ++p) rank[&index.files[p]] = rank_of_file(index, p);

@@ -1,15 +1,19 @@
 // shardkit-env: the environment variables shardkit reads (the one table, include/shardkit/core/settings_table.hpp).
 //
 //   shardkit-env              checks the shardkit variables set in this environment: each declared one must parse
-//                             (exit 1 otherwise, with the error), and an undeclared one is named as a likely typo
+//                             (exit 1 otherwise, with the error), and an undeclared one is named as a likely typo;
+//                             and the launcher's (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_*, or Open
+//                             MPI's or Slurm's) as init_process_group reads them, when any is set
 //   shardkit-env --markdown   prints the table as docs/environment.md (core_settings_test compares the two)
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
 #include <string_view>
 
 #include "shardkit/core/settings.hpp"
+#include "shardkit/rendezvous/env.hpp"
 
 extern char** environ;
 
@@ -40,6 +44,21 @@ int main(int argc, char** argv) {
       if (!value.empty()) settings::check_value(*v, value);
       std::printf("%.*s='%.*s': ok (%.*s)\n", int(name.size()), name.data(), int(value.size()), value.data(),
                   int(v->target.size()), v->target.data());
+    } catch (const std::exception& ex) {
+      std::printf("%s\n", ex.what());
+      ++bad;
+    }
+  }
+  // The launcher's variables, read as init_process_group reads them (rendezvous/env.hpp), when any is set.
+  bool launcher = false;
+  for (const char* name : {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID",
+                           "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE"})
+    launcher = launcher || std::getenv(name) != nullptr;
+  if (launcher) {
+    try {
+      const auto i = shardkit::rendezvous::info_from_env();
+      std::printf("launcher (%s): rank %d of %d, local rank %d of %d, store at %s:%d: ok\n", i.source.c_str(), i.rank,
+                  i.world_size, i.local_rank, i.local_world_size, i.master_addr.c_str(), i.master_port);
     } catch (const std::exception& ex) {
       std::printf("%s\n", ex.what());
       ++bad;

@@ -20,9 +20,19 @@
 
 namespace data = shardkit::data;
 
-static int usage() {
-  std::fprintf(stderr, "usage: shardkit-tokenize [--split file|paragraph|line] [--dtype uint16|uint32] [--no-offsets] -o OUT INPUT...\n");
+static int usage(const std::string& problem) {
+  std::fprintf(stderr,
+               "shardkit-tokenize: %s\n"
+               "usage: shardkit-tokenize [--split file|paragraph|line] [--dtype uint16|uint32] [--no-offsets] -o OUT INPUT...\n",
+               problem.c_str());
   return 2;
+}
+
+// Whether two paths name one file (the same inode, or, for one that does not exist yet, the same absolute path).
+static bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
+  std::error_code ec;
+  if (std::filesystem::exists(a, ec) && std::filesystem::exists(b, ec)) return std::filesystem::equivalent(a, b, ec);
+  return std::filesystem::weakly_canonical(a, ec) == std::filesystem::weakly_canonical(b, ec);
 }
 
 int main(int argc, char** argv) {
@@ -32,31 +42,49 @@ int main(int argc, char** argv) {
   std::vector<std::string> inputs;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
-    auto value = [&]() -> std::string_view { return i + 1 < argc ? std::string_view(argv[++i]) : std::string_view(); };
+    if (a == "-h" || a == "--help") {
+      std::printf("usage: shardkit-tokenize [--split file|paragraph|line] [--dtype uint16|uint32] [--no-offsets] -o OUT INPUT...\n"
+                  "Writes OUT (byte tokens 0..255, 256 ends a document), OUT.offsets and OUT.json.\n"
+                  "  --split      one document per input file (default), per blank-line-separated paragraph, or per line\n"
+                  "  --dtype      token width in the file (default uint16)\n"
+                  "  --no-offsets no OUT.offsets (document starts)\n");
+      return 0;
+    }
+    const bool wants_value = a == "--split" || a == "--dtype" || a == "-o";
+    if (wants_value && i + 1 >= argc) return usage(std::string(a) + " wants a value");
+    const std::string_view v = wants_value ? std::string_view(argv[++i]) : std::string_view();
     if (a == "--split") {
-      const auto v = value();
       if (v == "file") split = data::split_mode::file;
       else if (v == "paragraph") split = data::split_mode::paragraph;
       else if (v == "line") split = data::split_mode::line;
-      else return usage();
+      else return usage("--split wants file, paragraph or line, got '" + std::string(v) + "'");
     } else if (a == "--dtype") {
-      const auto v = value();
       if (v == "uint16") format.dtype = data::token_type::u16;
       else if (v == "uint32") format.dtype = data::token_type::u32;
-      else return usage();
+      else return usage("--dtype wants uint16 or uint32, got '" + std::string(v) + "'");
     } else if (a == "--no-offsets") {
       format.offsets = false;
     } else if (a == "-o") {
-      out = value();
-    } else if (a.starts_with("-")) {
-      return usage();
+      out = v;
+    } else if (a.starts_with("-") && a != "-") {
+      return usage("unknown flag " + std::string(a));
     } else {
       inputs.emplace_back(a);
     }
   }
-  if (out.empty() || inputs.empty()) return usage();
+  if (out.empty()) return usage("no output: give -o OUT");
+  if (inputs.empty()) return usage("no input: give one or more text files after -o OUT");
+  // Checked before anything is written: a mistake leaves no partial output, and no input is overwritten.
+  const std::filesystem::path path = std::filesystem::absolute(out);
+  for (const auto& input : inputs) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(input, ec))
+      return usage("'" + input + "' is a directory: give the files in it (" + input + "/*.txt)");
+    for (const auto& written : {path.string(), path.string() + ".offsets", path.string() + ".json"})
+      if (same_file(input, written))
+        return usage("the output " + written + " is also an input: writing it would overwrite '" + input + "'");
+  }
   try {
-    const std::filesystem::path path = std::filesystem::absolute(out);
     auto sink = shardkit::storage::make_sink<shardkit::storage::posix_sink>(path.parent_path());
     data::token_file_writer writer(sink, path.filename().string(), format);
     for (const auto& input : inputs) {

@@ -68,19 +68,58 @@ struct flags {
   std::string trace;                    // --trace PREFIX: each rank writes PREFIX.rank<R>.json (trace.hpp)
 };
 
+// Every flag, its value and its default: --help prints this on stdout; a mistake prints the problem and points here.
+std::string help_text() {
+  const flags d;
+  const auto n = [](auto v) { return std::to_string(v); };
+  const auto g = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    return std::string(b);
+  };
+  const std::pair<std::string, std::string> rows[] = {
+      {"--steps N", "optimizer steps to run (with --resume: up to step N) [" + n(d.steps) + "]"},
+      {"--batch ROWS", "global batch in rows, divisible by ranks x micro-batches [" + n(d.batch) + "]"},
+      {"--micro-batches M", "micro-batches per step (gradients accumulated) [" + n(d.micro_batches) + "]"},
+      {"--context T", "tokens per row [" + n(d.context) + "]"},
+      {"--seed S", "initialization and data order [" + n(d.seed) + "]"},
+      {"--strategy S", "full_shard, shard_grad_op, no_shard or hybrid_shard [" +
+                           std::string(fsdp::to_string(d.sharding.strategy)) + "]"},
+      {"--hybrid-size S", "hybrid_shard: ranks per shard group [0: the ranks of one host]"},
+      {"--dtype D", "compute dtype of the parameters: f32, bf16, f16 [f32]"},
+      {"--reduce-dtype D", "dtype of the gradient reductions: f32, bf16, f16 [f32]"},
+      {"--budget B", "limiter budget: BYTES[K|M|G], Nu (units) or unlimited [the strategy's minimum + one unit]"},
+      {"--max-inflight N", "gathered buffers alive at once [0: the budget alone decides]"},
+      {"--prefetch N", "units gathered ahead [" + n(d.sharding.prefetch) + "]"},
+      {"--width D", "model width; hidden is 4 x D [" + n(d.model.width) + "]"},
+      {"--blocks L", "model blocks (units: L + 2) [" + n(d.model.blocks) + "]"},
+      {"--lr X", "AdamW learning rate [" + g(d.lr) + "]"},
+      {"--weight-decay X", "AdamW weight decay [" + g(d.weight_decay) + "]"},
+      {"--clip X", "gradient norm clip [" + g(d.clip) + "]"},
+      {"--skip-compute", "gathers and reductions only: a benchmark's communication-only step [off]"},
+      {"--data LOCATION", "token files for the data loader (directory or s3://) [the built-in text]"},
+      {"--ckpt-dir LOCATION", "checkpoints (directory or s3://) [none]"},
+      {"--ckpt-every N", "steps between saves, needs --ckpt-dir [0: no saves]"},
+      {"--ckpt-keep K", "complete checkpoints kept [" + n(d.ckpt_keep) + "]"},
+      {"--ckpt-mode M", "zero-overhead, at-call or blocking [zero-overhead]"},
+      {"--resume", "continue from the newest complete checkpoint in --ckpt-dir [off]"},
+      {"--die-at-step N", "tests: SIGKILL --die-rank at the start of step N [off]"},
+      {"--die-rank R", "the rank --die-at-step kills [none]"},
+      {"--trace PREFIX", "each rank writes its timeline to PREFIX.rank<R>.json (Chrome trace) [off]"},
+      {"-h, --help", "this list"},
+  };
+  std::string out = "usage: trainer [FLAGS]   (launch ranks with shardkit-run -n N -- trainer ...)\n"
+                    "trains a byte-level language model with fully sharded parameters; [default]\n";
+  for (const auto& [flag, meaning] : rows) {
+    out += "  " + flag;
+    out.append(flag.size() < 22 ? 22 - flag.size() : 1, ' ');
+    out += meaning + "\n";
+  }
+  return out;
+}
+
 [[noreturn]] void usage(const std::string& problem) {
-  std::fprintf(stderr,
-               "trainer: %s\n"
-               "usage: trainer [--steps N] [--batch GLOBAL_ROWS] [--micro-batches M] [--context T] [--seed S]\n"
-               "               [--strategy full_shard|shard_grad_op|no_shard|hybrid_shard] [--hybrid-size S]\n"
-               "               [--dtype f32|bf16|f16] [--reduce-dtype f32|bf16|f16]\n"
-               "               [--budget BYTES[K|M|G] | --budget Nu | --budget unlimited] [--max-inflight N]\n"
-               "               [--prefetch N] [--width D] [--blocks L] [--lr X] [--weight-decay X] [--clip X]\n"
-               "               [--skip-compute]   (gathers and reductions only: a benchmark's communication-only step)\n"
-               "               [--data LOCATION] [--ckpt-dir LOCATION] [--ckpt-every N] [--ckpt-keep K]\n"
-               "               [--ckpt-mode zero-overhead|at-call|blocking] [--resume] [--die-at-step N --die-rank R]\n"
-               "               [--trace PREFIX]   (each rank writes its timeline to PREFIX.rank<R>.json: Chrome trace)\n",
-               problem.c_str());
+  std::fprintf(stderr, "trainer: %s\n(trainer --help lists every flag with its default)\n", problem.c_str());
   std::exit(2);
 }
 
@@ -131,11 +170,23 @@ void parse_budget(std::string_view v, fsdp::sharding_options& o) {
   }
 }
 
+bool takes_value(std::string_view a) {
+  static constexpr std::string_view names[] = {
+      "--steps",  "--batch", "--micro-batches", "--context",  "--seed",         "--strategy",   "--hybrid-size",
+      "--dtype",  "--reduce-dtype", "--budget", "--max-inflight", "--prefetch", "--width",      "--blocks",
+      "--lr",     "--weight-decay", "--clip",   "--data",     "--ckpt-dir",     "--ckpt-every", "--ckpt-keep",
+      "--ckpt-mode", "--die-at-step", "--die-rank", "--trace"};
+  return std::find(std::begin(names), std::end(names), a) != std::end(names);
+}
+
 flags parse(int argc, char** argv) {
   flags f;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
-    if (a == "-h" || a == "--help") usage("train a byte-level language model with fully sharded parameters");
+    if (a == "-h" || a == "--help") {
+      std::fputs(help_text().c_str(), stdout);
+      std::exit(0);
+    }
     if (a == "--skip-compute") {
       f.skip_compute = true;
       continue;
@@ -144,6 +195,7 @@ flags parse(int argc, char** argv) {
       f.resume = true;
       continue;
     }
+    if (!takes_value(a)) usage("unknown flag " + std::string(a));
     if (i + 1 >= argc) usage(std::string(a) + " wants a value");
     const std::string_view v = argv[++i];
     if (a == "--steps") f.steps = int(number(a, v));

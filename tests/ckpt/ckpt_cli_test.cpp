@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -195,6 +196,30 @@ TEST_CASE("[ckpt] shardkit-ckpt ls, verify, inspect and consolidate a 3-rank che
     CHECK(listing["steps"][1]["status"] == "complete");
     CHECK(listing["steps"][2]["status"] == "debris");
     CHECK(listing["steps"][2]["world_size"].is_null());
+  }
+
+  SUBCASE("ls, inspect and verify say one size for a step: what its files and index take on storage") {
+    std::uint64_t on_disk = 0;
+    for (const auto& e : fs::recursive_directory_iterator(dir.path / ck::step_prefix("", 2)))
+      if (e.is_regular_file()) on_disk += e.file_size();
+    const auto ls = run_tool("ls " + loc), inspect = run_tool("inspect " + loc), verify = run_tool("verify " + loc);
+    INFO("ls:\n", ls.output, "\ninspect:\n", inspect.output, "\nverify:\n", verify.output);
+    const auto sizes = [](const std::string& text) {
+      std::set<std::string> out;
+      const std::regex size_re("([0-9.]+ (B|KiB|MiB|GiB))");
+      for (auto it = std::sregex_iterator(text.begin(), text.end(), size_re); it != std::sregex_iterator(); ++it)
+        out.insert((*it)[1]);
+      return out;
+    };
+    const auto step2 = line_with(ls.output, "\n2 ");
+    const auto in_ls = sizes(step2), in_inspect = sizes(line_with(inspect.output, "step 2 of")),
+               in_verify = sizes(line_with(verify.output, "verifying step 2"));
+    REQUIRE(in_ls.size() == 1);
+    CHECK(in_inspect == in_ls);
+    CHECK(in_verify == in_ls);
+    CHECK(sizes(line_with(verify.output, "step 2:")).empty());  // the summary adds no other size for the step
+    const auto j = nlohmann::json::parse(run_tool("inspect " + loc + " --json").output);
+    CHECK(j["bytes"] == on_disk);
   }
 
   SUBCASE("ls and verify: an index that does not parse, a file missing, records that disagree") {

@@ -159,6 +159,13 @@ TEST_CASE("[core] settings: get reads through the table, with its type and range
   CHECK(config_error([&] { settings::get<settings::bytes>("SHARDKIT_SEGMENT_BYTES", e); }) ==
         "SHARDKIT_SEGMENT_BYTES='0': must be at least 1");
 
+  // 2^64-1 is above what an int64 holds: said as such, not wrapped into "at least" (min 0 or not).
+  env.vars["SHARDKIT_RD_THRESHOLD"] = env.vars["SHARDKIT_SEGMENT_BYTES"] = "18446744073709551615";
+  CHECK(config_error([&] { settings::get<settings::bytes>("SHARDKIT_RD_THRESHOLD", e); }) ==
+        "SHARDKIT_RD_THRESHOLD='18446744073709551615': must be at most 9223372036854775807");
+  CHECK(config_error([&] { settings::get<settings::bytes>("SHARDKIT_SEGMENT_BYTES", e); }) ==
+        "SHARDKIT_SEGMENT_BYTES='18446744073709551615': must be at most 9223372036854775807");
+
   env.vars["SHARDKIT_SOCKET_CHUNK"] = "64M";
   CHECK(settings::get<settings::bytes>("SHARDKIT_SOCKET_CHUNK", e) == std::uint64_t(64) << 20);
   env.vars["SHARDKIT_SOCKET_CHUNK"] = "65M";

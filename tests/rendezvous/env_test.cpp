@@ -73,6 +73,9 @@ TEST_CASE("[rendezvous] torchrun and Kubernetes variables") {
   const auto k8s = rdv::info_from_env(with(torchrun, {}, {"LOCAL_RANK", "LOCAL_WORLD_SIZE"}));
   CHECK(k8s.local_rank == 0);
   CHECK(k8s.local_world_size == 1);
+  // ... assumed, not stated: init_process_group warns about what it finds on the host only for a stated one.
+  CHECK_FALSE(k8s.local_world_size_stated);
+  CHECK(i.local_world_size_stated);
 
   // torchrun wins over the others, which may be set by an outer launcher; Open MPI's must agree with it.
   auto both = with(torchrun, slurm);

@@ -269,8 +269,10 @@ inline std::string range_text(const variable& v, std::int64_t n) {
 //! Throws unless min <= n <= max (n already in the variable's unit).
 inline void check_range(const variable& v, std::string_view text, std::uint64_t n) {
   if (n >= std::uint64_t(v.min) && n <= std::uint64_t(v.max)) return;  // bytes and durations: min >= 0
+  // Above an unbounded variable's max is above what an int64 holds, never below its min (no wrap-around).
+  if (n > std::uint64_t(v.max) && (v.max == unbounded || v.min == 0))
+    bad_setting(v.name, text, "must be at most " + range_text(v, v.max));
   if (v.max == unbounded) bad_setting(v.name, text, "must be at least " + range_text(v, v.min));
-  if (v.min == 0) bad_setting(v.name, text, "must be at most " + range_text(v, v.max));
   bad_setting(v.name, text, "must be in [" + range_text(v, v.min) + ", " + range_text(v, v.max) + "]");
 }
 

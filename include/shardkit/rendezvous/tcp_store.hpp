@@ -374,7 +374,7 @@ class tcp_store {
 
   // A shardkit store answers a hello at once; a peer that answers something else, or nothing within this, is
   // another program (an HTTP server on MASTER_PORT), and retrying it until the connect timeout would not help.
-  static constexpr std::chrono::milliseconds hello_answer_timeout{5000};
+  static constexpr std::chrono::milliseconds hello_answer_timeout{3000};
 
   void handshake() {
     send_all(detail::store_hello(opts_.auth_token));
