@@ -1,7 +1,7 @@
 """Conan 2 recipe for shardkit, a header-only C++20 toolkit for sharded training over Ethernet.
 
 The package is the headers. Each CMake target of the project (shardkit::shardkit, ::tcp, ::gloo, ::nccl,
-::fabric, ::ckpt, ::s3) is a component with the same cmake_target_name, so a consumer's CMake reads the same
+::fabric, ::codec, ::ckpt, ::data, ::s3) is a component with the same cmake_target_name, so a consumer's CMake reads the same
 whether it finds shardkit through Conan's CMakeDeps, an install tree or add_subdirectory.
 
 The third-party pieces behind the optional backends come from the system, not from ConanCenter (see
@@ -36,16 +36,19 @@ class ShardkitConan(ConanFile):
         "with_nccl": [True, False],
         "with_fabric": [True, False],
         "with_ckpt": [True, False],
+        "with_data": [True, False],
         "with_s3": [True, False],
     }
     # What a plain Debian 12 build machine with the project's documented packages has: Boost headers, xxHash
-    # and nlohmann/json. Gloo, NCCL (CUDA), libfabric and libcurl are opt-in.
+    # and nlohmann/json (for ckpt and data, through the codec component). Gloo, NCCL (CUDA), libfabric and libcurl are
+    # opt-in.
     default_options = {
         "with_tcp": True,
         "with_gloo": False,
         "with_nccl": False,
         "with_fabric": False,
         "with_ckpt": True,
+        "with_data": True,
         "with_s3": False,
     }
     exports_sources = "include/*", "CMakeLists.txt"
@@ -58,6 +61,7 @@ class ShardkitConan(ConanFile):
         "with_gloo": [["libgloo-dev"]],
         "with_fabric": [["libfabric-dev"]],
         "with_ckpt": [["libxxhash-dev", "nlohmann-json3-dev"]],
+        "with_data": [["libxxhash-dev", "nlohmann-json3-dev"]],
         "with_s3": [["libcurl4-openssl-dev"], ["libcurl4-gnutls-dev"]],
         # NCCL and CUDA come from NVIDIA's installers or repositories, under names that vary: not checked here.
     }
@@ -129,7 +133,7 @@ class ShardkitConan(ConanFile):
             c.set_property("cmake_target_name", f"shardkit::{name}")
             c.set_property("pkg_config_name", f"shardkit-{name}")
             c.requires = ["shardkit", *requires]
-            c.defines = [define]
+            c.defines = [define] if define else []
             c.system_libs = list(system_libs)
             c.bindirs = []
             c.libdirs = []
@@ -142,8 +146,13 @@ class ShardkitConan(ConanFile):
             backend("gloo", "SHARDKIT_HAS_GLOO=1", ["gloo"])
         if self.options.with_fabric:
             backend("fabric", "SHARDKIT_HAS_FABRIC=1", ["fabric"])
+        if self.options.with_ckpt or self.options.with_data:
+            # xxHash64 and strict JSON; nlohmann/json is header-only, from the system.
+            backend("codec", None, ["xxhash"])
         if self.options.with_ckpt:
-            backend("ckpt", "SHARDKIT_HAS_CKPT=1", ["xxhash"])  # nlohmann/json is header-only, from the system
+            backend("ckpt", "SHARDKIT_HAS_CKPT=1", requires=["codec"])
+        if self.options.with_data:
+            backend("data", "SHARDKIT_HAS_DATA=1", requires=["codec"])
         if self.options.with_s3:
             backend("s3", "SHARDKIT_HAS_S3=1", ["curl"])
         if self.options.with_nccl:

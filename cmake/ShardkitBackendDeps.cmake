@@ -55,7 +55,8 @@ macro(shardkit_find_backend_deps)
     set(SHARDKIT_NCCL_FOUND FALSE)
   endif()
 
-  # shardkit::ckpt: xxHash (libxxhash-dev, through pkg-config) and nlohmann/json (nlohmann-json3-dev).
+  # shardkit::codec (under shardkit::ckpt and shardkit::data): xxHash (libxxhash-dev, through pkg-config) and
+  # nlohmann/json (nlohmann-json3-dev).
   if(NOT TARGET shardkit_deps::xxhash)
     find_package(PkgConfig QUIET)
     if(PKG_CONFIG_FOUND)
@@ -67,9 +68,9 @@ macro(shardkit_find_backend_deps)
   endif()
   find_package(nlohmann_json 3.9 QUIET)
   if(TARGET shardkit_deps::xxhash AND TARGET nlohmann_json::nlohmann_json)
-    set(SHARDKIT_CKPT_FOUND TRUE)
+    set(SHARDKIT_CODEC_FOUND TRUE)
   else()
-    set(SHARDKIT_CKPT_FOUND FALSE)
+    set(SHARDKIT_CODEC_FOUND FALSE)
   endif()
 
   # shardkit::s3: libcurl 7.75 or newer (CURLOPT_AWS_SIGV4; 7.88 on Debian 12).

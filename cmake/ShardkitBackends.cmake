@@ -27,51 +27,41 @@ function(shardkit_backend_wanted var found dep)
   set(${var}_ENABLED ${_want} PARENT_SCOPE)
 endfunction()
 
+# shardkit_add_backend(<name> FOUND <var> DEPENDENCY "<what to install>" LIBS <target>...)
+# The target shardkit::<name> when SHARDKIT_WITH_<NAME> and the dependency allow (shardkit_backend_wanted): it links
+# LIBS and defines SHARDKIT_HAS_<NAME>=1 for its users.
+function(shardkit_add_backend name)
+  cmake_parse_arguments(B "" "FOUND;DEPENDENCY" "LIBS" ${ARGN})
+  string(TOUPPER ${name} _upper)
+  shardkit_backend_wanted(SHARDKIT_WITH_${_upper} ${B_FOUND} "${B_DEPENDENCY}")
+  if(SHARDKIT_WITH_${_upper}_ENABLED)
+    shardkit_add_interface(${name})
+    target_link_libraries(${name} INTERFACE ${B_LIBS})
+    target_compile_definitions(${name} INTERFACE SHARDKIT_HAS_${_upper}=1)
+  endif()
+endfunction()
+
 macro(shardkit_find_backends)
   include(ShardkitBackendDeps)
   shardkit_find_backend_deps()
 
-  shardkit_backend_wanted(SHARDKIT_WITH_TCP Boost_FOUND "Boost headers (libboost-dev)")
-  if(SHARDKIT_WITH_TCP_ENABLED)
-    shardkit_add_interface(tcp)
-    target_link_libraries(tcp INTERFACE Boost::headers)
-    target_compile_definitions(tcp INTERFACE SHARDKIT_HAS_TCP=1)
-  endif()
+  shardkit_add_backend(tcp FOUND Boost_FOUND DEPENDENCY "Boost headers (libboost-dev)" LIBS Boost::headers)
+  shardkit_add_backend(gloo FOUND SHARDKIT_GLOO_FOUND DEPENDENCY "Gloo (libgloo-dev)" LIBS shardkit_deps::gloo)
+  shardkit_add_backend(fabric FOUND SHARDKIT_FABRIC_FOUND DEPENDENCY "libfabric (libfabric-dev)"
+                       LIBS shardkit_deps::fabric)
+  shardkit_add_backend(nccl FOUND SHARDKIT_NCCL_FOUND DEPENDENCY "CUDA toolkit with NCCL"
+                       LIBS CUDA::cudart shardkit_deps::nccl)
 
-  shardkit_backend_wanted(SHARDKIT_WITH_GLOO SHARDKIT_GLOO_FOUND "Gloo (libgloo-dev)")
-  if(SHARDKIT_WITH_GLOO_ENABLED)
-    shardkit_add_interface(gloo)
-    target_link_libraries(gloo INTERFACE shardkit_deps::gloo)
-    target_compile_definitions(gloo INTERFACE SHARDKIT_HAS_GLOO=1)
+  # The encodings the checkpoint and the data loader share (include/shardkit/codec/): xxHash64 and strict JSON.
+  # Neither of those two includes the other; each is its own target over this one.
+  if(SHARDKIT_CODEC_FOUND)
+    shardkit_add_interface(codec)
+    target_link_libraries(codec INTERFACE shardkit_deps::xxhash nlohmann_json::nlohmann_json)
   endif()
-
-  shardkit_backend_wanted(SHARDKIT_WITH_FABRIC SHARDKIT_FABRIC_FOUND "libfabric (libfabric-dev)")
-  if(SHARDKIT_WITH_FABRIC_ENABLED)
-    shardkit_add_interface(fabric)
-    target_link_libraries(fabric INTERFACE shardkit_deps::fabric)
-    target_compile_definitions(fabric INTERFACE SHARDKIT_HAS_FABRIC=1)
-  endif()
-
-  shardkit_backend_wanted(SHARDKIT_WITH_NCCL SHARDKIT_NCCL_FOUND "CUDA toolkit with NCCL")
-  if(SHARDKIT_WITH_NCCL_ENABLED)
-    shardkit_add_interface(nccl)
-    target_link_libraries(nccl INTERFACE CUDA::cudart shardkit_deps::nccl)
-    target_compile_definitions(nccl INTERFACE SHARDKIT_HAS_NCCL=1)
-  endif()
-
-  # The checkpoint format (include/shardkit/ckpt/): per-tensor xxHash64 and a JSON header and index.
-  shardkit_backend_wanted(SHARDKIT_WITH_CKPT SHARDKIT_CKPT_FOUND "xxHash (libxxhash-dev) and nlohmann/json (nlohmann-json3-dev)")
-  if(SHARDKIT_WITH_CKPT_ENABLED)
-    shardkit_add_interface(ckpt)
-    target_link_libraries(ckpt INTERFACE shardkit_deps::xxhash nlohmann_json::nlohmann_json)
-    target_compile_definitions(ckpt INTERFACE SHARDKIT_HAS_CKPT=1)
-  endif()
+  set(_codec_dependency "xxHash (libxxhash-dev) and nlohmann/json (nlohmann-json3-dev)")
+  shardkit_add_backend(ckpt FOUND SHARDKIT_CODEC_FOUND DEPENDENCY "${_codec_dependency}" LIBS codec)
+  shardkit_add_backend(data FOUND SHARDKIT_CODEC_FOUND DEPENDENCY "${_codec_dependency}" LIBS codec)
 
   # The S3 sink (include/shardkit/storage/s3_sink.hpp): libcurl, which signs with its own SigV4.
-  shardkit_backend_wanted(SHARDKIT_WITH_S3 SHARDKIT_S3_FOUND "libcurl (libcurl4-openssl-dev)")
-  if(SHARDKIT_WITH_S3_ENABLED)
-    shardkit_add_interface(s3)
-    target_link_libraries(s3 INTERFACE CURL::libcurl)
-    target_compile_definitions(s3 INTERFACE SHARDKIT_HAS_S3=1)
-  endif()
+  shardkit_add_backend(s3 FOUND SHARDKIT_S3_FOUND DEPENDENCY "libcurl (libcurl4-openssl-dev)" LIBS CURL::libcurl)
 endmacro()

@@ -62,9 +62,15 @@ function(shardkit_install_pkgconfig)
     shardkit_pc_file(shardkit-nccl DESCRIPTION "shardkit NCCL backend (CUDA runtime + NCCL)" REQUIRES shardkit
                      CFLAGS -DSHARDKIT_HAS_NCCL=1 ${_cflags} LIBS ${_libs} "-L${CUDAToolkit_LIBRARY_DIR}" -lcudart)
   endif()
+  if(TARGET codec)
+    shardkit_pc_file(shardkit-codec DESCRIPTION "shardkit codecs: xxHash64 and strict JSON"
+                     REQUIRES shardkit libxxhash nlohmann_json)
+  endif()
   if(TARGET ckpt)
-    shardkit_pc_file(shardkit-ckpt DESCRIPTION "shardkit checkpoint format (xxHash, nlohmann/json)"
-                     REQUIRES shardkit libxxhash nlohmann_json CFLAGS -DSHARDKIT_HAS_CKPT=1)
+    shardkit_pc_file(shardkit-ckpt DESCRIPTION "shardkit checkpoints" REQUIRES shardkit-codec CFLAGS -DSHARDKIT_HAS_CKPT=1)
+  endif()
+  if(TARGET data)
+    shardkit_pc_file(shardkit-data DESCRIPTION "shardkit data loader" REQUIRES shardkit-codec CFLAGS -DSHARDKIT_HAS_DATA=1)
   endif()
   if(TARGET s3)
     shardkit_pc_file(shardkit-s3 DESCRIPTION "shardkit S3 storage sink (libcurl)" REQUIRES shardkit libcurl

@@ -6,6 +6,9 @@
 #if defined(SHARDKIT_HAS_CKPT)
 #include <shardkit/ckpt/format.hpp>  // xxHash and nlohmann/json from the system
 #endif
+#if defined(SHARDKIT_HAS_DATA)
+#include <shardkit/data/token_file.hpp>  // the same two, through shardkit::codec
+#endif
 // The other components' headers, when the package was asked for them (-o "shardkit/*:with_s3=True" ...): their
 // defines, include directories and system libraries must be enough to compile and link against.
 #if defined(SHARDKIT_HAS_S3)
@@ -42,7 +45,7 @@ int main() {
         return 1;
       }
   // Link probes: one symbol from each enabled component's system library (system_libs must name it).
-#if defined(SHARDKIT_HAS_CKPT)
+#if defined(SHARDKIT_HAS_CKPT) || defined(SHARDKIT_HAS_DATA)
   std::printf("test_package: xxHash %u linked\n", XXH_versionNumber());
 #endif
 #if defined(SHARDKIT_HAS_S3)

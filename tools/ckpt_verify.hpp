@@ -17,11 +17,13 @@
 
 #include "ckpt_common.hpp"
 #include "ckpt_progress.hpp"
-#include "shardkit/ckpt/checksum.hpp"
 #include "shardkit/ckpt/format.hpp"
 #include "shardkit/ckpt/index.hpp"
+#include "shardkit/codec/xxh64.hpp"
 
 namespace ckpt_cli {
+
+namespace codec = shardkit::codec;
 
 struct verify_summary {
   std::vector<std::string> problems;
@@ -44,7 +46,7 @@ inline void verify_tensor_data(st::any_sink& sink, const ck::file_table& file, c
   auto where = [&](std::uint64_t a, std::uint64_t b) {
     return "bytes " + range_text(a, b) + " of its data (file bytes " + range_text(base + a, base + b) + ")";
   };
-  ck::xxh64_stream whole;
+  codec::xxh64_stream whole;
   std::size_t chunk_reports = 0, chunk_mismatches = 0;
   for (std::uint64_t at = 0; at < n;) {
     const std::uint64_t len = std::min(read_batch_chunks * C, n - at);
@@ -60,13 +62,13 @@ inline void verify_tensor_data(st::any_sink& sink, const ck::file_table& file, c
     if (chunked)
       for (std::uint64_t c = at; c < at + len; c += C) {
         const std::uint64_t e = std::min(c + C, n);
-        const auto h = ck::xxh64(std::span<const std::byte>(buffer).subspan(std::size_t(c - at), std::size_t(e - c)));
+        const auto h = codec::xxh64(std::span<const std::byte>(buffer).subspan(std::size_t(c - at), std::size_t(e - c)));
         const std::size_t i = std::size_t(c / C);
         if (h == want.chunk_xxh64[i]) continue;
         ++chunk_mismatches;
         if (++chunk_reports <= max_chunk_reports)
           out.problems.push_back("checksum mismatch in " + file.key + ", tensor '" + t.name + "' " + where(c, e) + ": xxh64 " +
-                                 ck::checksum_to_hex(h) + ", the index says " + ck::checksum_to_hex(want.chunk_xxh64[i]) +
+                                 codec::checksum_to_hex(h) + ", the index says " + codec::checksum_to_hex(want.chunk_xxh64[i]) +
                                  " (chunk " + std::to_string(i) + ")");
       }
     at += len;
@@ -80,10 +82,10 @@ inline void verify_tensor_data(st::any_sink& sink, const ck::file_table& file, c
   // A chunk mismatch already says where; the whole checksum adds nothing then.
   if (chunk_mismatches == 0 && digest != want.xxh64)
     out.problems.push_back("checksum mismatch in " + file.key + ", tensor '" + t.name + "' " + where(0, n) + ": xxh64 " +
-                           ck::checksum_to_hex(digest) + ", the index says " + ck::checksum_to_hex(want.xxh64));
+                           codec::checksum_to_hex(digest) + ", the index says " + codec::checksum_to_hex(want.xxh64));
   if (t.xxh64 && *t.xxh64 != want.xxh64 && digest != *t.xxh64)
     out.problems.push_back("checksum mismatch in " + file.key + ", tensor '" + t.name + "' " + where(0, n) + ": xxh64 " +
-                           ck::checksum_to_hex(digest) + ", the file's header says " + ck::checksum_to_hex(*t.xxh64));
+                           codec::checksum_to_hex(digest) + ", the file's header says " + codec::checksum_to_hex(*t.xxh64));
 }
 
 // The header's record of a tensor against the index's; appends what differs.
@@ -102,7 +104,7 @@ inline void compare_records(const std::string& key, const ck::stored_tensor& h, 
     differ("elements", range_text(h.extent.begin, h.extent.end), range_text(t.begin, t.end));
   if (!h.xxh64)
     problems.push_back(key + ", tensor '" + tensor.name + "': the file's header has no \"shardkit." + tensor.name + "\" checksum");
-  else if (*h.xxh64 != t.xxh64) differ("xxh64", ck::checksum_to_hex(*h.xxh64), ck::checksum_to_hex(t.xxh64));
+  else if (*h.xxh64 != t.xxh64) differ("xxh64", codec::checksum_to_hex(*h.xxh64), codec::checksum_to_hex(t.xxh64));
 }
 
 // The file's metadata step/rank/world_size, where present, against the index.

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "shardkit/codec/json_text.hpp"
 #include "shardkit/fsdp/options.hpp"
 
 namespace trainer {
@@ -43,31 +44,15 @@ class chrome_trace {
       std::fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
                    rank_, t, lanes[t]);
     std::lock_guard lock(mutex_);
+    // Unit names are the trainer's to choose: a quote or a control character in one must not break the file.
     for (const auto& s : spans_)
-      std::fprintf(f, ",\n{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
-                   json_escaped(s.name).c_str(), s.cat.c_str(), rank_, s.lane, s.ts_us, s.dur_us);
+      std::fprintf(f, ",\n{\"ph\":\"X\",\"name\":%s,\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
+                   shardkit::codec::json_string(s.name).c_str(), s.cat.c_str(), rank_, s.lane, s.ts_us, s.dur_us);
     std::fprintf(f, "\n]}\n");
     if (std::fclose(f) != 0) throw std::runtime_error("--trace: writing " + path + " failed");
   }
 
  private:
-  // Unit names are the trainer's to choose: a quote or a control character in one must not break the file.
-  static std::string json_escaped(const std::string& in) {
-    std::string out;
-    for (const char c : in) {
-      if (c == '"' || c == '\\') {
-        out += '\\';
-        out += c;
-      } else if (static_cast<unsigned char>(c) < 0x20) {
-        char u[8];
-        std::snprintf(u, sizeof u, "\\u%04x", static_cast<unsigned char>(c));
-        out += u;
-      } else {
-        out += c;
-      }
-    }
-    return out;
-  }
   struct span {
     std::string name, cat;
     int lane;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "shardkit/codec/xxh64.hpp"
 #include "storage/storage_fixtures.hpp"
 
 namespace ck = shardkit::ckpt;
@@ -143,7 +144,7 @@ TEST_CASE_TEMPLATE("[ckpt] safetensors round trip: every dtype and a piece, and 
   CHECK(piece_meta["global_shape"] == nlohmann::json::array({8, 8}));
   CHECK(piece_meta["begin"] == 40);
   CHECK(piece_meta["end"] == 64);
-  CHECK(piece_meta["xxh64"] == ck::checksum_to_hex(ck::xxh64(bytes_of(m.w1))));
+  CHECK(piece_meta["xxh64"] == shardkit::codec::checksum_to_hex(shardkit::codec::xxh64(bytes_of(m.w1))));
   // Offsets follow the written order.
   CHECK(h["block0.w1"]["data_offsets"] == nlohmann::json::array({0, 96}));
   CHECK(h["emb"]["data_offsets"] == nlohmann::json::array({96, 136}));

@@ -16,7 +16,6 @@
 // failed. A run that stopped early (a backend error, which leaves the group broken) lacks the cases after it.
 #include <cctype>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -28,6 +27,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shardkit/codec/json_text.hpp"
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/reduce_op.hpp"
 
@@ -62,27 +62,7 @@ struct case_key {
 
 namespace conformance_detail {
 
-inline std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
+using codec::json_string;
 
 inline std::string utc_now() {
   const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());

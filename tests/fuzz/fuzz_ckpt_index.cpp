@@ -2,8 +2,8 @@
 // JSON that nlohmann/json's strict parse accepts too (the index has its own reader: it must be no laxer); any
 // exception other than shardkit::error (std::out_of_range, ...) escapes and is a finding.
 #include "fuzz_input.hpp"
-#include "shardkit/ckpt/detail/strict_json.hpp"
 #include "shardkit/ckpt/index.hpp"
+#include "shardkit/codec/strict_json.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   namespace ckpt = shardkit::ckpt;
@@ -15,9 +15,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   {
-    ckpt::detail::json tree;
+    shardkit::codec::json tree;
     std::string why;
-    shardkit::fuzz::require(ckpt::detail::parse_strict_json(in.rest_text(), tree, why),
+    shardkit::fuzz::require(shardkit::codec::parse_strict_json(in.rest_text(), tree, why),
                             "an index the reader accepted is not strict JSON to nlohmann/json");
   }
   const std::string again = ckpt::to_json(index);

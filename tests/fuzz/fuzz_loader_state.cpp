@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "fuzz_input.hpp"
+#include "shardkit/codec/xxh64.hpp"
 #include "shardkit/data/loader_state.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -18,7 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::memcpy(blob.data() + 8, &version, 4);
     const std::uint64_t payload = blob.size() - sd::detail::state_header_bytes - 8;
     std::memcpy(blob.data() + 16, &payload, 8);
-    const std::uint64_t sum = shardkit::ckpt::xxh64(std::span<const std::byte>(blob).first(blob.size() - 8));
+    const std::uint64_t sum = shardkit::codec::xxh64(std::span<const std::byte>(blob).first(blob.size() - 8));
     std::memcpy(blob.data() + blob.size() - 8, &sum, 8);
   }
   sd::rank_state state;

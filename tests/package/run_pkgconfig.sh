@@ -3,7 +3,8 @@
 # not built: the install docs/packaging.md describes, independent of what the enclosing build has built), installs it to
 # WORK_DIR/prefix and builds consumers with nothing but pkg-config and the compiler, as a Makefile project would:
 #   1. test_package/test_package.cpp with `pkg-config --cflags --libs shardkit` (the core alone);
-#   2. tests/package/consumer/main.cpp (TCP transport, fsdp, ckpt) with shardkit shardkit-tcp shardkit-ckpt;
+#   2. tests/package/consumer/main.cpp (TCP transport, fsdp, ckpt, data) with shardkit shardkit-tcp shardkit-ckpt
+#      shardkit-data;
 #   3. test_package.cpp again with every shardkit-<backend> module the install has: it then includes each
 #      backend's header and calls into its system library, so each .pc file's flags are checked.
 # All run. Skips (77) with the reason when pkg-config is missing.
@@ -31,13 +32,13 @@ pkg-config --cflags --libs shardkit
 # shellcheck disable=SC2046  # the flags are words
 "$cxx" -o "$work/core_consumer" "$src/test_package/test_package.cpp" $(pkg-config --cflags --libs shardkit)
 "$work/core_consumer"
-mods="shardkit shardkit-tcp shardkit-ckpt"
+mods="shardkit shardkit-tcp shardkit-ckpt shardkit-data"
 pkg-config --print-errors --exists $mods
 # shellcheck disable=SC2046
 "$cxx" -O1 -o "$work/consumer" "$src/tests/package/consumer/main.cpp" $(pkg-config --cflags --libs $mods)
 "$work/consumer"
 all=shardkit
-for m in tcp ckpt s3 gloo fabric nccl; do
+for m in tcp codec ckpt data s3 gloo fabric nccl; do
   if pkg-config --exists "shardkit-$m"; then all="$all shardkit-$m"; fi
 done
 # shellcheck disable=SC2046

@@ -42,8 +42,9 @@
 #include <utility>
 #include <vector>
 
-#include "shardkit/ckpt/checksum.hpp"
-#include "shardkit/ckpt/detail/strict_json.hpp"
+#include "shardkit/ckpt/detail/shape.hpp"
+#include "shardkit/codec/strict_json.hpp"
+#include "shardkit/codec/xxh64.hpp"
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/storage/sink.hpp"
@@ -96,7 +97,7 @@ struct tensor_checksums {
 //! With `to` empty, only hashes.
 inline tensor_checksums copy_and_checksum(std::span<const std::byte> from, std::span<std::byte> to = {}) {
   tensor_checksums out;
-  xxh64_stream whole;
+  codec::xxh64_stream whole;
   const bool many = from.size() > checksum_chunk_bytes;
   if (many) out.chunks.reserve((from.size() + checksum_chunk_bytes - 1) / checksum_chunk_bytes);
   for (std::size_t at = 0; at < from.size(); at += checksum_chunk_bytes) {
@@ -107,7 +108,7 @@ inline tensor_checksums copy_and_checksum(std::span<const std::byte> from, std::
       chunk = to.subspan(at, n);
     }
     whole.update(chunk);
-    if (many) out.chunks.push_back(xxh64(chunk));
+    if (many) out.chunks.push_back(codec::xxh64(chunk));
   }
   out.whole = whole.digest();
   return out;
@@ -202,11 +203,11 @@ namespace detail {
 }
 
 inline std::string tensor_metadata_json(const piece_extent& e, std::uint64_t checksum) {
-  json j = json::object();
+  codec::json j = codec::json::object();
   j["global_shape"] = e.global_shape;
   j["begin"] = e.begin;
   j["end"] = e.end;
-  j["xxh64"] = checksum_to_hex(checksum);
+  j["xxh64"] = codec::checksum_to_hex(checksum);
   return j.dump();
 }
 
@@ -241,7 +242,7 @@ inline piece_extent check_source(const std::string& key, const tensor_source& t)
 template <storage::sink S>
 file_table write_safetensors(S& sink, const std::string& key, std::span<const tensor_source> tensors,
                              const std::map<std::string, std::string>& metadata = {}) {
-  using detail::json;
+  using codec::json;
   for (const auto& [k, v] : metadata)
     if (k.starts_with(tensor_metadata_prefix))
       throw_error(errc::invalid_argument, "user metadata key '" + k + "' uses the reserved prefix 'shardkit.'",
@@ -306,12 +307,12 @@ file_table write_safetensors(S& sink, const std::string& key, std::initializer_l
 //! - "__metadata__", if present, is an object of string values; each "shardkit.<name>" names a tensor of the file
 //!   and holds {"global_shape", "begin", "end", "xxh64"} consistent with that tensor.
 inline file_table parse_header(const std::string& key, std::string_view header, std::uint64_t file_size) {
-  using detail::json;
+  using codec::json;
   using detail::malformed;
   if (file_size < 8 + header.size()) malformed(key, "the header runs past the end of the file");
   json root;
   std::string why;
-  if (!detail::parse_strict_json(header, root, why)) malformed(key, "header: " + why);
+  if (!codec::parse_strict_json(header, root, why)) malformed(key, "header: " + why);
   if (!root.is_object()) malformed(key, "the header is not a JSON object");
   file_table table{.key = key, .file_size = file_size, .header_size = header.size()};
   const json* meta = nullptr;
@@ -323,17 +324,17 @@ inline file_table parse_header(const std::string& key, std::string_view header, 
     // Structured bindings are captured by init-capture: clang before 16 cannot capture them directly.
     auto bad = [&, &name = name](const std::string& what) { malformed(key, "tensor '" + name + "': " + what); };
     if (!entry.is_object()) bad("its entry is not a JSON object");
-    if (auto extra = detail::unknown_keys(entry, {"dtype", "shape", "data_offsets"}); !extra.empty())
+    if (auto extra = codec::unknown_keys(entry, {"dtype", "shape", "data_offsets"}); !extra.empty())
       bad("unknown field " + extra);
     stored_tensor t{.name = name};
     if (!entry.contains("dtype") || !entry["dtype"].is_string()) bad("no \"dtype\" string");
     const auto dt = parse_safetensors_dtype(entry["dtype"].get<std::string>());
     if (!dt) bad("unknown dtype '" + entry["dtype"].get<std::string>() + "' (shardkit reads F32, F64, F16, BF16, I32, I64, U8)");
     t.type = *dt;
-    if (!entry.contains("shape") || !detail::as_u64_array(entry["shape"], t.shape))
+    if (!entry.contains("shape") || !codec::as_u64_array(entry["shape"], t.shape))
       bad("no \"shape\" array of non-negative integers");
     std::vector<std::uint64_t> offsets;
-    if (!entry.contains("data_offsets") || !detail::as_u64_array(entry["data_offsets"], offsets) || offsets.size() != 2)
+    if (!entry.contains("data_offsets") || !codec::as_u64_array(entry["data_offsets"], offsets) || offsets.size() != 2)
       bad("no \"data_offsets\" pair of non-negative integers");
     if (offsets[0] > offsets[1])
       bad("data_offsets [" + std::to_string(offsets[0]) + ", " + std::to_string(offsets[1]) + "] end before they begin");
@@ -381,14 +382,14 @@ inline file_table parse_header(const std::string& key, std::string_view header, 
       auto bad = [&, &k = k](const std::string& what) { malformed(key, "tensor '" + name + "': metadata '" + k + "': " + what); };
       json m;
       std::string mwhy;
-      if (!detail::parse_strict_json(v.get<std::string>(), m, mwhy)) bad(mwhy);
+      if (!codec::parse_strict_json(v.get<std::string>(), m, mwhy)) bad(mwhy);
       if (!m.is_object()) bad("not a JSON object");
-      if (auto extra = detail::unknown_keys(m, {"global_shape", "begin", "end", "xxh64"}); !extra.empty())
+      if (auto extra = codec::unknown_keys(m, {"global_shape", "begin", "end", "xxh64"}); !extra.empty())
         bad("unknown field " + extra);
       piece_extent e;
-      if (!m.contains("global_shape") || !detail::as_u64_array(m["global_shape"], e.global_shape))
+      if (!m.contains("global_shape") || !codec::as_u64_array(m["global_shape"], e.global_shape))
         bad("no \"global_shape\" array of non-negative integers");
-      if (!m.contains("begin") || !detail::as_u64(m["begin"], e.begin) || !m.contains("end") || !detail::as_u64(m["end"], e.end))
+      if (!m.contains("begin") || !codec::as_u64(m["begin"], e.begin) || !m.contains("end") || !codec::as_u64(m["end"], e.end))
         bad("no \"begin\" and \"end\" non-negative integers");
       std::uint64_t global = 0;
       if (!detail::shape_numel(e.global_shape, global) || e.begin > e.end || e.end > global)
@@ -396,9 +397,9 @@ inline file_table parse_header(const std::string& key, std::string_view header, 
             detail::describe_shape(e.global_shape));
       if (e.end - e.begin != it->numel())
         bad("range of " + std::to_string(e.end - e.begin) + " elements but the tensor holds " + std::to_string(it->numel()));
-      if (!m.contains("xxh64") || !m["xxh64"].is_string() || !checksum_from_hex(m["xxh64"].get<std::string>()))
+      if (!m.contains("xxh64") || !m["xxh64"].is_string() || !codec::checksum_from_hex(m["xxh64"].get<std::string>()))
         bad("no \"xxh64\" of 16 hex digits");
-      it->xxh64 = checksum_from_hex(m["xxh64"].get<std::string>());
+      it->xxh64 = codec::checksum_from_hex(m["xxh64"].get<std::string>());
       it->extent = std::move(e);
     }
   }
@@ -457,11 +458,11 @@ void read_tensor(S& sink, const file_table& file, const stored_tensor& t, std::s
                 {.operation = "ckpt.read", .object = file.key});
   read_elements(sink, file, t, 0, out);
   if (t.xxh64) {
-    const std::uint64_t got = xxh64(out);
+    const std::uint64_t got = codec::xxh64(out);
     if (got != *t.xxh64)
       throw_error(errc::io,
-                  "checksum mismatch in " + file.key + ", tensor '" + t.name + "' (xxh64 " + checksum_to_hex(got) +
-                      ", the file says " + checksum_to_hex(*t.xxh64) + ")",
+                  "checksum mismatch in " + file.key + ", tensor '" + t.name + "' (xxh64 " + codec::checksum_to_hex(got) +
+                      ", the file says " + codec::checksum_to_hex(*t.xxh64) + ")",
                   {.operation = "ckpt.read", .object = file.key});
   }
 }

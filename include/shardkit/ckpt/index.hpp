@@ -33,10 +33,11 @@
 #include <utility>
 #include <vector>
 
-#include "shardkit/ckpt/checksum.hpp"
-#include "shardkit/ckpt/detail/json_cursor.hpp"
-#include "shardkit/ckpt/detail/strict_json.hpp"
+#include "shardkit/ckpt/detail/shape.hpp"
 #include "shardkit/ckpt/format.hpp"
+#include "shardkit/codec/json_cursor.hpp"
+#include "shardkit/codec/json_text.hpp"
+#include "shardkit/codec/xxh64.hpp"
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
 
@@ -121,46 +122,11 @@ inline checkpoint_index describe_file(const file_table& table) {
   return one;
 }
 
-namespace detail {
-// JSON string escaping for names and metadata (RFC 8259: quote, backslash and control characters).
-inline void append_json_string(std::string& out, std::string_view v) {
-  out += '"';
-  for (char c : v) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          static constexpr char hex[] = "0123456789abcdef";
-          out += "\\u00";
-          out += hex[(c >> 4) & 0xf];
-          out += hex[c & 0xf];
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-}
-inline void write_hex16(char* out, std::uint64_t h) noexcept {
-  static constexpr char digits[] = "0123456789abcdef";
-  for (int i = 15; i >= 0; --i, h >>= 4) out[i] = digits[h & 0xf];
-}
-inline void append_u64(std::string& out, std::uint64_t v) {
-  char buf[24];
-  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
-  out.append(buf, end);
-}
-}  // namespace detail
-
 //! The index as compact JSON text, written directly in one pass (4 M pieces: a JSON library's document tree would
 //! cost seconds and gigabytes).
 inline std::string to_json(const checkpoint_index& index) {
-  using detail::append_json_string;
-  using detail::append_u64;
+  using codec::append_json_string;
+  using codec::append_u64;
   std::string out;
   std::size_t estimate = 256 + index.tensors.size() * 96;
   for (const auto& f : index.files) estimate += 64 + f.key.size() + f.pieces.size() * 64;
@@ -218,7 +184,7 @@ inline std::string to_json(const checkpoint_index& index) {
         *at++ = ',';
       }
       *at++ = '"';
-      detail::write_hex16(at, p.xxh64);
+      codec::write_hex16(at, p.xxh64);
       at += 16;
       *at++ = '"';
       if (!p.chunk_xxh64.empty()) {
@@ -227,7 +193,7 @@ inline std::string to_json(const checkpoint_index& index) {
         out += ",\"";
         for (auto c : p.chunk_xxh64) {
           char hex[16];
-          detail::write_hex16(hex, c);
+          codec::write_hex16(hex, c);
           out.append(hex, 16);
         }
         *at++ = '"';
@@ -309,7 +275,7 @@ inline checkpoint_index parse_index(std::string_view text, const std::string& ke
   };
   checkpoint_index index;
   std::string scratch;
-  detail::json_cursor in(text);
+  codec::json_cursor in(text);
   // Each object's members: any order, each once, no others.
   auto members = [&](const std::string& what, std::initializer_list<std::string_view> names, auto&& on_member) {
     std::vector<bool> seen(names.size(), false);
@@ -422,7 +388,7 @@ inline checkpoint_index parse_index(std::string_view text, const std::string& ke
                                      case 2: p.end = number("end"); break;
                                      case 3: p.data_begin = number("data offset"); break;
                                      case 4: {
-                                       const auto h = checksum_from_hex(hex("xxh64"));
+                                       const auto h = codec::checksum_from_hex(hex("xxh64"));
                                        if (!h) bad(what() + "'s xxh64 is not 16 hex digits");
                                        p.xxh64 = *h;
                                        break;
@@ -433,7 +399,7 @@ inline checkpoint_index parse_index(std::string_view text, const std::string& ke
                                          bad(what() + "'s chunk checksums are not 16 hex digits each");
                                        p.chunk_xxh64.reserve(text.size() / 16);
                                        for (std::size_t c = 0; c < text.size(); c += 16) {
-                                         const auto h = checksum_from_hex(text.substr(c, 16));
+                                         const auto h = codec::checksum_from_hex(text.substr(c, 16));
                                          if (!h) bad(what() + "'s chunk checksums are not 16 hex digits each");
                                          p.chunk_xxh64.push_back(*h);
                                        }
@@ -457,7 +423,7 @@ inline checkpoint_index parse_index(std::string_view text, const std::string& ke
     });
     in.finish();
     index.world_size = static_cast<std::uint32_t>(world);
-  } catch (const detail::json_syntax_error& e) {
+  } catch (const codec::json_syntax_error& e) {
     bad(e.what());
   }
   // The pieces' data ends follow from their dtypes, known once the whole table is read (members come in any order).

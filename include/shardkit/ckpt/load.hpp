@@ -27,11 +27,11 @@
 #include <vector>
 
 #include "shardkit/ckpt/catalog.hpp"
-#include "shardkit/ckpt/checksum.hpp"
 #include "shardkit/ckpt/device.hpp"
 #include "shardkit/ckpt/format.hpp"
 #include "shardkit/ckpt/index.hpp"
 #include "shardkit/ckpt/state.hpp"
+#include "shardkit/codec/xxh64.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/storage/sink.hpp"
 
@@ -125,7 +125,7 @@ std::uint64_t read_verified(S& sink, const load_plan::source& src, std::uint64_t
   auto mismatch = [&](std::uint64_t from, std::uint64_t to, std::uint64_t got, std::uint64_t want) {
     throw_error(errc::io,
                 "checksum mismatch in " + key + ", tensor '" + name + "' bytes [" + std::to_string(from) + ", " +
-                    std::to_string(to) + ") (xxh64 " + checksum_to_hex(got) + ", the index says " + checksum_to_hex(want) + ")",
+                    std::to_string(to) + ") (xxh64 " + codec::checksum_to_hex(got) + ", the index says " + codec::checksum_to_hex(want) + ")",
                 {.operation = "ckpt.load", .object = key});
   };
   // Bytes the caller wants whole are read straight into `out` and verified there: a copy through scratch would
@@ -136,7 +136,7 @@ std::uint64_t read_verified(S& sink, const load_plan::source& src, std::uint64_t
     if (!direct) scratch.resize(static_cast<std::size_t>(n));
     const std::span<std::byte> buffer = direct ? out.first(static_cast<std::size_t>(n)) : std::span<std::byte>(scratch);
     get(0, buffer);
-    if (auto got = xxh64(buffer); got != t.xxh64) mismatch(0, n, got, t.xxh64);
+    if (auto got = codec::xxh64(buffer); got != t.xxh64) mismatch(0, n, got, t.xxh64);
     if (!direct) std::memcpy(out.data(), scratch.data() + first, static_cast<std::size_t>(last - first));
     return n;
   }
@@ -153,7 +153,7 @@ std::uint64_t read_verified(S& sink, const load_plan::source& src, std::uint64_t
     read += to - from;
     for (std::uint64_t at = from; at < to; at += C) {
       const std::uint64_t end = std::min(at + C, n);
-      const auto got = xxh64(std::span<const std::byte>(buffer).subspan(static_cast<std::size_t>(at - from),
+      const auto got = codec::xxh64(std::span<const std::byte>(buffer).subspan(static_cast<std::size_t>(at - from),
                                                                         static_cast<std::size_t>(end - at)));
       if (got != t.chunk_xxh64[static_cast<std::size_t>(at / C)]) mismatch(at, end, got, t.chunk_xxh64[static_cast<std::size_t>(at / C)]);
     }

@@ -40,7 +40,6 @@
 #include <thread>
 #include <vector>
 
-#include "shardkit/ckpt/checksum.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/separate_compilation.hpp"
 #include "shardkit/data/detail/shard_stream.hpp"

@@ -1,8 +1,9 @@
 #pragma once
 //! The bodies behind data/loader.hpp: opening the datasets, the prefetch thread, batches and state loads.
 //! loader.hpp includes this file in header-only use; under SHARDKIT_SEPARATE_COMPILATION only
-//! <shardkit/impl/src.hpp> does (the loader needs the ckpt target, SHARDKIT_HAS_CKPT), in one translation unit of
+//! <shardkit/impl/src.hpp> does (the loader needs the data target, SHARDKIT_HAS_DATA), in one translation unit of
 //! the program (core/separate_compilation.hpp).
+#include "shardkit/codec/xxh64.hpp"
 #include "shardkit/data/loader.hpp"
 
 namespace shardkit::data {
@@ -210,7 +211,7 @@ SHARDKIT_DECL std::uint64_t loader::compute_fingerprint() const {
       add(f.tokens(), f.documents(), f.width());
     }
   }
-  return ckpt::xxh64(storage::as_bytes(text));
+  return codec::xxh64(storage::as_bytes(text));
 }
 
 SHARDKIT_DECL void loader::install(std::vector<shard_state> shards) {

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "shardkit/ckpt/checksum.hpp"
+#include "shardkit/codec/xxh64.hpp"
 #include "shardkit/core/error.hpp"
 
 namespace shardkit::data {
@@ -148,7 +148,7 @@ inline std::vector<std::byte> encode_state(const rank_state& s) {
   auto& bytes = w.bytes();
   const std::uint64_t payload = bytes.size() - detail::state_header_bytes;
   std::memcpy(bytes.data() + 16, &payload, 8);
-  const std::uint64_t sum = ckpt::xxh64(bytes);
+  const std::uint64_t sum = codec::xxh64(bytes);
   w.u64(sum);
   return std::move(w.bytes());
 }
@@ -171,10 +171,10 @@ inline rank_state decode_state(std::span<const std::byte> blob) {
                            std::to_string(blob.size() - detail::state_header_bytes - 8) + " (truncated or padded)");
   std::uint64_t stored;
   std::memcpy(&stored, blob.data() + blob.size() - 8, 8);
-  const std::uint64_t computed = ckpt::xxh64(blob.first(blob.size() - 8));
+  const std::uint64_t computed = codec::xxh64(blob.first(blob.size() - 8));
   if (stored != computed)
-    blob_reader::bad_state("checksum mismatch (stored " + ckpt::checksum_to_hex(stored) + ", computed " +
-                           ckpt::checksum_to_hex(computed) + "): the blob is corrupt");
+    blob_reader::bad_state("checksum mismatch (stored " + codec::checksum_to_hex(stored) + ", computed " +
+                           codec::checksum_to_hex(computed) + "): the blob is corrupt");
 
   blob_reader r(blob.subspan(detail::state_header_bytes, payload));
   rank_state s;

@@ -28,7 +28,7 @@
 #include <utility>
 #include <vector>
 
-#include "shardkit/ckpt/detail/strict_json.hpp"
+#include "shardkit/codec/strict_json.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/storage/sink.hpp"
 
@@ -57,7 +57,7 @@ inline std::string offsets_key(const std::string& key) { return key + ".offsets"
 
 //! The sidecar's JSON text (one line).
 inline std::string to_json(const token_file_info& info) {
-  ckpt::detail::json j = {{"format", "shardkit.tokens"}, {"version", 1}, {"dtype", name_of(info.dtype)}};
+  codec::json j = {{"format", "shardkit.tokens"}, {"version", 1}, {"dtype", name_of(info.dtype)}};
   if (info.vocab) j["vocab"] = *info.vocab;
   if (info.delimiter) j["delimiter"] = *info.delimiter;
   j["offsets"] = info.offsets;
@@ -68,20 +68,19 @@ inline std::string to_json(const token_file_info& info) {
 
 //! Strict parser of a sidecar: unknown fields, missing ones and wrong types are errors naming the sidecar's key.
 inline token_file_info parse_token_file_info(std::string_view text, const std::string& key) {
-  namespace sj = ckpt::detail;
   auto fail = [&](const std::string& why) -> void {
     throw_error(errc::invalid_argument, "token file sidecar: " + why, {.operation = "data.open", .object = key});
   };
-  sj::json j;
+  codec::json j;
   std::string why;
-  if (!sj::parse_strict_json(text, j, why)) fail(why);
+  if (!codec::parse_strict_json(text, j, why)) fail(why);
   if (!j.is_object()) fail("not a JSON object");
-  if (auto extra = sj::unknown_keys(j, {"format", "version", "dtype", "vocab", "delimiter", "offsets", "documents", "tokens"});
+  if (auto extra = codec::unknown_keys(j, {"format", "version", "dtype", "vocab", "delimiter", "offsets", "documents", "tokens"});
       !extra.empty())
     fail("unknown field(s) " + extra);
   if (!j.contains("format") || j["format"] != "shardkit.tokens") fail("\"format\" is not \"shardkit.tokens\"");
   std::uint64_t version = 0;
-  if (!j.contains("version") || !sj::as_u64(j["version"], version)) fail("no integer \"version\"");
+  if (!j.contains("version") || !codec::as_u64(j["version"], version)) fail("no integer \"version\"");
   if (version != 1) fail("version " + std::to_string(version) + " (this build reads version 1)");
   token_file_info info;
   if (!j.contains("dtype") || !j["dtype"].is_string()) fail("no string \"dtype\"");
@@ -92,15 +91,15 @@ inline token_file_info parse_token_file_info(std::string_view text, const std::s
   auto u32_field = [&](const char* name) -> std::optional<std::uint32_t> {
     if (!j.contains(name)) return std::nullopt;
     std::uint64_t v = 0;
-    if (!sj::as_u64(j[name], v) || v > UINT32_MAX) fail(std::string("\"") + name + "\" is not a 32-bit unsigned integer");
+    if (!codec::as_u64(j[name], v) || v > UINT32_MAX) fail(std::string("\"") + name + "\" is not a 32-bit unsigned integer");
     return static_cast<std::uint32_t>(v);
   };
   info.vocab = u32_field("vocab");
   info.delimiter = u32_field("delimiter");
   if (!j.contains("offsets") || !j["offsets"].is_boolean()) fail("no boolean \"offsets\"");
   info.offsets = j["offsets"].get<bool>();
-  if (!j.contains("documents") || !sj::as_u64(j["documents"], info.documents)) fail("no integer \"documents\"");
-  if (!j.contains("tokens") || !sj::as_u64(j["tokens"], info.tokens)) fail("no integer \"tokens\"");
+  if (!j.contains("documents") || !codec::as_u64(j["documents"], info.documents)) fail("no integer \"documents\"");
+  if (!j.contains("tokens") || !codec::as_u64(j["tokens"], info.tokens)) fail("no integer \"tokens\"");
   if (!info.offsets && !info.delimiter) fail("neither \"offsets\" nor a \"delimiter\": documents cannot be told apart");
   return info;
 }

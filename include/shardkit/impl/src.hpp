@@ -1,9 +1,9 @@
 #pragma once
 //! Under SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp), one source file of the program includes
 //! this header and nothing else of shardkit's: it compiles, once, the bodies the other translation units only
-//! declare: init_process_group and its transports, the sharded model, and, with the ckpt target linked
-//! (SHARDKIT_HAS_CKPT), the checkpointer and the data loader. With the tcp target linked (SHARDKIT_HAS_TCP) the tcp
-//! and shm+tcp transports come with them.
+//! declare: init_process_group and its transports, the sharded model, with the ckpt target linked
+//! (SHARDKIT_HAS_CKPT) the checkpointer, and with the data target linked (SHARDKIT_HAS_DATA) the data loader. With
+//! the tcp target linked (SHARDKIT_HAS_TCP) the tcp and shm+tcp transports come with them.
 //!
 //! @code
 //!   // shardkit_src.cpp
@@ -18,8 +18,11 @@
 #include "shardkit/comm/init_tcp.hpp"
 #endif
 #include "shardkit/fsdp/sharded_model_impl.hpp"
+// The checkpointer and the loader need xxHash and nlohmann/json (the codec target), which only the ckpt and the
+// data target bring.
 #if defined(SHARDKIT_HAS_CKPT)
-// The checkpointer and the loader need xxHash and nlohmann/json, which only the ckpt target brings.
 #include "shardkit/ckpt/checkpointer_impl.hpp"
+#endif
+#if defined(SHARDKIT_HAS_DATA)
 #include "shardkit/data/loader_impl.hpp"
 #endif

@@ -1,6 +1,8 @@
 // A downstream trainer in miniature: two thread-ranks all_reduce over the loopback transport, a one-rank sharded
-// model trains a step, and its state round-trips through a checkpoint file in a memory sink.
+// model trains a step, its state round-trips through a checkpoint file in a memory sink, and a token file's
+// sidecar round-trips through the data loader's parser.
 #include <shardkit/ckpt/format.hpp>
+#include <shardkit/data/token_file.hpp>
 #include <shardkit/fsdp/optimizer.hpp>
 #include <shardkit/shardkit.hpp>
 #include <shardkit/storage/memory_sink.hpp>
@@ -45,6 +47,11 @@ int main() {
   std::memcpy(&w5, bytes.data() + 5 * sizeof(float), sizeof(float));
   if (w5 != 4.5f) {
     std::printf("consumer: checkpointed parameter is %g, expected 4.5\n", double(w5));
+    return 1;
+  }
+  const shardkit::data::token_file_info info{.vocab = 257, .offsets = true, .documents = 3, .tokens = 12};
+  if (shardkit::data::parse_token_file_info(shardkit::data::to_json(info), "t.json").tokens != 12) {
+    std::puts("consumer: a token file's sidecar did not round-trip");
     return 1;
   }
   std::puts("consumer: shardkit found and working");

@@ -1,19 +1,20 @@
 #pragma once
-// A strict JSON pull reader for documents whose schema the caller knows (the checkpoint index): the caller asks
-// for the value it expects at each place, so no document tree is built and nothing is skipped. 4096 ranks x 1000
-// tensors is a ~200 MB index that every loading rank reads: a tree-building parser took 20-40 s and gigabytes.
-//
-// Strict as RFC 8259 (whitespace, escapes, valid UTF-8, no control characters in strings, no leading zeros, nothing
-// after the value); a syntax error throws json_syntax_error with the byte offset. Whether a value has the type the
-// schema wants is the caller's question: the accessors return false (or std::nullopt) without consuming the value,
-// and the caller names the field.
+//! A strict JSON pull reader for documents whose schema the caller knows (the checkpoint index): the caller asks
+//! for the value it expects at each place, so no document tree is built and nothing is skipped. A 4096-rank index
+//! is hundreds of megabytes that every loading rank reads; a tree-building parser costs seconds and gigabytes there
+//! (docs/design.md, "The index").
+//!
+//! Strict as RFC 8259 (whitespace, escapes, valid UTF-8, no control characters in strings, no leading zeros, nothing
+//! after the value); a syntax error throws json_syntax_error with the byte offset. Whether a value has the type the
+//! schema wants is the caller's question: the accessors return false (or std::nullopt) without consuming the value,
+//! and the caller names the field.
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
-namespace shardkit::ckpt::detail {
+namespace shardkit::codec {
 
 struct json_syntax_error : std::runtime_error {
   json_syntax_error(std::size_t offset, const std::string& what)
@@ -284,4 +285,4 @@ class json_cursor {
   std::size_t at_ = 0;
 };
 
-}  // namespace shardkit::ckpt::detail
+}  // namespace shardkit::codec

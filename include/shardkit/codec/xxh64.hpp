@@ -1,7 +1,8 @@
 #pragma once
-//! The checkpoint's per-tensor checksum: xxHash64 (seed 0) of a tensor's bytes as stored, written as 16 lowercase
-//! hex digits. xxHash64 runs at memory speed (tens of GB/s per core), so checking every tensor on load costs less
-//! than reading it. Needs libxxhash (the shardkit::ckpt target links it).
+//! xxHash64 (seed 0) of bytes, and its text form: 16 lowercase hex digits, as xxhsum prints it. The checkpoint
+//! checksums every tensor with it and the data loader its state blob; xxHash64 runs at memory speed (tens of GB/s
+//! per core), so checking every byte on load costs less than reading it. Needs libxxhash (the shardkit::codec
+//! target links it).
 #include <xxhash.h>
 
 #include <cstddef>
@@ -14,7 +15,7 @@
 
 #include "shardkit/core/error.hpp"
 
-namespace shardkit::ckpt {
+namespace shardkit::codec {
 
 //! xxHash64 of bytes, seed 0, in one call.
 inline std::uint64_t xxh64(std::span<const std::byte> bytes) noexcept {
@@ -25,7 +26,7 @@ inline std::uint64_t xxh64(std::span<const std::byte> bytes) noexcept {
 class xxh64_stream {
  public:
   xxh64_stream() : state_(XXH64_createState(), &XXH64_freeState) {
-    if (!state_) throw_error(errc::out_of_memory, "allocating an xxHash64 state", {.operation = "ckpt.checksum"});
+    if (!state_) throw_error(errc::out_of_memory, "allocating an xxHash64 state", {.operation = "codec.xxh64"});
     XXH64_reset(state_.get(), 0);
   }
   void update(std::span<const std::byte> bytes) noexcept { XXH64_update(state_.get(), bytes.data(), bytes.size()); }
@@ -35,11 +36,16 @@ class xxh64_stream {
   std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> state_;
 };
 
+//! Writes h as 16 lowercase hex digits, most significant first (what xxhsum prints), at out[0..16).
+inline void write_hex16(char* out, std::uint64_t h) noexcept {
+  static constexpr char digits[] = "0123456789abcdef";
+  for (int i = 15; i >= 0; --i, h >>= 4) out[i] = digits[h & 0xf];
+}
+
 //! 16 lowercase hex digits, most significant first (what xxhsum prints).
 inline std::string checksum_to_hex(std::uint64_t h) {
-  static constexpr char digits[] = "0123456789abcdef";
   std::string out(16, '0');
-  for (int i = 15; i >= 0; --i, h >>= 4) out[static_cast<std::size_t>(i)] = digits[h & 0xf];
+  write_hex16(out.data(), h);
   return out;
 }
 
@@ -58,4 +64,4 @@ inline std::optional<std::uint64_t> checksum_from_hex(std::string_view text) noe
   return h;
 }
 
-}  // namespace shardkit::ckpt
+}  // namespace shardkit::codec

@@ -1,23 +1,23 @@
 #pragma once
-// Strict JSON for the checkpoint's headers and index: nlohmann/json, plus what it lets through by default and a
-// checkpoint must not (a duplicated object key, which would let two readers see different tensors), and small
-// typed accessors that say which field of what is wrong.
+//! Strict JSON reading into a document tree (the checkpoint's safetensors headers, the token files' sidecars):
+//! nlohmann/json, plus what it lets through by default and a file format must not (a duplicated object key, which
+//! would let two readers see different tensors), and small typed accessors, so the caller can say which field of
+//! what is wrong. Needs nlohmann/json (the shardkit::codec target brings it).
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <initializer_list>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "shardkit/core/error.hpp"
-
-namespace shardkit::ckpt::detail {
+namespace shardkit::codec {
 
 using json = nlohmann::json;
 
-// Parses text as one JSON value (trailing whitespace allowed, nothing else). On failure returns false and sets why
-// to what is wrong and where (a byte offset into text).
+//! Parses text as one JSON value (trailing whitespace allowed, nothing else). On failure returns false and sets why
+//! to what is wrong and where (a byte offset into text).
 inline bool parse_strict_json(std::string_view text, json& out, std::string& why) {
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
@@ -41,8 +41,8 @@ inline bool parse_strict_json(std::string_view text, json& out, std::string& why
     why = "invalid JSON at byte " + std::to_string(e.byte) + ": " + e.what();
     return false;
   } catch (const json::exception& e) {
-    // Not every rejection is a parse_error: a number too large for a double ("1e400") is out_of_range.406.
-    // Found by fuzzing (tests/fuzz/regressions/ckpt_index/number_overflow): it escaped as nlohmann's exception.
+    // Not every rejection is a parse_error: a number too large for a double ("1e400") is out_of_range.406
+    // (tests/fuzz/regressions/ckpt_index/number_overflow).
     why = std::string("invalid JSON: ") + e.what();
     return false;
   }
@@ -53,7 +53,7 @@ inline bool parse_strict_json(std::string_view text, json& out, std::string& why
   return true;
 }
 
-// Typed accessors: each returns false when the value is not of the type (the caller says which field of what).
+//! Typed accessors: each returns false when the value is not of the type (the caller says which field of what).
 inline bool as_u64(const json& v, std::uint64_t& out) {
   if (!v.is_number_unsigned()) return false;
   out = v.get<std::uint64_t>();
@@ -72,24 +72,7 @@ inline bool as_u64_array(const json& v, std::vector<std::uint64_t>& out) {
   return true;
 }
 
-// The number of elements of a shape, or false on overflow of 64 bits.
-inline bool shape_numel(const std::vector<std::uint64_t>& shape, std::uint64_t& out) {
-  std::uint64_t n = 1;
-  for (std::uint64_t d : shape) {
-    if (d != 0 && n > UINT64_MAX / d) return false;
-    n *= d;
-  }
-  out = n;
-  return true;
-}
-
-inline std::string describe_shape(const std::vector<std::uint64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-// Keys of an object that are not in `allowed`, joined for a message; empty when there are none.
+//! Keys of an object that are not in `allowed`, joined for a message; empty when there are none.
 inline std::string unknown_keys(const json& object, std::initializer_list<std::string_view> allowed) {
   std::string extra;
   for (const auto& [k, v] : object.items()) {
@@ -100,4 +83,4 @@ inline std::string unknown_keys(const json& object, std::initializer_list<std::s
   return extra;
 }
 
-}  // namespace shardkit::ckpt::detail
+}  // namespace shardkit::codec
