@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -35,7 +36,7 @@ double bigram(std::span<const float> W, const sk::data::batch& b, std::span<floa
   return loss;
 }
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   if (argc < 3) return std::fprintf(stderr, "usage: getting_started DATA_DIR CKPT_DIR [STEPS] [SAVE_EVERY]\n"), 2;
   const int steps = argc > 3 ? std::stoi(argv[3]) : 100, save_every = argc > 4 ? std::stoi(argv[4]) : 10;
 
@@ -44,7 +45,8 @@ int main(int argc, char** argv) {
   sk::fsdp::sharded_model model(pg, {{"bigram", {{"W", {vocab, vocab}}}}}, {.limiter_budget_units = 2});
   sk::fsdp::adamw opt(model, {.lr = 0.05});
   sk::data::loader data(sk::storage::open_sink(argv[1]),
-                        {.datasets = {{.name = "text", .files = {"text.tokens"}}}, .sequence_length = 65, .batch_size = 8},
+                        {.datasets = {{.name = "text", .files = {"text.tokens"}}}, .sequence_length = 65, .batch_size = 8,
+                         .vocab = vocab},  // a token the 257-row table cannot index is an error, not a wild read
                         pg.rank(), pg.size());
 
   // What a checkpoint holds: this rank's shards of W and of AdamW's moments, AdamW's step count, the data stream.
@@ -79,4 +81,7 @@ int main(int argc, char** argv) {
     if (pg.rank() == 0) std::printf("step %d loss %.4f\n", step, loss);
   }
   ckpt.wait();  // the last checkpoint is committed (or its failure is thrown)
+} catch (const std::exception& e) {  // a missing token file, a token >= vocab, a failed save: said, exit status 1
+  std::fprintf(stderr, "getting_started: %s\n", e.what());
+  return 1;
 }

@@ -323,11 +323,16 @@ std::pair<sk::storage::any_sink, sk::data::loader_options> open_data(const std::
   o.batch_size = std::size_t(rows);
   o.seed = seed;
   o.eos = '\n';  // the model's vocabulary is the 256 bytes: a newline ends a document
+  o.vocab = 256;  // a token the model cannot embed is an error naming the file, not a byte of another value
   return {sink, o};
 }
 
 trainer::batch next_batch(sk::data::loader& loader, int rows, int T) {
   const sk::data::batch in = loader.next();
+  // The loader runs forever (epochs = 0) and pads nothing then; a short batch would be read past its end.
+  if (in.size() != std::size_t(rows) || std::ranges::any_of(in.lengths, [&](std::uint32_t n) { return n != std::uint32_t(T) + 1; }))
+    throw std::runtime_error("--data: the loader delivered " + std::to_string(in.size()) + " sequences (some shorter than " +
+                             std::to_string(T + 1) + " tokens?), not " + std::to_string(rows));
   trainer::batch b;
   b.B = rows;
   b.T = T;

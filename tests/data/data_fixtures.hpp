@@ -99,6 +99,16 @@ struct simulated_run {
   }
 };
 
+// What fn throws (a shardkit::error's what()), or "(no error)".
+inline std::string message_of(auto&& fn) {
+  try {
+    fn();
+  } catch (const shardkit::error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 // One delivered sequence: its logical shard and tokens (pad included).
 struct delivered {
   std::uint32_t shard;

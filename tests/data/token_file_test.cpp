@@ -19,15 +19,6 @@ using namespace shardkit::test;
 
 namespace {
 
-std::string message_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const shardkit::error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 // The error of opening a loader on the options and reading 100 batches: some checks run as chunks are read.
 std::string first_error(storage::any_sink& sink, const data::loader_options& o) {
   return message_of([&] {

@@ -17,8 +17,9 @@
 //! }
 //! @endcode
 //!
-//! The datasets are cut into a fixed number of logical shards (options.logical_shards, default 12); rank r of W owns
-//! the contiguous block [r * L / W, (r + 1) * L / W). Each logical shard is a stream of packed sequences that depends
+//! Every dataset's tokens are cut into a fixed number of logical shards (options.logical_shards, default 12), so
+//! every shard holds data however few the documents; rank r of W (W must divide L) owns the contiguous block
+//! [r * L / W, (r + 1) * L / W). Each logical shard is a stream of packed sequences that depends
 //! only on its own state (shuffle keys and positions, mixing counters, the document its last sequence cut), never on
 //! the world size; a rank takes each sequence from the owned shard that has delivered the fewest (ties: the lowest
 //! id). So rescaling moves whole shard streams between ranks and loses or repeats nothing.
@@ -35,8 +36,10 @@
 #include <exception>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -62,7 +65,10 @@ struct loader_options {
   std::vector<dataset_spec> datasets;
   std::size_t sequence_length = 2048;  //!< tokens per sequence (documents are packed and cut across sequences)
   std::size_t batch_size = 8;          //!< sequences per next() on each rank
-  std::uint32_t logical_shards = 12;   //!< fixed for the life of a run: the most ranks it can be spread over
+  //! When set, every token delivered is below it (the model's vocabulary): a file whose sidecar declares a larger
+  //! vocabulary is refused at open, a delimited file's tokens are checked by its scan at open, the others as read.
+  std::optional<std::uint32_t> vocab;
+  std::uint32_t logical_shards = 12;   //!< fixed for the life of a run: every world size must divide it
   std::uint64_t seed = 0;
   std::optional<std::int32_t> bos;  //!< written before every document
   std::optional<std::int32_t> eos;  //!< written after every document

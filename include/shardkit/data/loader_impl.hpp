@@ -23,8 +23,22 @@ SHARDKIT_DECL loader::loader(storage::any_sink sink, loader_options options, int
         if (!k.ends_with(".json") && !k.ends_with(".offsets")) keys.push_back(std::move(k));
     if (keys.empty())
       throw_error(errc::config, "dataset '" + spec.name + "' has no token files", {.operation = "data.open", .object = spec.prefix});
-    for (const auto& k : keys) layout.files.push_back(token_file::open(sink_, k, spec.defaults));
-    layout.cut(options_.logical_shards, options_.chunk_tokens);
+    // A file listed twice (in files, or in files and under the prefix) would count its documents twice.
+    std::set<std::string_view> seen;
+    for (const auto& key : keys)
+      if (!seen.insert(key).second)
+        throw_error(errc::config, "dataset '" + spec.name + "' lists token file '" + key +
+                                      "' twice (in files, or in files and under its prefix '" + spec.prefix +
+                                      "'): list each file once",
+                    {.operation = "data.open", .object = key});
+    for (const auto& k : keys) layout.files.push_back(token_file::open(sink_, k, spec.defaults, options_.vocab));
+    layout.cut(sink_, options_.logical_shards, options_.chunk_tokens);
+    if (layout.document_tokens < options_.logical_shards)
+      throw_error(errc::config, "dataset '" + spec.name + "' holds " + std::to_string(layout.document_tokens) +
+                                    " document tokens (" + std::to_string(layout.documents) + " documents), fewer than the " +
+                                    std::to_string(options_.logical_shards) + " logical shards it is cut into: add data, "
+                                    "or lower loader_options::logical_shards",
+                  {.operation = "data.open", .object = keys.front()});
     layouts_.push_back(std::move(layout));
     weights_.push_back(spec.weight);
   }
@@ -116,8 +130,10 @@ SHARDKIT_DECL void loader::load_values(std::span<const rank_state> states, int r
   std::vector<shard_state> all(options_.logical_shards);
   for (const auto& s : states) {
     if (s.fingerprint != fingerprint_ || s.logical_shards != options_.logical_shards)
-      bad(errc::mismatch, "rank " + std::to_string(s.rank) + "'s state was taken with another loader configuration "
-                          "(datasets, files, sequence length, BOS/EOS/pad, chunking, seed, epochs or logical shards)");
+      bad(errc::config, "the state to load (rank " + std::to_string(s.rank) + " of " + std::to_string(s.world) +
+                            ") was taken with another loader configuration than this loader's: the datasets and their "
+                            "files, sequence length, BOS/EOS/pad, vocab, chunk_tokens, seed, epochs and logical shards "
+                            "must be the ones it was saved with");
     if (s.world != old_world || s.rank >= old_world || rank_seen[s.rank])
       bad(errc::invalid_argument, "the blobs are not one per rank of one world (rank " + std::to_string(s.rank) + " of " +
                                       std::to_string(s.world) + ")");
@@ -164,6 +180,15 @@ SHARDKIT_DECL void loader::check_options() const {
   if (options_.batch_size == 0) bad("batch_size is 0");
   if (options_.logical_shards == 0) bad("logical_shards is 0");
   if (options_.chunk_tokens == 0) bad("chunk_tokens is 0");
+  if (options_.vocab) {
+    auto below = [&](const char* name, std::optional<std::int32_t> t) {
+      if (t && (*t < 0 || static_cast<std::uint32_t>(*t) >= *options_.vocab))
+        bad(std::string(name) + " " + std::to_string(*t) + " is not in [0, vocab " + std::to_string(*options_.vocab) + ")");
+    };
+    below("bos", options_.bos);
+    below("eos", options_.eos);
+    below("pad", options_.pad);
+  }
   std::vector<double> w;
   for (const auto& d : options_.datasets) w.push_back(d.weight);
   check_weights(w);
@@ -181,10 +206,13 @@ SHARDKIT_DECL void loader::check_weights(const std::vector<double>& w) const {
 }
 
 SHARDKIT_DECL void loader::check_place(int rank, int world) const {
-  if (world < 1 || rank < 0 || rank >= world || static_cast<std::uint32_t>(world) > options_.logical_shards)
+  // Every rank owns the same number of logical shards, so every shard delivers at the same rate: with unequal shares
+  // a rank of fewer shards would cycle through them faster (oversampling them under epochs = 0).
+  if (world < 1 || rank < 0 || rank >= world || options_.logical_shards % static_cast<std::uint32_t>(world) != 0)
     throw_error(errc::invalid_argument, "rank " + std::to_string(rank) + " of world " + std::to_string(world) +
-                                            " (a world may not exceed the " + std::to_string(options_.logical_shards) +
-                                            " logical shards)",
+                                            ": the world size must divide the " + std::to_string(options_.logical_shards) +
+                                            " logical shards (set loader_options::logical_shards to a multiple of every "
+                                            "world size the run will use)",
                 {.operation = "data.loader"});
 }
 
@@ -199,11 +227,12 @@ SHARDKIT_DECL void loader::check_cursor(const shard_state& s, std::size_t d) con
 }
 
 SHARDKIT_DECL std::uint64_t loader::compute_fingerprint() const {
-  std::string text = "shardkit.data/1";
+  std::string text = "shardkit.data/2";
   // Two appends, not "|" + to_string(x): gcc 12 at -O2 warns (-Wrestrict, a false positive) on that temporary.
   auto add = [&](const auto&... xs) { ((text += '|', text += std::to_string(xs)), ...); };
   add(options_.logical_shards, options_.seed, options_.sequence_length, options_.bos.value_or(-1), options_.bos.has_value(),
-      options_.eos.value_or(-1), options_.eos.has_value(), options_.pad, options_.epochs, options_.chunk_tokens);
+      options_.eos.value_or(-1), options_.eos.has_value(), options_.pad, options_.epochs, options_.chunk_tokens,
+      options_.vocab.value_or(0));
   for (std::size_t d = 0; d < layouts_.size(); ++d) {
     text += "|dataset " + options_.datasets[d].name;
     for (const auto& f : layouts_[d].files) {

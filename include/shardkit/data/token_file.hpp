@@ -129,10 +129,18 @@ inline std::uint64_t token_limit(const token_file_info& info) noexcept {
 class token_file {
  public:
   //! Reads `key`'s sidecar if there is one (else uses `fallback`, whose "offsets" is also true when a
-  //! `<key>.offsets` object exists), checks sizes and offsets, and indexes the documents.
-  static token_file open(storage::any_sink& sink, const std::string& key, token_file_info fallback = {}) {
+  //! `<key>.offsets` object exists), checks sizes and offsets, and indexes the documents. `vocab`, when set, is the
+  //! reader's bound: a file whose sidecar declares tokens that may reach it is refused here, and a delimited file's
+  //! scan checks every document token against it.
+  static token_file open(storage::any_sink& sink, const std::string& key, token_file_info fallback = {},
+                         std::optional<std::uint32_t> vocab = std::nullopt) {
     token_file f;
     f.key_ = key;
+    const auto size = sink.size(key);
+    if (!size)
+      throw_error(errc::not_found,
+                  "no such token file (write one with shardkit-tokenize -o FILE TEXT..., or data::token_file_writer)",
+                  {.operation = "data.open", .object = key});
     const std::string side = sidecar_key(key);
     if (sink.exists(side)) {
       auto bytes = storage::get_object(sink, side);
@@ -144,8 +152,11 @@ class token_file {
       if (!f.info_.offsets && !f.info_.delimiter)
         f.fail(errc::config, "no sidecar, no offsets object and no delimiter: documents cannot be told apart");
     }
-    const auto size = sink.size(key);
-    if (!size) throw_error(errc::not_found, "no such token file", {.operation = "data.open", .object = key});
+    if (vocab && f.info_.vocab && f.document_token_bound() > *vocab)
+      f.fail(errc::invalid_argument, "its sidecar declares vocab " + std::to_string(*f.info_.vocab) +
+                                         ", above the loader's vocab " + std::to_string(*vocab) +
+                                         ": its tokens may not fit the model (loader_options::vocab)");
+    f.vocab_bound_ = vocab;
     const unsigned w = width_of(f.info_.dtype);
     if (*size % w != 0)
       f.fail(errc::invalid_argument, "truncated or corrupt token file: its size " + std::to_string(*size) +
@@ -173,6 +184,49 @@ class token_file {
   std::uint64_t tokens() const noexcept { return info_.tokens; }
   std::uint64_t documents() const noexcept { return documents_; }
   bool delimited() const noexcept { return !info_.offsets; }
+  //! The reader's bound given to open() (loader_options::vocab): every document token must be below it.
+  std::optional<std::uint32_t> vocab_bound() const noexcept { return vocab_bound_; }
+
+  //! Where the first document begins: 0 with offsets, the first token that is not the delimiter in a delimited
+  //! file (leading delimiters belong to no document). [first_document_token(), tokens()) is the file's documents.
+  std::uint64_t first_document_token() const noexcept { return info_.offsets ? 0 : begins_.front(); }
+
+  //! The first entry i of the document index (documents + 1 entries: where each document begins, then the end)
+  //! with entry(i) >= token, and that entry. With an offsets object this is a binary search by ranged reads (a few
+  //! small gets, then one of at most 4 KiB); the entries it reads must be monotonic, else the offsets are corrupt.
+  std::pair<std::uint64_t, std::uint64_t> lower_bound(storage::any_sink& sink, std::uint64_t token) const {
+    if (!info_.offsets) {
+      const auto it = std::lower_bound(begins_.begin(), begins_.end(), token);
+      const auto i = static_cast<std::uint64_t>(it - begins_.begin());
+      return {i, it == begins_.end() ? info_.tokens : *it};
+    }
+    const std::string okey = offsets_key(key_);
+    auto entries = [&](std::uint64_t first, std::uint64_t count) {
+      std::vector<std::uint64_t> v(count);
+      std::size_t got;
+      try {
+        got = sink.get(okey, first * 8, std::as_writable_bytes(std::span(v)));
+      } catch (const error& e) {
+        throw e.with_context({.operation = "data.open", .object = okey});
+      }
+      if (got != count * 8) offsets_fail("short read of entries [" + std::to_string(first) + ", " + std::to_string(first + count) + ")");
+      check_offsets(v, first, "data.open");
+      return v;
+    };
+    // Invariant: entry(lo) < token <= entry(hi) once token > 0 (entry(0) is 0, entry(documents) the token count).
+    if (token == 0) return {0, 0};
+    std::uint64_t lo = 0, hi = documents_;
+    while (hi - lo > 512) {
+      const std::uint64_t mid = lo + (hi - lo) / 2;
+      (entries(mid, 1)[0] < token ? lo : hi) = mid;
+    }
+    const auto block = entries(lo, hi - lo + 1);
+    if (block.front() >= token || block.back() < token)
+      offsets_fail("not monotonic around token " + std::to_string(token) + " (entries " + std::to_string(lo) + " to " +
+                   std::to_string(hi) + ")");
+    const auto it = std::lower_bound(block.begin(), block.end(), token);
+    return {lo + static_cast<std::uint64_t>(it - block.begin()), *it};
+  }
 
   //! Where documents [first, first + count) begin, and where the last one ends: count + 1 token indices; document
   //! i spans [out[i - first], out[i - first + 1]) (a range that may end in delimiters, which are not part of it).
@@ -195,22 +249,13 @@ class token_file {
     if (got != out.size() * 8)
       offsets_fail("truncated: reading " + std::to_string(out.size() * 8) + " bytes at byte offset " +
                    std::to_string(first * 8) + " got " + std::to_string(got), "data.read");
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      const std::uint64_t at = (first + i) * 8;
-      if (i > 0 && out[i] < out[i - 1])
-        offsets_fail("not monotonic: entry " + std::to_string(first + i) + " at byte offset " + std::to_string(at) + " is " +
-                     std::to_string(out[i]) + ", below the previous " + std::to_string(out[i - 1]), "data.read");
-      if (out[i] > info_.tokens)
-        offsets_fail("entry " + std::to_string(first + i) + " at byte offset " + std::to_string(at) + " is " +
-                     std::to_string(out[i]) + ", past the end of the file's " + std::to_string(info_.tokens) + " tokens",
-                     "data.read");
-    }
+    check_offsets(out, first, "data.read");
     return out;
   }
 
   //! Reads tokens [first, first + out.size() / width()) into out and checks their values; a short read (the object
   //! shrank) or a bad token is an error naming the file and the byte offset.
-  void read(storage::any_sink& sink, std::uint64_t first, std::span<std::byte> out) const {
+  void read(storage::any_sink& sink, std::uint64_t first, std::span<std::byte> out, const char* op = "data.read") const {
     const std::uint64_t offset = first * width();
     std::size_t got;
     try {
@@ -222,11 +267,18 @@ class token_file {
       fail(errc::invalid_argument, "truncated token file: reading " + std::to_string(out.size()) + " bytes at byte offset " +
                                        std::to_string(offset) + " got " + std::to_string(got) + " (it ends at byte offset " +
                                        std::to_string(offset + got) + ")",
-           "data.read");
-    check_values(out, offset, "data.read");
+           op);
+    check_values(out, offset, op);
   }
 
  private:
+  // The largest document token a declared vocab allows, plus one: the vocab, less its last entry when that is the
+  // delimiter (byte files: vocab 257, delimiter 256, document tokens below 256).
+  std::uint64_t document_token_bound() const noexcept {
+    const std::uint64_t v = info_.vocab.value_or(0);
+    return v > 0 && info_.delimiter && *info_.delimiter == v - 1 ? v - 1 : v;
+  }
+
   [[noreturn]] void fail(errc e, const std::string& why, const char* op = "data.open") const {
     throw_error(e, why, {.operation = op, .object = key_});
   }
@@ -247,6 +299,19 @@ class token_file {
              "corrupt token file: token " + std::to_string(v) + " at byte offset " + std::to_string(offset + i * w) +
                  (info_.vocab ? " is not below the declared vocab " + std::to_string(*info_.vocab) : " does not fit int32"),
              op);
+    }
+  }
+
+  // Entries [first, first + v.size()) of the offsets object: monotonic and within the file.
+  void check_offsets(std::span<const std::uint64_t> v, std::uint64_t first, const char* op) const {
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const std::uint64_t at = (first + i) * 8;
+      if (i > 0 && v[i] < v[i - 1])
+        offsets_fail("not monotonic: entry " + std::to_string(first + i) + " at byte offset " + std::to_string(at) + " is " +
+                     std::to_string(v[i]) + ", below the previous " + std::to_string(v[i - 1]), op);
+      if (v[i] > info_.tokens)
+        offsets_fail("entry " + std::to_string(first + i) + " at byte offset " + std::to_string(at) + " is " +
+                     std::to_string(v[i]) + ", past the end of the file's " + std::to_string(info_.tokens) + " tokens", op);
     }
   }
 
@@ -291,9 +356,14 @@ class token_file {
     for (std::uint64_t first = 0; first < info_.tokens; first += block_tokens) {
       const std::uint64_t n = std::min(block_tokens, info_.tokens - first);
       block.resize(n * w);
-      read(sink, first, block);
+      read(sink, first, block, "data.open");
       for (std::uint64_t i = 0; i < n; ++i) {
-        const bool is_delim = detail::load_token(block.data() + i * w, info_.dtype) == delim;
+        const std::uint32_t token = detail::load_token(block.data() + i * w, info_.dtype);
+        const bool is_delim = token == delim;
+        if (!is_delim && vocab_bound_ && token >= *vocab_bound_)
+          fail(errc::invalid_argument, "token " + std::to_string(token) + " at byte offset " + std::to_string((first + i) * w) +
+                                           " is not below the loader's vocab " + std::to_string(*vocab_bound_) +
+                                           " (loader_options::vocab)");
         if (!is_delim && !in_document) begins_.push_back(first + i);
         in_document = !is_delim;
       }
@@ -307,6 +377,7 @@ class token_file {
   bool has_sidecar_ = false;
   std::uint64_t documents_ = 0;
   std::vector<std::uint64_t> begins_;  // a delimited file's index: documents + 1 entries
+  std::optional<std::uint32_t> vocab_bound_;
 };
 
 //! Writes a token file, its offsets and its sidecar through a sink, streaming (what shardkit-tokenize and the

@@ -20,11 +20,13 @@
 namespace shardkit::data::detail {
 
 // A run of consecutive documents of one file, read with one ranged get (and its offsets with another): the unit of
-// the chunk shuffle.
+// the chunk shuffle. Its documents are clipped to the file's tokens [lo, hi) that the logical shard owns: only the
+// first and the last can be pieces of a document that crosses into the neighbouring shard.
 struct chunk {
   std::uint32_t file = 0;
   std::uint64_t first = 0;  // first document (file-local index)
   std::uint64_t count = 0;  // documents
+  std::uint64_t lo = 0, hi = 0;
 };
 
 // The documents of one file that one logical shard owns, cut into chunks of per_chunk documents (the last shorter).
@@ -33,17 +35,24 @@ struct shard_segment {
   std::uint64_t first = 0, count = 0;
   std::uint64_t per_chunk = 1;
   std::uint64_t first_chunk = 0;  // the shard's index of this segment's first chunk
+  std::uint64_t lo = 0, hi = 0;   // the file's tokens the shard owns
 };
 
-// A dataset's files and where each logical shard's chunks are. Logical shard s owns the documents
-// [s * D / L, (s + 1) * D / L) of the dataset's D documents (files in order). A file's chunks hold
-// chunk_tokens * documents / tokens documents (at least 1): chunk_tokens tokens on average, found without reading a
-// document's offsets, so a layout holds a few integers per file and shard, nothing per document.
+// A dataset's files and where each logical shard's chunks are. The dataset's N document tokens (its files in order,
+// each from its first document on) are cut into L equal token ranges: logical shard s owns tokens
+// [s * N / L, (s + 1) * N / L), so no shard is empty while N >= L, whatever the number or sizes of the documents. A
+// document that crosses a boundary is cut there: its piece in each shard is delivered by that shard, the BOS with
+// the first piece and the EOS with the last. Finding the boundaries costs a binary search of each file's document
+// index (offsets: a few ranged reads). A file's chunks hold chunk_tokens * documents / tokens documents (at least
+// 1): chunk_tokens tokens on average, found without reading a document's offsets, so a layout holds a few integers
+// per file and shard, nothing per document.
 struct dataset_layout {
   std::vector<token_file> files;
   std::uint64_t documents = 0;
+  std::uint64_t document_tokens = 0;  // N
   std::vector<std::vector<shard_segment>> shard_segments;
   std::vector<std::uint64_t> shard_chunks;
+  std::vector<std::uint64_t> shard_documents;  // documents and pieces of each shard
 
   std::uint64_t chunks(std::uint32_t shard) const { return shard_chunks[shard]; }
 
@@ -53,29 +62,52 @@ struct dataset_layout {
                                [](std::uint64_t v, const shard_segment& s) { return v < s.first_chunk; });
     const shard_segment& s = *(it - 1);
     const std::uint64_t first = s.first + (i - s.first_chunk) * s.per_chunk;
-    return {.file = s.file, .first = first, .count = std::min(s.per_chunk, s.first + s.count - first)};
+    return {.file = s.file, .first = first, .count = std::min(s.per_chunk, s.first + s.count - first), .lo = s.lo, .hi = s.hi};
   }
 
-  void cut(std::uint32_t logical_shards, std::uint64_t chunk_tokens) {
-    std::vector<std::uint64_t> first_document{0}, per_chunk;
+  void cut(storage::any_sink& sink, std::uint32_t logical_shards, std::uint64_t chunk_tokens) {
+    std::vector<std::uint64_t> first_token{0}, per_chunk;  // where each file's documents begin in the cut space
+    documents = 0;
     for (const auto& f : files) {
-      first_document.push_back(first_document.back() + f.documents());
+      documents += f.documents();
+      first_token.push_back(first_token.back() + (f.tokens() - f.first_document_token()));
       const auto n = static_cast<unsigned __int128>(chunk_tokens) * f.documents() / std::max<std::uint64_t>(f.tokens(), 1);
       per_chunk.push_back(std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::min<unsigned __int128>(n, UINT64_MAX))));
     }
-    documents = first_document.back();
+    document_tokens = first_token.back();
     shard_segments.assign(logical_shards, {});
     shard_chunks.assign(logical_shards, 0);
+    shard_documents.assign(logical_shards, 0);
+    auto boundary = [&](std::uint32_t s) {
+      return static_cast<std::uint64_t>((static_cast<unsigned __int128>(document_tokens) * s) / logical_shards);
+    };
     for (std::uint32_t s = 0; s < logical_shards; ++s) {
-      const auto lo = static_cast<std::uint64_t>((static_cast<unsigned __int128>(documents) * s) / logical_shards);
-      const auto hi = static_cast<std::uint64_t>((static_cast<unsigned __int128>(documents) * (s + 1)) / logical_shards);
+      const std::uint64_t lo = boundary(s), hi = boundary(s + 1);
       for (std::uint32_t f = 0; f < files.size(); ++f) {
-        const std::uint64_t a = std::max(lo, first_document[f]), b = std::min(hi, first_document[f + 1]);
+        const std::uint64_t a = std::max(lo, first_token[f]), b = std::min(hi, first_token[f + 1]);
         if (a >= b) continue;
-        const shard_segment seg{.file = f, .first = a - first_document[f], .count = b - a, .per_chunk = per_chunk[f],
-                                .first_chunk = shard_chunks[s]};
+        const token_file& file = files[f];
+        const std::uint64_t base = file.first_document_token() - first_token[f];  // cut space -> file tokens
+        const std::uint64_t local_lo = a + base, local_hi = b + base;
+        // The first document: the one that ends after local_lo (a piece when it begins before it). The end: every
+        // document that begins before local_hi, and at the file's end its trailing empty documents too.
+        auto [i, at] = file.lower_bound(sink, local_lo);
+        const std::uint64_t first = at > local_lo ? i - 1 : i;
+        std::uint64_t end = file.documents();
+        if (local_hi < file.tokens()) {
+          auto [j, at_hi] = file.lower_bound(sink, local_hi);
+          end = j;  // documents [.., j) begin before local_hi
+          (void)at_hi;
+        }
+        if (end <= first || end > file.documents())
+          throw_error(errc::invalid_argument, "the document index does not cover tokens [" + std::to_string(local_lo) + ", " +
+                                                  std::to_string(local_hi) + "): corrupt offsets",
+                      {.operation = "data.open", .object = file.key()});
+        const shard_segment seg{.file = f, .first = first, .count = end - first, .per_chunk = per_chunk[f],
+                                .first_chunk = shard_chunks[s], .lo = local_lo, .hi = local_hi};
         shard_segments[s].push_back(seg);
         shard_chunks[s] += (seg.count + seg.per_chunk - 1) / seg.per_chunk;
+        shard_documents[s] += seg.count;
       }
     }
   }
@@ -130,6 +162,9 @@ class shard_stream {
   // where the shard ran out (finite epochs), 0 if it had nothing left.
   std::size_t fill(std::span<std::int32_t> out, std::span<const double> weights) {
     std::size_t pos = 0;
+    // Documents in a row that gave nothing (empty, no BOS/EOS), per dataset: a dataset whose whole part of this shard
+    // gives nothing would be picked forever (its mixing counter never grows), so that is an error, not a hang.
+    std::vector<std::uint64_t> nothing(state_.datasets.size(), 0);
     while (pos < out.size()) {
       if (state_.open_dataset < 0) {
         const int d = pick(weights);
@@ -140,9 +175,9 @@ class shard_stream {
       }
       const auto d = static_cast<std::size_t>(state_.open_dataset);
       if (!open_.valid) resolve(d);
-      const std::uint64_t bos_n = rules_->bos ? 1 : 0;
+      const std::uint64_t bos_n = open_.bos ? 1 : 0;
       const std::uint64_t content = open_.content_end - open_.begin;
-      const std::uint64_t framed = bos_n + content + (rules_->eos ? 1 : 0);
+      const std::uint64_t framed = bos_n + content + (open_.eos ? 1 : 0);
       if (state_.open_offset > framed)
         throw_error(errc::invalid_argument, "a state's packing carry points past its document", {.operation = "data.next"});
       const std::uint64_t take = std::min<std::uint64_t>(framed - state_.open_offset, out.size() - pos);
@@ -164,6 +199,12 @@ class shard_stream {
       }
       state_.datasets[d].delivered += take;
       state_.open_offset = at;
+      if (take > 0) nothing[d] = 0;
+      else if (++nothing[d] > 2 * (*layouts_)[d].shard_documents[state_.id])  // an epoch's tail, then a whole epoch
+        throw_error(errc::invalid_argument,
+                    "dataset " + std::to_string(d) + "'s part of logical shard " + std::to_string(state_.id) +
+                        " delivers nothing: its documents there are empty and there is no BOS or EOS to frame them",
+                    {.operation = "data.next"});
       if (at == framed) {
         advance(d);
         state_.open_dataset = -1;
@@ -189,6 +230,7 @@ class shard_stream {
   };
   struct open_document {
     bool valid = false;
+    bool bos = false, eos = false;  // framed: the document's first piece gets the BOS, its last the EOS
     std::uint32_t file = 0;
     std::uint64_t begin = 0, content_end = 0;
     std::uint64_t chunk_begin = 0, chunk_end = 0;
@@ -231,14 +273,19 @@ class shard_stream {
       throw_error(errc::invalid_argument, "a state's cursor points past its chunk's documents", {.operation = "data.next"});
     const std::uint64_t local = feistel_permutation(cc.where.count, mix64(c.key ^ (ci * 0x9e3779b97f4a7c15ull)))(c.document);
     const token_file& f = layout.files[cc.where.file];
-    open_ = {.valid = true, .file = cc.where.file, .begin = cc.offsets[local], .content_end = cc.offsets[local + 1],
-             .chunk_begin = cc.offsets.front(), .chunk_end = cc.offsets.back()};
+    const std::uint64_t begin = cc.offsets[local], end = cc.offsets[local + 1];
+    open_ = {.valid = true, .bos = rules_->bos && begin >= cc.where.lo, .eos = rules_->eos && end <= cc.where.hi,
+             .file = cc.where.file, .begin = begin, .content_end = end,
+             .chunk_begin = std::max(cc.offsets.front(), cc.where.lo), .chunk_end = std::min(cc.offsets.back(), cc.where.hi)};
     if (f.info().delimiter) {  // a range may end in the delimiter(s) that separate it from the next document
       const std::uint32_t delim = *f.info().delimiter;
       while (open_.content_end > open_.begin &&
              load_token(view(d, open_.content_end - 1, 1).data(), f.dtype()) == delim)
         --open_.content_end;
     }
+    // This shard's piece of the document: its content within [lo, hi).
+    open_.content_end = std::min(open_.content_end, cc.where.hi);
+    open_.begin = std::min(std::max(open_.begin, cc.where.lo), open_.content_end);
   }
 
   void advance(std::size_t d) {
@@ -279,7 +326,9 @@ class shard_stream {
   }
 
   void copy_content(std::size_t d, std::uint64_t pos, std::uint64_t n, std::span<std::int32_t> out) {
-    const token_type t = (*layouts_)[d].files[open_.file].dtype();
+    const token_file& f = (*layouts_)[d].files[open_.file];
+    const token_type t = f.dtype();
+    const std::int64_t bound = f.vocab_bound() ? std::int64_t{*f.vocab_bound()} : std::int64_t{INT32_MAX} + 1;
     std::size_t o = 0;
     while (n > 0) {
       auto bytes = view(d, pos, n);
@@ -293,6 +342,13 @@ class shard_stream {
         }
       } else {
         std::memcpy(dst, bytes.data(), k * 4);  // values were checked to fit int32 when read
+      }
+      if (f.vocab_bound() && std::any_of(dst, dst + k, [&](std::int32_t v) { return v >= bound; })) {
+        const auto i = static_cast<std::uint64_t>(std::find_if(dst, dst + k, [&](std::int32_t v) { return v >= bound; }) - dst);
+        throw_error(errc::invalid_argument,
+                    "token " + std::to_string(dst[i]) + " at byte offset " + std::to_string((pos + i) * f.width()) +
+                        " is not below the loader's vocab " + std::to_string(bound) + " (loader_options::vocab)",
+                    {.operation = "data.read", .object = f.key()});
       }
       o += k;
       pos += k;

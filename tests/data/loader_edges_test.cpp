@@ -1,0 +1,230 @@
+// The loader at its edges: datasets of fewer documents than logical shards, empty documents, tokens the model
+// cannot index, files listed twice, world sizes that do not divide the logical shards, a configuration changed at
+// resume. Each is delivered exactly or refused with a message that says what to change; none hangs or trains on
+// nothing.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "data/data_fixtures.hpp"
+#include "shardkit/data/tokenize.hpp"
+
+namespace data = shardkit::data;
+namespace storage = shardkit::storage;
+using namespace shardkit::test;
+
+namespace {
+
+// One file of the given documents' lengths (uint32, offsets), token values counting up from `next`.
+std::uint64_t write_documents(storage::any_sink sink, const std::string& key, const std::vector<int>& lengths,
+                              std::uint32_t& next, data::token_file_info format = {.dtype = data::token_type::u32, .offsets = true}) {
+  data::token_file_writer w(sink, key, format);
+  std::uint64_t tokens = 0;
+  for (int n : lengths) {
+    std::vector<std::uint32_t> doc(static_cast<std::size_t>(n));
+    for (auto& t : doc) t = next++;
+    tokens += doc.size();
+    w.add_document(doc);
+  }
+  w.finish();
+  return tokens;
+}
+
+data::loader_options options_of(std::vector<data::dataset_spec> datasets, std::uint64_t epochs = 0) {
+  data::loader_options o;
+  o.datasets = std::move(datasets);
+  o.sequence_length = 32;
+  o.batch_size = 6;
+  o.logical_shards = 12;
+  o.bos = bos_token;
+  o.eos = eos_token;
+  o.pad = pad_token;
+  o.epochs = epochs;
+  o.chunk_tokens = 64;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("[data] fewer documents than logical shards: the shards cut the tokens, every rank delivers full batches") {
+  auto sink = storage::make_sink<storage::memory_sink>();
+  std::uint32_t next = 16;
+  struct shape {
+    std::vector<int> lengths;
+    int world;
+  };
+  // One long document on 2 ranks (shardkit-tokenize's default, one document per input file), three on 4 ranks.
+  for (const auto& [lengths, world] : {shape{{2000}, 2}, shape{{300, 500, 200}, 4}}) {
+    CAPTURE(world);
+    const std::string key = "d" + std::to_string(world) + ".tokens";
+    const std::uint32_t first = next;
+    const std::uint64_t tokens = write_documents(sink, key, lengths, next);
+    auto o = options_of({{.name = "few", .files = {key}}}, /*epochs=*/1);
+    simulated_run run(sink, o, world);
+    std::map<std::int32_t, int> counts;
+    int full_steps = 0;
+    for (bool any = true; any;) {
+      any = false;
+      bool full = true;
+      for (auto& r : run.ranks) {
+        const auto b = r->next();
+        any = any || !b.empty();
+        full = full && b.size() == o.batch_size && std::ranges::count(b.lengths, o.sequence_length) == std::ptrdiff_t(b.size());
+        for (std::size_t i = 0; i < b.size(); ++i)
+          for (std::uint32_t t = 0; t < b.lengths[i]; ++t) ++counts[b.sequence(i)[t]];
+      }
+      full_steps += full;
+    }
+    // Every shard holds about tokens / 12 of the data: the ranks deliver full batches until the epoch's end nears.
+    CHECK(full_steps >= std::max(1, int(tokens / (o.batch_size * o.sequence_length * std::uint64_t(world))) - 1));
+    CHECK(counts[bos_token] == int(lengths.size()));  // a document cut over shards: one BOS and one EOS in all
+    CHECK(counts[eos_token] == int(lengths.size()));
+    for (std::uint32_t t = first; t < next; ++t) REQUIRE(counts[std::int32_t(t)] == 1);
+  }
+}
+
+TEST_CASE("[data] mixing a dataset of fewer documents than logical shards keeps its weight") {
+  auto sink = storage::make_sink<storage::memory_sink>();
+  std::uint32_t next = 16;
+  std::vector<int> many(200, 40), few(5, 1600);  // the same tokens, in 200 and in 5 documents
+  write_documents(sink, "a.tokens", many, next);
+  write_documents(sink, "b.tokens", few, next);
+  const std::uint32_t b_first = 16 + 200 * 40;
+  auto o = options_of({{.name = "a", .files = {"a.tokens"}, .weight = 0.5}, {.name = "b", .files = {"b.tokens"}, .weight = 0.5}});
+  o.bos.reset();  // no framing: the mixing counters count data tokens alone
+  o.eos.reset();
+  simulated_run run(sink, o, 4);
+  std::uint64_t a = 0, b = 0;
+  for (int step = 0; step < 100; ++step)
+    for (auto& r : run.ranks) {
+      const auto batch = r->next();
+      for (std::int32_t t : batch.tokens) (t >= std::int32_t(b_first) ? b : a) += t >= 16;
+    }
+  const double share = double(b) / double(a + b);
+  CAPTURE(share);
+  // Each shard is within one document (a piece of ~670 tokens of b) of its share: ~5% of what a shard delivered here.
+  CHECK(std::abs(share - 0.5) < 0.05);
+}
+
+TEST_CASE("[data] a dataset too small to cut, a missing file, a file listed twice: refused at open, saying what to do") {
+  auto sink = storage::make_sink<storage::memory_sink>();
+  std::uint32_t next = 16;
+  write_documents(sink, "tiny.tokens", {3, 4}, next);
+  write_documents(sink, "dir/a.tokens", {100}, next);
+  auto m = message_of([&] { data::loader l(sink, options_of({{.name = "tiny", .files = {"tiny.tokens"}}})); });
+  CHECK(m.find("dataset 'tiny' holds 7 document tokens (2 documents), fewer than the 12 logical shards") != std::string::npos);
+  CHECK(m.find("data.open") != std::string::npos);
+
+  // No token file (and so no sidecar): the message is about the missing file and how to make it.
+  m = message_of([&] { data::loader l(sink, options_of({{.name = "text", .files = {"text.tokens"}}})); });
+  CHECK(m.find("no such token file") != std::string::npos);
+  CHECK(m.find("shardkit-tokenize") != std::string::npos);
+  CHECK(m.find("text.tokens") != std::string::npos);
+  CHECK(m.find("cannot be told apart") == std::string::npos);
+
+  m = message_of([&] { data::loader l(sink, options_of({{.name = "x", .files = {"dir/a.tokens", "dir/a.tokens"}}})); });
+  CHECK(m.find("lists token file 'dir/a.tokens' twice") != std::string::npos);
+  m = message_of([&] { data::loader l(sink, options_of({{.name = "x", .files = {"dir/a.tokens"}, .prefix = "dir/"}})); });
+  CHECK(m.find("lists token file 'dir/a.tokens' twice") != std::string::npos);
+}
+
+TEST_CASE("[data] empty documents without BOS/EOS deliver the others' tokens, never spin; a shard of nothing is an error") {
+  auto sink = storage::make_sink<storage::memory_sink>();
+  // Twelve empty documents, then twelve of one token each (offsets written by hand: the writer skips empty ones).
+  std::vector<std::uint32_t> tokens;
+  std::vector<std::uint64_t> offsets(13, 0);
+  for (std::uint32_t i = 0; i < 12; ++i) {
+    tokens.push_back(100 + i);
+    offsets.push_back(i + 1);
+  }
+  storage::put_object(sink, "e.tokens", std::as_bytes(std::span(tokens)));
+  storage::put_object(sink, "e.tokens.offsets", std::as_bytes(std::span(offsets)));
+  auto o = options_of({{.name = "e", .files = {"e.tokens"}, .defaults = {.dtype = data::token_type::u32}}});
+  o.bos.reset();
+  o.eos.reset();
+  o.sequence_length = 4;
+  o.batch_size = 2;
+  simulated_run run(sink, o, 6);
+  for (auto& r : run.ranks) {
+    const auto b = r->next();  // each shard: its one token, over and over
+    REQUIRE(b.size() == 2);
+    CHECK(b.sequence(0)[0] == b.sequence(0)[1]);
+  }
+
+  // A document of one token and eleven delimiters: eleven shards own only delimiters; with nothing to frame them,
+  // those shards deliver nothing, which next() says instead of spinning.
+  std::vector<std::uint16_t> delimited(12, std::uint16_t(delimiter_token));
+  delimited[0] = 500;
+  storage::put_object(sink, "d.tokens", std::as_bytes(std::span(delimited)));
+  std::vector<std::uint64_t> ends{0, 12};
+  storage::put_object(sink, "d.tokens.offsets", std::as_bytes(std::span(ends)));
+  o.datasets = {{.name = "d", .files = {"d.tokens"}, .defaults = {.delimiter = std::uint32_t(delimiter_token)}}};
+  o.prefetch = 0;
+  data::loader l(sink, o, 1, 2);
+  const auto m = message_of([&] { l.next(); });
+  CHECK(m.find("delivers nothing") != std::string::npos);
+  CHECK(m.find("logical shard 6") != std::string::npos);
+}
+
+TEST_CASE("[data] loader_options::vocab: a token the model cannot index is an error naming the file, at open where it can be") {
+  auto sink = storage::make_sink<storage::memory_sink>();
+  std::uint32_t next = 256;  // ids 256..: a uint32 file of another tokenizer
+  write_documents(sink, "wide.tokens", std::vector<int>(20, 30), next);
+  auto o = options_of({{.name = "w", .files = {"wide.tokens"}}});
+  o.vocab = 256;
+  o.prefetch = 0;
+  // No vocab in its sidecar: found as its chunk is read, naming the file, the token and its byte offset.
+  data::loader l(sink, o);
+  auto m = message_of([&] { l.next(); });
+  CHECK(m.find("is not below the loader's vocab 256") != std::string::npos);
+  CHECK(m.find("'wide.tokens'") != std::string::npos);
+  CHECK(m.find("data.read") != std::string::npos);
+
+  // A sidecar that declares more: refused at open.
+  write_documents(sink, "declared.tokens", std::vector<int>(20, 30), next,
+                  {.dtype = data::token_type::u32, .vocab = 4096, .offsets = true});
+  o.datasets = {{.name = "w", .files = {"declared.tokens"}}};
+  m = message_of([&] { data::loader l2(sink, o); });
+  CHECK(m.find("declares vocab 4096, above the loader's vocab 256") != std::string::npos);
+  CHECK(m.find("data.open") != std::string::npos);
+
+  // A delimited file: its scan at open checks every document token (data.open, not data.read).
+  std::vector<std::uint16_t> tokens(40, 9);
+  tokens[10] = 300;
+  tokens[20] = 3;
+  storage::put_object(sink, "s.tokens", std::as_bytes(std::span(tokens)));
+  o.datasets = {{.name = "s", .files = {"s.tokens"}, .defaults = {.delimiter = std::uint32_t(delimiter_token)}}};
+  m = message_of([&] { data::loader l3(sink, o); });
+  CHECK(m.find("token 300 at byte offset 20 is not below the loader's vocab 256") != std::string::npos);
+  CHECK(m.find("data.open") != std::string::npos);
+
+  // Byte files (vocab 257, its last token the delimiter) fit a 256-token model; BOS/EOS/pad must fit too.
+  write_documents(sink, "bytes.tokens", std::vector<int>(4, 3), next = 40, data::byte_token_format());
+  o.datasets = {{.name = "b", .files = {"bytes.tokens"}}};
+  CHECK(message_of([&] { data::loader l4(sink, o); }) == "(no error)");
+  o.eos = 256;
+  CHECK(message_of([&] { data::loader l5(sink, o); }).find("eos 256 is not in [0, vocab 256)") != std::string::npos);
+}
+
+TEST_CASE("[data] a world size that does not divide the logical shards is refused, at construction and at load") {
+  two_datasets ds;
+  for (int world : {5, 7, 8, 13}) {
+    CAPTURE(world);
+    const auto m = message_of([&] { data::loader l(ds.sink, ds.options(), 0, world); });
+    CHECK(m.find("the world size must divide the 12 logical shards") != std::string::npos);
+  }
+  simulated_run run(ds.sink, ds.options(), 4);
+  for (auto& r : run.ranks) r->next();
+  data::loader l(ds.sink, ds.options(), 0, 4);
+  CHECK(message_of([&] { l.load(run.states(), 0, 5); }).find("must divide") != std::string::npos);
+  // A configuration changed at resume: the checkpoint and this loader disagree, not the ranks.
+  auto other = ds.options();
+  other.sequence_length = 65;
+  data::loader changed(ds.sink, other, 0, 4);
+  const auto m = message_of([&] { changed.load(run.states(), 0, 4); });
+  CHECK(m.find("another loader configuration than this loader's") != std::string::npos);
+  CHECK(m.find("ranks disagree") == std::string::npos);
+}

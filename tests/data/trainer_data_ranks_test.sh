@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The example trainer with --data: the data loader keeps the run the same at every rank count. With the global batch
+# a multiple of the 12 logical shards and a rank count that divides them, 1, 2, 3, 4 and 6 ranks, and a run saved
+# on 4 ranks and resumed on 3 or on 2, print every step's loss within 1e-6 relative of the 1-rank run.
+# usage: trainer_data_ranks_test.sh SHARDKIT_RUN TRAINER
+set -euo pipefail
+run=$1 trainer=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OPENBLAS_NUM_THREADS=1
+flags=(--batch 12 --context 8 --width 16 --blocks 1 --data "$work/data")
+losses() { grep -o 'step [0-9]* loss [^ ]*' || true; }
+# same NAME FILE: every step of FILE is the reference's step within 1e-6 relative
+same() {
+  awk -v name="$1" 'NR == FNR { want[$2] = $4; next }
+    { n++; d = $4 - want[$2]; if (d < 0) d = -d; a = want[$2]; if (a < 0) a = -a
+      if (!($2 in want) || d > 1e-6 * a) { printf "FAIL: %s: step %s loss %s, the 1-rank run %s\n", name, $2, $4, want[$2]; bad = 1 } }
+    END { if (n == 0) { printf "FAIL: %s printed no step\n", name; bad = 1 }; exit bad }' reference.txt "$2"
+}
+cd "$work"
+"$run" -n 1 -- "$trainer" --steps 6 "${flags[@]}" | losses > reference.txt  # rank 0 writes the built-in text first
+echo "1 rank:"; cat reference.txt
+[ "$(wc -l < reference.txt)" = 6 ] || { echo "FAIL: the 1-rank run printed $(wc -l < reference.txt) steps, not 6"; exit 1; }
+for n in 2 3 4 6; do
+  "$run" -n "$n" -- "$trainer" --steps 6 "${flags[@]}" | losses > "ranks$n.txt"
+  same "$n ranks" "ranks$n.txt"
+done
+echo "OK: 2, 3, 4 and 6 ranks train as 1 rank does"
+"$run" -n 4 -- "$trainer" --steps 3 "${flags[@]}" --ckpt-dir "$work/ckpt" --ckpt-every 3 --ckpt-mode at-call > saved.txt
+for n in 3 2; do
+  rm -rf "$work/resume$n" && cp -r "$work/ckpt" "$work/resume$n"
+  "$run" -n "$n" -- "$trainer" --steps 6 "${flags[@]}" --ckpt-dir "$work/resume$n" --resume > "resumed$n.txt"
+  grep -q "resumed from step 3 of .* (saved by 4 ranks, loaded by $n)" "resumed$n.txt" ||
+    { echo "FAIL: no resume on $n ranks"; cat "resumed$n.txt"; exit 1; }
+  losses < "resumed$n.txt" > "resumed${n}_losses.txt"
+  [ "$(wc -l < "resumed${n}_losses.txt")" = 3 ] || { echo "FAIL: the resume on $n ranks did not train steps 3 to 5"; exit 1; }
+  same "4 -> $n ranks" "resumed${n}_losses.txt"
+done
+echo "OK: saved on 4 ranks and resumed on 3 and on 2, the losses are the uninterrupted run's"
