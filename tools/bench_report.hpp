@@ -1,7 +1,12 @@
 #pragma once
 // shardkit-bench's results outside the terminal table: a JSON object per row (--json, --output FILE.jsonl), CSV
 // (--output FILE.csv) and a busbw-vs-size PNG drawn by gnuplot (--plot FILE.png). Rank 0 writes them.
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 
 #include <cstdio>
 #include <cstdlib>
@@ -123,9 +128,25 @@ inline std::string gnuplot_quoted(std::string_view s) {
   return q + "\"";
 }
 
+//! Why `path` cannot be written (its folder missing or not writable, or the file itself not writable), or
+//! nullopt. Checked without creating anything.
+inline std::optional<std::string> cannot_write(const std::string& path) {
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::access(path.c_str(), F_OK) == 0) {
+    if (::access(path.c_str(), W_OK) != 0) return "the file exists and is not writable (" + std::string(std::strerror(errno)) + ")";
+    return std::nullopt;
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    return "cannot create a file in " + dir + " (" + std::string(std::strerror(errno)) + ")";
+  return std::nullopt;
+}
+
 //! --plot FILE.png: busbw (decimal GB/s) against the message size on a log2 axis, one line per collective
 //! (and per reduction op and dtype when the sweep had several). The data goes to gnuplot inline as datablocks,
-//! so nothing is left beside the PNG. Throws when gnuplot fails.
+//! so nothing is left beside the PNG. gnuplot's own output never reaches stdout (where it would land inside the
+//! table or the JSON rows, PNG bytes included when it cannot open the file): its messages are read back from a
+//! temporary file and go into the error thrown when it fails.
 inline void plot_busbw(const std::string& gnuplot, const std::string& png, const std::vector<bench_row>& rows,
                        const std::string& title) {
   std::map<std::string, std::vector<const bench_row*>> series;  // name -> rows in sweep order
@@ -136,9 +157,7 @@ inline void plot_busbw(const std::string& gnuplot, const std::string& png, const
   }
   for (const auto& x : rows) {
     std::string name(to_string(x.r.c.op));
-    const bool reduces = x.r.c.op == bench::collective::all_reduce || x.r.c.op == bench::collective::reduce_scatter ||
-                         x.r.c.op == bench::collective::reduce;
-    if (varies["redop"] && reduces) name += " " + std::string(to_string(x.r.c.rop));
+    if (varies["redop"] && bench::reduces(x.r.c.op)) name += " " + std::string(to_string(x.r.c.rop));
     if (varies["type"]) name += " " + std::string(to_string(x.r.c.type));
     series[name].push_back(&x);
   }
@@ -157,11 +176,31 @@ inline void plot_busbw(const std::string& gnuplot, const std::string& png, const
     ++i;
   }
   script += plot + "\n";
-  std::FILE* p = ::popen((gnuplot_quoted(gnuplot) + " 2>&1").c_str(), "w");
-  if (!p) throw std::runtime_error("cannot start " + gnuplot);
+  // A failed `set output` leaves gnuplot drawing to its stdout: /dev/null. Its messages go to a file read below.
+  std::string messages_path = (std::filesystem::temp_directory_path() / "shardkit-bench-gnuplot.XXXXXX").string();
+  const int messages_fd = ::mkstemp(messages_path.data());
+  if (messages_fd < 0) throw std::runtime_error("cannot create a temporary file for gnuplot's messages");
+  ::close(messages_fd);
+  std::FILE* p = ::popen((gnuplot_quoted(gnuplot) + " >/dev/null 2>" + gnuplot_quoted(messages_path)).c_str(), "w");
+  if (!p) {
+    ::unlink(messages_path.c_str());
+    throw std::runtime_error("cannot start " + gnuplot);
+  }
   std::fputs(script.c_str(), p);
   const int status = ::pclose(p);
-  if (status != 0) throw std::runtime_error("gnuplot failed drawing " + png + " (exit status " + std::to_string(status) + ")");
+  std::string messages;
+  if (std::FILE* m = std::fopen(messages_path.c_str(), "r")) {
+    char buf[512];
+    for (std::size_t got; (got = std::fread(buf, 1, sizeof buf, m)) > 0 && messages.size() < 4096;) messages.append(buf, got);
+    std::fclose(m);
+  }
+  ::unlink(messages_path.c_str());
+  while (!messages.empty() && (messages.back() == '\n' || messages.back() == ' ')) messages.pop_back();
+  const bool exited = status != -1 && WIFEXITED(status);
+  if (!exited || WEXITSTATUS(status) != 0)
+    throw std::runtime_error("gnuplot failed drawing " + png + " (" +
+                             (exited ? "exit code " + std::to_string(WEXITSTATUS(status)) : std::string("killed")) +
+                             (messages.empty() ? std::string(")") : "): " + messages));
 }
 
 }  // namespace shardkit::tools

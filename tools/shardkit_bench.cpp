@@ -26,6 +26,7 @@
 // SHARDKIT_SOCKET_IFNAME (else GLOO_SOCKET_IFNAME; 127.0.0.1 when every rank is local and neither is set).
 // gloo_communicator's per-call count verification is off unless SHARDKIT_GLOO_VERIFY is set: it is shardkit's
 // safety net, not part of Gloo, and would double Gloo's small-message latency.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -68,6 +69,8 @@ struct args {
   std::string output;   //!< --output FILE (.csv, or .json/.jsonl/.ndjson)
   std::string plot;     //!< --plot FILE.png
   std::string gnuplot;  //!< gnuplot found on PATH when --plot is given
+  // Given on the command line (the defaults apply anywhere; a given option must apply to what runs).
+  bool transport_given = false, root_given = false, rops_given = false;
 };
 
 //! A bad argument: one line saying what is wrong (the options are --help's).
@@ -175,6 +178,53 @@ std::optional<std::vector<sk::reduce_op>> parse_reduce_ops(const std::string& li
   return out;
 }
 
+std::string_view algorithm_name(sk::comm::algorithm algo) {
+  switch (algo) {
+    case sk::comm::algorithm::ring: return "ring";
+    case sk::comm::algorithm::recursive_doubling: return "rd";
+    case sk::comm::algorithm::hierarchical: return "hierarchical";
+    case sk::comm::algorithm::one_shot: return "one_shot";
+    case sk::comm::algorithm::direct: return "direct";
+    default: return "auto";
+  }
+}
+
+//! Whether the generic communicator honours `algo` for collective `c` (process_group falls back silently).
+bool algorithm_applies(sk::comm::algorithm algo, sk::bench::collective c) {
+  using sk::bench::collective;
+  switch (algo) {
+    case sk::comm::algorithm::automatic: return true;
+    case sk::comm::algorithm::ring: return c == collective::all_reduce || c == collective::all_gather || c == collective::reduce_scatter;
+    case sk::comm::algorithm::direct: return c == collective::all_gather || c == collective::reduce_scatter;
+    default: return c == collective::all_reduce;
+  }
+}
+
+//! Options that would be ignored by what runs are refused: a table must not claim what it did not measure.
+void refuse_what_cannot_apply(const args& a) {
+  if (a.threads > 0 && a.transport_given)
+    usage("--threads runs the ranks as threads over the loopback transport: --transport " + a.transport +
+          " cannot apply (launch processes with shardkit-run for it)");
+  if (a.algo != sk::comm::algorithm::automatic) {
+    const std::string algo(algorithm_name(a.algo));
+    if (a.transport == "gloo" || a.transport == "gloo-ring")
+      usage("-a " + algo + " picks among shardkit's generic algorithms; --transport " + a.transport +
+            " runs Gloo's own and cannot apply it");
+    if (a.algo == sk::comm::algorithm::hierarchical && a.threads > 0)
+      usage("-a hierarchical needs ranks on several hosts; --threads runs them all in one process");
+    for (auto op : a.ops)
+      if (!algorithm_applies(a.algo, op))
+        usage("-a " + algo + " does not apply to " + std::string(to_string(op)) +
+              " (all_reduce: ring rd hierarchical one_shot; all_gather and reduce_scatter: ring direct)");
+  }
+  if (a.root_given && std::none_of(a.ops.begin(), a.ops.end(), [](auto op) {
+        return op == sk::bench::collective::broadcast || op == sk::bench::collective::reduce;
+      }))
+    usage("--root applies to broadcast and reduce, and neither is among the collectives run");
+  if (a.rops_given && std::none_of(a.ops.begin(), a.ops.end(), [](auto op) { return sk::bench::reduces(op); }))
+    usage("--op applies to all_reduce, reduce_scatter and reduce, and none of them is among the collectives run");
+}
+
 args parse(int argc, char** argv) {
   args a;
   for (int i = 1; i < argc; ++i) {
@@ -203,7 +253,7 @@ args parse(int argc, char** argv) {
       a.ops = *ops;
     } else if (k == "-o" || k == "--op") {
       const auto v = next();
-      if (auto rops = parse_reduce_ops(v)) a.rops = *rops;
+      if (auto rops = parse_reduce_ops(v)) a.rops = *rops, a.rops_given = true;
       else if (auto ops = k == "-o" && v != "all" ? parse_collectives(v) : std::nullopt) {
         note("-o " + v + ": -o is the reduction op now, as in nccl-tests; pick collectives with --collective " + v);
         a.ops = *ops;
@@ -219,8 +269,10 @@ args parse(int argc, char** argv) {
       if (auto r = k == "-r" ? sk::parse_reduce_op(v) : std::nullopt) {
         note("-r " + v + ": -r is the root now, as in nccl-tests; the reduction op is -o/--op " + v);
         a.rops = {*r};
+        a.rops_given = true;
       } else {
         a.root = parse_int(k, v);
+        a.root_given = true;
         if (a.root < 0) usage(k + " must not be negative");
       }
     } else if (k == "-c" || k == "--check") {
@@ -230,7 +282,7 @@ args parse(int argc, char** argv) {
       else usage(k + " takes 0 or 1");
     } else if (k == "-n" || k == "--iters") a.iters = parse_int(k, next());
     else if (k == "-w" || k == "--warmup_iters") a.warmup = parse_int(k, next());
-    else if (k == "--transport") a.transport = next();
+    else if (k == "--transport") a.transport = next(), a.transport_given = true;
     else if (k == "-a" || k == "--algorithm") {
       const std::string v = next();
       if (v == "auto") a.algo = sk::comm::algorithm::automatic;
@@ -253,12 +305,18 @@ args parse(int argc, char** argv) {
       a.gnuplot = sk::tools::find_on_path("gnuplot");
       if (a.gnuplot.empty())
         usage("--plot needs gnuplot, which is not on PATH (Debian: apt-get install gnuplot-nox)");
+      if (a.plot.empty()) usage("--plot needs a file name");
     } else if (k == "-h" || k == "--help") usage("nccl-tests-style collective benchmark", 0);
     else usage("unknown argument '" + k + "'");
     if (inline_value) usage(k + " takes no value");
   }
   if (a.min_bytes > a.max_bytes) usage("--minbytes is larger than --maxbytes");
   if (a.iters <= 0 || a.warmup < 0) usage("--iters must be positive and --warmup_iters not negative");
+  refuse_what_cannot_apply(a);
+  // Rank 0 draws the plot after the sweep: find out now, not after minutes of measuring, that it cannot.
+  const char* rank = std::getenv("RANK");
+  if (!a.plot.empty() && (!rank || std::string(rank) == "0"))
+    if (auto why = sk::tools::cannot_write(a.plot)) usage("--plot " + a.plot + ": " + *why);
   return a;
 }
 
@@ -271,11 +329,6 @@ std::vector<std::size_t> sweep_sizes(const args& a) {
     b = next > b ? next : b + 1;  // from 0 bytes a factor alone would never move
   }
   return sizes;
-}
-
-bool reduces(sk::bench::collective c) {
-  return c == sk::bench::collective::all_reduce || c == sk::bench::collective::reduce_scatter ||
-         c == sk::bench::collective::reduce;
 }
 
 template <sk::bench::bench_target G>
@@ -296,7 +349,7 @@ int run(G& pg, const args& a, const std::string& transport) {
   std::size_t wrong = 0;
   for (auto op : a.ops)
     for (auto rop : a.rops) {
-      if (!reduces(op) && rop != a.rops.front()) continue;  // one sweep when the op does not matter
+      if (!sk::bench::reduces(op) && rop != a.rops.front()) continue;  // one sweep when the op does not matter
       for (std::size_t bytes : sweep_sizes(a)) {
         sk::bench::bench_case c{.op = op, .bytes = bytes, .type = a.type, .rop = rop, .root = a.root,
                                 .shared_buffers = a.shared_buffers, .check = a.check};

@@ -4,13 +4,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <span>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "shardkit/bench/collective_bench.hpp"
 
 #ifndef SHARDKIT_BENCH_PATH
 #error "SHARDKIT_BENCH_PATH must name the shardkit-bench binary"
@@ -136,7 +141,7 @@ TEST_CASE("[tools] shardkit-bench: --op is the reduction op, --collective the co
     CHECK(lines(o.out).size() == 6);
   }
   SUBCASE("a root outside the group is an error, not a hang") {
-    o = bench(s, std::string("-b 1K -e 1K --root 2") + quick);
+    o = bench(s, std::string("-b 1K -e 1K --collective broadcast --root 2") + quick);
     CHECK(o.rc == 2);
     CHECK(o.err.find("--root 2 is not a rank of 2") != std::string::npos);
   }
@@ -215,4 +220,97 @@ TEST_CASE("[tools] shardkit-bench: --plot draws busbw against size with gnuplot,
     CHECK(png.substr(1, 3) == "PNG");
     CHECK(o.out.find("busbw plot") != std::string::npos);
   }
+}
+
+TEST_CASE("[tools] shardkit-bench: every collective, op and dtype is checked, exactly, at 9 ranks") {
+  scratch s;
+  for (const char* type : {"u8", "bf16", "f16"}) {
+    CAPTURE(type);
+    auto o = bench(s, std::string("--threads 9 -n 1 -w 0 -b 1K -e 1K -o all --collective all --json -d ") + type);
+    REQUIRE_MESSAGE(o.rc == 0, o.out, o.err);
+    const auto rows = lines(o.out);
+    REQUIRE(rows.size() == 5 * 3 + 3);
+    for (const auto& r : rows) {
+      CAPTURE(r);
+      CHECK(field(r, "wrong") == "0");
+      CHECK(field(r, "check") == "true");
+    }
+  }
+}
+
+namespace {
+//! A bench_target that pretends to be rank 0 of 3 and returns its own input: wrong for every reduction.
+struct own_input_only {
+  int rank() const { return 0; }
+  int size() const { return 3; }
+  void run(const shardkit::bench::bench_case&, shardkit::const_buffer_view in, shardkit::buffer_view out) {
+    std::memcpy(out.data(), in.data(), std::min(in.size_bytes(), out.size_bytes()));
+  }
+  void barrier() {}
+  void all_reduce_doubles(std::span<double>, shardkit::reduce_op) {}
+};
+}  // namespace
+
+TEST_CASE("[tools] run_case counts the wrong results of every reduction op and dtype") {
+  own_input_only g;
+  for (auto t : shardkit::all_dtypes)
+    for (auto op : shardkit::all_reduce_ops) {
+      CAPTURE(to_string(t));
+      CAPTURE(to_string(op));
+      const auto r = shardkit::bench::run_case(
+          g, {.op = shardkit::bench::collective::all_reduce, .bytes = 64 * shardkit::size_of(t), .type = t, .rop = op}, 0, 1);
+      CHECK(r.wrong > 0);
+    }
+}
+
+TEST_CASE("[tools] shardkit-bench: sizes are rounded down as nccl-tests does, and the real size is printed") {
+  scratch s;
+  auto o = bench(s, std::string("-b 6 -e 6 --json") + quick);  // f32: one element moves
+  REQUIRE_MESSAGE(o.rc == 0, o.err);
+  CHECK(field(o.out, "size") == "4");
+  CHECK(field(o.out, "count") == "1");
+  o = bench(s, "--threads 3 -n 1 -w 0 -b 8 -e 8 --collective all_gather,reduce_scatter,all_to_all --json");
+  REQUIRE_MESSAGE(o.rc == 0, o.err);
+  for (const auto& r : lines(o.out)) {  // 2 f32 elements do not make one per rank: nothing moves
+    CAPTURE(r);
+    CHECK(field(r, "size") == "0");
+    CHECK(field(r, "algbw") == "0.000000");
+  }
+  o = bench(s, "--threads 3 -n 1 -w 0 -b 100 -e 100 --collective all_gather --json");
+  REQUIRE_MESSAGE(o.rc == 0, o.err);
+  CHECK(field(o.out, "size") == "96");  // 25 elements: 8 per rank
+  CHECK(field(o.out, "count") == "24");
+  CHECK(field(o.out, "wrong") == "0");
+}
+
+TEST_CASE("[tools] shardkit-bench: options that cannot apply are refused") {
+  scratch s;
+  const std::pair<const char*, const char*> cases[] = {
+      {"--threads 2 --transport tcp", "--transport tcp cannot apply"},
+      {"--threads 2 -a rd --collective all_gather", "-a rd does not apply to all_gather"},
+      {"--threads 2 -a direct", "-a direct does not apply to all_reduce"},
+      {"--threads 2 -a ring --collective all", "-a ring does not apply to broadcast"},
+      {"--threads 2 -a hierarchical", "needs ranks on several hosts"},
+      {"--threads 2 --root 1", "--root applies to broadcast and reduce"},
+      {"--threads 2 -o max --collective all_gather", "--op applies to all_reduce"},
+  };
+  for (const auto& [args, why] : cases) {
+    CAPTURE(args);
+    const auto o = bench(s, args);
+    CHECK(o.rc == 2);
+    CHECK_MESSAGE(o.err.find(why) != std::string::npos, o.err);
+    CHECK(o.out.empty());
+  }
+}
+
+TEST_CASE("[tools] shardkit-bench: --plot to a path that cannot be written is refused before the sweep") {
+  scratch s;
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    MESSAGE("skipped: gnuplot not on PATH (apt-get install gnuplot-nox)");
+    return;
+  }
+  auto o = bench(s, "--plot '" + (s / "missing" / "b.png").string() + "' --json" + quick);
+  CHECK(o.rc == 2);
+  CHECK(o.out.empty());  // no row, and no PNG bytes
+  CHECK_MESSAGE(o.err.find("cannot create a file in") != std::string::npos, o.err);
 }

@@ -2,7 +2,9 @@
 //! Measures collectives the way nccl-tests does, on any process_group: per size, the mean time of `iters` runs
 //! after `warmup` runs (the slowest rank's time), algorithm bandwidth = bytes / time, bus bandwidth = algbw times
 //! the collective's factor (2(n-1)/n for all_reduce, (n-1)/n for all_gather / reduce_scatter / all_to_all, 1 for
-//! broadcast / reduce), decimal GB/s. Every result is checked after the timed runs; `wrong` counts bad elements.
+//! broadcast / reduce), decimal GB/s. Every result is checked after the timed runs, for every collective, op and
+//! dtype; `wrong` counts bad elements. The size is rounded down as nccl-tests does (whole elements; whole blocks
+//! of one per rank for all_gather, reduce_scatter and all_to_all), and the result reports the size that moved.
 //!
 //! run_case measures any bench_target: a process group (process_group_target, or the process_group overload),
 //! or a backend's own collectives called directly (bench/gloo_ring.hpp: Gloo's ring all_reduce), so an anchor
@@ -11,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <concepts>
 #include <cstdio>
 #include <optional>
@@ -19,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shardkit/bench/detail/check_values.hpp"
 #include "shardkit/core/host_shared_memory.hpp"
 #include "shardkit/comm/process_group.hpp"
 
@@ -28,6 +32,11 @@ enum class collective { all_reduce, all_gather, reduce_scatter, broadcast, reduc
 
 inline constexpr collective all_collectives[] = {collective::all_reduce, collective::all_gather, collective::reduce_scatter,
                                                  collective::broadcast, collective::reduce, collective::all_to_all};
+
+//! Whether the collective combines the ranks' values with a reduction op (the op matters).
+constexpr bool reduces(collective c) noexcept {
+  return c == collective::all_reduce || c == collective::reduce_scatter || c == collective::reduce;
+}
 
 constexpr std::string_view to_string(collective c) noexcept {
   switch (c) {
@@ -63,7 +72,9 @@ inline double busbw_factor(collective c, int n) {
 
 struct bench_case {
   collective op = collective::all_reduce;
-  std::size_t bytes = 0;  //!< nccl-tests' "size": the full buffer (all_gather: output; reduce_scatter: input)
+  //! nccl-tests' "size": the full buffer (all_gather: output; reduce_scatter: input). run_case rounds it down (see
+  //! above); its result's case holds the rounded size.
+  std::size_t bytes = 0;
   dtype type = dtype::f32;
   reduce_op rop = reduce_op::sum;
   int root = 0;
@@ -143,9 +154,6 @@ class process_group_target {
 static_assert(bench_target<process_group_target>);
 
 namespace detail {
-inline double value_at(int rank, std::size_t i) { return double((rank + 1) * int(i % 7 + 1)); }
-inline double sum_at(int n, std::size_t i) { return double(n * (n + 1) / 2 * int(i % 7 + 1)); }
-
 //! A case's input or output: ordinary heap memory, or host_shared_memory.
 class case_buffer {
  public:
@@ -163,24 +171,10 @@ class case_buffer {
   host_shared_memory shared_;
 };
 
-inline void fill(case_buffer& buf, dtype t, std::size_t offset, std::size_t count, int rank) {
-  visit_dtype(t, [&](auto tag) {
-    using T = decltype(tag);
-    T* p = reinterpret_cast<T*>(buf.data());
-    for (std::size_t i = 0; i < count; ++i) {
-      const double v = value_at(rank, offset + i);
-      if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) p[i] = T(float(v));
-      else p[i] = T(v);
-    }
-  });
-}
-inline double get(const case_buffer& buf, dtype t, std::size_t i) {
-  return visit_dtype(t, [&](auto tag) {
-    using T = decltype(tag);
-    const T v = reinterpret_cast<const T*>(buf.data())[i];
-    if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>) return double(float(v));
-    else return double(v);
-  });
+//! Elements [0, count) at `at` hold `rank`'s values at global elements [offset, offset + count).
+inline void fill(std::byte* at, const check_values& v, std::size_t offset, std::size_t count, int rank) {
+  const std::size_t es = size_of(v.type);
+  for (std::size_t i = 0; i < count; ++i) store(v.type, at + i * es, v.value(rank, offset + i));
 }
 inline double cpu_now() {
   timespec ts{};
@@ -196,16 +190,21 @@ template <bench_target G>
 bench_result run_case(G& g, const bench_case& c, int warmup, int iters) {
   const int n = g.size(), me = g.rank();
   const std::size_t es = size_of(c.type);
-  const std::size_t count = c.bytes / es;
-  // Per-rank input and output element counts, by the nccl-tests convention for "size".
+  // nccl-tests' convention for "size": whole elements, and for the collectives that cut the buffer into one block
+  // per rank, whole blocks; the size reported is what moved.
+  const bool blocks = c.op == collective::all_gather || c.op == collective::reduce_scatter || c.op == collective::all_to_all;
+  const std::size_t block = c.bytes / es / std::size_t(n);
+  const std::size_t count = blocks ? block * std::size_t(n) : c.bytes / es;
   std::size_t in_count = count, out_count = count;
-  const std::size_t block = count / std::size_t(n);
-  if (c.op == collective::all_gather) in_count = block, out_count = block * std::size_t(n);
-  if (c.op == collective::reduce_scatter) in_count = block * std::size_t(n), out_count = block;
-  if (c.op == collective::all_to_all) in_count = out_count = block * std::size_t(n);
+  if (c.op == collective::all_gather) in_count = block;
+  if (c.op == collective::reduce_scatter) out_count = block;
+  const detail::check_values values{c.type, c.rop, n, reduces(c.op)};
   detail::case_buffer in(in_count * es, c.shared_buffers), out(out_count * es, c.shared_buffers);
   const std::size_t in_offset = c.op == collective::all_gather ? block * std::size_t(me) : 0;
-  detail::fill(in, c.type, in_offset, in_count, me);
+  if (c.op == collective::all_to_all)  // block j goes to rank j: it holds what rank j expects from this rank
+    for (int j = 0; j < n; ++j) detail::fill(in.data() + block * std::size_t(j) * es, values, block * std::size_t(j), block, me);
+  else
+    detail::fill(in.data(), values, in_offset, in_count, me);
   const_buffer_view inv(in.data(), in_count, c.type);
   buffer_view outv(out.data(), out_count, c.type);
 
@@ -218,38 +217,39 @@ bench_result run_case(G& g, const bench_case& c, int warmup, int iters) {
   double stats[2] = {std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(iters, 1),
                      detail::cpu_now() - cpu0};
 
-  // Check: broadcast's receivers hold the root's data; others as documented above.
+  // Check, every op and dtype, bitwise: every value is exact in the dtype (detail/check_values.hpp).
   std::size_t wrong = 0;
-  const auto expect = [&](const detail::case_buffer& buf, std::size_t i, double want) {
-    if (detail::get(buf, c.type, i) != want) ++wrong;
+  const auto differs = [&](const std::byte* got, const std::byte* want) { wrong += std::memcmp(got, want, es) != 0; };
+  std::byte one[8];
+  const auto expect_value = [&](const std::byte* got, int rank, std::size_t i) {
+    detail::store(c.type, one, values.value(rank, i));
+    differs(got, one);
   };
+  std::vector<std::byte> reduced;
+  if (c.check && values.reduces) reduced = detail::expected_reductions(values);
+  const auto expect_reduced = [&](const std::byte* got, std::size_t i) { differs(got, reduced.data() + i % values.period() * es); };
   if (c.check) switch (c.op) {
     case collective::all_reduce:
-      for (std::size_t i = 0; i < out_count; ++i) expect(out, i, detail::sum_at(n, i));
+      for (std::size_t i = 0; i < out_count; ++i) expect_reduced(out.data() + i * es, i);
       break;
     case collective::all_gather:
-      for (std::size_t i = 0; i < out_count; ++i) expect(out, i, detail::value_at(int(i / std::max<std::size_t>(block, 1)), i));
+      for (std::size_t i = 0; i < out_count; ++i) expect_value(out.data() + i * es, int(i / block), i);
       break;
     case collective::reduce_scatter:
-      for (std::size_t i = 0; i < out_count; ++i) expect(out, i, detail::sum_at(n, block * std::size_t(me) + i));
+      for (std::size_t i = 0; i < out_count; ++i) expect_reduced(out.data() + i * es, block * std::size_t(me) + i);
       break;
-    case collective::broadcast:
-      for (std::size_t i = 0; i < count; ++i) expect(me == c.root ? in : out, i, detail::value_at(c.root, i));
+    case collective::broadcast:  // the root sends its input; the others receive into their output
+      for (std::size_t i = 0; i < count; ++i) expect_value((me == c.root ? in.data() : out.data()) + i * es, c.root, i);
       break;
     case collective::reduce:
       if (me == c.root)
-        for (std::size_t i = 0; i < out_count; ++i) expect(out, i, detail::sum_at(n, i));
+        for (std::size_t i = 0; i < out_count; ++i) expect_reduced(out.data() + i * es, i);
       break;
-    case collective::all_to_all:
-      // Rank r's block j holds value_at(r, j*block + i); this rank receives block `me` from every rank.
-      for (std::size_t i = 0; i < out_count; ++i) {
-        const int from = int(i / std::max<std::size_t>(block, 1));
-        expect(out, i, detail::value_at(from, block * std::size_t(me) + i % std::max<std::size_t>(block, 1)));
-      }
+    case collective::all_to_all:  // block `from` of the output is what rank `from` sent this rank
+      for (std::size_t i = 0; i < out_count; ++i)
+        expect_value(out.data() + i * es, int(i / block), block * std::size_t(me) + i % block);
       break;
   }
-  if (c.rop != reduce_op::sum && (c.op == collective::all_reduce || c.op == collective::reduce_scatter || c.op == collective::reduce))
-    wrong = 0;  // the check values above are sums; other ops are timed only (the conformance suite checks them)
 
   double mx[1] = {stats[0]};
   g.all_reduce_doubles(mx, reduce_op::max);
@@ -258,12 +258,13 @@ bench_result run_case(G& g, const bench_case& c, int warmup, int iters) {
 
   bench_result r;
   r.c = c;
+  r.c.bytes = count * es;
   r.count = count;
   r.time_us = mx[0];
-  r.algbw_gbs = r.time_us > 0 ? double(c.bytes) / (r.time_us * 1e3) : 0;
+  r.algbw_gbs = r.time_us > 0 ? double(r.c.bytes) / (r.time_us * 1e3) : 0;
   r.busbw_gbs = r.algbw_gbs * busbw_factor(c.op, n);
   r.cpu_seconds = sums[0];
-  const double gb = double(c.bytes) * std::max(iters, 1) / 1e9;
+  const double gb = double(r.c.bytes) * std::max(iters, 1) / 1e9;
   r.cpu_s_per_gb = gb > 0 ? r.cpu_seconds / gb : 0;
   r.wrong = std::size_t(sums[1]);
   return r;
