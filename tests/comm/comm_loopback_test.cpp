@@ -663,3 +663,62 @@ TEST_CASE("[comm] a recv that nobody answers times out naming the peer, and the 
   CHECK(got == sent);
   test::run_threads(2, [&](int rank) { groups[std::size_t(rank)].barrier().wait(); });
 }
+
+TEST_CASE("[comm] a collective issued from a second thread while another thread's is pending is refused and breaks the group") {
+  auto opts = test_group_options();
+  opts.timeout = std::chrono::seconds(5);
+  auto groups = comm::make_loopback_world(2, opts);
+  std::vector<float> a(4, 1.0f), b(4, 2.0f), c(4, 3.0f);
+  // Rank 0, thread A: an all_reduce that stays pending (rank 1 has not called yet).
+  comm::work first = groups[0].all_reduce(buffer_view(std::span<float>(a)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // most often running by now (either way is checked)
+  std::string refused;
+  std::thread([&] {  // thread B, same group, same rank
+    try {
+      groups[0].all_reduce(buffer_view(std::span<float>(b))).wait();
+    } catch (const error& e) {
+      CHECK(e.code() == errc::invalid_argument);
+      refused = e.what();
+    }
+  }).join();
+  CHECK(refused.find("issued from a second thread") != std::string::npos);
+  CHECK(refused.find("dup()") != std::string::npos);
+  CHECK(groups[0].broken_by());
+  // Rank 1's one call pairs with thread A's, which was issued first: once running it completes; had the progress
+  // thread not taken it up yet, the broken group fails it, and rank 1 times out instead. Never a wrong result.
+  comm::work peer = groups[1].all_reduce(buffer_view(std::span<float>(c)), reduce_op::sum, {.timeout = std::chrono::milliseconds(500)});
+  bool first_done = false;
+  try {
+    first.wait();
+    first_done = true;
+  } catch (const error&) {
+  }
+  std::exception_ptr second;
+  try {
+    peer.wait();
+  } catch (const error&) {
+    second = std::current_exception();
+  }
+  CHECK(first_done == !second);
+  if (first_done) CHECK(a[0] == 4.0f);
+  CHECK_THROWS_AS(groups[0].barrier().wait(), error);  // broken: fails at once, never pairs with rank 1's next
+}
+
+TEST_CASE("[comm] a group handed from thread to thread between collectives, or issuing from its continuations, is fine") {
+  constexpr int n = 2;
+  auto groups = comm::make_loopback_world(n, test_group_options());
+  test::run_threads(n, [&](int r) {
+    auto& g = groups[std::size_t(r)];
+    for (int round = 0; round < 20; ++round) {
+      std::vector<float> v(3, float(r + round));
+      std::thread([&] { g.all_reduce(buffer_view(std::span<float>(v))).wait(); }).join();
+      if (v[0] != float(1 + 2 * round)) throw std::runtime_error("wrong all_reduce result after a hand-over");
+    }
+    // A continuation run by the progress thread issues the next collective as the previous completes.
+    std::vector<float> x(2, 1.0f), y(2, 1.0f);
+    std::promise<comm::work> next;
+    g.all_reduce(buffer_view(std::span<float>(x))).then([&] { next.set_value(g.all_reduce(buffer_view(std::span<float>(y)))); });
+    next.get_future().get().wait();
+    if (y[0] != float(n)) throw std::runtime_error("the collective issued from a continuation gave a wrong result");
+  });
+}

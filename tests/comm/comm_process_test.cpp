@@ -4,6 +4,7 @@
 
 #include "comm/conformance.hpp"
 #include "shardkit/comm/init.hpp"
+#include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/core/host_shared_memory.hpp"
 #include "support/harness.hpp"
 
@@ -13,6 +14,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <span>
+#include <thread>
 
 #include <sched.h>
 #include <sys/wait.h>
@@ -367,3 +371,81 @@ TEST_CASE("[comm] conformance suite with ranks as processes over TCP") {
                                                   std::chrono::seconds(500)));
 }
 #endif
+
+namespace {
+// A loopback transport on which a recv being withdrawn gets a late message first: cancel() writes the buffer
+// before it withdraws the recv, as a message that arrives while a real transport cancels may. The buffer must
+// still exist then, whatever the algorithm that posted the recv has returned from.
+class late_delivery_transport {
+ public:
+  using transport_concept = transport::p2p_tag;
+  explicit late_delivery_transport(std::shared_ptr<transport::loopback_transport> t) : t_(std::move(t)) {}
+  int rank() const { return t_->rank(); }
+  int size() const { return t_->size(); }
+  completion send(int peer, transport::message_tag tag, std::span<const std::byte> b) { return t_->send(peer, tag, b); }
+  completion recv(int peer, transport::message_tag tag, std::span<std::byte> b) {
+    completion inner = t_->recv(peer, tag, b);
+    completion_source outer;
+    inner.then([inner, outer] {
+      if (auto e = inner.exception()) outer.set_error(e);
+      else outer.set_done(inner.bytes());
+    });
+    outer.on_cancel([inner, b] {
+      std::memset(b.data(), 0x5a, b.size());
+      return inner.cancel();
+    });
+    return outer;
+  }
+
+ private:
+  std::shared_ptr<transport::loopback_transport> t_;
+};
+}  // namespace
+
+TEST_CASE("[comm] reduce: a child's message landing while the failed op withdraws its recv finds live memory (ASan)") {
+  constexpr int n = 3;
+  auto world = transport::loopback_transport::create_world(n);
+  comm::group_options opts;
+  opts.timeout = std::chrono::milliseconds(1500);
+  std::vector<comm::process_group> groups;
+  for (int r = 0; r < n; ++r)
+    groups.push_back(comm::process_group::create(
+        comm::p2p_communicator<late_delivery_transport>(std::make_shared<late_delivery_transport>(world[std::size_t(r)])), opts));
+  std::vector<std::string> errors(n);
+  test::run_threads(n, [&](int r) {
+    // Root 0 waits for child 1 first: its message is half the size, so the root fails while its recv from child
+    // 2, which comes late, is still posted; withdrawing that recv writes into the buffer it was posted on.
+    if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::vector<float> in(r == 1 ? 32 : 64, 1.0f), out(64);
+    try {
+      groups[std::size_t(r)].reduce(const_buffer_view(std::span<const float>(in)), buffer_view(std::span<float>(out)),
+                                    reduce_op::sum, 0).wait();
+    } catch (const error& e) {
+      errors[std::size_t(r)] = e.what();
+    }
+  });
+  CHECK_MESSAGE(errors[0].find("received 128 bytes where this rank expected 256") != std::string::npos, errors[0]);
+}
+
+TEST_CASE("[comm] destroying a group while unwinding past a collective its peer never joins waits for its deadline, safely") {
+  comm::group_options opts;
+  opts.timeout = std::chrono::milliseconds(300);
+  auto groups = comm::make_loopback_world(2, opts);
+  std::vector<float> v(16, 1.0f);
+  comm::work pending;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    auto g = std::move(groups[0]);  // the only owner of rank 0's group: destroyed by the unwinding below
+    pending = g.all_reduce(buffer_view(std::span<float>(v)));
+    throw std::runtime_error("the trainer's step failed");
+  } catch (const std::runtime_error&) {
+  }
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(waited >= std::chrono::milliseconds(250));  // the running collective kept its buffer until its deadline
+  try {
+    pending.wait();
+    FAIL("a collective without its peer succeeded");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::timeout);
+  }
+}

@@ -13,6 +13,8 @@
 // Device backends reuse the suite through conformance_options::buffers (conformance_buffers.hpp): each buffer
 // is written on the host, copied in, used, copied out and checked on the host.
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <numeric>
 #include <optional>
@@ -54,6 +56,58 @@ inline void conformance_all_reduce(conformance_run& run) {
                   if (in.get(i) != value(op, t, me, i)) fail(ctx + ": input was modified");
               }
             });
+        }
+    }
+}
+
+// min and max with a NaN or a signed zero on one rank: every algorithm gives every rank the same bits, the NaN
+// propagates, and -0 is below +0 (IEEE 754-2019 minimum/maximum), whichever rank holds which operand. Element i:
+// i % 3 == 0, rank (i / 3) % n holds a NaN (negative every other time); i % 3 == 1, that rank holds -0 and the
+// others +0; else the usual values. A small count takes the small-message path, a large one the ring (or
+// cross-memory between processes).
+inline void conformance_nan_min_max(conformance_run& run) {
+  using namespace conformance_detail;
+  auto& pg = run.group();
+  const int n = pg.size(), me = pg.rank();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<comm::algorithm> algos = run.options().all_reduce_algorithms;
+  algos.push_back(comm::algorithm::one_shot);
+  for (dtype t : {dtype::f32, dtype::f64, dtype::f16, dtype::bf16})
+    for (reduce_op op : {reduce_op::min, reduce_op::max}) {
+      const case_key key{"collective", "all_reduce with NaN and signed zeros", t, op};
+      for (std::size_t count : {std::size_t(7), std::size_t(40000)})
+        for (comm::algorithm algo : algos) {
+          if (algo == comm::algorithm::one_shot && count > 7) continue;
+          run.check(key, [&] {
+            auto x = run.buffer(t, count), all = run.buffer(t, count * std::size_t(n));
+            const auto holder = [&](std::size_t i) { return int(i / 3 % std::size_t(n)); };
+            for (std::size_t i = 0; i < count; ++i) {
+              const bool mine = holder(i) == me;
+              if (i % 3 == 0) x.set(i, mine ? (i / 3 % 2 ? -nan : nan) : value(op, t, me, i));
+              else if (i % 3 == 1) x.set(i, mine ? -0.0 : 0.0);
+              else x.set(i, value(op, t, me, i));
+            }
+            x.copy_in();
+            const auto ctx = where(std::string("all_reduce[") + std::string(to_string(algo)) + "] with NaN", t, op, count, me);
+            pg.all_reduce(x.view(), op, {.algo = algo}).wait();
+            pg.all_gather(x.view(), all.view()).wait();
+            x.copy_out();
+            all.copy_out();
+            const std::size_t bytes = count * size_of(t);
+            for (int r = 0; r < n; ++r)
+              if (std::memcmp(all.host().bytes.data() + std::size_t(r) * bytes, x.host().bytes.data(), bytes) != 0)
+                fail(ctx + ": rank " + std::to_string(r) + " holds different bits from this rank");
+            if (!run.options().ieee_min_max) return;  // every rank agrees; what the values are is the backend's
+            const bool negative_zero = op == reduce_op::min || n == 1;  // max over -0 alone is -0
+            for_each_checked(count, [&](std::size_t i) {
+              const double got = x.get(i);
+              if (i % 3 == 0 && !std::isnan(got)) fail(ctx + ": element " + std::to_string(i) + " lost its NaN: " + std::to_string(got));
+              if (i % 3 == 1 && (got != 0.0 || std::signbit(got) != negative_zero))
+                fail(ctx + ": element " + std::to_string(i) + " is " + (std::signbit(got) ? "-" : "+") + std::to_string(got) +
+                     ", expected " + (negative_zero ? "-0" : "+0"));
+              if (i % 3 == 2) check_equal(x.host(), i, expected(op, t, n, i), ctx);
+            });
+          });
         }
     }
 }
@@ -484,6 +538,7 @@ inline void run_conformance_part(comm::process_group& pg, const conformance_opti
   run.finish();
 }
 inline void conformance_all_reduce(comm::process_group& pg, const conformance_options& o) { run_conformance_part(pg, o, conformance_all_reduce); }
+inline void conformance_nan_min_max(comm::process_group& pg, const conformance_options& o) { run_conformance_part(pg, o, conformance_nan_min_max); }
 inline void conformance_reduce_scatter(comm::process_group& pg, const conformance_options& o) { run_conformance_part(pg, o, conformance_reduce_scatter); }
 inline void conformance_gathers(comm::process_group& pg, const conformance_options& o) { run_conformance_part(pg, o, conformance_gathers); }
 inline void conformance_rooted(comm::process_group& pg, const conformance_options& o) { run_conformance_part(pg, o, conformance_rooted); }
@@ -495,6 +550,7 @@ inline void conformance_fingerprints(comm::process_group& pg, const conformance_
 inline void run_conformance(comm::process_group& pg, const conformance_options& o = {}) {
   conformance_run run(pg, o);
   conformance_all_reduce(run);
+  conformance_nan_min_max(run);
   conformance_reduce_scatter(run);
   conformance_gathers(run);
   conformance_rooted(run);

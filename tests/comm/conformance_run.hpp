@@ -44,6 +44,9 @@ struct conformance_options {
   //! The backend's average multiplies each contribution by 1/n before summing (ncclAvg): floating averages at
   //! world sizes that are not powers of two may differ from sum-then-divide in the last places.
   bool prescaled_average = false;
+  //! min and max propagate NaN and order -0 below +0 (shardkit's reduce loops). False: only that every rank ends
+  //! with the same bits is checked (a backend with its own device arithmetic).
+  bool ieee_min_max = true;
   //! An operation the backend refuses with errc::unsupported fails the test; false records it and goes on.
   bool unsupported_fails = true;
   //! The failure cases across ranks (counts that differ, a peer that never arrives) as a host backend reports

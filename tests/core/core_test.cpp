@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -93,6 +94,42 @@ TEST_CASE("[core] combine on 16-bit floats goes through float") {
   std::vector<float16> c(3, float16(3.0f)), d(3, float16(-1.0f));
   combine(reduce_op::min, dtype::f16, c.data(), d.data(), c.size());
   CHECK(float(c[2]) == -1.0f);
+}
+
+TEST_CASE_TEMPLATE("[core] min and max propagate NaN and order -0 below +0, bit for bit in either operand order", T,
+                   float, double, float16, bfloat16) {
+  const T nan(std::numeric_limits<float>::quiet_NaN()), neg_nan(-std::numeric_limits<float>::quiet_NaN());
+  const T two(2.0f), pos0(0.0f), neg0(-0.0f);
+  const auto bits = [](T v) {
+    std::array<std::byte, sizeof(T)> b;
+    std::memcpy(b.data(), &v, sizeof(T));
+    return b;
+  };
+  const auto is_nan = [](T v) { return std::isnan(double(float(v))); };
+  // (x, y) pairs; each goes through combine as (x, y) and (y, x), and through reduce_into_all both ways.
+  const std::pair<T, T> pairs[] = {{nan, two}, {two, nan}, {nan, neg_nan}, {neg_nan, two}, {pos0, neg0}, {two, T(-3.0f)}};
+  for (reduce_op op : {reduce_op::min, reduce_op::max}) {
+    CAPTURE(to_string(op));
+    for (const auto& [x, y] : pairs) {
+      T a[1] = {x}, b[1] = {y}, c[1] = {y}, d[1] = {x};
+      combine(op, dtype_v<T>, a, b, 1);
+      combine(op, dtype_v<T>, c, d, 1);
+      CHECK(bits(a[0]) == bits(c[0]));
+      T e[1] = {x}, f[1] = {y}, g[1], h[1];
+      const std::byte* xy[] = {reinterpret_cast<const std::byte*>(e), reinterpret_cast<const std::byte*>(f)};
+      const std::byte* yx[] = {reinterpret_cast<const std::byte*>(f), reinterpret_cast<const std::byte*>(e)};
+      std::byte* to_g[] = {reinterpret_cast<std::byte*>(g)};
+      std::byte* to_h[] = {reinterpret_cast<std::byte*>(h)};
+      reduce_into_all(op, dtype_v<T>, xy, to_g, 1);
+      reduce_into_all(op, dtype_v<T>, yx, to_h, 1);
+      CHECK(bits(g[0]) == bits(a[0]));
+      CHECK(bits(h[0]) == bits(a[0]));
+      if (is_nan(x) || is_nan(y)) CHECK(is_nan(a[0]));
+    }
+    T z[1] = {pos0}, w[1] = {neg0};
+    combine(op, dtype_v<T>, z, w, 1);
+    CHECK(std::signbit(float(z[0])) == (op == reduce_op::min));
+  }
 }
 
 TEST_CASE("[core] convert between dtypes") {

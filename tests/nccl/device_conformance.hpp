@@ -172,6 +172,9 @@ inline conformance_options nccl_conformance_options(int dev, conformance_options
   o.all_reduce_algorithms = {comm::algorithm::automatic};
   o.buffers = cuda_buffers(dev);
   o.prescaled_average = true;
+  // NCCL's min and max are its device code's: that every rank agrees is checked; whether a NaN propagates is not
+  // promised (docs/concepts.md).
+  o.ieee_min_max = false;
   o.cross_rank_failure_cases = false;
   o.backend_cases = [](conformance_run& run) {
     nccl_p2p_cases(run);

@@ -97,8 +97,8 @@ class p2p_communicator {
   int rank() const noexcept { return me_; }
   int size() const noexcept { return int(members_.size()); }
   bool supports(device d) const noexcept { return d.kind == device_kind::host; }
-  //! The scratch this group keeps between operations (its ring slots, recursive doubling's and the cross-memory
-  //! staging), which is also its peak: the arena keeps its largest allocation. Split groups keep their own.
+  //! The scratch this group keeps between operations (its ring slots, recursive doubling's, reduce's child slots
+  //! and the cross-memory staging), which is also its peak: the arena keeps its largest allocation. Split groups keep their own.
   std::size_t scratch_bytes() const noexcept { return scratch_->held(); }
   //! Transport rank of each group rank.
   const std::vector<int>& members() const noexcept { return members_; }

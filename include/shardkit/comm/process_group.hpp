@@ -8,6 +8,21 @@
 //! state, so the group is then marked broken and later calls fail fast with the original cause, as NCCL's
 //! abort-on-timeout does.
 //!
+//! Collectives pair up across ranks by their position in each rank's issue order, so a group's collectives must
+//! be issued in the same order on every rank: from one thread at a time (handing the group from thread to thread
+//! is fine once its collectives are done, as a coroutine resuming elsewhere does). Two threads issuing on one group
+//! pair up in whatever order each rank's threads happened to run, and give silently wrong results; give each
+//! thread its own group (dup()) instead. A collective issued while one issued by another thread is still pending
+//! is refused with errc::invalid_argument and breaks the group, so that this rank's later operations fail rather
+//! than pair up wrongly; peers waiting on the refused collective see the failure as a timeout. The check sees
+//! overlapping use only: two threads that take strict turns by chance are not caught.
+//!
+//! Destroying a group waits for its queued and running operations, each up to its deadline (the group's timeout,
+//! 30 minutes by default), since they use the group's buffers and backend: a group destroyed with an operation its
+//! peers never join (an exception unwinding past a collective that other ranks did not reach) blocks that long.
+//! Unwinding stays safe (nothing is freed under a running operation). abort() fails the queued operations at once
+//! but not the running one: give a collective that may be left behind a shorter op timeout to leave sooner.
+//!
 //! With `check_consistency` (SHARDKIT_DEBUG=detail) every collective is preceded by an exchange of fingerprints
 //! (op, dtype, count, root, reduce op) and a mismatch fails all ranks with errc::mismatch naming the ranks. The
 //! fingerprints live in host memory and go through the communicator's control plane (host_all_gather, see
@@ -22,6 +37,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shardkit/comm/communicator.hpp"
@@ -259,6 +275,9 @@ class process_group {
     group_options opts;
     mutable std::mutex mutex;
     std::exception_ptr broken;
+    // The thread that issued the collectives still pending, and how many are (guarded by `mutex`).
+    std::thread::id issuer;
+    std::size_t issued_pending = 0;
     detail::progress_engine engine;  // last: destroyed (joined) before the communicator it uses
 
     impl(std::unique_ptr<detail::communicator_interface> c, group_options o) : comm(std::move(c)), opts(std::move(o)) {}
@@ -315,31 +334,62 @@ class process_group {
       if (!broken) broken = std::move(e);
     }
 
+    //! Counts a collective issued by this thread, or refuses it (and breaks the group) while collectives that
+    //! another thread issued are pending.
+    void claim_issue(const char* name) {
+      std::lock_guard lock(mutex);
+      const auto me = std::this_thread::get_id();
+      if (issued_pending > 0 && issuer != me) {
+        auto e = std::make_exception_ptr(error(
+            errc::invalid_argument,
+            std::string(name) + " was issued from a second thread while " + std::to_string(issued_pending) +
+                " collective(s) issued by another thread were pending: collectives pair up across ranks by issue "
+                "order, which two threads make differ between ranks; issue a group's collectives from one thread at a "
+                "time, or give each thread its own group (dup()). The group is now broken",
+            context(name)));
+        if (!broken) broken = e;
+        std::rethrow_exception(e);
+      }
+      issuer = me;
+      ++issued_pending;
+    }
+    void release_issue() {
+      std::lock_guard lock(mutex);
+      --issued_pending;
+    }
+
     template <class F>
     work submit(const char* name, fingerprint fp, op_options o, std::size_t bytes, F&& run) {
       if (auto b = broken_work()) return *b;
+      claim_issue(name);
       completion_source done;
       const auto timeout = o.timeout.count() > 0 ? o.timeout : opts.timeout;
       const collective_options co{deadline_after(timeout), o.algo};
       // Ending `done` is the last thing the task does with `this`: a continuation it runs may drop the group's last
       // owner (the engine then runs what is queued behind it and lets the group go: progress_engine.hpp).
+      // The issue count drops before `done` ends: a continuation that `done` runs may issue the next collective
+      // from this (the progress) thread, and the one it follows is no longer pending then.
       engine.post([this, done, co, fp, name, run = std::forward<F>(run)]() mutable {
         try {
           if (auto b = broken_work()) {
+            release_issue();
             done.set_error(b->exception());
             return;
           }
           if (opts.check_consistency) check_fingerprints(name, fp, co);
           run(*comm, co);
+          release_issue();
           done.set_done();
         } catch (const error& e) {
           auto ex = std::make_exception_ptr(e.with_context(context(name)));
           if (e.code() != errc::invalid_argument && e.code() != errc::unsupported) mark_broken(ex);
           log::write(log::level::error, comm->rank(), e.with_context(context(name)).what());
+          release_issue();
           done.set_error(ex);
         } catch (...) {
           auto ex = std::current_exception();
           mark_broken(ex);
+          release_issue();
           done.set_error(ex);
         }
       });

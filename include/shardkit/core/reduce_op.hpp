@@ -4,6 +4,8 @@
 //! The loops are plain indexed loops over restrict pointers so the compiler vectorises them; 16-bit floats
 //! accumulate in float and round once, per step.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -64,6 +66,28 @@ constexpr T wrapping_mul(T x, T y) noexcept {
   }
 }
 
+// min and max of floating point are IEEE 754-2019's minimum and maximum: a NaN on either side gives NaN (the
+// canonical quiet one, so that the result's bits do not depend on which operand held which NaN) and -0 < +0.
+// Both make min and max commutative bit for bit, which the collectives rely on: recursive doubling combines
+// (mine, peer's) on one rank and (peer's, mine) on the other, and a ring reduces each chunk in a different rank
+// order, yet every rank must end with the same values, and a NaN must not vanish depending on where it was.
+template <class T>
+constexpr T minimum(T x, T y) noexcept {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (x != x || y != y) return std::numeric_limits<T>::quiet_NaN();
+    if (x == y) return std::signbit(x) ? x : y;
+  }
+  return y < x ? y : x;
+}
+template <class T>
+constexpr T maximum(T x, T y) noexcept {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (x != x || y != y) return std::numeric_limits<T>::quiet_NaN();
+    if (x == y) return std::signbit(x) ? y : x;
+  }
+  return x < y ? y : x;
+}
+
 template <class T, class F>
 inline void combine_loop(T* __restrict dst, const T* __restrict src, std::size_t n, F f) noexcept {
   for (std::size_t i = 0; i < n; ++i) dst[i] = f(dst[i], src[i]);
@@ -89,14 +113,15 @@ inline void combine_typed(reduce_op op, T* __restrict dst, const T* __restrict s
         combine_loop(dst, src, n, [](T x, T y) { return wrapping_add(x, y); });
         break;
       case reduce_op::prod: combine_loop(dst, src, n, [](T x, T y) { return wrapping_mul(x, y); }); break;
-      case reduce_op::min: combine_loop(dst, src, n, [](T x, T y) { return y < x ? y : x; }); break;
-      case reduce_op::max: combine_loop(dst, src, n, [](T x, T y) { return x < y ? y : x; }); break;
+      case reduce_op::min: combine_loop(dst, src, n, [](T x, T y) { return minimum(x, y); }); break;
+      case reduce_op::max: combine_loop(dst, src, n, [](T x, T y) { return maximum(x, y); }); break;
     }
   }
 }
 }  // namespace detail
 
-//! dst[i] = dst[i] (op) src[i] for count elements of type t. dst and src must not overlap.
+//! dst[i] = dst[i] (op) src[i] for count elements of type t. dst and src must not overlap. Floating min and max
+//! propagate NaN (as the canonical quiet NaN) and order -0 below +0, so they are commutative bit for bit.
 inline void combine(reduce_op op, dtype t, void* dst, const void* src, std::size_t count) noexcept {
   visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);
@@ -199,8 +224,8 @@ inline void reduce_into_all(reduce_op op, dtype t, std::span<const std::byte* co
         detail::reduce_into_all_typed<T>(srcs, dsts, count, average_over, [](A x, A y) { return detail::wrapping_add(x, y); });
         break;
       case reduce_op::prod: detail::reduce_into_all_typed<T>(srcs, dsts, count, 0, [](A x, A y) { return detail::wrapping_mul(x, y); }); break;
-      case reduce_op::min: detail::reduce_into_all_typed<T>(srcs, dsts, count, 0, [](A x, A y) { return y < x ? y : x; }); break;
-      case reduce_op::max: detail::reduce_into_all_typed<T>(srcs, dsts, count, 0, [](A x, A y) { return x < y ? y : x; }); break;
+      case reduce_op::min: detail::reduce_into_all_typed<T>(srcs, dsts, count, 0, [](A x, A y) { return detail::minimum(x, y); }); break;
+      case reduce_op::max: detail::reduce_into_all_typed<T>(srcs, dsts, count, 0, [](A x, A y) { return detail::maximum(x, y); }); break;
     }
   });
 }

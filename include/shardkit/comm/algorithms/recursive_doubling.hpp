@@ -10,8 +10,20 @@
 
 namespace shardkit::comm::algorithms {
 
+namespace detail {
+//! data = lower (op) higher, where `incoming` came from a peer that is lower (`peer_is_lower`) or higher: both
+//! partners of an exchange compute the same expression in the same operand order, so they end with the same bits
+//! even where an op is commutative in value only (a sum of two NaNs keeps the first one's payload).
+inline void combine_in_rank_order(reduce_op rop, dtype type, std::byte* data, std::byte* incoming, std::size_t count,
+                                  bool peer_is_lower) noexcept {
+  if (!peer_is_lower) return combine(rop, type, data, incoming, count);
+  combine(rop, type, incoming, data, count);
+  if (count) std::memcpy(data, incoming, count * size_of(type));
+}
+}  // namespace detail
+
 //! All-reduce in place on `data` (count elements). Every rank ends with bitwise-identical values: each exchange
-//! combines the same two operands on both sides, and the supported ops are commutative in IEEE arithmetic.
+//! combines the same two operands in the same order on both sides.
 template <transport::p2p T>
 void recursive_doubling_all_reduce(p2p_op<T>& op, std::byte* data, std::size_t count, dtype type, reduce_op rop) {
   const int n = op.n(), me = op.me();
@@ -28,7 +40,7 @@ void recursive_doubling_all_reduce(p2p_op<T>& op, std::byte* data, std::size_t c
         vrank = -1;
       } else {
         op.wait_recv(op.recv(me - 1, incoming, bytes), me - 1, bytes);
-        combine(rop, type, data, incoming, count);
+        detail::combine_in_rank_order(rop, type, data, incoming, count, true);
         vrank = me / 2;
       }
     } else {
@@ -42,7 +54,7 @@ void recursive_doubling_all_reduce(p2p_op<T>& op, std::byte* data, std::size_t c
         auto s = op.send(partner, data, bytes);
         op.wait_recv(r, partner, bytes);
         op.wait_send(s, partner);  // data is rewritten next: the send must have read it
-        combine(rop, type, data, incoming, count);
+        detail::combine_in_rank_order(rop, type, data, incoming, count, vpartner < vrank);
       }
       if (me < 2 * extra) op.wait_send(op.send(me - 1, data, bytes), me - 1);
     } else {

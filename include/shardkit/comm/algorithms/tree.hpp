@@ -44,28 +44,26 @@ void tree_broadcast(p2p_op<T>& op, std::byte* data, std::size_t count, std::size
 }
 
 //! Reduce to `root`: `in` is this rank's contribution; `out` (root only, count elements) receives the result.
+//! The children's messages and a non-root's partial result live in the op's scratch, which the communicator owns:
+//! when an error ends the op with recvs still posted, ~p2p_op withdraws them after this function has returned, and
+//! a message landing until then must find memory that is still there (function-local buffers would be gone).
 template <transport::p2p T>
 void tree_reduce(p2p_op<T>& op, const std::byte* in, std::byte* out, std::size_t count, dtype type, reduce_op rop, int root) {
   const int n = op.n();
   const std::size_t bytes = count * size_of(type);
   const int vrank = (op.me() - root + n) % n;
   const auto real = [&](int v) { return (v + root) % n; };
-  std::vector<std::byte> own;
-  std::byte* acc = out;
-  if (vrank != 0) {
-    own.resize(bytes);
-    acc = own.data();
-  }
-  if (acc != in && bytes) std::memmove(acc, in, bytes);
   const auto kids = detail::tree_children(vrank, n);
+  std::byte* const slots = op.scratch((kids.size() + 1) * bytes + 1);
+  std::byte* const acc = vrank == 0 ? out : slots + kids.size() * bytes;
+  if (acc != in && bytes) std::memmove(acc, in, bytes);
   if (!kids.empty()) {
-    std::vector<std::vector<std::byte>> incoming(kids.size(), std::vector<std::byte>(bytes));
     std::vector<completion> recvs;
-    for (std::size_t i = 0; i < kids.size(); ++i) recvs.push_back(op.recv(real(kids[i]), incoming[i].data(), bytes));
+    for (std::size_t i = 0; i < kids.size(); ++i) recvs.push_back(op.recv(real(kids[i]), slots + i * bytes, bytes));
     // Fixed child order keeps the combination order identical on every run.
     for (std::size_t i = 0; i < kids.size(); ++i) {
       op.wait_recv(recvs[i], real(kids[i]), bytes);
-      combine(rop, type, acc, incoming[i].data(), count);
+      combine(rop, type, acc, slots + i * bytes, count);
     }
   }
   if (vrank != 0) {
