@@ -597,6 +597,7 @@ TEST_CASE("[comm] hierarchical all_reduce across simulated hosts") {
     test::run_threads(n, [&](int r) {
       auto& g = groups[std::size_t(r)];
       test::conformance_all_reduce(g, o);
+      test::conformance_nan_min_max(g, o);  // every rank holds the same bits across the levels too
       test::conformance_groups(g, o);  // splits re-derive their levels (or fall back to flat)
     });
   }
