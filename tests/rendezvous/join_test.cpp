@@ -140,6 +140,23 @@ TEST_CASE("[rendezvous] join: after the world is complete, only a newcomer is re
   CHECK(h.store->num_keys() == 0);  // no refusal left behind for a host that is done waiting
 }
 
+TEST_CASE("[rendezvous] join: a rank whose store host went away names that rank, not the store, as at fault") {
+  const int port = shardkit::test::free_port();
+  outcome host, one;
+  shardkit::test::run_threads(2, [&](int r) { (r == 0 ? host : one) = join(port, r == 0, 2, r); });
+  REQUIRE(one.store);
+  host.store.reset();  // rank 0 ends, and its server with it
+  for (int attempt = 0; attempt < 2; ++attempt) {  // the request that sees it go, and any after
+    try {
+      one.store->get("k", 2s);
+      FAIL("the store answered after its host left");
+    } catch (const shardkit::error& e) {
+      CAPTURE(e.what());
+      CHECK(has(e.what(), "rank 0 hosts the store: it exited or failed, and rank 0's own output says why"));
+    }
+  }
+}
+
 TEST_CASE("[rendezvous] join: the host's timeout says how many joined and names the setting") {
   const auto host = join(0, true, 2, 0, 300ms);
   CHECK(host.code == errc::timeout);

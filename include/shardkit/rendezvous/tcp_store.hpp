@@ -68,6 +68,9 @@ struct tcp_store_options {
   //! Sent in the hello; must equal the server's (tcp_store_server_options::auth_token), else the constructor
   //! fails with errc::auth_failed ("wrong auth token") and no key was read or written.
   std::string auth_token;
+  //! The rank whose process hosts the server, when known (connect_store: rank 0): a lost connection then names
+  //! it as the rank at fault, since the server ends with its process.
+  std::optional<int> host_rank;
 };
 
 //! A client of a tcp_store_server; models shardkit::rendezvous::store.
@@ -106,11 +109,16 @@ class tcp_store {
   //! saying how many did. `timeout` is both the connect timeout and the default request timeout. `auth_token` is
   //! the server's and this client's (connect_store() passes SHARDKIT_AUTH_TOKEN). A server port already taken is
   //! errc::config saying by what: another shardkit store (a second RANK=0, or another job) or another program.
+  //! With `rank` (connect_store), the server side is taken to be rank 0, which a lost connection then names.
   static std::shared_ptr<tcp_store> create(const std::string& host, int port, bool is_server,
                                            std::optional<int> world_size = std::nullopt,
                                            std::chrono::milliseconds timeout = default_store_timeout,
                                            const std::string& auth_token = {}, std::optional<int> rank = std::nullopt) {
-    const tcp_store_options opts{.connect_timeout = timeout, .timeout = timeout, .auth_token = auth_token};
+    // With a rank, the caller is connect_store's kind: the server side is rank 0.
+    const tcp_store_options opts{.connect_timeout = timeout,
+                                 .timeout = timeout,
+                                 .auth_token = auth_token,
+                                 .host_rank = rank && !is_server ? std::optional<int>(0) : std::nullopt};
     std::shared_ptr<tcp_store> store;
     if (is_server) {
       auto server = start_server(port, auth_token, world_size.value_or(0));
@@ -176,6 +184,12 @@ class tcp_store {
 
   static detail::frame_writer request(op o) { return detail::frame_writer(o); }
 
+  std::string host_gone() const {
+    if (!opts_.host_rank) return {};
+    const auto r = std::to_string(*opts_.host_rank);
+    return " (rank " + r + " hosts the store: it exited or failed, and rank " + r + "'s own output says why)";
+  }
+
   template <class T>
   static T read_one(const std::string& payload, T (detail::frame_reader::*field)()) {
     detail::frame_reader r(payload);
@@ -194,13 +208,16 @@ class tcp_store {
                       std::to_string(opts_.max_frame_bytes),
                   ctx);
     std::lock_guard lock(mutex_);
-    if (!fd_) throw_error(errc::closed, "the connection to the store at " + address() + " was lost earlier", ctx);
+    if (!fd_)
+      throw_error(errc::closed, "the connection to the store at " + address() + " was lost earlier" + host_gone(), ctx);
     outcome out;
     try {
       out = exchange(w.take(), wait_timeout);
     } catch (const error& e) {
       fd_.reset();  // the stream may be out of step: never reuse it
-      throw e.with_context(ctx);
+      if (e.code() != make_error_code(errc::peer_lost) || !opts_.host_rank) throw e.with_context(ctx);
+      // The server went with its process: the fault is that rank's, not this one's.
+      throw error(errc::peer_lost, e.detail() + host_gone(), e.context()).with_context(ctx);
     }
     if (out.timed_out) {
       std::string keys;
