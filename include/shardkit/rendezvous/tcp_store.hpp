@@ -434,7 +434,7 @@ class tcp_store {
       const std::string where = "port " + std::to_string(port) + " (MASTER_PORT)";
       const error_context ctx{.operation = "store.listen", .object = detail::host_port("*", port)};
       try {
-        tcp_store probe("127.0.0.1", port, {.connect_timeout = std::chrono::seconds(2), .timeout = std::chrono::seconds(2),
+        tcp_store probe("127.0.0.1", port, {.connect_timeout = std::chrono::seconds(1), .timeout = std::chrono::seconds(1),
                                             .auth_token = auth_token});
       } catch (const error& p) {
         if (p.code() == errc::auth_failed)
