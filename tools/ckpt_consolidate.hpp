@@ -175,8 +175,8 @@ inline consolidate_summary consolidate_checkpoint(st::any_sink& sink, const std:
   // a damaged checkpoint then fails with that model intact. The writers commit together once all are written.
   std::vector<st::any_object_writer> written;
   for (const auto& shard : shards) {
-    auto& w = written.emplace_back(out.put(shard.key));
     const std::string header = detail::shard_header(shard, index.step);
+    auto& w = written.emplace_back(out.put(shard.key, header.size() + shard.nbytes));  // S3 sizes its parts by it
     w.write(st::as_bytes(header));
     for (const auto* t : shard.tensors)
       for (const auto& s : t->segments)

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -87,6 +88,14 @@ class fault_proxy {
   int requests() {
     std::lock_guard lock(mutex_);
     return requests_;
+  }
+
+  // A test's own answers: for each request (its head, e.g. "POST /bucket/key?uploadId=..."), a whole raw HTTP reply
+  // to send instead of the server's, or nullopt to go on as usual. Set before the first request.
+  using intercept_fn = std::function<std::optional<std::string>(const std::string& head)>;
+  void intercept(intercept_fn f) {
+    std::lock_guard lock(mutex_);
+    intercept_ = std::move(f);
   }
 
  private:
@@ -186,6 +195,17 @@ class fault_proxy {
     while (!stopping_) {
       message request;
       if (!read_message(client, from_client, request, false)) break;
+      intercept_fn intercept;
+      {
+        std::lock_guard lock(mutex_);
+        intercept = intercept_;
+      }
+      if (intercept)
+        if (auto reply = intercept(request.head)) {
+          asio::write(client, asio::buffer(*reply), ec);
+          if (ec) break;
+          continue;
+        }
       const fault f = decide();
       if (f == fault::slow_down || f == fault::internal_error) {
         answer_error(client, f == fault::slow_down ? 503 : 500, f == fault::slow_down ? "SlowDown" : "InternalError");
@@ -240,7 +260,14 @@ class fault_proxy {
   std::map<fault, int> counts_;
   int requests_ = 0;
   int faults_ = 0;
+  intercept_fn intercept_;
 };
+
+// A whole raw reply for fault_proxy::intercept: `status` with an XML body (none for a HEAD's reply).
+inline std::string raw_reply(int status, const std::string& xml, const std::string& extra_headers = {}) {
+  return "HTTP/1.1 " + std::to_string(status) + " X\r\nContent-Type: application/xml\r\nContent-Length: " +
+         std::to_string(xml.size()) + "\r\n" + extra_headers + "\r\n" + xml;
+}
 
 // The port of an endpoint "http://127.0.0.1:<port>".
 inline unsigned short port_of(const std::string& endpoint) {

@@ -344,3 +344,44 @@ TEST_CASE("[s3] checkpoint with wrong credentials: the save fails at once naming
   CHECK(good.list("").empty());
   CHECK(good.pending_uploads().empty());
 }
+
+TEST_CASE("[s3] a checkpoint file is a sized put: its parts grow to fit the server's part count") {
+  if (!server_or_skip()) return;
+  auto o = options_for(*server());
+  o.part_size = 4096;
+  o.max_parts = 2;  // S3's 10,000 made small: 2 parts of 4 KiB could not hold this file
+  st::any_sink s = st::make_sink<st::s3_sink>(location("ckpt-sized"), o);
+  std::vector<float> values(5000);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f;
+  const auto bytes = std::as_bytes(std::span(values));
+  const auto table = ck::write_safetensors(s, "rank-0.safetensors", {ck::whole_tensor("w", shardkit::dtype::f32, {5000}, bytes)});
+  CHECK(s.size("rank-0.safetensors") == table.file_size);
+  CHECK(ck::read_header(s, "rank-0.safetensors").tensors.size() == 1);
+}
+
+TEST_CASE("[s3] a save is committed only when its index reads back") {
+  if (!server_or_skip()) return;
+  // A server whose HEAD of the index says 0 bytes the whole time: the index never reads back whole.
+  fault_proxy proxy(port_of(server()->endpoint), 0.0, 1);
+  proxy.intercept([](const std::string& head) -> std::optional<std::string> {
+    if (head.starts_with("HEAD ") && head.find("/index.json ") != std::string::npos)
+      return std::string("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+    return std::nullopt;
+  });
+  auto o = options_for(*server());
+  o.endpoint = "http://127.0.0.1:" + std::to_string(proxy.port());
+  const auto loc = location("ckpt-readback");
+  auto sink = st::make_sink<st::s3_sink>(loc, o);
+  auto groups = sk::comm::make_loopback_world(2);
+  sk::test::run_threads(2, [&](int r) {
+    rank_state s(r, 2);
+    s.fill(7, r);
+    ck::checkpointer saver(groups[std::size_t(r)], sink, {.readback_timeout = std::chrono::milliseconds(300)});
+    auto done = saver.save(7, s.dict);
+    const auto m = error_of([&] { done.get(); }, errc::io);
+    CAPTURE(m);
+    CHECK(contains(m, "checkpoint of step 7 was not committed"));
+    CHECK(contains(m, "did not read back"));
+    CHECK(saver.stats().failed == 1);
+  });
+}

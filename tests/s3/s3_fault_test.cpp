@@ -2,11 +2,16 @@
 // the test server: about 10% of requests get a 503 SlowDown, a 500 InternalError, a connection reset before or
 // after the server saw the request (a lost reply), a slow reply, or a stalled connection. Multipart and single
 // uploads, parallel ranged reads, list and batch delete must still complete, with bytes identical to what was
-// written and to what the server holds.
+// written and to what the server holds. Then the retry policy through the proxy's own answers: which codes are
+// retried, with the real status kept; connection errors that are final; a listing that breaks off.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "s3/fault_proxy.hpp"
@@ -14,6 +19,7 @@
 #include "support/harness.hpp"
 
 using namespace s3_test;
+using shardkit::errc;
 
 TEST_CASE("[s3] through a proxy failing 10% of requests: uploads, reads, list and delete complete, bytes identical") {
   if (!server_or_skip()) return;
@@ -74,4 +80,143 @@ TEST_CASE("[s3] through a proxy failing 10% of requests: uploads, reads, list an
     CAPTURE(std::string(name_of(f)));
     CHECK(counts.count(f));
   }
+}
+
+namespace {
+
+template <class F>
+double seconds_of(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Options through `proxy` with slow retries: eight attempts of them take seconds, one takes none.
+st::s3_options through(const fault_proxy& proxy) {
+  auto o = options_for(*server());
+  o.endpoint = "http://127.0.0.1:" + std::to_string(proxy.port());
+  o.part_size = 4096;
+  o.parallel = 2;
+  o.max_attempts = 8;
+  o.base_backoff = std::chrono::milliseconds(200);
+  o.max_backoff = std::chrono::milliseconds(400);
+  return o;
+}
+
+std::string error_xml(const std::string& code) {
+  return "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>" + code + "</Code><Message>injected</Message></Error>";
+}
+
+}  // namespace
+
+TEST_CASE("[s3] errors are retried only where a retry can help, and reported with the status the server sent") {
+  if (!server_or_skip()) return;
+  fault_proxy proxy(port_of(server()->endpoint), 0.0, 1);
+  std::atomic<int> seen{0}, answer_left{0};
+  std::string answer;  // the reply to CompleteMultipartUpload while answer_left > 0
+  proxy.intercept([&](const std::string& head) -> std::optional<std::string> {
+    if (!head.starts_with("POST ") || head.find("uploadId=") == std::string::npos) return std::nullopt;
+    ++seen;
+    if (answer_left-- <= 0) return std::nullopt;
+    return answer;
+  });
+  const auto o = through(proxy);
+  const auto loc = location("retry-codes");
+  st::s3_sink s(loc, o);
+  const auto data = pattern(3 * 4096 + 7, 4);
+  const auto upload = [&](const std::string& key) {
+    auto w = s.put(key);
+    w.write(data);
+    w.commit();
+  };
+  SUBCASE("a final code in a 200 reply: one attempt, 'HTTP 200 InvalidPart'") {
+    answer = raw_reply(200, error_xml("InvalidPart"));
+    answer_left = 100;
+    std::string what;
+    CHECK(seconds_of([&] { what = error_of([&] { upload("final"); }, errc::io); }) < 1.0);
+    CHECK(contains(what, "CompleteMultipartUpload"));
+    CHECK(contains(what, "HTTP 200 InvalidPart"));
+    CHECK(contains(what, "not retried"));
+    CHECK(seen == 1);
+    CHECK_FALSE(s.exists("final"));
+    CHECK(s.pending_uploads().empty());
+  }
+  SUBCASE("a retryable code in a 200 reply: retried until the server completes the upload") {
+    answer = raw_reply(200, error_xml("InternalError"));
+    answer_left = 2;
+    upload("retried");
+    CHECK(seen == 3);
+    CHECK(st::get_object(s, "retried") == data);
+  }
+  SUBCASE("a 5xx whose code is final (501 NotImplemented): one attempt") {
+    answer = raw_reply(501, error_xml("NotImplemented"));
+    answer_left = 100;
+    const auto what = error_of([&] { upload("not-implemented"); }, errc::io);
+    CHECK(contains(what, "HTTP 501 NotImplemented"));
+    CHECK(contains(what, "not retried"));
+    CHECK(seen == 1);
+  }
+}
+
+TEST_CASE("[s3] connection errors a retry cannot fix fail at once: an unknown host (curl 6), TLS to plain http (curl 35)") {
+  if (!server_or_skip()) return;
+  auto o = options_for(*server());
+  o.max_attempts = 8;
+  o.base_backoff = std::chrono::milliseconds(200);
+  o.endpoint = "http://no-such-host.invalid:9000";
+  st::s3_sink unknown(location("hosts"), o);
+  std::string what;
+  CHECK(seconds_of([&] { what = error_of([&] { put_string(unknown, "k", "x"); }, errc::io); }) < 1.5);
+  CHECK(contains(what, "curl 6"));
+  CHECK(contains(what, "not retried"));
+  // https to a server that speaks plain http: it answers the TLS hello with an HTTP error at once.
+  asio::io_context io;
+  tcp::acceptor plain(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  std::atomic<bool> stop{false};
+  std::atomic<int> connections{0};
+  std::thread server_thread([&] {
+    while (!stop) {
+      tcp::socket c(io);
+      boost::system::error_code ec;
+      plain.accept(c, ec);
+      if (ec || stop) return;
+      ++connections;
+      asio::write(c, asio::buffer(std::string("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")), ec);
+    }
+  });
+  o.endpoint = "https://127.0.0.1:" + std::to_string(plain.local_endpoint().port());
+  o.verify_tls = false;
+  st::s3_sink tls(location("hosts"), o);
+  CHECK(seconds_of([&] { what = error_of([&] { put_string(tls, "k", "x"); }, errc::io); }) < 1.5);
+  stop = true;
+  {
+    tcp::socket poke(io);  // wakes the blocking accept
+    boost::system::error_code ec;
+    poke.connect(plain.local_endpoint(), ec);
+  }
+  server_thread.join();
+  CHECK(contains(what, "curl 35"));
+  CHECK(contains(what, "not retried"));
+  CHECK(connections == 1);
+}
+
+TEST_CASE("[s3] listing: IsTruncated without a continuation token is an error, and listing errors name the prefix") {
+  if (!server_or_skip()) return;
+  fault_proxy proxy(port_of(server()->endpoint), 0.0, 1);
+  const auto loc = location("list-errors");
+  std::string answer;
+  proxy.intercept([&](const std::string& head) -> std::optional<std::string> {
+    if (!head.starts_with("GET ") || head.find("list-type=2") == std::string::npos) return std::nullopt;
+    return answer;
+  });
+  st::s3_sink s(loc, through(proxy));
+  answer = raw_reply(200, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListBucketResult><Name>" + loc.bucket +
+                              "</Name><IsTruncated>true</IsTruncated><Contents><Key>" + loc.prefix +
+                              "step-1/index.json</Key></Contents></ListBucketResult>");
+  auto what = error_of([&] { s.list("step-"); }, errc::io);
+  CHECK(contains(what, "NextContinuationToken"));
+  CHECK(contains(what, "s3://" + loc.bucket + "/" + loc.prefix + "step-"));
+  answer = raw_reply(403, error_xml("AccessDenied"));
+  what = error_of([&] { s.list("step-"); }, errc::io);
+  CHECK(contains(what, "ListObjectsV2 s3://" + loc.bucket + "/" + loc.prefix + "step-: HTTP 403 AccessDenied"));
 }

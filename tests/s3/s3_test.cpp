@@ -140,6 +140,20 @@ TEST_CASE("[s3] open_sink: directories, file://, memory:, s3:// and unknown sche
   CHECK(static_cast<bool>(s));
 }
 
+TEST_CASE("[s3] keys: past S3's 1,024 bytes (the prefix included) refused before anything is sent") {
+  st::s3_options o;
+  o.endpoint = "http://127.0.0.1:1";  // nothing listens: a request would fail with a connection error instead
+  o.credentials = st::s3_credentials{"ID", "SECRET", ""};
+  o.max_attempts = 1;
+  st::s3_sink s(st::s3_location{"bucket", "run-7/"}, o);  // 6 bytes of prefix
+  const std::string fits(1024 - 6, 'k'), over(1024 - 5, 'k');
+  error_of([&] { put_string(s, fits, "x"); }, errc::io);  // sent (and refused by nobody listening)
+  const auto what = error_of([&] { s.put(over); }, errc::invalid_argument);
+  CHECK(contains(what, "1024 bytes"));
+  CHECK(contains(what, "1025"));
+  error_of([&] { s.put(over, 10); }, errc::invalid_argument);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Against the server
 
@@ -412,4 +426,66 @@ TEST_CASE("[s3] every kind of request is signed as S3 verifies it; a wrong secre
   CHECK(contains(revoked, "not retried"));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
   CHECK(front::counts_of(id).refused == 2);
+}
+
+TEST_CASE("[s3] part count: a sized put grows its parts to fit max_parts; an unsized one fails before one more") {
+  if (!server_or_skip()) return;
+  auto o = options_for(*server());
+  o.part_size = 4096;
+  o.parallel = 2;
+  o.max_parts = 4;  // S3's 10,000, made small: 4 parts of 4 KiB hold 16 KiB
+  const auto loc = location("parts");
+  st::s3_sink s(loc, o);
+  const auto data = pattern(5 * 4096 + 1, 9);  // needs 6 parts of 4 KiB: 4 of 5121 bytes when the size is known
+  {
+    auto w = s.put("sized", data.size());
+    for (std::size_t at = 0; at < data.size(); at += 1000) w.write(std::span(data).subspan(at, std::min<std::size_t>(1000, data.size() - at)));
+    w.commit();
+  }
+  CHECK(st::get_object(s, "sized") == data);
+  st::any_sink any = st::make_sink<st::s3_sink>(loc, o);  // any_sink forwards the size
+  static_assert(st::sink_puts_sized<st::any_sink>);
+  {
+    auto w = st::put_sized(any, "sized-any", data.size());
+    w.write(data);
+    w.commit();
+  }
+  CHECK(st::get_object(any, "sized-any") == data);
+
+  // Unknown size: the writer stops at the 4th full part, before sending a 5th, and leaves nothing behind.
+  auto w = s.put("unsized");
+  const auto what = error_of([&] { w.write(data); }, errc::invalid_argument);
+  CHECK(contains(what, "outgrew the 4 parts"));
+  CHECK(contains(what, "s3://" + loc.bucket + "/" + loc.prefix + "unsized"));
+  CHECK(contains(what, "SHARDKIT_S3_PART_SIZE"));
+  error_of([&] { w.commit(); }, errc::aborted);
+  CHECK_FALSE(s.exists("unsized"));
+  CHECK(s.pending_uploads().empty());
+  // Exactly max_parts full parts is fine.
+  st::put_object(s, "four", pattern(4 * 4096, 2));
+  CHECK(s.size("four") == 4 * 4096);
+
+  CHECK(contains(error_of([&] { s.put("huge", (std::uint64_t(5) << 40) + 1); }, errc::invalid_argument), "5 TiB"));
+}
+
+TEST_CASE("[s3] SHARDKIT_S3_PART_SIZE: refused above 5 GiB, accepted with a warning below 5 MiB") {
+  {
+    scoped_env e("SHARDKIT_S3_PART_SIZE", "6G");
+    error_of([] { st::s3_options::from_env(); }, errc::config);
+  }
+  {
+    scoped_env e("SHARDKIT_S3_PART_SIZE", "5G");
+    CHECK(st::s3_options::from_env().part_size == std::size_t(5) << 30);
+  }
+  {
+    scoped_env e("SHARDKIT_S3_PART_SIZE", "1M");
+    CHECK(st::s3_options::from_env().part_size == std::size_t(1) << 20);  // a warning says AWS refuses it
+  }
+  st::s3_options o;
+  o.endpoint = "http://127.0.0.1:1";
+  o.credentials = st::s3_credentials{"ID", "SECRET", ""};
+  o.part_size = (std::size_t(5) << 30) + 1;
+  error_of([&] { st::s3_sink s(st::s3_location{"bucket", ""}, o); }, errc::config);
+  o.part_size = 4096;  // small in-code parts (the tests', for servers that take them) stay allowed
+  st::s3_sink small(st::s3_location{"bucket", ""}, o);
 }

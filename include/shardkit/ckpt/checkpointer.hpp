@@ -86,8 +86,8 @@ struct checkpointer_options {
   std::uint32_t keep_last = 3;  //!< complete checkpoints kept; 0 keeps all
   staging mode = staging::at_call;
   when_busy busy = when_busy::wait;
-  //! How long rank 0 retries reading a new index back (a store that shows new objects late) before it leaves
-  //! retention for the next save.
+  //! How long rank 0 retries reading a new index back (a store that shows new objects late); a save whose index
+  //! has not read back whole by then is not committed.
   std::chrono::milliseconds readback_timeout{10'000};
   //! Copies the state's tensors that live on a device (a GPU) to and from host memory, and allocates the staging
   //! buffer where it copies fastest (page-locked); see ckpt/device.hpp. Empty: host tensors only.

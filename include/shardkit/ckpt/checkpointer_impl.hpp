@@ -347,10 +347,12 @@ SHARDKIT_DECL std::string checkpointer::commit(save_job& job, const std::vector<
   }
   const auto until = std::chrono::steady_clock::now() + opts_.readback_timeout;
   std::optional<checkpoint_index> back;
+  std::string read_error = "not found";
   for (auto pause = std::chrono::milliseconds(1);; pause = std::min(pause * 2, std::chrono::milliseconds(500))) {
     try {
       back = read_index(sink_, opts_.prefix, job.step);
     } catch (const std::exception& e) {
+      read_error = e.what();
       log::warn("ckpt: reading back ", key, ": ", e.what());
     }
     if (back || std::chrono::steady_clock::now() >= until) break;
@@ -359,10 +361,10 @@ SHARDKIT_DECL std::string checkpointer::commit(save_job& job, const std::vector<
   if (back && *back != index)
     return outcome(false, false, "the index read back from " + key + " differs from the one written");
   if (!back && !put_error.empty()) return outcome(false, false, "writing the index " + key + ": " + put_error);
-  if (!back) {
-    log::warn("ckpt: ", key, " is written but not readable yet; retention waits for the next save");
-    return outcome(true, false, {});
-  }
+  // Not committed: a load of this step would fail the same way (docs/s3.md: the read-back must succeed first).
+  if (!back)
+    return outcome(false, false, "the index " + key + " did not read back within " +
+                                     std::to_string(opts_.readback_timeout.count()) + " ms: " + read_error);
   try {
     auto report = apply_retention(sink_, opts_.prefix, job.step, opts_.keep_last);
     result.removed_steps = report.removed_checkpoints;

@@ -275,7 +275,7 @@ file_table write_safetensors(S& sink, const std::string& key, std::span<const te
 
   std::array<std::byte, 8> length;
   for (int i = 0; i < 8; ++i) length[static_cast<std::size_t>(i)] = static_cast<std::byte>((text.size() >> (8 * i)) & 0xff);
-  auto w = sink.put(key);
+  auto w = storage::put_sized(sink, key, table.file_size);  // S3 sizes its parts by it
   w.write(length);
   w.write(storage::as_bytes(text));
   constexpr std::size_t chunk = std::size_t{16} << 20;  // bounded calls: a sink may buffer one write's bytes

@@ -64,7 +64,7 @@ class s3_sink {
     writer(writer&& o) noexcept
         : client_(std::move(o.client_)), key_(std::move(o.key_)), full_key_(std::move(o.full_key_)),
           buffer_(std::move(o.buffer_)), upload_(std::move(o.upload_)), upload_id_(std::move(o.upload_id_)),
-          parts_(o.parts_), total_(o.total_), failed_(o.failed_) {}
+          part_size_(o.part_size_), parts_(o.parts_), total_(o.total_), failed_(o.failed_) {}
     writer& operator=(writer&& o) noexcept {
       if (this != &o) {
         abort();
@@ -74,6 +74,7 @@ class s3_sink {
         buffer_ = std::move(o.buffer_);
         upload_ = std::move(o.upload_);
         upload_id_ = std::move(o.upload_id_);
+        part_size_ = o.part_size_;
         parts_ = o.parts_;
         total_ = o.total_;
         failed_ = o.failed_;
@@ -87,7 +88,7 @@ class s3_sink {
       if (failed_)
         throw_error(errc::aborted, "an earlier write failed; this object will not be committed",
                     {.operation = "sink.write", .object = key_});
-      const std::size_t part = client_->options().part_size;
+      const std::size_t part = part_size_;
       try {
         while (!bytes.empty()) {
           if (buffer_.capacity() < part) buffer_.reserve(part);
@@ -150,8 +151,8 @@ class s3_sink {
       std::vector<std::vector<std::byte>> spare;  // part buffers back from the workers, reused
     };
 
-    writer(std::shared_ptr<s3_detail::client> client, std::string key)
-        : client_(std::move(client)), key_(std::move(key)), full_key_(client_->full_key(key_)) {}
+    writer(std::shared_ptr<s3_detail::client> client, std::string key, std::size_t part_size)
+        : client_(std::move(client)), key_(std::move(key)), full_key_(client_->full_key(key_)), part_size_(part_size) {}
 
     void check_open(const char* operation) const {
       if (!client_)
@@ -177,6 +178,14 @@ class s3_sink {
 
     void send_part() {
       auto& client = *client_;
+      const std::uint64_t most = client.options().max_parts;
+      if (static_cast<std::uint64_t>(parts_) >= most)
+        throw_error(errc::invalid_argument,
+                    "S3 " + client.url_of(full_key_) + ": the object outgrew the " + std::to_string(most) +
+                        " parts S3 allows an upload, of " + std::to_string(part_size_) + " bytes each (" +
+                        std::to_string(total_) + " bytes written); nothing is committed. Give put() the "
+                        "object's size, or raise SHARDKIT_S3_PART_SIZE (s3_options::part_size)",
+                    {.operation = "sink.write", .object = key_});
       if (!upload_) {
         s3_detail::request r{.operation = "CreateMultipartUpload", .method = "POST", .key = full_key_, .query = "uploads="};
         auto resp = client.execute(r);
@@ -274,6 +283,7 @@ class s3_sink {
     std::vector<std::byte> buffer_;
     std::shared_ptr<upload_state> upload_;  // null until the first part is sent
     std::string upload_id_;                 // empty when there is nothing to abort
+    std::size_t part_size_;
     int parts_ = 0;
     std::uint64_t total_ = 0;
     bool failed_ = false;
@@ -292,8 +302,22 @@ class s3_sink {
   const s3_options& options() const noexcept { return client_->options(); }
 
   writer put(const std::string& key) {
-    check_key(key, "sink.put");
-    return writer(client_, key);
+    check_put_key(key);
+    return writer(client_, key, client_->options().part_size);
+  }
+  //! put() of an object that will have `size` bytes (sink_puts_sized): its parts grow past part_size where
+  //! part_size would need more than max_parts of them, to ceil(size / max_parts) (a 600 GB object in 10,000
+  //! parts: 60 MB each; memory per writer grows with them). errc::invalid_argument past S3's 5 TiB per object.
+  writer put(const std::string& key, std::uint64_t size) {
+    check_put_key(key);
+    if (size > s3_max_object_size)
+      throw_error(errc::invalid_argument,
+                  "S3 " + client_->url_of(client_->full_key(key)) + ": " + std::to_string(size) +
+                      " bytes is over S3's 5 TiB per object",
+                  {.operation = "sink.put", .object = key});
+    const std::uint64_t most = client_->options().max_parts;
+    const std::uint64_t fitting = (size + most - 1) / most;
+    return writer(client_, key, static_cast<std::size_t>(std::max<std::uint64_t>(client_->options().part_size, fitting)));
   }
 
   std::size_t get(const std::string& key, std::uint64_t offset, std::span<std::byte> out) {
@@ -369,7 +393,7 @@ class s3_sink {
       query += "list-type=2&max-keys=" + std::to_string(list_page_size_);
       const std::string full = root + prefix;
       if (!full.empty()) query += "&prefix=" + s3_detail::uri_encode(full, false);
-      s3_detail::request r{.operation = "ListObjectsV2", .query = query};
+      s3_detail::request r{.operation = "ListObjectsV2", .about = full, .query = query};
       auto resp = c.execute(r);
       if (!resp.ok()) c.fail(resp, r, "sink.list", prefix);
       for (auto& k : s3_detail::xml_values(resp.text, "Key")) {
@@ -377,10 +401,15 @@ class s3_sink {
         std::string key = k.substr(root.size());
         if (detail::key_problem(key, false).empty()) keys.push_back(std::move(key));  // others are not sink keys
       }
-      token = s3_detail::xml_value(resp.text, "IsTruncated") == "true"
-                  ? s3_detail::xml_value(resp.text, "NextContinuationToken")
-                  : std::string{};
-    } while (!token.empty());
+      if (s3_detail::xml_value(resp.text, "IsTruncated") != "true") break;
+      token = s3_detail::xml_value(resp.text, "NextContinuationToken");
+      // Stopping here would return a listing with keys missing and no word: retention and latest() trust it.
+      if (token.empty())
+        throw_error(errc::io,
+                    "S3 ListObjectsV2 " + c.url_of(full) + ": the server said the listing goes on (IsTruncated) but "
+                    "gave no NextContinuationToken, after " + std::to_string(keys.size()) + " keys",
+                    {.operation = "sink.list", .object = prefix});
+    } while (true);
     std::sort(keys.begin(), keys.end());
     return keys;
   }
@@ -437,7 +466,7 @@ class s3_sink {
       if (!full.empty()) query += "prefix=" + s3_detail::uri_encode(full, false) + "&";
       if (!id_marker.empty()) query += "upload-id-marker=" + s3_detail::uri_encode(id_marker, false) + "&";
       query += "uploads=";
-      s3_detail::request r{.operation = "ListMultipartUploads", .query = query};
+      s3_detail::request r{.operation = "ListMultipartUploads", .about = full, .query = query};
       auto resp = c.execute(r);
       if (!resp.ok()) c.fail(resp, r, "sink.pending_uploads", prefix);
       for (const auto& block : s3_detail::xml_blocks(resp.text, "Upload")) {
@@ -468,6 +497,18 @@ class s3_sink {
   void set_list_page_size(unsigned n) noexcept { list_page_size_ = std::clamp(n, 1u, 1000u); }
 
  private:
+  // The sink's key rules, and S3's 1,024 bytes per key (the sink's prefix included), checked before anything is
+  // sent: S3 would refuse it (KeyTooLongError) only once the data went up.
+  void check_put_key(const std::string& key) const {
+    check_key(key, "sink.put");
+    const std::string full = client_->full_key(key);
+    if (full.size() > s3_max_key_bytes)
+      throw_error(errc::invalid_argument,
+                  "an S3 key has at most 1024 bytes; this one (the prefix '" + client_->location().prefix +
+                      "' included) has " + std::to_string(full.size()),
+                  {.operation = "sink.put", .object = key});
+  }
+
   static void abort_multipart(s3_detail::client& c, const std::string& full_key, const std::string& id) {
     s3_detail::request r{.operation = "AbortMultipartUpload", .method = "DELETE", .key = full_key,
                          .query = "uploadId=" + s3_detail::uri_encode(id, false)};
@@ -513,6 +554,6 @@ class s3_sink {
   std::shared_ptr<std::atomic<bool>> bucket_checked_ = std::make_shared<std::atomic<bool>>(false);
 };
 
-static_assert(sink<s3_sink> && sink_removes_many<s3_sink>);
+static_assert(sink<s3_sink> && sink_removes_many<s3_sink> && sink_puts_sized<s3_sink>);
 
 }  // namespace shardkit::storage

@@ -54,6 +54,11 @@
 //! s.remove(key) key by key; any_sink forwards it the same way, so a sink behind an any_sink keeps its batch path.
 //! Retention (ckpt::apply_retention) deletes through it.
 //!
+//! **Optional capability: sized put.** `s.put(key, size)` (size std::uint64_t) returns the same W as s.put(key)
+//! for an object that will have `size` bytes, so that the sink can plan for it (s3_sink sizes its multipart parts
+//! to fit S3's 10,000 parts; see docs/s3.md). Concept sink_puts_sized; callers that know the size use the free
+//! function storage::put_sized(s, key, size), which falls back to s.put(key); any_sink forwards it.
+//!
 //! - A writer is finished after commit() or abort(); a write or commit on a finished writer throws errc::closed.
 //!   Destroying an unfinished writer aborts it.
 //! - After a write() threw (an I/O error, a short write) the object must never become visible: commit() throws
@@ -185,6 +190,19 @@ void remove_many(S& s, std::span<const std::string> keys) {
 template <sink S>
 using writer_t = decltype(std::declval<S&>().put(std::declval<const std::string&>()));
 
+//! The optional sized put of the file comment.
+template <class S>
+concept sink_puts_sized = sink<S> && requires(S& s, const std::string& key, std::uint64_t size) {
+  { s.put(key, size) } -> std::same_as<writer_t<S>>;
+};
+
+//! s.put(key, size) where the sink has it (sink_puts_sized), else s.put(key).
+template <sink S>
+writer_t<S> put_sized(S& s, const std::string& key, std::uint64_t size) {
+  if constexpr (sink_puts_sized<S>) return s.put(key, size);
+  else return s.put(key);
+}
+
 namespace detail {
 // Empty when the key follows the rules of the file comment, else why not. A prefix (for list) may be empty or end
 // in '/', and its last component may be partial ("step-1" matches "step-10/..."), so only complete components are
@@ -246,6 +264,7 @@ struct writer_model final : writer_interface {
 struct sink_interface {
   virtual ~sink_interface() = default;
   virtual std::unique_ptr<writer_interface> put(const std::string&) = 0;
+  virtual std::unique_ptr<writer_interface> put_sized(const std::string&, std::uint64_t) = 0;
   virtual std::size_t get(const std::string&, std::uint64_t, std::span<std::byte>) = 0;
   virtual std::optional<std::uint64_t> size(const std::string&) = 0;
   virtual bool exists(const std::string&) = 0;
@@ -293,6 +312,9 @@ struct sink_model final : sink_interface {
   std::unique_ptr<writer_interface> put(const std::string& k) override {
     return std::make_unique<writer_model<S, writer_t<S>>>(impl, impl->put(k));
   }
+  std::unique_ptr<writer_interface> put_sized(const std::string& k, std::uint64_t n) override {
+    return std::make_unique<writer_model<S, writer_t<S>>>(impl, storage::put_sized(*impl, k, n));
+  }
   std::size_t get(const std::string& k, std::uint64_t o, std::span<std::byte> out) override { return impl->get(k, o, out); }
   std::optional<std::uint64_t> size(const std::string& k) override { return impl->size(k); }
   bool exists(const std::string& k) override { return impl->exists(k); }
@@ -316,6 +338,10 @@ class any_sink {
   explicit operator bool() const noexcept { return impl_ != nullptr; }
 
   any_object_writer put(const std::string& key) { return any_object_writer(self().put(key)); }
+  //! The sink's sized put, or its put(key) when it has none (sink_puts_sized).
+  any_object_writer put(const std::string& key, std::uint64_t size) {
+    return any_object_writer(self().put_sized(key, size));
+  }
   std::size_t get(const std::string& key, std::uint64_t offset, std::span<std::byte> out) {
     return self().get(key, offset, out);
   }

@@ -18,9 +18,17 @@
 #include <string_view>
 
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/log.hpp"
 #include "shardkit/core/settings.hpp"
 
 namespace shardkit::storage {
+
+//! S3's limits (AWS's documented maxima; MinIO and Ceph RGW use the same).
+inline constexpr std::uint64_t s3_max_parts = 10'000;                      //!< parts of one multipart upload
+inline constexpr std::uint64_t s3_min_part_size = std::uint64_t(5) << 20;  //!< every part but the last
+inline constexpr std::uint64_t s3_max_part_size = std::uint64_t(5) << 30;
+inline constexpr std::uint64_t s3_max_object_size = std::uint64_t(5) << 40;
+inline constexpr std::size_t s3_max_key_bytes = 1024;  //!< of the full key (the sink's prefix included), UTF-8
 
 //! `s3://bucket/prefix`: the bucket and a key prefix every key of the sink lives under ("" or ending in '/').
 struct s3_location {
@@ -97,8 +105,11 @@ struct s3_options {
   std::optional<s3_credentials> credentials;
   s3_addressing addressing = s3_addressing::automatic;
   //! An object at most this large is one PutObject; a larger one is a multipart upload of parts this large (the
-  //! last one smaller). AWS refuses parts under 5 MiB (but the last); ranged reads are cut at this size too.
+  //! last one smaller), or larger where the object's size is given to put() and would need more than max_parts.
+  //! AWS refuses parts under 5 MiB (but the last) and over 5 GiB; ranged reads are cut at this size too.
   std::size_t part_size = std::size_t(8) << 20;
+  //! Parts one multipart upload may have (S3: 10,000). A writer of unknown size fails before sending one more.
+  std::uint64_t max_parts = s3_max_parts;
   //! Parts of one writer in flight, and ranges of one get in flight; also the sink's worker threads.
   unsigned parallel = 8;
   //! Attempts per request before its error is reported (1: no retry).
@@ -117,7 +128,12 @@ struct s3_options {
   //! parse). Endpoint, region and credentials stay empty here: the sink resolves them when it is created.
   static s3_options from_env() {
     s3_options o;
-    if (auto v = settings::get<settings::bytes>("SHARDKIT_S3_PART_SIZE")) o.part_size = static_cast<std::size_t>(*v);
+    if (auto v = settings::get<settings::bytes>("SHARDKIT_S3_PART_SIZE")) {  // at most 5G: the setting's range
+      o.part_size = static_cast<std::size_t>(*v);
+      if (o.part_size < s3_min_part_size)
+        log::warn("SHARDKIT_S3_PART_SIZE=", o.part_size, " is under 5 MiB: AWS S3 refuses such parts (all but an "
+                  "object's last) at CompleteMultipartUpload, after every byte was sent; other servers may not");
+    }
     if (auto v = settings::get<settings::integer>("SHARDKIT_S3_PARALLEL")) o.parallel = static_cast<unsigned>(*v);
     if (auto v = settings::get<settings::integer>("SHARDKIT_S3_MAX_ATTEMPTS")) o.max_attempts = static_cast<unsigned>(*v);
     if (auto v = settings::get<std::chrono::milliseconds>("SHARDKIT_S3_STALL_TIMEOUT")) o.stall_timeout = *v;
@@ -196,8 +212,12 @@ inline s3_options resolve(s3_options o) {
                 {.operation = "s3_sink"});
   if (o.ca_bundle.empty()) o.ca_bundle = env_or("AWS_CA_BUNDLE");
   if (!o.credentials) o.credentials = resolve_credentials();
-  if (o.part_size == 0 || o.parallel == 0 || o.max_attempts == 0)
-    throw_error(errc::config, "s3_options: part_size, parallel and max_attempts are at least 1", {.operation = "s3_sink"});
+  if (o.part_size == 0 || o.parallel == 0 || o.max_attempts == 0 || o.max_parts == 0)
+    throw_error(errc::config, "s3_options: part_size, parallel, max_attempts and max_parts are at least 1",
+                {.operation = "s3_sink"});
+  if (o.part_size > s3_max_part_size)
+    throw_error(errc::config, "s3_options: part_size " + std::to_string(o.part_size) + " is over S3's 5 GiB per part",
+                {.operation = "s3_sink"});
   return o;
 }
 

@@ -2,11 +2,14 @@
 // The S3 sink's HTTP layer over libcurl: one request signed by libcurl's own SigV4 (CURLOPT_AWS_SIGV4), a pool of
 // easy handles so that connections are reused, the retry policy, and the error text. Private: s3_sink.hpp is the API.
 //
-// Retries: a transport failure (refused, reset, timed out, stalled, a truncated reply) and HTTP 500/502/503/504,
-// 429 and the S3 codes SlowDown, RequestTimeout, InternalError are retried up to max_attempts with "full jitter"
-// backoff (a uniform wait in [0, min(cap, base * 2^n)]), which spreads a fleet of ranks hitting one SlowDown apart
-// instead of retrying in lock step. Everything else (403 wrong credentials, 404 NoSuchBucket, 400) is reported at
-// once: retrying cannot fix it, and a checkpoint of 1000 ranks must not turn one typo into a retry storm.
+// Retries: a transport failure (refused, reset, timed out, stalled, a truncated reply), a reply whose S3 error code
+// says "try again" (retryable_code: InternalError, SlowDown, RequestTimeout, ServiceUnavailable, throttling), and
+// HTTP 500/502/503/504/429 without a code (a HEAD's error has no body; a proxy's has no S3 code) are retried up to
+// max_attempts with "full jitter" backoff (a uniform wait in [0, min(cap, base * 2^n)]), which spreads a fleet of
+// ranks hitting one SlowDown apart instead of retrying in lock step. Everything else (403 wrong credentials, 404
+// NoSuchBucket, 400, a 5xx with a final code such as 501 NotImplemented, an unknown host, TLS to a plain-http port)
+// is reported at once: retrying cannot fix it, and a checkpoint of 1000 ranks must not turn one typo into a retry
+// storm.
 #include <curl/curl.h>
 
 #include <algorithm>
@@ -47,12 +50,14 @@ struct request {
   const char* operation = "GetObject";  // the S3 API name, for errors
   const char* method = "GET";
   std::string key;    // the object's key in the bucket (the sink's prefix included); empty: the bucket itself
+  std::string about;  // for errors, when not `key`: the prefix a listing reads (the sink's prefix included)
   std::string query;  // canonical: sorted by name, values encoded, "name=" for flags
   std::span<const std::byte> body;
   std::vector<std::string> headers;
   std::span<std::byte> into;                 // GET: the object's bytes go here
   std::optional<std::uint64_t> range_begin;  // GET: "Range: bytes=b-(b+into.size()-1)"
   bool error_in_ok = false;                  // CompleteMultipartUpload: a 200 may carry an <Error>
+  const std::string& subject() const { return about.empty() ? key : about; }
 };
 
 struct response {
@@ -65,14 +70,16 @@ struct response {
   std::string curl_error;
   unsigned attempts = 0;
   bool empty_object = false;  // a Content-Range said the object has no bytes
+  bool error_body = false;    // a 2xx whose body is an <Error> (CompleteMultipartUpload may answer so)
   std::string code() const { return xml_value(text, "Code"); }
-  bool ok() const { return curl == CURLE_OK && status >= 200 && status < 300; }
+  bool ok() const { return curl == CURLE_OK && status >= 200 && status < 300 && !error_body; }
 };
 
 inline bool transient(CURLcode c) noexcept {
   switch (c) {
+    // Not CURLE_COULDNT_RESOLVE_HOST (a misspelled endpoint) or CURLE_SSL_CONNECT_ERROR (https to a plain-http
+    // port, a certificate refused): the same request gets the same answer, and eight tries cost seconds per rank.
     case CURLE_COULDNT_CONNECT:
-    case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_OPERATION_TIMEDOUT:
     case CURLE_SEND_ERROR:
     case CURLE_RECV_ERROR:
@@ -80,7 +87,6 @@ inline bool transient(CURLcode c) noexcept {
     case CURLE_PARTIAL_FILE:
     case CURLE_HTTP2:
     case CURLE_HTTP2_STREAM:
-    case CURLE_SSL_CONNECT_ERROR:
     case CURLE_WEIRD_SERVER_REPLY:
     case CURLE_SEND_FAIL_REWIND:
       return true;
@@ -89,11 +95,22 @@ inline bool transient(CURLcode c) noexcept {
   }
 }
 
+// The S3 error codes that mean "the same request may succeed later" (the AWS SDKs' transient and throttling codes).
+inline bool retryable_code(std::string_view code) noexcept {
+  for (std::string_view c : {"InternalError", "SlowDown", "RequestTimeout", "ServiceUnavailable", "Throttling",
+                             "ThrottlingException", "RequestThrottled", "RequestLimitExceeded",
+                             "BandwidthLimitExceeded", "TooManyRequestsException", "OperationAborted",
+                             "PriorRequestNotComplete"})
+    if (code == c) return true;
+  return false;
+}
+
 inline bool retriable(const response& r) {
   if (r.curl != CURLE_OK) return transient(r.curl);
-  if (r.status >= 500 || r.status == 429) return true;
+  if (r.ok()) return false;
   const std::string code = r.code();
-  return code == "SlowDown" || code == "RequestTimeout" || code == "InternalError" || code == "ServiceUnavailable";
+  if (!code.empty()) return retryable_code(code);
+  return r.status == 500 || r.status == 502 || r.status == 503 || r.status == 504 || r.status == 429;
 }
 
 // One per sink: the resolved configuration, idle easy handles (each keeps its connection alive), the worker threads
@@ -135,7 +152,7 @@ class client {
         give(std::move(h));
       }
       one.attempts = attempt;
-      if (r.error_in_ok && one.ok() && one.text.find("<Error>") != std::string::npos) one.status = 500;
+      if (r.error_in_ok && one.ok() && one.text.find("<Error>") != std::string::npos) one.error_body = true;
       if (!r.into.empty() && (one.status == 206 || one.status == 200)) {
         got += one.received;
         if (one.curl != CURLE_OK && one.received > 0) {  // resume after the bytes that arrived
@@ -147,7 +164,7 @@ class client {
       out = std::move(one);
       if (out.ok() || !retriable(out) || attempt >= options_.max_attempts) return out;
       const auto wait = backoff(attempt);
-      log::info("s3 ", r.operation, " ", url_of(r.key), ": ", describe(out), "; retry ", attempt, " of ",
+      log::info("s3 ", r.operation, " ", url_of(r.subject()), ": ", describe(out), "; retry ", attempt, " of ",
                 options_.max_attempts - 1, " in ", wait.count(), " ms");
       std::this_thread::sleep_for(wait);
     }
@@ -164,6 +181,7 @@ class client {
       const std::string code = r.code(), message = xml_value(r.text, "Message");
       if (!code.empty()) s += " " + code;
       if (!message.empty()) s += " (" + message + ")";
+      if (r.error_body) s += " (an error in a " + std::to_string(r.status) + " reply)";
       if (code.empty() && r.text.empty() && (r.status == 403 || r.status == 404))
         s += r.status == 403 ? " (no error code in the reply: check the credentials and the bucket's policy)"
                              : " (no error code in the reply)";
@@ -175,7 +193,7 @@ class client {
   // how many attempts were made. context().operation is the sink operation, context().object the sink key.
   [[noreturn]] void fail(const response& r, const request& q, const char* sink_operation, const std::string& key,
                          errc e = errc::io) const {
-    std::string detail = "S3 " + std::string(q.operation) + " " + url_of(q.key) + ": " + describe(r);
+    std::string detail = "S3 " + std::string(q.operation) + " " + url_of(q.subject()) + ": " + describe(r);
     detail += r.attempts <= 1 ? (retriable(r) ? " (1 attempt)" : " (not retried)")
                               : " (after " + std::to_string(r.attempts) + " attempts)";
     throw_error(e, scrub(detail), {.operation = sink_operation, .object = key});
