@@ -21,14 +21,15 @@
 #include "shardkit/ckpt/checkpointer.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/storage/posix_sink.hpp"
+#include "sharded_bench_state.hpp"
 
 namespace sk = shardkit;
 namespace ck = shardkit::ckpt;
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+using bench::clock_type;
+using bench::since;
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
@@ -52,29 +53,12 @@ std::uint64_t parse_bytes(const std::string& s) {
   return std::uint64_t(v);
 }
 
-struct piece {
-  std::string name;
-  std::vector<std::size_t> shape;
-  std::size_t begin = 0, end = 0;
-  std::span<float> data;
-};
-
 // A rank's share of `tensors` global f32 tensors of `total` bytes in all, split evenly.
-struct rank_state {
-  std::vector<std::vector<float>> storage;
-  std::vector<piece> pieces;
-  ck::state_dict dict;
-  rank_state(int rank, int world, std::uint64_t total, int tensors) {
-    const std::size_t numel = std::size_t(total / 4 / std::uint64_t(tensors));
-    for (int t = 0; t < tensors; ++t) {
-      const std::size_t b = std::size_t(rank) * numel / std::size_t(world), e = std::size_t(rank + 1) * numel / std::size_t(world);
-      storage.emplace_back(e - b);
-      for (std::size_t i = 0; i < e - b; ++i) storage.back()[i] = float((b + i) % 1000) * 0.5f + float(t);
-      pieces.push_back({"layer" + std::to_string(t) + ".w", {numel}, b, e, storage.back()});
-    }
-    dict.add_shards(pieces);
-  }
-};
+bench::sharded_state make_rank_state(int rank, int world, std::uint64_t total, int tensors) {
+  bench::sharded_state s(rank, world, std::size_t(tensors), std::size_t(total / 4 / std::uint64_t(tensors)));
+  s.fill([](std::size_t t, std::size_t i) { return float(i % 1000) * 0.5f + float(t); });
+  return s;
+}
 
 // Synchronous and zero-overhead saves of the same state, the second save of each measured.
 struct save_figures {
@@ -89,7 +73,7 @@ save_figures measure_saves(sk::storage::any_sink sink, std::uint64_t bytes, int 
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)
     threads.emplace_back([&, r] {
-      rank_state s(r, ranks, bytes, tensors);
+      auto s = make_rank_state(r, ranks, bytes, tensors);
       // Each mode saves twice and the second is measured: staging buffers are allocated (and faulted in) by a
       // checkpointer's first save and reused by the next, as in a training run.
       ck::checkpointer sync_ck(groups[std::size_t(r)], sink, {.prefix = "sync/", .keep_last = 1});
@@ -142,7 +126,7 @@ int run_save(const std::string& dir, std::uint64_t bytes, int ranks, int tensors
   const auto l0 = clock_type::now();
   for (int r = 0; r < load_ranks; ++r)
     threads.emplace_back([&, r] {
-      rank_state s(r, load_ranks, bytes, tensors);
+      auto s = make_rank_state(r, load_ranks, bytes, tensors);
       ck::checkpointer c(lgroups[std::size_t(r)], sink, {.prefix = "sync/"});
       const auto t0 = clock_type::now();
       read[std::size_t(r)] = c.load(2, s.dict).bytes_read;

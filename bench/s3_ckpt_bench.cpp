@@ -26,6 +26,7 @@
 #include "shardkit/ckpt/checkpointer.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/storage/open_sink.hpp"
+#include "sharded_bench_state.hpp"
 
 namespace sk = shardkit;
 namespace ck = shardkit::ckpt;
@@ -33,8 +34,8 @@ namespace st = shardkit::storage;
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
-double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+using bench::clock_type;
+using bench::since;
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
@@ -44,41 +45,8 @@ double since(clock_type::time_point t0) { return std::chrono::duration<double>(c
   std::exit(2);
 }
 
-struct piece {
-  std::string name;
-  std::vector<std::size_t> shape;
-  std::size_t begin = 0, end = 0;
-  std::span<float> data;
-};
-
-// One rank's share: elements [r * n / R, (r + 1) * n / R) of each tensor, filled from (step, tensor, element).
-struct rank_state {
-  std::vector<std::vector<float>> storage;
-  std::vector<piece> pieces;
-  ck::state_dict dict;
-  rank_state(int rank, int ranks, std::size_t tensors, std::size_t elements) {
-    storage.reserve(tensors);
-    for (std::size_t t = 0; t < tensors; ++t) {
-      const std::size_t b = std::size_t(rank) * elements / std::size_t(ranks), e = std::size_t(rank + 1) * elements / std::size_t(ranks);
-      storage.emplace_back(e - b);
-      pieces.push_back({"layer" + std::to_string(t) + ".w", {elements}, b, e, storage.back()});
-    }
-    dict.add_shards(pieces);
-  }
-  static float value(std::uint64_t step, std::size_t t, std::size_t i) {
-    return float(step) + float(t) * 0.5f + float(i % 100003) * 1e-5f;
-  }
-  void fill(std::uint64_t step) {
-    for (std::size_t t = 0; t < pieces.size(); ++t)
-      for (std::size_t i = pieces[t].begin; i < pieces[t].end; ++i) pieces[t].data[i - pieces[t].begin] = value(step, t, i);
-  }
-  bool matches(std::uint64_t step) const {
-    for (std::size_t t = 0; t < pieces.size(); ++t)
-      for (std::size_t i = pieces[t].begin; i < pieces[t].end; ++i)
-        if (pieces[t].data[i - pieces[t].begin] != value(step, t, i)) return false;
-    return true;
-  }
-};
+// Each rank's state is filled from (step, tensor, element), so a load can be checked bit for bit.
+float value(std::uint64_t step, std::size_t t, std::size_t i) { return float(step) + float(t) * 0.5f + float(i % 100003) * 1e-5f; }
 
 struct figures {
   double save = 0, stage = 0, persist = 0, commit = 0, load = 0;
@@ -109,7 +77,7 @@ class bench_ranks {
 
   figures round_trip(std::uint64_t step) {
     figures f;
-    for (auto& s : states_) s.fill(step);
+    for (auto& s : states_) s.fill([&](std::size_t t, std::size_t i) { return value(step, t, i); });
     std::vector<ck::save_result> results(static_cast<std::size_t>(ranks_));
     ::sync();
     auto t0 = clock_type::now();
@@ -125,13 +93,13 @@ class bench_ranks {
     }
     f.commit = results[0].commit_seconds;
 
-    for (auto& s : states_) s.fill(step + 1000);  // overwritten by the load
+    for (auto& s : states_) s.fill([&](std::size_t t, std::size_t i) { return value(step + 1000, t, i); });  // overwritten by the load
     ::sync();
     t0 = clock_type::now();
     on_ranks([&](int r) { loaders_[std::size_t(r)]->load(step, states_[std::size_t(r)].dict); });
     f.load = since(t0);
     for (auto& s : states_)
-      if (!s.matches(step)) {
+      if (!s.holds([&](std::size_t t, std::size_t i) { return value(step, t, i); })) {
         std::fprintf(stderr, "s3_ckpt_bench: the load of step %llu differs from the save\n", (unsigned long long)step);
         std::exit(1);
       }
@@ -154,7 +122,7 @@ class bench_ranks {
   st::any_sink sink_;
   int ranks_;
   std::vector<sk::comm::process_group> groups_;
-  std::vector<rank_state> states_;
+  std::vector<bench::sharded_state> states_;
   std::vector<std::unique_ptr<ck::checkpointer>> savers_, loaders_;  // not movable
 };
 

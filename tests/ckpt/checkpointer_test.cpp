@@ -35,33 +35,8 @@ namespace tc = shardkit::test::ckpt;
 
 namespace {
 
-using shardkit::test::ckpt::global_tensor;
 using shardkit::test::ckpt::piece;
-
-const std::vector<global_tensor>& model_tensors() { return shardkit::test::ckpt::small_model(); }
-
-// One rank's state: FSDP-like pieces, a replicated step counter and per-rank bytes and value.
-struct rank_state {
-  shardkit::test::ckpt::sharded_tensors model;
-  std::uint64_t optimizer_steps = 0;
-  std::vector<std::byte> loader;
-  std::uint64_t rng = 0;
-  ck::state_dict dict;
-
-  rank_state(int rank, int world) : model(model_tensors(), rank, world) {
-    dict.add_shards(model.pieces()).add_value("optim.steps", optimizer_steps).add_rank_bytes("loader", loader).add_rank_value("rng", rng);
-  }
-  void fill(std::uint64_t step, int rank) {
-    model.fill(step);
-    optimizer_steps = step * 10;
-    loader.assign(std::size_t(5 + rank), std::byte(step & 0xff));
-    rng = step * 7919 + std::uint64_t(rank);
-  }
-  void check(std::uint64_t step) const {
-    model.check(step);
-    CHECK(optimizer_steps == step * 10);
-  }
-};
+using shardkit::test::ckpt::rank_state;
 
 st::any_sink memory() { return st::make_sink<st::memory_sink>(); }
 

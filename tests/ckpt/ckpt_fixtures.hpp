@@ -1,8 +1,9 @@
 #pragma once
 // What the checkpoint suites save: a model's global tensors split over ranks the way FSDP splits them (rank r holds
 // elements [r*n/world, (r+1)*n/world) of each flattened tensor), filled with values that depend on the step, the
-// tensor and the element, so a load can be checked element by element. And a memory sink with hooks, for suites
-// that watch or hold back what the checkpointer does to its sink.
+// tensor and the element, so a load can be checked element by element; a rank's whole state as a trainer registers
+// it (the checkpoint and the S3 suites save it). And a memory sink with hooks, for suites that watch or hold back
+// what the checkpointer does to its sink.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardkit/ckpt/state.hpp"
 #include "shardkit/storage/memory_sink.hpp"
 #include "shardkit/storage/sink.hpp"
 
@@ -80,6 +82,40 @@ class sharded_tensors {
  private:
   std::vector<std::vector<float>> storage_;
   std::vector<piece> pieces_;
+};
+
+//! One rank's state as a trainer registers it: the pieces of small_model() the rank holds, a replicated step counter,
+//! per-rank bytes (a data loader's state) and a per-rank value (an RNG's).
+struct rank_state {
+  sharded_tensors model;
+  std::uint64_t optimizer_steps = 0;
+  std::vector<std::byte> loader;
+  std::uint64_t rng = 0;
+  shardkit::ckpt::state_dict dict;
+
+  rank_state(int rank, int world) : model(small_model(), rank, world) {
+    dict.add_shards(model.pieces())
+        .add_value("optim.steps", optimizer_steps)
+        .add_rank_bytes("loader", loader)
+        .add_rank_value("rng", rng);
+  }
+  void fill(std::uint64_t step, int rank) {
+    model.fill(step);
+    optimizer_steps = step * 10;
+    loader.assign(std::size_t(5 + rank), std::byte(step & 0xff));
+    rng = step * 7919 + std::uint64_t(rank);
+  }
+  //! The model (bit for bit: the loaded floats compared as floats are equal only when their bits are, no NaN here)
+  //! and the counter of `step`; with rank_entries also rank `rank`'s bytes and value (a load at another world size
+  //! does not restore them).
+  void check(std::uint64_t step, int rank = 0, bool rank_entries = false) const {
+    model.check(step);
+    CHECK(optimizer_steps == step * 10);
+    if (rank_entries) {
+      CHECK(loader == std::vector<std::byte>(std::size_t(5 + rank), std::byte(step & 0xff)));
+      CHECK(rng == step * 7919 + std::uint64_t(rank));
+    }
+  }
 };
 
 //! What hooked_memory_sink calls before it forwards a call; an empty hook is skipped. Hooks run on the caller's

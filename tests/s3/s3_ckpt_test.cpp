@@ -28,32 +28,7 @@ namespace ck = shardkit::ckpt;
 
 namespace {
 
-using shardkit::test::ckpt::global_tensor;
-
-const std::vector<global_tensor>& model_tensors() { return shardkit::test::ckpt::small_model(); }
-
-// One rank's state: FSDP-like pieces, a replicated counter and per-rank bytes (a data loader's state).
-struct rank_state {
-  shardkit::test::ckpt::sharded_tensors model;
-  std::uint64_t optimizer_steps = 0;
-  std::vector<std::byte> loader;
-  ck::state_dict dict;
-
-  rank_state(int rank, int world) : model(model_tensors(), rank, world) {
-    dict.add_shards(model.pieces()).add_value("optim.steps", optimizer_steps).add_rank_bytes("loader", loader);
-  }
-  void fill(std::uint64_t step, int rank) {
-    model.fill(step);
-    optimizer_steps = step * 10;
-    loader.assign(std::size_t(5 + rank), std::byte(step & 0xff));
-  }
-  // Bit for bit: the loaded floats compared as floats equal only when their bits are (no NaN here).
-  void check(std::uint64_t step, int rank, bool rank_entries) const {
-    model.check(step);
-    CHECK(optimizer_steps == step * 10);
-    if (rank_entries) CHECK(loader == std::vector<std::byte>(std::size_t(5 + rank), std::byte(step & 0xff)));
-  }
-};
+using shardkit::test::ckpt::rank_state;
 
 // A sink in front of another that records what a load reads, can refuse LIST, and counts deletions. It has
 // remove_many, forwarded to the inner sink's (the S3 sink's DeleteObjects, through any_sink).
@@ -260,16 +235,8 @@ TEST_CASE("[s3] checkpoint through a proxy failing 10% of requests: saves commit
   if (!server_or_skip()) return;
   const auto& srv = *server();
   fault_proxy proxy(port_of(srv.endpoint), 0.10, 20261124);
-  auto o = multipart_options();
-  o.endpoint = "http://127.0.0.1:" + std::to_string(proxy.port());
-  o.part_size = 64 << 10;
-  o.parallel = 4;
-  o.max_attempts = 10;  // ten faults in a row at 10%: 1e-10
-  o.base_backoff = std::chrono::milliseconds(5);
-  o.max_backoff = std::chrono::milliseconds(100);
-  o.stall_timeout = std::chrono::milliseconds(1000);
   const auto loc = location("ckpt-faults");
-  auto faulty = std::make_shared<st::s3_sink>(loc, o);
+  auto faulty = std::make_shared<st::s3_sink>(loc, through_faulty_proxy(srv, proxy.port()));
   auto direct = std::make_shared<st::s3_sink>(loc, options_for(srv));  // the same objects, not through the proxy
   auto watched = std::make_shared<watched_sink>(st::any_sink(faulty));
 

@@ -24,19 +24,9 @@ using shardkit::errc;
 TEST_CASE("[s3] through a proxy failing 10% of requests: uploads, reads, list and delete complete, bytes identical") {
   if (!server_or_skip()) return;
   const auto& srv = *server();
-  const auto upstream_port = static_cast<unsigned short>(std::stoi(srv.endpoint.substr(srv.endpoint.rfind(':') + 1)));
-  fault_proxy proxy(upstream_port, 0.10, 20261123);
-
-  auto o = options_for(srv);
-  o.endpoint = "http://127.0.0.1:" + std::to_string(proxy.port());
-  o.part_size = 64 << 10;
-  o.parallel = 4;
-  o.max_attempts = 10;  // ten faults in a row at 10%: 1e-10
-  o.base_backoff = std::chrono::milliseconds(5);
-  o.max_backoff = std::chrono::milliseconds(100);
-  o.stall_timeout = std::chrono::milliseconds(1000);
+  fault_proxy proxy(port_of(srv.endpoint), 0.10, 20261123);
   const auto loc = location("faults");
-  st::s3_sink s(loc, o);
+  st::s3_sink s(loc, through_faulty_proxy(srv, proxy.port()));
   st::s3_sink direct(loc, options_for(srv));  // the same objects, not through the proxy
 
   std::map<std::string, std::vector<std::byte>> objects;

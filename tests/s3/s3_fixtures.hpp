@@ -38,6 +38,20 @@ inline st::s3_options options_for(const server_info& s) {
   return o;
 }
 
+// The server's options sent through a fault-injecting proxy on loopback (fault_proxy.hpp) at about 10% faults:
+// parts of 64 KiB, 4 in flight, quick retries, and enough attempts that only ten faults in a row (1e-10) fail.
+inline st::s3_options through_faulty_proxy(const server_info& s, unsigned short proxy_port) {
+  auto o = options_for(s);
+  o.endpoint = "http://127.0.0.1:" + std::to_string(proxy_port);
+  o.part_size = 64 << 10;
+  o.parallel = 4;
+  o.max_attempts = 10;
+  o.base_backoff = std::chrono::milliseconds(5);
+  o.max_backoff = std::chrono::milliseconds(100);
+  o.stall_timeout = std::chrono::milliseconds(1000);
+  return o;
+}
+
 // The server, once probed (a ListObjectsV2 of one key, no retries); nullopt and why when there is none.
 inline const std::optional<server_info>& server(std::string* reason = nullptr) {
   static std::string why;

@@ -218,8 +218,8 @@ class checkpointer {
   }
   SHARDKIT_DECL void wait_for_saves();
 
-  // latest()'s work; on rank 0 also hands back the index it parsed, so load_latest does not read it twice (at 4096
-  // ranks x 1000 tensors an index is ~200 MB and 0.7 s to parse).
+  // latest()'s work; on rank 0 also hands back the index it parsed, so load_latest does not read it twice (a large
+  // job's index is hundreds of megabytes: docs/benchmarks.md).
   SHARDKIT_DECL std::optional<std::uint64_t> find_latest(std::optional<checkpoint_index>* parsed_on_rank0);
 
   // Copies the job's tensors into the staging buffer (grown, never shrunk: reused by every save).

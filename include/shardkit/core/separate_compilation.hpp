@@ -4,9 +4,8 @@
 //! bodies once, in one source file that includes <shardkit/impl/src.hpp>. What moves there today is what a trainer
 //! includes and pays for most: init_process_group with the transports it can choose (shm, tcp, shm+tcp) and the
 //! store server rank 0 hosts, and the member bodies of fsdp::sharded_model, ckpt::checkpointer and data::loader
-//! (their *_impl.hpp headers). A 12-line program that calls init_process_group compiled in 13.6 s (g++ -O0, with the
-//! tcp target) and 1.9 s this way; the example trainer in 15 s before the model, checkpointer and loader moved and
-//! 9-10 s after (docs/benchmarks.md, "compile time").
+//! (their *_impl.hpp headers): a translation unit that calls init_process_group then compiles in a fraction of the
+//! time (docs/packaging.md, "Compile time", and docs/benchmarks.md have the figures).
 //!
 //! SHARDKIT_DECL marks a function that is inline in header-only use and an ordinary declaration otherwise.
 //! Defining the macro in some translation units and not in others breaks the one-definition rule: set it on the

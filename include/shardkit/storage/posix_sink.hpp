@@ -74,7 +74,7 @@ struct posix_sink_options {
   bool prune_empty_directories = true;
   //! Objects are written with O_DIRECT, bypassing the page cache (0: never): a checkpoint file is written once and
   //! not read back soon, and copying it through the page cache and its writeback is what limits a buffered write
-  //! (on the benchmark VM 0.25 GiB/s buffered against 2 GiB/s direct, fio, docs/benchmarks.md). Bytes the caller
+  //! (docs/design.md, "Checkpoints": direct I/O for large objects). Bytes the caller
   //! passes page-aligned, at a page-aligned offset of the object, go to the file straight from the caller's memory
   //! (the checkpointer's staging buffer is laid out so); the rest is gathered in an aligned bounce buffer of this
   //! many bytes and written a block at a time. A sink keeps up to two idle bounce buffers for its next writers.

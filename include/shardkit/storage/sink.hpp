@@ -1,5 +1,5 @@
 #pragma once
-//! The storage sink concept: where checkpoints (and later the data loader's token shards) live, plus a
+//! The storage sink concept: where checkpoints and the data loader's token files live, plus a
 //! type-erased handle. posix_sink.hpp, memory_sink.hpp, faulty_sink.hpp and s3_sink.hpp model it.
 //!
 //! A sink is an object store, not a file system: a flat namespace of objects named by '/'-separated keys

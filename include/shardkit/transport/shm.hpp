@@ -78,8 +78,7 @@ struct shm_options {
   //! Sends up to this size are copied into the ring by the caller when nothing is queued and they fit.
   std::size_t eager_bytes = 64 * 1024;
   //! After the last progress, the progress thread polls this long (sched_yield between polls) before sleeping
-  //! on its futex: back-to-back messages then skip a futex wake-up (an 8-byte round trip between processes
-  //! measured 12.5 us at p50 on 2 loaded cores).
+  //! on its futex: back-to-back messages then skip a futex wake-up (docs/design.md, "The transports' defaults").
   std::chrono::microseconds spin{50};
   //! While operations are pending, peer processes are checked for liveness this often.
   std::chrono::milliseconds heartbeat{100};

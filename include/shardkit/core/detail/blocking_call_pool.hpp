@@ -26,7 +26,7 @@ class blocking_call_pool {
   //! the thread free instead of starting another.
   void run(std::function<void()> call, std::function<void()> after = {}) {
     auto& s = threads_.state();
-    // Notified under the lock, as everywhere a woken thread may let the owner go (0aa5032).
+    // Notified under the lock, as everywhere a woken thread may let the owner go (core/detail/worker_threads.hpp).
     std::lock_guard lock(s.mutex);
     s.calls.push_back({std::move(call), std::move(after)});
     if (s.idle < s.calls.size()) {

@@ -6,12 +6,12 @@
 //! worker_state that each thread holds a share of, not a member of the owner: the owner may be destroyed from one
 //! of its own threads (a task or a continuation drops its last owner), and that thread, detached instead of joined,
 //! still goes back to the lock and the queue afterwards. A thread's function gets the state and must reach nothing
-//! of the owner itself (no `this`): blocking_call_pool (33c56d3) and the progress engine each relocked a freed
-//! mutex after a call that had destroyed them, before this was shared.
+//! of the owner itself (no `this`): a thread that relocks the owner's mutex after a call that destroyed the owner
+//! touches freed memory (docs/design.md, "Threads" under "Async model").
 //!
 //! Declare the worker_threads last in the owner, after everything the threads' work may use: it is then destroyed
 //! first, and its destructor sets the stop request and notifies under the state's lock, then joins. The notify is
-//! under the lock as in thread_pool::push and run_loop::post (0aa5032): a notify after the unlock would race with
+//! under the lock as in thread_pool::push and run_loop::post: a notify after the unlock would race with
 //! whatever a woken thread does next; here only the list of threads is read after the unlock, and no other thread
 //! touches it.
 #include <condition_variable>

@@ -10,8 +10,8 @@
 namespace shardkit::storage::detail {
 
 // The idle bounce buffers of a sink (and its copies), shared with its writers, which may outlive it. A fresh mmap per
-// object cost a fault per page and, under transparent huge pages, zeroing a whole 2 MiB page at a time: a third of
-// the checkpoint threads' CPU with a checkpoint every step in the lab (docs/benchmarks.md, twelfth session).
+// object costs a fault per page and, under transparent huge pages, zeroing a whole 2 MiB page at a time: with a
+// checkpoint every step that was most of the checkpoint's CPU (docs/design.md, "Checkpoints": no copy between staging and disk).
 class bounce_pool {
  public:
   explicit bounce_pool(std::size_t block) : block_(block) { idle_.reserve(max_idle); }

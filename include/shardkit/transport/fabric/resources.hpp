@@ -45,8 +45,8 @@ struct fabric_options {
   //! Messages up to this size travel with their header in one provider message, straight into the receive (no
   //! round trip, no copy where the provider scatters); larger ones announce their size first. Every receive is
   //! posted with room for this many bytes (the excess lands in a shared sink, never past the caller's span).
-  //! 8 KiB keeps header + bytes inside tcp;ofi_rxm's 16 KiB eager buffer: with 64 KiB, 16 KiB messages went
-  //! through rxm's segmentation and took 45-60 us one way on loopback instead of 18-30 us.
+  //! 8 KiB keeps header + bytes inside tcp;ofi_rxm's 16 KiB eager buffer: larger ones go through rxm's
+  //! segmentation, which costs more than the extra round trip (docs/design.md, "The transports' defaults").
   std::size_t eager_bytes = std::size_t(8) << 10;
   //! A peer that answers no liveness probe for this long while operations with it are pending is lost
   //! (errc::peer_lost). Probes go only to peers that were silent for min(peer_timeout / 4, 1 s) while an

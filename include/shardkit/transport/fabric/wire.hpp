@@ -9,8 +9,8 @@
 //!     (fi_trecvv) into [header | the caller's span, up to eager_bytes | a shared sink for the rest], so it lands
 //!     in place with no extra round trip, and a too-large message spills into the sink, never past the span.
 //!     Small sends go out with fi_tinject (no send completion to reap) when header + bytes fit the provider's
-//!     inject size: 8-byte one-way latency between two threads on 2 shared cores went from ~7 to ~5.6 us on shm
-//!     and stayed ~14 us on tcp;ofi_rxm. Without 3-entry iovs the receive takes a bounce buffer and copies.
+//!     inject size (lower latency on shm, the same on tcp;ofi_rxm: docs/design.md, "The transports' defaults").
+//!     Without 3-entry iovs the receive takes a bounce buffer and copies.
 //!   * announced (larger): the header alone on the matching endpoint and, right behind it, the bytes on the bulk
 //!     endpoint under a per-(sender, receiver) transfer number from the header. The receiver, once it has the
 //!     header, posts the exact size into the span; the provider's own rendezvous (rxm, shm CMA) holds the bytes

@@ -232,8 +232,8 @@ class engine : public std::enable_shared_from_this<engine> {
           idle_since = now;
         } else if (now - idle_since < cfg_.spin) {
           // Yield rather than pause: when cores are oversubscribed, the thread this rank waits for (the caller
-          // about to post the next operation, or a peer's progress thread) may need this very core; measured
-          // on 2 loaded cores, pause-spinning 50 us made an 8-byte round trip 9x slower than not spinning.
+          // about to post the next operation, or a peer's progress thread) may need this very core; pause-spinning
+          // made a small round trip several times slower (docs/design.md, "The transports' defaults").
           std::this_thread::yield();
         } else {
           sleep();

@@ -67,7 +67,7 @@ struct tcp_options {
   std::size_t direct_send_bytes = std::size_t(64) << 10;
   //! SO_SNDBUF and SO_RCVBUF of every connection (the kernel caps them at net.core.[rw]mem_max). 0 (default)
   //! leaves the kernel's autotuning on: fixed deep buffers let a striped message pile onto whichever connection
-  //! accepted bytes first instead of the ones draining fastest (2 links: 1.63x one link at 4 MiB, 1.94x autotuned).
+  //! accepted bytes first instead of the ones draining fastest (docs/design.md, "The transports' defaults").
   int socket_buffer_bytes = 0;
   //! Threads running the transport's io_context. Each peer's work is serialised on its own strand, so more
   //! threads help only with several busy peers.

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Every header under include/shardkit/<layer>/ includes shardkit headers of its own layer and of the layers below
-it only (docs/design.md, "Layers"): data flows down, and no two layers include each other.
+"""What every header under include/shardkit/ must hold, read as text:
+1. it includes shardkit headers of its own layer and of the layers below it only (docs/design.md, "Layers"): data
+   flows down, and no two layers include each other;
+2. its comments name no commit: a header says what holds and why, and history (which commit fixed what) lives in
+   docs/design.md and docs/benchmarks.md, where it does not drift from the code.
 
-    layers_test.py SOURCE_DIR
+    headers_test.py SOURCE_DIR
 
-Prints each include that goes up or sideways (file, line, the layer it reaches) and exits 1 when there is one.
+Prints each violation (file, line, what) and exits 1 when there is one.
 """
 import pathlib
 import re
@@ -33,6 +36,10 @@ EXCEPTIONS = {
     ("backends/nccl/cuda_checkpoint_device.hpp", "ckpt"),
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]shardkit/([a-z_]+)/')
+# A commit as a comment names it: 7 to 12 (abbreviated) or 40 hex digits with a letter and a digit, standing alone
+# (not 0x..., not part of a longer word, number or checksum).
+COMMENT = re.compile(r'//(.*)$')
+COMMIT = re.compile(r'(?<![\w.])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])(?:[0-9a-f]{40}|[0-9a-f]{7,12})(?![\w.])')
 
 
 def main() -> int:
@@ -47,6 +54,10 @@ def main() -> int:
         for header in sorted((root / layer).rglob("*.hpp")):
             rel = header.relative_to(root).as_posix()
             for number, line in enumerate(header.read_text(encoding="utf-8").splitlines(), 1):
+                comment = COMMENT.search(line)
+                if comment and COMMIT.search(comment.group(1)):
+                    problems.append(f"include/shardkit/{rel}:{number}: a comment names a commit "
+                                    f"({COMMIT.search(comment.group(1)).group(0)}): history goes to docs/design.md")
                 m = INCLUDE.match(line)
                 if not m or m.group(1) == layer or m.group(1) in MAY_INCLUDE[layer]:
                     continue
@@ -56,7 +67,7 @@ def main() -> int:
                                 f"which is not below it ({line.strip()})")
     for p in problems:
         print(p)
-    print(f"layers: {len(layers)} folders checked, {len(problems)} includes against the layer order")
+    print(f"headers: {len(layers)} layers checked, {len(problems)} problems")
     return 1 if problems else 0
 
 
