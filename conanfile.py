@@ -1,6 +1,6 @@
 """Conan 2 recipe for shardkit, a header-only C++20 toolkit for sharded training over Ethernet.
 
-The package is the headers. Each CMake target of the project (shardkit::shardkit, ::tcp, ::gloo, ::nccl,
+The package is the headers. Each CMake target of the project (shardkit::shardkit, ::tcp, ::gloo, ::cuda, ::nccl,
 ::fabric, ::codec, ::ckpt, ::data, ::s3) is a component with the same cmake_target_name, so a consumer's CMake reads the same
 whether it finds shardkit through Conan's CMakeDeps, an install tree or add_subdirectory.
 
@@ -33,6 +33,7 @@ class ShardkitConan(ConanFile):
     options = {
         "with_tcp": [True, False],
         "with_gloo": [True, False],
+        "with_cuda": [True, False],
         "with_nccl": [True, False],
         "with_fabric": [True, False],
         "with_ckpt": [True, False],
@@ -45,6 +46,7 @@ class ShardkitConan(ConanFile):
     default_options = {
         "with_tcp": True,
         "with_gloo": False,
+        "with_cuda": False,
         "with_nccl": False,
         "with_fabric": False,
         "with_ckpt": True,
@@ -88,8 +90,8 @@ class ShardkitConan(ConanFile):
             except ConanInvalidConfiguration as e:
                 raise ConanInvalidConfiguration(
                     f"{e} Pass -s compiler.cppstd=20 (or gnu20), or set it in the profile.") from None
-        if self.options.with_nccl and self.settings.os != "Linux":
-            raise ConanInvalidConfiguration("shardkit's NCCL backend is Linux only")
+        if (self.options.with_nccl or self.options.with_cuda) and self.settings.os != "Linux":
+            raise ConanInvalidConfiguration("shardkit's CUDA layer and NCCL backend are Linux only")
 
     def system_requirements(self):
         apt = Apt(self)
@@ -155,9 +157,11 @@ class ShardkitConan(ConanFile):
             backend("data", "SHARDKIT_HAS_DATA=1", requires=["codec"])
         if self.options.with_s3:
             backend("s3", "SHARDKIT_HAS_S3=1", ["curl"])
-        if self.options.with_nccl:
-            nccl = backend("nccl", "SHARDKIT_HAS_NCCL=1", ["nccl", "cudart"])
-            cuda = self._cuda_root()
+        if self.options.with_cuda or self.options.with_nccl:  # NCCL stands on the CUDA layer
+            cuda = backend("cuda", "SHARDKIT_HAS_CUDA=1", ["cudart"])
+            root = self._cuda_root()
             # Absolute directories: CUDA lives outside the package, where NVIDIA's installer put it.
-            nccl.includedirs = [os.path.join(cuda, "include")]
-            nccl.libdirs = [os.path.join(cuda, "lib64")]
+            cuda.includedirs = [os.path.join(root, "include")]
+            cuda.libdirs = [os.path.join(root, "lib64")]
+        if self.options.with_nccl:
+            backend("nccl", "SHARDKIT_HAS_NCCL=1", ["nccl"], requires=["cuda"])

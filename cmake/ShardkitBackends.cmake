@@ -49,8 +49,13 @@ macro(shardkit_find_backends)
   shardkit_add_backend(gloo FOUND SHARDKIT_GLOO_FOUND DEPENDENCY "Gloo (libgloo-dev)" LIBS shardkit_deps::gloo)
   shardkit_add_backend(fabric FOUND SHARDKIT_FABRIC_FOUND DEPENDENCY "libfabric (libfabric-dev)"
                        LIBS shardkit_deps::fabric)
-  shardkit_add_backend(nccl FOUND SHARDKIT_NCCL_FOUND DEPENDENCY "CUDA toolkit with NCCL"
-                       LIBS CUDA::cudart shardkit_deps::nccl)
+  # The CUDA layer (include/shardkit/cuda/ and the fsdp/ckpt CUDA adapters): the CUDA runtime only. NCCL stands on
+  # it: no cuda target, no nccl target.
+  shardkit_add_backend(cuda FOUND SHARDKIT_CUDA_FOUND DEPENDENCY "CUDA toolkit (CUDA::cudart)" LIBS CUDA::cudart)
+  if(NOT TARGET cuda)
+    set(SHARDKIT_NCCL_FOUND FALSE)
+  endif()
+  shardkit_add_backend(nccl FOUND SHARDKIT_NCCL_FOUND DEPENDENCY "CUDA toolkit with NCCL" LIBS cuda shardkit_deps::nccl)
 
   # The encodings the checkpoint and the data loader share (include/shardkit/codec/): xxHash64 and strict JSON.
   # Neither of those two includes the other; each is its own target over this one.

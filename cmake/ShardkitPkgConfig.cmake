@@ -54,13 +54,23 @@ function(shardkit_install_pkgconfig)
     shardkit_pc_file(shardkit-fabric DESCRIPTION "shardkit libfabric transport" REQUIRES shardkit libfabric
                      CFLAGS -DSHARDKIT_HAS_FABRIC=1)
   endif()
-  if(TARGET nccl)  # CUDA and NCCL ship no .pc files: the directories this build found
+  if(TARGET cuda)  # CUDA ships no .pc files: the directories this build found
+    set(_cflags "")
+    foreach(_dir IN LISTS CUDAToolkit_INCLUDE_DIRS)
+      if(NOT _dir STREQUAL "/usr/include")
+        list(APPEND _cflags "-I${_dir}")
+      endif()
+    endforeach()
+    shardkit_pc_file(shardkit-cuda DESCRIPTION "shardkit CUDA layer (CUDA runtime)" REQUIRES shardkit
+                     CFLAGS -DSHARDKIT_HAS_CUDA=1 ${_cflags} LIBS "-L${CUDAToolkit_LIBRARY_DIR}" -lcudart)
+  endif()
+  if(TARGET nccl)  # NCCL ships no .pc file either
     shardkit_pc_flags(_cflags _libs "${SHARDKIT_NCCL_INCLUDE}" "${SHARDKIT_NCCL_LIBRARY}")
-    if(CUDAToolkit_INCLUDE_DIRS AND NOT CUDAToolkit_INCLUDE_DIRS STREQUAL SHARDKIT_NCCL_INCLUDE)
-      list(APPEND _cflags "-I${CUDAToolkit_INCLUDE_DIRS}")
+    if(_cflags IN_LIST CUDAToolkit_INCLUDE_DIRS OR "${_cflags}" STREQUAL "-I${CUDAToolkit_INCLUDE_DIRS}")
+      set(_cflags "")  # shardkit-cuda has that directory already
     endif()
-    shardkit_pc_file(shardkit-nccl DESCRIPTION "shardkit NCCL backend (CUDA runtime + NCCL)" REQUIRES shardkit
-                     CFLAGS -DSHARDKIT_HAS_NCCL=1 ${_cflags} LIBS ${_libs} "-L${CUDAToolkit_LIBRARY_DIR}" -lcudart)
+    shardkit_pc_file(shardkit-nccl DESCRIPTION "shardkit NCCL backend (NCCL, on shardkit-cuda)" REQUIRES shardkit-cuda
+                     CFLAGS -DSHARDKIT_HAS_NCCL=1 ${_cflags} LIBS ${_libs})
   endif()
   if(TARGET codec)
     shardkit_pc_file(shardkit-codec DESCRIPTION "shardkit codecs: xxHash64 and strict JSON"

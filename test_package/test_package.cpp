@@ -20,6 +20,11 @@
 #if defined(SHARDKIT_HAS_FABRIC)
 #include <shardkit/transport/fabric.hpp>
 #endif
+#if defined(SHARDKIT_HAS_CUDA)
+#include <shardkit/ckpt/cuda_checkpoint_device.hpp>  // the CUDA layer alone: no NCCL
+#include <shardkit/cuda/device_memory.hpp>
+#include <shardkit/fsdp/cuda_gather_device.hpp>
+#endif
 #if defined(SHARDKIT_HAS_NCCL)
 #include <shardkit/backends/nccl.hpp>
 #endif

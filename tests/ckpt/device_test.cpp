@@ -3,7 +3,7 @@
 // host state and back onto the device. The device here is a model: its "device memory" is host memory behind
 // non-canonical addresses (bit 62 flipped), so any host access to it faults, and its copies run only at
 // synchronize(), so a checkpointer that hashed or returned before synchronizing would save or load stale bytes.
-// The CUDA device (backends::cuda_checkpoint_device) runs the same kind of test in tests/nccl.
+// The CUDA device (ckpt::cuda_checkpoint_device) runs the same kind of test in tests/nccl.
 #include <doctest/doctest.h>
 
 #include <atomic>

@@ -1,4 +1,4 @@
-// A checkpoint of CUDA tensors through backends::cuda_checkpoint_device: saved from device memory (zero-overhead:
+// A checkpoint of CUDA tensors through ckpt::cuda_checkpoint_device: saved from device memory (zero-overhead:
 // the copies run on the checkpointer's worker, ordered after the trainer's stream), resharded 2 -> 3 ranks back
 // onto devices and 2 -> 1 into host memory, bit-exact. Linked twice, as the other CUDA suites: against the real
 // runtime (ckpt_cuda_test: without a device it prints one "[cuda] skipped: <reason>" line) and against the host
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "shardkit/backends/nccl/cuda_checkpoint_device.hpp"
 #include "shardkit/ckpt/checkpointer.hpp"
+#include "shardkit/ckpt/cuda_checkpoint_device.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/storage/memory_sink.hpp"
 #include "support/harness.hpp"
@@ -25,7 +25,7 @@ namespace {
 
 bool cuda_devices(int& count, std::string& reason) {
   const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) reason = "no usable CUDA device: cudaGetDeviceCount failed with " + sk::backends::nccl_detail::cuda_error_text(e);
+  if (e != cudaSuccess) reason = "no usable CUDA device: cudaGetDeviceCount failed with " + sk::cuda::cuda_error_text(e);
   else if (count <= 0) reason = "no CUDA device: cudaGetDeviceCount reports 0 devices";
   return e == cudaSuccess && count > 0;
 }
@@ -69,7 +69,7 @@ TEST_CASE("[cuda] checkpoint of CUDA tensors: pinned staging, zero-overhead save
   std::string reason;
   if (!cuda_devices(devices, reason)) {
     MESSAGE("[cuda] skipped: " << reason);
-    CHECK_THROWS_AS(sk::backends::cuda_checkpoint_device({.device = 0}), sk::error);
+    CHECK_THROWS_AS(sk::ckpt::cuda_checkpoint_device({.device = 0}), sk::error);
     return;
   }
   auto sink = sk::storage::make_sink<sk::storage::memory_sink>();
@@ -81,7 +81,7 @@ TEST_CASE("[cuda] checkpoint of CUDA tensors: pinned staging, zero-overhead save
       state.add_piece("w", w.view(), {elements}, w.begin);
       ck::checkpointer saver(groups[std::size_t(r)], sink,
                              {.mode = ck::staging::zero_overhead,
-                              .device = sk::backends::cuda_checkpoint_device({.device = w.ordinal})});
+                              .device = sk::ckpt::cuda_checkpoint_device({.device = w.ordinal})});
       for (std::uint64_t step : {1, 2}) {
         w.fill(step);
         auto done = saver.save(step, state);
@@ -97,7 +97,7 @@ TEST_CASE("[cuda] checkpoint of CUDA tensors: pinned staging, zero-overhead save
       device_piece w(r, 3, devices);
       ck::state_dict state;
       state.add_piece("w", w.view(), {elements}, w.begin);
-      ck::checkpointer loader(groups[std::size_t(r)], sink, {.device = sk::backends::cuda_checkpoint_device({.device = w.ordinal})});
+      ck::checkpointer loader(groups[std::size_t(r)], sink, {.device = sk::ckpt::cuda_checkpoint_device({.device = w.ordinal})});
       auto report = loader.load_latest(state);
       REQUIRE(report);
       CHECK(report->step == 2);

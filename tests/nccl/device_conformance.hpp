@@ -30,7 +30,7 @@ using conformance_detail::typed_buffer;
 //! The suite's buffers in device `dev`'s memory. Copies are synchronous (cudaMemcpy), so a value read after
 //! copy_out is the device's.
 inline buffer_factory cuda_buffers(int dev) {
-  using backends::nccl_detail::device_guard;
+  using cuda::device_guard;
   buffer_factory f;
   f.name = "cuda";
   f.where = device::cuda(dev);

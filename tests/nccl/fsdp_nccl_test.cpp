@@ -1,6 +1,6 @@
 // fsdp::sharded_model over NCCL with its gathered parameters and unsharded gradients in CUDA device memory
-// (backends::cuda_gather_device): the toy model of tests/fsdp trains like a 1-rank host run; the limiter over
-// cuda_device_memory and the stager's copies and conversions; a host-memory model on an NCCL group is refused at
+// (fsdp::cuda_gather_device): the toy model of tests/fsdp trains like a 1-rank host run; the limiter over
+// cuda::device_memory and the stager's copies and conversions; a host-memory model on an NCCL group is refused at
 // construction, naming the device and the backend. Ranks are threads, one per device.
 //
 // Linked twice (tests/nccl/CMakeLists.txt): fsdp_nccl_test against the CUDA runtime and NCCL, which prints
@@ -15,10 +15,10 @@
 #include "fsdp/toy_checks.hpp"
 #include "nccl/model_hooks.hpp"
 #include "shardkit/backends/nccl.hpp"
-#include "shardkit/backends/nccl/cuda_device_memory.hpp"
-#include "shardkit/backends/nccl/cuda_gather_device.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/comm/process_group.hpp"
+#include "shardkit/cuda/device_memory.hpp"
+#include "shardkit/fsdp/cuda_gather_device.hpp"
 #include "shardkit/fsdp/rate_limiter.hpp"
 #include "shardkit/rendezvous/memory_store.hpp"
 #include "support/harness.hpp"
@@ -30,8 +30,8 @@ using shardkit::const_buffer_view;
 using shardkit::device;
 using shardkit::dtype;
 using shardkit::test::toy::check_close;
-using shardkit::backends::cuda_gather_device;
-using shardkit::backends::nccl_detail::device_guard;
+using shardkit::fsdp::cuda_gather_device;
+using shardkit::cuda::device_guard;
 
 namespace {
 
@@ -111,10 +111,10 @@ int ranks() { return std::min(sk::backends::cuda_device_count(), 2); }
 
 }  // namespace
 
-TEST_CASE("[fsdp][nccl] the limiter over cuda_device_memory hands out device-tagged blocks of device memory") {
+TEST_CASE("[fsdp][nccl] the limiter over cuda::device_memory hands out device-tagged blocks of device memory") {
   if (!device_or_skip()) return;
   SHARDKIT_CUDA_CHECK(cudaSetDevice(0), sk::error_context{});
-  fsdp::basic_rate_limiter<sk::backends::cuda_device_memory> limiter({.budget_bytes = 1000});
+  fsdp::basic_rate_limiter<sk::cuda::device_memory> limiter({.budget_bytes = 1000});
   CHECK(limiter.location() == device::cuda(0));
   CHECK(limiter.memory().ordinal() == 0);
   CHECK(reinterpret_cast<std::uintptr_t>(limiter.memory().data()) % sk::arena_memory_base_alignment == 0);

@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "shardkit/backends/nccl/pinned_host_memory.hpp"
+#include "shardkit/cuda/pinned_host_memory.hpp"
 
 using namespace shardkit;
-using backends::pinned_host_memory;
-using backends::pinned_staging_arena;
+using cuda::pinned_host_memory;
+using cuda::pinned_staging_arena;
 
 static_assert(arena_memory<pinned_host_memory>);
 
@@ -23,7 +23,7 @@ namespace {
 bool cuda_device(std::string& reason) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) reason = "no usable CUDA device: cudaGetDeviceCount failed with " + backends::nccl_detail::cuda_error_text(e);
+  if (e != cudaSuccess) reason = "no usable CUDA device: cudaGetDeviceCount failed with " + cuda::cuda_error_text(e);
   else if (n <= 0) reason = "no CUDA device: cudaGetDeviceCount reports 0 devices";
   return e == cudaSuccess && n > 0;
 }

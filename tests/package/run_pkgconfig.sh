@@ -38,7 +38,7 @@ pkg-config --print-errors --exists $mods
 "$cxx" -O1 -o "$work/consumer" "$src/tests/package/consumer/main.cpp" $(pkg-config --cflags --libs $mods)
 "$work/consumer"
 all=shardkit
-for m in tcp codec ckpt data s3 gloo fabric nccl; do
+for m in tcp codec ckpt data s3 gloo fabric cuda nccl; do
   if pkg-config --exists "shardkit-$m"; then all="$all shardkit-$m"; fi
 done
 # shellcheck disable=SC2046

@@ -29,12 +29,8 @@ MAY_INCLUDE = {
     "bench": {"backends", "comm", "transport", "rendezvous", "core"},
     "impl": {"ckpt", "data", "fsdp", "comm", "backends", "transport", "storage", "rendezvous", "codec", "cuda", "core"},
 }
-# Known exceptions, each with the reason it is still here (issue 31, item 1 moves these adapters beside the concept
-# they model, over a cuda/ layer).
-EXCEPTIONS = {
-    ("backends/nccl/cuda_gather_device.hpp", "fsdp"),
-    ("backends/nccl/cuda_checkpoint_device.hpp", "ckpt"),
-}
+# Known exceptions, each with the reason it is still here: (header relative to include/shardkit, layer reached).
+EXCEPTIONS: set[tuple[str, str]] = set()
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]shardkit/([a-z_]+)/')
 # A commit as a comment names it: 7 to 12 (abbreviated) or 40 hex digits with a letter and a digit, standing alone
 # (not 0x..., not part of a longer word, number or checksum).

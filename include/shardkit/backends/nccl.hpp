@@ -57,11 +57,11 @@
 #include <vector>
 
 #include "shardkit/backends/nccl/comm_handle.hpp"
-#include "shardkit/backends/nccl/cuda_resources.hpp"
 #include "shardkit/backends/nccl/errors.hpp"
 #include "shardkit/backends/nccl/p2p_channels.hpp"
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/comm/detail/any_communicator.hpp"
+#include "shardkit/cuda/resources.hpp"
 #include "shardkit/rendezvous/store.hpp"
 
 namespace shardkit::backends {
@@ -369,8 +369,8 @@ class nccl_communicator {
     nccl_detail::comm_handle comm;
     nccl_detail::cuda_stream stream;
     nccl_detail::cuda_event done, ready;
-    nccl_detail::device_memory scratch, barrier_cell;
-    nccl_detail::device_memory control;  // host_all_gather's staging: a few bytes per rank, kept between calls
+    cuda::stream_ordered_memory scratch, barrier_cell;
+    cuda::stream_ordered_memory control;  // host_all_gather's staging: a few bytes per rank, kept between calls
     nccl_detail::interrupt_flag interrupt;
     mutable std::mutex broken_mutex;  // broken_by() must not wait for a collective in flight
     std::exception_ptr broken;

@@ -12,7 +12,7 @@
 //! save() on the trainer's thread, makes them wait for the work the trainer queued before (the optimizer step that
 //! produced the values being saved).
 //!
-//! The CUDA model is backends::cuda_checkpoint_device (backends/nccl/cuda_checkpoint_device.hpp, shardkit::nccl);
+//! The CUDA model is ckpt::cuda_checkpoint_device (ckpt/cuda_checkpoint_device.hpp, shardkit::cuda);
 //! the ckpt target knows only this interface.
 //!
 //! ### Named requirement `checkpoint_device<D>`
@@ -122,7 +122,7 @@ class checkpoint_device_model final : public checkpoint_device_interface {
 class any_checkpoint_device {
  public:
   any_checkpoint_device() = default;
-  //! Implicit, so that `{.device = backends::cuda_checkpoint_device({.device = local_rank})}` reads naturally.
+  //! Implicit, so that `{.device = ckpt::cuda_checkpoint_device({.device = local_rank})}` reads naturally.
   template <class D>
     requires(!std::same_as<D, any_checkpoint_device> && checkpoint_device<D>)
   any_checkpoint_device(D d)  // NOLINT(google-explicit-constructor)

@@ -6,7 +6,7 @@
 //! mapping of the peer's whole allocation, cached per group (comm/algorithms/cross_memory.hpp, at most 16). One
 //! allocation per unit (dozens) would evict and remap on every collective; views of one region cost one mapping
 //! per peer for the life of the group, whatever their number and offsets. The same layout serves staging memory
-//! (page_aligned_memory, or pinned_host_memory for CUDA in backends/nccl/pinned_host_memory.hpp), where one
+//! (page_aligned_memory, or pinned_host_memory for CUDA in cuda/pinned_host_memory.hpp), where one
 //! page-locked region is far cheaper to pin than many.
 //!
 //! @code
@@ -255,7 +255,7 @@ class basic_flat_arena {
 
 //! Buffers that local peers map: what collectives between ranks of one host reduce in place.
 using flat_arena = basic_flat_arena<host_shared_memory>;
-//! Staging buffers no other process reads (pinned ones for CUDA: backends/nccl/pinned_host_memory.hpp).
+//! Staging buffers no other process reads (pinned ones for CUDA: cuda/pinned_host_memory.hpp).
 using staging_arena = basic_flat_arena<page_aligned_memory>;
 
 }  // namespace shardkit

@@ -3,9 +3,9 @@
 //!
 //! Three models: host_shared_memory (core/host_shared_memory.hpp; local peers map it, so collectives between
 //! ranks of one host read and write it in place), page_aligned_memory (below: ordinary memory, the staging
-//! buffers of a trainer without CUDA) and pinned_host_memory (backends/nccl/pinned_host_memory.hpp: page-locked
+//! buffers of a trainer without CUDA) and pinned_host_memory (cuda/pinned_host_memory.hpp: page-locked
 //! by cudaHostAlloc, so copies from and to the GPU run at full speed and asynchronously). The core target never
-//! sees the CUDA one; code that stages CUDA buffers includes its header and links shardkit::nccl.
+//! sees the CUDA one; code that stages CUDA buffers includes its header and links shardkit::cuda.
 //!
 //! ### Named requirement `arena_memory<M>`
 //! | expression                   | type / semantics                                                              |

@@ -11,7 +11,7 @@
 //! shard, and a new gradient buffer is zeroed on the device. The collectives themselves run on the device (the
 //! groups' backend must accept buffers on location()).
 //!
-//! The CUDA model is backends::cuda_gather_device (backends/nccl/cuda_gather_device.hpp, shardkit::nccl); the core
+//! The CUDA model is fsdp::cuda_gather_device (fsdp/cuda_gather_device.hpp, shardkit::cuda); the core
 //! target knows only this interface.
 //!
 //! ### Named requirement `gather_device<D>`
@@ -261,7 +261,7 @@ class any_device_stager {
 class any_gather_device {
  public:
   any_gather_device() : d_(host()) {}
-  //! Implicit, so that `{.device = backends::cuda_gather_device({.device = local_rank})}` reads naturally.
+  //! Implicit, so that `{.device = fsdp::cuda_gather_device({.device = local_rank})}` reads naturally.
   template <class D>
     requires(!std::same_as<D, any_gather_device> && gather_device<D>)
   any_gather_device(D d)  // NOLINT(google-explicit-constructor)

@@ -114,7 +114,7 @@ struct sharding_options {
   //! Prefix of the groups the model creates ("fsdp.gather", "fsdp.reduce", "fsdp.replica").
   std::string name = "fsdp";
   //! Where gathered parameters and unsharded gradients live (the limiter's region) and the trainer computes: the
-  //! host by default; `backends::cuda_gather_device({.device = local_rank})` for a GPU, with groups on NCCL. The
+  //! host by default; `fsdp::cuda_gather_device({.device = local_rank})` for a GPU, with groups on NCCL. The
   //! master and gradient shards and the optimizer state stay in host memory either way (fsdp/device.hpp).
   any_gather_device device{};
   //! When set, called with each interval of the model's timeline as it ends (model_event), from the trainer's

@@ -16,7 +16,7 @@
 //! release.
 //!
 //! Where the region lives is the Memory's business: host_shared_memory by default; device memory for gathered
-//! parameters on a GPU (backends/nccl/cuda_device_memory.hpp, or whatever a sharded_model's gather_device
+//! parameters on a GPU (cuda/device_memory.hpp, or whatever a sharded_model's gather_device
 //! allocates). A Memory with `location()` (a shardkit::device) tags every lease's view with it, so a collective
 //! knows the block is device memory; without one, views are host memory. bytes() and view() are then addresses in
 //! that device's memory: the limiter itself never reads or writes the region.

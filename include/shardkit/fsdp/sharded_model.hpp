@@ -35,7 +35,7 @@
 //!
 //! Device (sharding_options::device, fsdp/device.hpp): the limiter's region, and so the gathered parameters and
 //! unsharded gradients the trainer reads and writes, live on the gather device (the host by default; a GPU with
-//! backends::cuda_gather_device and groups on NCCL). The master and gradient shards and the optimizer stay in
+//! fsdp::cuda_gather_device and groups on NCCL). The master and gradient shards and the optimizer stay in
 //! host memory: a gather uploads this rank's master shard, converted to the parameter dtype, into its slot of
 //! the gathered buffer and all-gathers on the device; a reduction reduce-scatters on the device and adds this
 //! rank's reduced slot into the f32 gradient shard on the host (ZeRO-Offload's split). The scalar all-reduces

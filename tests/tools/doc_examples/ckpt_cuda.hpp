@@ -1,11 +1,10 @@
 // docs/checkpointing.md, CUDA tensors: the process group, the sink, this rank's GPU and a piece of a parameter in
 // its memory.
 #include <cstdint>
-#include <shardkit/backends/nccl/cuda_checkpoint_device.hpp>
+#include <shardkit/ckpt/cuda_checkpoint_device.hpp>
 #include <shardkit/ckpt/checkpointer.hpp>
 
 namespace ckpt = shardkit::ckpt;
-namespace backends = shardkit::backends;
 extern shardkit::comm::process_group pg;
 extern shardkit::storage::any_sink sink;
 extern int local;

@@ -30,11 +30,15 @@
 #include <utility>
 #include <vector>
 
-#include "shardkit/backends/nccl/cuda_resources.hpp"
 #include "shardkit/backends/nccl/errors.hpp"
 #include "shardkit/core/completion.hpp"
+#include "shardkit/cuda/resources.hpp"
 
 namespace shardkit::backends::nccl_detail {
+
+using cuda::cuda_event;
+using cuda::cuda_stream;
+using cuda::device_guard;
 
 //! Raised by another thread to make a wait give up: abort() by the user (errc::aborted) or shutdown
 //! (errc::closed). The first reason wins.

@@ -1,11 +1,9 @@
 #pragma once
-//! CUDA and NCCL status codes turned into shardkit::error, and the mapping of shardkit's dtypes and reduce ops
-//! onto NCCL's.
+//! NCCL status codes turned into shardkit::error (CUDA's are cuda/error.hpp's), and the mapping of shardkit's
+//! dtypes and reduce ops onto NCCL's.
 //!
-//! Every CUDA runtime and NCCL call of the backend goes through check_cuda / check_nccl (or the SHARDKIT_CUDA_CHECK
-//! and SHARDKIT_NCCL_CHECK macros, which add the call's name), so an error always says which call failed, on which
-//! rank and group, and what NCCL's last-error text was.
-#include <cuda_runtime_api.h>
+//! Every NCCL call of the backend goes through check_nccl (or SHARDKIT_NCCL_CHECK, which adds the call's name), so
+//! an error always says which call failed, on which rank and group, and what NCCL's last-error text was.
 #include <nccl.h>
 
 #include <string>
@@ -14,6 +12,7 @@
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/reduce_op.hpp"
+#include "shardkit/cuda/error.hpp"
 
 // ncclCommSplit and nonblocking communicators (ncclConfig_t.blocking) are what timeouts and groups rest on.
 #if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
@@ -22,15 +21,10 @@
 
 namespace shardkit::backends::nccl_detail {
 
-//! "cudaSetDevice" from "cudaSetDevice(opts.device)": errors name the call, not its arguments.
-constexpr std::string_view call_name(std::string_view expression) noexcept {
-  const auto paren = expression.find('(');
-  return paren == std::string_view::npos ? expression : expression.substr(0, paren);
-}
-
-inline std::string cuda_error_text(cudaError_t e) {
-  return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
-}
+using cuda::call_name;
+using cuda::check_cuda;
+using cuda::cuda_error_text;
+using cuda::throw_cuda;
 
 //! NCCL's name for the result plus its last-error text for `comm` (or the thread's last error when comm is null).
 inline std::string nccl_error_text(ncclResult_t r, ncclComm_t comm = nullptr) {
@@ -40,14 +34,6 @@ inline std::string nccl_error_text(ncclResult_t r, ncclComm_t comm = nullptr) {
   return text;
 }
 
-[[noreturn]] inline void throw_cuda(cudaError_t e, std::string_view call, const error_context& ctx) {
-  throw error(errc::backend, std::string(call_name(call)) + " failed: " + cuda_error_text(e), ctx);
-}
-
-inline void check_cuda(cudaError_t e, std::string_view call, const error_context& ctx) {
-  if (e != cudaSuccess) throw_cuda(e, call, ctx);
-}
-
 //! Throws for every result except ncclSuccess and ncclInProgress (which a nonblocking communicator returns while
 //! the call completes in the background) and returns the result so the caller can wait for the latter.
 inline ncclResult_t check_nccl(ncclResult_t r, std::string_view call, const error_context& ctx, ncclComm_t comm = nullptr) {
@@ -55,7 +41,6 @@ inline ncclResult_t check_nccl(ncclResult_t r, std::string_view call, const erro
   throw error(errc::backend, std::string(call_name(call)) + " failed: " + nccl_error_text(r, comm), ctx);
 }
 
-#define SHARDKIT_CUDA_CHECK(call, ctx) ::shardkit::backends::nccl_detail::check_cuda((call), #call, (ctx))
 #define SHARDKIT_NCCL_CHECK(call, ctx, comm) ::shardkit::backends::nccl_detail::check_nccl((call), #call, (ctx), (comm))
 
 constexpr ncclDataType_t to_nccl(dtype t) noexcept {

@@ -160,7 +160,7 @@ class recv_channel {
   struct stashed {
     std::uint32_t tag;
     std::size_t bytes;
-    device_memory data;
+    cuda::stream_ordered_memory data;
   };
   //! Posted receives live in the shared queue state so a cancel callback can withdraw one after the channel is
   //! gone (it then finds nothing and reports that it could not cancel).
@@ -306,7 +306,7 @@ class recv_channel {
           continue;
         }
         // Unexpected, or the wrong size for the receive that matched: keep the link in step by taking the payload.
-        device_memory held = link_.allocate(h.bytes, link_.context("recv"));
+        cuda::stream_ordered_memory held = link_.allocate(h.bytes, link_.context("recv"));
         link_.recv_payload(held.data(), h.bytes, w);
         if (target) {
           held = {};  // now, on the link's stream: the receive's continuations may destroy the channel and the link

@@ -23,9 +23,9 @@
 #include <string>
 
 #include "shardkit/backends/nccl/comm_handle.hpp"
-#include "shardkit/backends/nccl/cuda_resources.hpp"
 #include "shardkit/backends/nccl/errors.hpp"
 #include "shardkit/core/buffer.hpp"
+#include "shardkit/cuda/resources.hpp"
 #include "shardkit/rendezvous/store.hpp"
 
 namespace shardkit::backends::nccl_detail {
@@ -140,8 +140,8 @@ class pair_link {
   }
 
   //! Device memory in the order of the link's stream (for a message that arrived before its receive).
-  device_memory allocate(std::size_t bytes, const error_context& ctx) {
-    return device_memory(setup_.device, stream_.get(), bytes, ctx);
+  cuda::stream_ordered_memory allocate(std::size_t bytes, const error_context& ctx) {
+    return cuda::stream_ordered_memory(setup_.device, stream_.get(), bytes, ctx);
   }
 
   //! Copies a stashed (unexpected) message into the buffer of the receive that finally asked for it, on a
@@ -206,7 +206,7 @@ class pair_link {
   comm_handle comm_;
   cuda_stream stream_;
   cuda_event event_, ready_;
-  device_memory header_;
+  cuda::stream_ordered_memory header_;
   std::mutex copy_mutex_;
   cuda_stream copy_stream_;
   message_header staged_;

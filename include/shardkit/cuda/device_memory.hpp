@@ -1,12 +1,12 @@
 #pragma once
-//! cuda_device_memory: one cudaMalloc allocation on the current device, an arena_memory (core/arena_memory.hpp)
-//! that knows where it lives, so `fsdp::basic_rate_limiter<cuda_device_memory>` hands out leases whose views are
+//! cuda::device_memory: one cudaMalloc allocation on the current device, an arena_memory (core/arena_memory.hpp)
+//! that knows where it lives, so `fsdp::basic_rate_limiter<device_memory>` hands out leases whose views are
 //! tagged `device::cuda(ordinal)` and go straight to an NCCL group.
 //!
-//! Only code that uses CUDA includes this header (it needs cuda_runtime_api.h and links shardkit::nccl).
+//! Only code that uses CUDA includes this header (it needs cuda_runtime_api.h and links shardkit::cuda).
 //! @code
 //!   cudaSetDevice(local_rank);
-//!   shardkit::fsdp::basic_rate_limiter<shardkit::backends::cuda_device_memory> limiter({.budget_bytes = 1 << 30});
+//!   shardkit::fsdp::basic_rate_limiter<shardkit::cuda::device_memory> limiter({.budget_bytes = 1 << 30});
 //!   auto l = limiter.acquire_blocking(n * 2, "unit 'block0' all-gather");
 //!   nccl_group.all_gather(mine, l.view(dtype::bf16, n)).wait();   // the view names cuda:local_rank
 //! @endcode
@@ -18,14 +18,14 @@
 #include <string_view>
 #include <utility>
 
-#include "shardkit/backends/nccl/cuda_resources.hpp"
-#include "shardkit/backends/nccl/errors.hpp"
 #include "shardkit/core/arena_memory.hpp"
 #include "shardkit/core/buffer.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/core/unique_resource.hpp"
+#include "shardkit/cuda/error.hpp"
+#include "shardkit/cuda/resources.hpp"
 
-namespace shardkit::backends {
+namespace shardkit::cuda {
 
 //! `bytes` of device memory on the device current at construction (contents not zeroed: the limiter's users write
 //! before they read). The base is aligned to arena_memory_base_alignment as the concept promises: cudaMalloc
@@ -36,14 +36,14 @@ namespace shardkit::backends {
 //! no group that uses it has a collective pending (a sharded_model destroys its groups before its limiter).
 //! Failure is errc::out_of_memory when CUDA says so (cudaErrorMemoryAllocation), errc::backend otherwise (no
 //! device, no driver), naming the call and the size.
-class cuda_device_memory {
+class device_memory {
  public:
   using arena_memory_concept = arena_memory_tag;
-  static constexpr std::string_view memory_name = "cuda_device_memory";
+  static constexpr std::string_view memory_name = "cuda::device_memory";
 
-  cuda_device_memory() = default;
-  explicit cuda_device_memory(std::size_t bytes) {
-    const error_context ctx{.operation = "cuda_device_memory"};
+  device_memory() = default;
+  explicit device_memory(std::size_t bytes) {
+    const error_context ctx{.operation = "cuda::device_memory"};
     int ordinal = 0;
     SHARDKIT_CUDA_CHECK(cudaGetDevice(&ordinal), ctx);
     region_->ordinal = ordinal;
@@ -54,7 +54,7 @@ class cuda_device_memory {
       (void)cudaGetLastError();  // not sticky: later calls must not report it
       throw error(e == cudaErrorMemoryAllocation ? errc::out_of_memory : errc::backend,
                   "cudaMalloc of " + std::to_string(bytes) + " bytes on cuda:" + std::to_string(ordinal) +
-                      " failed: " + nccl_detail::cuda_error_text(e),
+                      " failed: " + cuda_error_text(e),
                   ctx);
     }
     auto* raw = static_cast<std::byte*>(p);
@@ -81,15 +81,15 @@ class cuda_device_memory {
   struct free_on_device {
     void operator()(allocation& a) const noexcept {
       if (!a.raw) return;
-      nccl_detail::device_guard guard(a.ordinal, nccl_detail::device_guard::quiet_t{});
+      device_guard guard(a.ordinal, device_guard::quiet_t{});
       const cudaError_t e = cudaFree(a.raw);
-      if (e != cudaSuccess) log::warn("cuda_device_memory: cudaFree failed: ", nccl_detail::cuda_error_text(e));
+      if (e != cudaSuccess) log::warn("cuda::device_memory: cudaFree failed: ", cuda_error_text(e));
     }
   };
   using region = shardkit::detail::unique_resource<allocation, free_on_device>;
   region region_;
 };
 
-static_assert(arena_memory<cuda_device_memory>);
+static_assert(arena_memory<device_memory>);
 
-}  // namespace shardkit::backends
+}  // namespace shardkit::cuda

@@ -1,13 +1,13 @@
 #pragma once
 //! cuda_checkpoint_device: a GPU as a checkpointer's device (ckpt/device.hpp). A save copies the state's CUDA tensors
 //! with cudaMemcpyAsync into the checkpointer's staging buffer, which is page-locked host memory
-//! (pinned_host_memory): the copies of every tensor are queued on the device's own stream and run at full bus speed
-//! while the worker queues the next, then one cudaStreamSynchronize waits for all. A load uploads verified bytes
+//! (cuda::pinned_host_memory): the copies of every tensor are queued on the device's own stream and run at full
+//! bus speed while the worker queues the next, then one cudaStreamSynchronize waits for all. A load uploads verified bytes
 //! from page-locked staging the same way.
 //!
 //! @code
 //!   shardkit::ckpt::checkpointer ck(pg, sink, {.mode = shardkit::ckpt::staging::zero_overhead,
-//!                                              .device = shardkit::backends::cuda_checkpoint_device({.device = local})});
+//!                                              .device = shardkit::ckpt::cuda_checkpoint_device({.device = local})});
 //!   state.add_piece("w", shardkit::buffer_view(w_dev, n, shardkit::dtype::bf16, shardkit::device::cuda(local)),
 //!                   {rows, cols}, first);
 //! @endcode
@@ -19,7 +19,7 @@
 //! forward and backward do not write parameters; wait_staged() before the next optimizer step). A load's uploads
 //! wait for the trainer's queued work the same way, because its kernels may still read the tensors being replaced.
 //!
-//! Only code that uses CUDA includes this header (it links shardkit::nccl).
+//! Only code that uses CUDA includes this header (it links shardkit::cuda).
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -29,13 +29,13 @@
 #include <span>
 #include <string>
 
-#include "shardkit/backends/nccl/cuda_resources.hpp"
-#include "shardkit/backends/nccl/errors.hpp"
-#include "shardkit/backends/nccl/pinned_host_memory.hpp"
 #include "shardkit/ckpt/device.hpp"
 #include "shardkit/core/buffer.hpp"
+#include "shardkit/cuda/error.hpp"
+#include "shardkit/cuda/pinned_host_memory.hpp"
+#include "shardkit/cuda/resources.hpp"
 
-namespace shardkit::backends {
+namespace shardkit::ckpt {
 
 struct cuda_checkpoint_options {
   int device = 0;  //!< CUDA ordinal of the tensors the checkpointer copies
@@ -55,15 +55,15 @@ class cuda_checkpoint_device {
 
   device location() const noexcept { return device::cuda(s_->options.device); }
 
-  pinned_host_memory allocate_staging(std::size_t bytes) {
-    nccl_detail::device_guard guard(s_->options.device, context("allocate_staging"));
-    return pinned_host_memory(bytes);
+  cuda::pinned_host_memory allocate_staging(std::size_t bytes) {
+    cuda::device_guard guard(s_->options.device, context("allocate_staging"));
+    return cuda::pinned_host_memory(bytes);
   }
 
   void order_after_trainer() {
     if (!s_->options.order_after) return;
     const auto ctx = context("order_after_trainer");
-    nccl_detail::device_guard guard(s_->options.device, ctx);
+    cuda::device_guard guard(s_->options.device, ctx);
     // Record and wait as one: the worker may be queueing copies of an earlier save on the stream meanwhile.
     std::lock_guard lock(s_->mutex);
     SHARDKIT_CUDA_CHECK(cudaEventRecord(s_->trainer_done.get(), *s_->options.order_after), ctx);
@@ -73,7 +73,7 @@ class cuda_checkpoint_device {
   void download(const void* from, std::span<std::byte> host) {
     if (host.empty()) return;
     const auto ctx = context("download");
-    nccl_detail::device_guard guard(s_->options.device, ctx);
+    cuda::device_guard guard(s_->options.device, ctx);
     std::lock_guard lock(s_->mutex);
     SHARDKIT_CUDA_CHECK(cudaMemcpyAsync(host.data(), from, host.size(), cudaMemcpyDeviceToHost, s_->stream.get()), ctx);
   }
@@ -81,14 +81,14 @@ class cuda_checkpoint_device {
   void upload(std::span<const std::byte> host, void* to) {
     if (host.empty()) return;
     const auto ctx = context("upload");
-    nccl_detail::device_guard guard(s_->options.device, ctx);
+    cuda::device_guard guard(s_->options.device, ctx);
     std::lock_guard lock(s_->mutex);
     SHARDKIT_CUDA_CHECK(cudaMemcpyAsync(to, host.data(), host.size(), cudaMemcpyHostToDevice, s_->stream.get()), ctx);
   }
 
   void synchronize() {
     const auto ctx = context("synchronize");
-    nccl_detail::device_guard guard(s_->options.device, ctx);
+    cuda::device_guard guard(s_->options.device, ctx);
     SHARDKIT_CUDA_CHECK(cudaStreamSynchronize(s_->stream.get()), ctx);
   }
 
@@ -101,8 +101,8 @@ class cuda_checkpoint_device {
     shared(const cuda_checkpoint_options& o, const error_context& ctx)
         : options(o), stream(o.device, ctx), trainer_done(o.device, ctx) {}
     cuda_checkpoint_options options;
-    nccl_detail::cuda_stream stream;
-    nccl_detail::cuda_event trainer_done;
+    cuda::cuda_stream stream;
+    cuda::cuda_event trainer_done;
     std::mutex mutex;
   };
   std::unique_ptr<shared> s_;
@@ -110,4 +110,4 @@ class cuda_checkpoint_device {
 
 static_assert(ckpt::checkpoint_device<cuda_checkpoint_device>);
 
-}  // namespace shardkit::backends
+}  // namespace shardkit::ckpt

@@ -6,7 +6,7 @@
 //! is slow (the kernel locks every page) and a pinned page is memory nothing else can use, so it is done once,
 //! sized by an arena_plan.
 //!
-//! Only code that uses CUDA includes this header (it needs cuda_runtime_api.h and links shardkit::nccl, which
+//! Only code that uses CUDA includes this header (it needs cuda_runtime_api.h and links shardkit::cuda, which
 //! carries CUDA::cudart); the core target knows only the concept and page_aligned_memory, the same interface for a
 //! build without CUDA: `basic_flat_arena<page_aligned_memory>` (staging_arena) there,
 //! `basic_flat_arena<pinned_host_memory>` here.
@@ -17,13 +17,13 @@
 #include <string_view>
 #include <utility>
 
-#include "shardkit/backends/nccl/errors.hpp"
 #include "shardkit/core/arena.hpp"
 #include "shardkit/core/arena_memory.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/core/unique_resource.hpp"
+#include "shardkit/cuda/error.hpp"
 
-namespace shardkit::backends {
+namespace shardkit::cuda {
 
 //! `bytes` of page-locked host memory, usable by every CUDA context of the process (cudaHostAllocPortable: a
 //! staging region serves whichever device a shard lives on). Contents are not zeroed (the stager overwrites
@@ -43,7 +43,7 @@ class pinned_host_memory {
     if (e != cudaSuccess) {
       (void)cudaGetLastError();  // a failed allocation is not sticky: clear it so later calls do not report it
       throw error(e == cudaErrorMemoryAllocation ? errc::out_of_memory : errc::backend,
-                  "cudaHostAlloc of " + std::to_string(bytes) + " bytes failed: " + nccl_detail::cuda_error_text(e),
+                  "cudaHostAlloc of " + std::to_string(bytes) + " bytes failed: " + cuda_error_text(e),
                   {.operation = "pinned_host_memory"});
     }
     region_ = region({static_cast<std::byte*>(p), bytes});
@@ -61,7 +61,7 @@ class pinned_host_memory {
     void operator()(allocation& a) const noexcept {
       if (!a.data) return;
       const cudaError_t e = cudaFreeHost(a.data);
-      if (e != cudaSuccess) log::warn("pinned_host_memory: cudaFreeHost failed: ", nccl_detail::cuda_error_text(e));
+      if (e != cudaSuccess) log::warn("pinned_host_memory: cudaFreeHost failed: ", cuda_error_text(e));
     }
   };
   using region = shardkit::detail::unique_resource<allocation, free_host>;
@@ -71,4 +71,4 @@ class pinned_host_memory {
 //! Staging buffers for CUDA shards, in one page-locked region.
 using pinned_staging_arena = basic_flat_arena<pinned_host_memory>;
 
-}  // namespace shardkit::backends
+}  // namespace shardkit::cuda

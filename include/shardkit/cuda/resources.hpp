@@ -1,6 +1,6 @@
 #pragma once
-//! Owning handles for the CUDA objects the NCCL backend creates: the current-device scope, a stream, an event
-//! and a device allocation.
+//! Owning handles for CUDA objects: the current-device scope, a stream, an event and a stream-ordered device
+//! allocation (the NCCL backend's, the CUDA gather and checkpoint devices').
 //!
 //! Each handle remembers its device and makes it current while it releases the object, because the threads that
 //! destroy them (a process group's progress thread, a user thread dropping the last group handle) need not have
@@ -10,10 +10,10 @@
 #include <cstddef>
 #include <utility>
 
-#include "shardkit/backends/nccl/errors.hpp"
 #include "shardkit/core/log.hpp"
+#include "shardkit/cuda/error.hpp"
 
-namespace shardkit::backends::nccl_detail {
+namespace shardkit::cuda {
 
 //! Makes `device` current for the scope and restores the previous device after it.
 class device_guard {
@@ -41,9 +41,11 @@ class device_guard {
   int previous_ = 0;
 };
 
+namespace detail {
 inline void log_release_failure(const char* call, cudaError_t e) {
-  if (e != cudaSuccess) log::warn("nccl backend: ", call, " failed while releasing: ", cuda_error_text(e));
+  if (e != cudaSuccess) log::warn("cuda: ", call, " failed while releasing: ", cuda_error_text(e));
 }
+}  // namespace detail
 
 //! A stream that does not synchronise with the legacy default stream (cudaStreamNonBlocking): the backend orders
 //! its work after the caller's explicitly, through an event (see nccl_options::order_after).
@@ -63,7 +65,7 @@ class cuda_stream {
   ~cuda_stream() {
     if (!stream_) return;
     device_guard guard(device_, device_guard::quiet_t{});
-    log_release_failure("cudaStreamDestroy", cudaStreamDestroy(stream_));
+    detail::log_release_failure("cudaStreamDestroy", cudaStreamDestroy(stream_));
   }
   cudaStream_t get() const noexcept { return stream_; }
 
@@ -89,7 +91,7 @@ class cuda_event {
   ~cuda_event() {
     if (!event_) return;
     device_guard guard(device_, device_guard::quiet_t{});
-    log_release_failure("cudaEventDestroy", cudaEventDestroy(event_));
+    detail::log_release_failure("cudaEventDestroy", cudaEventDestroy(event_));
   }
   cudaEvent_t get() const noexcept { return event_; }
 
@@ -98,22 +100,22 @@ class cuda_event {
   cudaEvent_t event_ = nullptr;
 };
 
-//! Device memory owned by the backend: message headers, staging for in-place exchanges, unexpected messages.
+//! Device memory owned by a backend: message headers, staging for in-place exchanges, unexpected messages.
 //!
 //! Stream-ordered (cudaMallocAsync / cudaFreeAsync on the owner's stream) because cudaFree waits for the whole
 //! device, and an NCCL kernel parked on a peer (a posted receive, a collective a peer has not joined yet) would
 //! make it wait for that peer, which may be waiting for this very thread: the classic NCCL + cudaFree hang.
 //! Devices without memory pools fall back to cudaMalloc / cudaFree.
-class device_memory {
+class stream_ordered_memory {
  public:
-  device_memory() = default;
-  device_memory(int device, cudaStream_t stream, std::size_t bytes, const error_context& ctx) : device_(device), stream_(stream) {
+  stream_ordered_memory() = default;
+  stream_ordered_memory(int device, cudaStream_t stream, std::size_t bytes, const error_context& ctx) : device_(device), stream_(stream) {
     reserve(bytes, ctx);
   }
-  device_memory(device_memory&& o) noexcept
+  stream_ordered_memory(stream_ordered_memory&& o) noexcept
       : device_(o.device_), stream_(o.stream_), data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)),
         pooled_(o.pooled_) {}
-  device_memory& operator=(device_memory&& o) noexcept {
+  stream_ordered_memory& operator=(stream_ordered_memory&& o) noexcept {
     std::swap(device_, o.device_);
     std::swap(stream_, o.stream_);
     std::swap(data_, o.data_);
@@ -121,7 +123,7 @@ class device_memory {
     std::swap(pooled_, o.pooled_);
     return *this;
   }
-  ~device_memory() { release(); }
+  ~stream_ordered_memory() { release(); }
 
   //! For members built before their stream: where later allocations come from. The stream must outlive this.
   void bind(int device, cudaStream_t stream) noexcept {
@@ -152,8 +154,8 @@ class device_memory {
   void release() noexcept {
     if (!data_) return;
     device_guard guard(device_, device_guard::quiet_t{});
-    if (pooled_) log_release_failure("cudaFreeAsync", cudaFreeAsync(data_, stream_));
-    else log_release_failure("cudaFree", cudaFree(data_));
+    if (pooled_) detail::log_release_failure("cudaFreeAsync", cudaFreeAsync(data_, stream_));
+    else detail::log_release_failure("cudaFree", cudaFree(data_));
     data_ = nullptr;
     bytes_ = 0;
   }
@@ -164,4 +166,4 @@ class device_memory {
   bool pooled_ = false;
 };
 
-}  // namespace shardkit::backends::nccl_detail
+}  // namespace shardkit::cuda

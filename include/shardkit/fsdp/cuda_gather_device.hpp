@@ -1,6 +1,6 @@
 #pragma once
 //! cuda_gather_device: a GPU as an fsdp::sharded_model's gather device (fsdp/device.hpp), ZeRO-Offload style and
-//! without a kernel of shardkit's own. The limiter's region and the accumulation buffers are cuda_device_memory;
+//! without a kernel of shardkit's own. The limiter's region and the accumulation buffers are cuda::device_memory;
 //! the master and gradient shards and the optimizer stay in host memory; each copy converts on the host and goes
 //! through page-locked staging:
 //! - gather: master shard (f32, host) -> converted into pinned staging in the parameter dtype -> cudaMemcpyAsync
@@ -11,7 +11,7 @@
 //! @code
 //!   auto pg = comm::process_group::create(backends::nccl_communicator::create(store, rank, world, {.device = local}));
 //!   fsdp::sharded_model model(pg, units, {.precision = {.param = dtype::bf16},
-//!                                         .device = backends::cuda_gather_device({.device = local})});
+//!                                         .device = fsdp::cuda_gather_device({.device = local})});
 //!   for (auto& u : model.forward()) my_kernels(u.param("w1"));      // device pointers, cuda:local
 //! @endcode
 //!
@@ -23,7 +23,7 @@
 //! wait for nothing. Every call synchronizes its stream before returning: the collective that follows runs on the
 //! communicator's stream, which does not know ours, and the staging buffer is reused by the next call.
 //!
-//! Only code that uses CUDA includes this header (it links shardkit::nccl).
+//! Only code that uses CUDA includes this header (it links shardkit::cuda).
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -31,15 +31,15 @@
 #include <span>
 #include <string>
 
-#include "shardkit/backends/nccl/cuda_device_memory.hpp"
-#include "shardkit/backends/nccl/cuda_resources.hpp"
-#include "shardkit/backends/nccl/errors.hpp"
-#include "shardkit/backends/nccl/pinned_host_memory.hpp"
 #include "shardkit/core/buffer.hpp"
 #include "shardkit/core/dtype.hpp"
+#include "shardkit/cuda/device_memory.hpp"
+#include "shardkit/cuda/error.hpp"
+#include "shardkit/cuda/pinned_host_memory.hpp"
+#include "shardkit/cuda/resources.hpp"
 #include "shardkit/fsdp/device.hpp"
 
-namespace shardkit::backends {
+namespace shardkit::fsdp {
 
 struct cuda_gather_options {
   int device = 0;  //!< CUDA ordinal: the same device as the groups' NCCL communicators
@@ -66,7 +66,7 @@ class cuda_gather_device {
       const auto ctx = context("upload");
       check_device(dev.dev(), ctx);
       if (dev.size_bytes() == 0) return;
-      nccl_detail::device_guard guard(opts_.device, ctx);
+      cuda::device_guard guard(opts_.device, ctx);
       std::byte* staged = reserve(dev.size_bytes());
       convert(host.type(), host.data(), dev.type(), staged, dev.count());
       order_after_caller(ctx);
@@ -88,7 +88,7 @@ class cuda_gather_device {
       const auto ctx = context("zero");
       check_device(dev.dev(), ctx);
       if (dev.size_bytes() == 0) return;
-      nccl_detail::device_guard guard(opts_.device, ctx);
+      cuda::device_guard guard(opts_.device, ctx);
       order_after_caller(ctx);
       SHARDKIT_CUDA_CHECK(cudaMemsetAsync(dev.data(), 0, dev.size_bytes(), stream_.get()), ctx);
       SHARDKIT_CUDA_CHECK(cudaStreamSynchronize(stream_.get()), ctx);
@@ -106,8 +106,8 @@ class cuda_gather_device {
       if (staging_.size() < bytes) {
         std::size_t n = 4096;
         while (n < bytes) n *= 2;
-        staging_ = pinned_host_memory();  // the old region goes first: pinned memory is scarce
-        staging_ = pinned_host_memory(n);
+        staging_ = cuda::pinned_host_memory();  // the old region goes first: pinned memory is scarce
+        staging_ = cuda::pinned_host_memory(n);
       }
       return staging_.data();
     }
@@ -120,7 +120,7 @@ class cuda_gather_device {
     const std::byte* fetch(const_buffer_view dev, const error_context& ctx) {
       check_device(dev.dev(), ctx);
       if (dev.size_bytes() == 0) return nullptr;
-      nccl_detail::device_guard guard(opts_.device, ctx);
+      cuda::device_guard guard(opts_.device, ctx);
       std::byte* staged = reserve(dev.size_bytes());
       SHARDKIT_CUDA_CHECK(cudaMemcpyAsync(staged, dev.data(), dev.size_bytes(), cudaMemcpyDeviceToHost, stream_.get()),
                           ctx);
@@ -129,18 +129,18 @@ class cuda_gather_device {
     }
 
     cuda_gather_options opts_;
-    nccl_detail::cuda_stream stream_;
-    nccl_detail::cuda_event ready_;
-    pinned_host_memory staging_;
+    cuda::cuda_stream stream_;
+    cuda::cuda_event ready_;
+    cuda::pinned_host_memory staging_;
   };
 
   explicit cuda_gather_device(cuda_gather_options options = {}) : opts_(options) {}
 
   device location() const noexcept { return device::cuda(opts_.device); }
   //! cudaMalloc on options.device, whatever device the calling thread has current.
-  cuda_device_memory allocate(std::size_t bytes) const {
-    nccl_detail::device_guard guard(opts_.device, error_context{.operation = "cuda_gather_device.allocate"});
-    return cuda_device_memory(bytes);
+  cuda::device_memory allocate(std::size_t bytes) const {
+    cuda::device_guard guard(opts_.device, error_context{.operation = "cuda_gather_device.allocate"});
+    return cuda::device_memory(bytes);
   }
   stager make_stager() const { return stager(opts_); }
   const cuda_gather_options& options() const noexcept { return opts_; }
@@ -151,4 +151,4 @@ class cuda_gather_device {
 
 static_assert(fsdp::gather_device<cuda_gather_device>);
 
-}  // namespace shardkit::backends
+}  // namespace shardkit::fsdp
