@@ -1,4 +1,4 @@
-// pinned_host_memory and pinned_staging_arena (backends/nccl/pinned_host_memory.hpp). Without a CUDA device the
+// cuda::pinned_host_memory and cuda::pinned_staging_arena (cuda/pinned_host_memory.hpp). Without a CUDA device the
 // device case prints one "[cuda] skipped: <reason>" line (ctest reports a skip) and the allocation is checked to
 // fail cleanly instead; the checks that need no device always run.
 #include <doctest/doctest.h>

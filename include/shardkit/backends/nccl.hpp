@@ -103,7 +103,7 @@ inline bool nccl_device_available(std::string* reason = nullptr) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
-    if (reason) *reason = "no usable CUDA device: cudaGetDeviceCount failed with " + nccl_detail::cuda_error_text(e);
+    if (reason) *reason = "no usable CUDA device: cudaGetDeviceCount failed with " + cuda::cuda_error_text(e);
     return false;
   }
   if (n <= 0) {
@@ -135,7 +135,7 @@ class nccl_communicator {
       throw error(errc::invalid_argument, "rank " + std::to_string(rank) + " is not within a world of " + std::to_string(size), ctx);
     if (!store) throw error(errc::invalid_argument, "create needs a store to exchange NCCL's unique id", ctx);
     const nccl_detail::wait_control w{deadline_after(opts.init_timeout), nullptr, opts.busy_poll};
-    nccl_detail::device_guard guard(opts.device, ctx);
+    cuda::device_guard guard(opts.device, ctx);
     const std::string prefix = opts.store_prefix;
     auto s = std::make_shared<state>(std::move(opts), store, prefix, ctx);
     s->rank = rank;
@@ -312,7 +312,7 @@ class nccl_communicator {
     const std::string prefix = s.prefix + "/split" + std::to_string(s.splits++) + "/" + std::to_string(color);
     std::shared_ptr<state> child;
     try {
-      nccl_detail::device_guard guard(s.opts.device, ctx);
+      cuda::device_guard guard(s.opts.device, ctx);
       ncclComm_t none = nullptr;
       ncclComm_t* out = &none;
       if (color >= 0) {
@@ -519,7 +519,7 @@ class nccl_communicator {
     if (nothing_to_do) return;
     const nccl_detail::wait_control w{o.until, &s.interrupt, s.opts.busy_poll};
     try {
-      nccl_detail::device_guard guard(s.opts.device, ctx);
+      cuda::device_guard guard(s.opts.device, ctx);
       body(s, w, ctx);
     } catch (...) {
       s.mark_broken(std::current_exception());
