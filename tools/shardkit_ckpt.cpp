@@ -4,14 +4,19 @@
 //   shardkit-ckpt verify LOCATION [--step N]
 //   shardkit-ckpt inspect LOCATION [--step N] [--json]
 //   shardkit-ckpt consolidate LOCATION --out DIR [--step N] [--max-shard-size 5GB] [--all] [--force]
+//   shardkit-ckpt gc LOCATION [--min-age SECONDS]
 //
 // LOCATION is what the checkpointer was given: a directory, or s3://bucket/prefix where storage/open_sink.hpp and
 // the S3 sink are built in. Without --step a command takes the newest complete checkpoint (the one a resume
 // loads). Progress bars go to stderr when it is a terminal or with --progress (--no-progress: never). Exit
 // status: 0 fine, 1 a problem (verify found one, or an error), 2 a usage error. The format is specified in
 // docs/checkpoint-format.md.
+#include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -34,6 +39,7 @@ int usage(std::FILE* to = stderr) {
       "       shardkit-ckpt verify LOCATION [--step N]\n"
       "       shardkit-ckpt inspect LOCATION [--step N] [--json]\n"
       "       shardkit-ckpt consolidate LOCATION --out DIR [--step N] [--max-shard-size 5GB] [--all] [--force]\n"
+      "       shardkit-ckpt gc LOCATION [--min-age SECONDS]\n"
       "LOCATION: a checkpoint directory (or s3://bucket/prefix); without --step, the latest complete checkpoint.\n"
       "  --progress / --no-progress  progress bars on stderr (default: when stderr is a terminal)\n"
       "  --json                      ls, inspect: one JSON document on stdout (exact bytes, every piece's file)\n"
@@ -41,7 +47,10 @@ int usage(std::FILE* to = stderr) {
       "                              model.safetensors.index.json) go\n"
       "  --max-shard-size SIZE       consolidate: largest output file's data, e.g. 5GB (10^9), 500MiB (2^20), bytes\n"
       "  --all                       consolidate: also per-rank entries (rank/...) and optimizer state (optim.*)\n"
-      "  --force                     consolidate: replace a consolidated model already in DIR\n",
+      "  --force                     consolidate: replace a consolidated model already in DIR\n"
+      "gc removes debris: the objects of steps without an index older than the latest complete checkpoint, writers'\n"
+      "temporaries in those steps, and the other temporaries unmodified for --min-age SECONDS (default 600: a live\n"
+      "writer's is younger; 0 once no run writes there).\n",
       to);
   return to == stdout ? 0 : 2;
 }
@@ -133,10 +142,16 @@ int run_ls(const common_options& o) {
   const auto steps = list_steps(sink);
   std::size_t complete = 0;
   std::optional<std::uint64_t> latest;
+  // Debris: objects of steps without an index, and writers' temporaries (LIST never shows them).
+  std::size_t debris_objects = 0;
+  std::uint64_t debris_bytes = 0, temporary_bytes = 0;
   for (const auto& s : steps) {
     complete += s.status == "complete";
     if (s.latest) latest = s.step;
+    if (s.status == "debris") debris_objects += s.files, debris_bytes += s.bytes;
   }
+  const auto temporaries = sink.temporaries("");
+  for (const auto& t : temporaries) temporary_bytes += t.bytes;
   if (o.json) {
     nlohmann::ordered_json j = {{"location", o.location}, {"latest", nullptr}, {"steps", nlohmann::ordered_json::array()}};
     if (latest) j["latest"] = *latest;
@@ -148,6 +163,8 @@ int run_ls(const common_options& o) {
       if (s.tensors) e["tensors"] = *s.tensors;
       j["steps"].push_back(std::move(e));
     }
+    j["debris"] = {{"objects", debris_objects}, {"bytes", debris_bytes}, {"temporaries", temporaries.size()},
+                   {"temporary_bytes", temporary_bytes}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -161,6 +178,55 @@ int run_ls(const common_options& o) {
   if (rows.size() > 1) print_table(rows);
   for (const auto& s : steps)
     for (const auto& p : s.problems) std::printf("note: step %llu: %s\n", static_cast<unsigned long long>(s.step), p.c_str());
+  if (debris_objects || !temporaries.empty())
+    std::printf("debris: %s (%s) of steps without an index, %s (%s) that killed writers left; shardkit-ckpt gc removes it\n",
+                plural(debris_objects, "object").c_str(), human_bytes(debris_bytes).c_str(),
+                plural(temporaries.size(), "temporary").c_str(), human_bytes(temporary_bytes).c_str());
+  return 0;
+}
+
+// Whether `out` is the checkpoint location or under it: as paths (resolved, symlinks too), or as s3:// strings.
+bool out_inside_location(const std::string& location, const std::string& out) {
+  if (location.starts_with("s3://") || out.starts_with("s3://")) {
+    auto with_slash = [](std::string s) { return s.ends_with('/') ? s : s + "/"; };
+    return with_slash(out).starts_with(with_slash(location));
+  }
+  std::error_code ec;
+  const auto loc = std::filesystem::weakly_canonical(location, ec);
+  const auto dest = std::filesystem::weakly_canonical(out, ec);
+  if (ec) return false;
+  const auto [l, d] = std::mismatch(loc.begin(), loc.end(), dest.begin(), dest.end());
+  return l == loc.end() || (std::next(l) == loc.end() && l->empty());  // every component of the location matched
+}
+
+// Removes debris that no live save can be writing: steps without an index older than the latest complete checkpoint
+// (saves run in step order, so none writes there) with their temporaries, and other temporaries older than min_age.
+int run_gc(const common_options& o, std::chrono::seconds min_age) {
+  auto sink = open_location(o.location, false);
+  const auto listed = ck::list_checkpoints(sink, "");
+  const auto latest = ck::latest_checkpoint(sink, "");
+  std::vector<std::string> keys;
+  std::uint64_t bytes = 0, temporary_bytes = 0;
+  std::size_t steps = 0, removed_temporaries = 0;
+  for (const auto& [step, step_keys] : listed.keys_by_step) {
+    if (listed.indexed.contains(step) || !latest || step >= latest->step) continue;
+    ++steps;
+    for (const auto& k : step_keys) keys.push_back(k), bytes += sink.size(k).value_or(0);
+  }
+  sink.remove_many(keys);
+  const auto now = std::chrono::system_clock::now();
+  std::map<std::string, std::chrono::seconds> sweeps;  // a directory's key prefix, and the age its sweep takes
+  for (const auto& t : sink.temporaries("")) {
+    const auto step = ck::detail::step_of_key(t.key, "");
+    const bool old_step = step && latest && *step < latest->step;
+    if (!old_step && now - t.modified < min_age) continue;
+    sweeps.emplace(t.key.substr(0, t.key.rfind('/') + 1), old_step ? std::chrono::seconds(0) : min_age);
+    ++removed_temporaries, temporary_bytes += t.bytes;
+  }
+  for (const auto& [dir, age] : sweeps) sink.remove_stale_temporaries(age, dir);
+  std::printf("%s: removed %s (%s) of %s without an index, %s (%s)\n", o.location.c_str(), plural(keys.size(), "object").c_str(),
+              human_bytes(bytes).c_str(), plural(steps, "step").c_str(), plural(removed_temporaries, "temporary").c_str(),
+              human_bytes(temporary_bytes).c_str());
   return 0;
 }
 
@@ -242,7 +308,7 @@ int main(int argc, char** argv) {
   if (argc < 2) return usage();
   const std::string_view command = argv[1];
   if (command == "-h" || command == "--help" || command == "help") return usage(stdout);
-  if (command != "ls" && command != "verify" && command != "inspect" && command != "consolidate") {
+  if (command != "ls" && command != "verify" && command != "inspect" && command != "consolidate" && command != "gc") {
     std::fprintf(stderr, "shardkit-ckpt: unknown command '%s'\n", argv[1]);
     return usage();
   }
@@ -250,6 +316,7 @@ int main(int argc, char** argv) {
   o.progress = ::isatty(STDERR_FILENO) == 1;
   consolidate_options c;
   bool out_given = false;
+  std::chrono::seconds min_age(600);
   for (int i = 2; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto value = [&](std::string_view name) -> std::optional<std::string> {
@@ -261,7 +328,7 @@ int main(int argc, char** argv) {
     if (a == "--progress") o.progress = true;
     else if (a == "--json" && (command == "ls" || command == "inspect")) o.json = true;
     else if (a == "--no-progress") o.progress = false;
-    else if (a == "--step" && command != "ls") {
+    else if (a == "--step" && command != "ls" && command != "gc") {
       const auto v = value(a);
       std::uint64_t step = 0;
       if (!v) return usage();
@@ -285,6 +352,16 @@ int main(int argc, char** argv) {
         return 2;
       }
       c.max_shard_size = *size;
+    } else if (a == "--min-age" && command == "gc") {
+      const auto v = value(a);
+      if (!v) return usage();
+      long long n = -1;
+      auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), n);
+      if (ec != std::errc{} || end != v->data() + v->size() || n < 0) {
+        std::fprintf(stderr, "shardkit-ckpt: --min-age takes whole seconds (0 or more), not '%s'\n", v->c_str());
+        return 2;
+      }
+      min_age = std::chrono::seconds(n);
     } else if (a == "--all" && command == "consolidate") c.all = true;
     else if (a == "--force" && command == "consolidate") c.force = true;
     else if (!a.starts_with("-") && o.location.empty()) o.location = a;
@@ -301,10 +378,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "shardkit-ckpt consolidate: --out DIR is required\n");
     return usage();
   }
+  if (command == "consolidate" && out_inside_location(o.location, c.out)) {
+    // Retention (or gc) would delete what it wrote, and ls would list it as debris.
+    std::fprintf(stderr, "shardkit-ckpt consolidate: --out %s is inside the checkpoint location %s; write it elsewhere\n",
+                 c.out.c_str(), o.location.c_str());
+    return 2;
+  }
   try {
     if (command == "ls") return run_ls(o);
     if (command == "verify") return run_verify(o);
     if (command == "inspect") return run_inspect(o);
+    if (command == "gc") return run_gc(o, min_age);
     return run_consolidate(o, c);
   } catch (const std::exception& e) {
     std::fflush(stdout);

@@ -104,7 +104,7 @@ std::string help_text() {
       {"--ckpt-mode M", "zero-overhead, at-call or blocking [zero-overhead]"},
       {"--resume", "continue from the newest complete checkpoint in --ckpt-dir [off]"},
       {"--die-at-step N", "tests: SIGKILL --die-rank at the start of step N [off]"},
-      {"--die-rank R", "the rank --die-at-step kills [none]"},
+      {"--die-rank R", "the rank --die-at-step kills, -1 every rank [-1]"},
       {"--trace PREFIX", "each rank writes its timeline to PREFIX.rank<R>.json (Chrome trace) [off]"},
       {"-h, --help", "this list"},
   };
@@ -228,7 +228,7 @@ flags parse(int argc, char** argv) {
       else usage("--ckpt-mode wants zero-overhead, at-call or blocking, got '" + std::string(v) + "'");
     }
     else if (a == "--die-at-step") f.die_at_step = int(number(a, v));
-    else if (a == "--die-rank") f.die_rank = int(number(a, v));
+    else if (a == "--die-rank") f.die_rank = v == "-1" ? -1 : int(number(a, v));  // -1: every rank
     else if (a == "--trace") f.trace = v;
     else usage("unknown flag " + std::string(a));
   }
@@ -341,32 +341,6 @@ trainer::batch next_batch(sk::data::loader& loader, int rows, int T) {
   return b;
 }
 
-// A checkpoint of a model with more --blocks loads into this one with no tensor missing, and one saved with --data
-// loads without its data loader's state; training would go on from part of the saved state. PyTorch's strict
-// load_state_dict refuses what it would leave unloaded, and so does the trainer: it names what, and on every rank.
-// `params` are the whole model's parameters: a rank's state names only the tensors it has pieces of, so the load
-// reports the others (and their optimizer moments, optim.<param>.<moment>) as not requested here.
-void refuse_unloaded_entries(const std::string& location, const sk::ckpt::load_report& loaded,
-                             const std::set<std::string>& params) {
-  auto of_the_model = [&](std::string name) {
-    if (params.contains(name)) return true;
-    if (name.starts_with("optim.")) name.erase(0, 6);
-    const auto dot = name.rfind('.');
-    return dot != std::string::npos && params.contains(name.substr(0, dot));
-  };
-  std::vector<std::string> left;
-  for (const auto& name : loaded.not_requested)
-    if (!of_the_model(name)) left.push_back(name);
-  if (left.empty()) return;
-  std::string names;
-  for (std::size_t i = 0; i < left.size() && i < 6; ++i) names += (i ? ", " : "") + left[i];
-  if (left.size() > 6) names += ", ...";
-  throw std::runtime_error("--resume: step " + std::to_string(loaded.step) + " of " + location + " holds " +
-                           std::to_string(left.size()) + (left.size() == 1 ? " entry" : " entries") +
-                           " this run would not load (" + names +
-                           "): it was saved with other flags (--blocks, --data); resume with the ones it was saved with");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -421,21 +395,21 @@ int main(int argc, char** argv) try {
   if (loader) state.add_rank_bytes("data_loader", loader_state);
   std::optional<sk::ckpt::checkpointer> ckpt;
   if (!f.ckpt_dir.empty())
-    ckpt.emplace(pg, sk::storage::open_sink(f.ckpt_dir), sk::ckpt::checkpointer_options{.keep_last = f.ckpt_keep, .mode = f.ckpt_mode});
+    ckpt.emplace(pg, sk::storage::open_sink(f.ckpt_dir), sk::ckpt::checkpointer_options{.location = f.ckpt_dir, .keep_last = f.ckpt_keep, .mode = f.ckpt_mode});
   int start = 0;
   if (f.resume) {
     if (!ckpt) usage("--resume needs --ckpt-dir");
-    if (auto loaded = ckpt->load_latest(state)) {
-      std::set<std::string> params;
-      for (const auto& unit : specs)
-        for (const auto& p : unit) params.insert(p.name);
-      refuse_unloaded_entries(f.ckpt_dir, *loaded, params);
+    // Strict: a checkpoint of a model with more --blocks, or saved with --data's loader state, is refused (naming
+    // what no rank would load) rather than resumed from in part, as PyTorch's strict load_state_dict does.
+    if (auto loaded = ckpt->load_latest(state, sk::ckpt::load_scope::everything)) {
       start = int(loaded->step);
       opt.set_steps(optimizer_steps);
       if (loader) loader->load(ckpt->read_rank_bytes(loaded->step, "data_loader"), rank, ranks);
-      if (rank == 0)
+      if (rank == 0) {
+        for (const auto& why : loaded->passed_over) std::printf("# passed over a damaged checkpoint: %s\n", why.c_str());
         std::printf("# resumed from step %d of %s (saved by %u ranks, loaded by %d)\n", start, f.ckpt_dir.c_str(),
                     loaded->saved_world_size, ranks);
+      }
     } else {
       // Steps whose index does not load were passed over (rank 0 warned why). Starting over at step 0 would train
       // from scratch on a --resume and overwrite them with its own saves. No index at all (a new location, or a

@@ -480,6 +480,10 @@ struct killing_sink {
     tick();
     return inner.remove(k);
   }
+  std::vector<st::temporary_object> temporaries(const std::string& p) { return inner.temporaries(p); }
+  std::size_t remove_stale_temporaries(std::chrono::seconds age, const std::string& p) {
+    return inner.remove_stale_temporaries(age, p);
+  }
 };
 }  // namespace
 
@@ -548,6 +552,9 @@ TEST_CASE("[ckpt] a rank killed at any point of a save never leaves a loadable p
       load_and_check(2, sink, newest->step);
       ++loads;
       last_committed = newest->step;
+      // No orphans: this trial's construction swept earlier trials' temporaries, retention those of older steps.
+      for (const auto& t : sink.temporaries(""))
+        CHECK_MESSAGE(ck::detail::step_of_key(t.key, "").value_or(0) >= newest->step, t.key);
     }
   }
   MESSAGE("CHAOS ckpt: " << trials << " trials, the victim killed in " << kills << "; " << loads

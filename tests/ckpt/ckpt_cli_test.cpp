@@ -445,6 +445,58 @@ TEST_CASE("[ckpt] shardkit-ckpt on a checkpointer's prefix: the location is the 
   CHECK(fs::exists(dir.path / "hf" / "model.safetensors"));
 }
 
+TEST_CASE("[ckpt] shardkit-ckpt ls shows debris and its bytes, gc removes it (never a newer step's)") {
+  temp_dir dir("debris");
+  write_checkpoints(dir.path);  // steps 1, 2 complete; step 3 (newer than the latest) has an object, no index
+  st::any_sink sink = st::make_sink<st::posix_sink>(dir.path, st::posix_sink_options{.create_root = false});
+  st::put_object(sink, ck::rank_file_key("", 0, 1), st::as_bytes("older debris"));  // a step older than the latest
+  // Temporaries as killed writers leave them: in a complete step, and in the newest step (a save in flight).
+  auto plant = [&](std::uint64_t step, const std::string& name, std::size_t bytes) {
+    std::ofstream(dir.path / ck::step_prefix("", step) / (std::string(st::temporary_marker) + name)) << std::string(bytes, 'x');
+  };
+  plant(1, "1.dead.0", 3000);
+  plant(3, "2.dead.0", 40);
+  const std::string loc = dir.path.string();
+  auto r = run_tool("ls " + loc);
+  INFO("shardkit-ckpt said:\n", r.output);
+  CHECK(r.status == 0);
+  CHECK(r.output.find("debris: 2 objects (43 B) of steps without an index, 2 temporaries (2.97 KiB) that killed writers left") !=
+        std::string::npos);
+  const auto listing = nlohmann::json::parse(run_tool("ls " + loc + " --json").output);
+  CHECK(listing["debris"]["temporaries"] == 2);
+  CHECK(listing["debris"]["temporary_bytes"] == 3040);
+  CHECK(listing["debris"]["objects"] == 2);
+  CHECK(run_tool("gc " + loc + " --min-age x").status == 2);
+  // Step 0's object and step 1's temporary go; step 3 (newer than the latest, perhaps a live save) stays.
+  r = run_tool("gc " + loc);
+  CHECK(r.status == 0);
+  CHECK(r.output.find("removed 1 object (12 B) of 1 step without an index, 1 temporary (2.93 KiB)") != std::string::npos);
+  CHECK(sink.temporaries("").size() == 1);
+  CHECK_FALSE(sink.exists(ck::rank_file_key("", 0, 1)));
+  CHECK(sink.exists(ck::rank_file_key("", 3, 0)));
+  // --min-age 0: the newer step's temporary too (no run writes there any more).
+  r = run_tool("gc " + loc + " --min-age 0");
+  CHECK(r.output.find("1 temporary (40 B)") != std::string::npos);
+  CHECK(sink.temporaries("").empty());
+  CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{1, 2});
+}
+
+TEST_CASE("[ckpt] shardkit-ckpt consolidate refuses an --out inside the checkpoint location") {
+  temp_dir dir("inside");
+  write_checkpoints(dir.path);
+  const std::string loc = dir.path.string();
+  for (const std::string out : {loc, loc + "/hf", loc + "/./step-000000000002/x", loc + "/a/../hf"}) {
+    CAPTURE(out);
+    const auto r = run_tool("consolidate " + loc + " --out " + out);
+    CHECK(r.status == 2);
+    CHECK(r.output.find("inside the checkpoint location") != std::string::npos);
+  }
+  CHECK_FALSE(fs::exists(dir.path / "hf"));
+  const auto r = run_tool("consolidate " + loc + " --out " + loc + "-hf");  // beside it, sharing its name's start
+  CHECK(r.status == 0);
+  fs::remove_all(loc + "-hf");
+}
+
 TEST_CASE("[ckpt] shardkit-ckpt: clear errors for a bad location or bad arguments") {
   temp_dir empty("empty");
   auto r = run_tool("ls " + empty.path.string());

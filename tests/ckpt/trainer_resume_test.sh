@@ -51,8 +51,8 @@ partial() {  # partial MESSAGE FLAGS...: the resume exits 1 and says MESSAGE
     > partial.txt 2>&1 || status=$?
   [ "$status" = 1 ] && grep -qF -- "$message" partial.txt || { echo "FAIL: resume with $* (status $status):"; cat partial.txt; exit 1; }
 }
-partial "--resume: step 14 of $work/ckpt holds 18 entries this run would not load (block3." --blocks 3 --data "$work/data"
-partial "--resume: step 14 of $work/ckpt holds 1 entry this run would not load (data_loader)" --blocks 4
+partial "a strict load of the checkpoint of step 14 refuses it: it holds 18 entries that no rank's state asks for (block3." --blocks 3 --data "$work/data"
+partial "a strict load of the checkpoint of step 14 refuses it: it holds 1 entry that no rank's state asks for (data_loader)" --blocks 4
 echo "OK: a resume that would load part of the checkpoint is refused"
 
 # Every index cut short (a disk that filled up): the resume refuses to start over at step 0, which would overwrite

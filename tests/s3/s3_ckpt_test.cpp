@@ -352,3 +352,60 @@ TEST_CASE("[s3] a save is committed only when its index reads back") {
     CHECK(saver.stats().failed == 1);
   });
 }
+
+namespace {
+// The S3 sink with good keys until `revoked`, then the same location with keys the server rejects (403): keys
+// revoked in the middle of a run. (A signature-verifying front for the test server would revoke them there.)
+struct revocable_sink {
+  using sink_concept = st::sink_tag;
+  st::any_sink good, rejected;
+  std::shared_ptr<std::atomic<bool>> revoked = std::make_shared<std::atomic<bool>>(false);
+  st::any_sink& now() { return *revoked ? rejected : good; }
+  st::any_object_writer put(const std::string& key) { return now().put(key); }
+  std::size_t get(const std::string& key, std::uint64_t offset, std::span<std::byte> out) { return now().get(key, offset, out); }
+  std::optional<std::uint64_t> size(const std::string& key) { return now().size(key); }
+  bool exists(const std::string& key) { return now().exists(key); }
+  std::vector<std::string> list(const std::string& prefix) { return now().list(prefix); }
+  bool remove(const std::string& key) { return now().remove(key); }
+};
+}  // namespace
+
+TEST_CASE("[s3] checkpoint: keys revoked mid-run: the next save throws on every rank, naming the step and the 403") {
+  if (!server_or_skip()) return;
+  const auto loc = location("ckpt-revoked");
+  auto o = options_for(*server());
+  auto good = st::make_sink<st::s3_sink>(loc, o);
+  o.credentials = st::s3_credentials{"AKIAREVOKEDKEY77", "revoked-secret-revoked-secret-revoked00", ""};
+  auto sink = std::make_shared<revocable_sink>(revocable_sink{good, st::make_sink<st::s3_sink>(loc, o)});
+  auto groups = sk::comm::make_loopback_world(2);
+  std::vector<std::uint64_t> stopped_at(2, 0);
+  std::vector<std::string> messages(2);
+  sk::test::run_threads(2, [&](int r) {
+    rank_state s(r, 2);
+    ck::checkpointer saver(groups[std::size_t(r)], st::any_sink(sink), {.mode = ck::staging::zero_overhead});
+    try {
+      for (std::uint64_t step = 1; step <= 12; ++step) {
+        groups[std::size_t(r)].barrier().wait();  // training's collectives
+        if (step == 4 && r == 0) *sink->revoked = true;
+        saver.wait_staged();
+        s.fill(step, r);
+        if (step == 3) CHECK(saver.save(step, s.dict).get().committed);
+        else saver.save(step, s.dict);
+      }
+      saver.wait();
+    } catch (const sk::error& e) {
+      messages[std::size_t(r)] = e.what();
+      stopped_at[std::size_t(r)] = saver.stats().saves;
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(messages[std::size_t(r)]);
+    CHECK(contains(messages[std::size_t(r)], "checkpoint of step 4 was not committed"));
+    CHECK(contains(messages[std::size_t(r)], "403"));
+  }
+  // Both ranks stopped at the same call, by the time save 4 had ended everywhere (wait_staged after save 6).
+  CHECK(stopped_at[0] == stopped_at[1]);
+  CHECK(stopped_at[0] >= 4);
+  CHECK(stopped_at[0] <= 6);
+  CHECK(ck::complete_checkpoints(good, "").back() == 3);
+}

@@ -85,6 +85,19 @@ TEST_CASE("[ckpt] posix_sink: a writer killed mid-write leaves no visible object
   CHECK(read_string(s, "step-5/rank-1.bin") == "committed before");
   // The dead writer's temporary is on disk, invisible; a sweep removes it once it is old enough.
   CHECK(temporaries_under(dir.path).size() == 1);
+  // Listed with its bytes, under its step's prefix only, and the same through any_sink and a faulty_sink over it.
+  const auto listed = s.temporaries("step-5/");
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].key.starts_with(std::string("step-5/") + std::string(st::temporary_marker)));
+  CHECK(listed[0].bytes == std::filesystem::file_size(dir.path / listed[0].key));  // what reached the disk
+  CHECK(s.temporaries("step-6/").empty());
+  auto erased = st::make_sink<st::posix_sink>(dir.path);
+  CHECK(st::temporaries(erased, "step-").size() == 1);
+  st::faulty_sink faulty(erased);
+  CHECK(faulty.temporaries("").size() == 1);
+  st::memory_sink memory;
+  CHECK(st::temporaries(memory, "").empty());  // no capability: none
+  CHECK(faulty.remove_stale_temporaries(1h, "") == 0);
   CHECK(s.remove_stale_temporaries(1h) == 0);
   CHECK(s.remove_stale_temporaries(0s) == 1);
   CHECK(temporaries_under(dir.path).empty());

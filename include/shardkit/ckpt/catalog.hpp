@@ -15,6 +15,7 @@
 //! consistent listing can at worst hide the newest checkpoint for a while, never mix parts of two.
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -144,11 +145,13 @@ struct retention_report {
   std::vector<std::uint64_t> removed_checkpoints;  //!< complete ones past keep_last
   std::vector<std::uint64_t> removed_debris;       //!< steps without an index, older than the newest checkpoint
   std::uint64_t removed_objects = 0;  //!< keys deleted: each listed, or named by a removed checkpoint's index
+  std::uint64_t removed_temporaries = 0;  //!< writers' temporaries in steps older than `newest` (storage::temporaries)
 };
 
 //! Keeps the newest `keep_last` complete checkpoints (0: all) and removes older ones, and removes debris: objects of
-//! steps older than `newest` that have no index (saves that failed or were killed). `newest` must be a committed
-//! step whose index was read back.
+//! steps older than `newest` that have no index (saves that failed or were killed), and the writers' temporaries
+//! in steps older than `newest` (a writer killed mid-write leaves one; LIST never shows it). `newest` must be a
+//! committed step whose index was read back: no writer of the run is still writing an older step.
 //!
 //! Deletes in two batches (storage::remove_many: one DeleteObjects per 1000 keys on S3, remove() key by key on a
 //! sink without a batch delete): first the indexes of the checkpoints it removes, then, once those are gone, their
@@ -191,6 +194,11 @@ retention_report apply_retention(S& sink, const std::string& prefix, std::uint64
   const std::vector<std::string> rest(files.begin(), files.end());
   storage::remove_many(sink, std::span<const std::string>(rest));
   report.removed_objects += rest.size();
+  std::set<std::uint64_t> with_temporaries;
+  for (const auto& t : storage::temporaries(sink, prefix + "step-"))
+    if (auto step = detail::step_of_key(t.key, prefix); step && *step < newest) with_temporaries.insert(*step);
+  for (auto step : with_temporaries)
+    report.removed_temporaries += storage::remove_stale_temporaries(sink, std::chrono::seconds(0), step_prefix(prefix, step));
   return report;
 }
 

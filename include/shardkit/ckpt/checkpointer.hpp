@@ -14,8 +14,19 @@
 //!    to rank 0: O(ranks) bytes in all. Rank 0 writes the index last, only if every rank wrote its file, then reads
 //!    it back; a checkpoint without its index does not exist, so a rank killed at any point of a save leaves the
 //!    previous checkpoints as they were.
-//! 4. **retain**: rank 0 keeps the newest keep_last complete checkpoints, and removes debris of failed saves.
+//! 4. **retain**: rank 0 keeps the newest keep_last complete checkpoints, and removes debris of failed saves (their
+//!    objects, and writers' temporaries, in steps older than the one committed).
+//! At construction rank 0 also removes the temporaries under the prefix last modified before its process started
+//! (writers of an earlier run killed mid-save), before any rank of this run can write.
 //! Rank 0 then tells every rank the outcome, so all ranks' results agree.
+//!
+//! A failed save is never silent. The rank where it fails logs it at once (log::error: rank, step, key, cause), and
+//! rank 0 logs a step that was not committed. With on_failure::throw_next (the default), the next save() on every
+//! rank throws it: save() first agrees with the other ranks (a one-number all_reduce on a group of its own) on the
+//! newest failure any rank knows of, so every rank throws at the same call, with every failed step not yet thrown
+//! listed in one error; wait_staged() throws the failures of saves up to the one before the previous save (those it
+//! has waited for on every rank), and wait() all that remain. A caught throw reports those failures once: the next
+//! save goes on. on_failure::log_and_continue only logs (and counts them in stats().failed).
 //!
 //! Bounded memory: one checkpoint staged per rank. The staging buffer is free once the rank's file is written, so
 //! saves are a two-stage pipeline on two worker threads: save N stages and persists while save N-1 commits (its
@@ -39,12 +50,15 @@
 //! The member bodies are in ckpt/checkpointer_impl.hpp: inline in header-only use, compiled once in the program's
 //! <shardkit/impl/src.hpp> under SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp).
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -81,17 +95,37 @@ enum class when_busy : std::uint8_t {
   skip,  //!< a save requested while the previous one persists is skipped (and says so)
 };
 
+//! What a failed save does to the calls after it. Either way it is logged where it fails, when it fails, and its
+//! own completion fails with its error.
+enum class on_failure : std::uint8_t {
+  throw_next,        //!< the next save() (or wait_staged(), wait()) on every rank throws every failure not yet thrown
+  log_and_continue,  //!< training goes on: failures are logged and counted (stats().failed), never thrown by calls
+};
+
 struct checkpointer_options {
+  //! What the sink was opened from (open_sink's location: a directory, s3://bucket/prefix). Every rank must give the
+  //! same one: the constructor compares it, with the prefix and the world size, across ranks and refuses on every
+  //! rank a difference, naming both values. Empty: only the prefix and world size are compared.
+  std::string location;
   std::string prefix;           //!< keys under this prefix of the sink (empty, or ending in '/')
   std::uint32_t keep_last = 3;  //!< complete checkpoints kept; 0 keeps all
   staging mode = staging::at_call;
   when_busy busy = when_busy::wait;
+  on_failure failed = on_failure::throw_next;
   //! How long rank 0 retries reading a new index back (a store that shows new objects late); a save whose index
   //! has not read back whole by then is not committed.
   std::chrono::milliseconds readback_timeout{10'000};
   //! Copies the state's tensors that live on a device (a GPU) to and from host memory, and allocates the staging
   //! buffer where it copies fastest (page-locked); see ckpt/device.hpp. Empty: host tensors only.
   any_checkpoint_device device;
+};
+
+//! What a load may leave of the checkpoint unloaded.
+enum class load_scope : std::uint8_t {
+  what_state_asks,  //!< loads what the state asks for; load_report::not_requested names the rest (as PyTorch's DCP)
+  //! strict, collective: before reading, the ranks pool what their states ask for, and every rank refuses a checkpoint
+  //! that holds what no rank's state asks for (errc::invalid_argument naming it: saved with another configuration).
+  everything,
 };
 
 //! What one save did, on this rank. committed is the same on every rank.
@@ -117,7 +151,8 @@ struct checkpointer_stats {
 
 class checkpointer {
  public:
-  //! Collective over `training` (it dup()s the group).
+  //! Collective over `training` (it dup()s the group). errc::invalid_argument on every rank when ranks disagree on
+  //! the location, prefix or world size (checkpointer_options::location).
   SHARDKIT_DECL checkpointer(comm::process_group& training, storage::any_sink sink, checkpointer_options o = {});
 
   checkpointer(const checkpointer&) = delete;
@@ -128,16 +163,21 @@ class checkpointer {
 
   //! Saves `state` as the checkpoint of `step` (collective over the checkpointer's group: every rank saves the same
   //! steps in the same order). Returns when the state is staged (at_call) or at once (zero_overhead); the
-  //! completion ends when the checkpoint is committed (or not: result.committed, result.reason), or fails with the
-  //! error that stopped it (a write that failed, naming the rank and file; a lost peer).
+  //! completion ends when the checkpoint is committed (or skipped: result.skipped, result.reason), or fails with
+  //! the error that stopped it (a write that failed, naming the rank and file; a lost peer). With
+  //! on_failure::throw_next it first throws, on every rank and saving nothing, the earlier saves' failures that any
+  //! rank knows of and no call has thrown yet (every such step listed).
   SHARDKIT_DECL basic_completion<save_result> save(std::uint64_t step, const state_dict& state,
                                                    std::map<std::string, std::string> metadata = {});
 
   //! Zero-overhead mode: blocks until the last save's tensors are staged (call it before the optimizer step
-  //! changes them). Returns the seconds it blocked. At once in at_call mode.
+  //! changes them). Returns the seconds it blocked. At once in at_call mode. With on_failure::throw_next it then
+  //! throws the failures not yet thrown of saves up to the one before the previous save (every rank has seen those
+  //! end, so every rank throws here alike).
   SHARDKIT_DECL double wait_staged();
 
-  //! Blocks until every save has ended; rethrows the last one's failure.
+  //! Blocks until every save has ended; with on_failure::throw_next, throws every failure not yet thrown (all the
+  //! failed steps in one error).
   SHARDKIT_DECL void wait();
 
   //! The newest complete checkpoint's step, the same on every rank (rank 0 looks, then tells the others: ranks
@@ -146,11 +186,12 @@ class checkpointer {
   SHARDKIT_DECL std::optional<std::uint64_t> latest();
 
   //! Loads the checkpoint of `step` into `into` (see load_state: resharding, verified ranged reads). Not
-  //! collective, but every rank must load the same step. errc::not_found when that checkpoint does not exist.
-  SHARDKIT_DECL load_report load(std::uint64_t step, const state_dict& into);
+  //! collective (load_scope::everything is), but every rank must load the same step. errc::not_found when that
+  //! checkpoint does not exist.
+  SHARDKIT_DECL load_report load(std::uint64_t step, const state_dict& into, load_scope scope = load_scope::what_state_asks);
 
   //! Loads the newest complete checkpoint; std::nullopt when there is none. Collective (latest()).
-  SHARDKIT_DECL std::optional<load_report> load_latest(const state_dict& into);
+  SHARDKIT_DECL std::optional<load_report> load_latest(const state_dict& into, load_scope scope = load_scope::what_state_asks);
 
   //! Every saved rank's bytes of the per-rank entry `name` in the checkpoint of `step` (after a rescale).
   SHARDKIT_DECL std::vector<std::vector<std::byte>> read_rank_bytes(std::uint64_t step, const std::string& name);
@@ -203,9 +244,14 @@ class checkpointer {
   static double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+  // Waits for a completion; its failure is not this caller's to throw (the failure rules throw it).
   template <class T>
   static void wait_quietly(const basic_completion<T>& c) {
-    if (c.valid()) c.wait();
+    if (!c.valid()) return;
+    try {
+      c.wait();
+    } catch (...) {
+    }
   }
   // Waits for a completion of an earlier save; that save's own completion reports its failure.
   template <class T>
@@ -217,10 +263,32 @@ class checkpointer {
     }
   }
   SHARDKIT_DECL void wait_for_saves();
+  // Rank 0, at construction: removes the temporaries writers of earlier runs left (killed mid-save).
+  SHARDKIT_DECL void sweep_temporaries_of_earlier_runs();
+
+  // A failed save's error, kept until a call throws it.
+  struct failed_save {
+    std::uint64_t step = 0;
+    std::exception_ptr error;
+  };
+  // Records a save's failure (before its completion ends, so a call that waited for it sees it).
+  SHARDKIT_DECL void record_failure(std::uint64_t step, std::exception_ptr e);
+  // save(): agrees with every rank on the newest failure any knows of, waits for that save here, throws.
+  SHARDKIT_DECL void throw_failures_any_rank_knows();
+  // Throws (and forgets) the recorded failures of steps <= up_to; nothing when there are none.
+  SHARDKIT_DECL void throw_failures_up_to(std::uint64_t up_to);
 
   // latest()'s work; on rank 0 also hands back the index it parsed, so load_latest does not read it twice (a large
   // job's index is hundreds of megabytes: docs/benchmarks.md).
   SHARDKIT_DECL std::optional<std::uint64_t> find_latest(std::optional<checkpoint_index>* parsed_on_rank0);
+
+  // Compares (location, prefix, world size) across ranks; throws on every rank a difference, naming both.
+  SHARDKIT_DECL void agree_on_location();
+  // Rank `root`'s string, on every rank (calls_group_).
+  SHARDKIT_DECL std::string broadcast_string(std::string s, int root);
+
+  // load_scope::everything: pools what every rank's state asks for; throws on every rank what none asks for.
+  SHARDKIT_DECL void refuse_what_no_rank_asks(const checkpoint_index& index, const state_dict& into);
 
   // Copies the job's tensors into the staging buffer (grown, never shrunk: reused by every save).
   SHARDKIT_DECL double stage(save_job& job);
@@ -238,6 +306,9 @@ class checkpointer {
   checkpointer_options opts_;
   storage::any_sink sink_;
   comm::process_group group_;
+  // save()'s agreement on failures runs on the caller's thread, while the workers' commit rounds use group_: a
+  // group of its own keeps the two sequences of collectives apart.
+  comm::process_group calls_group_;
   int rank_ = 0, world_ = 1;
   mutable std::mutex mutex_;
   std::optional<std::uint64_t> last_step_;
@@ -247,6 +318,9 @@ class checkpointer {
   basic_completion_source<bool> staged_;
   staging_memory staging_buffer_;  // one checkpoint's tensors, reused by every save
   checkpointer_stats stats_;
+  std::vector<failed_save> unthrown_failures_;
+  // The last three saves' steps and completions, newest last: the failure rules wait for some of them.
+  std::vector<std::pair<std::uint64_t, basic_completion<save_result>>> recent_saves_;
   std::optional<thread_pool> pool_;  // last: its worker uses the members above until it is joined
 };
 

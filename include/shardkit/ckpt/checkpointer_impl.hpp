@@ -10,14 +10,75 @@ namespace shardkit::ckpt {
 SHARDKIT_DECL checkpointer::checkpointer(comm::process_group& training, storage::any_sink sink, checkpointer_options o)
     : opts_(std::move(o)), sink_(std::move(sink)) {
   check_checkpoint_prefix(opts_.prefix);
+  if (training.rank() == 0) sweep_temporaries_of_earlier_runs();  // before the dup: no rank of this run writes yet
   comm::group_options g = comm::group_options::from_env();
   g.name = "ckpt";
-  group_ = training.dup(std::move(g));
+  group_ = training.dup(g);
+  g.name = "ckpt.calls";
+  calls_group_ = training.dup(std::move(g));
   rank_ = group_.rank();
   world_ = group_.size();
+  agree_on_location();
   staged_.set_value(true);
   // Two: one save persists while the previous one commits (its fsyncs and rank 0's index and retention block).
   pool_.emplace(2);
+}
+
+SHARDKIT_DECL std::string checkpointer::broadcast_string(std::string s, int root) {
+  auto n = static_cast<std::int64_t>(s.size());
+  calls_group_.broadcast(buffer_view(std::span<std::int64_t>(&n, 1)), root).wait();
+  s.resize(static_cast<std::size_t>(n));
+  if (n > 0) calls_group_.broadcast(buffer_view(s.data(), s.size(), dtype::u8), root).wait();
+  return s;
+}
+
+SHARDKIT_DECL void checkpointer::agree_on_location() {
+  if (world_ == 1) return;
+  // A digest each, then the strings only when they differ: O(ranks) bytes at construction.
+  const std::string mine = opts_.location + '\n' + opts_.prefix;
+  const std::uint64_t own[2] = {codec::xxh64(std::as_bytes(std::span<const char>(mine.data(), mine.size()))),
+                                static_cast<std::uint64_t>(world_)};
+  std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(world_));
+  calls_group_.all_gather(const_buffer_view(own, 2, dtype::i64), buffer_view(all.data(), all.size(), dtype::i64)).wait();
+  int other = -1;
+  for (int r = 1; r < world_ && other < 0; ++r)
+    if (all[2 * std::size_t(r)] != all[0] || all[2 * std::size_t(r) + 1] != all[1]) other = r;
+  if (other < 0) return;
+  auto describe = [&](const std::string& s, int r) {
+    const auto cut = s.rfind('\n');
+    return "rank " + std::to_string(r) + "'s is '" + s.substr(0, cut) + "'" +
+           (cut + 1 < s.size() ? " with prefix '" + s.substr(cut + 1) + "'" : "") + " (world size " +
+           std::to_string(all[2 * std::size_t(r) + 1]) + ")";
+  };
+  const std::string first = broadcast_string(mine, 0), theirs = broadcast_string(mine, other);
+  throw_error(errc::invalid_argument,
+              "ranks disagree on the checkpoint location: " + describe(first, 0) + ", " + describe(theirs, other) +
+                  "; every rank must save to one location",
+              {.rank = rank_, .operation = "ckpt.checkpointer", .object = opts_.location});
+}
+
+SHARDKIT_DECL void checkpointer::sweep_temporaries_of_earlier_runs() {
+  // A temporary last modified before this process started is no writer's of this run; a live writer of another
+  // process keeps touching its own (each write does), so it is newer than any process that started before its last
+  // write. /proc/self's time is the process's start.
+  struct ::stat self {};
+  if (::stat("/proc/self", &self) != 0) return;
+  const auto started = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+      std::chrono::seconds(self.st_mtim.tv_sec) + std::chrono::nanoseconds(self.st_mtim.tv_nsec)));
+  const auto now = std::chrono::system_clock::now();
+  const auto age = std::chrono::duration_cast<std::chrono::seconds>(now - started) + std::chrono::seconds(1);
+  try {
+    std::uint64_t bytes = 0;
+    std::size_t stale = 0;
+    for (const auto& t : sink_.temporaries(opts_.prefix + "step-"))
+      if (now - t.modified >= age) bytes += t.bytes, ++stale;
+    if (stale == 0) return;
+    const auto removed = sink_.remove_stale_temporaries(age, opts_.prefix + "step-");
+    log::info("ckpt: removed ", removed, " temporaries (", bytes, " bytes) that writers of earlier runs left under '",
+              opts_.prefix, "'");
+  } catch (const std::exception& e) {
+    log::warn("ckpt: sweeping temporaries of earlier runs under '", opts_.prefix, "': ", e.what());
+  }
 }
 
 SHARDKIT_DECL checkpointer::~checkpointer() {
@@ -28,6 +89,7 @@ SHARDKIT_DECL checkpointer::~checkpointer() {
 SHARDKIT_DECL basic_completion<save_result> checkpointer::save(std::uint64_t step, const state_dict& state,
                                                                std::map<std::string, std::string> metadata) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (opts_.failed == on_failure::throw_next) throw_failures_any_rank_knows();
   bool on_device = false;
   for (const auto& t : state.saved_tensors()) {
     opts_.device.check_serves(t.location, t.name, "ckpt.save");
@@ -75,6 +137,8 @@ SHARDKIT_DECL basic_completion<save_result> checkpointer::save(std::uint64_t ste
     persisted_ = job->persisted.get_completion();
     chain_before_ = chain_;
     chain_ = done.get_completion();
+    recent_saves_.emplace_back(step, chain_);
+    if (recent_saves_.size() > 3) recent_saves_.erase(recent_saves_.begin());
     stats_.saves++;
     stats_.stall_seconds += job->stall_seconds;
   }
@@ -91,18 +155,80 @@ SHARDKIT_DECL double checkpointer::wait_staged() {
   const auto t0 = std::chrono::steady_clock::now();
   wait_quietly(s);
   const double waited = seconds_since(t0);
-  std::lock_guard lock(mutex_);
-  stats_.stall_seconds += waited;
+  std::optional<std::uint64_t> ended_everywhere;  // the save before the previous one: its staging waited for it
+  {
+    std::lock_guard lock(mutex_);
+    stats_.stall_seconds += waited;
+    if (recent_saves_.size() == 3) ended_everywhere = recent_saves_.front().first;
+  }
+  if (ended_everywhere && opts_.failed == on_failure::throw_next) throw_failures_up_to(*ended_everywhere);
   return waited;
 }
 
 SHARDKIT_DECL void checkpointer::wait() {
-  basic_completion<save_result> last;
+  wait_for_saves();
+  if (opts_.failed == on_failure::throw_next) throw_failures_up_to(std::numeric_limits<std::uint64_t>::max());
+}
+
+SHARDKIT_DECL void checkpointer::record_failure(std::uint64_t step, std::exception_ptr e) {
+  if (opts_.failed == on_failure::log_and_continue) return;  // logged; no call throws it
+  std::lock_guard lock(mutex_);
+  unthrown_failures_.push_back({step, std::move(e)});
+}
+
+SHARDKIT_DECL void checkpointer::throw_failures_any_rank_knows() {
+  std::int64_t newest = -1;
   {
     std::lock_guard lock(mutex_);
-    last = chain_;
+    for (const auto& f : unthrown_failures_) newest = std::max(newest, static_cast<std::int64_t>(f.step));
   }
-  if (last.valid()) last.get();
+  calls_group_.all_reduce(buffer_view(std::span<std::int64_t>(&newest, 1)), reduce_op::max).wait();
+  if (newest < 0) return;
+  // A rank knows of it: this rank's save of that step has ended too, or ends soon (rank 0's outcome is on its way).
+  basic_completion<save_result> that_save;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [step, c] : recent_saves_)
+      if (step == static_cast<std::uint64_t>(newest)) that_save = c;
+  }
+  wait_quietly(that_save);
+  throw_failures_up_to(static_cast<std::uint64_t>(newest));
+  // Its save failed on another rank only (a local error there, such as a lost peer): this rank throws too, so that
+  // every rank stops at the same call.
+  throw_error(errc::io, "the save of step " + std::to_string(newest) + " failed on another rank (its log says why)",
+              {.rank = rank_, .operation = "ckpt.save", .object = index_key(opts_.prefix, static_cast<std::uint64_t>(newest))});
+}
+
+SHARDKIT_DECL void checkpointer::throw_failures_up_to(std::uint64_t up_to) {
+  std::vector<failed_save> failures;
+  {
+    std::lock_guard lock(mutex_);
+    auto keep = std::stable_partition(unthrown_failures_.begin(), unthrown_failures_.end(),
+                                      [&](const failed_save& f) { return f.step > up_to; });
+    failures.assign(std::make_move_iterator(keep), std::make_move_iterator(unthrown_failures_.end()));
+    unthrown_failures_.erase(keep, unthrown_failures_.end());
+  }
+  if (failures.empty()) return;
+  if (failures.size() == 1) std::rethrow_exception(failures.front().error);
+  // Every failed step in one error, each with its cause.
+  std::string detail = std::to_string(failures.size()) + " checkpoint saves failed (steps";
+  for (const auto& f : failures) detail += " " + std::to_string(f.step);
+  detail += ")";
+  std::error_code code = make_error_code(errc::io);
+  for (std::size_t i = 0; i < failures.size(); ++i) {
+    detail += "; step " + std::to_string(failures[i].step) + ": ";
+    try {
+      std::rethrow_exception(failures[i].error);
+    } catch (const shardkit::error& e) {
+      if (i == 0) code = e.code();
+      detail += e.detail();
+    } catch (const std::exception& e) {
+      detail += e.what();
+    } catch (...) {
+      detail += "an exception that is not a std::exception";
+    }
+  }
+  throw error(code, detail, {.rank = rank_, .operation = "ckpt.save", .object = index_key(opts_.prefix, failures.front().step)});
 }
 
 SHARDKIT_DECL std::optional<std::uint64_t> checkpointer::latest() { return find_latest(nullptr); }
@@ -130,21 +256,38 @@ SHARDKIT_DECL std::optional<std::uint64_t> checkpointer::find_latest(std::option
   return static_cast<std::uint64_t>(found);
 }
 
-SHARDKIT_DECL load_report checkpointer::load(std::uint64_t step, const state_dict& into) {
+SHARDKIT_DECL void checkpointer::refuse_what_no_rank_asks(const checkpoint_index& index, const state_dict& into) {
+  auto asked = detail::asked_for(index, into);
+  if (!asked.empty()) calls_group_.all_reduce(buffer_view(std::span<std::uint8_t>(asked)), reduce_op::max).wait();
+  const auto left = detail::names_not_asked(index, asked);
+  if (left.empty()) return;
+  std::string names;
+  for (std::size_t i = 0; i < left.size() && i < 6; ++i) names += (i ? ", " : "") + left[i];
+  if (left.size() > 6) names += ", ...";
+  throw_error(errc::invalid_argument,
+              "a strict load of the checkpoint of step " + std::to_string(index.step) + " refuses it: it holds " +
+                  std::to_string(left.size()) + (left.size() == 1 ? " entry" : " entries") + " that no rank's state asks for (" +
+                  names + "); it was saved with another configuration (load_scope::what_state_asks loads the rest)",
+              {.rank = rank_, .operation = "ckpt.load", .object = index_key(opts_.prefix, index.step)});
+}
+
+SHARDKIT_DECL load_report checkpointer::load(std::uint64_t step, const state_dict& into, load_scope scope) {
   wait_for_saves();
   auto index = read_index(sink_, opts_.prefix, step);
   if (!index)
     throw_error(errc::not_found, "no checkpoint of step " + std::to_string(step) + " (no index " + index_key(opts_.prefix, step) + ")",
                 {.rank = rank_, .operation = "ckpt.load", .object = index_key(opts_.prefix, step)});
+  if (scope == load_scope::everything) refuse_what_no_rank_asks(*index, into);
   return load_state(sink_, *index, into, rank_, world_, "checkpoint " + index_key(opts_.prefix, step),
                     {.device = opts_.device});
 }
 
-SHARDKIT_DECL std::optional<load_report> checkpointer::load_latest(const state_dict& into) {
+SHARDKIT_DECL std::optional<load_report> checkpointer::load_latest(const state_dict& into, load_scope scope) {
   std::optional<checkpoint_index> parsed;
   auto step = find_latest(&parsed);
   if (!step) return std::nullopt;
-  if (!parsed) return load(*step, into);
+  if (!parsed) return load(*step, into, scope);
+  if (scope == load_scope::everything) refuse_what_no_rank_asks(*parsed, into);
   return load_state(sink_, *parsed, into, rank_, world_, "checkpoint " + index_key(opts_.prefix, *step),
                     {.device = opts_.device});
 }
@@ -163,11 +306,14 @@ SHARDKIT_DECL checkpointer_stats checkpointer::stats() const {
 }
 
 SHARDKIT_DECL void checkpointer::wait_for_saves() {
-  try {
-    wait();
-  } catch (const std::exception&) {
-    // The save's own completion carried its failure; a load or lookup goes on.
+  basic_completion<save_result> last;
+  {
+    std::lock_guard lock(mutex_);
+    last = chain_;
   }
+  // Saves end in step order: the last one's end is every one's. A failure stays recorded for the calls that throw
+  // it; a load or lookup goes on.
+  wait_quietly(last);
 }
 
 SHARDKIT_DECL double checkpointer::stage(save_job& job) {
@@ -220,6 +366,7 @@ SHARDKIT_DECL task<void> checkpointer::run(std::shared_ptr<save_job> job, pipeli
                      .stall_seconds = job->stall_seconds, .stage_seconds = job->stage_seconds};
   std::exception_ptr failure;
   bool previous_ended = false;
+  bool logged = false;  // the failure's log line is written (where it happened, when it happened)
   try {
     co_await settle_quietly(turn.previous_persisted);
     co_await settle_quietly(turn.before_previous);
@@ -242,6 +389,9 @@ SHARDKIT_DECL task<void> checkpointer::run(std::shared_ptr<save_job> job, pipeli
       } catch (const std::exception& e) {
         status = commit_status::failed;
         error = e.what();
+        log::error("ckpt: rank ", rank_, " could not write its file of step ", job->step, " (",
+                   rank_file_key(opts_.prefix, job->step, rank_), "): ", error);
+        logged = true;
       }
       result.persist_seconds = seconds_since(t0);
     }
@@ -257,11 +407,18 @@ SHARDKIT_DECL task<void> checkpointer::run(std::shared_ptr<save_job> job, pipeli
     result.committed = j["committed"].get<bool>();
     result.reason = j["reason"].get<std::string>();
     if (j["skipped"].get<bool>()) result.skipped = true;
-    if (!result.committed && !result.skipped)
+    if (!result.committed && !result.skipped) {
+      if (rank_ == 0) log::error("ckpt: the checkpoint of step ", job->step, " is not committed (", result.index_key, "): ", result.reason);
+      logged = true;
       throw_error(errc::io, "checkpoint of step " + std::to_string(job->step) + " was not committed: " + result.reason,
                   {.rank = rank_, .operation = "ckpt.save", .object = result.index_key});
+    }
+  } catch (const std::exception& e) {
+    failure = std::current_exception();
+    if (!logged) log::error("ckpt: rank ", rank_, ": the save of step ", job->step, " failed: ", e.what());
   } catch (...) {
     failure = std::current_exception();
+    if (!logged) log::error("ckpt: rank ", rank_, ": the save of step ", job->step, " failed");
   }
   mark_staged(*job);
   mark_persisted(*job);
@@ -273,7 +430,10 @@ SHARDKIT_DECL task<void> checkpointer::run(std::shared_ptr<save_job> job, pipeli
     else if (result.committed) stats_.committed++;
     else stats_.skipped++;
   }
-  if (failure) job->done.set_error(failure);
+  if (failure) {
+    record_failure(job->step, failure);  // before the completion ends: a call that waited for it finds it
+    job->done.set_error(failure);
+  }
   else {
     if (!result.committed) log::warn("ckpt: step ", job->step, " not committed: ", result.reason);
     job->done.set_value(std::move(result));

@@ -182,21 +182,36 @@ struct load_options {
 };
 
 namespace detail {
-//! load_report::not_requested: the index's tensors and per-rank entries (stored as rank/R/NAME) that `into` names
-//! nowhere.
-inline std::vector<std::string> not_requested(const checkpoint_index& index, const state_dict& into) {
+//! The name a state gives an index tensor: its own, or NAME for a per-rank entry stored as rank/R/NAME.
+inline std::string_view state_name_of(std::string_view stored) {
+  if (stored.starts_with("rank/"))
+    if (const auto slash = stored.find('/', 5); slash != std::string_view::npos) stored.remove_prefix(slash + 1);
+  return stored;
+}
+
+//! For each tensor of the index's table, 1 when `into` names it (a per-rank entry of any rank by its entry name).
+inline std::vector<std::uint8_t> asked_for(const checkpoint_index& index, const state_dict& into) {
   std::set<std::string_view> asked;
   for (const auto* list : {&into.saved_tensors(), &into.loaded_only_tensors()})
     for (const auto& v : *list) asked.insert(v.name);
   for (const auto& e : into.rank_entries()) asked.insert(e.name);
+  std::vector<std::uint8_t> out(index.tensors.size(), 0);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = asked.contains(state_name_of(index.tensors[i].name)) ? 1 : 0;
+  return out;
+}
+
+//! The names (state_name_of, sorted, once each) of the index's tensors that `asked` marks 0.
+inline std::vector<std::string> names_not_asked(const checkpoint_index& index, const std::vector<std::uint8_t>& asked) {
   std::set<std::string> left;
-  for (const auto& t : index.tensors) {
-    std::string_view name = t.name;
-    if (name.starts_with("rank/"))
-      if (const auto slash = name.find('/', 5); slash != std::string_view::npos) name.remove_prefix(slash + 1);
-    if (!asked.contains(name)) left.emplace(name);
-  }
+  for (std::size_t i = 0; i < asked.size(); ++i)
+    if (!asked[i]) left.emplace(state_name_of(index.tensors[i].name));
   return {left.begin(), left.end()};
+}
+
+//! load_report::not_requested: the index's tensors and per-rank entries (stored as rank/R/NAME) that `into` names
+//! nowhere.
+inline std::vector<std::string> not_requested(const checkpoint_index& index, const state_dict& into) {
+  return names_not_asked(index, asked_for(index, into));
 }
 }  // namespace detail
 

@@ -350,6 +350,11 @@ class faulty_sink {
     return keys;
   }
 
+  //! Forwarded to the inner sink, without faults: what a sweep finds is not a fault path under test.
+  std::vector<temporary_object> temporaries(const std::string& prefix) { return state_->inner.temporaries(prefix); }
+  std::size_t remove_stale_temporaries(std::chrono::seconds older_than, const std::string& prefix) {
+    return state_->inner.remove_stale_temporaries(older_than, prefix);
+  }
   bool remove(const std::string& key) {
     check_key(key, "sink.remove");
     state_->maybe_slow();

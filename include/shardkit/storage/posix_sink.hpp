@@ -464,24 +464,31 @@ class posix_sink {
     return true;
   }
 
+  //! The temporaries under `prefix` (sink_keeps_temporaries): each one's key (its directory's key and its name),
+  //! bytes and last modification. Those of live writers too: only their age tells them apart.
+  std::vector<temporary_object> temporaries(const std::string& prefix = {}) const {
+    check_prefix(prefix, "sink.temporaries");
+    std::vector<temporary_object> out;
+    walk(detail::key_directory(prefix), [&](const std::string& dir_key) { return could_hold(dir_key, prefix); },
+         [&](const std::string& key, const std::string& path, bool temporary) {
+           struct stat st {};
+           if (!temporary || !key.starts_with(prefix) || ::stat(path.c_str(), &st) != 0) return;
+           out.push_back({key, static_cast<std::uint64_t>(st.st_size),
+                          std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                              std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec)))});
+         });
+    return out;
+  }
+
   //! Removes temporaries left by writers that died (they are never visible, but take space) whose last modification
   //! is older than `older_than`; returns how many. A live writer's temporary is younger than any sane age (each write
   //! touches it), so a sweep with an age above the longest pause between writes is safe while saves run; a live
   //! writer swept anyway fails at commit (its rename finds no file) and still publishes nothing partial.
   std::size_t remove_stale_temporaries(std::chrono::seconds older_than, const std::string& prefix = {}) {
-    check_prefix(prefix, "sink.remove_stale_temporaries");
     const auto now = std::chrono::system_clock::now();
     std::size_t removed = 0;
-    walk(detail::key_directory(prefix), [&](const std::string& dir_key) { return could_hold(dir_key, prefix); },
-         [&](const std::string&, const std::string& path, bool temporary) {
-           if (!temporary) return;
-           struct stat st {};
-           if (::stat(path.c_str(), &st) != 0) return;
-           const auto modified = std::chrono::system_clock::time_point(
-               std::chrono::seconds(st.st_mtim.tv_sec) +
-               std::chrono::duration_cast<std::chrono::system_clock::duration>(std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
-           if (now - modified >= older_than && ::unlink(path.c_str()) == 0) ++removed;
-         });
+    for (const auto& t : temporaries(prefix))
+      if (now - t.modified >= older_than && ::unlink(path_of(t.key).c_str()) == 0) ++removed;
     return removed;
   }
 

@@ -59,6 +59,13 @@
 //! to fit S3's 10,000 parts; see docs/s3.md). Concept sink_puts_sized; callers that know the size use the free
 //! function storage::put_sized(s, key, size), which falls back to s.put(key); any_sink forwards it.
 //!
+//! **Optional capability: temporaries.** A sink whose writers write a temporary beside the key (posix_sink) may
+//! list them, s.temporaries(prefix) -> std::vector<temporary_object> (key, bytes, last modification), and remove
+//! those older than an age, s.remove_stale_temporaries(older_than, prefix) -> std::size_t (concept
+//! sink_keeps_temporaries; free functions storage::temporaries and storage::remove_stale_temporaries, none and 0 for
+//! a sink without it; any_sink forwards them). A writer killed mid-write leaves its temporary forever otherwise: the
+//! checkpointer and `shardkit-ckpt gc` sweep them.
+//!
 //! - A writer is finished after commit() or abort(); a write or commit on a finished writer throws errc::closed.
 //!   Destroying an unfinished writer aborts it.
 //! - After a write() threw (an I/O error, a short write) the object must never become visible: commit() throws
@@ -103,6 +110,7 @@
 //! };
 //! static_assert(shardkit::storage::sink<my_sink>);
 //! @endcode
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -184,6 +192,35 @@ void remove_many(S& s, std::span<const std::string> keys) {
   } else {
     for (const auto& key : keys) s.remove(key);
   }
+}
+
+//! A temporary a sink's writer left where it writes (one that died mid-write leaves it for good): invisible to get,
+//! size and list, but it takes space.
+struct temporary_object {
+  std::string key;  //!< where it lies: its directory's key, '/', its name
+  std::uint64_t bytes = 0;
+  std::chrono::system_clock::time_point modified;
+};
+
+//! The optional sweep of writers' temporaries: s.temporaries(prefix) lists those whose key starts with prefix,
+//! s.remove_stale_temporaries(older_than, prefix) removes those unmodified for older_than and returns how many.
+template <class S>
+concept sink_keeps_temporaries = sink<S> && requires(S& s, const std::string& p, std::chrono::seconds age) {
+  { s.temporaries(p) } -> std::same_as<std::vector<temporary_object>>;
+  { s.remove_stale_temporaries(age, p) } -> std::same_as<std::size_t>;
+};
+
+//! s.temporaries(prefix) where the sink keeps temporaries; none otherwise (an object store's writer leaves nothing
+//! a LIST does not show, or keeps it elsewhere).
+template <sink S>
+std::vector<temporary_object> temporaries(S& s, const std::string& prefix) {
+  if constexpr (sink_keeps_temporaries<S>) return s.temporaries(prefix);
+  else return {};
+}
+template <sink S>
+std::size_t remove_stale_temporaries(S& s, std::chrono::seconds older_than, const std::string& prefix) {
+  if constexpr (sink_keeps_temporaries<S>) return s.remove_stale_temporaries(older_than, prefix);
+  else return 0;
 }
 
 //! The writer type a sink's put() returns.
@@ -271,6 +308,8 @@ struct sink_interface {
   virtual std::vector<std::string> list(const std::string&) = 0;
   virtual bool remove(const std::string&) = 0;
   virtual void remove_many(std::span<const std::string>) = 0;
+  virtual std::vector<temporary_object> temporaries(const std::string&) = 0;
+  virtual std::size_t remove_stale_temporaries(std::chrono::seconds, const std::string&) = 0;
 };
 }  // namespace detail
 
@@ -321,6 +360,10 @@ struct sink_model final : sink_interface {
   std::vector<std::string> list(const std::string& p) override { return impl->list(p); }
   bool remove(const std::string& k) override { return impl->remove(k); }
   void remove_many(std::span<const std::string> keys) override { storage::remove_many(*impl, keys); }
+  std::vector<temporary_object> temporaries(const std::string& p) override { return storage::temporaries(*impl, p); }
+  std::size_t remove_stale_temporaries(std::chrono::seconds age, const std::string& p) override {
+    return storage::remove_stale_temporaries(*impl, age, p);
+  }
 };
 }  // namespace detail
 
@@ -351,6 +394,11 @@ class any_sink {
   bool remove(const std::string& key) { return self().remove(key); }
   //! The sink's own batch delete, or remove() key by key when it has none (sink_removes_many).
   void remove_many(std::span<const std::string> keys) { self().remove_many(keys); }
+  //! The sink's temporaries (sink_keeps_temporaries), or none.
+  std::vector<temporary_object> temporaries(const std::string& prefix) { return self().temporaries(prefix); }
+  std::size_t remove_stale_temporaries(std::chrono::seconds older_than, const std::string& prefix) {
+    return self().remove_stale_temporaries(older_than, prefix);
+  }
 
  private:
   detail::sink_interface& self() const {
