@@ -181,7 +181,7 @@ int run_ls(const common_options& o) {
   if (debris_objects || !temporaries.empty())
     std::printf("debris: %s (%s) of steps without an index, %s (%s) that killed writers left; shardkit-ckpt gc removes it\n",
                 plural(debris_objects, "object").c_str(), human_bytes(debris_bytes).c_str(),
-                plural(temporaries.size(), "temporary").c_str(), human_bytes(temporary_bytes).c_str());
+                plural(temporaries.size(), "temporary file").c_str(), human_bytes(temporary_bytes).c_str());
   return 0;
 }
 
@@ -225,7 +225,7 @@ int run_gc(const common_options& o, std::chrono::seconds min_age) {
   }
   for (const auto& [dir, age] : sweeps) sink.remove_stale_temporaries(age, dir);
   std::printf("%s: removed %s (%s) of %s without an index, %s (%s)\n", o.location.c_str(), plural(keys.size(), "object").c_str(),
-              human_bytes(bytes).c_str(), plural(steps, "step").c_str(), plural(removed_temporaries, "temporary").c_str(),
+              human_bytes(bytes).c_str(), plural(steps, "step").c_str(), plural(removed_temporaries, "temporary file").c_str(),
               human_bytes(temporary_bytes).c_str());
   return 0;
 }

@@ -460,7 +460,7 @@ TEST_CASE("[ckpt] shardkit-ckpt ls shows debris and its bytes, gc removes it (ne
   auto r = run_tool("ls " + loc);
   INFO("shardkit-ckpt said:\n", r.output);
   CHECK(r.status == 0);
-  CHECK(r.output.find("debris: 2 objects (43 B) of steps without an index, 2 temporaries (2.97 KiB) that killed writers left") !=
+  CHECK(r.output.find("debris: 2 objects (43 B) of steps without an index, 2 temporary files (2.97 KiB) that killed writers left") !=
         std::string::npos);
   const auto listing = nlohmann::json::parse(run_tool("ls " + loc + " --json").output);
   CHECK(listing["debris"]["temporaries"] == 2);
@@ -470,13 +470,13 @@ TEST_CASE("[ckpt] shardkit-ckpt ls shows debris and its bytes, gc removes it (ne
   // Step 0's object and step 1's temporary go; step 3 (newer than the latest, perhaps a live save) stays.
   r = run_tool("gc " + loc);
   CHECK(r.status == 0);
-  CHECK(r.output.find("removed 1 object (12 B) of 1 step without an index, 1 temporary (2.93 KiB)") != std::string::npos);
+  CHECK(r.output.find("removed 1 object (12 B) of 1 step without an index, 1 temporary file (2.93 KiB)") != std::string::npos);
   CHECK(sink.temporaries("").size() == 1);
   CHECK_FALSE(sink.exists(ck::rank_file_key("", 0, 1)));
   CHECK(sink.exists(ck::rank_file_key("", 3, 0)));
   // --min-age 0: the newer step's temporary too (no run writes there any more).
   r = run_tool("gc " + loc + " --min-age 0");
-  CHECK(r.output.find("1 temporary (40 B)") != std::string::npos);
+  CHECK(r.output.find("1 temporary file (40 B)") != std::string::npos);
   CHECK(sink.temporaries("").empty());
   CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{1, 2});
 }

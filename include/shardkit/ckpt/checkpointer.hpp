@@ -190,7 +190,11 @@ class checkpointer {
   //! checkpoint does not exist.
   SHARDKIT_DECL load_report load(std::uint64_t step, const state_dict& into, load_scope scope = load_scope::what_state_asks);
 
-  //! Loads the newest complete checkpoint; std::nullopt when there is none. Collective (latest()).
+  //! Loads the newest complete checkpoint; std::nullopt when there is none. Collective (latest()). When it does not
+  //! load on some rank because its data is damaged (a rank file absent or cut short, a checksum mismatch), every
+  //! rank falls back to the next older complete checkpoint, rank 0 logs which step and why, and the report lists it
+  //! (load_report::passed_over); when none loads, errc::io naming every step tried. The state is then partly
+  //! loaded from the failed attempts until one succeeds.
   SHARDKIT_DECL std::optional<load_report> load_latest(const state_dict& into, load_scope scope = load_scope::what_state_asks);
 
   //! Every saved rank's bytes of the per-rank entry `name` in the checkpoint of `step` (after a rescale).

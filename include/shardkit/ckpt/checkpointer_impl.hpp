@@ -285,11 +285,62 @@ SHARDKIT_DECL load_report checkpointer::load(std::uint64_t step, const state_dic
 SHARDKIT_DECL std::optional<load_report> checkpointer::load_latest(const state_dict& into, load_scope scope) {
   std::optional<checkpoint_index> parsed;
   auto step = find_latest(&parsed);
-  if (!step) return std::nullopt;
-  if (!parsed) return load(*step, into, scope);
-  if (scope == load_scope::everything) refuse_what_no_rank_asks(*parsed, into);
-  return load_state(sink_, *parsed, into, rank_, world_, "checkpoint " + index_key(opts_.prefix, *step),
-                    {.device = opts_.device});
+  std::vector<std::string> passed_over;
+  while (step) {
+    // 0: loaded; 1: its data is damaged (a file absent, cut short, a checksum): an older one may load; 2: anything
+    // else (the state does not fit, a lost peer): thrown.
+    std::int64_t outcome = 0;
+    std::string why;
+    std::optional<load_report> report;
+    try {
+      if (!parsed) {
+        report = load(*step, into, scope);
+      } else {
+        if (scope == load_scope::everything) refuse_what_no_rank_asks(*parsed, into);
+        report = load_state(sink_, *parsed, into, rank_, world_, "checkpoint " + index_key(opts_.prefix, *step),
+                            {.device = opts_.device});
+      }
+    } catch (const shardkit::error& e) {
+      const bool damaged = e.code() == make_error_code(errc::io) || e.code() == make_error_code(errc::not_found) ||
+                           e.code() == make_error_code(errc::protocol);
+      if (!damaged) throw;  // on every rank alike: a state that does not fit fits no older checkpoint either
+      outcome = 1;
+      why = e.what();
+    }
+    std::vector<std::int64_t> outcomes(static_cast<std::size_t>(world_));
+    calls_group_.all_gather(const_buffer_view(&outcome, 1, dtype::i64), buffer_view(outcomes.data(), outcomes.size(), dtype::i64)).wait();
+    const auto failed = std::find(outcomes.begin(), outcomes.end(), 1);
+    if (failed == outcomes.end()) {
+      report->passed_over = std::move(passed_over);
+      return report;
+    }
+    // Every rank names the same step, rank and reason, and goes on to the next older complete checkpoint.
+    const int culprit = static_cast<int>(failed - outcomes.begin());
+    why = broadcast_string(why, culprit);
+    passed_over.push_back("step " + std::to_string(*step) + ": rank " + std::to_string(culprit) + ": " + why);
+    if (rank_ == 0) log::warn("ckpt: the latest checkpoint, step ", *step, ", does not load on rank ", culprit, " (", why,
+                              "): falling back to an older one");
+    std::int64_t older = -1;
+    parsed.reset();
+    if (rank_ == 0) {
+      const auto listed = list_checkpoints(sink_, opts_.prefix);
+      for (auto it = listed.indexed.rbegin(); it != listed.indexed.rend() && older < 0; ++it) {
+        if (*it >= *step) continue;
+        try {
+          if ((parsed = read_index(sink_, opts_.prefix, *it))) older = static_cast<std::int64_t>(*it);
+        } catch (const shardkit::error& e) {
+          log::warn("ckpt: step ", *it, " is not a complete checkpoint: ", e.what());
+        }
+      }
+    }
+    calls_group_.broadcast(buffer_view(std::span<std::int64_t>(&older, 1)), 0).wait();
+    step = older < 0 ? std::nullopt : std::optional<std::uint64_t>(static_cast<std::uint64_t>(older));
+  }
+  if (passed_over.empty()) return std::nullopt;
+  std::string all;
+  for (const auto& p : passed_over) all += (all.empty() ? "" : "; ") + p;
+  throw_error(errc::io, "no complete checkpoint under '" + opts_.prefix + "' loads: " + all,
+              {.rank = rank_, .operation = "ckpt.load", .object = opts_.prefix});
 }
 
 SHARDKIT_DECL std::vector<std::vector<std::byte>> checkpointer::read_rank_bytes(std::uint64_t step, const std::string& name) {
@@ -384,6 +435,13 @@ SHARDKIT_DECL task<void> checkpointer::run(std::shared_ptr<save_job> job, pipeli
       if (!job->staged.is_done()) result.stage_seconds = stage(*job);
       const auto t0 = std::chrono::steady_clock::now();
       try {
+        // A step that holds an index is a checkpoint (this run's before a restart, or another run's): a save never
+        // writes into it, so that a rank file of one save never sits beside the index of another.
+        if (sink_.exists(result.index_key))
+          throw_error(errc::invalid_argument,
+                      "step " + std::to_string(job->step) + " already holds a checkpoint (" + result.index_key +
+                          "): a save never writes into it; resume from it, or remove it first",
+                      {.rank = rank_, .operation = "ckpt.save", .object = result.index_key});
         file = write_file(*job);
         result.bytes_written = file->files.at(0).size;
       } catch (const std::exception& e) {

@@ -51,6 +51,9 @@ struct load_report {
   //! refuses a non-empty list. A sharded state names only the tensors this rank holds pieces of, so the caller
   //! knows which of these are its model's all the same.
   std::vector<std::string> not_requested;
+  //! checkpointer::load_latest: the newer checkpoints it passed over because they did not load (a rank file absent,
+  //! cut short, a checksum mismatch), newest first, each "step S: rank R: why" (also logged on rank 0).
+  std::vector<std::string> passed_over;
 };
 
 //! Every saved piece of every tensor of an index, by tensor, sorted by where each begins. Built once per load in
