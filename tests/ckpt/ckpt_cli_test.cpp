@@ -485,7 +485,7 @@ TEST_CASE("[ckpt] shardkit-ckpt consolidate refuses an --out inside the checkpoi
   temp_dir dir("inside");
   write_checkpoints(dir.path);
   const std::string loc = dir.path.string();
-  for (const std::string out : {loc, loc + "/hf", loc + "/./step-000000000002/x", loc + "/a/../hf"}) {
+  for (const std::string& out : {loc, loc + "/hf", loc + "/./step-000000000002/x", loc + "/a/../hf"}) {
     CAPTURE(out);
     const auto r = run_tool("consolidate " + loc + " --out " + out);
     CHECK(r.status == 2);
