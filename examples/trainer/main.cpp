@@ -363,6 +363,7 @@ int main(int argc, char** argv) try {
   }
   std::optional<trainer::chrome_trace> trace;
   fsdp::sharding_options sharding = f.sharding;
+  sharding.micro_batches = std::size_t(f.micro_batches);  // compared across ranks at construction
   if (!f.trace.empty()) {
     trace.emplace(rank, names);
     sharding.on_event = [&trace](const fsdp::model_event& e) { trace->add(e); };

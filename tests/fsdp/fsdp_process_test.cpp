@@ -14,6 +14,7 @@
 
 #include "shardkit/comm/init.hpp"
 #include "shardkit/comm/loopback_world.hpp"
+#include "abandon_cases.hpp"
 #include "support/harness.hpp"
 #include "toy_model.hpp"
 
@@ -91,6 +92,20 @@ SHARDKIT_SCENARIO(fsdp_trains_like_one_rank) {
   world.group.barrier().wait();
 }
 
+// Passes left early on every rank (abandon_cases.hpp), ranks as processes over shm: FSDP_TEST_ABANDON is
+// "kind budget iterations".
+SHARDKIT_SCENARIO(fsdp_passes_left_early) {
+  namespace ab = shardkit::test::abandon;
+  auto world = sk::comm::init_process_group("shm");
+  std::istringstream spec(env_or("FSDP_TEST_ABANDON", "0 1 10"));
+  int kind = 0;
+  ab::case_options c;
+  spec >> kind >> c.budget_units >> c.iterations;
+  c.kind = ab::exit_kind(kind);
+  c.seed = std::uint32_t(1000 + 10 * kind + int(c.budget_units));
+  ab::run(world.group, c);
+}
+
 namespace {
 
 void run_case(int n, const std::string& strategy, std::size_t hybrid_shard_size, const std::string& transport) {
@@ -113,6 +128,20 @@ TEST_CASE("[fsdp] ranks as processes over shm: every strategy trains like 1 rank
     for (const char* strategy : {"full_shard", "shard_grad_op", "no_shard"}) run_case(n, strategy, 0, "shm");
   run_case(4, "hybrid_shard", 2, "shm");  // 2 hosts' worth of shards x 2 replicas (3 ranks have no such split)
   run_case(2, "hybrid_shard", 1, "shm");  // shards of one rank: replicas only
+}
+
+TEST_CASE("[fsdp] ranks as processes: passes left early on every rank keep the ranks in step (random delays)") {
+  for (int kind : {0, 1, 2})
+    for (int budget : {1, 2, 0}) {
+      const int iterations = budget == 2 ? 1000 : 200;
+      CAPTURE(kind);
+      CAPTURE(budget);
+      sk::test::require_all_succeeded(sk::test::run_processes(
+          2, "fsdp_passes_left_early",
+          {{"FSDP_TEST_ABANDON", std::to_string(kind) + " " + std::to_string(budget) + " " + std::to_string(iterations)},
+           {"SHARDKIT_TIMEOUT_MS", "20000"}},
+          std::chrono::seconds(120)));
+    }
 }
 
 #if defined(SHARDKIT_HAS_TCP)

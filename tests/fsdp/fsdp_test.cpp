@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
 
+#include "abandon_cases.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "support/harness.hpp"
 #include "toy_checks.hpp"
@@ -93,9 +96,11 @@ TEST_CASE("[fsdp] SGD with momentum, no prefetch, a one-unit budget, a count lim
   }
   o = {.limiter_max_inflight = 2};
   check_close(run_on(4, o, 10, 1, toy::optimizer_kind::sgd), reference, 1e-5);
-  auto groups = sk::comm::make_loopback_world(2);  // the check comes before anything collective
-  CHECK_THROWS_WITH_AS(fsdp::sharded_model(groups[0], toy::units(), {.limiter_max_inflight = 1}),
-                       doctest::Contains("limiter_max_inflight of 1 is below the 2 buffers"), sk::error);
+  auto groups = sk::comm::make_loopback_world(2);  // after the ranks agree on the options: on every rank
+  sk::test::run_threads(2, [&](int r) {
+    CHECK_THROWS_WITH_AS(fsdp::sharded_model(groups[std::size_t(r)], toy::units(), {.limiter_max_inflight = 1}),
+                         doctest::Contains("limiter_max_inflight of 1 is below the 2 buffers"), sk::error);
+  });
 }
 
 TEST_CASE("[fsdp] gradient accumulation over micro-batches without sync equals one batch") {
@@ -301,6 +306,25 @@ TEST_CASE("[fsdp] a budget in bytes includes the groups' scratch; one the scratc
     CHECK(m.find("bytes of scratch the model's groups keep") != std::string::npos);
     CHECK(m.find("below the") != std::string::npos);
   }
+  // Far too small: one error states the true minimum (the unit and the scratch) once, so that raising the budget
+  // to what it names is enough.
+  std::vector<std::string> minimum(n);
+  sk::test::run_threads(n, [&](int r) {
+    try {
+      fsdp::sharded_model tiny(groups[std::size_t(r)], toy::units(), {.limiter_budget_bytes = 1000});
+    } catch (const sk::error& e) {
+      minimum[std::size_t(r)] = e.what();
+    }
+    std::size_t named = 0;
+    const std::string& m = minimum[std::size_t(r)];
+    if (const auto at = m.find("to at least "); at != std::string::npos) named = std::stoul(m.substr(at + 12));
+    CAPTURE(m);
+    REQUIRE(named > 1000);
+    CHECK(m.find("bytes this model needs: ") != std::string::npos);
+    CHECK(m.find(" plus ") != std::string::npos);
+    fsdp::sharded_model enough(groups[std::size_t(r)], toy::units(), {.limiter_budget_bytes = named});
+    CHECK(enough.stats().budget_bytes <= named);
+  });
 }
 
 namespace {
@@ -365,6 +389,129 @@ TEST_CASE("[fsdp] units out of order and passes left early") {
   CHECK(std::isfinite(toy::forward_backward(model, 0, 0, 12, true)));
   CHECK_THROWS_WITH_AS((void)model.forward().begin()->grads(), doctest::Contains("has gradients only in backward"),
                        sk::error);
+}
+
+TEST_CASE("[fsdp] passes left early on every rank keep the ranks in step (random delays, 1000 iterations a case)") {
+  namespace ab = shardkit::test::abandon;
+  sk::comm::group_options go;
+  go.timeout = std::chrono::seconds(20);  // a pairing gone wrong fails here instead of hanging
+  for (auto kind : {ab::exit_kind::break_forward, ab::exit_kind::throw_backward, ab::exit_kind::break_and_destroy})
+    for (std::size_t budget : {1, 2, 0})
+      for (int n : {2, 3}) {
+        const ab::case_options c{.kind = kind, .budget_units = budget, .iterations = n == 2 ? 1000 : 100,
+                                 .seed = std::uint32_t(100 * int(kind) + budget)};
+        CAPTURE(int(kind));
+        CAPTURE(budget);
+        CAPTURE(n);
+        auto groups = sk::comm::make_loopback_world(n, go);
+        sk::test::run_threads(n, [&](int r) { ab::run(groups[std::size_t(r)], c); });
+      }
+}
+
+TEST_CASE("[fsdp] ranks that build different models fail at construction, every rank naming the first difference") {
+  struct variant {
+    const char* expect;
+    std::function<void(std::vector<fsdp::unit_spec>&, fsdp::sharding_options&)> change;  // on the last rank
+  };
+  const std::vector<variant> variants{
+      {"rank 0 has unit 1 'layer1' parameter 'layer1.w' shape [7, 9], rank {last} has unit 1 'layer1' parameter "
+       "'layer1.w' shape [7, 8]",
+       [](auto& u, auto&) { u[1].params[0].shape = {7, 8}; }},  // a hidden width of 8 against 9
+      {"rank 0 has strategy full_shard, rank {last} has strategy shard_grad_op",
+       [](auto&, auto& o) { o.strategy = fsdp::sharding_strategy::shard_grad_op; }},
+      {"rank 0 has micro_batches 2, rank {last} has micro_batches 1", [](auto&, auto& o) { o.micro_batches = 1; }},
+      {"rank 0 has precision.reduce f32, rank {last} has precision.reduce bf16",
+       [](auto&, auto& o) { o.precision.reduce = dtype::bf16; }},
+      {"rank 0 has units 7, rank {last} has units 6", [](auto& u, auto&) { u.pop_back(); }},
+      {"rank 0 has limiter_budget_units 2, rank {last} has limiter_budget_units 0",
+       [](auto&, auto& o) { o.limiter_budget_units = 0; }},
+  };
+  for (int n : {2, 3})
+    for (const auto& v : variants) {
+      std::string expect = v.expect;
+      for (auto at = expect.find("{last}"); at != std::string::npos; at = expect.find("{last}"))
+        expect.replace(at, 6, std::to_string(n - 1));
+      CAPTURE(expect);
+      auto groups = sk::comm::make_loopback_world(n);
+      std::vector<std::string> got(std::size_t(n), "(no error)");
+      const auto t0 = std::chrono::steady_clock::now();
+      sk::test::run_threads(n, [&](int r) {
+        auto units = toy::units();
+        fsdp::sharding_options o{.limiter_budget_units = 2, .micro_batches = 2};
+        if (r == n - 1) v.change(units, o);
+        try {
+          fsdp::sharded_model model(groups[std::size_t(r)], units, o);
+        } catch (const sk::error& e) {
+          if (e.code() == sk::errc::mismatch) got[std::size_t(r)] = e.what();
+        }
+      });
+      CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+      for (const auto& m : got) CHECK(m.find(expect) != std::string::npos);
+    }
+}
+
+TEST_CASE("[fsdp] a unit_scope kept past its unit throws; under SHARDKIT_DEBUG=detail what was freed reads NaN") {
+  namespace ab = shardkit::test::abandon;
+  sk::comm::group_options go;
+  go.check_consistency = true;  // what SHARDKIT_DEBUG=detail sets
+  auto groups = sk::comm::make_loopback_world(2, go);
+  sk::test::run_threads(2, [&](int r) {
+    fsdp::sharded_model model(groups[std::size_t(r)], ab::units(), {.limiter_budget_units = 1});
+    model.init_parameters(ab::init);
+    fsdp::unit_scope kept;
+    std::span<const float> stale;
+    for (auto& u : model.forward())
+      if (u.index() == 0) {
+        kept = u;
+        stale = u.param<float>("u0.w");
+        CHECK(stale[1] == ab::value("u0.w", 1));
+      }
+    CHECK_THROWS_WITH_AS((void)kept.param<float>("u0.w"), doctest::Contains("after its forward use ended"), sk::error);
+    CHECK_THROWS_AS((void)kept.params(), sk::error);
+    for (float x : stale) CHECK(std::isnan(x));
+    {
+      auto pass = model.backward();
+      auto it = pass.begin();
+      kept = *it;
+    }  // left early
+    CHECK_THROWS_WITH_AS((void)kept.grads(), doctest::Contains("after its backward use ended"), sk::error);
+    CHECK_THROWS_WITH_AS(fsdp::unit_scope().params(), doctest::Contains("no pass began"), sk::error);
+  });
+}
+
+TEST_CASE("[fsdp] a non-finite gradient norm: the optimizer raises on every rank (default) or skips, the master unchanged") {
+  auto groups = sk::comm::make_loopback_world(2);
+  sk::test::run_threads(2, [&](int r) {
+    fsdp::sharded_model model(groups[std::size_t(r)], toy::units(), {});
+    model.init_parameters(toy::init);
+    fsdp::adamw raising(model);
+    fsdp::sgd skipping(model, {.lr = 0.1, .on_non_finite = fsdp::non_finite_policy::skip});
+    toy::forward_backward(model, 0, r * 6, 6, true);
+    if (r == 0) model.grad_shard(1)[0] = std::numeric_limits<float>::infinity();  // one rank's overflow
+    const auto master = [&] {
+      std::vector<float> all;
+      for (std::size_t i = 0; i < model.num_units(); ++i)
+        all.insert(all.end(), model.master_shard(i).begin(), model.master_shard(i).end());
+      return all;
+    };
+    const auto before = master();
+    CHECK(std::isinf(model.clip_grad_norm(1.0)));  // every rank: the norm is global
+    CHECK_THROWS_WITH_AS(raising.step(), doctest::Contains("global gradient norm is inf"), sk::error);
+    CHECK_FALSE(skipping.step());
+    CHECK(skipping.skipped_steps() == 1);
+    CHECK(skipping.steps() == 0);
+    CHECK(master() == before);
+    // A backward left early leaves NaN: refused the same way, until zero_grad().
+    model.zero_grad();
+    toy::forward_backward(model, 1, r * 6, 6, true);
+    { auto left = model.backward(); }
+    CHECK_THROWS_WITH_AS(raising.step(), doctest::Contains("global gradient norm is NaN"), sk::error);
+    CHECK(master() == before);
+    model.zero_grad();
+    toy::forward_backward(model, 2, r * 6, 6, true);
+    CHECK(raising.step());
+    CHECK(master() != before);
+  });
 }
 
 TEST_CASE("[fsdp] sharded state round trips bit-exactly, also onto another number of ranks") {

@@ -5,6 +5,12 @@
 //! Weight decay applies per parameter, by default to parameters of two or more dimensions (matrices and
 //! embeddings), not to biases and norm gains: the usual language-model recipe. A shard holds pieces of several
 //! parameters, so decay is decided piece by piece.
+//!
+//! Before stepping, an optimizer checks the global gradient norm (sharded_model::grad_norm: the one
+//! clip_grad_norm computed, or one all-reduce), so every rank decides alike: when it is not finite (an overflow
+//! in reduced precision, a backward left early), on_non_finite = raise (the default) throws errc::invalid_argument
+//! on every rank and skip steps nothing and returns false (GradScaler's skipped step). Either way no master
+//! weight or optimizer state changes, and the trainer calls zero_grad() before the next step.
 //! @code
 //!   shardkit::fsdp::adamw opt(model, {.lr = 3e-4, .weight_decay = 0.1});
 //!   opt.step();                      // after backward (and clip_grad_norm)
@@ -20,6 +26,12 @@
 #include "shardkit/fsdp/sharded_model.hpp"
 
 namespace shardkit::fsdp {
+
+//! What an optimizer's step does when the global gradient norm is NaN or infinite (see the file comment).
+enum class non_finite_policy : std::uint8_t {
+  raise,  //!< throw errc::invalid_argument on every rank, stepping nothing
+  skip,   //!< step nothing on every rank: step() returns false, skipped_steps() counts it
+};
 
 //! Which parameters get weight decay.
 using decay_rule = std::function<bool(const param_slot&)>;
@@ -82,7 +94,10 @@ template <class Options>
 class sharded_optimizer {
  public:
   void set_lr(double lr) { o_.lr = lr; }
+  //! Steps taken (a skipped step is not one).
   std::uint64_t steps() const noexcept { return steps_; }
+  //! Steps that on_non_finite = skip skipped.
+  std::uint64_t skipped_steps() const noexcept { return skipped_; }
   void set_steps(std::uint64_t s) noexcept { steps_ = s; }
   //! This rank's pieces of every state buffer, named "<param>.<buffer>" (block0.w1.exp_avg).
   std::vector<shard_tensor> sharded_state() { return state_.sharded(model_); }
@@ -93,10 +108,26 @@ class sharded_optimizer {
  protected:
   sharded_optimizer(sharded_model& model, Options o, std::vector<std::string> buffers)
       : model_(model), o_(std::move(o)), state_(model, std::move(buffers)) {}
+  //! Waits for the gradients; false when the step must be skipped (or throws, per on_non_finite).
+  bool gradients_usable(const char* op) {
+    model_.wait_for_gradients();
+    const double norm = model_.grad_norm();
+    if (std::isfinite(norm)) return true;
+    if (o_.on_non_finite == non_finite_policy::skip) {
+      ++skipped_;
+      log::info("fsdp: ", op, " skipped: the global gradient norm is ", std::isnan(norm) ? "NaN" : "inf");
+      return false;
+    }
+    throw_error(errc::invalid_argument,
+                std::string("the global gradient norm is ") + (std::isnan(norm) ? "NaN" : norm > 0 ? "inf" : "-inf") +
+                    ": no parameter was stepped (an overflow, or a backward left early, which leaves NaN until "
+                    "zero_grad(); set on_non_finite = non_finite_policy::skip to skip such steps)",
+                {.rank = model_.rank(), .operation = op});
+  }
   sharded_model& model_;
   Options o_;
   detail::optimizer_state state_;
-  std::uint64_t steps_ = 0;
+  std::uint64_t steps_ = 0, skipped_ = 0;
 };
 
 struct sgd_options {
@@ -106,6 +137,7 @@ struct sgd_options {
   double weight_decay = 0.0;  //!< L2, added to the gradient (torch.optim.SGD)
   bool nesterov = false;
   decay_rule decays = decay_matrices;
+  non_finite_policy on_non_finite = non_finite_policy::raise;
 };
 
 //! torch.optim.SGD on the local shards.
@@ -117,8 +149,9 @@ class sgd : public sharded_optimizer<sgd_options> {
     detail::check_finite_positive(o_.weight_decay, "weight_decay", "fsdp.sgd");
   }
 
-  void step() {
-    model_.wait_for_gradients();
+  //! Collective (the norm check). False when on_non_finite = skip skipped it.
+  bool step() {
+    if (!gradients_usable("fsdp.sgd.step")) return false;
     const float lr = float(o_.lr), mu = float(o_.momentum), damp = float(1 - o_.dampening);
     detail::for_each_piece(model_, o_.decays, [&](std::size_t u, std::size_t off, std::size_t n, bool decays) {
       float* p = model_.master_shard(u).data() + off;
@@ -135,6 +168,7 @@ class sgd : public sharded_optimizer<sgd_options> {
       }
     });
     ++steps_;
+    return true;
   }
 };
 
@@ -144,6 +178,7 @@ struct adamw_options {
   double eps = 1e-8;
   double weight_decay = 0.01;  //!< decoupled: p -= lr * wd * p
   decay_rule decays = decay_matrices;
+  non_finite_policy on_non_finite = non_finite_policy::raise;
 };
 
 //! torch.optim.AdamW on the local shards (bias-corrected moments, decoupled weight decay).
@@ -158,8 +193,9 @@ class adamw : public sharded_optimizer<adamw_options> {
       throw_error(errc::invalid_argument, "betas must lie in [0, 1)", {.operation = "fsdp.adamw"});
   }
 
-  void step() {
-    model_.wait_for_gradients();
+  //! Collective (the norm check). False when on_non_finite = skip skipped it.
+  bool step() {
+    if (!gradients_usable("fsdp.adamw.step")) return false;
     ++steps_;
     const double bc1 = 1 - std::pow(o_.beta1, double(steps_)), bc2 = 1 - std::pow(o_.beta2, double(steps_));
     const float b1 = float(o_.beta1), b2 = float(o_.beta2), lr = float(o_.lr), eps = float(o_.eps);
@@ -177,6 +213,7 @@ class adamw : public sharded_optimizer<adamw_options> {
         p[j] -= step_size * m[j] / (std::sqrt(v[j]) / bc2_sqrt + eps);
       }
     });
+    return true;
   }
 };
 

@@ -111,6 +111,10 @@ struct sharding_options {
   //! How many units ahead of the one in use gathers are queued; the limiter then admits as many as the budget
   //! holds. 0 gathers each unit only when it is used (no overlap: the baseline the benchmarks compare with).
   std::size_t prefetch = 1 << 20;
+  //! Backwards per optimizer step (micro-batches) the trainer runs. The model does not use it; construction
+  //! compares it across ranks with the units and the other options, so that ranks set up for different
+  //! accumulation fail at once, naming both values, instead of timing out in a later reduction. 0: not set.
+  std::size_t micro_batches = 0;
   //! Prefix of the groups the model creates ("fsdp.gather", "fsdp.reduce", "fsdp.replica").
   std::string name = "fsdp";
   //! Where gathered parameters and unsharded gradients live (the limiter's region) and the trainer computes: the

@@ -103,7 +103,10 @@ class sharded_model;
 using gather_limiter = basic_rate_limiter<gather_memory>;
 
 //! A unit while the trainer uses it in a pass: its gathered parameters (and in backward its unsharded
-//! gradients, to accumulate into). Ends (frees or reduces) when the pass moves on or end() is called.
+//! gradients, to accumulate into). Ends (frees or reduces) when the pass moves on, end_unit() is called or the
+//! pass is left early; from then on its accessors throw errc::invalid_argument (a copy kept past its unit would
+//! otherwise read whatever the limiter's region holds next), and spans taken from it must not be used: under
+//! SHARDKIT_DEBUG=detail the model fills what it frees on the host with NaN, so such a read shows.
 class unit_scope {
  public:
   std::size_t index() const noexcept { return index_; }
@@ -112,7 +115,10 @@ class unit_scope {
 
   //! All gathered parameters, flat, in the parameter dtype. The views name the model's gather device (dev()); on a
   //! GPU they, and the spans of the typed accessors, are device memory: for kernels and copies, not host reads.
-  const_buffer_view params() const noexcept { return params_; }
+  const_buffer_view params() const {
+    check_current("params");
+    return params_;
+  }
   SHARDKIT_DECL const_buffer_view param(std::string_view name) const;
   template <element_type T>
   std::span<const T> param(std::string_view name) const {
@@ -131,6 +137,7 @@ class unit_scope {
 
  private:
   friend class sharded_model;
+  SHARDKIT_DECL void check_current(const char* what) const;
   template <class T, class View>
   std::span<T> typed(View v, std::string_view name, const char* what) const {
     if (v.type() != dtype_v<T>)
@@ -143,6 +150,7 @@ class unit_scope {
   const sharded_model* model_ = nullptr;
   std::size_t index_ = 0;
   fsdp::pass pass_ = pass::forward;
+  std::uint64_t generation_ = 0;  // the unit's generation when this scope began
   const_buffer_view params_;
   buffer_view grads_;
 };
@@ -189,6 +197,11 @@ class sharded_model {
     completion grads_ready;
     completion reduced;       // the last gradient reduction
     steady_clock::time_point used_since;  // begin_unit's return: the start of its `use` event
+    // Advances whenever the unit's use ends (end_unit, a pass left early): a unit_scope of an older one is stale.
+    std::atomic<std::uint64_t> generation{0};
+    // The pass (pass_serial_) whose gather of this unit was queued with parameters to gather, and the one that
+    // issued its all-gather (written on the gather thread, read after its job is known to be done).
+    std::uint64_t gather_planned_in = 0, gather_issued_in = 0;
   };
 
   // Where sharding_options::on_event goes. Shared with the gather group's completions, which may still run while
@@ -213,7 +226,8 @@ class sharded_model {
   sharded_model(const sharded_model&) = delete;
   sharded_model& operator=(const sharded_model&) = delete;
 
-  //! Withdraws queued gathers and waits for what is running (a pass left by an exception ends here too).
+  //! Leaves a pass still in progress as pass_range's destructor does (a live pass_range is detached: using it
+  //! afterwards throws errc::closed) and waits for what is running.
   SHARDKIT_DECL ~sharded_model();
 
   // ---- what the trainer reads ----
@@ -227,7 +241,11 @@ class sharded_model {
   //! Unit i's f32 master shard and reduced gradient shard (what optimizers step).
   std::span<float> master_shard(std::size_t i) { return unit(i).master; }
   std::span<const float> master_shard(std::size_t i) const { return unit(i).master; }
-  std::span<float> grad_shard(std::size_t i) { return unit(i).grad; }
+  //! (Writable: a norm clip_grad_norm computed is then no longer reused, see grad_norm.)
+  std::span<float> grad_shard(std::size_t i) {
+    norm_known_ = false;
+    return unit(i).grad;
+  }
   std::span<const float> grad_shard(std::size_t i) const { return unit(i).grad; }
   //! The pieces of parameters this rank's shard of unit i holds.
   std::vector<shard_piece> local_pieces(std::size_t i) const { return unit(i).layout.pieces(shard_rank_); }
@@ -283,12 +301,19 @@ class sharded_model {
   //! Blocks until every queued gradient reduction is done; rethrows the first failure, naming its unit.
   SHARDKIT_DECL void wait_for_gradients();
 
-  //! Zeroes the reduced gradient shards (after the optimizer step).
+  //! Zeroes the reduced gradient shards (after the optimizer step), and the gradients kept from backwards
+  //! without sync, if any (a backward left early leaves both NaN: see pass_range).
   SHARDKIT_DECL void zero_grad();
 
   //! Scales the gradient shards so that their global L2 norm is at most max_norm; returns the norm before.
-  //! One all-reduce of the squared norm over the shard group (replicas hold equal shards).
+  //! One all-reduce of the squared norm over the shard group (replicas hold equal shards). A norm that is not
+  //! finite (NaN, inf) scales nothing and is returned as it is: the optimizers' on_non_finite decides.
   SHARDKIT_DECL double clip_grad_norm(double max_norm);
+
+  //! The global L2 norm of the gradient shards, the same on every rank: collective (one all-reduce over the
+  //! shard group) unless clip_grad_norm computed it and no reduction, zero_grad, pass or write through
+  //! grad_shard() came since. The optimizers check it before stepping.
+  SHARDKIT_DECL double grad_norm();
 
   //! Reduces a scalar (a loss) over the whole job (shard and replica groups): every rank gets the mean.
   SHARDKIT_DECL double mean_over_ranks(double v);
@@ -311,6 +336,12 @@ class sharded_model {
     return shard_size_ == 1 && opts_.precision.param == dtype::f32 && opts_.device.on_host();
   }
 
+  // Construction: every rank describes the same model, or every rank throws errc::mismatch naming the first
+  // difference (fsdp/detail/sharded_model_agreement.hpp).
+  SHARDKIT_DECL void agree_on_model(comm::process_group& world, const std::vector<unit_spec>& units);
+  // On the trainer's thread: host bytes all-gathered through `g`, staged through the gather device's memory.
+  SHARDKIT_DECL void host_all_gather(comm::process_group& g, const_buffer_view mine, buffer_view all);
+
   // On the trainer's thread: a host scalar through the group, staged through a device cell where the group's
   // backend takes only device memory (NCCL).
   SHARDKIT_DECL void all_reduce_scalar(comm::process_group& g, double& v, reduce_op op);
@@ -323,8 +354,9 @@ class sharded_model {
   SHARDKIT_DECL std::size_t kept_params_bytes() const;
   SHARDKIT_DECL std::size_t total_bytes() const;
   SHARDKIT_DECL std::size_t default_budget() const;
-  // region: the bytes the limiter would hand out; scratch: the groups' scratch charged against the budget.
-  SHARDKIT_DECL void check_budget(std::size_t region, std::size_t scratch) const;
+  // budget: the region (scratch 0) or a budget in bytes that the groups' scratch is charged against; one error
+  // stating the whole minimum, with its parts.
+  SHARDKIT_DECL void check_budget(std::size_t budget, std::size_t scratch) const;
   // Runs one collective of each size the model issues on each of its groups whose backend reports its scratch,
   // so that the scratch is all allocated; returns it (summed over the groups, the largest over the ranks).
   SHARDKIT_DECL std::size_t warm_up_groups(comm::process_group& world);
@@ -364,10 +396,20 @@ class sharded_model {
   // the f32 gradient shard, free the unsharded gradients.
   SHARDKIT_DECL void queue_reduce(std::size_t i);
 
-  // After a failure or a break inside a pass: withdraws queued gathers, waits for both threads to be idle and
-  // frees what the pass held, so that nothing waits for memory the abandoned pass would have freed and the next
-  // pass starts clean. Gradients accumulated without sync are kept; a sync pass's partial reductions are dropped.
-  SHARDKIT_DECL void abandon_pass() noexcept;
+  // After a failure or a break inside a pass (see pass_range): withdraws queued gathers, issues every collective
+  // of the pass this rank has not issued (the rest of its all-gathers, and in a synchronizing backward the rest
+  // of its reductions, of NaN), waits for all of them, frees what the pass held and, after a backward, fills the
+  // gradients with NaN. `failed`: a collective of the pass failed, so its groups are in an unknown state: they
+  // are aborted first (later collectives fail at once, naming the cause) and nothing more is issued.
+  SHARDKIT_DECL void abandon_pass(const std::exception_ptr& failed = nullptr) noexcept;
+  SHARDKIT_DECL void abort_groups(const std::string& reason) noexcept;
+  // Abandonment's own collectives, on the trainer's thread and the reduce thread.
+  SHARDKIT_DECL void catch_up_gather(std::size_t i);
+  SHARDKIT_DECL void queue_catch_up_reduce(std::size_t i);
+  // NaN in every float dtype: what a backward left early leaves in the gradients, and SHARDKIT_DEBUG=detail in
+  // what the model frees.
+  SHARDKIT_DECL void fill_nan(buffer_view v, any_device_stager& stager);
+  static void end_generation(unit_state& u) noexcept { u.generation.fetch_add(1, std::memory_order_relaxed); }
   static SHARDKIT_DECL void drain(thread_pool& t) noexcept;
 
   sharding_options opts_;
@@ -388,6 +430,14 @@ class sharded_model {
   bool accumulating_ = false;     // a backward without sync ran since the last synchronizing one
   bool use_accumulated_ = false;  // this backward's gradients go into the accumulation buffers
   std::size_t next_ = 0, queued_ = 0;
+  std::uint64_t pass_serial_ = 0;      // passes begun: names the pass a gather was planned or issued in
+  std::size_t reductions_queued_ = 0;  // gradient reductions this pass has queued (its first units, in order)
+  std::uint64_t gathers_refused_ = 0;  // gather thread: a pass whose gather failed issues none after it
+  bool poison_freed_ = false;          // SHARDKIT_DEBUG=detail: what the model frees on the host is filled with NaN
+  gather_memory catch_up_grads_;       // the reduction catch-ups' buffer, while a pass is abandoned
+  pass_range* live_range_ = nullptr;   // detached by the destructor
+  double norm_ = 0;                    // the last global gradient norm, valid while norm_known_
+  bool norm_known_ = false;
 
   mutable std::mutex stats_mutex_;
   model_stats stats_;
@@ -400,9 +450,19 @@ class sharded_model {
 };
 
 //! A pass over the units: `for (unit_scope& u : model.forward())`. Each step ends the previous unit (frees or
-//! reduces it) and begins the next (waits for its gather). Leaving the loop early (break, an exception) abandons
-//! the pass: queued gathers are withdrawn and what it held is freed; gradients of a synchronizing backward left
-//! early are not reduced.
+//! reduces it) and begins the next (waits for its gather).
+//!
+//! Leaving the loop early (break, an exception, a range never iterated) abandons the pass when the range is
+//! destroyed. The ranks stay in step whatever each had started: every rank issues the rest of the pass's
+//! collectives itself (the all-gathers it had not issued, from its own master shard, and in a synchronizing
+//! backward the reductions of the units it had not ended, with NaN gradients), waits for them, and frees what
+//! the pass held. So abandoning costs the rest of the pass's communication, not its compute.
+//! After a backward left early (with or without sync) this rank's gradient shards and the gradients kept from
+//! backwards without sync are NaN until zero_grad(): the step is lost, and an optimizer refuses to step on it
+//! (optimizer_options' on_non_finite). When one rank leaves alone, its peers' pass goes on: a forward with the
+//! right parameters, a synchronizing backward with NaN reduced for the units the rank had not ended, so every
+//! rank's gradient norm is NaN and every rank's optimizer refuses that step (docs/fsdp.md, "Leaving a pass
+//! early"). A collective of the pass that failed aborts the model's groups instead: later calls fail at once.
 class sharded_model::pass_range {
  public:
   class iterator {
@@ -433,9 +493,10 @@ class sharded_model::pass_range {
 
  private:
   friend class sharded_model;
-  pass_range(sharded_model& m, pass p) : model_(&m), pass_(p) {}
+  pass_range(sharded_model& m, pass p) : model_(&m), pass_(p) { m.live_range_ = this; }
   SHARDKIT_DECL void advance();
-  sharded_model* model_;
+  SHARDKIT_DECL sharded_model& model() const;
+  sharded_model* model_;  // null once the model is destroyed
   pass pass_;
   unit_scope current_;
   bool started_ = false, done_ = false;

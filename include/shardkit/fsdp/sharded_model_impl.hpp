@@ -54,13 +54,13 @@ SHARDKIT_DECL void sharded_model::event_log::close() noexcept {
 }
 
 SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vector<unit_spec> units, sharding_options opts)
-    : opts_(std::move(opts)), rank_(world.rank()), world_size_(world.size()) {
+    : opts_(std::move(opts)), rank_(world.rank()), world_size_(world.size()),
+      poison_freed_(world.options().check_consistency) {
   if (opts_.on_event) {
     events_ = std::make_shared<event_log>();
     events_->sink = opts_.on_event;
   }
   const error_context where{.rank = rank_, .operation = "fsdp.sharded_model", .group = world.name()};
-  if (units.empty()) throw_error(errc::invalid_argument, "a model needs at least one unit", where);
   // Here rather than at the first collective: the groups below are split from `world` and share its backend.
   if (const device d = opts_.device.location(); !world.supports(d))
     throw_error(errc::invalid_argument,
@@ -68,6 +68,11 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
                     world.backend_name() + ", which does not accept buffers on " + to_string(d) +
                     ": use a group whose backend does (NCCL for CUDA) or the host gather device",
                 where);
+  // First of all, before any check that a rank's own settings could fail alone while its peers wait in a
+  // collective: ranks that build different models fail here, every one of them, naming the difference.
+  control_stager_ = opts_.device.make_stager();
+  agree_on_model(world, units);
+  if (units.empty()) throw_error(errc::invalid_argument, "a model needs at least one unit", where);
   for (dtype t : {opts_.precision.param, opts_.precision.reduce})
     if (!is_floating(t))
       throw_error(errc::invalid_argument,
@@ -128,11 +133,12 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
   }
   if (budget == 0) budget = default_budget();
   if (budget == unlimited_budget) budget = total_bytes();
-  check_budget(budget, 0);  // before any collective: a setting every rank shares
+  // A budget the model derives is its region (the scratch comes on top): checked before any collective. One in
+  // bytes is checked once the scratch is known, so that its one error states the whole minimum.
+  if (!charge_scratch) check_budget(budget, 0);
   // One stager per thread that copies: the gather thread, the reduce thread and the trainer's (state, scalars).
   gather_stager_ = opts_.device.make_stager();
   reduce_stager_ = opts_.device.make_stager();
-  control_stager_ = opts_.device.make_stager();
 
   // Collective from here on: every rank splits in the same order.
   auto named = [&](const char* what) {
@@ -155,9 +161,10 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
   setup_scratch_ = warm_up_groups(world);
   std::size_t region = budget;
   if (charge_scratch) {
-    // Rounded down to the limiter's alignment, which would otherwise round the region up past the budget.
-    region = setup_scratch_ < budget ? (budget - setup_scratch_) / 64 * 64 : 0;
-    check_budget(region, setup_scratch_);
+    check_budget(budget, setup_scratch_);
+    // Rounded down to the limiter's alignment, which would otherwise round the region up past the budget (the
+    // minimum is a multiple of 64, so what passed the check still holds it).
+    region = (budget - setup_scratch_) / 64 * 64;
   }
   limiter_.emplace(rate_limiter_options{.budget_bytes = region,
                                         .max_inflight = opts_.limiter_max_inflight,
@@ -226,6 +233,7 @@ SHARDKIT_DECL std::size_t sharded_model::group_scratch(bool& known) const {
 }
 
 SHARDKIT_DECL sharded_model::~sharded_model() {
+  if (live_range_) live_range_->model_ = nullptr;
   // An all-gather in flight writes into the limiter's region: wait for it before the region goes.
   abandon_pass();
   pass_stop_.request_stop();
@@ -320,23 +328,22 @@ SHARDKIT_DECL std::size_t sharded_model::default_budget() const {
   return minimum_budget() + unit_max;
 }
 
-SHARDKIT_DECL void sharded_model::check_budget(std::size_t region, std::size_t scratch) const {
+SHARDKIT_DECL void sharded_model::check_budget(std::size_t budget, std::size_t scratch) const {
   const std::size_t need = minimum_budget();
   const std::string holds = std::to_string(need) + " bytes that " + std::string(to_string(opts_.strategy)) +
                             " must hold at once (a backward unit's parameters and gradients" +
                             (keeps_params() ? ", plus every unit's parameters kept from forward" : "") + ")";
-  if (region < need && scratch == 0)
+  if (budget < need + scratch) {
+    const std::string whole = scratch == 0 ? holds
+                                           : std::to_string(need + scratch) + " bytes this model needs: " + holds +
+                                                 " plus " + std::to_string(scratch) +
+                                                 " bytes of scratch the model's groups keep "
+                                                 "(model_stats::group_scratch_bytes)";
     throw_error(errc::invalid_argument,
-                "limiter budget of " + std::to_string(region) + " bytes is below the " + holds +
-                    ": raise sharding_options::limiter_budget_bytes",
-                {.rank = rank_, .operation = "fsdp.sharded_model"});
-  if (region < need)
-    throw_error(errc::invalid_argument,
-                "limiter budget of " + std::to_string(opts_.limiter_budget_bytes) + " bytes, less the " +
-                    std::to_string(scratch) + " bytes of scratch the model's groups keep (model_stats::" +
-                    "group_scratch_bytes), leaves " + std::to_string(region) + " bytes, below the " + holds +
+                "limiter budget of " + std::to_string(budget) + " bytes is below the " + whole +
                     ": raise sharding_options::limiter_budget_bytes to at least " + std::to_string(need + scratch),
                 {.rank = rank_, .operation = "fsdp.sharded_model"});
+  }
   // The count cap binds like bytes: a backward unit holds two leases (parameters, gradients), and
   // shard_grad_op and no_shard keep one per unit from forward.
   const std::size_t gathered = params_are_master() ? 0 : 1;
@@ -354,6 +361,7 @@ SHARDKIT_DECL void sharded_model::check_budget(std::size_t region, std::size_t s
 }  // namespace shardkit::fsdp
 
 // The rest of the bodies, by part; each is compiled wherever this file is.
+#include "shardkit/fsdp/detail/sharded_model_agreement.hpp"
 #include "shardkit/fsdp/detail/sharded_model_collectives.hpp"
 #include "shardkit/fsdp/detail/sharded_model_passes.hpp"
 #include "shardkit/fsdp/detail/sharded_model_state.hpp"

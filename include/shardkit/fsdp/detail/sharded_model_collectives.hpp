@@ -33,21 +33,38 @@ SHARDKIT_DECL void sharded_model::wait_for_gradients() {
 }
 
 SHARDKIT_DECL void sharded_model::zero_grad() {
+  require_idle("zero_grad");
   wait_for_gradients();
+  norm_ = 0;
+  norm_known_ = true;
   for (auto& u : units_) std::fill(u->grad.begin(), u->grad.end(), 0.0f);
+  if (accumulation_.size() != 0) {
+    for (auto& u : units_) control_stager_.zero(u->accumulated);
+    accumulating_ = false;
+  }
 }
 
-SHARDKIT_DECL double sharded_model::clip_grad_norm(double max_norm) {
+SHARDKIT_DECL double sharded_model::grad_norm() {
+  require_idle("grad_norm");
   wait_for_gradients();
+  if (norm_known_) return norm_;
   double sq = 0;
   for (auto& u : units_)
     for (float g : u->grad) sq += double(g) * double(g);
   if (shard_size_ > 1) all_reduce_scalar(reduce_group_, sq, reduce_op::sum);
-  const double norm = std::sqrt(sq);
-  if (norm > max_norm && norm > 0) {
+  norm_ = std::sqrt(sq);
+  norm_known_ = true;
+  return norm_;
+}
+
+SHARDKIT_DECL double sharded_model::clip_grad_norm(double max_norm) {
+  norm_known_ = false;
+  const double norm = grad_norm();
+  if (std::isfinite(norm) && norm > max_norm && norm > 0) {
     const float scale = float(max_norm / (norm + 1e-6));
     for (auto& u : units_)
       for (float& g : u->grad) g *= scale;
+    norm_ = norm * double(scale);  // what the optimizers check: finite either way
   }
   return norm;
 }
@@ -91,14 +108,19 @@ SHARDKIT_DECL void sharded_model::queue_gather(std::size_t i) {
   completion_source params_done, grads_done;
   if (need_params) u.params_ready = params_done;
   if (need_grads) u.grads_ready = grads_done;
+  if (need_params) u.gather_planned_in = pass_serial_;
   if (!need_params && !need_grads) return;
   gather_thread_.post([this, i, need_params, need_grads, params_done, grads_done, p = pass_,
-                       stop = pass_stop_.get_token()] {
+                       stop = pass_stop_.get_token(), serial = pass_serial_] {
     auto& u = *units_[i];
     const std::string label = "unit '" + u.layout.name() + "' " + std::string(to_string(p));
     std::optional<gather_limiter::lease> grads;
     const auto queued = steady_clock::now();
     try {
+      // The gathers a pass issues are the first ones of its order: none after one that failed or was withdrawn
+      // (abandon_pass issues the rest, in order).
+      if (gathers_refused_ == serial || stop.stop_requested())
+        throw_error(errc::aborted, label + " gather withdrawn: the pass was left", context("gather", u));
       if (need_params && need_grads) {
         // One request for both: holding the parameters while queueing for the gradients could wait forever
         // on a fragmented region (basic_rate_limiter::lease::split_front).
@@ -117,6 +139,7 @@ SHARDKIT_DECL void sharded_model::queue_gather(std::size_t i) {
         emit(model_event::kind::limiter_wait, p, i, queued);
       }
     } catch (...) {
+      if (u.gather_issued_in != serial) gathers_refused_ = serial;
       if (need_params) params_done.set_error(std::current_exception());
       if (need_grads) grads_done.set_error(std::current_exception());
       return;
@@ -151,6 +174,7 @@ SHARDKIT_DECL void sharded_model::start_gather(std::size_t i, pass p, gather_lim
   if (shard_size_ > 1) {
     const auto posted = steady_clock::now();
     u.params_work = gather_group_.all_gather(mine, full);
+    u.gather_issued_in = pass_serial_;
     // Captures the log, not the work (a continuation holding its own work would never be freed) nor the model
     // (the group may complete it while the destructor runs).
     if (events_) u.params_work.then([log = events_, p, i, posted] { log->gather_done(p, i, posted); });
@@ -160,6 +184,8 @@ SHARDKIT_DECL void sharded_model::start_gather(std::size_t i, pass p, gather_lim
 }
 
 SHARDKIT_DECL void sharded_model::release_params(unit_state& u) {
+  if (poison_freed_ && u.params_lease && opts_.device.on_host())
+    fill_nan(u.params_lease->view(opts_.precision.param, u.layout.padded_numel()), control_stager_);
   u.params_lease.reset();
   if (!params_are_master()) u.params = {};
   u.params_ready = {};
@@ -170,6 +196,8 @@ SHARDKIT_DECL void sharded_model::queue_reduce(std::size_t i) {
   completion_source done;
   u.reduced = done;
   u.grads_ready = {};
+  ++reductions_queued_;
+  norm_known_ = false;
   reduce_thread_.post([this, i, done] {
     auto& u = *units_[i];
     const auto t0 = steady_clock::now();
@@ -179,6 +207,7 @@ SHARDKIT_DECL void sharded_model::queue_reduce(std::size_t i) {
       if (shard_size_ > 1) reduce_group_.reduce_scatter(full, mine, reduce_op::avg).wait();
       if (replicas_ > 1) replica_group_.all_reduce(mine, reduce_op::avg).wait();
       reduce_stager_.add_to_host(mine, u.grad);
+      if (u.grads_lease && poison_freed_ && opts_.device.on_host()) fill_nan(full, reduce_stager_);
       if (u.grads_lease)
         u.grads_lease.reset();
       else
@@ -192,6 +221,59 @@ SHARDKIT_DECL void sharded_model::queue_reduce(std::size_t i) {
       done.set_done();
     } catch (...) {
       done.set_error(std::current_exception());
+    }
+  });
+}
+
+SHARDKIT_DECL void sharded_model::fill_nan(buffer_view v, any_device_stager& stager) {
+  if (v.count() == 0) return;
+  if (v.dev() == device::host()) {
+    std::memset(v.data(), 0xff, v.size_bytes());  // all ones: a NaN in f32, f64, f16 and bf16 alike
+    return;
+  }
+  std::vector<std::byte> nan(v.size_bytes(), std::byte{0xff});
+  stager.upload(const_buffer_view(nan.data(), v.count(), v.type()), v);
+}
+
+SHARDKIT_DECL void sharded_model::catch_up_gather(std::size_t i) {
+  auto& u = *units_[i];
+  // The trainer's thread, with the gather thread idle: issued after the gathers that thread issued, in order.
+  auto l = limiter_->acquire_blocking(params_bytes(u), "unit '" + u.layout.name() + "' gather of a pass left early");
+  buffer_view full = l.view(opts_.precision.param, u.layout.padded_numel());
+  buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
+  control_stager_.upload(const_buffer_view(u.master), mine);
+  gather_group_.all_gather(mine, full).wait();
+}
+
+SHARDKIT_DECL void sharded_model::queue_catch_up_reduce(std::size_t i) {
+  auto& u = *units_[i];
+  try {
+    if (catch_up_grads_.size() < grads_bytes(u)) {
+      std::size_t largest = 0;
+      for (auto& v : units_) largest = std::max(largest, grads_bytes(*v));
+      catch_up_grads_ = opts_.device.allocate(largest);
+    }
+  } catch (const std::exception& e) {
+    log::warn("fsdp: rank ", rank_, ": no memory for the reductions of a backward left early (", e.what(),
+              "); the model's groups are aborted");
+    abort_groups(std::string("backward pass left early: ") + e.what());
+    return;
+  }
+  // The reduce thread only: after the reductions the pass queued, one at a time through one buffer. NaN, so that
+  // a peer that goes on with this backward reduces a gradient it cannot step on.
+  reduce_thread_.post([this, i] {
+    auto& u = *units_[i];
+    try {
+      buffer_view full = catch_up_grads_.view(opts_.precision.reduce, u.layout.padded_numel());
+      fill_nan(full, reduce_stager_);
+      buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
+      if (shard_size_ > 1) reduce_group_.reduce_scatter(full, mine, reduce_op::avg).wait();
+      if (replicas_ > 1) replica_group_.all_reduce(mine, reduce_op::avg).wait();
+    } catch (const std::exception& e) {
+      log::warn("fsdp: rank ", rank_, " backward pass left early: unit '", u.layout.name(),
+                "' gradient reduction failed: ", e.what(), "; the model's groups are aborted");
+      abort_groups(std::string("backward pass left early: unit '") + u.layout.name() +
+                   "' gradient reduction failed: " + e.what());
     }
   });
 }

@@ -22,6 +22,8 @@ SHARDKIT_DECL void sharded_model::begin_pass(pass p, bool sync) {
   in_pass_ = true;
   next_ = 0;
   queued_ = 0;
+  reductions_queued_ = 0;
+  ++pass_serial_;
 }
 
 SHARDKIT_DECL void sharded_model::ensure_accumulation_buffers() {
@@ -63,7 +65,7 @@ SHARDKIT_DECL unit_scope sharded_model::begin_unit(std::size_t i, pass p) {
     if (u.params_work.handle().valid()) u.params_work.wait();
     if (p == pass::backward) u.grads_ready.wait();
   } catch (...) {
-    abandon_pass();
+    abandon_pass(std::current_exception());
     detail::rethrow_for_unit(std::current_exception(), u.layout.name(),
                              std::string(to_string(p)) + " all-gather", rank_);
   }
@@ -78,6 +80,7 @@ SHARDKIT_DECL unit_scope sharded_model::begin_unit(std::size_t i, pass p) {
   s.model_ = this;
   s.index_ = i;
   s.pass_ = p;
+  s.generation_ = u.generation.load(std::memory_order_relaxed);
   s.params_ = u.params;
   s.grads_ = u.grads;
   return s;
@@ -85,6 +88,11 @@ SHARDKIT_DECL unit_scope sharded_model::begin_unit(std::size_t i, pass p) {
 
 SHARDKIT_DECL void sharded_model::end_unit(std::size_t i) {
   auto& u = unit(i);
+  if (!in_pass_ || position(i) + 1 != next_)
+    throw_error(errc::invalid_argument,
+                "end_unit('" + u.layout.name() + "') without its begin_unit in the current pass",
+                context("end_unit", u));
+  end_generation(u);
   emit(model_event::kind::use, pass_, i, u.used_since);
   if (pass_ == pass::forward) {
     if (frees_after_forward()) release_params(u);
@@ -99,27 +107,79 @@ SHARDKIT_DECL void sharded_model::end_unit(std::size_t i) {
   }
 }
 
-SHARDKIT_DECL void sharded_model::abandon_pass() noexcept {
+SHARDKIT_DECL void sharded_model::abandon_pass(const std::exception_ptr& failed) noexcept {
+  if (!in_pass_) return;  // already abandoned (begin_unit's failure, then the range), or done
   in_pass_ = false;
+  norm_known_ = false;
+  for (auto& u : units_) end_generation(*u);
+  const std::string what = std::string(to_string(pass_)) + " pass left early";
+  if (failed) abort_groups(what + " after a failed collective");
+  // Queued gathers give up; the gather thread then holds nothing back: each job has issued its all-gather or
+  // failed, and after one fails none of the pass issues one (gathers_refused_), so the issued ones come first.
   pass_stop_.request_stop();
   drain(gather_thread_);
-  drain(reduce_thread_);
-  for (auto& u : units_) {
+  const bool gathers_collective = shard_size_ > 1, reduces_collective = shard_size_ > 1 || replicas_ > 1;
+  bool in_step = !failed;  // the rest of the pass's collectives are issued as long as every one succeeds
+  // Reductions first: a peer's gather may wait for budget that its reductions hold, which complete only once
+  // this rank's matching reductions run. The catch-ups run on the reduce thread after the real ones.
+  if (in_step && pass_ == pass::backward && sync_ && reduces_collective)
+    for (std::size_t pos = reductions_queued_; pos < units_.size(); ++pos) queue_catch_up_reduce(unit_at(pos));
+  // This rank's gathers in pass order: wait for those it issued, issue (and wait for) the others. Parameters and
+  // gradients no reduction is using are given back first, so that the catch-ups have budget.
+  std::vector<std::size_t> missing;
+  for (std::size_t pos = 0; pos < units_.size(); ++pos) {
+    auto& u = *units_[unit_at(pos)];
+    const bool planned = pos < queued_ ? u.gather_planned_in == pass_serial_ : !u.params_lease && !params_are_master();
+    if (planned && u.gather_issued_in != pass_serial_) missing.push_back(unit_at(pos));
+  }
+  for (std::size_t pos = 0; pos < units_.size(); ++pos) {
+    auto& u = *units_[unit_at(pos)];
     try {
-      if (u->params_work.handle().valid()) u->params_work.wait();  // peers may still write into the lease
+      if (u.params_work.handle().valid()) u.params_work.wait();  // peers may still write into the lease
     } catch (...) {
-      // its failure is the pass's failure, already reported
+      in_step = false;  // its failure is the pass's failure, already reported (or reported below)
     }
-    u->params_work = {};
-    release_params(*u);
-    if (sync_) {
-      u->grads = {};
-      u->grads_lease.reset();
+    u.params_work = {};
+    release_params(u);
+    if (!u.reduced.valid()) {  // no reduction reads these gradients
+      u.grads_lease.reset();
+      u.grads = {};
     }
+  }
+  if (gathers_collective)
+    for (std::size_t i : missing) {
+      if (!in_step) break;
+      try {
+        catch_up_gather(i);
+      } catch (const std::exception& e) {
+        in_step = false;
+        log::warn("fsdp: rank ", rank_, " ", what, ": unit '", units_[i]->layout.name(),
+                  "' all-gather failed: ", e.what(), "; the model's groups are aborted");
+        abort_groups(what + ": unit '" + units_[i]->layout.name() + "' all-gather failed: " + e.what());
+      }
+    }
+  drain(reduce_thread_);
+  catch_up_grads_ = {};
+  for (auto& u : units_) {
+    u->grads = {};
+    u->grads_lease.reset();
     u->grads_ready = {};
     u->reduced = {};
+    if (pass_ == pass::backward) {
+      fill_nan(buffer_view(u->grad), control_stager_);
+      if (accumulation_.size() != 0) fill_nan(u->accumulated, control_stager_);
+    }
   }
   pass_stop_ = std::stop_source();
+}
+
+SHARDKIT_DECL void sharded_model::abort_groups(const std::string& reason) noexcept {
+  for (comm::process_group* g : {&gather_group_, &reduce_group_, &replica_group_})
+    try {
+      if (*g) g->abort(reason);
+    } catch (...) {
+      // a group that cannot be aborted fails on its own
+    }
 }
 
 SHARDKIT_DECL void sharded_model::drain(thread_pool& t) noexcept {
@@ -134,24 +194,34 @@ SHARDKIT_DECL void sharded_model::drain(thread_pool& t) noexcept {
 }
 
 SHARDKIT_DECL sharded_model::pass_range::~pass_range() {
+  if (!model_) return;  // the model went first and left the pass
+  if (model_->live_range_ == this) model_->live_range_ = nullptr;
   if (!done_) model_->abandon_pass();  // also a pass never iterated: the model must not stay "in a pass"
+}
+
+SHARDKIT_DECL sharded_model& sharded_model::pass_range::model() const {
+  if (!model_)
+    throw_error(errc::closed, "a " + std::string(to_string(pass_)) + " pass used after its sharded_model was destroyed",
+                {.operation = "fsdp.pass"});
+  return *model_;
 }
 
 SHARDKIT_DECL sharded_model::pass_range::iterator sharded_model::pass_range::begin() {
   if (!started_) {
     started_ = true;
-    current_ = model_->begin_unit(model_->unit_at(0), pass_);
+    current_ = model().begin_unit(model().unit_at(0), pass_);
   }
   return iterator(this);
 }
 
 SHARDKIT_DECL void sharded_model::pass_range::advance() {
-  model_->end_unit(current_.index());
-  if (model_->next_ == model_->units_.size()) {
+  sharded_model& m = model();
+  m.end_unit(current_.index());
+  if (m.next_ == m.units_.size()) {
     done_ = true;
     return;
   }
-  current_ = model_->begin_unit(model_->unit_at(model_->next_), pass_);
+  current_ = m.begin_unit(m.unit_at(m.next_), pass_);
 }
 
 SHARDKIT_DECL sharded_model::pass_range sharded_model::forward() {
@@ -163,15 +233,29 @@ SHARDKIT_DECL sharded_model::pass_range sharded_model::backward(bool sync_gradie
   return pass_range(*this, pass::backward);
 }
 
+SHARDKIT_DECL void unit_scope::check_current(const char* what) const {
+  if (!model_)
+    throw_error(errc::invalid_argument, std::string("unit_scope::") + what + " on a scope no pass began",
+                {.operation = "fsdp.unit"});
+  if (model_->units_[index_]->generation.load(std::memory_order_relaxed) != generation_)
+    throw_error(errc::invalid_argument,
+                std::string("unit_scope::") + what + " of unit '" + name() + "' after its " +
+                    std::string(to_string(pass_)) +
+                    " use ended (the pass moved on or was left): its parameters and gradients are gone",
+                {.rank = model_->rank_, .operation = "fsdp.unit", .object = name()});
+}
+
 SHARDKIT_DECL const std::string& unit_scope::name() const noexcept { return model_->units_[index_]->layout.name(); }
 SHARDKIT_DECL const std::vector<std::size_t>& unit_scope::shape(std::string_view name) const {
   return model_->units_[index_]->layout.param(name).shape;
 }
 SHARDKIT_DECL const_buffer_view unit_scope::param(std::string_view name) const {
+  check_current("param");
   const param_slot& p = model_->units_[index_]->layout.param(name);
   return params_.slice(p.offset, p.numel);
 }
 SHARDKIT_DECL buffer_view unit_scope::grads() const {
+  check_current("grads");
   if (pass_ != pass::backward)
     throw_error(errc::invalid_argument, "unit '" + name() + "' has gradients only in backward",
                 {.operation = "fsdp.unit", .object = name()});

@@ -1,0 +1,185 @@
+#pragma once
+// Passes left early on every rank at the same place, with random delays so that how far each rank's gathers
+// had got differs between ranks: shared by the thread suite (fsdp_test) and the process suite (fsdp_process_test).
+//
+// Three equal units, so that an all-gather paired with another unit's has the right size and only the values
+// tell; every parameter value names its unit, parameter and element, and every full pass checks all of them.
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardkit/comm/process_group.hpp"
+#include "shardkit/fsdp/sharded_model.hpp"
+
+namespace shardkit::test::abandon {
+
+namespace fsdp = shardkit::fsdp;
+
+inline std::vector<fsdp::unit_spec> units() {
+  std::vector<fsdp::unit_spec> out;
+  for (int k = 0; k < 3; ++k) {
+    const std::string n = "u" + std::to_string(k);
+    out.push_back({n, {{n + ".w", {4, 6}}, {n + ".b", {6}}}});
+  }
+  return out;
+}
+
+inline float value(const std::string& param, std::size_t i) {
+  return float((param[1] - '0') * 1000 + (param.back() == 'b' ? 500 : 0)) + float(i);
+}
+inline void init(const fsdp::param_slot& p, std::span<float> full) {
+  for (std::size_t i = 0; i < full.size(); ++i) full[i] = value(p.name, i);
+}
+// What every rank adds into unit k's gradients in a complete backward (so their mean is this too).
+inline float grad_value(std::size_t unit, std::size_t i) { return float(unit + 1) + float(i) / 8; }
+
+enum class exit_kind {
+  break_forward,       // break out of a forward (or never iterate it), then a full forward
+  throw_backward,      // throw out of a synchronizing backward, then a full forward and backward
+  break_and_destroy,   // break out of a forward and destroy the model with it
+};
+
+struct case_options {
+  exit_kind kind = exit_kind::break_forward;
+  std::size_t budget_units = 1;  // 0: unlimited_budget
+  int iterations = 1000;
+  std::uint32_t seed = 1;
+};
+
+inline fsdp::sharding_options options_for(const case_options& c) {
+  fsdp::sharding_options o;
+  if (c.budget_units == 0)
+    o.limiter_budget_bytes = fsdp::unlimited_budget;
+  else
+    o.limiter_budget_units = c.budget_units;
+  // The gather thread reports a grant just before it issues the all-gather: a random delay there varies how far
+  // each rank's gathers have got when the trainer leaves the pass.
+  o.on_event = [](const fsdp::model_event& e) {
+    thread_local std::minstd_rand rng(std::random_device{}());
+    if (e.what == fsdp::model_event::kind::limiter_wait && rng() % 4 == 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 100));
+  };
+  return o;
+}
+
+inline void require(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
+
+// A full forward: every gathered value must be its own.
+inline void check_forward(fsdp::sharded_model& model, int iteration) {
+  for (auto& u : model.forward())
+    for (const auto& p : model.layout(u.index()).params()) {
+      const auto v = u.param<float>(p.name);
+      for (std::size_t i = 0; i < v.size(); ++i)
+        if (v[i] != value(p.name, i))
+          throw std::runtime_error("iteration " + std::to_string(iteration) + ": rank " +
+                                   std::to_string(model.rank()) + " gathered " + std::to_string(v[i]) + " for " +
+                                   p.name + "[" + std::to_string(i) + "], expected " +
+                                   std::to_string(value(p.name, i)));
+    }
+}
+
+// A full backward adding grad_value, checking the gathered values: each rank's reduced shard must hold exactly the
+// mean, grad_value.
+inline void check_backward(fsdp::sharded_model& model, int iteration) {
+  for (auto& u : model.backward()) {
+    for (const auto& p : model.layout(u.index()).params()) {
+      const auto v = u.param<float>(p.name);
+      for (std::size_t i = 0; i < v.size(); ++i)
+        require(v[i] == value(p.name, i), "iteration " + std::to_string(iteration) + ": rank " +
+                                              std::to_string(model.rank()) + " gathered a wrong " + p.name +
+                                              " in backward");
+    }
+    auto g = u.grads().as<float>();
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] += grad_value(u.index(), i);
+  }
+  for (std::size_t k = 0; k < model.num_units(); ++k) {
+    const auto shard = model.grad_shard(k);
+    const std::size_t begin = model.layout(k).shard_begin(model.shard_rank());
+    for (std::size_t i = 0; i < shard.size(); ++i)
+      require(shard[i] == grad_value(k, begin + i),
+              "iteration " + std::to_string(iteration) + ": rank " + std::to_string(model.rank()) +
+                  " reduced gradient of unit " + std::to_string(k) + "[" + std::to_string(begin + i) + "] is " +
+                  std::to_string(shard[i]) + ", expected " + std::to_string(grad_value(k, begin + i)));
+  }
+  model.zero_grad();
+}
+
+// Runs on every rank of `g` with the same options; throws naming the first wrong value.
+inline void run(comm::process_group& g, const case_options& c) {
+  std::mt19937 shared(c.seed);                                // the same exits on every rank
+  std::mt19937 local(c.seed * 7919u + std::uint32_t(g.rank()));  // different delays on each
+  const auto delay = [&] {
+    const auto r = local() % 8;
+    if (r == 0) std::this_thread::sleep_for(std::chrono::microseconds(local() % 50));
+    else if (r < 3) std::this_thread::yield();
+  };
+  std::optional<fsdp::sharded_model> model;
+  const auto make = [&] {
+    model.emplace(g, units(), options_for(c));
+    model->init_parameters(init);
+  };
+  make();
+  for (int it = 0; it < c.iterations; ++it) {
+    const int leave_at = int(shared() % 4) - 1;  // -1: a range never iterated
+    if (c.kind == exit_kind::break_forward || c.kind == exit_kind::break_and_destroy) {
+      {
+        auto pass = model->forward();
+        if (leave_at >= 0) {
+          int pos = 0;
+          for (auto& u : pass) {
+            (void)u;
+            delay();
+            if (pos++ == leave_at) break;
+          }
+        }
+        delay();
+        if (c.kind == exit_kind::break_and_destroy && it % 2 == 0) {
+          model.reset();  // with the pass alive: the range is left to a destroyed model
+          bool closed = false;
+          try {
+            auto i = pass.begin();
+            ++i;
+          } catch (const shardkit::error& e) {
+            closed = e.code() == errc::closed;
+          }
+          require(closed, "a pass of a destroyed model did not throw errc::closed");
+        }
+      }
+      if (!model) make();
+      delay();
+      check_forward(*model, it);
+      continue;
+    }
+    check_forward(*model, it);
+    try {
+      int pos = 0;
+      auto pass = model->backward();
+      if (leave_at < 0) throw std::domain_error("left before the first unit");
+      for (auto& u : pass) {
+        auto grads = u.grads().as<float>();
+        for (float& x : grads) x += 1;
+        delay();
+        if (pos++ == leave_at) throw std::domain_error("left");
+      }
+    } catch (const std::domain_error&) {
+    }
+    // Every gradient is NaN: nothing partial to step on.
+    for (std::size_t k = 0; k < model->num_units(); ++k)
+      for (float x : model->grad_shard(k))
+        require(std::isnan(x), "iteration " + std::to_string(it) + ": a gradient shard of a backward left early holds " +
+                                   std::to_string(x));
+    model->zero_grad();
+    delay();
+    check_backward(*model, it);
+  }
+}
+
+}  // namespace shardkit::test::abandon
