@@ -47,7 +47,7 @@ int main(int argc, char** argv) try {
   sk::data::loader data(sk::storage::open_sink(argv[1]),
                         {.datasets = {{.name = "text", .files = {"text.tokens"}}}, .sequence_length = 65, .batch_size = 8,
                          .vocab = vocab},  // a token the 257-row table cannot index is an error, not a wild read
-                        pg.rank(), pg.size());
+                        pg);  // collective: the ranks' options must agree
 
   // What a checkpoint holds: this rank's shards of W and of AdamW's moments, AdamW's step count, the data stream.
   std::uint64_t opt_steps = 0;

@@ -381,7 +381,7 @@ int main(int argc, char** argv) try {
   std::optional<sk::data::loader> loader;
   if (!f.data.empty()) {
     auto [sink, options] = open_data(f.data, text, pg, rows, T, f.seed);
-    loader.emplace(sink, options, rank, ranks);
+    loader.emplace(sink, options, pg);  // collective: every rank's options and files must agree
   }
 
   // What a checkpoint holds: this rank's pieces of the parameters and of AdamW's moments (hybrid sharding: one

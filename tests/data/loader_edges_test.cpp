@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "data/data_fixtures.hpp"
+#include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/data/tokenize.hpp"
+#include "support/harness.hpp"
 
 namespace data = shardkit::data;
 namespace storage = shardkit::storage;
@@ -227,4 +229,37 @@ TEST_CASE("[data] a world size that does not divide the logical shards is refuse
   const auto m = message_of([&] { changed.load(run.states(), 0, 4); });
   CHECK(m.find("another loader configuration than this loader's") != std::string::npos);
   CHECK(m.find("ranks disagree") == std::string::npos);
+}
+
+TEST_CASE("[data] ranks whose loaders differ are refused at construction, each naming the field and both values") {
+  two_datasets ds;
+  struct variant {
+    const char* field;
+    void (*change)(data::loader_options&);
+    const char* values;
+  };
+  const variant variants[] = {
+      {"sequence_length", [](data::loader_options& o) { o.sequence_length = 65; }, "rank 0's sequence_length is 64, rank 2's 65"},
+      {"weights", [](data::loader_options& o) { o.datasets[1].weight = 0.5; }, "rank 0's weights is 0.6, 0.4, rank 2's 0.6, 0.5"},
+      {"datasets", [](data::loader_options& o) { o.datasets.pop_back(); }, "rank 0's datasets is 'a', 'b', rank 2's 'a'"},
+      {"none", [](data::loader_options&) {}, ""},
+  };
+  for (const auto& v : variants) {
+    CAPTURE(v.field);
+    auto groups = shardkit::comm::make_loopback_world(3);
+    std::vector<std::string> errors(3);
+    run_threads(3, [&](int rank) {
+      auto o = ds.options();
+      if (rank == 2) v.change(o);
+      errors[std::size_t(rank)] = message_of([&] { data::loader l(ds.sink, o, groups[std::size_t(rank)]); });
+    });
+    for (const auto& e : errors) {
+      if (*v.values == 0) {
+        CHECK(e == "(no error)");
+        continue;
+      }
+      CHECK(e.find(v.values) != std::string::npos);
+      CHECK(e.find("ranks disagree") != std::string::npos);
+    }
+  }
 }

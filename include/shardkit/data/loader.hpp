@@ -28,6 +28,7 @@
 //! <shardkit/impl/src.hpp> under SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp).
 #include <algorithm>
 #include <chrono>
+#include <concepts>
 #include <cmath>
 #include <condition_variable>
 #include <cstddef>
@@ -36,6 +37,7 @@
 #include <exception>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <set>
 #include <span>
 #include <string>
@@ -45,6 +47,7 @@
 
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/separate_compilation.hpp"
+#include "shardkit/data/detail/agreement.hpp"
 #include "shardkit/data/detail/shard_stream.hpp"
 #include "shardkit/data/loader_state.hpp"
 #include "shardkit/data/token_file.hpp"
@@ -105,6 +108,22 @@ class loader {
   //! Opens and checks every token file (errors name the file and byte offset) and starts the prefetch thread.
   SHARDKIT_DECL loader(storage::any_sink sink, loader_options options, int rank = 0, int world = 1);
 
+  //! The same with rank and world from `group` (a comm::process_group, or any group with rank(), size() and an
+  //! all_gather returning a waitable work), and collective: every rank's configuration (datasets and their files with
+  //! token counts, weights, sequence length, BOS/EOS/pad, vocab, seed, epochs, chunking, logical shards) is compared
+  //! with rank 0's, and a difference is errc::mismatch on every rank naming the field, both ranks and both values.
+  template <class Group>
+    requires requires(Group& g, const_buffer_view in, buffer_view out) {
+      { g.rank() } -> std::convertible_to<int>;
+      { g.size() } -> std::convertible_to<int>;
+      g.all_gather(in, out).wait();
+    }
+  loader(storage::any_sink sink, loader_options options, Group& group)
+      : loader(std::move(sink), std::move(options), static_cast<int>(group.rank()), static_cast<int>(group.size())) {
+    detail::check_ranks_agree(configuration(), rank_, world_,
+                              [&group](const_buffer_view in, buffer_view out) { group.all_gather(in, out).wait(); });
+  }
+
   ~loader() { stop(); }
   loader(const loader&) = delete;
   loader& operator=(const loader&) = delete;
@@ -140,6 +159,8 @@ class loader {
   const loader_options& options() const noexcept { return options_; }
   std::uint64_t fingerprint() const noexcept { return fingerprint_; }
   std::vector<std::uint32_t> owned_shards() const { return shards_of(options_.logical_shards, rank_, world_); }
+  //! The configuration as named text fields: what the ranks compare at construction (the group constructor).
+  SHARDKIT_DECL detail::configuration_fields configuration() const;
   //! Tokens of every dataset's files (the data of one epoch of every logical shard, before BOS/EOS).
   SHARDKIT_DECL std::uint64_t dataset_tokens(std::size_t d) const;
   loader_stats stats() const { return stats_; }

@@ -130,10 +130,10 @@ SHARDKIT_DECL void loader::load_values(std::span<const rank_state> states, int r
   std::vector<shard_state> all(options_.logical_shards);
   for (const auto& s : states) {
     if (s.fingerprint != fingerprint_ || s.logical_shards != options_.logical_shards)
-      bad(errc::config, "the state to load (rank " + std::to_string(s.rank) + " of " + std::to_string(s.world) +
-                            ") was taken with another loader configuration than this loader's: the datasets and their "
-                            "files, sequence length, BOS/EOS/pad, vocab, chunk_tokens, seed, epochs and logical shards "
-                            "must be the ones it was saved with");
+      bad(errc::config, "the saved state to load (rank " + std::to_string(s.rank) + " of " + std::to_string(s.world) +
+                            "'s, as a checkpoint holds it) was taken with another loader configuration than this "
+                            "loader's: the datasets and their files, sequence length, BOS/EOS/pad, vocab, chunk_tokens, "
+                            "seed, epochs and logical shards must be the ones it was saved with");
     if (s.world != old_world || s.rank >= old_world || rank_seen[s.rank])
       bad(errc::invalid_argument, "the blobs are not one per rank of one world (rank " + std::to_string(s.rank) + " of " +
                                       std::to_string(s.world) + ")");
@@ -165,6 +165,36 @@ SHARDKIT_DECL void loader::set_weights(std::vector<double> weights) {
   for (auto& s : consumed_)
     for (auto& c : s.datasets) c.delivered = 0;
   install(std::move(consumed_));
+}
+
+SHARDKIT_DECL detail::configuration_fields loader::configuration() const {
+  auto join = [](const auto& xs, auto&& show) {
+    std::string out;
+    for (const auto& x : xs) out += (out.empty() ? "" : ", ") + show(x);
+    return out;
+  };
+  auto optional = [](const std::optional<std::int32_t>& v) { return v ? std::to_string(*v) : std::string("none"); };
+  auto number = [](double w) {
+    std::ostringstream o;
+    o << w;
+    return o.str();
+  };
+  detail::configuration_fields f;
+  f.emplace_back("datasets", join(options_.datasets, [](const dataset_spec& d) { return "'" + d.name + "'"; }));
+  f.emplace_back("weights", join(weights_, number));
+  f.emplace_back("sequence_length", std::to_string(options_.sequence_length));
+  f.emplace_back("logical_shards", std::to_string(options_.logical_shards));
+  f.emplace_back("seed", std::to_string(options_.seed));
+  f.emplace_back("bos", optional(options_.bos));
+  f.emplace_back("eos", optional(options_.eos));
+  f.emplace_back("pad", std::to_string(options_.pad));
+  f.emplace_back("vocab", options_.vocab ? std::to_string(*options_.vocab) : std::string("none"));
+  f.emplace_back("epochs", std::to_string(options_.epochs));
+  f.emplace_back("chunk_tokens", std::to_string(options_.chunk_tokens));
+  for (std::size_t d = 0; d < layouts_.size(); ++d)
+    f.emplace_back("files of dataset '" + options_.datasets[d].name + "'",
+                   join(layouts_[d].files, [](const token_file& t) { return t.key() + " (" + std::to_string(t.tokens()) + " tokens)"; }));
+  return f;
 }
 
 SHARDKIT_DECL std::uint64_t loader::dataset_tokens(std::size_t d) const {

@@ -1,0 +1,74 @@
+#pragma once
+// Every rank's loader must read the same datasets the same way: a rank with another sequence length or other weights
+// would train on other data silently. The ranks exchange their configurations as named text fields (lengths first,
+// then the texts padded to the longest, so the exchange itself has the same size on every rank whatever they hold)
+// and compare them with rank 0's; a difference names the field, both ranks and both values.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "shardkit/core/buffer.hpp"
+#include "shardkit/core/error.hpp"
+
+namespace shardkit::data::detail {
+
+using configuration_fields = std::vector<std::pair<std::string, std::string>>;
+
+// all_gather(in, out): every rank's `in` into `out`, in rank order (a process group's all_gather, waited for).
+using gather_fn = std::function<void(const_buffer_view, buffer_view)>;
+
+inline std::string encode_fields(const configuration_fields& fields) {
+  std::string text;
+  for (const auto& [name, value] : fields) text += name + '\x1f' + value + '\x1e';
+  return text;
+}
+
+inline configuration_fields decode_fields(std::string_view text) {
+  configuration_fields out;
+  while (!text.empty()) {
+    const auto end = text.find('\x1e');
+    const auto record = text.substr(0, end);
+    const auto sep = record.find('\x1f');
+    out.emplace_back(std::string(record.substr(0, sep)), sep == std::string_view::npos ? "" : std::string(record.substr(sep + 1)));
+    if (end == std::string_view::npos) break;
+    text.remove_prefix(end + 1);
+  }
+  return out;
+}
+
+inline void check_ranks_agree(const configuration_fields& mine, int rank, int world, const gather_fn& all_gather) {
+  const std::string text = encode_fields(mine);
+  std::vector<std::int64_t> lengths(static_cast<std::size_t>(world));
+  const std::int64_t length = static_cast<std::int64_t>(text.size());
+  all_gather(const_buffer_view(&length, 1, dtype::i64), buffer_view(lengths.data(), lengths.size(), dtype::i64));
+  const auto longest = static_cast<std::size_t>(*std::ranges::max_element(lengths));
+  std::vector<std::uint8_t> padded(std::max<std::size_t>(longest, 1), 0), all(padded.size() * static_cast<std::size_t>(world));
+  std::copy(text.begin(), text.end(), padded.begin());
+  all_gather(const_buffer_view(padded.data(), padded.size(), dtype::u8), buffer_view(all.data(), all.size(), dtype::u8));
+  auto fields_of = [&](int r) {
+    const auto* p = reinterpret_cast<const char*>(all.data()) + static_cast<std::size_t>(r) * padded.size();
+    return decode_fields(std::string_view(p, static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)])));
+  };
+  auto shown = [](const std::string& v) { return v.size() > 240 ? v.substr(0, 240) + "..." : v; };
+  const auto first = fields_of(0);
+  for (int r = 1; r < world; ++r) {
+    const auto other = fields_of(r);
+    for (std::size_t i = 0; i < std::max(first.size(), other.size()); ++i) {
+      const std::string name = i < first.size() ? first[i].first : other[i].first;
+      const std::string a = i < first.size() ? first[i].second : "(none)";
+      const std::string b = i < other.size() && other[i].first == name ? other[i].second : "(none)";
+      if (a != b)
+        throw_error(errc::mismatch, "the data loaders differ: rank 0's " + name + " is " + shown(a) + ", rank " +
+                                        std::to_string(r) + "'s " + shown(b) +
+                                        " (every rank must pass the same loader options and see the same files)",
+                    {.rank = rank, .operation = "data.loader"});
+    }
+  }
+}
+
+}  // namespace shardkit::data::detail
