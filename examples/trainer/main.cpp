@@ -1,6 +1,7 @@
 // The example trainer: a byte-level language model (examples/trainer/model.hpp) trained with fully sharded
 // parameters. The same flags on 1 and on 4 ranks train the same model on the same data: --batch is the global
-// batch, split evenly over the ranks.
+// batch, split evenly over the ranks (with --data, when --batch is a multiple of the loader's 12 logical shards:
+// rank 0 warns when it is not).
 //
 //   shardkit-run -n 4 -- trainer --steps 50                       # shm on one host, full_shard, AdamW
 //   shardkit-run -n 4 -- trainer --strategy hybrid_shard --hybrid-size 2 --dtype bf16 --budget 2u
@@ -382,6 +383,16 @@ int main(int argc, char** argv) try {
   if (!f.data.empty()) {
     auto [sink, options] = open_data(f.data, text, pg, rows, T, f.seed);
     loader.emplace(sink, options, pg);  // collective: every rank's options and files must agree
+    // Every step takes batch / L sequences from each logical shard only when L divides the global batch; otherwise
+    // which shards a step draws from depends on the rank count (docs/data.md), and so do the losses.
+    const int shards = int(options.logical_shards), below = f.batch / shards * shards;
+    if (pg.rank() == 0 && f.batch % shards != 0) {
+      const std::string instead = (below > 0 ? std::to_string(below) + " or " : "") + std::to_string(below + shards);
+      std::fprintf(stderr,
+                   "trainer: warning: --batch %d is not a multiple of the data loader's %d logical shards, so this run's "
+                   "batches and losses depend on the rank count; --batch %s trains the same at every rank count\n",
+                   f.batch, shards, instead.c_str());
+    }
   }
 
   // What a checkpoint holds: this rank's pieces of the parameters and of AdamW's moments (hybrid sharding: one

@@ -37,3 +37,11 @@ for n in 3 2; do
   same "4 -> $n ranks" "resumed${n}_losses.txt"
 done
 echo "OK: saved on 4 ranks and resumed on 3 and on 2, the losses are the uninterrupted run's"
+# A global batch that the 12 logical shards do not divide trains differently on other rank counts: rank 0 says so.
+"$run" -n 2 -- "$trainer" --steps 1 --batch 16 --context 8 --width 16 --blocks 1 --data "$work/data" > odd.txt 2> odd.err
+grep -q "warning: --batch 16 is not a multiple of the data loader's 12 logical shards.*--batch 12 or 24" odd.err ||
+  { echo "FAIL: --batch 16 with --data gave no warning"; cat odd.err; exit 1; }
+[ "$(grep -c 'warning: --batch' odd.err)" = 1 ] || { echo "FAIL: the warning is not printed once"; cat odd.err; exit 1; }
+"$run" -n 2 -- "$trainer" --steps 1 "${flags[@]}" 2> even.err > /dev/null
+! grep -q "warning: --batch" even.err || { echo "FAIL: --batch 12 warned"; cat even.err; exit 1; }
+echo "OK: --batch 16 with --data warns once; --batch 12 does not"
