@@ -316,10 +316,8 @@ std::pair<sk::storage::any_sink, sk::data::loader_options> open_data(const std::
   }
   pg.barrier().wait();
   sk::data::loader_options o;
-  std::vector<std::string> files;  // every token file: what is not a sidecar
-  for (auto& key : sink.list(""))
-    if (!key.ends_with(".json") && !key.ends_with(".offsets")) files.push_back(std::move(key));
-  o.datasets = {{.name = "text", .files = std::move(files)}};
+  // Every token file (a sidecar left without its token file counts as that file, so the error names it).
+  o.datasets = {{.name = "text", .files = sk::data::list_token_files(sink, "")}};
   o.sequence_length = std::size_t(T) + 1;
   o.batch_size = std::size_t(rows);
   o.seed = seed;

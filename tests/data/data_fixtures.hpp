@@ -46,6 +46,27 @@ inline written_dataset write_dataset(storage::any_sink sink, const std::string& 
   return out;
 }
 
+// The suites' loader: 12 logical shards, the test tokens as BOS/EOS/pad, these datasets and sizes.
+struct loader_sizes {
+  std::size_t sequence_length = 32;
+  std::size_t batch_size = 6;
+  std::uint64_t epochs = 0;
+  std::uint64_t chunk_tokens = 64;
+};
+inline data::loader_options framed_options(std::vector<data::dataset_spec> datasets, loader_sizes sizes = {}) {
+  data::loader_options o;
+  o.datasets = std::move(datasets);
+  o.sequence_length = sizes.sequence_length;
+  o.batch_size = sizes.batch_size;
+  o.logical_shards = 12;
+  o.bos = bos_token;
+  o.eos = eos_token;
+  o.pad = pad_token;
+  o.epochs = sizes.epochs;
+  o.chunk_tokens = sizes.chunk_tokens;
+  return o;
+}
+
 // Two datasets: "a" (uint32, offsets, 3 files) and "b" (uint16, delimited, 2 files). Token values: b from 16,
 // a from 100000.
 struct two_datasets {
@@ -57,17 +78,10 @@ struct two_datasets {
     a = write_dataset(sink, "a/", 3, 70, data::token_type::u32, true, next_a, 1);
   }
   data::loader_options options(std::uint64_t epochs = 0) const {
-    data::loader_options o;
-    o.datasets = {{.name = "a", .prefix = "a/", .weight = 0.6}, {.name = "b", .prefix = "b/", .weight = 0.4}};
-    o.sequence_length = 64;
-    o.batch_size = 3;
-    o.logical_shards = 12;
+    // chunk_tokens 512: many chunks per shard, so the chunk shuffle is exercised
+    auto o = framed_options({{.name = "a", .prefix = "a/", .weight = 0.6}, {.name = "b", .prefix = "b/", .weight = 0.4}},
+                            {.sequence_length = 64, .batch_size = 3, .epochs = epochs, .chunk_tokens = 512});
     o.seed = 7;
-    o.bos = bos_token;
-    o.eos = eos_token;
-    o.pad = pad_token;
-    o.epochs = epochs;
-    o.chunk_tokens = 512;  // many chunks per shard, so the chunk shuffle is exercised
     return o;
   }
 };

@@ -5,13 +5,19 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
+#include <memory>
+#include <random>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "data/data_fixtures.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/data/tokenize.hpp"
+#include "shardkit/storage/posix_sink.hpp"
 #include "support/harness.hpp"
 
 namespace data = shardkit::data;
@@ -36,17 +42,7 @@ std::uint64_t write_documents(storage::any_sink sink, const std::string& key, co
 }
 
 data::loader_options options_of(std::vector<data::dataset_spec> datasets, std::uint64_t epochs = 0) {
-  data::loader_options o;
-  o.datasets = std::move(datasets);
-  o.sequence_length = 32;
-  o.batch_size = 6;
-  o.logical_shards = 12;
-  o.bos = bos_token;
-  o.eos = eos_token;
-  o.pad = pad_token;
-  o.epochs = epochs;
-  o.chunk_tokens = 64;
-  return o;
+  return framed_options(std::move(datasets), {.epochs = epochs});
 }
 
 }  // namespace
@@ -117,7 +113,9 @@ TEST_CASE("[data] a dataset too small to cut, a missing file, a file listed twic
   write_documents(sink, "tiny.tokens", {3, 4}, next);
   write_documents(sink, "dir/a.tokens", {100}, next);
   auto m = message_of([&] { data::loader l(sink, options_of({{.name = "tiny", .files = {"tiny.tokens"}}})); });
-  CHECK(m.find("dataset 'tiny' holds 7 document tokens (2 documents), fewer than the 12 logical shards") != std::string::npos);
+  CHECK(m.find("dataset 'tiny' holds 7 content tokens (2 documents; delimiters do not count), too few for its 12 logical "
+               "shards") != std::string::npos);
+  CHECK(m.find("logical shard 0's would hold no token") != std::string::npos);
   CHECK(m.find("data.open") != std::string::npos);
 
   // No token file (and so no sidecar): the message is about the missing file and how to make it.
@@ -133,7 +131,92 @@ TEST_CASE("[data] a dataset too small to cut, a missing file, a file listed twic
   CHECK(m.find("lists token file 'dir/a.tokens' twice") != std::string::npos);
 }
 
-TEST_CASE("[data] empty documents without BOS/EOS deliver the others' tokens, never spin; a shard of nothing is an error") {
+TEST_CASE("[data] delimiters are no data: a logical shard that would own only delimiters is refused at open") {
+  auto sink = storage::make_sink<storage::memory_sink>();
+  const auto byte_files = {data::byte_token_format(true), data::byte_token_format(false)};  // offsets, delimited
+  // 11 real tokens in one document (12 with its delimiter), and 7 one-token documents (14 with theirs): both have
+  // at least 12 tokens, but a shard of the 12 would own only a delimiter.
+  struct small {
+    std::vector<int> lengths;
+    int content;
+  };
+  for (const auto& format : byte_files)
+    for (const auto& [lengths, content] : {small{{11}, 11}, small{{1, 1, 1, 1, 1, 1, 1}, 7}}) {
+      CAPTURE(format.offsets);
+      CAPTURE(content);
+      std::uint32_t next = 40;
+      write_documents(sink, "small.tokens", lengths, next, format);
+      const auto m = message_of([&] { data::loader l(sink, options_of({{.name = "small", .files = {"small.tokens"}}})); });
+      CHECK(m.find("dataset 'small' holds " + std::to_string(content) + " content tokens") != std::string::npos);
+      CHECK(m.find("too few for its 12 logical shards") != std::string::npos);
+      CHECK(m.find("'small.tokens'") != std::string::npos);
+      CHECK(m.find("lower loader_options::logical_shards") != std::string::npos);
+      CHECK(m.find("data.open") != std::string::npos);
+    }
+  // Whatever the documents, a dataset the loader opens gives every logical shard content: each shard's first sequence
+  // (no BOS/EOS, so framing cannot hide an empty piece) holds a data token.
+  std::mt19937_64 rng(29);
+  for (int trial = 0; trial < 40; ++trial) {
+    std::vector<int> lengths(1 + rng() % 24);
+    for (auto& n : lengths) n = 1 + int(rng() % 3);
+    std::uint32_t next = 40;
+    const auto& format = *(byte_files.begin() + trial % 2);
+    write_documents(sink, "r.tokens", lengths, next, format);
+    auto o = options_of({{.name = "r", .files = {"r.tokens"}}});
+    o.bos.reset();
+    o.eos.reset();
+    o.prefetch = 0;
+    o.batch_size = 1;
+    CAPTURE(lengths.size());
+    std::unique_ptr<data::loader> l;
+    const auto m = message_of([&] { l = std::make_unique<data::loader>(sink, o, 0, 12); });
+    if (!l) {
+      CHECK(m.find("too few for its 12 logical shards") != std::string::npos);
+      continue;
+    }
+    for (int shard = 0; shard < 12; ++shard) {
+      data::loader r(sink, o, shard, 12);
+      const auto b = r.next();
+      REQUIRE(b.size() == 1);
+      CHECK(b.lengths[0] > 0);
+      CHECK(std::ranges::all_of(b.sequence(0).first(b.lengths[0]), [](std::int32_t t) { return t >= 40 && t < 256; }));
+    }
+  }
+}
+
+TEST_CASE("[data] a token file under two keys (a symlinked copy) is refused; a sidecar without its token file names both") {
+  const auto dir = std::filesystem::temp_directory_path() / ("shardkit-data-links-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto sink = storage::make_sink<storage::posix_sink>(dir, storage::posix_sink_options{.fsync = false});
+  std::uint32_t next = 16;
+  write_documents(sink, "corpus/a.tokens", std::vector<int>(30, 20), next);
+  for (const char* ext : {"", ".json", ".offsets"})
+    std::filesystem::create_symlink(dir / ("corpus/a.tokens" + std::string(ext)), dir / ("corpus/copy.tokens" + std::string(ext)));
+  const std::string canonical = std::filesystem::canonical(dir / "corpus/a.tokens").string();
+  auto m = message_of([&] { data::loader l(sink, options_of({{.name = "c", .files = {"corpus/a.tokens", "corpus/copy.tokens"}}})); });
+  CHECK(m.find("lists token files 'corpus/a.tokens' and 'corpus/copy.tokens', which are one file ('" + canonical + "'") !=
+        std::string::npos);
+  m = message_of([&] { data::loader l(sink, options_of({{.name = "c", .prefix = "corpus/"}})); });
+  CHECK(m.find("which are one file") != std::string::npos);
+
+  // The token file gone, its sidecar and offsets left: the message names them and the missing file, under a prefix
+  // (which a directory of sidecars alone used to call "no token files") and as a listed file. A JSON file that is
+  // not a token file's sidecar is not one.
+  std::filesystem::remove_all(dir / "corpus");
+  next = 16;
+  write_documents(sink, "left/a.tokens", std::vector<int>(30, 20), next);
+  storage::put_object(sink, "left/notes.json", storage::as_bytes("{\"about\": \"these files\"}"));
+  CHECK(message_of([&] { data::loader l(sink, options_of({{.name = "c", .prefix = "left/"}})); }) == "(no error)");
+  std::filesystem::remove(dir / "left/a.tokens");
+  for (auto spec : {data::dataset_spec{.name = "c", .prefix = "left/"}, data::dataset_spec{.name = "c", .files = {"left/a.tokens"}}}) {
+    m = message_of([&] { data::loader l(sink, options_of({spec})); });
+    CHECK(m.find("no such token file, though 'left/a.tokens.json' and 'left/a.tokens.offsets' (its sidecar or offsets) "
+                 "exist: copy the token file 'left/a.tokens' beside them") != std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("[data] empty documents without BOS/EOS deliver the others' tokens, never spin; a shard of delimiters is refused") {
   auto sink = storage::make_sink<storage::memory_sink>();
   // Twelve empty documents, then twelve of one token each (offsets written by hand: the writer skips empty ones).
   std::vector<std::uint32_t> tokens;
@@ -156,19 +239,17 @@ TEST_CASE("[data] empty documents without BOS/EOS deliver the others' tokens, ne
     CHECK(b.sequence(0)[0] == b.sequence(0)[1]);
   }
 
-  // A document of one token and eleven delimiters: eleven shards own only delimiters; with nothing to frame them,
-  // those shards deliver nothing, which next() says instead of spinning.
+  // A document of one token and eleven delimiters: eleven shards would own only delimiters and deliver nothing,
+  // which the open says (a file with offsets whose sidecar-less defaults name the delimiter).
   std::vector<std::uint16_t> delimited(12, std::uint16_t(delimiter_token));
   delimited[0] = 500;
   storage::put_object(sink, "d.tokens", std::as_bytes(std::span(delimited)));
   std::vector<std::uint64_t> ends{0, 12};
   storage::put_object(sink, "d.tokens.offsets", std::as_bytes(std::span(ends)));
   o.datasets = {{.name = "d", .files = {"d.tokens"}, .defaults = {.delimiter = std::uint32_t(delimiter_token)}}};
-  o.prefetch = 0;
-  data::loader l(sink, o, 1, 2);
-  const auto m = message_of([&] { l.next(); });
-  CHECK(m.find("delivers nothing") != std::string::npos);
-  CHECK(m.find("logical shard 6") != std::string::npos);
+  const auto m = message_of([&] { data::loader l(sink, o, 1, 2); });
+  CHECK(m.find("dataset 'd' holds 1 content tokens") != std::string::npos);
+  CHECK(m.find("logical shard 1's would hold only delimiters (tokens [1, 2) of 'd.tokens')") != std::string::npos);
 }
 
 TEST_CASE("[data] loader_options::vocab: a token the model cannot index is an error naming the file, at open where it can be") {

@@ -38,6 +38,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <map>
 #include <set>
 #include <span>
 #include <string>
@@ -177,6 +178,9 @@ class loader {
   SHARDKIT_DECL void check_weights(const std::vector<double>& w) const;
   SHARDKIT_DECL void check_place(int rank, int world) const;
   SHARDKIT_DECL void check_cursor(const shard_state& s, std::size_t d) const;
+  // Every logical shard's part of the dataset holds a token of data (not only delimiters), else errc::config naming
+  // the dataset, its content tokens, the shard and the file.
+  SHARDKIT_DECL void check_every_shard_has_content(const dataset_spec& spec, const detail::dataset_layout& layout);
 
   SHARDKIT_DECL std::uint64_t compute_fingerprint() const;
 

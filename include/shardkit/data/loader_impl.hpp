@@ -19,26 +19,26 @@ SHARDKIT_DECL loader::loader(storage::any_sink sink, loader_options options, int
     detail::dataset_layout layout;
     std::vector<std::string> keys = spec.files;
     if (!spec.prefix.empty())
-      for (auto& k : sink_.list(spec.prefix))
-        if (!k.ends_with(".json") && !k.ends_with(".offsets")) keys.push_back(std::move(k));
+      for (auto& k : list_token_files(sink_, spec.prefix)) keys.push_back(std::move(k));
     if (keys.empty())
       throw_error(errc::config, "dataset '" + spec.name + "' has no token files", {.operation = "data.open", .object = spec.prefix});
-    // A file listed twice (in files, or in files and under the prefix) would count its documents twice.
-    std::set<std::string_view> seen;
-    for (const auto& key : keys)
-      if (!seen.insert(key).second)
-        throw_error(errc::config, "dataset '" + spec.name + "' lists token file '" + key +
-                                      "' twice (in files, or in files and under its prefix '" + spec.prefix +
-                                      "'): list each file once",
-                    {.operation = "data.open", .object = key});
+    // A file listed twice (in files, or in files and under the prefix, or under two keys of one object: a symlinked
+    // copy) would count its documents twice.
+    std::map<std::string, std::string> seen;  // the object's identity (storage::sink_names_objects) -> its key
+    for (const auto& key : keys) {
+      auto [it, fresh] = seen.emplace(sink_.identity(key), key);
+      if (fresh) continue;
+      throw_error(errc::config,
+                  it->second == key
+                      ? "dataset '" + spec.name + "' lists token file '" + key +
+                            "' twice (in files, or in files and under its prefix '" + spec.prefix + "'): list each file once"
+                      : "dataset '" + spec.name + "' lists token files '" + it->second + "' and '" + key +
+                            "', which are one file ('" + it->first + "', a link or a copy by link): list each file once",
+                  {.operation = "data.open", .object = key});
+    }
     for (const auto& k : keys) layout.files.push_back(token_file::open(sink_, k, spec.defaults, options_.vocab));
     layout.cut(sink_, options_.logical_shards, options_.chunk_tokens);
-    if (layout.document_tokens < options_.logical_shards)
-      throw_error(errc::config, "dataset '" + spec.name + "' holds " + std::to_string(layout.document_tokens) +
-                                    " document tokens (" + std::to_string(layout.documents) + " documents), fewer than the " +
-                                    std::to_string(options_.logical_shards) + " logical shards it is cut into: add data, "
-                                    "or lower loader_options::logical_shards",
-                  {.operation = "data.open", .object = keys.front()});
+    check_every_shard_has_content(spec, layout);
     layouts_.push_back(std::move(layout));
     weights_.push_back(spec.weight);
   }
@@ -244,6 +244,30 @@ SHARDKIT_DECL void loader::check_place(int rank, int world) const {
                                             " logical shards (set loader_options::logical_shards to a multiple of every "
                                             "world size the run will use)",
                 {.operation = "data.loader"});
+}
+
+SHARDKIT_DECL void loader::check_every_shard_has_content(const dataset_spec& spec, const detail::dataset_layout& layout) {
+  for (std::uint32_t s = 0; s < options_.logical_shards; ++s) {
+    if (detail::has_content(sink_, layout, s)) continue;
+    const auto content = detail::content_tokens(sink_, layout);
+    const auto& segments = layout.shard_segments[s];
+    std::string where = "no token";
+    std::string object = layout.files.empty() ? spec.prefix : layout.files.front().key();
+    if (!segments.empty()) {
+      object = layout.files[segments.front().file].key();
+      where = "only delimiters (tokens [" + std::to_string(segments.front().lo) + ", " + std::to_string(segments.back().hi) +
+              ") of '" + object + "'" + (segments.size() > 1 ? " and the files after it" : "") + ")";
+    }
+    throw_error(errc::config,
+                "dataset '" + spec.name + "' holds " +
+                    (content ? std::to_string(*content) + " content tokens" : std::to_string(layout.document_tokens) + " tokens") +
+                    " (" + std::to_string(layout.documents) + " documents; delimiters do not count), too few for its " +
+                    std::to_string(options_.logical_shards) + " logical shards: they cut its tokens into " +
+                    std::to_string(options_.logical_shards) + " equal ranges, and logical shard " + std::to_string(s) +
+                    "'s would hold " + where + ", so it would deliver no data: add data to '" + object +
+                    "', or lower loader_options::logical_shards",
+                {.operation = "data.open", .object = object});
+  }
 }
 
 SHARDKIT_DECL void loader::check_cursor(const shard_state& s, std::size_t d) const {

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -137,11 +138,19 @@ class token_file {
     token_file f;
     f.key_ = key;
     const auto size = sink.size(key);
-    if (!size)
-      throw_error(errc::not_found,
-                  "no such token file (write one with shardkit-tokenize -o FILE TEXT..., or data::token_file_writer)",
-                  {.operation = "data.open", .object = key});
     const std::string side = sidecar_key(key);
+    if (!size) {
+      // A sidecar or offsets object without its token file: a copy that left the token file behind.
+      std::string beside;
+      for (const auto& other : {side, offsets_key(key)})
+        if (sink.exists(other)) beside += (beside.empty() ? "" : " and '") + std::string(beside.empty() ? "'" : "") + other + "'";
+      throw_error(errc::not_found,
+                  beside.empty()
+                      ? "no such token file (write one with shardkit-tokenize -o FILE TEXT..., or data::token_file_writer)"
+                      : "no such token file, though " + beside + " (its sidecar or offsets) exist: copy the token file '" +
+                            key + "' beside them, or remove them",
+                  {.operation = "data.open", .object = key});
+    }
     if (sink.exists(side)) {
       auto bytes = storage::get_object(sink, side);
       f.info_ = parse_token_file_info(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), side);
@@ -379,6 +388,35 @@ class token_file {
   std::vector<std::uint64_t> begins_;  // a delimited file's index: documents + 1 entries
   std::optional<std::uint32_t> vocab_bound_;
 };
+
+//! The token file keys under `prefix`, in the sink's order: every key but sidecars (`.json`) and offsets
+//! (`.offsets`), and also the key of a token-file sidecar or offsets object whose token file is missing, so that
+//! opening it names the missing file rather than the dataset having no files. (A `.json` that is not a token file's
+//! sidecar is not one.)
+inline std::vector<std::string> list_token_files(storage::any_sink& sink, const std::string& prefix) {
+  const auto keys = sink.list(prefix);
+  const std::set<std::string_view> listed(keys.begin(), keys.end());
+  std::vector<std::string> out;
+  std::set<std::string> orphans;
+  for (const auto& k : keys) {
+    const bool sidecar = k.ends_with(".json"), offsets = k.ends_with(".offsets");
+    if (!sidecar && !offsets) {
+      out.push_back(k);
+      continue;
+    }
+    const std::string base = k.substr(0, k.size() - (sidecar ? 5 : 8));
+    if (base.empty() || listed.contains(base) || orphans.contains(base)) continue;
+    if (sidecar) {
+      auto bytes = storage::get_object(sink, k);
+      if (std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()).find("\"shardkit.tokens\"") ==
+          std::string_view::npos)
+        continue;
+    }
+    orphans.insert(base);
+    out.push_back(base);
+  }
+  return out;
+}
 
 //! Writes a token file, its offsets and its sidecar through a sink, streaming (what shardkit-tokenize and the
 //! tests use). Objects become visible at finish(): tokens, then offsets, then the sidecar last, so a file whose

@@ -437,6 +437,15 @@ class posix_sink {
 
   bool exists(const std::string& key) { return size(key).has_value(); }
 
+  //! The object identity of the sink concept (sink_names_objects): the file's canonical path (symlinks resolved),
+  //! or its path when it cannot be resolved (a missing file).
+  std::string identity(const std::string& key) {
+    check_key(key, "sink.identity");
+    std::error_code ec;
+    auto canonical = std::filesystem::canonical(path_of(key), ec);
+    return ec ? path_of(key) : canonical.string();
+  }
+
   std::vector<std::string> list(const std::string& prefix) {
     check_prefix(prefix, "sink.list");
     std::vector<std::string> keys;
@@ -573,6 +582,6 @@ class posix_sink {
   std::shared_ptr<detail::bounce_pool> bounce_pool_;  // null: no O_DIRECT
 };
 
-static_assert(sink<posix_sink>);
+static_assert(sink<posix_sink> && sink_names_objects<posix_sink>);
 
 }  // namespace shardkit::storage

@@ -66,6 +66,11 @@
 //! a sink without it; any_sink forwards them). A writer killed mid-write leaves its temporary forever otherwise: the
 //! checkpointer and `shardkit-ckpt gc` sweep them.
 //!
+//! **Optional capability: object identity.** `s.identity(key)` -> std::string names the stored object behind an
+//! existing key such that two keys of one object give the same name (posix_sink: the file's canonical path, so a
+//! symlink and its target agree); concept sink_names_objects, free function storage::identity_of (the key itself for
+//! a sink without it); any_sink forwards it. The data loader refuses a token file listed under two keys this way.
+//!
 //! - A writer is finished after commit() or abort(); a write or commit on a finished writer throws errc::closed.
 //!   Destroying an unfinished writer aborts it.
 //! - After a write() threw (an I/O error, a short write) the object must never become visible: commit() throws
@@ -223,6 +228,19 @@ std::size_t remove_stale_temporaries(S& s, std::chrono::seconds older_than, cons
   else return 0;
 }
 
+//! The optional object identity of the file comment: s.identity(key) for an existing key.
+template <class S>
+concept sink_names_objects = sink<S> && requires(S& s, const std::string& key) {
+  { s.identity(key) } -> std::same_as<std::string>;
+};
+
+//! s.identity(key) where the sink has it (sink_names_objects), else the key: equal for two keys of one object.
+template <sink S>
+std::string identity_of(S& s, const std::string& key) {
+  if constexpr (sink_names_objects<S>) return s.identity(key);
+  else return key;
+}
+
 //! The writer type a sink's put() returns.
 template <sink S>
 using writer_t = decltype(std::declval<S&>().put(std::declval<const std::string&>()));
@@ -310,6 +328,7 @@ struct sink_interface {
   virtual void remove_many(std::span<const std::string>) = 0;
   virtual std::vector<temporary_object> temporaries(const std::string&) = 0;
   virtual std::size_t remove_stale_temporaries(std::chrono::seconds, const std::string&) = 0;
+  virtual std::string identity(const std::string&) = 0;
 };
 }  // namespace detail
 
@@ -364,6 +383,7 @@ struct sink_model final : sink_interface {
   std::size_t remove_stale_temporaries(std::chrono::seconds age, const std::string& p) override {
     return storage::remove_stale_temporaries(*impl, age, p);
   }
+  std::string identity(const std::string& k) override { return storage::identity_of(*impl, k); }
 };
 }  // namespace detail
 
@@ -399,6 +419,8 @@ class any_sink {
   std::size_t remove_stale_temporaries(std::chrono::seconds older_than, const std::string& prefix) {
     return self().remove_stale_temporaries(older_than, prefix);
   }
+  //! The sink's object identity (sink_names_objects), or the key.
+  std::string identity(const std::string& key) { return self().identity(key); }
 
  private:
   detail::sink_interface& self() const {

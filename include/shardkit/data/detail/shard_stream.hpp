@@ -113,6 +113,47 @@ struct dataset_layout {
   }
 };
 
+// Whether logical shard s's part of a dataset delivers data: a token of its ranges that is not its file's
+// delimiter (delimiters are never delivered, only framing: a shard of delimiters alone would train on BOS/EOS or on
+// nothing). A file without a delimiter is data throughout; in one with a delimiter a range is read from its start,
+// in blocks that grow from 256 tokens, until a token other than the delimiter shows: one small read per shard
+// unless a run of delimiters is as long as the shard's range.
+inline bool has_content(storage::any_sink& sink, const dataset_layout& layout, std::uint32_t s) {
+  std::vector<std::byte> block;
+  for (const shard_segment& seg : layout.shard_segments[s]) {
+    const token_file& f = layout.files[seg.file];
+    if (!f.info().delimiter) return seg.hi > seg.lo;
+    std::uint64_t n = 256;
+    for (std::uint64_t at = seg.lo; at < seg.hi; at += n, n = std::min<std::uint64_t>(n * 16, std::uint64_t{1} << 20)) {
+      const std::uint64_t k = std::min(n, seg.hi - at);
+      block.resize(k * f.width());
+      f.read(sink, at, block, "data.open");
+      for (std::uint64_t i = 0; i < k; ++i)
+        if (load_token(block.data() + i * f.width(), f.dtype()) != *f.info().delimiter) return true;
+    }
+  }
+  return false;
+}
+
+// The dataset's tokens that are data (its files' tokens other than their delimiters), read only to explain a
+// refusal: nullopt above 2^26 tokens, where counting would cost a long read at open.
+inline std::optional<std::uint64_t> content_tokens(storage::any_sink& sink, const dataset_layout& layout) {
+  std::uint64_t total = 0, content = 0;
+  for (const auto& f : layout.files) total += f.tokens();
+  if (total > (std::uint64_t{1} << 26)) return std::nullopt;
+  std::vector<std::byte> bytes;
+  for (const auto& f : layout.files) {
+    if (!f.info().delimiter) {
+      content += f.tokens();
+      continue;
+    }
+    bytes.resize(f.tokens() * f.width());
+    f.read(sink, 0, bytes, "data.open");
+    for (std::uint64_t i = 0; i < f.tokens(); ++i) content += load_token(bytes.data() + i * f.width(), f.dtype()) != *f.info().delimiter;
+  }
+  return content;
+}
+
 struct packing_rules {
   std::size_t sequence_length = 0;
   std::optional<std::int32_t> bos, eos;
