@@ -206,9 +206,31 @@ bool on_model_thread() noexcept { return model_thread; }
 
 namespace {
 
+// What one cudaEventRecord marks: set by the stream's thread when it reaches the record; waiters sleep on it (a
+// yielding spin cost seconds of system time where several ranks' threads wait on two cores).
+struct event_mark {
+  std::mutex m;
+  std::condition_variable cv;
+  bool reached = false;
+  explicit event_mark(bool already) : reached(already) {}
+  void set() {
+    std::lock_guard l(m);
+    reached = true;
+    cv.notify_all();
+  }
+  bool is_set() {
+    std::lock_guard l(m);
+    return reached;
+  }
+  void wait() {
+    std::unique_lock l(m);
+    cv.wait(l, [&] { return reached; });
+  }
+};
+
 struct model_event {
   std::mutex m;
-  std::shared_ptr<std::atomic<bool>> latest = std::make_shared<std::atomic<bool>>(true);
+  std::shared_ptr<event_mark> latest = std::make_shared<event_mark>(true);
 };
 
 // "Device" memory is host memory, so nothing would stop the backend from handing NCCL a host pointer (or
@@ -307,28 +329,39 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
 cudaError_t cudaEventDestroy(cudaEvent_t e) { delete reinterpret_cast<model_event*>(e); return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   auto* fe = reinterpret_cast<model_event*>(e);
-  auto flag = std::make_shared<std::atomic<bool>>(false);
+  auto flag = std::make_shared<event_mark>(false);
   {
     std::lock_guard l(fe->m);
     fe->latest = flag;
   }
-  run_on(s, [flag] { flag->store(true); });
+  run_on(s, [flag] { flag->set(); });
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   auto* fe = reinterpret_cast<model_event*>(e);
   std::lock_guard l(fe->m);
-  return fe->latest->load() ? cudaSuccess : cudaErrorNotReady;
+  return fe->latest->is_set() ? cudaSuccess : cudaErrorNotReady;
+}
+// Waits for the work the event's latest record follows (the stream's thread sets the flag once it reaches it).
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  auto* fe = reinterpret_cast<model_event*>(e);
+  std::shared_ptr<event_mark> flag;
+  {
+    std::lock_guard l(fe->m);
+    flag = fe->latest;
+  }
+  flag->wait();
+  return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   auto* fe = reinterpret_cast<model_event*>(e);
-  std::shared_ptr<std::atomic<bool>> flag;
+  std::shared_ptr<event_mark> flag;
   {
     std::lock_guard l(fe->m);
     flag = fe->latest;
   }
   run_on(s, [flag] {
-    while (!flag->load()) std::this_thread::yield();
+    flag->wait();
   });
   return cudaSuccess;
 }

@@ -1,5 +1,6 @@
 // fsdp::sharded_model over NCCL with its gathered parameters and unsharded gradients in CUDA device memory
-// (fsdp::cuda_gather_device): the toy model of tests/fsdp trains like a 1-rank host run; the limiter over
+// (fsdp::cuda_gather_device): the toy model of tests/fsdp trains like a 1-rank host run, and over shm with three
+// ranks sharing device 0 (backends::cuda_staged_communicator) like three host ranks; the limiter over
 // cuda::device_memory and the stager's copies and conversions; a host-memory model on an NCCL group is refused at
 // construction, naming the device and the backend. Ranks are threads, one per device.
 //
@@ -14,6 +15,7 @@
 
 #include "fsdp/toy_checks.hpp"
 #include "nccl/model_hooks.hpp"
+#include "shardkit/backends/cuda_staged.hpp"
 #include "shardkit/backends/nccl.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/comm/process_group.hpp"
@@ -21,6 +23,7 @@
 #include "shardkit/fsdp/cuda_gather_device.hpp"
 #include "shardkit/fsdp/rate_limiter.hpp"
 #include "shardkit/rendezvous/memory_store.hpp"
+#include "shardkit/transport/shm.hpp"
 #include "support/harness.hpp"
 
 namespace sk = shardkit;
@@ -94,6 +97,26 @@ toy::run_result run_on_cuda(int n, fsdp::sharding_options o, int steps, int micr
                                               group_options());
     fsdp::sharding_options mine = o;
     mine.device = cuda_gather_device({.device = r});
+    results[std::size_t(r)] = toy::train<cuda_access>(pg, mine, steps, micro);
+  });
+  for (int r = 1; r < n; ++r) CHECK(results[std::size_t(r)].losses == results[0].losses);
+  return results[0];
+}
+
+// n ranks as threads over shared memory, every one on device 0: their device buffers staged through pinned
+// memory (backends::cuda_staged_communicator), as N ranks share one GPU where NCCL would refuse them.
+toy::run_result run_staged_on_one_device(int n, fsdp::sharding_options o, int steps, int micro = 1) {
+  auto store = sk::rendezvous::make_store<sk::rendezvous::memory_store>();
+  std::vector<toy::run_result> results(static_cast<std::size_t>(n));
+  sk::test::run_threads(n, [&](int r) {
+    SHARDKIT_CUDA_CHECK(cudaSetDevice(0), sk::error_context{});
+    using host_comm = sk::comm::p2p_communicator<sk::transport::shm_transport>;
+    auto pg = sk::comm::process_group::create(
+        sk::backends::cuda_staged_communicator(host_comm(sk::transport::shm_transport::connect(store, r, n)),
+                                               {.device = 0, .chunk_bytes = 64}),
+        group_options());
+    fsdp::sharding_options mine = o;
+    mine.device = cuda_gather_device({.device = 0});
     results[std::size_t(r)] = toy::train<cuda_access>(pg, mine, steps, micro);
   });
   for (int r = 1; r < n; ++r) CHECK(results[std::size_t(r)].losses == results[0].losses);
@@ -191,6 +214,14 @@ TEST_CASE("[fsdp][nccl] full_shard with parameters on CUDA devices trains like a
   }
   // The model's groups (gather, reduce, replica: splits of the world) were all destroyed with it.
   CHECK(shardkit::test::nccl::model_communicators_back_to(communicators_before));
+}
+
+TEST_CASE("[fsdp][nccl] three ranks on one device over shm, staged: trains like three host ranks") {
+  if (!device_or_skip()) return;
+  const fsdp::sharding_options bf16{.precision = {.param = dtype::bf16}, .limiter_budget_units = 1};
+  check_close(run_staged_on_one_device(3, bf16, 6), run_on_host(3, bf16, 6), 1e-5);
+  check_close(run_staged_on_one_device(3, {.strategy = fsdp::sharding_strategy::shard_grad_op}, 4, 2),
+              run_on_host(3, {.strategy = fsdp::sharding_strategy::shard_grad_op}, 4, 2), 1e-5);
 }
 
 TEST_CASE("[fsdp][nccl] gathered memory on the host of an NCCL group: refused at construction, naming both") {

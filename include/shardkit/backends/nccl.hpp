@@ -93,25 +93,10 @@ struct nccl_options {
 };
 
 //! Number of CUDA devices visible to this process; 0 when the runtime reports none or fails.
-inline int cuda_device_count() noexcept {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? n : 0;
-}
+inline int cuda_device_count() noexcept { return cuda::device_count(); }
 
 //! True when at least one CUDA device can be used; otherwise false with the reason (for a test's skip line).
-inline bool nccl_device_available(std::string* reason = nullptr) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    if (reason) *reason = "no usable CUDA device: cudaGetDeviceCount failed with " + cuda::cuda_error_text(e);
-    return false;
-  }
-  if (n <= 0) {
-    if (reason) *reason = "no CUDA device: cudaGetDeviceCount reports 0 devices";
-    return false;
-  }
-  return true;
-}
+inline bool nccl_device_available(std::string* reason = nullptr) { return cuda::device_available(reason); }
 
 //! NCCL's version code of the loaded library (e.g. 22809 for 2.28.9).
 inline int nccl_version() {

@@ -8,12 +8,35 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <string>
 #include <utility>
 
 #include "shardkit/core/log.hpp"
 #include "shardkit/cuda/error.hpp"
 
 namespace shardkit::cuda {
+
+//! The number of CUDA devices this process can use; 0 where the runtime reports none or fails (no driver).
+inline int device_count() noexcept {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? n : 0;
+}
+
+//! True when at least one CUDA device can be used; otherwise false with the reason (for a test's skip line).
+inline bool device_available(std::string* reason = nullptr) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (reason) *reason = "no usable CUDA device: cudaGetDeviceCount failed with " + cuda_error_text(e);
+    return false;
+  }
+  if (n <= 0) {
+    if (reason) *reason = "no CUDA device: cudaGetDeviceCount reports 0 devices";
+    return false;
+  }
+  return true;
+}
 
 //! Makes `device` current for the scope and restores the previous device after it.
 class device_guard {
