@@ -5,12 +5,13 @@
 //
 //   shardkit-run -n 4 -- trainer --steps 50                       # shm on one host, full_shard, AdamW
 //   shardkit-run -n 4 -- trainer --strategy hybrid_shard --hybrid-size 2 --dtype bf16 --budget 2u
-//   shardkit-run -n 4 -- trainer --steps 40 --ckpt-dir runs/a --ckpt-every 5 --data runs/data
-//   shardkit-run -n 2 -- trainer --steps 60 --ckpt-dir runs/a --ckpt-every 5 --data runs/data --resume
+//   shardkit-run -n 4 -- trainer --steps 40 --batch 24 --ckpt-dir runs/a --ckpt-every 5 --data runs/data --init-data
+//   shardkit-run -n 2 -- trainer --steps 60 --batch 24 --ckpt-dir runs/a --ckpt-every 5 --data runs/data --resume
 //
 // Data: by default each global row is a window of the built-in text at an offset hashed from (seed, step, row), the
-// same on any number of ranks. --data LOCATION reads token files through the data loader instead (byte tokens;
-// when LOCATION holds none, rank 0 writes the built-in text there first, one document per line); the loader's
+// same on any number of ranks. --data LOCATION reads token files through the data loader instead (byte tokens; a
+// LOCATION without token files is an error, unless --init-data: then rank 0 writes the built-in text there first,
+// one document per line; the rank count must divide the loader's 12 logical shards); the loader's
 // state is checkpointed with the model, so a resumed run, at any rank count, continues the same stream.
 // Checkpoints: --ckpt-dir LOCATION (a directory or s3://bucket/prefix) saves every --ckpt-every steps,
 // asynchronously (zero-overhead staging by default: only the next optimizer step waits for the copy); --resume
@@ -24,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <optional>
@@ -59,6 +61,7 @@ struct flags {
   double lr = 3e-3, weight_decay = 0.1, clip = 1.0;
   bool skip_compute = false;  // communication alone: the benchmarks' "communication-only" step
   std::string data;           // token files for the data loader; empty: the built-in text's windows
+  bool init_data = false;     // --init-data: a --data location without token files gets the built-in text
   std::string ckpt_dir;
   int ckpt_every = 0;
   std::uint32_t ckpt_keep = 3;
@@ -98,7 +101,8 @@ std::string help_text() {
       {"--weight-decay X", "AdamW weight decay [" + g(d.weight_decay) + "]"},
       {"--clip X", "gradient norm clip [" + g(d.clip) + "]"},
       {"--skip-compute", "gathers and reductions only: a benchmark's communication-only step [off]"},
-      {"--data LOCATION", "token files for the data loader (directory or s3://) [the built-in text]"},
+      {"--data LOCATION", "token files for the data loader (an existing directory or s3://) [the built-in text]"},
+      {"--init-data", "with --data: a LOCATION without token files gets the built-in text written there first [off]"},
       {"--ckpt-dir LOCATION", "checkpoints (directory or s3://) [none]"},
       {"--ckpt-every N", "steps between saves, needs --ckpt-dir [0: no saves]"},
       {"--ckpt-keep K", "complete checkpoints kept [" + n(d.ckpt_keep) + "]"},
@@ -196,6 +200,10 @@ flags parse(int argc, char** argv) {
       f.resume = true;
       continue;
     }
+    if (a == "--init-data") {
+      f.init_data = true;
+      continue;
+    }
     if (!takes_value(a)) usage("unknown flag " + std::string(a));
     if (i + 1 >= argc) usage(std::string(a) + " wants a value");
     const std::string_view v = argv[++i];
@@ -234,6 +242,7 @@ flags parse(int argc, char** argv) {
     else usage("unknown flag " + std::string(a));
   }
   f.model.context = f.context;
+  if (f.init_data && f.data.empty()) usage("--init-data needs --data LOCATION (where to write the built-in text)");
   if (f.steps <= 0 || f.batch <= 0 || f.micro_batches <= 0 || f.context <= 0 || f.model.width <= 0 ||
       f.model.blocks <= 0)
     usage("--steps, --batch, --micro-batches, --context, --width and --blocks must be positive");
@@ -303,12 +312,19 @@ std::size_t peak_rss_bytes() {
   return kib * 1024;
 }
 
-// Opens the token files at `location` for the loader; when there are none, rank 0 writes the built-in text there
-// first (byte tokens, one document per line).
-std::pair<sk::storage::any_sink, sk::data::loader_options> open_data(const std::string& location, const std::string& text, sk::comm::process_group& pg, int rows,
-                           int T, std::uint64_t seed) {
+// Opens the token files at `location` for the loader. A location without token files is an error (a mistyped
+// path must not train on something else), unless `init`: then rank 0 writes the built-in text there first (byte
+// tokens, one document per line). Every rank checks, so every rank fails alike.
+std::pair<sk::storage::any_sink, sk::data::loader_options> open_data(const std::string& location, bool init, const std::string& text,
+                                                                     sk::comm::process_group& pg, int rows, int T, std::uint64_t seed) {
+  const std::string make = "write token files there with shardkit-tokenize -o " + location +
+                           "/text.tokens FILE..., or add --init-data to write the built-in text there first";
+  if (!init && !location.starts_with("s3://") && !std::filesystem::is_directory(location))
+    throw std::runtime_error("--data " + location + ": no such directory (a mistyped path?): " + make);
   auto sink = sk::storage::open_sink(location);
-  if (pg.rank() == 0 && sink.list("").empty()) {
+  const bool empty = sk::data::list_token_files(sink, "").empty();
+  if (empty && !init) throw std::runtime_error("--data " + location + " holds no token files: " + make);
+  if (pg.rank() == 0 && empty) {
     sk::data::token_file_writer w(sink, "builtin.tokens", sk::data::byte_token_format());
     for (auto doc : sk::data::split_documents(text, sk::data::split_mode::line)) sk::data::add_byte_document(w, doc);
     w.finish();
@@ -379,7 +395,11 @@ int main(int argc, char** argv) try {
   // The data loader, when --data is given: each rank's micro-batch is `rows` sequences of T+1 byte tokens.
   std::optional<sk::data::loader> loader;
   if (!f.data.empty()) {
-    auto [sink, options] = open_data(f.data, text, pg, rows, T, f.seed);
+    // Every rank owns as many of the loader's logical shards (docs/data.md): the rank count must divide them.
+    if (const int shards = int(sk::data::loader_options{}.logical_shards); shards % ranks != 0)
+      usage("--data: " + std::to_string(ranks) + " ranks do not divide the data loader's " + std::to_string(shards) +
+            " logical shards (each rank owns as many): run on 1, 2, 3, 4, 6 or 12 ranks");
+    auto [sink, options] = open_data(f.data, f.init_data, text, pg, rows, T, f.seed);
     loader.emplace(sink, options, pg);  // collective: every rank's options and files must agree
     // Every step takes batch / L sequences from each logical shard only when L divides the global batch; otherwise
     // which shards a step draws from depends on the rank count (docs/data.md), and so do the losses.

@@ -9,7 +9,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 export OPENBLAS_NUM_THREADS=1
-flags=(--batch 12 --context 16 --width 32 --blocks 4 --data "$work/data")
+flags=(--batch 12 --context 16 --width 32 --blocks 4 --data "$work/data" --init-data)
 losses() { grep -o 'step [0-9]* loss [^ ]*' || true; }
 
 "$run" -n 4 -- "$trainer" --steps 10 "${flags[@]}" | losses > reference.txt

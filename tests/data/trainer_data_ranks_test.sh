@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The example trainer with --data: the data loader keeps the run the same at every rank count. With the global batch
 # a multiple of the 12 logical shards and a rank count that divides them, 1, 2, 3, 4 and 6 ranks, and a run saved
-# on 4 ranks and resumed on 3 or on 2, print every step's loss within 1e-6 relative of the 1-rank run.
+# on 4 ranks and resumed on 3 or on 2, print every step's loss within 1e-6 relative of the 1-rank run. A --data
+# location that does not exist or holds no token files, and a rank count that does not divide the logical shards,
+# are errors that say what to do.
 # usage: trainer_data_ranks_test.sh SHARDKIT_RUN TRAINER
 set -euo pipefail
 run=$1 trainer=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OPENBLAS_NUM_THREADS=1
-flags=(--batch 12 --context 8 --width 16 --blocks 1 --data "$work/data")
+flags=(--batch 12 --context 8 --width 16 --blocks 1 --data "$work/data" --init-data)
 losses() { grep -o 'step [0-9]* loss [^ ]*' || true; }
 # same NAME FILE: every step of FILE is the reference's step within 1e-6 relative
 same() {
@@ -45,3 +47,21 @@ grep -q "warning: --batch 16 is not a multiple of the data loader's 12 logical s
 "$run" -n 2 -- "$trainer" --steps 1 "${flags[@]}" 2> even.err > /dev/null
 ! grep -q "warning: --batch" even.err || { echo "FAIL: --batch 12 warned"; cat even.err; exit 1; }
 echo "OK: --batch 16 with --data warns once; --batch 12 does not"
+# A mistyped --data path is an error naming it (it is not created, nor trained on as the built-in text); so is a
+# directory without token files; 5 ranks do not divide the 12 logical shards, and the message says which do.
+refused() {  # NAME REGEX COMMAND...: fails (non-zero) and says REGEX
+  local name=$1 regex=$2
+  shift 2
+  if "$@" > refused.out 2>&1; then echo "FAIL: $name: exit 0"; cat refused.out; exit 1; fi
+  grep -qE -- "$regex" refused.out || { echo "FAIL: $name: no /$regex/"; cat refused.out; exit 1; }
+}
+small=(--steps 1 --batch 12 --context 8 --width 16 --blocks 1)
+refused "a mistyped --data" "--data $work/dta: no such directory \\(a mistyped path\\?\\).*--init-data" \
+  "$run" -n 2 -- "$trainer" "${small[@]}" --data "$work/dta"
+[ ! -e "$work/dta" ] || { echo "FAIL: the mistyped --data directory was created"; exit 1; }
+mkdir "$work/empty"
+refused "--data of no token files" "--data $work/empty holds no token files: write token files there with shardkit-tokenize" \
+  "$run" -n 2 -- "$trainer" "${small[@]}" --data "$work/empty"
+refused "5 ranks with --data" "--data: 5 ranks do not divide the data loader's 12 logical shards .*run on 1, 2, 3, 4, 6 or 12 ranks" \
+  "$run" -n 5 -- "$trainer" --steps 1 --batch 15 --context 8 --width 16 --blocks 1 --data "$work/data"
+echo "OK: a mistyped --data, a --data of no token files and 5 ranks are refused, saying what to do"

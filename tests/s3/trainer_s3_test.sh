@@ -21,7 +21,7 @@ trap 'rm -rf "$work"' EXIT
 cd "$work"
 export OPENBLAS_NUM_THREADS=1
 s3="s3://$SHARDKIT_TEST_S3_BUCKET/trainer-$(date +%s)-$$-$RANDOM"
-flags=(--batch 12 --context 16 --width 32 --blocks 4 --data "$s3/data")
+flags=(--batch 12 --context 16 --width 32 --blocks 4 --data "$s3/data" --init-data)
 losses() { grep -o 'step [0-9]* loss [^ ]*' || true; }
 fail() { echo "FAIL: $1"; shift; for f in "$@"; do cat "$f"; done; exit 1; }
 
