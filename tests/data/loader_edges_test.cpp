@@ -303,13 +303,30 @@ TEST_CASE("[data] a world size that does not divide the logical shards is refuse
   for (auto& r : run.ranks) r->next();
   data::loader l(ds.sink, ds.options(), 0, 4);
   CHECK(message_of([&] { l.load(run.states(), 0, 5); }).find("must divide") != std::string::npos);
-  // A configuration changed at resume: the checkpoint and this loader disagree, not the ranks.
-  auto other = ds.options();
-  other.sequence_length = 65;
-  data::loader changed(ds.sink, other, 0, 4);
-  const auto m = message_of([&] { changed.load(run.states(), 0, 4); });
-  CHECK(m.find("another loader configuration than this loader's") != std::string::npos);
-  CHECK(m.find("ranks disagree") == std::string::npos);
+  // A configuration changed at resume: the checkpoint and this loader disagree, not the ranks; the message names the
+  // field and both values (the checkpoint's first).
+  struct change {
+    void (*apply)(data::loader_options&);
+    const char* says;
+  };
+  for (const auto& c : {change{[](data::loader_options& o) { o.sequence_length = 65; }, "sequence_length is 64 in the checkpoint (rank 0 of 4's data loader state), 65 in this loader"},
+                        change{[](data::loader_options& o) { o.seed = 8; }, "seed is 7 in the checkpoint (rank 0 of 4's data loader state), 8 in this loader"},
+                        change{[](data::loader_options& o) { o.datasets[1].prefix = "a/"; },
+                               "files of dataset 'b' is b/part-0.tokens ("}}) {
+    auto other = ds.options();
+    c.apply(other);
+    data::loader changed(ds.sink, other, 0, 4);
+    const auto m = message_of([&] { changed.load(run.states(), 0, 4); });
+    CHECK_MESSAGE(m.find(c.says) != std::string::npos, m);
+    CHECK(m.find("the checkpoint and the options given now disagree, not the ranks") != std::string::npos);
+    CHECK(m.find("ranks disagree") == std::string::npos);
+    CHECK(m.find("data.load") != std::string::npos);
+  }
+  // Mixing weights are the state's own (set_weights changes them): other weights now are no configuration change.
+  auto reweighted = ds.options();
+  reweighted.datasets[0].weight = 0.9;
+  data::loader l2(ds.sink, reweighted, 0, 4);
+  CHECK(message_of([&] { l2.load(run.states(), 0, 4); }) == "(no error)");
 }
 
 TEST_CASE("[data] ranks whose loaders differ are refused at construction, each naming the field and both values") {

@@ -264,7 +264,7 @@ TEST_CASE("[data] load refuses blobs that do not describe one step of this run")
   auto other = ds.options();
   other.sequence_length = 65;
   data::loader different(ds.sink, other, 0, 3);
-  CHECK(error_of({different.state(), blobs[1], blobs[2]}).find("another loader configuration") != std::string::npos);
+  CHECK(error_of({different.state(), blobs[1], blobs[2]}).find("sequence_length is 65 in the checkpoint (rank 0 of 3's data loader state), 64 in this loader") != std::string::npos);
   auto corrupt = blobs;
   corrupt[2][40] ^= std::byte{1};
   const auto m = error_of(corrupt);

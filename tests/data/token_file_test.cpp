@@ -2,7 +2,9 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -254,4 +256,20 @@ TEST_CASE("[data] the state blob: round trip and a strict parser") {
   auto version = blob;
   version[8] = std::byte{9};
   expect_error(version, "version 9");
+
+  // Version 2 carries the configuration's fields; a version 1 blob (none: the field count absent) still loads.
+  CHECK(!values.configuration.empty());
+  CHECK(std::ranges::count(values.configuration, std::string("sequence_length"), &std::pair<std::string, std::string>::first) == 1);
+  auto v1_values = values;
+  v1_values.configuration.clear();
+  auto v1 = data::encode_state(v1_values);
+  v1.erase(v1.begin() + 44, v1.begin() + 48);  // the field count, after the header (24), place (12), fingerprint (8)
+  v1.resize(v1.size() - 8);  // the checksum, recomputed below
+  v1[8] = std::byte{1};
+  const std::uint64_t payload = v1.size() - 24;
+  std::memcpy(v1.data() + 16, &payload, 8);
+  const std::uint64_t sum = shardkit::codec::xxh64(std::span<const std::byte>(v1));
+  v1.resize(v1.size() + 8);
+  std::memcpy(v1.data() + v1.size() - 8, &sum, 8);
+  CHECK(data::decode_state(v1) == v1_values);
 }

@@ -111,8 +111,14 @@ write("safetensors_header", "empty_tensor_and_metadata", st(0, {"e": {"dtype": "
 
 
 # ---- loader_state: u8 (odd: repair size and checksum), then the blob (data/loader_state.hpp) ----
+def text(t):
+    return struct.pack("<I", len(t)) + t.encode()
+
+
 def state(rank, world, logical, datasets, shards):
-    p = struct.pack("<IIIQ", rank, world, logical, 0x1234) + struct.pack("<I", len(datasets))
+    fields = [("sequence_length", "65"), ("seed", str(rank)), ("files of dataset 'text'", "text.tokens (400 tokens, 3 documents)")]
+    p = struct.pack("<IIIQ", rank, world, logical, 0x1234) + struct.pack("<I", len(fields))
+    p += b"".join(text(n) + text(v) for n, v in fields) + struct.pack("<I", len(datasets))
     p += b"".join(struct.pack("<d", w) for w in datasets)
     p += struct.pack("<I", len(shards))
     for sid, open_ds in shards:
@@ -120,7 +126,7 @@ def state(rank, world, logical, datasets, shards):
         p += struct.pack("<I", len(datasets))
         for d in range(len(datasets)):
             p += struct.pack("<QQQQQQB", d, 99, 7, 1, 2, 1000, d % 2)
-    head = b"SKDATAST" + struct.pack("<IIQ", 1, 0, len(p))
+    head = b"SKDATAST" + struct.pack("<IIQ", 2, 0, len(p))
     return bytes([1]) + head + p + b"\0" * 8  # checksum repaired by the target
 
 

@@ -138,8 +138,8 @@ class loader {
   //! This rank's state after the batches next() returned so far (not what the prefetch thread ran ahead to).
   rank_state state_values() const {
     return rank_state{.rank = static_cast<std::uint32_t>(rank_), .world = static_cast<std::uint32_t>(world_),
-                      .logical_shards = options_.logical_shards, .fingerprint = fingerprint_, .weights = weights_,
-                      .shards = consumed_};
+                      .logical_shards = options_.logical_shards, .fingerprint = fingerprint_,
+                      .configuration = saved_configuration_, .weights = weights_, .shards = consumed_};
   }
   //! The same as a versioned, checksummed blob (loader_state.hpp): store it as one object per rank.
   std::vector<std::byte> state() const { return encode_state(state_values()); }
@@ -183,6 +183,9 @@ class loader {
   SHARDKIT_DECL void check_every_shard_has_content(const dataset_spec& spec, const detail::dataset_layout& layout);
 
   SHARDKIT_DECL std::uint64_t compute_fingerprint() const;
+  // Why a state to load, saved with fingerprint other than this loader's, does not fit: the first field whose value
+  // differs (the checkpoint's and this loader's), and that the checkpoint and the options given now disagree.
+  SHARDKIT_DECL std::string configuration_change(const rank_state& saved) const;
 
   // Builds the streams of the owned shards from their states and (re)starts the prefetch thread.
   SHARDKIT_DECL void install(std::vector<shard_state> shards);
@@ -200,6 +203,7 @@ class loader {
   std::vector<detail::dataset_layout> layouts_;
   std::vector<double> weights_;
   std::uint64_t fingerprint_ = 0;
+  detail::configuration_fields saved_configuration_;  // what a state blob carries: configuration() less the weights
   int rank_ = 0, world_ = 1;
 
   std::vector<detail::shard_stream> streams_;  // the producer's (the prefetch thread's while it runs)

@@ -43,6 +43,7 @@ SHARDKIT_DECL loader::loader(storage::any_sink sink, loader_options options, int
     weights_.push_back(spec.weight);
   }
   fingerprint_ = compute_fingerprint();
+  saved_configuration_ = detail::saved_fields(configuration());
   check_place(rank, world);
   rank_ = rank;
   world_ = world;
@@ -129,11 +130,7 @@ SHARDKIT_DECL void loader::load_values(std::span<const rank_state> states, int r
   std::vector<bool> rank_seen(old_world), shard_seen(options_.logical_shards);
   std::vector<shard_state> all(options_.logical_shards);
   for (const auto& s : states) {
-    if (s.fingerprint != fingerprint_ || s.logical_shards != options_.logical_shards)
-      bad(errc::config, "the saved state to load (rank " + std::to_string(s.rank) + " of " + std::to_string(s.world) +
-                            "'s, as a checkpoint holds it) was taken with another loader configuration than this "
-                            "loader's: the datasets and their files, sequence length, BOS/EOS/pad, vocab, chunk_tokens, "
-                            "seed, epochs and logical shards must be the ones it was saved with");
+    if (s.fingerprint != fingerprint_ || s.logical_shards != options_.logical_shards) bad(errc::config, configuration_change(s));
     if (s.world != old_world || s.rank >= old_world || rank_seen[s.rank])
       bad(errc::invalid_argument, "the blobs are not one per rank of one world (rank " + std::to_string(s.rank) + " of " +
                                       std::to_string(s.world) + ")");
@@ -156,6 +153,24 @@ SHARDKIT_DECL void loader::load_values(std::span<const rank_state> states, int r
   std::vector<shard_state> mine;
   for (std::uint32_t id : shards_of(options_.logical_shards, rank, world)) mine.push_back(std::move(all[id]));
   install(std::move(mine));
+}
+
+SHARDKIT_DECL std::string loader::configuration_change(const rank_state& saved) const {
+  const std::string whose = " (rank " + std::to_string(saved.rank) + " of " + std::to_string(saved.world) + "'s data loader state)";
+  std::string differs;
+  for (std::size_t i = 0; i < std::max(saved.configuration.size(), saved_configuration_.size()) && differs.empty(); ++i) {
+    const auto& name = i < saved_configuration_.size() ? saved_configuration_[i].first : saved.configuration[i].first;
+    const std::string now = i < saved_configuration_.size() ? saved_configuration_[i].second : "(none)";
+    const std::string then = i < saved.configuration.size() && saved.configuration[i].first == name ? saved.configuration[i].second : "(none)";
+    if (now != then) differs = name + " is " + then + " in the checkpoint" + whose + ", " + now + " in this loader";
+  }
+  if (differs.empty())
+    differs = (saved.configuration.empty()
+                   ? "the checkpoint" + whose + " was saved with other datasets, files, sequence length, BOS/EOS/pad, vocab, "
+                     "chunk_tokens, seed, epochs or logical shards (a version 1 state names no field)"
+                   : "the documents or token widths of the files differ from the checkpoint's" + whose);
+  return "the checkpoint and the options given now disagree, not the ranks: " + differs +
+         "; resume with the loader options the checkpoint was saved with, or start a new run elsewhere";
 }
 
 SHARDKIT_DECL void loader::set_weights(std::vector<double> weights) {
@@ -193,7 +208,9 @@ SHARDKIT_DECL detail::configuration_fields loader::configuration() const {
   f.emplace_back("chunk_tokens", std::to_string(options_.chunk_tokens));
   for (std::size_t d = 0; d < layouts_.size(); ++d)
     f.emplace_back("files of dataset '" + options_.datasets[d].name + "'",
-                   join(layouts_[d].files, [](const token_file& t) { return t.key() + " (" + std::to_string(t.tokens()) + " tokens)"; }));
+                   join(layouts_[d].files, [](const token_file& t) {
+                     return t.key() + " (" + std::to_string(t.tokens()) + " tokens, " + std::to_string(t.documents()) + " documents)";
+                   }));
   return f;
 }
 

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardkit/codec/xxh64.hpp"
@@ -20,8 +21,8 @@
 
 namespace shardkit::data {
 
-//! The blob's format version; a parser reads only its own.
-inline constexpr std::uint32_t state_version = 1;
+//! The blob's format version. Version 2 adds the configuration's named fields; a parser reads 1 and 2.
+inline constexpr std::uint32_t state_version = 2;
 inline constexpr char state_magic[8] = {'S', 'K', 'D', 'A', 'T', 'A', 'S', 'T'};
 
 //! One dataset's part of one logical shard.
@@ -52,6 +53,9 @@ struct rank_state {
   std::uint32_t world = 1;
   std::uint32_t logical_shards = 0;
   std::uint64_t fingerprint = 0;  //!< of the loader's configuration (datasets, files, packing, seed): must match at load
+  //! The same configuration as named text fields (long values shortened, with a digest of the whole), so that a load
+  //! with another configuration names the field that changed and both values. Empty from a version 1 blob.
+  std::vector<std::pair<std::string, std::string>> configuration;
   std::vector<double> weights;    //!< the mixing weights in force
   std::vector<shard_state> shards;  //!< the logical shards this rank owns, by id
   bool operator==(const rank_state&) const = default;
@@ -65,6 +69,10 @@ class blob_writer {
   void u32(std::uint32_t v) { raw(&v, 4); }
   void u64(std::uint64_t v) { raw(&v, 8); }
   void f64(double v) { u64(std::bit_cast<std::uint64_t>(v)); }
+  void text(const std::string& t) {
+    u32(static_cast<std::uint32_t>(t.size()));
+    raw(t.data(), t.size());
+  }
   void raw(const void* p, std::size_t n) {
     const auto* b = static_cast<const std::byte*>(p);
     bytes_.insert(bytes_.end(), b, b + n);
@@ -82,6 +90,11 @@ class blob_reader {
   std::uint32_t u32() { return get<std::uint32_t>(); }
   std::uint64_t u64() { return get<std::uint64_t>(); }
   double f64() { return std::bit_cast<double>(u64()); }
+  std::string text() {
+    const std::uint32_t n = u32();
+    const auto bytes = take(n);
+    return std::string(reinterpret_cast<const char*>(bytes.data()), n);
+  }
   std::size_t position() const { return at_; }
   std::size_t remaining() const { return bytes_.size() - at_; }
 
@@ -126,6 +139,11 @@ inline std::vector<std::byte> encode_state(const rank_state& s) {
   w.u32(s.world);
   w.u32(s.logical_shards);
   w.u64(s.fingerprint);
+  w.u32(static_cast<std::uint32_t>(s.configuration.size()));
+  for (const auto& [name, value] : s.configuration) {
+    w.text(name);
+    w.text(value);
+  }
   w.u32(static_cast<std::uint32_t>(s.weights.size()));
   for (double x : s.weights) w.f64(x);
   w.u32(static_cast<std::uint32_t>(s.shards.size()));
@@ -162,8 +180,8 @@ inline rank_state decode_state(std::span<const std::byte> blob) {
   if (std::memcmp(blob.data(), state_magic, 8) != 0) blob_reader::bad_state("wrong magic: not a data loader state");
   blob_reader header(blob.subspan(8, 16));
   const std::uint32_t version = header.u32();
-  if (version != state_version)
-    blob_reader::bad_state("version " + std::to_string(version) + " (this build reads version " + std::to_string(state_version) + ")");
+  if (version != 1 && version != state_version)
+    blob_reader::bad_state("version " + std::to_string(version) + " (this build reads versions 1 and " + std::to_string(state_version) + ")");
   (void)header.u32();
   const std::uint64_t payload = header.u64();
   if (payload != blob.size() - detail::state_header_bytes - 8)
@@ -183,6 +201,14 @@ inline rank_state decode_state(std::span<const std::byte> blob) {
   s.logical_shards = r.u32();
   s.fingerprint = r.u64();
   if (s.world == 0 || s.rank >= s.world) blob_reader::bad_state("rank " + std::to_string(s.rank) + " of world " + std::to_string(s.world));
+  if (version >= 2) {
+    const std::uint32_t fields = r.u32();
+    if (fields > r.remaining() / 8) blob_reader::bad_state("implausible configuration field count " + std::to_string(fields));
+    for (std::uint32_t i = 0; i < fields; ++i) {
+      std::string name = r.text();
+      s.configuration.emplace_back(std::move(name), r.text());
+    }
+  }
   const std::uint32_t datasets = r.u32();
   if (datasets == 0 || datasets > r.remaining() / 8) blob_reader::bad_state("implausible dataset count " + std::to_string(datasets));
   for (std::uint32_t i = 0; i < datasets; ++i) s.weights.push_back(r.f64());

@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "shardkit/core/buffer.hpp"
+#include "shardkit/codec/xxh64.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/storage/sink.hpp"
 
 namespace shardkit::data::detail {
 
@@ -21,6 +23,21 @@ using configuration_fields = std::vector<std::pair<std::string, std::string>>;
 
 // all_gather(in, out): every rank's `in` into `out`, in rank order (a process group's all_gather, waited for).
 using gather_fn = std::function<void(const_buffer_view, buffer_view)>;
+
+// The fields a state blob carries: the configuration less the weights (a state carries its own, and set_weights
+// changes them legitimately), each value over 240 characters cut to its first 200 and a digest of the whole (a
+// dataset of thousands of files must not make every rank's blob as long as its file list).
+inline configuration_fields saved_fields(const configuration_fields& fields) {
+  configuration_fields out;
+  for (const auto& [name, value] : fields) {
+    if (name == "weights") continue;
+    out.emplace_back(name, value.size() <= 240 ? value
+                                               : value.substr(0, 200) + "... (" + std::to_string(value.size()) +
+                                                     " characters, xxh64 " +
+                                                     codec::checksum_to_hex(codec::xxh64(storage::as_bytes(value))) + ")");
+  }
+  return out;
+}
 
 inline std::string encode_fields(const configuration_fields& fields) {
   std::string text;
