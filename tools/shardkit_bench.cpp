@@ -22,6 +22,14 @@
 //   gloo-ring  Gloo's own ring all_reduce called directly on the same gloo context (bench/gloo_ring.hpp);
 // and with shardkit::fabric
 //   fabric     the generic algorithms over libfabric (SHARDKIT_FABRIC_PROVIDER, SHARDKIT_FABRIC_DOMAIN).
+// and with shardkit::nccl
+//   nccl       NCCL's collectives (backends::nccl_communicator), one rank per GPU (rank r on LOCAL_RANK's device;
+//              with --threads, thread r on device r mod the device count); buffers in device memory always.
+// --device cuda puts the buffers in CUDA device memory (rank r on device LOCAL_RANK mod the device count, so
+// several ranks may share one GPU); a host transport (shm, tcp, gloo, fabric, --threads' loopback) then carries
+// them through pinned host memory (backends::cuda_staged_communicator), as a GPU job over Ethernet would. Inputs
+// are copied to the device before the warm-up and results back after the timed runs: the times are device to
+// device. Both need shardkit::cuda (the CUDA toolkit); nccl needs NCCL too.
 // Both rendezvous from the same launcher variables; Gloo's device binds the first interface of
 // SHARDKIT_SOCKET_IFNAME (else GLOO_SOCKET_IFNAME; 127.0.0.1 when every rank is local and neither is set).
 // gloo_communicator's per-call count verification is off unless SHARDKIT_GLOO_VERIFY is set: it is shardkit's
@@ -48,6 +56,18 @@
 #if defined(SHARDKIT_HAS_FABRIC)
 #include "shardkit/transport/fabric.hpp"
 #endif
+#if defined(SHARDKIT_HAS_CUDA)
+#include "shardkit/backends/cuda_staged.hpp"
+#include "shardkit/cuda/resources.hpp"
+#include "shardkit/transport/shm.hpp"
+#endif
+#if defined(SHARDKIT_HAS_CUDA) && defined(SHARDKIT_HAS_TCP)
+#include "shardkit/transport/tcp.hpp"
+#endif
+#if defined(SHARDKIT_HAS_NCCL)
+#include "shardkit/backends/nccl.hpp"
+#include "shardkit/rendezvous/memory_store.hpp"
+#endif
 
 namespace {
 namespace sk = shardkit;
@@ -66,11 +86,12 @@ struct args {
   std::string transport = sk::comm::transport_from_env();
   bool json = false;
   bool shared_buffers = false;
+  bool cuda = false;    //!< --device cuda (implied by --transport nccl)
   std::string output;   //!< --output FILE (.csv, or .json/.jsonl/.ndjson)
   std::string plot;     //!< --plot FILE.png
   std::string gnuplot;  //!< gnuplot found on PATH when --plot is given
   // Given on the command line (the defaults apply anywhere; a given option must apply to what runs).
-  bool transport_given = false, root_given = false, rops_given = false;
+  bool transport_given = false, root_given = false, rops_given = false, device_given = false;
 };
 
 //! A bad argument: one line saying what is wrong (the options are --help's).
@@ -104,7 +125,13 @@ struct args {
                " fabric"
 #endif
                "\n"
+#if defined(SHARDKIT_HAS_NCCL)
+               "                             nccl (NCCL, one rank per GPU; implies --device cuda)\n"
+#endif
+               "      --device host|cuda     where the buffers live (default host); cuda over a host transport is\n"
+               "                             staged through pinned memory; rank r uses GPU LOCAL_RANK mod count\n"
                "      --threads N            N ranks as threads of this process, over the loopback transport\n"
+               "                             (or --transport nccl)\n"
                "      --shared-buffers       buffers in host_shared_memory (local peers map them)\n"
                "      --json                 one JSON object per row on stdout instead of the table\n"
                "      --output FILE          also write the rows to FILE: CSV (.csv) or JSON lines (.json .jsonl .ndjson)\n"
@@ -202,7 +229,19 @@ bool algorithm_applies(sk::comm::algorithm algo, sk::bench::collective c) {
 
 //! Options that would be ignored by what runs are refused: a table must not claim what it did not measure.
 void refuse_what_cannot_apply(const args& a) {
-  if (a.threads > 0 && a.transport_given)
+  if (a.transport == "nccl" && a.device_given && !a.cuda)
+    usage("--transport nccl takes buffers in device memory only: --device host cannot apply");
+  if (a.cuda) {
+#if !defined(SHARDKIT_HAS_CUDA)
+    usage("--device cuda needs shardkit-bench built with the CUDA toolkit (shardkit::cuda)");
+#endif
+    if (a.shared_buffers) usage("--shared-buffers are host memory: --device cuda cannot use them");
+    if (a.threads == 0 && (a.transport == "auto" || a.transport == "shm+tcp"))
+      usage("--device cuda stages over one named transport: give --transport shm, tcp, gloo, fabric or nccl (not " +
+            a.transport + ")");
+    if (a.transport == "gloo-ring") usage("--transport gloo-ring calls Gloo directly on host memory: --device cuda cannot apply");
+  }
+  if (a.threads > 0 && a.transport_given && a.transport != "nccl")
     usage("--threads runs the ranks as threads over the loopback transport: --transport " + a.transport +
           " cannot apply (launch processes with shardkit-run for it)");
   if (a.algo != sk::comm::algorithm::automatic) {
@@ -294,6 +333,12 @@ args parse(int argc, char** argv) {
       else usage("unknown algorithm '" + v + "' (auto, ring, rd, hierarchical, one_shot, direct)");
     }
     else if (k == "--threads") a.threads = parse_int(k, next());
+    else if (k == "--device") {
+      const std::string v = next();
+      if (v != "host" && v != "cuda") usage("--device takes host or cuda, not '" + v + "'");
+      a.cuda = v == "cuda";
+      a.device_given = true;
+    }
     else if (k == "--json") a.json = true;
     else if (k == "--shared-buffers") a.shared_buffers = true;
     else if (k == "--output") {
@@ -309,6 +354,12 @@ args parse(int argc, char** argv) {
     } else if (k == "-h" || k == "--help") usage("nccl-tests-style collective benchmark", 0);
     else usage("unknown argument '" + k + "'");
     if (inline_value) usage(k + " takes no value");
+  }
+  if (a.transport == "nccl") {
+#if !defined(SHARDKIT_HAS_NCCL)
+    usage("--transport nccl needs shardkit-bench built with NCCL (shardkit::nccl)");
+#endif
+    if (!a.device_given) a.cuda = true;
   }
   if (a.min_bytes > a.max_bytes) usage("--minbytes is larger than --maxbytes");
   if (a.iters <= 0 || a.warmup < 0) usage("--iters must be positive and --warmup_iters not negative");
@@ -331,8 +382,13 @@ std::vector<std::size_t> sweep_sizes(const args& a) {
   return sizes;
 }
 
+//! The CUDA device of rank `local_rank`: ranks share GPUs round-robin. Without a usable device, an error saying why.
+int cuda_device_of(int local_rank);
+//! Case buffers on CUDA device `dev` (cudaMalloc, cudaMemcpy), or null for host buffers.
+std::shared_ptr<sk::bench::device_buffers> buffers_for(const args& a, int local_rank);
+
 template <sk::bench::bench_target G>
-int run(G& pg, const args& a, const std::string& transport) {
+int run(G& pg, const args& a, const std::string& transport, const sk::bench::device_buffers* dev = nullptr) {
   const bool leader = pg.rank() == 0;
   if (a.root >= pg.size()) {
     if (leader) std::fprintf(stderr, "shardkit-bench: --root %d is not a rank of %d\n", a.root, pg.size());
@@ -341,8 +397,9 @@ int run(G& pg, const args& a, const std::string& transport) {
   sk::tools::result_file out;
   if (leader && !a.output.empty()) out = sk::tools::result_file(a.output);
   if (leader && !a.json) {
-    std::printf("# shardkit-bench: %d ranks, transport %s, %d warmup + %d timed iterations%s\n", pg.size(), transport.c_str(),
-                a.warmup, a.iters, a.check ? "" : ", results not checked");
+    std::printf("# shardkit-bench: %d ranks, transport %s, %d warmup + %d timed iterations%s%s\n", pg.size(), transport.c_str(),
+                a.warmup, a.iters, a.check ? "" : ", results not checked",
+                !dev ? "" : transport.find("nccl") == 0 ? ", buffers on the GPU" : ", buffers on the GPU, staged through pinned host memory");
     sk::bench::print_header(stdout);
   }
   std::vector<sk::tools::bench_row> rows;
@@ -353,7 +410,7 @@ int run(G& pg, const args& a, const std::string& transport) {
       for (std::size_t bytes : sweep_sizes(a)) {
         sk::bench::bench_case c{.op = op, .bytes = bytes, .type = a.type, .rop = rop, .root = a.root,
                                 .shared_buffers = a.shared_buffers, .check = a.check};
-        auto r = sk::bench::run_case(pg, c, a.warmup, a.iters);
+        auto r = sk::bench::run_case(pg, c, a.warmup, a.iters, dev);
         wrong += r.wrong;
         if (!leader) continue;
         sk::tools::bench_row row{r, pg.size(), transport, a.shared_buffers};
@@ -377,10 +434,110 @@ int run(G& pg, const args& a, const std::string& transport) {
   return wrong ? 1 : 0;
 }
 
-int run(sk::comm::process_group& pg, const args& a, const std::string& transport) {
-  sk::bench::process_group_target g(pg, a.algo);
-  return run(g, a, transport);
+int run(sk::comm::process_group& pg, const args& a, const std::string& transport,
+        const sk::bench::device_buffers* dev = nullptr) {
+  sk::bench::process_group_target g(pg, a.algo, dev);
+  return run(g, a, transport, dev);
 }
+
+#if defined(SHARDKIT_HAS_CUDA)
+int cuda_device_of(int local_rank) {
+  std::string why;
+  if (!sk::cuda::device_available(&why)) throw sk::error(sk::errc::backend, "--device cuda: " + why);
+  return local_rank % sk::cuda::device_count();
+}
+
+std::shared_ptr<sk::bench::device_buffers> buffers_for(const args& a, int local_rank) {
+  if (!a.cuda) return nullptr;
+  const int dev = cuda_device_of(local_rank);
+  auto b = std::make_shared<sk::bench::device_buffers>();
+  b->where = sk::device::cuda(dev);
+  b->allocate = [dev](std::size_t bytes) {
+    sk::cuda::device_guard g(dev, {.operation = "shardkit-bench"});
+    void* p = nullptr;
+    SHARDKIT_CUDA_CHECK(cudaMalloc(&p, bytes + 1), sk::error_context{.operation = "shardkit-bench"});
+    return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [dev](std::byte* q) {
+      sk::cuda::device_guard quiet(dev, sk::cuda::device_guard::quiet_t{});
+      (void)cudaFree(q);
+    });
+  };
+  b->copy_in = [dev](std::byte* d, const std::byte* h, std::size_t n) {
+    sk::cuda::device_guard g(dev, {.operation = "shardkit-bench"});
+    SHARDKIT_CUDA_CHECK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice), sk::error_context{.operation = "shardkit-bench"});
+  };
+  b->copy_out = [dev](std::byte* h, const std::byte* d, std::size_t n) {
+    sk::cuda::device_guard g(dev, {.operation = "shardkit-bench"});
+    SHARDKIT_CUDA_CHECK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost), sk::error_context{.operation = "shardkit-bench"});
+  };
+  return b;
+}
+
+//! A host communicator carrying rank `local_rank`'s device buffers through pinned memory.
+template <sk::comm::communicator C>
+sk::comm::process_group staged_group(C host, int local_rank) {
+  return sk::comm::process_group::create(
+      sk::backends::cuda_staged_communicator<C>(std::move(host), {.device = cuda_device_of(local_rank)}));
+}
+
+//! --device cuda over shm or tcp, ranks as processes from the launcher variables: the transport init_process_group
+//! would connect, its communicator wrapped before the group is made.
+int run_staged(const args& a) {
+  const auto info = sk::rendezvous::info_from_env();
+  sk::log::set_process_rank(info.rank);
+  auto store = sk::rendezvous::connect_store(info);
+  sk::rendezvous::any_store scoped(std::make_shared<sk::rendezvous::prefix_store>(store, "shardkit/" + a.transport));
+  auto dev = buffers_for(a, info.local_rank);
+  if (a.transport == "shm") {
+    auto t = sk::transport::shm_transport::connect(scoped, info.rank, info.world_size);
+    auto pg = staged_group(sk::comm::p2p_communicator<sk::transport::shm_transport>(t), info.local_rank);
+    return run(pg, a, "shm, staged", dev.get());
+  }
+#if defined(SHARDKIT_HAS_TCP)
+  if (a.transport == "tcp") {
+    auto t = sk::transport::tcp_transport::connect(scoped, info.rank, info.world_size);
+    auto pg = staged_group(sk::comm::p2p_communicator<sk::transport::tcp_transport>(t), info.local_rank);
+    return run(pg, a, "tcp, staged", dev.get());
+  }
+#endif
+  usage("--device cuda: transport '" + a.transport + "' is not available in this build");
+}
+#else
+int cuda_device_of(int) { throw sk::error(sk::errc::unsupported, "shardkit-bench was built without CUDA"); }
+std::shared_ptr<sk::bench::device_buffers> buffers_for(const args&, int) { return nullptr; }
+#endif
+
+#if defined(SHARDKIT_HAS_NCCL)
+//! NCCL: ranks as processes from the launcher variables (rank r on LOCAL_RANK's GPU), or as threads (--threads).
+int run_nccl(const args& a) {
+  if (a.threads > 0) {
+    auto store = sk::rendezvous::make_store<sk::rendezvous::memory_store>();
+    std::vector<std::thread> ts;
+    std::vector<int> rc(std::size_t(a.threads), 1);
+    for (int r = 0; r < a.threads; ++r)
+      ts.emplace_back([&, r] {
+        try {
+          const int dev = cuda_device_of(r);
+          auto pg = sk::comm::process_group::create(
+              sk::backends::nccl_communicator::create(store, r, a.threads, {.device = dev}));
+          auto bufs = buffers_for(a, r);
+          rc[std::size_t(r)] = run(pg, a, "nccl", bufs.get());
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "shardkit-bench: [rank %d] %s\n", r, e.what());
+        }
+      });
+    for (auto& t : ts) t.join();
+    return *std::max_element(rc.begin(), rc.end());
+  }
+  const auto info = sk::rendezvous::info_from_env();
+  sk::log::set_process_rank(info.rank);
+  auto store = sk::rendezvous::connect_store(info);
+  sk::rendezvous::any_store scoped(std::make_shared<sk::rendezvous::prefix_store>(store, "shardkit/nccl-bench"));
+  auto pg = sk::comm::process_group::create(
+      sk::backends::nccl_communicator::create(scoped, info.rank, info.world_size, {.device = info.local_rank}));
+  auto bufs = buffers_for(a, info.local_rank);
+  return run(pg, a, "nccl", bufs.get());
+}
+#endif
 
 #if defined(SHARDKIT_HAS_FABRIC)
 //! libfabric (SHARDKIT_FABRIC_PROVIDER, SHARDKIT_FABRIC_DOMAIN) under the generic algorithms, from the same
@@ -391,7 +548,15 @@ int run_fabric(const args& a) {
   auto store = sk::rendezvous::connect_store(info);
   sk::rendezvous::any_store scoped(std::make_shared<sk::rendezvous::prefix_store>(store, "shardkit/fabric"));
   auto t = sk::transport::fabric_transport::create(scoped, info.rank, info.world_size);
-  auto pg = sk::comm::process_group::create(sk::comm::p2p_communicator<sk::transport::fabric_transport>(t));
+  auto host = sk::comm::p2p_communicator<sk::transport::fabric_transport>(t);
+#if defined(SHARDKIT_HAS_CUDA)
+  if (a.cuda) {
+    auto dev = buffers_for(a, info.local_rank);
+    auto pg = staged_group(std::move(host), info.local_rank);
+    return run(pg, a, "fabric:" + t->provider() + ", staged", dev.get());
+  }
+#endif
+  auto pg = sk::comm::process_group::create(std::move(host));
   return run(pg, a, "fabric:" + t->provider());
 }
 #endif
@@ -420,6 +585,13 @@ int run_gloo(const args& a) {
     sk::bench::gloo_ring_target g(comm.context());
     return run(g, a, "gloo-ring");
   }
+#if defined(SHARDKIT_HAS_CUDA)
+  if (a.cuda) {
+    auto dev = buffers_for(a, info.local_rank);
+    auto pg = staged_group(std::move(comm), info.local_rank);
+    return run(pg, a, "gloo, staged", dev.get());
+  }
+#endif
   auto pg = sk::comm::process_group::create(std::move(comm));
   return run(pg, a, "gloo");
 }
@@ -428,15 +600,34 @@ int run_gloo(const args& a) {
 
 int main(int argc, char** argv) try {
   const args a = parse(argc, argv);
+#if defined(SHARDKIT_HAS_NCCL)
+  if (a.transport == "nccl") return run_nccl(a);
+#endif
   if (a.threads > 0) {
-    auto groups = sk::comm::make_loopback_world(a.threads);
+    std::vector<sk::comm::process_group> groups;
+    std::vector<std::shared_ptr<sk::bench::device_buffers>> bufs(std::size_t(a.threads));
+#if defined(SHARDKIT_HAS_CUDA)
+    if (a.cuda) {
+      int r = 0;
+      for (auto& t : sk::transport::loopback_transport::create_world(a.threads)) {
+        groups.push_back(staged_group(sk::comm::p2p_communicator<sk::transport::loopback_transport>(t), r));
+        bufs[std::size_t(r)] = buffers_for(a, r);
+        ++r;
+      }
+    }
+#endif
+    if (groups.empty()) groups = sk::comm::make_loopback_world(a.threads);
     std::vector<std::thread> ts;
     std::vector<int> rc(std::size_t(a.threads));
+    const std::string name = a.cuda ? "loopback, staged" : "loopback";
     for (int r = 0; r < a.threads; ++r)
-      ts.emplace_back([&, r] { rc[std::size_t(r)] = run(groups[std::size_t(r)], a, "loopback"); });
+      ts.emplace_back([&, r] { rc[std::size_t(r)] = run(groups[std::size_t(r)], a, name, bufs[std::size_t(r)].get()); });
     for (auto& t : ts) t.join();
     return rc[0];
   }
+#if defined(SHARDKIT_HAS_CUDA)
+  if (a.cuda && (a.transport == "shm" || a.transport == "tcp")) return run_staged(a);
+#endif
 #if defined(SHARDKIT_HAS_GLOO)
   if (a.transport == "gloo" || a.transport == "gloo-ring") return run_gloo(a);
 #endif

@@ -16,6 +16,8 @@
 #include <cstring>
 #include <concepts>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -120,13 +122,27 @@ concept bench_target = requires(G& g, const bench_case& c, const_buffer_view in,
   g.all_reduce_doubles(v, reduce_op::max);
 };
 
+//! Where a case's buffers live when not in host memory (shardkit-bench's --device cuda supplies CUDA's): the
+//! inputs are written on the host and copied in before the warm-up runs, the results copied out after the timed
+//! runs and checked on the host, so the timed runs move device memory only. All three functions are set;
+//! allocate returns at least the bytes asked (also for 0), copies complete before they return.
+struct device_buffers {
+  device where = device::host();
+  std::function<std::shared_ptr<std::byte>(std::size_t bytes)> allocate;
+  std::function<void(std::byte* device_dst, const std::byte* host_src, std::size_t bytes)> copy_in;
+  std::function<void(std::byte* host_dst, const std::byte* device_src, std::size_t bytes)> copy_out;
+};
+
 //! A process group as a bench_target: each run is one collective call and its wait, as a trainer would make it
 //! (argument checks, the group's progress engine, the communicator's algorithm).
 class process_group_target {
  public:
   //! `algo`: the all_reduce algorithm requested (generic communicators honour it; native backends ignore it).
-  explicit process_group_target(comm::process_group& pg, comm::algorithm algo = comm::algorithm::automatic)
-      : pg_(pg), algo_(algo) {}
+  //! `dev`: where the cases' buffers live; a group that takes no host buffers (NCCL) exchanges the results
+  //! through them too.
+  explicit process_group_target(comm::process_group& pg, comm::algorithm algo = comm::algorithm::automatic,
+                                const device_buffers* dev = nullptr)
+      : pg_(pg), algo_(algo), dev_(dev) {}
   int rank() const { return pg_.rank(); }
   int size() const { return pg_.size(); }
   void run(const bench_case& c, const_buffer_view in, buffer_view out) {
@@ -136,20 +152,31 @@ class process_group_target {
       case collective::all_gather: pg_.all_gather(in, out, {.algo = algo_}).wait(); return;
       case collective::reduce_scatter: pg_.reduce_scatter(in, out, c.rop, {.algo = algo_}).wait(); return;
       case collective::broadcast:  // the root sends its input, the others receive into their output
-        pg_.broadcast(root ? buffer_view(const_cast<std::byte*>(in.data()), in.count(), in.type()) : out, c.root).wait();
+        pg_.broadcast(root ? buffer_view(const_cast<std::byte*>(in.data()), in.count(), in.type(), in.dev()) : out, c.root).wait();
         return;
-      case collective::reduce: pg_.reduce(in, root ? out : buffer_view(nullptr, 0, c.type), c.rop, c.root).wait(); return;
+      case collective::reduce:
+        pg_.reduce(in, root ? out : buffer_view(nullptr, 0, c.type, in.dev()), c.rop, c.root).wait();
+        return;
       case collective::all_to_all: pg_.all_to_all(in, out).wait(); return;
     }
   }
   void barrier() { pg_.barrier().wait(); }
   void all_reduce_doubles(std::span<double> v, reduce_op op) {
-    pg_.all_reduce(buffer_view(v.data(), v.size(), dtype::f64), op).wait();
+    if (!dev_ || pg_.supports(device::host())) {
+      pg_.all_reduce(buffer_view(v.data(), v.size(), dtype::f64), op).wait();
+      return;
+    }
+    const std::size_t bytes = v.size_bytes();
+    auto staged = dev_->allocate(bytes);
+    dev_->copy_in(staged.get(), reinterpret_cast<const std::byte*>(v.data()), bytes);
+    pg_.all_reduce(buffer_view(staged.get(), v.size(), dtype::f64, dev_->where), op).wait();
+    dev_->copy_out(reinterpret_cast<std::byte*>(v.data()), staged.get(), bytes);
   }
 
  private:
   comm::process_group& pg_;
   comm::algorithm algo_;
+  const device_buffers* dev_;
 };
 static_assert(bench_target<process_group_target>);
 
@@ -187,7 +214,7 @@ inline double cpu_now() {
 //! each rank's mean over `iters` back-to-back runs after `warmup` runs and a barrier; the slowest rank's mean is
 //! reported. CPU time is per process: with ranks as threads of one process, each rank reports the whole process.
 template <bench_target G>
-bench_result run_case(G& g, const bench_case& c, int warmup, int iters) {
+bench_result run_case(G& g, const bench_case& c, int warmup, int iters, const device_buffers* dev = nullptr) {
   const int n = g.size(), me = g.rank();
   const std::size_t es = size_of(c.type);
   // nccl-tests' convention for "size": whole elements, and for the collectives that cut the buffer into one block
@@ -207,6 +234,14 @@ bench_result run_case(G& g, const bench_case& c, int warmup, int iters) {
     detail::fill(in.data(), values, in_offset, in_count, me);
   const_buffer_view inv(in.data(), in_count, c.type);
   buffer_view outv(out.data(), out_count, c.type);
+  std::shared_ptr<std::byte> dev_in, dev_out;
+  if (dev) {
+    dev_in = dev->allocate(in_count * es);
+    dev_out = dev->allocate(out_count * es);
+    dev->copy_in(dev_in.get(), in.data(), in_count * es);
+    inv = const_buffer_view(dev_in.get(), in_count, c.type, dev->where);
+    outv = buffer_view(dev_out.get(), out_count, c.type, dev->where);
+  }
 
   for (int i = 0; i < warmup; ++i) g.run(c, inv, outv);
   g.barrier();
@@ -216,6 +251,10 @@ bench_result run_case(G& g, const bench_case& c, int warmup, int iters) {
   const auto t1 = std::chrono::steady_clock::now();
   double stats[2] = {std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(iters, 1),
                      detail::cpu_now() - cpu0};
+  if (dev && c.check) {
+    dev->copy_out(in.data(), dev_in.get(), in_count * es);
+    dev->copy_out(out.data(), dev_out.get(), out_count * es);
+  }
 
   // Check, every op and dtype, bitwise: every value is exact in the dtype (detail/check_values.hpp).
   std::size_t wrong = 0;
@@ -270,9 +309,10 @@ bench_result run_case(G& g, const bench_case& c, int warmup, int iters) {
   return r;
 }
 
-inline bench_result run_case(comm::process_group& pg, const bench_case& c, int warmup, int iters) {
-  process_group_target g(pg);
-  return run_case(g, c, warmup, iters);
+inline bench_result run_case(comm::process_group& pg, const bench_case& c, int warmup, int iters,
+                             const device_buffers* dev = nullptr) {
+  process_group_target g(pg, comm::algorithm::automatic, dev);
+  return run_case(g, c, warmup, iters, dev);
 }
 
 inline void print_header(std::FILE* f) {

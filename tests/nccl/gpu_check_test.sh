@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# scripts/gpu-check's own logic, without a GPU:
+# 1. pack and run a bundle of stand-in binaries (one passes, one fails, one skips itself, one is missing, one
+#    outlives the time left): the table says each, the exit status is 1, the logs and summary.md are written;
+# 2. pack --list names the CUDA runtime among the bundled libraries and leaves glibc's and NCCL's out;
+# 3. run --model --quick on this build's model twins (nccl_model_test, ...: one model device): every step that
+#    has a twin passes, the others are marked as not in the dry run, exit status 0.
+#   gpu_check_test.sh SOURCE_DIR BUILD_DIR
+set -euo pipefail
+src=$1
+build=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# 1. Stand-ins: shell scripts in a fake build tree.
+fake="$work/build"
+mkdir -p "$fake/tests/nccl" "$fake/tools"
+echo "CMAKE_BUILD_TYPE:STRING=Release" >"$fake/CMakeCache.txt"
+stand_in() { printf '#!/usr/bin/env bash\n%s\n' "$2" >"$fake/$1"; chmod +x "$fake/$1"; }
+stand_in tests/nccl/nccl_pinned_memory_test 'echo "[doctest] Status: SUCCESS!"'
+stand_in tests/nccl/ckpt_cuda_test 'echo "[cuda] skipped: no usable CUDA device"; exit 0'
+stand_in tests/nccl/nccl_test 'echo "args: $*"; [ -n "${SHARDKIT_TEST_STAGED_RANKS:-}" ] && exit 3; exit 0'
+stand_in tools/shardkit-bench 'sleep 30'
+stand_in tools/shardkit-run 'exit 0'
+# fsdp_nccl_test is missing on purpose.
+bash "$src/scripts/gpu-check" pack --build-dir "$fake" --out "$work/bundle.tar.xz" --no-build >"$work/pack.txt" 2>&1 ||
+  { cat "$work/pack.txt"; fail "pack of stand-ins"; }
+grep -q "fsdp_nccl_test: not built" "$work/pack.txt" || fail "pack did not say what is missing"
+status=0
+GPU_CHECK_BUDGET_S=2 bash "$src/scripts/gpu-check" run --bundle "$work/bundle.tar.xz" --out-dir "$work/out" >"$work/run.txt" 2>&1 || status=$?
+[ "$status" -eq 1 ] || { cat "$work/run.txt"; fail "run exited $status, not 1 (failures)"; }
+row() { grep "^| $1 |" "$work/out/summary.md" || fail "no row for $1"; }
+row pinned_memory | grep -q "| passed |" || fail "pinned_memory: $(row pinned_memory)"
+row ckpt_cuda | grep -q "| skipped: \[cuda\] skipped: no usable CUDA device |" || fail "ckpt_cuda: $(row ckpt_cuda)"
+row nccl_1_rank | grep -q "| passed |" || fail "nccl_1_rank: $(row nccl_1_rank)"
+grep -q -- "-tce=\*cuda-staged\*" "$work/out/nccl_1_rank.log" || fail "nccl_1_rank did not leave out the staged cases"
+row fsdp_nccl | grep -q "| missing (not built) |" || fail "fsdp_nccl: $(row fsdp_nccl)"
+row staged_4_ranks | grep -q "| \*\*failed\*\* (exit 3) |" || fail "staged_4_ranks: $(row staged_4_ranks)"
+row bench_nccl | grep -qE "timed out|not run: the 5 minutes are spent" || fail "bench_nccl: $(row bench_nccl)"
+grep -q "^| step | result | seconds | binary | what it checks |" "$work/run.txt" || fail "no table printed"
+
+# 2. What a real bundle would carry.
+bash "$src/scripts/gpu-check" pack --build-dir "$build" --list >"$work/list.txt" 2>&1 || { cat "$work/list.txt"; fail "pack --list"; }
+grep -q "lib/libcudart" "$work/list.txt" || fail "the CUDA runtime is not bundled"
+! grep -qE "lib/(libc\.so|libnccl|libcuda\.so)" "$work/list.txt" || fail "glibc, NCCL or the driver would be bundled"
+
+# 3. The dry run on the model twins.
+status=0
+bash "$src/scripts/gpu-check" run --build-dir "$build" --model --quick --out-dir "$work/dry" >"$work/dry.txt" 2>&1 || status=$?
+[ "$status" -eq 0 ] || { cat "$work/dry.txt"; fail "the dry run exited $status"; }
+row() { grep "^| $1 |" "$work/dry/summary.md" || fail "no row for $1"; }
+row pinned_memory | grep -q "not in the dry run" || fail "pinned_memory: $(row pinned_memory)"
+for step in ckpt_cuda nccl_1_rank fsdp_nccl staged_4_ranks bench_nccl bench_staged_4; do
+  row "$step" | grep -q "| passed |" || { cat "$work/dry.txt"; fail "$step: $(row "$step")"; }
+done
+echo "gpu-check: stand-in bundle, pack --list and the model dry run behave"
