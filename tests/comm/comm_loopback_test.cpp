@@ -10,6 +10,7 @@
 #include <future>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <numeric>
 #include <optional>
 #include <thread>
@@ -339,13 +340,18 @@ TEST_CASE("[comm] a coroutine that awaits a collective and then blocks does not 
   // Rank 0's coroutine resumes after the first all_reduce and then blocks (as a checkpoint write would) until
   // the *second* all_reduce of the same group has completed. Resumed on the progress thread, it would block the
   // very thread that must run the second one: a deadlock, caught by the wait_for below.
+  std::promise<void> first_done;
   auto writer = [&]() -> task<void> {
     co_await on(pool);
     co_await groups[0].all_reduce(buffer_view(std::span<float>(x0)));
+    first_done.set_value();
     released.wait();
   };
   auto writer_done = spawn(pool, writer());
   groups[1].all_reduce(buffer_view(std::span<float>(x1))).wait();
+  // Rank 0's group passes to this thread once the writer's collective is done there (rank 1's being done does not
+  // say so): issued earlier, this thread's would be a second thread's while the first one's is pending.
+  REQUIRE(first_done.get_future().wait_for(std::chrono::seconds(30)) == std::future_status::ready);
   auto w0 = groups[0].all_reduce(buffer_view(std::span<float>(y0)));
   auto w1 = groups[1].all_reduce(buffer_view(std::span<float>(y1)));
   REQUIRE(w0.wait_for(std::chrono::seconds(30)));
@@ -674,16 +680,21 @@ TEST_CASE("[comm] a collective issued from a second thread while another thread'
   comm::work first = groups[0].all_reduce(buffer_view(std::span<float>(a)));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // most often running by now (either way is checked)
   std::string refused;
+  std::ostringstream thread_a, thread_b;
+  thread_a << std::this_thread::get_id();
   std::thread([&] {  // thread B, same group, same rank
+    thread_b << std::this_thread::get_id();
     try {
-      groups[0].all_reduce(buffer_view(std::span<float>(b))).wait();
+      groups[0].broadcast(buffer_view(std::span<float>(b)), 0).wait();
     } catch (const error& e) {
       CHECK(e.code() == errc::invalid_argument);
       refused = e.what();
     }
   }).join();
-  CHECK(refused.find("issued from a second thread") != std::string::npos);
-  CHECK(refused.find("dup()") != std::string::npos);
+  // Names the group, both operations and both threads, and the fix.
+  CHECK(refused.find("broadcast was issued on group 'world' from thread " + thread_b.str() + " while all_reduce issued from thread " +
+                     thread_a.str() + " was pending") != std::string::npos);
+  CHECK(refused.find("give each thread its own group (dup())") != std::string::npos);
   CHECK(groups[0].broken_by());
   // Rank 1's one call pairs with thread A's, which was issued first: once running it completes; had the progress
   // thread not taken it up yet, the broken group fails it, and rank 1 times out instead. Never a wrong result.

@@ -12,8 +12,9 @@
 //! be issued in the same order on every rank: from one thread at a time (handing the group from thread to thread
 //! is fine once its collectives are done, as a coroutine resuming elsewhere does). Two threads issuing on one group
 //! pair up in whatever order each rank's threads happened to run, and give silently wrong results; give each
-//! thread its own group (dup()) instead. A collective issued while one issued by another thread is still pending
-//! is refused with errc::invalid_argument and breaks the group, so that this rank's later operations fail rather
+//! thread its own group (dup()) instead. Every collective (split and dup included) checks this as it is issued: one
+//! issued while one issued by another thread is still pending is refused with errc::invalid_argument naming the
+//! group, both operations and both threads, and breaks the group, so that this rank's later operations fail rather
 //! than pair up wrongly; peers waiting on the refused collective see the failure as a timeout. The check sees
 //! overlapping use only: two threads that take strict turns by chance are not caught.
 //!
@@ -275,8 +276,10 @@ class process_group {
     group_options opts;
     mutable std::mutex mutex;
     std::exception_ptr broken;
-    // The thread that issued the collectives still pending, and how many are (guarded by `mutex`).
+    // The thread that issued the collectives still pending, the last of them, and how many are (guarded by
+    // `mutex`).
     std::thread::id issuer;
+    const char* issuer_op = "";  // the last collective `issuer` issued
     std::size_t issued_pending = 0;
     detail::progress_engine engine;  // last: destroyed (joined) before the communicator it uses
 
@@ -340,17 +343,19 @@ class process_group {
       std::lock_guard lock(mutex);
       const auto me = std::this_thread::get_id();
       if (issued_pending > 0 && issuer != me) {
-        auto e = std::make_exception_ptr(error(
-            errc::invalid_argument,
-            std::string(name) + " was issued from a second thread while " + std::to_string(issued_pending) +
-                " collective(s) issued by another thread were pending: collectives pair up across ranks by issue "
-                "order, which two threads make differ between ranks; issue a group's collectives from one thread at a "
-                "time, or give each thread its own group (dup()). The group is now broken",
-            context(name)));
+        std::ostringstream what;
+        what << name << " was issued on group '" << opts.name << "' from thread " << me << " while " << issuer_op
+             << " issued from thread " << issuer;
+        if (issued_pending > 1) what << " (and " << issued_pending - 1 << " more it issued)";
+        what << " was pending: collectives pair up across ranks by issue order, which two threads issuing on one "
+                "group make differ between ranks; issue a group's collectives from one thread at a time, or give each "
+                "thread its own group (dup()). The group is now broken";
+        auto e = std::make_exception_ptr(error(errc::invalid_argument, what.str(), context(name)));
         if (!broken) broken = e;
         std::rethrow_exception(e);
       }
       issuer = me;
+      issuer_op = name;
       ++issued_pending;
     }
     void release_issue() {

@@ -26,7 +26,8 @@
 //! Overlap: the model issues gathers on one group and gradient reductions on another (both dup()s of the shard
 //! group), each from a thread of its own, so all-gathers, reduce-scatters and the trainer's compute run at once.
 //! The order of operations on each group is the units' order on every rank, whatever the timing, which is what
-//! collectives need.
+//! collectives need. The scalar all-reduces (norm, mean_over_ranks) run on the reduce thread as well, since a
+//! group's collectives must come from one thread at a time (comm/process_group.hpp).
 //!
 //! Strategies map onto two groups: a shard group of S ranks (gather, reduce-scatter) and a replica group of R
 //! ranks holding the same shard (all-reduce). full_shard and shard_grad_op: S = world; no_shard: S = 1;
@@ -316,6 +317,8 @@ class sharded_model {
   SHARDKIT_DECL double grad_norm();
 
   //! Reduces a scalar (a loss) over the whole job (shard and replica groups): every rank gets the mean.
+  //! Collective; callable inside a pass too (every rank at the same point): it runs on the model's reduce thread
+  //! after the gradient reductions queued before it, so it returns once those are done.
   SHARDKIT_DECL double mean_over_ranks(double v);
 
  private:
@@ -342,8 +345,9 @@ class sharded_model {
   // On the trainer's thread: host bytes all-gathered through `g`, staged through the gather device's memory.
   SHARDKIT_DECL void host_all_gather(comm::process_group& g, const_buffer_view mine, buffer_view all);
 
-  // On the trainer's thread: a host scalar through the group, staged through a device cell where the group's
-  // backend takes only device memory (NCCL).
+  // A host scalar through the reduce or replica group, issued on the reduce thread (which issues every collective
+  // of those groups) while the trainer's thread waits; staged through a device cell where the group's backend
+  // takes only device memory (NCCL).
   SHARDKIT_DECL void all_reduce_scalar(comm::process_group& g, double& v, reduce_op op);
   SHARDKIT_DECL std::size_t params_bytes(const unit_state& u) const;
   SHARDKIT_DECL std::size_t grads_bytes(const unit_state& u) const;
@@ -421,7 +425,7 @@ class sharded_model {
   std::vector<std::unique_ptr<unit_state>> units_;
   flat_arena arena_;
   gather_memory accumulation_;  // on the gather device, allocated by the first backward without sync
-  gather_memory scalar_cell_;   // a device's staging for the scalar all-reduces (trainer thread)
+  gather_memory scalar_cell_;   // a device's staging for the scalar all-reduces (reduce thread)
   comm::process_group gather_group_, reduce_group_, replica_group_;
   any_device_stager gather_stager_, reduce_stager_, control_stager_;
 

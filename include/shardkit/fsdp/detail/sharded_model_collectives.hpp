@@ -76,15 +76,28 @@ SHARDKIT_DECL double sharded_model::mean_over_ranks(double v) {
 }
 
 SHARDKIT_DECL void sharded_model::all_reduce_scalar(comm::process_group& g, double& v, reduce_op op) {
-  if (opts_.device.on_host()) {
-    g.all_reduce(buffer_view(&v, 1, dtype::f64), op).wait();
-    return;
-  }
-  if (scalar_cell_.size() == 0) scalar_cell_ = opts_.device.allocate(64);
-  buffer_view cell = scalar_cell_.view(dtype::f64, 1);
-  control_stager_.upload(const_buffer_view(&v, 1, dtype::f64), cell);
-  g.all_reduce(cell, op).wait();
-  control_stager_.download(cell, buffer_view(&v, 1, dtype::f64));
+  // The reduce thread issues every collective of the reduce and replica groups (a group's collectives come from
+  // one thread at a time): queued behind the reductions the trainer queued before this call, the scalar takes the
+  // same place in the groups' order on every rank, also in the middle of a backward.
+  std::promise<void> done;
+  auto reduced = done.get_future();
+  reduce_thread_.post([&] {
+    try {
+      if (opts_.device.on_host()) {
+        g.all_reduce(buffer_view(&v, 1, dtype::f64), op).wait();
+      } else {
+        if (scalar_cell_.size() == 0) scalar_cell_ = opts_.device.allocate(64);
+        buffer_view cell = scalar_cell_.view(dtype::f64, 1);
+        reduce_stager_.upload(const_buffer_view(&v, 1, dtype::f64), cell);
+        g.all_reduce(cell, op).wait();
+        reduce_stager_.download(cell, buffer_view(&v, 1, dtype::f64));
+      }
+      done.set_value();
+    } catch (...) {
+      done.set_exception(std::current_exception());
+    }
+  });
+  reduced.get();
 }
 
 SHARDKIT_DECL void sharded_model::queue_gathers(std::size_t until) {
@@ -220,6 +233,11 @@ SHARDKIT_DECL void sharded_model::queue_reduce(std::size_t i) {
       emit(model_event::kind::reduce, pass::backward, i, t0);
       done.set_done();
     } catch (...) {
+      // The failed collective no longer uses the gradients (a group's failed work has let go of its buffers): their
+      // budget goes back, or the pass's next gathers would wait for it forever; the trainer learns of the failure
+      // when it waits for the gradients.
+      u.grads_lease.reset();
+      u.grads = {};
       done.set_error(std::current_exception());
     }
   });

@@ -1,0 +1,293 @@
+// fsdp::sharded_model's passes and agreements across ranks: passes left early keep the ranks in step, stale
+// unit_scopes, optimizers refusing a non-finite norm, the construction agreement, scalars reduced mid-pass.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "abandon_cases.hpp"
+#include "shardkit/comm/loopback_world.hpp"
+#include "shardkit/fsdp/optimizer.hpp"
+#include "support/harness.hpp"
+#include "toy_checks.hpp"
+
+namespace sk = shardkit;
+namespace fsdp = shardkit::fsdp;
+namespace toy = shardkit::test::toy;
+using shardkit::dtype;
+
+TEST_CASE("[fsdp] units out of order and passes left early") {
+  auto groups = sk::comm::make_loopback_world(1);
+  fsdp::sharded_model model(groups[0], toy::units(), {});
+  model.init_parameters(toy::init);
+  {
+    auto pass = model.forward();
+    auto it = pass.begin();
+    CHECK(it->index() == 0);
+    CHECK_THROWS_WITH_AS(model.begin_unit(3, fsdp::pass::forward), doctest::Contains("used out of order"),
+                         sk::error);
+  }  // left early: abandoned, everything freed
+  CHECK(model.limiter().stats().in_use_bytes == 0);
+  for (auto& u : model.forward()) {
+    if (u.index() == 2) break;
+  }
+  CHECK(model.limiter().stats().in_use_bytes == 0);
+  { auto never_iterated = model.backward(); }
+  CHECK(model.limiter().stats().in_use_bytes == 0);
+  // A complete step still works afterwards.
+  CHECK(std::isfinite(toy::forward_backward(model, 0, 0, 12, true)));
+  CHECK_THROWS_WITH_AS((void)model.forward().begin()->grads(), doctest::Contains("has gradients only in backward"),
+                       sk::error);
+}
+
+TEST_CASE("[fsdp] passes left early on every rank keep the ranks in step (random delays, 1000 iterations a case)") {
+  namespace ab = shardkit::test::abandon;
+  sk::comm::group_options go;
+  go.timeout = std::chrono::seconds(20);  // a pairing gone wrong fails here instead of hanging
+  for (auto kind : {ab::exit_kind::break_forward, ab::exit_kind::throw_backward, ab::exit_kind::break_and_destroy})
+    for (std::size_t budget : {1, 2, 0})
+      for (int n : {2, 3}) {
+        const ab::case_options c{.kind = kind, .budget_units = budget, .iterations = n == 2 ? 1000 : 100,
+                                 .seed = std::uint32_t(100 * int(kind) + budget)};
+        CAPTURE(int(kind));
+        CAPTURE(budget);
+        CAPTURE(n);
+        auto groups = sk::comm::make_loopback_world(n, go);
+        sk::test::run_threads(n, [&](int r) { ab::run(groups[std::size_t(r)], c); });
+      }
+}
+
+TEST_CASE("[fsdp] ranks that build different models fail at construction, every rank naming the first difference") {
+  struct variant {
+    const char* expect;
+    std::function<void(std::vector<fsdp::unit_spec>&, fsdp::sharding_options&)> change;  // on the last rank
+  };
+  const std::vector<variant> variants{
+      {"rank 0 has unit 1 'layer1' parameter 'layer1.w' shape [7, 9], rank {last} has unit 1 'layer1' parameter "
+       "'layer1.w' shape [7, 8]",
+       [](auto& u, auto&) { u[1].params[0].shape = {7, 8}; }},  // a hidden width of 8 against 9
+      {"rank 0 has strategy full_shard, rank {last} has strategy shard_grad_op",
+       [](auto&, auto& o) { o.strategy = fsdp::sharding_strategy::shard_grad_op; }},
+      {"rank 0 has micro_batches 2, rank {last} has micro_batches 1", [](auto&, auto& o) { o.micro_batches = 1; }},
+      {"rank 0 has precision.reduce f32, rank {last} has precision.reduce bf16",
+       [](auto&, auto& o) { o.precision.reduce = dtype::bf16; }},
+      {"rank 0 has units 7, rank {last} has units 6", [](auto& u, auto&) { u.pop_back(); }},
+      {"rank 0 has limiter_budget_units 2, rank {last} has limiter_budget_units 0",
+       [](auto&, auto& o) { o.limiter_budget_units = 0; }},
+  };
+  for (int n : {2, 3})
+    for (const auto& v : variants) {
+      std::string expect = v.expect;
+      for (auto at = expect.find("{last}"); at != std::string::npos; at = expect.find("{last}"))
+        expect.replace(at, 6, std::to_string(n - 1));
+      CAPTURE(expect);
+      auto groups = sk::comm::make_loopback_world(n);
+      std::vector<std::string> got(std::size_t(n), "(no error)");
+      const auto t0 = std::chrono::steady_clock::now();
+      sk::test::run_threads(n, [&](int r) {
+        auto units = toy::units();
+        fsdp::sharding_options o{.limiter_budget_units = 2, .micro_batches = 2};
+        if (r == n - 1) v.change(units, o);
+        try {
+          fsdp::sharded_model model(groups[std::size_t(r)], units, o);
+        } catch (const sk::error& e) {
+          if (e.code() == sk::errc::mismatch) got[std::size_t(r)] = e.what();
+        }
+      });
+      CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+      for (const auto& m : got) CHECK(m.find(expect) != std::string::npos);
+    }
+}
+
+TEST_CASE("[fsdp] a unit_scope kept past its unit throws; under SHARDKIT_DEBUG=detail what was freed reads NaN") {
+  namespace ab = shardkit::test::abandon;
+  sk::comm::group_options go;
+  go.check_consistency = true;  // what SHARDKIT_DEBUG=detail sets
+  auto groups = sk::comm::make_loopback_world(2, go);
+  sk::test::run_threads(2, [&](int r) {
+    fsdp::sharded_model model(groups[std::size_t(r)], ab::units(), {.limiter_budget_units = 1});
+    model.init_parameters(ab::init);
+    fsdp::unit_scope kept;
+    std::span<const float> stale;
+    for (auto& u : model.forward())
+      if (u.index() == 0) {
+        kept = u;
+        stale = u.param<float>("u0.w");
+        CHECK(stale[1] == ab::value("u0.w", 1));
+      }
+    CHECK_THROWS_WITH_AS((void)kept.param<float>("u0.w"), doctest::Contains("after its forward use ended"), sk::error);
+    CHECK_THROWS_AS((void)kept.params(), sk::error);
+    for (float x : stale) CHECK(std::isnan(x));
+    {
+      auto pass = model.backward();
+      auto it = pass.begin();
+      kept = *it;
+    }  // left early
+    CHECK_THROWS_WITH_AS((void)kept.grads(), doctest::Contains("after its backward use ended"), sk::error);
+    CHECK_THROWS_WITH_AS(fsdp::unit_scope().params(), doctest::Contains("no pass began"), sk::error);
+  });
+}
+
+TEST_CASE("[fsdp] a non-finite gradient norm: the optimizer raises on every rank (default) or skips, the master unchanged") {
+  auto groups = sk::comm::make_loopback_world(2);
+  sk::test::run_threads(2, [&](int r) {
+    fsdp::sharded_model model(groups[std::size_t(r)], toy::units(), {});
+    model.init_parameters(toy::init);
+    fsdp::adamw raising(model);
+    fsdp::sgd skipping(model, {.lr = 0.1, .on_non_finite = fsdp::non_finite_policy::skip});
+    toy::forward_backward(model, 0, r * 6, 6, true);
+    if (r == 0) model.grad_shard(1)[0] = std::numeric_limits<float>::infinity();  // one rank's overflow
+    const auto master = [&] {
+      std::vector<float> all;
+      for (std::size_t i = 0; i < model.num_units(); ++i)
+        all.insert(all.end(), model.master_shard(i).begin(), model.master_shard(i).end());
+      return all;
+    };
+    const auto before = master();
+    CHECK(std::isinf(model.clip_grad_norm(1.0)));  // every rank: the norm is global
+    CHECK_THROWS_WITH_AS(raising.step(), doctest::Contains("global gradient norm is inf"), sk::error);
+    CHECK_FALSE(skipping.step());
+    CHECK(skipping.skipped_steps() == 1);
+    CHECK(skipping.steps() == 0);
+    CHECK(master() == before);
+    // A backward left early leaves NaN: refused the same way, until zero_grad().
+    model.zero_grad();
+    toy::forward_backward(model, 1, r * 6, 6, true);
+    { auto left = model.backward(); }
+    CHECK_THROWS_WITH_AS(raising.step(), doctest::Contains("global gradient norm is NaN"), sk::error);
+    CHECK(master() == before);
+    model.zero_grad();
+    toy::forward_backward(model, 2, r * 6, 6, true);
+    CHECK(raising.step());
+    CHECK(master() != before);
+  });
+}
+
+
+namespace {
+
+// The host gather device, with a hook that the reduce thread calls before it adds a reduced slot into the
+// gradient shard (while that unit's unsharded gradients still hold their budget).
+struct hooked_device {
+  using gather_device_concept = fsdp::gather_device_tag;
+  std::shared_ptr<std::function<void()>> before_add = std::make_shared<std::function<void()>>();
+
+  struct stager : fsdp::host_gather_device::stager {
+    std::shared_ptr<std::function<void()>> before_add;
+    void add_to_host(sk::const_buffer_view dev, std::span<float> host) {
+      if (*before_add) (*before_add)();
+      fsdp::host_gather_device::stager::add_to_host(dev, host);
+    }
+  };
+  sk::device location() const noexcept { return sk::device::host(); }
+  sk::host_shared_memory allocate(std::size_t bytes) const { return sk::host_shared_memory(bytes); }
+  stager make_stager() const { return {{}, before_add}; }
+};
+
+// Polls `done` every millisecond for up to 10 s; throws naming `what` when it never holds.
+template <class F>
+void wait_until(F done, const std::string& what) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > give_up) throw std::runtime_error("timed out waiting until " + what);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("[fsdp] a backward left where one rank has started the next unit's gather and the other has not") {
+  // 2 ranks, 3 equal units, a budget of 2 units: a backward gathers its first two units at once and the third once
+  // the first one's reduction gives its gradients back. Both ranks leave at the second unit; rank 0 only once its
+  // third gather is issued, rank 1 while its third still waits for budget (its first reduction is held back until
+  // leaving withdrew that request). The ranks have issued different numbers of all-gathers, deterministically.
+  namespace ab = shardkit::test::abandon;
+  sk::comm::group_options go;
+  go.timeout = std::chrono::seconds(5);  // a pairing gone wrong fails here instead of hanging
+  auto groups = sk::comm::make_loopback_world(2, go);
+  sk::test::run_threads(2, [&](int r) {
+    hooked_device device;
+    fsdp::sharded_model model(groups[std::size_t(r)], ab::units(), {.limiter_budget_units = 2, .device = device});
+    model.init_parameters(ab::init);
+    std::atomic<bool> leaving{false};
+    if (r == 1)
+      *device.before_add = [&, armed = true]() mutable {
+        if (!std::exchange(armed, false)) return;
+        wait_until([&] { return leaving.load(); }, "rank 1 leaves the backward");
+        wait_until([&] { return model.limiter().waiting() == 0; }, "leaving withdraws the third gather");
+      };
+    const auto gathers_before = model.stats().gathers;
+    try {
+      for (auto& u : model.backward()) {
+        auto g = u.grads().as<float>();
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] += ab::grad_value(u.index(), i);
+        if (u.index() != 1) continue;
+        if (r == 0) {
+          wait_until([&] { return model.stats().gathers == gathers_before + 3; }, "rank 0 issues its third gather");
+        } else {
+          wait_until([&] { return model.limiter().waiting() == 1; }, "rank 1's third gather waits for budget");
+          CHECK(model.stats().gathers == gathers_before + 2);
+          leaving = true;
+        }
+        throw std::domain_error("left");
+      }
+    } catch (const std::domain_error&) {
+    }
+    ab::check_forward(model, 0);  // every gathered value its own: the ranks' all-gathers pair up again
+    for (std::size_t k = 0; k < model.num_units(); ++k)
+      for (float x : model.grad_shard(k)) CHECK(std::isnan(x));
+    model.zero_grad();
+    ab::check_backward(model, 1);
+  });
+}
+
+TEST_CASE("[fsdp] mean_over_ranks inside a backward takes the same place on every rank's reduce group") {
+  // The last rank ends the first unit late, so the others' reductions of it are pending when every rank asks
+  // for the mean at the second unit: issued from the trainer's thread, the scalar would meet those reductions.
+  namespace ab = shardkit::test::abandon;
+  sk::comm::group_options go;
+  go.timeout = std::chrono::seconds(5);
+  for (int n : {2, 3}) {
+    CAPTURE(n);
+    auto groups = sk::comm::make_loopback_world(n, go);
+    sk::test::run_threads(n, [&](int r) {
+      fsdp::sharded_model model(groups[std::size_t(r)], ab::units(), {});
+      model.init_parameters(ab::init);
+      for (int it = 0; it < 3; ++it) {
+        for (auto& u : model.backward()) {
+          auto g = u.grads().as<float>();
+          for (std::size_t i = 0; i < g.size(); ++i) g[i] += ab::grad_value(u.index(), i);
+          if (u.index() == 2 && r == n - 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          if (u.index() == 1) CHECK(model.mean_over_ranks(double(r)) == double(n - 1) / 2);
+        }
+        for (std::size_t k = 0; k < model.num_units(); ++k) {
+          const auto shard = model.grad_shard(k);
+          const std::size_t begin = model.layout(k).shard_begin(model.shard_rank());
+          for (std::size_t i = 0; i < shard.size(); ++i) CHECK(shard[i] == ab::grad_value(k, begin + i));
+        }
+        model.zero_grad();
+      }
+    });
+  }
+}
+
+TEST_CASE("[fsdp] a gradient reduction that fails gives its budget back: the backward ends with its error, no hang") {
+  // The default budget holds two backward units: the third unit's gather needs the first one's gradients back.
+  auto groups = sk::comm::make_loopback_world(2);
+  sk::test::run_threads(2, [&](int r) {
+    fsdp::sharded_model model(groups[std::size_t(r)], shardkit::test::abandon::units(), {});
+    model.shard_group().abort("a test breaks the reduce group");
+    CHECK_THROWS_WITH_AS(
+        [&] {
+          for (auto& u : model.backward()) (void)u;
+        }(),
+        doctest::Contains("gradient reduction: shardkit [group fsdp.reduce]"), sk::error);
+    CHECK(model.limiter().stats().in_use_bytes == 0);
+  });
+}
