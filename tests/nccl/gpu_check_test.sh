@@ -23,7 +23,10 @@ stand_in tests/nccl/ckpt_cuda_test 'echo "[cuda] skipped: no usable CUDA device"
 stand_in tests/nccl/nccl_test 'echo "args: $*"; [ -n "${SHARDKIT_TEST_STAGED_RANKS:-}" ] && exit 3; exit 0'
 stand_in tools/shardkit-bench 'sleep 30'
 stand_in tools/shardkit-run 'exit 0'
-# fsdp_nccl_test is missing on purpose.
+# fsdp_nccl_test is missing on purpose; an installed copy elsewhere in the tree (the package test's) is not the one.
+mkdir -p "$fake/tests/package/find/prefix/bin"
+stand_in tests/package/find/prefix/bin/shardkit-bench 'exit 0'
+stand_in tests/package/find/prefix/bin/fsdp_nccl_test 'exit 0'
 bash "$src/scripts/gpu-check" pack --build-dir "$fake" --out "$work/bundle.tar.xz" --no-build >"$work/pack.txt" 2>&1 ||
   { cat "$work/pack.txt"; fail "pack of stand-ins"; }
 grep -q "fsdp_nccl_test: not built" "$work/pack.txt" || fail "pack did not say what is missing"
@@ -37,7 +40,7 @@ row nccl_1_rank | grep -q "| passed |" || fail "nccl_1_rank: $(row nccl_1_rank)"
 grep -q -- "-tce=\*cuda-staged\*" "$work/out/nccl_1_rank.log" || fail "nccl_1_rank did not leave out the staged cases"
 row fsdp_nccl | grep -q "| missing (not built) |" || fail "fsdp_nccl: $(row fsdp_nccl)"
 row staged_4_ranks | grep -q "| \*\*failed\*\* (exit 3) |" || fail "staged_4_ranks: $(row staged_4_ranks)"
-row bench_nccl | grep -qE "timed out|not run: the 5 minutes are spent" || fail "bench_nccl: $(row bench_nccl)"
+row bench_nccl | grep -qE "timed out|not run: the 5 minutes are spent" || fail "bench_nccl (tools/'s, not the installed copy): $(row bench_nccl)"
 grep -q "^| step | result | seconds | binary | what it checks |" "$work/run.txt" || fail "no table printed"
 
 # 2. What a real bundle would carry.

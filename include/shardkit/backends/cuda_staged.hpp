@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <exception>
 #include <memory>
@@ -78,7 +79,8 @@ class staging_lane {
       : device_(device), stream_(device, ctx), caller_(device, ctx), slot_ready_{cuda::cuda_event(device, ctx), cuda::cuda_event(device, ctx)} {}
 
   cudaStream_t stream() const noexcept { return stream_.get(); }
-  std::size_t held() const noexcept { return region_.size(); }
+  //! The region's size, readable from any thread while an operation grows it (scratch_bytes()).
+  std::size_t held() const noexcept { return held_.load(std::memory_order_relaxed); }
 
   //! At least `bytes` of the region (grown to the next power of two; the old region goes first: pinned memory is
   //! scarce). Only between operations: nothing queued may still use the old region.
@@ -87,7 +89,9 @@ class staging_lane {
       std::size_t n = 4096;
       while (n < bytes) n *= 2;
       region_ = cuda::pinned_host_memory();
+      held_.store(0, std::memory_order_relaxed);
       region_ = cuda::pinned_host_memory(n);
+      held_.store(n, std::memory_order_relaxed);
     }
     return region_.data();
   }
@@ -124,6 +128,7 @@ class staging_lane {
   cuda::cuda_event caller_;
   std::array<cuda::cuda_event, 2> slot_ready_;
   cuda::pinned_host_memory region_;
+  std::atomic<std::size_t> held_{0};
 };
 
 //! Lanes for send and recv, which come from several threads at once: each call takes one and gives it back.
