@@ -474,6 +474,7 @@ int main(int argc, char** argv) try {
                 std::string(sk::to_string(f.sharding.precision.param)).c_str(),
                 std::string(sk::to_string(f.sharding.precision.reduce)).c_str(), units.size(),
                 model.limiter().budget(), f.batch, T);
+  if (rank == 0) std::printf("# blas: %s\n", trainer::blas_description().c_str());
 
   for (int step = start; step < f.steps; ++step) {
     if (step == f.die_at_step && (f.die_rank < 0 || f.die_rank == rank)) std::raise(SIGKILL);

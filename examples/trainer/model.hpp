@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <span>
 #include <stdexcept>
@@ -245,6 +246,16 @@ inline float gelu_grad(float x) {
 }
 
 inline void set_blas_threads(int n) { openblas_set_num_threads(n); }
+
+//! The BLAS the math runs on, as the trainer prints it: OpenBLAS's kernel set (what it detected, or what
+//! OPENBLAS_CORETYPE forced) and its threads. A VM that reports a generic CPU gets the slow Prescott kernels unless
+//! OPENBLAS_CORETYPE says otherwise (Haswell, SkylakeX), which is why the line names both.
+inline std::string blas_description() {
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  return std::string("OpenBLAS, ") + openblas_get_corename() + " kernels (" +
+         (forced && *forced ? "OPENBLAS_CORETYPE=" + std::string(forced) : std::string("detected")) + "), " +
+         std::to_string(openblas_get_num_threads()) + " thread(s)";
+}
 
 // ---- embed ----------------------------------------------------------------------------------------------------
 

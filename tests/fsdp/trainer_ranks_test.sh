@@ -8,7 +8,11 @@ run=$1 trainer=$2 n=$3
 shift 3
 flags=(--steps 6 --batch 12 --context 16 --width 32 --blocks 6)
 export OPENBLAS_NUM_THREADS=1
-one=$("$run" -n 1 -- "$trainer" "${flags[@]}" | grep -o 'step [0-9]* loss [^ ]*')
+full=$("$run" -n 1 -- "$trainer" "${flags[@]}")
+one=$(grep -o 'step [0-9]* loss [^ ]*' <<<"$full")
+# The trainer says which BLAS kernels it runs (a VM's generic CPU gets OpenBLAS's slow ones).
+grep -qE '^\[rank 0\] # blas: OpenBLAS, [A-Za-z0-9]+ kernels \((detected|OPENBLAS_CORETYPE=.*)\), 1 thread\(s\)$' <<<"$full" ||
+  { echo "no '# blas:' line naming OpenBLAS's kernels:"; grep -n blas <<<"$full"; exit 1; }
 trace=$(mktemp -d)
 trap 'rm -rf "$trace"' EXIT
 many=$("$run" -n "$n" -- "$trainer" "${flags[@]}" --trace "$trace/t" "$@" | grep -o 'step [0-9]* loss [^ ]*')
