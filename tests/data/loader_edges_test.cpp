@@ -184,7 +184,7 @@ TEST_CASE("[data] delimiters are no data: a logical shard that would own only de
   }
 }
 
-TEST_CASE("[data] a token file under two keys (a symlinked copy) is refused; a sidecar without its token file names both") {
+TEST_CASE("[data] a token file under two keys (a symlinked or hard-linked copy) is refused; a sidecar without its token file names both") {
   const auto dir = std::filesystem::temp_directory_path() / ("shardkit-data-links-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   auto sink = storage::make_sink<storage::posix_sink>(dir, storage::posix_sink_options{.fsync = false});
@@ -194,10 +194,19 @@ TEST_CASE("[data] a token file under two keys (a symlinked copy) is refused; a s
     std::filesystem::create_symlink(dir / ("corpus/a.tokens" + std::string(ext)), dir / ("corpus/copy.tokens" + std::string(ext)));
   const std::string canonical = std::filesystem::canonical(dir / "corpus/a.tokens").string();
   auto m = message_of([&] { data::loader l(sink, options_of({{.name = "c", .files = {"corpus/a.tokens", "corpus/copy.tokens"}}})); });
-  CHECK(m.find("lists token files 'corpus/a.tokens' and 'corpus/copy.tokens', which are one file ('" + canonical + "'") !=
+  CHECK(m.find("lists token files 'corpus/a.tokens' and 'corpus/copy.tokens', which are one file (" + canonical + ": one is a symbolic or hard link") !=
         std::string::npos);
   m = message_of([&] { data::loader l(sink, options_of({{.name = "c", .prefix = "corpus/"}})); });
   CHECK(m.find("which are one file") != std::string::npos);
+  // A hard link is one file under two names as well (one inode): the same refusal, naming the shared inode.
+  for (const char* ext : {"", ".json", ".offsets"}) {
+    std::filesystem::remove(dir / ("corpus/copy.tokens" + std::string(ext)));
+    std::filesystem::create_hard_link(dir / ("corpus/a.tokens" + std::string(ext)), dir / ("corpus/copy.tokens" + std::string(ext)));
+  }
+  m = message_of([&] { data::loader l(sink, options_of({{.name = "c", .prefix = "corpus/"}})); });
+  CHECK(m.find("lists token files 'corpus/a.tokens' and 'corpus/copy.tokens', which are one file (inode ") != std::string::npos);
+  CHECK(sink.identity("corpus/a.tokens") == sink.identity("corpus/copy.tokens"));
+  CHECK(sink.identity("corpus/a.tokens") != sink.identity("corpus/a.tokens.json"));
 
   // The token file gone, its sidecar and offsets left: the message names them and the missing file, under a prefix
   // (which a directory of sidecars alone used to call "no token files") and as a listed file. A JSON file that is

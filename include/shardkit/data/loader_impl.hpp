@@ -33,7 +33,7 @@ SHARDKIT_DECL loader::loader(storage::any_sink sink, loader_options options, int
                       ? "dataset '" + spec.name + "' lists token file '" + key +
                             "' twice (in files, or in files and under its prefix '" + spec.prefix + "'): list each file once"
                       : "dataset '" + spec.name + "' lists token files '" + it->second + "' and '" + key +
-                            "', which are one file ('" + it->first + "', a link or a copy by link): list each file once",
+                            "', which are one file (" + it->first + ": one is a symbolic or hard link of the other): list each file once",
                   {.operation = "data.open", .object = key});
     }
     for (const auto& k : keys) layout.files.push_back(token_file::open(sink_, k, spec.defaults, options_.vocab));

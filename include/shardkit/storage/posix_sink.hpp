@@ -34,6 +34,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -437,10 +438,15 @@ class posix_sink {
 
   bool exists(const std::string& key) { return size(key).has_value(); }
 
-  //! The object identity of the sink concept (sink_names_objects): the file's canonical path (symlinks resolved),
-  //! or its path when it cannot be resolved (a missing file).
+  //! The object identity of the sink concept (sink_names_objects): the file's canonical path (symlinks resolved);
+  //! for a file of several hard links, which no path names alone, its inode and device; its path when it cannot be
+  //! resolved (a missing file).
   std::string identity(const std::string& key) {
     check_key(key, "sink.identity");
+    struct ::stat st {};
+    if (::stat(path_of(key).c_str(), &st) == 0 && st.st_nlink > 1)
+      return "inode " + std::to_string(st.st_ino) + " on device " + std::to_string(major(st.st_dev)) + ":" +
+             std::to_string(minor(st.st_dev));
     std::error_code ec;
     auto canonical = std::filesystem::canonical(path_of(key), ec);
     return ec ? path_of(key) : canonical.string();

@@ -68,7 +68,7 @@
 //!
 //! **Optional capability: object identity.** `s.identity(key)` -> std::string names the stored object behind an
 //! existing key such that two keys of one object give the same name (posix_sink: the file's canonical path, so a
-//! symlink and its target agree); concept sink_names_objects, free function storage::identity_of (the key itself for
+//! symlink and its target agree, or for a file of several hard links its inode and device); concept sink_names_objects, free function storage::identity_of (the key itself for
 //! a sink without it); any_sink forwards it. The data loader refuses a token file listed under two keys this way.
 //!
 //! - A writer is finished after commit() or abort(); a write or commit on a finished writer throws errc::closed.
