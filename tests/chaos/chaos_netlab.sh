@@ -77,7 +77,8 @@ for ((t = 0; t < trials; t++)); do
     ip -n "$NETLAB_PREFIX-h$host" link set eth0 down
   ) &
   downer=$!
-  run_ranks "$binary" chaos_kill_in_collective 60 "0 1 2" "${common[@]}" CHAOS_VICTIM=-1 CHAOS_DIR="$dir"
+  # The deadline of the collective itself, without the fault reports' grace (SHARDKIT_FAULT_GRACE_MS) after it.
+  run_ranks "$binary" chaos_kill_in_collective 60 "0 1 2" "${common[@]}" CHAOS_VICTIM=-1 CHAOS_DIR="$dir" SHARDKIT_FAULT_GRACE_MS=0
   wait "$downer"
   ip -n "$NETLAB_PREFIX-h$host" link set eth0 up
   ok=1

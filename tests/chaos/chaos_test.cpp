@@ -26,6 +26,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using namespace shardkit;
@@ -164,6 +165,65 @@ SHARDKIT_SCENARIO(chaos_kill_in_collective) {
                   std::getenv("CHAOS_DIR"));
 }
 
+// A rank stopped with SIGSTOP before a collective: alive, so no transport sees it go. Every other rank times out
+// and must name it as having stopped answering (comm/detail/fault_reports.hpp), within its timeout + 1.5 s; the
+// lowest other rank then resumes it (SIGCONT) once all of them failed, and its own next collective must fail naming
+// itself. Rank 0 stopped takes the store (rank 0's) with it: the others must still fail in time, naming rank 0.
+// CHAOS_VICTIM, CHAOS_DIR (the ranks' notes to each other: the store may be the stopped one).
+SHARDKIT_SCENARIO(chaos_stop_before_collective) {
+  auto world = comm::init_process_group(env_or("CHAOS_TRANSPORT", "shm"));
+  auto& pg = world.group;
+  const int rank = pg.rank(), n = pg.size(), victim = std::atoi(std::getenv("CHAOS_VICTIM"));
+  const int resumer = victim == 0 ? 1 : 0;
+  const std::filesystem::path dir = std::getenv("CHAOS_DIR");
+  world.store.set("chaos/pid/" + std::to_string(rank), std::to_string(::getpid()));
+  const int victim_pid = std::stoi(world.store.get("chaos/pid/" + std::to_string(victim), std::chrono::seconds(30)));
+  std::vector<float> data(64, 1.0f);
+  for (int i = 0; i < 2; ++i) pg.all_reduce(buffer_view(std::span<float>(data))).wait();
+  if (rank == victim) ::raise(SIGSTOP);
+  const auto timeout = pg.options().timeout;
+  const auto called = std::chrono::steady_clock::now();
+  std::string what;
+  try {  // resumed, the victim gives its collective 300 ms: the others gave up on it long ago
+    pg.all_reduce(buffer_view(std::span<float>(data)), reduce_op::sum,
+                  {.timeout = std::chrono::milliseconds(rank == victim ? 300 : 0)}).wait();
+  } catch (const error& e) {
+    what = e.what();
+  }
+  const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - called).count();
+  std::printf("CHAOS rank %d failed %.1f ms after the call (timeout %lld ms): %s\n", rank, ms,
+              static_cast<long long>(timeout.count()), what.c_str());
+  std::fflush(stdout);
+  const auto note = [&](const std::string& name) { std::ofstream(dir / name) << "1\n"; };
+  const auto await_notes = [&](const std::vector<std::string>& names) {
+    for (int i = 0; i < 1000; ++i) {
+      if (std::all_of(names.begin(), names.end(), [&](const auto& f) { return std::filesystem::exists(dir / f); })) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    SCENARIO_CHECK(!"the other ranks' notes never came");
+  };
+  if (rank == victim) {
+    note("victim_done");
+    // Resumed, the victim may still complete: the messages its peers sent before they gave up can be all it needs.
+    // If it fails, its error names itself (with its store alive to read the others' accounts from).
+    if (victim != 0 && !what.empty())
+      SCENARIO_CHECK(what.find("this rank (" + std::to_string(victim) + ") stopped answering") != std::string::npos);
+    return;
+  }
+  note("failed." + std::to_string(rank));  // first: the resumer waits for every other rank's
+  SCENARIO_CHECK(ms <= double(timeout.count()) + 1500);
+  // With rank 0 stopped, nobody can read the accounts: each rank names its own peer, and the store's host.
+  SCENARIO_CHECK(what.find(victim == 0 ? "rank 0 hosts the store" : "rank " + std::to_string(victim) + " stopped answering") !=
+                 std::string::npos);
+  if (rank != resumer) return;
+  std::vector<std::string> survivors;
+  for (int r = 0; r < n; ++r)
+    if (r != victim) survivors.push_back("failed." + std::to_string(r));
+  await_notes(survivors);
+  ::kill(victim_pid, SIGCONT);
+  if (rank == 0) await_notes({"victim_done"});  // the store stays up until the victim read the others' accounts
+}
+
 namespace {
 int trials_from_env(int fallback) {
   const char* v = std::getenv("CHAOS_TRIALS");
@@ -236,4 +296,20 @@ TEST_CASE("[chaos] the store's host (rank 0) killed: every other rank fails with
 
 TEST_CASE("[chaos] the store's host (rank 0) killed, ranks over shm: every other rank fails naming the store or rank 0") {
   run_kill_trials("chaos_kill_store_host", "shm", 3, trials_from_env(1), 4);
+}
+
+TEST_CASE("[chaos] a rank stopped with SIGSTOP: every other rank names it, and so does the rank itself once resumed") {
+  // 4 ranks with rank 2 stopped (the store alive), 3 ranks with rank 0 stopped (the store with it).
+  for (auto [n, victim] : {std::pair{4, 2}, std::pair{3, 0}}) {
+    CAPTURE(n);
+    CAPTURE(victim);
+    const auto dir = std::filesystem::temp_directory_path() / ("shardkit-stop-" + std::to_string(::getpid()) + "-" + std::to_string(n));
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    test::require_all_succeeded(test::run_processes(n, "chaos_stop_before_collective",
+                                                    {{"CHAOS_VICTIM", std::to_string(victim)}, {"CHAOS_DIR", dir.string()},
+                                                     {"SHARDKIT_TIMEOUT_MS", "1000"}, {"SHARDKIT_FAULT_GRACE_MS", "300"}},
+                                                    std::chrono::seconds(60)));
+    std::filesystem::remove_all(dir);
+  }
 }

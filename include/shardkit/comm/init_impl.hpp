@@ -47,6 +47,8 @@ SHARDKIT_DECL world init_process_group(std::string transport, group_options opts
     throw_error(errc::config, "SHARDKIT_TRANSPORT='" + transport + "' is not available in this program (known: auto, " + known +
                                   "; tcp and shm+tcp need the shardkit::tcp target and its header)",
                 {.rank = w.info.rank, .operation = "init_process_group"});
+  // Every rank's error after a failed collective names the rank at fault: the job's store carries their accounts.
+  if (!opts.fault_reports) opts.fault_reports = rendezvous::any_store(std::make_shared<rendezvous::prefix_store>(w.store, "shardkit/faults"));
   w.group = make(transport_setup{w.info, scoped, w.hosts, my_host, local_ranks}, opts);
   return w;
 }

@@ -39,16 +39,19 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/comm/detail/any_communicator.hpp"
 #include "shardkit/comm/detail/consistency.hpp"
+#include "shardkit/comm/detail/fault_reports.hpp"
 #include "shardkit/comm/detail/progress_engine.hpp"
 #include "shardkit/comm/work.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/core/settings.hpp"
 #include "shardkit/core/timer.hpp"
+#include "shardkit/rendezvous/store.hpp"
 
 namespace shardkit::comm {
 
@@ -58,11 +61,19 @@ struct group_options {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
   //! Exchange and compare op fingerprints before each collective (SHARDKIT_DEBUG=detail).
   bool check_consistency = false;
+  //! Where the ranks post their accounts of a failed collective and read each other's, so that every rank's error
+  //! names the rank at fault (detail/fault_reports.hpp); init_process_group gives the job's store. Empty: none.
+  //! Groups made by split() and dup() post under their parent's store.
+  rendezvous::any_store fault_reports;
+  //! How long a rank whose collective timed out waits for the accounts of the ranks it waited on; the error comes
+  //! that much after the timeout when a rank stopped answering (SHARDKIT_FAULT_GRACE_MS; 0: no accounts).
+  std::chrono::milliseconds fault_report_grace{500};
 
   static group_options from_env() {
     group_options o;
     if (auto v = settings::get<std::chrono::milliseconds>("SHARDKIT_TIMEOUT_MS")) o.timeout = *v;
     if (auto v = settings::get<settings::choice>("SHARDKIT_DEBUG")) o.check_consistency = *v == "detail";
+    if (auto v = settings::get<std::chrono::milliseconds>("SHARDKIT_FAULT_GRACE_MS")) o.fault_report_grace = *v;
     // Read once into statics by noexcept code (log level, completion's spin), which can only report a bad value
     // and fall back: read them strictly here, so that creating a group throws the error instead.
     (void)settings::get<settings::choice>("SHARDKIT_LOG");
@@ -231,6 +242,8 @@ class process_group {
   process_group split(int color, int key, group_options opts) {
     detail::check_may_block("process_group::split");  // before anything is queued: the caller cannot wait for it
     auto& s = self();
+    const std::string child_path = s.fault_path + "." + std::to_string(s.splits.fetch_add(1)) + "c" + std::to_string(color);
+    if (!opts.fault_reports) opts.fault_reports = s.opts.fault_reports;
     auto promise = std::make_shared<std::promise<std::unique_ptr<detail::communicator_interface>>>();
     auto fut = promise->get_future();
     work w = s.submit("split", {kind::split, dtype::u8, 0, -1, reduce_op::sum}, {}, 0,
@@ -238,7 +251,7 @@ class process_group {
     w.wait();
     auto child = fut.get();
     if (!child) return {};
-    return process_group(std::move(child), std::move(opts));
+    return process_group(std::move(child), std::move(opts), child_path);
   }
   process_group split(int color, int key) {
     group_options o = self().opts;
@@ -268,8 +281,10 @@ class process_group {
   using kind = detail::collective_kind;
   using fingerprint = detail::op_fingerprint;
 
-  process_group(std::unique_ptr<detail::communicator_interface> comm, group_options opts)
-      : impl_(std::make_shared<impl>(std::move(comm), std::move(opts))) {}
+  // `fault_path` tells this group's fault reports from the other groups' of the job: "g" for a group made by
+  // create(), then one step per split (the parent's split count, which every rank has alike, and the color).
+  process_group(std::unique_ptr<detail::communicator_interface> comm, group_options opts, std::string fault_path = "g")
+      : impl_(std::make_shared<impl>(std::move(comm), std::move(opts), std::move(fault_path))) {}
 
   struct impl {
     std::unique_ptr<detail::communicator_interface> comm;
@@ -281,15 +296,51 @@ class process_group {
     std::thread::id issuer;
     const char* issuer_op = "";  // the last collective `issuer` issued
     std::size_t issued_pending = 0;
+    // The number of the next collective in issue order (what fault reports call it), and whether this rank's
+    // account of a refusal is posted: it is taken back when the next collective is issued (guarded by `mutex`).
+    std::int64_t next_seq = 0;
+    mutable bool refusal_posted = false;
+    std::string fault_path;
+    std::atomic<std::size_t> splits{0};
+    std::optional<detail::fault_board> board;  // set when opts.fault_reports is and the grace is not 0
     detail::progress_engine engine;  // last: destroyed (joined) before the communicator it uses
 
-    impl(std::unique_ptr<detail::communicator_interface> c, group_options o) : comm(std::move(c)), opts(std::move(o)) {}
+    impl(std::unique_ptr<detail::communicator_interface> c, group_options o, std::string path)
+        : comm(std::move(c)), opts(std::move(o)), fault_path(std::move(path)) {
+      if (opts.fault_reports && opts.fault_report_grace.count() > 0)
+        board.emplace(opts.fault_reports, fault_path, comm->rank(), comm->size(), opts.fault_report_grace);
+    }
 
     error_context context(std::string op) const {
       return {.rank = comm->rank(), .operation = std::move(op), .group = opts.name};
     }
     [[noreturn]] void fail_arg(const std::string& op, const std::string& what) const {
+      if (board) {  // peers that wait for this rank in the collective it refused name it and why
+        std::int64_t seq;
+        {
+          std::lock_guard lock(mutex);
+          seq = next_seq;
+          refusal_posted = true;
+        }
+        board->post({.seq = seq, .op = op, .code = int(errc::invalid_argument), .refused = true, .message = what});
+      }
       throw error(errc::invalid_argument, what, context(op));
+    }
+    //! `e`, this rank's failure of collective `seq`, after the group's fault reports (detail/fault_reports.hpp):
+    //! a timeout or a lost peer is rewritten to name the rank at fault where the others' accounts show one; a
+    //! failure of this rank's own is posted, so that its peers name it.
+    error account_for(const error& e, std::int64_t seq, const char* name) const {
+      if (!board || e.code() == errc::aborted || e.code() == errc::closed) return e;
+      detail::fault_report mine{.seq = seq, .op = name, .code = e.code().value(), .peer = e.context().peer.value_or(-1),
+                                .message = e.detail()};
+      if (e.code() == errc::timeout) return board->explain(e, std::move(mine), true);
+      if (e.code() == errc::peer_lost) return board->explain(e, std::move(mine), false);
+      if (e.code() == errc::invalid_argument || e.code() == errc::unsupported) {  // the group goes on: taken back later
+        std::lock_guard lock(mutex);
+        refusal_posted = true;
+      }
+      board->post(mine);
+      return e;
     }
     void check_device(const std::string& op, const_buffer_view b) const {
       if (!comm->supports(b.dev())) fail_arg(op, "this group's backend does not accept buffers on " + to_string(b.dev()));
@@ -339,8 +390,9 @@ class process_group {
 
     //! Counts a collective issued by this thread, or refuses it (and breaks the group) while collectives that
     //! another thread issued are pending.
-    void claim_issue(const char* name) {
-      std::lock_guard lock(mutex);
+    //! Returns the collective's number in issue order.
+    std::int64_t claim_issue(const char* name) {
+      std::unique_lock lock(mutex);
       const auto me = std::this_thread::get_id();
       if (issued_pending > 0 && issuer != me) {
         std::ostringstream what;
@@ -357,6 +409,11 @@ class process_group {
       issuer = me;
       issuer_op = name;
       ++issued_pending;
+      const std::int64_t seq = next_seq++;
+      const bool withdraw = std::exchange(refusal_posted, false);
+      lock.unlock();
+      if (withdraw) board->withdraw();  // only after a refusal: a store round trip
+      return seq;
     }
     void release_issue() {
       std::lock_guard lock(mutex);
@@ -366,7 +423,7 @@ class process_group {
     template <class F>
     work submit(const char* name, fingerprint fp, op_options o, std::size_t bytes, F&& run) {
       if (auto b = broken_work()) return *b;
-      claim_issue(name);
+      const std::int64_t seq = claim_issue(name);
       completion_source done;
       const auto timeout = o.timeout.count() > 0 ? o.timeout : opts.timeout;
       const collective_options co{deadline_after(timeout), o.algo};
@@ -374,7 +431,7 @@ class process_group {
       // owner (the engine then runs what is queued behind it and lets the group go: progress_engine.hpp).
       // The issue count drops before `done` ends: a continuation that `done` runs may issue the next collective
       // from this (the progress) thread, and the one it follows is no longer pending then.
-      engine.post([this, done, co, fp, name, run = std::forward<F>(run)]() mutable {
+      engine.post([this, done, co, fp, name, seq, run = std::forward<F>(run)]() mutable {
         try {
           if (auto b = broken_work()) {
             release_issue();
@@ -386,13 +443,24 @@ class process_group {
           release_issue();
           done.set_done();
         } catch (const error& e) {
-          auto ex = std::make_exception_ptr(e.with_context(context(name)));
+          const error full = account_for(e.with_context(context(name)), seq, name);
+          auto ex = std::make_exception_ptr(full);
           if (e.code() != errc::invalid_argument && e.code() != errc::unsupported) mark_broken(ex);
-          log::write(log::level::error, comm->rank(), e.with_context(context(name)).what());
+          log::write(log::level::error, comm->rank(), full.what());
           release_issue();
           done.set_error(ex);
         } catch (...) {
           auto ex = std::current_exception();
+          if (board) {
+            std::string what = "an exception that is not a shardkit::error";
+            try {
+              throw;
+            } catch (const std::exception& x) {
+              what = x.what();
+            } catch (...) {
+            }
+            board->post({.seq = seq, .op = name, .message = what});
+          }
           mark_broken(ex);
           release_issue();
           done.set_error(ex);

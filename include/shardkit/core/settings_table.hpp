@@ -56,6 +56,11 @@ inline constexpr variable table[] = {
      .target = "core", .min = 1, .max = 86400},
     {.name = "SHARDKIT_TIMEOUT_MS", .type = kind::milliseconds, .default_text = "1800000 (30 min)",
      .meaning = "deadline of each process-group operation (group_options::timeout)", .target = "core", .min = 1},
+    {.name = "SHARDKIT_FAULT_GRACE_MS", .type = kind::milliseconds, .default_text = "500",
+     .meaning = "after a collective times out, how long a rank waits for the accounts of the ranks it waited on "
+                "(posted to the job's store) before naming the one that posted none as having stopped answering "
+                "(group_options::fault_report_grace; 0: no accounts are exchanged)",
+     .target = "core", .min = 0, .max = 60000},
     {.name = "SHARDKIT_DEBUG", .type = kind::choice, .default_text = "off",
      .meaning = "detail: ranks exchange op fingerprints (op, dtype, count, root) before every collective and a "
                 "mismatch is an error naming the ranks",

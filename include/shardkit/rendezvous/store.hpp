@@ -23,6 +23,7 @@
 //! the key. Errors are shardkit::error: errc::timeout, errc::invalid_argument, and for a remote store errc::io or
 //! errc::peer_lost when its server cannot be reached. Every operation is thread-safe: the ranks of one process
 //! (and a transport's connect) call one store from several threads at once.
+#include <algorithm>
 #include <chrono>
 #include <concepts>
 #include <cstdint>
@@ -32,11 +33,33 @@
 #include <utility>
 #include <vector>
 
+#include "shardkit/core/completion.hpp"
 #include "shardkit/core/error.hpp"
 
 namespace shardkit::rendezvous {
 
 struct store_tag {};
+
+//! While one lives, every request that this thread makes to a remote store (tcp_store) ends by `until`: one still
+//! unanswered then fails with errc::timeout, and its connection is closed as a lost one is (later requests fail
+//! with errc::closed). For a caller that must not wait on a store whose host stopped answering: process_group's
+//! fault reports, made after a collective failed. In-process stores need none (their waits take a timeout).
+class request_bound {
+ public:
+  explicit request_bound(deadline until) : previous_(current()) { current() = std::min(previous_, until); }
+  ~request_bound() { current() = previous_; }
+  request_bound(const request_bound&) = delete;
+  request_bound& operator=(const request_bound&) = delete;
+
+  //! The bound of this thread's requests now (no_deadline outside any request_bound).
+  static deadline& current() noexcept {
+    static thread_local deadline bound = no_deadline;
+    return bound;
+  }
+
+ private:
+  deadline previous_;
+};
 
 inline constexpr std::chrono::milliseconds default_store_timeout{300'000};
 

@@ -183,6 +183,8 @@ class tcp_store {
   };
 
   static detail::frame_writer request(op o) { return detail::frame_writer(o); }
+  //! `dl`, or this thread's request_bound where that comes first.
+  static deadline bounded(deadline dl) noexcept { return std::min(dl, request_bound::current()); }
 
   std::string host_gone() const {
     if (!opts_.host_rank) return {};
@@ -207,7 +209,12 @@ class tcp_store {
                   "request of " + std::to_string(w.payload_size()) + " bytes exceeds max_frame_bytes " +
                       std::to_string(opts_.max_frame_bytes),
                   ctx);
-    std::lock_guard lock(mutex_);
+    const deadline bound = request_bound::current();
+    std::unique_lock lock(mutex_, std::defer_lock);
+    if (bound == no_deadline) lock.lock();
+    else if (!lock.try_lock_until(bound))
+      throw_error(errc::timeout, "another request of this process held the connection to the store at " + address() +
+                                     " past this request's bound", ctx);
     if (!fd_)
       throw_error(errc::closed, "the connection to the store at " + address() + " was lost earlier" + host_gone(), ctx);
     outcome out;
@@ -215,6 +222,10 @@ class tcp_store {
       out = exchange(w.take(), wait_timeout);
     } catch (const error& e) {
       fd_.reset();  // the stream may be out of step: never reuse it
+      if (e.code() == make_error_code(errc::timeout) && opts_.host_rank)  // alive but silent: its process stopped?
+        throw error(errc::timeout, e.detail() + " (rank " + std::to_string(*opts_.host_rank) +
+                                       " hosts the store: it is stopped, stuck, or cut off from this rank)", e.context())
+            .with_context(ctx);
       if (e.code() != make_error_code(errc::peer_lost) || !opts_.host_rank) throw e.with_context(ctx);
       // The server went with its process: the fault is that rank's, not this one's.
       throw error(errc::peer_lost, e.detail() + host_gone(), e.context()).with_context(ctx);
@@ -245,16 +256,17 @@ class tcp_store {
 
   outcome exchange(const std::string& frame, const std::chrono::milliseconds* wait_timeout) {
     send_all(frame);
-    const deadline first = deadline_after(wait_timeout ? *wait_timeout : opts_.timeout);
+    const deadline first = bounded(deadline_after(wait_timeout ? *wait_timeout : opts_.timeout));
     if (auto resp = read_frame(first)) return {std::move(*resp)};
     if (!wait_timeout)
-      throw_error(errc::timeout,
-                  "no answer from the store at " + address() + " within " + detail::ms_text(opts_.timeout));
+      throw_error(errc::timeout, "no answer from the store at " + address() + " within " +
+                                     (first == request_bound::current() ? std::string("this request's bound")
+                                                                        : detail::ms_text(opts_.timeout)));
     // Withdraw the parked request. Its answer may already be on the way; if so it comes first, and wins.
     send_all(request(op::cancel).take());
     std::optional<std::string> answer;
     for (;;) {
-      auto resp = read_frame(deadline_after(opts_.timeout));
+      auto resp = read_frame(bounded(deadline_after(opts_.timeout)));
       if (!resp) throw_error(errc::timeout, "the store at " + address() + " did not acknowledge a cancel");
       if (resp->empty()) throw_error(errc::protocol, "empty response from the store at " + address());
       if (static_cast<detail::store_status>((*resp)[0]) != detail::store_status::cancelled) {
@@ -271,7 +283,7 @@ class tcp_store {
   }
 
   void send_all(const std::string& bytes) {
-    const deadline dl = deadline_after(opts_.timeout);
+    const deadline dl = bounded(deadline_after(opts_.timeout));
     for (std::size_t sent = 0; sent < bytes.size();) {
       const ssize_t n = ::send(fd_.get(), bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
@@ -294,7 +306,7 @@ class tcp_store {
     if (len > opts_.max_frame_bytes)
       throw_error(errc::protocol, "the store at " + address() + " sent a frame of " + std::to_string(len) + " bytes");
     std::string payload(len, '\0');
-    read_exact(payload.data(), len, deadline_after(opts_.timeout), false);
+    read_exact(payload.data(), len, bounded(deadline_after(opts_.timeout)), false);
     return payload;
   }
 
@@ -480,7 +492,7 @@ class tcp_store {
   std::string host_;
   int port_;
   tcp_store_options opts_;
-  std::mutex mutex_;
+  std::timed_mutex mutex_;  // timed: a request under a request_bound gives up waiting for another one
   detail::unique_fd fd_;
   bool warned_unresolved_ = false;
 };

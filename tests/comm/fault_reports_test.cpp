@@ -1,0 +1,127 @@
+// Fault reports (comm/detail/fault_reports.hpp): after a collective fails, every rank's error names the rank at
+// fault, not the neighbour it waited on. Ranks as threads over the loopback transport, sharing a memory store;
+// comm_process_test stops a real process with SIGSTOP.
+#include <doctest/doctest.h>
+
+#include "shardkit/comm/loopback_world.hpp"
+#include "shardkit/rendezvous/memory_store.hpp"
+
+#include <chrono>
+#include <future>
+#include <latch>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "support/harness.hpp"
+
+using namespace shardkit;
+
+namespace {
+constexpr auto timeout = std::chrono::milliseconds(300);
+constexpr auto grace = std::chrono::milliseconds(200);
+
+comm::group_options reporting_options() {
+  comm::group_options o;
+  o.timeout = timeout;
+  o.fault_report_grace = grace;
+  o.fault_reports = rendezvous::make_store<rendezvous::memory_store>();
+  return o;
+}
+
+bool says(const error& e, const std::string& what) { return std::string(e.what()).find(what) != std::string::npos; }
+
+//! Every rank runs `ok_rounds` all-reduces, then all but `victim` run one more, which must fail naming the victim
+//! (`expected` in every error) within the timeout and the grace (and scheduling slack); then the victim runs it,
+//! and its own error must say `victim_says`. `before_stop(rank, group)`: what a rank does first in the last round.
+void one_rank_stops(int n, int victim, comm::algorithm algo, const std::string& expected, const std::string& victim_says,
+                    const std::function<void(int, comm::process_group&)>& before_stop = {}) {
+  auto groups = comm::make_loopback_world(n, reporting_options());
+  std::latch survivors_failed(n - 1);
+  test::run_threads(n, [&](int rank) {
+    auto& pg = groups[std::size_t(rank)];
+    std::vector<float> data(64, 1.0f);
+    for (int round = 0; round < 2; ++round) pg.all_reduce(buffer_view(std::span<float>(data)), reduce_op::sum, {.algo = algo}).wait();
+    if (before_stop) before_stop(rank, pg);
+    if (rank == victim) survivors_failed.wait();  // stops taking part until every other rank gave up
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      pg.all_reduce(buffer_view(std::span<float>(data)), reduce_op::sum, {.algo = algo}).wait();
+      FAIL("rank " << rank << ": the collective with a rank missing completed");
+    } catch (const error& e) {
+      const auto took = std::chrono::steady_clock::now() - start;
+      MESSAGE("rank " << rank << " after " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                      << " ms: " << std::string(e.what()));
+      CHECK(e.code() == errc::timeout);
+      if (rank == victim) {
+        CHECK(says(e, victim_says));
+      } else {
+        CHECK(says(e, expected));
+        CHECK(e.context().peer == victim);
+        CHECK(took < timeout + grace + std::chrono::milliseconds(1500));  // the slack is a loaded machine's
+      }
+    }
+    if (rank != victim) survivors_failed.count_down();
+  });
+}
+}  // namespace
+
+TEST_CASE("[comm] a rank that stops taking part is named by every other rank, and by itself when it comes back") {
+  // 3 ranks: recursive doubling (rank 2 waits on rank 0, which waits on the victim); 4 ranks around the ring
+  // (rank 0 waits on rank 3, which waits on the victim, rank 2).
+  for (auto [n, algo] : {std::pair{3, comm::algorithm::automatic}, std::pair{4, comm::algorithm::ring}}) {
+    const int victim = n / 2;
+    CAPTURE(n);
+    one_rank_stops(n, victim, algo, "rank " + std::to_string(victim) + " stopped answering: it posted no account",
+                   "this rank (" + std::to_string(victim) + ") stopped answering");
+  }
+}
+
+TEST_CASE("[comm] a rank that refuses a collective at the call is named with its reason; a refusal it made good is not") {
+  // Round one: rank 1 refuses (wrong output size), then issues the collective correctly: nobody fails, and its
+  // account is taken back. Round two: rank 1 refuses and stops; the others name it and quote the refusal.
+  const auto refuse = [](int rank, comm::process_group& pg, bool make_good) {
+    if (rank != 1) return;
+    std::vector<float> in(64, 1.0f), out(3);
+    CHECK_THROWS_AS(pg.all_reduce(const_buffer_view(std::span<const float>(in)), buffer_view(std::span<float>(out))), error);
+    if (make_good) {
+      std::vector<float> data(64, 1.0f);
+      pg.all_reduce(buffer_view(std::span<float>(data))).wait();
+    }
+  };
+  SUBCASE("made good, then stopped") {
+    auto groups = comm::make_loopback_world(3, reporting_options());
+    test::run_threads(3, [&](int rank) {
+      auto& pg = groups[std::size_t(rank)];
+      std::vector<float> data(64, 1.0f);
+      if (rank != 1) pg.all_reduce(buffer_view(std::span<float>(data))).wait();
+      refuse(rank, pg, true);
+    });
+    one_rank_stops(3, 1, comm::algorithm::automatic, "rank 1 stopped answering", "this rank (1) stopped answering");
+  }
+  SUBCASE("refused, then stopped") {
+    one_rank_stops(3, 1, comm::algorithm::automatic,
+                   "rank 1 refused all_reduce #2 at the call and never took part: output has 3 elements where 64 are required",
+                   "this rank (1)", [&](int rank, comm::process_group& pg) { refuse(rank, pg, false); });
+  }
+}
+
+TEST_CASE("[comm] a rank whose collective fails by itself posts its failure: a peer that times out on it quotes it") {
+  // Rank 1 brings a different count to all_gather: the ranks that exchange with it see a wrong size (a failure of
+  // their own), and a rank that times out waiting on one of them names it and quotes its message.
+  auto groups = comm::make_loopback_world(3, reporting_options());
+  test::run_threads(3, [&](int rank) {
+    auto& pg = groups[std::size_t(rank)];
+    const std::size_t count = rank == 1 ? 5 : 4;
+    std::vector<float> in(count, 1.0f), out(count * 3);
+    try {
+      pg.all_gather(const_buffer_view(std::span<const float>(in)), buffer_view(std::span<float>(out)), {.algo = comm::algorithm::ring}).wait();
+      FAIL("an all_gather of mismatched counts completed");
+    } catch (const error& e) {
+      MESSAGE("rank " << rank << ": " << std::string(e.what()));
+      // Rank 1 sent too much; its neighbour failed with a wrong size, rank 1 with a short receive: either is named.
+      if (e.code() == errc::timeout) CHECK((says(e, "rank 1 failed in all_gather #0: ") || says(e, "rank 2 failed in all_gather #0: ")));
+      else CHECK((e.code() == errc::mismatch || e.code() == errc::protocol));  // a size that does not fit, either side
+    }
+  });
+}
