@@ -370,3 +370,38 @@ TEST_CASE("[data] ranks whose loaders differ are refused at construction, each n
     }
   }
 }
+
+TEST_CASE("[data] a rank whose loader cannot open fails every rank at construction, naming the rank and why, at once") {
+  // A host without its copy of a file, or one rank's invalid options: that rank's open throws before the ranks
+  // compare their configurations, and the others must not wait for it until the group's timeout.
+  two_datasets ds, partial;
+  partial.sink.remove("b/part-1.tokens");  // this host's copy lost the token file (its sidecar is left)
+  struct variant {
+    const char* what;
+    int failing;
+    const char* says;
+  };
+  for (const auto& v : {variant{"a missing file", 2, "no such token file, though 'b/part-1.tokens.json'"},
+                        variant{"invalid options", 1, "batch_size is 0"}}) {
+    CAPTURE(v.what);
+    shardkit::comm::group_options slow;
+    slow.timeout = std::chrono::seconds(3);  // a wait for the failed rank would end here, as errc::timeout
+    auto groups = shardkit::comm::make_loopback_world(3, slow);
+    std::vector<std::string> errors(3);
+    const auto t0 = std::chrono::steady_clock::now();
+    run_threads(3, [&](int rank) {
+      auto o = ds.options();
+      if (rank == v.failing && v.failing == 1) o.batch_size = 0;
+      auto& sink = rank == v.failing && v.failing == 2 ? partial.sink : ds.sink;
+      errors[std::size_t(rank)] = message_of([&] { data::loader l(sink, o, groups[std::size_t(rank)]); });
+    });
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+    for (int r = 0; r < 3; ++r) {
+      CAPTURE(r);
+      const auto& e = errors[std::size_t(r)];
+      CHECK(e.find(v.says) != std::string::npos);
+      CHECK(e.find(r == v.failing ? "[rank " + std::to_string(r) + "]"
+                                  : "rank " + std::to_string(v.failing) + " of 3 could not open its data loader") != std::string::npos);
+    }
+  }
+}

@@ -113,6 +113,8 @@ class loader {
   //! all_gather returning a waitable work), and collective: every rank's configuration (datasets and their files with
   //! token counts, weights, sequence length, BOS/EOS/pad, vocab, seed, epochs, chunking, logical shards) is compared
   //! with rank 0's, and a difference is errc::mismatch on every rank naming the field, both ranks and both values.
+  //! A rank whose open fails (a file missing on its host, invalid options) still takes part in the comparison: it
+  //! throws its own error, every other rank errc::aborted naming it and its error, at once (none waits for it).
   template <class Group>
     requires requires(Group& g, const_buffer_view in, buffer_view out) {
       { g.rank() } -> std::convertible_to<int>;
@@ -120,10 +122,8 @@ class loader {
       g.all_gather(in, out).wait();
     }
   loader(storage::any_sink sink, loader_options options, Group& group)
-      : loader(std::move(sink), std::move(options), static_cast<int>(group.rank()), static_cast<int>(group.size())) {
-    detail::check_ranks_agree(configuration(), rank_, world_,
-                              [&group](const_buffer_view in, buffer_view out) { group.all_gather(in, out).wait(); });
-  }
+      : loader(std::move(sink), std::move(options), static_cast<int>(group.rank()), static_cast<int>(group.size()),
+               detail::gather_fn([&group](const_buffer_view in, buffer_view out) { group.all_gather(in, out).wait(); })) {}
 
   ~loader() { stop(); }
   loader(const loader&) = delete;
@@ -173,6 +173,12 @@ class loader {
     std::vector<shard_state> snapshot;  // the owned shards' states after `out`
     std::exception_ptr error;
   };
+
+  // The constructors' body: with `agree` (the group constructor), every rank's configuration, or its failure to
+  // open, is exchanged before any prefetch thread starts.
+  SHARDKIT_DECL loader(storage::any_sink sink, loader_options options, int rank, int world, const detail::gather_fn& agree);
+  // Opens and checks the datasets' files and cuts them into logical shards, as rank `rank` of `world`.
+  SHARDKIT_DECL void open_datasets(int rank, int world);
 
   SHARDKIT_DECL void check_options() const;
   SHARDKIT_DECL void check_weights(const std::vector<double>& w) const;

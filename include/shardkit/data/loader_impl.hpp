@@ -9,7 +9,25 @@
 namespace shardkit::data {
 
 SHARDKIT_DECL loader::loader(storage::any_sink sink, loader_options options, int rank, int world)
+    : loader(std::move(sink), std::move(options), rank, world, detail::gather_fn{}) {}
+
+SHARDKIT_DECL loader::loader(storage::any_sink sink, loader_options options, int rank, int world, const detail::gather_fn& agree)
     : sink_(std::move(sink)), options_(std::move(options)) {
+  std::exception_ptr failed;
+  try {
+    open_datasets(rank, world);
+  } catch (...) {
+    if (!agree) throw;
+    failed = std::current_exception();  // the other ranks wait in the exchange below: tell them, then rethrow
+  }
+  if (agree) detail::check_ranks_agree(failed ? detail::failure_fields(failed) : configuration(), rank, world, agree, failed);
+  std::vector<shard_state> fresh;
+  for (std::uint32_t id : shards_of(options_.logical_shards, rank, world))
+    fresh.push_back(detail::initial_shard_state(id, layouts_, options_.seed));
+  install(std::move(fresh));
+}
+
+SHARDKIT_DECL void loader::open_datasets(int rank, int world) {
   check_options();
   rules_ = {.sequence_length = options_.sequence_length, .bos = options_.bos, .eos = options_.eos,
             .epochs = options_.epochs,
@@ -47,10 +65,6 @@ SHARDKIT_DECL loader::loader(storage::any_sink sink, loader_options options, int
   check_place(rank, world);
   rank_ = rank;
   world_ = world;
-  std::vector<shard_state> fresh;
-  for (std::uint32_t id : shards_of(options_.logical_shards, rank, world))
-    fresh.push_back(detail::initial_shard_state(id, layouts_, options_.seed));
-  install(std::move(fresh));
 }
 
 SHARDKIT_DECL std::vector<std::uint32_t> loader::shards_of(std::uint32_t logical_shards, int rank, int world) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -58,7 +59,25 @@ inline configuration_fields decode_fields(std::string_view text) {
   return out;
 }
 
-inline void check_ranks_agree(const configuration_fields& mine, int rank, int world, const gather_fn& all_gather) {
+// What a rank whose loader could not open sends instead of its configuration: one field, its error's text.
+inline constexpr std::string_view open_failed_field = "\x01open failed";
+
+inline configuration_fields failure_fields(const std::exception_ptr& failed) {
+  std::string why = "unknown error";
+  try {
+    std::rethrow_exception(failed);
+  } catch (const std::exception& e) {
+    why = e.what();
+  } catch (...) {
+  }
+  return {{std::string(open_failed_field), why}};
+}
+
+// Every rank calls this once, with its configuration or, where its open failed (`failed`), failure_fields: the
+// exchange is the same on every rank either way, so a failed rank never leaves the others waiting in it. A failed
+// rank then rethrows its own error (with its rank); the others throw errc::aborted naming it and its error.
+inline void check_ranks_agree(const configuration_fields& mine, int rank, int world, const gather_fn& all_gather,
+                              const std::exception_ptr& failed = nullptr) {
   const std::string text = encode_fields(mine);
   std::vector<std::int64_t> lengths(static_cast<std::size_t>(world));
   const std::int64_t length = static_cast<std::int64_t>(text.size());
@@ -71,6 +90,29 @@ inline void check_ranks_agree(const configuration_fields& mine, int rank, int wo
     const auto* p = reinterpret_cast<const char*>(all.data()) + static_cast<std::size_t>(r) * padded.size();
     return decode_fields(std::string_view(p, static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)])));
   };
+  if (failed) {
+    try {
+      std::rethrow_exception(failed);
+    } catch (const error& e) {
+      throw e.with_context({.rank = rank});  // its own error, and which rank it is
+    }
+  }
+  std::vector<int> failed_ranks;
+  std::string first_failure;
+  for (int r = 0; r < world; ++r)
+    if (const auto f = fields_of(r); !f.empty() && f[0].first == open_failed_field) {
+      if (failed_ranks.empty()) first_failure = f[0].second;
+      failed_ranks.push_back(r);
+    }
+  if (!failed_ranks.empty()) {
+    std::string others;
+    for (std::size_t i = 1; i < failed_ranks.size(); ++i) others += (others.empty() ? "" : ", ") + std::to_string(failed_ranks[i]);
+    throw_error(errc::aborted,
+                "rank " + std::to_string(failed_ranks[0]) + " of " + std::to_string(world) +
+                    " could not open its data loader, so no rank's loader opens" +
+                    (others.empty() ? "" : " (rank(s) " + others + " failed too)") + ": " + first_failure,
+                {.rank = rank, .operation = "data.loader"});
+  }
   auto shown = [](const std::string& v) { return v.size() > 240 ? v.substr(0, 240) + "..." : v; };
   const auto first = fields_of(0);
   for (int r = 1; r < world; ++r) {
