@@ -161,11 +161,19 @@ void parse_budget(std::string_view v, fsdp::sharding_options& o) {
   const char unit = v.back();
   const std::string_view digits = (unit >= '0' && unit <= '9') ? v : v.substr(0, v.size() - 1);
   const auto n = std::size_t(number("--budget", digits, std::numeric_limits<long long>::max()));
+  // 0 would leave the library's default in place, and a suffix's shift must not wrap: both would run silently
+  // with another budget than the one asked for.
+  if (n == 0) usage("--budget " + std::string(v) + " is no budget: leave --budget out for the default, or give 'unlimited'");
+  const auto scaled = [&](int shift) {
+    if (n > (std::numeric_limits<std::size_t>::max() >> shift))
+      usage("--budget " + std::string(v) + " does not fit in 64 bits of bytes");
+    return n << shift;
+  };
   switch (unit) {
     case 'u': o.limiter_budget_units = n; return;
-    case 'K': case 'k': o.limiter_budget_bytes = n << 10; return;
-    case 'M': case 'm': o.limiter_budget_bytes = n << 20; return;
-    case 'G': case 'g': o.limiter_budget_bytes = n << 30; return;
+    case 'K': case 'k': o.limiter_budget_bytes = scaled(10); return;
+    case 'M': case 'm': o.limiter_budget_bytes = scaled(20); return;
+    case 'G': case 'g': o.limiter_budget_bytes = scaled(30); return;
     default:
       if (unit >= '0' && unit <= '9') {
         o.limiter_budget_bytes = n;
