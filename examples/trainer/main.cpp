@@ -34,6 +34,7 @@
 #include <utility>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <csignal>
@@ -339,6 +340,15 @@ std::pair<sk::storage::any_sink, sk::data::loader_options> open_data(const std::
     std::printf("# data: wrote the built-in text as byte tokens to %s\n", location.c_str());
   }
   pg.barrier().wait();
+  // Another run started with --init-data on this location at the same time may have written the built-in text's
+  // tokens and not yet its sidecar (written last): read without it, the delimiters would be data. Wait for it.
+  for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+       init && sink.exists("builtin.tokens") && !sink.exists(sk::data::sidecar_key("builtin.tokens"));) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error("--data " + location + ": builtin.tokens has no sidecar (builtin.tokens.json) after 10 s: a "
+                               "run's --init-data was stopped while writing it; remove builtin.tokens* there and run again");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   sk::data::loader_options o;
   // Every token file (a sidecar left without its token file counts as that file, so the error names it).
   o.datasets = {{.name = "text", .files = sk::data::list_token_files(sink, "")}};

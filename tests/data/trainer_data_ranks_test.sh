@@ -3,7 +3,8 @@
 # a multiple of the 12 logical shards and a rank count that divides them, 1, 2, 3, 4 and 6 ranks, and a run saved
 # on 4 ranks and resumed on 3 or on 2, print every step's loss within 1e-6 relative of the 1-rank run. A --data
 # location that does not exist or holds no token files, and a rank count that does not divide the logical shards,
-# are errors that say what to do.
+# are errors that say what to do. A run started with --init-data while another writes the built-in text there waits
+# for its sidecar.
 # usage: trainer_data_ranks_test.sh SHARDKIT_RUN TRAINER
 set -euo pipefail
 run=$1 trainer=$2
@@ -65,3 +66,13 @@ refused "--data of no token files" "--data $work/empty holds no token files: wri
 refused "5 ranks with --data" "--data: 5 ranks do not divide the data loader's 12 logical shards .*run on 1, 2, 3, 4, 6 or 12 ranks" \
   "$run" -n 5 -- "$trainer" --steps 1 --batch 15 --context 8 --width 16 --blocks 1 --data "$work/data"
 echo "OK: a mistyped --data, a --data of no token files and 5 ranks are refused, saying what to do"
+# Two runs started at once with --init-data on one new location: the second finds the first's token file written
+# and its sidecar (written last) not yet. It waits for it rather than reading the file without one.
+mkdir "$work/racing"
+cp "$work/data/builtin.tokens" "$work/data/builtin.tokens.offsets" "$work/racing/"
+(sleep 1 && cp "$work/data/builtin.tokens.json" "$work/racing/builtin.tokens.json.tmp" &&
+  mv "$work/racing/builtin.tokens.json.tmp" "$work/racing/builtin.tokens.json") &
+"$run" -n 2 -- "$trainer" --steps 6 "${flags[@]/$work\/data/$work/racing}" | losses > racing.txt
+wait
+same "--init-data beside another run's" racing.txt
+echo "OK: --init-data beside another run writing the built-in text waits for its sidecar and trains as 1 rank does"
