@@ -80,14 +80,19 @@ TEST_CASE("[fsdp] ranks that build different models fail at construction, every 
       {"rank 0 has units 7, rank {last} has units 6", [](auto& u, auto&) { u.pop_back(); }},
       {"rank 0 has limiter_budget_units 2, rank {last} has limiter_budget_units 0",
        [](auto&, auto& o) { o.limiter_budget_units = 0; }},
+      // A device the backend cannot take, on one rank: every rank learns of it, not that one alone.
+      {"rank 0 has gather device host, rank {last} has gather device cuda",
+       [](auto&, auto& o) { o.device = toy::cuda_looking_device{}; }},
   };
+  sk::comm::group_options go;
+  go.timeout = std::chrono::seconds(10);  // a rank left waiting fails the time check below instead of hanging
   for (int n : {2, 3})
     for (const auto& v : variants) {
       std::string expect = v.expect;
       for (auto at = expect.find("{last}"); at != std::string::npos; at = expect.find("{last}"))
         expect.replace(at, 6, std::to_string(n - 1));
       CAPTURE(expect);
-      auto groups = sk::comm::make_loopback_world(n);
+      auto groups = sk::comm::make_loopback_world(n, go);
       std::vector<std::string> got(std::size_t(n), "(no error)");
       const auto t0 = std::chrono::steady_clock::now();
       sk::test::run_threads(n, [&](int r) {

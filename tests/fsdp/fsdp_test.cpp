@@ -327,17 +327,7 @@ TEST_CASE("[fsdp] a budget in bytes includes the groups' scratch; one the scratc
   });
 }
 
-namespace {
-
-// Host memory that says it is a GPU: what a CUDA gather device looks like to a group, without a GPU.
-struct cuda_looking_device {
-  using gather_device_concept = fsdp::gather_device_tag;
-  sk::device location() const noexcept { return sk::device::cuda(0); }
-  sk::host_shared_memory allocate(std::size_t bytes) const { return sk::host_shared_memory(bytes); }
-  fsdp::host_gather_device::stager make_stager() const noexcept { return {}; }
-};
-
-}  // namespace
+using shardkit::test::toy::cuda_looking_device;
 
 TEST_CASE("[fsdp] a gather device the group's backend cannot take is refused at construction, naming both") {
   auto groups = sk::comm::make_loopback_world(2);

@@ -160,4 +160,12 @@ run_result train(comm::process_group& world, fsdp::sharding_options o, int steps
   return out;
 }
 
+// Host memory that says it is a GPU: what a CUDA gather device looks like to a group, without a GPU.
+struct cuda_looking_device {
+  using gather_device_concept = fsdp::gather_device_tag;
+  device location() const noexcept { return device::cuda(0); }
+  host_shared_memory allocate(std::size_t bytes) const { return host_shared_memory(bytes); }
+  fsdp::host_gather_device::stager make_stager() const noexcept { return {}; }
+};
+
 }  // namespace shardkit::test::toy

@@ -61,17 +61,23 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
     events_->sink = opts_.on_event;
   }
   const error_context where{.rank = rank_, .operation = "fsdp.sharded_model", .group = world.name()};
-  // Here rather than at the first collective: the groups below are split from `world` and share its backend.
-  if (const device d = opts_.device.location(); !world.supports(d))
+  const device d = opts_.device.location();
+  const auto refuse_device = [&] {
     throw_error(errc::invalid_argument,
                 "the gather device is " + to_string(d) + ", but group '" + world.name() + "' runs on " +
                     world.backend_name() + ", which does not accept buffers on " + to_string(d) +
                     ": use a group whose backend does (NCCL for CUDA) or the host gather device",
                 where);
-  // First of all, before any check that a rank's own settings could fail alone while its peers wait in a
-  // collective: ranks that build different models fail here, every one of them, naming the difference.
+  };
+  // A backend that takes neither this device's memory nor the host's (NCCL with a host gather device) leaves
+  // nothing to compare in: refused here, on every rank whose device it is.
+  if (!world.supports(d) && !world.supports(device::host())) refuse_device();
+  // Then, before any check that a rank's own settings could fail alone while its peers wait in a collective:
+  // ranks that build different models (the gather device's kind included) fail here, every one of them, naming
+  // the difference.
   control_stager_ = opts_.device.make_stager();
   agree_on_model(world, units);
+  if (!world.supports(d)) refuse_device();  // alike on every rank now: the same device kind, the same backend
   if (units.empty()) throw_error(errc::invalid_argument, "a model needs at least one unit", where);
   for (dtype t : {opts_.precision.param, opts_.precision.reduce})
     if (!is_floating(t))

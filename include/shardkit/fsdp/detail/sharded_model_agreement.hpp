@@ -1,6 +1,6 @@
 #pragma once
 //! sharded_model's construction agreement: every rank must build the same model (units, parameters, shapes,
-//! strategy, precision, budget, micro-batches); a digest of each rank's description is compared, and on a
+//! gather device kind, strategy, precision, budget, micro-batches); a digest of each rank's description is compared, and on a
 //! difference every rank gets the same errc::mismatch naming the first differing line and both ranks' values.
 //! Part of fsdp/sharded_model_impl.hpp (see there for how it compiles).
 #include "shardkit/fsdp/sharded_model.hpp"
@@ -12,6 +12,8 @@ namespace detail {
 //! What ranks must agree on, one fact a line, in an order every rank shares: a first differing line names it.
 inline std::vector<std::string> describe_model(const std::vector<unit_spec>& units, const sharding_options& o) {
   std::vector<std::string> out;
+  // The kind only: each rank names its own GPU (cuda:local_rank).
+  out.push_back(std::string("gather device ") + (o.device.on_host() ? "host" : "cuda"));
   out.push_back("strategy " + std::string(to_string(o.strategy)));
   if (o.strategy == sharding_strategy::hybrid_shard)
     out.push_back("hybrid_shard_size " + std::to_string(o.hybrid_shard_size));
@@ -42,7 +44,9 @@ inline std::int64_t digest(const std::vector<std::string>& lines) {
 }  // namespace detail
 
 SHARDKIT_DECL void sharded_model::host_all_gather(comm::process_group& g, const_buffer_view mine, buffer_view all) {
-  if (opts_.device.on_host()) {
+  // Host memory wherever the backend takes it, whatever this rank's gather device: the agreement runs before the
+  // device is checked against the backend, so that a rank whose device differs takes part and every rank fails.
+  if (g.supports(device::host())) {
     g.all_gather(mine, all).wait();
     return;
   }
