@@ -296,3 +296,20 @@ TEST_CASE("[fsdp] a gradient reduction that fails gives its budget back: the bac
     CHECK(model.limiter().stats().in_use_bytes == 0);
   });
 }
+
+TEST_CASE("[fsdp] an optimizer step after clip_grad_norm reuses its norm: no collective of its own") {
+  // With the shard group broken after the clip, a step that issued a collective would fail.
+  auto groups = sk::comm::make_loopback_world(2);
+  sk::test::run_threads(2, [&](int r) {
+    fsdp::sharded_model model(groups[std::size_t(r)], toy::units(), {});
+    model.init_parameters(toy::init);
+    fsdp::adamw opt(model);
+    toy::forward_backward(model, 0, r * 6, 6, true);
+    CHECK(std::isfinite(model.clip_grad_norm(1.0)));
+    model.shard_group().abort("a test: the step must not communicate");
+    CHECK(opt.step());
+    // Without a clip since the gradients changed, the step's check is the one all-reduce, and it fails here.
+    model.grad_shard(0)[0] += 1.0f;
+    CHECK_THROWS_WITH_AS(opt.step(), doctest::Contains("the step must not communicate"), sk::error);
+  });
+}
