@@ -69,6 +69,7 @@ struct flags {
   shardkit::ckpt::staging ckpt_mode = shardkit::ckpt::staging::zero_overhead;
   bool ckpt_blocking = false;  // --ckpt-mode blocking: the trainer waits for every save to commit (the baseline)
   bool resume = false;
+  bool overwrite = false;  // --overwrite: a run that does not resume removes another run's checkpoints there first
   int die_at_step = -1, die_rank = -1;  // tests: SIGKILL this rank at the start of that step
   std::string trace;                    // --trace PREFIX: each rank writes PREFIX.rank<R>.json (trace.hpp)
 };
@@ -109,6 +110,7 @@ std::string help_text() {
       {"--ckpt-keep K", "complete checkpoints kept [" + n(d.ckpt_keep) + "]"},
       {"--ckpt-mode M", "zero-overhead, at-call or blocking [zero-overhead]"},
       {"--resume", "continue from the newest complete checkpoint in --ckpt-dir [off]"},
+      {"--overwrite", "without --resume: remove another run's checkpoints from --ckpt-dir first (refused otherwise) [off]"},
       {"--die-at-step N", "tests: SIGKILL --die-rank at the start of step N [off]"},
       {"--die-rank R", "the rank --die-at-step kills, -1 every rank [-1]"},
       {"--trace PREFIX", "each rank writes its timeline to PREFIX.rank<R>.json (Chrome trace) [off]"},
@@ -211,6 +213,10 @@ flags parse(int argc, char** argv) {
     }
     if (a == "--init-data") {
       f.init_data = true;
+      continue;
+    }
+    if (a == "--overwrite") {
+      f.overwrite = true;
       continue;
     }
     if (!takes_value(a)) usage("unknown flag " + std::string(a));
@@ -443,7 +449,9 @@ int main(int argc, char** argv) try {
   if (loader) state.add_rank_bytes("data_loader", loader_state);
   std::optional<sk::ckpt::checkpointer> ckpt;
   if (!f.ckpt_dir.empty())
-    ckpt.emplace(pg, sk::storage::open_sink(f.ckpt_dir), sk::ckpt::checkpointer_options{.location = f.ckpt_dir, .keep_last = f.ckpt_keep, .mode = f.ckpt_mode});
+    ckpt.emplace(pg, sk::storage::open_sink(f.ckpt_dir),
+                 sk::ckpt::checkpointer_options{.location = f.ckpt_dir, .keep_last = f.ckpt_keep, .mode = f.ckpt_mode,
+                                                .seed = f.seed, .overwrite = f.overwrite});
   int start = 0;
   if (f.resume) {
     if (!ckpt) usage("--resume needs --ckpt-dir");

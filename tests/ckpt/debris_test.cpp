@@ -44,13 +44,14 @@ std::set<std::string> temporaries_of(st::any_sink& sink) {
   return out;
 }
 
+// One run ("debris"): a later call continues it without loading.
 void save_steps(int world, st::any_sink sink, std::initializer_list<std::uint64_t> steps) {
   auto groups = sk::comm::make_loopback_world(world);
   sk::test::run_threads(world, [&](int r) {
     tc::sharded_tensors model(tc::small_model(), r, world);
     ck::state_dict dict;
     dict.add_shards(model.pieces());
-    ck::checkpointer saver(groups[std::size_t(r)], sink, {.keep_last = 0});
+    ck::checkpointer saver(groups[std::size_t(r)], sink, {.keep_last = 0, .run_id = "debris"});
     for (auto step : steps) CHECK(saver.save(step, dict).get().committed);
   });
 }
@@ -75,14 +76,7 @@ TEST_CASE("[ckpt] no orphans: earlier runs' temporaries go at start, older steps
     // Retention after step 12 commits: the temporaries of steps before 12, whatever their age; not those after.
     plant_temporary(root, 2, "114.fresh.0", 10, std::chrono::seconds(0));
     plant_temporary(root, 13, "115.fresh.0", 10, std::chrono::seconds(0));
-    auto groups = sk::comm::make_loopback_world(world);
-    sk::test::run_threads(world, [&](int r) {
-      tc::sharded_tensors model(tc::small_model(), r, world);
-      ck::state_dict dict;
-      dict.add_shards(model.pieces());
-      ck::checkpointer saver(groups[std::size_t(r)], sink, {.keep_last = 0});
-      CHECK(saver.save(12, dict).get().committed);
-    });
+    save_steps(world, sink, {12});
     CHECK(temporaries_of(sink) == std::set<std::string>{ck::step_prefix("", 13) + std::string(st::temporary_marker) + "115.fresh.0"});
     CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{2, 12});
   }

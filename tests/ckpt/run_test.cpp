@@ -1,15 +1,25 @@
 // ckpt::checkpointer and the run it serves: its ranks agree on one location at construction; a strict load
-// (load_scope::everything) refuses, on every rank, what the checkpoint holds and no rank's state asks for.
+// (load_scope::everything) refuses, on every rank, what the checkpoint holds and no rank's state asks for; one run
+// per location (run ids in every index, overwrite, the lease), as threads and as processes.
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <barrier>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ckpt_fixtures.hpp"
 #include "shardkit/ckpt/checkpointer.hpp"
+#include "shardkit/comm/init.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/storage/memory_sink.hpp"
+#include "shardkit/storage/posix_sink.hpp"
 #include "support/harness.hpp"
 
 namespace sk = shardkit;
@@ -91,15 +101,27 @@ TEST_CASE("[ckpt] ranks that disagree on the checkpoint location are refused at 
 }
 
 namespace {
-// Saves `steps` from `world` thread ranks (each step's values: tc::value_at) into sink; returns each save's error.
-std::vector<std::string> save_steps(int world, st::any_sink sink, std::vector<std::uint64_t> steps, std::uint64_t values_of = 0) {
+// `world` thread ranks, each with the small model's pieces in a state and a checkpointer on `sink`: runs body(rank,
+// checkpointer, model, state) on each.
+template <class Body>
+void on_ranks(int world, st::any_sink sink, const ck::checkpointer_options& o, Body body) {
   auto groups = sk::comm::make_loopback_world(world);
-  std::vector<std::string> errors(steps.size());
   sk::test::run_threads(world, [&](int r) {
     tc::sharded_tensors model(tc::small_model(), r, world);
     ck::state_dict d;
     d.add_shards(model.pieces());
-    ck::checkpointer saver(groups[std::size_t(r)], sink, {.keep_last = 0, .failed = ck::on_failure::log_and_continue});
+    ck::checkpointer c(groups[std::size_t(r)], sink, o);
+    body(r, c, model, d);
+  });
+}
+
+// Saves `steps` from `world` thread ranks (each step's values: tc::value_at) into sink, as run `run` (empty: a new
+// run's random id); returns each save's error on rank 0.
+std::vector<std::string> save_steps(int world, st::any_sink sink, std::vector<std::uint64_t> steps, std::uint64_t values_of = 0,
+                                    std::string run = "run-a") {
+  std::vector<std::string> errors(steps.size());
+  on_ranks(world, sink, {.keep_last = 0, .failed = ck::on_failure::log_and_continue, .run_id = run},
+           [&](int r, ck::checkpointer& saver, tc::sharded_tensors& model, ck::state_dict& d) {
     for (std::size_t i = 0; i < steps.size(); ++i) {
       model.fill(values_of ? values_of : steps[i]);
       try {
@@ -111,6 +133,8 @@ std::vector<std::string> save_steps(int world, st::any_sink sink, std::vector<st
   });
   return errors;
 }
+
+std::string run_of_step(st::any_sink& sink, std::uint64_t step) { return ck::run_of(*ck::read_index(sink, "", step)); }
 }  // namespace
 
 TEST_CASE("[ckpt] load_latest falls back past a damaged latest checkpoint, on every rank, saying which and why") {
@@ -142,12 +166,7 @@ TEST_CASE("[ckpt] load_latest falls back past a damaged latest checkpoint, on ev
     });
   }
   sink.remove(ck::rank_file_key("", 1, 0));  // none loads: an error naming every step, never a silent fresh start
-  auto groups = sk::comm::make_loopback_world(2);
-  sk::test::run_threads(2, [&](int r) {
-    tc::sharded_tensors model(tc::small_model(), r, 2);
-    ck::state_dict d;
-    d.add_shards(model.pieces());
-    ck::checkpointer c(groups[std::size_t(r)], sink);
+  on_ranks(2, sink, {}, [&](int, ck::checkpointer& c, tc::sharded_tensors&, ck::state_dict& d) {
     CHECK_THROWS_WITH_AS(c.load_latest(d), doctest::Contains("no complete checkpoint under '' loads: step 3: rank "), sk::error);
   });
 }
@@ -156,19 +175,264 @@ TEST_CASE("[ckpt] a save never writes into a step that holds an index (another r
   auto sink = st::make_sink<st::memory_sink>();
   save_steps(3, sink, {4, 8});
   const auto before = st::get_object(sink, ck::rank_file_key("", 8, 1));
-  // A second run (values of step 99) saving steps 8 and 12: step 8 is refused on every rank, 12 is saved.
+  // The run restarted without loading (values of step 99) saving steps 8 and 12: step 8 is refused on every rank, 12
+  // is saved.
   const auto errors = save_steps(3, sink, {8, 12}, 99);
   CHECK(errors[0].find("step 8 already holds a checkpoint (step-000000000008/index.json): a save never writes into it") !=
         std::string::npos);
   CHECK(errors[1].empty());
   CHECK(st::get_object(sink, ck::rank_file_key("", 8, 1)) == before);
-  auto groups = sk::comm::make_loopback_world(2);
-  sk::test::run_threads(2, [&](int r) {
-    tc::sharded_tensors model(tc::small_model(), r, 2);
-    ck::state_dict d;
-    d.add_shards(model.pieces());
-    ck::checkpointer c(groups[std::size_t(r)], sink);
+  on_ranks(2, sink, {}, [&](int, ck::checkpointer& c, tc::sharded_tensors& model, ck::state_dict& d) {
     c.load(8, d);
     model.check(8);
   });
+}
+
+TEST_CASE("[ckpt] a run that did not load refuses another run's location on every rank; overwrite clears it; resuming keeps the id") {
+  for (int world : {1, 3}) {
+    CAPTURE(world);
+    auto sink = st::make_sink<st::memory_sink>();
+    on_ranks(world, sink, {.seed = 7}, [&](int, ck::checkpointer& c, tc::sharded_tensors& model, ck::state_dict& d) {
+      for (std::uint64_t step : {1, 2}) {
+        model.fill(step);
+        CHECK(c.save(step, d).get().committed);
+      }
+    });
+    const auto first = ck::read_index(sink, "", 2);
+    const std::string run = ck::run_of(*first);
+    CHECK(run.size() == 16);  // a random id
+    CHECK(first->metadata.at("shardkit.seed") == "7");
+    const auto before = st::get_object(sink, ck::rank_file_key("", 1, 0));
+    // A new run that does not load: refused at its first save on every rank, naming the location and that run.
+    std::atomic<int> refused{0};
+    on_ranks(world, sink, {.location = "/ckpt/a"}, [&](int, ck::checkpointer& c, tc::sharded_tensors& model, ck::state_dict& d) {
+      model.fill(99);
+      for (int attempt = 0; attempt < 2; ++attempt) {
+        try {
+          c.save(std::uint64_t(1 + attempt), d);
+        } catch (const sk::error& e) {
+          const std::string what = e.what();
+          INFO(what);
+          CHECK(what.find("the checkpoint location '/ckpt/a' holds checkpoints of another run (run " + run + ", newest step 2, saved by " +
+                          std::to_string(world) + " ranks, seed 7); this run (") != std::string::npos);
+          CHECK(what.find("did not load from it. Resume from it") != std::string::npos);
+          CHECK(what.find("checkpointer_options::overwrite") != std::string::npos);
+          ++refused;
+        }
+      }
+    });
+    CHECK(refused == 2 * world);
+    CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{1, 2});
+    CHECK(st::get_object(sink, ck::rank_file_key("", 1, 0)) == before);
+    // A resumed run keeps the id it loaded: its step 3 is the same run's.
+    on_ranks(world, sink, {}, [&](int, ck::checkpointer& c, tc::sharded_tensors& model, ck::state_dict& d) {
+      REQUIRE(c.load_latest(d));
+      model.fill(3);
+      CHECK(c.save(3, d).get().committed);
+    });
+    CHECK(run_of_step(sink, 3) == run);
+    CHECK(ck::read_index(sink, "", 3)->metadata.count("shardkit.seed") == 0);  // this run gave none
+    // overwrite: the old run's checkpoints go first (all of them), then the new run saves.
+    on_ranks(world, sink, {.overwrite = true}, [&](int, ck::checkpointer& c, tc::sharded_tensors& model, ck::state_dict& d) {
+      model.fill(5);
+      CHECK(c.save(5, d).get().committed);
+    });
+    CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{5});
+    CHECK(sink.list("step-000000000001/").empty());
+    const std::string second = run_of_step(sink, 5);
+    CHECK(second != run);
+    // A job that gives its run's id again continues it without loading.
+    on_ranks(world, sink, {.run_id = second}, [&](int, ck::checkpointer& c, tc::sharded_tensors& model, ck::state_dict& d) {
+      model.fill(6);
+      CHECK(c.save(6, d).get().committed);
+    });
+    CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{5, 6});
+  }
+  // A user's metadata key in the checkpointer's namespace is refused.
+  on_ranks(1, st::make_sink<st::memory_sink>(), {}, [&](int, ck::checkpointer& c, tc::sharded_tensors&, ck::state_dict& d) {
+    CHECK_THROWS_WITH_AS(c.save(1, d, {{"shardkit.run", "mine"}}), doctest::Contains("keys starting with 'shardkit.' are the checkpointer's"),
+                         sk::error);
+  });
+}
+
+namespace {
+// A lease object as another holder writes it.
+void plant_lease(st::any_sink& sink, const std::string& host, std::int64_t pid, std::int64_t age_seconds, const std::string& run = "other-run") {
+  const ck::lease_record l{run, "other-holder", host, pid, ck::detail::unix_seconds() - age_seconds};
+  st::put_object(sink, ck::lease_key(""), st::as_bytes(l.to_json()));
+}
+}  // namespace
+
+TEST_CASE("[ckpt] two live runs on one location: the second is refused at its first save, naming the holder") {
+  for (int world : {1, 2}) {
+    CAPTURE(world);
+    auto sink = st::make_sink<st::memory_sink>();
+    // Ranks [0, world) are run A, [world, 2 world) run B, which resumes from A's checkpoint (so the same run id: only
+    // the lease tells the two apart).
+    auto a = sk::comm::make_loopback_world(world), b = sk::comm::make_loopback_world(world);
+    std::barrier step(2 * world);
+    std::atomic<int> refused{0};
+    std::string run_a;
+    sk::test::run_threads(2 * world, [&](int t) {
+      const bool in_a = t < world;
+      const int r = t % world;
+      tc::sharded_tensors model(tc::small_model(), r, world);
+      ck::state_dict d;
+      d.add_shards(model.pieces());
+      {
+        ck::checkpointer c((in_a ? a : b)[std::size_t(r)], sink, {.location = "/ckpt/shared"});
+        if (in_a) {
+          model.fill(1);
+          CHECK(c.save(1, d).get().committed);
+          if (r == 0) run_a = ck::run_of(*ck::read_index(sink, "", 1));
+        }
+        step.arrive_and_wait();  // A holds the location
+        if (!in_a) {
+          REQUIRE(c.load_latest(d));
+          try {
+            c.save(2, d);
+            FAIL("B's save was not refused");
+          } catch (const sk::error& e) {
+            const std::string what = e.what();
+            INFO(what);
+            CHECK(what.find("the checkpoint location '/ckpt/shared' is held by run " + run_a + " (host ") != std::string::npos);
+            CHECK(what.find(", pid " + std::to_string(::getpid()) + ", renewed ") != std::string::npos);
+            CHECK(what.find("two runs never write one location") != std::string::npos);
+            ++refused;
+          }
+        }
+        step.arrive_and_wait();
+        if (in_a) {
+          model.fill(2);
+          CHECK(c.save(2, d).get().committed);  // A goes on
+        }
+      }  // A's checkpointers end: the lease is released
+      step.arrive_and_wait();
+      if (!in_a) {
+        ck::checkpointer c(b[std::size_t(r)], sink);
+        REQUIRE(c.load_latest(d)->step == 2);
+        model.fill(3);
+        CHECK(c.save(3, d).get().committed);
+      }
+    });
+    CHECK(refused == world);
+    CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{1, 2, 3});
+    CHECK_FALSE(sink.exists(ck::lease_key("")));  // released at the end
+  }
+}
+
+TEST_CASE("[ckpt] a stale lease is taken over; a lease replaced under a holder stops its commits") {
+  auto sink = st::make_sink<st::memory_sink>();
+  auto save_one = [&](const ck::checkpointer_options& o, std::uint64_t step) {
+    std::string error;
+    on_ranks(2, sink, o, [&](int r, ck::checkpointer& c, tc::sharded_tensors& model, ck::state_dict& d) {
+      model.fill(step);
+      try {
+        const bool committed = c.save(step, d).get().committed;
+        CHECK(committed);
+      } catch (const sk::error& e) {
+        if (r == 0) error = e.what();
+      }
+    });
+    return error;
+  };
+  const std::string host = ck::detail::host_name();
+  // Another host's holder renewed it 10 s ago: live for a 60 s expiry, refused; stale for a 5 s expiry, taken over.
+  plant_lease(sink, "other-host", 4242, 10);
+  CHECK(save_one({.run_id = "r", .lease_expiry = std::chrono::seconds(60)}, 1)
+            .find("is held by run other-run (host other-host, pid 4242, renewed 10 s ago)") != std::string::npos);
+  CHECK(save_one({.run_id = "r", .lease_expiry = std::chrono::seconds(5)}, 1).empty());
+  // This host's holder whose process is gone: taken over at once.
+  const pid_t child = ::fork();
+  if (child == 0) std::_Exit(0);
+  ::waitpid(child, nullptr, 0);
+  plant_lease(sink, host, child, 0);
+  CHECK(save_one({.run_id = "r"}, 2).empty());
+  // A live holder of this host (this process): refused.
+  plant_lease(sink, host, ::getpid(), 0);
+  CHECK(save_one({.run_id = "r"}, 3).find("pid " + std::to_string(::getpid())) != std::string::npos);
+  sink.remove(ck::lease_key(""));
+  // A holder whose lease another writer replaced (two creators on a store that ignores If-None-Match): its next
+  // commit is refused, on every rank, with nothing committed.
+  std::atomic<int> stopped{0};
+  on_ranks(2, sink, {.run_id = "r"}, [&](int r, ck::checkpointer& c, tc::sharded_tensors& model, ck::state_dict& d) {
+    model.fill(4);
+    CHECK(c.save(4, d).get().committed);
+    c.wait();
+    if (r == 0) plant_lease(sink, "other-host", 4242, 0, "intruder");
+    c.group().barrier().wait();
+    try {
+      c.save(5, d).get();
+    } catch (const sk::error& e) {
+      const std::string what = e.what();
+      INFO(what);
+      CHECK(what.find("this run (r) no longer holds the checkpoint location: it is held by run intruder (host other-host") !=
+            std::string::npos);
+      ++stopped;
+    }
+  });
+  CHECK(stopped == 2);
+  CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{1, 2, 4});
+  CHECK(sink.exists(ck::lease_key("")));  // the intruder's: not removed by the run that lost it
+}
+
+// One process of run CKPT_RUN saving into CKPT_DIR: step 1, then (CKPT_HOLD) it waits for the file CKPT_DIR/../go
+// before saving step 2. Exits 3 printing the error when refused.
+SHARDKIT_SCENARIO(ckpt_one_of_two_runs) {
+  auto world = sk::comm::init_process_group("shm");
+  const int r = world.group.rank(), n = world.group.size();
+  const std::filesystem::path dir = std::getenv("CKPT_DIR");
+  tc::sharded_tensors model(tc::small_model(), r, n);
+  ck::state_dict d;
+  d.add_shards(model.pieces());
+  try {
+    ck::checkpointer c(world.group, st::make_sink<st::posix_sink>(dir), {.location = dir.string(), .run_id = std::getenv("CKPT_RUN")});
+    model.fill(1);
+    c.save(1, d).get();
+    std::printf("saved 1\n");
+    std::fflush(stdout);
+    if (std::getenv("CKPT_HOLD"))
+      for (int i = 0; i < 600 && !std::filesystem::exists(dir.parent_path() / "go"); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    model.fill(2);
+    c.save(2, d).get();
+    std::printf("saved 2\n");
+  } catch (const sk::error& e) {
+    std::printf("refused: %s\n", e.what());
+    std::fflush(stdout);
+    std::_Exit(3);
+  }
+}
+
+TEST_CASE("[ckpt] two runs as processes on one directory: the second is refused while the first holds it") {
+  const auto top = std::filesystem::temp_directory_path() / ("shardkit-ckpt-two-runs-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(top);
+  const auto dir = top / "ckpt";
+  std::filesystem::create_directories(dir);
+  std::vector<sk::test::process_result> first;
+  std::thread holder([&] {
+    first = sk::test::run_processes(2, "ckpt_one_of_two_runs", {{"CKPT_DIR", dir.string()}, {"CKPT_RUN", "first"}, {"CKPT_HOLD", "1"}},
+                                    std::chrono::seconds(60));
+  });
+  for (int i = 0; i < 600 && !std::filesystem::exists(dir / ck::step_prefix("", 1) / "index.json"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Run "first" holds the directory (its step 1 committed, step 2 waits): "second", same run id or not, is refused.
+  for (const char* run : {"second", "first"}) {
+    CAPTURE(run);
+    auto second = sk::test::run_processes(2, "ckpt_one_of_two_runs", {{"CKPT_DIR", dir.string()}, {"CKPT_RUN", run}},
+                                          std::chrono::seconds(60));
+    for (const auto& out : second) {
+      INFO(out.output);
+      CHECK(out.exit_code == 3);
+      CHECK(out.output.find("is held by run first (host ") != std::string::npos);
+      CHECK(out.output.find("saved 1") == std::string::npos);
+    }
+  }
+  std::ofstream(top / "go") << "go";
+  holder.join();
+  sk::test::require_all_succeeded(first);
+  auto sink = st::make_sink<st::posix_sink>(dir);
+  CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{1, 2});
+  CHECK(run_of_step(sink, 2) == "first");
+  std::filesystem::remove_all(top);
 }

@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -91,8 +92,10 @@ struct watched_sink {
 };
 static_assert(st::sink_removes_many<watched_sink>);
 
-// Saves the state of each step from `world` thread ranks; every save must commit.
+// Saves the state of each step from `world` thread ranks, as run "s3" unless `o` names one (so that two sinks'
+// indexes are the same bytes); every save must commit.
 void save_on(int world, st::any_sink sink, const std::vector<std::uint64_t>& steps, ck::checkpointer_options o = {}) {
+  if (o.run_id.empty()) o.run_id = "s3";
   auto groups = sk::comm::make_loopback_world(world);
   sk::test::run_threads(world, [&](int r) {
     rank_state s(r, world);
@@ -192,6 +195,7 @@ TEST_CASE("[s3] checkpoint: 2 ranks save, 4 ranks load bit-exact without LIST") 
   auto watched = std::make_shared<watched_sink>(st::any_sink(s3));
   st::any_sink sink(watched);
   save_on(2, sink, {7});
+  watched->rec->read.clear();  // the save's (its lease); what follows is the loads'
   watched->rec->refuse_list = true;
   load_and_check(4, sink, 7);
   load_and_check(2, sink, 7);
@@ -220,8 +224,8 @@ TEST_CASE("[s3] checkpoint retention: keep_last 2 after 4 saves leaves 2 indexes
   CHECK(all.size() == 8);
   CHECK(s3->pending_uploads().empty());
   // The batch path: steps 100 and 200 went in DeleteObjects requests (indexes first, then files), never one
-  // DeleteObject per key.
-  CHECK(watched->rec->removes == 0);
+  // DeleteObject per key; the one remove() is the lease's, released when the run ends.
+  CHECK(watched->rec->removes == 1);
   REQUIRE(watched->rec->batches.size() == 4);
   CHECK(watched->rec->batches[0] == std::vector<std::string>{ck::index_key(prefix, 100)});
   CHECK(watched->rec->batches[1].size() == 3);
@@ -244,7 +248,7 @@ TEST_CASE("[s3] checkpoint through a proxy failing 10% of requests: saves commit
   CHECK(ck::complete_checkpoints(*direct, "") == std::vector<std::uint64_t>{3, 4});
   CHECK(direct->list("").size() == 8);  // two indexes and their three files each
   CHECK(direct->pending_uploads().empty());
-  CHECK(watched->rec->removes == 0);
+  CHECK(watched->rec->removes == 1);  // the lease's
 
   // The bytes through the faults are the server's, and the server's are the posix sink's for the same saves.
   temp_dir dir;
@@ -284,22 +288,18 @@ TEST_CASE("[s3] checkpoint with wrong credentials: the save fails at once naming
     rank_state s(r, 2);
     s.fill(5, r);
     ck::checkpointer saver(groups[std::size_t(r)], bad);
-    auto done = saver.save(5, s.dict);
-    messages[std::size_t(r)] = error_of([&] { done.get(); }, errc::io);
-    CHECK(saver.stats().failed == 1);
+    messages[std::size_t(r)] = error_of([&] { saver.save(5, s.dict); }, errc::io);
   });
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(took < 3.0);  // no retry storm: a 403 is not retried
   for (int r = 0; r < 2; ++r) {
     const auto& m = messages[std::size_t(r)];
     CAPTURE(m);
-    CHECK(contains(m, "checkpoint of step 5 was not committed"));
-    // A save's first request is each rank's check that the step holds no index yet (a save never writes into a
-    // committed step), so that is the request the server refuses, on both ranks.
-    const std::string index = ck::index_key("", 5);
-    CHECK(contains(m, "s3://" + loc.bucket + "/" + loc.prefix + index));  // bucket and key
-    CHECK(contains(m, "rank 0: "));
-    CHECK(contains(m, "rank 1: "));
+    // The first save's first request is rank 0's look at the location's lease, before any rank writes: the one the
+    // server refuses, and every rank's save() throws it at once.
+    CHECK(contains(m, "opening the checkpoint location for this run's saves"));
+    CHECK(contains(m, "s3://" + loc.bucket + "/" + loc.prefix + "lease.json"));  // bucket and key
+    if (&m == &messages[1]) CHECK(contains(m, "(on rank 0)"));
     CHECK(contains(m, "HeadObject"));  // the operation
     CHECK(contains(m, "403"));
     CHECK(contains(m, "not retried"));
@@ -413,4 +413,63 @@ TEST_CASE("[s3] checkpoint: keys revoked mid-run: the next save throws on every 
   CHECK(stopped_at[0] >= 4);
   CHECK(stopped_at[0] <= 6);
   CHECK(ck::complete_checkpoints(good, "").back() == 3);
+}
+
+TEST_CASE("[s3] two runs on one prefix: the second is refused naming the holder; a replaced lease stops the first's commits") {
+  if (!server_or_skip()) return;
+  const auto loc = location("ckpt-lease");
+  auto s3 = std::make_shared<st::s3_sink>(loc, options_for(*server()));
+  // What this server makes of If-None-Match on PutObject: S3, MinIO and Ceph refuse the second create (412); s3rver
+  // ignores the header and replaces the object. Either way the lease is read back, and re-read before each commit.
+  CHECK(s3->put_new("probe", st::as_bytes("1")));
+  const bool honours = !s3->put_new("probe", st::as_bytes("2"));
+  MESSAGE("this S3 server " << (honours ? "honours" : "ignores") << " If-None-Match: * on PutObject");
+  s3->remove("probe");
+  st::any_sink sink(s3);
+  auto a = sk::comm::make_loopback_world(2), b = sk::comm::make_loopback_world(2);
+  std::barrier step(4);
+  std::atomic<int> refused{0}, stopped{0};
+  sk::test::run_threads(4, [&](int t) {
+    const int r = t % 2;
+    rank_state s(r, 2);
+    if (t < 2) {  // run A holds the prefix
+      ck::checkpointer c(a[std::size_t(r)], sink, {.run_id = "run-a"});
+      s.fill(1, r);
+      CHECK(c.save(1, s.dict).get().committed);
+      step.arrive_and_wait();
+      step.arrive_and_wait();  // B was refused; then a second writer's lease replaces A's (what a race on a server
+                               // that ignores If-None-Match leaves): A's next commit is refused on every rank
+      if (r == 0) {
+        const ck::lease_record intruder{"run-b", "b-holder", "other-host", 4242, ck::detail::unix_seconds()};
+        st::put_object(*s3, ck::lease_key(""), st::as_bytes(intruder.to_json()));
+      }
+      c.group().barrier().wait();
+      s.fill(2, r);
+      try {
+        c.save(2, s.dict).get();
+      } catch (const sk::error& e) {
+        const std::string what = e.what();
+        INFO(what);
+        CHECK(contains(what, "this run (run-a) no longer holds the checkpoint location: it is held by run run-b (host other-host, pid 4242"));
+        ++stopped;
+      }
+    } else {
+      step.arrive_and_wait();
+      ck::checkpointer c(b[std::size_t(r)], sink, {.run_id = "run-b"});
+      s.fill(2, r);
+      try {
+        c.save(2, s.dict);
+      } catch (const sk::error& e) {
+        const std::string what = e.what();
+        INFO(what);
+        CHECK(contains(what, "is held by run run-a (host "));
+        ++refused;
+      }
+      step.arrive_and_wait();
+    }
+  });
+  CHECK(refused == 2);
+  CHECK(stopped == 2);
+  CHECK(ck::complete_checkpoints(*s3, "") == std::vector<std::uint64_t>{1});
+  CHECK(s3->pending_uploads().empty());
 }

@@ -115,6 +115,7 @@ TEST_CASE("[storage] apply_retention deletes old indexes before their files, in 
   SUBCASE("key by key (no remove_many)") {
     auto shared = std::make_shared<recording_sink<false>>();
     save_four(st::any_sink(shared));
+    shared->removed.clear();  // the run's lease, released at its end
     put_text(shared->inner, "step-000000000000/rank-00001.safetensors");  // debris of a save with no index
     const auto report = ck::apply_retention(*shared, "", 4, 2);
     CHECK(report.removed_checkpoints == std::vector<std::uint64_t>{1, 2});
@@ -130,6 +131,7 @@ TEST_CASE("[storage] apply_retention deletes old indexes before their files, in 
   SUBCASE("batches (remove_many): the indexes, then the files and debris") {
     auto shared = std::make_shared<recording_sink<true>>();
     save_four(st::any_sink(shared));
+    shared->removed.clear();  // the run's lease, released at its end
     put_text(shared->inner, "step-000000000000/rank-00001.safetensors");
     const auto report = ck::apply_retention(*shared, "", 4, 2);
     CHECK(report.removed_objects == 7);

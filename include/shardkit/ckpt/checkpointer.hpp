@@ -20,6 +20,15 @@
 //! (writers of an earlier run killed mid-save), before any rank of this run can write.
 //! Rank 0 then tells every rank the outcome, so all ranks' results agree.
 //!
+//! **One run per location.** The first save opens the location for this run, on rank 0, before any rank writes:
+//! it takes the location's lease (ckpt/lease.hpp: a second live writer is refused, naming the holder's run, host and
+//! pid), refuses a location whose newest checkpoint is another run's unless this run loaded from it or
+//! checkpointer_options::overwrite is set (then it removes them first), and tells every rank this run's id and which
+//! steps hold an index. Every index records the run id (checkpointer_options::run_id) and seed. A save into a step
+//! that holds an index fails on every rank with nothing written; rank 0 reads the lease back before each index and
+//! commits nothing once another run holds it. After the first, a save costs no request and no collective beyond
+//! its commit round.
+//!
 //! A failed save is never silent. The rank where it fails logs it at once (log::error: rank, step, key, cause), and
 //! rank 0 logs a step that was not committed. With on_failure::throw_next (the default), the next save() on every
 //! rank throws it: save() first agrees with the other ranks (a one-number all_reduce on a group of its own) on the
@@ -60,8 +69,10 @@
 #include <exception>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -72,6 +83,7 @@
 #include "shardkit/ckpt/device.hpp"
 #include "shardkit/ckpt/format.hpp"
 #include "shardkit/ckpt/index.hpp"
+#include "shardkit/ckpt/lease.hpp"
 #include "shardkit/ckpt/load.hpp"
 #include "shardkit/ckpt/state.hpp"
 #include "shardkit/comm/process_group.hpp"
@@ -115,6 +127,20 @@ struct checkpointer_options {
   //! How long rank 0 retries reading a new index back (a store that shows new objects late); a save whose index
   //! has not read back whole by then is not committed.
   std::chrono::milliseconds readback_timeout{10'000};
+  //! This run's id, recorded in every index it commits (metadata "shardkit.run"). Empty: the id of the checkpoint
+  //! this checkpointer loads before its first save (a resumed run keeps its id), else a random one. Set: a restarted
+  //! job that gives its own id again continues its run without loading.
+  std::string run_id;
+  //! What the run was started with, recorded in every index (metadata "shardkit.seed") when set.
+  std::optional<std::uint64_t> seed;
+  //! A run that did not load from this location (no load() or load_latest() that loaded, before its first save) and
+  //! finds that its newest checkpoint is another run's: false refuses the first save on every rank (errc::config
+  //! naming the location, that run's id, step, world size and seed, and these ways on); true removes every
+  //! checkpoint under the prefix first (rank 0 logs it).
+  bool overwrite = false;
+  //! The location's lease (ckpt/lease.hpp): a lease not renewed for this long may be taken over by another run. Its
+  //! holder renews it every quarter of it, from a thread of its own.
+  std::chrono::seconds lease_expiry{120};
   //! Copies the state's tensors that live on a device (a GPU) to and from host memory, and allocates the staging
   //! buffer where it copies fastest (page-locked); see ckpt/device.hpp. Empty: host tensors only.
   any_checkpoint_device device;
@@ -282,6 +308,14 @@ class checkpointer {
   // Throws (and forgets) the recorded failures of steps <= up_to; nothing when there are none.
   SHARDKIT_DECL void throw_failures_up_to(std::uint64_t up_to);
 
+  // The first save's opening of the location (see the file comment): collective on calls_group_.
+  SHARDKIT_DECL void open_for_saves();
+  // Rank 0, opening: removes every checkpoint under the prefix (checkpointer_options::overwrite).
+  SHARDKIT_DECL void remove_checkpoints_of_another_run(const listing& listed);
+  // A load that succeeded before the first save makes this a resumed run, with the id it loaded.
+  SHARDKIT_DECL void note_loaded(const load_report& report);
+  SHARDKIT_DECL load_report load_index(const checkpoint_index& index, const state_dict& into, load_scope scope);
+
   // latest()'s work; on rank 0 also hands back the index it parsed, so load_latest does not read it twice (a large
   // job's index is hundreds of megabytes: docs/benchmarks.md).
   SHARDKIT_DECL std::optional<std::uint64_t> find_latest(std::optional<checkpoint_index>* parsed_on_rank0);
@@ -325,6 +359,12 @@ class checkpointer {
   std::vector<failed_save> unthrown_failures_;
   // The last three saves' steps and completions, newest last: the failure rules wait for some of them.
   std::vector<std::pair<std::uint64_t, basic_completion<save_result>>> recent_saves_;
+  // The location's run: set at the first save (open_for_saves), on every rank alike.
+  std::string run_id_;
+  bool resumed_ = false;
+  bool opened_ = false;
+  std::set<std::uint64_t> indexed_at_open_;  // saves into these steps are refused (this run holds the lease)
+  std::unique_ptr<location_lease> lease_;    // rank 0's, from the first save to the destructor
   std::optional<thread_pool> pool_;  // last: its worker uses the members above until it is joined
 };
 

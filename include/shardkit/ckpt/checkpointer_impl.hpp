@@ -4,12 +4,15 @@
 //! <shardkit/impl/src.hpp> does (with the ckpt target, SHARDKIT_HAS_CKPT), in one translation unit of the program
 //! (core/separate_compilation.hpp), so the save coroutines and the safetensors writer compile once.
 #include "shardkit/ckpt/checkpointer.hpp"
+#include "shardkit/ckpt/checkpointer_location_impl.hpp"
 
 namespace shardkit::ckpt {
 
 SHARDKIT_DECL checkpointer::checkpointer(comm::process_group& training, storage::any_sink sink, checkpointer_options o)
-    : opts_(std::move(o)), sink_(std::move(sink)) {
+    : opts_(std::move(o)), sink_(std::move(sink)), run_id_(opts_.run_id) {
   check_checkpoint_prefix(opts_.prefix);
+  if (opts_.lease_expiry.count() <= 0)
+    throw_error(errc::invalid_argument, "checkpointer_options::lease_expiry is positive", {.operation = "ckpt.checkpointer"});
   if (training.rank() == 0) sweep_temporaries_of_earlier_runs();  // before the dup: no rank of this run writes yet
   comm::group_options g = comm::group_options::from_env();
   g.name = "ckpt";
@@ -24,77 +27,26 @@ SHARDKIT_DECL checkpointer::checkpointer(comm::process_group& training, storage:
   pool_.emplace(2);
 }
 
-SHARDKIT_DECL std::string checkpointer::broadcast_string(std::string s, int root) {
-  auto n = static_cast<std::int64_t>(s.size());
-  calls_group_.broadcast(buffer_view(std::span<std::int64_t>(&n, 1)), root).wait();
-  s.resize(static_cast<std::size_t>(n));
-  if (n > 0) calls_group_.broadcast(buffer_view(s.data(), s.size(), dtype::u8), root).wait();
-  return s;
-}
-
-SHARDKIT_DECL void checkpointer::agree_on_location() {
-  if (world_ == 1) return;
-  // A digest each, then the strings only when they differ: O(ranks) bytes at construction.
-  const std::string mine = opts_.location + '\n' + opts_.prefix;
-  const std::uint64_t own[2] = {codec::xxh64(std::as_bytes(std::span<const char>(mine.data(), mine.size()))),
-                                static_cast<std::uint64_t>(world_)};
-  std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(world_));
-  calls_group_.all_gather(const_buffer_view(own, 2, dtype::i64), buffer_view(all.data(), all.size(), dtype::i64)).wait();
-  int other = -1;
-  for (int r = 1; r < world_ && other < 0; ++r)
-    if (all[2 * std::size_t(r)] != all[0] || all[2 * std::size_t(r) + 1] != all[1]) other = r;
-  if (other < 0) return;
-  auto describe = [&](const std::string& s, int r) {
-    const auto cut = s.rfind('\n');
-    return "rank " + std::to_string(r) + "'s is '" + s.substr(0, cut) + "'" +
-           (cut + 1 < s.size() ? " with prefix '" + s.substr(cut + 1) + "'" : "") + " (world size " +
-           std::to_string(all[2 * std::size_t(r) + 1]) + ")";
-  };
-  const std::string first = broadcast_string(mine, 0), theirs = broadcast_string(mine, other);
-  throw_error(errc::invalid_argument,
-              "ranks disagree on the checkpoint location: " + describe(first, 0) + ", " + describe(theirs, other) +
-                  "; every rank must save to one location",
-              {.rank = rank_, .operation = "ckpt.checkpointer", .object = opts_.location});
-}
-
-SHARDKIT_DECL void checkpointer::sweep_temporaries_of_earlier_runs() {
-  // A temporary last modified before this process started is no writer's of this run; a live writer of another
-  // process keeps touching its own (each write does), so it is newer than any process that started before its last
-  // write. /proc/self's time is the process's start.
-  struct ::stat self {};
-  if (::stat("/proc/self", &self) != 0) return;
-  const auto started = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
-      std::chrono::seconds(self.st_mtim.tv_sec) + std::chrono::nanoseconds(self.st_mtim.tv_nsec)));
-  const auto now = std::chrono::system_clock::now();
-  const auto age = std::chrono::duration_cast<std::chrono::seconds>(now - started) + std::chrono::seconds(1);
-  try {
-    std::uint64_t bytes = 0;
-    std::size_t stale = 0;
-    for (const auto& t : sink_.temporaries(opts_.prefix + "step-"))
-      if (now - t.modified >= age) bytes += t.bytes, ++stale;
-    if (stale == 0) return;
-    const auto removed = sink_.remove_stale_temporaries(age, opts_.prefix + "step-");
-    log::info("ckpt: removed ", removed, " temporaries (", bytes, " bytes) that writers of earlier runs left under '",
-              opts_.prefix, "'");
-  } catch (const std::exception& e) {
-    log::warn("ckpt: sweeping temporaries of earlier runs under '", opts_.prefix, "': ", e.what());
-  }
-}
-
 SHARDKIT_DECL checkpointer::~checkpointer() {
   wait_for_saves();
   pool_.reset();
+  lease_.reset();  // released once no save of this run writes any more
 }
 
 SHARDKIT_DECL basic_completion<save_result> checkpointer::save(std::uint64_t step, const state_dict& state,
                                                                std::map<std::string, std::string> metadata) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (opts_.failed == on_failure::throw_next) throw_failures_any_rank_knows();
+  for (const auto& [key, value] : metadata)
+    if (key.starts_with("shardkit."))
+      throw_error(errc::invalid_argument, "checkpoint metadata key '" + key + "': keys starting with 'shardkit.' are the checkpointer's",
+                  {.rank = rank_, .operation = "ckpt.save"});
   bool on_device = false;
   for (const auto& t : state.saved_tensors()) {
     opts_.device.check_serves(t.location, t.name, "ckpt.save");
     on_device |= t.location != device::host();
   }
+  if (!opened_) open_for_saves();
+  if (opts_.failed == on_failure::throw_next) throw_failures_any_rank_knows();
   // The copies (now, or on the worker when zero-overhead) must see the optimizer step the trainer queued.
   if (on_device) opts_.device.order_after_trainer();
   pipeline_turn turn;
@@ -110,6 +62,8 @@ SHARDKIT_DECL basic_completion<save_result> checkpointer::save(std::uint64_t ste
   auto job = std::make_shared<save_job>();
   job->step = step;
   job->metadata = std::move(metadata);
+  job->metadata[std::string(run_metadata_key)] = run_id_;
+  if (opts_.seed) job->metadata[std::string(seed_metadata_key)] = std::to_string(*opts_.seed);
   const bool busy = !turn.ready();
   if (busy && opts_.busy == when_busy::skip) {
     job->skipped = true;
@@ -277,8 +231,14 @@ SHARDKIT_DECL load_report checkpointer::load(std::uint64_t step, const state_dic
   if (!index)
     throw_error(errc::not_found, "no checkpoint of step " + std::to_string(step) + " (no index " + index_key(opts_.prefix, step) + ")",
                 {.rank = rank_, .operation = "ckpt.load", .object = index_key(opts_.prefix, step)});
-  if (scope == load_scope::everything) refuse_what_no_rank_asks(*index, into);
-  return load_state(sink_, *index, into, rank_, world_, "checkpoint " + index_key(opts_.prefix, step),
+  auto report = load_index(*index, into, scope);
+  note_loaded(report);
+  return report;
+}
+
+SHARDKIT_DECL load_report checkpointer::load_index(const checkpoint_index& index, const state_dict& into, load_scope scope) {
+  if (scope == load_scope::everything) refuse_what_no_rank_asks(index, into);
+  return load_state(sink_, index, into, rank_, world_, "checkpoint " + index_key(opts_.prefix, index.step),
                     {.device = opts_.device});
 }
 
@@ -293,13 +253,11 @@ SHARDKIT_DECL std::optional<load_report> checkpointer::load_latest(const state_d
     std::string why;
     std::optional<load_report> report;
     try {
-      if (!parsed) {
-        report = load(*step, into, scope);
-      } else {
-        if (scope == load_scope::everything) refuse_what_no_rank_asks(*parsed, into);
-        report = load_state(sink_, *parsed, into, rank_, world_, "checkpoint " + index_key(opts_.prefix, *step),
-                            {.device = opts_.device});
-      }
+      if (!parsed) parsed = read_index(sink_, opts_.prefix, *step);
+      if (!parsed)
+        throw_error(errc::not_found, "no checkpoint of step " + std::to_string(*step) + " (no index " + index_key(opts_.prefix, *step) + ")",
+                    {.rank = rank_, .operation = "ckpt.load", .object = index_key(opts_.prefix, *step)});
+      report = load_index(*parsed, into, scope);
     } catch (const shardkit::error& e) {
       const bool damaged = e.code() == make_error_code(errc::io) || e.code() == make_error_code(errc::not_found) ||
                            e.code() == make_error_code(errc::protocol);
@@ -311,6 +269,7 @@ SHARDKIT_DECL std::optional<load_report> checkpointer::load_latest(const state_d
     calls_group_.all_gather(const_buffer_view(&outcome, 1, dtype::i64), buffer_view(outcomes.data(), outcomes.size(), dtype::i64)).wait();
     const auto failed = std::find(outcomes.begin(), outcomes.end(), 1);
     if (failed == outcomes.end()) {
+      note_loaded(*report);
       report->passed_over = std::move(passed_over);
       return report;
     }
@@ -436,8 +395,10 @@ SHARDKIT_DECL task<void> checkpointer::run(std::shared_ptr<save_job> job, pipeli
       const auto t0 = std::chrono::steady_clock::now();
       try {
         // A step that holds an index is a checkpoint (this run's before a restart, or another run's): a save never
-        // writes into it, so that a rank file of one save never sits beside the index of another.
-        if (sink_.exists(result.index_key))
+        // writes into it, so that a rank file of one save never sits beside the index of another. Which steps hold
+        // one is known since the first save opened the location, and no other run writes there while this one holds
+        // the lease.
+        if (indexed_at_open_.contains(job->step))
           throw_error(errc::invalid_argument,
                       "step " + std::to_string(job->step) + " already holds a checkpoint (" + result.index_key +
                           "): a save never writes into it; resume from it, or remove it first",
@@ -557,6 +518,10 @@ SHARDKIT_DECL std::string checkpointer::commit(save_job& job, const std::vector<
   // The index, last. A throw from the sink does not prove that nothing was written (a lost acknowledgement):
   // what decides is whether the index reads back.
   const std::string key = index_key(opts_.prefix, job.step);
+  if (lease_)
+    if (const auto why = lease_->check(); !why.empty())
+      return outcome(false, false, "this run (" + run_id_ + ") no longer holds the checkpoint location: " + why +
+                                       "; nothing more is committed there");
   std::string put_error;
   try {
     storage::put_object(sink_, key, storage::as_bytes(to_json(index)));

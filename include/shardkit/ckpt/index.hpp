@@ -46,6 +46,11 @@ namespace shardkit::ckpt {
 inline constexpr std::string_view index_format_name = "shardkit.ckpt";
 inline constexpr std::uint64_t index_format_version = 2;
 
+//! Metadata keys the checkpointer writes into every index (ckpt/checkpointer.hpp: one run per location); a user's
+//! metadata key starting with "shardkit." is refused. An index without them was saved before runs had ids.
+inline constexpr std::string_view run_metadata_key = "shardkit.run";
+inline constexpr std::string_view seed_metadata_key = "shardkit.seed";
+
 //! A tensor of the checkpoint: one entry of the index's table, whichever files hold its pieces.
 struct index_tensor {
   std::string name;
@@ -83,6 +88,12 @@ struct checkpoint_index {
   const index_tensor& tensor_of(const index_piece& p) const { return tensors.at(p.tensor); }
   friend bool operator==(const checkpoint_index&, const checkpoint_index&) = default;
 };
+
+//! The id of the run that saved the checkpoint; empty for one saved before runs had ids.
+inline std::string run_of(const checkpoint_index& index) {
+  const auto it = index.metadata.find(std::string(run_metadata_key));
+  return it == index.metadata.end() ? std::string{} : it->second;
+}
 
 //! Appends what the index records of a written file (write_safetensors' or read_header's table) to `index`: its
 //! pieces, and its tensors to the table when they are new there. errc::invalid_argument if a tensor has no

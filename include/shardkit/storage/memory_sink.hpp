@@ -103,6 +103,14 @@ class memory_sink {
     return writer(state_, key);
   }
 
+  //! Writes the object only if the key has none (sink_puts_new): true if it wrote it.
+  bool put_new(const std::string& key, std::span<const std::byte> bytes) {
+    check_key(key, "sink.put");
+    auto object = std::make_shared<const std::vector<std::byte>>(bytes.begin(), bytes.end());
+    std::lock_guard lock(state_->mutex);
+    return state_->objects.emplace(key, std::move(object)).second;
+  }
+
   std::size_t get(const std::string& key, std::uint64_t offset, std::span<std::byte> out) {
     check_key(key, "sink.get");
     auto object = find(key);
@@ -155,6 +163,6 @@ class memory_sink {
   std::shared_ptr<detail::memory_sink_state> state_ = std::make_shared<detail::memory_sink_state>();
 };
 
-static_assert(sink<memory_sink>);
+static_assert(sink<memory_sink> && sink_puts_new<memory_sink>);
 
 }  // namespace shardkit::storage

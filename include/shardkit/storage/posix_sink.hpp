@@ -203,7 +203,24 @@ class posix_sink {
       }
     }
 
-    void commit() {
+    void commit() { (void)publish(true); }
+
+    void abort() noexcept {
+      release_bounce();
+      filled_ = 0;
+      fd_.reset();
+      if (!temporary_.empty()) ::unlink(temporary_.c_str());
+      temporary_.clear();
+    }
+
+    //! Bytes written so far.
+    std::uint64_t bytes_written() const noexcept { return written_; }
+
+   private:
+    friend class posix_sink;
+    // commit(), or with replace false put_new's end: link() instead of rename(), which fails with EEXIST where the key
+    // holds a file, so that of two creators exactly one wins; false (nothing published) for the loser.
+    bool publish(bool replace) {
       check_open("sink.commit");
       if (!failed_ && filled_ > 0) {
         // The tail: its aligned part still direct (when direct), the rest through the page cache.
@@ -236,31 +253,24 @@ class posix_sink {
         const int e = errno;
         fail(e, "close", temporary_);
       }
-      if (::rename(temporary_.c_str(), path_.c_str()) != 0) {
+      if (replace ? ::rename(temporary_.c_str(), path_.c_str()) != 0 : ::link(temporary_.c_str(), path_.c_str()) != 0) {
         const int e = errno;
-        fail(e, "rename onto '" + path_ + "' of", temporary_);
+        if (!replace && e == EEXIST) {
+          abort();
+          return false;
+        }
+        fail(e, (replace ? "rename onto '" : "link onto '") + path_ + "' of", temporary_);
       }
+      if (!replace) ::unlink(temporary_.c_str());
       const std::string dir = detail::parent_of(path_);
       temporary_.clear();
       if (fsync_)
         if (const int e = detail::fsync_directory(dir); e != 0)
           detail::throw_os_error(e, "sink.commit", key_,
                                  "the object is visible, but its directory entry may not be durable: fsync", dir);
+      return true;
     }
 
-    void abort() noexcept {
-      release_bounce();
-      filled_ = 0;
-      fd_.reset();
-      if (!temporary_.empty()) ::unlink(temporary_.c_str());
-      temporary_.clear();
-    }
-
-    //! Bytes written so far.
-    std::uint64_t bytes_written() const noexcept { return written_; }
-
-   private:
-    friend class posix_sink;
     writer(detail::unique_fd fd, std::string key, std::string path, std::string temporary, bool fsync,
            std::shared_ptr<detail::bounce_pool> pool)
         : fd_(std::move(fd)), key_(std::move(key)), path_(std::move(path)), temporary_(std::move(temporary)),
@@ -392,6 +402,14 @@ class posix_sink {
       }
       detail::throw_os_error(e, "sink.put", key, "create", temporary);
     }
+  }
+
+  //! Writes the object only if the key holds no file (sink_puts_new): a temporary as put() writes, then link()ed
+  //! onto the key, which fails where the key exists. True if it wrote it.
+  bool put_new(const std::string& key, std::span<const std::byte> bytes) {
+    auto w = put(key);
+    w.write(bytes);
+    return w.publish(false);
   }
 
   std::size_t get(const std::string& key, std::uint64_t offset, std::span<std::byte> out) {
@@ -588,6 +606,6 @@ class posix_sink {
   std::shared_ptr<detail::bounce_pool> bounce_pool_;  // null: no O_DIRECT
 };
 
-static_assert(sink<posix_sink> && sink_names_objects<posix_sink>);
+static_assert(sink<posix_sink> && sink_names_objects<posix_sink> && sink_puts_new<posix_sink>);
 
 }  // namespace shardkit::storage

@@ -320,6 +320,21 @@ class s3_sink {
     return writer(client_, key, static_cast<std::size_t>(std::max<std::uint64_t>(client_->options().part_size, fitting)));
   }
 
+  //! Writes a small object only if the key has none (sink_puts_new): one PutObject with If-None-Match: *, which S3
+  //! (since 2024), MinIO and Ceph refuse with 412 when the key exists. A server that ignores the header (s3rver,
+  //! older stores) replaces the object and this returns true: callers that need the guarantee read it back.
+  bool put_new(const std::string& key, std::span<const std::byte> bytes) {
+    check_put_key(key);
+    auto& c = *client_;
+    s3_detail::request r{.operation = "PutObject", .method = "PUT", .key = c.full_key(key), .body = bytes,
+                         .headers = {"If-None-Match: *"}};
+    auto resp = c.execute(r);
+    // 409: another conditional PUT of the key is in flight (S3's ConditionalRequestConflict); it will exist.
+    if (resp.curl == CURLE_OK && (resp.status == 412 || resp.status == 409)) return false;
+    if (!resp.ok()) c.fail(resp, r, "sink.put", key);
+    return true;
+  }
+
   std::size_t get(const std::string& key, std::uint64_t offset, std::span<std::byte> out) {
     check_key(key, "sink.get");
     auto& c = *client_;
@@ -554,6 +569,6 @@ class s3_sink {
   std::shared_ptr<std::atomic<bool>> bucket_checked_ = std::make_shared<std::atomic<bool>>(false);
 };
 
-static_assert(sink<s3_sink> && sink_removes_many<s3_sink> && sink_puts_sized<s3_sink>);
+static_assert(sink<s3_sink> && sink_removes_many<s3_sink> && sink_puts_sized<s3_sink> && sink_puts_new<s3_sink>);
 
 }  // namespace shardkit::storage

@@ -71,6 +71,13 @@
 //! symlink and its target agree, or for a file of several hard links its inode and device); concept sink_names_objects, free function storage::identity_of (the key itself for
 //! a sink without it); any_sink forwards it. The data loader refuses a token file listed under two keys this way.
 //!
+//! **Optional capability: create only.** `s.put_new(key, bytes)` (bytes std::span<const std::byte>) -> bool writes
+//! a whole small object only if no object has the key, atomically: true if it wrote it, false (writing nothing) if
+//! one was there (concept sink_puts_new: posix_sink links its temporary onto the key, which fails when the key
+//! exists; s3_sink sends PutObject with If-None-Match: *, which S3 refuses with 412 when the key exists; memory_sink
+//! under its lock). Callers use storage::put_new(s, key, bytes), which falls back to exists() then a put, not
+//! atomic: a caller that needs a guarantee reads the object back. The checkpointer's lease (ckpt/lease.hpp) does.
+//!
 //! - A writer is finished after commit() or abort(); a write or commit on a finished writer throws errc::closed.
 //!   Destroying an unfinished writer aborts it.
 //! - After a write() threw (an I/O error, a short write) the object must never become visible: commit() throws
@@ -241,6 +248,12 @@ std::string identity_of(S& s, const std::string& key) {
   else return key;
 }
 
+//! The optional create-only put of the file comment.
+template <class S>
+concept sink_puts_new = sink<S> && requires(S& s, const std::string& key, std::span<const std::byte> bytes) {
+  { s.put_new(key, bytes) } -> std::same_as<bool>;
+};
+
 //! The writer type a sink's put() returns.
 template <sink S>
 using writer_t = decltype(std::declval<S&>().put(std::declval<const std::string&>()));
@@ -256,6 +269,20 @@ template <sink S>
 writer_t<S> put_sized(S& s, const std::string& key, std::uint64_t size) {
   if constexpr (sink_puts_sized<S>) return s.put(key, size);
   else return s.put(key);
+}
+
+//! s.put_new(key, bytes) where the sink has it (sink_puts_new), else exists() then a whole put: true if it wrote.
+template <sink S>
+bool put_new(S& s, const std::string& key, std::span<const std::byte> bytes) {
+  if constexpr (sink_puts_new<S>) {
+    return s.put_new(key, bytes);
+  } else {
+    if (s.exists(key)) return false;
+    auto w = s.put(key);
+    w.write(bytes);
+    w.commit();
+    return true;
+  }
 }
 
 namespace detail {
@@ -329,6 +356,7 @@ struct sink_interface {
   virtual std::vector<temporary_object> temporaries(const std::string&) = 0;
   virtual std::size_t remove_stale_temporaries(std::chrono::seconds, const std::string&) = 0;
   virtual std::string identity(const std::string&) = 0;
+  virtual bool put_new(const std::string&, std::span<const std::byte>) = 0;
 };
 }  // namespace detail
 
@@ -384,6 +412,7 @@ struct sink_model final : sink_interface {
     return storage::remove_stale_temporaries(*impl, age, p);
   }
   std::string identity(const std::string& k) override { return storage::identity_of(*impl, k); }
+  bool put_new(const std::string& k, std::span<const std::byte> b) override { return storage::put_new(*impl, k, b); }
 };
 }  // namespace detail
 
@@ -421,6 +450,8 @@ class any_sink {
   }
   //! The sink's object identity (sink_names_objects), or the key.
   std::string identity(const std::string& key) { return self().identity(key); }
+  //! The sink's create-only put, or exists() then a put when it has none (sink_puts_new).
+  bool put_new(const std::string& key, std::span<const std::byte> bytes) { return self().put_new(key, bytes); }
 
  private:
   detail::sink_interface& self() const {

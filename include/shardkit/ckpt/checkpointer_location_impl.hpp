@@ -1,0 +1,140 @@
+#pragma once
+//! The bodies behind ckpt/checkpointer.hpp that concern its location rather than one save: the ranks' agreement on
+//! it, the sweep of earlier runs' temporaries, the first save's opening (the lease, the run id, another run's
+//! checkpoints refused or removed) and what a load tells it. Included by ckpt/checkpointer_impl.hpp, compiled with it.
+#include "shardkit/ckpt/checkpointer.hpp"
+
+namespace shardkit::ckpt {
+
+SHARDKIT_DECL std::string checkpointer::broadcast_string(std::string s, int root) {
+  auto n = static_cast<std::int64_t>(s.size());
+  calls_group_.broadcast(buffer_view(std::span<std::int64_t>(&n, 1)), root).wait();
+  s.resize(static_cast<std::size_t>(n));
+  if (n > 0) calls_group_.broadcast(buffer_view(s.data(), s.size(), dtype::u8), root).wait();
+  return s;
+}
+
+SHARDKIT_DECL void checkpointer::agree_on_location() {
+  if (world_ == 1) return;
+  // A digest each, then the strings only when they differ: O(ranks) bytes at construction.
+  const std::string mine = opts_.location + '\n' + opts_.prefix;
+  const std::uint64_t own[2] = {codec::xxh64(std::as_bytes(std::span<const char>(mine.data(), mine.size()))),
+                                static_cast<std::uint64_t>(world_)};
+  std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(world_));
+  calls_group_.all_gather(const_buffer_view(own, 2, dtype::i64), buffer_view(all.data(), all.size(), dtype::i64)).wait();
+  int other = -1;
+  for (int r = 1; r < world_ && other < 0; ++r)
+    if (all[2 * std::size_t(r)] != all[0] || all[2 * std::size_t(r) + 1] != all[1]) other = r;
+  if (other < 0) return;
+  auto describe = [&](const std::string& s, int r) {
+    const auto cut = s.rfind('\n');
+    return "rank " + std::to_string(r) + "'s is '" + s.substr(0, cut) + "'" +
+           (cut + 1 < s.size() ? " with prefix '" + s.substr(cut + 1) + "'" : "") + " (world size " +
+           std::to_string(all[2 * std::size_t(r) + 1]) + ")";
+  };
+  const std::string first = broadcast_string(mine, 0), theirs = broadcast_string(mine, other);
+  throw_error(errc::invalid_argument,
+              "ranks disagree on the checkpoint location: " + describe(first, 0) + ", " + describe(theirs, other) +
+                  "; every rank must save to one location",
+              {.rank = rank_, .operation = "ckpt.checkpointer", .object = opts_.location});
+}
+
+SHARDKIT_DECL void checkpointer::sweep_temporaries_of_earlier_runs() {
+  // A temporary last modified before this process started is no writer's of this run; a live writer of another
+  // process keeps touching its own (each write does), so it is newer than any process that started before its last
+  // write. /proc/self's time is the process's start.
+  struct ::stat self {};
+  if (::stat("/proc/self", &self) != 0) return;
+  const auto started = std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(
+      std::chrono::seconds(self.st_mtim.tv_sec) + std::chrono::nanoseconds(self.st_mtim.tv_nsec)));
+  const auto now = std::chrono::system_clock::now();
+  const auto age = std::chrono::duration_cast<std::chrono::seconds>(now - started) + std::chrono::seconds(1);
+  try {
+    std::uint64_t bytes = 0;
+    std::size_t stale = 0;
+    for (const auto& t : sink_.temporaries(opts_.prefix + "step-"))
+      if (now - t.modified >= age) bytes += t.bytes, ++stale;
+    if (stale == 0) return;
+    const auto removed = sink_.remove_stale_temporaries(age, opts_.prefix + "step-");
+    log::info("ckpt: removed ", removed, " temporaries (", bytes, " bytes) that writers of earlier runs left under '",
+              opts_.prefix, "'");
+  } catch (const std::exception& e) {
+    log::warn("ckpt: sweeping temporaries of earlier runs under '", opts_.prefix, "': ", e.what());
+  }
+}
+
+SHARDKIT_DECL void checkpointer::open_for_saves() {
+  const std::string where = opts_.location.empty() ? (opts_.prefix.empty() ? std::string("the sink's root") : "prefix '" + opts_.prefix + "'")
+                                                   : opts_.location;
+  std::string verdict;
+  if (rank_ == 0) {
+    nlohmann::json v;
+    try {
+      if (run_id_.empty()) run_id_ = random_id();
+      // One lease object for every attempt: a failed attempt may have written it (its read-back failed).
+      if (!lease_) lease_ = std::make_unique<location_lease>(sink_, opts_.prefix, where, run_id_, opts_.lease_expiry);
+      if (!lease_->held()) lease_->acquire();
+      auto listed = list_checkpoints(sink_, opts_.prefix);
+      if (!resumed_ && !listed.indexed.empty()) {
+        const auto newest = latest_checkpoint(sink_, opts_.prefix);
+        const std::string theirs = newest ? run_of(*newest) : std::string{};
+        if (!newest || theirs != run_id_) {
+          std::string who = newest ? (theirs.empty() ? std::string("a run saved before runs had ids") : "run " + theirs) +
+                                         ", newest step " + std::to_string(newest->step) + ", saved by " +
+                                         std::to_string(newest->world_size) + " ranks"
+                                   : std::string("indexes that do not parse");
+          if (newest)
+            if (auto seed = newest->metadata.find(std::string(seed_metadata_key)); seed != newest->metadata.end())
+              who += ", seed " + seed->second;
+          if (!opts_.overwrite)
+            throw_error(errc::config,
+                        "the checkpoint location '" + where + "' holds checkpoints of another run (" + who + "); this run (" +
+                            run_id_ + ") did not load from it. Resume from it (load_latest before the first save; the "
+                            "trainer's --resume), give this run a new location, or set checkpointer_options::overwrite "
+                            "(the trainer's --overwrite) to remove them first");
+          log::warn("ckpt: removing the checkpoints of another run (", who, ") from '", where, "' (overwrite)");
+          remove_checkpoints_of_another_run(listed);
+          listed = list_checkpoints(sink_, opts_.prefix);
+        }
+      }
+      v = {{"run", run_id_}, {"indexed", std::vector<std::uint64_t>(listed.indexed.begin(), listed.indexed.end())}};
+    } catch (const shardkit::error& e) {
+      const auto& c = e.context();
+      v = {{"error", (c.object.empty() ? std::string{} : c.operation + " '" + c.object + "': ") + e.detail()}, {"code", e.code().value()}};
+    } catch (const std::exception& e) {
+      v = {{"error", e.what()}, {"code", static_cast<int>(errc::io)}};
+    }
+    if (v.contains("error")) log::error("ckpt: opening '", where, "' for this run's saves: ", v["error"].get<std::string>());
+    verdict = v.dump();
+  }
+  if (world_ > 1) verdict = broadcast_string(verdict, 0);
+  const auto v = nlohmann::json::parse(verdict);
+  if (v.contains("error"))
+    throw error(make_error_code(static_cast<errc>(v["code"].get<int>())),
+                "opening the checkpoint location for this run's saves" + std::string(rank_ == 0 ? "" : " (on rank 0)") + ": " +
+                    v["error"].get<std::string>(),
+                {.rank = rank_, .operation = "ckpt.save", .object = where});
+  run_id_ = v["run"].get<std::string>();
+  const auto indexed = v["indexed"].get<std::vector<std::uint64_t>>();
+  indexed_at_open_ = std::set<std::uint64_t>(indexed.begin(), indexed.end());
+  opened_ = true;
+}
+
+SHARDKIT_DECL void checkpointer::remove_checkpoints_of_another_run(const listing& listed) {
+  // Indexes first: a crash midway leaves debris, never an index that names removed files.
+  std::vector<std::string> indexes, rest;
+  for (const auto& [step, keys] : listed.keys_by_step)
+    for (const auto& key : keys) (key == index_key(opts_.prefix, step) ? indexes : rest).push_back(key);
+  storage::remove_many(sink_, std::span<const std::string>(indexes));
+  storage::remove_many(sink_, std::span<const std::string>(rest));
+  sink_.remove_stale_temporaries(std::chrono::seconds(0), opts_.prefix + "step-");
+}
+
+SHARDKIT_DECL void checkpointer::note_loaded(const load_report& report) {
+  if (opened_) return;  // this run's indexes so far carry its id; a load does not change it
+  resumed_ = true;
+  if (auto it = report.metadata.find(std::string(run_metadata_key)); it != report.metadata.end() && !it->second.empty())
+    run_id_ = it->second;
+}
+
+}  // namespace shardkit::ckpt
