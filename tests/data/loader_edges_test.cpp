@@ -107,7 +107,7 @@ TEST_CASE("[data] mixing a dataset of fewer documents than logical shards keeps 
   CHECK(std::abs(share - 0.5) < 0.05);
 }
 
-TEST_CASE("[data] a dataset too small to cut, a missing file, a file listed twice: refused at open, saying what to do") {
+TEST_CASE("[data] a dataset too small to cut, a missing file, a file listed twice or in two datasets: refused at open, saying what to do") {
   auto sink = storage::make_sink<storage::memory_sink>();
   std::uint32_t next = 16;
   write_documents(sink, "tiny.tokens", {3, 4}, next);
@@ -129,6 +129,16 @@ TEST_CASE("[data] a dataset too small to cut, a missing file, a file listed twic
   CHECK(m.find("lists token file 'dir/a.tokens' twice") != std::string::npos);
   m = message_of([&] { data::loader l(sink, options_of({{.name = "x", .files = {"dir/a.tokens"}, .prefix = "dir/"}})); });
   CHECK(m.find("lists token file 'dir/a.tokens' twice") != std::string::npos);
+  // In two datasets (nested prefixes, the same file listed in both): mixed in under both weights, so refused too.
+  write_documents(sink, "dir/sub/b.tokens", {100}, next);
+  m = message_of([&] {
+    data::loader l(sink, options_of({{.name = "all", .prefix = "dir/"}, {.name = "sub", .prefix = "dir/sub/", .weight = 0.2}}));
+  });
+  CHECK(m.find("token file 'dir/sub/b.tokens' is in datasets 'all' and 'sub'") != std::string::npos);
+  m = message_of([&] {
+    data::loader l(sink, options_of({{.name = "a", .files = {"dir/a.tokens"}}, {.name = "b", .files = {"dir/sub/b.tokens", "dir/a.tokens"}}}));
+  });
+  CHECK(m.find("token file 'dir/a.tokens' is in datasets 'a' and 'b'") != std::string::npos);
 }
 
 TEST_CASE("[data] delimiters are no data: a logical shard that would own only delimiters is refused at open") {
@@ -320,7 +330,7 @@ TEST_CASE("[data] a world size that does not divide the logical shards is refuse
   };
   for (const auto& c : {change{[](data::loader_options& o) { o.sequence_length = 65; }, "sequence_length is 64 in the checkpoint (rank 0 of 4's data loader state), 65 in this loader"},
                         change{[](data::loader_options& o) { o.seed = 8; }, "seed is 7 in the checkpoint (rank 0 of 4's data loader state), 8 in this loader"},
-                        change{[](data::loader_options& o) { o.datasets[1].prefix = "a/"; },
+                        change{[](data::loader_options& o) { o.datasets[1] = {.name = "b", .files = {"b/part-0.tokens"}, .weight = 0.4}; },
                                "files of dataset 'b' is b/part-0.tokens ("}}) {
     auto other = ds.options();
     c.apply(other);

@@ -33,6 +33,9 @@ SHARDKIT_DECL void loader::open_datasets(int rank, int world) {
             .epochs = options_.epochs,
             // twice the mean chunk: most chunks are then one read
             .window_tokens = std::max<std::uint64_t>(2 * options_.chunk_tokens, 1024)};
+  // Every file's identity -> (dataset, key): a file in two datasets (nested prefixes, or listed in both) would be
+  // mixed in under both weights.
+  std::map<std::string, std::pair<std::string, std::string>> in_datasets;
   for (const auto& spec : options_.datasets) {
     detail::dataset_layout layout;
     std::vector<std::string> keys = spec.files;
@@ -52,6 +55,17 @@ SHARDKIT_DECL void loader::open_datasets(int rank, int world) {
                             "' twice (in files, or in files and under its prefix '" + spec.prefix + "'): list each file once"
                       : "dataset '" + spec.name + "' lists token files '" + it->second + "' and '" + key +
                             "', which are one file (" + it->first + ": one is a symbolic or hard link of the other): list each file once",
+                  {.operation = "data.open", .object = key});
+    }
+    for (const auto& [identity, key] : seen) {
+      auto [it, fresh] = in_datasets.emplace(identity, std::pair{spec.name, key});
+      if (fresh) continue;
+      const auto& [other, other_key] = it->second;
+      throw_error(errc::config,
+                  "token file '" + other_key + "' is in datasets '" + other + "' and '" + spec.name + "'" +
+                      (other_key == key ? "" : " (as '" + key + "', one file: a symbolic or hard link of the other)") +
+                      ", so it would be mixed in under both weights: list each file in one dataset (a prefix takes every "
+                      "file under it, those of nested directories too)",
                   {.operation = "data.open", .object = key});
     }
     for (const auto& k : keys) layout.files.push_back(token_file::open(sink_, k, spec.defaults, options_.vocab));
