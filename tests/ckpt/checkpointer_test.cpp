@@ -13,6 +13,7 @@
 #include <mutex>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <random>
@@ -398,6 +399,48 @@ TEST_CASE("[ckpt] a save awaited from a coroutine") {
     CHECK(result.bytes_written > 0);
   });
   load_and_check(2, sink, 8);
+}
+
+TEST_CASE("[ckpt] a std::uint64_t value is a U64 [1] tensor and loads back bit-exact; one saved as U8 [8] still loads") {
+  auto sink = memory();
+  auto groups = sk::comm::make_loopback_world(1);
+  ck::checkpointer c(groups[0], sink);
+  std::uint64_t steps = 0xfedcba9876543210u;  // above 2^63 and 2^53: neither an i64 nor a double holds it
+  ck::state_dict saved;
+  saved.add_value("optim.steps", steps);
+  REQUIRE(c.save(1, saved).get().committed);
+  const auto index = ck::read_index(sink, "", 1);
+  REQUIRE(index);
+  const ck::load_plan plan(*index);
+  const auto pieces = plan.pieces("optim.steps");
+  REQUIRE(pieces.size() == 1);
+  CHECK(pieces.front().tensor->type == sk::dtype::u64);
+  CHECK(pieces.front().tensor->global_shape == std::vector<std::uint64_t>{1});
+  const auto bytes = ck::read_tensor(sink, ck::read_header(sink, pieces.front().file->key), "optim.steps");
+  REQUIRE(bytes.size() == 8);
+  std::uint64_t stored = 0;
+  std::memcpy(&stored, bytes.data(), 8);
+  CHECK(stored == steps);
+  std::uint64_t back = 0;
+  ck::state_dict loaded;
+  loaded.add_value("optim.steps", back);
+  c.load(1, loaded);
+  CHECK(back == steps);
+
+  // A checkpoint written when u64 was no dtype held the value's 8 bytes as U8 [8].
+  std::uint64_t old = 0x0123456789abcdefu;
+  ck::state_dict as_bytes;
+  as_bytes.add_tensor("optim.steps", std::as_writable_bytes(std::span<std::uint64_t>(&old, 1)));
+  REQUIRE(c.save(2, as_bytes).get().committed);
+  CHECK(ck::load_plan(*ck::read_index(sink, "", 2)).pieces("optim.steps").front().tensor->type == sk::dtype::u8);
+  c.load(2, loaded);
+  CHECK(back == old);
+  // Only that exact shape is read as a value's bytes: 4 bytes into a u64 is still refused.
+  std::uint32_t half = 7;
+  ck::state_dict four;
+  four.add_tensor("optim.steps", std::as_writable_bytes(std::span<std::uint32_t>(&half, 1)));
+  REQUIRE(c.save(3, four).get().committed);
+  CHECK_THROWS_WITH_AS(c.load(3, loaded), doctest::Contains("tensor 'optim.steps': saved as U8, loaded as U64"), sk::error);
 }
 
 TEST_CASE("[ckpt] bad requests and mismatched state are clear errors") {

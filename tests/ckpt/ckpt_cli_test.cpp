@@ -344,6 +344,8 @@ TEST_CASE("[ckpt] shardkit-ckpt ls, verify, inspect and consolidate a 3-rank che
                    std::to_string(piece_begin(n, 2)) + ") r2 [" + std::to_string(piece_begin(n, 2)) + ", " + std::to_string(n) + ")") !=
           std::string::npos);
     CHECK(line_with(r.output, "optim.steps").find("1: r0") != std::string::npos);  // replicated: rank 0 saves it
+    CHECK(line_with(r.output, "optim.steps").find(" U64 ") != std::string::npos);  // a std::uint64_t value, not U8 [8]
+    CHECK(line_with(r.output, "optim.steps").find(" [1] ") != std::string::npos);
     CHECK(line_with(r.output, "rank/2/loader").find("U8") != std::string::npos);
 
     const auto j = run_tool("inspect " + loc + " --step 1 --json");

@@ -53,9 +53,12 @@ TEST_CASE("[core] dtype names parse back") {
   CHECK_FALSE(parse_dtype("f8").has_value());
   CHECK(size_of(dtype::bf16) == 2);
   CHECK(size_of(dtype::i64) == 8);
+  CHECK(size_of(dtype::u64) == 8);
+  CHECK(dtype_v<std::uint64_t> == dtype::u64);
+  CHECK(parse_dtype("uint64") == dtype::u64);
 }
 
-TEST_CASE_TEMPLATE("[core] combine applies every op", T, float, double, std::int32_t, std::int64_t, std::uint8_t) {
+TEST_CASE_TEMPLATE("[core] combine applies every op", T, float, double, std::int32_t, std::int64_t, std::uint8_t, std::uint64_t) {
   std::vector<T> a{T(1), T(5), T(3)}, b{T(2), T(4), T(3)};
   auto run = [&](reduce_op op) {
     auto d = a;
@@ -85,6 +88,13 @@ TEST_CASE("[core] integer sums and products wrap around instead of overflowing (
   const std::int64_t f[1] = {4};
   combine(reduce_op::prod, dtype::i64, e, f, 1);
   CHECK(e[0] == 0);
+  std::uint64_t g[2] = {std::uint64_t{1} << 63, ~std::uint64_t{0}};  // compared unsigned: above every i64
+  const std::uint64_t h[2] = {1, 2};
+  combine(reduce_op::max, dtype::u64, g, h, 2);
+  CHECK(g[0] == std::uint64_t{1} << 63);
+  combine(reduce_op::sum, dtype::u64, g, h, 2);
+  CHECK(g[0] == (std::uint64_t{1} << 63) + 1);
+  CHECK(g[1] == 1);
 }
 
 TEST_CASE("[core] combine on 16-bit floats goes through float") {

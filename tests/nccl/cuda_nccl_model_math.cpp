@@ -22,6 +22,7 @@ shardkit::dtype to_shardkit(ncclDataType_t t) {
     case ncclBfloat16: return shardkit::dtype::bf16;
     case ncclInt32: return shardkit::dtype::i32;
     case ncclInt64: return shardkit::dtype::i64;
+    case ncclUint64: return shardkit::dtype::u64;
     default: return shardkit::dtype::u8;
   }
 }

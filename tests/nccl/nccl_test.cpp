@@ -79,6 +79,7 @@ TEST_CASE("[nccl] the backend models the communicator concept and maps dtypes an
   CHECK(to_nccl(dtype::bf16) == ncclBfloat16);
   CHECK(to_nccl(dtype::i32) == ncclInt32);
   CHECK(to_nccl(dtype::i64) == ncclInt64);
+  CHECK(to_nccl(dtype::u64) == ncclUint64);
   CHECK(to_nccl(dtype::u8) == ncclUint8);
   CHECK(to_nccl(reduce_op::sum) == ncclSum);
   CHECK(to_nccl(reduce_op::prod) == ncclProd);

@@ -51,7 +51,7 @@
 
 namespace shardkit::ckpt {
 
-//! The safetensors name of a dtype: "F32", "F64", "F16", "BF16", "I32", "I64", "U8".
+//! The safetensors name of a dtype: "F32", "F64", "F16", "BF16", "I32", "I64", "U8", "U64".
 constexpr std::string_view safetensors_dtype(dtype t) noexcept {
   switch (t) {
     case dtype::f32: return "F32";
@@ -61,6 +61,7 @@ constexpr std::string_view safetensors_dtype(dtype t) noexcept {
     case dtype::i32: return "I32";
     case dtype::i64: return "I64";
     case dtype::u8: return "U8";
+    case dtype::u64: return "U64";
   }
   return "?";
 }
@@ -329,7 +330,7 @@ inline file_table parse_header(const std::string& key, std::string_view header, 
     stored_tensor t{.name = name};
     if (!entry.contains("dtype") || !entry["dtype"].is_string()) bad("no \"dtype\" string");
     const auto dt = parse_safetensors_dtype(entry["dtype"].get<std::string>());
-    if (!dt) bad("unknown dtype '" + entry["dtype"].get<std::string>() + "' (shardkit reads F32, F64, F16, BF16, I32, I64, U8)");
+    if (!dt) bad("unknown dtype '" + entry["dtype"].get<std::string>() + "' (shardkit reads F32, F64, F16, BF16, I32, I64, U8, U64)");
     t.type = *dt;
     if (!entry.contains("shape") || !codec::as_u64_array(entry["shape"], t.shape))
       bad("no \"shape\" array of non-negative integers");

@@ -264,12 +264,17 @@ load_report load_state(S& sink, const checkpoint_index& index, const state_dict&
     const auto pieces = plan.pieces(v.name);
     if (pieces.empty()) bad("not in the checkpoint");
     const index_tensor& first = *pieces.front().tensor;  // every piece's: one table entry
-    if (first.type != v.type)
+    // A std::uint64_t value (state_dict::add_value) was stored as its 8 bytes, U8 [8], before u64 was a dtype:
+    // such a checkpoint loads into the value as those bytes, in byte units.
+    const bool value_saved_as_bytes = first.type == dtype::u8 && first.global_shape == std::vector<std::uint64_t>{8} &&
+                                      v.type == dtype::u64 && v.global_shape == std::vector<std::uint64_t>{1} && v.begin == 0 && v.end == 1;
+    if (first.type != v.type && !value_saved_as_bytes)
       bad("saved as " + std::string(safetensors_dtype(first.type)) + ", loaded as " + std::string(safetensors_dtype(v.type)));
-    if (first.global_shape != v.global_shape)
+    if (first.global_shape != v.global_shape && !value_saved_as_bytes)
       bad("saved with global shape " + detail::describe_u64_shape(first.global_shape) + ", loaded as " +
           detail::describe_u64_shape(v.global_shape));
-    const std::uint64_t es = size_of(v.type);
+    const std::uint64_t es = size_of(first.type);
+    const std::uint64_t v_begin = v.begin * size_of(v.type) / es, v_end = v.end * size_of(v.type) / es;
     std::span<std::byte> destination = v.bytes;
     if (v.location != device::host()) {
       destination = {staging.data() + staging_used, v.bytes.size()};
@@ -277,20 +282,20 @@ load_report load_state(S& sink, const checkpoint_index& index, const state_dict&
       uploads.push_back({destination, v.bytes.data()});
     }
     // Pieces sorted by begin; `at` is the first element not yet planned, so overlapping copies (replicas) load once.
-    std::uint64_t at = v.begin;
-    auto it = std::partition_point(pieces.begin(), pieces.end(), [&](const load_plan::source& s) { return s.piece->end <= v.begin; });
-    for (; it != pieces.end() && at < v.end; ++it) {
+    std::uint64_t at = v_begin;
+    auto it = std::partition_point(pieces.begin(), pieces.end(), [&](const load_plan::source& s) { return s.piece->end <= v_begin; });
+    for (; it != pieces.end() && at < v_end; ++it) {
       const index_piece& t = *it->piece;
       if (t.begin > at) break;  // a gap: reported below
-      const std::uint64_t b = at, e = std::min(v.end, t.end);
+      const std::uint64_t b = at, e = std::min(v_end, t.end);
       if (e <= b) continue;
       jobs.push_back({&*it, (b - t.begin) * es, (e - t.begin) * es,
-                      destination.subspan(static_cast<std::size_t>((b - v.begin) * es), static_cast<std::size_t>((e - b) * es))});
+                      destination.subspan(static_cast<std::size_t>((b - v_begin) * es), static_cast<std::size_t>((e - b) * es))});
       at = e;
     }
-    if (at < v.end)
-      bad("elements [" + std::to_string(at) + ", " + std::to_string(v.end) + ") are in no saved piece (this rank loads [" +
-          std::to_string(v.begin) + ", " + std::to_string(v.end) + "))");
+    if (at < v_end)
+      bad("elements [" + std::to_string(at) + ", " + std::to_string(v_end) + ") are in no saved piece (this rank loads [" +
+          std::to_string(v_begin) + ", " + std::to_string(v_end) + "))");
     ++report.tensors_loaded;
   };
   for (const auto& v : into.saved_tensors()) plan_one(v);

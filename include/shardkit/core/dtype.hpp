@@ -13,15 +13,17 @@
 
 namespace shardkit {
 
-enum class dtype : std::uint8_t { f32, f64, f16, bf16, i32, i64, u8 };
+// New dtypes are appended: the numeric value travels in the checkpoint commit messages between ranks.
+enum class dtype : std::uint8_t { f32, f64, f16, bf16, i32, i64, u8, u64 };
 
 inline constexpr dtype all_dtypes[] = {dtype::f32, dtype::f64, dtype::f16, dtype::bf16,
-                                       dtype::i32, dtype::i64, dtype::u8};
+                                       dtype::i32, dtype::i64, dtype::u8, dtype::u64};
 
 constexpr std::size_t size_of(dtype t) noexcept {
   switch (t) {
     case dtype::f64:
-    case dtype::i64: return 8;
+    case dtype::i64:
+    case dtype::u64: return 8;
     case dtype::f32:
     case dtype::i32: return 4;
     case dtype::f16:
@@ -40,6 +42,7 @@ constexpr std::string_view to_string(dtype t) noexcept {
     case dtype::i32: return "i32";
     case dtype::i64: return "i64";
     case dtype::u8: return "u8";
+    case dtype::u64: return "u64";
   }
   return "?";
 }
@@ -54,6 +57,7 @@ constexpr std::optional<dtype> parse_dtype(std::string_view s) noexcept {
   if (s == "int32") return dtype::i32;
   if (s == "int64") return dtype::i64;
   if (s == "uint8") return dtype::u8;
+  if (s == "uint64") return dtype::u64;
   return std::nullopt;
 }
 
@@ -161,6 +165,7 @@ template <> struct dtype_of<bfloat16> : std::integral_constant<dtype, dtype::bf1
 template <> struct dtype_of<std::int32_t> : std::integral_constant<dtype, dtype::i32> {};
 template <> struct dtype_of<std::int64_t> : std::integral_constant<dtype, dtype::i64> {};
 template <> struct dtype_of<std::uint8_t> : std::integral_constant<dtype, dtype::u8> {};
+template <> struct dtype_of<std::uint64_t> : std::integral_constant<dtype, dtype::u64> {};
 template <> struct dtype_of<std::byte> : std::integral_constant<dtype, dtype::u8> {};
 
 template <class T>
@@ -180,6 +185,7 @@ constexpr decltype(auto) visit_dtype(dtype t, F&& f) {
     case dtype::i32: return f(std::int32_t{});
     case dtype::i64: return f(std::int64_t{});
     case dtype::u8: return f(std::uint8_t{});
+    case dtype::u64: return f(std::uint64_t{});
   }
   return f(std::uint8_t{});
 }

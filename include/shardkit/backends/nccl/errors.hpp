@@ -52,6 +52,7 @@ constexpr ncclDataType_t to_nccl(dtype t) noexcept {
     case dtype::i32: return ncclInt32;
     case dtype::i64: return ncclInt64;
     case dtype::u8: return ncclUint8;
+    case dtype::u64: return ncclUint64;
   }
   return ncclUint8;
 }
