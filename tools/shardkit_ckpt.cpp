@@ -50,7 +50,8 @@ int usage(std::FILE* to = stderr) {
       "  --force                     consolidate: replace a consolidated model already in DIR\n"
       "gc removes debris: the objects of steps without an index older than the latest complete checkpoint, writers'\n"
       "temporaries in those steps, and the other temporaries unmodified for --min-age SECONDS (default 600: a live\n"
-      "writer's is younger; 0 once no run writes there).\n",
+      "writer's is younger; 0 once no run writes there). On s3:// the temporaries are pending multipart uploads\n"
+      "(ListMultipartUploads), aborted; their age is that of their newest part.\n",
       to);
   return to == stdout ? 0 : 2;
 }
@@ -137,6 +138,11 @@ std::vector<step_info> list_steps(st::any_sink& sink) {
   return out;
 }
 
+// What a sink's temporaries are at `location`: an S3 sink's are pending multipart uploads.
+const char* temporary_noun(const std::string& location) {
+  return location.starts_with("s3://") ? "pending multipart upload" : "temporary file";
+}
+
 int run_ls(const common_options& o) {
   auto sink = open_location(o.location, false);
   const auto steps = list_steps(sink);
@@ -181,7 +187,7 @@ int run_ls(const common_options& o) {
   if (debris_objects || !temporaries.empty())
     std::printf("debris: %s (%s) of steps without an index, %s (%s) that killed writers left; shardkit-ckpt gc removes it\n",
                 plural(debris_objects, "object").c_str(), human_bytes(debris_bytes).c_str(),
-                plural(temporaries.size(), "temporary file").c_str(), human_bytes(temporary_bytes).c_str());
+                plural(temporaries.size(), temporary_noun(o.location)).c_str(), human_bytes(temporary_bytes).c_str());
   return 0;
 }
 
@@ -225,7 +231,7 @@ int run_gc(const common_options& o, std::chrono::seconds min_age) {
   }
   for (const auto& [dir, age] : sweeps) sink.remove_stale_temporaries(age, dir);
   std::printf("%s: removed %s (%s) of %s without an index, %s (%s)\n", o.location.c_str(), plural(keys.size(), "object").c_str(),
-              human_bytes(bytes).c_str(), plural(steps, "step").c_str(), plural(removed_temporaries, "temporary file").c_str(),
+              human_bytes(bytes).c_str(), plural(steps, "step").c_str(), plural(removed_temporaries, temporary_noun(o.location)).c_str(),
               human_bytes(temporary_bytes).c_str());
   return 0;
 }

@@ -27,6 +27,7 @@
 #include "ckpt_fixtures.hpp"
 #if defined(SHARDKIT_HAS_S3)
 #include "shardkit/storage/open_sink.hpp"
+#include "shardkit/storage/s3_sink.hpp"
 #endif
 
 #if !defined(SHARDKIT_CKPT_PATH) || !defined(SHARDKIT_CKPT_FORMAT_DOC)
@@ -582,6 +583,32 @@ TEST_CASE("[ckpt] shardkit-ckpt over s3://bucket/prefix (the server scripts/test
   r = run_tool("consolidate " + location + " --out " + out.path.string() + " --step 1");
   REQUIRE(r.status == 0);
   check_consolidated(out.path, local, 1, {"model.safetensors"});
+
+  // Pending multipart uploads as killed writers leave them: one part sent, never completed nor aborted. In a
+  // complete step, and in the step newer than the latest (perhaps a live save).
+  auto s3_sink_of = std::make_shared<st::s3_sink>(location);
+  auto leave_upload = [&](std::uint64_t step, std::size_t bytes) {
+    st::s3_detail::client c(st::parse_s3_location(location), st::s3_options::from_env());
+    const std::string key = c.full_key(ck::rank_file_key("", step, 7));
+    auto created = c.execute({.operation = "CreateMultipartUpload", .method = "POST", .key = key, .query = "uploads="});
+    const std::string id = st::s3_detail::xml_value(created.text, "UploadId");
+    REQUIRE(created.ok());
+    const std::vector<std::byte> part(bytes, std::byte{1});
+    REQUIRE(c.execute({.operation = "UploadPart", .method = "PUT", .key = key,
+                       .query = "partNumber=1&uploadId=" + st::s3_detail::uri_encode(id, false), .body = part}).ok());
+  };
+  leave_upload(1, 3000);
+  leave_upload(3, 40);
+  r = run_tool("ls " + location);
+  CHECK(r.output.find("2 pending multipart uploads (2.97 KiB) that killed writers left") != std::string::npos);
+  // Step 1's goes (an older step: no save writes there); step 3's is younger than --min-age and stays.
+  r = run_tool("gc " + location);
+  CHECK(r.output.find("1 pending multipart upload (2.93 KiB)") != std::string::npos);
+  REQUIRE(s3_sink_of->pending_uploads().size() == 1);
+  CHECK(s3_sink_of->pending_uploads()[0].key == ck::rank_file_key("", 3, 7));
+  r = run_tool("gc " + location + " --min-age 0");
+  CHECK(r.output.find("1 pending multipart upload (40 B)") != std::string::npos);
+  CHECK(s3_sink_of->pending_uploads().empty());
   for (const auto& key : s3.list("")) s3.remove(key);
 }
 #endif

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <barrier>
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
@@ -472,4 +473,66 @@ TEST_CASE("[s3] two runs on one prefix: the second is refused naming the holder;
   CHECK(stopped == 2);
   CHECK(ck::complete_checkpoints(*s3, "") == std::vector<std::uint64_t>{1});
   CHECK(s3->pending_uploads().empty());
+}
+
+namespace {
+// A multipart upload of `key` left pending as a writer killed mid-save leaves it: two parts of 4 KiB sent, then the
+// writer's AbortMultipartUpload answered by a proxy that drops it (the process is gone). Its upload id.
+std::string leave_pending_upload(const st::s3_location& loc, const std::string& key) {
+  fault_proxy proxy(port_of(server()->endpoint), 0.0, 1);
+  proxy.intercept([](const std::string& head) -> std::optional<std::string> {
+    if (head.starts_with("DELETE ")) return std::string("HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n");
+    return std::nullopt;
+  });
+  auto o = options_for(*server());
+  o.endpoint = "http://127.0.0.1:" + std::to_string(proxy.port());
+  o.part_size = 4096;
+  st::s3_sink sink(loc, o);
+  {
+    auto w = sink.put(key);
+    const std::vector<std::byte> bytes(2 * 4096 + 100, std::byte{7});
+    w.write(bytes);  // parts 1 and 2 sent, part 3 buffered: the writer dies here
+  }
+  for (const auto& u : sink.pending_uploads(key))
+    if (u.key == key) return u.upload_id;
+  FAIL("no pending upload of " << key);
+  return {};
+}
+
+// s3rver keeps an upload as files (its key, its parts): their times are its Initiated and its parts' LastModified.
+void age_upload(const std::string& upload_id, std::chrono::seconds age) {
+  const std::filesystem::path dir = std::filesystem::path(server()->data_dir) / server()->bucket / "._S3rver_uploads" / upload_id;
+  REQUIRE(std::filesystem::is_directory(dir));
+  for (const auto& f : std::filesystem::directory_iterator(dir))
+    std::filesystem::last_write_time(f.path(), std::filesystem::last_write_time(f.path()) - age);
+}
+
+std::set<std::string> pending_keys(st::s3_sink& s3) {
+  std::set<std::string> out;
+  for (const auto& u : s3.pending_uploads()) out.insert(u.key);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("[s3] no orphans: a killed save's pending upload is aborted at the next run's start, a live save's stays") {
+  if (!server_or_skip()) return;
+  if (server()->data_dir.empty()) {
+    MESSAGE("[s3] no s3rver data directory (SHARDKIT_TEST_S3RVER_DATA): cannot age an upload; case skipped");
+    return;
+  }
+  const auto loc = location("ckpt-orphans");
+  auto s3 = std::make_shared<st::s3_sink>(loc, options_for(*server()));
+  const std::string dead = ck::rank_file_key("", 1, 0), live = ck::rank_file_key("", 3, 1);
+  age_upload(leave_pending_upload(loc, dead), std::chrono::hours(1));  // an earlier run's, killed
+  leave_pending_upload(loc, live);  // another process's save, still sending parts
+  const auto temporaries = s3->temporaries("");
+  REQUIRE(temporaries.size() == 2);
+  for (const auto& t : temporaries) CHECK(t.bytes == 2 * 4096);
+  CHECK(pending_keys(*s3) == std::set<std::string>{dead, live});
+  for (int world : {1, 3}) {
+    auto groups = sk::comm::make_loopback_world(world);
+    sk::test::run_threads(world, [&](int r) { ck::checkpointer c(groups[std::size_t(r)], st::any_sink(s3)); });
+    CHECK(pending_keys(*s3) == std::set<std::string>{live});
+  }
+  s3->abort_pending_uploads();
 }

@@ -1,6 +1,7 @@
 // The S3 server of the `s3` tests: s3rver (pinned by scripts/lib/s3rver.sh) on loopback with the test bucket, plus
 // the two multipart calls s3rver 3.7.1 lacks, so that the tests can show an aborted upload leaves nothing:
-// AbortMultipartUpload (DELETE /bucket/key?uploadId=) and ListMultipartUploads (GET /bucket?uploads).
+// AbortMultipartUpload (DELETE /bucket/key?uploadId=), ListMultipartUploads (GET /bucket?uploads, with each upload's
+// Initiated: its key file's time) and ListParts (GET /bucket/key?uploadId=, each part's LastModified and Size).
 //
 //   node --openssl-legacy-provider s3rver_server.js <s3rver module dir> <data dir> <port file> <bucket>...
 //
@@ -17,18 +18,19 @@ const S3rver = require(moduleDir);
 const xml = s => String(s).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
 const uploadsDir = bucket => path.join(dataDir, bucket, '._S3rver_uploads');
 
+function noSuchUpload(ctx) {
+  ctx.status = 404;
+  ctx.type = 'application/xml';
+  ctx.body = '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NoSuchUpload</Code>' +
+             '<Message>The specified upload does not exist.</Message></Error>';
+}
+
 function multipartExtras(ctx, next) {
   const parts = ctx.path.split('/').filter(p => p.length);
   const bucket = decodeURIComponent(parts[0] || '');
   if (ctx.method === 'DELETE' && parts.length > 1 && 'uploadId' in ctx.query) {
     const dir = path.join(uploadsDir(bucket), path.basename(ctx.query.uploadId));
-    if (!fs.existsSync(dir)) {
-      ctx.status = 404;
-      ctx.type = 'application/xml';
-      ctx.body = '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NoSuchUpload</Code>' +
-                 '<Message>The specified upload does not exist.</Message></Error>';
-      return;
-    }
+    if (!fs.existsSync(dir)) return noSuchUpload(ctx);
     fs.rmSync(dir, { recursive: true, force: true });
     ctx.status = 204;
     return;
@@ -41,15 +43,30 @@ function multipartExtras(ctx, next) {
         const keyFile = path.join(uploadsDir(bucket), id, 'key');
         if (!fs.existsSync(keyFile)) continue;
         const key = fs.readFileSync(keyFile, 'utf8');
-        if (key.startsWith(prefix)) uploads.push({ key, id });
+        if (key.startsWith(prefix)) uploads.push({ key, id, initiated: fs.statSync(keyFile).mtime.toISOString() });
       }
     }
     uploads.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
     ctx.type = 'application/xml';
     ctx.body = '<?xml version="1.0" encoding="UTF-8"?>\n<ListMultipartUploadsResult><Bucket>' + xml(bucket) +
                '</Bucket><Prefix>' + xml(prefix) + '</Prefix><IsTruncated>false</IsTruncated>' +
-               uploads.map(u => '<Upload><Key>' + xml(u.key) + '</Key><UploadId>' + xml(u.id) + '</UploadId></Upload>').join('') +
+               uploads.map(u => '<Upload><Key>' + xml(u.key) + '</Key><UploadId>' + xml(u.id) + '</UploadId><Initiated>' +
+                                   u.initiated + '</Initiated></Upload>').join('') +
                '</ListMultipartUploadsResult>';
+    return;
+  }
+  if (ctx.method === 'GET' && parts.length > 1 && 'uploadId' in ctx.query) {  // ListParts (one page: all parts)
+    const dir = path.join(uploadsDir(bucket), path.basename(ctx.query.uploadId));
+    if (!fs.existsSync(dir)) return noSuchUpload(ctx);
+    const numbers = fs.readdirSync(dir).filter(f => /^[0-9]+$/.test(f)).map(Number).sort((a, b) => a - b);
+    ctx.type = 'application/xml';
+    ctx.body = '<?xml version="1.0" encoding="UTF-8"?>\n<ListPartsResult><Bucket>' + xml(bucket) + '</Bucket><UploadId>' +
+               xml(ctx.query.uploadId) + '</UploadId><IsTruncated>false</IsTruncated>' +
+               numbers.map(n => {
+                 const st = fs.statSync(path.join(dir, String(n)));
+                 return '<Part><PartNumber>' + n + '</PartNumber><LastModified>' + st.mtime.toISOString() +
+                        '</LastModified><Size>' + st.size + '</Size></Part>';
+               }).join('') + '</ListPartsResult>';
     return;
   }
   return next();

@@ -10,8 +10,10 @@
 //! object visible at once. That is what makes S3 a sink: nothing exists under the key until Complete succeeds, so
 //! a reader never sees a partial object and a writer that dies leaves only an invisible pending upload. A failed
 //! part (after its retries), a failed commit and abort() all issue AbortMultipartUpload, so a failed save leaves
-//! no parts behind (a writer killed outright cannot: abort_pending_uploads() and a bucket lifecycle rule
-//! "AbortIncompleteMultipartUpload" clear those). Memory per writer: at most (parallel + 1) * part_size.
+//! no parts behind. A writer killed outright cannot: its pending upload is the sink's temporary (temporaries(),
+//! remove_stale_temporaries(): sink_keeps_temporaries), which the checkpointer and `shardkit-ckpt gc` sweep as they
+//! sweep posix_sink's; abort_pending_uploads() and a bucket lifecycle rule "AbortIncompleteMultipartUpload" clear
+//! them too. Memory per writer: at most (parallel + 1) * part_size.
 //!
 //! **Ambiguous commit.** If CompleteMultipartUpload's reply is lost and the retry finds the upload gone
 //! (NoSuchUpload), the first attempt succeeded: after a retried Complete fails, commit checks whether the key holds
@@ -29,9 +31,11 @@
 //! objects: the checkpointer names every object of a checkpoint in its index, written last (docs/s3.md).
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -53,6 +57,7 @@ namespace shardkit::storage {
 struct s3_pending_upload {
   std::string key;  //!< the sink key (the sink's prefix removed)
   std::string upload_id;
+  std::chrono::system_clock::time_point initiated;  //!< the server's clock (ListMultipartUploads' Initiated)
 };
 
 class s3_sink {
@@ -487,7 +492,8 @@ class s3_sink {
       for (const auto& block : s3_detail::xml_blocks(resp.text, "Upload")) {
         const std::string k = s3_detail::xml_value(block, "Key");
         if (k.starts_with(c.location().prefix))
-          out.push_back({k.substr(c.location().prefix.size()), s3_detail::xml_value(block, "UploadId")});
+          out.push_back({k.substr(c.location().prefix.size()), s3_detail::xml_value(block, "UploadId"),
+                         s3_detail::parse_iso8601(s3_detail::xml_value(block, "Initiated")).value_or(std::chrono::system_clock::time_point{})});
       }
       if (s3_detail::xml_value(resp.text, "IsTruncated") != "true") break;
       key_marker = s3_detail::xml_value(resp.text, "NextKeyMarker");
@@ -508,6 +514,31 @@ class s3_sink {
     return n;
   }
 
+  //! The pending uploads under `prefix` as the temporaries of sink_keeps_temporaries (what a writer killed
+  //! mid-upload leaves): each one's key (the object's), the bytes of its parts and its last modification, the newest
+  //! of its initiation and its parts' (ListParts per upload: a live writer keeps adding parts, as a posix_sink writer
+  //! keeps touching its temporary). An upload completed or aborted meanwhile is left out.
+  std::vector<temporary_object> temporaries(const std::string& prefix = {}) {
+    std::vector<temporary_object> out;
+    for (const auto& u : pending_uploads(prefix))
+      if (auto t = temporary_of(u)) out.push_back(std::move(*t));
+    return out;
+  }
+
+  //! Aborts the pending uploads under `prefix` whose last modification (temporaries()) is at least `older_than` ago;
+  //! returns how many. A live writer's upload aborted anyway fails at its commit: nothing partial becomes visible.
+  std::size_t remove_stale_temporaries(std::chrono::seconds older_than, const std::string& prefix = {}) {
+    const auto now = std::chrono::system_clock::now();
+    std::size_t n = 0;
+    for (const auto& u : pending_uploads(prefix)) {
+      const auto t = older_than.count() > 0 ? temporary_of(u) : std::optional<temporary_object>(temporary_object{});
+      if (!t || now - t->modified < older_than) continue;
+      abort_multipart(*client_, client_->full_key(u.key), u.upload_id);
+      ++n;
+    }
+    return n;
+  }
+
   //! The page size of list() (S3's max-keys, at most 1000): small values exercise pagination in tests.
   void set_list_page_size(unsigned n) noexcept { list_page_size_ = std::clamp(n, 1u, 1000u); }
 
@@ -522,6 +553,31 @@ class s3_sink {
                   "an S3 key has at most 1024 bytes; this one (the prefix '" + client_->location().prefix +
                       "' included) has " + std::to_string(full.size()),
                   {.operation = "sink.put", .object = key});
+  }
+
+  // The upload as a temporary (ListParts, all pages), or nullopt when it is gone (NoSuchUpload).
+  std::optional<temporary_object> temporary_of(const s3_pending_upload& u) {
+    auto& c = *client_;
+    temporary_object t{u.key, 0, u.initiated};
+    std::string marker;
+    while (true) {
+      std::string query;
+      if (!marker.empty()) query += "part-number-marker=" + marker + "&";
+      query += "uploadId=" + s3_detail::uri_encode(u.upload_id, false);
+      s3_detail::request r{.operation = "ListParts", .key = c.full_key(u.key), .query = query};
+      auto resp = c.execute(r);
+      if (resp.curl == CURLE_OK && resp.status == 404 && resp.code() == "NoSuchUpload") return std::nullopt;
+      if (!resp.ok()) c.fail(resp, r, "sink.temporaries", u.key);
+      for (const auto& part : s3_detail::xml_blocks(resp.text, "Part")) {
+        t.bytes += std::strtoull(s3_detail::xml_value(part, "Size").c_str(), nullptr, 10);
+        if (auto when = s3_detail::parse_iso8601(s3_detail::xml_value(part, "LastModified")); when && *when > t.modified)
+          t.modified = *when;
+      }
+      if (s3_detail::xml_value(resp.text, "IsTruncated") != "true") break;
+      marker = s3_detail::xml_value(resp.text, "NextPartNumberMarker");
+      if (marker.empty()) break;
+    }
+    return t;
   }
 
   static void abort_multipart(s3_detail::client& c, const std::string& full_key, const std::string& id) {
@@ -569,6 +625,7 @@ class s3_sink {
   std::shared_ptr<std::atomic<bool>> bucket_checked_ = std::make_shared<std::atomic<bool>>(false);
 };
 
-static_assert(sink<s3_sink> && sink_removes_many<s3_sink> && sink_puts_sized<s3_sink> && sink_puts_new<s3_sink>);
+static_assert(sink<s3_sink> && sink_removes_many<s3_sink> && sink_puts_sized<s3_sink> && sink_puts_new<s3_sink> &&
+              sink_keeps_temporaries<s3_sink>);
 
 }  // namespace shardkit::storage

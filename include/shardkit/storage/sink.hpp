@@ -59,7 +59,8 @@
 //! to fit S3's 10,000 parts; see docs/s3.md). Concept sink_puts_sized; callers that know the size use the free
 //! function storage::put_sized(s, key, size), which falls back to s.put(key); any_sink forwards it.
 //!
-//! **Optional capability: temporaries.** A sink whose writers write a temporary beside the key (posix_sink) may
+//! **Optional capability: temporaries.** A sink whose writers write a temporary beside the key (posix_sink; s3_sink's
+//! pending multipart uploads, under the object's key) may
 //! list them, s.temporaries(prefix) -> std::vector<temporary_object> (key, bytes, last modification), and remove
 //! those older than an age, s.remove_stale_temporaries(older_than, prefix) -> std::size_t (concept
 //! sink_keeps_temporaries; free functions storage::temporaries and storage::remove_stale_temporaries, none and 0 for

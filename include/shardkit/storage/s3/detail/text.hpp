@@ -2,6 +2,9 @@
 // Text helpers of the S3 sink: URI encoding as SigV4 canonicalizes it, the few XML elements S3 answers with, and
 // Content-MD5 (DeleteObjects requires it). Private: not part of the API.
 #include <array>
+#include <chrono>
+#include <cstdio>
+#include <optional>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -128,6 +131,17 @@ inline std::vector<std::string> xml_blocks(std::string_view xml, std::string_vie
 }
 
 // MD5 (RFC 1321), only for the Content-MD5 header S3 requires on DeleteObjects; not for anything secret.
+//! An S3 timestamp ("2026-11-26T21:30:00.000Z", ISO 8601 in UTC, as Initiated and LastModified are); nullopt when
+//! the text is not one.
+inline std::optional<std::chrono::system_clock::time_point> parse_iso8601(std::string_view text) {
+  int y = 0, mo = 0, d = 0, h = 0, mi = 0, sec = 0;
+  if (text.size() < 19 || std::sscanf(std::string(text.substr(0, 19)).c_str(), "%4d-%2d-%2dT%2d:%2d:%2d", &y, &mo, &d, &h, &mi, &sec) != 6)
+    return std::nullopt;
+  const auto day = std::chrono::year_month_day(std::chrono::year(y), std::chrono::month(unsigned(mo)), std::chrono::day(unsigned(d)));
+  if (!day.ok()) return std::nullopt;
+  return std::chrono::sys_days(day) + std::chrono::hours(h) + std::chrono::minutes(mi) + std::chrono::seconds(sec);
+}
+
 inline std::array<std::uint8_t, 16> md5(std::span<const std::byte> data) {
   static constexpr std::uint32_t k[64] = {
       0xd76aa478, 0xe8c7b756, 0x242070db, 0xc1bdceee, 0xf57c0faf, 0x4787c62a, 0xa8304613, 0xfd469501,
