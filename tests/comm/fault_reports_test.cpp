@@ -10,6 +10,7 @@
 #include <future>
 #include <latch>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -123,5 +124,43 @@ TEST_CASE("[comm] a rank whose collective fails by itself posts its failure: a p
       if (e.code() == errc::timeout) CHECK((says(e, "rank 1 failed in all_gather #0: ") || says(e, "rank 2 failed in all_gather #0: ")));
       else CHECK((e.code() == errc::mismatch || e.code() == errc::protocol));  // a size that does not fit, either side
     }
+  });
+}
+
+TEST_CASE("[comm] a rank stopped in a job of two groups is named by survivors that failed in either group") {
+  // Each rank uses the world group and a dup of it from two threads, as FSDP's gather and reduce do. Rank 2 stops;
+  // ranks 0 and 1 fail in the world's all_reduce (rank 0 waits on rank 3, rank 1 on rank 0), while rank 3 fails in
+  // the dup's all_gather, waiting on rank 2: its account, posted in the other group, leads the world's walk on.
+  constexpr int n = 4, victim = 2;
+  auto world = comm::make_loopback_world(n, reporting_options());
+  std::vector<comm::process_group> second(n);
+  test::run_threads(n, [&](int rank) { second[std::size_t(rank)] = world[std::size_t(rank)].dup(); });
+  std::latch survivors_failed(n - 1);
+  const comm::op_options ring{.algo = comm::algorithm::ring};
+  test::run_threads(n, [&](int rank) {
+    auto& pg = world[std::size_t(rank)];
+    auto& other = second[std::size_t(rank)];
+    std::vector<float> data(64, 1.0f), in(4, 1.0f), out(4 * n);
+    const auto gather = [&] {
+      other.all_gather(const_buffer_view(std::span<const float>(in)), buffer_view(std::span<float>(out)), ring).wait();
+    };
+    std::thread gathers([&] { gather(); });  // both groups in use at once, each from its own thread
+    pg.all_reduce(buffer_view(std::span<float>(data)), reduce_op::sum, ring).wait();
+    gathers.join();
+    if (rank == victim) {
+      survivors_failed.wait();
+      return;
+    }
+    try {
+      if (rank == 3) gather();
+      else pg.all_reduce(buffer_view(std::span<float>(data)), reduce_op::sum, ring).wait();
+      FAIL("rank " << rank << ": the collective with a rank missing completed");
+    } catch (const error& e) {
+      MESSAGE("rank " << rank << ": " << std::string(e.what()));
+      CHECK(e.code() == errc::timeout);
+      CHECK(says(e, "rank 2 stopped answering: it posted no account"));
+      CHECK(e.context().peer == victim);
+    }
+    survivors_failed.count_down();
   });
 }

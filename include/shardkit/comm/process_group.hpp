@@ -251,7 +251,7 @@ class process_group {
     w.wait();
     auto child = fut.get();
     if (!child) return {};
-    return process_group(std::move(child), std::move(opts), child_path);
+    return process_group(std::move(child), std::move(opts), child_path, s.job_rank);
   }
   process_group split(int color, int key) {
     group_options o = self().opts;
@@ -283,8 +283,10 @@ class process_group {
 
   // `fault_path` tells this group's fault reports from the other groups' of the job: "g" for a group made by
   // create(), then one step per split (the parent's split count, which every rank has alike, and the color).
-  process_group(std::unique_ptr<detail::communicator_interface> comm, group_options opts, std::string fault_path = "g")
-      : impl_(std::make_shared<impl>(std::move(comm), std::move(opts), std::move(fault_path))) {}
+  // `job_rank`: this rank's rank in the group made by create() that this one was split from (-1: this is that one).
+  process_group(std::unique_ptr<detail::communicator_interface> comm, group_options opts, std::string fault_path = "g",
+                int job_rank = -1)
+      : impl_(std::make_shared<impl>(std::move(comm), std::move(opts), std::move(fault_path), job_rank)) {}
 
   struct impl {
     std::unique_ptr<detail::communicator_interface> comm;
@@ -301,14 +303,15 @@ class process_group {
     std::int64_t next_seq = 0;
     mutable bool refusal_posted = false;
     std::string fault_path;
+    int job_rank;  // this rank's rank in the group made by create(): fault reports name ranks by it
     std::atomic<std::size_t> splits{0};
     std::optional<detail::fault_board> board;  // set when opts.fault_reports is and the grace is not 0
     detail::progress_engine engine;  // last: destroyed (joined) before the communicator it uses
 
-    impl(std::unique_ptr<detail::communicator_interface> c, group_options o, std::string path)
-        : comm(std::move(c)), opts(std::move(o)), fault_path(std::move(path)) {
+    impl(std::unique_ptr<detail::communicator_interface> c, group_options o, std::string path, int job)
+        : comm(std::move(c)), opts(std::move(o)), fault_path(std::move(path)), job_rank(job < 0 ? comm->rank() : job) {
       if (opts.fault_reports && opts.fault_report_grace.count() > 0)
-        board.emplace(opts.fault_reports, fault_path, comm->rank(), comm->size(), opts.fault_report_grace);
+        board.emplace(opts.fault_reports, fault_path, opts.name, comm->rank(), job_rank, comm->size(), opts.fault_report_grace);
     }
 
     error_context context(std::string op) const {

@@ -11,7 +11,15 @@
 //!   stuck outside collectives or busy far longer than the others), and the error gives the chain of waits;
 //! - a rank already read (a cycle): the verdicts that the ranks on it posted, if any, are taken over. A rank that
 //!   was stopped and resumes finds its own number there, and its error says that this rank stopped answering.
-//! Each rank then posts its verdict beside its account. A rank that lost a peer (errc::peer_lost) posts and reads
+//! Each rank then posts its verdict beside its account.
+//!
+//! Accounts are the job's, not one group's: each is posted under the rank's number in the job (its rank in the group
+//! made by create(), of which every other group is a split), names the peer waited on by that number too, and says
+//! which group and which of its collectives it is about. So a walk crosses groups: a rank that failed in another
+//! group (FSDP's gather and reduce groups, each used from its own thread) has answered, and the walk follows its
+//! wait there. A rank failing in two groups at once posts both; the later one stands. Each rank of a split group
+//! posts its number in the job when the group is made (one store request), so that a peer's group rank can be
+//! translated to the job's even when that peer stops later. A rank that lost a peer (errc::peer_lost) posts and reads
 //! the same way but without waiting: a peer that left after naming the rank at fault passes that verdict on, and a
 //! peer that lost a rank first names that rank (not itself, whose orderly leaving this rank may have seen first).
 //!
@@ -39,10 +47,11 @@ namespace shardkit::comm::detail {
 struct fault_report {
   std::int64_t seq = -1;     //!< the collective's number in the group's issue order
   std::string op;            //!< "all_reduce", ...
+  std::string group;         //!< the name of the group it ran in
   int code = 0;              //!< its errc (0: not a shardkit::error)
-  int peer = -1;             //!< the group rank its error is about (the one it waited on), -1 none
+  int peer = -1;             //!< the rank in the job its error is about (the one it waited on), -1 none
   bool refused = false;      //!< refused at the call: this rank never took part in the collective
-  std::vector<int> blamed;   //!< its verdict, once its grace is over: the ranks it named as at fault
+  std::vector<int> blamed;   //!< its verdict, once its grace is over: the ranks (in the job) it named as at fault
   std::string message;       //!< its error's detail
 
   //! Whether this account is a cause (the rank failed by itself), not a consequence of another rank's failure.
@@ -54,14 +63,14 @@ struct fault_report {
   std::string encode() const {
     std::string b;
     for (std::size_t i = 0; i < blamed.size(); ++i) b += (i ? "," : "") + std::to_string(blamed[i]);
-    return "fault1\n" + std::to_string(seq) + "\n" + op + "\n" + std::to_string(code) + "\n" + std::to_string(peer) +
+    return "fault2\n" + std::to_string(seq) + "\n" + op + "\n" + group + "\n" + std::to_string(code) + "\n" + std::to_string(peer) +
            "\n" + (refused ? "1" : "0") + "\n" + b + "\n" + message;
   }
 
   //! nullopt for anything that is not an encoded account (a key of something else, another version).
   static std::optional<fault_report> decode(std::string_view text) {
     std::vector<std::string_view> f;
-    for (int i = 0; i < 7; ++i) {
+    for (int i = 0; i < 8; ++i) {
       const auto nl = text.find('\n');
       if (nl == std::string_view::npos) return std::nullopt;
       f.push_back(text.substr(0, nl));
@@ -70,9 +79,10 @@ struct fault_report {
     fault_report r;
     r.message = std::string(text);
     r.op = std::string(f[2]);
-    r.refused = f[5] == "1";
-    if (f[0] != "fault1" || !number(f[1], r.seq) || !number(f[3], r.code) || !number(f[4], r.peer)) return std::nullopt;
-    for (std::string_view rest = f[6]; !rest.empty();) {
+    r.group = std::string(f[3]);
+    r.refused = f[6] == "1";
+    if (f[0] != "fault2" || !number(f[1], r.seq) || !number(f[4], r.code) || !number(f[5], r.peer)) return std::nullopt;
+    for (std::string_view rest = f[7]; !rest.empty();) {
       const auto comma = std::min(rest.find(','), rest.size());
       int b = 0;
       if (!number(rest.substr(0, comma), b)) return std::nullopt;
@@ -98,45 +108,75 @@ inline std::string ranks_text(const std::vector<int>& ranks) {
   return s;
 }
 
-//! One rank's view of its group's accounts in the store: `path` tells the group apart from the job's other groups.
+//! One rank's view of the job's accounts in the store, from one of its groups.
 class fault_board {
  public:
   static constexpr std::size_t max_reads = 64;
 
-  fault_board(rendezvous::any_store store, std::string path, int rank, int size, std::chrono::milliseconds grace)
-      : store_(std::move(store)), path_(std::move(path)), rank_(rank), size_(size), grace_(grace) {}
+  //! `path` places the group among the job's: "g" for a group made by create(), one ".<n>c<color>" more per split;
+  //! accounts are kept under the first part, the job's. `job_rank`: this rank's rank in that first group.
+  fault_board(rendezvous::any_store store, std::string path, std::string group, int rank, int job_rank, int size,
+              std::chrono::milliseconds grace)
+      : store_(std::move(store)), path_(std::move(path)), job_(path_.substr(0, path_.find('.'))), group_(std::move(group)),
+        rank_(rank), job_rank_(job_rank), size_(size), grace_(grace) {
+    if (path_ == job_) return;  // the job's own group: its ranks are the job's
+    rendezvous::request_bound bound(deadline_after(post_bound));
+    try {
+      store_.set(member_key(rank_), std::to_string(job_rank_));
+    } catch (...) {  // a peer then takes this rank's group rank for its job rank
+    }
+  }
 
   //! Posts this rank's account (a refusal at the call, or a failure that is its own cause); store errors are dropped,
   //! the caller's own error matters more.
-  void post(const fault_report& mine) const noexcept {
+  void post(fault_report mine) const noexcept {
     rendezvous::request_bound bound(deadline_after(post_bound));
     try {
-      store_.set(key(rank_), mine.encode());
+      mine.group = group_;
+      if (mine.peer >= 0) mine.peer = job_rank_of(mine.peer);
+      store_.set(key(job_rank_), mine.encode());
     } catch (...) {
     }
   }
   //! Takes back a refusal once this rank issues the next collective: peers must not blame it for a later failure.
+  //! An account of another of this rank's groups stays.
   void withdraw() const noexcept {
     rendezvous::request_bound bound(deadline_after(post_bound));
     try {
-      store_.remove(key(rank_));
+      const std::string k = key(job_rank_);
+      if (!store_.check(std::span<const std::string>(&k, 1))) return;
+      const auto posted = fault_report::decode(store_.get(k, post_bound));
+      if (posted && posted->refused && posted->group == group_) store_.remove(k);
     } catch (...) {
     }
   }
 
   //! `e`, this rank's error in `mine`'s collective, rewritten to name the rank at fault when the accounts show one.
-  //! Posts `mine` first and, after the walk, again with its verdict. `wait`: wait up to the grace for accounts (a
-  //! timeout); otherwise only what is there now counts, and a missing account proves nothing.
+  //! `mine.peer` is a rank of this group. Posts `mine` first and, after the walk, again with its verdict. `wait`:
+  //! wait up to the grace for accounts (a timeout); otherwise only what is there now counts, and a missing account
+  //! proves nothing. The ranks it names are the job's; the error's peer is the group rank of the first, where known.
   error explain(const error& e, fault_report mine, bool wait) const {
     const auto grace_end = wait ? deadline_after(grace_) : deadline::clock::now();
     rendezvous::request_bound bound(grace_end + late_answer);
-    std::map<int, fault_report> read{{rank_, mine}};
-    std::vector<int> chain{rank_};  // the ranks whose waits were followed, in order
-    std::vector<int> silent;  // ranks that posted no account within the grace
+    std::map<int, int> group_rank{{job_rank_, rank_}};  // the job's ranks whose group rank is known
     std::string trouble;  // why the accounts could not be read, if they could not
+    mine.group = group_;
     try {
-      store_.set(key(rank_), mine.encode());
-      for (int next = mine.peer; next >= 0 && next < size_ && !read.contains(next) && read.size() <= max_reads;) {
+      if (mine.peer >= 0) {
+        const int p = job_rank_of(mine.peer);
+        group_rank[p] = mine.peer;
+        mine.peer = p;
+      }
+    } catch (const error& se) {
+      trouble = se.detail();
+      mine.peer = -1;
+    }
+    std::map<int, fault_report> read{{job_rank_, mine}};
+    std::vector<int> chain{job_rank_};  // the ranks whose waits were followed, in order
+    std::vector<int> silent;  // ranks that posted no account within the grace
+    if (trouble.empty()) try {
+      store_.set(key(job_rank_), mine.encode());
+      for (int next = mine.peer; next >= 0 && !read.contains(next) && read.size() <= max_reads;) {
         auto r = fetch(next, grace_end);
         if (!r) {
           if (wait) silent.push_back(next);
@@ -147,8 +187,10 @@ class fault_board {
         read.emplace(chain.back(), std::move(*r));
       }
       // An error that names no peer (a native backend's timeout): every rank's account is read instead.
-      for (int r = 0; wait && mine.peer < 0 && r < size_ && read.size() <= max_reads; ++r) {
-        if (r == rank_) continue;
+      for (int g = 0; wait && mine.peer < 0 && g < size_ && read.size() <= max_reads; ++g) {
+        if (g == rank_) continue;
+        const int r = job_rank_of(g);
+        group_rank[r] = g;
         if (auto a = fetch(r, grace_end)) {
           chain.push_back(r);
           read.emplace(r, std::move(*a));
@@ -164,27 +206,45 @@ class fault_board {
     if (!blamed.empty()) {
       mine.blamed = blamed;
       try {
-        store_.set(key(rank_), mine.encode());
+        store_.set(key(job_rank_), mine.encode());
       } catch (...) {
       }
     }
     if (why.empty()) {
       if (trouble.empty() || !wait) return e;
-      return error(e.code(), e.detail() + " (the other ranks' accounts could not be read: " + trouble + ")", e.context());
+      // The store did not answer (its host stopped?): that leads, the wait on a neighbour follows.
+      return error(e.code(), "the other ranks' accounts could not be read: " + trouble + "; this rank: " + e.detail(),
+                   e.context());
     }
     error_context ctx = e.context();
-    if (!blamed.empty() && blamed.front() != rank_) ctx.peer = blamed.front();
+    if (!blamed.empty() && blamed.front() != job_rank_) {
+      if (const auto g = group_rank.find(blamed.front()); g != group_rank.end()) ctx.peer = g->second;
+      else if (path_ == job_) ctx.peer = blamed.front();
+    }
     return error(e.code(), why + "; this rank: " + e.detail(), std::move(ctx));
   }
 
  private:
-  std::string key(int r) const { return path_ + "/" + std::to_string(r); }
+  std::string key(int job_rank) const { return job_ + "/" + std::to_string(job_rank); }
+  std::string member_key(int group_rank) const { return job_ + "/in/" + path_ + "/" + std::to_string(group_rank); }
   //! How long past the grace a store request may still take (a healthy store answers in milliseconds): with the
   //! store's host stopped, the error comes this long after the grace.
   static constexpr std::chrono::milliseconds late_answer{250};
   //! The bound of a post outside a failure (a refusal, or a failure that leaves the group going): the store is
   //! most likely well, and a request cut short closes this rank's connection to it.
   static constexpr std::chrono::milliseconds post_bound{5000};
+
+  //! The job's rank of this group's rank `g`, as it posted when the group was made (`g` itself where it did not).
+  int job_rank_of(int g) const {
+    if (path_ == job_ || g < 0 || g >= size_) return g;
+    if (g == rank_) return job_rank_;
+    const std::string k = member_key(g);
+    if (!store_.check(std::span<const std::string>(&k, 1))) return g;
+    const std::string v = store_.get(k, late_answer);
+    int r = g;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), r);
+    return ec == std::errc() && end == v.data() + v.size() ? r : g;
+  }
 
   //! Rank r's account, waiting for it until `until` at the latest.
   std::optional<fault_report> fetch(int r, deadline until) const {
@@ -202,6 +262,11 @@ class fault_board {
     }
   }
 
+  //! "all_reduce #7", with the group's name where it is another group than this one.
+  std::string where(const fault_report& a) const {
+    return a.op + " #" + std::to_string(a.seq) + (a.group == group_ ? "" : " of group " + a.group);
+  }
+
   //! "this rank waited on rank 1, rank 1 on rank 3 and rank 3 on rank 2 (all_reduce #7)"
   std::string waits(const std::map<int, fault_report>& read, const std::vector<int>& chain) const {
     std::string s;
@@ -209,10 +274,10 @@ class fault_board {
     for (std::size_t i = 0; i < chain.size(); ++i) {
       const auto& r = read.at(chain[i]);
       if (r.peer < 0 || r.is_cause()) continue;
-      const std::string who = chain[i] == rank_ ? "this rank" : "rank " + std::to_string(chain[i]);
+      const std::string who = chain[i] == job_rank_ ? "this rank" : "rank " + std::to_string(chain[i]);
       s += (s.empty() ? "" : i + 1 == chain.size() ? " and " : ", ") + who + (s.empty() ? " waited on rank " : " on rank ") +
            std::to_string(r.peer);
-      ops.insert(r.op + " #" + std::to_string(r.seq));
+      ops.insert(where(r));
     }
     std::string o;
     for (const auto& op : ops) o += (o.empty() ? "" : ", ") + op;
@@ -223,17 +288,17 @@ class fault_board {
                       std::vector<int>& blamed) const {
     for (int r : chain) {
       const auto& a = read.at(r);
-      if (r == rank_ || !a.is_cause()) continue;
+      if (r == job_rank_ || !a.is_cause()) continue;
       blamed = {r};
-      return "rank " + std::to_string(r) + (a.refused ? " refused " : " failed in ") + a.op + " #" + std::to_string(a.seq) +
+      return "rank " + std::to_string(r) + (a.refused ? " refused " : " failed in ") + where(a) +
              (a.refused ? " at the call and never took part: " : ": ") + a.message;
     }
     for (int r : chain) {  // a rank that lost a peer before this rank did: the transport named the rank gone
       const auto& a = read.at(r);
-      if (r == rank_ || a.code != int(errc::peer_lost) || a.peer < 0 || a.peer == rank_) continue;
+      if (r == job_rank_ || a.code != int(errc::peer_lost) || a.peer < 0 || a.peer == job_rank_) continue;
       blamed = {a.peer};
-      return "rank " + std::to_string(a.peer) + " was lost, as rank " + std::to_string(r) + " found first (" + a.op +
-             " #" + std::to_string(a.seq) + "): " + a.message;
+      return "rank " + std::to_string(a.peer) + " was lost, as rank " + std::to_string(r) + " found first (" + where(a) +
+             "): " + a.message;
     }
     if (!silent.empty()) {
       blamed = silent;
@@ -246,24 +311,24 @@ class fault_board {
     // A cycle, or the walk could go no further: the verdicts the others posted.
     std::map<int, std::vector<int>> named_by;
     for (const auto& [r, a] : read)
-      if (r != rank_)
+      if (r != job_rank_)
         for (int b : a.blamed) named_by[b].push_back(r);
     if (named_by.empty()) return {};
     std::string why;
     for (const auto& [b, by] : named_by) {
       blamed.push_back(b);
-      why += (why.empty() ? "" : "; ") + (b == rank_ ? "this rank (" + std::to_string(b) + ")" : "rank " + std::to_string(b)) +
+      why += (why.empty() ? "" : "; ") + (b == job_rank_ ? "this rank (" + std::to_string(b) + ")" : "rank " + std::to_string(b)) +
              " stopped answering, as " + ranks_text(by) + " found when " + (by.size() == 1 ? "it" : "they") +
              " timed out without its account";
     }
-    if (named_by.contains(rank_)) why += " (this rank was stopped or stuck for longer than the timeout)";
+    if (named_by.contains(job_rank_)) why += " (this rank was stopped or stuck for longer than the timeout)";
     if (const auto w = waits(read, chain); !w.empty()) why += ": " + w;
     return why;
   }
 
   mutable rendezvous::any_store store_;  // a handle to a thread-safe store: posting changes nothing of the board
-  std::string path_;
-  int rank_, size_;
+  std::string path_, job_, group_;
+  int rank_, job_rank_, size_;
   std::chrono::milliseconds grace_;
 };
 
