@@ -2,6 +2,7 @@
 // buffer, computed on the host with shardkit's own reductions.
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -58,10 +59,20 @@ void compute(int n, std::vector<coll_arg>& args) {
     shardkit::finish_average(op, dt, acc.data(), count, n);
     return acc;
   };
+  // NCCL before 2.29.7 (NVIDIA/nccl issue 1950): a one-rank ncclAvg runs a kernel whose blocks (at most 32, one
+  // per 16 KiB) each take floor(count / blocks) elements rounded up to a 16-byte pack, so the last elements stay
+  // unwritten. The model writes only what that kernel covers; the real library gave the same tail on an H200.
+  const bool one_rank_avg_bug = NCCL_VERSION_CODE < 22907 && n == 1 && a0.op == ncclAvg;
+  auto one_rank_avg_covered = [&](size_t count) {
+    const size_t blocks = std::min<size_t>(32, std::max<size_t>(1, count * es / 16384));
+    const size_t pack = std::max<size_t>(1, 16 / es), per = (count / blocks + pack - 1) / pack * pack;
+    return std::min(count, blocks * per);
+  };
   switch (a0.kind) {
     case k_allreduce: {
       auto acc = reduce_all(a0.count);
-      for (auto& a : args) std::memcpy(a.recv, acc.data(), acc.size());
+      const size_t written = one_rank_avg_bug ? one_rank_avg_covered(a0.count) : a0.count;
+      for (auto& a : args) std::memcpy(a.recv, acc.data(), written * es);
       break;
     }
     case k_allgather: {
@@ -72,7 +83,8 @@ void compute(int n, std::vector<coll_arg>& args) {
     }
     case k_reducescatter: {
       auto acc = reduce_all(a0.count * n);
-      for (int r = 0; r < n; ++r) std::memcpy(args[r].recv, acc.data() + r * a0.count * es, a0.count * es);
+      const size_t written = one_rank_avg_bug ? one_rank_avg_covered(a0.count) : a0.count;
+      for (int r = 0; r < n; ++r) std::memcpy(args[r].recv, acc.data() + r * a0.count * es, written * es);
       break;
     }
     case k_bcast: {
@@ -83,7 +95,8 @@ void compute(int n, std::vector<coll_arg>& args) {
     }
     case k_reduce: {
       auto acc = reduce_all(a0.count);
-      std::memcpy(args[a0.root].recv, acc.data(), acc.size());
+      const size_t written = one_rank_avg_bug ? one_rank_avg_covered(a0.count) : a0.count;
+      std::memcpy(args[a0.root].recv, acc.data(), written * es);
       break;
     }
   }

@@ -245,6 +245,33 @@ TEST_CASE("[nccl] device suite") {
   CHECK(test::nccl::model_communicators_back_to(communicators_before));
 }
 
+// NCCL before 2.29.7 runs a one-rank ncclAvg through a kernel that leaves the last count % blocks elements
+// unwritten (NVIDIA/nccl issue 1950; the conformance suite met it on an H200 with NCCL 2.28.3 at 2097155 f32
+// elements); the model reproduces that kernel, so this fails on the model if the backend asks NCCL for it.
+TEST_CASE("[nccl] a one-rank average is every element's own value, to the last element") {
+  if (!device_or_skip()) return;
+  auto store = rendezvous::make_store<rendezvous::memory_store>();
+  auto c = nccl_communicator::create(store, 0, 1, test_nccl_options(0));
+  const std::size_t count = 2097155;  // 2^21 + 3: a tail past the kernel's 32 blocks
+  for (dtype t : {dtype::f32, dtype::i32}) {
+    test::nccl::device_array in(0, test::nccl::filled(t, count, 1)), out(0, t, count), single(0, t, count);
+    c.all_reduce(in.view(), out.view(), reduce_op::avg, {});
+    c.reduce_scatter(in.view(), single.view(), reduce_op::avg, {});
+    for (auto* result : {&out, &single}) {
+      const auto host = result->download();
+      std::size_t wrong = 0, first = count;
+      for (std::size_t i = 0; i < count; ++i)
+        if (host.get(i) != double(1 + i % 7) && wrong++ == 0) first = i;
+      const std::string what = std::string(to_string(t)) + (result == &out ? " all_reduce" : " reduce_scatter");
+      INFO(what << ": first wrong element " << first);
+      CHECK(wrong == 0);
+    }
+    c.all_reduce(in.view(), in.view(), reduce_op::avg, {});  // in place
+    const auto host = in.download();
+    CHECK(host.get(count - 1) == double(1 + (count - 1) % 7));
+  }
+}
+
 TEST_CASE("[nccl] split waits for NCCL's background job: a split that fails there or times out aborts the parent, then the new communicator") {
   // NCCL runs a split of a nonblocking communicator in a background job and stores the new communicator at its
   // end; ncclCommSplit itself returns ncclSuccess with *newcomm still null (the parent's state says when the job is

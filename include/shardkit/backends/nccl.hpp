@@ -29,7 +29,7 @@
 //!   waiting for a peer that waits for you. The backend's own allocations are stream-ordered for that reason.
 //! - **Averages** use ncclAvg for every dtype: integers sum then divide truncating toward zero (as the host
 //!   algorithms do); floating types pre-multiply by 1/size then sum, which can differ from sum-then-divide in the
-//!   last place when size is not a power of two.
+//!   last place when size is not a power of two. A one-rank average is a sum (a copy; see nccl_detail::to_nccl).
 //! - **Groups.** split() is ncclCommSplit (color < 0 takes no part); dup() is split(0, rank()). NCCL finishes a
 //!   split in a background job and assigns the new communicator at its end: split() waits for the parent's state,
 //!   then for the new handle, then for the new communicator's state, all within the deadline; a split that fails
@@ -161,7 +161,7 @@ class nccl_communicator {
 
   void all_reduce(const_buffer_view in, buffer_view out, reduce_op op, const comm::collective_options& o) {
     run("all_reduce", o, {in, out}, out.count() == 0, [&](state& s, const nccl_detail::wait_control& w, const error_context& ctx) {
-      s.comm.settle(ncclAllReduce(in.data(), out.data(), out.count(), nccl_detail::to_nccl(out.type()), nccl_detail::to_nccl(op),
+      s.comm.settle(ncclAllReduce(in.data(), out.data(), out.count(), nccl_detail::to_nccl(out.type()), nccl_detail::to_nccl(op, s.size),
                                   s.comm.get(), s.stream.get()),
                     "ncclAllReduce", w, ctx);
     });
@@ -199,7 +199,7 @@ class nccl_communicator {
 
   void reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op, const comm::collective_options& o) {
     run("reduce_scatter", o, {in, out}, out.count() == 0, [&](state& s, const nccl_detail::wait_control& w, const error_context& ctx) {
-      s.comm.settle(ncclReduceScatter(in.data(), out.data(), out.count(), nccl_detail::to_nccl(out.type()), nccl_detail::to_nccl(op),
+      s.comm.settle(ncclReduceScatter(in.data(), out.data(), out.count(), nccl_detail::to_nccl(out.type()), nccl_detail::to_nccl(op, s.size),
                                       s.comm.get(), s.stream.get()),
                     "ncclReduceScatter", w, ctx);
     });
@@ -217,7 +217,7 @@ class nccl_communicator {
   void reduce(const_buffer_view in, buffer_view out, reduce_op op, int root, const comm::collective_options& o) {
     run("reduce", o, {in, out}, in.count() == 0, [&](state& s, const nccl_detail::wait_control& w, const error_context& ctx) {
       void* dst = s.rank == root ? static_cast<void*>(out.data()) : nullptr;
-      s.comm.settle(ncclReduce(in.data(), dst, in.count(), nccl_detail::to_nccl(in.type()), nccl_detail::to_nccl(op), root,
+      s.comm.settle(ncclReduce(in.data(), dst, in.count(), nccl_detail::to_nccl(in.type()), nccl_detail::to_nccl(op, s.size), root,
                                s.comm.get(), s.stream.get()),
                     "ncclReduce", w, ctx);
     });

@@ -71,4 +71,13 @@ constexpr ncclRedOp_t to_nccl(reduce_op op) noexcept {
   return ncclSum;
 }
 
+//! The NCCL operation for `op` in a communicator of `world` ranks. In a one-rank communicator the average is the
+//! sum (x / 1 == x exactly, integers and floats alike), and it is asked for as ncclSum because NCCL before 2.29.7
+//! computes a one-rank ncclAvg with a kernel that leaves the last count % blocks elements unwritten (NVIDIA/nccl
+//! issue 1950; seen on an H200 with NCCL 2.28.3: the tail of a 2097155-element f32 all_reduce stayed 0), where
+//! a one-rank ncclSum is a copy.
+constexpr ncclRedOp_t to_nccl(reduce_op op, int world) noexcept {
+  return op == reduce_op::avg && world == 1 ? ncclSum : to_nccl(op);
+}
+
 }  // namespace shardkit::backends::nccl_detail
