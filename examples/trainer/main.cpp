@@ -48,6 +48,12 @@
 #include "shardkit/storage/open_sink.hpp"
 #include "trainer/model.hpp"
 #include "trainer/trace.hpp"
+#if defined(TRAINER_HAS_CUDA)
+#include "shardkit/ckpt/cuda_checkpoint_device.hpp"
+#include "shardkit/fsdp/cuda_gather_device.hpp"
+#include "trainer/cuda_step.hpp"
+#include "trainer/cuda_world.hpp"
+#endif
 
 namespace sk = shardkit;
 namespace fsdp = shardkit::fsdp;
@@ -61,6 +67,7 @@ struct flags {
   std::uint64_t seed = 1;
   double lr = 3e-3, weight_decay = 0.1, clip = 1.0;
   bool skip_compute = false;  // communication alone: the benchmarks' "communication-only" step
+  bool cuda = false;          // --device cuda: the model on the GPU (model_cuda.hpp), groups staged (cuda_world.hpp)
   std::string data;           // token files for the data loader; empty: the built-in text's windows
   bool init_data = false;     // --init-data: a --data location without token files gets the built-in text
   std::string ckpt_dir;
@@ -102,6 +109,7 @@ std::string help_text() {
       {"--lr X", "AdamW learning rate [" + g(d.lr) + "]"},
       {"--weight-decay X", "AdamW weight decay [" + g(d.weight_decay) + "]"},
       {"--clip X", "gradient norm clip [" + g(d.clip) + "]"},
+      {"--device D", "cpu (OpenBLAS) or cuda (cuBLAS and the kernels of kernels.cu; f32) [cpu]"},
       {"--skip-compute", "gathers and reductions only: a benchmark's communication-only step [off]"},
       {"--data LOCATION", "token files for the data loader (an existing directory or s3://) [the built-in text]"},
       {"--init-data", "with --data: a LOCATION without token files gets the built-in text written there first [off]"},
@@ -191,7 +199,7 @@ bool takes_value(std::string_view a) {
       "--steps",  "--batch", "--micro-batches", "--context",  "--seed",         "--strategy",   "--hybrid-size",
       "--dtype",  "--reduce-dtype", "--budget", "--max-inflight", "--prefetch", "--width",      "--blocks",
       "--lr",     "--weight-decay", "--clip",   "--data",     "--ckpt-dir",     "--ckpt-every", "--ckpt-keep",
-      "--ckpt-mode", "--die-at-step", "--die-rank", "--trace"};
+      "--ckpt-mode", "--die-at-step", "--die-rank", "--trace", "--device"};
   return std::find(std::begin(names), std::end(names), a) != std::end(names);
 }
 
@@ -254,9 +262,16 @@ flags parse(int argc, char** argv) {
     else if (a == "--die-at-step") f.die_at_step = int(number(a, v));
     else if (a == "--die-rank") f.die_rank = v == "-1" ? -1 : int(number(a, v));  // -1: every rank
     else if (a == "--trace") f.trace = v;
+    else if (a == "--device") {
+      if (v != "cpu" && v != "cuda") usage("--device wants cpu or cuda, got '" + std::string(v) + "'");
+      f.cuda = v == "cuda";
+    }
     else usage("unknown flag " + std::string(a));
   }
   f.model.context = f.context;
+  // The GPU path computes in f32: its kernels and cuBLAS calls are the f32 CPU path's, step for step.
+  if (f.cuda && (f.sharding.precision.param != sk::dtype::f32 || f.sharding.precision.reduce != sk::dtype::f32))
+    usage("--device cuda computes in f32: leave out --dtype and --reduce-dtype (or give f32)");
   if (f.init_data && f.data.empty()) usage("--init-data needs --data LOCATION (where to write the built-in text)");
   if (f.steps <= 0 || f.batch <= 0 || f.micro_batches <= 0 || f.context <= 0 || f.model.width <= 0 ||
       f.model.blocks <= 0)
@@ -384,6 +399,17 @@ trainer::batch next_batch(sk::data::loader& loader, int rows, int T) {
 
 int main(int argc, char** argv) try {
   const flags f = parse(argc, argv);
+  // --device cuda: fail here, at once and in one line, where there is no GPU (or no CUDA in this build), before
+  // the ranks wait for each other; then every group's device buffers are staged (cuda_world.hpp).
+  int cuda_device = -1;
+  if (f.cuda) {
+#if defined(TRAINER_HAS_CUDA)
+    trainer::register_cuda_staged_transports(trainer::cuda_device_count(), cuda_device);
+#else
+    (void)cuda_device;
+    throw std::runtime_error("--device cuda: this trainer was built without CUDA (nvcc was not found when it was configured)");
+#endif
+  }
   auto world = sk::comm::init_process_group();
   auto& pg = world.group;
   const int rank = pg.rank(), ranks = pg.size();
@@ -407,6 +433,9 @@ int main(int argc, char** argv) try {
     trace.emplace(rank, names);
     sharding.on_event = [&trace](const fsdp::model_event& e) { trace->add(e); };
   }
+#if defined(TRAINER_HAS_CUDA)
+  if (f.cuda) sharding.device = fsdp::cuda_gather_device({.device = cuda_device});
+#endif
   fsdp::sharded_model model(pg, units, sharding);
   model.init_parameters([&](const fsdp::param_slot& p, std::span<float> full) {
     trainer::init_param(trainer::param_spec{p.name, p.shape}, full, f.seed);
@@ -448,10 +477,14 @@ int main(int argc, char** argv) try {
       .add_value("optim.steps", optimizer_steps);
   if (loader) state.add_rank_bytes("data_loader", loader_state);
   std::optional<sk::ckpt::checkpointer> ckpt;
-  if (!f.ckpt_dir.empty())
-    ckpt.emplace(pg, sk::storage::open_sink(f.ckpt_dir),
-                 sk::ckpt::checkpointer_options{.location = f.ckpt_dir, .keep_last = f.ckpt_keep, .mode = f.ckpt_mode,
-                                                .seed = f.seed, .overwrite = f.overwrite});
+  if (!f.ckpt_dir.empty()) {
+    sk::ckpt::checkpointer_options o{.location = f.ckpt_dir, .keep_last = f.ckpt_keep, .mode = f.ckpt_mode,
+                                     .seed = f.seed, .overwrite = f.overwrite};
+#if defined(TRAINER_HAS_CUDA)
+    if (f.cuda) o.device = sk::ckpt::cuda_checkpoint_device({.device = cuda_device});  // pinned staging
+#endif
+    ckpt.emplace(pg, sk::storage::open_sink(f.ckpt_dir), std::move(o));
+  }
   int start = 0;
   if (f.resume) {
     if (!ckpt) usage("--resume needs --ckpt-dir");
@@ -500,7 +533,17 @@ int main(int argc, char** argv) try {
                 std::string(sk::to_string(f.sharding.precision.param)).c_str(),
                 std::string(sk::to_string(f.sharding.precision.reduce)).c_str(), units.size(),
                 model.limiter().budget(), f.batch, T);
+#if defined(TRAINER_HAS_CUDA)
+  std::optional<trainer::cuda_steps> gpu;
+  if (f.cuda) gpu.emplace(f.model, cuda_device, act);
+  if (rank == 0 && gpu)
+    std::printf("# device: cuda:%d, gathered parameters, gradients and activations on the GPU (f32), master shards "
+                "and AdamW on the host, collectives staged through pinned memory over %s\n",
+                cuda_device, world.transport.c_str());
+  if (rank == 0) std::printf("# blas: %s\n", gpu ? gpu->blas_description().c_str() : trainer::blas_description().c_str());
+#else
   if (rank == 0) std::printf("# blas: %s\n", trainer::blas_description().c_str());
+#endif
 
   for (int step = start; step < f.steps; ++step) {
     if (step == f.die_at_step && (f.die_rank < 0 || f.die_rank == rank)) std::raise(SIGKILL);
@@ -511,6 +554,12 @@ int main(int argc, char** argv) try {
       const int first = rank * (f.batch / ranks) + m * rows;
       const trainer::batch b = loader ? next_batch(*loader, rows, T)
                                       : trainer::make_batch(text, f.batch, T, std::uint64_t(step), f.seed, first, rows);
+#if defined(TRAINER_HAS_CUDA)
+      if (gpu && !f.skip_compute) {
+        loss += gpu->micro_batch(model, specs, b, m + 1 == f.micro_batches, 1.0f / float(f.micro_batches)) / f.micro_batches;
+        continue;
+      }
+#endif
       for (auto& u : model.forward()) {
         if (f.skip_compute) continue;
         params.load(u, specs[u.index()]);

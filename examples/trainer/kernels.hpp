@@ -1,0 +1,42 @@
+#pragma once
+// The GPU model's kernels (kernels.cu, the one CUDA translation unit): each does on device memory what the function
+// of the same name in model.hpp does on the host, with the same float operations in the same order (a row's sums
+// run sequentially in one thread, a column's sums over the rows in one thread, in the CPU loop's order), so the GPU
+// path and the CPU path differ only where cuBLAS sums a matrix product in another order than OpenBLAS. Every launch
+// is queued on `stream` and returns at once; a launch error is thrown as std::runtime_error naming the kernel.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace trainer::kernels {
+
+// x[n, j] = tokens[token(n), j] + positions[t(n), j]; token bytes are the batch's (T + 1)-token rows.
+void embed_forward(int B, int T, int d, const std::uint8_t* tokens, const float* tok, const float* pos, float* x,
+                   cudaStream_t stream);
+// dtok[token(n)] += dx[n], dpos[t(n)] += dx[n], rows n in order.
+void embed_backward(int B, int T, int d, const std::uint8_t* tokens, const float* dx, float* dtok, float* dpos,
+                    cudaStream_t stream);
+// u[n] = x[n] + mix ⊙ x[n-1] (0 at the first position of a row).
+void mix_forward(int N, int T, int d, const float* x, const float* mix, float* u, cudaStream_t stream);
+// dmix += Σ du[n] ⊙ x[n-1]; dx[n] = dy[n] + du[n] + mix ⊙ du[n+1] (0 at the last position).
+void mix_backward(int N, int T, int d, const float* x, const float* mix, const float* du, const float* dy, float* dx,
+                  float* dmix, cudaStream_t stream);
+void rmsnorm_forward(int rows, int d, const float* in, const float* g, float* out, float* r, cudaStream_t stream);
+// din may alias dout.
+void rmsnorm_backward(int rows, int d, const float* in, const float* g, const float* r, const float* dout, float* din,
+                      float* dg, cudaStream_t stream);
+// out[n, j] = base[n, j] + bias[j], or bias[j] where base is null.
+void rows_plus_bias(int rows, int cols, const float* base, const float* bias, float* out, cudaStream_t stream);
+void gelu_forward(std::int64_t count, const float* z, float* a, cudaStream_t stream);
+// da *= gelu'(z)
+void gelu_backward(std::int64_t count, const float* z, float* da, cudaStream_t stream);
+// acc[j] += Σ_n m[n, j], rows in order.
+void add_column_sums(int rows, int cols, const float* m, float* acc, cudaStream_t stream);
+// Row n of logits becomes its softmax; loss[n] = logsumexp - logit of the target (in double, as model.hpp).
+void softmax_cross_entropy(int B, int T, int V, const std::uint8_t* tokens, float* logits, double* loss,
+                           cudaStream_t stream);
+// probs becomes dlogits: (softmax - onehot(target)) * scale.
+void softmax_cross_entropy_backward(int B, int T, int V, const std::uint8_t* tokens, float scale, float* probs,
+                                    cudaStream_t stream);
+
+}  // namespace trainer::kernels
