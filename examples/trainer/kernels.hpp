@@ -1,12 +1,17 @@
 #pragma once
-// The GPU model's kernels (kernels.cu, the one CUDA translation unit): each does on device memory what the function
-// of the same name in model.hpp does on the host, with the same float operations in the same order (a row's sums
-// run sequentially in one thread, a column's sums over the rows in one thread, in the CPU loop's order), so the GPU
-// path and the CPU path differ only where cuBLAS sums a matrix product in another order than OpenBLAS. Every launch
-// is queued on `stream` and returns at once; a launch error is thrown as std::runtime_error naming the kernel.
+// The GPU model's kernels and matrix products. Each kernel does on device memory what the function of the same
+// name in model.hpp does on the host, with the same float operations in the same order (a row's sums run
+// sequentially in one thread, a column's sums over the rows in one thread, in the CPU loop's order), so the GPU path
+// and the CPU path differ only where cuBLAS sums a matrix product in another order than OpenBLAS. Every launch is
+// queued on `stream` and returns at once; a launch error is thrown as std::runtime_error naming the kernel.
+//
+// Defined by kernel_bodies.hpp, compiled as CUDA in kernels.cu and device_blas by cublas.cpp, for the trainer; by
+// tests/nccl/trainer_cuda_model.cpp over host memory and OpenBLAS, for its host twin (the CUDA/NCCL model).
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 namespace trainer::kernels {
 
@@ -38,5 +43,23 @@ void softmax_cross_entropy(int B, int T, int V, const std::uint8_t* tokens, floa
 // probs becomes dlogits: (softmax - onehot(target)) * scale.
 void softmax_cross_entropy_backward(int B, int T, int V, const std::uint8_t* tokens, float scale, float* probs,
                                     cudaStream_t stream);
+
+//! The matrix products, on the legacy default stream of `device`: C[M,N] = alpha * op(A)·op(B) + beta * C,
+//! row-major and dense (model.hpp's detail::gemm).
+class device_blas {
+ public:
+  explicit device_blas(int device);
+  ~device_blas();
+  device_blas(const device_blas&) = delete;
+  device_blas& operator=(const device_blas&) = delete;
+  void gemm(bool ta, bool tb, int M, int N, int K, const float* A, const float* B, float* C, float beta,
+            float alpha = 1.0f);
+  //! What runs the products and where, for the trainer's "# blas:" line.
+  std::string description() const;
+
+ private:
+  struct state;
+  std::unique_ptr<state> state_;
+};
 
 }  // namespace trainer::kernels

@@ -17,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "cublas.hpp"
 #include "kernels.hpp"
 #include "model.hpp"
 #include "shardkit/cuda/device_memory.hpp"
@@ -61,14 +60,10 @@ class cuda_model {
  public:
   //! Makes `device` current on the calling thread and opens cuBLAS there.
   cuda_model(const model_config& c, int device)
-      : c_(c), device_(device), selected_(device), blocks_(std::size_t(c.blocks)) {}
+      : c_(c), selected_(device), blas_(device), blocks_(std::size_t(c.blocks)) {}
 
   //! "cuBLAS 13.0.2 (libcublas.so.13) on cuda:0 (NVIDIA H200)": the trainer's "# blas:" line.
-  std::string blas_description() const {
-    cudaDeviceProp prop{};
-    const std::string name = cudaGetDeviceProperties(&prop, device_) == cudaSuccess ? prop.name : "unknown";
-    return blas_.description() + " on cuda:" + std::to_string(device_) + " (" + name + ")";
-  }
+  std::string blas_description() const { return blas_.description(); }
 
   //! Uploads a micro-batch's tokens: embed_forward, head_forward and the backward of both read them.
   void load_batch(const batch& in) {
@@ -200,10 +195,9 @@ class cuda_model {
   };
 
   model_config c_;
-  int device_;
   select_device selected_;
   cudaStream_t stream_ = nullptr;  // the legacy default stream, cuBLAS's default too
-  cublas_library blas_;
+  kernels::device_blas blas_;
   device_array<std::uint8_t> tokens_;
   std::vector<block_cache> blocks_;
   head_state head_;

@@ -4,7 +4,8 @@
 #    outlives its time limit): the table says each, the exit status is 1, the logs and summary.md are written;
 # 2. pack --list names the CUDA runtime among the bundled libraries and leaves glibc's and NCCL's out;
 # 3. run --model --quick on this build's model twins (nccl_model_test, ...: one model device): every step that
-#    has a twin passes, the others are marked as not in the dry run, exit status 0.
+#    has a twin passes (the trainer's --device cuda on its host twin too), the others are marked as not in the dry
+#    run, exit status 0.
 #   gpu_check_test.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
 src=$1
@@ -54,7 +55,7 @@ bash "$src/scripts/gpu-check" run --build-dir "$build" --model --quick --out-dir
 [ "$status" -eq 0 ] || { cat "$work/dry.txt"; fail "the dry run exited $status"; }
 row() { grep "^| $1 |" "$work/dry/summary.md" || fail "no row for $1"; }
 row pinned_memory | grep -q "not in the dry run" || fail "pinned_memory: $(row pinned_memory)"
-for step in ckpt_cuda nccl_1_rank fsdp_nccl staged_4_ranks bench_nccl bench_staged_4; do
+for step in ckpt_cuda nccl_1_rank fsdp_nccl staged_4_ranks bench_nccl bench_staged_4 trainer_cuda; do
   row "$step" | grep -q "| passed |" || { cat "$work/dry.txt"; fail "$step: $(row "$step")"; }
 done
 echo "gpu-check: stand-in bundle, pack --list and the model dry run behave"

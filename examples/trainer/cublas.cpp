@@ -1,4 +1,3 @@
-#pragma once
 // cuBLAS for the trainer's GPU path, opened with dlopen when --device cuda asks for it. The trainer is one binary
 // for the CPU and the GPU: linked against cuBLAS, every CPU run would load libcublas and libcublasLt (about 600 MB
 // with CUDA 13) and a GPU host bundle could not carry them; opened here, a CPU run never touches them and a GPU
@@ -8,14 +7,19 @@
 // matrices read with their dimensions swapped. Pedantic math mode: no TF32 or other reduced-precision shortcut, so
 // a product differs from OpenBLAS's only in the order its sums run.
 #include <cublas_api.h>
+#include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-namespace trainer {
+#include "kernels.hpp"
+
+namespace trainer::kernels {
+namespace {
 
 class cublas_library {
  public:
@@ -84,4 +88,25 @@ class cublas_library {
   decltype(&cublasSgemm_v2) sgemm_ = nullptr;
 };
 
-}  // namespace trainer
+}  // namespace
+
+struct device_blas::state {
+  int device;
+  cublas_library cublas;
+};
+
+device_blas::device_blas(int device) : state_(std::make_unique<state>(device)) {}
+device_blas::~device_blas() = default;
+
+void device_blas::gemm(bool ta, bool tb, int M, int N, int K, const float* A, const float* B, float* C, float beta,
+                       float alpha) {
+  state_->cublas.gemm(ta, tb, M, N, K, A, B, C, beta, alpha);
+}
+
+std::string device_blas::description() const {
+  cudaDeviceProp prop{};
+  const std::string name = cudaGetDeviceProperties(&prop, state_->device) == cudaSuccess ? prop.name : "unknown";
+  return state_->cublas.description() + " on cuda:" + std::to_string(state_->device) + " (" + name + ")";
+}
+
+}  // namespace trainer::kernels
