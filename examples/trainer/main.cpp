@@ -54,6 +54,7 @@
 #include "trainer/cuda_step.hpp"
 #include "trainer/cuda_world.hpp"
 #endif
+#include "trainer/unit_times.hpp"
 
 namespace sk = shardkit;
 namespace fsdp = shardkit::fsdp;
@@ -79,6 +80,7 @@ struct flags {
   bool overwrite = false;  // --overwrite: a run that does not resume removes another run's checkpoints there first
   int die_at_step = -1, die_rank = -1;  // tests: SIGKILL this rank at the start of that step
   std::string trace;                    // --trace PREFIX: each rank writes PREFIX.rank<R>.json (trace.hpp)
+  std::string plan_units;               // --plan-units FILE: rank 0 writes unit sizes and times (unit_times.hpp)
 };
 
 // Every flag, its value and its default: --help prints this on stdout; a mistake prints the problem and points here.
@@ -122,6 +124,7 @@ std::string help_text() {
       {"--die-at-step N", "tests: SIGKILL --die-rank at the start of step N [off]"},
       {"--die-rank R", "the rank --die-at-step kills, -1 every rank [-1]"},
       {"--trace PREFIX", "each rank writes its timeline to PREFIX.rank<R>.json (Chrome trace) [off]"},
+      {"--plan-units FILE", "rank 0 writes each unit's size and use times for shardkit-plan (docs/fsdp.md) [off]"},
       {"-h, --help", "this list"},
   };
   std::string out = "usage: trainer [FLAGS]   (launch ranks with shardkit-run -n N -- trainer ...)\n"
@@ -199,7 +202,7 @@ bool takes_value(std::string_view a) {
       "--steps",  "--batch", "--micro-batches", "--context",  "--seed",         "--strategy",   "--hybrid-size",
       "--dtype",  "--reduce-dtype", "--budget", "--max-inflight", "--prefetch", "--width",      "--blocks",
       "--lr",     "--weight-decay", "--clip",   "--data",     "--ckpt-dir",     "--ckpt-every", "--ckpt-keep",
-      "--ckpt-mode", "--die-at-step", "--die-rank", "--trace", "--device"};
+      "--ckpt-mode", "--die-at-step", "--die-rank", "--trace", "--device", "--plan-units"};
   return std::find(std::begin(names), std::end(names), a) != std::end(names);
 }
 
@@ -266,6 +269,7 @@ flags parse(int argc, char** argv) {
       if (v != "cpu" && v != "cuda") usage("--device wants cpu or cuda, got '" + std::string(v) + "'");
       f.cuda = v == "cuda";
     }
+    else if (a == "--plan-units") f.plan_units = v;
     else usage("unknown flag " + std::string(a));
   }
   f.model.context = f.context;
@@ -429,13 +433,21 @@ int main(int argc, char** argv) try {
   std::optional<trainer::chrome_trace> trace;
   fsdp::sharding_options sharding = f.sharding;
   sharding.micro_batches = std::size_t(f.micro_batches);  // compared across ranks at construction
-  if (!f.trace.empty()) {
-    trace.emplace(rank, names);
-    sharding.on_event = [&trace](const fsdp::model_event& e) { trace->add(e); };
+  std::optional<trainer::unit_times> times;
+  if (!f.trace.empty()) trace.emplace(rank, names);
+  if (!f.plan_units.empty() && rank == 0) {
+    std::vector<std::size_t> numel;
+    for (const auto& s : specs) numel.push_back(trainer::unit_numel(s));
+    times.emplace(names, std::move(numel));
   }
 #if defined(TRAINER_HAS_CUDA)
   if (f.cuda) sharding.device = fsdp::cuda_gather_device({.device = cuda_device});
 #endif
+  if (trace || times)
+    sharding.on_event = [&trace, &times](const fsdp::model_event& e) {
+      if (trace) trace->add(e);
+      if (times) times->add(e);
+    };
   fsdp::sharded_model model(pg, units, sharding);
   model.init_parameters([&](const fsdp::param_slot& p, std::span<float> full) {
     trainer::init_param(trainer::param_spec{p.name, p.shape}, full, f.seed);
@@ -602,6 +614,11 @@ int main(int argc, char** argv) try {
     }
     const auto elapsed = std::chrono::steady_clock::now() - t0;
     if (trace) trace->step(step, t0, t0 + elapsed);
+    if (times) {
+      const auto st = model.stats();
+      times->step(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed),
+                  st.waiting_for_gather + st.waiting_for_reduce);
+    }
     if (rank == 0) {
       const auto st = model.stats();
       const auto waiting = st.waiting_for_gather + st.waiting_for_reduce;
@@ -622,6 +639,12 @@ int main(int argc, char** argv) try {
     ckpt_stall_ms = 0;
   }
   if (trace) trace->write(f.trace);
+  if (times)
+    times->write(f.plan_units,
+                 "examples/trainer --width " + std::to_string(d) + " --blocks " + std::to_string(L) + " --context " +
+                     std::to_string(T) + ", " + std::to_string(rows) + " rows per rank and micro-batch, " +
+                     std::to_string(ranks) + " rank(s)",
+                 int(model.shard_size()));
   if (ckpt) {
     ckpt->wait();
     std::size_t committed = 0;

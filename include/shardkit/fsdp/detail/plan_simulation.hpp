@@ -1,0 +1,548 @@
+#pragma once
+//! The planner's simulation (fsdp/plan.hpp): a fluid discrete-event simulation of one rank's step. Between events
+//! every activity (the trainer's compute, a collective's latency or transfer) progresses at a constant rate; the
+//! next event is the first activity to finish; at each event the threads' rules run until nothing more can start.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <deque>
+#include <limits>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "shardkit/core/dtype.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/fsdp/plan.hpp"
+#include "shardkit/fsdp/rate_limiter.hpp"
+#include "shardkit/fsdp/unit.hpp"
+
+namespace shardkit::fsdp::detail {
+
+//! A collective on this rank's hosts: `steps` ring steps, each a latency then a chunk's transfer.
+struct plan_collective {
+  std::size_t steps = 0;
+  double chunk_bytes = 0;
+  double step_latency = 0;
+  bool crosses_hosts = false;
+  double flows = 1;        // this collective's flows on the host's link (its group's instances on the host)
+  double intra_rate = 0;   // bytes per second between ranks of one host; 0: no limit
+};
+
+//! A group as the ranks are placed: members, the hosts they span, and how many of its instances share a host.
+struct plan_group {
+  std::size_t size = 1, hosts = 1;
+  double instances_per_host = 1;
+};
+
+class plan_simulation {
+ public:
+  plan_simulation(std::span<const plan_unit> units, const plan_cluster& cluster, const plan_options& options)
+      : cluster_(cluster), opts_(options) {
+    const error_context where{.operation = "fsdp.plan"};
+    if (units.empty()) throw_error(errc::invalid_argument, "a plan needs at least one unit", where);
+    if (cluster.hosts == 0 || cluster.ranks_per_host == 0 || cluster.nics_per_host == 0)
+      throw_error(errc::invalid_argument, "hosts, ranks per host and NICs per host must be positive", where);
+    if (!(cluster.link_bytes_per_second > 0) || !(cluster.rtt_seconds >= 0) || !(cluster.cores_per_host >= 0) ||
+        !(cluster.comm_cpu_cores >= 0) || !(cluster.intra_bytes_per_second >= 0) ||
+        !(cluster.intra_step_seconds >= 0) || !(cluster.measured_cores_per_rank >= 0) ||
+        !(options.optimizer_seconds >= 0))
+      throw_error(errc::invalid_argument,
+                  "link bandwidth must be positive; latencies, cores, CPU shares and times not negative", where);
+    const std::size_t world = cluster.hosts * cluster.ranks_per_host;
+    std::size_t s = world;
+    if (options.strategy == sharding_strategy::no_shard) s = 1;
+    if (options.strategy == sharding_strategy::hybrid_shard) {
+      s = options.hybrid_shard_size;
+      if (s == 0 || world % s != 0)
+        throw_error(errc::invalid_argument,
+                    "hybrid_shard needs hybrid_shard_size dividing the world size " + std::to_string(world) +
+                        ", got " + std::to_string(s),
+                    where);
+    }
+    for (dtype t : {options.precision.param, options.precision.reduce})
+      if (!is_floating(t))
+        throw_error(errc::invalid_argument, "precision dtypes must be floating, got " + std::string(to_string(t)),
+                    where);
+    shard_ = s;
+    replicas_ = world / s;
+    shard_group_ = group_of(0, 1, shard_);
+    replica_group_ = group_of(0, shard_, replicas_);
+    cores_ = cluster.cores_per_host > 0 ? cluster.cores_per_host : double(cluster.ranks_per_host);
+    measured_share_ = cluster.measured_cores_per_rank > 0 ? cluster.measured_cores_per_rank
+                                                          : std::min(1.0, cores_ / double(cluster.ranks_per_host));
+    const bool master = shard_ == 1 && options.precision.param == dtype::f32;
+    for (const auto& u : units) {
+      if (u.numel == 0) throw_error(errc::invalid_argument, "unit '" + u.name + "' has no parameters", where);
+      if (!(u.forward_seconds >= 0) || !(u.backward_seconds >= 0))
+        throw_error(errc::invalid_argument, "unit '" + u.name + "' has a negative compute time", where);
+      const unit_layout l(unit_spec{u.name, {{u.name, {u.numel}}}}, shard_);
+      unit_state st;
+      st.name = u.name;
+      st.params_bytes = master ? 0 : round64(l.padded_numel() * size_of(options.precision.param));
+      st.grads_bytes = round64(l.padded_numel() * size_of(options.precision.reduce));
+      st.gather = ring(shard_group_, double(l.padded_numel() * size_of(options.precision.param)), 1);
+      st.reduce_scatter = ring(shard_group_, double(l.padded_numel() * size_of(options.precision.reduce)), 1);
+      st.replica_all_reduce = ring(replica_group_, double(l.shard_numel() * size_of(options.precision.reduce)), 2);
+      st.forward_work = u.forward_seconds;
+      st.backward_work = u.backward_seconds;
+      units_.push_back(std::move(st));
+    }
+    region_ = budget(where);
+    limiter_.emplace(region_, options.limiter_max_inflight, "fsdp.plan.limiter");
+    for (std::size_t pos = 0; pos < units_.size(); ++pos) ops_.push_back({op::begin, pass::forward, pos});
+    for (std::size_t pos = 0; pos < units_.size(); ++pos) ops_.push_back({op::begin, pass::backward, pos});
+    ops_.push_back({op::wait_reductions, pass::backward, 0});
+    for (std::size_t k = 0; k < options.scalar_all_reduces; ++k) ops_.push_back({op::scalar, pass::backward, k});
+    ops_.push_back({op::optimizer, pass::backward, 0});
+  }
+
+  plan_result run() {
+    for (;;) {
+      settle();
+      if (pc_ == ops_.size()) break;
+      advance();
+    }
+    result_.step_seconds = now_;
+    result_.exposed_seconds = std::max(0.0, now_ - result_.compute_seconds);
+    rate_limiter_stats s;
+    limiter_->fill(s);
+    result_.budget_bytes = s.budget_bytes;
+    result_.peak_gathered_bytes = s.peak_bytes;
+    result_.shard_size = shard_;
+    result_.replicas = replicas_;
+    return std::move(result_);
+  }
+
+ private:
+  struct unit_state {
+    std::string name;
+    std::size_t params_bytes = 0, grads_bytes = 0;
+    plan_collective gather, reduce_scatter, replica_all_reduce;
+    double forward_work = 0, backward_work = 0;
+    std::optional<region_block> params, grads;
+    bool params_ready = false, grads_ready = false;
+  };
+  enum class op { begin, wait_reductions, scalar, optimizer };
+  struct trainer_op {
+    op what;
+    fsdp::pass pass;
+    std::size_t index;  // begin: the position in the pass
+  };
+  struct gather_job {
+    std::size_t unit;
+    fsdp::pass pass;
+    bool params, grads;
+  };
+  struct running {
+    plan_collective c;
+    std::size_t steps_left = 0;
+    bool in_latency = true;
+    double remaining = 0;  // seconds of latency, or bytes of one flow's chunk
+  };
+  struct reduce_job {
+    std::vector<plan_collective> parts;
+    std::size_t unit = model_event::no_unit;  // no_unit: a scalar all-reduce
+  };
+
+  static std::size_t round64(std::size_t n) { return (n + 63) / 64 * 64; }
+
+  plan_group group_of(std::size_t first, std::size_t stride, std::size_t n) const {
+    std::set<std::size_t> hosts;
+    for (std::size_t k = 0; k < n; ++k) hosts.insert((first + k * stride) / cluster_.ranks_per_host);
+    const double per_host = double(n) / double(hosts.size());
+    return {n, hosts.size(), double(cluster_.ranks_per_host) / per_host};
+  }
+
+  // A ring over `g` of `bytes` (the whole buffer): an all-gather or reduce-scatter (passes 1) or an all-reduce (2).
+  plan_collective ring(const plan_group& g, double bytes, std::size_t passes) const {
+    plan_collective c;
+    if (g.size <= 1) return c;
+    c.steps = passes * (g.size - 1);
+    c.chunk_bytes = bytes / double(g.size);
+    c.crosses_hosts = g.hosts > 1;
+    c.step_latency = c.crosses_hosts ? cluster_.rtt_seconds : cluster_.intra_step_seconds;
+    c.flows = g.instances_per_host;
+    c.intra_rate = cluster_.intra_bytes_per_second;
+    return c;
+  }
+  plan_collective scalar(const plan_group& g) const {
+    plan_collective c = ring(g, 0, 1);
+    if (g.size <= 1) return c;
+    c.steps = std::size_t(std::ceil(std::log2(double(g.size))));
+    return c;
+  }
+
+  // sharded_model's budget, derived the same way (its constructor), the groups' scratch taken as none.
+  std::size_t budget(const error_context& where) const {
+    const bool keeps = opts_.strategy == sharding_strategy::shard_grad_op || opts_.strategy == sharding_strategy::no_shard;
+    std::size_t unit_max = 0, kept = 0, grads_max = 0, total = 0;
+    for (const auto& u : units_) {
+      unit_max = std::max(unit_max, u.params_bytes + u.grads_bytes);
+      kept += u.params_bytes;
+      grads_max = std::max(grads_max, u.grads_bytes);
+      total += u.params_bytes + u.grads_bytes;
+    }
+    const std::size_t minimum = keeps ? kept + grads_max : unit_max;
+    std::size_t b = opts_.limiter_budget_bytes;
+    const bool in_bytes = b != 0 && b != unlimited_budget;
+    if (opts_.limiter_budget_units != 0) {
+      if (b != 0) throw_error(errc::invalid_argument, "set limiter_budget_bytes or limiter_budget_units, not both", where);
+      b = opts_.limiter_budget_units * unit_max + (keeps ? kept : 0);
+    }
+    if (b == 0) b = minimum + unit_max;
+    if (b == unlimited_budget) b = total;
+    if (b < minimum)
+      throw_error(errc::invalid_argument,
+                  "limiter budget of " + std::to_string(b) + " bytes is below the " + std::to_string(minimum) +
+                      " bytes that " + std::string(to_string(opts_.strategy)) + " must hold at once",
+                  where);
+    const std::size_t gathered = units_.front().params_bytes == 0 ? 0 : 1;
+    const std::size_t need_count = keeps ? gathered * units_.size() + 1 : gathered + 1;
+    if (opts_.limiter_max_inflight != 0 && opts_.limiter_max_inflight < need_count)
+      throw_error(errc::invalid_argument,
+                  "limiter_max_inflight of " + std::to_string(opts_.limiter_max_inflight) + " is below the " +
+                      std::to_string(need_count) + " buffers " + std::string(to_string(opts_.strategy)) +
+                      " holds at once",
+                  where);
+    if (opts_.max_gathered != 0 && keeps && opts_.max_gathered < gathered * units_.size())
+      throw_error(errc::invalid_argument,
+                  "max_gathered of " + std::to_string(opts_.max_gathered) + " is below the " +
+                      std::to_string(units_.size()) + " gathered buffers " + std::string(to_string(opts_.strategy)) +
+                      " keeps from forward to backward",
+                  where);
+    return in_bytes ? b / 64 * 64 : round64(b);
+  }
+
+  bool frees_after_forward() const noexcept {
+    return opts_.strategy == sharding_strategy::full_shard || opts_.strategy == sharding_strategy::hybrid_shard;
+  }
+
+  void emit(model_event::kind k, fsdp::pass p, std::size_t unit, double begin) {
+    if (opts_.record_timeline) result_.timeline.push_back({k, p, unit, begin, now_});
+  }
+
+  // ---- the trainer's thread ----
+  std::size_t unit_at(fsdp::pass p, std::size_t pos) const {
+    return p == pass::forward ? pos : units_.size() - 1 - pos;
+  }
+
+  void queue_gathers(fsdp::pass p, std::size_t until) {
+    until = std::min(until, units_.size());
+    for (; queued_ < until; ++queued_) {
+      const std::size_t i = unit_at(p, queued_);
+      auto& u = units_[i];
+      const bool need_params = !u.params && u.params_bytes != 0;
+      const bool need_grads = p == pass::backward && !u.grads;
+      if (!need_params) u.params_ready = true;
+      if (p == pass::forward || !need_grads) u.grads_ready = true;
+      if (need_params) u.params_ready = false;
+      if (need_grads) u.grads_ready = false;
+      if (need_params || need_grads) gather_jobs_.push_back({i, p, need_params, need_grads});
+    }
+  }
+
+  void release_params(unit_state& u) {
+    if (u.params) {
+      limiter_->give_back(*u.params);
+      u.params.reset();
+      --params_alive_;
+    }
+    u.params_ready = false;
+  }
+
+  // Runs the trainer until it waits or computes; true if it moved.
+  bool run_trainer() {
+    bool moved = false;
+    while (pc_ < ops_.size() && !computing_) {
+      const trainer_op& o = ops_[pc_];
+      if (!waiting_since_) {
+        waiting_since_ = now_;
+        if (o.what == op::begin) {
+          if (o.index == 0) queued_ = 0;
+          queue_gathers(o.pass, o.index + 1 + opts_.prefetch);
+        } else if (o.what == op::scalar) {
+          reduce_job j;
+          if (shard_ > 1) j.parts.push_back(scalar(shard_group_));
+          if (replicas_ > 1) j.parts.push_back(scalar(replica_group_));
+          scalar_done_ = false;
+          reduce_jobs_.push_back(std::move(j));
+        }
+        moved = true;
+      }
+      const double since = *waiting_since_;
+      if (o.what == op::begin) {
+        auto& u = units_[unit_at(o.pass, o.index)];
+        if (!u.params_ready || !u.grads_ready) return moved;
+        result_.gather_wait_seconds += now_ - since;
+        emit(model_event::kind::gather_wait, o.pass, unit_at(o.pass, o.index), since);
+        start_compute(o.pass == pass::forward ? u.forward_work : u.backward_work);
+      } else if (o.what == op::wait_reductions) {
+        if (pending_reductions_ != 0) return moved;
+        result_.reduce_wait_seconds += now_ - since;
+        emit(model_event::kind::reduce_wait, pass::backward, model_event::no_unit, since);
+        next_op();
+      } else if (o.what == op::scalar) {
+        if (!scalar_done_) return moved;
+        next_op();
+      } else {
+        start_compute(opts_.optimizer_seconds);
+      }
+      moved = true;
+    }
+    return moved;
+  }
+
+  void start_compute(double work) {
+    computing_ = true;
+    compute_left_ = work;
+    compute_begin_ = now_;
+    result_.compute_seconds += work;
+  }
+
+  void next_op() {
+    ++pc_;
+    waiting_since_.reset();
+  }
+
+  void compute_done() {
+    computing_ = false;
+    const trainer_op& o = ops_[pc_];
+    if (o.what == op::begin) {
+      const std::size_t i = unit_at(o.pass, o.index);
+      auto& u = units_[i];
+      emit(model_event::kind::use, o.pass, i, compute_begin_);
+      if (o.pass == pass::forward) {
+        if (frees_after_forward()) release_params(u);
+      } else {
+        release_params(u);
+        reduce_job j{{}, i};
+        if (shard_ > 1) j.parts.push_back(u.reduce_scatter);
+        if (replicas_ > 1) j.parts.push_back(u.replica_all_reduce);
+        reduce_jobs_.push_back(std::move(j));
+        ++pending_reductions_;
+      }
+    }
+    next_op();
+  }
+
+  // ---- the gather thread: one job at a time, blocking on the limiter ----
+  bool run_gather_thread() {
+    bool moved = false;
+    while (!gather_jobs_.empty()) {
+      const gather_job j = gather_jobs_.front();
+      if (!head_since_) head_since_ = now_;
+      auto& u = units_[j.unit];
+      if (j.params && opts_.max_gathered != 0 && params_alive_ >= opts_.max_gathered) return moved;
+      const std::size_t bytes = (j.params ? u.params_bytes : 0) + (j.grads ? u.grads_bytes : 0);
+      auto block = limiter_->try_take(limiter_request{bytes, {}});
+      if (!block) return moved;
+      if (now_ > *head_since_) {
+        ++result_.limiter_waits;
+        result_.limiter_wait_seconds += now_ - *head_since_;
+      }
+      emit(model_event::kind::limiter_wait, j.pass, j.unit, *head_since_);
+      head_since_.reset();
+      if (j.params && j.grads) {
+        limiter_->note_split();
+        u.params = region_block{block->offset, u.params_bytes};
+        u.grads = region_block{block->offset + u.params_bytes, u.grads_bytes};
+      } else if (j.params) {
+        u.params = *block;
+      } else {
+        u.grads = *block;
+      }
+      if (j.params) {
+        ++params_alive_;
+        if (u.gather.steps == 0)
+          u.params_ready = true;
+        else
+          gathers_.push_back({j.unit, j.pass});
+      }
+      if (j.grads) u.grads_ready = true;
+      gather_jobs_.pop_front();
+      moved = true;
+    }
+    return moved;
+  }
+
+  // ---- the groups: the gather group's all-gathers, the reduce thread's jobs ----
+  bool start_collectives() {
+    bool moved = false;
+    if (!gather_running_ && !gathers_.empty()) {
+      gather_running_ = start(units_[gathers_.front().first].gather);
+      gather_begin_ = now_;
+      moved = true;
+      if (!gather_running_) gather_done();
+    }
+    while (!reduce_running_ && (reduce_part_ > 0 || !reduce_jobs_.empty())) {
+      reduce_job& j = reduce_jobs_.front();
+      if (reduce_part_ == 0) reduce_begin_ = now_;
+      moved = true;
+      if (reduce_part_ < j.parts.size()) {
+        reduce_running_ = start(j.parts[reduce_part_++]);
+        if (reduce_running_) break;
+        continue;
+      }
+      reduce_job_done();
+    }
+    return moved;
+  }
+
+  // A collective's first phase, or nothing when it takes no time at all.
+  std::optional<running> start(const plan_collective& c) const {
+    running r{c, c.steps, true, c.step_latency};
+    if (settle_phases(r)) return std::nullopt;
+    return r;
+  }
+
+  // Moves past phases that are over; true when the collective is done.
+  bool settle_phases(running& r) const {
+    for (;;) {
+      if (r.steps_left == 0) return true;
+      if (r.remaining > 0) return false;
+      if (r.in_latency) {
+        r.in_latency = false;
+        r.remaining = (!r.c.crosses_hosts && r.c.intra_rate == 0) ? 0 : r.c.chunk_bytes;
+      } else {
+        --r.steps_left;
+        r.in_latency = true;
+        r.remaining = r.c.step_latency;
+      }
+    }
+  }
+
+  void gather_done() {
+    const auto [i, p] = gathers_.front();
+    gathers_.pop_front();
+    units_[i].params_ready = true;
+    emit(model_event::kind::gather, p, i, gather_begin_);
+  }
+
+  void reduce_job_done() {
+    const std::size_t i = reduce_jobs_.front().unit;
+    reduce_jobs_.pop_front();
+    reduce_part_ = 0;
+    if (i == model_event::no_unit) {
+      scalar_done_ = true;
+      return;
+    }
+    auto& u = units_[i];
+    limiter_->give_back(*u.grads);
+    u.grads.reset();
+    u.grads_ready = false;
+    --pending_reductions_;
+    emit(model_event::kind::reduce, pass::backward, i, reduce_begin_);
+  }
+
+  void settle() {
+    while (run_trainer() | run_gather_thread() | start_collectives()) {
+    }
+  }
+
+  // ---- time: every activity at its rate until the first one ends ----
+  double transfer_rate(const running& r, double flows_on_link, double cpu) const {
+    if (r.c.crosses_hosts)
+      return double(cluster_.nics_per_host) * cluster_.link_bytes_per_second / flows_on_link * cpu;
+    return r.c.intra_rate * cpu;
+  }
+
+  void advance() {
+    running* colls[] = {gather_running_ ? &*gather_running_ : nullptr, reduce_running_ ? &*reduce_running_ : nullptr};
+    double flows = 0;
+    std::size_t active = 0;
+    for (running* r : colls)
+      if (r) {
+        ++active;
+        if (!r->in_latency && r->c.crosses_hosts) flows += r->c.flows;
+      }
+    const double demand =
+        double(cluster_.ranks_per_host) * ((computing_ ? 1.0 : 0.0) + cluster_.comm_cpu_cores * double(active));
+    const double cpu = demand > cores_ ? cores_ / demand : 1.0;  // each consumer's share of what it asks for
+    const double comm_cpu = cluster_.comm_cpu_cores > 0 ? cpu : 1.0;
+    const double compute_rate = std::min(1.0, cpu) / measured_share_;
+    double rates[2] = {0, 0};
+    double dt = std::numeric_limits<double>::infinity();
+    if (computing_) dt = compute_left_ / compute_rate;
+    for (int k = 0; k < 2; ++k)
+      if (colls[k]) {
+        rates[k] = colls[k]->in_latency ? 1.0 : transfer_rate(*colls[k], flows, comm_cpu);
+        dt = std::min(dt, colls[k]->remaining / rates[k]);
+      }
+    if (!std::isfinite(dt))
+      throw_error(errc::invalid_argument,
+                  "the schedule cannot finish: the trainer waits at step " + std::to_string(pc_) +
+                      " with nothing running (a count limit below what the strategy holds at once?)",
+                  {.operation = "fsdp.plan"});
+    const double tolerance = dt * 1e-12 + 1e-18;
+    if (flows > 0) {
+      result_.link_busy_seconds += dt;
+      for (running* r : colls)
+        if (r && !r->in_latency && r->c.crosses_hosts)
+          result_.link_bytes += transfer_rate(*r, flows, comm_cpu) * dt * r->c.flows;
+    }
+    now_ += dt;
+    if (computing_) {
+      compute_left_ -= compute_rate * dt;
+      if (compute_left_ <= compute_rate * tolerance) compute_done();
+    }
+    for (int k = 0; k < 2; ++k)
+      if (colls[k]) {
+        running& r = *colls[k];
+        r.remaining -= rates[k] * dt;
+        if (r.remaining <= rates[k] * tolerance) r.remaining = 0;
+        if (!settle_phases(r)) continue;
+        if (k == 0) {
+          gather_running_.reset();
+          gather_done();
+        } else {
+          reduce_running_.reset();
+          if (reduce_part_ == reduce_jobs_.front().parts.size()) reduce_job_done();
+        }
+      }
+  }
+
+  plan_cluster cluster_;
+  plan_options opts_;
+  std::size_t shard_ = 1, replicas_ = 1;
+  plan_group shard_group_, replica_group_;
+  double cores_ = 1, measured_share_ = 1;
+  std::vector<unit_state> units_;
+  std::size_t region_ = 0;
+  std::optional<region_blocks> limiter_;
+  std::size_t params_alive_ = 0;
+
+  std::vector<trainer_op> ops_;
+  std::size_t pc_ = 0, queued_ = 0;
+  std::optional<double> waiting_since_;
+  bool computing_ = false;
+  double compute_left_ = 0, compute_begin_ = 0;
+
+  std::deque<gather_job> gather_jobs_;
+  std::optional<double> head_since_;
+  std::deque<std::pair<std::size_t, fsdp::pass>> gathers_;
+  std::optional<running> gather_running_;
+  double gather_begin_ = 0;
+  std::deque<reduce_job> reduce_jobs_;
+  std::optional<running> reduce_running_;
+  std::size_t reduce_part_ = 0;
+  double reduce_begin_ = 0;
+  std::size_t pending_reductions_ = 0;
+  bool scalar_done_ = false;
+
+  double now_ = 0;
+  plan_result result_;
+};
+
+}  // namespace shardkit::fsdp::detail
+
+namespace shardkit::fsdp {
+
+inline plan_result simulate_step(std::span<const plan_unit> units, const plan_cluster& cluster,
+                                 const plan_options& options) {
+  return detail::plan_simulation(units, cluster, options).run();
+}
+
+}  // namespace shardkit::fsdp

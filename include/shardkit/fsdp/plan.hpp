@@ -1,0 +1,127 @@
+#pragma once
+//! The step planner: predicts a sharded_model's step time on a cluster this machine cannot run, by simulating the
+//! schedule the model runs, event by event.
+//!
+//! What is simulated is one rank of a job whose ranks all behave alike (they issue the same collectives in the same
+//! order, so a collective starts when this rank issues it). The rank's parts are the ones sharded_model has:
+//!   - the trainer's thread: forward in unit order, backward in reverse; begin_unit queues gathers up to `prefetch`
+//!     units ahead and waits for the unit's all-gather (and in backward its gradient buffer); the unit's compute;
+//!     end_unit frees the parameters (full_shard, hybrid_shard in forward; every strategy in backward) and queues
+//!     the unit's reduction; the last backward unit waits for every reduction; then the step's scalar all-reduces
+//!     (the loss's mean, the gradient norm) and the optimizer on this rank's shard.
+//!   - the gather thread: one job at a time, in queue order, blocking on the rate limiter; a backward gather takes
+//!     its parameters and gradients as one request. The limiter is the library's own first-fit region with its
+//!     count cap (detail::region_blocks), budget derived exactly as sharded_model derives it.
+//!   - the gather group: its all-gathers one at a time, in issue order.
+//!   - the reduce thread: each unit's reduce-scatter, then the replicas' all-reduce, then the gradients' block goes
+//!     back to the limiter; the scalar all-reduces queue behind the reductions.
+//! Collectives are rings (the p2p communicator's default for all_gather and reduce_scatter): n-1 steps of one
+//! chunk (2(n-1) for an all-reduce), each step a latency (`rtt_seconds` across hosts) then the chunk's transfer.
+//! Transfers that cross hosts share the host's NICs fairly, flow by flow: a group spread over several hosts puts
+//! one flow per group instance on each host's link (full_shard: one; hybrid_shard's replica groups: one per rank of
+//! the host), and an all-gather and a reduce-scatter in flight at once halve each other's rate. A host's cores are
+//! shared by its ranks' compute and, when `comm_cpu_cores` is set, their running collectives: a rank computes at
+//! the share the cores leave it, relative to the share it had in the compute-only run its times come from.
+//!
+//! What it does not model: TCP's own dynamics (slow start, incast), the ring's segmentation, congestion beyond the
+//! host's link (a non-blocking switch is assumed), hosts or ranks that are slower than the others (stragglers),
+//! the groups' scratch (a budget in bytes is all given to the limiter), the time to convert and copy a shard into
+//! its slot, micro-batches without synchronisation, and the trainer's work outside units other than the optimizer
+//! (give it in `optimizer_seconds`). Its figures are as good as the unit times and the link figures it is given.
+//! @code
+//!   std::vector<shardkit::fsdp::plan_unit> units{{"embed", 81920, 1e-3, 2e-3}, {"block0", 525824, 4e-3, 8e-3}};
+//!   shardkit::fsdp::plan_cluster lab{.hosts = 4, .link_bytes_per_second = 2e9 / 8 * 0.95, .rtt_seconds = 100e-6};
+//!   auto r = shardkit::fsdp::simulate_step(units, lab, {.limiter_budget_units = 2});
+//!   // r.step_seconds, r.exposed_seconds, r.peak_gathered_bytes, r.limiter_wait_seconds, r.timeline
+//! @endcode
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "shardkit/fsdp/options.hpp"
+
+namespace shardkit::fsdp {
+
+//! One unit as the planner sees it: its parameters' count (the trainer's --plan-units prints its own) and the time
+//! its use takes in forward and in backward, measured in a compute-only run on the same hosts.
+struct plan_unit {
+  std::string name;
+  std::size_t numel = 0;
+  double forward_seconds = 0, backward_seconds = 0;
+};
+
+//! The hosts and the network between them. Ranks are placed host by host (ranks [h*R, (h+1)*R) on host h).
+struct plan_cluster {
+  std::size_t hosts = 1;
+  std::size_t ranks_per_host = 1;
+  //! Cores the host's ranks share; 0: one per rank. Fractional for a share of a machine (4 lab hosts on 2 cores: 0.5).
+  double cores_per_host = 0;
+  std::size_t nics_per_host = 1;
+  //! What one NIC carries each way, in payload bytes per second (what iperf3 reports, not the line rate).
+  double link_bytes_per_second = 125e6;
+  //! The latency of one ring step between hosts (an RTT: a chunk's send and the peer's readiness for the next).
+  double rtt_seconds = 100e-6;
+  //! A ring step between ranks of one host: bandwidth (0: no limit) and latency.
+  double intra_bytes_per_second = 0;
+  double intra_step_seconds = 0;
+  //! Cores a running collective keeps busy (TCP copies, the reduction's sums); 0: collectives take no CPU from
+  //! compute. Matters only where the host's ranks outnumber its cores.
+  double comm_cpu_cores = 0;
+  //! The cores each rank had in the compute-only run the unit times come from: 0, the share this cluster gives it
+  //! (min(1, cores_per_host / ranks_per_host): the compute-only run had as many ranks per host, each alone).
+  double measured_cores_per_rank = 0;
+};
+
+//! The sharding_options the planner follows (the same meanings and defaults), and the step's work outside units.
+struct plan_options {
+  sharding_strategy strategy = sharding_strategy::full_shard;
+  std::size_t hybrid_shard_size = 0;
+  mixed_precision precision{};
+  std::size_t limiter_budget_bytes = 0;
+  std::size_t limiter_budget_units = 0;
+  std::size_t limiter_max_inflight = 0;
+  //! PyTorch's limit_all_gathers rule, for comparison: at most this many gathered parameter buffers alive (its
+  //! "2 in flight"), gradients not counted; 0: off. Not a sharded_model option: set the byte budget unlimited with it.
+  std::size_t max_gathered = 0;
+  std::size_t prefetch = 1 << 20;
+  //! The optimizer's step on this rank's shard, and the step's other work outside units.
+  double optimizer_seconds = 0;
+  //! Scalar all-reduces after backward (the trainer's loss mean and gradient norm: 2), each a latency per
+  //! recursive-doubling step.
+  std::size_t scalar_all_reduces = 2;
+  //! Keep every interval in plan_result::timeline.
+  bool record_timeline = true;
+};
+
+//! One interval of the simulated step, as sharding_options::on_event reports them (seconds from the step's start).
+struct plan_event {
+  model_event::kind what{};
+  fsdp::pass pass{};
+  std::size_t unit = model_event::no_unit;
+  double begin = 0, end = 0;
+};
+
+struct plan_result {
+  double step_seconds = 0;
+  double compute_seconds = 0;  //!< the trainer's own work: every unit's use and the optimizer
+  double exposed_seconds = 0;  //!< step - compute: what the trainer waited for (communication it did not hide)
+  double gather_wait_seconds = 0, reduce_wait_seconds = 0;
+  double limiter_wait_seconds = 0;  //!< gathers queued on the limiter (rate_limiter_stats::waited)
+  std::size_t limiter_waits = 0;    //!< gathers that had to queue
+  double link_busy_seconds = 0;     //!< time the host's link carried a transfer
+  double link_bytes = 0;            //!< bytes each way through the host's link in a step
+  std::size_t budget_bytes = 0;     //!< the limiter's region
+  std::size_t peak_gathered_bytes = 0;
+  std::size_t shard_size = 1, replicas = 1;
+  std::vector<plan_event> timeline;
+};
+
+//! Simulates one step (steps are alike: each ends with every collective done). errc::invalid_argument for a
+//! cluster or options that sharded_model would refuse (naming what), or a schedule that cannot finish.
+inline plan_result simulate_step(std::span<const plan_unit> units, const plan_cluster& cluster,
+                                 const plan_options& options);
+
+}  // namespace shardkit::fsdp
+
+#include "shardkit/fsdp/detail/plan_simulation.hpp"

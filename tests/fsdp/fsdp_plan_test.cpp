@@ -1,0 +1,292 @@
+// fsdp::simulate_step (fsdp/plan.hpp): its limits (no network, no compute, a one-unit budget, no budget), its
+// monotony in bandwidth and budget, its refusals, and the order of its schedule against a real sharded_model's.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "shardkit/comm/loopback_world.hpp"
+#include "shardkit/fsdp/plan.hpp"
+#include "shardkit/fsdp/sharded_model.hpp"
+#include "support/harness.hpp"
+
+namespace sk = shardkit;
+namespace fsdp = shardkit::fsdp;
+using kind = fsdp::model_event::kind;
+
+namespace {
+
+// Four equal units of 1 MiB of f32 (a multiple of any shard count's padding up to 8 ranks), 2 ms forward, 4 ms
+// backward each.
+std::vector<fsdp::plan_unit> equal_units(double fwd = 2e-3, double bwd = 4e-3) {
+  std::vector<fsdp::plan_unit> u;
+  for (int i = 0; i < 4; ++i) u.push_back({"u" + std::to_string(i), 1u << 18, fwd, bwd});
+  return u;
+}
+
+double compute_sum(const std::vector<fsdp::plan_unit>& units, double optimizer = 0) {
+  double s = optimizer;
+  for (const auto& u : units) s += u.forward_seconds + u.backward_seconds;
+  return s;
+}
+
+// Each way through a host's link in a step: two all-gathers and a reduce-scatter per unit, (n-1)/n of each.
+double step_bytes(const std::vector<fsdp::plan_unit>& units, std::size_t n) {
+  double b = 0;
+  for (const auto& u : units) b += 3.0 * double(u.numel) * 4 * double(n - 1) / double(n);
+  return b;
+}
+
+fsdp::plan_cluster lab(double bytes_per_second = 100e6) {
+  return {.hosts = 4, .ranks_per_host = 1, .link_bytes_per_second = bytes_per_second, .rtt_seconds = 0};
+}
+
+}  // namespace
+
+TEST_CASE("[fsdp] plan: without a network the step is the compute; without compute it is the communication") {
+  const auto units = equal_units();
+  SUBCASE("one rank: nothing to gather, the step is every unit's compute and the optimizer") {
+    auto r = fsdp::simulate_step(units, {.hosts = 1}, {.optimizer_seconds = 1e-3});
+    CHECK(r.step_seconds == doctest::Approx(compute_sum(units, 1e-3)).epsilon(1e-12));
+    CHECK(r.exposed_seconds == doctest::Approx(0).epsilon(1e-12));
+    CHECK(r.link_bytes == 0);
+  }
+  SUBCASE("an instant network: the compute") {
+    auto r = fsdp::simulate_step(units, lab(1e18), {});
+    CHECK(r.step_seconds == doctest::Approx(compute_sum(units)).epsilon(1e-9));
+  }
+  SUBCASE("no compute, no latency: the link's bytes at its rate, whatever the budget that allows overlap") {
+    const auto idle = equal_units(0, 0);
+    for (std::size_t budget : {std::size_t(2), std::size_t(4), std::size_t(0)}) {
+      fsdp::plan_options o;
+      o.limiter_budget_units = budget;
+      if (budget == 0) o.limiter_budget_bytes = fsdp::unlimited_budget;
+      auto r = fsdp::simulate_step(idle, lab(), o);
+      CHECK(r.step_seconds == doctest::Approx(step_bytes(idle, 4) / 100e6).epsilon(1e-9));
+      CHECK(r.link_bytes == doctest::Approx(step_bytes(idle, 4)).epsilon(1e-9));
+      CHECK(r.link_busy_seconds == doctest::Approx(r.step_seconds).epsilon(1e-9));
+    }
+  }
+  SUBCASE("latency: each ring step of each collective waits one RTT, scalars log2(n) of them") {
+    auto cluster = lab(1e18);
+    cluster.rtt_seconds = 1e-4;
+    auto r = fsdp::simulate_step(equal_units(0, 0), cluster, {.limiter_budget_units = 1});
+    // 12 collectives of 3 steps, serialized by the one-unit budget, then 2 scalar all-reduces of 2 steps.
+    CHECK(r.step_seconds == doctest::Approx((12 * 3 + 2 * 2) * 1e-4).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("[fsdp] plan: a one-unit budget serializes gathers; an unlimited one overlaps to the larger of the two") {
+  const auto units = equal_units();
+  const double comm = step_bytes(units, 4) / 100e6, compute = compute_sum(units);
+  // One unit holds one backward unit's parameters and gradients: in forward two units' parameters fit, in
+  // backward one unit at a time, its gathers waiting for the reduction before it.
+  auto one = fsdp::simulate_step(units, lab(), {.limiter_budget_units = 1});
+  const double gather = double(units[0].numel) * 4 * 3 / 4 / 100e6;
+  CHECK(one.limiter_waits > 0);
+  CHECK(one.peak_gathered_bytes <= one.budget_bytes);
+  std::map<std::pair<fsdp::pass, std::size_t>, fsdp::plan_event> use, gathered;
+  for (const auto& e : one.timeline) {
+    if (e.what == kind::use) use[{e.pass, e.unit}] = e;
+    if (e.what == kind::gather) gathered[{e.pass, e.unit}] = e;
+  }
+  for (std::size_t i = 0; i + 1 < 4; ++i) {  // backward: unit i's gather after unit i+1's use and reduction
+    CHECK(gathered[{fsdp::pass::backward, i}].begin >= use[{fsdp::pass::backward, i + 1}].end + gather - 1e-12);
+    CHECK(use[{fsdp::pass::backward, i}].begin >= gathered[{fsdp::pass::backward, i}].end - 1e-12);
+  }
+  // The backward is all serial: gather, compute, reduce-scatter per unit (the last unit's gathered in forward's
+  // shadow only as far as the budget lets).
+  double backward = 0;
+  for (const auto& u : units) backward += u.backward_seconds + 2 * gather;
+  CHECK(one.step_seconds >= backward + 4 * 2e-3 - 1e-12);
+
+  fsdp::plan_options unlimited;
+  unlimited.limiter_budget_bytes = fsdp::unlimited_budget;
+  auto all = fsdp::simulate_step(units, lab(), unlimited);
+  CHECK(all.limiter_waits == 0);
+  CHECK(all.step_seconds >= std::max(comm, compute) - 1e-12);
+  // Only the first gather and the last reduction cannot overlap compute.
+  CHECK(all.step_seconds <= std::max(comm, compute) + 2 * gather + 1e-12);
+  CHECK(all.step_seconds < one.step_seconds);
+
+  SUBCASE("no prefetch: every gather exposed") {
+    fsdp::plan_options none = unlimited;
+    none.prefetch = 0;
+    auto r = fsdp::simulate_step(units, lab(), none);
+    CHECK(r.gather_wait_seconds >= 8 * gather - 1e-12);  // backward's share the link with a reduction
+    CHECK(r.step_seconds > all.step_seconds);
+  }
+  SUBCASE("PyTorch's count: one gathered buffer serializes the forward like no prefetch") {
+    fsdp::plan_options count = unlimited;
+    count.max_gathered = 1;
+    auto r = fsdp::simulate_step(units, lab(), count);
+    CHECK(r.gather_wait_seconds >= 4 * gather - 1e-12);
+    CHECK(r.step_seconds > all.step_seconds);
+  }
+}
+
+TEST_CASE("[fsdp] plan: the step never grows with more bandwidth or a larger budget") {
+  auto units = equal_units();
+  units[0].numel = 3u << 16;  // uneven units: first-fit holes are real
+  units[3].numel = 3u << 17;
+  double last = 1e300;
+  for (double rate : {25e6, 50e6, 100e6, 200e6, 400e6, 800e6}) {
+    for (std::size_t u : {1, 2, 3}) {
+      auto r = fsdp::simulate_step(units, lab(rate), {.limiter_budget_units = u});
+      CHECK(r.peak_gathered_bytes <= r.budget_bytes);
+    }
+    const double step = fsdp::simulate_step(units, lab(rate), {.limiter_budget_units = 2}).step_seconds;
+    CHECK(step <= last);
+    last = step;
+  }
+  for (double rate : {50e6, 200e6}) {
+    last = 1e300;
+    const auto smallest = fsdp::simulate_step(units, lab(rate), {.limiter_budget_units = 1}).budget_bytes;
+    for (std::size_t b = smallest; b <= 6 * smallest; b += smallest / 4) {
+      auto r = fsdp::simulate_step(units, lab(rate), {.limiter_budget_bytes = b});
+      CHECK(r.step_seconds <= last * (1 + 1e-12));
+      last = r.step_seconds;
+    }
+  }
+}
+
+TEST_CASE("[fsdp] plan: strategies, hosts and the CPU share") {
+  const auto units = equal_units();
+  SUBCASE("hybrid_shard inside hosts: only the replicas' all-reduces cross, one flow per rank of the host") {
+    fsdp::plan_cluster c{.hosts = 2, .ranks_per_host = 4, .link_bytes_per_second = 100e6, .rtt_seconds = 0};
+    auto r = fsdp::simulate_step(equal_units(0, 0), c,
+                                 {.strategy = fsdp::sharding_strategy::hybrid_shard, .hybrid_shard_size = 4});
+    CHECK(r.shard_size == 4);
+    CHECK(r.replicas == 2);
+    // Per unit 4 ranks each all-reduce a quarter (2 x 1/2 of it) across the link: the whole unit each way.
+    CHECK(r.link_bytes == doctest::Approx(4 * double(1u << 18) * 4).epsilon(1e-9));
+    CHECK(r.step_seconds == doctest::Approx(r.link_bytes / 100e6).epsilon(1e-9));
+  }
+  SUBCASE("full_shard over hosts of several ranks: one ring, its bytes as with one rank a host") {
+    fsdp::plan_cluster c{.hosts = 2, .ranks_per_host = 4, .link_bytes_per_second = 100e6, .rtt_seconds = 0};
+    auto r = fsdp::simulate_step(equal_units(0, 0), c, {});
+    CHECK(r.link_bytes == doctest::Approx(step_bytes(units, 8)).epsilon(1e-9));
+  }
+  SUBCASE("shard_grad_op keeps forward's parameters: backward gathers nothing but gradient buffers") {
+    auto r = fsdp::simulate_step(units, lab(), {.strategy = fsdp::sharding_strategy::shard_grad_op});
+    CHECK(r.link_bytes == doctest::Approx(step_bytes(units, 4) * 2 / 3).epsilon(1e-9));
+  }
+  SUBCASE("collectives that take CPU slow compute where ranks outnumber cores") {
+    fsdp::plan_options o;
+    o.limiter_budget_bytes = fsdp::unlimited_budget;
+    auto cluster = lab();
+    cluster.cores_per_host = 0.5;
+    const double alone = fsdp::simulate_step(units, cluster, o).step_seconds;
+    cluster.comm_cpu_cores = 0.5;
+    CHECK(fsdp::simulate_step(units, cluster, o).step_seconds > alone);
+  }
+  SUBCASE("what sharded_model refuses, the planner refuses") {
+    CHECK_THROWS_WITH_AS(fsdp::simulate_step(units, lab(), {.limiter_budget_bytes = 1000}),
+                         doctest::Contains("below the"), sk::error);
+    CHECK_THROWS_WITH_AS(
+        fsdp::simulate_step(units, lab(), {.strategy = fsdp::sharding_strategy::hybrid_shard, .hybrid_shard_size = 3}),
+        doctest::Contains("hybrid_shard_size dividing the world size 4"), sk::error);
+    CHECK_THROWS_WITH_AS(fsdp::simulate_step(units, lab(), {.limiter_max_inflight = 1}),
+                         doctest::Contains("limiter_max_inflight of 1"), sk::error);
+    CHECK_THROWS_AS(fsdp::simulate_step(units, {.hosts = 0}, {}), sk::error);
+    CHECK_THROWS_AS(fsdp::simulate_step({}, lab(), {}), sk::error);
+  }
+}
+
+TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 ranks, every budget)") {
+  // Equal units, so that the budget in units decides exactly what fits.
+  std::vector<fsdp::unit_spec> specs;
+  std::vector<fsdp::plan_unit> plan;
+  for (int i = 0; i < 5; ++i) {
+    const std::string n = "u" + std::to_string(i);
+    specs.push_back({n, {{n + ".w", {64, 64}}}});
+    plan.push_back({n, 64 * 64, 1e-3, 2e-3});
+  }
+  const fsdp::plan_cluster cluster{.hosts = 2, .link_bytes_per_second = 50e6, .rtt_seconds = 50e-6};
+  auto groups = sk::comm::make_loopback_world(2);
+  const std::pair<std::size_t, std::size_t> cases[] = {{1, 1 << 20}, {2, 1 << 20}, {0, 1 << 20}, {0, 1}, {0, 0}};
+  for (auto [units_budget, prefetch] : cases) {
+    CAPTURE(units_budget);
+    CAPTURE(prefetch);
+    fsdp::plan_options po;
+    po.prefetch = prefetch;
+    po.limiter_budget_units = units_budget;
+    if (units_budget == 0) po.limiter_budget_bytes = fsdp::unlimited_budget;
+    const auto sim = fsdp::simulate_step(plan, cluster, po);
+    sk::test::run_threads(2, [&](int r) {
+      std::mutex m;
+      std::vector<fsdp::model_event> events;
+      fsdp::sharding_options o;
+      o.limiter_budget_units = po.limiter_budget_units;
+      o.limiter_budget_bytes = po.limiter_budget_bytes;
+      o.prefetch = prefetch;
+      o.on_event = [&](const fsdp::model_event& e) {
+        std::lock_guard l(m);
+        events.push_back(e);
+      };
+      {
+        fsdp::sharded_model model(groups[std::size_t(r)], specs, o);
+        CHECK(model.limiter().budget() == sim.budget_bytes);
+        for (auto& u : model.forward()) (void)u, std::this_thread::sleep_for(std::chrono::microseconds(300));
+        for (auto& u : model.backward()) (void)u, std::this_thread::sleep_for(std::chrono::microseconds(300));
+        (void)model.mean_over_ranks(1.0);
+        model.clip_grad_norm(1.0);
+      }
+      std::lock_guard l(m);
+      // Each lane's order: the trainer's uses, the gather group's all-gathers, the reduce thread's reductions.
+      const auto lane = [](const auto& list, kind k) {
+        std::vector<std::pair<fsdp::pass, std::size_t>> out;
+        for (const auto& e : list)
+          if (e.what == k) out.push_back({e.pass, e.unit});
+        return out;
+      };
+      auto by_begin = events;
+      std::stable_sort(by_begin.begin(), by_begin.end(), [](auto& a, auto& b) { return a.begin < b.begin; });
+      auto sim_by_begin = sim.timeline;
+      std::stable_sort(sim_by_begin.begin(), sim_by_begin.end(), [](auto& a, auto& b) { return a.begin < b.begin; });
+      for (kind k : {kind::use, kind::gather, kind::reduce, kind::limiter_wait})
+        CHECK(lane(by_begin, k) == lane(sim_by_begin, k));
+      // Where the planner says a gather waited for memory, the library's waited for the same release: the use
+      // whose end freed its parameters, or the reduction whose end freed its gradients (from that reduction's
+      // start: the release comes before its event's end is taken).
+      std::map<std::tuple<kind, fsdp::pass, std::size_t>, fsdp::model_event> real;
+      for (const auto& e : events) real[{e.what, e.pass, e.unit}] = e;
+      std::size_t constrained = 0;
+      for (const auto& w : sim.timeline) {
+        if (w.what != kind::limiter_wait || w.end <= w.begin) continue;
+        for (const auto& cause : sim.timeline) {
+          if ((cause.what != kind::use && cause.what != kind::reduce) || std::abs(cause.end - w.end) > 1e-12) continue;
+          const auto& gathered = real.at({kind::limiter_wait, w.pass, w.unit});
+          const auto& freed = real.at({cause.what, cause.pass, cause.unit});
+          CHECK(gathered.end >= (cause.what == kind::use ? freed.end : freed.begin));
+          ++constrained;
+        }
+      }
+      // A gather the planner queued at a unit's begin (prefetch decides which) was not started here before that
+      // begin_unit, which comes after the use before it ended.
+      std::size_t queued_at = 0;
+      const std::size_t n = specs.size();
+      for (const auto& w : sim.timeline) {
+        if (w.what != kind::limiter_wait) continue;
+        for (const auto& g : sim.timeline) {
+          if (g.what != kind::gather_wait || g.begin != w.begin) continue;
+          const bool first = g.unit == (g.pass == fsdp::pass::forward ? 0 : n - 1);
+          if (first && g.pass == fsdp::pass::forward) continue;  // the step's start
+          const auto before = first ? std::tuple{kind::use, fsdp::pass::forward, n - 1}
+                                    : std::tuple{kind::use, g.pass, g.pass == fsdp::pass::forward ? g.unit - 1 : g.unit + 1};
+          CHECK(real.at({kind::limiter_wait, w.pass, w.unit}).begin >= real.at(before).end);
+          ++queued_at;
+        }
+      }
+      CHECK(queued_at >= 1);
+      if (units_budget == 1) CHECK(constrained >= 5);
+      if (units_budget == 0) CHECK(constrained == 0);
+    });
+  }
+}
