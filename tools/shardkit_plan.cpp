@@ -44,6 +44,9 @@ model:
   --optimizer-ms X       the step outside units [the file's other_ms x measured_shard / shard size]
   --scale-compute X      multiply every unit's compute time by X [1]
   --timeline             with --budget: every simulated interval
+preset t5-11b (8 A100s a host: give --ranks-per-host 8 --nics 2 --gbit 60):
+  --seqs-per-gpu N       sequences (512 input, 128 target tokens) a GPU a step [8]
+  --mfu X                the A100's bf16 peak reached by the compute [0.4]
 )";
 
 [[noreturn]] void fail(const std::string& why) {
@@ -124,15 +127,15 @@ units_file read_units(const std::string& path) {
   return f;
 }
 
-// The seeds' setting (docs/benchmarks.md, "The seeds' setting, predicted"): an 11B-parameter T5-like model, 24
-// encoder and 24 decoder blocks of d_model 1024, d_ff 65536, 128 heads of 128, vocabulary 32128; bf16 parameters
-// and gradients; 8 A100s a host on 2 x 100 GbE. A unit's compute: 6 x its parameters x tokens a GPU per step
-// (2 forward, 4 backward: Kaplan's 6N) at 40% of an A100's 312 bf16 TFLOP/s, an encoder block on 512 tokens a
-// sequence and a decoder block on 128, 8 sequences a GPU; the embedding and head as 1 and 1 of them at its size.
-units_file t5_11b() {
+// The seeds' setting (docs/benchmarks.md, "the seeds' setting, predicted"): an 11B-parameter T5-like model, 24
+// encoder and 24 decoder blocks of d_model 1024, d_ff 65536, 128 heads of 128, vocabulary 32128 (11.3e9
+// parameters); bf16 parameters and gradients. A unit's compute: 2 x its parameters x the tokens it sees forward and
+// twice that backward (the 6N rule), at `mfu` of an A100's 312 bf16 TFLOP/s; an encoder block sees 512 tokens a
+// sequence, a decoder block 128 (T5's input and target lengths), `seqs` sequences a GPU a step.
+units_file t5_11b(double seqs, double mfu) {
   units_file f;
-  const double d = 1024, ff = 65536, heads_dim = 128 * 128, vocab = 32128, seqs = 8;
-  const double flops = 312e12 * 0.40;
+  const double d = 1024, ff = 65536, heads_dim = 128 * 128, vocab = 32128;
+  const double flops = 312e12 * mfu;
   const double attn = 4 * d * heads_dim, mlp = 2 * d * ff;
   const auto unit = [&](std::string name, double params, double tokens) {
     const double t = 2 * params * tokens * seqs / flops;
@@ -159,7 +162,7 @@ int main(int argc, char** argv) try {
   fsdp::plan_options model;
   std::string units_path, preset;
   std::optional<budget_choice> budget;
-  double optimizer_ms = -1, scale = 1;
+  double optimizer_ms = -1, scale = 1, seqs = 8, mfu = 0.4;
   std::size_t ranks = 0;
   bool timeline = false;
   for (int i = 1; i < argc; ++i) {
@@ -198,11 +201,14 @@ int main(int argc, char** argv) try {
     else if (a == "--prefetch") model.prefetch = count(a, v);
     else if (a == "--optimizer-ms") optimizer_ms = real(a, v);
     else if (a == "--scale-compute") scale = real(a, v);
+    else if (a == "--seqs-per-gpu") seqs = real(a, v);
+    else if (a == "--mfu") mfu = real(a, v);
     else fail("unknown flag " + std::string(a));
   }
   units_file file;
   if (preset == "t5-11b") {
-    file = t5_11b();
+    if (!(mfu > 0 && mfu <= 1) || !(seqs > 0)) fail("--mfu wants (0, 1] and --seqs-per-gpu a positive count");
+    file = t5_11b(seqs, mfu);
     model.precision = {shardkit::dtype::bf16, shardkit::dtype::bf16};
   } else if (!preset.empty()) {
     fail("unknown preset '" + preset + "' (t5-11b)");

@@ -2,7 +2,7 @@
 // --plan-units: what the step planner (fsdp/plan.hpp, shardkit-plan) needs from a run: each unit's size and the
 // time its use took in forward and backward, and the step's time outside units (the optimizer, the loss, the
 // norm). Rank 0 writes them after its last step: medians over the steps after the first (the first is warm-up),
-// or the only step; zeros when no step ran (--steps 0: the sizes alone).
+// or the only step (--steps 1: warm-up included).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
