@@ -12,6 +12,8 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -375,6 +377,76 @@ TEST_CASE("[core] worker_threads: destruction asks the threads to stop, wakes an
   }
   CHECK(returned == 2);  // joined: both returned before the destructor did
   CHECK_FALSE(stopped_early);
+}
+
+TEST_CASE("[core] owned_thread: join waits, a join from the thread itself detaches, a second start is refused") {
+  std::atomic<int> ran = 0;
+  shardkit::detail::owned_thread t;
+  CHECK_FALSE(t.running());
+  t.join();  // nothing to join
+  t.start([&] { ++ran; });
+  CHECK(t.running());
+  CHECK_FALSE(t.is_current());
+  CHECK_THROWS_AS(t.start([] {}), shardkit::error);
+  t.join();
+  CHECK(ran == 1);
+  CHECK_FALSE(t.running());
+  t.start([&] { ++ran; });  // restartable once joined (the data loader restarts its prefetch thread)
+  t.join();
+  CHECK(ran == 2);
+
+  // The owner destroyed from inside its own thread: that thread is detached, and still finishes its work.
+  struct owner {
+    std::atomic<bool>* finished;
+    shardkit::detail::owned_thread thread;
+  };
+  std::atomic<bool> finished = false, was_current = false;
+  auto o = std::make_unique<owner>(owner{&finished, {}});
+  std::mutex handing;
+  std::unique_lock hold(handing);
+  o->thread.start([&, raw = o.get()] {
+    std::unique_ptr<owner> self;
+    {
+      std::lock_guard wait_for_handover(handing);
+      self.reset(raw);
+    }
+    was_current = self->thread.is_current();
+    auto* flag = self->finished;
+    self.reset();  // ~owned_thread on its own thread: detached, not a self-join (std::system_error)
+    *flag = true;
+  });
+  o.release();
+  hold.unlock();
+  for (int i = 0; i < 5000 && !finished; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(finished);
+  CHECK(was_current);
+}
+
+TEST_CASE("[core] run_on_threads: every thread runs the work, the caller's too, and all return before it does") {
+  for (std::size_t n : {0u, 1u, 3u, 5u}) {
+    std::mutex m;
+    std::set<std::thread::id> ids;
+    std::atomic<int> runs = 0;
+    shardkit::detail::run_on_threads(n, [&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      std::lock_guard lock(m);
+      ids.insert(std::this_thread::get_id());
+      ++runs;
+    });
+    CHECK(runs == int(std::max<std::size_t>(n, 1)));  // every helper returned before run_on_threads did
+    CHECK(ids.size() == std::max<std::size_t>(n, 1));
+    CHECK(ids.count(std::this_thread::get_id()) == 1);
+  }
+  // The caller's work throws: rethrown once the helpers have returned.
+  std::atomic<int> helpers_done = 0;
+  const auto caller = std::this_thread::get_id();
+  CHECK_THROWS_AS(shardkit::detail::run_on_threads(3, [&] {
+                    if (std::this_thread::get_id() == caller) throw std::runtime_error("caller's part failed");
+                    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                    ++helpers_done;
+                  }),
+                  std::runtime_error);
+  CHECK(helpers_done == 2);
 }
 
 TEST_CASE("[core] blocking_call_pool: a call never waits for another's thread; queued calls run before it joins") {

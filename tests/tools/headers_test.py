@@ -3,7 +3,9 @@
 1. it includes shardkit headers of its own layer and of the layers below it only (docs/design.md, "Layers"): data
    flows down, and no two layers include each other;
 2. its comments name no commit: a header says what holds and why, and history (which commit fixed what) lives in
-   docs/design.md and docs/benchmarks.md, where it does not drift from the code.
+   docs/design.md and docs/benchmarks.md, where it does not drift from the code;
+3. outside core/detail/ it starts no thread of its own (no std::thread or std::jthread object): every thread the
+   library starts is started, stopped and joined through core/detail/worker_threads.hpp.
 
     headers_test.py SOURCE_DIR
 
@@ -35,6 +37,9 @@ INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]shardkit/([a-z_]+)/')
 # A commit as a comment names it: 7 to 12 (abbreviated) or 40 hex digits with a letter and a digit, standing alone
 # (not 0x..., not part of a longer word, number or checksum).
 COMMENT = re.compile(r'//(.*)$')
+# A thread object, not std::thread::id or std::thread::hardware_concurrency.
+THREAD = re.compile(r'\bstd::(?:jthread|thread)\b(?!::)')
+THREAD_OWNER = "core/detail/"
 COMMIT = re.compile(r'(?<![\w.])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])(?:[0-9a-f]{40}|[0-9a-f]{7,12})(?![\w.])')
 
 
@@ -54,6 +59,11 @@ def main() -> int:
                 if comment and COMMIT.search(comment.group(1)):
                     problems.append(f"include/shardkit/{rel}:{number}: a comment names a commit "
                                     f"({COMMIT.search(comment.group(1)).group(0)}): history goes to docs/design.md")
+                code = line[:comment.start()] if comment else line
+                if not rel.startswith(THREAD_OWNER) and THREAD.search(code):
+                    problems.append(f"include/shardkit/{rel}:{number}: a thread of its own "
+                                    f"({THREAD.search(code).group(0)}): start it through "
+                                    "core/detail/worker_threads.hpp (owned_thread, worker_threads, run_on_threads)")
                 m = INCLUDE.match(line)
                 if not m or m.group(1) == layer or m.group(1) in MAY_INCLUDE[layer]:
                     continue

@@ -25,10 +25,10 @@
 #include <random>
 #include <string>
 #include <string_view>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "shardkit/core/detail/worker_threads.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/storage/sink.hpp"
@@ -177,7 +177,7 @@ class location_lease {
   }
 
   void start_renewing() {
-    renewer_ = std::thread([this] {
+    renewer_.start([this] {
       std::unique_lock lock(mutex_);
       while (!stopping_) {
         if (changed_.wait_for(lock, std::chrono::duration_cast<std::chrono::milliseconds>(expiry_) / 4, [&] { return stopping_; })) break;
@@ -198,7 +198,7 @@ class location_lease {
       stopping_ = true;
     }
     changed_.notify_all();
-    if (renewer_.joinable()) renewer_.join();
+    renewer_.join();
   }
   // Also after an acquire() that failed after writing (its read-back): removed if it is this holder's.
   void release() noexcept {
@@ -217,7 +217,7 @@ class location_lease {
   std::condition_variable changed_;
   bool stopping_ = false;
   bool held_ = false;
-  std::thread renewer_;
+  shardkit::detail::owned_thread renewer_;
 };
 
 }  // namespace shardkit::ckpt

@@ -11,7 +11,6 @@
 //! Errors name the checkpoint and what is wrong: a tensor the rank needs that the checkpoint lacks, another dtype or
 //! global shape, elements no saved piece covers (errc::invalid_argument); a file that ended early (errc::io).
 #include <algorithm>
-#include <thread>
 #include <mutex>
 #include <exception>
 #include <atomic>
@@ -32,6 +31,7 @@
 #include "shardkit/ckpt/index.hpp"
 #include "shardkit/ckpt/state.hpp"
 #include "shardkit/codec/xxh64.hpp"
+#include "shardkit/core/detail/worker_threads.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/storage/sink.hpp"
 
@@ -324,12 +324,7 @@ load_report load_state(S& sink, const checkpoint_index& index, const state_dict&
       }
     }
   };
-  {
-    const std::size_t n = std::min(std::max<std::size_t>(options.threads, 1), jobs.size());
-    std::vector<std::jthread> helpers;
-    for (std::size_t t = 1; t < n; ++t) helpers.emplace_back(worker);
-    worker();
-  }
+  shardkit::detail::run_on_threads(std::min(std::max<std::size_t>(options.threads, 1), jobs.size()), worker);
   if (failure) std::rethrow_exception(failure);
   report.bytes_read += bytes_read;
   if (!uploads.empty()) {

@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardkit/core/detail/worker_threads.hpp"
 #include "shardkit/core/error.hpp"
 
 namespace shardkit {
@@ -293,11 +294,12 @@ class thread_pool {
  public:
   using executor_concept = executor_tag;
 
-  explicit thread_pool(std::size_t threads = std::max(1u, std::thread::hardware_concurrency())) {
+  explicit thread_pool(std::size_t threads = std::max(1u, std::thread::hardware_concurrency())) : size_(threads) {
     if (threads == 0) throw_error(errc::invalid_argument, "thread_pool with 0 threads");
-    workers_.reserve(threads);
     try {
-      for (std::size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+      // The workers name this pool as their executor: a pool is never destroyed from its own worker (join()
+      // refuses), so they may.
+      for (std::size_t i = 0; i < threads; ++i) workers_.start([this](state_type& s) { work(s); });
     } catch (...) {
       join();
       throw;
@@ -315,18 +317,12 @@ class thread_pool {
   }
 
   bool running_in_this_thread() const noexcept { return current_pool() == this; }
-  std::size_t size() const noexcept { return workers_.size(); }
+  std::size_t size() const noexcept { return size_; }
 
   //! Drains and joins (see the class comment). Idempotent; calling it from a worker is an error.
   void join() {
     if (running_in_this_thread()) throw_error(errc::invalid_argument, "thread_pool::join() from one of its workers");
-    {
-      std::lock_guard lock(mutex_);
-      closing_ = true;
-    }
-    wake_.notify_all();
-    for (auto& w : workers_)
-      if (w.joinable()) w.join();
+    workers_.stop();  // the stop request is the pool's closing: the workers leave once the queue is drained
   }
 
  private:
@@ -334,6 +330,11 @@ class thread_pool {
     std::function<void()> fn;
     std::stop_token stop;
   };
+  struct queue {
+    std::deque<item> items;
+    std::size_t busy = 0;
+  };
+  using state_type = detail::worker_state<queue>;
 
   [[gnu::noinline]] static const thread_pool*& current_pool() noexcept {
     SHARDKIT_DETAIL_OPAQUE();
@@ -343,50 +344,47 @@ class thread_pool {
 
   void push(item it) {
     const bool from_worker = running_in_this_thread();
-    std::unique_lock lock(mutex_);
-    if (closing_ && !from_worker) throw_error(errc::closed, "post() to a thread_pool that is joining");
-    queue_.push_back(std::move(it));
+    state_type& s = workers_.state();
+    std::unique_lock lock(s.mutex);
+    if (s.stop && !from_worker) throw_error(errc::closed, "post() to a thread_pool that is joining");
+    s.items.push_back(std::move(it));
     // From another thread (a progress thread completing an operation), notify under the lock: once the item is
     // visible a worker may run it (a coroutine's last step), the owner may see the coroutine done and destroy the
     // pool, and join() returns as soon as the queue is drained, so a notify_one after the unlock could touch a
-    // destroyed wake_ (TSan: ckpt_checkpointer_test, the checkpointer's pool). From a worker the pool cannot be
-    // joined before this worker returns (busy_), so it notifies after the unlock and the woken worker does not
-    // block on the mutex.
+    // destroyed condition variable (TSan: ckpt_checkpointer_test, the checkpointer's pool). From a worker the pool
+    // cannot be joined before this worker returns (busy), so it notifies after the unlock and the woken worker does
+    // not block on the mutex.
     if (!from_worker) {
-      wake_.notify_one();
+      s.wake.notify_one();
       return;
     }
     lock.unlock();
-    wake_.notify_one();
+    s.wake.notify_one();
   }
 
-  void work() {
+  void work(state_type& s) {
     current_pool() = this;
     executor_scope scope(*this);
-    std::unique_lock lock(mutex_);
+    std::unique_lock lock(s.mutex);
     for (;;) {
       // A worker may leave only when no one can post any more: queue empty and no worker busy (a busy one may
       // post the next step of a coroutine).
-      wake_.wait(lock, [&] { return !queue_.empty() || (closing_ && busy_ == 0); });
-      if (queue_.empty()) break;
-      item it = std::move(queue_.front());
-      queue_.pop_front();
-      ++busy_;
+      s.wake.wait(lock, [&] { return !s.items.empty() || (s.stop && s.busy == 0); });
+      if (s.items.empty()) break;
+      item it = std::move(s.items.front());
+      s.items.pop_front();
+      ++s.busy;
       lock.unlock();
       if (!it.stop.stop_requested()) run(it.fn);
       it = {};  // captured state dies outside the lock, before this worker counts as idle
       lock.lock();
-      if (--busy_ == 0 && closing_ && queue_.empty()) wake_.notify_all();
+      if (--s.busy == 0 && s.stop && s.items.empty()) s.wake.notify_all();
     }
   }
   static void run(std::function<void()>& fn) noexcept { fn(); }
 
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<item> queue_;
-  std::size_t busy_ = 0;
-  bool closing_ = false;
-  std::vector<std::thread> workers_;
+  std::size_t size_;
+  detail::worker_threads<queue> workers_;
 };
 
 //! `co_await on(ex)` continues the coroutine on ex: always a hop through post(), also when already there (a yield

@@ -43,9 +43,9 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
+#include "shardkit/core/detail/worker_threads.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/separate_compilation.hpp"
 #include "shardkit/data/detail/agreement.hpp"
@@ -222,7 +222,7 @@ class loader {
   std::deque<item> queue_;
   bool stopping_ = false;
   double produce_seconds_ = 0;
-  std::thread thread_;
+  shardkit::detail::owned_thread thread_;
 };
 
 }  // namespace shardkit::data

@@ -350,12 +350,12 @@ SHARDKIT_DECL void loader::install(std::vector<shard_state> shards) {
   finished_ = false;
   if (options_.prefetch > 0) {
     stopping_ = false;
-    thread_ = std::thread([this] { prefetch_loop(); });
+    thread_.start([this] { prefetch_loop(); });
   }
 }
 
 SHARDKIT_DECL void loader::stop() {
-  if (!thread_.joinable()) return;
+  if (!thread_.running()) return;
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;

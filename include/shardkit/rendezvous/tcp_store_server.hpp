@@ -36,12 +36,12 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "shardkit/core/constant_time.hpp"
+#include "shardkit/core/detail/worker_threads.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/rendezvous/detail/store_connections.hpp"
@@ -71,7 +71,7 @@ class tcp_store_server {
   explicit tcp_store_server(tcp_store_server_options options = {})
       : opts_(checked(std::move(options))), net_(opts_.bind_address, opts_.port, opts_.max_frame_bytes) {
     world_ = opts_.world_size;
-    thread_ = std::thread([this] { run(); });
+    thread_.start([this] { run(); });
   }
   tcp_store_server(const tcp_store_server&) = delete;
   tcp_store_server& operator=(const tcp_store_server&) = delete;
@@ -329,7 +329,7 @@ class tcp_store_server {
   std::int64_t world_ = 0;                      // the job's world size (0 until known)
   std::int64_t joined_ = 0;                     // joins accepted
   std::map<std::int64_t, std::string> claims_;  // rank -> the address it joined from
-  std::thread thread_;  // joined in the destructor, before any member it uses is destroyed
+  shardkit::detail::owned_thread thread_;  // joined in the destructor, before any member it uses is destroyed
 };
 
 }  // namespace shardkit::rendezvous

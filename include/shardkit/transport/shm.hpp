@@ -56,11 +56,11 @@
 #include <random>
 #include <span>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "shardkit/core/completion.hpp"
+#include "shardkit/core/detail/worker_threads.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/rendezvous/store.hpp"
 #include "shardkit/transport/p2p.hpp"
@@ -171,10 +171,7 @@ class shm_transport {
 
   ~shm_transport() {
     engine_->request_stop();
-    if (progress_.get_id() == std::this_thread::get_id())
-      progress_.detach();  // destroyed from one of our own continuations: cannot join ourselves
-    else if (progress_.joinable())
-      progress_.join();
+    progress_.join();  // detached instead when destroyed from one of its own continuations
   }
 
   int rank() const noexcept { return engine_->rank(); }
@@ -235,7 +232,7 @@ class shm_transport {
   }
 
   std::shared_ptr<detail::shm::engine> engine_;
-  std::thread progress_;
+  shardkit::detail::owned_thread progress_;
 };
 
 static_assert(p2p<shm_transport>);

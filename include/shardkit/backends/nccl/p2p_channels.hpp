@@ -23,13 +23,13 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "shardkit/backends/nccl/pair_link.hpp"
 #include "shardkit/core/buffer.hpp"
 #include "shardkit/core/completion.hpp"
+#include "shardkit/core/detail/worker_threads.hpp"
 
 namespace shardkit::backends::nccl_detail {
 
@@ -47,11 +47,16 @@ struct channel_queue {
 
 inline void fail_with(const completion_source& c, const std::exception_ptr& e) noexcept { c.set_error(e); }
 
-//! Joins a channel's worker, or detaches it when the channel is being destroyed from that worker (see
-//! channel_queue).
-inline void join_or_detach(std::thread& worker) {
-  if (worker.get_id() == std::this_thread::get_id()) worker.detach();
-  else worker.join();
+//! Shutdown of a channel, first half: the operation in flight gives up (its link is aborted); the worker stops.
+//! The second half, each channel's finish_stop(), joins the worker (or detaches it when the channel is being
+//! destroyed from that worker: see channel_queue) and fails what it never started.
+inline void request_stop(channel_queue& q, interrupt_flag& interrupt) {
+  interrupt.raise(errc::closed, "the communicator was destroyed");
+  {
+    std::lock_guard lock(q.mutex);
+    q.stopping = true;
+  }
+  q.cv.notify_all();
 }
 
 class send_channel {
@@ -64,7 +69,7 @@ class send_channel {
 
  public:
   explicit send_channel(link_setup s) : link_(std::move(s)), q_(std::make_shared<channel_queue>()) {
-    worker_ = std::thread([this, q = q_] { run(*q); });
+    worker_.start([this, q = q_] { run(*q); });
   }
   send_channel(const send_channel&) = delete;
   send_channel& operator=(const send_channel&) = delete;
@@ -73,19 +78,10 @@ class send_channel {
     finish_stop();
   }
 
-  //! Shutdown, first half: the send in flight gives up (its link is aborted); the worker stops.
-  void request_stop() {
-    interrupt_.raise(errc::closed, "the communicator was destroyed");
-    {
-      std::lock_guard lock(q_->mutex);
-      q_->stopping = true;
-    }
-    q_->cv.notify_all();
-  }
-  //! Second half: joins the worker and fails the sends it never started.
+  void request_stop() { nccl_detail::request_stop(*q_, interrupt_); }
   void finish_stop() {
-    if (!worker_.joinable()) return;
-    join_or_detach(worker_);
+    if (!worker_.running()) return;
+    worker_.join();
     const auto closed = std::make_exception_ptr(error(errc::closed, "the communicator was destroyed before this send ran",
                                                       link_.context("send")));
     for (auto& p : queue_) fail_with(p.done, closed);
@@ -146,7 +142,7 @@ class send_channel {
   std::shared_ptr<channel_queue> q_;
   interrupt_flag interrupt_;
   std::deque<pending> queue_;  // guarded by q_->mutex
-  std::thread worker_;         // last: started after everything it uses exists
+  shardkit::detail::owned_thread worker_;  // last: started after everything it uses exists
 };
 
 class recv_channel {
@@ -171,7 +167,7 @@ class recv_channel {
 
  public:
   explicit recv_channel(link_setup s) : link_(std::move(s)), q_(std::make_shared<shared_state>()) {
-    worker_ = std::thread([this, q = q_] { run(*q); });
+    worker_.start([this, q = q_] { run(*q); });
   }
   recv_channel(const recv_channel&) = delete;
   recv_channel& operator=(const recv_channel&) = delete;
@@ -180,17 +176,10 @@ class recv_channel {
     finish_stop();
   }
 
-  void request_stop() {
-    interrupt_.raise(errc::closed, "the communicator was destroyed");
-    {
-      std::lock_guard lock(q_->mutex);
-      q_->stopping = true;
-    }
-    q_->cv.notify_all();
-  }
+  void request_stop() { nccl_detail::request_stop(*q_, interrupt_); }
   void finish_stop() {
-    if (!worker_.joinable()) return;
-    join_or_detach(worker_);
+    if (!worker_.running()) return;
+    worker_.join();
     const auto closed = std::make_exception_ptr(error(errc::closed, "the communicator was destroyed before a message arrived",
                                                       link_.context("recv")));
     std::deque<posted> rest;
@@ -340,7 +329,7 @@ class recv_channel {
   std::shared_ptr<shared_state> q_;
   interrupt_flag interrupt_;
   std::deque<stashed> stash_;  // guarded by q_->mutex
-  std::thread worker_;
+  shardkit::detail::owned_thread worker_;  // last: started after everything it uses exists
 };
 
 //! The channels of one communicator, created on first use per peer and direction.

@@ -17,10 +17,10 @@
 #include <optional>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "shardkit/core/completion.hpp"
+#include "shardkit/core/detail/worker_threads.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/rendezvous/gather.hpp"
@@ -69,8 +69,7 @@ class core : public std::enable_shared_from_this<core> {
   core& operator=(const core&) = delete;
 
   ~core() {
-    for (auto& t : threads_)
-      if (t.joinable()) t.detach();  // only after a failed start; shutdown() joins or detaches otherwise
+    for (auto& t : threads_) t.detach();  // only after a failed start; shutdown() joins or detaches otherwise
   }
 
   int rank() const noexcept { return rank_; }
@@ -209,11 +208,10 @@ class core : public std::enable_shared_from_this<core> {
       else
         boost::asio::post(io_, one_done);
     }
+    // From an io thread the others are detached too: they hold the core and return once the io_context stops.
     for (auto& t : threads_) {
-      if (on_io)
-        t.detach();
-      else if (t.joinable())
-        t.join();
+      if (on_io) t.detach();
+      else t.join();
     }
     threads_.clear();
   }
@@ -309,7 +307,7 @@ class core : public std::enable_shared_from_this<core> {
   int rank_, size_;
   std::vector<std::unique_ptr<peer>> peers_;
   std::unique_ptr<mesh_builder> mesh_;
-  std::vector<std::thread> threads_;
+  std::vector<shardkit::detail::owned_thread> threads_;
   std::mutex abort_mutex_;
   std::atomic<bool> aborted_{false};
   std::exception_ptr abort_reason_;
