@@ -290,3 +290,61 @@ TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 
     });
   }
 }
+
+TEST_CASE("[fsdp] plan: random clusters, models and options finish, within their bounds (300 cases)") {
+  std::uint64_t x = 0x2545f4914f6cdd1dull;
+  const auto next = [&](std::uint64_t n) {  // xorshift: the same cases every run
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return n == 0 ? 0 : x % n;
+  };
+  const fsdp::sharding_strategy strategies[] = {fsdp::sharding_strategy::full_shard,
+                                                fsdp::sharding_strategy::shard_grad_op,
+                                                fsdp::sharding_strategy::no_shard, fsdp::sharding_strategy::hybrid_shard};
+  const sk::dtype dtypes[] = {sk::dtype::f32, sk::dtype::bf16, sk::dtype::f16};
+  std::size_t ran = 0;
+  for (int c = 0; c < 300; ++c) {
+    CAPTURE(c);
+    std::vector<fsdp::plan_unit> units;
+    for (std::size_t i = 0, n = 1 + next(6); i < n; ++i)
+      units.push_back({"u" + std::to_string(i), 1 + next(1 << 16), double(next(5)) * 1e-3, double(next(9)) * 1e-3});
+    fsdp::plan_cluster cl{.hosts = 1 + next(5), .ranks_per_host = 1 + next(3), .cores_per_host = double(next(4)) / 2,
+                          .nics_per_host = 1 + next(2), .link_bytes_per_second = 1e7 * double(1 + next(100)),
+                          .rtt_seconds = double(next(3)) * 1e-4, .intra_bytes_per_second = double(next(2)) * 1e9,
+                          .comm_cpu_cores = double(next(3)) / 4};
+    fsdp::plan_options o;
+    o.strategy = strategies[next(4)];
+    const std::size_t world = cl.hosts * cl.ranks_per_host;
+    o.hybrid_shard_size = cl.ranks_per_host;
+    o.precision = {dtypes[next(3)], dtypes[next(3)]};
+    o.prefetch = next(4) == 0 ? 0 : next(4);
+    switch (next(4)) {
+      case 0: o.limiter_budget_units = 1 + next(3); break;
+      case 1: o.limiter_budget_bytes = fsdp::unlimited_budget; break;
+      case 2: o.limiter_budget_bytes = fsdp::unlimited_budget, o.max_gathered = 1 + next(3); break;
+      default: break;  // the default budget
+    }
+    if (o.max_gathered != 0 && (o.strategy == fsdp::sharding_strategy::shard_grad_op ||
+                                o.strategy == fsdp::sharding_strategy::no_shard))
+      o.max_gathered = 0;  // refused: those keep every unit's parameters from forward
+    o.optimizer_seconds = double(next(3)) * 1e-3;
+    const auto r = fsdp::simulate_step(units, cl, o);
+    ++ran;
+    double compute = o.optimizer_seconds;
+    for (const auto& u : units) compute += u.forward_seconds + u.backward_seconds;
+    CHECK(r.step_seconds >= compute * (1 - 1e-9));
+    CHECK(r.step_seconds >= r.link_bytes / (double(cl.nics_per_host) * cl.link_bytes_per_second) * (1 - 1e-9));
+    CHECK(r.peak_gathered_bytes <= r.budget_bytes);
+    CHECK(r.shard_size * r.replicas == world);
+    std::vector<std::size_t> fwd, bwd;
+    for (const auto& e : r.timeline) {
+      CHECK(e.begin <= e.end);
+      CHECK(e.end <= r.step_seconds * (1 + 1e-12));
+      if (e.what == kind::use) (e.pass == fsdp::pass::forward ? fwd : bwd).push_back(e.unit);
+    }
+    CHECK(fwd.size() == units.size());
+    CHECK(bwd.size() == units.size());
+    CHECK(std::is_sorted(fwd.begin(), fwd.end()));
+    CHECK(std::is_sorted(bwd.rbegin(), bwd.rend()));
+  }
+  CHECK(ran == 300);
+}
