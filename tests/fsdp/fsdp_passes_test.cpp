@@ -297,6 +297,43 @@ TEST_CASE("[fsdp] a gradient reduction that fails gives its budget back: the bac
   });
 }
 
+TEST_CASE("[fsdp] a peer that stops answering in a backward costs one timeout: its failed reduction fails the gather waiting on its budget") {
+  // 2 ranks, 3 equal units, the default budget (two backward units): rank 1 takes its first backward unit and stops
+  // answering there (until rank 0 is done). Rank 0's reduction of that unit times out; its third gather waits for the
+  // budget those gradients hold, so it is issued only then. It fails at once with the reduction's failure, rather than
+  // waiting out a timeout of its own (a trainer whose peer stopped failed after two timeouts).
+  namespace ab = shardkit::test::abandon;
+  sk::comm::group_options go;
+  go.timeout = std::chrono::milliseconds(300);
+  auto groups = sk::comm::make_loopback_world(2, go);
+  std::atomic<bool> rank0_done{false};
+  sk::test::run_threads(2, [&](int r) {
+    fsdp::sharded_model model(groups[std::size_t(r)], ab::units(), {});
+    model.init_parameters(ab::init);
+    if (r == 1) {
+      try {
+        for (auto& u : model.backward()) {
+          (void)u;
+          wait_until([&] { return rank0_done.load(); }, "rank 0 fails its backward");
+          throw std::domain_error("left");
+        }
+      } catch (const std::domain_error&) {  // leaving: the rest of the pass fails too, rank 0 has gone
+      }
+      return;
+    }
+    try {
+      for (auto& u : model.backward()) (void)u;
+      FAIL("rank 0's backward ended although rank 1 stopped answering");
+    } catch (const sk::error& e) {
+      CAPTURE(e.what());
+      CHECK(e.code() == sk::make_error_code(sk::errc::aborted));
+      CHECK(std::string(e.what()).find("unit 'u0' backward all-gather") != std::string::npos);
+      CHECK(std::string(e.what()).find("unit 'u2' gradient reduction: shardkit [group fsdp.reduce]") != std::string::npos);
+    }
+    rank0_done = true;
+  });
+}
+
 TEST_CASE("[fsdp] an optimizer step after clip_grad_norm reuses its norm: no collective of its own") {
   // With the shard group broken after the clip, a step that issued a collective would fail.
   auto groups = sk::comm::make_loopback_world(2);

@@ -233,12 +233,24 @@ SHARDKIT_DECL void sharded_model::queue_reduce(std::size_t i) {
       emit(model_event::kind::reduce, pass::backward, i, t0);
       done.set_done();
     } catch (...) {
+      const auto failure = std::current_exception();
+      // A reduction that broke its group ends the pass: the other groups are aborted before its budget goes back,
+      // so that a gather waiting for that budget (issued only now, with a deadline of its own) fails at once with
+      // this failure instead of waiting out that deadline: a peer that stopped costs the trainer one timeout, not
+      // two (docs/reliability.md).
+      const auto broken = [](const comm::process_group& g) { return g && g.broken_by() != nullptr; };
+      try {
+        if (broken(reduce_group_) || broken(replica_group_))
+          detail::rethrow_for_unit(failure, u.layout.name(), "gradient reduction", rank_);
+      } catch (const std::exception& e) {
+        abort_groups(e.what());
+      }
       // The failed collective no longer uses the gradients (a group's failed work has let go of its buffers): their
       // budget goes back, or the pass's next gathers would wait for it forever; the trainer learns of the failure
       // when it waits for the gradients.
       u.grads_lease.reset();
       u.grads = {};
-      done.set_error(std::current_exception());
+      done.set_error(failure);
     }
   });
 }
