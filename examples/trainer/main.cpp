@@ -83,6 +83,16 @@ struct flags {
   std::string plan_units;               // --plan-units FILE: rank 0 writes unit sizes and times (unit_times.hpp)
 };
 
+// The dtypes --dtype and --reduce-dtype take, every floating dtype: "f32, f64, f16 or bf16" (--help and the error).
+std::string float_dtypes() {
+  std::vector<std::string> names;
+  for (sk::dtype t : sk::all_dtypes)
+    if (sk::is_floating(t)) names.emplace_back(sk::to_string(t));
+  std::string out;
+  for (std::size_t i = 0; i < names.size(); ++i) out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return out;
+}
+
 // Every flag, its value and its default: --help prints this on stdout; a mistake prints the problem and points here.
 std::string help_text() {
   const flags d;
@@ -101,8 +111,8 @@ std::string help_text() {
       {"--strategy S", "full_shard, shard_grad_op, no_shard or hybrid_shard [" +
                            std::string(fsdp::to_string(d.sharding.strategy)) + "]"},
       {"--hybrid-size S", "hybrid_shard: ranks per shard group [0: the ranks of one host]"},
-      {"--dtype D", "compute dtype of the parameters: f32, bf16, f16 [f32]"},
-      {"--reduce-dtype D", "dtype of the gradient reductions: f32, bf16, f16 [f32]"},
+      {"--dtype D", "compute dtype of the parameters: " + float_dtypes() + " [f32]"},
+      {"--reduce-dtype D", "dtype of the gradient reductions: " + float_dtypes() + " [f32]"},
       {"--budget B", "limiter budget: BYTES[K|M|G], Nu (units) or unlimited [the strategy's minimum + one unit]"},
       {"--max-inflight N", "gathered buffers alive at once [0: the budget alone decides]"},
       {"--prefetch N", "units gathered ahead [" + n(d.sharding.prefetch) + "]"},
@@ -161,7 +171,8 @@ double real(std::string_view flag, std::string_view v) {
 
 sk::dtype dtype_flag(std::string_view flag, std::string_view v) {
   const auto t = sk::parse_dtype(v);
-  if (!t || !sk::is_floating(*t)) usage(std::string(flag) + " wants f32, bf16, f16 or f64, got '" + std::string(v) + "'");
+  if (!t || !sk::is_floating(*t))
+    usage(std::string(flag) + " wants " + float_dtypes() + ", got '" + std::string(v) + "'");
   return *t;
 }
 
@@ -414,6 +425,10 @@ int main(int argc, char** argv) try {
     throw std::runtime_error("--device cuda: this trainer was built without CUDA (nvcc was not found when it was configured)");
 #endif
   }
+  // Before any rank's checkpointer can create it: a --resume from a directory that is not there (a mistyped
+  // --ckpt-dir) starts at step 0 like one without checkpoints, and the warning says which it was.
+  const bool ckpt_dir_missing = f.resume && !f.ckpt_dir.empty() && !f.ckpt_dir.starts_with("s3://") &&
+                                !std::filesystem::exists(f.ckpt_dir);
   auto world = sk::comm::init_process_group();
   auto& pg = world.group;
   const int rank = pg.rank(), ranks = pg.size();
@@ -524,7 +539,11 @@ int main(int argc, char** argv) try {
                                  " have an index (shardkit-ckpt ls " + f.ckpt_dir + " says why); not starting over "
                                  "at step 0 on top of them: repair them, or move them away to start anew");
       }
-      if (rank == 0) std::printf("# no checkpoint in %s: starting at step 0\n", f.ckpt_dir.c_str());
+      // PyTorch's resume-if-present: a fresh start, said loudly (a mistyped path must not pass for a new run).
+      const std::string missing = ckpt_dir_missing ? " (" + f.ckpt_dir + " did not exist: a mistyped --ckpt-dir?)" : "";
+      if (rank == 0)
+        std::fprintf(stderr, "trainer: warning: --resume: no checkpoint found under %s; starting at step 0%s\n",
+                     f.ckpt_dir.c_str(), missing.c_str());
     }
   }
   std::vector<sk::basic_completion<sk::ckpt::save_result>> saves;

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <future>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -127,6 +128,35 @@ TEST_CASE("[rendezvous] join: a rank claimed twice is refused at once, naming th
   CAPTURE(host.what);
   CHECK(has(host.what, "rank 1 joined already"));
   CHECK(host.seconds < 5);
+}
+
+TEST_CASE("[rendezvous] a RANK outside WORLD_SIZE fails at once naming both, and tells the store: rank 0 fails too") {
+  const int port = shardkit::test::free_port();
+  auto host = std::async(std::launch::async, [&] { return join(port, true, 2, 0); });
+  const std::map<std::string, std::string> vars{
+      {"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}};
+  const auto lookup = [&](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+  const auto t0 = steady::now();
+  try {
+    rdv::info_from_env_to_join(lookup);
+    FAIL("RANK=2 of WORLD_SIZE=2 was taken");
+  } catch (const shardkit::error& e) {
+    CAPTURE(e.what());
+    CHECK(e.code() == shardkit::make_error_code(errc::config));
+    CHECK(has(e.what(), "RANK=2 must be in [0, WORLD_SIZE=2)"));
+  }
+  CHECK(steady::now() - t0 < 3s);
+  // Rank 0 (waiting 20 s for the world) learns it from the store, instead of waiting out its timeout.
+  const auto h = host.get();
+  CAPTURE(h.what);
+  CHECK(h.code == errc::config);
+  CHECK(has(h.what, "rank 2 is outside [0, WORLD_SIZE=2): a process was started with RANK=2"));
+  CHECK(h.seconds < 5);
+  // info_from_env only reads: no store is asked.
+  CHECK_THROWS_WITH_AS(rdv::info_from_env(lookup), doctest::Contains("RANK=2 must be in [0, WORLD_SIZE=2)"), shardkit::error);
 }
 
 TEST_CASE("[rendezvous] join: after the world is complete, only a newcomer is refused") {

@@ -2,6 +2,8 @@
 //! The bodies behind comm/init.hpp: init_process_group and the shm transport's registration. init.hpp includes this
 //! file in header-only use; under SHARDKIT_SEPARATE_COMPILATION only <shardkit/impl/src.hpp> does, in one
 //! translation unit of the program (core/separate_compilation.hpp), so the transports compile once.
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -22,7 +24,10 @@ inline const bool shm_transport_registered = register_transport("shm", [](const 
 
 SHARDKIT_DECL world init_process_group(std::string transport, group_options opts, std::chrono::milliseconds timeout) {
   world w;
-  w.info = rendezvous::info_from_env();
+  // A RANK outside the world tells the store for at most 2 s, so that rank 0 fails too; then it fails itself.
+  const std::chrono::milliseconds report_bound(2000);
+  w.info = rendezvous::info_from_env_to_join(rendezvous::process_env,
+                                             timeout.count() > 0 ? std::min(timeout, report_bound) : report_bound);
   log::set_process_rank(w.info.rank);
   w.store = rendezvous::connect_store(w.info, timeout);
   w.hosts = rendezvous::discover_hosts(w.store, w.info.rank, w.info.world_size, timeout, "shardkit/hosts/");

@@ -219,11 +219,11 @@ inline std::vector<std::string> expand_slurm_hostlist(std::string_view list,
 //! errc::config naming the field otherwise.
 inline void validate(const rendezvous_info& info) { detail::validate(info, {}); }
 
-//! Reads the launcher's variables (see the top of this header). `lookup` defaults to the process environment.
-inline rendezvous_info info_from_env(const env_lookup& lookup = process_env) {
-  const detail::env_reader env(lookup);
+namespace detail {
+//! The launcher's variables as read, before validate(); `names` gets the variables each field came from.
+inline rendezvous_info read_launcher_env(const env_lookup& lookup, info_names& names) {
+  const env_reader env(lookup);
   rendezvous_info info;
-  detail::info_names names;
   if (env.has("RANK") || env.has("WORLD_SIZE")) {
     info.source = "torchrun";
     const auto [rank, size] = *env.pair("RANK", "WORLD_SIZE", 1);
@@ -291,9 +291,38 @@ inline rendezvous_info info_from_env(const env_lookup& lookup = process_env) {
     const auto job = env.integer("SLURM_JOB_ID");
     info.master_port = env.port("MASTER_PORT", job ? 15000 + *job % 20000 : 29500);
   } else {
-    detail::config_error("RANK",
-                         "no launcher variables found: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
-                         "(torchrun, shardkit-run), or run under mpirun or srun");
+    config_error("RANK",
+                 "no launcher variables found: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+                 "(torchrun, shardkit-run), or run under mpirun or srun");
+  }
+  return info;
+}
+}  // namespace detail
+
+//! Reads the launcher's variables (see the top of this header). `lookup` defaults to the process environment.
+inline rendezvous_info info_from_env(const env_lookup& lookup = process_env) {
+  detail::info_names names;
+  const rendezvous_info info = detail::read_launcher_env(lookup, names);
+  detail::validate(info, names);
+  return info;
+}
+
+//! info_from_env() for a process that goes on to join the job (init_process_group reads its place so). A rank
+//! outside [0, WORLD_SIZE) fails the same way, errc::config naming both variables, but first tells the job's store
+//! when one answers at MASTER_ADDR:MASTER_PORT within `report_bound`: it joins with that rank, which the store
+//! refuses, and rank 0, waiting there for the ranks to join, fails at once with "rank 2 is outside [0,
+//! WORLD_SIZE=2)" instead of after its store timeout; the ranks that joined then lose the store and fail too.
+inline rendezvous_info info_from_env_to_join(const env_lookup& lookup = process_env,
+                                             std::chrono::milliseconds report_bound = std::chrono::seconds(2)) {
+  detail::info_names names;
+  const rendezvous_info info = detail::read_launcher_env(lookup, names);
+  if (info.world_size >= 1 && info.rank >= info.world_size && !info.master_addr.empty() && info.master_port >= 1 &&
+      info.master_port <= 65535 && report_bound.count() > 0) {
+    try {
+      const std::string token = settings::get<settings::text>("SHARDKIT_AUTH_TOKEN").value_or(std::string());
+      tcp_store::create(info.master_addr, info.master_port, false, info.world_size, report_bound, token, info.rank);
+    } catch (...) {  // refused, as it must be; or no store answered in time: this rank's own error says the rest
+    }
   }
   detail::validate(info, names);
   return info;

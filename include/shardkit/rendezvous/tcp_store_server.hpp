@@ -238,7 +238,8 @@ class tcp_store_server {
     if (world != world_) {
       why = who + " says WORLD_SIZE=" + std::to_string(world) + ", the store was started for " + std::to_string(world_);
     } else if (rank >= world_ || rank < -1) {
-      why = "rank " + std::to_string(rank) + " is outside [0, WORLD_SIZE=" + std::to_string(world_) + ")";
+      why = "rank " + std::to_string(rank) + " is outside [0, WORLD_SIZE=" + std::to_string(world_) +
+            "): a process was started with RANK=" + std::to_string(rank);
     } else if (rank >= 0) {
       if (auto it = claims_.find(rank); it != claims_.end())
         why = "rank " + std::to_string(rank) + " joined already, from " + it->second + ": two processes were started with RANK=" +
