@@ -27,7 +27,9 @@ namespace codec = shardkit::codec;
 
 struct verify_summary {
   std::vector<std::string> problems;
-  std::size_t files = 0, tensors = 0;
+  std::size_t files = 0;
+  std::size_t tensors = 0;  //!< the index's tensors checked (its table's entries, as ls and inspect count them)
+  std::size_t pieces = 0;   //!< their pieces checked: a tensor sharded over N ranks is N pieces, one per file
   std::uint64_t bytes = 0;  //!< tensor bytes read and hashed
 };
 
@@ -158,6 +160,7 @@ inline verify_summary verify_checkpoint(st::any_sink& sink, const ck::checkpoint
     for (const auto& p : f.pieces) total += p.nbytes();
   progress_bar bar(progress, "verify step " + std::to_string(index.step), total);
   std::vector<std::byte> buffer;
+  std::set<std::string> checked;  // the tensors whose pieces were checked
   for (std::size_t p = 0; p < index.files.size(); ++p) {
     const ck::index_file& f = index.files[p];
     const std::size_t problems_before = problems.size();
@@ -192,17 +195,19 @@ inline verify_summary verify_checkpoint(st::any_sink& sink, const ck::checkpoint
       if (name.starts_with("rank/") && !name.starts_with("rank/" + std::to_string(rank) + "/"))
         problems.push_back(f.key + ", tensor '" + name + "': a per-rank entry in the file of rank " + std::to_string(rank));
       detail::compare_records(f.key, *h, index.tensor_of(t), t, problems);
-      ++summary.tensors;
+      ++summary.pieces;
+      checked.insert(name);
       detail::verify_tensor_data(sink, header, *h, t, buffer, bar, summary);
     }
     for (const auto& h : header.tensors)
       if (!listed.contains(h.name))
         problems.push_back(f.key + ": tensor '" + h.name + "' is in the file but not in the index");
     const std::size_t found = problems.size() - problems_before;
-    std::fprintf(out, "%s  %s  %s, %s%s\n", found ? "FAIL" : "ok  ", f.key.c_str(), plural(f.pieces.size(), "tensor").c_str(),
+    std::fprintf(out, "%s  %s  %s, %s%s\n", found ? "FAIL" : "ok  ", f.key.c_str(), plural(f.pieces.size(), "piece").c_str(),
                  human_bytes(header.file_size).c_str(), found ? (", " + plural(found, "problem")).c_str() : "");
   }
   bar.finish();
+  summary.tensors = checked.size();
   return summary;
 }
 

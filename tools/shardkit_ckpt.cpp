@@ -81,12 +81,6 @@ std::string metadata_text(const std::map<std::string, std::string>& metadata) {
   return out;
 }
 
-std::size_t model_tensor_count(const ck::checkpoint_index& index) {
-  std::size_t n = 0;
-  for (const auto& name : tensor_names(index)) n += !name.starts_with("rank/");
-  return n;
-}
-
 // What ls says of one step.
 struct step_info {
   std::uint64_t step = 0;
@@ -131,7 +125,7 @@ std::vector<step_info> list_steps(st::any_sink& sink) {
     info.status = info.problems.empty() ? "complete" : "damaged";
     info.world_size = index->world_size;
     info.files = index->files.size();
-    info.tensors = model_tensor_count(*index);
+    info.tensors = index->tensors.size();  // as inspect lists them and verify counts them
     info.metadata = index->metadata;
     out.push_back(std::move(info));
   }
@@ -244,8 +238,9 @@ int run_verify(const common_options& o) {
               human_bytes(step_bytes(sink, index)).c_str());
   const auto summary = verify_checkpoint(sink, index, o.progress, stdout);
   for (const auto& p : summary.problems) std::printf("error: %s\n", p.c_str());
-  std::printf("step %llu: %s, %s checked: %s\n", static_cast<unsigned long long>(index.step),
+  std::printf("step %llu: %s, %s in %s checked: %s\n", static_cast<unsigned long long>(index.step),
               plural(summary.files, "file").c_str(), plural(summary.tensors, "tensor").c_str(),
+              plural(summary.pieces, "piece").c_str(),
               summary.problems.empty() ? "OK" : plural(summary.problems.size(), "problem").c_str());
   return summary.problems.empty() ? 0 : 1;
 }

@@ -223,6 +223,23 @@ TEST_CASE("[ckpt] shardkit-ckpt ls, verify, inspect and consolidate a 3-rank che
     CHECK(j["bytes"] == on_disk);
   }
 
+  SUBCASE("ls, inspect and verify count the same tensors for a step (per-rank entries too); verify adds the pieces") {
+    const auto ls = run_tool("ls " + loc + " --json"), inspect = run_tool("inspect " + loc), verify = run_tool("verify " + loc);
+    INFO("inspect:\n", inspect.output, "\nverify:\n", verify.output);
+    const auto index = *ck::read_index(sink, "", 2);
+    std::size_t pieces = 0, per_rank = 0;
+    for (const auto& f : index.files) pieces += f.pieces.size();
+    for (const auto& t : index.tensors) per_rank += t.name.starts_with("rank/");
+    REQUIRE(per_rank > 0);                     // what ls left out
+    REQUIRE(pieces > index.tensors.size());    // what verify counted
+    const std::string n = std::to_string(index.tensors.size());
+    CHECK(nlohmann::json::parse(ls.output)["steps"][1]["tensors"] == index.tensors.size());
+    CHECK(line_with(run_tool("ls " + loc).output, "\n2 ").find("  " + n + "  ") != std::string::npos);
+    CHECK(line_with(inspect.output, " tensors; pieces are").starts_with(n + " tensors"));
+    CHECK(line_with(verify.output, "step 2:").find(n + " tensors in " + std::to_string(pieces) + " pieces checked") !=
+          std::string::npos);
+  }
+
   SUBCASE("ls and verify: an index that does not parse, a file missing, records that disagree") {
     st::put_object(sink, ck::index_key("", 1), st::as_bytes("{\"format\": \"shardkit.ckpt\", \"version\": 1"));
     REQUIRE(sink.remove(ck::rank_file_key("", 2, 2)));
