@@ -293,6 +293,17 @@ TEST_CASE("[comm] fingerprinted collectives pass when ranks agree and fail every
   }
 }
 
+// What the loopback world sizes 1, 2, 3, 4, 5 and 8 run. The >= 8 MiB cases at 1 rank, at the odd sizes (where
+// recursive doubling folds ranks in and out) and at 8 (a power of two, the most steps): 2 and 4 take the same paths
+// with fewer steps. 8 ranks take one dtype of each width (conformance_options::dtypes): every dtype ran at the
+// sizes below it.
+namespace {
+void size_the_suite(test::conformance_options& o, int n) {
+  o.large = n % 2 == 1 || n == 8;
+  if (n == 8) o.dtypes = test::conformance_detail::one_dtype_per_width();
+}
+}  // namespace
+
 TEST_CASE("[comm] conformance suite over the loopback transport, ranks as threads") {
   for (int n : {1, 2, 3, 4, 5, 8}) {
     CAPTURE(n);
@@ -301,6 +312,7 @@ TEST_CASE("[comm] conformance suite over the loopback transport, ranks as thread
     test::conformance_options o;
     o.backend = "loopback";
     o.shared_counter = &counter;
+    size_the_suite(o, n);
     test::run_threads(n, [&](int r) { test::run_conformance(groups[std::size_t(r)], o); });
   }
 }
@@ -417,6 +429,9 @@ TEST_CASE("[comm] direct all_gather(v) and reduce_scatter pass the conformance c
     auto groups = comm::make_loopback_world(n, test_group_options(), p2p);
     test::conformance_options o;
     o.backend = "loopback (direct)";
+    // Each >= 8 MiB case here is thousands of 4 KiB rounds: at one odd size and at 8, the most peers per round.
+    o.large = n == 3 || n == 8;
+    if (n == 8) o.dtypes = test::conformance_detail::one_dtype_per_width();
     test::run_threads(n, [&](int r) {
       test::conformance_reduce_scatter(groups[std::size_t(r)], o);
       test::conformance_gathers(groups[std::size_t(r)], o);

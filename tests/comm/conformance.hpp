@@ -32,7 +32,7 @@ inline void conformance_all_reduce(conformance_run& run) {
   auto& pg = run.group();
   const auto& o = run.options();
   const int n = pg.size(), me = pg.rank();
-  for (dtype t : all_dtypes)
+  for (dtype t : o.dtypes)
     for (reduce_op op : all_reduce_ops) {
       const case_key key{"collective", "all_reduce", t, op};
       for (std::size_t count : counts_for(t, o.large))
@@ -117,7 +117,7 @@ inline void conformance_reduce_scatter(conformance_run& run) {
   auto& pg = run.group();
   const auto& o = run.options();
   const int n = pg.size(), me = pg.rank();
-  for (dtype t : all_dtypes)
+  for (dtype t : o.dtypes)
     for (reduce_op op : all_reduce_ops) {
       const case_key key{"collective", "reduce_scatter", t, op};
       for (std::size_t block : counts_for(t, o.large)) {
@@ -146,7 +146,7 @@ inline void conformance_gathers(conformance_run& run) {
   auto& pg = run.group();
   const auto& o = run.options();
   const int n = pg.size(), me = pg.rank();
-  for (dtype t : all_dtypes)
+  for (dtype t : o.dtypes)
     for (std::size_t count : counts_for(t, o.large)) {
       if (count > 4096) count = count / std::size_t(n) + 1;
       for (bool in_place : {false, true})
@@ -194,7 +194,7 @@ inline void conformance_rooted(conformance_run& run) {
   const auto& o = run.options();
   const int n = pg.size(), me = pg.rank();
   for (int root = 0; root < n; ++root)
-    for (dtype t : all_dtypes)
+    for (dtype t : o.dtypes)
       for (std::size_t count : counts_for(t, o.large && root == n - 1)) {
         run.check({"collective", "broadcast", t}, [&] {
           auto data = run.buffer(t, count);
@@ -227,7 +227,7 @@ inline void conformance_all_to_all(conformance_run& run) {
   const auto& o = run.options();
   const int n = pg.size(), me = pg.rank();
   const auto code = [](int from, int to, std::size_t i) { return double((from * 7 + to * 3 + int(i)) % 50); };  // period 50 in i
-  for (dtype t : all_dtypes)
+  for (dtype t : o.dtypes)
     for (std::size_t block : counts_for(t, o.large)) {
       if (block > 4096) block = block / std::size_t(n) + 1;
       for (bool in_place : {false, true})
@@ -252,7 +252,7 @@ inline void conformance_all_to_all(conformance_run& run) {
     in_counts[std::size_t(p)] = len(me, p);
     out_counts[std::size_t(p)] = len(p, me);
   }
-  for (dtype t : all_dtypes)
+  for (dtype t : o.dtypes)
     run.check({"collective", "all_to_allv", t}, [&] {
       auto in = run.buffer(t, std::accumulate(in_counts.begin(), in_counts.end(), std::size_t{0}));
       auto out = run.buffer(t, std::accumulate(out_counts.begin(), out_counts.end(), std::size_t{0}));
@@ -290,7 +290,7 @@ inline void conformance_barrier_and_p2p(conformance_run& run) {
   });
   const case_key same_tag{"p2p", "send_recv, one tag twice (order kept)"};
   if (n == 1) {
-    for (dtype t : all_dtypes) run.not_applicable({"p2p", "send_recv", t}, "a world of one rank has no peer");
+    for (dtype t : o.dtypes) run.not_applicable({"p2p", "send_recv", t}, "a world of one rank has no peer");
     run.not_applicable(same_tag, "a world of one rank has no peer");
     return;
   }
@@ -298,7 +298,7 @@ inline void conformance_barrier_and_p2p(conformance_run& run) {
   // and waits (stashed, or queued) until its receive is posted.
   const int next = (me + 1) % n, prev = (me - 1 + n) % n;
   const auto code = [](int from, int tag, std::size_t i) { return double((from * 7 + tag * 3 + int(i % 13)) % 50); };
-  for (dtype t : all_dtypes)
+  for (dtype t : o.dtypes)
     run.check({"p2p", "send_recv", t}, [&] {
       auto a = run.buffer(t, 5), b = run.buffer(t, 100000), ra = run.buffer(t, 5), rb = run.buffer(t, 100000);
       for (std::size_t i = 0; i < a.count(); ++i) a.set(i, code(me, 1, i));

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -30,6 +31,10 @@ struct conformance_options {
   //! "threads" or "processes"; empty: "threads" when shared_counter is set, else "processes".
   std::string mode;
   bool large = true;                    // include the >= 8 MiB counts
+  //! The dtypes of the typed cases. Every dtype by default; a larger run of a world size whose algorithms a smaller
+  //! odd and a power-of-two size already ran with every dtype may take conformance_detail::one_dtype_per_width():
+  //! what tells dtypes apart (element width, the reduce loops' arithmetic) is the same code at any world size.
+  std::vector<dtype> dtypes{std::begin(all_dtypes), std::end(all_dtypes)};
   std::vector<comm::algorithm> all_reduce_algorithms{comm::algorithm::automatic, comm::algorithm::ring,
                                                       comm::algorithm::recursive_doubling};
   std::atomic<int>* shared_counter = nullptr;  // thread mode only: lets the barrier case observe ordering
@@ -163,6 +168,10 @@ inline void check_reduced(const typed_buffer& got, std::size_t i, double want, r
     fail(os.str());
   }
 }
+
+//! One dtype of each element width, floats and integers, signed and unsigned among them: f32, i64, bf16 (8
+//! significant bits), u8.
+inline std::vector<dtype> one_dtype_per_width() { return {dtype::f32, dtype::i64, dtype::bf16, dtype::u8}; }
 
 inline std::vector<std::size_t> counts_for(dtype t, bool large) {
   std::vector<std::size_t> c{0, 1, 37};
