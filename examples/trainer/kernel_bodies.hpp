@@ -6,6 +6,7 @@
 // so the index arithmetic tested there is the one that runs on the GPU.
 //
 // A row's sums run in one index, a column's sums over the rows in one index, in the CPU loops' order.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
