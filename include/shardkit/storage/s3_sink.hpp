@@ -49,6 +49,7 @@
 #include "shardkit/core/error.hpp"
 #include "shardkit/storage/s3/config.hpp"
 #include "shardkit/storage/s3/detail/client.hpp"
+#include "shardkit/storage/s3/detail/multipart.hpp"
 #include "shardkit/storage/sink.hpp"
 
 namespace shardkit::storage {
@@ -275,7 +276,7 @@ class s3_sink {
         upload_->changed.wait(lock, [&] { return upload_->in_flight == 0; });
       }
       try {
-        abort_multipart(*client_, full_key_, upload_id_);
+        s3_detail::abort_multipart(*client_, full_key_, upload_id_);
       } catch (const std::exception& e) {
         log::warn("s3_sink: could not abort the multipart upload of '", key_, "': ", e.what());
       }
@@ -476,30 +477,10 @@ class s3_sink {
   //! what writers killed mid-upload leave (invisible, but billed). ListMultipartUploads, all pages.
   std::vector<s3_pending_upload> pending_uploads(const std::string& prefix = {}) {
     check_prefix(prefix, "sink.pending_uploads");
-    auto& c = *client_;
     std::vector<s3_pending_upload> out;
-    std::string key_marker, id_marker;
-    while (true) {
-      std::string query;
-      if (!key_marker.empty()) query += "key-marker=" + s3_detail::uri_encode(key_marker, false) + "&";
-      const std::string full = c.location().prefix + prefix;
-      if (!full.empty()) query += "prefix=" + s3_detail::uri_encode(full, false) + "&";
-      if (!id_marker.empty()) query += "upload-id-marker=" + s3_detail::uri_encode(id_marker, false) + "&";
-      query += "uploads=";
-      s3_detail::request r{.operation = "ListMultipartUploads", .about = full, .query = query};
-      auto resp = c.execute(r);
-      if (!resp.ok()) c.fail(resp, r, "sink.pending_uploads", prefix);
-      for (const auto& block : s3_detail::xml_blocks(resp.text, "Upload")) {
-        const std::string k = s3_detail::xml_value(block, "Key");
-        if (k.starts_with(c.location().prefix))
-          out.push_back({k.substr(c.location().prefix.size()), s3_detail::xml_value(block, "UploadId"),
-                         s3_detail::parse_iso8601(s3_detail::xml_value(block, "Initiated")).value_or(std::chrono::system_clock::time_point{})});
-      }
-      if (s3_detail::xml_value(resp.text, "IsTruncated") != "true") break;
-      key_marker = s3_detail::xml_value(resp.text, "NextKeyMarker");
-      id_marker = s3_detail::xml_value(resp.text, "NextUploadIdMarker");
-      if (key_marker.empty() && id_marker.empty()) break;
-    }
+    s3_detail::for_each_pending_upload(*client_, prefix, [&](std::string key, std::string id, auto initiated) {
+      out.push_back({std::move(key), std::move(id), initiated});
+    });
     return out;
   }
 
@@ -508,7 +489,7 @@ class s3_sink {
   std::size_t abort_pending_uploads(const std::string& prefix = {}) {
     std::size_t n = 0;
     for (const auto& u : pending_uploads(prefix)) {
-      abort_multipart(*client_, client_->full_key(u.key), u.upload_id);
+      s3_detail::abort_multipart(*client_, client_->full_key(u.key), u.upload_id);
       ++n;
     }
     return n;
@@ -521,7 +502,7 @@ class s3_sink {
   std::vector<temporary_object> temporaries(const std::string& prefix = {}) {
     std::vector<temporary_object> out;
     for (const auto& u : pending_uploads(prefix))
-      if (auto t = temporary_of(u)) out.push_back(std::move(*t));
+      if (auto t = s3_detail::pending_upload_parts(*client_, u.key, u.upload_id, u.initiated)) out.push_back(std::move(*t));
     return out;
   }
 
@@ -531,9 +512,10 @@ class s3_sink {
     const auto now = std::chrono::system_clock::now();
     std::size_t n = 0;
     for (const auto& u : pending_uploads(prefix)) {
-      const auto t = older_than.count() > 0 ? temporary_of(u) : std::optional<temporary_object>(temporary_object{});
+      const auto t = older_than.count() > 0 ? s3_detail::pending_upload_parts(*client_, u.key, u.upload_id, u.initiated)
+                                            : std::optional<temporary_object>(temporary_object{});
       if (!t || now - t->modified < older_than) continue;
-      abort_multipart(*client_, client_->full_key(u.key), u.upload_id);
+      s3_detail::abort_multipart(*client_, client_->full_key(u.key), u.upload_id);
       ++n;
     }
     return n;
@@ -553,38 +535,6 @@ class s3_sink {
                   "an S3 key has at most 1024 bytes; this one (the prefix '" + client_->location().prefix +
                       "' included) has " + std::to_string(full.size()),
                   {.operation = "sink.put", .object = key});
-  }
-
-  // The upload as a temporary (ListParts, all pages), or nullopt when it is gone (NoSuchUpload).
-  std::optional<temporary_object> temporary_of(const s3_pending_upload& u) {
-    auto& c = *client_;
-    temporary_object t{u.key, 0, u.initiated};
-    std::string marker;
-    while (true) {
-      std::string query;
-      if (!marker.empty()) query += "part-number-marker=" + marker + "&";
-      query += "uploadId=" + s3_detail::uri_encode(u.upload_id, false);
-      s3_detail::request r{.operation = "ListParts", .key = c.full_key(u.key), .query = query};
-      auto resp = c.execute(r);
-      if (resp.curl == CURLE_OK && resp.status == 404 && resp.code() == "NoSuchUpload") return std::nullopt;
-      if (!resp.ok()) c.fail(resp, r, "sink.temporaries", u.key);
-      for (const auto& part : s3_detail::xml_blocks(resp.text, "Part")) {
-        t.bytes += std::strtoull(s3_detail::xml_value(part, "Size").c_str(), nullptr, 10);
-        if (auto when = s3_detail::parse_iso8601(s3_detail::xml_value(part, "LastModified")); when && *when > t.modified)
-          t.modified = *when;
-      }
-      if (s3_detail::xml_value(resp.text, "IsTruncated") != "true") break;
-      marker = s3_detail::xml_value(resp.text, "NextPartNumberMarker");
-      if (marker.empty()) break;
-    }
-    return t;
-  }
-
-  static void abort_multipart(s3_detail::client& c, const std::string& full_key, const std::string& id) {
-    s3_detail::request r{.operation = "AbortMultipartUpload", .method = "DELETE", .key = full_key,
-                         .query = "uploadId=" + s3_detail::uri_encode(id, false)};
-    auto resp = c.execute(r);
-    if (!resp.ok() && resp.code() != "NoSuchUpload") c.fail(resp, r, "sink.abort", full_key);
   }
 
   // HEAD: the size, or nullopt on 404. A 404 the first time is checked against the bucket once (HeadBucket), so
