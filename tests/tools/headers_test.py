@@ -5,7 +5,10 @@
 2. its comments name no commit: a header says what holds and why, and history (which commit fixed what) lives in
    docs/design.md and docs/benchmarks.md, where it does not drift from the code;
 3. outside core/detail/ it starts no thread of its own (no std::thread or std::jthread object): every thread the
-   library starts is started, stopped and joined through core/detail/worker_threads.hpp.
+   library starts is started, stopped and joined through core/detail/worker_threads.hpp;
+4. out-of-line bodies have one place, as in Asio: a face header X.hpp declares, its bodies are in impl/X.hpp (and
+   impl/X_part.hpp) beside it, private machinery in detail/. No X_impl.hpp sibling, and an out-of-line
+   `SHARDKIT_DECL ... Class::member(` body only under an impl/ folder.
 
     headers_test.py SOURCE_DIR
 
@@ -40,6 +43,7 @@ COMMENT = re.compile(r'//(.*)$')
 # A thread object, not std::thread::id or std::thread::hardware_concurrency.
 THREAD = re.compile(r'\bstd::(?:jthread|thread)\b(?!::)')
 THREAD_OWNER = "core/detail/"
+OUT_OF_LINE = re.compile(r'^SHARDKIT_DECL [^(]*?\b[A-Za-z_]\w*(?:::~?[A-Za-z_]\w*)+\(')
 COMMIT = re.compile(r'(?<![\w.])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])(?:[0-9a-f]{40}|[0-9a-f]{7,12})(?![\w.])')
 
 
@@ -54,12 +58,20 @@ def main() -> int:
             continue
         for header in sorted((root / layer).rglob("*.hpp")):
             rel = header.relative_to(root).as_posix()
+            if header.name.endswith("_impl.hpp"):
+                problems.append(f"include/shardkit/{rel}: an X_impl.hpp sibling: bodies go to impl/ beside the face header")
+            in_impl = "/impl/" in f"/{rel}"
+            body_named = False  # one problem per header for its out-of-line bodies
             for number, line in enumerate(header.read_text(encoding="utf-8").splitlines(), 1):
                 comment = COMMENT.search(line)
                 if comment and COMMIT.search(comment.group(1)):
                     problems.append(f"include/shardkit/{rel}:{number}: a comment names a commit "
                                     f"({COMMIT.search(comment.group(1)).group(0)}): history goes to docs/design.md")
                 code = line[:comment.start()] if comment else line
+                if not in_impl and not body_named and OUT_OF_LINE.match(code):
+                    body_named = True
+                    problems.append(f"include/shardkit/{rel}:{number}: an out-of-line body outside impl/ "
+                                    f"({code.strip()[:60]}...): move it to impl/ beside its face header")
                 if not rel.startswith(THREAD_OWNER) and THREAD.search(code):
                     problems.append(f"include/shardkit/{rel}:{number}: a thread of its own "
                                     f"({THREAD.search(code).group(0)}): start it through "

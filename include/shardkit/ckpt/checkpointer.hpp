@@ -56,7 +56,7 @@
 //!   ck.wait();
 //! @endcode
 //!
-//! The member bodies are in ckpt/checkpointer_impl.hpp: inline in header-only use, compiled once in the program's
+//! The member bodies are in ckpt/impl/checkpointer.hpp: inline in header-only use, compiled once in the program's
 //! <shardkit/impl/src.hpp> under SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp).
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -371,5 +371,5 @@ class checkpointer {
 }  // namespace shardkit::ckpt
 
 #if !defined(SHARDKIT_SEPARATE_COMPILATION)
-#include "shardkit/ckpt/checkpointer_impl.hpp"
+#include "shardkit/ckpt/impl/checkpointer.hpp"
 #endif

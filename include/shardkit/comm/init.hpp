@@ -72,7 +72,7 @@ inline std::string transport_from_env(std::string_view fallback = "auto") {
 }
 
 //! Connects the store, the transport and the world group. Collective: every rank of the job calls it. Defined in
-//! comm/init_impl.hpp (inline, or once in the program's <shardkit/impl/src.hpp> under SHARDKIT_SEPARATE_COMPILATION).
+//! comm/impl/init.hpp (inline, or once in the program's <shardkit/impl/src.hpp> under SHARDKIT_SEPARATE_COMPILATION).
 //! `timeout` bounds the start: how long the ranks wait for each other (SHARDKIT_STORE_TIMEOUT, else 5 min).
 SHARDKIT_DECL world init_process_group(std::string transport = transport_from_env(), group_options opts = group_options::from_env(),
                                        std::chrono::milliseconds timeout = rendezvous::store_timeout());
@@ -80,7 +80,7 @@ SHARDKIT_DECL world init_process_group(std::string transport = transport_from_en
 }  // namespace shardkit::comm
 
 #if !defined(SHARDKIT_SEPARATE_COMPILATION)
-#include "shardkit/comm/init_impl.hpp"
+#include "shardkit/comm/impl/init.hpp"
 #if defined(SHARDKIT_HAS_TCP)
 // Only adds registrations (inline variables), never changes a function above.
 #include "shardkit/comm/init_tcp.hpp"

@@ -4,7 +4,7 @@
 //! bodies once, in one source file that includes <shardkit/impl/src.hpp>. What moves there today is what a trainer
 //! includes and pays for most: init_process_group with the transports it can choose (shm, tcp, shm+tcp) and the
 //! store server rank 0 hosts, and the member bodies of fsdp::sharded_model, ckpt::checkpointer and data::loader
-//! (their *_impl.hpp headers): a translation unit that calls init_process_group then compiles in a fraction of the
+//! (their impl/ headers): a translation unit that calls init_process_group then compiles in a fraction of the
 //! time (docs/packaging.md, "Compile time", and docs/benchmarks.md have the figures).
 //!
 //! SHARDKIT_DECL marks a function that is inline in header-only use and an ordinary declaration otherwise.

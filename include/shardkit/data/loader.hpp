@@ -24,7 +24,7 @@
 //! the world size; a rank takes each sequence from the owned shard that has delivered the fewest (ties: the lowest
 //! id). So rescaling moves whole shard streams between ranks and loses or repeats nothing.
 //!
-//! The member bodies are in data/loader_impl.hpp: inline in header-only use, compiled once in the program's
+//! The member bodies are in data/impl/loader.hpp: inline in header-only use, compiled once in the program's
 //! <shardkit/impl/src.hpp> under SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp).
 #include <algorithm>
 #include <chrono>
@@ -228,5 +228,5 @@ class loader {
 }  // namespace shardkit::data
 
 #if !defined(SHARDKIT_SEPARATE_COMPILATION)
-#include "shardkit/data/loader_impl.hpp"
+#include "shardkit/data/impl/loader.hpp"
 #endif

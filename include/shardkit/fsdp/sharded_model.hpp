@@ -42,7 +42,7 @@
 //! rank's reduced slot into the f32 gradient shard on the host (ZeRO-Offload's split). The scalar all-reduces
 //! (clip_grad_norm, mean_over_ranks) and full_state stage their host values through device memory.
 //!
-//! The member bodies are in fsdp/sharded_model_impl.hpp: inline in header-only use, compiled once in the program's
+//! The member bodies are in fsdp/impl/sharded_model.hpp: inline in header-only use, compiled once in the program's
 //! <shardkit/impl/src.hpp> under SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp).
 #include <algorithm>
 #include <atomic>
@@ -340,7 +340,7 @@ class sharded_model {
   }
 
   // Construction: every rank describes the same model, or every rank throws errc::mismatch naming the first
-  // difference (fsdp/detail/sharded_model_agreement.hpp).
+  // difference (fsdp/impl/sharded_model_agreement.hpp).
   SHARDKIT_DECL void agree_on_model(comm::process_group& world, const std::vector<unit_spec>& units);
   // On the trainer's thread: host bytes all-gathered through `g`, staged through the gather device's memory.
   SHARDKIT_DECL void host_all_gather(comm::process_group& g, const_buffer_view mine, buffer_view all);
@@ -509,5 +509,5 @@ class sharded_model::pass_range {
 }  // namespace shardkit::fsdp
 
 #if !defined(SHARDKIT_SEPARATE_COMPILATION)
-#include "shardkit/fsdp/sharded_model_impl.hpp"
+#include "shardkit/fsdp/impl/sharded_model.hpp"
 #endif

@@ -13,16 +13,16 @@
 #error "<shardkit/impl/src.hpp> is for separately compiled programs: define the macro of core/separate_compilation.hpp for every translation unit of the program"
 #endif
 
-#include "shardkit/comm/init_impl.hpp"
+#include "shardkit/comm/impl/init.hpp"
 #if defined(SHARDKIT_HAS_TCP)
 #include "shardkit/comm/init_tcp.hpp"
 #endif
-#include "shardkit/fsdp/sharded_model_impl.hpp"
+#include "shardkit/fsdp/impl/sharded_model.hpp"
 // The checkpointer and the loader need xxHash and nlohmann/json (the codec target), which only the ckpt and the
 // data target bring.
 #if defined(SHARDKIT_HAS_CKPT)
-#include "shardkit/ckpt/checkpointer_impl.hpp"
+#include "shardkit/ckpt/impl/checkpointer.hpp"
 #endif
 #if defined(SHARDKIT_HAS_DATA)
-#include "shardkit/data/loader_impl.hpp"
+#include "shardkit/data/impl/loader.hpp"
 #endif

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The point of SHARDKIT_SEPARATE_COMPILATION: the user's translation unit compiles no transport, store server or
-# out-of-line member of the classes whose bodies live in an *_impl.hpp (sharded_model, checkpointer, loader);
+# out-of-line member of the classes whose bodies live in an impl/ header (sharded_model, checkpointer, loader);
 # shardkit_src.cpp's does. Usage: separate_compilation_objects.sh OBJECT... IMPL_HEADER... (the test's object and
-# shardkit_src's, and the *_impl.hpp files whose members to look for, with any part they include, e.g.
-# fsdp/detail/sharded_model_passes.hpp). Every `SHARDKIT_DECL ... Class::member(` definition of an impl header is a
+# shardkit_src's, and the impl/ headers whose members to look for, with any part they include, e.g.
+# fsdp/impl/sharded_model_passes.hpp). Every `SHARDKIT_DECL ... Class::member(` definition of an impl header is a
 # pattern: a member added to one is checked without touching this script.
 set -euo pipefail
 user= src= members=()

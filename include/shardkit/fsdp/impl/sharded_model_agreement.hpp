@@ -2,7 +2,7 @@
 //! sharded_model's construction agreement: every rank must build the same model (units, parameters, shapes,
 //! gather device kind, strategy, precision, budget, micro-batches); a digest of each rank's description is compared, and on a
 //! difference every rank gets the same errc::mismatch naming the first differing line and both ranks' values.
-//! Part of fsdp/sharded_model_impl.hpp (see there for how it compiles).
+//! Part of fsdp/impl/sharded_model.hpp (see there for how it compiles).
 #include "shardkit/fsdp/sharded_model.hpp"
 
 namespace shardkit::fsdp {

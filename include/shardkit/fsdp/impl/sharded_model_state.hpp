@@ -1,6 +1,6 @@
 #pragma once
 //! sharded_model's parameters and state dicts: init_parameters, the sharded state (this rank's pieces) and its
-//! load, the full state gathered on one rank. Part of fsdp/sharded_model_impl.hpp (see there for how it compiles).
+//! load, the full state gathered on one rank. Part of fsdp/impl/sharded_model.hpp (see there for how it compiles).
 #include "shardkit/fsdp/sharded_model.hpp"
 
 namespace shardkit::fsdp {

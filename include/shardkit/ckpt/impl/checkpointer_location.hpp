@@ -1,7 +1,7 @@
 #pragma once
 //! The bodies behind ckpt/checkpointer.hpp that concern its location rather than one save: the ranks' agreement on
 //! it, the sweep of earlier runs' temporaries, the first save's opening (the lease, the run id, another run's
-//! checkpoints refused or removed) and what a load tells it. Included by ckpt/checkpointer_impl.hpp, compiled with it.
+//! checkpoints refused or removed) and what a load tells it. Included by ckpt/impl/checkpointer.hpp, compiled with it.
 #include "shardkit/ckpt/checkpointer.hpp"
 
 namespace shardkit::ckpt {

@@ -4,7 +4,7 @@
 //! <shardkit/impl/src.hpp> does (with the ckpt target, SHARDKIT_HAS_CKPT), in one translation unit of the program
 //! (core/separate_compilation.hpp), so the save coroutines and the safetensors writer compile once.
 #include "shardkit/ckpt/checkpointer.hpp"
-#include "shardkit/ckpt/checkpointer_location_impl.hpp"
+#include "shardkit/ckpt/impl/checkpointer_location.hpp"
 
 namespace shardkit::ckpt {
 

@@ -1,7 +1,7 @@
 #pragma once
 //! sharded_model's communication: the gather thread's all-gathers through the limiter, the reduce thread's
 //! reduce-scatters and replica all-reduces, waiting for them, and the scalar all-reduces (gradient norm, loss).
-//! Part of fsdp/sharded_model_impl.hpp (see there for how it compiles).
+//! Part of fsdp/impl/sharded_model.hpp (see there for how it compiles).
 #include "shardkit/fsdp/sharded_model.hpp"
 
 namespace shardkit::fsdp {

@@ -1,6 +1,6 @@
 #pragma once
 //! sharded_model's passes: beginning and ending passes and units, abandoning a pass, pass_range and unit_scope.
-//! Part of fsdp/sharded_model_impl.hpp (see there for how it compiles).
+//! Part of fsdp/impl/sharded_model.hpp (see there for how it compiles).
 #include "shardkit/fsdp/sharded_model.hpp"
 
 namespace shardkit::fsdp {

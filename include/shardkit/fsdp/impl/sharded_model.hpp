@@ -1,6 +1,6 @@
 #pragma once
 //! The bodies behind fsdp/sharded_model.hpp: the model's construction, budget and stats here; its collectives,
-//! passes and state in fsdp/detail/sharded_model_*.hpp, included at the end. sharded_model.hpp includes this file
+//! passes and state in fsdp/impl/sharded_model_*.hpp, included at the end. sharded_model.hpp includes this file
 //! in header-only use; under SHARDKIT_SEPARATE_COMPILATION only <shardkit/impl/src.hpp> does, in one translation
 //! unit of the program (core/separate_compilation.hpp), so the gather and reduce threads' jobs compile once.
 #include "shardkit/fsdp/sharded_model.hpp"
@@ -367,7 +367,7 @@ SHARDKIT_DECL void sharded_model::check_budget(std::size_t budget, std::size_t s
 }  // namespace shardkit::fsdp
 
 // The rest of the bodies, by part; each is compiled wherever this file is.
-#include "shardkit/fsdp/detail/sharded_model_agreement.hpp"
-#include "shardkit/fsdp/detail/sharded_model_collectives.hpp"
-#include "shardkit/fsdp/detail/sharded_model_passes.hpp"
-#include "shardkit/fsdp/detail/sharded_model_state.hpp"
+#include "shardkit/fsdp/impl/sharded_model_agreement.hpp"
+#include "shardkit/fsdp/impl/sharded_model_collectives.hpp"
+#include "shardkit/fsdp/impl/sharded_model_passes.hpp"
+#include "shardkit/fsdp/impl/sharded_model_state.hpp"
