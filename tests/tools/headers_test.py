@@ -8,7 +8,10 @@
    library starts is started, stopped and joined through core/detail/worker_threads.hpp;
 4. out-of-line bodies have one place, as in Asio: a face header X.hpp declares, its bodies are in impl/X.hpp (and
    impl/X_part.hpp) beside it, private machinery in detail/. No X_impl.hpp sibling, and an out-of-line
-   `SHARDKIT_DECL ... Class::member(` body only under an impl/ folder.
+   `SHARDKIT_DECL ... Class::member(` body only under an impl/ folder;
+5. private parts are in the layer's `detail` namespace (shardkit::<layer>::detail, core's shardkit::detail), a
+   component's under a namespace inside it (transport::detail::tcp, comm::algorithms::detail::cross_memory), never
+   a namespace of its own spelling (foo_detail).
 
     headers_test.py SOURCE_DIR
 
@@ -43,6 +46,10 @@ COMMENT = re.compile(r'//(.*)$')
 # A thread object, not std::thread::id or std::thread::hardware_concurrency.
 THREAD = re.compile(r'\bstd::(?:jthread|thread)\b(?!::)')
 THREAD_OWNER = "core/detail/"
+DETAIL_SPELLING = re.compile(r'^\s*namespace\s+(?:[\w:]*::)?(\w+_detail)\b')
+# The X_detail namespaces still to rename to <layer>::detail::X: each is a rename across its backend's headers and
+# tests, left for a session that can rebuild those suites.
+DETAIL_SPELLING_LEFT = {"gloo_detail", "nccl_detail", "fabric_detail", "s3_detail"}
 OUT_OF_LINE = re.compile(r'^SHARDKIT_DECL [^(]*?\b[A-Za-z_]\w*(?:::~?[A-Za-z_]\w*)+\(')
 COMMIT = re.compile(r'(?<![\w.])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])(?:[0-9a-f]{40}|[0-9a-f]{7,12})(?![\w.])')
 
@@ -76,6 +83,10 @@ def main() -> int:
                     problems.append(f"include/shardkit/{rel}:{number}: a thread of its own "
                                     f"({THREAD.search(code).group(0)}): start it through "
                                     "core/detail/worker_threads.hpp (owned_thread, worker_threads, run_on_threads)")
+                spelled = DETAIL_SPELLING.match(code)
+                if spelled and spelled.group(1) not in DETAIL_SPELLING_LEFT:
+                    problems.append(f"include/shardkit/{rel}:{number}: namespace {spelled.group(1)}: private parts go "
+                                    "to the layer's detail namespace (detail::<component>)")
                 m = INCLUDE.match(line)
                 if not m or m.group(1) == layer or m.group(1) in MAY_INCLUDE[layer]:
                     continue

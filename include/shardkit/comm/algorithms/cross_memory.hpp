@@ -142,7 +142,7 @@ struct cross_memory_group {
   peer_mappings mappings;
 };
 
-namespace cross_memory_detail {
+namespace detail::cross_memory {
 
 struct shared_ref {
   std::int64_t fd = -1;  // -1: not in a host_shared_memory allocation
@@ -364,9 +364,9 @@ inline error lost(const error_context& where, int p, const char* what) {
 //! Chunk of the kernel-copy paths: bounds the staging memory and keeps system calls large.
 inline std::size_t chunk_elems(std::size_t es) { return std::max<std::size_t>(1, (std::size_t(64) << 10) / es); }
 
-}  // namespace cross_memory_detail
+}  // namespace detail::cross_memory
 
-namespace cross_memory_detail {
+namespace detail::cross_memory {
 
 //! Reduces block [begin, begin + count) of every rank's input (this rank's `in`, peers' through `s`) into `dst`
 //! and, with `push`, into the same place of every peer's output too (mapped: in the same pass; otherwise through
@@ -406,7 +406,7 @@ void reduce_block(p2p_op<T>& op, const session& s, const std::byte* in, std::byt
   }
 }
 
-}  // namespace cross_memory_detail
+}  // namespace detail::cross_memory
 
 //! All-reduce of `count` elements from `in` to `out` (in == out: in place). Returns false, having changed
 //! nothing, when cross-memory access is refused somewhere in the group (`group.state` remembers it; every rank
@@ -414,7 +414,7 @@ void reduce_block(p2p_op<T>& op, const session& s, const std::byte* in, std::byt
 template <transport::p2p T>
 bool cross_memory_all_reduce(p2p_op<T>& op, const std::byte* in, std::byte* out, std::size_t count, dtype type,
                              reduce_op rop, cross_memory_group& group) {
-  using namespace cross_memory_detail;
+  using namespace detail::cross_memory;
   if (group.state == cross_memory_state::refused || count == 0 || op.n() < 2) return false;
   const std::size_t es = size_of(type);
   leave_reserve reserve(op);
@@ -431,7 +431,7 @@ bool cross_memory_all_reduce(p2p_op<T>& op, const std::byte* in, std::byte* out,
 template <transport::p2p T>
 bool cross_memory_reduce_scatter(p2p_op<T>& op, const std::byte* in, std::byte* out, const partition& part, dtype type,
                                  reduce_op rop, cross_memory_group& group) {
-  using namespace cross_memory_detail;
+  using namespace detail::cross_memory;
   if (group.state == cross_memory_state::refused || part.total() == 0 || op.n() < 2) return false;
   const std::size_t es = size_of(type);
   leave_reserve reserve(op);
@@ -449,7 +449,7 @@ bool cross_memory_reduce_scatter(p2p_op<T>& op, const std::byte* in, std::byte* 
 template <transport::p2p T>
 bool cross_memory_all_gather(p2p_op<T>& op, const std::byte* in, std::byte* out, const partition& part, std::size_t es,
                              cross_memory_group& group) {
-  using namespace cross_memory_detail;
+  using namespace detail::cross_memory;
   if (group.state == cross_memory_state::refused || part.total() == 0 || op.n() < 2) return false;
   const int n = op.n(), me = op.me();
   leave_reserve reserve(op);
