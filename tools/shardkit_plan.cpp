@@ -8,7 +8,12 @@
 //   unit NAME NUMEL FORWARD_MS BACKWARD_MS      one per unit, in forward order
 //   other_ms X                                  the step outside units in that run (optimizer, loss, norm)
 //   measured_shard N                            the shard size of that run (its optimizer stepped 1/N of the model)
+#include <cerrno>
+#include <charconv>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <utility>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -62,10 +67,31 @@ double real(std::string_view flag, std::string_view v) {
     fail(std::string(flag) + " wants a non-negative number, got '" + s + "'");
   return x;
 }
+// A whole decimal number, digits only: "1e30", "10.5", "-3" and "8x" are not counts.
+std::optional<std::size_t> whole(std::string_view v, bool& out_of_range) {
+  std::size_t n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  out_of_range = ec == std::errc::result_out_of_range;
+  if (v.empty() || v.front() < '0' || v.front() > '9' || ec != std::errc() || end != v.data() + v.size())
+    return std::nullopt;
+  return n;
+}
 std::size_t count(std::string_view flag, std::string_view v) {
+  bool range = false;
+  const auto n = whole(v, range);
+  if (range) fail(std::string(flag) + " " + std::string(v) + " is out of range (at most 2^64 - 1)");
+  if (!n) fail(std::string(flag) + " wants a whole number (an integer), got '" + std::string(v) + "'");
+  return *n;
+}
+std::size_t positive(std::string_view flag, std::string_view v) {
+  const std::size_t n = count(flag, v);
+  if (n == 0) fail(std::string(flag) + " must be positive, got 0");
+  return n;
+}
+double positive_real(std::string_view flag, std::string_view v) {
   const double x = real(flag, v);
-  if (x != std::floor(x)) fail(std::string(flag) + " wants a whole number, got '" + std::string(v) + "'");
-  return std::size_t(x);
+  if (!(x > 0)) fail(std::string(flag) + " must be positive, got '" + std::string(v) + "'");
+  return x;
 }
 
 struct budget_choice {
@@ -79,15 +105,21 @@ budget_choice parse_budget(std::string_view v) {
   const char last = v.back();
   const bool digit = last >= '0' && last <= '9';
   const std::size_t n = count("--budget", digit ? v : v.substr(0, v.size() - 1));
-  if (n == 0) fail("--budget " + std::string(v) + " is no budget");
+  if (n == 0) fail("--budget " + std::string(v) + " is no budget: give a positive size, Nu or unlimited");
+  const auto scaled = [&](int shift) {
+    // A shift that wraps would plan another budget than the one asked for.
+    if (n > (fsdp::unlimited_budget >> shift) || (n << shift) == fsdp::unlimited_budget)
+      fail("--budget " + std::string(v) + " is too large (it does not fit in 64 bits of bytes)");
+    return n << shift;
+  };
   switch (last) {
     case 'u': return {std::string(v), 0, n};
-    case 'K': case 'k': return {std::string(v), n << 10};
-    case 'M': case 'm': return {std::string(v), n << 20};
-    case 'G': case 'g': return {std::string(v), n << 30};
+    case 'K': case 'k': return {std::string(v), scaled(10)};
+    case 'M': case 'm': return {std::string(v), scaled(20)};
+    case 'G': case 'g': return {std::string(v), scaled(30)};
     default:
-      if (digit) return {std::string(v), n};
-      fail("--budget: unknown suffix '" + std::string(1, last) + "'");
+      if (digit) return {std::string(v), scaled(0)};
+      fail("--budget: unknown suffix '" + std::string(1, last) + "' (K, M, G, u for units, or 'unlimited')");
   }
 }
 
@@ -97,33 +129,61 @@ struct units_file {
   std::size_t measured_shard = 1;
 };
 
+// A units file is read strictly: every line one of its three forms, numbers whole where they count, times
+// non-negative decimals, nothing after the last field, other_ms and measured_shard at most once.
 units_file read_units(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail(path + " is a directory, not a units file");
   std::ifstream in(path);
-  if (!in) fail("cannot read " + path);
+  if (!in) fail("cannot read " + path + ": " + std::strerror(errno));
   units_file f;
+  bool seen_other = false, seen_shard = false;
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
-    std::istringstream words(line);
-    std::string key;
-    if (!(words >> key) || key[0] == '#') continue;
-    bool ok = true;
-    if (key == "unit") {
+    std::istringstream split(line);
+    std::vector<std::string> w;
+    for (std::string word; split >> word;) w.push_back(word);
+    if (w.empty() || w[0][0] == '#') continue;
+    const auto bad = [&](const std::string& expected) {
+      fail(path + ":" + std::to_string(n) + ": cannot read '" + line + "': expected " + expected);
+    };
+    const auto integer = [&](const std::string& word, const char* what) {
+      bool range = false;
+      const auto v = whole(word, range);
+      if (!v || *v == 0) bad(std::string(what) + " a positive integer, got '" + word + "'");
+      return *v;
+    };
+    const auto ms = [&](const std::string& word, const char* what) {
+      char* end = nullptr;
+      const double x = std::strtod(word.c_str(), &end);
+      if (*end != '\0' || !std::isfinite(x) || x < 0 || word[0] == '-')
+        bad(std::string(what) + " a non-negative number of ms, got '" + word + "'");
+      return x;
+    };
+    if (w[0] == "unit") {
+      if (w.size() != 5) bad("'unit NAME NUMEL FORWARD_MS BACKWARD_MS' (5 fields), got " + std::to_string(w.size()));
       fsdp::plan_unit u;
-      double fwd = 0, bwd = 0;
-      ok = bool(words >> u.name >> u.numel >> fwd >> bwd) && fwd >= 0 && bwd >= 0 && u.numel > 0;
-      u.forward_seconds = fwd / 1e3;
-      u.backward_seconds = bwd / 1e3;
+      u.name = w[1];
+      u.numel = integer(w[2], "NUMEL");
+      u.forward_seconds = ms(w[3], "FORWARD_MS") / 1e3;
+      u.backward_seconds = ms(w[4], "BACKWARD_MS") / 1e3;
       f.units.push_back(u);
-    } else if (key == "other_ms") {
-      ok = bool(words >> f.other_ms) && f.other_ms >= 0;
-    } else if (key == "measured_shard") {
-      ok = bool(words >> f.measured_shard) && f.measured_shard > 0;
+    } else if (w[0] == "other_ms" || w[0] == "measured_shard") {
+      const bool other = w[0] == "other_ms";
+      if (w.size() != 2) bad("'" + w[0] + " VALUE' (2 fields), got " + std::to_string(w.size()));
+      if (std::exchange(other ? seen_other : seen_shard, true)) bad(w[0] + " once, it is given twice");
+      if (other) f.other_ms = ms(w[1], "other_ms");
+      else f.measured_shard = integer(w[1], "measured_shard");
     } else {
-      ok = false;
+      bad("a line 'unit ...', 'other_ms X' or 'measured_shard N'");
     }
-    if (!ok) fail(path + ":" + std::to_string(n) + ": cannot read '" + line + "'");
   }
   if (f.units.empty()) fail(path + " lists no unit");
+  double measured = 0;
+  for (const auto& u : f.units) measured += u.forward_seconds + u.backward_seconds;
+  if (!(measured > 0))
+    fail(path + " has no measured compute (every unit's time is 0): measure a run that computes (trainer "
+                "--plan-units without --skip-compute, at least one step after the warm-up)");
   return f;
 }
 
@@ -164,7 +224,7 @@ int main(int argc, char** argv) try {
   std::optional<budget_choice> budget;
   double optimizer_ms = -1, scale = 1, seqs = 8, mfu = 0.4;
   std::size_t ranks = 0;
-  bool timeline = false;
+  bool timeline = false, hosts_given = false, preset_only = false, units_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "-h" || a == "--help") {
@@ -177,20 +237,20 @@ int main(int argc, char** argv) try {
     }
     if (i + 1 >= argc) fail(std::string(a) + " wants a value");
     const std::string_view v = argv[++i];
-    if (a == "--units") units_path = v;
+    if (a == "--units") units_path = v, units_given = true;
     else if (a == "--preset") preset = v;
-    else if (a == "--hosts") cluster.hosts = count(a, v);
-    else if (a == "--ranks-per-host") cluster.ranks_per_host = count(a, v);
-    else if (a == "--ranks") ranks = count(a, v);
+    else if (a == "--hosts") cluster.hosts = positive(a, v), hosts_given = true;
+    else if (a == "--ranks-per-host") cluster.ranks_per_host = positive(a, v);
+    else if (a == "--ranks") ranks = positive(a, v);
     else if (a == "--cores-per-host") cluster.cores_per_host = real(a, v);
-    else if (a == "--nics") cluster.nics_per_host = count(a, v);
-    else if (a == "--gbit") cluster.link_bytes_per_second = real(a, v) * 1e9 / 8;
+    else if (a == "--nics") cluster.nics_per_host = positive(a, v);
+    else if (a == "--gbit") cluster.link_bytes_per_second = positive_real(a, v) * 1e9 / 8;
     else if (a == "--rtt-us") cluster.rtt_seconds = real(a, v) * 1e-6;
     else if (a == "--intra-gbit") cluster.intra_bytes_per_second = real(a, v) * 1e9 / 8;
     else if (a == "--intra-us") cluster.intra_step_seconds = real(a, v) * 1e-6;
     else if (a == "--comm-cpu") cluster.comm_cpu_cores = real(a, v);
     else if (a == "--strategy") model.strategy = fsdp::parse_sharding_strategy(v);
-    else if (a == "--hybrid-size") model.hybrid_shard_size = count(a, v);
+    else if (a == "--hybrid-size") model.hybrid_shard_size = positive(a, v);
     else if (a == "--dtype" || a == "--reduce-dtype") {
       const auto t = shardkit::parse_dtype(v);
       if (!t || !shardkit::is_floating(*t)) fail(std::string(a) + " wants f32, bf16, f16 or f64");
@@ -201,10 +261,16 @@ int main(int argc, char** argv) try {
     else if (a == "--prefetch") model.prefetch = count(a, v);
     else if (a == "--optimizer-ms") optimizer_ms = real(a, v);
     else if (a == "--scale-compute") scale = real(a, v);
-    else if (a == "--seqs-per-gpu") seqs = real(a, v);
-    else if (a == "--mfu") mfu = real(a, v);
+    else if (a == "--seqs-per-gpu") seqs = real(a, v), preset_only = true;
+    else if (a == "--mfu") mfu = real(a, v), preset_only = true;
     else fail("unknown flag " + std::string(a));
   }
+  // Flags that would be ignored, or that contradict each other, are refused rather than planned around.
+  if (units_given && !preset.empty()) fail("give --units FILE or --preset, not both");
+  if (preset_only && preset.empty()) fail("--mfu and --seqs-per-gpu size the preset's compute: with --units, the file's times are used");
+  if (timeline && !budget) fail("--timeline shows one budget's step: give --budget too");
+  if (model.hybrid_shard_size != 0 && model.strategy != fsdp::sharding_strategy::hybrid_shard)
+    fail("--hybrid-size is for --strategy hybrid_shard");
   units_file file;
   if (preset == "t5-11b") {
     if (!(mfu > 0 && mfu <= 1) || !(seqs > 0)) fail("--mfu wants (0, 1] and --seqs-per-gpu a positive count");
@@ -219,8 +285,14 @@ int main(int argc, char** argv) try {
   }
   if (ranks != 0) {
     if (ranks % cluster.ranks_per_host != 0) fail("--ranks must be a multiple of --ranks-per-host");
+    if (hosts_given && cluster.hosts != ranks / cluster.ranks_per_host)
+      fail("--hosts " + std::to_string(cluster.hosts) + " x --ranks-per-host " + std::to_string(cluster.ranks_per_host) +
+           " is not --ranks " + std::to_string(ranks) + ": give two of the three");
     cluster.hosts = ranks / cluster.ranks_per_host;
   }
+  // As the trainer does (a shard group per host) when hybrid_shard is given no size.
+  if (model.strategy == fsdp::sharding_strategy::hybrid_shard && model.hybrid_shard_size == 0)
+    model.hybrid_shard_size = cluster.ranks_per_host;
   for (auto& u : file.units) u.forward_seconds *= scale, u.backward_seconds *= scale;
   model.record_timeline = timeline;
   // The measured run's work outside units, its optimizer share scaled to this plan's shard.
@@ -247,32 +319,50 @@ int main(int argc, char** argv) try {
   comm_only.record_timeline = false;
   const auto comm = fsdp::simulate_step(idle, cluster, comm_only);
   const auto alone = with({"unlimited", fsdp::unlimited_budget});
-  const double bound = std::max(alone.compute_seconds, comm.step_seconds);
+  // A lower bound on any step: its compute, and its bytes through the host's link at the link's full rate. The
+  // communication-only step is no bound (without compute its collectives overlap their latencies differently).
+  const double link_seconds =
+      comm.link_bytes / (double(cluster.nics_per_host) * cluster.link_bytes_per_second);
+  const double bound = std::max(alone.compute_seconds, link_seconds);
+  // Every row is simulated before anything is printed: a refusal comes alone, not after a table's header.
+  const std::string unlimited_label =
+      model.max_gathered ? "unlimited, at most " + std::to_string(model.max_gathered) + " gathered" : "unlimited";
+  std::vector<std::pair<std::string, fsdp::plan_result>> rows;
+  if (budget) {
+    rows.emplace_back(budget->label, with(*budget));
+  } else {
+    rows.emplace_back(unlimited_label, alone);
+    const budget_choice table[] = {{"4u", 0, 4}, {"2u", 0, 2}, {"1u", 0, 1},
+                                   {"2 in flight (PyTorch's count)", fsdp::unlimited_budget, 0, 2},
+                                   {"no prefetch", fsdp::unlimited_budget, 0, 0, 0}};
+    for (const auto& b : table) rows.emplace_back(b.label, with(b));
+  }
 
   std::printf("# %zu units, %zu hosts x %zu ranks, shard %zu x %zu replicas, %zu NIC(s) x %.3g Gbit/s, ring step %.0f us\n",
               file.units.size(), cluster.hosts, cluster.ranks_per_host, alone.shard_size, alone.replicas,
               cluster.nics_per_host, cluster.link_bytes_per_second * 8 / 1e9, cluster.rtt_seconds * 1e6);
-  std::printf("# compute only %.1f ms (units + optimizer %.2f ms), communication only %.1f ms (%.1f MB each way)\n",
+  std::printf("# compute only %.1f ms (units + optimizer %.2f ms), communication only %.1f ms (%.1f MB each way, "
+              "%.1f ms at the link's full rate)\n",
               1e3 * alone.compute_seconds, 1e3 * model.optimizer_seconds, 1e3 * comm.step_seconds,
-              comm.link_bytes / 1e6);
-  std::printf("| budget | step ms | / max(compute, comm) | exposed ms | gather wait ms | limiter wait ms | peak gathered bytes |\n");
+              comm.link_bytes / 1e6, 1e3 * link_seconds);
+  if (budget && budget->bytes != 0 && budget->bytes != fsdp::unlimited_budget)
+    std::printf("# warning: this plan gives all %zu bytes to the limiter; a real sharded_model also charges its "
+                "groups' scratch (the trainer's group_scratch_bytes) to a budget in bytes and refuses one below %zu "
+                "bytes plus that scratch\n",
+                budget->bytes, rows.front().second.minimum_budget_bytes);
+  std::printf("| budget | step ms | / max(compute, link) | exposed ms | gather wait ms | limiter wait ms | peak gathered bytes |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
-  if (budget) {
-    const auto r = with(*budget);
-    row(budget->label.c_str(), r, bound);
-    if (timeline)
-      for (const auto& e : r.timeline)
-        std::printf("%10.3f %10.3f %-12s %-8s %s\n", 1e3 * e.begin, 1e3 * e.end,
-                    std::string(fsdp::to_string(e.what)).c_str(), std::string(fsdp::to_string(e.pass)).c_str(),
-                    e.unit < file.units.size() ? file.units[e.unit].name.c_str() : "-");
-    return 0;
-  }
-  row("unlimited", alone, bound);
-  const budget_choice table[] = {{"4u", 0, 4}, {"2u", 0, 2}, {"1u", 0, 1},
-                                 {"2 in flight (PyTorch's count)", fsdp::unlimited_budget, 0, 2},
-                                 {"no prefetch", fsdp::unlimited_budget, 0, 0, 0}};
-  for (const auto& b : table) row(b.label.c_str(), with(b), bound);
+  for (const auto& [label, r] : rows) row(label.c_str(), r, bound);
+  if (budget && timeline)
+    for (const auto& e : rows.front().second.timeline)
+      std::printf("%10.3f %10.3f %-12s %-8s %s\n", 1e3 * e.begin, 1e3 * e.end,
+                  std::string(fsdp::to_string(e.what)).c_str(), std::string(fsdp::to_string(e.pass)).c_str(),
+                  e.unit < file.units.size() ? file.units[e.unit].name.c_str() : "-");
   return 0;
+} catch (const shardkit::error& e) {
+  // The simulation refuses what sharded_model would refuse: the flags' fault, a usage error like the others.
+  std::fprintf(stderr, "shardkit-plan: %s\n", e.what());
+  return e.code() == shardkit::errc::invalid_argument ? 2 : 1;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "shardkit-plan: %s\n", e.what());
   return 1;

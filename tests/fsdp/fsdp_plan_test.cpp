@@ -156,6 +156,30 @@ TEST_CASE("[fsdp] plan: the step never grows with more bandwidth or a larger bud
   }
 }
 
+TEST_CASE("[fsdp] plan: with collectives taking CPU, a larger budget still never slows the step") {
+  // A collective's CPU follows its bytes, not its wall time: waiting out ring latencies in parallel with compute
+  // (what a larger budget allows) must not cost compute time.
+  auto units = equal_units();
+  units[1].numel = 3u << 16;
+  for (double rtt : {0.0, 100e-6, 1e-3})
+    for (double comm_cpu : {0.5, 1.0})
+      for (std::size_t ranks_per_host : {1, 4}) {
+        CAPTURE(rtt);
+        CAPTURE(comm_cpu);
+        CAPTURE(ranks_per_host);
+        fsdp::plan_cluster c{.hosts = 2, .ranks_per_host = ranks_per_host, .cores_per_host = 1,
+                             .link_bytes_per_second = 100e6, .rtt_seconds = rtt, .comm_cpu_cores = comm_cpu};
+        double last = 1e300;
+        for (std::size_t u : {1, 2, 3, 0}) {
+          fsdp::plan_options o{.limiter_budget_units = u, .record_timeline = false};
+          if (u == 0) o.limiter_budget_bytes = fsdp::unlimited_budget;
+          const double step = fsdp::simulate_step(units, c, o).step_seconds;
+          CHECK(step <= last * (1 + 1e-9));
+          last = step;
+        }
+      }
+}
+
 TEST_CASE("[fsdp] plan: strategies, hosts and the CPU share") {
   const auto units = equal_units();
   SUBCASE("hybrid_shard inside hosts: only the replicas' all-reduces cross, one flow per rank of the host") {
@@ -194,7 +218,15 @@ TEST_CASE("[fsdp] plan: strategies, hosts and the CPU share") {
         doctest::Contains("hybrid_shard_size dividing the world size 4"), sk::error);
     CHECK_THROWS_WITH_AS(fsdp::simulate_step(units, lab(), {.limiter_max_inflight = 1}),
                          doctest::Contains("limiter_max_inflight of 1"), sk::error);
-    CHECK_THROWS_AS(fsdp::simulate_step(units, {.hosts = 0}, {}), sk::error);
+    CHECK_THROWS_WITH_AS(fsdp::simulate_step(units, {.hosts = 0}, {}), doctest::Contains("plan_cluster::hosts must be"),
+                         sk::error);
+    auto no_link = lab(0);
+    CHECK_THROWS_WITH_AS(fsdp::simulate_step(units, no_link, {}),
+                         doctest::Contains("plan_cluster::link_bytes_per_second must be positive"), sk::error);
+    auto negative = lab();
+    negative.comm_cpu_cores = -1;
+    CHECK_THROWS_WITH_AS(fsdp::simulate_step(units, negative, {}),
+                         doctest::Contains("plan_cluster::comm_cpu_cores must not be negative"), sk::error);
     CHECK_THROWS_AS(fsdp::simulate_step({}, lab(), {}), sk::error);
   }
 }

@@ -18,6 +18,9 @@ for b in unlimited 4u 2u 1u "2 in flight" "no prefetch"; do
   grep -q "^| $b" "$work/table.txt" || { echo "FAIL: no row $b"; exit 1; }
 done
 awk -F'|' '$3 ~ /[0-9]/ && !($3 > 0) { print "FAIL: step " $3; bad = 1 } END { exit bad }' "$work/table.txt"
+# The ratio is to a lower bound (compute, the link's bytes at its full rate): never below 1, latency or not.
+"$plan" --preset t5-11b --ranks 256 --ranks-per-host 8 --nics 2 --gbit 60 --rtt-us 30 >"$work/t5.txt"
+awk -F'|' '$4 ~ /[0-9]x/ && $4 + 0 < 1 { print "FAIL: ratio " $4 " below 1"; bad = 1 } END { exit bad }' "$work/t5.txt"
 "$plan" --units "$work/units.txt" --hosts 2 --budget 1u --timeline | grep -q ' gather  *backward block0$' ||
   { echo "FAIL: no backward gather of block0 in the timeline"; exit 1; }
 "$plan" --preset t5-11b --ranks 64 --ranks-per-host 8 --nics 2 --gbit 60 | grep -q '^# 50 units, 8 hosts x 8 ranks' ||
@@ -26,4 +29,51 @@ awk -F'|' '$3 ~ /[0-9]/ && !($3 > 0) { print "FAIL: step " $3; bad = 1 } END { e
 printf 'unit a 10 1 2\nunit b x 1 2\n' >"$work/bad.txt"
 if "$plan" --units "$work/bad.txt" 2>"$work/err.txt"; then echo "FAIL: a bad units file was read"; exit 1; fi
 grep -q "bad.txt:2: cannot read 'unit b x 1 2'" "$work/err.txt" || { cat "$work/err.txt"; echo "FAIL: the error"; exit 1; }
+
+# Refusals: exit 2, the message naming what is wrong, nothing on stdout (no table header before an error).
+refuse() {
+  local want=$1
+  shift
+  local rc=0
+  "$plan" "$@" >"$work/out.txt" 2>"$work/err.txt" || rc=$?
+  if [ "$rc" != 2 ] || ! grep -qF -- "$want" "$work/err.txt" || [ -s "$work/out.txt" ]; then
+    echo "FAIL: shardkit-plan $* (rc $rc, want 2 and '$want'):"; cat "$work/out.txt" "$work/err.txt"; exit 1
+  fi
+}
+u=$work/units.txt
+refuse "--ranks-per-host must be positive" --units "$u" --ranks 8 --ranks-per-host 0
+refuse "--ranks must be positive" --units "$u" --ranks 0
+refuse "--budget 17179869184G is too large" --units "$u" --budget 17179869184G
+refuse "--budget 100000000000G is too large" --units "$u" --budget 100000000000G
+refuse "is too large" --units "$u" --budget 18446744073709551615
+refuse "is out of range" --units "$u" --budget 99999999999999999999u
+refuse "is a directory" --units "$work"
+refuse "--hosts wants a whole number (an integer), got '1e30'" --units "$u" --hosts 1e30
+refuse "--gbit must be positive" --units "$u" --gbit 0
+refuse "not both" --units "$u" --preset t5-11b
+refuse "--mfu and --seqs-per-gpu" --units "$u" --mfu 0.5
+refuse "--mfu and --seqs-per-gpu" --units "$u" --seqs-per-gpu 4
+refuse "--hybrid-size is for --strategy hybrid_shard" --units "$u" --hybrid-size 2
+refuse "give --budget too" --units "$u" --timeline
+refuse "give two of the three" --units "$u" --hosts 2 --ranks 8 --ranks-per-host 2
+refuse "below the" --units "$u" --hosts 2 --budget 1000
+"$plan" --units "$u" --strategy hybrid_shard --ranks 8 --ranks-per-host 4 | grep -q '^# 4 units, 2 hosts x 4 ranks, shard 4 x 2 replicas' ||
+  { echo "FAIL: hybrid_shard without --hybrid-size: a shard group per host"; exit 1; }
+"$plan" --units "$u" --max-gathered 3 | grep -q '^| unlimited, at most 3 gathered |' || { echo "FAIL: --max-gathered's label"; exit 1; }
+"$plan" --units "$u" --hosts 2 --budget 300000 | grep -q '^# warning: .*scratch' || { echo "FAIL: no scratch warning"; exit 1; }
+# The units file, read strictly: each bad line named with what was expected.
+bad_file() {
+  printf "$1" >"$work/f.txt"
+  refuse "f.txt:$2: cannot read" --units "$work/f.txt"
+  grep -qF -- "$3" "$work/err.txt" || { cat "$work/err.txt"; echo "FAIL: want '$3'"; exit 1; }
+}
+bad_file 'unit a 10.5 1 2\n' 1 "NUMEL a positive integer, got '10.5'"
+bad_file 'unit a -10 1 2\n' 1 "NUMEL a positive integer, got '-10'"
+bad_file 'unit a 10 1 2\nmeasured_shard -3\n' 2 "measured_shard a positive integer"
+bad_file 'unit a 10 1 2\nmeasured_shard 2.5\n' 2 "measured_shard a positive integer"
+bad_file 'unit a 10 1 2 junk\n' 1 "(5 fields), got 6"
+bad_file 'unit a 10 1 2\nother_ms 1\nother_ms 2\n' 3 "other_ms once"
+bad_file 'unit a 10 -1 2\n' 1 "FORWARD_MS a non-negative number"
+printf 'unit a 10 0 0\nunit b 10 0 0\n' >"$work/f.txt"
+refuse "has no measured compute" --units "$work/f.txt"
 echo "OK: trainer --plan-units and shardkit-plan"

@@ -112,6 +112,7 @@ struct plan_result {
   double link_busy_seconds = 0;     //!< time the host's link carried a transfer
   double link_bytes = 0;            //!< bytes each way through the host's link in a step
   std::size_t budget_bytes = 0;     //!< the limiter's region
+  std::size_t minimum_budget_bytes = 0;  //!< the least region the strategy can run in (a smaller one is refused)
   std::size_t peak_gathered_bytes = 0;
   std::size_t shard_size = 1, replicas = 1;
   std::vector<plan_event> timeline;

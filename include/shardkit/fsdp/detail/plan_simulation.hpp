@@ -43,14 +43,29 @@ class plan_simulation {
       : cluster_(cluster), opts_(options) {
     const error_context where{.operation = "fsdp.plan"};
     if (units.empty()) throw_error(errc::invalid_argument, "a plan needs at least one unit", where);
-    if (cluster.hosts == 0 || cluster.ranks_per_host == 0 || cluster.nics_per_host == 0)
-      throw_error(errc::invalid_argument, "hosts, ranks per host and NICs per host must be positive", where);
-    if (!(cluster.link_bytes_per_second > 0) || !(cluster.rtt_seconds >= 0) || !(cluster.cores_per_host >= 0) ||
-        !(cluster.comm_cpu_cores >= 0) || !(cluster.intra_bytes_per_second >= 0) ||
-        !(cluster.intra_step_seconds >= 0) || !(cluster.measured_cores_per_rank >= 0) ||
-        !(options.optimizer_seconds >= 0))
+    // One refusal per field, naming it: a caller maps it back to the flag or setting at fault.
+    const auto positive_count = [&](std::size_t v, const char* field) {
+      if (v == 0) throw_error(errc::invalid_argument, std::string("plan_cluster::") + field + " must be positive", where);
+    };
+    positive_count(cluster.hosts, "hosts");
+    positive_count(cluster.ranks_per_host, "ranks_per_host");
+    positive_count(cluster.nics_per_host, "nics_per_host");
+    const auto not_negative = [&](double v, const char* field) {
+      if (!(v >= 0))
+        throw_error(errc::invalid_argument, std::string(field) + " must not be negative, got " + std::to_string(v), where);
+    };
+    if (!(cluster.link_bytes_per_second > 0))
       throw_error(errc::invalid_argument,
-                  "link bandwidth must be positive; latencies, cores, CPU shares and times not negative", where);
+                  "plan_cluster::link_bytes_per_second must be positive, got " +
+                      std::to_string(cluster.link_bytes_per_second),
+                  where);
+    not_negative(cluster.rtt_seconds, "plan_cluster::rtt_seconds");
+    not_negative(cluster.cores_per_host, "plan_cluster::cores_per_host");
+    not_negative(cluster.comm_cpu_cores, "plan_cluster::comm_cpu_cores");
+    not_negative(cluster.intra_bytes_per_second, "plan_cluster::intra_bytes_per_second");
+    not_negative(cluster.intra_step_seconds, "plan_cluster::intra_step_seconds");
+    not_negative(cluster.measured_cores_per_rank, "plan_cluster::measured_cores_per_rank");
+    not_negative(options.optimizer_seconds, "plan_options::optimizer_seconds");
     const std::size_t world = cluster.hosts * cluster.ranks_per_host;
     std::size_t s = world;
     if (options.strategy == sharding_strategy::no_shard) s = 1;
@@ -176,7 +191,7 @@ class plan_simulation {
   }
 
   // sharded_model's budget, derived the same way (its constructor), the groups' scratch taken as none.
-  std::size_t budget(const error_context& where) const {
+  std::size_t budget(const error_context& where) {
     const bool keeps = opts_.strategy == sharding_strategy::shard_grad_op || opts_.strategy == sharding_strategy::no_shard;
     std::size_t unit_max = 0, kept = 0, grads_max = 0, total = 0;
     for (const auto& u : units_) {
@@ -186,6 +201,7 @@ class plan_simulation {
       total += u.params_bytes + u.grads_bytes;
     }
     const std::size_t minimum = keeps ? kept + grads_max : unit_max;
+    result_.minimum_budget_bytes = round64(minimum);
     std::size_t b = opts_.limiter_budget_bytes;
     const bool in_bytes = b != 0 && b != unlimited_budget;
     if (opts_.limiter_budget_units != 0) {
@@ -452,14 +468,16 @@ class plan_simulation {
   void advance() {
     running* colls[] = {gather_running_ ? &*gather_running_ : nullptr, reduce_running_ ? &*reduce_running_ : nullptr};
     double flows = 0;
-    std::size_t active = 0;
     for (running* r : colls)
-      if (r) {
-        ++active;
-        if (!r->in_latency && r->c.crosses_hosts) flows += r->c.flows;
-      }
+      if (r && !r->in_latency && r->c.crosses_hosts) flows += r->c.flows;
+    // A collective's CPU goes with the bytes it moves: comm_cpu_cores while it has the link to itself, its share
+    // of the link while it shares it, nothing while it waits out a step's latency. Charging it for its wall time
+    // instead would make overlap (a bigger budget) cost compute time that moving the same bytes does not.
+    double moving = 0;
+    for (running* r : colls)
+      if (r && !r->in_latency && r->remaining > 0) moving += r->c.crosses_hosts ? r->c.flows / flows : 1.0;
     const double demand =
-        double(cluster_.ranks_per_host) * ((computing_ ? 1.0 : 0.0) + cluster_.comm_cpu_cores * double(active));
+        double(cluster_.ranks_per_host) * ((computing_ ? 1.0 : 0.0) + cluster_.comm_cpu_cores * moving);
     const double cpu = demand > cores_ ? cores_ / demand : 1.0;  // each consumer's share of what it asks for
     const double comm_cpu = cluster_.comm_cpu_cores > 0 ? cpu : 1.0;
     const double compute_rate = std::min(1.0, cpu) / measured_share_;
