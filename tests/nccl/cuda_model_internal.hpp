@@ -11,7 +11,7 @@
 
 namespace cuda_model {
 
-//! Queues `f` on stream `s` (the legacy streams run it inline). `call` names the CUDA call in a misuse report.
+//! Queues `f` on stream `s` (the legacy streams run it inline unless SHARDKIT_MODEL_CUDA_ASYNC_LEGACY=1). `call` names the CUDA call in a misuse report.
 void run_on(cudaStream_t s, std::function<void()> f, const char* call = "a stream-ordered call");
 
 //! Whether [p, p + n) lies in one device allocation (n == 0: anything goes, nothing is touched).

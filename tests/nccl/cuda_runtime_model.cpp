@@ -2,8 +2,10 @@
 // and its NCCL half): "device" memory is host memory, but recorded, so copies refuse pointers on the wrong side
 // (as a GPU would); page-locked host memory (cudaHostAlloc) is recorded as well, and copies to and from it run
 // asynchronously in stream order as on a GPU, so a missing synchronisation reads stale bytes here too; each stream
-// is a thread running its queue in order (the legacy stream runs work inline); events are flags set by the stream.
-// SHARDKIT_MODEL_CUDA_DEVICES sets the device count (default 4).
+// is a thread running its queue in order (the legacy stream runs work inline, or with
+// SHARDKIT_MODEL_CUDA_ASYNC_LEGACY=1 on a thread of its own like the others, so that a copy on another stream that
+// does not wait for the legacy stream's kernels reads what they have not written yet); events are flags set by the
+// stream. SHARDKIT_MODEL_CUDA_DEVICES sets the device count (default 4).
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -77,6 +79,16 @@ struct model_stream {
 
 bool is_legacy(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread; }
 
+// SHARDKIT_MODEL_CUDA_ASYNC_LEGACY=1: the legacy streams (all one here) queue their work on a thread; null: inline.
+// Never destroyed: work may still be queued at exit.
+model_stream* async_legacy() {
+  static model_stream* s = [] {
+    const char* v = std::getenv("SHARDKIT_MODEL_CUDA_ASYNC_LEGACY");
+    return v && v[0] == '1' ? new model_stream : nullptr;
+  }();
+  return s;
+}
+
 // The streams created and not destroyed yet. The runtime leaves a call on a destroyed stream undefined (an error
 // code at best, work on a stream created since at the same address at worst), and here the stream is freed memory:
 // such a call aborts with its name, like the other misuse the model sees, so an ordinary build fails where only
@@ -105,7 +117,10 @@ void refuse_while_nccl_enqueues(model_stream* fs, const char* call) {
 }
 // Waits for the stream's queue (never with streams_mutex held: the wait may be long).
 void sync_stream(cudaStream_t s, const char* call) {
-  if (is_legacy(s)) return;
+  if (is_legacy(s)) {
+    if (auto* legacy = async_legacy()) legacy->sync();
+    return;
+  }
   model_stream* fs;
   {
     std::lock_guard l(streams_mutex);
@@ -120,7 +135,10 @@ namespace cuda_model {
 
 void run_on(cudaStream_t s, std::function<void()> f, const char* call) {
   if (is_legacy(s)) {
-    f();
+    if (auto* legacy = async_legacy())
+      legacy->push(std::move(f));
+    else
+      f();
     return;
   }
   std::lock_guard l(streams_mutex);  // held while queueing: a concurrent cudaStreamDestroy cannot free it meanwhile
@@ -367,6 +385,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
 }
 cudaError_t cudaMalloc(void** p, size_t n) { *p = allocate_device(n); return cudaSuccess; }
 cudaError_t cudaFree(void* p) {
+  sync_stream(nullptr, "cudaFree");  // the runtime's cudaFree waits for the device's work, which may still read p
   if (p) free_device(p);
   return cudaSuccess;
 }
@@ -408,6 +427,7 @@ bool copy_ends_ok(const char* call, void* d, const void* s, size_t n, cudaMemcpy
 extern "C" {
 cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind k) {
   if (!copy_ends_ok("cudaMemcpy", d, s, n, k)) return cudaErrorInvalidValue;
+  sync_stream(nullptr, "cudaMemcpy");  // a legacy-stream copy: after the work queued there
   std::memcpy(d, s, n);
   return cudaSuccess;
 }

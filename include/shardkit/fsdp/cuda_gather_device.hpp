@@ -19,9 +19,11 @@
 //! options.order_after says otherwise), NCCL orders its collectives after that stream too (nccl_options), and each
 //! stager has a stream of its own. A stager's writes into device memory (upload, zero) first wait for the work
 //! queued so far on order_after, because the block a new lease hands out may still be read by kernels the trainer
-//! queued on the unit that held it before; reads (download, add_to_host) copy what a finished collective wrote and
-//! wait for nothing. Every call synchronizes its stream before returning: the collective that follows runs on the
-//! communicator's stream, which does not know ours, and the staging buffer is reused by the next call.
+//! queued on the unit that held it before; reads (download, add_to_host) wait for it too, because what they copy
+//! may come straight from the trainer's kernels: a model with one shard and no replicas (one rank) runs no
+//! collective between its backward kernels and add_to_host. Every call synchronizes its stream before returning:
+//! the collective that follows runs on the communicator's stream, which does not know ours, and the staging buffer
+//! is reused by the next call.
 //!
 //! Only code that uses CUDA includes this header (it links shardkit::cuda).
 #include <cuda_runtime_api.h>
@@ -122,6 +124,7 @@ class cuda_gather_device {
       if (dev.size_bytes() == 0) return nullptr;
       cuda::device_guard guard(opts_.device, ctx);
       std::byte* staged = reserve(dev.size_bytes());
+      order_after_caller(ctx);
       SHARDKIT_CUDA_CHECK(cudaMemcpyAsync(staged, dev.data(), dev.size_bytes(), cudaMemcpyDeviceToHost, stream_.get()),
                           ctx);
       SHARDKIT_CUDA_CHECK(cudaStreamSynchronize(stream_.get()), ctx);
