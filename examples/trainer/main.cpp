@@ -81,6 +81,7 @@ struct flags {
   int die_at_step = -1, die_rank = -1;  // tests: SIGKILL this rank at the start of that step
   std::string trace;                    // --trace PREFIX: each rank writes PREFIX.rank<R>.json (trace.hpp)
   std::string plan_units;               // --plan-units FILE: rank 0 writes unit sizes and times (unit_times.hpp)
+  bool plan_units_given = false;
 };
 
 // The dtypes --dtype and --reduce-dtype take, every floating dtype: "f32, f64, f16 or bf16" (--help and the error).
@@ -134,7 +135,7 @@ std::string help_text() {
       {"--die-at-step N", "tests: SIGKILL --die-rank at the start of step N [off]"},
       {"--die-rank R", "the rank --die-at-step kills, -1 every rank [-1]"},
       {"--trace PREFIX", "each rank writes its timeline to PREFIX.rank<R>.json (Chrome trace) [off]"},
-      {"--plan-units FILE", "rank 0 writes each unit's size and use times for shardkit-plan (docs/fsdp.md) [off]"},
+      {"--plan-units FILE", "rank 0 writes each unit's size and use times for shardkit-plan (docs/fsdp.md; --device cpu, 2+ steps, not with --skip-compute) [off]"},
       {"-h, --help", "this list"},
   };
   std::string out = "usage: trainer [FLAGS]   (launch ranks with shardkit-run -n N -- trainer ...)\n"
@@ -280,13 +281,23 @@ flags parse(int argc, char** argv) {
       if (v != "cpu" && v != "cuda") usage("--device wants cpu or cuda, got '" + std::string(v) + "'");
       f.cuda = v == "cuda";
     }
-    else if (a == "--plan-units") f.plan_units = v;
+    else if (a == "--plan-units") f.plan_units = v, f.plan_units_given = true;
     else usage("unknown flag " + std::string(a));
   }
   f.model.context = f.context;
   // The GPU path computes in f32: its kernels and cuBLAS calls are the f32 CPU path's, step for step.
   if (f.cuda && (f.sharding.precision.param != sk::dtype::f32 || f.sharding.precision.reduce != sk::dtype::f32))
     usage("--device cuda computes in f32: leave out --dtype and --reduce-dtype (or give f32)");
+  // --plan-units measures compute: a run without it, or with asynchronous kernels whose launch is all the trainer's
+  // thread sees, or with no step after the warm-up, would write times that plan nothing.
+  if (f.plan_units_given) {
+    if (f.plan_units.empty()) usage("--plan-units wants a file name, got ''");
+    if (f.skip_compute) usage("--plan-units measures compute: it cannot be given with --skip-compute");
+    if (f.cuda)
+      usage("--plan-units times units on the trainer's thread, and --device cuda's kernels are asynchronous: "
+            "measure on --device cpu");
+    if (f.steps < 2) usage("--plan-units needs --steps 2 or more: the first step is warm-up, not measured");
+  }
   if (f.init_data && f.data.empty()) usage("--init-data needs --data LOCATION (where to write the built-in text)");
   if (f.steps <= 0 || f.batch <= 0 || f.micro_batches <= 0 || f.context <= 0 || f.model.width <= 0 ||
       f.model.blocks <= 0)
@@ -453,7 +464,7 @@ int main(int argc, char** argv) try {
   if (!f.plan_units.empty() && rank == 0) {
     std::vector<std::size_t> numel;
     for (const auto& s : specs) numel.push_back(trainer::unit_numel(s));
-    times.emplace(names, std::move(numel));
+    times.emplace(f.plan_units, names, std::move(numel));  // opened now: an unwritable path fails before step 0
   }
 #if defined(TRAINER_HAS_CUDA)
   if (f.cuda) sharding.device = fsdp::cuda_gather_device({.device = cuda_device});
@@ -659,8 +670,7 @@ int main(int argc, char** argv) try {
   }
   if (trace) trace->write(f.trace);
   if (times)
-    times->write(f.plan_units,
-                 "examples/trainer --width " + std::to_string(d) + " --blocks " + std::to_string(L) + " --context " +
+    times->write("examples/trainer --width " + std::to_string(d) + " --blocks " + std::to_string(L) + " --context " +
                      std::to_string(T) + ", " + std::to_string(rows) + " rows per rank and micro-batch, " +
                      std::to_string(ranks) + " rank(s)",
                  int(model.shard_size()));

@@ -1,11 +1,15 @@
 #pragma once
 // --plan-units: what the step planner (fsdp/plan.hpp, shardkit-plan) needs from a run: each unit's size and the
 // time its use took in forward and backward, and the step's time outside units (the optimizer, the loss, the
-// norm). Rank 0 writes them after its last step: medians over the steps after the first (the first is warm-up),
-// or the only step (--steps 1: warm-up included).
+// norm). Rank 0 opens the file before the first step (an unwritable path fails before any work) and writes them
+// after its last step: medians over the steps after the first (the first is warm-up); a run with no step after
+// the warm-up (a --resume at --steps already) writes nothing and says so.
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -17,8 +21,11 @@ namespace trainer {
 
 class unit_times {
  public:
-  unit_times(std::vector<std::string> names, std::vector<std::size_t> numel)
-      : names_(std::move(names)), numel_(std::move(numel)), current_(2 * names_.size(), 0.0) {}
+  unit_times(std::string path, std::vector<std::string> names, std::vector<std::size_t> numel)
+      : path_(std::move(path)), file_(std::fopen(path_.c_str(), "w")), names_(std::move(names)),
+        numel_(std::move(numel)), current_(2 * names_.size(), 0.0) {
+    if (!file_) throw std::runtime_error("--plan-units: cannot write " + path_ + ": " + std::strerror(errno));
+  }
 
   //! For sharding_options::on_event: each unit's use, summed over the step's micro-batches.
   void add(const shardkit::fsdp::model_event& e) {
@@ -36,9 +43,16 @@ class unit_times {
     std::fill(current_.begin(), current_.end(), 0.0);
   }
 
-  void write(const std::string& path, const std::string& about, int shard_size) const {
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    if (!f) throw std::runtime_error("--plan-units: cannot write " + path);
+  void write(const std::string& about, int shard_size) {
+    if (steps_.size() < 2) {
+      file_.reset();
+      std::remove(path_.c_str());  // no file, rather than one that plans nothing
+      throw std::runtime_error("--plan-units: no step ran after the warm-up (" + std::to_string(steps_.size()) +
+                               " step(s) in all), so there are no times to write to " + path_ +
+                               ": run at least 2 steps (a --resume runs only those up to --steps)");
+    }
+    std::FILE* f = file_.release();
+    const std::string& path = path_;
     std::fprintf(f, "# shardkit-plan units: %s\n# unit NAME NUMEL FORWARD_MS BACKWARD_MS\n", about.c_str());
     for (std::size_t u = 0; u < names_.size(); ++u)
       std::fprintf(f, "unit %s %zu %.4f %.4f\n", names_[u].c_str(), numel_[u], 1e3 * median(2 * u),
@@ -65,6 +79,11 @@ class unit_times {
     for (const auto& s : steps_) v.push_back(s[slot]);
     return median_of(v);
   }
+  struct closer {
+    void operator()(std::FILE* f) const noexcept { std::fclose(f); }
+  };
+  std::string path_;
+  std::unique_ptr<std::FILE, closer> file_;
   std::vector<std::string> names_;
   std::vector<std::size_t> numel_;
   mutable std::mutex mutex_;

@@ -76,4 +76,28 @@ bad_file 'unit a 10 1 2\nother_ms 1\nother_ms 2\n' 3 "other_ms once"
 bad_file 'unit a 10 -1 2\n' 1 "FORWARD_MS a non-negative number"
 printf 'unit a 10 0 0\nunit b 10 0 0\n' >"$work/f.txt"
 refuse "has no measured compute" --units "$work/f.txt"
+
+# The trainer refuses --plan-units where its times would plan nothing, before any step.
+tiny=(--width 32 --blocks 2 --batch 2 --context 8)
+trainer_refuses() {
+  local want=$1
+  shift
+  if "$run" -n 1 -- "$trainer" "${tiny[@]}" "$@" >"$work/out.txt" 2>"$work/err.txt"; then
+    echo "FAIL: trainer $* ran"; exit 1
+  fi
+  grep -qF -- "$want" "$work/err.txt" || { cat "$work/err.txt"; echo "FAIL: trainer $*: want '$want'"; exit 1; }
+  if grep -q '^step ' "$work/out.txt"; then echo "FAIL: trainer $* ran a step before refusing"; exit 1; fi
+}
+trainer_refuses "--plan-units wants a file name" --plan-units ""
+trainer_refuses "cannot be given with --skip-compute" --skip-compute --plan-units "$work/p.txt"
+trainer_refuses "--steps 2 or more" --steps 1 --plan-units "$work/p.txt"
+trainer_refuses "asynchronous" --device cuda --plan-units "$work/p.txt"
+trainer_refuses "cannot write $work/no/such/dir/p.txt: No such file or directory" --steps 2 --plan-units "$work/no/such/dir/p.txt"
+"$run" -n 1 -- "$trainer" "${tiny[@]}" --steps 2 --ckpt-dir "$work/ck" --ckpt-every 2 >/dev/null
+if "$run" -n 1 -- "$trainer" "${tiny[@]}" --steps 2 --ckpt-dir "$work/ck" --resume --plan-units "$work/r.txt" \
+  >/dev/null 2>"$work/err.txt"; then
+  echo "FAIL: a resume with no step to run wrote units"; exit 1
+fi
+grep -q "no step ran after the warm-up" "$work/err.txt" || { cat "$work/err.txt"; echo "FAIL: the resume's error"; exit 1; }
+[ ! -e "$work/r.txt" ] || { echo "FAIL: an empty units file was left"; exit 1; }
 echo "OK: trainer --plan-units and shardkit-plan"
