@@ -20,7 +20,7 @@
 //! Transfers that cross hosts share the host's NICs fairly, flow by flow: a group spread over several hosts puts
 //! one flow per group instance on each host's link (full_shard: one; hybrid_shard's replica groups: one per rank of
 //! the host), and an all-gather and a reduce-scatter in flight at once halve each other's rate. A host's cores are
-//! shared by its ranks' compute and, when `comm_cpu_cores` is set, their running collectives: a rank computes at
+//! shared by its ranks' compute and, when `comm_cpu_cores` is set, their collectives' transfers: a rank computes at
 //! the share the cores leave it, relative to the share it had in the compute-only run its times come from.
 //!
 //! What it does not model: TCP's own dynamics (slow start, incast), the ring's segmentation, congestion beyond the
@@ -65,8 +65,9 @@ struct plan_cluster {
   //! A ring step between ranks of one host: bandwidth (0: no limit) and latency.
   double intra_bytes_per_second = 0;
   double intra_step_seconds = 0;
-  //! Cores a running collective keeps busy (TCP copies, the reduction's sums); 0: collectives take no CPU from
-  //! compute. Matters only where the host's ranks outnumber its cores.
+  //! Cores a collective keeps busy while it moves bytes at the link's full rate (TCP copies, the reduction's sums);
+  //! in proportion while it shares the link, none while it waits out a ring step's latency; 0: collectives take no
+  //! CPU from compute. Matters only where the host's ranks outnumber its cores.
   double comm_cpu_cores = 0;
   //! The cores each rank had in the compute-only run the unit times come from: 0, the share this cluster gives it
   //! (min(1, cores_per_host / ranks_per_host): the compute-only run had as many ranks per host, each alone).
