@@ -86,7 +86,7 @@ trainer_refuses() {
     echo "FAIL: trainer $* ran"; exit 1
   fi
   grep -qF -- "$want" "$work/err.txt" || { cat "$work/err.txt"; echo "FAIL: trainer $*: want '$want'"; exit 1; }
-  if grep -q '^step ' "$work/out.txt"; then echo "FAIL: trainer $* ran a step before refusing"; exit 1; fi
+  if grep -q '^\[rank 0\] step 0 ' "$work/out.txt"; then echo "FAIL: trainer $* ran a step before refusing"; exit 1; fi
 }
 trainer_refuses "--plan-units wants a file name" --plan-units ""
 trainer_refuses "cannot be given with --skip-compute" --skip-compute --plan-units "$work/p.txt"
