@@ -4,7 +4,7 @@
 //   shardkit-ckpt verify LOCATION [--step N]
 //   shardkit-ckpt inspect LOCATION [--step N] [--json]
 //   shardkit-ckpt consolidate LOCATION --out DIR [--step N] [--max-shard-size 5GB] [--all] [--force]
-//   shardkit-ckpt gc LOCATION [--min-age SECONDS]
+//   shardkit-ckpt gc LOCATION [--min-age SECONDS] [--damaged]
 //
 // LOCATION is what the checkpointer was given: a directory, or s3://bucket/prefix where storage/open_sink.hpp and
 // the S3 sink are built in. Without --step a command takes the newest complete checkpoint (the one a resume
@@ -39,7 +39,7 @@ int usage(std::FILE* to = stderr) {
       "       shardkit-ckpt verify LOCATION [--step N]\n"
       "       shardkit-ckpt inspect LOCATION [--step N] [--json]\n"
       "       shardkit-ckpt consolidate LOCATION --out DIR [--step N] [--max-shard-size 5GB] [--all] [--force]\n"
-      "       shardkit-ckpt gc LOCATION [--min-age SECONDS]\n"
+      "       shardkit-ckpt gc LOCATION [--min-age SECONDS] [--damaged]\n"
       "LOCATION: a checkpoint directory (or s3://bucket/prefix); without --step, the latest complete checkpoint.\n"
       "  --progress / --no-progress  progress bars on stderr (default: when stderr is a terminal)\n"
       "  --json                      ls, inspect: one JSON document on stdout (exact bytes, every piece's file)\n"
@@ -51,7 +51,10 @@ int usage(std::FILE* to = stderr) {
       "gc removes debris: the objects of steps without an index older than the latest complete checkpoint, writers'\n"
       "temporaries in those steps, and the other temporaries unmodified for --min-age SECONDS (default 600: a live\n"
       "writer's is younger; 0 once no run writes there). On s3:// the temporaries are pending multipart uploads\n"
-      "(ListMultipartUploads), aborted; their age is that of their newest part.\n",
+      "(ListMultipartUploads), aborted; their age is that of their newest part. With --damaged it also removes the\n"
+      "damaged checkpoints a resume moved aside (step-N.damaged/: ls lists them; without --damaged gc keeps them).\n"
+      "ls: complete means the index parses and every file it lists is there with the size it records (verify also\n"
+      "checks every checksum); latest is the newest complete step, the one a resume loads first.\n",
       to);
   return to == stdout ? 0 : 2;
 }
@@ -86,6 +89,7 @@ struct step_info {
   std::uint64_t step = 0;
   std::string status;  // complete, damaged, bad-index, debris
   bool latest = false;
+  std::string moved_aside;  // a damaged checkpoint a resume moved aside: its prefix (step-N.damaged/)
   std::optional<std::uint32_t> world_size;
   std::size_t files = 0;  // the index's files, or the objects of a step without a (parsable) index
   std::uint64_t bytes = 0;
@@ -94,14 +98,14 @@ struct step_info {
   std::vector<std::string> problems;
 };
 
-// Every step under the location: complete (an index that parses and every file it lists present), damaged (an
-// index whose files are not all there), bad index, or debris (objects without an index).
+// Every step under the location: complete (an index that parses and every file it lists present, with the size it
+// records), damaged (an index whose files are not all there or not of their size, or a checkpoint a resume moved
+// aside), bad index, or debris (objects without an index). Latest: the newest complete one.
 std::vector<step_info> list_steps(st::any_sink& sink) {
   const auto listed = ck::list_checkpoints(sink, "");
-  const auto latest = ck::latest_checkpoint(sink, "");
   std::vector<step_info> out;
   for (const auto& [step, keys] : listed.keys_by_step) {
-    step_info info{.step = step, .latest = latest && latest->step == step};
+    step_info info{.step = step};
     const std::set<std::string> present(keys.begin(), keys.end());
     std::optional<ck::checkpoint_index> index;
     if (listed.indexed.contains(step)) try {
@@ -121,6 +125,8 @@ std::vector<step_info> list_steps(st::any_sink& sink) {
     info.bytes = step_bytes(sink, *index);
     for (const auto& f : index->files) {
       if (!present.contains(f.key)) info.problems.push_back(f.key + " is listed in its index but absent");
+      else if (const auto n = sink.size(f.key); n && *n != f.size)
+        info.problems.push_back(f.key + " holds " + std::to_string(*n) + " bytes, its index says " + std::to_string(f.size));
     }
     info.status = info.problems.empty() ? "complete" : "damaged";
     info.world_size = index->world_size;
@@ -129,6 +135,18 @@ std::vector<step_info> list_steps(st::any_sink& sink) {
     info.metadata = index->metadata;
     out.push_back(std::move(info));
   }
+  for (const auto& [aside, d] : listed.damaged) {
+    step_info info{.step = d.step, .status = "damaged", .moved_aside = aside, .files = d.keys.size()};
+    for (const auto& k : d.keys) info.bytes += sink.size(k).value_or(0);
+    info.problems.push_back("moved aside to " + aside + " by a resume that could not load it (nothing deleted; gc --damaged removes it)");
+    out.push_back(std::move(info));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const step_info& a, const step_info& b) { return a.step < b.step; });
+  for (auto it = out.rbegin(); it != out.rend(); ++it)
+    if (it->status == "complete") {
+      it->latest = true;
+      break;
+    }
   return out;
 }
 
@@ -140,13 +158,14 @@ const char* temporary_noun(const std::string& location) {
 int run_ls(const common_options& o) {
   auto sink = open_location(o.location, false);
   const auto steps = list_steps(sink);
-  std::size_t complete = 0;
+  std::size_t complete = 0, damaged = 0;
   std::optional<std::uint64_t> latest;
   // Debris: objects of steps without an index, and writers' temporaries (LIST never shows them).
   std::size_t debris_objects = 0;
   std::uint64_t debris_bytes = 0, temporary_bytes = 0;
   for (const auto& s : steps) {
     complete += s.status == "complete";
+    damaged += s.status == "damaged" || s.status == "bad-index";
     if (s.latest) latest = s.step;
     if (s.status == "debris") debris_objects += s.files, debris_bytes += s.bytes;
   }
@@ -161,6 +180,7 @@ int run_ls(const common_options& o) {
                                   {"problems", s.problems}};
       if (s.world_size) e["world_size"] = *s.world_size;
       if (s.tensors) e["tensors"] = *s.tensors;
+      e["moved_aside"] = s.moved_aside.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(s.moved_aside);
       j["steps"].push_back(std::move(e));
     }
     j["debris"] = {{"objects", debris_objects}, {"bytes", debris_bytes}, {"temporaries", temporaries.size()},
@@ -168,13 +188,16 @@ int run_ls(const common_options& o) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("%s: %s, %s%s\n", o.location.c_str(), plural(steps.size(), "step").c_str(),
-              plural(complete, "complete checkpoint").c_str(), latest ? (", latest step " + std::to_string(*latest)).c_str() : "");
+  std::printf("%s: %s, %s%s%s\n", o.location.c_str(), plural(steps.size(), "step").c_str(),
+              plural(complete, "complete checkpoint").c_str(), damaged ? (", " + std::to_string(damaged) + " damaged").c_str() : "",
+              latest ? (", latest step " + std::to_string(*latest)).c_str() : "");
   std::vector<std::vector<std::string>> rows{{"step", "status", "latest", "world", "files", "size", "tensors", "metadata"}};
   for (const auto& s : steps)
     rows.push_back({std::to_string(s.step), s.status, s.latest ? "latest" : "", s.world_size ? std::to_string(*s.world_size) : "-",
                     std::to_string(s.files), human_bytes(s.bytes), s.tensors ? std::to_string(*s.tensors) : "-",
-                    s.status == "debris" ? "(no index: a save that did not commit)" : metadata_text(s.metadata)});
+                    s.status == "debris"        ? "(no index: a save that did not commit)"
+                    : !s.moved_aside.empty()    ? "(moved aside: " + s.moved_aside + ")"
+                                                : metadata_text(s.metadata)});
   if (rows.size() > 1) print_table(rows);
   for (const auto& s : steps)
     for (const auto& p : s.problems) std::printf("note: step %llu: %s\n", static_cast<unsigned long long>(s.step), p.c_str());
@@ -201,7 +224,7 @@ bool out_inside_location(const std::string& location, const std::string& out) {
 
 // Removes debris that no live save can be writing: steps without an index older than the latest complete checkpoint
 // (saves run in step order, so none writes there) with their temporaries, and other temporaries older than min_age.
-int run_gc(const common_options& o, std::chrono::seconds min_age) {
+int run_gc(const common_options& o, std::chrono::seconds min_age, bool damaged) {
   auto sink = open_location(o.location, false);
   const auto listed = ck::list_checkpoints(sink, "");
   const auto latest = ck::latest_checkpoint(sink, "");
@@ -224,9 +247,21 @@ int run_gc(const common_options& o, std::chrono::seconds min_age) {
     ++removed_temporaries, temporary_bytes += t.bytes;
   }
   for (const auto& [dir, age] : sweeps) sink.remove_stale_temporaries(age, dir);
+  // Damaged checkpoints moved aside: kept unless asked (someone may want to look at them), and listed either way.
+  std::vector<std::string> aside;
+  std::uint64_t aside_bytes = 0;
+  for (const auto& [prefix, d] : listed.damaged)
+    for (const auto& k : d.keys) aside.push_back(k), aside_bytes += sink.size(k).value_or(0);
+  if (damaged) sink.remove_many(aside);
   std::printf("%s: removed %s (%s) of %s without an index, %s (%s)\n", o.location.c_str(), plural(keys.size(), "object").c_str(),
               human_bytes(bytes).c_str(), plural(steps, "step").c_str(), plural(removed_temporaries, temporary_noun(o.location)).c_str(),
               human_bytes(temporary_bytes).c_str());
+  if (!listed.damaged.empty()) {
+    std::string names;
+    for (const auto& [prefix, d] : listed.damaged) names += " " + prefix;
+    std::printf("%s %s (%s) moved aside:%s%s\n", damaged ? "removed" : "kept", plural(listed.damaged.size(), "damaged checkpoint").c_str(),
+                human_bytes(aside_bytes).c_str(), names.c_str(), damaged ? "" : "; --damaged removes them");
+  }
   return 0;
 }
 
@@ -318,6 +353,7 @@ int main(int argc, char** argv) {
   consolidate_options c;
   bool out_given = false;
   std::chrono::seconds min_age(600);
+  bool gc_damaged = false;
   for (int i = 2; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto value = [&](std::string_view name) -> std::optional<std::string> {
@@ -363,7 +399,8 @@ int main(int argc, char** argv) {
         return 2;
       }
       min_age = std::chrono::seconds(n);
-    } else if (a == "--all" && command == "consolidate") c.all = true;
+    } else if (a == "--damaged" && command == "gc") gc_damaged = true;
+    else if (a == "--all" && command == "consolidate") c.all = true;
     else if (a == "--force" && command == "consolidate") c.force = true;
     else if (!a.starts_with("-") && o.location.empty()) o.location = a;
     else {
@@ -389,7 +426,7 @@ int main(int argc, char** argv) {
     if (command == "ls") return run_ls(o);
     if (command == "verify") return run_verify(o);
     if (command == "inspect") return run_inspect(o);
-    if (command == "gc") return run_gc(o, min_age);
+    if (command == "gc") return run_gc(o, min_age, gc_damaged);
     return run_consolidate(o, c);
   } catch (const std::exception& e) {
     std::fflush(stdout);

@@ -538,9 +538,9 @@ int main(int argc, char** argv) try {
                     loaded->saved_world_size, ranks);
       }
     } else {
-      // Steps whose index does not load were passed over (rank 0 warned why). Starting over at step 0 would train
-      // from scratch on a --resume and overwrite them with its own saves. No index at all (a new location, or a
-      // first save that never committed) is a fresh start.
+      // load_latest throws when indexes exist and none loads; an index that appeared since it looked is refused here
+      // all the same: starting over at step 0 would train from scratch on a --resume and overwrite it with its own
+      // saves. No index at all (a new location, or a first save that never committed) is a fresh start.
       auto sink = sk::storage::open_sink(f.ckpt_dir);
       const auto listed = sk::ckpt::list_checkpoints(sink, "");
       if (!listed.indexed.empty()) {

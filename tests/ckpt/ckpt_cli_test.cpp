@@ -246,9 +246,10 @@ TEST_CASE("[ckpt] shardkit-ckpt ls, verify, inspect and consolidate a 3-rank che
     auto r = run_tool("ls " + loc);
     INFO("shardkit-ckpt said:\n", r.output);
     CHECK(r.status == 0);
-    CHECK(r.output.find("3 steps, 0 complete checkpoints, latest step 2") != std::string::npos);
+    CHECK(r.output.find("3 steps, 0 complete checkpoints, 2 damaged\n") != std::string::npos);  // no latest: none is whole
     CHECK(line_with(r.output, "\n1 ").find("bad-index") != std::string::npos);
     CHECK(line_with(r.output, "\n2 ").find("damaged") != std::string::npos);
+    CHECK(line_with(r.output, "\n2 ").find("latest") == std::string::npos);
     CHECK(line_with(r.output, "note: step 1:").find("malformed checkpoint index") != std::string::npos);
     CHECK(line_with(r.output, "note: step 2:").find("rank-00002.safetensors is listed in its index but absent") != std::string::npos);
 
@@ -499,6 +500,42 @@ TEST_CASE("[ckpt] shardkit-ckpt ls shows debris and its bytes, gc removes it (ne
   CHECK(r.output.find("1 temporary file (40 B)") != std::string::npos);
   CHECK(sink.temporaries("").empty());
   CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{1, 2});
+}
+
+TEST_CASE("[ckpt] shardkit-ckpt ls marks damaged steps, latest is the newest complete one; gc --damaged removes those moved aside") {
+  temp_dir dir("damaged");
+  write_checkpoints(dir.path);  // steps 1, 2 complete; step 3 (newer than the latest) has an object, no index
+  st::any_sink sink = st::make_sink<st::posix_sink>(dir.path, st::posix_sink_options{.create_root = false});
+  const std::string loc = dir.path.string();
+  const auto cut = dir.path / ck::rank_file_key("", 2, 1);
+  const auto size = fs::file_size(cut);
+  fs::resize_file(cut, size - 10);  // a file of another size than its index records
+  auto r = run_tool("ls " + loc);
+  INFO("shardkit-ckpt said:\n", r.output);
+  CHECK(r.status == 0);
+  CHECK(r.output.find("3 steps, 1 complete checkpoint, 1 damaged, latest step 1") != std::string::npos);
+  CHECK(line_with(r.output, "2     damaged").find("latest") == std::string::npos);
+  CHECK(line_with(r.output, "1     complete").find("latest") != std::string::npos);
+  CHECK(r.output.find("note: step 2: step-000000000002/rank-00001.safetensors holds " + std::to_string(size - 10) +
+                      " bytes, its index says " + std::to_string(size)) != std::string::npos);
+  // As a resume's first save moves it aside: ls shows where; gc keeps it unless --damaged.
+  CHECK(ck::move_damaged_aside(sink, "", 2, ck::list_checkpoints(sink, "")) == "step-000000000002.damaged/");
+  r = run_tool("ls " + loc);
+  CHECK(line_with(r.output, "2     damaged").find("(moved aside: step-000000000002.damaged/)") != std::string::npos);
+  CHECK(r.output.find("note: step 2: moved aside to step-000000000002.damaged/ by a resume that could not load it") != std::string::npos);
+  const auto listing = nlohmann::json::parse(run_tool("ls " + loc + " --json").output);
+  CHECK(listing["latest"] == 1);
+  CHECK(listing["steps"][1]["moved_aside"] == "step-000000000002.damaged/");
+  CHECK(listing["steps"][1]["status"] == "damaged");
+  r = run_tool("gc " + loc);
+  CHECK(r.output.find("kept 1 damaged checkpoint (") != std::string::npos);
+  CHECK(r.output.find(") moved aside: step-000000000002.damaged/; --damaged removes them") != std::string::npos);
+  CHECK(ck::list_checkpoints(sink, "").damaged.size() == 1);
+  r = run_tool("gc " + loc + " --damaged");
+  CHECK(r.output.find("removed 1 damaged checkpoint (") != std::string::npos);
+  CHECK(ck::list_checkpoints(sink, "").damaged.empty());
+  CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{1});
+  CHECK(run_tool("ls " + loc + " --damaged").status == 2);  // gc's flag only
 }
 
 TEST_CASE("[ckpt] shardkit-ckpt consolidate refuses an --out inside the checkpoint location") {

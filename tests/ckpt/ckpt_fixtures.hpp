@@ -6,7 +6,10 @@
 // what the checkpointer does to its sink.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <optional>
 #include <span>
@@ -19,6 +22,31 @@
 #include "shardkit/storage/sink.hpp"
 
 namespace shardkit::test::ckpt {
+
+// What log lines (stderr) `body` wrote, read back from a file.
+inline std::string stderr_of(const std::function<void()>& body) {
+  std::FILE* captured = std::tmpfile();
+  REQUIRE(captured);
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  ::dup2(::fileno(captured), 2);
+  try {
+    body();
+  } catch (...) {
+    ::dup2(saved, 2);
+    ::close(saved);
+    std::fclose(captured);
+    throw;
+  }
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::string log(1 << 20, '\0');
+  std::rewind(captured);
+  log.resize(std::fread(log.data(), 1, log.size(), captured));
+  std::fclose(captured);
+  return log;
+}
+
 
 struct global_tensor {
   std::string name;

@@ -171,6 +171,74 @@ TEST_CASE("[ckpt] load_latest falls back past a damaged latest checkpoint, on ev
   });
 }
 
+namespace {
+// Flips a byte near the end of a file (its size stays: only the checksums tell).
+void flip_byte_near_end(st::any_sink& sink, const std::string& key) {
+  auto bytes = st::get_object(sink, key);
+  bytes[bytes.size() - 100] ^= std::byte{0x5a};
+  st::put_object(sink, key, bytes);
+}
+}  // namespace
+
+TEST_CASE("[ckpt] a resume past damaged steps moves them aside at its first save, so it saves those steps again") {
+  const auto dir = std::filesystem::temp_directory_path() / ("shardkit-ckpt-aside-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  for (int kind = 0; kind < 2; ++kind)
+    for (int world : {1, 3}) {
+      CAPTURE(kind);
+      CAPTURE(world);
+      std::filesystem::remove_all(dir);
+      auto sink = kind == 0 ? st::make_sink<st::memory_sink>() : st::make_sink<st::posix_sink>(dir, st::posix_sink_options{.fsync = false});
+      save_steps(2, sink, {2, 4, 6, 8});
+      flip_byte_near_end(sink, ck::rank_file_key("", 6, 1));  // a checksum mismatch
+      st::put_object(sink, ck::index_key("", 8), st::as_bytes("{\"format\": "));  // an index cut short
+      const auto damaged_file = st::get_object(sink, ck::rank_file_key("", 6, 1));
+      // A reader that does not save moves nothing.
+      on_ranks(world, sink, {}, [&](int, ck::checkpointer& c, tc::sharded_tensors&, ck::state_dict& d) { CHECK(c.load_latest(d)->step == 4); });
+      CHECK(ck::list_checkpoints(sink, "").indexed == std::set<std::uint64_t>{2, 4, 6, 8});
+      on_ranks(world, sink, {.keep_last = 0}, [&](int, ck::checkpointer& c, tc::sharded_tensors& model, ck::state_dict& d) {
+        const auto report = c.load_latest(d);
+        REQUIRE(report);
+        CHECK(report->step == 4);
+        model.check(4);
+        REQUIRE(report->passed_over.size() == 2);  // on every rank, newest first
+        CHECK(report->passed_over[0].starts_with("step 8: its index does not parse: "));
+        CHECK(report->passed_over[1].starts_with("step 6: rank "));
+        CHECK(report->passed_over[1].find("checksum mismatch") != std::string::npos);
+        for (std::uint64_t step : {6, 8}) {
+          model.fill(step);
+          CHECK(c.save(step, d).get().committed);
+        }
+      });
+      const auto listed = ck::list_checkpoints(sink, "");
+      CHECK(listed.indexed == std::set<std::uint64_t>{2, 4, 6, 8});
+      REQUIRE(listed.damaged.size() == 2);
+      const auto& six = listed.damaged.at("step-000000000006.damaged/");
+      CHECK(six.step == 6);
+      CHECK(six.keys == std::vector<std::string>{"step-000000000006.damaged/index.json", "step-000000000006.damaged/rank-00000.safetensors",
+                                                 "step-000000000006.damaged/rank-00001.safetensors"});
+      CHECK(st::get_object(sink, "step-000000000006.damaged/rank-00001.safetensors") == damaged_file);  // kept as it was
+      CHECK(listed.damaged.at("step-000000000008.damaged/").keys.size() == 3);
+      on_ranks(2, sink, {}, [&](int, ck::checkpointer& c, tc::sharded_tensors& model, ck::state_dict& d) {
+        CHECK(c.load_latest(d)->passed_over.empty());
+        model.check(8);
+      });
+      // Step 8 damaged again (a file gone): the next resume moves it to the next free name; retention never
+      // touches what was moved aside.
+      sink.remove(ck::rank_file_key("", 8, 0));
+      on_ranks(world, sink, {.keep_last = 1}, [&](int, ck::checkpointer& c, tc::sharded_tensors& model, ck::state_dict& d) {
+        CHECK(c.load_latest(d)->step == 6);
+        model.fill(8);
+        CHECK(c.save(8, d).get().committed);
+      });
+      const auto after = ck::list_checkpoints(sink, "");
+      CHECK(after.indexed == std::set<std::uint64_t>{8});
+      CHECK(after.damaged.size() == 3);
+      CHECK(after.damaged.at("step-000000000008.damaged-2/").keys.size() == std::size_t(world));  // its index, the files left
+    }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("[ckpt] a save never writes into a step that holds an index (another run's, or this one's before a restart)") {
   auto sink = st::make_sink<st::memory_sink>();
   save_steps(3, sink, {4, 8});
@@ -348,6 +416,21 @@ TEST_CASE("[ckpt] a stale lease is taken over; a lease replaced under a holder s
   ::waitpid(child, nullptr, 0);
   plant_lease(sink, host, child, 0);
   CHECK(save_one({.run_id = "r"}, 2).empty());
+  // This host's holder killed but not reaped (a zombie): gone all the same.
+  const pid_t zombie = ::fork();
+  if (zombie == 0) std::_Exit(0);
+  for (int i = 0; i < 2000 && ck::detail::process_alive(zombie); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK_FALSE(ck::detail::process_alive(zombie));
+  CHECK(ck::detail::process_alive(::getpid()));
+  plant_lease(sink, host, zombie, 0);
+  CHECK(save_one({.run_id = "r"}, 2).find("already holds a checkpoint") != std::string::npos);  // taken over: on to the step
+  ::waitpid(zombie, nullptr, 0);
+  // An object that is not a lease: taken over, saying it does not parse (not "renewed 1795731718 s ago").
+  st::put_object(sink, ck::lease_key(""), st::as_bytes("not a lease\n"));
+  const auto log = tc::stderr_of([&] { CHECK(save_one({.run_id = "r"}, 2).find("already holds a checkpoint") != std::string::npos); });
+  CHECK(log.find("taking over the stale lease of 'the sink's root' from an object that is not a lease (it does not parse as "
+                 "one: 12 bytes, 'not a lease?'): no run holds it") != std::string::npos);
+  CHECK(log.find(" s ago") == std::string::npos);
   // A live holder of this host (this process): refused.
   plant_lease(sink, host, ::getpid(), 0);
   CHECK(save_one({.run_id = "r"}, 3).find("pid " + std::to_string(::getpid())) != std::string::npos);
@@ -374,6 +457,29 @@ TEST_CASE("[ckpt] a stale lease is taken over; a lease replaced under a holder s
   CHECK(stopped == 2);
   CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{1, 2, 4});
   CHECK(sink.exists(ck::lease_key("")));  // the intruder's: not removed by the run that lost it
+}
+
+TEST_CASE("[ckpt] a directory named lease.json is a clear error naming it, not a run that keeps replacing its lease") {
+  const auto dir = std::filesystem::temp_directory_path() / ("shardkit-ckpt-lease-dir-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "lease.json");
+  std::atomic<int> refused{0};
+  on_ranks(2, st::make_sink<st::posix_sink>(dir, st::posix_sink_options{.fsync = false}), {.location = dir.string()},
+           [&](int, ck::checkpointer& c, tc::sharded_tensors&, ck::state_dict& d) {
+             try {
+               c.save(1, d);
+             } catch (const sk::error& e) {
+               const std::string what = e.what();
+               INFO(what);
+               CHECK(what.find("the lease lease.json of the checkpoint location '" + dir.string() +
+                               "' cannot be created: the key is taken by something that is not an object (a directory of "
+                               "that name?). Remove it") != std::string::npos);
+               CHECK(what.find("keeps replacing") == std::string::npos);
+               ++refused;
+             }
+           });
+  CHECK(refused == 2);
+  std::filesystem::remove_all(dir);
 }
 
 // One process of run CKPT_RUN saving into CKPT_DIR: step 1, then (CKPT_HOLD) it waits for the file CKPT_DIR/../go

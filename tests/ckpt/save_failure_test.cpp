@@ -31,30 +31,6 @@ namespace tc = shardkit::test::ckpt;
 
 namespace {
 
-// What log lines (stderr) `body` wrote, read back from a file.
-std::string stderr_of(const std::function<void()>& body) {
-  std::FILE* captured = std::tmpfile();
-  REQUIRE(captured);
-  std::fflush(stderr);
-  const int saved = ::dup(2);
-  ::dup2(::fileno(captured), 2);
-  try {
-    body();
-  } catch (...) {
-    ::dup2(saved, 2);
-    ::close(saved);
-    std::fclose(captured);
-    throw;
-  }
-  ::dup2(saved, 2);
-  ::close(saved);
-  std::string log(1 << 20, '\0');
-  std::rewind(captured);
-  log.resize(std::fread(log.data(), 1, log.size(), captured));
-  std::fclose(captured);
-  return log;
-}
-
 std::size_t count_of(const std::string& text, const std::string& what) {
   std::size_t n = 0;
   for (std::size_t at = 0; (at = text.find(what, at)) != std::string::npos; at += what.size()) ++n;
@@ -89,7 +65,7 @@ TEST_CASE("[ckpt] a write that fails on one rank is logged there at once, and th
     const std::string victim_file = ck::rank_file_key("", 2, victim);
     auto sink = failing_sink([&](const std::string& key) { return key == victim_file; });
     auto groups = sk::comm::make_loopback_world(world);
-    const std::string log = stderr_of([&] {
+    const std::string log = tc::stderr_of([&] {
       sk::test::run_threads(world, [&](int r) {
         small_state s(r, world);
         ck::checkpointer saver(groups[std::size_t(r)], sink, {.mode = ck::staging::zero_overhead});
@@ -123,7 +99,7 @@ TEST_CASE("[ckpt] every failed save is reported: a log line each, and one error 
       return key.ends_with("rank-00001.safetensors") && step && *step >= 2 && *step <= 6;
     });
     auto groups = sk::comm::make_loopback_world(2);
-    const std::string log = stderr_of([&] {
+    const std::string log = tc::stderr_of([&] {
       sk::test::run_threads(2, [&](int r) {
         small_state s(r, 2);
         ck::checkpointer saver(groups[std::size_t(r)], sink,
@@ -159,7 +135,7 @@ TEST_CASE("[ckpt] every failed save is reported: a log line each, and one error 
         });
     auto groups = sk::comm::make_loopback_world(2);
     std::barrier both_asked(2);
-    (void)stderr_of([&] {
+    (void)tc::stderr_of([&] {
       sk::test::run_threads(2, [&](int r) {
         small_state s(r, 2);
         ck::checkpointer saver(groups[std::size_t(r)], sink, {.mode = ck::staging::zero_overhead});

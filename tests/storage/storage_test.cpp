@@ -155,6 +155,26 @@ TEST_CASE_TEMPLATE("[ckpt] sink: remove, exists and missing objects", F, SINK_FI
   CHECK_FALSE(s.remove("never"));
 }
 
+TEST_CASE_TEMPLATE("[ckpt] sink: move_object renames an object (its own move, or a copy then remove)", F, SINK_FIXTURES) {
+  F f;
+  auto& s = f.sink();
+  put_string(s, "d/one", "1");
+  put_string(s, "e/x", "old");
+  st::move_object(s, "d/one", "e/x");  // replaces what the target held; into an existing directory
+  CHECK_FALSE(s.exists("d/one"));
+  CHECK(read_string(s, "e/x") == "1");
+  std::string big(300 * 1000, 'b');
+  for (std::size_t i = 0; i < big.size(); i += 997) big[i] = char('a' + i % 26);
+  put_string(s, "d/big", big);
+  st::move_object(s, "d/big", "f/g/h.damaged/big");  // into directories that do not exist yet
+  CHECK(read_string(s, "f/g/h.damaged/big") == big);
+  CHECK(s.list("d").empty());  // the directory it emptied is gone too (posix prunes it)
+  CHECK(contains(error_of([&] { st::move_object(s, "d/none", "d/other"); }, errc::not_found), "d/none"));
+  CHECK_FALSE(s.exists("d/other"));
+  error_of([&] { st::move_object(s, "e/x", "../out"); }, errc::invalid_argument);
+  CHECK(read_string(s, "e/x") == "1");
+}
+
 TEST_CASE_TEMPLATE("[ckpt] sink: bad keys are refused naming the key", F, SINK_FIXTURES) {
   F f;
   auto& s = f.sink();

@@ -10,6 +10,11 @@
 //! Steps have 12 digits so that keys sort as steps do. Nothing here creates a directory for another rank or relies
 //! on one: a sink creates what a key needs (the POSIX sink per rank; S3 has no directories).
 //!
+//! A checkpoint that does not load (a rank file cut short, a checksum mismatch, an index that does not parse) is moved
+//! aside, never deleted, by the first save of a run that resumed past it (checkpointer::load_latest): its objects go
+//! to "<prefix>step-000000000100.damaged/" (".damaged-2/", ... when that is taken), which no listing of steps counts,
+//! so the run can save step 100 again. `shardkit-ckpt ls` shows them, `shardkit-ckpt gc --damaged` removes them.
+//!
 //! A checkpoint exists when its index exists and parses. LIST is used only to find which indexes exist (and
 //! debris to delete); a checkpoint's files are found through its index, never by listing, so an eventually
 //! consistent listing can at worst hide the newest checkpoint for a while, never mix parts of two.
@@ -33,6 +38,8 @@
 namespace shardkit::ckpt {
 
 inline constexpr std::string_view index_object_name = "index.json";
+//! What follows a step's digits in the name of a damaged checkpoint moved aside.
+inline constexpr std::string_view damaged_marker = ".damaged";
 
 //! "<prefix>step-000000000100/" for step 100.
 inline std::string step_prefix(const std::string& prefix, std::uint64_t step) {
@@ -71,12 +78,36 @@ inline std::optional<std::uint64_t> step_of_key(std::string_view key, std::strin
   if (ec != std::errc{} || end != key.data() + slash) return std::nullopt;
   return step;
 }
+
+//! For a key "<prefix>step-<digits>.damaged[-N]/...": the step, and the prefix of that set-aside checkpoint.
+inline std::optional<std::pair<std::uint64_t, std::string>> damaged_of_key(std::string_view key, std::string_view prefix) {
+  if (!key.starts_with(prefix)) return std::nullopt;
+  std::string_view rest = key.substr(prefix.size());
+  if (!rest.starts_with("step-")) return std::nullopt;
+  const auto slash = rest.find('/');
+  const auto dot = rest.find(damaged_marker);
+  if (slash == std::string_view::npos || dot == std::string_view::npos || dot > slash || dot <= 5) return std::nullopt;
+  std::uint64_t step = 0;
+  auto [end, ec] = std::from_chars(rest.data() + 5, rest.data() + dot, step);
+  if (ec != std::errc{} || end != rest.data() + dot) return std::nullopt;
+  const std::string_view tail = rest.substr(dot + damaged_marker.size(), slash - dot - damaged_marker.size());
+  if (!tail.empty() && (tail.size() < 2 || tail[0] != '-' || tail.find_first_not_of("0123456789", 1) != std::string_view::npos))
+    return std::nullopt;
+  return std::pair{step, std::string(key.substr(0, prefix.size() + slash + 1))};
+}
 }  // namespace detail
+
+//! A damaged checkpoint moved aside (see the file comment).
+struct damaged_checkpoint {
+  std::uint64_t step = 0;
+  std::vector<std::string> keys;
+};
 
 //! What LIST shows of the checkpoints under a prefix: for each step, its keys, and whether it has an index.
 struct listing {
   std::map<std::uint64_t, std::vector<std::string>> keys_by_step;
   std::set<std::uint64_t> indexed;  //!< steps whose index object is listed (it may still fail to parse)
+  std::map<std::string, damaged_checkpoint> damaged;  //!< damaged checkpoints moved aside, by their prefix
 };
 
 template <storage::sink S>
@@ -84,11 +115,35 @@ listing list_checkpoints(S& sink, const std::string& prefix) {
   listing out;
   for (auto& key : sink.list(prefix + "step-")) {
     auto step = detail::step_of_key(key, prefix);
-    if (!step) continue;
+    if (!step) {
+      if (auto aside = detail::damaged_of_key(key, prefix)) {
+        auto& d = out.damaged[aside->second];
+        d.step = aside->first;
+        d.keys.push_back(std::move(key));
+      }
+      continue;
+    }
     if (key == index_key(prefix, *step)) out.indexed.insert(*step);
     out.keys_by_step[*step].push_back(std::move(key));
   }
   return out;
+}
+
+//! Moves the objects of `step` (as `listed` shows them) aside to a new "<prefix>step-<digits>.damaged[-N]/", its
+//! index first: from that move on the step is no checkpoint, and whatever a failure leaves behind is debris (objects
+//! without an index), never an index beside files it does not describe. Returns the new prefix. Only the location's
+//! holder (the run with its lease) moves anything.
+template <storage::sink S>
+std::string move_damaged_aside(S& sink, const std::string& prefix, std::uint64_t step, const listing& listed) {
+  const std::string from = step_prefix(prefix, step);
+  const std::string base = from.substr(0, from.size() - 1) + std::string(damaged_marker);
+  std::string to = base + "/";
+  for (int n = 2; listed.damaged.contains(to); ++n) to = base + "-" + std::to_string(n) + "/";
+  std::vector<std::string> keys;
+  if (auto it = listed.keys_by_step.find(step); it != listed.keys_by_step.end()) keys = it->second;
+  std::stable_partition(keys.begin(), keys.end(), [&](const std::string& k) { return k == index_key(prefix, step); });
+  for (const auto& key : keys) storage::move_object(sink, key, to + key.substr(from.size()));
+  return to;
 }
 
 //! Reads and parses the index of `step`; std::nullopt when it does not exist (or is not visible yet).
@@ -125,16 +180,26 @@ std::vector<std::uint64_t> complete_checkpoints(S& sink, const std::string& pref
   return out;
 }
 
+//! A newer step than the one found whose index is listed but does not parse (errc::protocol): damaged.
+struct unreadable_index {
+  std::uint64_t step = 0;
+  std::string why;
+};
+
 //! The newest complete checkpoint's index, or std::nullopt when there is none. Reads indexes newest first, so it
-//! costs one LIST and usually one GET.
+//! costs one LIST and usually one GET. Steps with an index that does not parse are skipped (a warning each) and,
+//! given `unreadable`, appended to it, newest first. Only those under step `below` are looked at, when given.
 template <storage::sink S>
-std::optional<checkpoint_index> latest_checkpoint(S& sink, const std::string& prefix) {
+std::optional<checkpoint_index> latest_checkpoint(S& sink, const std::string& prefix, std::vector<unreadable_index>* unreadable = nullptr,
+                                                  std::optional<std::uint64_t> below = std::nullopt) {
   const auto listed = list_checkpoints(sink, prefix);
   for (auto it = listed.indexed.rbegin(); it != listed.indexed.rend(); ++it) {
+    if (below && *it >= *below) continue;
     try {
       if (auto index = read_index(sink, prefix, *it)) return index;
     } catch (const shardkit::error& e) {
       log::warn("ckpt: step ", *it, " is not a complete checkpoint: ", e.what());
+      if (unreadable && e.code() == make_error_code(errc::protocol)) unreadable->push_back({*it, e.what()});
     }
   }
   return std::nullopt;

@@ -24,7 +24,7 @@
 //! it takes the location's lease (ckpt/lease.hpp: a second live writer is refused, naming the holder's run, host and
 //! pid), refuses a location whose newest checkpoint is another run's unless this run loaded from it or
 //! checkpointer_options::overwrite is set (then it removes them first), and tells every rank this run's id and which
-//! steps hold an index. Every index records the run id (checkpointer_options::run_id) and seed. A save into a step
+//! steps hold an index (after moving aside the damaged steps a load_latest passed over). Every index records the run id (checkpointer_options::run_id) and seed. A save into a step
 //! that holds an index fails on every rank with nothing written; rank 0 reads the lease back before each index and
 //! commits nothing once another run holds it. After the first, a save costs no request and no collective beyond
 //! its commit round.
@@ -217,10 +217,13 @@ class checkpointer {
   SHARDKIT_DECL load_report load(std::uint64_t step, const state_dict& into, load_scope scope = load_scope::what_state_asks);
 
   //! Loads the newest complete checkpoint; std::nullopt when there is none. Collective (latest()). When it does not
-  //! load on some rank because its data is damaged (a rank file absent or cut short, a checksum mismatch), every
-  //! rank falls back to the next older complete checkpoint, rank 0 logs which step and why, and the report lists it
-  //! (load_report::passed_over); when none loads, errc::io naming every step tried. The state is then partly
-  //! loaded from the failed attempts until one succeeds.
+  //! load on some rank because its data is damaged (a rank file absent or cut short, a checksum mismatch, an index
+  //! that does not parse), every rank falls back to the next older complete checkpoint, rank 0 logs which step and
+  //! why, and the report lists it (load_report::passed_over); when none loads, errc::io naming every step tried. The
+  //! state is then partly loaded from the failed attempts until one succeeds. A load that succeeded past damaged
+  //! steps before this checkpointer's first save makes that save move them aside (rank 0, holding the lease, before
+  //! any rank writes; logged): their objects go to "step-<digits>.damaged/" (catalog.hpp), never deleted, and the
+  //! run saves those steps anew. A reader that never saves moves nothing.
   SHARDKIT_DECL std::optional<load_report> load_latest(const state_dict& into, load_scope scope = load_scope::what_state_asks);
 
   //! Every saved rank's bytes of the per-rank entry `name` in the checkpoint of `step` (after a rescale).
@@ -310,6 +313,8 @@ class checkpointer {
 
   // The first save's opening of the location (see the file comment): collective on calls_group_.
   SHARDKIT_DECL void open_for_saves();
+  // Rank 0, opening: moves aside the damaged steps a load passed over (damaged_steps_), logging each.
+  SHARDKIT_DECL void move_damaged_steps_aside(const listing& listed, const std::string& where);
   // Rank 0, opening: removes every checkpoint under the prefix (checkpointer_options::overwrite).
   SHARDKIT_DECL void remove_checkpoints_of_another_run(const listing& listed);
   // A load that succeeded before the first save makes this a resumed run, with the id it loaded.
@@ -318,7 +323,9 @@ class checkpointer {
 
   // latest()'s work; on rank 0 also hands back the index it parsed, so load_latest does not read it twice (a large
   // job's index is hundreds of megabytes: docs/benchmarks.md).
-  SHARDKIT_DECL std::optional<std::uint64_t> find_latest(std::optional<checkpoint_index>* parsed_on_rank0);
+  // With `unreadable_on_rank0`, rank 0 also appends the newer steps whose index does not parse.
+  SHARDKIT_DECL std::optional<std::uint64_t> find_latest(std::optional<checkpoint_index>* parsed_on_rank0,
+                                                         std::vector<unreadable_index>* unreadable_on_rank0);
 
   // Compares (location, prefix, world size) across ranks; throws on every rank a difference, naming both.
   SHARDKIT_DECL void agree_on_location();
@@ -364,6 +371,8 @@ class checkpointer {
   bool resumed_ = false;
   bool opened_ = false;
   std::set<std::uint64_t> indexed_at_open_;  // saves into these steps are refused (this run holds the lease)
+  // Steps load_latest passed over before the first save (damaged), and why: that save moves them aside (rank 0).
+  std::map<std::uint64_t, std::string> damaged_steps_;
   std::unique_ptr<location_lease> lease_;    // rank 0's, from the first save to the destructor
   std::optional<thread_pool> pool_;  // last: its worker uses the members above until it is joined
 };

@@ -7,8 +7,11 @@
 //! is no longer this holder's is not committed) and removes it when the checkpointer ends.
 //!
 //! Taking it: a lease that names another holder and is not stale refuses, naming the holder's run, host, pid and
-//! age. Stale: its host is this host and its pid is gone (a killed run), or it was not renewed within the expiry (a
-//! holder on another host that died). A stale lease is taken over (logged). The lease is created with
+//! age. Stale: its host is this host and its pid is gone or a zombie (a killed run; /proc/PID/stat says Z), or it was
+//! not renewed within the expiry (a holder on another host that died), or the object is not a lease at all (it does
+//! not parse as one: no checkpointer wrote it, since a holder writes it whole each time, so no live run holds it). A
+//! stale lease is taken over, with a warning that says which of these it was. A key the sink cannot read as an object
+//! (a directory named lease.json) is an error naming it. The lease is created with
 //! storage::put_new, atomic where the sink has it (posix_sink: link(); S3 with If-None-Match: *; memory_sink), and
 //! always read back: on a store that ignores If-None-Match (s3rver) two runs that start within one round trip can both
 //! believe they hold it, and the read-back before each commit then refuses the commits of the one whose lease was
@@ -18,6 +21,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -53,6 +57,8 @@ struct lease_record {
   std::string run, holder, host;
   std::int64_t pid = 0;
   std::int64_t renewed = 0;  //!< seconds since the epoch
+  //! Set when the object is not a lease: why it does not parse, and its first bytes (the other fields are empty).
+  std::string unparsed;
 
   std::string to_json() const {
     return nlohmann::json{{"run", run}, {"holder", holder}, {"host", host}, {"pid", pid}, {"renewed", renewed}}.dump();
@@ -67,8 +73,9 @@ struct lease_record {
       return std::nullopt;
     }
   }
-  //! "run R (host H, pid P, renewed N s ago)".
+  //! "run R (host H, pid P, renewed N s ago)", or what the object is when it is not a lease.
   std::string describe(std::int64_t now) const {
+    if (!unparsed.empty()) return "an object that is not a lease (" + unparsed + ")";
     return "run " + run + " (host " + host + ", pid " + std::to_string(pid) + ", renewed " + std::to_string(now - renewed) +
            " s ago)";
   }
@@ -77,6 +84,23 @@ struct lease_record {
 namespace detail {
 inline std::int64_t unix_seconds() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+//! Whether process `pid` of this host runs: it exists and is not a zombie (killed, not yet reaped by its parent: a
+//! launcher that is itself stuck keeps it so).
+inline bool process_alive(std::int64_t pid) {
+  if (pid <= 0) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return true;  // no /proc: kill() said it exists
+  char line[512] = {};
+  const std::size_t n = std::fread(line, 1, sizeof line - 1, f);
+  std::fclose(f);
+  // "PID (COMM) S ...": the state follows the last ')' (COMM may hold one).
+  const std::string_view text(line, n);
+  const auto close = text.rfind(')');
+  if (close == std::string_view::npos || close + 2 >= text.size()) return true;
+  const char state = text[close + 2];
+  return state != 'Z' && state != 'X';
 }
 inline std::string host_name() {
   char name[256] = {};
@@ -102,6 +126,7 @@ class location_lease {
 
   //! Takes the lease, or throws errc::config naming its holder. Starts renewing it.
   void acquire() {
+    bool unreadable_key = false;  // a create-only put found the key taken, yet it reads as no object
     for (int attempt = 0; attempt < 3; ++attempt) {
       auto held = read();
       if (held && held->holder != mine_.holder) {
@@ -113,10 +138,13 @@ class location_lease {
                           "to end; if it is dead on another host, its lease expires " + std::to_string(expiry_.count()) +
                           " s after its last renewal (checkpointer_options::lease_expiry), or remove " + key_,
                       {.operation = "ckpt.lease", .object = key_});
-        log::warn("ckpt: taking over the stale lease of '", where_, "' from ", held->describe(now));
+        log::warn("ckpt: taking over the stale lease of '", where_, "' from ", held->describe(now), ": ", why_stale(*held, now));
         write(false);
       } else if (!held) {
-        if (!write(true)) continue;  // another writer created it in between: look again
+        if (!write(true)) {  // another writer created it in between: look again
+          unreadable_key = !read();
+          continue;
+        }
       } else {
         write(false);
       }
@@ -128,6 +156,11 @@ class location_lease {
       }
     }
     auto held = read();
+    if (!held && unreadable_key)
+      throw_error(errc::config,
+                  "the lease " + key_ + " of the checkpoint location '" + where_ + "' cannot be created: the key is taken by "
+                  "something that is not an object (a directory of that name?). Remove it",
+                  {.operation = "ckpt.lease", .object = key_});
     throw_error(errc::config,
                 "the checkpoint location '" + where_ + "' is held by " +
                     (held ? held->describe(detail::unix_seconds()) : std::string("a run that keeps replacing its lease")) +
@@ -151,10 +184,14 @@ class location_lease {
   bool held() const noexcept { return held_; }
 
  private:
-  bool stale(const lease_record& l, std::int64_t now) const {
-    if (now - l.renewed > expiry_.count()) return true;
-    if (l.host == mine_.host && l.pid > 0 && ::kill(static_cast<pid_t>(l.pid), 0) != 0 && errno == ESRCH) return true;
-    return false;
+  bool stale(const lease_record& l, std::int64_t now) const { return !why_stale(l, now).empty(); }
+  // Why `l` may be taken over (see the file comment), or empty.
+  std::string why_stale(const lease_record& l, std::int64_t now) const {
+    if (!l.unparsed.empty()) return "no run holds it";
+    if (now - l.renewed > expiry_.count())
+      return "not renewed within checkpointer_options::lease_expiry (" + std::to_string(expiry_.count()) + " s)";
+    if (l.host == mine_.host && !detail::process_alive(l.pid)) return "its process is gone from this host";
+    return {};
   }
   std::optional<lease_record> read() {
     std::vector<std::byte> bytes;
@@ -164,9 +201,14 @@ class location_lease {
       if (e.code() == make_error_code(errc::not_found)) return std::nullopt;
       throw;
     }
-    auto l = lease_record::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
-    if (!l) return lease_record{"unknown", "unknown", "unknown", 0, 0};  // not a lease: stale, taken over
-    return l;
+    const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    auto l = lease_record::parse(text);
+    if (l) return l;
+    std::string start(text.substr(0, 40));
+    for (auto& c : start)
+      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
+    return lease_record{.unparsed = "it does not parse as one: " + std::to_string(bytes.size()) + " bytes, '" + start +
+                                    (text.size() > 40 ? "...'" : "'")};  // stale: taken over
   }
   bool write(bool only_new) {
     mine_.renewed = detail::unix_seconds();

@@ -145,6 +145,18 @@ class memory_sink {
     return state_->objects.erase(key) > 0;
   }
 
+  //! Moves the object of `from` to `to` under the lock (sink_moves). errc::not_found when `from` has none.
+  void move(const std::string& from, const std::string& to) {
+    check_key(from, "sink.move");
+    check_key(to, "sink.move");
+    std::lock_guard lock(state_->mutex);
+    auto it = state_->objects.find(from);
+    if (it == state_->objects.end()) throw_error(errc::not_found, "no such object", {.operation = "sink.move", .object = from});
+    auto object = it->second;
+    state_->objects.erase(it);
+    state_->objects[to] = std::move(object);
+  }
+
   //! Bytes held by committed objects (for tests and staging budgets).
   std::uint64_t bytes_stored() const {
     std::lock_guard lock(state_->mutex);
@@ -163,6 +175,6 @@ class memory_sink {
   std::shared_ptr<detail::memory_sink_state> state_ = std::make_shared<detail::memory_sink_state>();
 };
 
-static_assert(sink<memory_sink> && sink_puts_new<memory_sink>);
+static_assert(sink<memory_sink> && sink_puts_new<memory_sink> && sink_moves<memory_sink>);
 
 }  // namespace shardkit::storage

@@ -441,6 +441,29 @@ class posix_sink {
     return true;
   }
 
+  //! Renames the file of `from` to the key `to` (sink_moves), creating the directories `to` needs and pruning those
+  //! `from` leaves empty; with fsync on, both directories are made durable. errc::not_found when `from` holds no file.
+  void move(const std::string& from, const std::string& to) {
+    check_key(from, "sink.move");
+    check_key(to, "sink.move");
+    const std::string source = path_of(from), target = path_of(to);
+    for (int attempt = 0;; ++attempt) {
+      if (!size(from)) throw_error(errc::not_found, "no such object", {.operation = "sink.move", .object = from});
+      make_directories(to);
+      if (::rename(source.c_str(), target.c_str()) == 0) break;
+      const int e = errno;
+      if (e == ENOENT && attempt < 100) continue;  // `to`'s directory was pruned meanwhile, or `from` went: look again
+      detail::throw_os_error(e, "sink.move", from, "rename to '" + target + "' of", source);
+    }
+    if (options_.fsync)
+      for (const auto& dir : {detail::parent_of(target), detail::parent_of(source)})
+        if (const int e = detail::fsync_directory(dir); e != 0 && e != ENOENT)
+          detail::throw_os_error(e, "sink.move", from, "fsync of directory", dir);
+    if (options_.prune_empty_directories)
+      for (std::string dir = detail::key_directory(from); !dir.empty(); dir = detail::key_directory(dir))
+        if (::rmdir(path_of(dir).c_str()) != 0) break;
+  }
+
   //! The temporaries under `prefix` (sink_keeps_temporaries): each one's key (its directory's key and its name),
   //! bytes and last modification. Those of live writers too: only their age tells them apart.
   std::vector<temporary_object> temporaries(const std::string& prefix = {}) const {
@@ -500,6 +523,6 @@ class posix_sink {
   std::shared_ptr<detail::bounce_pool> bounce_pool_;  // null: no O_DIRECT
 };
 
-static_assert(sink<posix_sink> && sink_names_objects<posix_sink> && sink_puts_new<posix_sink>);
+static_assert(sink<posix_sink> && sink_names_objects<posix_sink> && sink_puts_new<posix_sink> && sink_moves<posix_sink>);
 
 }  // namespace shardkit::storage

@@ -79,6 +79,13 @@
 //! under its lock). Callers use storage::put_new(s, key, bytes), which falls back to exists() then a put, not
 //! atomic: a caller that needs a guarantee reads the object back. The checkpointer's lease (ckpt/lease.hpp) does.
 //!
+//! **Optional capability: move.** `s.move(from, to)` -> void: afterwards the object that `from` held is under `to`
+//! (replacing any object there) and `from` has none; errc::not_found when `from` has no object (concept sink_moves:
+//! posix_sink renames the file, no byte copied; memory_sink under its lock). Callers use storage::move_object(s,
+//! from, to), which falls back to a copy through get and a sized put, in chunks, then remove(from): not atomic (a
+//! failure midway leaves `from` as it was, and perhaps `to` written too). The checkpointer moves a checkpoint that
+//! does not load aside with it (ckpt/catalog.hpp).
+//!
 //! - A writer is finished after commit() or abort(); a write or commit on a finished writer throws errc::closed.
 //!   Destroying an unfinished writer aborts it.
 //! - After a write() threw (an I/O error, a short write) the object must never become visible: commit() throws
@@ -123,6 +130,7 @@
 //! };
 //! static_assert(shardkit::storage::sink<my_sink>);
 //! @endcode
+#include <algorithm>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
@@ -255,6 +263,12 @@ concept sink_puts_new = sink<S> && requires(S& s, const std::string& key, std::s
   { s.put_new(key, bytes) } -> std::same_as<bool>;
 };
 
+//! The optional move of the file comment.
+template <class S>
+concept sink_moves = sink<S> && requires(S& s, const std::string& from, const std::string& to) {
+  { s.move(from, to) } -> std::same_as<void>;
+};
+
 //! The writer type a sink's put() returns.
 template <sink S>
 using writer_t = decltype(std::declval<S&>().put(std::declval<const std::string&>()));
@@ -283,6 +297,29 @@ bool put_new(S& s, const std::string& key, std::span<const std::byte> bytes) {
     w.write(bytes);
     w.commit();
     return true;
+  }
+}
+
+//! s.move(from, to) where the sink has it (sink_moves), else a copy of `from` to `to` (get in chunks of 8 MiB, one
+//! sized put) and then remove(from). errc::not_found when `from` has no object.
+template <sink S>
+void move_object(S& s, const std::string& from, const std::string& to) {
+  if constexpr (sink_moves<S>) {
+    s.move(from, to);
+  } else {
+    const auto n = s.size(from);
+    if (!n) throw_error(errc::not_found, "no such object", {.operation = "sink.move", .object = from});
+    auto w = put_sized(s, to, *n);
+    std::vector<std::byte> chunk(static_cast<std::size_t>(std::min<std::uint64_t>(*n, std::uint64_t{8} << 20)));
+    for (std::uint64_t at = 0; at < *n;) {
+      const std::size_t got = s.get(from, at, std::span<std::byte>(chunk).first(static_cast<std::size_t>(std::min<std::uint64_t>(chunk.size(), *n - at))));
+      if (got == 0)
+        throw_error(errc::io, "the object shrank while it was copied to " + to, {.operation = "sink.move", .object = from});
+      w.write(std::span<const std::byte>(chunk).first(got));
+      at += got;
+    }
+    w.commit();
+    s.remove(from);
   }
 }
 
@@ -358,6 +395,7 @@ struct sink_interface {
   virtual std::size_t remove_stale_temporaries(std::chrono::seconds, const std::string&) = 0;
   virtual std::string identity(const std::string&) = 0;
   virtual bool put_new(const std::string&, std::span<const std::byte>) = 0;
+  virtual void move(const std::string&, const std::string&) = 0;
 };
 }  // namespace detail
 
@@ -414,6 +452,7 @@ struct sink_model final : sink_interface {
   }
   std::string identity(const std::string& k) override { return storage::identity_of(*impl, k); }
   bool put_new(const std::string& k, std::span<const std::byte> b) override { return storage::put_new(*impl, k, b); }
+  void move(const std::string& from, const std::string& to) override { storage::move_object(*impl, from, to); }
 };
 }  // namespace detail
 
@@ -453,6 +492,8 @@ class any_sink {
   std::string identity(const std::string& key) { return self().identity(key); }
   //! The sink's create-only put, or exists() then a put when it has none (sink_puts_new).
   bool put_new(const std::string& key, std::span<const std::byte> bytes) { return self().put_new(key, bytes); }
+  //! The sink's move, or a copy then remove(from) when it has none (sink_moves).
+  void move(const std::string& from, const std::string& to) { self().move(from, to); }
 
  private:
   detail::sink_interface& self() const {

@@ -185,15 +185,16 @@ SHARDKIT_DECL void checkpointer::throw_failures_up_to(std::uint64_t up_to) {
   throw error(code, detail, {.rank = rank_, .operation = "ckpt.save", .object = index_key(opts_.prefix, failures.front().step)});
 }
 
-SHARDKIT_DECL std::optional<std::uint64_t> checkpointer::latest() { return find_latest(nullptr); }
+SHARDKIT_DECL std::optional<std::uint64_t> checkpointer::latest() { return find_latest(nullptr, nullptr); }
 
-SHARDKIT_DECL std::optional<std::uint64_t> checkpointer::find_latest(std::optional<checkpoint_index>* parsed_on_rank0) {
+SHARDKIT_DECL std::optional<std::uint64_t> checkpointer::find_latest(std::optional<checkpoint_index>* parsed_on_rank0,
+                                                                     std::vector<unreadable_index>* unreadable_on_rank0) {
   wait_for_saves();
   std::int64_t found = -1;
   std::string failure;
   if (rank_ == 0) {
     try {
-      if (auto index = latest_checkpoint(sink_, opts_.prefix)) {
+      if (auto index = latest_checkpoint(sink_, opts_.prefix, unreadable_on_rank0)) {
         found = static_cast<std::int64_t>(index->step);
         if (parsed_on_rank0) *parsed_on_rank0 = std::move(index);
       }
@@ -244,8 +245,21 @@ SHARDKIT_DECL load_report checkpointer::load_index(const checkpoint_index& index
 
 SHARDKIT_DECL std::optional<load_report> checkpointer::load_latest(const state_dict& into, load_scope scope) {
   std::optional<checkpoint_index> parsed;
-  auto step = find_latest(&parsed);
-  std::vector<std::string> passed_over;
+  // Steps passed over, newest first: those that did not load (on every rank), and those whose index does not parse
+  // (rank 0 finds them while it looks for the next one; every rank learns them at the end).
+  std::map<std::uint64_t, std::string, std::greater<>> passed;
+  std::vector<unreadable_index> unreadable;
+  auto step = find_latest(&parsed, &unreadable);
+  auto learn_unreadable = [&] {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& u : unreadable) j.push_back({u.step, u.why});
+    const std::string text = world_ > 1 ? broadcast_string(rank_ == 0 ? j.dump() : std::string{}, 0) : j.dump();
+    for (const auto& u : nlohmann::json::parse(text))
+      passed.emplace(u[0].get<std::uint64_t>(), "its index does not parse: " + u[1].get<std::string>());
+    std::vector<std::string> out;
+    for (const auto& [s, why] : passed) out.push_back("step " + std::to_string(s) + ": " + why);
+    return out;
+  };
   while (step) {
     // 0: loaded; 1: its data is damaged (a file absent, cut short, a checksum): an older one may load; 2: anything
     // else (the state does not fit, a lost peer): thrown.
@@ -269,32 +283,32 @@ SHARDKIT_DECL std::optional<load_report> checkpointer::load_latest(const state_d
     calls_group_.all_gather(const_buffer_view(&outcome, 1, dtype::i64), buffer_view(outcomes.data(), outcomes.size(), dtype::i64)).wait();
     const auto failed = std::find(outcomes.begin(), outcomes.end(), 1);
     if (failed == outcomes.end()) {
+      report->passed_over = learn_unreadable();
       note_loaded(*report);
-      report->passed_over = std::move(passed_over);
+      // This run saves the steps after the one it loaded: the damaged ones stand in the way, and are moved aside
+      // (never deleted) by its first save, once it holds the location's lease (open_for_saves).
+      if (!opened_)
+        for (const auto& [s, reason] : passed) damaged_steps_[s] = reason;
+      else if (!passed.empty() && rank_ == 0)
+        log::warn("ckpt: the damaged steps this load passed over stay where they are (this run saved before it loaded); "
+                  "a save of one of those steps is refused");
       return report;
     }
     // Every rank names the same step, rank and reason, and goes on to the next older complete checkpoint.
     const int culprit = static_cast<int>(failed - outcomes.begin());
     why = broadcast_string(why, culprit);
-    passed_over.push_back("step " + std::to_string(*step) + ": rank " + std::to_string(culprit) + ": " + why);
-    if (rank_ == 0) log::warn("ckpt: the latest checkpoint, step ", *step, ", does not load on rank ", culprit, " (", why,
-                              "): falling back to an older one");
+    passed.emplace(*step, "rank " + std::to_string(culprit) + ": " + why);
+    if (rank_ == 0)
+      log::warn("ckpt: the latest checkpoint, step ", *step, ", does not load on rank ", culprit, " (", why,
+                "): falling back to an older one", opened_ ? "" : "; this run's first save moves it aside, to step-*.damaged");
     std::int64_t older = -1;
     parsed.reset();
-    if (rank_ == 0) {
-      const auto listed = list_checkpoints(sink_, opts_.prefix);
-      for (auto it = listed.indexed.rbegin(); it != listed.indexed.rend() && older < 0; ++it) {
-        if (*it >= *step) continue;
-        try {
-          if ((parsed = read_index(sink_, opts_.prefix, *it))) older = static_cast<std::int64_t>(*it);
-        } catch (const shardkit::error& e) {
-          log::warn("ckpt: step ", *it, " is not a complete checkpoint: ", e.what());
-        }
-      }
-    }
+    if (rank_ == 0)
+      if ((parsed = latest_checkpoint(sink_, opts_.prefix, &unreadable, *step))) older = static_cast<std::int64_t>(parsed->step);
     calls_group_.broadcast(buffer_view(std::span<std::int64_t>(&older, 1)), 0).wait();
     step = older < 0 ? std::nullopt : std::optional<std::uint64_t>(static_cast<std::uint64_t>(older));
   }
+  const auto passed_over = learn_unreadable();
   if (passed_over.empty()) return std::nullopt;
   std::string all;
   for (const auto& p : passed_over) all += (all.empty() ? "" : "; ") + p;

@@ -75,6 +75,10 @@ SHARDKIT_DECL void checkpointer::open_for_saves() {
       if (!lease_) lease_ = std::make_unique<location_lease>(sink_, opts_.prefix, where, run_id_, opts_.lease_expiry);
       if (!lease_->held()) lease_->acquire();
       auto listed = list_checkpoints(sink_, opts_.prefix);
+      if (!damaged_steps_.empty()) {
+        move_damaged_steps_aside(listed, where);
+        listed = list_checkpoints(sink_, opts_.prefix);
+      }
       if (!resumed_ && !listed.indexed.empty()) {
         const auto newest = latest_checkpoint(sink_, opts_.prefix);
         const std::string theirs = newest ? run_of(*newest) : std::string{};
@@ -118,6 +122,21 @@ SHARDKIT_DECL void checkpointer::open_for_saves() {
   const auto indexed = v["indexed"].get<std::vector<std::uint64_t>>();
   indexed_at_open_ = std::set<std::uint64_t>(indexed.begin(), indexed.end());
   opened_ = true;
+}
+
+SHARDKIT_DECL void checkpointer::move_damaged_steps_aside(const listing& listed, const std::string& where) {
+  for (const auto& [step, why] : damaged_steps_) {
+    if (!listed.indexed.contains(step)) continue;  // gone meanwhile: nothing stands in the way
+    try {
+      const std::string to = move_damaged_aside(sink_, opts_.prefix, step, listed);
+      log::warn("ckpt: moved the damaged checkpoint of step ", step, " in '", where, "' aside to '", to, "' (", why,
+                "); this run saves step ", step, " anew. Nothing was deleted: shardkit-ckpt ls shows it, gc --damaged removes it");
+    } catch (const std::exception& e) {
+      log::error("ckpt: moving the damaged checkpoint of step ", step, " in '", where, "' aside failed: ", e.what(),
+                 "; a save of step ", step, " is refused while its index stands");
+    }
+  }
+  damaged_steps_.clear();
 }
 
 SHARDKIT_DECL void checkpointer::remove_checkpoints_of_another_run(const listing& listed) {
