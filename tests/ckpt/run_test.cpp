@@ -185,6 +185,7 @@ TEST_CASE("[ckpt] a resume past damaged steps moves them aside at its first save
   std::filesystem::remove_all(dir);
   for (int kind = 0; kind < 2; ++kind)
     for (int world : {1, 3}) {
+      if (kind == 1 && world == 1) continue;  // a POSIX directory (its renames) once, at 3 ranks
       CAPTURE(kind);
       CAPTURE(world);
       std::filesystem::remove_all(dir);

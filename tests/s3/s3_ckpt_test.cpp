@@ -236,6 +236,33 @@ TEST_CASE("[s3] checkpoint retention: keep_last 2 after 4 saves leaves 2 indexes
   load_and_check(2, st::any_sink(watched), 300, prefix);
 }
 
+TEST_CASE("[s3] a resume past a damaged latest step moves it aside (copied, then deleted) and saves that step again") {
+  if (!server_or_skip()) return;
+  auto s3 = std::make_shared<st::s3_sink>(location("ckpt-damaged"), options_for(*server()));
+  const std::string prefix = "run-1/";
+  save_on(2, st::any_sink(s3), {2, 4}, {.prefix = prefix});
+  auto damaged = st::get_object(*s3, ck::rank_file_key(prefix, 4, 1));
+  damaged[damaged.size() - 100] ^= std::byte{0x5a};
+  st::put_object(*s3, ck::rank_file_key(prefix, 4, 1), damaged);
+  auto groups = sk::comm::make_loopback_world(2);
+  sk::test::run_threads(2, [&](int r) {
+    rank_state s(r, 2);
+    ck::checkpointer c(groups[std::size_t(r)], st::any_sink(s3), {.prefix = prefix, .run_id = "s3"});
+    const auto report = c.load_latest(s.dict);
+    REQUIRE(report);
+    CHECK(report->step == 2);
+    CHECK(report->passed_over.size() == 1);
+    s.fill(4, r);
+    CHECK(c.save(4, s.dict, {{"run", "s3"}}).get().committed);
+  });
+  const auto listed = ck::list_checkpoints(*s3, prefix);
+  CHECK(listed.indexed == std::set<std::uint64_t>{2, 4});
+  REQUIRE(listed.damaged.size() == 1);
+  CHECK(listed.damaged.begin()->first == prefix + "step-000000000004.damaged/");
+  CHECK(st::get_object(*s3, prefix + "step-000000000004.damaged/rank-00001.safetensors") == damaged);
+  load_and_check(2, st::any_sink(s3), 4, prefix);
+}
+
 TEST_CASE("[s3] checkpoint through a proxy failing 10% of requests: saves commit, loads return identical bytes") {
   if (!server_or_skip()) return;
   const auto& srv = *server();
