@@ -167,7 +167,7 @@ TEST_CASE("[ckpt] load_latest falls back past a damaged latest checkpoint, on ev
   }
   sink.remove(ck::rank_file_key("", 1, 0));  // none loads: an error naming every step, never a silent fresh start
   on_ranks(2, sink, {}, [&](int, ck::checkpointer& c, tc::sharded_tensors&, ck::state_dict& d) {
-    CHECK_THROWS_WITH_AS(c.load_latest(d), doctest::Contains("no complete checkpoint under '' loads: step 3: rank "), sk::error);
+    CHECK_THROWS_WITH_AS(c.load_latest(d), doctest::Contains("no complete checkpoint under the sink's root loads: step 3: rank "), sk::error);
   });
 }
 
@@ -238,6 +238,55 @@ TEST_CASE("[ckpt] a resume past damaged steps moves them aside at its first save
       CHECK(after.damaged.at("step-000000000008.damaged-2/").keys.size() == std::size_t(world));  // its index, the files left
     }
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("[ckpt] a move aside that a crash interrupted is finished by the next resume, and nothing of it is deleted") {
+  {  // killed after moving one file (files first, index last): the step keeps its index and fails to load again
+    auto sink = st::make_sink<st::memory_sink>();
+    save_steps(2, sink, {2, 4});
+    st::move_object(sink, ck::rank_file_key("", 4, 1), "step-000000000004.damaged/rank-00001.safetensors");
+    on_ranks(2, sink, {.keep_last = 0}, [&](int, ck::checkpointer& c, tc::sharded_tensors& model, ck::state_dict& d) {
+      CHECK(c.load_latest(d)->step == 2);
+      model.fill(4);
+      CHECK(c.save(4, d).get().committed);
+    });
+    const auto listed = ck::list_checkpoints(sink, "");
+    CHECK(listed.indexed == std::set<std::uint64_t>{2, 4});
+    REQUIRE(listed.damaged.size() == 1);  // the same set-aside prefix, now whole
+    CHECK(listed.damaged.at("step-000000000004.damaged/").keys.size() == 3);
+  }
+  {  // an index moved before its files (as a move used to go): those files are never taken for debris
+    auto sink = st::make_sink<st::memory_sink>();
+    save_steps(2, sink, {2, 4, 6});
+    st::move_object(sink, ck::index_key("", 4), "step-000000000004.damaged/index.json");
+    on_ranks(2, sink, {.keep_last = 1}, [&](int, ck::checkpointer& c, tc::sharded_tensors& model, ck::state_dict& d) {
+      CHECK(c.load_latest(d)->step == 6);
+      model.fill(8);
+      CHECK(c.save(8, d).get().committed);
+    });
+    CHECK(sink.exists(ck::rank_file_key("", 4, 0)));
+    CHECK(sink.exists(ck::rank_file_key("", 4, 1)));
+    CHECK(ck::list_checkpoints(sink, "").indexed == std::set<std::uint64_t>{8});
+  }
+}
+
+TEST_CASE("[ckpt] a rank file longer than its index records is damaged for a resume too: it falls back and moves it aside") {
+  auto sink = st::make_sink<st::memory_sink>();
+  save_steps(2, sink, {2, 4});
+  auto bytes = st::get_object(sink, ck::rank_file_key("", 4, 1));
+  for (char ch : std::string("TRAILING\n")) bytes.push_back(std::byte(ch));
+  st::put_object(sink, ck::rank_file_key("", 4, 1), bytes);
+  st::put_object(sink, "step-000000000004.damaged", st::as_bytes("a file where the set-aside prefix would go"));
+  on_ranks(2, sink, {.keep_last = 0}, [&](int, ck::checkpointer& c, tc::sharded_tensors& model, ck::state_dict& d) {
+    const auto report = c.load_latest(d);
+    REQUIRE(report);
+    CHECK(report->step == 2);
+    REQUIRE(report->passed_over.size() == 1);
+    CHECK(report->passed_over[0].find("step-000000000004/rank-00001.safetensors is " + std::to_string(bytes.size()) + " bytes") != std::string::npos);
+    model.fill(4);
+    CHECK(c.save(4, d).get().committed);
+  });
+  CHECK(ck::list_checkpoints(sink, "").damaged.at("step-000000000004.damaged-2/").keys.size() == 3);
 }
 
 TEST_CASE("[ckpt] a save never writes into a step that holds an index (another run's, or this one's before a restart)") {

@@ -129,19 +129,27 @@ listing list_checkpoints(S& sink, const std::string& prefix) {
   return out;
 }
 
-//! Moves the objects of `step` (as `listed` shows them) aside to a new "<prefix>step-<digits>.damaged[-N]/", its
-//! index first: from that move on the step is no checkpoint, and whatever a failure leaves behind is debris (objects
-//! without an index), never an index beside files it does not describe. Returns the new prefix. Only the location's
-//! holder (the run with its lease) moves anything.
+//! Moves the objects of `step` (as `listed` shows them) aside to "<prefix>step-<digits>.damaged[-N]/", its files
+//! first and its index last: until the index moves, the step keeps its index and stays a damaged checkpoint (a
+//! resume detects it again), so a crash midway never leaves files without an index that a later save or retention
+//! would take for debris. A set-aside prefix of this step without an index is such a half-done move: this one
+//! finishes it into that prefix; otherwise the prefix is a new one. Returns the prefix. Only the location's holder
+//! (the run with its lease) moves anything.
 template <storage::sink S>
 std::string move_damaged_aside(S& sink, const std::string& prefix, std::uint64_t step, const listing& listed) {
   const std::string from = step_prefix(prefix, step);
   const std::string base = from.substr(0, from.size() - 1) + std::string(damaged_marker);
-  std::string to = base + "/";
-  for (int n = 2; listed.damaged.contains(to); ++n) to = base + "-" + std::to_string(n) + "/";
+  std::string to;
+  for (const auto& [aside, d] : listed.damaged)
+    if (d.step == step && std::none_of(d.keys.begin(), d.keys.end(), [&](const std::string& k) { return k == aside + std::string(index_object_name); }))
+      to = aside;  // a move that a crash interrupted: its index is still in `from`
+  if (to.empty()) {
+    to = base + "/";
+    for (int n = 2; listed.damaged.contains(to) || sink.exists(to.substr(0, to.size() - 1)); ++n) to = base + "-" + std::to_string(n) + "/";
+  }
   std::vector<std::string> keys;
   if (auto it = listed.keys_by_step.find(step); it != listed.keys_by_step.end()) keys = it->second;
-  std::stable_partition(keys.begin(), keys.end(), [&](const std::string& k) { return k == index_key(prefix, step); });
+  std::stable_partition(keys.begin(), keys.end(), [&](const std::string& k) { return k != index_key(prefix, step); });
   for (const auto& key : keys) storage::move_object(sink, key, to + key.substr(from.size()));
   return to;
 }
@@ -239,6 +247,10 @@ retention_report apply_retention(S& sink, const std::string& prefix, std::uint64
   for (const auto& [step, keys] : listed.keys_by_step) {
     if (step >= newest || kept.contains(step)) continue;
     const std::string index = index_key(prefix, step);
+    // Files without an index beside a set-aside prefix of their step may be part of a move a crash interrupted.
+    if (!listed.indexed.contains(step) &&
+        std::any_of(listed.damaged.begin(), listed.damaged.end(), [&](const auto& d) { return d.second.step == step; }))
+      continue;
     if (listed.indexed.contains(step)) {
       try {
         if (auto parsed = read_index(sink, prefix, step))

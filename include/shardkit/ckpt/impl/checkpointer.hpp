@@ -271,6 +271,25 @@ SHARDKIT_DECL std::optional<load_report> checkpointer::load_latest(const state_d
       if (!parsed)
         throw_error(errc::not_found, "no checkpoint of step " + std::to_string(*step) + " (no index " + index_key(opts_.prefix, *step) + ")",
                     {.rank = rank_, .operation = "ckpt.load", .object = index_key(opts_.prefix, *step)});
+      // A file whose size is not its index's record is damaged (as shardkit-ckpt ls says) even where the bytes the
+      // index names read back whole: rank 0 checks every file's size (one stat or HEAD each) and every rank learns
+      // the verdict before any loads (a load's collectives then run on all ranks or none).
+      std::string wrong_size;
+      if (rank_ == 0)
+        for (const auto& f : parsed->files) {
+          std::optional<std::uint64_t> size;
+          try {
+            size = sink_.size(f.key);
+          } catch (const std::exception&) {  // the load itself says what a file that cannot be read is
+          }
+          if (size && *size != f.size) {
+            wrong_size = "rank file " + f.key + " is " + std::to_string(*size) + " bytes, its index records " + std::to_string(f.size);
+            break;
+          }
+        }
+      if (world_ > 1) wrong_size = broadcast_string(wrong_size, 0);
+      if (!wrong_size.empty())
+        throw_error(errc::io, wrong_size, {.rank = rank_, .operation = "ckpt.load", .object = index_key(opts_.prefix, *step)});
       report = load_index(*parsed, into, scope);
     } catch (const shardkit::error& e) {
       const bool damaged = e.code() == make_error_code(errc::io) || e.code() == make_error_code(errc::not_found) ||
@@ -312,7 +331,9 @@ SHARDKIT_DECL std::optional<load_report> checkpointer::load_latest(const state_d
   if (passed_over.empty()) return std::nullopt;
   std::string all;
   for (const auto& p : passed_over) all += (all.empty() ? "" : "; ") + p;
-  throw_error(errc::io, "no complete checkpoint under '" + opts_.prefix + "' loads: " + all,
+  const std::string where = opts_.location.empty() ? (opts_.prefix.empty() ? std::string("the sink's root") : "prefix '" + opts_.prefix + "'")
+                                                   : "'" + opts_.location + "'";
+  throw_error(errc::io, "no complete checkpoint under " + where + " loads: " + all,
               {.rank = rank_, .operation = "ckpt.load", .object = opts_.prefix});
 }
 
