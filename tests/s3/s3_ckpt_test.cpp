@@ -11,6 +11,7 @@
 #include <barrier>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -42,6 +43,7 @@ struct watched_sink {
     std::set<std::string> read;  // keys of get/size/exists
     int lists = 0, removes = 0;
     std::vector<std::vector<std::string>> batches;
+    std::function<void(const std::string&)> before_remove;  // may throw: cuts a move between its copy and delete
   };
   st::any_sink inner;
   std::shared_ptr<record> rec = std::make_shared<record>();
@@ -75,6 +77,7 @@ struct watched_sink {
       std::lock_guard lock(rec->mutex);
       ++rec->removes;
     }
+    if (rec->before_remove) rec->before_remove(key);
     return inner.remove(key);
   }
   void remove_many(std::span<const std::string> keys) {
@@ -236,30 +239,52 @@ TEST_CASE("[s3] checkpoint retention: keep_last 2 after 4 saves leaves 2 indexes
   load_and_check(2, st::any_sink(watched), 300, prefix);
 }
 
-TEST_CASE("[s3] a resume past a damaged latest step moves it aside (copied, then deleted) and saves that step again") {
+TEST_CASE("[s3] a resume past a damaged latest step moves it aside (copied, then deleted), also when a move was cut "
+          "between a copy and its delete, and saves that step again") {
   if (!server_or_skip()) return;
   auto s3 = std::make_shared<st::s3_sink>(location("ckpt-damaged"), options_for(*server()));
-  const std::string prefix = "run-1/";
+  const std::string prefix = "run-1/", from = ck::step_prefix(prefix, 4), aside = prefix + "step-000000000004.damaged/";
   save_on(2, st::any_sink(s3), {2, 4}, {.prefix = prefix});
   auto damaged = st::get_object(*s3, ck::rank_file_key(prefix, 4, 1));
   damaged[damaged.size() - 100] ^= std::byte{0x5a};
   st::put_object(*s3, ck::rank_file_key(prefix, 4, 1), damaged);
-  auto groups = sk::comm::make_loopback_world(2);
-  sk::test::run_threads(2, [&](int r) {
-    rank_state s(r, 2);
-    ck::checkpointer c(groups[std::size_t(r)], st::any_sink(s3), {.prefix = prefix, .run_id = "s3"});
-    const auto report = c.load_latest(s.dict);
-    REQUIRE(report);
-    CHECK(report->step == 2);
-    CHECK(report->passed_over.size() == 1);
-    s.fill(4, r);
-    CHECK(c.save(4, s.dict, {{"run", "s3"}}).get().committed);
-  });
+  // Three runs resume past step 4 and save it again. The move of the first stops after copying the first file, that
+  // of the second after copying the index (their DeleteObject never goes out, as when the process dies there), so
+  // their saves of step 4 are refused; the third finishes the move into the same prefix and saves step 4.
+  for (const std::string cut : {"rank-00000.safetensors", "index.json", ""}) {
+    CAPTURE(cut);
+    auto watched = std::make_shared<watched_sink>(st::any_sink(s3));
+    watched->rec->before_remove = [&](const std::string& key) {
+      if (key == from + cut) sk::throw_error(errc::io, "the test cuts the move here", {.operation = "sink.remove", .object = key});
+    };
+    auto groups = sk::comm::make_loopback_world(2);
+    sk::test::run_threads(2, [&](int r) {
+      rank_state s(r, 2);
+      ck::checkpointer c(groups[std::size_t(r)], st::any_sink(watched), {.prefix = prefix, .run_id = "s3"});
+      const auto report = c.load_latest(s.dict);
+      REQUIRE(report);
+      CHECK(report->step == 2);
+      CHECK(report->passed_over.size() == 1);
+      s.fill(4, r);
+      bool committed = false;
+      try {
+        committed = c.save(4, s.dict, {{"run", "s3"}}).get().committed;
+      } catch (const sk::error& e) {  // refused: step 4's index still stands
+        CHECK(std::string(e.what()).find("step 4 already holds a checkpoint") != std::string::npos);
+      }
+      CHECK(committed == cut.empty());
+    });
+    if (!cut.empty()) {
+      CHECK(s3->exists(aside + cut));  // copied, and still in the step
+      CHECK(s3->exists(from + cut));
+    }
+  }
   const auto listed = ck::list_checkpoints(*s3, prefix);
   CHECK(listed.indexed == std::set<std::uint64_t>{2, 4});
   REQUIRE(listed.damaged.size() == 1);
-  CHECK(listed.damaged.begin()->first == prefix + "step-000000000004.damaged/");
-  CHECK(st::get_object(*s3, prefix + "step-000000000004.damaged/rank-00001.safetensors") == damaged);
+  CHECK(listed.damaged.begin()->first == aside);
+  CHECK(listed.damaged.begin()->second.keys.size() == 3);
+  CHECK(st::get_object(*s3, aside + "rank-00001.safetensors") == damaged);
   load_and_check(2, st::any_sink(s3), 4, prefix);
 }
 

@@ -132,24 +132,34 @@ listing list_checkpoints(S& sink, const std::string& prefix) {
 //! Moves the objects of `step` (as `listed` shows them) aside to "<prefix>step-<digits>.damaged[-N]/", its files
 //! first and its index last: until the index moves, the step keeps its index and stays a damaged checkpoint (a
 //! resume detects it again), so a crash midway never leaves files without an index that a later save or retention
-//! would take for debris. A set-aside prefix of this step without an index is such a half-done move: this one
-//! finishes it into that prefix; otherwise the prefix is a new one. Returns the prefix. Only the location's holder
-//! (the run with its lease) moves anything.
+//! would take for debris. A move is each object copied, then removed where the sink has no move of its own (S3), so
+//! a crash may also fall between an object's copy and its removal. A set-aside prefix of this step is such a
+//! half-done move when it has no index (the index moves last), or when the step holds nothing but its index and
+//! the prefix's index has the same bytes (cut between the index's copy and its removal): this one finishes it into
+//! that prefix, copying again what was copied already; otherwise the prefix is a new one. Returns the prefix. Only
+//! the location's holder (the run with its lease) moves anything.
 template <storage::sink S>
 std::string move_damaged_aside(S& sink, const std::string& prefix, std::uint64_t step, const listing& listed) {
-  const std::string from = step_prefix(prefix, step);
+  const std::string from = step_prefix(prefix, step), from_index = index_key(prefix, step);
   const std::string base = from.substr(0, from.size() - 1) + std::string(damaged_marker);
+  std::vector<std::string> keys;
+  if (auto it = listed.keys_by_step.find(step); it != listed.keys_by_step.end()) keys = it->second;
+  const bool only_index = keys.size() == 1 && keys.front() == from_index;
   std::string to;
-  for (const auto& [aside, d] : listed.damaged)
-    if (d.step == step && std::none_of(d.keys.begin(), d.keys.end(), [&](const std::string& k) { return k == aside + std::string(index_object_name); }))
-      to = aside;  // a move that a crash interrupted: its index is still in `from`
+  for (const auto& [aside, d] : listed.damaged) {
+    if (d.step != step) continue;
+    const std::string aside_index = aside + std::string(index_object_name);
+    const bool indexed = std::find(d.keys.begin(), d.keys.end(), aside_index) != d.keys.end();
+    if (!indexed || (only_index && storage::get_object(sink, aside_index) == storage::get_object(sink, from_index))) {
+      to = aside;
+      break;
+    }
+  }
   if (to.empty()) {
     to = base + "/";
     for (int n = 2; listed.damaged.contains(to) || sink.exists(to.substr(0, to.size() - 1)); ++n) to = base + "-" + std::to_string(n) + "/";
   }
-  std::vector<std::string> keys;
-  if (auto it = listed.keys_by_step.find(step); it != listed.keys_by_step.end()) keys = it->second;
-  std::stable_partition(keys.begin(), keys.end(), [&](const std::string& k) { return k != index_key(prefix, step); });
+  std::stable_partition(keys.begin(), keys.end(), [&](const std::string& k) { return k != from_index; });
   for (const auto& key : keys) storage::move_object(sink, key, to + key.substr(from.size()));
   return to;
 }
