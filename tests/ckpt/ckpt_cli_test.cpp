@@ -642,14 +642,14 @@ TEST_CASE("[ckpt] shardkit-ckpt over s3://bucket/prefix (the server scripts/test
   // complete step, and in the step newer than the latest (perhaps a live save).
   auto s3_sink_of = std::make_shared<st::s3_sink>(location);
   auto leave_upload = [&](std::uint64_t step, std::size_t bytes) {
-    st::s3_detail::client c(st::parse_s3_location(location), st::s3_options::from_env());
+    st::detail::s3::client c(st::parse_s3_location(location), st::s3_options::from_env());
     const std::string key = c.full_key(ck::rank_file_key("", step, 7));
     auto created = c.execute({.operation = "CreateMultipartUpload", .method = "POST", .key = key, .query = "uploads="});
-    const std::string id = st::s3_detail::xml_value(created.text, "UploadId");
+    const std::string id = st::detail::s3::xml_value(created.text, "UploadId");
     REQUIRE(created.ok());
     const std::vector<std::byte> part(bytes, std::byte{1});
     REQUIRE(c.execute({.operation = "UploadPart", .method = "PUT", .key = key,
-                       .query = "partNumber=1&uploadId=" + st::s3_detail::uri_encode(id, false), .body = part}).ok());
+                       .query = "partNumber=1&uploadId=" + st::detail::s3::uri_encode(id, false), .body = part}).ok());
   };
   leave_upload(1, 3000);
   leave_upload(3, 40);

@@ -22,7 +22,7 @@
 
 #include "comm/conformance.hpp"
 #include "shardkit/comm/p2p_communicator.hpp"
-#include "shardkit/core/timer.hpp"
+#include "shardkit/core/detail/timer.hpp"
 #include "shardkit/rendezvous/memory_store.hpp"
 #include "shardkit/transport/fabric.hpp"
 #include "support/harness.hpp"
@@ -430,7 +430,7 @@ TEST_CASE("[fabric] a receive's continuation may drop the last owner of the tran
 }
 
 namespace {
-namespace fd = transport::fabric_detail;
+namespace fd = transport::detail::fabric;
 const std::filesystem::path shm_dir = "/dev/shm";
 
 bool shm_has(const std::string& name) { return std::filesystem::exists(shm_dir / name); }

@@ -1,4 +1,4 @@
-// The TCP transport's receive side (transport/tcp/peer.hpp: frame header decoding, validation, matching to
+// The TCP transport's receive side (transport/tcp/detail/peer.hpp: frame header decoding, validation, matching to
 // posted recvs, unexpected-message buffering and its budget) fed a byte stream from a peer that already passed
 // the handshake, i.e. what a buggy or hostile rank with the right token can send.
 //
@@ -19,7 +19,7 @@
 
 #include "fuzz_input.hpp"
 #include "shardkit/core/log.hpp"
-#include "shardkit/transport/tcp/peer.hpp"
+#include "shardkit/transport/tcp/detail/peer.hpp"
 
 namespace {
 

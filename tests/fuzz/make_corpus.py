@@ -15,7 +15,7 @@ def write(target, name, data):
         f.write(data if isinstance(data, bytes) else data.encode())
 
 
-# ---- tcp_frame: u8 config, per recv u8 tag + u16 size, then frames (transport/tcp/wire.hpp) ----
+# ---- tcp_frame: u8 config, per recv u8 tag + u16 size, then frames (transport/tcp/detail/wire.hpp) ----
 def frame(tag, seq, total, offset, payload):
     return struct.pack("<IIQQQQ", 0x31464B53, len(payload), tag, seq, total, offset) + payload
 

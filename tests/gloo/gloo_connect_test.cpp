@@ -59,7 +59,7 @@ class stray_store {
 
  private:
   static sockaddr_in address_for(const std::string& all_of_peer, int peer, int reader, int size) {
-    const auto a = backends::gloo_detail::published_address(all_of_peer, peer, reader, size);
+    const auto a = backends::detail::gloo::published_address(all_of_peer, peer, reader, size);
     if (!a) throw std::runtime_error("malformed gloo address list of rank " + std::to_string(peer));
     sockaddr_in in{};
     std::memcpy(&in, &a->getSockaddr(), sizeof in);

@@ -20,7 +20,7 @@
 #include "nccl/model_hooks.hpp"
 #include "shardkit/backends/nccl.hpp"
 #include "shardkit/comm/process_group.hpp"
-#include "shardkit/core/timer.hpp"
+#include "shardkit/core/detail/timer.hpp"
 #include "shardkit/rendezvous/env.hpp"
 #include "shardkit/rendezvous/memory_store.hpp"
 #include "support/harness.hpp"
@@ -72,7 +72,7 @@ bool device_or_skip() {
 TEST_CASE("[nccl] the backend models the communicator concept and maps dtypes and ops") {
   static_assert(comm::communicator<nccl_communicator>);
   static_assert(std::is_move_constructible_v<nccl_communicator>);
-  using backends::nccl_detail::to_nccl;
+  using backends::detail::nccl::to_nccl;
   CHECK(to_nccl(dtype::f32) == ncclFloat32);
   CHECK(to_nccl(dtype::f64) == ncclFloat64);
   CHECK(to_nccl(dtype::f16) == ncclFloat16);
@@ -102,7 +102,7 @@ TEST_CASE("[nccl] CUDA and NCCL failures become shardkit errors naming the call,
     CHECK(what.find("[group train]") != std::string::npos);
   }
   try {
-    backends::nccl_detail::check_nccl(ncclInvalidUsage, "ncclAllReduce(in, out, n, t, op, comm, stream)", ctx);
+    backends::detail::nccl::check_nccl(ncclInvalidUsage, "ncclAllReduce(in, out, n, t, op, comm, stream)", ctx);
     FAIL("no error raised");
   } catch (const error& e) {
     CHECK(e.code() == errc::backend);
@@ -110,8 +110,8 @@ TEST_CASE("[nccl] CUDA and NCCL failures become shardkit errors naming the call,
     CHECK(what.find("ncclAllReduce failed: ") != std::string::npos);
     CHECK(what.find("(n, t") == std::string::npos);  // the call's name, not its arguments
   }
-  CHECK(backends::nccl_detail::check_nccl(ncclInProgress, "ncclGroupEnd", ctx) == ncclInProgress);
-  CHECK(backends::nccl_detail::call_name("cudaSetDevice(opts.device)") == "cudaSetDevice");
+  CHECK(backends::detail::nccl::check_nccl(ncclInProgress, "ncclGroupEnd", ctx) == ncclInProgress);
+  CHECK(backends::detail::nccl::call_name("cudaSetDevice(opts.device)") == "cudaSetDevice");
 }
 
 TEST_CASE("[nccl] creation checks its arguments, and fails cleanly where there is no device") {
@@ -458,7 +458,7 @@ TEST_CASE("[nccl] a continuation of a point-to-point operation that shutdown fai
   // second time. Driven on the communicator's router: through the communicator's public API nothing can still
   // reach it by the time its destructor stops the router.
   if (!device_or_skip()) return;
-  using namespace backends::nccl_detail;
+  using namespace backends::detail::nccl;
   const long communicators_before = test::nccl::model_live_communicators();
   struct fixture {
     test::nccl::device_array buf{0, dtype::f32, 4};  // outlives the router and every receive into it

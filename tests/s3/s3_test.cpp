@@ -14,6 +14,7 @@
 
 #include "s3/s3_fixtures.hpp"
 #include "shardkit/storage/open_sink.hpp"
+#include "shardkit/storage/s3/detail/resolve.hpp"
 #include "shardkit/storage/s3/detail/text.hpp"
 #include "support/harness.hpp"
 #include "support/scoped_env.hpp"
@@ -21,7 +22,7 @@
 using namespace s3_test;
 using shardkit::errc;
 using shardkit::test::scoped_env;
-namespace sd = shardkit::storage::s3_detail;
+namespace sd = shardkit::storage::detail::s3;
 
 namespace {
 

@@ -13,8 +13,8 @@
 #include <map>
 #include <thread>
 
-#include "shardkit/transport/tcp/core.hpp"
-#include "shardkit/transport/tcp/wire.hpp"
+#include "shardkit/transport/tcp/detail/core.hpp"
+#include "shardkit/transport/tcp/detail/wire.hpp"
 #include "shardkit/rendezvous/gather.hpp"
 #include "tcp_test_support.hpp"
 

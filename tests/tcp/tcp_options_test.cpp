@@ -3,9 +3,9 @@
 
 #include <map>
 
-#include "shardkit/transport/tcp/interfaces.hpp"
+#include "shardkit/transport/tcp/detail/interfaces.hpp"
 #include "shardkit/transport/tcp/options.hpp"
-#include "shardkit/transport/tcp/wire.hpp"
+#include "shardkit/transport/tcp/detail/wire.hpp"
 
 namespace sk = shardkit;
 namespace d = shardkit::transport::detail::tcp;

@@ -11,7 +11,9 @@
    `SHARDKIT_DECL ... Class::member(` body only under an impl/ folder;
 5. private parts are in the layer's `detail` namespace (shardkit::<layer>::detail, core's shardkit::detail), a
    component's under a namespace inside it (transport::detail::tcp, comm::algorithms::detail::cross_memory), never
-   a namespace of its own spelling (foo_detail).
+   a namespace of its own spelling (foo_detail); a header that is all private machinery (the first namespace it
+   opens is a detail one) sits in a detail/ folder (transport/tcp/detail/, backends/gloo/detail/), so what a
+   user includes is what is outside detail/.
 
     headers_test.py SOURCE_DIR
 
@@ -47,9 +49,8 @@ COMMENT = re.compile(r'//(.*)$')
 THREAD = re.compile(r'\bstd::(?:jthread|thread)\b(?!::)')
 THREAD_OWNER = "core/detail/"
 DETAIL_SPELLING = re.compile(r'^\s*namespace\s+(?:[\w:]*::)?(\w+_detail)\b')
-# The X_detail namespaces still to rename to <layer>::detail::X: each is a rename across its backend's headers and
-# tests, left for a session that can rebuild those suites.
-DETAIL_SPELLING_LEFT = {"gloo_detail", "nccl_detail", "fabric_detail", "s3_detail"}
+# The first namespace a header opens: a private header (its first namespace is a detail one) lives in a detail/ folder.
+FIRST_NAMESPACE = re.compile(r'^\s*namespace\s+([\w:]+)\s*\{')
 OUT_OF_LINE = re.compile(r'^SHARDKIT_DECL [^(]*?\b[A-Za-z_]\w*(?:::~?[A-Za-z_]\w*)+\(')
 COMMIT = re.compile(r'(?<![\w.])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])(?:[0-9a-f]{40}|[0-9a-f]{7,12})(?![\w.])')
 
@@ -69,6 +70,7 @@ def main() -> int:
                 problems.append(f"include/shardkit/{rel}: an X_impl.hpp sibling: bodies go to impl/ beside the face header")
             in_impl = "/impl/" in f"/{rel}"
             body_named = False  # one problem per header for its out-of-line bodies
+            first_namespace = None
             for number, line in enumerate(header.read_text(encoding="utf-8").splitlines(), 1):
                 comment = COMMENT.search(line)
                 if comment and COMMIT.search(comment.group(1)):
@@ -83,8 +85,16 @@ def main() -> int:
                     problems.append(f"include/shardkit/{rel}:{number}: a thread of its own "
                                     f"({THREAD.search(code).group(0)}): start it through "
                                     "core/detail/worker_threads.hpp (owned_thread, worker_threads, run_on_threads)")
+                opened = FIRST_NAMESPACE.match(code)
+                if opened and first_namespace is None:
+                    first_namespace = opened.group(1)
+                    private = "detail" in first_namespace.split("::")
+                    if private and "/detail/" not in f"/{rel}" and not in_impl:
+                        problems.append(f"include/shardkit/{rel}:{number}: private machinery (namespace "
+                                        f"{first_namespace}) outside a detail/ folder: move it to detail/ beside "
+                                        "the face header that uses it")
                 spelled = DETAIL_SPELLING.match(code)
-                if spelled and spelled.group(1) not in DETAIL_SPELLING_LEFT:
+                if spelled:
                     problems.append(f"include/shardkit/{rel}:{number}: namespace {spelled.group(1)}: private parts go "
                                     "to the layer's detail namespace (detail::<component>)")
                 m = INCLUDE.match(line)

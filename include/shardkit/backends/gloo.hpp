@@ -23,7 +23,7 @@
 //!
 //! Deadlines: each gloo call gets the time left until the op's deadline. A failure closes the group's
 //! connections (the group is broken, as after any failed collective) and is reported after a short exchange of
-//! failure records through the store, so a timeout names the rank that never arrived (gloo_detail::diagnose).
+//! failure records through the store, so a timeout names the rank that never arrived (detail::gloo::diagnose).
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
@@ -41,9 +41,10 @@
 #include <tuple>
 #include <vector>
 
-#include "shardkit/backends/gloo/diagnosis.hpp"
-#include "shardkit/backends/gloo/group.hpp"
-#include "shardkit/backends/gloo/p2p.hpp"
+#include "shardkit/backends/gloo/detail/diagnosis.hpp"
+#include "shardkit/backends/gloo/detail/group.hpp"
+#include "shardkit/backends/gloo/detail/p2p.hpp"
+#include "shardkit/backends/gloo/options.hpp"
 #include "shardkit/comm/algorithms/recursive_doubling.hpp"
 #include "shardkit/comm/detail/checked_recv.hpp"
 #include "shardkit/comm/detail/consistency.hpp"
@@ -64,7 +65,7 @@ class gloo_communicator {
   //! Rendezvous of `size` ranks through `store` (every rank calls it with its own rank); blocks until the full
   //! mesh is connected or opts.connect_timeout passes.
   static gloo_communicator create(rendezvous::any_store store, int rank, int size, gloo_options opts = gloo_options::from_env()) {
-    return gloo_communicator(gloo_detail::connect_world(std::move(store), rank, size, std::move(opts)));
+    return gloo_communicator(detail::gloo::connect_world(std::move(store), rank, size, std::move(opts)));
   }
 
   int rank() const noexcept { return g_->rank(); }
@@ -246,7 +247,7 @@ class gloo_communicator {
     return comm::detail::checked_recv(g_->p2p->recv(peer, user_tag(tag), out.bytes()), out.size_bytes(),
                                       {.rank = rank(), .peer = peer, .operation = "recv"},
                                       [](std::exception_ptr e, const error_context& ctx) {
-                                        return std::make_exception_ptr(gloo_detail::from_gloo_exception(e, ctx));
+                                        return std::make_exception_ptr(detail::gloo::from_gloo_exception(e, ctx));
                                       });
   }
   void send(const_buffer_view in, int peer, std::uint32_t tag, const comm::collective_options& o) {
@@ -277,11 +278,11 @@ class gloo_communicator {
     auto timeout = g_->world->opts.connect_timeout;
     if (o.until != no_deadline)
       timeout = std::min(timeout, std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(o.until - steady_clock::now())));
-    return gloo_communicator(gloo_detail::connect_group(g_->world, prefix, child_rank, int(chosen.size()), timeout));
+    return gloo_communicator(detail::gloo::connect_group(g_->world, prefix, child_rank, int(chosen.size()), timeout));
   }
 
  private:
-  explicit gloo_communicator(std::shared_ptr<gloo_detail::group_state> g) : g_(std::move(g)) {}
+  explicit gloo_communicator(std::shared_ptr<detail::gloo::group_state> g) : g_(std::move(g)) {}
 
   template <class F>
   static void typed(dtype t, F&& f) {
@@ -306,7 +307,7 @@ class gloo_communicator {
   }
 
   std::chrono::milliseconds time_left(const comm::collective_options& o) const {
-    if (o.until == no_deadline) return gloo_detail::wait_forever;
+    if (o.until == no_deadline) return detail::gloo::wait_forever;
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(o.until - steady_clock::now());
     if (left.count() <= 0) throw error(errc::timeout, "the deadline passed before gloo started", {.rank = rank()});
     return left;
@@ -314,8 +315,8 @@ class gloo_communicator {
   bool verify_enabled() const noexcept { return g_->world->opts.verify && size() > 1; }
   std::size_t segment_elems(dtype t) const noexcept { return std::max<std::size_t>(1, g_->world->opts.segment_bytes / size_of(t)); }
 
-  comm::algorithms::p2p_op<gloo_detail::gloo_p2p> p2p_op(const char* name, std::uint32_t tag, const comm::collective_options& o) {
-    return comm::algorithms::p2p_op<gloo_detail::gloo_p2p>(*g_->p2p, g_->members, rank(), transport::message_tag(tag),
+  comm::algorithms::p2p_op<detail::gloo::gloo_p2p> p2p_op(const char* name, std::uint32_t tag, const comm::collective_options& o) {
+    return comm::algorithms::p2p_op<detail::gloo::gloo_p2p>(*g_->p2p, g_->members, rank(), transport::message_tag(tag),
                                                            o.until, name);
   }
   static transport::message_tag user_tag(std::uint32_t tag) noexcept { return (transport::message_tag(1) << 55) | tag; }
@@ -369,9 +370,9 @@ class gloo_communicator {
   }
 
   [[noreturn]] void fail(const char* name, std::uint32_t seq, std::exception_ptr cause) {
-    const error own = gloo_detail::from_gloo_exception(cause, {.rank = rank(), .operation = name});
+    const error own = detail::gloo::from_gloo_exception(cause, {.rank = rank(), .operation = name});
     g_->shut_down(std::make_exception_ptr(own));
-    const error reported = gloo_detail::diagnose_failure(g_->store, rank(), size(), seq, name, own, g_->world->opts.diagnosis_window);
+    const error reported = detail::gloo::diagnose_failure(g_->store, rank(), size(), seq, name, own, g_->world->opts.diagnosis_window);
     g_->mark_broken(std::make_exception_ptr(reported));
     throw reported;
   }
@@ -416,7 +417,7 @@ class gloo_communicator {
     }
   }
 
-  std::shared_ptr<gloo_detail::group_state> g_;
+  std::shared_ptr<detail::gloo::group_state> g_;
 };
 
 static_assert(comm::communicator<gloo_communicator>);

@@ -29,7 +29,7 @@
 //!   waiting for a peer that waits for you. The backend's own allocations are stream-ordered for that reason.
 //! - **Averages** use ncclAvg for every dtype: integers sum then divide truncating toward zero (as the host
 //!   algorithms do); floating types pre-multiply by 1/size then sum, which can differ from sum-then-divide in the
-//!   last place when size is not a power of two. A one-rank average is a sum (a copy; see nccl_detail::to_nccl).
+//!   last place when size is not a power of two. A one-rank average is a sum (a copy; see detail::nccl::to_nccl).
 //! - **Groups.** split() is ncclCommSplit (color < 0 takes no part); dup() is split(0, rank()). NCCL finishes a
 //!   split in a background job and assigns the new communicator at its end: split() waits for the parent's state,
 //!   then for the new handle, then for the new communicator's state, all within the deadline; a split that fails
@@ -56,9 +56,9 @@
 #include <string>
 #include <vector>
 
-#include "shardkit/backends/nccl/comm_handle.hpp"
-#include "shardkit/backends/nccl/errors.hpp"
-#include "shardkit/backends/nccl/p2p_channels.hpp"
+#include "shardkit/backends/nccl/detail/comm_handle.hpp"
+#include "shardkit/backends/nccl/detail/errors.hpp"
+#include "shardkit/backends/nccl/detail/p2p_channels.hpp"
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/comm/detail/any_communicator.hpp"
 #include "shardkit/cuda/resources.hpp"
@@ -101,7 +101,7 @@ inline bool nccl_device_available(std::string* reason = nullptr) { return cuda::
 //! NCCL's version code of the loaded library (e.g. 22809 for 2.28.9).
 inline int nccl_version() {
   int v = 0;
-  nccl_detail::check_nccl(ncclGetVersion(&v), "ncclGetVersion", {});
+  detail::nccl::check_nccl(ncclGetVersion(&v), "ncclGetVersion", {});
   return v;
 }
 
@@ -119,7 +119,7 @@ class nccl_communicator {
     if (size < 1 || rank < 0 || rank >= size)
       throw error(errc::invalid_argument, "rank " + std::to_string(rank) + " is not within a world of " + std::to_string(size), ctx);
     if (!store) throw error(errc::invalid_argument, "create needs a store to exchange NCCL's unique id", ctx);
-    const nccl_detail::wait_control w{deadline_after(opts.init_timeout), nullptr, opts.busy_poll};
+    const detail::nccl::wait_control w{deadline_after(opts.init_timeout), nullptr, opts.busy_poll};
     cuda::device_guard guard(opts.device, ctx);
     const std::string prefix = opts.store_prefix;
     auto s = std::make_shared<state>(std::move(opts), store, prefix, ctx);
@@ -144,7 +144,7 @@ class nccl_communicator {
     }
     ncclConfig_t config = s->config();
     const ncclResult_t r = ncclCommInitRankConfig(s->comm.out(), size, id, rank, &config);
-    if (!s->comm) nccl_detail::check_nccl(r, "ncclCommInitRankConfig", ctx);
+    if (!s->comm) detail::nccl::check_nccl(r, "ncclCommInitRankConfig", ctx);
     s->comm.settle(r, "ncclCommInitRankConfig", w, ctx);
     s->start_p2p();
     return nccl_communicator(std::move(s));
@@ -160,16 +160,16 @@ class nccl_communicator {
   cudaStream_t stream() const { return self().stream.get(); }
 
   void all_reduce(const_buffer_view in, buffer_view out, reduce_op op, const comm::collective_options& o) {
-    run("all_reduce", o, {in, out}, out.count() == 0, [&](state& s, const nccl_detail::wait_control& w, const error_context& ctx) {
-      s.comm.settle(ncclAllReduce(in.data(), out.data(), out.count(), nccl_detail::to_nccl(out.type()), nccl_detail::to_nccl(op, s.size),
+    run("all_reduce", o, {in, out}, out.count() == 0, [&](state& s, const detail::nccl::wait_control& w, const error_context& ctx) {
+      s.comm.settle(ncclAllReduce(in.data(), out.data(), out.count(), detail::nccl::to_nccl(out.type()), detail::nccl::to_nccl(op, s.size),
                                   s.comm.get(), s.stream.get()),
                     "ncclAllReduce", w, ctx);
     });
   }
 
   void all_gather(const_buffer_view in, buffer_view out, const comm::collective_options& o) {
-    run("all_gather", o, {in, out}, in.count() == 0, [&](state& s, const nccl_detail::wait_control& w, const error_context& ctx) {
-      s.comm.settle(ncclAllGather(in.data(), out.data(), in.count(), nccl_detail::to_nccl(in.type()), s.comm.get(), s.stream.get()),
+    run("all_gather", o, {in, out}, in.count() == 0, [&](state& s, const detail::nccl::wait_control& w, const error_context& ctx) {
+      s.comm.settle(ncclAllGather(in.data(), out.data(), in.count(), detail::nccl::to_nccl(in.type()), s.comm.get(), s.stream.get()),
                     "ncclAllGather", w, ctx);
     });
   }
@@ -177,7 +177,7 @@ class nccl_communicator {
   //! NCCL has no all-gather of uneven blocks: every rank sends its block to every other rank in one group.
   void all_gatherv(const_buffer_view in, buffer_view out, std::span<const std::size_t> counts, const comm::collective_options& o) {
     const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-    run("all_gatherv", o, {in, out}, total == 0, [&](state& s, const nccl_detail::wait_control& w, const error_context& ctx) {
+    run("all_gatherv", o, {in, out}, total == 0, [&](state& s, const detail::nccl::wait_control& w, const error_context& ctx) {
       const std::size_t esz = out.element_size();
       const std::size_t before = std::accumulate(counts.begin(), counts.begin() + s.rank, std::size_t{0});
       std::byte* mine = out.data() + before * esz;
@@ -198,16 +198,16 @@ class nccl_communicator {
   }
 
   void reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op, const comm::collective_options& o) {
-    run("reduce_scatter", o, {in, out}, out.count() == 0, [&](state& s, const nccl_detail::wait_control& w, const error_context& ctx) {
-      s.comm.settle(ncclReduceScatter(in.data(), out.data(), out.count(), nccl_detail::to_nccl(out.type()), nccl_detail::to_nccl(op, s.size),
+    run("reduce_scatter", o, {in, out}, out.count() == 0, [&](state& s, const detail::nccl::wait_control& w, const error_context& ctx) {
+      s.comm.settle(ncclReduceScatter(in.data(), out.data(), out.count(), detail::nccl::to_nccl(out.type()), detail::nccl::to_nccl(op, s.size),
                                       s.comm.get(), s.stream.get()),
                     "ncclReduceScatter", w, ctx);
     });
   }
 
   void broadcast(buffer_view data, int root, const comm::collective_options& o) {
-    run("broadcast", o, {data}, data.count() == 0, [&](state& s, const nccl_detail::wait_control& w, const error_context& ctx) {
-      s.comm.settle(ncclBroadcast(data.data(), data.data(), data.count(), nccl_detail::to_nccl(data.type()), root, s.comm.get(),
+    run("broadcast", o, {data}, data.count() == 0, [&](state& s, const detail::nccl::wait_control& w, const error_context& ctx) {
+      s.comm.settle(ncclBroadcast(data.data(), data.data(), data.count(), detail::nccl::to_nccl(data.type()), root, s.comm.get(),
                                   s.stream.get()),
                     "ncclBroadcast", w, ctx);
     });
@@ -215,9 +215,9 @@ class nccl_communicator {
 
   //! `out` is used on root only (NCCL does not touch the receive buffer elsewhere; it may be empty there).
   void reduce(const_buffer_view in, buffer_view out, reduce_op op, int root, const comm::collective_options& o) {
-    run("reduce", o, {in, out}, in.count() == 0, [&](state& s, const nccl_detail::wait_control& w, const error_context& ctx) {
+    run("reduce", o, {in, out}, in.count() == 0, [&](state& s, const detail::nccl::wait_control& w, const error_context& ctx) {
       void* dst = s.rank == root ? static_cast<void*>(out.data()) : nullptr;
-      s.comm.settle(ncclReduce(in.data(), dst, in.count(), nccl_detail::to_nccl(in.type()), nccl_detail::to_nccl(op, s.size), root,
+      s.comm.settle(ncclReduce(in.data(), dst, in.count(), detail::nccl::to_nccl(in.type()), detail::nccl::to_nccl(op, s.size), root,
                                s.comm.get(), s.stream.get()),
                     "ncclReduce", w, ctx);
     });
@@ -246,7 +246,7 @@ class nccl_communicator {
       throw error(errc::invalid_argument, "the output has " + std::to_string(out.size_bytes()) + " bytes where " +
                                               std::to_string(in.size_bytes()) + " from each of " + std::to_string(st.size) +
                                               " ranks are gathered", ctx);
-    serialized("host_all_gather", o, in.size_bytes() == 0, [&](state& s, const nccl_detail::wait_control& w, const error_context& c) {
+    serialized("host_all_gather", o, in.size_bytes() == 0, [&](state& s, const detail::nccl::wait_control& w, const error_context& c) {
       const std::size_t block = in.size_bytes();
       s.control.reserve(out.size_bytes(), c);
       std::byte* const gathered = s.control.data();
@@ -264,7 +264,7 @@ class nccl_communicator {
 
   //! A one-element all-reduce: returns once every rank's contribution has arrived here.
   void barrier(const comm::collective_options& o) {
-    run("barrier", o, {}, false, [&](state& s, const nccl_detail::wait_control& w, const error_context& ctx) {
+    run("barrier", o, {}, false, [&](state& s, const detail::nccl::wait_control& w, const error_context& ctx) {
       s.comm.settle(ncclAllReduce(s.barrier_cell.data(), s.barrier_cell.data(), 1, ncclInt32, ncclSum, s.comm.get(), s.stream.get()),
                     "ncclAllReduce (barrier)", w, ctx);
     });
@@ -292,7 +292,7 @@ class nccl_communicator {
     std::lock_guard lock(s.mutex);
     const auto ctx = s.context("split");
     s.check_usable(ctx);
-    const nccl_detail::wait_control w{o.until, &s.interrupt, s.opts.busy_poll};
+    const detail::nccl::wait_control w{o.until, &s.interrupt, s.opts.busy_poll};
     // Every rank of the parent counts every split, so members of one color agree on the child's store prefix.
     const std::string prefix = s.prefix + "/split" + std::to_string(s.splits++) + "/" + std::to_string(color);
     std::shared_ptr<state> child;
@@ -351,16 +351,16 @@ class nccl_communicator {
     std::string prefix;  // store namespace: the world's opts.store_prefix, extended by each split
     rendezvous::any_store store;
     std::mutex mutex;  // NCCL communicators are not thread-safe; everything below is used under it
-    nccl_detail::comm_handle comm;
-    nccl_detail::cuda_stream stream;
-    nccl_detail::cuda_event done, ready;
+    detail::nccl::comm_handle comm;
+    detail::nccl::cuda_stream stream;
+    detail::nccl::cuda_event done, ready;
     cuda::stream_ordered_memory scratch, barrier_cell;
     cuda::stream_ordered_memory control;  // host_all_gather's staging: a few bytes per rank, kept between calls
-    nccl_detail::interrupt_flag interrupt;
+    detail::nccl::interrupt_flag interrupt;
     mutable std::mutex broken_mutex;  // broken_by() must not wait for a collective in flight
     std::exception_ptr broken;
     std::uint64_t splits = 0;
-    std::unique_ptr<nccl_detail::p2p_router> p2p;
+    std::unique_ptr<detail::nccl::p2p_router> p2p;
 
     state(nccl_options o, rendezvous::any_store st, std::string pre, const error_context& ctx)
         : opts(std::move(o)), prefix(std::move(pre)), store(std::move(st)), comm(opts.device), stream(opts.device, ctx),
@@ -369,9 +369,9 @@ class nccl_communicator {
       control.bind(opts.device, stream.get());
     }
     ~state() {
-      std::vector<nccl_detail::comm_handle*> all{&comm};
+      std::vector<detail::nccl::comm_handle*> all{&comm};
       if (p2p) p2p->stop(all);  // workers first: what is still pending fails with errc::closed
-      nccl_detail::close_all(all, opts.shutdown_timeout);
+      detail::nccl::close_all(all, opts.shutdown_timeout);
     }
 
     error_context context(const char* op) const { return {.rank = rank, .operation = op, .group = opts.name}; }
@@ -387,7 +387,7 @@ class nccl_communicator {
     }
 
     void start_p2p() {
-      nccl_detail::link_setup base;
+      detail::nccl::link_setup base;
       base.device = opts.device;
       base.rank = rank;
       base.store = store;
@@ -398,7 +398,7 @@ class nccl_communicator {
       base.cga_cluster_size = opts.cga_cluster_size;
       base.min_ctas = opts.min_ctas;
       base.max_ctas = opts.max_ctas;
-      p2p = std::make_unique<nccl_detail::p2p_router>(std::move(base), prefix);
+      p2p = std::make_unique<detail::nccl::p2p_router>(std::move(base), prefix);
     }
 
     void mark_broken(std::exception_ptr e) noexcept {
@@ -447,7 +447,7 @@ class nccl_communicator {
     }
 
     //! Waits, with the deadline and interrupt of `w`, until everything queued so far on the stream has run.
-    void drain(const char* op, const nccl_detail::wait_control& w, const error_context& ctx) {
+    void drain(const char* op, const detail::nccl::wait_control& w, const error_context& ctx) {
       SHARDKIT_CUDA_CHECK(cudaEventRecord(done.get(), stream.get()), ctx);
       comm.wait_event(done.get(), op, w, ctx);
     }
@@ -455,7 +455,7 @@ class nccl_communicator {
     //! ncclGroupStart / End around `body`, which reports each call's result through note(result, name). The
     //! group is closed even after a failed call (NCCL requires it), then the first failure is raised.
     template <class Body>
-    void grouped(const char* what, const nccl_detail::wait_control& w, const error_context& ctx, Body&& body) {
+    void grouped(const char* what, const detail::nccl::wait_control& w, const error_context& ctx, Body&& body) {
       SHARDKIT_NCCL_CHECK(ncclGroupStart(), ctx, comm.get());
       ncclResult_t first = ncclSuccess;
       const char* first_call = "";
@@ -486,7 +486,7 @@ class nccl_communicator {
       if (b.count() && b.dev() != device::cuda(st.opts.device))
         throw error(errc::invalid_argument, "the NCCL backend of cuda:" + std::to_string(st.opts.device) + " cannot use a buffer on " +
                                                 to_string(b.dev()), st.context(op));
-    serialized(op, o, nothing_to_do, [&](state& s, const nccl_detail::wait_control& w, const error_context& ctx) {
+    serialized(op, o, nothing_to_do, [&](state& s, const detail::nccl::wait_control& w, const error_context& ctx) {
       s.order_after_caller(ctx);
       body(s, w, ctx);
       s.drain(op, w, ctx);
@@ -502,7 +502,7 @@ class nccl_communicator {
     std::lock_guard lock(s.mutex);
     s.check_usable(ctx);
     if (nothing_to_do) return;
-    const nccl_detail::wait_control w{o.until, &s.interrupt, s.opts.busy_poll};
+    const detail::nccl::wait_control w{o.until, &s.interrupt, s.opts.busy_poll};
     try {
       cuda::device_guard guard(s.opts.device, ctx);
       body(s, w, ctx);
@@ -528,7 +528,7 @@ class nccl_communicator {
       throw error(errc::invalid_argument, "this rank sends itself " + std::to_string(in_counts[me]) + " elements but expects " +
                                               std::to_string(out_counts[me]), st.context(op));
     const bool empty = in.count() == 0 && out.count() == 0;
-    run(op, o, {in, out}, empty, [&](state& s, const nccl_detail::wait_control& w, const error_context& ctx) {
+    run(op, o, {in, out}, empty, [&](state& s, const detail::nccl::wait_control& w, const error_context& ctx) {
       const std::size_t esz = out.element_size();
       const std::byte* src = in.data();
       if (in.count() && overlaps(in, out)) {

@@ -50,7 +50,7 @@
 #include "shardkit/comm/work.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/core/settings.hpp"
-#include "shardkit/core/timer.hpp"
+#include "shardkit/core/detail/timer.hpp"
 #include "shardkit/rendezvous/store.hpp"
 
 namespace shardkit::comm {

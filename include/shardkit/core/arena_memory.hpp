@@ -45,7 +45,7 @@
 #include <utility>
 
 #include "shardkit/core/error.hpp"
-#include "shardkit/core/unique_resource.hpp"
+#include "shardkit/core/detail/unique_resource.hpp"
 
 namespace shardkit {
 

@@ -30,7 +30,7 @@
 
 #include "shardkit/core/arena_memory.hpp"
 #include "shardkit/core/error.hpp"
-#include "shardkit/core/unique_resource.hpp"
+#include "shardkit/core/detail/unique_resource.hpp"
 
 namespace shardkit {
 

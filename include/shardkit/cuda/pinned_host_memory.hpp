@@ -20,7 +20,7 @@
 #include "shardkit/core/arena.hpp"
 #include "shardkit/core/arena_memory.hpp"
 #include "shardkit/core/log.hpp"
-#include "shardkit/core/unique_resource.hpp"
+#include "shardkit/core/detail/unique_resource.hpp"
 #include "shardkit/cuda/error.hpp"
 
 namespace shardkit::cuda {

@@ -121,7 +121,7 @@ class s3_sink {
       }
       try {
         if (!upload_) {
-          s3_detail::request r{.operation = "PutObject", .method = "PUT", .key = full_key_, .body = buffer_};
+          detail::s3::request r{.operation = "PutObject", .method = "PUT", .key = full_key_, .body = buffer_};
           auto resp = client->execute(r);
           if (!resp.ok()) client->fail(resp, r, "sink.commit", key_);
         } else {
@@ -157,7 +157,7 @@ class s3_sink {
       std::vector<std::vector<std::byte>> spare;  // part buffers back from the workers, reused
     };
 
-    writer(std::shared_ptr<s3_detail::client> client, std::string key, std::size_t part_size)
+    writer(std::shared_ptr<detail::s3::client> client, std::string key, std::size_t part_size)
         : client_(std::move(client)), key_(std::move(key)), full_key_(client_->full_key(key_)), part_size_(part_size) {}
 
     void check_open(const char* operation) const {
@@ -193,9 +193,9 @@ class s3_sink {
                         "object's size, or raise SHARDKIT_S3_PART_SIZE (s3_options::part_size)",
                     {.operation = "sink.write", .object = key_});
       if (!upload_) {
-        s3_detail::request r{.operation = "CreateMultipartUpload", .method = "POST", .key = full_key_, .query = "uploads="};
+        detail::s3::request r{.operation = "CreateMultipartUpload", .method = "POST", .key = full_key_, .query = "uploads="};
         auto resp = client.execute(r);
-        upload_id_ = s3_detail::xml_value(resp.text, "UploadId");
+        upload_id_ = detail::s3::xml_value(resp.text, "UploadId");
         if (!resp.ok() || upload_id_.empty()) client.fail(resp, r, "sink.write", key_);
         upload_ = std::make_shared<upload_state>();
       }
@@ -220,8 +220,8 @@ class s3_sink {
         std::exception_ptr error;
         std::string etag;
         try {
-          s3_detail::request r{.operation = "UploadPart", .method = "PUT", .key = full_key,
-                               .query = "partNumber=" + std::to_string(number) + "&uploadId=" + s3_detail::uri_encode(id, false),
+          detail::s3::request r{.operation = "UploadPart", .method = "PUT", .key = full_key,
+                               .query = "partNumber=" + std::to_string(number) + "&uploadId=" + detail::s3::uri_encode(id, false),
                                .body = part};
           auto resp = c->execute(r);
           if (!resp.ok() || resp.etag.empty()) c->fail(resp, r, "sink.write", key);
@@ -243,10 +243,10 @@ class s3_sink {
       std::string xml = "<CompleteMultipartUpload>";
       for (std::size_t i = 0; i < upload_->etags.size(); ++i)
         xml += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>" +
-               s3_detail::xml_escape(upload_->etags[i]) + "</ETag></Part>";
+               detail::s3::xml_escape(upload_->etags[i]) + "</ETag></Part>";
       xml += "</CompleteMultipartUpload>";
-      s3_detail::request r{.operation = "CompleteMultipartUpload", .method = "POST", .key = full_key_,
-                           .query = "uploadId=" + s3_detail::uri_encode(upload_id_, false), .body = as_bytes(xml),
+      detail::s3::request r{.operation = "CompleteMultipartUpload", .method = "POST", .key = full_key_,
+                           .query = "uploadId=" + detail::s3::uri_encode(upload_id_, false), .body = as_bytes(xml),
                            .headers = {"Content-Type: application/xml"}, .error_in_ok = true};
       auto resp = client.execute(r);
       if (resp.ok()) {
@@ -257,7 +257,7 @@ class s3_sink {
       // servers fail otherwise). The object of our size under the key is ours (the checkpointer never writes a key
       // twice).
       if (resp.attempts > 1) {
-        s3_detail::request head{.operation = "HeadObject", .method = "HEAD", .key = full_key_};
+        detail::s3::request head{.operation = "HeadObject", .method = "HEAD", .key = full_key_};
         auto h = client.execute(head);
         if (h.ok() && h.content_length == total_) {
           upload_id_.clear();
@@ -276,14 +276,14 @@ class s3_sink {
         upload_->changed.wait(lock, [&] { return upload_->in_flight == 0; });
       }
       try {
-        s3_detail::abort_multipart(*client_, full_key_, upload_id_);
+        detail::s3::abort_multipart(*client_, full_key_, upload_id_);
       } catch (const std::exception& e) {
         log::warn("s3_sink: could not abort the multipart upload of '", key_, "': ", e.what());
       }
       upload_id_.clear();
     }
 
-    std::shared_ptr<s3_detail::client> client_;  // null once finished
+    std::shared_ptr<detail::s3::client> client_;  // null once finished
     std::string key_;
     std::string full_key_;
     std::vector<std::byte> buffer_;
@@ -298,7 +298,7 @@ class s3_sink {
   //! The sink of `location`; options default to s3_options::from_env(), and endpoint, region and credentials left
   //! empty are taken from the environment (errc::config when there are no credentials). Sends no request.
   explicit s3_sink(s3_location location, s3_options options = s3_options::from_env())
-      : client_(std::make_shared<s3_detail::client>(std::move(location), std::move(options))) {}
+      : client_(std::make_shared<detail::s3::client>(std::move(location), std::move(options))) {}
   //! From an "s3://bucket/prefix" string.
   explicit s3_sink(std::string_view location, s3_options options = s3_options::from_env())
       : s3_sink(parse_s3_location(location), std::move(options)) {}
@@ -332,7 +332,7 @@ class s3_sink {
   bool put_new(const std::string& key, std::span<const std::byte> bytes) {
     check_put_key(key);
     auto& c = *client_;
-    s3_detail::request r{.operation = "PutObject", .method = "PUT", .key = c.full_key(key), .body = bytes,
+    detail::s3::request r{.operation = "PutObject", .method = "PUT", .key = c.full_key(key), .body = bytes,
                          .headers = {"If-None-Match: *"}};
     auto resp = c.execute(r);
     // 409: another conditional PUT of the key is in flight (S3's ConditionalRequestConflict); it will exist.
@@ -410,20 +410,20 @@ class s3_sink {
     do {
       // The canonical query: parameters sorted by name.
       std::string query;
-      if (!token.empty()) query += "continuation-token=" + s3_detail::uri_encode(token, false) + "&";
+      if (!token.empty()) query += "continuation-token=" + detail::s3::uri_encode(token, false) + "&";
       query += "list-type=2&max-keys=" + std::to_string(list_page_size_);
       const std::string full = root + prefix;
-      if (!full.empty()) query += "&prefix=" + s3_detail::uri_encode(full, false);
-      s3_detail::request r{.operation = "ListObjectsV2", .about = full, .query = query};
+      if (!full.empty()) query += "&prefix=" + detail::s3::uri_encode(full, false);
+      detail::s3::request r{.operation = "ListObjectsV2", .about = full, .query = query};
       auto resp = c.execute(r);
       if (!resp.ok()) c.fail(resp, r, "sink.list", prefix);
-      for (auto& k : s3_detail::xml_values(resp.text, "Key")) {
+      for (auto& k : detail::s3::xml_values(resp.text, "Key")) {
         if (!k.starts_with(root)) continue;
         std::string key = k.substr(root.size());
         if (detail::key_problem(key, false).empty()) keys.push_back(std::move(key));  // others are not sink keys
       }
-      if (s3_detail::xml_value(resp.text, "IsTruncated") != "true") break;
-      token = s3_detail::xml_value(resp.text, "NextContinuationToken");
+      if (detail::s3::xml_value(resp.text, "IsTruncated") != "true") break;
+      token = detail::s3::xml_value(resp.text, "NextContinuationToken");
       // Stopping here would return a listing with keys missing and no word: retention and latest() trust it.
       if (token.empty())
         throw_error(errc::io,
@@ -439,7 +439,7 @@ class s3_sink {
     check_key(key, "sink.remove");
     if (!head(key, "sink.remove")) return false;
     auto& c = *client_;
-    s3_detail::request r{.operation = "DeleteObject", .method = "DELETE", .key = c.full_key(key)};
+    detail::s3::request r{.operation = "DeleteObject", .method = "DELETE", .key = c.full_key(key)};
     auto resp = c.execute(r);
     if (!resp.ok() && resp.status != 404) c.fail(resp, r, "sink.remove", key);
     return true;
@@ -453,18 +453,18 @@ class s3_sink {
     for (std::size_t begin = 0; begin < keys.size(); begin += 1000) {
       const auto batch = keys.subspan(begin, std::min<std::size_t>(1000, keys.size() - begin));
       std::string xml = "<Delete><Quiet>true</Quiet>";
-      for (const auto& k : batch) xml += "<Object><Key>" + s3_detail::xml_escape(c.full_key(k)) + "</Key></Object>";
+      for (const auto& k : batch) xml += "<Object><Key>" + detail::s3::xml_escape(c.full_key(k)) + "</Key></Object>";
       xml += "</Delete>";
-      const auto digest = s3_detail::md5(as_bytes(xml));
-      s3_detail::request r{.operation = "DeleteObjects", .method = "POST", .query = "delete=", .body = as_bytes(xml),
-                           .headers = {"Content-Type: application/xml", "Content-MD5: " + s3_detail::base64(digest)}};
+      const auto digest = detail::s3::md5(as_bytes(xml));
+      detail::s3::request r{.operation = "DeleteObjects", .method = "POST", .query = "delete=", .body = as_bytes(xml),
+                           .headers = {"Content-Type: application/xml", "Content-MD5: " + detail::s3::base64(digest)}};
       auto resp = c.execute(r);
       if (!resp.ok()) c.fail(resp, r, "sink.remove_objects", batch.front());
-      for (const auto& e : s3_detail::xml_blocks(resp.text, "Error")) {
-        const std::string full = s3_detail::xml_value(e, "Key");
+      for (const auto& e : detail::s3::xml_blocks(resp.text, "Error")) {
+        const std::string full = detail::s3::xml_value(e, "Key");
         throw_error(errc::io,
-                    c.scrub("S3 DeleteObjects " + c.url_of(full) + ": " + s3_detail::xml_value(e, "Code") + " (" +
-                            s3_detail::xml_value(e, "Message") + ")"),
+                    c.scrub("S3 DeleteObjects " + c.url_of(full) + ": " + detail::s3::xml_value(e, "Code") + " (" +
+                            detail::s3::xml_value(e, "Message") + ")"),
                     {.operation = "sink.remove_objects", .object = full.substr(std::min(full.size(), c.location().prefix.size()))});
       }
     }
@@ -478,7 +478,7 @@ class s3_sink {
   std::vector<s3_pending_upload> pending_uploads(const std::string& prefix = {}) {
     check_prefix(prefix, "sink.pending_uploads");
     std::vector<s3_pending_upload> out;
-    s3_detail::for_each_pending_upload(*client_, prefix, [&](std::string key, std::string id, auto initiated) {
+    detail::s3::for_each_pending_upload(*client_, prefix, [&](std::string key, std::string id, auto initiated) {
       out.push_back({std::move(key), std::move(id), initiated});
     });
     return out;
@@ -489,7 +489,7 @@ class s3_sink {
   std::size_t abort_pending_uploads(const std::string& prefix = {}) {
     std::size_t n = 0;
     for (const auto& u : pending_uploads(prefix)) {
-      s3_detail::abort_multipart(*client_, client_->full_key(u.key), u.upload_id);
+      detail::s3::abort_multipart(*client_, client_->full_key(u.key), u.upload_id);
       ++n;
     }
     return n;
@@ -502,7 +502,7 @@ class s3_sink {
   std::vector<temporary_object> temporaries(const std::string& prefix = {}) {
     std::vector<temporary_object> out;
     for (const auto& u : pending_uploads(prefix))
-      if (auto t = s3_detail::pending_upload_parts(*client_, u.key, u.upload_id, u.initiated)) out.push_back(std::move(*t));
+      if (auto t = detail::s3::pending_upload_parts(*client_, u.key, u.upload_id, u.initiated)) out.push_back(std::move(*t));
     return out;
   }
 
@@ -512,10 +512,10 @@ class s3_sink {
     const auto now = std::chrono::system_clock::now();
     std::size_t n = 0;
     for (const auto& u : pending_uploads(prefix)) {
-      const auto t = older_than.count() > 0 ? s3_detail::pending_upload_parts(*client_, u.key, u.upload_id, u.initiated)
+      const auto t = older_than.count() > 0 ? detail::s3::pending_upload_parts(*client_, u.key, u.upload_id, u.initiated)
                                             : std::optional<temporary_object>(temporary_object{});
       if (!t || now - t->modified < older_than) continue;
-      s3_detail::abort_multipart(*client_, client_->full_key(u.key), u.upload_id);
+      detail::s3::abort_multipart(*client_, client_->full_key(u.key), u.upload_id);
       ++n;
     }
     return n;
@@ -541,7 +541,7 @@ class s3_sink {
   // that a misspelled bucket is an error, not an empty store.
   std::optional<std::uint64_t> head(const std::string& key, const char* operation) {
     auto& c = *client_;
-    s3_detail::request r{.operation = "HeadObject", .method = "HEAD", .key = c.full_key(key)};
+    detail::s3::request r{.operation = "HeadObject", .method = "HEAD", .key = c.full_key(key)};
     auto resp = c.execute(r);
     if (resp.ok()) return resp.content_length.value_or(0);
     if (resp.curl != CURLE_OK || resp.status != 404) c.fail(resp, r, operation, key);
@@ -553,7 +553,7 @@ class s3_sink {
     if (bucket_checked_->load(std::memory_order_acquire)) return;
     auto& c = *client_;
     // ListObjectsV2 of one key rather than HeadBucket: its error has a body, so the code (NoSuchBucket) shows.
-    s3_detail::request r{.operation = "ListObjectsV2", .query = "list-type=2&max-keys=1"};
+    detail::s3::request r{.operation = "ListObjectsV2", .query = "list-type=2&max-keys=1"};
     auto resp = c.execute(r);
     if (!resp.ok()) c.fail(resp, r, operation, key);
     bucket_checked_->store(true, std::memory_order_release);
@@ -561,7 +561,7 @@ class s3_sink {
 
   std::size_t get_range(const std::string& key, std::uint64_t offset, std::span<std::byte> out) {
     auto& c = *client_;
-    s3_detail::request r{.operation = "GetObject", .key = c.full_key(key), .into = out, .range_begin = offset};
+    detail::s3::request r{.operation = "GetObject", .key = c.full_key(key), .into = out, .range_begin = offset};
     auto resp = c.execute(r);
     if (resp.ok()) return resp.received;
     if (resp.curl == CURLE_OK && resp.status == 416) return 0;  // at or past the end
@@ -570,7 +570,7 @@ class s3_sink {
     c.fail(resp, r, "sink.get", key);
   }
 
-  std::shared_ptr<s3_detail::client> client_;
+  std::shared_ptr<detail::s3::client> client_;
   unsigned list_page_size_ = 1000;
   std::shared_ptr<std::atomic<bool>> bucket_checked_ = std::make_shared<std::atomic<bool>>(false);
 };

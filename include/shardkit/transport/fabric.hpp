@@ -1,7 +1,7 @@
 #pragma once
 //! fabric_transport: shardkit's p2p transport over libfabric tagged messages on reliable-datagram (RDM)
 //! endpoints: tcp;ofi_rxm and shm here, verbs;ofi_rxm or efa on RDMA fabrics (SHARDKIT_FABRIC_PROVIDER; the
-//! settings are in fabric/resources.hpp).
+//! settings are in fabric/options.hpp).
 //!
 //! @code
 //! auto t = shardkit::transport::fabric_transport::create(store, rank, world_size);
@@ -18,7 +18,7 @@
 //! - The provider never truncates, and a message larger than its receive fails only that recv (errc::protocol,
 //!   nothing written past the span): every message starts with a 32-byte header, small ones travel eagerly into
 //!   receives posted with room to spill, large ones are announced and their bytes follow on the bulk endpoint.
-//!   Tags, chunking and the eager/announced paths are described in fabric/wire.hpp.
+//!   Tags, chunking and the eager/announced paths are described in fabric/detail/wire.hpp.
 //! - Liveness probes on the control endpoint find dead peers (fabric/liveness.hpp); the progress thread and the
 //!   per-peer FI_EAGAIN backlog are described in fabric/posting.hpp.
 //! - Memory registration: when the provider demands FI_MR_LOCAL, each operation registers its buffers and

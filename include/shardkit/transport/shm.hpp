@@ -64,8 +64,8 @@
 #include "shardkit/core/error.hpp"
 #include "shardkit/rendezvous/store.hpp"
 #include "shardkit/transport/p2p.hpp"
-#include "shardkit/transport/shm/engine.hpp"
-#include "shardkit/transport/shm/segment.hpp"
+#include "shardkit/transport/shm/detail/engine.hpp"
+#include "shardkit/transport/shm/detail/segment.hpp"
 
 namespace shardkit::transport {
 

@@ -15,7 +15,7 @@
 //!    listens on every selected interface, publishes "ip:port" per interface under
 //!    "shardkit.tcp/<group_name>/<size>/<generation>/" in the store, and connects streams_per_peer TCP connections to every
 //!    higher rank (round-robin over its interfaces, pairing same-subnet addresses). Every connection starts with a
-//!    handshake (magic, protocol version, group id, ranks, stream index, auth token; see tcp/wire.hpp); anything
+//!    handshake (magic, protocol version, group id, ranks, stream index, auth token; see tcp/detail/wire.hpp); anything
 //!    else that connects is dropped and logged without disturbing the setup. Setup fails with errc::timeout
 //!    naming each missing peer, stream and address after options.connect_timeout, with errc::auth_failed when
 //!    a peer refused our token (or presented another), errc::config when ranks disagree on settings.
@@ -51,7 +51,7 @@
 #include "shardkit/core/completion.hpp"
 #include "shardkit/rendezvous/store.hpp"
 #include "shardkit/transport/p2p.hpp"
-#include "shardkit/transport/tcp/core.hpp"
+#include "shardkit/transport/tcp/detail/core.hpp"
 #include "shardkit/transport/tcp/options.hpp"
 #include "shardkit/transport/tcp/stats.hpp"
 

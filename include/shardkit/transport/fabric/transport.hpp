@@ -17,26 +17,27 @@
 
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/detail/worker_threads.hpp"
-#include "shardkit/transport/fabric/endpoints.hpp"
-#include "shardkit/transport/fabric/liveness.hpp"
-#include "shardkit/transport/fabric/operation.hpp"
-#include "shardkit/transport/fabric/posting.hpp"
-#include "shardkit/transport/fabric/resources.hpp"
-#include "shardkit/transport/fabric/wire.hpp"
+#include "shardkit/transport/fabric/detail/endpoints.hpp"
+#include "shardkit/transport/fabric/detail/liveness.hpp"
+#include "shardkit/transport/fabric/detail/operation.hpp"
+#include "shardkit/transport/fabric/detail/posting.hpp"
+#include "shardkit/transport/fabric/detail/resources.hpp"
+#include "shardkit/transport/fabric/detail/wire.hpp"
+#include "shardkit/transport/fabric/options.hpp"
 #include "shardkit/transport/p2p.hpp"
 
 namespace shardkit::transport {
 
 class fabric_transport : public std::enable_shared_from_this<fabric_transport> {
-  using wire_header = fabric_detail::wire_header;
-  using message_kind = fabric_detail::message_kind;
-  using endpoint_role = fabric_detail::endpoint_role;
+  using wire_header = detail::fabric::wire_header;
+  using message_kind = detail::fabric::message_kind;
+  using endpoint_role = detail::fabric::endpoint_role;
   static constexpr std::size_t header_bytes = sizeof(wire_header);
 
-  using op = fabric_detail::operation;
-  using op_kind = fabric_detail::op_kind;
-  using stage = fabric_detail::stage;
-  using posting = fabric_detail::posting<op>;
+  using op = detail::fabric::operation;
+  using op_kind = detail::fabric::op_kind;
+  using stage = detail::fabric::stage;
+  using posting = detail::fabric::posting<op>;
 
  public:
   using transport_concept = p2p_tag;
@@ -99,14 +100,14 @@ class fabric_transport : public std::enable_shared_from_this<fabric_transport> {
       std::array<std::byte, max_inject> staged;
       std::memcpy(staged.data(), &h, header_bytes);
       if (n) std::memcpy(staged.data() + header_bytes, bytes.data(), n);
-      const ssize_t rc = fi_tinject(ep, staged.data(), header_bytes + n, to, fabric_detail::match_tag(tag, tag_bits_));
+      const ssize_t rc = fi_tinject(ep, staged.data(), header_bytes + n, to, detail::fabric::match_tag(tag, tag_bits_));
       if (rc == 0) return completion::ready(n);
       if (rc != -FI_EAGAIN) return completion::failed(immediate_failure(peer, "fabric.send", "fi_tinject", int(-rc)));
     }
     auto o = make_op(op_kind::send, peer, tag, {const_cast<std::byte*>(bytes.data()), n});
     try {
       o->buffer_desc = local_desc(*o, o->buffer.data(), n, FI_SEND);
-      posting& hp = o->add_posting(ep, to, fabric_detail::match_tag(tag, tag_bits_), false);
+      posting& hp = o->add_posting(ep, to, detail::fabric::match_tag(tag, tag_bits_), false);
       if (h.kind == message_kind::eager && tx_iov_limit_ >= 2) {
         o->header = h;
         hp.add(&o->header, header_bytes, local_desc(*o, &o->header, header_bytes, FI_SEND));
@@ -117,7 +118,7 @@ class fabric_transport : public std::enable_shared_from_this<fabric_transport> {
         if (n) std::memcpy(o->bounce.data() + header_bytes, bytes.data(), n);
         hp.add(o->bounce.data(), o->bounce.size(), local_desc(*o, o->bounce.data(), o->bounce.size(), FI_SEND));
       } else {
-        h.transfer = fabric_detail::transfer_tag(++transfers_[std::size_t(peer)], tag_bits_);
+        h.transfer = detail::fabric::transfer_tag(++transfers_[std::size_t(peer)], tag_bits_);
         h.chunk_log2 = chunk_log2_;
         o->header = h;
         hp.add(&o->header, header_bytes, local_desc(*o, &o->header, header_bytes, FI_SEND));
@@ -145,7 +146,7 @@ class fabric_transport : public std::enable_shared_from_this<fabric_transport> {
     try {
       o->buffer_desc = local_desc(*o, bytes.data(), bytes.size(), FI_RECV);
       posting& hp = o->add_posting(net_.ep(endpoint_role::matching), net_.addr(endpoint_role::matching, peer),
-                                fabric_detail::match_tag(tag, tag_bits_), true);
+                                detail::fabric::match_tag(tag, tag_bits_), true);
       const std::size_t direct = std::min(bytes.size(), eager_);
       const std::size_t segments = 1 + (direct > 0) + (eager_ > direct);
       if (segments <= rx_iov_limit_) {
@@ -269,7 +270,7 @@ class fabric_transport : public std::enable_shared_from_this<fabric_transport> {
   // destructor stops the thread before anything else.
   shardkit::detail::worker_threads<no_queue> progress_;
   int rank_, size_;
-  fabric_detail::endpoint_set net_;
+  detail::fabric::endpoint_set net_;
   int tag_bits_ = 64;
   bool mr_local_ = false;
   std::uint8_t chunk_log2_ = 0;
@@ -282,8 +283,8 @@ class fabric_transport : public std::enable_shared_from_this<fabric_transport> {
   std::condition_variable& wake_ = progress_.state().wake;
   std::map<std::uint64_t, std::shared_ptr<op>> ops_;
   std::vector<std::unique_ptr<op>> probe_slots_;  // the control endpoint's standing receives
-  fabric_detail::post_backlog<op> backlog_;
-  fabric_detail::peer_liveness liveness_;
+  detail::fabric::post_backlog<op> backlog_;
+  detail::fabric::peer_liveness liveness_;
   std::vector<std::uint64_t> sweep_;
   deferred_completions outcomes_;  // outcomes of settled operations, published outside mutex_
   std::vector<std::uint64_t> transfers_;  // announced transfers sent to each peer

@@ -32,9 +32,10 @@
 #include "shardkit/core/executor.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/storage/s3/config.hpp"
+#include "shardkit/storage/s3/detail/resolve.hpp"
 #include "shardkit/storage/s3/detail/text.hpp"
 
-namespace shardkit::storage::s3_detail {
+namespace shardkit::storage::detail::s3 {
 
 inline void global_init() {
   static std::once_flag once;
@@ -397,4 +398,4 @@ class client {
   std::unique_ptr<thread_pool> pool_;
 };
 
-}  // namespace shardkit::storage::s3_detail
+}  // namespace shardkit::storage::detail::s3

@@ -12,7 +12,7 @@
 #include "shardkit/storage/s3/detail/text.hpp"
 #include "shardkit/storage/sink.hpp"
 
-namespace shardkit::storage::s3_detail {
+namespace shardkit::storage::detail::s3 {
 
 //! Calls found(key, upload_id, initiated) for every pending upload under the sink key `prefix`, all pages; `key` is
 //! the sink key (the sink's prefix removed), `initiated` the server's clock (epoch when it gave none).
@@ -77,4 +77,4 @@ inline void abort_multipart(client& c, const std::string& full_key, const std::s
   if (!resp.ok() && resp.code() != "NoSuchUpload") c.fail(resp, r, "sink.abort", full_key);
 }
 
-}  // namespace shardkit::storage::s3_detail
+}  // namespace shardkit::storage::detail::s3

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-namespace shardkit::storage::s3_detail {
+namespace shardkit::storage::detail::s3 {
 
 // RFC 3986 percent-encoding as SigV4 wants it: unreserved characters stay, everything else is %XX (upper case);
 // '/' stays in a path. The URL sent is exactly the canonical URI, so libcurl's signature matches the server's.
@@ -203,4 +203,4 @@ inline std::string base64(std::span<const std::uint8_t> data) {
   return out;
 }
 
-}  // namespace shardkit::storage::s3_detail
+}  // namespace shardkit::storage::detail::s3

@@ -23,11 +23,11 @@ inline std::exception_ptr fabric_transport::refusal(int peer, const char* op) co
 
 inline std::exception_ptr fabric_transport::immediate_failure(int peer, const char* op, const char* call, int err) {
   std::string what = std::string(call) + " failed: " + fi_strerror(err);
-  if (fabric_detail::classify(err) == errc::peer_lost) {
+  if (detail::fabric::classify(err) == errc::peer_lost) {
     mark_lost(peer, "the connection to rank " + std::to_string(peer) + " failed: " + what);
     return refusal(peer, op);
   }
-  return std::make_exception_ptr(error(fabric_detail::classify(err), what, {.rank = rank_, .peer = peer, .operation = op}));
+  return std::make_exception_ptr(error(detail::fabric::classify(err), what, {.rank = rank_, .peer = peer, .operation = op}));
 }
 
 inline auto fabric_transport::make_op(op_kind kind, int peer, message_tag tag, std::span<std::byte> buffer) -> std::shared_ptr<op> {
@@ -106,7 +106,7 @@ inline void fabric_transport::on_completion(posting& p, int err, std::size_t len
   switch (o.kind) {
     case op_kind::probe_recv: return on_probe_message(p, err, len);
     case op_kind::probe_send:
-      if (err && fabric_detail::classify(o.first_error) == errc::peer_lost) mark_lost(o.peer, fabric_detail::connection_failure(o, "a liveness probe"));
+      if (err && detail::fabric::classify(o.first_error) == errc::peer_lost) mark_lost(o.peer, detail::fabric::connection_failure(o, "a liveness probe"));
       o.settled = true;
       break;
     case op_kind::recv:
@@ -123,19 +123,19 @@ inline void fabric_transport::on_completion(posting& p, int err, std::size_t len
 inline void fabric_transport::on_header(op& o, std::size_t len) {
   if (!o.bounce.empty()) std::memcpy(&o.header, o.bounce.data(), std::min(len, header_bytes));
   const wire_header& h = o.header;
-  if (len < header_bytes || h.magic != wire_header::magic_value) return settle(o, fabric_detail::protocol_error(context(o), "a message without a valid header arrived"));
+  if (len < header_bytes || h.magic != wire_header::magic_value) return settle(o, detail::fabric::protocol_error(context(o), "a message without a valid header arrived"));
   if (tag_bits_ < 64 && h.tag != o.tag)
-    return settle(o, fabric_detail::protocol_error(context(o), "received a message of tag " + std::to_string(h.tag) + " for tag " + std::to_string(o.tag) +
+    return settle(o, detail::fabric::protocol_error(context(o), "received a message of tag " + std::to_string(h.tag) + " for tag " + std::to_string(o.tag) +
                                            ": the tags collide in this provider's " + std::to_string(tag_bits_) + " tag bits"));
   if (h.kind == message_kind::eager) {
     if (len - header_bytes != h.size)
-      return settle(o, fabric_detail::protocol_error(context(o), "a " + std::to_string(h.size) + "-byte message arrived with " + std::to_string(len - header_bytes) + " bytes"));
-    if (h.size > o.buffer.size()) return settle(o, fabric_detail::too_large(context(o), o, h.size));  // the excess went to the sink
+      return settle(o, detail::fabric::protocol_error(context(o), "a " + std::to_string(h.size) + "-byte message arrived with " + std::to_string(len - header_bytes) + " bytes"));
+    if (h.size > o.buffer.size()) return settle(o, detail::fabric::too_large(context(o), o, h.size));  // the excess went to the sink
     if (!o.bounce.empty() && h.size) std::memcpy(o.buffer.data(), o.bounce.data() + header_bytes, h.size);
     return settle(o, nullptr, h.size);
   }
   if (h.kind != message_kind::announce || h.chunk_log2 > 63)
-    return settle(o, fabric_detail::protocol_error(context(o), "a header of unknown kind " + std::to_string(int(h.kind)) + " arrived"));
+    return settle(o, detail::fabric::protocol_error(context(o), "a header of unknown kind " + std::to_string(int(h.kind)) + " arrived"));
   const std::size_t chunk = std::size_t(1) << h.chunk_log2;
   const std::size_t first = o.postings.size();
   try {
@@ -147,7 +147,7 @@ inline void fabric_transport::on_header(op& o, std::size_t len) {
       o.at = stage::discard;
       o.scratch.resize(std::min<std::size_t>(h.size, chunk));
       add_chunks(o, o.scratch.data(), h.size, chunk, local_desc(o, o.scratch.data(), o.scratch.size(), FI_RECV), h.transfer, true);
-      settle(o, fabric_detail::too_large(context(o), o, h.size));
+      settle(o, detail::fabric::too_large(context(o), o, h.size));
     }
   } catch (const error& e) {
     o.postings.resize(first);
@@ -163,18 +163,18 @@ inline void fabric_transport::advance(op& o) {
     if (o.first_error == FI_ECANCELED && o.cancelling) {
       o.withdrawn = true;
       settle(o, std::make_exception_ptr(error(errc::aborted, "receive cancelled", context(o))));
-    } else if (fabric_detail::classify(o.first_error) == errc::peer_lost) {
-      mark_lost(o.peer, fabric_detail::connection_failure(o, "the connection"));
+    } else if (detail::fabric::classify(o.first_error) == errc::peer_lost) {
+      mark_lost(o.peer, detail::fabric::connection_failure(o, "the connection"));
     } else {
       std::string what = fi_strerror(o.first_error);
       if (!o.error_text.empty()) what += " (" + o.error_text + ")";
-      settle(o, std::make_exception_ptr(error(fabric_detail::classify(o.first_error), what, context(o))));
+      settle(o, std::make_exception_ptr(error(detail::fabric::classify(o.first_error), what, context(o))));
     }
   } else if (!o.settled && o.kind == op_kind::send) {
     settle(o, nullptr, o.buffer.size());
   } else if (!o.settled && o.at == stage::payload) {
     if (o.payload_bytes == o.header.size) settle(o, nullptr, o.payload_bytes);
-    else settle(o, fabric_detail::protocol_error(context(o), "a " + std::to_string(o.header.size) + "-byte message arrived as " + std::to_string(o.payload_bytes) + " bytes"));
+    else settle(o, detail::fabric::protocol_error(context(o), "a " + std::to_string(o.header.size) + "-byte message arrived as " + std::to_string(o.payload_bytes) + " bytes"));
   }
   if (o.settled) sweep_.push_back(o.id);
 }

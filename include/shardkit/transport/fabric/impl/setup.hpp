@@ -9,7 +9,7 @@ inline fabric_transport::fabric_transport(rendezvous::any_store& store, int rank
     : rank_(rank), size_(size), net_(opts, store, rank, size), liveness_(rank, size, opts.peer_timeout) {
   const error_context ctx{.rank = rank, .operation = "fabric.create"};
   const fi_info& info = net_.info();
-  tag_bits_ = fabric_detail::tag_bits(info.ep_attr->mem_tag_format);
+  tag_bits_ = detail::fabric::tag_bits(info.ep_attr->mem_tag_format);
   if (tag_bits_ < 8)
     throw error(errc::unsupported, "provider '" + provider() + "' has only " + std::to_string(tag_bits_) + " tag bits", ctx);
   mr_local_ = (info.domain_attr->mr_mode & FI_MR_LOCAL) || (info.mode & FI_LOCAL_MR);
@@ -17,7 +17,7 @@ inline fabric_transport::fabric_transport(rendezvous::any_store& store, int rank
   if (provider_max <= header_bytes)
     throw error(errc::unsupported, "provider '" + provider() + "' carries at most " + std::to_string(provider_max) + "-byte messages", ctx);
   const std::size_t chunk = opts.max_message_bytes ? std::min(provider_max, opts.max_message_bytes) : provider_max;
-  chunk_log2_ = fabric_detail::floor_log2(std::max<std::size_t>(chunk, 1));
+  chunk_log2_ = detail::fabric::floor_log2(std::max<std::size_t>(chunk, 1));
   eager_ = std::min(opts.eager_bytes, provider_max - header_bytes);
   tx_iov_limit_ = info.tx_attr->iov_limit;
   rx_iov_limit_ = info.rx_attr->iov_limit;
@@ -25,7 +25,7 @@ inline fabric_transport::fabric_transport(rendezvous::any_store& store, int rank
   transfers_.resize(std::size_t(size));
   sink_.resize(std::max<std::size_t>(eager_, 1));
   if (mr_local_) {
-    fabric_detail::check("fi_mr_reg", fi_mr_reg(net_.domain(), sink_.data(), sink_.size(), FI_RECV, 0, 0, 0, &sink_mr_, nullptr), ctx);
+    detail::fabric::check("fi_mr_reg", fi_mr_reg(net_.domain(), sink_.data(), sink_.size(), FI_RECV, 0, 0, 0, &sink_mr_, nullptr), ctx);
     sink_desc_ = fi_mr_desc(sink_mr_);
   }
   {

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "shardkit/core/log.hpp"
-#include "shardkit/transport/tcp/interfaces.hpp"
+#include "shardkit/transport/tcp/detail/interfaces.hpp"
 #include "shardkit/transport/tcp/options.hpp"
 
 namespace shardkit::transport::detail::tcp {

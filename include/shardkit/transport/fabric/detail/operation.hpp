@@ -12,10 +12,10 @@
 
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/error.hpp"
-#include "shardkit/transport/fabric/posting.hpp"
-#include "shardkit/transport/fabric/wire.hpp"
+#include "shardkit/transport/fabric/detail/posting.hpp"
+#include "shardkit/transport/fabric/detail/wire.hpp"
 
-namespace shardkit::transport::fabric_detail {
+namespace shardkit::transport::detail::fabric {
 
 enum class op_kind : std::uint8_t { send, recv, probe_send, probe_recv };
 enum class stage : std::uint8_t { header, payload, discard };  // what a recv's outstanding postings carry
@@ -86,4 +86,4 @@ inline std::string connection_failure(const operation& o, const char* what) {
          (o.error_text.empty() ? "" : " (" + o.error_text + ")");
 }
 
-}  // namespace shardkit::transport::fabric_detail
+}  // namespace shardkit::transport::detail::fabric

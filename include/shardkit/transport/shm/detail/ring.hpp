@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "shardkit/transport/shm/segment.hpp"
+#include "shardkit/transport/shm/detail/segment.hpp"
 
 namespace shardkit::transport::detail::shm {
 

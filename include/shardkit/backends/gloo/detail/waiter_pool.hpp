@@ -7,8 +7,8 @@
 //! Jobs catch their own exceptions; they must have been woken (their operations aborted) before the pool goes.
 #include "shardkit/core/detail/blocking_call_pool.hpp"
 
-namespace shardkit::backends::gloo_detail {
+namespace shardkit::backends::detail::gloo {
 
 using waiter_pool = shardkit::detail::blocking_call_pool;
 
-}  // namespace shardkit::backends::gloo_detail
+}  // namespace shardkit::backends::detail::gloo

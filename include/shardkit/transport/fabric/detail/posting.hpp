@@ -14,9 +14,9 @@
 #include <map>
 #include <utility>
 
-#include "shardkit/transport/fabric/resources.hpp"
+#include "shardkit/transport/fabric/detail/resources.hpp"
 
-namespace shardkit::transport::fabric_detail {
+namespace shardkit::transport::detail::fabric {
 
 //! One tagged send or receive of up to three iov entries on behalf of `owner`, an operation of the transport
 //! that counts its postings in flight (`outstanding`) and in the backlog (`queued`).
@@ -106,4 +106,4 @@ class post_backlog {
   std::map<std::pair<fid_ep*, fi_addr_t>, std::deque<posting<Owner>*>> queues_;
 };
 
-}  // namespace shardkit::transport::fabric_detail
+}  // namespace shardkit::transport::detail::fabric

@@ -24,11 +24,11 @@
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
-#include "shardkit/transport/tcp/interfaces.hpp"
+#include "shardkit/transport/tcp/detail/interfaces.hpp"
 #include "shardkit/transport/tcp/options.hpp"
-#include "shardkit/transport/tcp/peer.hpp"
-#include "shardkit/transport/tcp/socket_setup.hpp"
-#include "shardkit/transport/tcp/wire.hpp"
+#include "shardkit/transport/tcp/detail/peer.hpp"
+#include "shardkit/transport/tcp/detail/socket_setup.hpp"
+#include "shardkit/transport/tcp/detail/wire.hpp"
 
 namespace shardkit::transport::detail::tcp {
 

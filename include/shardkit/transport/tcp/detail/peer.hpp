@@ -35,11 +35,11 @@
 
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
-#include "shardkit/transport/tcp/link.hpp"
-#include "shardkit/transport/tcp/ops.hpp"
-#include "shardkit/transport/tcp/sender.hpp"
+#include "shardkit/transport/tcp/detail/link.hpp"
+#include "shardkit/transport/tcp/detail/ops.hpp"
+#include "shardkit/transport/tcp/detail/sender.hpp"
 #include "shardkit/transport/tcp/stats.hpp"
-#include "shardkit/transport/tcp/wire.hpp"
+#include "shardkit/transport/tcp/detail/wire.hpp"
 
 namespace shardkit::transport::detail::tcp {
 

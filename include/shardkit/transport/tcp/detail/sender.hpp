@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "shardkit/core/completion.hpp"
-#include "shardkit/transport/tcp/link.hpp"
-#include "shardkit/transport/tcp/ops.hpp"
+#include "shardkit/transport/tcp/detail/link.hpp"
+#include "shardkit/transport/tcp/detail/ops.hpp"
 #include "shardkit/transport/tcp/stats.hpp"
-#include "shardkit/transport/tcp/wire.hpp"
+#include "shardkit/transport/tcp/detail/wire.hpp"
 
 #include <sys/socket.h>
 #include <sys/uio.h>

@@ -21,8 +21,8 @@
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/transport/p2p.hpp"
-#include "shardkit/transport/shm/ring.hpp"
-#include "shardkit/transport/shm/segment.hpp"
+#include "shardkit/transport/shm/detail/ring.hpp"
+#include "shardkit/transport/shm/detail/segment.hpp"
 
 namespace shardkit::transport::detail::shm {
 

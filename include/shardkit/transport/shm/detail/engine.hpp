@@ -32,9 +32,9 @@
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/transport/p2p.hpp"
-#include "shardkit/transport/shm/links.hpp"
-#include "shardkit/transport/shm/ring.hpp"
-#include "shardkit/transport/shm/segment.hpp"
+#include "shardkit/transport/shm/detail/links.hpp"
+#include "shardkit/transport/shm/detail/ring.hpp"
+#include "shardkit/transport/shm/detail/segment.hpp"
 
 namespace shardkit::transport::detail::shm {
 

@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "shardkit/transport/fabric/resources.hpp"
-#include "shardkit/transport/fabric/shm_regions.hpp"
-#include "shardkit/transport/fabric/wire.hpp"
+#include "shardkit/transport/fabric/detail/resources.hpp"
+#include "shardkit/transport/fabric/detail/shm_regions.hpp"
+#include "shardkit/transport/fabric/detail/wire.hpp"
 
-namespace shardkit::transport::fabric_detail {
+namespace shardkit::transport::detail::fabric {
 
 enum class endpoint_role : std::size_t { matching = 0, bulk = 1, control = 2 };
 
@@ -123,4 +123,4 @@ class endpoint_set {
   std::vector<fi_addr_t> addrs_;
 };
 
-}  // namespace shardkit::transport::fabric_detail
+}  // namespace shardkit::transport::detail::fabric

@@ -33,7 +33,7 @@
 #include <string_view>
 #include <vector>
 
-namespace shardkit::transport::fabric_detail {
+namespace shardkit::transport::detail::fabric {
 
 enum class message_kind : std::uint8_t {
   eager = 1,        //!< header + the whole message, on the matching endpoint
@@ -106,4 +106,4 @@ struct address_record {
   }
 };
 
-}  // namespace shardkit::transport::fabric_detail
+}  // namespace shardkit::transport::detail::fabric

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "shardkit/transport/tcp/ops.hpp"
-#include "shardkit/transport/tcp/wire.hpp"
+#include "shardkit/transport/tcp/detail/ops.hpp"
+#include "shardkit/transport/tcp/detail/wire.hpp"
 
 namespace shardkit::transport::detail::tcp {
 

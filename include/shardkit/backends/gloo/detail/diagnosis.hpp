@@ -16,7 +16,7 @@
 #include "shardkit/core/error.hpp"
 #include "shardkit/rendezvous/store.hpp"
 
-namespace shardkit::backends::gloo_detail {
+namespace shardkit::backends::detail::gloo {
 
 struct failure_record {
   errc code = errc::backend;
@@ -121,4 +121,4 @@ inline error diagnose_failure(rendezvous::any_store store, int rank, int size, s
   return error(code, detail.str(), ctx);
 }
 
-}  // namespace shardkit::backends::gloo_detail
+}  // namespace shardkit::backends::detail::gloo

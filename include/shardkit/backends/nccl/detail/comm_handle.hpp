@@ -30,11 +30,11 @@
 #include <utility>
 #include <vector>
 
-#include "shardkit/backends/nccl/errors.hpp"
+#include "shardkit/backends/nccl/detail/errors.hpp"
 #include "shardkit/core/completion.hpp"
 #include "shardkit/cuda/resources.hpp"
 
-namespace shardkit::backends::nccl_detail {
+namespace shardkit::backends::detail::nccl {
 
 using cuda::cuda_event;
 using cuda::cuda_stream;
@@ -279,4 +279,4 @@ inline void comm_handle::close(std::chrono::milliseconds budget) noexcept {
   close_all(std::span<comm_handle* const>(&self, 1), budget);
 }
 
-}  // namespace shardkit::backends::nccl_detail
+}  // namespace shardkit::backends::detail::nccl

@@ -25,10 +25,10 @@
 #include "shardkit/core/log.hpp"
 #include "shardkit/rendezvous/gather.hpp"
 #include "shardkit/rendezvous/store.hpp"
-#include "shardkit/transport/tcp/interfaces.hpp"
-#include "shardkit/transport/tcp/mesh.hpp"
+#include "shardkit/transport/tcp/detail/interfaces.hpp"
+#include "shardkit/transport/tcp/detail/mesh.hpp"
 #include "shardkit/transport/tcp/options.hpp"
-#include "shardkit/transport/tcp/peer.hpp"
+#include "shardkit/transport/tcp/detail/peer.hpp"
 
 namespace shardkit::transport::detail::tcp {
 

@@ -32,12 +32,12 @@
 #include <utility>
 #include <vector>
 
-#include "shardkit/backends/gloo/waiter_pool.hpp"
+#include "shardkit/backends/gloo/detail/waiter_pool.hpp"
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/transport/p2p.hpp"
 
-namespace shardkit::backends::gloo_detail {
+namespace shardkit::backends::detail::gloo {
 
 //! A wait without gloo's timeout: deadlines are kept by the waiters of the completions, and a timed-out gloo
 //! wait would close every connection of the context.
@@ -307,4 +307,4 @@ class gloo_p2p {
 
 static_assert(transport::abortable<gloo_p2p>);
 
-}  // namespace shardkit::backends::gloo_detail
+}  // namespace shardkit::backends::detail::gloo

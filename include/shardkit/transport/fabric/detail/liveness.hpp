@@ -14,7 +14,7 @@
 
 #include "shardkit/core/completion.hpp"
 
-namespace shardkit::transport::fabric_detail {
+namespace shardkit::transport::detail::fabric {
 
 class peer_liveness {
  public:
@@ -89,4 +89,4 @@ class peer_liveness {
   std::vector<peer_state> peers_;
 };
 
-}  // namespace shardkit::transport::fabric_detail
+}  // namespace shardkit::transport::detail::fabric

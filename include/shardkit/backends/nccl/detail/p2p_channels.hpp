@@ -26,12 +26,12 @@
 #include <utility>
 #include <vector>
 
-#include "shardkit/backends/nccl/pair_link.hpp"
+#include "shardkit/backends/nccl/detail/pair_link.hpp"
 #include "shardkit/core/buffer.hpp"
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/detail/worker_threads.hpp"
 
-namespace shardkit::backends::nccl_detail {
+namespace shardkit::backends::detail::nccl {
 
 //! What the pending operations of a channel share with the channel's worker and with cancel callbacks (which
 //! may outlive the channel, hence the shared ownership). The worker holds a share too: a completion it ends runs
@@ -78,7 +78,7 @@ class send_channel {
     finish_stop();
   }
 
-  void request_stop() { nccl_detail::request_stop(*q_, interrupt_); }
+  void request_stop() { detail::nccl::request_stop(*q_, interrupt_); }
   void finish_stop() {
     if (!worker_.running()) return;
     worker_.join();
@@ -176,7 +176,7 @@ class recv_channel {
     finish_stop();
   }
 
-  void request_stop() { nccl_detail::request_stop(*q_, interrupt_); }
+  void request_stop() { detail::nccl::request_stop(*q_, interrupt_); }
   void finish_stop() {
     if (!worker_.running()) return;
     worker_.join();
@@ -424,4 +424,4 @@ class p2p_router {
   std::map<int, std::unique_ptr<recv_channel>> recvs_;
 };
 
-}  // namespace shardkit::backends::nccl_detail
+}  // namespace shardkit::backends::detail::nccl

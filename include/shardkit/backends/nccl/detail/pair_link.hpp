@@ -22,13 +22,13 @@
 #include <optional>
 #include <string>
 
-#include "shardkit/backends/nccl/comm_handle.hpp"
-#include "shardkit/backends/nccl/errors.hpp"
+#include "shardkit/backends/nccl/detail/comm_handle.hpp"
+#include "shardkit/backends/nccl/detail/errors.hpp"
 #include "shardkit/core/buffer.hpp"
 #include "shardkit/cuda/resources.hpp"
 #include "shardkit/rendezvous/store.hpp"
 
-namespace shardkit::backends::nccl_detail {
+namespace shardkit::backends::detail::nccl {
 
 struct message_header {
   std::uint64_t tag = 0;
@@ -213,4 +213,4 @@ class pair_link {
   bool connected_ = false;
 };
 
-}  // namespace shardkit::backends::nccl_detail
+}  // namespace shardkit::backends::detail::nccl

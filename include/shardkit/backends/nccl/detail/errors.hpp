@@ -19,7 +19,7 @@
 #error "shardkit's NCCL backend needs NCCL >= 2.18 (ncclCommSplit, nonblocking communicators, ncclAvg on all types)"
 #endif
 
-namespace shardkit::backends::nccl_detail {
+namespace shardkit::backends::detail::nccl {
 
 using cuda::call_name;
 using cuda::check_cuda;
@@ -41,7 +41,7 @@ inline ncclResult_t check_nccl(ncclResult_t r, std::string_view call, const erro
   throw error(errc::backend, std::string(call_name(call)) + " failed: " + nccl_error_text(r, comm), ctx);
 }
 
-#define SHARDKIT_NCCL_CHECK(call, ctx, comm) ::shardkit::backends::nccl_detail::check_nccl((call), #call, (ctx), (comm))
+#define SHARDKIT_NCCL_CHECK(call, ctx, comm) ::shardkit::backends::detail::nccl::check_nccl((call), #call, (ctx), (comm))
 
 constexpr ncclDataType_t to_nccl(dtype t) noexcept {
   switch (t) {
@@ -80,4 +80,4 @@ constexpr ncclRedOp_t to_nccl(reduce_op op, int world) noexcept {
   return op == reduce_op::avg && world == 1 ? ncclSum : to_nccl(op);
 }
 
-}  // namespace shardkit::backends::nccl_detail
+}  // namespace shardkit::backends::detail::nccl

@@ -9,7 +9,7 @@
 
 #include "shardkit/rendezvous/store.hpp"
 
-namespace shardkit::backends::gloo_detail {
+namespace shardkit::backends::detail::gloo {
 
 class store_adapter final : public ::gloo::rendezvous::Store {
  public:
@@ -35,4 +35,4 @@ class store_adapter final : public ::gloo::rendezvous::Store {
   std::chrono::milliseconds timeout_;
 };
 
-}  // namespace shardkit::backends::gloo_detail
+}  // namespace shardkit::backends::detail::gloo

@@ -47,7 +47,7 @@
 #include <string>
 #include <string_view>
 
-namespace shardkit::transport::fabric_detail {
+namespace shardkit::transport::detail::fabric {
 
 inline constexpr std::string_view shm_region_prefix = "shardkit-fabric.";
 
@@ -210,4 +210,4 @@ inline int sweep_dead_shm_regions(const char* dir = "/dev/shm") {
   return removed;
 }
 
-}  // namespace shardkit::transport::fabric_detail
+}  // namespace shardkit::transport::detail::fabric
