@@ -89,6 +89,22 @@ inline constexpr variable table[] = {
      .meaning = "large all-reduces, reduce-scatters and all-gathers between processes of one host read "
                 "peers' buffers directly (mapped host_shared_memory, else process_vm_readv); 0: the ring instead",
      .target = "core"},
+    {.name = "SHARDKIT_LINK_BYTES_PER_SECOND", .type = kind::bytes, .default_text = "0 (no governor)",
+     .meaning = "capacity of each network link (NIC) in bytes per second, K/M/G binary (1 Gbit/s is about 119M); "
+                "when set, a governor per link paces checkpoint uploads and data reads into what collectives leave "
+                "idle (docs/design.md, link governor)",
+     .target = "core"},
+    {.name = "SHARDKIT_LINK_CLASS_ORDER", .type = kind::list, .default_text = "collectives,checkpoint,data",
+     .meaning = "priority of the traffic classes on a governed link, highest first; the first is never paced",
+     .target = "core"},
+    {.name = "SHARDKIT_LINK_UNREPORTED_SHARE", .type = kind::integer, .default_text = "50",
+     .meaning = "percent of a governed link's capacity the paced classes share while the first class reports "
+                "nothing (collectives over NCCL or Gloo)",
+     .target = "core", .min = 1, .max = 100},
+    {.name = "SHARDKIT_LINK_WINDOW", .type = kind::milliseconds, .default_text = "100",
+     .meaning = "a governed link's accounting window: over any such interval the paced classes get at most the "
+                "capacity less what was reported (also their largest burst)",
+     .target = "core", .min = 1, .max = 10000},
 
     // ---- tcp: the TCP transport (shardkit::tcp); gloo reads the interface too ----
     {.name = "SHARDKIT_SOCKET_IFNAME", .type = kind::text,

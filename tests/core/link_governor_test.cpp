@@ -1,0 +1,213 @@
+// link_governor: the window's accounting with a fake clock (classes ordered, the idle link handed down, the
+// unreported share), blocking acquire with stop and deadline, concurrent paced classes from several threads never
+// granted above the link, and bad settings refused naming the variable. Part of core_test.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardkit/core/error.hpp"
+#include "shardkit/core/link_governor.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using shardkit::link_governor;
+using shardkit::traffic_class;
+
+//! A clock tests move by hand; it starts at the real now, so the governor's first sample is not in the future.
+struct fake_clock {
+  std::atomic<link_governor::clock::time_point> t{link_governor::clock::now()};
+  link_governor::now_function function() {
+    return [this] { return t.load(); };
+  }
+  void advance(link_governor::clock::duration d) { t.store(t.load() + d); }
+};
+
+// 1 MB/s and a 100 ms window: 100,000 bytes per window.
+shardkit::link_governor_options one_mb() { return {.bytes_per_second = 1'000'000, .window = 100ms}; }
+
+}  // namespace
+
+TEST_CASE("[core] link_governor: data gets nothing while collectives fill the link, all of it once they stop") {
+  fake_clock clock;
+  link_governor g("eth0", one_mb(), clock.function());
+  auto reporter = g.attach_reporter();
+  CHECK(g.budget() == 100'000);
+  CHECK(g.allowance(traffic_class::collectives) == std::numeric_limits<std::uint64_t>::max());
+  CHECK(g.try_acquire(traffic_class::collectives, 5'000'000) == 5'000'000);  // the first class is never held
+
+  fake_clock fresh;
+  link_governor link("eth0", one_mb(), fresh.function());
+  auto r2 = link.attach_reporter();
+  // Collectives at the line rate for 1 s, in 1 ms steps: after the first window, data is granted nothing.
+  std::uint64_t data_granted_while_full = 0;
+  for (int ms = 1; ms <= 1000; ++ms) {
+    fresh.advance(1ms);
+    link.report(traffic_class::collectives, 1'000);
+    const auto a = link.try_acquire(traffic_class::data, 64 << 10);
+    if (ms > 100) data_granted_while_full += a;
+  }
+  CHECK(data_granted_while_full == 0);
+  CHECK(link.allowance(traffic_class::checkpoint) == 0);
+  // Collectives stop: the window drains, and after one window the whole link is the paced classes'.
+  fresh.advance(50ms);
+  const auto half = link.allowance(traffic_class::data);
+  CHECK(half >= 45'000);
+  CHECK(half <= 55'000);
+  fresh.advance(50ms);
+  CHECK(link.allowance(traffic_class::data) == 100'000);
+  const auto before = link.sent(traffic_class::data);
+  CHECK(link.try_acquire(traffic_class::data, 1'000'000) == 100'000);
+  CHECK(link.try_acquire(traffic_class::data, 1) == 0);  // the grant counts at once
+  CHECK(link.sent(traffic_class::data) - before == 100'000);
+}
+
+TEST_CASE("[core] link_governor: paced classes never exceed the link over any window") {
+  fake_clock clock;
+  link_governor g("eth0", one_mb(), clock.function());
+  auto reporter = g.attach_reporter();
+  // Half-rate collectives; checkpoint and data ask for more than the link every ms. Per-ms totals, then every
+  // 100 ms interval (sliding by 1 ms): the paced grants never exceed one window's budget, and the link as a whole
+  // does not either once the collectives have been seen for a window. (In the first window the paced classes
+  // took the idle link before collectives started; collectives are never delayed, so that window carries more.)
+  std::vector<std::uint64_t> paced_per_ms, all_per_ms;
+  std::uint64_t paced = 0;
+  for (int ms = 0; ms < 2000; ++ms) {
+    clock.advance(1ms);
+    g.report(traffic_class::collectives, 500);
+    const auto c = g.try_acquire(traffic_class::checkpoint, 3'000);
+    const auto d = g.try_acquire(traffic_class::data, 3'000);
+    paced += c + d;
+    paced_per_ms.push_back(c + d);
+    all_per_ms.push_back(500 + c + d);
+  }
+  const auto worst_window = [](const std::vector<std::uint64_t>& v, std::size_t from) {
+    std::uint64_t in_window = 0, worst = 0;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      in_window += v[i];
+      if (i >= 100) in_window -= v[i - 100];
+      if (i >= from) worst = std::max(worst, in_window);
+    }
+    return worst;
+  };
+  CHECK(worst_window(paced_per_ms, 0) <= 100'000);
+  CHECK(worst_window(all_per_ms, 199) <= 100'000);
+  // Over 2 s the link carried close to its capacity: the paced classes used what collectives left.
+  CHECK(2000 * 500 + paced >= 1'800'000);
+}
+
+TEST_CASE("[core] link_governor: without a reporter the paced classes get the configured share") {
+  fake_clock clock;
+  auto o = one_mb();
+  o.unreported_share_percent = 25;
+  link_governor g("ib0", o, clock.function());
+  CHECK_FALSE(g.reported());
+  CHECK(g.budget() == 25'000);
+  clock.advance(200ms);
+  CHECK(g.try_acquire(traffic_class::checkpoint, 1'000'000) == 25'000);
+  {
+    auto r = g.attach_reporter();
+    CHECK(g.reported());
+    CHECK(g.budget() == 100'000);
+    CHECK(g.allowance(traffic_class::checkpoint) == 75'000);
+  }
+  CHECK(g.budget() == 25'000);
+}
+
+TEST_CASE("[core] link_governor: a waiting checkpoint holds back data; acquire ends on stop and on its deadline") {
+  fake_clock clock;
+  link_governor g("eth0", one_mb(), clock.function());
+  auto reporter = g.attach_reporter();
+  g.report(traffic_class::collectives, 100'000);  // the link is full for this window
+  std::atomic<std::uint64_t> got{0};
+  std::thread checkpoint([&] { got = g.acquire(traffic_class::checkpoint, 60'000); });
+  while (g.waiting(traffic_class::checkpoint) == 0) std::this_thread::sleep_for(1ms);
+  clock.advance(100ms);  // the window frees 100,000: 60,000 is the checkpoint's, data sees only the rest
+  CHECK(g.allowance(traffic_class::data) <= 40'000);
+  checkpoint.join();
+  CHECK(got == 60'000);
+  CHECK(g.waiting(traffic_class::checkpoint) == 0);
+
+  g.report(traffic_class::collectives, 1'000'000);
+  std::stop_source stop;
+  std::atomic<std::uint64_t> stopped{1};
+  std::thread data([&] { stopped = g.acquire(traffic_class::data, 10'000, stop.get_token()); });
+  while (g.waiting(traffic_class::data) == 0) std::this_thread::sleep_for(1ms);
+  stop.request_stop();
+  data.join();
+  CHECK(stopped == 0);
+  CHECK(g.acquire(traffic_class::data, 10'000, {}, link_governor::clock::now() + 20ms) == 0);
+  CHECK(g.waiting(traffic_class::data) == 0);
+}
+
+TEST_CASE("[core] link_governor: threads of both paced classes, real clock, never granted above the link") {
+  // 20 MB/s, 20 ms window: 400,000 bytes per window. Four threads ask for 64K at a time for ~150 ms.
+  link_governor g("eth0", {.bytes_per_second = 20'000'000, .window = 20ms});
+  auto reporter = g.attach_reporter();
+  std::atomic<std::uint64_t> granted{0};
+  const auto start = link_governor::clock::now();
+  const auto until = start + 150ms;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&, i] {
+      const auto c = i % 2 ? traffic_class::data : traffic_class::checkpoint;
+      while (link_governor::clock::now() < until) granted += g.acquire(c, 64 << 10, {}, until);
+    });
+  for (auto& t : threads) t.join();
+  const double seconds = std::chrono::duration<double>(link_governor::clock::now() - start).count();
+  // Grants are counted exactly: at most the capacity over the elapsed time plus one window's burst.
+  CHECK(double(granted.load()) <= 20'000'000 * seconds + 400'000);
+  CHECK(granted.load() > 0);
+  CHECK(g.sent(traffic_class::checkpoint) + g.sent(traffic_class::data) == granted.load());
+}
+
+TEST_CASE("[core] link_governor: bad settings are refused naming the variable") {
+  const auto env_of = [](std::map<std::string, std::string> m) {
+    return [m = std::move(m)](const char* name) -> const char* {
+      auto it = m.find(name);
+      return it == m.end() ? nullptr : it->second.c_str();
+    };
+  };
+  const auto message_of = [&](std::map<std::string, std::string> m) -> std::string {
+    try {
+      (void)shardkit::link_governor_options::from_env(env_of(std::move(m)));
+    } catch (const shardkit::error& e) {
+      CHECK(e.code() == shardkit::errc::config);
+      return e.what();
+    }
+    return "(no error)";
+  };
+  CHECK_FALSE(shardkit::link_governor_options::from_env(env_of({})).has_value());
+  CHECK_FALSE(shardkit::link_governor_options::from_env(env_of({{"SHARDKIT_LINK_BYTES_PER_SECOND", "0"}})).has_value());
+  const auto o = shardkit::link_governor_options::from_env(
+      env_of({{"SHARDKIT_LINK_BYTES_PER_SECOND", "119M"}, {"SHARDKIT_LINK_CLASS_ORDER", "collectives, data,checkpoint"},
+              {"SHARDKIT_LINK_UNREPORTED_SHARE", "30"}, {"SHARDKIT_LINK_WINDOW", "50ms"}}));
+  REQUIRE(o.has_value());
+  CHECK(o->bytes_per_second == 119u << 20);
+  CHECK(o->order[1] == traffic_class::data);
+  CHECK(o->unreported_share_percent == 30);
+  CHECK(o->window == 50ms);
+
+  CHECK(message_of({{"SHARDKIT_LINK_BYTES_PER_SECOND", "fast"}}).find("SHARDKIT_LINK_BYTES_PER_SECOND='fast'") !=
+        std::string::npos);
+  CHECK(message_of({{"SHARDKIT_LINK_BYTES_PER_SECOND", "1M"}, {"SHARDKIT_LINK_CLASS_ORDER", "collectives,data"}})
+            .find("SHARDKIT_LINK_CLASS_ORDER") != std::string::npos);
+  CHECK(message_of({{"SHARDKIT_LINK_BYTES_PER_SECOND", "1M"}, {"SHARDKIT_LINK_CLASS_ORDER", "data,data,collectives"}})
+            .find("SHARDKIT_LINK_CLASS_ORDER='data,data,collectives'") != std::string::npos);
+  CHECK(message_of({{"SHARDKIT_LINK_BYTES_PER_SECOND", "1M"}, {"SHARDKIT_LINK_CLASS_ORDER", "nccl,data,checkpoint"}})
+            .find("'nccl' is not a traffic class") != std::string::npos);
+  CHECK(message_of({{"SHARDKIT_LINK_BYTES_PER_SECOND", "1M"}, {"SHARDKIT_LINK_UNREPORTED_SHARE", "0"}})
+            .find("SHARDKIT_LINK_UNREPORTED_SHARE") != std::string::npos);
+  CHECK(message_of({{"SHARDKIT_LINK_BYTES_PER_SECOND", "1M"}, {"SHARDKIT_LINK_WINDOW", "0"}})
+            .find("SHARDKIT_LINK_WINDOW") != std::string::npos);
+  CHECK_THROWS_AS(link_governor("eth0", {.bytes_per_second = 0}), shardkit::error);
+  CHECK_THROWS_AS(link_governor("eth0", {.bytes_per_second = 1, .order = {traffic_class::data, traffic_class::data,
+                                                                           traffic_class::collectives}}),
+                  shardkit::error);
+}
