@@ -420,6 +420,29 @@ TEST_CASE("[comm] a work handle's wait_for times out while the peer is absent, t
   CHECK(a[0] == 3.0f);
 }
 
+TEST_CASE("[comm] abort() fails the running collective where it waits, with its reason, not at the deadline") {
+  // Rank 1 never joins; rank 0's all_reduce (timeout 20 s) is running when its group is aborted from another thread
+  // (FSDP aborts its other groups when one fails: the trainer must not wait out their deadlines).
+  comm::group_options go = test_group_options();
+  go.timeout = std::chrono::seconds(20);
+  auto groups = comm::make_loopback_world(2, go);
+  std::vector<float> a(10, 1.0f);
+  auto w = groups[0].all_reduce(buffer_view(std::span<float>(a)));
+  CHECK_FALSE(w.wait_for(std::chrono::milliseconds(50)));  // running, waiting for rank 1
+  const auto t0 = std::chrono::steady_clock::now();
+  groups[0].abort("a test aborts the group");
+  try {
+    w.wait();
+    FAIL("the aborted all_reduce completed");
+  } catch (const error& e) {
+    CAPTURE(e.what());
+    CHECK(e.code() == errc::aborted);
+    CHECK(std::string(e.what()).find("a test aborts the group") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  CHECK_THROWS_WITH_AS(groups[0].barrier().wait(), doctest::Contains("a test aborts the group"), error);
+}
+
 TEST_CASE("[comm] direct all_gather(v) and reduce_scatter pass the conformance cases, in rounds of small segments") {
   comm::p2p_options p2p;
   p2p.direct_max_ranks = 8;

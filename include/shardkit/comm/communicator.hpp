@@ -69,6 +69,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <stop_token>
 #include <string_view>
 
 #include "shardkit/core/buffer.hpp"
@@ -106,6 +107,10 @@ constexpr std::string_view to_string(algorithm a) noexcept {
 struct collective_options {
   deadline until = no_deadline;
   algorithm algo = algorithm::automatic;
+  //! A stop request ends the operation where it waits, as its deadline would, but with errc::aborted:
+  //! process_group::abort() requests it for the operation running then. Backends that do not look at it let the
+  //! operation run to its deadline (the generic algorithms over a p2p transport look at it).
+  std::stop_token stop;
 };
 
 template <class C>

@@ -262,19 +262,20 @@ class p2p_communicator {
   algorithms::p2p_op<T> begin(const char* name, const collective_options& o) {
     // Tag: bit 63 clear, 31 bits group id, 24 bits sequence (wraps harmlessly: ops that far apart never overlap).
     const auto tag = (transport::message_tag(group_id_) << 32) | (transport::message_tag(seq_++ & 0xffffffu) << 8);
-    return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get());
+    return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop);
   }
   //! An op over a sub-list of transport ranks that shares `parent`'s tag apart from its low `level` bits.
   algorithms::p2p_op<T> level_op(const algorithms::p2p_op<T>& parent, const std::vector<int>& members, int me,
                                  std::uint8_t level) {
-    return algorithms::p2p_op<T>(*transport_, members, me, parent.tag() | level, parent.until(), parent.name(), parent.arena());
+    return algorithms::p2p_op<T>(*transport_, members, me, parent.tag() | level, parent.until(), parent.name(), parent.arena(),
+                                 parent.stop());
   }
   transport::message_tag user_tag(const char* name, std::uint32_t tag) const {
     if (tag >= (1u << 31)) throw error(errc::invalid_argument, "user tags must be below 2^31", {.rank = me_, .operation = name});
     return (transport::message_tag(1) << 63) | (transport::message_tag(group_id_) << 32) | tag;
   }
   algorithms::p2p_op<T> user_op(const char* name, std::uint32_t tag, const collective_options& o) {
-    return algorithms::p2p_op<T>(*transport_, members_, me_, user_tag(name, tag), o.until, name);
+    return algorithms::p2p_op<T>(*transport_, members_, me_, user_tag(name, tag), o.until, name, nullptr, o.stop);
   }
   std::size_t segment_elems(dtype t) const noexcept { return std::max<std::size_t>(1, opts_.segment_bytes / size_of(t)); }
   // all_gather(v) and reduce_scatter: direct when asked, or by default in groups small enough (cross-memory first).

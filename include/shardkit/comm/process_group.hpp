@@ -21,8 +21,9 @@
 //! Destroying a group waits for its queued and running operations, each up to its deadline (the group's timeout,
 //! 30 minutes by default), since they use the group's buffers and backend: a group destroyed with an operation its
 //! peers never join (an exception unwinding past a collective that other ranks did not reach) blocks that long.
-//! Unwinding stays safe (nothing is freed under a running operation). abort() fails the queued operations at once
-//! but not the running one: give a collective that may be left behind a shorter op timeout to leave sooner.
+//! Unwinding stays safe (nothing is freed under a running operation). abort() fails the queued operations at once,
+//! and the running one where it waits for a peer (over a p2p transport: a transfer already under way gets the op's
+//! short grace, then the transport is aborted, as at a timeout; a native backend's runs to its deadline).
 //!
 //! With `check_consistency` (SHARDKIT_DEBUG=detail) every collective is preceded by an exchange of fingerprints
 //! (op, dtype, count, root, reduce op) and a mismatch fails all ranks with errc::mismatch naming the ranks. The
@@ -37,6 +38,7 @@
 #include <numeric>
 #include <optional>
 #include <sstream>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <utility>
@@ -267,9 +269,11 @@ class process_group {
     return dup(std::move(o));
   }
 
-  //! Marks the group broken: queued and later operations fail with errc::aborted and `reason`.
+  //! Marks the group broken: queued and later operations fail with errc::aborted and `reason`, and so does the one
+  //! running, where it waits (over a p2p transport; another backend's runs to its deadline).
   void abort(const std::string& reason) {
     self().mark_broken(std::make_exception_ptr(error(errc::aborted, reason, self().context("abort"))));
+    self().abort_running.request_stop();
   }
   //! The failure that broke the group, if any.
   std::exception_ptr broken_by() const {
@@ -293,6 +297,7 @@ class process_group {
     group_options opts;
     mutable std::mutex mutex;
     std::exception_ptr broken;
+    std::stop_source abort_running;  // abort(): the running operation stops waiting (collective_options::stop)
     // The thread that issued the collectives still pending, the last of them, and how many are (guarded by
     // `mutex`).
     std::thread::id issuer;
@@ -429,7 +434,7 @@ class process_group {
       const std::int64_t seq = claim_issue(name);
       completion_source done;
       const auto timeout = o.timeout.count() > 0 ? o.timeout : opts.timeout;
-      const collective_options co{deadline_after(timeout), o.algo};
+      const collective_options co{deadline_after(timeout), o.algo, abort_running.get_token()};
       // Ending `done` is the last thing the task does with `this`: a continuation it runs may drop the group's last
       // owner (the engine then runs what is queued behind it and lets the group go: progress_engine.hpp).
       // The issue count drops before `done` ends: a continuation that `done` runs may issue the next collective
@@ -446,6 +451,11 @@ class process_group {
           release_issue();
           done.set_done();
         } catch (const error& e) {
+          if (e.code() == errc::aborted && abort_running.stop_requested()) {  // stopped by abort(): its reason
+            release_issue();
+            done.set_error(broken_work()->exception());
+            return;
+          }
           const error full = account_for(e.with_context(context(name)), seq, name);
           auto ex = std::make_exception_ptr(full);
           if (e.code() != errc::invalid_argument && e.code() != errc::unsupported) mark_broken(ex);

@@ -192,6 +192,12 @@ class tcp_store {
     return " (rank " + r + " hosts the store: it exited or failed, and rank " + r + "'s own output says why)";
   }
 
+  // Why the store did not answer in time, when the rank hosting it is known.
+  std::string host_silent() const {
+    if (!opts_.host_rank) return {};
+    return " (rank " + std::to_string(*opts_.host_rank) + " hosts the store: it is stopped, stuck, or cut off from this rank)";
+  }
+
   template <class T>
   static T read_one(const std::string& payload, T (detail::frame_reader::*field)()) {
     detail::frame_reader r(payload);
@@ -214,7 +220,7 @@ class tcp_store {
     if (bound == no_deadline) lock.lock();
     else if (!lock.try_lock_until(bound))
       throw_error(errc::timeout, "another request of this process held the connection to the store at " + address() +
-                                     " past this request's bound", ctx);
+                                     " past this request's bound" + host_silent(), ctx);
     if (!fd_)
       throw_error(errc::closed, "the connection to the store at " + address() + " was lost earlier" + host_gone(), ctx);
     outcome out;
@@ -223,9 +229,7 @@ class tcp_store {
     } catch (const error& e) {
       fd_.reset();  // the stream may be out of step: never reuse it
       if (e.code() == make_error_code(errc::timeout) && opts_.host_rank)  // alive but silent: its process stopped?
-        throw error(errc::timeout, e.detail() + " (rank " + std::to_string(*opts_.host_rank) +
-                                       " hosts the store: it is stopped, stuck, or cut off from this rank)", e.context())
-            .with_context(ctx);
+        throw error(errc::timeout, e.detail() + host_silent(), e.context()).with_context(ctx);
       if (e.code() != make_error_code(errc::peer_lost) || !opts_.host_rank) throw e.with_context(ctx);
       // The server went with its process: the fault is that rank's, not this one's.
       throw error(errc::peer_lost, e.detail() + host_gone(), e.context()).with_context(ctx);

@@ -7,6 +7,7 @@
 #include <memory>
 #include <cstddef>
 #include <span>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -86,9 +87,11 @@ template <transport::p2p T>
 class p2p_op {
  public:
   //! `arena` (optional) lends the op its scratch memory; without one the op allocates its own.
+  //! `stop` (optional): a stop request ends the op's waits with errc::aborted (its group was aborted).
   p2p_op(T& transport, std::span<const int> members, int me, transport::message_tag tag, deadline until,
-         const char* name, scratch_arena* arena = nullptr)
-      : transport_(transport), members_(members), me_(me), tag_(tag), until_(until), name_(name), arena_(arena) {}
+         const char* name, scratch_arena* arena = nullptr, std::stop_token stop = {})
+      : transport_(transport), members_(members), me_(me), tag_(tag), until_(until), name_(name), arena_(arena),
+        stop_(std::move(stop)) {}
 
   p2p_op(const p2p_op&) = delete;
   p2p_op& operator=(const p2p_op&) = delete;
@@ -162,6 +165,7 @@ class p2p_op {
   deadline until() const noexcept { return until_; }
   transport::message_tag tag() const noexcept { return tag_; }
   scratch_arena* arena() const noexcept { return arena_; }
+  const std::stop_token& stop() const noexcept { return stop_; }
 
   //! Uninitialised scratch of `bytes`, valid for this op until the next scratch() call of an op on the same arena.
   std::byte* scratch(std::size_t bytes) { return (arena_ ? *arena_ : own_).get(bytes); }
@@ -237,6 +241,11 @@ class p2p_op {
       throw naming_lost_members(e.with_context(context(peer)), peer);
     }
     if (!done) {
+      if (stop_.stop_requested())
+        throw error(errc::aborted,
+                    std::string("the group was aborted while ") + what +
+                        (peer >= 0 ? " peer rank " + std::to_string(peer) : std::string(" a peer")),
+                    context(peer));
       if (const int gone = first_lost_member(); gone >= 0) {
         std::string detail = "rank " + std::to_string(gone) + " of this group was lost while this rank was " + what +
                              (peer >= 0 ? " peer rank " + std::to_string(peer) : std::string(" a peer")) + ": " +
@@ -252,21 +261,18 @@ class p2p_op {
     }
   }
 
-  //! Waits until `c` is done or the deadline passes; with a transport that reports lost peers, also returns
-  //! (false) as soon as any member of the group is lost: this op can then never complete, since every member
-  //! takes part in it, directly or through the peers it waits on.
+  //! Waits until `c` is done, the deadline passes or the op is stopped; with a transport that reports lost peers,
+  //! also returns (false) as soon as any member of the group is lost: this op can then never complete, since every
+  //! member takes part in it, directly or through the peers it waits on.
   bool wait_watching(const completion& c) {
-    if constexpr (transport::reports_lost_peers<T>) {
-      // Most ops end within the first slice; between slices, the members are polled (a few syscalls at most).
-      constexpr auto slice = std::chrono::milliseconds(100);
-      for (;;) {
-        const auto now = deadline::clock::now();
-        if (c.wait_until(std::min(until_, deadline(now + slice)))) return true;
-        if (deadline::clock::now() >= until_) return false;
-        if (first_lost_member() >= 0) return false;
-      }
-    } else {
-      return c.wait_until(until_);
+    if (!transport::reports_lost_peers<T> && !stop_.stop_possible()) return c.wait_until(until_);
+    // Most ops end within the first slice; between slices, the members and the stop are polled (a few syscalls).
+    constexpr auto slice = std::chrono::milliseconds(100);
+    for (;;) {
+      const auto now = deadline::clock::now();
+      if (c.wait_until(std::min(until_, deadline(now + slice)))) return true;
+      if (deadline::clock::now() >= until_ || stop_.stop_requested()) return false;
+      if (first_lost_member() >= 0) return false;
     }
   }
 
@@ -316,6 +322,7 @@ class p2p_op {
   std::vector<completion> sends_, recvs_;
   std::vector<int> send_peers_;  // the group rank each of sends_ goes to
   scratch_arena* arena_;
+  std::stop_token stop_;
   scratch_arena own_;
 };
 

@@ -4,7 +4,8 @@
 //! so that every rank's error names the rank at fault, not the ring neighbour it happened to wait on.
 //!
 //! A rank that timed out follows the waits: the peer it waited on, the peer that one waited on, and so on, reading
-//! each one's account (the store's parked get, up to the group's grace, fault_report_grace). The walk ends at
+//! each one's account (the store's parked get, in slices of 50 ms, up to the group's grace, fault_report_grace).
+//! The walk ends at
 //! - a rank whose own failure caused it (an error other than a timeout or a lost peer, or an argument it refused at
 //!   the call, so it never took part): that rank is at fault, and the error quotes its message;
 //! - a rank that posted no account within the grace: it stopped answering (a process stopped with SIGSTOP, a rank
@@ -233,6 +234,8 @@ class fault_board {
   //! The bound of a post outside a failure (a refusal, or a failure that leaves the group going): the store is
   //! most likely well, and a request cut short closes this rank's connection to it.
   static constexpr std::chrono::milliseconds post_bound{5000};
+  //! The longest one parked get of fetch() holds this process's connection to the store.
+  static constexpr std::chrono::milliseconds wait_slice{50};
 
   //! The job's rank of this group's rank `g`, as it posted when the group was made (`g` itself where it did not).
   int job_rank_of(int g) const {
@@ -246,19 +249,22 @@ class fault_board {
     return ec == std::errc() && end == v.data() + v.size() ? r : g;
   }
 
-  //! Rank r's account, waiting for it until `until` at the latest.
+  //! Rank r's account, waiting for it until `until` at the latest, in parked gets of at most wait_slice: a get holds
+  //! this process's connection to the store while it is parked, and the other groups of this rank, failing at the
+  //! same moment (FSDP's gather and reduce), must be able to post and read their accounts meanwhile.
   std::optional<fault_report> fetch(int r, deadline until) const {
     const std::string k = key(r);
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - deadline::clock::now());
-    if (left.count() < 1) {
-      if (!store_.check(std::span<const std::string>(&k, 1))) return std::nullopt;
-      return fault_report::decode(store_.get(k, late_answer));
-    }
-    try {
-      return fault_report::decode(store_.get(k, left));
-    } catch (const error& e) {
-      if (e.code() == errc::timeout) return std::nullopt;
-      throw;
+    for (;;) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - deadline::clock::now());
+      if (left.count() < 1) {
+        if (!store_.check(std::span<const std::string>(&k, 1))) return std::nullopt;
+        return fault_report::decode(store_.get(k, late_answer));
+      }
+      try {
+        return fault_report::decode(store_.get(k, std::min(left, wait_slice)));
+      } catch (const error& e) {
+        if (e.code() != errc::timeout) throw;  // a timeout: not there yet (a store that stopped answering fails next)
+      }
     }
   }
 
