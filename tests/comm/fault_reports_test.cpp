@@ -5,10 +5,12 @@
 
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/rendezvous/memory_store.hpp"
+#include "shardkit/rendezvous/tcp_store.hpp"
 
 #include <chrono>
 #include <future>
 #include <latch>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -161,6 +163,43 @@ TEST_CASE("[comm] a rank stopped in a job of two groups is named by survivors th
       CHECK(says(e, "rank 2 stopped answering: it posted no account"));
       CHECK(e.context().peer == victim);
     }
+    survivors_failed.count_down();
+  });
+}
+
+TEST_CASE("[comm] the store's host ends its walk after its peers': a peer that timed out later still names the stopped rank") {
+  // The store lives in rank 0's process, which goes (here: drops the server) as soon as its error is out. Ranks 1
+  // and 3 time out 150 ms after rank 0 (a longer op timeout), so their walks, waiting for the stopped rank 2's
+  // account, end after rank 0's: rank 0 must wait for them, or they lose the store and name only their neighbour.
+  constexpr int n = 4, victim = 2;
+  auto server = std::make_shared<rendezvous::tcp_store_server>();
+  auto transports = transport::loopback_transport::create_world(n);
+  std::vector<comm::process_group> groups;
+  for (int r = 0; r < n; ++r) {
+    comm::group_options o = reporting_options();
+    o.fault_reports = rendezvous::make_store<rendezvous::tcp_store>(server->local_address(), server->port());
+    groups.push_back(comm::process_group::create(comm::p2p_communicator<transport::loopback_transport>(transports[std::size_t(r)]), o));
+  }
+  std::latch survivors_failed(n - 1);
+  const auto later = timeout + std::chrono::milliseconds(150);
+  test::run_threads(n, [&](int rank) {
+    auto& pg = groups[std::size_t(rank)];
+    std::vector<float> data(64, 1.0f);
+    const comm::op_options ring{.algo = comm::algorithm::ring};
+    pg.all_reduce(buffer_view(std::span<float>(data)), reduce_op::sum, ring).wait();
+    if (rank == victim) {
+      survivors_failed.wait();
+      return;
+    }
+    try {
+      pg.all_reduce(buffer_view(std::span<float>(data)), reduce_op::sum, {.timeout = rank == 0 ? timeout : later, .algo = ring.algo})
+          .wait();
+      FAIL("rank " << rank << ": the collective with a rank missing completed");
+    } catch (const error& e) {
+      MESSAGE("rank " << rank << ": " << std::string(e.what()));
+      CHECK(says(e, "rank 2 stopped answering: it posted no account"));
+    }
+    if (rank == 0) server.reset();  // rank 0's process exits, and the store with it
     survivors_failed.count_down();
   });
 }

@@ -12,7 +12,10 @@
 //!   stuck outside collectives or busy far longer than the others), and the error gives the chain of waits;
 //! - a rank already read (a cycle): the verdicts that the ranks on it posted, if any, are taken over. A rank that
 //!   was stopped and resumes finds its own number there, and its error says that this rank stopped answering.
-//! Each rank then posts its verdict beside its account.
+//! Each rank then posts its verdict beside its account. A rank that timed out then waits, up to one grace more, for
+//! the others' walks to end (the job counts the walks under way; each rank of the group not named must have posted
+//! its account): the store lives in one rank's process (job rank 0's, with connect_store), which exits once its
+//! error is out, and a peer still reading would lose the store and name only the neighbour it waited on.
 //!
 //! Accounts are the job's, not one group's: each is posted under the rank's number in the job (its rank in the group
 //! made by create(), of which every other group is a split), names the peer waited on by that number too, and says
@@ -25,8 +28,8 @@
 //! peer that lost a rank first names that rank (not itself, whose orderly leaving this rank may have seen first).
 //!
 //! Nothing of this runs before a collective failed. The store's requests are bounded (rendezvous::request_bound),
-//! so a store whose host stopped answering delays the error by at most the grace + late_answer. Each rank reads
-//! at most max_reads accounts.
+//! so a store whose host stopped answering delays the error by at most the grace + late_answer (then nobody waits
+//! for the others' walks: the store is gone). Each rank reads at most max_reads accounts.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -36,6 +39,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "shardkit/core/completion.hpp"
@@ -156,8 +160,24 @@ class fault_board {
   //! `mine.peer` is a rank of this group. Posts `mine` first and, after the walk, again with its verdict. `wait`:
   //! wait up to the grace for accounts (a timeout); otherwise only what is there now counts, and a missing account
   //! proves nothing. The ranks it names are the job's; the error's peer is the group rank of the first, where known.
+  //! After a timeout's walk, it also waits (up to one grace more) for the other ranks' walks: see
+  //! await_other_walks().
   error explain(const error& e, fault_report mine, bool wait) const {
     const auto grace_end = wait ? deadline_after(grace_) : deadline::clock::now();
+    std::vector<int> excused;  // the ranks whose accounts nobody waits for any more: the ones named
+    bool counted = false;
+    error out = walk(e, std::move(mine), wait, grace_end, counted, excused);
+    if (counted) try {
+        await_other_walks(excused, grace_end + grace_);
+      } catch (...) {  // the store went: nobody can read it any more
+      }
+    return out;
+  }
+
+ private:
+  //! explain()'s walk, with its verdict; `counted`: whether it was counted among the walks under way (and is
+  //! no longer); `excused`: the ranks it named, or found silent.
+  error walk(const error& e, fault_report mine, bool wait, deadline grace_end, bool& counted, std::vector<int>& excused) const {
     rendezvous::request_bound bound(grace_end + late_answer);
     std::map<int, int> group_rank{{job_rank_, rank_}};  // the job's ranks whose group rank is known
     std::string trouble;  // why the accounts could not be read, if they could not
@@ -176,6 +196,10 @@ class fault_board {
     std::vector<int> chain{job_rank_};  // the ranks whose waits were followed, in order
     std::vector<int> silent;  // ranks that posted no account within the grace
     if (trouble.empty()) try {
+      if (wait) {
+        store_.add(walks_key(), 1);
+        counted = true;
+      }
       store_.set(key(job_rank_), mine.encode());
       for (int next = mine.peer; next >= 0 && !read.contains(next) && read.size() <= max_reads;) {
         auto r = fetch(next, grace_end);
@@ -211,6 +235,13 @@ class fault_board {
       } catch (...) {
       }
     }
+    excused = blamed;
+    excused.insert(excused.end(), silent.begin(), silent.end());
+    if (counted) try {
+        store_.add(walks_key(), -1);
+      } catch (...) {
+        counted = false;
+      }
     if (why.empty()) {
       if (trouble.empty() || !wait) return e;
       // The store did not answer (its host stopped?): that leads, the wait on a neighbour follows.
@@ -225,9 +256,10 @@ class fault_board {
     return error(e.code(), why + "; this rank: " + e.detail(), std::move(ctx));
   }
 
- private:
   std::string key(int job_rank) const { return job_ + "/" + std::to_string(job_rank); }
   std::string member_key(int group_rank) const { return job_ + "/in/" + path_ + "/" + std::to_string(group_rank); }
+  //! The job's count of walks under way (each adds one when it starts and takes it back when it posted its verdict).
+  std::string walks_key() const { return job_ + "/walks"; }
   //! How long past the grace a store request may still take (a healthy store answers in milliseconds): with the
   //! store's host stopped, the error comes this long after the grace.
   static constexpr std::chrono::milliseconds late_answer{250};
@@ -236,6 +268,27 @@ class fault_board {
   static constexpr std::chrono::milliseconds post_bound{5000};
   //! The longest one parked get of fetch() holds this process's connection to the store.
   static constexpr std::chrono::milliseconds wait_slice{50};
+
+  //! How often await_other_walks() reads the count of walks under way.
+  static constexpr std::chrono::milliseconds walks_poll{10};
+
+  //! Waits, until `until` at the latest, for the other ranks' walks to end: until no walk of the job is under way
+  //! and each rank of this group (up to max_reads of them) that nobody blamed has posted its account. The store
+  //! lives in one rank's process (job rank 0's, with connect_store): were that rank to go on and exit as soon as
+  //! its own walk ended, a peer that timed out a moment later would lose the store while it still waits for an
+  //! account, and its error would name its neighbour instead of the rank at fault.
+  void await_other_walks(const std::vector<int>& excused, deadline until) const {
+    rendezvous::request_bound bound(until + late_answer);
+    std::vector<std::string> accounts;
+    for (int g = 0; size_ <= int(max_reads) && g < size_; ++g) {
+      if (g == rank_) continue;
+      if (const int r = job_rank_of(g); std::ranges::find(excused, r) == excused.end()) accounts.push_back(key(r));
+    }
+    while (store_.add(walks_key(), 0) > 0 || !store_.check(accounts)) {
+      if (deadline::clock::now() + walks_poll >= until) return;
+      std::this_thread::sleep_for(walks_poll);
+    }
+  }
 
   //! The job's rank of this group's rank `g`, as it posted when the group was made (`g` itself where it did not).
   int job_rank_of(int g) const {
