@@ -31,6 +31,9 @@ Control requests (no Authorization header, path under /_front/; bucket names can
                                           InvalidAccessKeyId, as AWS answers for a deleted key (200)
   GET    /_front/keys/ID                "verified N refused M": the requests signed with ID so far
   GET    /_front/stats                    "verified N refused M": all requests so far
+  GET    /_front/signed-headers           one line per kind of verified request: "METHOD ?query,names
+                                          SignedHeaders=... unsigned=...", the headers sent but not signed
+                                          (scripts/s3-libcurl-check prints it: what each libcurl signs and sends)
 A test that needs credentials to stop working mid-run adds its own key first and revokes that one (never the
 shared S3RVER key: other suites use the server at the same time), e.g.
   curl -X PUT --data-binary SECRET $AWS_ENDPOINT_URL/_front/keys/CKPTKEY1; ...; curl -X DELETE .../CKPTKEY1
@@ -91,6 +94,7 @@ class State:
         self.region = region
         self.upstream = upstream
         self.counts = {}  # access key id ('' before one is known) -> [verified, refused]
+        self.shapes = set()  # (method, query names, signed headers, headers sent unsigned) of verified requests
 
     def secret_of(self, key_id):
         with self.lock:
@@ -101,6 +105,13 @@ class State:
     def count(self, key_id, ok):
         with self.lock:
             self.counts.setdefault(key_id, [0, 0])[0 if ok else 1] += 1
+
+    def note_shape(self, method, raw_query, headers):
+        signed = AUTH_RE.match(headers.get('authorization', '').strip()).group(2)
+        names = ','.join(sorted({p.split('=', 1)[0] for p in raw_query.split('&') if p})) or '-'
+        unsigned = ','.join(sorted({n.lower() for n in headers.keys()} - set(signed.split(';')) - {'authorization'}))
+        with self.lock:
+            self.shapes.add(f'{method} ?{names} SignedHeaders={signed} unsigned={unsigned or "-"}')
 
     def counts_of(self, key_id=None):
         with self.lock:
@@ -254,6 +265,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 else:
                     state.revoked.add(key_id)
             return self._reply(200, b'', 'text/plain')
+        if path == '/_front/signed-headers' and self.command == 'GET':
+            with state.lock:
+                text = ''.join(line + '\n' for line in sorted(state.shapes))
+            return self._reply(200, text.encode(), 'text/plain')
         if path == '/_front/stats' and self.command == 'GET':
             verified, refused = state.counts_of()
             return self._reply(200, f'verified {verified} refused {refused}'.encode(), 'text/plain')
@@ -329,6 +344,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         except Refusal as r:
             return self._refuse(r)
         self.server.state.count(key_id, True)
+        self.server.state.note_shape(self.command, raw_query, self.headers)
         self._forward(body)
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
