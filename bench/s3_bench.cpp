@@ -3,10 +3,11 @@
 // for s3cmd; this prints its own figures too.
 //
 //   s3_bench upload   <file> s3://bucket/prefix <key>    streams the file into one object (1 MiB writes)
-//   s3_bench download s3://bucket/prefix <key> <file>    reads the object (parallel ranged GETs) into the file
+//   s3_bench download s3://bucket/prefix <key> <file>    reads the object (parallel ranged GETs) into the file's pages
 //
 // Part size and parallelism from SHARDKIT_S3_PART_SIZE / SHARDKIT_S3_PARALLEL, endpoint and keys from AWS_*.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -14,7 +15,6 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <future>
 #include <string>
 #include <vector>
 
@@ -57,27 +57,21 @@ int main(int argc, char** argv) {
       w.commit();
       ::close(fd);
     } else {
-      const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      // The object goes straight into the file's pages: the file is sized and mapped, and one get() fetches it in
+      // parallel ranges of a part size, each written by libcurl's callback into the mapping as it arrives. A copy
+      // through a buffer and write() would copy every byte once more, from memory long out of cache (most of this
+      // process's CPU: docs/benchmarks.md, issue 35); a checkpoint load gets into its buffers the same way.
+      const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (fd < 0) throw std::runtime_error("open " + file + ": " + std::strerror(errno));
-      // 64 MiB windows, each parallel ranged GETs of a part size; the next window downloads while this one is
-      // written, as a streaming client overlaps the network and the disk.
-      constexpr std::size_t window = std::size_t(64) << 20;
-      std::vector<std::byte> next_buffer(window);
-      buffer.resize(window);
-      std::size_t n = sink.get(key, 0, buffer);
-      while (true) {
-        std::future<std::size_t> next;
-        if (n == window)
-          next = std::async(std::launch::async, [&, at = bytes + n] { return sink.get(key, at, next_buffer); });
-        for (std::size_t done = 0; done < n;) {
-          const ssize_t m = ::write(fd, buffer.data() + done, n - done);
-          if (m <= 0) throw std::runtime_error("write " + file + ": " + std::strerror(errno));
-          done += static_cast<std::size_t>(m);
-        }
-        bytes += n;
-        if (!next.valid()) break;
-        n = next.get();
-        std::swap(buffer, next_buffer);
+      const auto size = sink.size(key);
+      if (!size) throw std::runtime_error("no object " + key);
+      if (*size) {
+        if (::ftruncate(fd, static_cast<off_t>(*size)) != 0) throw std::runtime_error("ftruncate " + file + ": " + std::strerror(errno));
+        void* map = ::mmap(nullptr, *size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (map == MAP_FAILED) throw std::runtime_error("mmap " + file + ": " + std::strerror(errno));
+        bytes = sink.get(key, 0, std::span(static_cast<std::byte*>(map), *size));
+        ::munmap(map, *size);
+        if (bytes != *size) throw std::runtime_error("short read of " + key);
       }
       ::close(fd);
     }
