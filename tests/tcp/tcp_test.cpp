@@ -488,3 +488,37 @@ TEST_CASE("[tcp] a store reused for later transports, of the same or other sizes
     });
   }
 }
+
+TEST_CASE("[tcp] every byte a connection writes is reported to its link's governor, as collectives") {
+  // One governor per rank (ranks are threads here, on one loopback link): rank 0's counts exactly its frames.
+  auto opts = loopback_options();
+  std::size_t size = 5000;
+  SUBCASE("one frame, written by the sending thread") {}
+  SUBCASE("striped over 3 streams and two listeners, 64 KiB chunks, through the io thread") {
+    opts.streams_per_peer = 3;
+    opts.chunk_bytes = 64u << 10;
+    opts.direct_send_bytes = 0;
+    opts.bind_addresses = {"127.0.0.1", "127.0.0.1"};
+    size = (1u << 20) + 3;
+  }
+  std::vector<std::unique_ptr<sk::link_governor>> governors;
+  for (int r = 0; r < 2; ++r)
+    governors.push_back(std::make_unique<sk::link_governor>("lo", sk::link_governor_options{.bytes_per_second = 1u << 30}));
+  run_world(2, [&](int rank) {
+    auto o = opts;
+    o.governor = governors[std::size_t(rank)].get();
+    return o;
+  }, [&](tcp_transport& t) {
+    SCENARIO_CHECK(governors[std::size_t(t.rank())]->reported());
+    const auto msg = pattern(size, 3);
+    std::vector<std::byte> in(size);
+    if (t.rank() == 0) wait_ok(t.send(1, 1, cbytes(msg)));
+    else wait_ok(t.recv(0, 1, wbytes(in)));
+  });
+  const std::uint64_t frames = (size + opts.chunk_bytes - 1) / opts.chunk_bytes;
+  CHECK(governors[0]->sent(sk::traffic_class::collectives) ==
+        size + frames * sk::transport::detail::tcp::frame_header_size);
+  CHECK(governors[1]->sent(sk::traffic_class::collectives) == 0);
+  CHECK_FALSE(governors[0]->reported());  // the transport's reporter went with it
+  CHECK(governors[0]->sent(sk::traffic_class::checkpoint) == 0);
+}

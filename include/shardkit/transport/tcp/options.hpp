@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/link_governor.hpp"
 #include "shardkit/core/settings.hpp"
 
 namespace shardkit::transport {
@@ -91,6 +92,11 @@ struct tcp_options {
   //! Also pin sockets to their interface with SO_BINDTODEVICE (falls back to the source address when refused).
   bool bind_to_device = true;
   tcp_keepalive keepalive{};
+  //! The bandwidth governor every connection reports its written bytes to (as the collectives class), for tests
+  //! and one-link hosts; it must outlive the transport. nullptr (default): each connection reports to the
+  //! process's governor of its interface (governor_for_link(name), core/link_governor.hpp), which exists only
+  //! when SHARDKIT_LINK_BYTES_PER_SECOND is set. Reporting is one relaxed atomic add per write; nothing is paced.
+  link_governor* governor = nullptr;
 
   //! Defaults overridden by the SHARDKIT_SOCKET_* variables (see the table at the top of this header).
   static tcp_options from_env();

@@ -29,6 +29,8 @@ struct interface_address {
   bool loopback = false;
 
   std::string to_string() const { return name.empty() ? address.to_string() : name + " " + address.to_string(); }
+  //! The link's name for the bandwidth governor: the interface, else the address.
+  std::string link_name() const { return name.empty() ? address.to_string() : name; }
 };
 
 //! A parsed SHARDKIT_SOCKET_IFNAME: "eth,ib" (prefixes), "=eth0" (exact), "^docker" (exclude), "^=eth1".

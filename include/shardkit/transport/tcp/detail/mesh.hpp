@@ -81,7 +81,14 @@ class mesh_builder {
         locals_(std::move(locals)),
         have_(std::size_t(size), std::vector<char>(std::size_t(opts.streams_per_peer), 0)),
         notes_(std::size_t(size), std::vector<std::string>(std::size_t(opts.streams_per_peer))),
-        expected_((size - 1) * opts.streams_per_peer) {}
+        expected_((size - 1) * opts.streams_per_peer) {
+    // Looked up here, on the caller's thread, so that a bad SHARDKIT_LINK_* setting fails connect() with its message.
+    for (const auto& iface : locals_) {
+      link_governor* g = opts_.governor ? opts_.governor : governor_for_link(iface.link_name());
+      governors_.push_back(g);
+      if (g) reporters_.push_back(g->attach_reporter());
+    }
+  }
 
   //! Opens one listener per local interface (caller's thread, before any asynchronous work).
   std::vector<tcp::endpoint> listen() {
@@ -450,12 +457,24 @@ class mesh_builder {
 
   // ---------------- results ----------------
 
+  //! The governor of the local interface a connection runs over (accepted or connected: its local address is the
+  //! listener's or the bound one); nullptr when that link has none.
+  link_governor* governor_of(const tcp::socket& s) const {
+    error_code ec;
+    const auto ep = s.local_endpoint(ec);
+    if (ec) return nullptr;
+    for (std::size_t i = 0; i < locals_.size(); ++i)
+      if (ep.address() == asio::ip::address(locals_[i].address)) return governors_[i];
+    return opts_.governor;
+  }
+
   void establish(int peer, int stream, tcp::socket socket, std::uint64_t peer_max_frame) {
     auto l = std::make_unique<link>(std::move(socket));
     l->index = stream;
     l->local = local_string(l->socket);
     l->remote = remote_string(l->socket);
     l->peer_max_frame = peer_max_frame;
+    l->governor = governor_of(l->socket);
     set_connection_options(l->socket, opts_);
     log::debug("tcp: rank ", self_, " stream ", stream, " to rank ", peer, ": ", l->local, " <-> ", l->remote);
     peers_[std::size_t(peer)]->attach(std::move(l));
@@ -486,6 +505,8 @@ class mesh_builder {
   const int self_, size_;
   std::vector<std::unique_ptr<peer>>& peers_;
   const std::vector<interface_address> locals_;
+  std::vector<link_governor*> governors_;             // per local interface; nullptr where none
+  std::vector<link_governor::reporter> reporters_;    // the collectives class of those links is reported
   std::uint64_t group_id_ = 0;
 
   // strand only
