@@ -490,3 +490,47 @@ TEST_CASE("[s3] SHARDKIT_S3_PART_SIZE: refused above 5 GiB, accepted with a warn
   o.part_size = 4096;  // small in-code parts (the tests', for servers that take them) stay allowed
   st::s3_sink small(st::s3_location{"bucket", ""}, o);
 }
+
+TEST_CASE("[s3] a governed sink paces uploads (checkpoint class) and reads (data class); without one, untouched") {
+  using namespace std::chrono_literals;
+  namespace sk = shardkit;
+  // 8 MiB/s, 50 ms window (a burst of 400 KiB), the whole link for S3 (nothing reports collectives).
+  constexpr std::uint64_t rate = 8u << 20;
+  sk::link_governor link("s3", {.bytes_per_second = rate, .unreported_share_percent = 100, .window = 50ms});
+  {  // from the environment: on when the capacity is set, on the link SHARDKIT_S3_LINK names
+    scoped_env off("SHARDKIT_LINK_BYTES_PER_SECOND", nullptr);
+    CHECK(st::s3_options::from_env().governor == nullptr);
+    scoped_env on("SHARDKIT_LINK_BYTES_PER_SECOND", "64M"), named("SHARDKIT_S3_LINK", "s3-test-eth9");
+    const auto* g = st::s3_options::from_env().governor;
+    REQUIRE(g != nullptr);
+    CHECK(g->name() == "s3-test-eth9");
+    CHECK(g->options().bytes_per_second == 64u << 20);
+  }
+  if (!server_or_skip()) return;
+  auto o = options_for(*server());
+  o.part_size = 512 << 10;  // 4 parts, all in flight at once: the governor is shared by their connections
+  o.parallel = 4;
+  o.governor = &link;
+  st::s3_sink paced(location("paced"), o);
+  const auto data = pattern(2u << 20, 5);
+  const double floor = double(data.size() - link.budget()) / double(rate);  // seconds, after the first burst
+  const double up = seconds_of([&] { st::put_object(paced, "obj", data); });
+  CHECK(up >= floor);
+  CHECK(link.sent(sk::traffic_class::checkpoint) >= data.size());
+  std::vector<std::byte> back(data.size());
+  const double down = seconds_of([&] { CHECK(paced.get("obj", 0, back) == data.size()); });
+  CHECK(down >= floor);
+  CHECK(back == data);
+  CHECK(link.sent(sk::traffic_class::data) >= data.size());
+  MESSAGE("paced at 8 MiB/s: upload ", up, " s, download ", down, " s (floor ", floor, " s)");
+
+  auto plain_options = options_for(*server());
+  plain_options.part_size = o.part_size;
+  plain_options.parallel = o.parallel;
+  st::s3_sink plain(location("paced"), plain_options);
+  const auto before = link.sent(sk::traffic_class::checkpoint) + link.sent(sk::traffic_class::data);
+  const double plain_up = seconds_of([&] { st::put_object(plain, "obj2", data); });
+  CHECK(st::get_object(plain, "obj2") == data);
+  MESSAGE("unpaced upload ", plain_up, " s");
+  CHECK(link.sent(sk::traffic_class::checkpoint) + link.sent(sk::traffic_class::data) == before);
+}

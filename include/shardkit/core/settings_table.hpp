@@ -180,6 +180,10 @@ inline constexpr variable table[] = {
      .meaning = "path (endpoint/bucket/key), virtual (bucket.endpoint/key), or auto (virtual for *.amazonaws.com "
                 "and DNS-safe buckets, else path)",
      .target = "s3", .choices = "auto|path|virtual"},
+    {.name = "SHARDKIT_S3_LINK", .type = kind::text, .default_text = "s3 (a link of its own, nothing reports to it)",
+     .meaning = "the link (NIC, as the TCP transport names it: eth0) whose governor paces the S3 sink's uploads "
+                "(checkpoint class) and reads (data class) when SHARDKIT_LINK_BYTES_PER_SECOND is set",
+     .target = "s3"},
 };
 
 }  // namespace shardkit::settings

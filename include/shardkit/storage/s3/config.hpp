@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/link_governor.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/core/settings.hpp"
 
@@ -122,6 +123,14 @@ struct s3_options {
   //! Certificate bundle for https (empty: AWS_CA_BUNDLE, else the system's).
   std::string ca_bundle;
   bool verify_tls = true;
+  //! The bandwidth governor that paces this sink's object bytes (core/link_governor.hpp): request bodies (uploads:
+  //! puts, parts) as upload_class, object bodies read (gets) as download_class. Each connection waits in its own
+  //! read or write callback, so one paced transfer never holds up another's connection. It must outlive the sink.
+  //! nullptr: unpaced. from_env() sets it to the process's governor of the link SHARDKIT_S3_LINK names (none while
+  //! SHARDKIT_LINK_BYTES_PER_SECOND is unset).
+  link_governor* governor = nullptr;
+  traffic_class upload_class = traffic_class::checkpoint;
+  traffic_class download_class = traffic_class::data;
 
   //! The defaults with every SHARDKIT_S3_* knob set in the environment applied (errc::config when one does not
   //! parse). Endpoint, region and credentials stay empty here: the sink resolves them when it is created.
@@ -142,6 +151,9 @@ struct s3_options {
       o.addressing = s == "path" ? s3_addressing::path : s == "virtual" ? s3_addressing::virtual_hosted
                                                                          : s3_addressing::automatic;
     }
+    // The endpoint's route is not looked up: the link is named. Unset, S3 gets a link of its own named "s3", which
+    // nothing reports to, so its traffic shares SHARDKIT_LINK_UNREPORTED_SHARE of the capacity.
+    o.governor = governor_for_link(settings::get<settings::text>("SHARDKIT_S3_LINK").value_or("s3"));
     return o;
   }
 };

@@ -244,11 +244,24 @@ class client {
     std::uint64_t skip = 0;  // a server that ignored Range sends the object from its start
     bool status_known = false;
     bool into_data = false;
+    const s3_options* options = nullptr;  // its governor paces the body bytes
   };
+
+  //! Waits until the governor grants up to `want` bytes of class `c`. A wait that outlasts a quarter of the stall
+  //! timeout sends anyway (a small step, reported), so pacing never makes libcurl abandon the transfer as stalled.
+  static std::size_t paced(const s3_options& o, traffic_class c, std::size_t want) {
+    if (want == 0) return 0;
+    const auto deadline = link_governor::clock::now() + o.stall_timeout / 4;
+    if (const auto g = o.governor->acquire(c, want, {}, deadline)) return static_cast<std::size_t>(g);
+    const std::size_t step = std::min<std::size_t>(want, 16 << 10);
+    o.governor->report(c, step);
+    return step;
+  }
 
   static size_t on_read(char* buffer, size_t size, size_t n, void* user) {
     auto* t = static_cast<transfer*>(user);
-    const std::size_t count = std::min(size * n, t->r->body.size() - t->sent);
+    std::size_t count = std::min(size * n, t->r->body.size() - t->sent);
+    if (t->options->governor) count = paced(*t->options, t->options->upload_class, count);
     if (count) std::memcpy(buffer, t->r->body.data() + t->sent, count);
     t->sent += count;
     return count;
@@ -288,6 +301,9 @@ class client {
     const std::size_t take = std::min(room, count - at);
     if (take) std::memcpy(t->r->into.data() + t->out->received, data + at, take);
     t->out->received += take;
+    // Holding this callback holds this connection's receive window: the server's sending slows to the grants.
+    if (t->options->governor)
+      for (std::size_t paid = 0; paid < count;) paid += paced(*t->options, t->options->download_class, count - paid);
     return count;  // bytes past the range (a server ignoring Range) are dropped
   }
 
@@ -316,7 +332,7 @@ class client {
     if (!r.key.empty()) url += "/" + uri_encode(r.key, true);
     else if (virtual_hosted_) url += "/";
     if (!r.query.empty()) url += "?" + r.query;
-    transfer t{&r, &out, h};
+    transfer t{.r = &r, .out = &out, .h = h, .options = &options_};
     char error_buffer[CURL_ERROR_SIZE] = {};
     curl_slist* headers = nullptr;
     const auto add = [&](const std::string& hdr) { headers = curl_slist_append(headers, hdr.c_str()); };
