@@ -212,9 +212,9 @@ SHARDKIT_SCENARIO(chaos_stop_before_collective) {
   }
   note("failed." + std::to_string(rank));  // first: the resumer waits for every other rank's
   SCENARIO_CHECK(ms <= double(timeout.count()) + 1500);
-  // With rank 0 stopped, nobody can read the accounts: each rank names its own peer, and the store's host.
-  SCENARIO_CHECK(what.find(victim == 0 ? "rank 0 hosts the store" : "rank " + std::to_string(victim) + " stopped answering") !=
-                 std::string::npos);
+  // With rank 0 stopped, nobody can read the accounts: each rank names rank 0, whose store did not answer either.
+  SCENARIO_CHECK(what.find(victim == 0 ? "rank 0 stopped answering: the job's store, which it hosts, did not answer"
+                                       : "rank " + std::to_string(victim) + " stopped answering") != std::string::npos);
   if (rank != resumer) return;
   std::vector<std::string> survivors;
   for (int r = 0; r < n; ++r)

@@ -71,8 +71,9 @@ void one_rank_stops(int n, int victim, comm::algorithm algo, const std::string& 
 
 TEST_CASE("[comm] a rank that stops taking part is named by every other rank, and by itself when it comes back") {
   // 3 ranks: recursive doubling (rank 2 waits on rank 0, which waits on the victim); 4 ranks around the ring
-  // (rank 0 waits on rank 3, which waits on the victim, rank 2).
-  for (auto [n, algo] : {std::pair{3, comm::algorithm::automatic}, std::pair{4, comm::algorithm::ring}}) {
+  // (rank 0 waits on rank 3, which waits on the victim, rank 2); 5 ranks around the ring (victim rank 2).
+  for (auto [n, algo] : {std::pair{3, comm::algorithm::automatic}, std::pair{4, comm::algorithm::ring},
+                         std::pair{5, comm::algorithm::ring}}) {
     const int victim = n / 2;
     CAPTURE(n);
     one_rank_stops(n, victim, algo, "rank " + std::to_string(victim) + " stopped answering: it posted no account",

@@ -197,6 +197,12 @@ class tcp_store {
     if (!opts_.host_rank) return {};
     return " (rank " + std::to_string(*opts_.host_rank) + " hosts the store: it is stopped, stuck, or cut off from this rank)";
   }
+  // A request's context for an error of a store that did not answer: its peer is the rank hosting it, if known
+  // (process groups' fault reports then name that rank as the one that stopped answering).
+  error_context silent_context(error_context ctx) const {
+    if (opts_.host_rank) ctx.peer = *opts_.host_rank;
+    return ctx;
+  }
 
   template <class T>
   static T read_one(const std::string& payload, T (detail::frame_reader::*field)()) {
@@ -220,7 +226,7 @@ class tcp_store {
     if (bound == no_deadline) lock.lock();
     else if (!lock.try_lock_until(bound))
       throw_error(errc::timeout, "another request of this process held the connection to the store at " + address() +
-                                     " past this request's bound" + host_silent(), ctx);
+                                     " past this request's bound" + host_silent(), silent_context(ctx));
     if (!fd_)
       throw_error(errc::closed, "the connection to the store at " + address() + " was lost earlier" + host_gone(), ctx);
     outcome out;
@@ -229,7 +235,7 @@ class tcp_store {
     } catch (const error& e) {
       fd_.reset();  // the stream may be out of step: never reuse it
       if (e.code() == make_error_code(errc::timeout) && opts_.host_rank)  // alive but silent: its process stopped?
-        throw error(errc::timeout, e.detail() + host_silent(), e.context()).with_context(ctx);
+        throw error(errc::timeout, e.detail() + host_silent(), e.context()).with_context(silent_context(ctx));
       if (e.code() != make_error_code(errc::peer_lost) || !opts_.host_rank) throw e.with_context(ctx);
       // The server went with its process: the fault is that rank's, not this one's.
       throw error(errc::peer_lost, e.detail() + host_gone(), e.context()).with_context(ctx);

@@ -181,6 +181,11 @@ class fault_board {
     rendezvous::request_bound bound(grace_end + late_answer);
     std::map<int, int> group_rank{{job_rank_, rank_}};  // the job's ranks whose group rank is known
     std::string trouble;  // why the accounts could not be read, if they could not
+    int silent_host = -1;  // the rank hosting the store, when the store stopped answering (its error's peer)
+    const auto store_failed = [&](const error& se) {
+      trouble = se.detail();
+      if (se.code() == errc::timeout && se.context().peer) silent_host = *se.context().peer;
+    };
     mine.group = group_;
     try {
       if (mine.peer >= 0) {
@@ -189,7 +194,7 @@ class fault_board {
         mine.peer = p;
       }
     } catch (const error& se) {
-      trouble = se.detail();
+      store_failed(se);
       mine.peer = -1;
     }
     std::map<int, fault_report> read{{job_rank_, mine}};
@@ -224,10 +229,16 @@ class fault_board {
         }
       }
     } catch (const error& se) {
-      trouble = se.detail();
+      store_failed(se);
     }
     std::vector<int> blamed;
     std::string why = verdict(read, chain, silent, blamed);
+    if (why.empty() && wait && silent_host >= 0 && silent_host != job_rank_) {
+      // The store lives in that rank's process (its own thread answers in milliseconds): the process stopped.
+      blamed = {silent_host};
+      why = "rank " + std::to_string(silent_host) + " stopped answering: the job's store, which it hosts, did not " +
+            "answer either, so the other ranks' accounts could not be read: " + trouble;
+    }
     if (!blamed.empty()) {
       mine.blamed = blamed;
       try {
