@@ -9,7 +9,7 @@
 //!     end_unit frees the parameters (full_shard, hybrid_shard in forward; every strategy in backward) and queues
 //!     the unit's reduction; the last backward unit waits for every reduction; then the step's scalar all-reduces
 //!     (the loss's mean, the gradient norm) and the optimizer on this rank's shard.
-//!   - the gather thread: one job at a time, in queue order, blocking on the rate limiter; a backward gather takes
+//!   - the gather thread: one job at a time, in queue order, each awaiting the rate limiter; a backward gather takes
 //!     its parameters and gradients as one request. The limiter is the library's own first-fit region with its
 //!     count cap (detail::region_blocks), budget derived exactly as sharded_model derives it.
 //!   - the gather group: its all-gathers one at a time, in issue order.

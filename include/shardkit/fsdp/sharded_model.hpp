@@ -69,6 +69,7 @@
 #include "shardkit/core/executor.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/core/separate_compilation.hpp"
+#include "shardkit/core/task.hpp"
 #include "shardkit/fsdp/options.hpp"
 #include "shardkit/fsdp/rate_limiter.hpp"
 #include "shardkit/fsdp/unit.hpp"
@@ -384,6 +385,23 @@ class sharded_model {
 
   SHARDKIT_DECL void queue_gather(std::size_t i);
 
+  // A gather queue_gather decided on: unit `unit` in pass `p` (serial) needs its parameters and/or gradients.
+  struct gather_job {
+    std::size_t unit = 0;
+    pass p = pass::forward;
+    bool need_params = false, need_grads = false;
+    completion_source params_done, grads_done;
+    std::stop_token stop;        // pass_stop_'s: withdraws the job while it waits for the limiter
+    std::uint64_t serial = 0;    // pass_serial_ when queued
+    completion turn_before;      // the job queued before this one took its turn (empty: none)
+    completion_source turn;      // this job took its turn: issued its all-gather, or failed
+  };
+  // On the gather thread, as a coroutine: in its turn (after the job queued before it), awaits the limiter for
+  // the job's lease and starts the all-gather.
+  SHARDKIT_DECL task<void> run_gather(gather_job job);
+  // Waits until every gather job queued so far took its turn (the trainer's thread).
+  SHARDKIT_DECL void drain_gathers() noexcept;
+
   // On the gather thread: convert this rank's master into its slot of the leased buffer (on a device: through
   // pinned host memory and a copy), start the all-gather.
   SHARDKIT_DECL void start_gather(std::size_t i, pass p, gather_limiter::lease l);
@@ -437,6 +455,7 @@ class sharded_model {
   std::uint64_t pass_serial_ = 0;      // passes begun: names the pass a gather was planned or issued in
   std::size_t reductions_queued_ = 0;  // gradient reductions this pass has queued (its first units, in order)
   std::uint64_t gathers_refused_ = 0;  // gather thread: a pass whose gather failed issues none after it
+  completion gather_turns_;            // trainer's thread: the turn of the last gather job queued
   bool poison_freed_ = false;          // SHARDKIT_DEBUG=detail: what the model frees on the host is filled with NaN
   gather_memory catch_up_grads_;       // the reduction catch-ups' buffer, while a pass is abandoned
   pass_range* live_range_ = nullptr;   // detached by the destructor

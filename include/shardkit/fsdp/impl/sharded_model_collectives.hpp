@@ -1,6 +1,7 @@
 #pragma once
-//! sharded_model's communication: the gather thread's all-gathers through the limiter, the reduce thread's
-//! reduce-scatters and replica all-reduces, waiting for them, and the scalar all-reduces (gradient norm, loss).
+//! sharded_model's communication: the gather thread's all-gathers (coroutines that await the limiter),
+//! the reduce thread's reduce-scatters and replica all-reduces, waiting for them, and the scalar all-reduces
+//! (gradient norm, loss).
 //! Part of fsdp/impl/sharded_model.hpp (see there for how it compiles).
 #include "shardkit/fsdp/sharded_model.hpp"
 
@@ -123,57 +124,74 @@ SHARDKIT_DECL void sharded_model::queue_gather(std::size_t i) {
   if (need_grads) u.grads_ready = grads_done;
   if (need_params) u.gather_planned_in = pass_serial_;
   if (!need_params && !need_grads) return;
-  gather_thread_.post([this, i, need_params, need_grads, params_done, grads_done, p = pass_,
-                       stop = pass_stop_.get_token(), serial = pass_serial_] {
-    auto& u = *units_[i];
-    const std::string label = "unit '" + u.layout.name() + "' " + std::string(to_string(p));
-    std::optional<gather_limiter::lease> grads;
-    const auto queued = steady_clock::now();
-    try {
-      // The gathers a pass issues are the first ones of its order: none after one that failed or was withdrawn
-      // (abandon_pass issues the rest, in order).
-      if (gathers_refused_ == serial || stop.stop_requested())
-        throw_error(errc::aborted, label + " gather withdrawn: the pass was left", context("gather", u));
-      if (need_params && need_grads) {
-        // One request for both: holding the parameters while queueing for the gradients could wait forever
-        // on a fragmented region (basic_rate_limiter::lease::split_front).
-        auto both = limiter_->acquire_blocking(params_bytes(u) + grads_bytes(u),
-                                               label + " parameters and gradients", stop);
-        emit(model_event::kind::limiter_wait, p, i, queued);
-        auto params = both.split_front(params_bytes(u));
-        grads.emplace(std::move(both));
-        start_gather(i, p, std::move(params));
-      } else if (need_params) {
-        auto params = limiter_->acquire_blocking(params_bytes(u), label + " parameters", stop);
-        emit(model_event::kind::limiter_wait, p, i, queued);
-        start_gather(i, p, std::move(params));
-      } else if (need_grads) {
-        grads.emplace(limiter_->acquire_blocking(grads_bytes(u), label + " gradients", stop));
-        emit(model_event::kind::limiter_wait, p, i, queued);
-      }
-    } catch (...) {
-      if (u.gather_issued_in != serial) gathers_refused_ = serial;
-      if (need_params) params_done.set_error(std::current_exception());
-      if (need_grads) grads_done.set_error(std::current_exception());
-      return;
+  gather_job job{.unit = i, .p = pass_, .need_params = need_params, .need_grads = need_grads,
+                 .params_done = params_done, .grads_done = grads_done, .stop = pass_stop_.get_token(),
+                 .serial = pass_serial_, .turn_before = gather_turns_};
+  gather_turns_ = job.turn;
+  (void)spawn(gather_thread_, run_gather(std::move(job)));
+}
+
+SHARDKIT_DECL task<void> sharded_model::run_gather(gather_job job) {
+  // Jobs take their turns in queue order: a job asks the limiter only once the one before it was admitted and
+  // started its all-gather (or failed), so the all-gathers go out in the units' order on every rank, and the
+  // limiter sees the gathers one at a time, as the planner models them (fsdp/plan.hpp). Turns never fail. While
+  // a job waits, for its turn or in the limiter's queue, it is a suspended coroutine: the gather thread is free.
+  if (job.turn_before.valid()) co_await job.turn_before;
+  auto& u = *units_[job.unit];
+  const std::string label = "unit '" + u.layout.name() + "' " + std::string(to_string(job.p));
+  std::optional<gather_limiter::lease> grads;
+  std::exception_ptr failure;
+  const auto queued = steady_clock::now();
+  try {
+    // The gathers a pass issues are the first ones of its order: none after one that failed or was withdrawn
+    // (abandon_pass issues the rest, in order).
+    if (gathers_refused_ == job.serial || job.stop.stop_requested())
+      throw_error(errc::aborted, label + " gather withdrawn: the pass was left", context("gather", u));
+    if (job.need_params && job.need_grads) {
+      // One request for both: holding the parameters while queueing for the gradients could wait forever
+      // on a fragmented region (basic_rate_limiter::lease::split_front).
+      auto both = co_await limiter_->acquire(params_bytes(u) + grads_bytes(u), label + " parameters and gradients",
+                                             job.stop);
+      emit(model_event::kind::limiter_wait, job.p, job.unit, queued);
+      auto params = both.split_front(params_bytes(u));
+      grads.emplace(std::move(both));
+      start_gather(job.unit, job.p, std::move(params));
+    } else if (job.need_params) {
+      auto params = co_await limiter_->acquire(params_bytes(u), label + " parameters", job.stop);
+      emit(model_event::kind::limiter_wait, job.p, job.unit, queued);
+      start_gather(job.unit, job.p, std::move(params));
+    } else {
+      grads.emplace(co_await limiter_->acquire(grads_bytes(u), label + " gradients", job.stop));
+      emit(model_event::kind::limiter_wait, job.p, job.unit, queued);
     }
-    // Done once the all-gather is started; begin_unit then waits for params_work itself. (A continuation
-    // on params_work that captured the work to read its failure stored the work inside its own state: a
-    // reference cycle that leaked both whenever the all-gather never ended.)
-    if (need_params) params_done.set_done();
-    if (need_grads) {
-      buffer_view g = grads->view(opts_.precision.reduce, u.layout.padded_numel());
-      try {
-        gather_stager_.zero(g);
-      } catch (...) {
-        grads_done.set_error(std::current_exception());
-        return;
-      }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (failure) {
+    grads.reset();  // its budget goes back before the turn ends: the next job, or abandon_pass's catch-ups, need it
+    if (u.gather_issued_in != job.serial) gathers_refused_ = job.serial;
+    if (job.need_params) job.params_done.set_error(failure);
+    if (job.need_grads) job.grads_done.set_error(failure);
+    job.turn.set_done();
+    co_return;
+  }
+  // Done once the all-gather is started; begin_unit then waits for params_work itself. (A continuation
+  // on params_work that captured the work to read its failure stored the work inside its own state: a
+  // reference cycle that leaked both whenever the all-gather never ended.)
+  if (job.need_params) job.params_done.set_done();
+  if (job.need_grads) {
+    buffer_view g = grads->view(opts_.precision.reduce, u.layout.padded_numel());
+    try {
+      gather_stager_.zero(g);
       u.grads_lease = std::move(grads);
       u.grads = g;
-      grads_done.set_done();
+      job.grads_done.set_done();
+    } catch (...) {
+      grads.reset();
+      job.grads_done.set_error(std::current_exception());
     }
-  });
+  }
+  job.turn.set_done();
 }
 
 SHARDKIT_DECL void sharded_model::start_gather(std::size_t i, pass p, gather_limiter::lease l) {

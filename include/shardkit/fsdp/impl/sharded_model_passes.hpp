@@ -114,10 +114,10 @@ SHARDKIT_DECL void sharded_model::abandon_pass(const std::exception_ptr& failed)
   for (auto& u : units_) end_generation(*u);
   const std::string what = std::string(to_string(pass_)) + " pass left early";
   if (failed) abort_groups(what + " after a failed collective");
-  // Queued gathers give up; the gather thread then holds nothing back: each job has issued its all-gather or
-  // failed, and after one fails none of the pass issues one (gathers_refused_), so the issued ones come first.
+  // Queued gathers give up; the gather jobs then hold nothing back: each has issued its all-gather or failed,
+  // and after one fails none of the pass issues one (gathers_refused_), so the issued ones come first.
   pass_stop_.request_stop();
-  drain(gather_thread_);
+  drain_gathers();
   const bool gathers_collective = shard_size_ > 1, reduces_collective = shard_size_ > 1 || replicas_ > 1;
   bool in_step = !failed;  // the rest of the pass's collectives are issued as long as every one succeeds
   // Reductions first: a peer's gather may wait for budget that its reductions hold, which complete only once
@@ -180,6 +180,16 @@ SHARDKIT_DECL void sharded_model::abort_groups(const std::string& reason) noexce
     } catch (...) {
       // a group that cannot be aborted fails on its own
     }
+}
+
+SHARDKIT_DECL void sharded_model::drain_gathers() noexcept {
+  // Turns end in queue order and never fail: the last one queued ends after every other job's.
+  try {
+    if (gather_turns_.valid()) gather_turns_.wait();
+  } catch (...) {
+    // a turn only ends
+  }
+  gather_turns_ = {};
 }
 
 SHARDKIT_DECL void sharded_model::drain(thread_pool& t) noexcept {
