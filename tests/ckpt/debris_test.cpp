@@ -45,7 +45,7 @@ std::set<std::string> temporaries_of(st::any_sink& sink) {
 }
 
 // One run ("debris"): a later call continues it without loading.
-void save_steps(int world, st::any_sink sink, std::initializer_list<std::uint64_t> steps) {
+void save_debris_steps(int world, st::any_sink sink, std::initializer_list<std::uint64_t> steps) {
   auto groups = sk::comm::make_loopback_world(world);
   sk::test::run_threads(world, [&](int r) {
     tc::sharded_tensors model(tc::small_model(), r, world);
@@ -71,12 +71,12 @@ TEST_CASE("[ckpt] no orphans: earlier runs' temporaries go at start, older steps
     plant_temporary(root, 1, "111.dead.0", 4096, std::chrono::hours(1));
     plant_temporary(root, 9, "112.dead.0", 100, std::chrono::seconds(30));
     plant_temporary(root, 10, "113.live.0", 10, std::chrono::seconds(0));
-    save_steps(world, sink, {2});
+    save_debris_steps(world, sink, {2});
     CHECK(temporaries_of(sink) == std::set<std::string>{ck::step_prefix("", 10) + std::string(st::temporary_marker) + "113.live.0"});
     // Retention after step 12 commits: the temporaries of steps before 12, whatever their age; not those after.
     plant_temporary(root, 2, "114.fresh.0", 10, std::chrono::seconds(0));
     plant_temporary(root, 13, "115.fresh.0", 10, std::chrono::seconds(0));
-    save_steps(world, sink, {12});
+    save_debris_steps(world, sink, {12});
     CHECK(temporaries_of(sink) == std::set<std::string>{ck::step_prefix("", 13) + std::string(st::temporary_marker) + "115.fresh.0"});
     CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{2, 12});
   }

@@ -87,13 +87,13 @@ constexpr std::size_t weight_elements = 70'000;  // > one checksum chunk per ran
 constexpr std::size_t bias_elements = 33;
 
 // Rank r of `world`: its piece of "w" on the device, its piece of "h" on the host, "b" replicated on the device.
-struct rank_state {
+struct device_rank_state {
   std::size_t begin, end;
   device_floats w;
   std::vector<float> h;
   device_floats b;
   ck::state_dict dict;
-  rank_state(int r, int world)
+  device_rank_state(int r, int world)
       : begin(weight_elements * std::size_t(r) / std::size_t(world)),
         end(weight_elements * std::size_t(r + 1) / std::size_t(world)),
         w(end - begin), h(end - begin), b(bias_elements) {
@@ -125,7 +125,7 @@ TEST_CASE("[ckpt] tensors on a device: staged through the device's copies and st
       auto groups = sk::comm::make_loopback_world(2);
       sk::test::run_threads(2, [&](int r) {
         model_device mine;  // a device per rank, as each rank has its GPU
-        rank_state s(r, 2);
+        device_rank_state s(r, 2);
         ck::checkpointer saver(groups[std::size_t(r)], sink, {.mode = mode, .device = mine});
         for (std::uint64_t step : {1, 2}) {
           s.fill(step);
@@ -144,7 +144,7 @@ TEST_CASE("[ckpt] tensors on a device: staged through the device's copies and st
       auto groups = sk::comm::make_loopback_world(3);
       sk::test::run_threads(3, [&](int r) {
         model_device mine;
-        rank_state s(r, 3);
+        device_rank_state s(r, 3);
         ck::checkpointer loader(groups[std::size_t(r)], sink, {.device = mine});
         auto report = loader.load_latest(s.dict);
         REQUIRE(report);
@@ -174,7 +174,7 @@ TEST_CASE("[ckpt] tensors on a device: staged through the device's copies and st
 TEST_CASE("[ckpt] a tensor on a device the checkpointer cannot copy is a clear error, before anything is written") {
   auto sink = st::make_sink<st::memory_sink>();
   auto groups = sk::comm::make_loopback_world(1);
-  rank_state s(0, 1);
+  device_rank_state s(0, 1);
   s.fill(1);
   {
     ck::checkpointer no_device(groups[0], sink);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "shardkit/storage/memory_sink.hpp"
+#include "storage/storage_fixtures.hpp"  // contains
 
 namespace ck = shardkit::ckpt;
 namespace st = shardkit::storage;
@@ -44,8 +45,6 @@ std::string refusal(const std::string& text) {
   FAIL("accepted: " << text);
   return {};
 }
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace
 
