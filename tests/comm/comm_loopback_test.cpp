@@ -293,6 +293,17 @@ TEST_CASE("[comm] fingerprinted collectives pass when ranks agree and fail every
   }
 }
 
+TEST_CASE("[comm] calls that differ across ranks fail every rank with errc::mismatch by default, on every algorithm") {
+  for (int n : {2, 3, 5}) {
+    CAPTURE(n);
+    auto groups = comm::make_loopback_world(n, test_group_options());
+    test::conformance_options o;
+    o.backend = "loopback";
+    o.mode = "threads";
+    test::run_threads(n, [&](int r) { test::conformance_call_check(groups[std::size_t(r)], o); });
+  }
+}
+
 // What the loopback world sizes 1, 2, 3, 4, 5 and 8 run. The >= 8 MiB cases at 1 rank, at the odd sizes (where
 // recursive doubling folds ranks in and out) and at 8 (a power of two, the most steps): 2 and 4 take the same paths
 // with fewer steps. 8 ranks take one dtype of each width (conformance_options::dtypes): every dtype ran at the
@@ -508,8 +519,12 @@ TEST_CASE("[comm] direct all_gather(v) and all_to_all(v) name the peer whose mes
       });
     }
   }
+  // Without the call check, the size of the message itself tells rank 0; with it (the default), the header of
+  // rank 1's first message does, and both ranks fail naming both calls.
+  comm::p2p_options unchecked;
+  unchecked.check_calls = false;
   SUBCASE("rank 1 sends fewer elements than rank 0 expects: rank 0 fails with errc::mismatch naming rank 1") {
-    auto groups = comm::make_loopback_world(2, test_group_options());
+    auto groups = comm::make_loopback_world(2, test_group_options(), unchecked);
     std::vector<std::string> failed(2);
     test::run_threads(2, [&](int r) {
       std::vector<float> in(3, float(r)), out(3, -1.0f);
@@ -524,7 +539,7 @@ TEST_CASE("[comm] direct all_gather(v) and all_to_all(v) name the peer whose mes
     });
     CHECK(failed[0] == "received 4 bytes where this rank expected 8: ranks passed different counts, dtypes or ops");
     CHECK(failed[1].empty());
-    groups = comm::make_loopback_world(2, test_group_options());
+    groups = comm::make_loopback_world(2, test_group_options(), unchecked);
     failed.assign(2, "");
     test::run_threads(2, [&](int r) {
       std::vector<float> in(2, float(r)), out(3, -1.0f);
@@ -540,6 +555,42 @@ TEST_CASE("[comm] direct all_gather(v) and all_to_all(v) name the peer whose mes
     });
     CHECK(failed[0] == "received 4 bytes where this rank expected 8: ranks passed different counts, dtypes or ops");
     CHECK(failed[1].empty());
+  }
+  SUBCASE("the same with the call check: rank 0 names the sizes, and every rank fails") {
+    auto groups = comm::make_loopback_world(2, test_group_options());
+    std::vector<std::string> failed(2);
+    test::run_threads(2, [&](int r) {
+      std::vector<float> in(3, float(r)), out(3, -1.0f);
+      auto& g = groups[std::size_t(r)];
+      try {
+        if (r == 0) g.all_to_allv(const_buffer_view(std::span<const float>(in).first(2)), {1, 1}, buffer_view(std::span<float>(out)), {1, 2}, direct).wait();
+        else g.all_to_allv(const_buffer_view(std::span<const float>(in).first(2)), {1, 1}, buffer_view(std::span<float>(out).first(2)), {1, 1}, direct).wait();
+        g.barrier().wait();  // rank 1's own exchange may end before rank 0's verdict reaches it
+      } catch (const error& e) {
+        expect(e, errc::mismatch, r, 1 - r, e.context().operation);
+        failed[std::size_t(r)] = e.detail();
+      }
+    });
+    CHECK(failed[0].find("rank 1 called all_to_allv(dtype f32, count 0, algorithm direct) where rank 0 (this rank) called "
+                         "all_to_allv(dtype f32, count 0, algorithm direct), and its message carries 4 bytes where this "
+                         "rank expects 8") != std::string::npos);
+    CHECK(failed[1].find("rank 0 found that rank 1 called all_to_allv") != std::string::npos);
+    groups = comm::make_loopback_world(2, test_group_options());
+    failed.assign(2, "");
+    test::run_threads(2, [&](int r) {
+      std::vector<float> in(2, float(r)), out(3, -1.0f);
+      const std::vector<std::size_t> counts = r == 0 ? std::vector<std::size_t>{1, 2} : std::vector<std::size_t>{1, 1};
+      auto& g = groups[std::size_t(r)];
+      try {
+        g.all_gatherv(const_buffer_view(std::span<const float>(in).first(counts[std::size_t(r)])),
+                      buffer_view(std::span<float>(out).first(r == 0 ? 3 : 2)), counts, direct).wait();
+      } catch (const error& e) {
+        expect(e, errc::mismatch, r, 1 - r, "all_gatherv");
+        failed[std::size_t(r)] = e.detail();
+      }
+    });
+    CHECK(failed[0].find("rank 1 called all_gatherv(dtype f32, count 2, counts #") != std::string::npos);
+    CHECK(failed[1].find("rank 0 called all_gatherv(dtype f32, count 3, counts #") != std::string::npos);
   }
 }
 
@@ -580,6 +631,7 @@ TEST_CASE("[comm] reduce_scatter goes direct when asked or when the group is sma
     comm::p2p_options p2p;
     p2p.direct_max_ranks = direct_max_ranks;
     p2p.segment_bytes = 4096;
+    p2p.check_calls = false;  // its frame slots would add to the scratch
     auto groups = comm::make_loopback_world(n, test_group_options(), p2p);
     std::vector<std::vector<float>> in(n, std::vector<float>(block * n, 1.0f)), out(n, std::vector<float>(block));
     test::run_threads(n, [&](int r) {

@@ -39,6 +39,30 @@ void run_suite_in_child(const char* transport) {
 }  // namespace
 
 SHARDKIT_SCENARIO(conformance_shm) { run_suite_in_child("shm"); }
+
+// The call check's mismatch cases (conformance_call_check) alone, between processes.
+SHARDKIT_SCENARIO(call_check) {
+  auto world = comm::init_process_group(std::getenv("SHARDKIT_TEST_TRANSPORT"));
+  test::conformance_options o;
+  o.backend = std::getenv("SHARDKIT_TEST_TRANSPORT");
+  o.mode = "processes";
+  test::conformance_call_check(world.group, o);
+  world.group.barrier().wait();
+}
+
+TEST_CASE("[comm] calls that differ across ranks fail every rank with errc::mismatch, ranks as processes over shm and TCP") {
+  std::vector<std::string> transports{"shm"};
+#if defined(SHARDKIT_HAS_TCP)
+  transports.push_back("tcp");
+#endif
+  for (const auto& t : transports)
+    for (int n : {2, 3, 5}) {
+      CAPTURE(t);
+      CAPTURE(n);
+      test::require_all_succeeded(test::run_processes(n, "call_check", {{"SHARDKIT_TEST_TRANSPORT", t}, {"SHARDKIT_SOCKET_IFNAME", "lo"}},
+                                                      std::chrono::seconds(120)));
+    }
+}
 SHARDKIT_SCENARIO(conformance_tcp) { run_suite_in_child("tcp"); }
 
 TEST_CASE("[comm] conformance suite with ranks as processes over shared memory") {

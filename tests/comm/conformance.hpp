@@ -531,6 +531,121 @@ inline void conformance_fingerprints(conformance_run& run) {
   run.check(mismatch, [&] { pg.barrier().wait(); });  // the parent group is unaffected
 }
 
+// The default call check of the p2p backends (algorithms/call_check.hpp, conformance_options::call_check): ranks
+// that call different collectives at the same point, with no debug setting, all fail with errc::mismatch naming
+// both calls, soon (within a quarter of the op timeout: a mismatch no first message shows is found once a rank has
+// waited a thirty-second of it), on every algorithm. Rank n-1 calls the odd one out. A rank whose own part ended
+// before the verdict reached it (a broadcast leaf) gets the error from its next collective, so each rank calls a
+// barrier after a call that succeeded. Each case runs on a dup of its own, which the mismatch breaks.
+inline void conformance_call_check(conformance_run& run) {
+  using conformance_detail::fail;
+  auto& pg = run.group();
+  const int n = pg.size(), me = pg.rank();
+  const bool odd = me == n - 1;
+  if (n == 1) {
+    run.not_applicable({"failure", "mismatched calls (default check)"}, "a world of one rank has no peer");
+    return;
+  }
+  const auto timeout = run.options().mismatch_timeout;
+  const comm::op_options quick{.timeout = timeout};
+  const auto with = [&](comm::algorithm a) { return comm::op_options{.timeout = timeout, .algo = a}; };
+  struct mismatch_case {
+    const char* name;
+    std::string one, other;  // what the error names: the majority's call and the odd one's
+    std::function<void(comm::process_group&)> call;
+  };
+  const std::size_t big = 40000;  // f32 elements: the ring (or cross-memory) path
+  using A = comm::algorithm;
+  auto f32 = [](std::size_t c) { return std::vector<float>(c, 1.0f); };
+  std::vector<mismatch_case> cases = {
+      {"sum vs max, recursive doubling", "op sum", "op max", [&](comm::process_group& g) {
+         auto v = f32(4);
+         g.all_reduce(buffer_view(std::span<float>(v)), odd ? reduce_op::max : reduce_op::sum, quick).wait();
+       }},
+      {"sum vs max, ring", "op sum", "op max", [&](comm::process_group& g) {
+         auto v = f32(big);
+         g.all_reduce(buffer_view(std::span<float>(v)), odd ? reduce_op::max : reduce_op::sum, quick).wait();
+       }},
+      {"sum vs max, one-shot", "op sum", "op max", [&](comm::process_group& g) {
+         auto v = f32(3);
+         g.all_reduce(buffer_view(std::span<float>(v)), odd ? reduce_op::max : reduce_op::sum, with(A::one_shot)).wait();
+       }},
+      {"f32 vs i32, ring all_reduce", "dtype f32", "dtype i32", [&](comm::process_group& g) {
+         std::vector<std::int32_t> v(64, 1);
+         g.all_reduce(buffer_view(v.data(), v.size(), odd ? dtype::i32 : dtype::f32), reduce_op::sum, with(A::ring)).wait();
+       }},
+      {"f32 vs i32, direct all_gather", "dtype f32", "dtype i32", [&](comm::process_group& g) {
+         std::vector<std::int32_t> in(5, 1), out(5 * std::size_t(n));
+         const dtype t = odd ? dtype::i32 : dtype::f32;
+         g.all_gather(const_buffer_view(in.data(), in.size(), t), buffer_view(out.data(), out.size(), t), with(A::direct)).wait();
+       }},
+      {"f32 vs i32, reduce_scatter", "dtype f32", "dtype i32", [&](comm::process_group& g) {
+         std::vector<std::int32_t> in(6 * std::size_t(n), 1), out(6);
+         const dtype t = odd ? dtype::i32 : dtype::f32;
+         g.reduce_scatter(const_buffer_view(in.data(), in.size(), t), buffer_view(out.data(), out.size(), t), reduce_op::sum, quick).wait();
+       }},
+      {"all_reduce vs broadcast", "all_reduce(", "broadcast(", [&](comm::process_group& g) {
+         auto v = f32(4);
+         if (odd) g.broadcast(buffer_view(std::span<float>(v)), 0, quick).wait();
+         else g.all_reduce(buffer_view(std::span<float>(v)), reduce_op::sum, quick).wait();
+       }},
+      {"broadcast vs all_reduce from the root", "broadcast(", "all_reduce(", [&](comm::process_group& g) {
+         auto v = f32(4);
+         if (odd) g.all_reduce(buffer_view(std::span<float>(v)), reduce_op::sum, quick).wait();
+         else g.broadcast(buffer_view(std::span<float>(v)), 0, quick).wait();
+       }},
+      {"different counts, all_reduce", "count 10", "count 12", [&](comm::process_group& g) {
+         auto v = f32(odd ? 12 : 10);
+         g.all_reduce(buffer_view(std::span<float>(v)), reduce_op::sum, quick).wait();
+       }},
+      {"different counts, small vs large all_reduce", "count 8,", "count 40000", [&](comm::process_group& g) {
+         auto v = f32(odd ? big : 8);
+         g.all_reduce(buffer_view(std::span<float>(v)), reduce_op::sum, quick).wait();
+       }},
+      {"different counts, ring all_gather", "count 3", "count 4", [&](comm::process_group& g) {
+         const std::size_t c = odd ? 4 : 3;
+         std::vector<float> in(c, 1.0f), out(c * std::size_t(n));
+         g.all_gather(buffer_view(std::span<float>(in)), buffer_view(std::span<float>(out)), quick).wait();
+       }},
+      {"different roots, broadcast", "root 0", "root " + std::to_string(n - 1), [&](comm::process_group& g) {
+         auto v = f32(5);
+         g.broadcast(buffer_view(std::span<float>(v)), odd ? n - 1 : 0, quick).wait();
+       }},
+      {"different roots, reduce", "root 0", "root " + std::to_string(n - 1), [&](comm::process_group& g) {
+         auto in = f32(5), out = f32(5);
+         g.reduce(buffer_view(std::span<float>(in)), buffer_view(std::span<float>(out)), reduce_op::sum, odd ? n - 1 : 0, quick).wait();
+       }},
+      {"reduce vs barrier", "reduce(", "barrier(", [&](comm::process_group& g) {
+         auto in = f32(5), out = f32(5);
+         if (odd) g.barrier(quick).wait();
+         else g.reduce(buffer_view(std::span<float>(in)), buffer_view(std::span<float>(out)), reduce_op::sum, 0, quick).wait();
+       }},
+  };
+  for (const auto& c : cases)
+    run.check({"failure", std::string("mismatched calls (default check): ") + c.name}, [&] {
+      auto g = pg.dup();
+      const auto start = std::chrono::steady_clock::now();
+      std::string what;
+      try {
+        c.call(g);
+        g.barrier(quick).wait();  // a rank whose part ended first learns it here
+        fail(std::string(c.name) + ": succeeded on rank " + std::to_string(me));
+      } catch (const error& e) {
+        if (e.code() != errc::mismatch) fail(std::string(c.name) + ": rank " + std::to_string(me) + " got " + e.what());
+        what = e.what();
+      }
+      const auto took = std::chrono::steady_clock::now() - start;
+      if (what.find(c.one) == std::string::npos || what.find(c.other) == std::string::npos)
+        fail(std::string(c.name) + ": rank " + std::to_string(me) + "'s error does not name both calls ('" + c.one + "', '" +
+             c.other + "'): " + what);
+      if (took > timeout / 4)
+        fail(std::string(c.name) + ": rank " + std::to_string(me) + " took " +
+             std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) + " ms of its " +
+             std::to_string(timeout.count()) + " ms timeout to fail");
+    });
+  run.check({"failure", "mismatched calls (default check)"}, [&] { pg.barrier().wait(); });  // the parent is unaffected
+}
+
 // One part of the suite on its own, for a test that needs only some cases: recorded and thrown like the whole.
 inline void run_conformance_part(comm::process_group& pg, const conformance_options& o, void (*part)(conformance_run&)) {
   conformance_run run(pg, o);
@@ -546,6 +661,7 @@ inline void conformance_all_to_all(comm::process_group& pg, const conformance_op
 inline void conformance_barrier_and_p2p(comm::process_group& pg, const conformance_options& o) { run_conformance_part(pg, o, conformance_barrier_and_p2p); }
 inline void conformance_groups(comm::process_group& pg, const conformance_options& o) { run_conformance_part(pg, o, conformance_groups); }
 inline void conformance_fingerprints(comm::process_group& pg, const conformance_options& o) { run_conformance_part(pg, o, conformance_fingerprints); }
+inline void conformance_call_check(comm::process_group& pg, const conformance_options& o) { run_conformance_part(pg, o, conformance_call_check); }
 
 inline void run_conformance(comm::process_group& pg, const conformance_options& o = {}) {
   conformance_run run(pg, o);
@@ -561,6 +677,7 @@ inline void run_conformance(comm::process_group& pg, const conformance_options& 
   conformance_bad_arguments(run);
   conformance_fingerprints(run);
   if (o.cross_rank_failure_cases) conformance_cross_rank_failures(run);
+  if (o.call_check) conformance_call_check(run);
   run.finish();
 }
 

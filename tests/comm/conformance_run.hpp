@@ -58,6 +58,10 @@ struct conformance_options {
   //! them. A backend that reports them differently turns them off and adds its own. (The fingerprint cases run
   //! on every backend.)
   bool cross_rank_failure_cases = true;
+  //! The backend checks calls by default (p2p_communicator's call check): the mismatch cases of
+  //! conformance_call_check run, each failing within a quarter of mismatch_timeout.
+  bool call_check = false;
+  std::chrono::milliseconds mismatch_timeout{4000};
   //! The backend's own cases, run after the shared ones and before the failure cases; they record through
   //! conformance_run::check like the shared cases.
   std::function<void(conformance_run&)> backend_cases;

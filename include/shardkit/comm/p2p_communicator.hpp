@@ -29,6 +29,7 @@
 #include "shardkit/comm/algorithms/tree.hpp"
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/comm/detail/checked_recv.hpp"
+#include "shardkit/comm/detail/consistency.hpp"
 #include "shardkit/core/settings.hpp"
 #include "shardkit/transport/p2p.hpp"
 
@@ -51,6 +52,10 @@ struct p2p_options {
   //! Large all-reduces between processes of one host read peers' buffers directly (process_vm_readv) where the
   //! transport's ranks share a host and the kernel allows it (SHARDKIT_CROSS_MEMORY=0 turns it off).
   bool cross_memory = true;
+  //! Every collective's first message to each peer carries what this rank called (op, dtype, count, root,
+  //! sequence, collective), so ranks that called different collectives fail with errc::mismatch on every rank
+  //! (algorithms/call_check.hpp; SHARDKIT_CALL_CHECK=0 turns it off). Every rank of a job must agree on it.
+  bool check_calls = true;
 
   static p2p_options from_env() {
     p2p_options o;
@@ -59,6 +64,7 @@ struct p2p_options {
     if (auto v = settings::get<settings::integer>("SHARDKIT_ONE_SHOT_MAX_RANKS")) o.one_shot_max_ranks = int(*v);
     if (auto v = settings::get<settings::integer>("SHARDKIT_DIRECT_MAX_RANKS")) o.direct_max_ranks = int(*v);
     if (auto v = settings::get<settings::boolean>("SHARDKIT_CROSS_MEMORY")) o.cross_memory = *v;
+    if (auto v = settings::get<settings::boolean>("SHARDKIT_CALL_CHECK")) o.check_calls = *v;
     if (auto v = settings::get<settings::bytes>("SHARDKIT_SEGMENT_BYTES")) o.segment_bytes = std::size_t(*v);
     return o;
   }
@@ -92,6 +98,7 @@ class p2p_communicator {
       state_->host_of = std::move(host_of);
       levels_ = algorithms::host_levels::of(members_, me_, state_->host_of);
     }
+    start_checker();
   }
 
   int rank() const noexcept { return me_; }
@@ -99,7 +106,7 @@ class p2p_communicator {
   bool supports(device d) const noexcept { return d.kind == device_kind::host; }
   //! The scratch this group keeps between operations (its ring slots, recursive doubling's, reduce's child slots
   //! and the cross-memory staging), which is also its peak: the arena keeps its largest allocation. Split groups keep their own.
-  std::size_t scratch_bytes() const noexcept { return scratch_->held(); }
+  std::size_t scratch_bytes() const noexcept { return scratch_->held() + (checker_ ? checker_->slot_bytes() : 0); }
   //! Transport rank of each group rank.
   const std::vector<int>& members() const noexcept { return members_; }
   std::uint32_t group_id() const noexcept { return group_id_; }
@@ -115,7 +122,7 @@ class p2p_communicator {
   }
 
   void all_reduce(const_buffer_view in, buffer_view out, reduce_op op, const collective_options& o) {
-    auto ctx = begin("all_reduce", o);
+    auto ctx = begin("all_reduce", o, {kind::all_reduce, out.type(), out.count(), -1, op});
     const std::size_t bytes = out.size_bytes();
     algorithm algo = o.algo;
     const bool small = bytes <= opts_.recursive_doubling_max_bytes || out.count() < std::size_t(size());
@@ -149,15 +156,18 @@ class p2p_communicator {
 
   void all_gather(const_buffer_view in, buffer_view out, const collective_options& o) {
     std::vector<std::size_t> counts(std::size_t(size()), in.count());
-    gather(in, out, algorithms::partition::from_counts(counts), "all_gather", o);
+    gather(in, out, algorithms::partition::from_counts(counts), "all_gather", o,
+           {kind::all_gather, in.type(), in.count(), -1, reduce_op::sum});
   }
 
   void all_gatherv(const_buffer_view in, buffer_view out, std::span<const std::size_t> counts, const collective_options& o) {
-    gather(in, out, algorithms::partition::from_counts(counts), "all_gatherv", o);
+    const auto part = algorithms::partition::from_counts(counts);
+    gather(in, out, part, "all_gatherv", o,
+           {kind::all_gatherv, in.type(), part.total(), -1, reduce_op::sum, comm::detail::counts_fingerprint(counts)});
   }
 
   void reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op, const collective_options& o) {
-    auto ctx = begin("reduce_scatter", o);
+    auto ctx = begin("reduce_scatter", o, {kind::reduce_scatter, in.type(), out.count(), -1, op});
     std::vector<std::size_t> counts(std::size_t(size()), out.count());
     const auto part = algorithms::partition::from_counts(counts);
     if (use_cross_memory(o, part.total() * out.element_size()) &&
@@ -171,29 +181,30 @@ class p2p_communicator {
   }
 
   void broadcast(buffer_view data, int root, const collective_options& o) {
-    auto ctx = begin("broadcast", o);
+    auto ctx = begin("broadcast", o, {kind::broadcast, data.type(), data.count(), root, reduce_op::sum});
     algorithms::tree_broadcast(ctx, data.data(), data.count(), data.element_size(), root, segment_elems(data.type()));
   }
 
   void reduce(const_buffer_view in, buffer_view out, reduce_op op, int root, const collective_options& o) {
-    auto ctx = begin("reduce", o);
+    auto ctx = begin("reduce", o, {kind::reduce, in.type(), in.count(), root, op});
     algorithms::tree_reduce(ctx, in.data(), out.data(), in.count(), in.type(), op, root);
   }
 
   void all_to_all(const_buffer_view in, buffer_view out, const collective_options& o) {
     const std::size_t block = in.count() / std::size_t(size());
     std::vector<std::size_t> counts(std::size_t(size()), block);
-    exchange(in, algorithms::partition::from_counts(counts), out, algorithms::partition::from_counts(counts), "all_to_all", o);
+    exchange(in, algorithms::partition::from_counts(counts), out, algorithms::partition::from_counts(counts), "all_to_all", o,
+             {kind::all_to_all, in.type(), in.count(), -1, reduce_op::sum});
   }
 
   void all_to_allv(const_buffer_view in, std::span<const std::size_t> in_counts, buffer_view out,
                    std::span<const std::size_t> out_counts, const collective_options& o) {
     exchange(in, algorithms::partition::from_counts(in_counts), out, algorithms::partition::from_counts(out_counts),
-             "all_to_allv", o);
+             "all_to_allv", o, {kind::all_to_allv, in.type(), 0, -1, reduce_op::sum});
   }
 
   void barrier(const collective_options& o) {
-    auto ctx = begin("barrier", o);
+    auto ctx = begin("barrier", o, {kind::barrier, dtype::u8, 0, -1, reduce_op::sum});
     algorithms::dissemination_barrier(ctx);
   }
 
@@ -230,7 +241,9 @@ class p2p_communicator {
     const std::uint32_t offered = state_->next_group_counter.load();
     std::int64_t mine[3] = {color, key, std::int64_t(offered)};
     std::vector<std::int64_t> all(std::size_t(size()) * 3);
-    all_gather(const_buffer_view(mine, 3, dtype::i64), buffer_view(all.data(), all.size(), dtype::i64), o);
+    std::vector<std::size_t> counts(std::size_t(size()), 3);
+    gather(const_buffer_view(mine, 3, dtype::i64), buffer_view(all.data(), all.size(), dtype::i64),
+           algorithms::partition::from_counts(counts), "split", o, {kind::split, dtype::i64, 3, -1, reduce_op::sum});
     if (color < 0) return std::nullopt;
     std::vector<std::tuple<std::int64_t, int>> chosen;  // (key, group rank)
     for (int r = 0; r < size(); ++r)
@@ -255,20 +268,34 @@ class p2p_communicator {
     child.scratch_ = std::make_shared<algorithms::scratch_arena>();  // the child runs on its own progress thread
     child.cross_memory_ = std::make_shared<algorithms::cross_memory_group>();
     child.intra_cross_memory_ = std::make_shared<algorithms::cross_memory_group>();
+    child.checker_.reset();
+    child.start_checker();
     return child;
   }
 
  private:
-  algorithms::p2p_op<T> begin(const char* name, const collective_options& o) {
+  using kind = comm::detail::collective_kind;
+
+  //! `fp`: what this rank calls, which the op's first messages carry when calls are checked.
+  algorithms::p2p_op<T> begin(const char* name, const collective_options& o, const comm::detail::op_fingerprint& fp) {
     // Tag: bit 63 clear, 31 bits group id, 24 bits sequence (wraps harmlessly: ops that far apart never overlap).
-    const auto tag = (transport::message_tag(group_id_) << 32) | (transport::message_tag(seq_++ & 0xffffffu) << 8);
-    return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop);
+    const std::uint32_t seq = seq_++;
+    const auto tag = (transport::message_tag(group_id_) << 32) | (transport::message_tag(seq & 0xffffffu) << 8);
+    if (!checker_) return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop);
+    const algorithms::call_record record{fp, seq, std::uint8_t(o.algo)};
+    const auto epoch = checker_->begin(record, {.rank = me_, .operation = name});
+    return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop, checker_.get(),
+                                 record, epoch);
   }
   //! An op over a sub-list of transport ranks that shares `parent`'s tag apart from its low `level` bits.
   algorithms::p2p_op<T> level_op(const algorithms::p2p_op<T>& parent, const std::vector<int>& members, int me,
                                  std::uint8_t level) {
+    auto* checker = parent.checker();
     return algorithms::p2p_op<T>(*transport_, members, me, parent.tag() | level, parent.until(), parent.name(), parent.arena(),
-                                 parent.stop());
+                                 parent.stop(), checker, parent.record(), checker ? checker->next_epoch() : 0);
+  }
+  void start_checker() {
+    if (opts_.check_calls && size() > 1) checker_ = algorithms::call_checker<T>::create(transport_, members_, me_, group_id_);
   }
   transport::message_tag user_tag(const char* name, std::uint32_t tag) const {
     if (tag >= (1u << 31)) throw error(errc::invalid_argument, "user tags must be below 2^31", {.rank = me_, .operation = name});
@@ -284,8 +311,8 @@ class p2p_communicator {
   }
 
   void gather(const_buffer_view in, buffer_view out, const algorithms::partition& part, const char* name,
-              const collective_options& o) {
-    auto ctx = begin(name, o);
+              const collective_options& o, const comm::detail::op_fingerprint& fp) {
+    auto ctx = begin(name, o, fp);
     const std::size_t es = out.element_size();
     if (use_cross_memory(o, part.total() * es) && algorithms::cross_memory_all_gather(ctx, in.data(), out.data(), part, es, *cross_memory_))
       return;
@@ -298,8 +325,9 @@ class p2p_communicator {
   }
 
   void exchange(const_buffer_view in, const algorithms::partition& in_part, buffer_view out,
-                const algorithms::partition& out_part, const char* name, const collective_options& o) {
-    auto ctx = begin(name, o);
+                const algorithms::partition& out_part, const char* name, const collective_options& o,
+                const comm::detail::op_fingerprint& fp) {
+    auto ctx = begin(name, o, fp);
     const std::byte* src = in.data();
     if (overlaps(in, out) && in.size_bytes()) {
       // In-place all_to_all: the exchange needs the input intact until every send is done. The copy is the
@@ -319,6 +347,9 @@ class p2p_communicator {
   std::uint32_t group_id_ = 0;
   std::uint32_t seq_ = 0;
   std::optional<algorithms::host_levels> levels_;
+  // The group's call check (algorithms/call_check.hpp): its control recvs and frame slots. Copies share it; a split
+  // child has its own.
+  std::shared_ptr<algorithms::call_checker<T>> checker_;
   std::shared_ptr<algorithms::scratch_arena> scratch_ = std::make_shared<algorithms::scratch_arena>();
   // Per group: its ranks find out together on its first large all-reduce (a state inherited from the parent
   // would differ between ranks that did and did not take part in other groups' calls).

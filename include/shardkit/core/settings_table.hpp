@@ -81,6 +81,11 @@ inline constexpr variable table[] = {
      .meaning = "all_gather and reduce_scatter in groups of at most this many ranks exchange directly with every "
                 "peer (one hop) instead of around the ring",
      .target = "core", .min = 0, .max = 1 << 20},
+    {.name = "SHARDKIT_CALL_CHECK", .type = kind::boolean, .default_text = "1",
+     .meaning = "each collective's first message to a peer carries what this rank called (op, dtype, count, root, "
+                "sequence), so ranks that called different collectives get errc::mismatch on every rank (p2p "
+                "backends); 0: off, on every rank of the job",
+     .target = "core"},
     {.name = "SHARDKIT_SEGMENT_BYTES", .type = kind::bytes, .default_text = "1M",
      .meaning = "pipeline segment of the ring and tree algorithms (also those gloo_communicator runs where gloo has "
                 "none)",

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "shardkit/comm/algorithms/call_check.hpp"
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
@@ -87,11 +88,22 @@ template <transport::p2p T>
 class p2p_op {
  public:
   //! `arena` (optional) lends the op its scratch memory; without one the op allocates its own.
-  //! `stop` (optional): a stop request ends the op's waits with errc::aborted (its group was aborted).
+  //! `stop` (optional): a stop request ends the op's waits with errc::aborted (its group was aborted). `checker`
+  //! (optional) frames the op's first message to each peer with `record` and checks each peer's
+  //! (call_check.hpp); `epoch` is what checker->begin() or next_epoch() returned for this op.
   p2p_op(T& transport, std::span<const int> members, int me, transport::message_tag tag, deadline until,
-         const char* name, scratch_arena* arena = nullptr, std::stop_token stop = {})
+         const char* name, scratch_arena* arena = nullptr, std::stop_token stop = {},
+         call_checker<T>* checker = nullptr, const call_record& record = {}, std::uint64_t epoch = 0)
       : transport_(transport), members_(members), me_(me), tag_(tag), until_(until), name_(name), arena_(arena),
-        stop_(std::move(stop)) {}
+        stop_(std::move(stop)), checker_(checker), record_(record), epoch_(epoch) {
+    if (checker_) {
+      const auto now = deadline::clock::now();
+      const auto left = until_ == no_deadline ? std::chrono::duration_cast<deadline::clock::duration>(std::chrono::minutes(16))
+                                              : until_ - now;
+      stall_at_ = now + std::clamp<deadline::clock::duration>(left / call_checker<T>::stall_divisor,
+                                                              std::chrono::milliseconds(20), std::chrono::minutes(1));
+    }
+  }
 
   p2p_op(const p2p_op&) = delete;
   p2p_op& operator=(const p2p_op&) = delete;
@@ -166,25 +178,49 @@ class p2p_op {
   transport::message_tag tag() const noexcept { return tag_; }
   scratch_arena* arena() const noexcept { return arena_; }
   const std::stop_token& stop() const noexcept { return stop_; }
+  //! Whether the op's first messages are framed and checked (call_check.hpp): rooted trees then confirm each
+  //! edge the other way too.
+  bool checking() const noexcept { return checker_ != nullptr; }
+  call_checker<T>* checker() const noexcept { return checker_; }
+  const call_record& record() const noexcept { return record_; }
 
   //! Uninitialised scratch of `bytes`, valid for this op until the next scratch() call of an op on the same arena.
   std::byte* scratch(std::size_t bytes) { return (arena_ ? *arena_ : own_).get(bytes); }
   const char* name() const noexcept { return name_; }
 
   completion send(int peer, const std::byte* data, std::size_t bytes) {
-    auto c = transport_.send(members_[std::size_t(peer)], tag_, {data, bytes});
-    sends_.push_back(c);
-    send_peers_.push_back(peer);
-    return c;
+    if (checker_) {
+      auto& pc = checker_->peer(members_[std::size_t(peer)], epoch_);
+      if (!pc.sent) {
+        pc.sent = true;
+        return framed_send(pc, peer, data, bytes);
+      }
+    }
+    return post_send(peer, data, bytes);
   }
   completion recv(int peer, std::byte* data, std::size_t bytes) {
-    auto c = transport_.recv(members_[std::size_t(peer)], tag_, {data, bytes});
-    recvs_.push_back(c);
-    return c;
+    if (checker_) {
+      auto& pc = checker_->peer(members_[std::size_t(peer)], epoch_);
+      if (!pc.posted) {
+        pc.posted = true;
+        pc.dest = data;
+        pc.expected = bytes;
+        pc.frame = post_recv(peer, checker_->recv_slot(pc), frame_header::bytes + call_checker<T>::inline_max);
+        if (bytes <= call_checker<T>::inline_max) return pc.frame;
+        pc.payload = post_recv(peer, data, bytes);
+        return pc.payload;
+      }
+    }
+    return post_recv(peer, data, bytes);
   }
 
   //! Waits for a recv from group rank `peer` that must deliver exactly `expected` bytes.
   void wait_recv(const completion& c, int peer, std::size_t expected) {
+    if (checker_) {
+      auto& pc = checker_->peer(members_[std::size_t(peer)], epoch_);
+      if (pc.posted && !pc.verified) verify_first(pc, peer);
+      if (c == pc.frame) return;  // the payload came inside the header's message and is in place
+    }
     wait(c, peer, "receiving from");
     if (c.bytes() != expected)
       throw error(errc::mismatch,
@@ -192,7 +228,13 @@ class p2p_op {
                       std::to_string(expected) + ": ranks passed different counts, dtypes or ops",
                   context(peer));
   }
-  void wait_send(const completion& c, int peer) { wait(c, peer, "sending to"); }
+  void wait_send(const completion& c, int peer) {
+    if (checker_) {
+      auto& pc = checker_->peer(members_[std::size_t(peer)], epoch_);
+      if (pc.header_send.valid()) wait(pc.header_send, peer, "sending to");  // its slot is reused by the next op
+    }
+    wait(c, peer, "sending to");
+  }
 
   //! Waits for every send posted so far (a step reuses a buffer only after its sends are done). A send that
   //! fails or times out is reported with the peer it went to.
@@ -238,6 +280,7 @@ class p2p_op {
     try {
       done = wait_watching(c);
     } catch (const error& e) {
+      if (checker_ && checker_->poisoned()) throw;  // the group's mismatch (call_check.hpp) says all there is
       throw naming_lost_members(e.with_context(context(peer)), peer);
     }
     if (!done) {
@@ -264,16 +307,84 @@ class p2p_op {
   //! Waits until `c` is done, the deadline passes or the op is stopped; with a transport that reports lost peers,
   //! also returns (false) as soon as any member of the group is lost: this op can then never complete, since every
   //! member takes part in it, directly or through the peers it waits on.
+  //! With a checker, also throws the group's poison (a peer found a mismatch) between slices of the wait, and
+  //! sends this rank's record to every member once it has waited its share of the timeout (call_check.hpp, 3.).
   bool wait_watching(const completion& c) {
-    if (!transport::reports_lost_peers<T> && !stop_.stop_possible()) return c.wait_until(until_);
+    if (!checker_ && !transport::reports_lost_peers<T> && !stop_.stop_possible()) return c.wait_until(until_);
     // Most ops end within the first slice; between slices, the members and the stop are polled (a few syscalls).
-    constexpr auto slice = std::chrono::milliseconds(100);
+    const auto slice = checker_ ? std::chrono::milliseconds(10) : std::chrono::milliseconds(100);
     for (;;) {
       const auto now = deadline::clock::now();
       if (c.wait_until(std::min(until_, deadline(now + slice)))) return true;
-      if (deadline::clock::now() >= until_ || stop_.stop_requested()) return false;
+      const auto later = deadline::clock::now();
+      if (later >= until_ || stop_.stop_requested()) return false;
+      if (checker_) {
+        checker_->throw_if_poisoned(context(-1));
+        if (!stall_reported_ && later >= stall_at_) {
+          stall_reported_ = true;
+          checker_->report_stall(record_);
+        }
+      }
       if (first_lost_member() >= 0) return false;
     }
+  }
+
+  completion post_send(int peer, const std::byte* data, std::size_t bytes) {
+    auto c = transport_.send(members_[std::size_t(peer)], tag_, {data, bytes});
+    sends_.push_back(c);
+    send_peers_.push_back(peer);
+    return c;
+  }
+  completion post_recv(int peer, std::byte* data, std::size_t bytes) {
+    auto c = transport_.recv(members_[std::size_t(peer)], tag_, {data, bytes});
+    recvs_.push_back(c);
+    return c;
+  }
+
+  //! The first message to a peer: the header, then the payload in the same message up to inline_max, else in
+  //! a message of its own sent right behind it (no copy of a large buffer).
+  completion framed_send(typename call_checker<T>::contact& pc, int peer, const std::byte* data, std::size_t bytes) {
+    std::byte* const slot = checker_->send_slot(pc);
+    std::array<std::int64_t, frame_header::words> h{};
+    h[0] = frame_header::magic;
+    const auto r = record_.encode();
+    std::copy(r.begin(), r.end(), h.begin() + 1);
+    h[frame_header::words - 1] = std::int64_t(bytes);
+    std::memcpy(slot, h.data(), frame_header::bytes);
+    if (bytes <= call_checker<T>::inline_max) {
+      if (bytes) std::memcpy(slot + frame_header::bytes, data, bytes);
+      return post_send(peer, slot, frame_header::bytes + bytes);
+    }
+    pc.header_send = post_send(peer, slot, frame_header::bytes);
+    return post_send(peer, data, bytes);
+  }
+
+  //! Waits for the first message from `peer` and compares its header with this rank's call: another call, or
+  //! another payload size, poisons the group and throws errc::mismatch naming both calls.
+  void verify_first(typename call_checker<T>::contact& pc, int peer) {
+    wait(pc.frame, peer, "receiving from");
+    pc.verified = true;
+    const std::byte* const slot = checker_->recv_slot(pc);
+    const auto mine = record_.encode();
+    const int group_peer = checker_->group_rank(members_[std::size_t(peer)]);
+    std::array<std::int64_t, frame_header::words> h{};
+    if (pc.frame.bytes() < frame_header::bytes ||
+        (std::memcpy(h.data(), slot, frame_header::bytes), h[0] != frame_header::magic))
+      throw error(errc::protocol,
+                  "the first message of " + std::string(name_) + " from this peer has no call header (" +
+                      std::to_string(pc.frame.bytes()) + " bytes): does it run another version of shardkit, or "
+                      "with SHARDKIT_CALL_CHECK=0?",
+                  context(peer));
+    const std::int64_t* theirs = h.data() + 1;
+    if (!std::equal(mine.begin(), mine.end(), theirs)) checker_->mismatch(group_peer, theirs, mine.data(), "", context(peer));
+    const auto sent = std::size_t(h[frame_header::words - 1]);
+    const std::size_t inline_bytes = pc.frame.bytes() - frame_header::bytes;
+    if (sent != pc.expected || inline_bytes != (sent <= call_checker<T>::inline_max ? sent : 0))
+      checker_->mismatch(group_peer, theirs, mine.data(),
+                         ", and its message carries " + std::to_string(sent) + " bytes where this rank expects " +
+                             std::to_string(pc.expected) + " (per-rank counts that disagree?)",
+                         context(peer));
+    if (sent <= call_checker<T>::inline_max && sent) std::memcpy(pc.dest, slot + frame_header::bytes, sent);
   }
 
   //! The lowest group rank whose transport rank the transport has lost, or -1.
@@ -324,6 +435,11 @@ class p2p_op {
   scratch_arena* arena_;
   std::stop_token stop_;
   scratch_arena own_;
+  call_checker<T>* checker_;
+  call_record record_;
+  std::uint64_t epoch_;
+  deadline stall_at_ = no_deadline;
+  bool stall_reported_ = false;
 };
 
 }  // namespace shardkit::comm::algorithms

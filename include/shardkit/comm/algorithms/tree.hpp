@@ -21,6 +21,9 @@ inline std::vector<int> tree_children(int vrank, int n) {
 }  // namespace detail
 
 //! Broadcast from `root`, in place on `data`; segmented so a segment travels down the tree while the next arrives.
+//! When the op checks calls (call_check.hpp), each child answers its parent's first segment with an empty
+//! message, so that a parent, the root above all, reads its children's call headers too: without it, a root whose
+//! children called something else (another root, another collective) would finish without a word from them.
 template <transport::p2p T>
 void tree_broadcast(p2p_op<T>& op, std::byte* data, std::size_t count, std::size_t es, int root, std::size_t segment_elems) {
   const int n = op.n();
@@ -30,16 +33,22 @@ void tree_broadcast(p2p_op<T>& op, std::byte* data, std::size_t count, std::size
   const int parent = detail::tree_parent(vrank);
   const auto kids = detail::tree_children(vrank, n);
   const segments seg{count, segment_elems};
-  std::vector<completion> recvs;
+  std::vector<completion> recvs, confirms;
   if (parent >= 0)
     for (std::size_t k = 0; k < seg.size(); ++k)
       recvs.push_back(op.recv(real(parent), data + seg.begin(k) * es, seg.length(k) * es));
+  if (op.checking())
+    for (int kid : kids) confirms.push_back(op.recv(real(kid), nullptr, 0));
   for (std::size_t k = 0; k < seg.size(); ++k) {
     const std::size_t len = seg.length(k) * es;
-    if (parent >= 0) op.wait_recv(recvs[k], real(parent), len);
+    if (parent >= 0) {
+      op.wait_recv(recvs[k], real(parent), len);
+      if (k == 0 && op.checking()) op.send(real(parent), nullptr, 0);
+    }
     // Largest subtree first: it has the longest way to go.
     for (auto it = kids.rbegin(); it != kids.rend(); ++it) op.send(real(*it), data + seg.begin(k) * es, len);
   }
+  for (std::size_t i = 0; i < confirms.size(); ++i) op.wait_recv(confirms[i], real(kids[i]), 0);
   op.wait_sends();
 }
 
@@ -47,6 +56,8 @@ void tree_broadcast(p2p_op<T>& op, std::byte* data, std::size_t count, std::size
 //! The children's messages and a non-root's partial result live in the op's scratch, which the communicator owns:
 //! when an error ends the op with recvs still posted, ~p2p_op withdraws them after this function has returned, and
 //! a message landing until then must find memory that is still there (function-local buffers would be gone).
+//! When the op checks calls (call_check.hpp), a parent answers each child's message with an empty one, so that a
+//! leaf, which otherwise only sends, reads its parent's call header too.
 template <transport::p2p T>
 void tree_reduce(p2p_op<T>& op, const std::byte* in, std::byte* out, std::size_t count, dtype type, reduce_op rop, int root) {
   const int n = op.n();
@@ -63,15 +74,20 @@ void tree_reduce(p2p_op<T>& op, const std::byte* in, std::byte* out, std::size_t
     // Fixed child order keeps the combination order identical on every run.
     for (std::size_t i = 0; i < kids.size(); ++i) {
       op.wait_recv(recvs[i], real(kids[i]), bytes);
+      if (op.checking()) op.send(real(kids[i]), nullptr, 0);
       combine(rop, type, acc, slots + i * bytes, count);
     }
   }
   if (vrank != 0) {
     const int parent = real(detail::tree_parent(vrank));
+    completion confirm;
+    if (op.checking()) confirm = op.recv(parent, nullptr, 0);
     op.wait_send(op.send(parent, acc, bytes), parent);
+    if (op.checking()) op.wait_recv(confirm, parent, 0);
   } else {
     finish_average(rop, type, acc, count, n);
   }
+  op.wait_sends();
 }
 
 }  // namespace shardkit::comm::algorithms

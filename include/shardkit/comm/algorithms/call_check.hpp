@@ -1,0 +1,335 @@
+#pragma once
+//! The default cross-rank check of p2p_communicator: ranks that called different collectives at the same point
+//! (sum vs max, f32 vs i32, all_reduce vs broadcast, other counts, other roots) get errc::mismatch on every rank,
+//! naming what each side called, instead of a blend of their bytes.
+//!
+//! How it holds, on every algorithm and transport (p2p_op does the framing, this file the group's side):
+//!  1. The first message of a collective from one rank to another carries a header: a call_record (the debug
+//!     mode's fingerprint, detail/consistency.hpp, plus the call's number in the group and the algorithm asked
+//!     for) and the payload's size. Payloads up to inline_max travel in that message (copied through a slot);
+//!     a larger one follows as a message of its own, so the header never costs a copy of a large buffer. A
+//!     receiver's first recv from a peer always lands in a slot of header + inline_max bytes, whatever it
+//!     expects, so it reads the peer's header even when the two disagree on the size.
+//!     Messages between two ranks with one tag match in order, so the first message one rank sends another in
+//!     collective #k meets the first recv the other posts from it in #k, whatever algorithm each side runs.
+//!  2. A rank whose first message from a peer shows another call, or another size than it expects, sends a
+//!     poison frame (both records) to every member of the group on the group's control tag, marks its own
+//!     group, and throws. Each rank keeps one recv posted per peer on that tag: a poison frame fails the
+//!     collective it is waiting in (p2p_op polls between slices of its waits) or its next one.
+//!  3. Ranks whose views of a collective differ may each wait for a message the other never sends, before any
+//!     first message shows the difference (all_reduce on two ranks, broadcast on a third). A rank still
+//!     waiting after stall_fraction of its timeout sends its record to every member (once per collective); a
+//!     member that has (or later reaches) that collective with another record poisons the group. So the error
+//!     comes within that fraction of the timeout, never at the timeout.
+//!  4. Rooted trees have a rank that only sends (a broadcast's root, a reduce's leaves): with the check on, each
+//!     tree edge is confirmed the other way (algorithms/tree.hpp), so that rank reads a header too.
+//! A rank whose part of the call ended before the verdict reached it (a broadcast leaf whose parent agreed with
+//! it) gets the error from its next collective on the group.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardkit/comm/communicator.hpp"
+#include "shardkit/comm/detail/consistency.hpp"
+#include "shardkit/core/completion.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/transport/p2p.hpp"
+
+namespace shardkit::comm::algorithms {
+
+//! What one rank called, as it travels in a header: op, dtype, count, root, reduce op and counts hash (the debug
+//! mode's fingerprint), the call's number in the group's order, and the algorithm the call asked for.
+struct call_record {
+  comm::detail::op_fingerprint fp{};
+  std::uint32_t seq = 0;
+  std::uint8_t algo = 0;
+
+  static constexpr std::size_t words = comm::detail::op_fingerprint::width + 1;
+  std::array<std::int64_t, words> encode() const noexcept {
+    std::array<std::int64_t, words> w{};
+    const auto f = fp.encode();
+    std::copy(f.begin(), f.end(), w.begin());
+    w[words - 1] = std::int64_t(seq) | (std::int64_t(algo) << 32);
+    return w;
+  }
+  //! "all_reduce(dtype f32, count 4, op sum)" (with ", algorithm ring" where one was asked for).
+  static std::string describe(const std::int64_t* w) {
+    std::string s = comm::detail::describe_fingerprint(w);
+    if (const auto algo = (w[words - 1] >> 32) & 0xff; algo != 0)
+      s.insert(s.size() - 1, ", algorithm " + std::string(to_string(comm::algorithm(algo))));
+    return s;
+  }
+  static std::uint32_t seq_of(const std::int64_t* w) noexcept { return std::uint32_t(w[words - 1] & 0xffffffff); }
+};
+
+//! The header of a first message: magic, the sender's call_record, the payload's size.
+struct frame_header {
+  static constexpr std::int64_t magic = 0x53484b4652414d31;  // "SHKFRAM1"
+  static constexpr std::size_t words = call_record::words + 2;
+  static constexpr std::size_t bytes = words * sizeof(std::int64_t);
+};
+
+template <transport::p2p T>
+class call_checker : public std::enable_shared_from_this<call_checker<T>> {
+ public:
+  //! Payloads up to this size travel inside their header's message.
+  static constexpr std::size_t inline_max = 16 * 1024;
+  //! A rank waiting this fraction of its timeout in one collective sends its record to every member (3.).
+  static constexpr int stall_divisor = 32;
+
+  //! Per peer (by transport rank), what the current op did with it: first send and first recv, framed.
+  struct contact {
+    std::uint64_t epoch = 0;  // the op that last touched it; another op starts afresh
+    bool sent = false, posted = false, verified = false;
+    completion frame;            // the first recv, into recv_slot
+    completion payload;          // a payload larger than inline_max, straight into the caller's buffer
+    std::byte* dest = nullptr;   // where an inline payload goes
+    std::size_t expected = 0;    // the bytes this rank expects in that first message
+    completion header_send;      // a header sent ahead of its payload: waited with the payload's send
+    std::unique_ptr<std::byte[]> send_slot, recv_slot;  // header + inline_max each, kept between ops
+  };
+
+  static std::shared_ptr<call_checker> create(std::shared_ptr<T> transport, std::vector<int> members, int me,
+                                              std::uint32_t group_id) {
+    auto c = std::shared_ptr<call_checker>(new call_checker(std::move(transport), std::move(members), me, group_id));
+    for (int r = 0; r < int(c->members_.size()); ++r)
+      if (r != me) c->post_control(r);
+    return c;
+  }
+
+  ~call_checker() {
+    std::vector<completion> posted;
+    {
+      std::lock_guard lock(mutex_);
+      closing_ = true;
+      posted.swap(control_recvs_);
+    }
+    for (auto& c : posted) c.cancel();  // one still landing keeps its buffer (its continuation holds it)
+  }
+
+  //! The control tag: the group's id, the sequence field all ones and level 0xff, which no collective's tag has
+  //! (their level bits are 0 to 2).
+  transport::message_tag control_tag() const noexcept {
+    return (transport::message_tag(group_id_) << 32) | (transport::message_tag(0xffffff) << 8) | 0xff;
+  }
+
+  //! Starts collective `r`: fails at once if the group is poisoned (or a peer's stall report for this collective
+  //! shows another call), and remembers `r` for the stall reports of peers still to come.
+  std::uint64_t begin(const call_record& r, const error_context& ctx) {
+    throw_if_poisoned(ctx);
+    std::unique_lock lock(mutex_);
+    history_[r.seq % history_.size()] = {true, r.encode()};
+    if (!early_reports_.empty()) {
+      for (auto it = early_reports_.begin(); it != early_reports_.end();) {
+        if (seq_of(it->record.data()) == r.seq) {
+          const auto theirs = it->record;
+          const int from = it->from;
+          early_reports_.erase(it);
+          if (theirs != r.encode()) {
+            lock.unlock();
+            mismatch(from, theirs.data(), r.encode().data(), "", ctx);
+          }
+          continue;
+        }
+        // Reports of collectives this rank has passed without reaching are stale (a wrapped sequence).
+        it = int(r.seq - seq_of(it->record.data())) > 0 ? early_reports_.erase(it) : std::next(it);
+      }
+    }
+    return ++epoch_;
+  }
+
+  //! A fresh epoch for an op that did not come through begin() (a level of the hierarchical all-reduce).
+  std::uint64_t next_epoch() noexcept { return ++epoch_; }
+
+  contact& peer(int transport_rank, std::uint64_t epoch) {
+    auto& c = contacts_[std::size_t(transport_rank)];
+    if (c.epoch != epoch) {
+      c.epoch = epoch;
+      c.sent = c.posted = c.verified = false;
+      c.frame = c.payload = c.header_send = completion();
+      c.dest = nullptr;
+      c.expected = 0;
+    }
+    return c;
+  }
+  std::byte* send_slot(contact& c) { return slot(c.send_slot); }
+  std::byte* recv_slot(contact& c) { return slot(c.recv_slot); }
+  std::size_t slot_bytes() const noexcept { return held_.load(std::memory_order_relaxed); }
+
+  bool poisoned() const noexcept { return poisoned_.load(std::memory_order_acquire); }
+  //! The error names, as its peer, the rank that found the mismatch (this rank itself when it did).
+  void throw_if_poisoned(error_context ctx) const {
+    if (!poisoned()) return;
+    std::lock_guard lock(mutex_);
+    ctx.peer = poisoner_;
+    throw error(errc::mismatch, poison_, std::move(ctx));
+  }
+
+  //! This rank found that group rank `peer` called `theirs` where it called `mine`: tells every member, marks
+  //! the group, throws errc::mismatch naming both calls.
+  [[noreturn]] void mismatch(int peer, const std::int64_t* theirs, const std::int64_t* mine, const std::string& extra,
+                             error_context ctx) {
+    std::string what = "ranks called different collectives at the same point (collective #" +
+                       std::to_string(call_record::seq_of(mine)) + " of this group): rank " + std::to_string(peer) +
+                       " called " + call_record::describe(theirs) + " where rank " + std::to_string(me_) +
+                       " (this rank) called " + call_record::describe(mine) + extra;
+    send_to_all(kind_poison, mine, theirs, peer);
+    poison(what, peer);
+    ctx.peer = peer;
+    throw error(errc::mismatch, std::move(what), std::move(ctx));
+  }
+
+  //! A rank that waited stall_divisor-th of its timeout in collective `r` lets every member compare (3.).
+  void report_stall(const call_record& r) {
+    const auto w = r.encode();
+    send_to_all(kind_stall, w.data(), w.data(), me_);
+  }
+
+  //! The group rank of a transport rank (-1: not a member).
+  int group_rank(int transport_rank) const noexcept {
+    const auto it = std::find(members_.begin(), members_.end(), transport_rank);
+    return it == members_.end() ? -1 : int(it - members_.begin());
+  }
+
+ private:
+  static constexpr std::int64_t control_magic = 0x53484b43544c3031;  // "SHKCTL01"
+  static constexpr std::int64_t kind_poison = 1, kind_stall = 2;
+  // magic, kind, sender, about (the rank whose call differs), the sender's record, the other record
+  static constexpr std::size_t control_words = 4 + 2 * call_record::words;
+  using control_message = std::array<std::int64_t, control_words>;
+  using record_words = std::array<std::int64_t, call_record::words>;
+  static std::uint32_t seq_of(const std::int64_t* w) noexcept { return call_record::seq_of(w); }
+
+  call_checker(std::shared_ptr<T> transport, std::vector<int> members, int me, std::uint32_t group_id)
+      : transport_(std::move(transport)), members_(std::move(members)), me_(me), group_id_(group_id),
+        contacts_(std::size_t(transport_->size())) {}
+
+  std::byte* slot(std::unique_ptr<std::byte[]>& s) {
+    if (!s) {
+      s = std::make_unique_for_overwrite<std::byte[]>(frame_header::bytes + inline_max);
+      held_.fetch_add(frame_header::bytes + inline_max, std::memory_order_relaxed);
+    }
+    return s.get();
+  }
+
+  void poison(const std::string& what, int named) {
+    std::lock_guard lock(mutex_);
+    if (poisoned_.load(std::memory_order_relaxed)) return;
+    poison_ = what;
+    poisoner_ = named;
+    poisoned_.store(true, std::memory_order_release);
+  }
+
+  void send_to_all(std::int64_t kind, const std::int64_t* mine, const std::int64_t* other, int about) {
+    if (kind == kind_poison && sent_poison_.exchange(true)) return;  // once per group: each peer posts one recv at a time
+    auto msg = std::make_shared<control_message>();
+    (*msg)[0] = control_magic;
+    (*msg)[1] = kind;
+    (*msg)[2] = me_;
+    (*msg)[3] = about;
+    std::copy(mine, mine + call_record::words, msg->begin() + 4);
+    std::copy(other, other + call_record::words, msg->begin() + 4 + std::ptrdiff_t(call_record::words));
+    const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(msg->data()), sizeof(control_message));
+    for (int r = 0; r < int(members_.size()); ++r) {
+      if (r == me_) continue;
+      try {
+        transport_->send(members_[std::size_t(r)], control_tag(), bytes).then([msg] {});  // keeps the bytes alive
+      } catch (...) {  // a peer the transport refuses: the others still learn it
+      }
+    }
+  }
+
+  void post_control(int r) {
+    auto buffer = std::make_shared<control_message>();
+    completion c;
+    try {
+      c = transport_->recv(members_[std::size_t(r)], control_tag(),
+                           std::span<std::byte>(reinterpret_cast<std::byte*>(buffer->data()), sizeof(control_message)));
+    } catch (...) {
+      return;
+    }
+    {
+      std::lock_guard lock(mutex_);
+      if (closing_) {
+        c.cancel();
+        return;
+      }
+      control_recvs_.push_back(c);
+    }
+    std::weak_ptr<call_checker> weak = this->weak_from_this();
+    c.then([weak, buffer, c, r] {
+      auto self = weak.lock();
+      if (!self || c.has_failed()) return;  // withdrawn, or the peer is gone: its later messages cannot come
+      self->forget(c);
+      if (c.bytes() == sizeof(control_message) && (*buffer)[0] == control_magic) self->on_control(*buffer);
+      self->post_control(r);
+    });
+  }
+  void forget(const completion& c) {
+    std::lock_guard lock(mutex_);
+    std::erase(control_recvs_, c);
+  }
+
+  void on_control(const control_message& m) {
+    const int from = int(m[2]);
+    const std::int64_t* first = m.data() + 4;
+    const std::int64_t* second = first + call_record::words;
+    if (m[1] == kind_poison) {
+      poison("ranks called different collectives at the same point (collective #" + std::to_string(seq_of(first)) +
+             " of this group): rank " + std::to_string(from) + " found that rank " + std::to_string(m[3]) + " called " +
+             call_record::describe(second) + " where rank " + std::to_string(from) + " called " +
+             call_record::describe(first),
+             from);
+      return;
+    }
+    record_words theirs;
+    std::copy(first, first + call_record::words, theirs.begin());
+    record_words mine;
+    {
+      std::lock_guard lock(mutex_);
+      const auto& h = history_[seq_of(first) % history_.size()];
+      if (!h.first || seq_of(h.second.data()) != seq_of(first)) {  // not reached yet: compared when it is
+        if (early_reports_.size() < 4 * members_.size()) early_reports_.push_back({from, theirs});
+        return;
+      }
+      mine = h.second;
+    }
+    if (mine == theirs) return;
+    try {
+      mismatch(from, theirs.data(), mine.data(), "", {.rank = me_});
+    } catch (const error&) {  // poisoned and told: the collective waiting here fails from its next poll
+    }
+  }
+
+  struct early_report {
+    int from;
+    record_words record;
+  };
+
+  std::shared_ptr<T> transport_;
+  std::vector<int> members_;  // transport rank of each group rank
+  int me_;
+  std::uint32_t group_id_;
+  std::vector<contact> contacts_;  // by transport rank; the op's thread only
+  std::uint64_t epoch_ = 0;
+  std::atomic<std::size_t> held_{0};
+  std::atomic<bool> sent_poison_{false};
+  std::atomic<bool> poisoned_{false};
+  mutable std::mutex mutex_;  // guards what follows: transport threads read it as control messages arrive
+  std::string poison_;
+  int poisoner_ = -1;  // the peer the poison names: the rank that found the mismatch, or the one that differs
+  std::array<std::pair<bool, record_words>, 64> history_{};  // the records of the last collectives, by seq
+  std::vector<early_report> early_reports_;
+  std::vector<completion> control_recvs_;
+  bool closing_ = false;
+};
+
+}  // namespace shardkit::comm::algorithms
