@@ -824,3 +824,53 @@ TEST_CASE("[comm] a group handed from thread to thread between collectives, or i
     if (y[0] != float(n)) throw std::runtime_error("the collective issued from a continuation gave a wrong result");
   });
 }
+
+// Two threads that take strict turns on one group (each one's collective done before the other issues) are what
+// the overlap check cannot see; a group bound to a thread refuses the other thread's turn, and a hand-over
+// (bind_to_this_thread from the new thread) lets it through.
+TEST_CASE("[comm] a group bound to a thread refuses another thread's turn, and is handed over explicitly") {
+  constexpr int n = 2;
+  auto opts = test_group_options();
+  opts.timeout = std::chrono::seconds(5);
+  SUBCASE("strict turns on a bound group: the second thread is refused and the group breaks, on every rank") {
+    auto groups = comm::make_loopback_world(n, opts);
+    std::vector<std::string> refused(n);
+    test::run_threads(n, [&](int r) {
+      auto& g = groups[std::size_t(r)];
+      g.bind_to_this_thread();
+      std::vector<float> v(3, 1.0f);
+      g.all_reduce(buffer_view(std::span<float>(v))).wait();  // thread A's turn
+      std::ostringstream a;
+      a << std::this_thread::get_id();
+      std::thread([&] {  // thread B's turn, after A's collective completed
+        try {
+          g.all_reduce(buffer_view(std::span<float>(v))).wait();
+        } catch (const error& e) {
+          if (e.code() == errc::invalid_argument) refused[std::size_t(r)] = e.what();
+        }
+      }).join();
+      if (refused[std::size_t(r)].find("while the group is bound to thread " + a.str()) == std::string::npos)
+        throw std::runtime_error("rank " + std::to_string(r) + ": " + refused[std::size_t(r)]);
+      if (!g.broken_by()) throw std::runtime_error("the refused turn did not break the group");
+    });
+  }
+  SUBCASE("handed over with bind_to_this_thread, or unbound: the turns run, with the right results") {
+    auto groups = comm::make_loopback_world(n, opts);
+    test::run_threads(n, [&](int r) {
+      auto& g = groups[std::size_t(r)];
+      g.bind_to_this_thread();
+      for (int round = 0; round < 5; ++round) {
+        std::vector<float> v(3, float(r + round));
+        std::thread([&] {
+          g.bind_to_this_thread();
+          g.all_reduce(buffer_view(std::span<float>(v))).wait();
+        }).join();
+        if (v[0] != float(1 + 2 * round)) throw std::runtime_error("wrong all_reduce result after a hand-over");
+      }
+      g.unbind();
+      std::vector<float> w(2, 1.0f);
+      std::thread([&] { g.all_reduce(buffer_view(std::span<float>(w))).wait(); }).join();
+      if (w[0] != float(n)) throw std::runtime_error("wrong all_reduce result after unbind");
+    });
+  }
+}

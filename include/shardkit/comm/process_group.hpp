@@ -15,8 +15,10 @@
 //! thread its own group (dup()) instead. Every collective (split and dup included) checks this as it is issued: one
 //! issued while one issued by another thread is still pending is refused with errc::invalid_argument naming the
 //! group, both operations and both threads, and breaks the group, so that this rank's later operations fail rather
-//! than pair up wrongly; peers waiting on the refused collective see the failure as a timeout. The check sees
-//! overlapping use only: two threads that take strict turns by chance are not caught.
+//! than pair up wrongly; peers waiting on the refused collective see the failure as a timeout. That check sees
+//! overlapping use only: two threads that take strict turns by chance are not caught, unless the group is bound to
+//! a thread: after bind_to_this_thread(), a collective from any other thread is refused the same way until that
+//! thread takes the group over with bind_to_this_thread() itself (the explicit hand-over).
 //!
 //! Destroying a group waits for its queued and running operations, each up to its deadline (the group's timeout,
 //! 30 minutes by default), since they use the group's buffers and backend: a group destroyed with an operation its
@@ -269,6 +271,22 @@ class process_group {
     return dup(std::move(o));
   }
 
+  //! Binds the group to the calling thread: from now on every collective (split and dup included) issued from
+  //! another thread is refused with errc::invalid_argument naming both threads, and breaks the group, as an
+  //! overlapping one is. A thread takes a bound group over by calling this itself, once the collectives it
+  //! follows are issued (their completion need not be awaited: they still run in issue order). Catches two
+  //! threads taking turns on one group, which the default check cannot see. Bind only a group whose collectives
+  //! your own code issues: fsdp and ckpt issue theirs from their own threads and continuations.
+  void bind_to_this_thread() {
+    std::lock_guard lock(self().mutex);
+    self().owner = std::this_thread::get_id();
+  }
+  //! Lifts bind_to_this_thread(): any thread may issue again (one at a time).
+  void unbind() {
+    std::lock_guard lock(self().mutex);
+    self().owner = std::thread::id();
+  }
+
   //! Marks the group broken: queued and later operations fail with errc::aborted and `reason`, and so does the one
   //! running, where it waits (over a p2p transport; another backend's runs to its deadline).
   void abort(const std::string& reason) {
@@ -303,6 +321,7 @@ class process_group {
     std::thread::id issuer;
     const char* issuer_op = "";  // the last collective `issuer` issued
     std::size_t issued_pending = 0;
+    std::thread::id owner;  // the thread bound by bind_to_this_thread(); none: any one thread at a time
     // The number of the next collective in issue order (what fault reports call it), and whether this rank's
     // account of a refusal is posted: it is taken back when the next collective is issued (guarded by `mutex`).
     std::int64_t next_seq = 0;
@@ -402,6 +421,17 @@ class process_group {
     std::int64_t claim_issue(const char* name) {
       std::unique_lock lock(mutex);
       const auto me = std::this_thread::get_id();
+      if (owner != std::thread::id() && owner != me) {
+        std::ostringstream what;
+        what << name << " was issued on group '" << opts.name << "' from thread " << me
+             << " while the group is bound to thread " << owner
+             << " (bind_to_this_thread): collectives pair up across ranks by issue order, which two threads taking "
+                "turns on one group make differ between ranks; the new thread takes the group over with "
+                "bind_to_this_thread(), or gets a group of its own (dup()). The group is now broken";
+        auto e = std::make_exception_ptr(error(errc::invalid_argument, what.str(), context(name)));
+        if (!broken) broken = e;
+        std::rethrow_exception(e);
+      }
       if (issued_pending > 0 && issuer != me) {
         std::ostringstream what;
         what << name << " was issued on group '" << opts.name << "' from thread " << me << " while " << issuer_op
