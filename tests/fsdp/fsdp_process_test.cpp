@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -106,6 +108,35 @@ SHARDKIT_SCENARIO(fsdp_passes_left_early) {
   ab::run(world.group, c);
 }
 
+// Rank 1 throws in its training loop at step 3 (the trainer's own bug): its process unwinds and exits, while the
+// others are in that step's collectives. Each of them must fail naming rank 1, before its timeout (the transport
+// sees the rank go; nobody waits out a deadline on a neighbour).
+SHARDKIT_SCENARIO(fsdp_rank_throws_in_its_loop) {
+  auto world = sk::comm::init_process_group("shm");
+  const int rank = world.group.rank(), per_rank = toy::global_rows / world.group.size();
+  const auto called = std::chrono::steady_clock::now();
+  std::string what;
+  try {
+    fsdp::sharded_model model(world.group, toy::units(), {});
+    model.init_parameters(toy::init);
+    fsdp::adamw adam(model, fsdp::adamw_options{.lr = 0.01});
+    for (int s = 0; s < 20; ++s) {
+      if (rank == 1 && s == 3) throw std::runtime_error("the trainer's own bug at step 3");
+      model.mean_over_ranks(toy::forward_backward(model, s, rank * per_rank, per_rank, true));
+      adam.step();
+      model.zero_grad();
+    }
+  } catch (const std::exception& e) {
+    if (rank == 1) throw;
+    what = e.what();
+  }
+  const auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - called).count();
+  std::printf("rank %d after %.0f ms: %s\n", rank, ms, what.c_str());
+  // Not a rank that left after losing rank 1 (each survivor exits once its error is out).
+  SCENARIO_CHECK(what.find("peer lost: rank 1 ") != std::string::npos);
+  SCENARIO_CHECK(ms < double(world.group.options().timeout.count()));
+}
+
 namespace {
 
 void run_case(int n, const std::string& strategy, std::size_t hybrid_shard_size, const std::string& transport) {
@@ -142,6 +173,19 @@ TEST_CASE("[fsdp] ranks as processes: passes left early on every rank keep the r
            {"SHARDKIT_TIMEOUT_MS", "20000"}},
           std::chrono::seconds(120)));
     }
+}
+
+TEST_CASE("[fsdp] ranks as processes: a rank that throws in its training loop is named by every other rank, at once") {
+  for (int n : {3, 4}) {
+    CAPTURE(n);
+    const auto results = sk::test::run_processes(n, "fsdp_rank_throws_in_its_loop", {{"SHARDKIT_TIMEOUT_MS", "4000"}},
+                                                 std::chrono::seconds(60));
+    for (const auto& r : results) {
+      CAPTURE(r.output);
+      if (r.rank == 1) CHECK(r.output.find("the trainer's own bug at step 3") != std::string::npos);
+      else CHECK(r.exit_code == 0);
+    }
+  }
 }
 
 #if defined(SHARDKIT_HAS_TCP)

@@ -365,7 +365,14 @@ class fault_board {
     }
     for (int r : chain) {  // a rank that lost a peer before this rank did: the transport named the rank gone
       const auto& a = read.at(r);
-      if (r == job_rank_ || a.code != int(errc::peer_lost) || a.peer < 0 || a.peer == job_rank_) continue;
+      if (r == job_rank_ || a.code != int(errc::peer_lost)) continue;
+      // Its verdict first: the peer it lost may itself have left after losing the rank at fault.
+      if (!a.blamed.empty() && std::ranges::find(a.blamed, job_rank_) == a.blamed.end()) {
+        blamed = a.blamed;
+        return ranks_text(a.blamed) + (a.blamed.size() == 1 ? " was" : " were") + " lost, as rank " + std::to_string(r) +
+               " found (" + where(a) + ")";
+      }
+      if (a.peer < 0 || a.peer == job_rank_) continue;
       blamed = {a.peer};
       return "rank " + std::to_string(a.peer) + " was lost, as rank " + std::to_string(r) + " found first (" + where(a) +
              "): " + a.message;
