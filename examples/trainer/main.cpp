@@ -52,7 +52,7 @@
 #include "shardkit/ckpt/cuda_checkpoint_device.hpp"
 #include "shardkit/fsdp/cuda_gather_device.hpp"
 #include "trainer/cuda_step.hpp"
-#include "trainer/cuda_world.hpp"
+#include "shardkit/backends/cuda_staged.hpp"
 #endif
 #include "trainer/unit_times.hpp"
 
@@ -68,7 +68,7 @@ struct flags {
   std::uint64_t seed = 1;
   double lr = 3e-3, weight_decay = 0.1, clip = 1.0;
   bool skip_compute = false;  // communication alone: the benchmarks' "communication-only" step
-  bool cuda = false;          // --device cuda: the model on the GPU (model_cuda.hpp), groups staged (cuda_world.hpp)
+  bool cuda = false;          // --device cuda: the model on the GPU (model_cuda.hpp), groups staged (main)
   std::string data;           // token files for the data loader; empty: the built-in text's windows
   bool init_data = false;     // --init-data: a --data location without token files gets the built-in text
   std::string ckpt_dir;
@@ -426,11 +426,19 @@ trainer::batch next_batch(sk::data::loader& loader, int rows, int T) {
 int main(int argc, char** argv) try {
   const flags f = parse(argc, argv);
   // --device cuda: fail here, at once and in one line, where there is no GPU (or no CUDA in this build), before
-  // the ranks wait for each other; then every group's device buffers are staged (cuda_world.hpp).
+  // the ranks wait for each other. Then init_process_group's own choice of transport (shm on one host, tcp across
+  // hosts, shm+tcp for both) is wrapped in backends::cuda_staged_communicator, so the gathered parameters and
+  // gradients in device memory travel through pinned host memory over shardkit's transports: that is what lets N
+  // ranks share one GPU (NCCL refuses two ranks on one device) and GPU traffic run over striped TCP. Each rank
+  // computes on cuda:(local rank % devices); every group split from the world is staged alike.
+  sk::comm::init_options init;
   int cuda_device = -1;
   if (f.cuda) {
 #if defined(TRAINER_HAS_CUDA)
-    trainer::register_cuda_staged_transports(trainer::cuda_device_count(), cuda_device);
+    init.wrap = sk::backends::cuda_staging([devices = trainer::cuda_device_count(), &cuda_device](const sk::comm::transport_setup& s) {
+      cuda_device = s.hosts.local_rank(s.info.rank) % devices;
+      return sk::backends::cuda_staging_options{.device = cuda_device};
+    });
 #else
     (void)cuda_device;
     throw std::runtime_error("--device cuda: this trainer was built without CUDA (nvcc was not found when it was configured)");
@@ -440,7 +448,7 @@ int main(int argc, char** argv) try {
   // --ckpt-dir) starts at step 0 like one without checkpoints, and the warning says which it was.
   const bool ckpt_dir_missing = f.resume && !f.ckpt_dir.empty() && !f.ckpt_dir.starts_with("s3://") &&
                                 !std::filesystem::exists(f.ckpt_dir);
-  auto world = sk::comm::init_process_group();
+  auto world = sk::comm::init_process_group(std::move(init));
   auto& pg = world.group;
   const int rank = pg.rank(), ranks = pg.size();
   if (f.batch % (ranks * f.micro_batches) != 0)

@@ -305,7 +305,24 @@ bool cuda_model::device_or_complain(const char* call, const char* what, const vo
   return false;
 }
 
+namespace {
+// What model_hooks.hpp's cuda_call_counts reports: calls that create CUDA objects or allocate, and calls that make
+// the host wait (for a stream or event, or for the whole device: cudaMemcpy, cudaFree and cudaFreeHost do).
+struct call_counters {
+  std::atomic<long> streams_created{0}, events_created{0}, allocations{0}, host_waits{0}, device_waits{0};
+};
+call_counters calls;
+}  // namespace
+
 extern "C" {
+void shardkit_model_cuda_call_counts(long* out) {
+  out[0] = calls.streams_created.load();
+  out[1] = calls.events_created.load();
+  out[2] = calls.allocations.load();
+  out[3] = calls.host_waits.load();
+  out[4] = calls.device_waits.load();
+}
+
 // nccl_test.cpp looks for this (a weak reference) to tell its report that these results are the model's.
 const char* shardkit_cuda_model() { return "host-memory model of CUDA and NCCL (tests/nccl/cuda_nccl_model.cpp)"; }
 
@@ -319,6 +336,7 @@ cudaError_t cudaSetDevice(int d) { current_device = d; return cudaSuccess; }
 const char* cudaGetErrorName(cudaError_t) { return "cudaErrorModel"; }
 const char* cudaGetErrorString(cudaError_t) { return "model error"; }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
+  ++calls.streams_created;
   auto* fs = new model_stream;
   std::lock_guard l(streams_mutex);
   live_streams.insert(fs);
@@ -337,10 +355,12 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  ++calls.host_waits;
   sync_stream(s, "cudaStreamSynchronize");
   return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+  ++calls.events_created;
   *e = reinterpret_cast<cudaEvent_t>(new model_event);
   return cudaSuccess;
 }
@@ -362,6 +382,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
 }
 // Waits for the work the event's latest record follows (the stream's thread sets the flag once it reaches it).
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  ++calls.host_waits;
   auto* fe = reinterpret_cast<model_event*>(e);
   std::shared_ptr<event_mark> flag;
   {
@@ -383,8 +404,13 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
   });
   return cudaSuccess;
 }
-cudaError_t cudaMalloc(void** p, size_t n) { *p = allocate_device(n); return cudaSuccess; }
+cudaError_t cudaMalloc(void** p, size_t n) {
+  ++calls.allocations;
+  *p = allocate_device(n);
+  return cudaSuccess;
+}
 cudaError_t cudaFree(void* p) {
+  ++calls.device_waits;
   sync_stream(nullptr, "cudaFree");  // the runtime's cudaFree waits for the device's work, which may still read p
   if (p) free_device(p);
   return cudaSuccess;
@@ -392,6 +418,7 @@ cudaError_t cudaFree(void* p) {
 cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t) { return cudaMalloc(p, n); }
 cudaError_t cudaGetLastError() { return cudaSuccess; }
 cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int) {
+  ++calls.allocations;
   *p = std::malloc(n ? n : 1);
   std::memset(*p, 0xCD, n);
   std::lock_guard l(pinned_mutex);
@@ -400,6 +427,7 @@ cudaError_t cudaHostAlloc(void** p, size_t n, unsigned int) {
 }
 cudaError_t cudaFreeHost(void* p) {
   if (!p) return cudaSuccess;
+  ++calls.device_waits;  // the runtime's cudaFreeHost waits for the device
   {
     std::lock_guard l(pinned_mutex);
     if (pinned.erase(static_cast<const std::byte*>(p)) == 0) return cudaErrorInvalidValue;
@@ -426,6 +454,7 @@ bool copy_ends_ok(const char* call, void* d, const void* s, size_t n, cudaMemcpy
 
 extern "C" {
 cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind k) {
+  ++calls.device_waits;
   if (!copy_ends_ok("cudaMemcpy", d, s, n, k)) return cudaErrorInvalidValue;
   sync_stream(nullptr, "cudaMemcpy");  // a legacy-stream copy: after the work queued there
   std::memcpy(d, s, n);

@@ -14,11 +14,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "nccl/device_conformance.hpp"
+#include "nccl/model_hooks.hpp"
 #include "shardkit/backends/cuda_staged.hpp"
+#include "shardkit/comm/any_communicator.hpp"
 #include "shardkit/comm/p2p_communicator.hpp"
 #include "shardkit/comm/process_group.hpp"
 #include "shardkit/rendezvous/memory_store.hpp"
@@ -60,6 +64,15 @@ int env_int(const char* name, int fallback) {
 std::vector<comm::process_group> staged_world(const std::string& transport, int n, std::size_t chunk) {
   const backends::cuda_staging_options so{.device = 0, .chunk_bytes = chunk};
   std::vector<comm::process_group> groups(std::size_t(n), comm::process_group{});
+  if (transport == "loopback, erased") {  // as init_process_group's wrap stages: over the erased communicator
+    auto world = transport::loopback_transport::create_world(n);
+    for (int r = 0; r < n; ++r)
+      groups[std::size_t(r)] = comm::process_group::create(
+          cuda_staged_communicator<comm::any_communicator>(
+              comm::any_communicator(comm::p2p_communicator<transport::loopback_transport>(world[std::size_t(r)])), so),
+          group_options());
+    return groups;
+  }
   if (transport == "loopback") {
     auto world = transport::loopback_transport::create_world(n);
     for (int r = 0; r < n; ++r)
@@ -76,8 +89,9 @@ std::vector<comm::process_group> staged_world(const std::string& transport, int 
   return groups;
 }
 
-// `chunk` 0: the default chunk size.
-void run_staged_conformance(const std::string& transport, int n, bool large, std::size_t chunk) {
+// `chunk` 0: the default chunk size. `part`: one part of the suite (null: all of it).
+void run_staged_conformance(const std::string& transport, int n, bool large, std::size_t chunk,
+                            void (*part)(test::conformance_run&) = nullptr) {
   if (chunk == 0) chunk = backends::cuda_staging_options{}.chunk_bytes;
   auto groups = staged_world(transport, n, chunk);
   std::atomic<int> counter{0};
@@ -90,7 +104,10 @@ void run_staged_conformance(const std::string& transport, int n, bool large, std
   o.buffers = test::nccl::cuda_buffers(0);
   MESSAGE("[cuda-staged] conformance over " << transport << ", " << n << " rank(s) on cuda:0, chunks of " << chunk
                                             << " bytes" << std::string(large ? ", with the >= 8 MiB counts" : ""));
-  test::run_threads(n, [&](int r) { test::run_conformance(groups[std::size_t(r)], o); });
+  test::run_threads(n, [&](int r) {
+    if (part) test::run_conformance_part(groups[std::size_t(r)], o, part);
+    else test::run_conformance(groups[std::size_t(r)], o);
+  });
 }
 
 }  // namespace
@@ -127,7 +144,17 @@ TEST_CASE("[cuda-staged] the conformance suite on device buffers, ranks sharing 
   // Chunks of 128 bytes cut every count above a few elements into several (the pipeline's steady state); over shm,
   // whose every message wakes a peer, chunks of 1 KiB keep the run short and still cut the gathers of 37 f64.
   SUBCASE("loopback, 2 ranks") { run_staged_conformance("loopback", 2, false, 128); }
+
   SUBCASE("shm, 3 ranks") { run_staged_conformance("shm", 3, false, 1024); }
+}
+
+// init_process_group's wrap (backends::cuda_staging) stages the erased communicator of the transport it picked:
+// point-to-point (its isend/irecv), splits and dups through it, on device buffers.
+TEST_CASE("[cuda-staged] over an any_communicator: point-to-point, split and dup on device buffers") {
+  if (!cuda_or_skip()) return;
+  static_assert(comm::communicator<cuda_staged_communicator<comm::any_communicator>>);
+  run_staged_conformance("loopback, erased", 3, false, 128, test::conformance_barrier_and_p2p);
+  run_staged_conformance("loopback, erased", 3, false, 128, test::conformance_groups);
 }
 
 TEST_CASE("[cuda-staged] a failed host collective is reported after the copies already queued, and breaks the group") {
@@ -147,4 +174,45 @@ TEST_CASE("[cuda-staged] a failed host collective is reported after the copies a
     }
     SCENARIO_CHECK(pg.broken_by() != nullptr);
   });
+}
+
+TEST_CASE("[cuda-staged] small collectives make no CUDA objects, allocate nothing, keep a small region, wait twice") {
+  if (!cuda_or_skip()) return;
+  // The default chunk size: a small operation must still stage through a region of its own size, not chunk_bytes'.
+  auto groups = staged_world("loopback", 2, 0 + backends::cuda_staging_options{}.chunk_bytes);
+  constexpr int rounds = 10, per_round = 5;
+  std::vector<std::unique_ptr<test::nccl::device_array>> in(2), out(2);
+  const auto round = [&](int r) {
+    auto& pg = groups[std::size_t(r)];
+    auto& a = *in[std::size_t(r)];
+    auto& b = *out[std::size_t(r)];
+    pg.all_reduce(a.view(0, 8), b.view(0, 8), reduce_op::sum).wait();
+    pg.all_gather(a.view(0, 4), b.view(0, 8)).wait();
+    pg.reduce_scatter(a.view(0, 8), b.view(0, 4), reduce_op::sum).wait();
+    pg.broadcast(b.view(0, 8), 0).wait();
+    pg.reduce(a.view(0, 8), b.view(0, 8), reduce_op::max, 1).wait();
+  };
+  test::run_threads(2, [&](int r) {
+    in[std::size_t(r)] = std::make_unique<test::nccl::device_array>(0, test::nccl::filled(dtype::f32, 8, r));
+    out[std::size_t(r)] = std::make_unique<test::nccl::device_array>(0, dtype::f32, 8);
+    round(r);  // the first use makes each rank's region
+  });
+  const auto before = test::nccl::model_cuda_call_counts();
+  test::run_threads(2, [&](int r) {
+    for (int i = 0; i < rounds; ++i) round(r);
+  });
+  const auto after = test::nccl::model_cuda_call_counts();
+  CHECK(out[1]->download().get(7) == 1 + 7 % 7);  // the last reduce's max at its root
+  for (auto& pg : groups) CHECK(pg.scratch_bytes().value_or(0) <= (std::size_t(64) << 10));
+  if (!before) return;  // the real runtime: no counts
+  const auto d = *after - *before;
+  const long collectives = 2L * rounds * per_round;
+  INFO("streams " << d.streams_created << ", events " << d.events_created << ", allocations " << d.allocations
+                  << ", host waits " << d.host_waits << ", device-wide waits " << d.device_waits << " over "
+                  << collectives << " collectives");
+  CHECK(d.streams_created == 0);
+  CHECK(d.events_created == 0);
+  CHECK(d.allocations == 0);
+  CHECK(d.device_waits == 0);
+  CHECK(d.host_waits <= 2 * collectives);  // the downloads' event, then the uploads' stream
 }

@@ -41,6 +41,7 @@
 #include <atomic>
 #include <cstddef>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -49,8 +50,10 @@
 #include <utility>
 #include <vector>
 
+#include "shardkit/comm/any_communicator.hpp"
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/comm/detail/any_communicator.hpp"
+#include "shardkit/comm/init.hpp"
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/buffer.hpp"
 #include "shardkit/core/error.hpp"
@@ -63,8 +66,9 @@ namespace shardkit::backends {
 struct cuda_staging_options {
   int device = 0;  //!< the CUDA ordinal every device buffer of this rank lives on (ranks may share one)
   //! About how many bytes one chunk stages, all its parts together (for all_gather and reduce_scatter a block of
-  //! every rank and the local one); the pinned region holds two chunks. Smaller chunks start the pipeline sooner,
-  //! larger ones make fewer host collectives. At least one element per rank's block, whatever this says.
+  //! every rank and the local one); the pinned region holds two chunks of the largest operation so far (a smaller
+  //! one's chunk is the whole operation). Smaller chunks start the pipeline sooner, larger ones make fewer host
+  //! collectives. At least one element per rank's block, whatever this says.
   std::size_t chunk_bytes = std::size_t(4) << 20;
   //! The stream whose queued work each operation on device buffers waits for (see the file comment).
   std::optional<cudaStream_t> order_after = cudaStreamLegacy;
@@ -210,17 +214,26 @@ class cuda_staged_communicator {
     return d.kind == device_kind::host ? host_.supports(d) : d == device::cuda(opts_.device);
   }
   const cuda_staging_options& options() const noexcept { return opts_; }
+  //! This adapter's name around the host communicator's (its backend_name() where it has one: any_communicator).
+  std::string backend_name() const {
+    std::string host;
+    if constexpr (requires { { host_.backend_name() } -> std::convertible_to<std::string>; }) host = host_.backend_name();
+    else host = comm::detail::type_name<C>();
+    return "shardkit::backends::cuda_staged_communicator<" + host + ">";
+  }
   C& host_communicator() noexcept { return host_; }
   //! The pinned regions held between operations, plus the host communicator's scratch where it says.
   std::size_t scratch_bytes() const {
     std::size_t n = lane_->held() + p2p_lanes_->held();
     if constexpr (comm::has_scratch_bytes<C>) n += std::size_t(host_.scratch_bytes());
+    else if constexpr (requires { { host_.scratch_bytes() } -> std::same_as<std::optional<std::size_t>>; })
+      n += host_.scratch_bytes().value_or(0);  // an erased host communicator that may not tell
     return n;
   }
 
   void all_reduce(const_buffer_view in, buffer_view out, reduce_op op, const comm::collective_options& o) {
     if (on_host("all_reduce", in.dev(), out.dev())) return host_.all_reduce(in, out, op, o);
-    const std::size_t es = out.element_size(), c = chunk_elems(es, 1);
+    const std::size_t es = out.element_size(), c = chunk_elems(es, 1, out.count());
     run_chunks(
         "all_reduce", out.count(), c, c * es,
         [&](std::size_t first, std::size_t len, std::byte* slot, const error_context& ctx) {
@@ -236,7 +249,7 @@ class cuda_staged_communicator {
 
   void reduce(const_buffer_view in, buffer_view out, reduce_op op, int root, const comm::collective_options& o) {
     if (on_host("reduce", in.dev(), out.dev())) return host_.reduce(in, out, op, root, o);
-    const std::size_t es = in.element_size(), c = chunk_elems(es, 2);
+    const std::size_t es = in.element_size(), c = chunk_elems(es, 2, in.count());
     const bool at_root = rank() == root;
     run_chunks(
         "reduce", in.count(), c, 2 * c * es,
@@ -254,7 +267,7 @@ class cuda_staged_communicator {
 
   void broadcast(buffer_view data, int root, const comm::collective_options& o) {
     if (on_host("broadcast", data.dev(), data.dev())) return host_.broadcast(data, root, o);
-    const std::size_t es = data.element_size(), c = chunk_elems(es, 1);
+    const std::size_t es = data.element_size(), c = chunk_elems(es, 1, data.count());
     const bool at_root = rank() == root;
     run_chunks(
         "broadcast", data.count(), c, c * es,
@@ -271,7 +284,7 @@ class cuda_staged_communicator {
   void all_gather(const_buffer_view in, buffer_view out, const comm::collective_options& o) {
     if (on_host("all_gather", in.dev(), out.dev())) return host_.all_gather(in, out, o);
     const std::size_t es = in.element_size(), n = std::size_t(size()), block = in.count();
-    const std::size_t c = chunk_elems(es, n + 1);
+    const std::size_t c = chunk_elems(es, n + 1, block);
     run_chunks(
         "all_gather", block, c, (n + 1) * c * es,
         [&](std::size_t first, std::size_t len, std::byte* slot, const error_context& ctx) {
@@ -290,7 +303,7 @@ class cuda_staged_communicator {
   void reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op, const comm::collective_options& o) {
     if (on_host("reduce_scatter", in.dev(), out.dev())) return host_.reduce_scatter(in, out, op, o);
     const std::size_t es = out.element_size(), n = std::size_t(size()), block = out.count();
-    const std::size_t c = chunk_elems(es, n + 1);
+    const std::size_t c = chunk_elems(es, n + 1, block);
     run_chunks(
         "reduce_scatter", block, c, (n + 1) * c * es,
         [&](std::size_t first, std::size_t len, std::byte* slot, const error_context& ctx) {
@@ -383,10 +396,10 @@ class cuda_staged_communicator {
   }
 
   //! Forwarded where the host communicator can abort (process_group's last resort for a transfer it cannot withdraw).
-  void abort(std::exception_ptr reason)
+  decltype(auto) abort(std::exception_ptr reason)
     requires requires(C& c) { c.abort(reason); }
   {
-    host_.abort(std::move(reason));
+    return host_.abort(std::move(reason));
   }
 
   std::optional<cuda_staged_communicator> split(int color, int key, const comm::collective_options& o) {
@@ -411,9 +424,11 @@ class cuda_staged_communicator {
                 context(op));
   }
 
-  //! Elements of one rank's block per chunk when a slot holds `blocks` such blocks.
-  std::size_t chunk_elems(std::size_t element_size, std::size_t blocks) const noexcept {
-    return std::max<std::size_t>(1, opts_.chunk_bytes / (element_size * std::max<std::size_t>(1, blocks)));
+  //! Elements of one rank's block per chunk when a slot holds `blocks` such blocks, for a block of `count`: no more
+  //! than the block holds, so a small operation keeps a small pinned region (one chunk's worth, not chunk_bytes).
+  std::size_t chunk_elems(std::size_t element_size, std::size_t blocks, std::size_t count) const noexcept {
+    const std::size_t most = std::max<std::size_t>(1, opts_.chunk_bytes / (element_size * std::max<std::size_t>(1, blocks)));
+    return std::min(most, std::max<std::size_t>(1, count));
   }
 
   //! The pipeline over [0, count) in chunks of at most c elements, two slots of slot_bytes: chunk k+1's downloads
@@ -505,5 +520,22 @@ class cuda_staged_communicator {
   std::unique_ptr<detail::staging_lane> lane_;              // collectives: one at a time
   std::shared_ptr<detail::staging_lane_pool> p2p_lanes_;    // send and recv: any thread
 };
+
+//! For init_process_group (comm::init_options::wrap): the communicator of the transport it picks (shm, tcp,
+//! shm+tcp, or any registered one) staged through pinned memory, with the options `options_of` gives for the rank
+//! (e.g. its device from the rank's local rank). Splits of the world group (dup, split) are staged alike.
+//!
+//! @code
+//!   comm::init_options o;
+//!   o.wrap = backends::cuda_staging([](const comm::transport_setup& s) {
+//!     return backends::cuda_staging_options{.device = s.hosts.local_rank(s.info.rank) % cuda::device_count()};
+//!   });
+//!   auto world = comm::init_process_group(std::move(o));   // world.group takes buffers on that device too
+//! @endcode
+inline comm::communicator_decorator cuda_staging(std::function<cuda_staging_options(const comm::transport_setup&)> options_of) {
+  return [options_of = std::move(options_of)](comm::any_communicator host, const comm::transport_setup& s) {
+    return comm::any_communicator(cuda_staged_communicator<comm::any_communicator>(std::move(host), options_of(s)));
+  };
+}
 
 }  // namespace shardkit::backends

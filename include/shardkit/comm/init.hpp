@@ -10,6 +10,7 @@
 //!    otherwise shm to the ranks of the same host routed beside tcp to the others ("shm+tcp"), with large
 //!    all-reduces going hierarchical (intra-host, then inter-host).
 //! Rank 0 hosts the TCP store at MASTER_ADDR:MASTER_PORT.
+#include <chrono>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shardkit/comm/any_communicator.hpp"
 #include "shardkit/comm/process_group.hpp"
 #include "shardkit/core/separate_compilation.hpp"
 #include "shardkit/core/settings.hpp"
@@ -43,7 +45,13 @@ struct transport_setup {
   int my_host;
   std::vector<int> local_ranks;
 };
-using group_factory = std::function<process_group(const transport_setup&, const group_options&)>;
+//! Connects this rank's communicator over a transport; init_process_group makes the world group around it.
+using communicator_factory = std::function<any_communicator(const transport_setup&)>;
+//! Wraps the communicator init_process_group connected, before the world group is made around it (init_options::
+//! wrap): an adapter over any communicator, e.g. backends::cuda_staging, which lets the host transports carry
+//! CUDA buffers. Groups split from the world (split, dup) are split from the wrapped communicator, so they are
+//! wrapped too.
+using communicator_decorator = std::function<any_communicator(any_communicator, const transport_setup&)>;
 
 namespace detail {
 // Transports register themselves by name where their own header is included (the tcp target's registers "tcp"
@@ -51,7 +59,7 @@ namespace detail {
 // targets each was compiled with (a feature macro in init_process_group's body broke the one-definition rule).
 struct transport_registry {
   std::mutex mutex;
-  std::map<std::string, group_factory, std::less<>> factories;
+  std::map<std::string, communicator_factory, std::less<>> factories;
 };
 inline transport_registry& transports() {
   static transport_registry r;
@@ -60,7 +68,7 @@ inline transport_registry& transports() {
 }  // namespace detail
 
 //! Makes `name` available to init_process_group (SHARDKIT_TRANSPORT). Returns true (for an inline registrar).
-inline bool register_transport(std::string name, group_factory make) {
+inline bool register_transport(std::string name, communicator_factory make) {
   auto& r = detail::transports();
   std::lock_guard lock(r.mutex);
   r.factories[std::move(name)] = std::move(make);
@@ -71,9 +79,20 @@ inline std::string transport_from_env(std::string_view fallback = "auto") {
   return settings::get<settings::choice>("SHARDKIT_TRANSPORT").value_or(std::string(fallback));
 }
 
+struct init_options {
+  std::string transport = transport_from_env();  //!< "auto", "shm", "tcp", "shm+tcp" or a registered name
+  group_options group = group_options::from_env();  //!< the world group's
+  //! Bounds the start: how long the ranks wait for each other (SHARDKIT_STORE_TIMEOUT, else 5 min).
+  std::chrono::milliseconds timeout = rendezvous::store_timeout();
+  //! Applied to the transport's communicator before the world group is made (empty: none). Every rank must wrap
+  //! alike: the collectives of ranks that do not are not the same operations.
+  communicator_decorator wrap;
+};
+
 //! Connects the store, the transport and the world group. Collective: every rank of the job calls it. Defined in
 //! comm/impl/init.hpp (inline, or once in the program's <shardkit/impl/src.hpp> under SHARDKIT_SEPARATE_COMPILATION).
-//! `timeout` bounds the start: how long the ranks wait for each other (SHARDKIT_STORE_TIMEOUT, else 5 min).
+SHARDKIT_DECL world init_process_group(init_options options);
+//! The same with init_options' transport, group options and timeout, and no wrap.
 SHARDKIT_DECL world init_process_group(std::string transport = transport_from_env(), group_options opts = group_options::from_env(),
                                        std::chrono::milliseconds timeout = rendezvous::store_timeout());
 

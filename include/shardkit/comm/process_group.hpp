@@ -46,6 +46,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardkit/comm/any_communicator.hpp"
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/comm/detail/any_communicator.hpp"
 #include "shardkit/comm/detail/consistency.hpp"
@@ -97,10 +98,13 @@ class process_group {
  public:
   process_group() = default;
 
-  //! Wraps a communicator; `opts` defaults from the environment.
+  //! Wraps a communicator (an any_communicator's erased backend as it is); `opts` defaults from the environment.
   template <communicator C>
   static process_group create(C comm, group_options opts = group_options::from_env()) {
-    return process_group(std::make_unique<detail::communicator_model<C>>(std::move(comm)), std::move(opts));
+    if constexpr (std::same_as<C, any_communicator>)
+      return process_group(std::move(comm).release(), std::move(opts));
+    else
+      return process_group(std::make_unique<detail::communicator_model<C>>(std::move(comm)), std::move(opts));
   }
 
   explicit operator bool() const noexcept { return impl_ != nullptr; }

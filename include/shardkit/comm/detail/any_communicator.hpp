@@ -158,7 +158,9 @@ class communicator_model final : public communicator_interface {
     return std::make_unique<communicator_model>(std::move(*child));
   }
   bool abort(std::exception_ptr reason) override {
-    if constexpr (requires { comm_.abort(reason); }) {
+    if constexpr (requires { { comm_.abort(reason) } -> std::same_as<bool>; }) {
+      return comm_.abort(std::move(reason));  // an adapter over a backend that may not abort (any_communicator)
+    } else if constexpr (requires { comm_.abort(reason); }) {
       comm_.abort(std::move(reason));
       return true;
     } else if constexpr (requires { comm_.abort(std::string()); }) {
@@ -181,7 +183,11 @@ class communicator_model final : public communicator_interface {
     else
       return std::nullopt;
   }
-  std::string backend_name() const override { return type_name<C>(); }
+  //! The communicator's own backend_name() where it has one (an adapter naming what it wraps), else its type.
+  std::string backend_name() const override {
+    if constexpr (requires { { comm_.backend_name() } -> std::convertible_to<std::string>; }) return comm_.backend_name();
+    else return type_name<C>();
+  }
   C& get() noexcept { return comm_; }
 
  private:

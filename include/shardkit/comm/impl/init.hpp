@@ -13,16 +13,23 @@
 
 namespace shardkit::comm {
 
-inline const bool shm_transport_registered = register_transport("shm", [](const transport_setup& s, const group_options& opts) {
+inline const bool shm_transport_registered = register_transport("shm", [](const transport_setup& s) {
   if (!s.hosts.single_host())
     throw_error(errc::config, "SHARDKIT_TRANSPORT=shm needs every rank on one host, but the " + std::to_string(s.info.world_size) +
                                   " ranks are on " + std::to_string(s.hosts.host_count()) + " hosts (use tcp or auto)",
                 {.rank = s.info.rank, .operation = "init_process_group"});
   auto t = transport::shm_transport::connect(s.scoped_store, s.info.rank, s.info.world_size);
-  return process_group::create(p2p_communicator<transport::shm_transport>(t), opts);
+  return any_communicator(p2p_communicator<transport::shm_transport>(t));
 });
 
 SHARDKIT_DECL world init_process_group(std::string transport, group_options opts, std::chrono::milliseconds timeout) {
+  return init_process_group(init_options{.transport = std::move(transport), .group = std::move(opts), .timeout = timeout});
+}
+
+SHARDKIT_DECL world init_process_group(init_options options) {
+  const std::chrono::milliseconds timeout = options.timeout;
+  std::string transport = std::move(options.transport);
+  group_options opts = std::move(options.group);
   world w;
   // A RANK outside the world tells the store for at most 2 s, so that rank 0 fails too; then it fails itself.
   const std::chrono::milliseconds report_bound(2000);
@@ -40,7 +47,7 @@ SHARDKIT_DECL world init_process_group(std::string transport, group_options opts
     transport = w.hosts.single_host() ? "shm" : w.hosts.one_rank_per_host() ? "tcp" : "shm+tcp";
   w.transport = transport;
   rendezvous::any_store scoped(std::make_shared<rendezvous::prefix_store>(w.store, "shardkit/" + transport));
-  group_factory make;
+  communicator_factory make;
   std::string known;
   {
     auto& r = detail::transports();
@@ -54,7 +61,10 @@ SHARDKIT_DECL world init_process_group(std::string transport, group_options opts
                 {.rank = w.info.rank, .operation = "init_process_group"});
   // Every rank's error after a failed collective names the rank at fault: the job's store carries their accounts.
   if (!opts.fault_reports) opts.fault_reports = rendezvous::any_store(std::make_shared<rendezvous::prefix_store>(w.store, "shardkit/faults"));
-  w.group = make(transport_setup{w.info, scoped, w.hosts, my_host, local_ranks}, opts);
+  const transport_setup setup{w.info, scoped, w.hosts, my_host, local_ranks};
+  any_communicator connected = make(setup);
+  if (options.wrap) connected = options.wrap(std::move(connected), setup);
+  w.group = process_group::create(std::move(connected), std::move(opts));
   return w;
 }
 
