@@ -55,7 +55,7 @@ bash "$src/scripts/gpu-check" run --build-dir "$build" --model --quick --out-dir
 [ "$status" -eq 0 ] || { cat "$work/dry.txt"; fail "the dry run exited $status"; }
 row() { grep "^| $1 |" "$work/dry/summary.md" || fail "no row for $1"; }
 row pinned_memory | grep -q "not in the dry run" || fail "pinned_memory: $(row pinned_memory)"
-for step in ckpt_cuda nccl_1_rank fsdp_nccl staged_4_ranks bench_nccl bench_staged_4 trainer_cuda; do
+for step in ckpt_cuda nccl_1_rank fsdp_nccl staged_4_ranks bench_nccl bench_staged_4 staged_latency trainer_cuda; do
   row "$step" | grep -q "| passed |" || { cat "$work/dry.txt"; fail "$step: $(row "$step")"; }
 done
 echo "gpu-check: stand-in bundle, pack --list and the model dry run behave"
