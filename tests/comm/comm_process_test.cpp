@@ -65,6 +65,33 @@ TEST_CASE("[comm] calls that differ across ranks fail every rank with errc::mism
 }
 SHARDKIT_SCENARIO(conformance_tcp) { run_suite_in_child("tcp"); }
 
+// Rank 1's part of the reduce ends once root 0 has its message; it then exits at once, as a trainer does after
+// its last collective. Rank 2 reaches the reduce later. Root 0, still waiting on live rank 2, must finish with
+// the right sum: a member that left after its part is no reason to fail.
+SHARDKIT_SCENARIO(leave_after_last_collective) {
+  auto world = comm::init_process_group(std::getenv("SHARDKIT_TEST_TRANSPORT"));
+  const int me = world.group.rank();
+  for (int round = 0; round < 5; ++round) world.group.barrier().wait();
+  if (me == 2) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::vector<float> in(64, float(me + 1)), out(64, 0.0f);
+  world.group.reduce(const_buffer_view(std::span<const float>(in)), buffer_view(std::span<float>(out)), reduce_op::sum, 0).wait();
+  if (me == 0)
+    for (float x : out) SCENARIO_CHECK(x == 6.0f);
+}  // rank 1 leaves first: it closes its transport while root 0 still waits on rank 2
+
+TEST_CASE("[comm] a rank that leaves after its part of the last collective does not fail the others still in it") {
+  std::vector<std::string> transports{"shm"};
+#if defined(SHARDKIT_HAS_TCP)
+  transports.push_back("tcp");
+#endif
+  for (const auto& t : transports) {
+    CAPTURE(t);
+    test::require_all_succeeded(test::run_processes(3, "leave_after_last_collective",
+                                                    {{"SHARDKIT_TEST_TRANSPORT", t}, {"SHARDKIT_SOCKET_IFNAME", "lo"}, {"SHARDKIT_TIMEOUT_MS", "20000"}},
+                                                    std::chrono::seconds(60)));
+  }
+}
+
 TEST_CASE("[comm] conformance suite with ranks as processes over shared memory") {
   for (int n : {2, 3, 4}) {
     CAPTURE(n);

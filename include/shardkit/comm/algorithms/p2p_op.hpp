@@ -87,6 +87,11 @@ class scratch_arena {
 template <transport::p2p T>
 class p2p_op {
  public:
+  //! How long an op keeps waiting on a live peer once another member is lost (wait_watching). Long enough for
+  //! messages already sent to land under load; short against any timeout, and the loss still fails every
+  //! survivor within its timeout + 1 s (tests/chaos).
+  static constexpr auto lost_member_grace = std::chrono::milliseconds(750);
+
   //! `arena` (optional) lends the op its scratch memory; without one the op allocates its own.
   //! `stop` (optional): a stop request ends the op's waits with errc::aborted (its group was aborted). `checker`
   //! (optional) frames the op's first message to each peer with `record` and checks each peer's
@@ -305,8 +310,11 @@ class p2p_op {
   }
 
   //! Waits until `c` is done, the deadline passes or the op is stopped; with a transport that reports lost peers,
-  //! also returns (false) as soon as any member of the group is lost: this op can then never complete, since every
-  //! member takes part in it, directly or through the peers it waits on.
+  //! also returns (false) once a member of the group has been lost for lost_member_grace: this op then cannot
+  //! complete, since every member takes part in it, directly or through the peers it waits on. Not at once: a
+  //! member that finished its part of this op (the last barrier before its process exits) leaves while its
+  //! messages, and those of the peers it heard from, are still on their way here; a wait on the lost member
+  //! itself fails at once through `c`.
   //! With a checker, also throws the group's poison (a peer found a mismatch) between slices of the wait, and
   //! sends this rank's record to every member once it has waited its share of the timeout (call_check.hpp, 3.).
   bool wait_watching(const completion& c) {
@@ -325,7 +333,10 @@ class p2p_op {
           checker_->report_stall(record_);
         }
       }
-      if (first_lost_member() >= 0) return false;
+      if (first_lost_member() >= 0) {
+        if (lost_seen_ == no_deadline) lost_seen_ = later;
+        if (later - lost_seen_ >= lost_member_grace) return false;
+      }
     }
   }
 
@@ -440,6 +451,7 @@ class p2p_op {
   std::uint64_t epoch_;
   deadline stall_at_ = no_deadline;
   bool stall_reported_ = false;
+  deadline lost_seen_ = no_deadline;  // when this op first saw a lost member
 };
 
 }  // namespace shardkit::comm::algorithms
