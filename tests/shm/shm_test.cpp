@@ -129,6 +129,43 @@ TEST_CASE("[shm] connect names segments by session and unlinks them once every r
   CHECK(b[1]->session() == b[0]->session());
 }
 
+TEST_CASE("[shm] connect names a rank that never comes (not a store key) at connect_timeout, on every rank") {
+  for (const int n : {2, 3, 5}) {
+    CAPTURE(n);
+    const int absent = n == 2 ? 0 : 1;  // rank 0 publishes the session: at 2 ranks, rank 1 waits for it
+    auto store = rendezvous::make_store<rendezvous::memory_store>();
+    shm_options o;
+    o.connect_timeout = 300ms;
+    std::vector<std::string> errors(static_cast<std::size_t>(n));
+    const auto started = steady_clock::now();
+    test::run_threads(n, [&](int r) {
+      if (r == absent) return;
+      try {
+        shm_transport::connect(store, r, n, o);
+      } catch (const shardkit::error& e) {
+        CHECK(e.code() == errc::timeout);
+        CHECK(e.context().peer == absent);
+        errors[std::size_t(r)] = e.what();
+      }
+    });
+    CHECK(steady_clock::now() - started < 3s);
+    for (int r = 0; r < n; ++r) {
+      if (r == absent) continue;
+      INFO(errors[std::size_t(r)]);
+      CHECK(errors[std::size_t(r)].find("rank " + std::to_string(absent) + " did not") != std::string::npos);
+      CHECK(errors[std::size_t(r)].find("has not joined") != std::string::npos);
+      CHECK(errors[std::size_t(r)].find("300 ms") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("[shm] connect_timeout bounded by a shorter setting, never lengthened") {
+  shm_options o;
+  CHECK(o.bounded_by(5s).connect_timeout == 5s);
+  CHECK(o.bounded_by(0ms).connect_timeout == o.connect_timeout);
+  CHECK(o.bounded_by(3600s).connect_timeout == o.connect_timeout);
+}
+
 TEST_CASE("[shm] ring size: automatic by world size, rounded to a power of two") {
   CHECK(shm_transport::ring_bytes_for(0, 2) == 4u << 20);
   CHECK(shm_transport::ring_bytes_for(0, 8) == 4u << 20);
@@ -579,6 +616,68 @@ SHARDKIT_SCENARIO(shm_killed_peer) {
   SCENARIO_CHECK(later && later->code() == errc::peer_lost);
 }
 #endif
+
+#if SHM_TEST_HAVE_TCP_STORE
+namespace {
+// A store that ends this process (no destructor, no goodbye) when it is asked to publish this rank's segment:
+// a rank killed in the middle of the shm connect, after it joined it.
+struct dies_before_created {
+  using store_concept = rendezvous::store_tag;
+  rendezvous::any_store base;
+  void set(const std::string& k, const std::string& v) {
+    if (k.find("/created/") != std::string::npos) ::_exit(3);
+    base.set(k, v);
+  }
+  std::string get(const std::string& k, std::chrono::milliseconds t) { return base.get(k, t); }
+  void wait(std::span<const std::string> ks, std::chrono::milliseconds t) { base.wait(ks, t); }
+  bool check(std::span<const std::string> ks) { return base.check(ks); }
+  std::int64_t add(const std::string& k, std::int64_t d) { return base.add(k, d); }
+  std::string compare_set(const std::string& k, const std::string& e, const std::string& d) { return base.compare_set(k, e, d); }
+  bool remove(const std::string& k) { return base.remove(k); }
+  std::int64_t num_keys() { return base.num_keys(); }
+};
+}  // namespace
+
+SHARDKIT_SCENARIO(shm_dies_in_connect) {
+  const auto info = rendezvous::info_from_env();
+  auto store = rendezvous::connect_store(info, 15s);
+  shm_options o;
+  o.connect_timeout = 15s;
+  if (info.rank == 1) {
+    shm_transport::connect(rendezvous::make_store<dies_before_created>(store), info.rank, info.world_size, o);
+    return;
+  }
+  const auto started = steady_clock::now();
+  try {
+    shm_transport::connect(store, info.rank, info.world_size, o);
+  } catch (const shardkit::error& e) {
+    const double s = std::chrono::duration<double>(steady_clock::now() - started).count();
+    std::printf("after %.2f s: %s\n", s, e.what());
+    SCENARIO_CHECK(e.code() == errc::peer_lost);
+    SCENARIO_CHECK(e.context().peer == 1);
+    SCENARIO_CHECK(std::string(e.what()).find("rank 1 (pid ") != std::string::npos);
+    SCENARIO_CHECK(std::string(e.what()).find("exited") != std::string::npos);
+    SCENARIO_CHECK(s < 3);
+    if (info.rank == 0) std::this_thread::sleep_for(300ms);  // the store's host: let the others read it first
+    return;
+  }
+  SCENARIO_CHECK(!"connect succeeded without rank 1");
+}
+#endif
+
+TEST_CASE("[shm] processes: a rank that dies during connect is named at once by pid, not after connect_timeout") {
+#if SHM_TEST_HAVE_TCP_STORE
+  const auto results = test::run_processes(3, "shm_dies_in_connect", {}, std::chrono::seconds(20));
+  REQUIRE(results.size() == 3);
+  CHECK(results[1].exit_code == 3);
+  for (const int r : {0, 2}) {
+    INFO("rank " << r << " output:\n" << results[std::size_t(r)].output);
+    CHECK(results[std::size_t(r)].exit_code == 0);
+  }
+#else
+  MESSAGE("skipped: shardkit/rendezvous/env.hpp (tcp_store, connect_store) is not available");
+#endif
+}
 
 TEST_CASE("[shm] processes: every size both ways, and large-message bandwidth") {
 #if SHM_TEST_HAVE_TCP_STORE

@@ -44,6 +44,9 @@ struct transport_setup {
   const rendezvous::host_map& hosts;
   int my_host;
   std::vector<int> local_ranks;
+  //! init_options::timeout: every rank joined the store already, so the set-up's waits end by it where the
+  //! transport's own bound is longer (zero or less: the transport's bound).
+  std::chrono::milliseconds timeout{0};
 };
 //! Connects this rank's communicator over a transport; init_process_group makes the world group around it.
 using communicator_factory = std::function<any_communicator(const transport_setup&)>;

@@ -14,7 +14,8 @@ inline const bool tcp_transport_registered = register_transport("tcp", [](const 
 
 inline const bool shm_tcp_transport_registered = register_transport("shm+tcp", [](const transport_setup& s) {
   rendezvous::any_store host_scope(std::make_shared<rendezvous::prefix_store>(s.scoped_store, "host" + std::to_string(s.my_host)));
-  auto near = transport::shm_transport::connect(host_scope, s.hosts.local_rank(s.info.rank), int(s.local_ranks.size()));
+  auto near = transport::shm_transport::connect(host_scope, s.hosts.local_rank(s.info.rank), int(s.local_ranks.size()),
+                                                transport::shm_options{}.bounded_by(s.timeout));
   auto far = transport::tcp_transport::connect(s.scoped_store, s.info.rank, s.info.world_size);
   using routed = transport::routed_transport<transport::shm_transport, transport::tcp_transport>;
   auto t = std::make_shared<routed>(near, far, s.local_ranks);

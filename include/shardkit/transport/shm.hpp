@@ -82,11 +82,20 @@ struct shm_options {
   std::chrono::microseconds spin{50};
   //! While operations are pending, peer processes are checked for liveness this often.
   std::chrono::milliseconds heartbeat{100};
-  //! Upper bound for each store wait during connect.
+  //! Upper bound for each store wait during connect: a rank that has not come by then is named in an
+  //! errc::timeout. init_process_group passes the smaller of this and its own timeout (SHARDKIT_STORE_TIMEOUT).
+  //! A rank whose process exited after it joined the connect is named at once (errc::peer_lost), not at the bound.
   std::chrono::milliseconds connect_timeout{60'000};
   //! Store keys live under this prefix. Several connects over one store are told apart by a per-rank counter,
   //! so ranks must call connect the same number of times in the same order.
   std::string key_prefix = "shardkit.shm";
+
+  //! These options with connect_timeout no longer than `bound` (zero or less: unchanged).
+  shm_options bounded_by(std::chrono::milliseconds bound) const {
+    shm_options o = *this;
+    if (bound.count() > 0) o.connect_timeout = std::min(o.connect_timeout, bound);
+    return o;
+  }
 };
 
 class shm_transport {
@@ -111,32 +120,33 @@ class shm_transport {
     if (!store) throw_error(errc::invalid_argument, "no store", {.rank = rank, .operation = "shm.connect"});
     const auto generation = store.add(opts.key_prefix + "/connects/" + std::to_string(rank), 1);
     const std::string root = opts.key_prefix + "/" + std::to_string(generation) + "/";
-    const auto all = [&](const char* what) {
-      std::vector<std::string> keys;
-      for (int r = 0; r < size; ++r) keys.push_back(root + what + "/" + std::to_string(r));
-      return keys;
-    };
+
+    // Each rank's process identity comes first, so that the others can tell a rank that died during the connect
+    // (named at once) from one that is only late (named at the bound).
+    const auto self = detail::shm::this_process();
+    store.set(root + "process/" + std::to_string(rank), encode_process(self));
+    const connect_wait waits{store, root, rank, size, self, opts.connect_timeout};
 
     std::string session;
     if (rank == 0) {
       session = new_session_id();
       store.set(root + "session", session);
     } else {
+      waits.wait_for(root + "session", 0, "publish the session id");
       session = store.get(root + "session", opts.connect_timeout);
     }
 
-    const auto self = detail::shm::this_process();
     std::vector<detail::shm::shm_mapping> peers(static_cast<std::size_t>(size));
     detail::shm::shm_mapping own;
     try {
       own = detail::shm::create_segment(segment_name(session, rank), session, rank, size,
                                         ring_bytes_for(opts.ring_bytes, size), self);
       store.set(root + "created/" + std::to_string(rank), "1");
-      store.wait(all("created"), opts.connect_timeout);
+      waits.wait_for_all("created", "create its segment");
       for (int p = 0; p < size; ++p)
         if (p != rank) peers[std::size_t(p)] = detail::shm::open_segment(segment_name(session, p), session, p, size);
       store.set(root + "mapped/" + std::to_string(rank), "1");
-      store.wait(all("mapped"), opts.connect_timeout);
+      waits.wait_for_all("mapped", "map the others' segments");
     } catch (...) {
       // This connect is dead for every rank; do not leave names behind for a rank that crashed before
       // unlinking its own (removing a name nobody opened yet only makes a doomed connect fail sooner).
@@ -209,6 +219,74 @@ class shm_transport {
   }
 
  private:
+  static std::string encode_process(const detail::shm::process_identity& id) {
+    return std::to_string(id.pid) + " " + std::to_string(id.start_time) + " " + std::to_string(id.pid_namespace);
+  }
+  static detail::shm::process_identity decode_process(const std::string& text) {
+    detail::shm::process_identity id;
+    unsigned long long start = 0, ns = 0;
+    int pid = 0;
+    if (std::sscanf(text.c_str(), "%d %llu %llu", &pid, &start, &ns) == 3) id = {pid, start, ns};
+    return id;
+  }
+
+  //! The waits of one connect for the other ranks' keys: in slices, so that between them a missing rank whose
+  //! process exited is named at once (errc::peer_lost), and at the bound the missing ranks are named, not keys.
+  struct connect_wait {
+    rendezvous::any_store& store;
+    const std::string& root;
+    int rank, size;
+    const detail::shm::process_identity& self;
+    std::chrono::milliseconds bound;
+    deadline until = deadline_after(bound);
+
+    void wait_for_all(const std::string& what, const char* step) const {
+      std::vector<std::string> keys;
+      for (int r = 0; r < size; ++r) keys.push_back(root + what + "/" + std::to_string(r));
+      try {  // the usual case: one request
+        store.wait(keys, std::chrono::milliseconds(100));
+        return;
+      } catch (const error& e) {
+        if (e.code() != errc::timeout) throw;
+      }
+      for (int r = 0; r < size; ++r)
+        if (r != rank) wait_for(root + what + "/" + std::to_string(r), r, step);
+    }
+
+    void wait_for(const std::string& key, int owner, const char* step) const {
+      const std::vector<std::string> keys{key};
+      constexpr std::chrono::milliseconds slice(100);
+      for (;;) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - steady_clock::now());
+        try {
+          store.wait(keys, until == no_deadline ? slice : std::clamp(left, std::chrono::milliseconds(1), slice));
+          return;
+        } catch (const error& e) {
+          if (e.code() != errc::timeout) throw;
+        }
+        const std::string proc_key = root + "process/" + std::to_string(owner);
+        const std::vector<std::string> proc_keys{proc_key};
+        detail::shm::process_identity id;
+        if (store.check(proc_keys)) id = decode_process(store.get(proc_key, std::chrono::milliseconds(1000)));
+        const auto state = id.pid > 0 ? detail::shm::check_process(id, self) : detail::shm::liveness::unknown;
+        const std::string who = "rank " + std::to_string(owner) + (id.pid > 0 ? " (pid " + std::to_string(id.pid) + ")" : "");
+        if (state == detail::shm::liveness::dead)
+          throw_error(errc::peer_lost, who + " exited while the shm transport was being set up, before it could " + step,
+                      {.rank = rank, .peer = owner, .operation = "shm.connect"});
+        if (steady_clock::now() < until) continue;
+        std::string why = id.pid <= 0 ? "it has not joined this connect (stopped, stuck, or it failed before; its own output says why)"
+                                      : "its process is alive";
+        if (id.pid > 0)
+          if (auto st = detail::shm::proc::read_stat(id.pid); st && st->first == 'T') why += " but stopped (SIGSTOP or a debugger)";
+        throw_error(errc::timeout,
+                    who + " did not " + step + " within " + std::to_string(bound.count()) +
+                        " ms of this rank's shm connect (shm_options::connect_timeout; init_process_group bounds it by "
+                        "SHARDKIT_STORE_TIMEOUT): " + why,
+                    {.rank = rank, .peer = owner, .operation = "shm.connect"});
+      }
+    }
+  };
+
   static std::string segment_name(const std::string& session, int rank) {
     return "/shardkit." + session + "." + std::to_string(rank);
   }

@@ -18,7 +18,10 @@ inline const bool shm_transport_registered = register_transport("shm", [](const 
     throw_error(errc::config, "SHARDKIT_TRANSPORT=shm needs every rank on one host, but the " + std::to_string(s.info.world_size) +
                                   " ranks are on " + std::to_string(s.hosts.host_count()) + " hosts (use tcp or auto)",
                 {.rank = s.info.rank, .operation = "init_process_group"});
-  auto t = transport::shm_transport::connect(s.scoped_store, s.info.rank, s.info.world_size);
+  // The set-up's waits end by the job's own store timeout when that is the shorter one: every rank joined the
+  // store already, so one still missing here died or stopped, and the user's setting says how long to wait.
+  auto t = transport::shm_transport::connect(s.scoped_store, s.info.rank, s.info.world_size,
+                                             transport::shm_options{}.bounded_by(s.timeout));
   return any_communicator(p2p_communicator<transport::shm_transport>(t));
 });
 
@@ -61,7 +64,7 @@ SHARDKIT_DECL world init_process_group(init_options options) {
                 {.rank = w.info.rank, .operation = "init_process_group"});
   // Every rank's error after a failed collective names the rank at fault: the job's store carries their accounts.
   if (!opts.fault_reports) opts.fault_reports = rendezvous::any_store(std::make_shared<rendezvous::prefix_store>(w.store, "shardkit/faults"));
-  const transport_setup setup{w.info, scoped, w.hosts, my_host, local_ranks};
+  const transport_setup setup{w.info, scoped, w.hosts, my_host, local_ranks, timeout};
   any_communicator connected = make(setup);
   if (options.wrap) connected = options.wrap(std::move(connected), setup);
   w.group = process_group::create(std::move(connected), std::move(opts));
