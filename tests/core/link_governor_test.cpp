@@ -1,17 +1,23 @@
 // link_governor: the window's accounting with a fake clock (classes ordered, the idle link handed down, the
-// unreported share), blocking acquire with stop and deadline, concurrent paced classes from several threads never
-// granted above the link, and bad settings refused naming the variable. Part of core_test.
+// unreported share), blocking acquire with stop and deadline and without polling, concurrent paced classes from
+// several threads never granted above the link, the default capacity read from a fake sysfs tree, and bad settings
+// refused naming the variable. Part of core_test.
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/link_capacity.hpp"
 #include "shardkit/core/link_governor.hpp"
 
 namespace {
@@ -130,6 +136,7 @@ TEST_CASE("[core] link_governor: a waiting checkpoint holds back data; acquire e
   while (g.waiting(traffic_class::checkpoint) == 0) std::this_thread::sleep_for(1ms);
   clock.advance(100ms);  // the window frees 100,000: 60,000 is the checkpoint's, data sees only the rest
   CHECK(g.allowance(traffic_class::data) <= 40'000);
+  g.clock_moved();
   checkpoint.join();
   CHECK(got == 60'000);
   CHECK(g.waiting(traffic_class::checkpoint) == 0);
@@ -183,8 +190,12 @@ TEST_CASE("[core] link_governor: bad settings are refused naming the variable") 
     }
     return "(no error)";
   };
-  CHECK_FALSE(shardkit::link_governor_options::from_env(env_of({})).has_value());
+  // Unset: options without a capacity (the NIC's is looked up); 0: no governor.
+  REQUIRE(shardkit::link_governor_options::from_env(env_of({})).has_value());
+  CHECK(shardkit::link_governor_options::from_env(env_of({}))->bytes_per_second == 0);
   CHECK_FALSE(shardkit::link_governor_options::from_env(env_of({{"SHARDKIT_LINK_BYTES_PER_SECOND", "0"}})).has_value());
+  // A bad companion setting is refused also while the capacity comes from the NIC.
+  CHECK(message_of({{"SHARDKIT_LINK_WINDOW", "0"}}).find("SHARDKIT_LINK_WINDOW") != std::string::npos);
   const auto o = shardkit::link_governor_options::from_env(
       env_of({{"SHARDKIT_LINK_BYTES_PER_SECOND", "119M"}, {"SHARDKIT_LINK_CLASS_ORDER", "collectives, data,checkpoint"},
               {"SHARDKIT_LINK_UNREPORTED_SHARE", "30"}, {"SHARDKIT_LINK_WINDOW", "50ms"}}));
@@ -210,4 +221,172 @@ TEST_CASE("[core] link_governor: bad settings are refused naming the variable") 
   CHECK_THROWS_AS(link_governor("eth0", {.bytes_per_second = 1, .order = {traffic_class::data, traffic_class::data,
                                                                            traffic_class::collectives}}),
                   shardkit::error);
+}
+
+namespace {
+
+//! A fake /sys/class/net (and /proc/net/route) under a fresh temporary directory, removed at the end.
+struct fake_sysfs {
+  std::filesystem::path root;
+  fake_sysfs() {
+    root = std::filesystem::temp_directory_path() /
+           ("shardkit-sysfs-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
+    std::filesystem::create_directories(root / "net");
+  }
+  ~fake_sysfs() {
+    std::error_code ec;
+    std::filesystem::remove_all(root, ec);
+  }
+  static int& counter() {
+    static int n = 0;
+    return n;
+  }
+  std::filesystem::path net() const { return root / "net"; }
+  //! An interface; `speed` nullptr: no speed file (the driver reports none); `device`: a device behind it.
+  void add(const std::string& name, const char* speed, bool device) {
+    std::filesystem::create_directories(net() / name);
+    if (device) std::filesystem::create_directories(net() / name / "device");
+    if (speed) std::ofstream(net() / name / "speed") << speed << "\n";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("[core] link_capacity: the NIC's speed where a device reports one, none with the reason elsewhere") {
+  fake_sysfs sys;
+  sys.add("eth7", "1000", true);      // 1 Gbit/s port
+  sys.add("ens1f0v3", "25000", true); // an SR-IOV virtual function: a device, a speed
+  sys.add("veth1", "10000", false);   // veth's made-up speed: virtual, not believed
+  sys.add("lo", nullptr, false);
+  sys.add("eth9", "-1", true);        // a device that does not know its speed (down, or a VM's NIC)
+  sys.add("eth8", nullptr, true);     // a device whose driver gives no speed file
+  sys.add("eth6", "garbage", true);
+
+  const auto eth7 = shardkit::nic_capacity("eth7", sys.net());
+  REQUIRE(eth7.bytes_per_second.has_value());
+  CHECK(*eth7.bytes_per_second == 117'500'000);  // 125,000,000 B/s on the wire, 94% of it TCP payload
+  CHECK(eth7.why.find("1000 Mbit/s") != std::string::npos);
+  CHECK(shardkit::nic_capacity("ens1f0v3", sys.net()).bytes_per_second == 2'937'500'000u);
+  const auto none = [&](const char* link, const char* says) {
+    const auto r = shardkit::nic_capacity(link, sys.net());
+    CHECK_MESSAGE(!r.bytes_per_second.has_value(), link);
+    CHECK_MESSAGE(r.why.find(says) != std::string::npos, link, ": ", r.why);
+  };
+  none("veth1", "virtual interface");
+  none("lo", "virtual interface");
+  none("eth9", "is -1");
+  none("eth8", "cannot be read");
+  none("eth6", "cannot be read");
+  none("s3", "not a network interface");
+  none("", "not a network interface");
+  none("../net/eth7", "not a network interface");
+
+  std::ofstream(sys.root / "route") << "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\n"
+                                       "eth1\t0000A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\n"
+                                       "eth2\t00000000\t0101A8C0\t0002\t0\t0\t0\t00000000\n"  // not up
+                                       "eth0\t00000000\t0101A8C0\t0003\t0\t0\t0\t00000000\n";
+  CHECK(shardkit::default_route_interface(sys.root / "route") == "eth0");
+  std::ofstream(sys.root / "route") << "Iface\tDestination\tGateway\tFlags\n";
+  CHECK(shardkit::default_route_interface(sys.root / "route") == "");
+  CHECK(shardkit::default_route_interface(sys.root / "missing") == "");
+}
+
+TEST_CASE("[core] link_governor: on by default where the NIC's speed is known; the setting overrides; 0 is off") {
+  fake_sysfs sys;
+  sys.add("eth7", "1000", true);
+  sys.add("veth1", "10000", false);
+  const auto env_of = [](std::map<std::string, std::string> m) {
+    return [m = std::move(m)](const char* name) -> const char* {
+      auto it = m.find(name);
+      return it == m.end() ? nullptr : it->second.c_str();
+    };
+  };
+  std::string why;
+  auto g = shardkit::make_link_governor("eth7", env_of({}), sys.net(), &why);
+  REQUIRE(g != nullptr);
+  CHECK(g->options().bytes_per_second == 117'500'000);
+  CHECK(why.find("eth7/speed") != std::string::npos);
+  // The other SHARDKIT_LINK_* settings apply to a derived capacity too.
+  g = shardkit::make_link_governor("eth7", env_of({{"SHARDKIT_LINK_WINDOW", "20ms"}}), sys.net());
+  REQUIRE(g != nullptr);
+  CHECK(g->options().window == 20ms);
+  // Unknown speed: no governor, and the reason names the interface.
+  CHECK(shardkit::make_link_governor("veth1", env_of({}), sys.net(), &why) == nullptr);
+  CHECK(why.find("virtual interface") != std::string::npos);
+  // The setting overrides the NIC (also where the NIC's speed is unknown); 0 turns the governor off.
+  g = shardkit::make_link_governor("eth7", env_of({{"SHARDKIT_LINK_BYTES_PER_SECOND", "10M"}}), sys.net());
+  REQUIRE(g != nullptr);
+  CHECK(g->options().bytes_per_second == 10u << 20);
+  g = shardkit::make_link_governor("veth1", env_of({{"SHARDKIT_LINK_BYTES_PER_SECOND", "119M"}}), sys.net());
+  REQUIRE(g != nullptr);
+  CHECK(g->options().bytes_per_second == 119u << 20);
+  CHECK(shardkit::make_link_governor("eth7", env_of({{"SHARDKIT_LINK_BYTES_PER_SECOND", "0"}}), sys.net(), &why) ==
+        nullptr);
+  CHECK(why == "SHARDKIT_LINK_BYTES_PER_SECOND=0");
+}
+
+TEST_CASE("[core] link_governor: a default-on governor never throttles collectives, whatever they send") {
+  fake_sysfs sys;
+  sys.add("eth7", "1000", true);
+  for (const auto& order : {std::string(), std::string("collectives,data,checkpoint")}) {
+    std::map<std::string, std::string> vars;
+    if (!order.empty()) vars["SHARDKIT_LINK_CLASS_ORDER"] = order;
+    auto g = shardkit::make_link_governor(
+        "eth7", [&](const char* n) -> const char* { auto it = vars.find(n); return it == vars.end() ? nullptr : it->second.c_str(); },
+        sys.net());
+    REQUIRE(g != nullptr);
+    auto reporter = g->attach_reporter();
+    CHECK_FALSE(g->paced(traffic_class::collectives));
+    // Ten times the link's capacity in one go, reported and asked for: granted whole and at once, every time.
+    const std::uint64_t flood = 10 * g->options().bytes_per_second;
+    g->report(traffic_class::collectives, flood);
+    CHECK(g->allowance(traffic_class::collectives) == std::numeric_limits<std::uint64_t>::max());
+    CHECK(g->try_acquire(traffic_class::collectives, flood) == flood);
+    const auto t0 = link_governor::clock::now();
+    CHECK(g->acquire(traffic_class::collectives, flood, {}, t0) == flood);  // a deadline already past: no wait
+    // Meanwhile the paced classes get nothing.
+    CHECK(g->allowance(traffic_class::checkpoint) == 0);
+    CHECK(g->try_acquire(traffic_class::data, 1) == 0);
+    CHECK(g->sent(traffic_class::collectives) == 3 * flood);
+  }
+}
+
+TEST_CASE("[core] link_governor: a blocked acquire does not poll; it wakes when a class above stops waiting") {
+  // 1 MB/s, a 4 s window (4,000,000 bytes; a poll every W/16 would look every 250 ms). The clock counts its reads:
+  // every look of the governor reads it.
+  struct counting_clock {
+    std::atomic<link_governor::clock::time_point> t{link_governor::clock::now()};
+    std::atomic<int> reads{0};
+  } clock;
+  link_governor g("eth0", {.bytes_per_second = 1'000'000, .window = 4s}, [&] {
+    ++clock.reads;
+    return clock.t.load();
+  });
+  auto reporter = g.attach_reporter();
+  g.report(traffic_class::collectives, 4'000'000);  // the link is full for this window
+  std::stop_source stop_checkpoint;
+  std::atomic<std::uint64_t> checkpoint_got{1}, data_got{0};
+  // The checkpoint waits for the whole budget: while it waits, data can get nothing, whatever the clock says.
+  std::thread checkpoint([&] { checkpoint_got = g.acquire(traffic_class::checkpoint, 4'000'000, stop_checkpoint.get_token()); });
+  while (g.waiting(traffic_class::checkpoint) == 0) std::this_thread::sleep_for(1ms);
+  std::thread data([&] { data_got = g.acquire(traffic_class::data, 1'000); });
+  while (g.waiting(traffic_class::data) == 0) std::this_thread::sleep_for(1ms);
+  // Nothing changes for 600 ms of real time: the clock stands still, so the checkpoint's grant is 4 s away and
+  // data's depends on the checkpoint. Neither looks (a poll every W/16 would have looked about twice each).
+  const int reads_before = clock.reads.load();
+  std::this_thread::sleep_for(600ms);
+  CHECK(clock.reads.load() == reads_before);
+  CHECK(data_got == 0);
+  // The checkpoint stops waiting: data looks at once, finds the link still full, and sleeps until the window
+  // lets out its bytes.
+  stop_checkpoint.request_stop();
+  checkpoint.join();
+  CHECK(checkpoint_got == 0);
+  CHECK(g.waiting(traffic_class::checkpoint) == 0);
+  CHECK(g.waiting(traffic_class::data) == 1'000);
+  clock.t.store(clock.t.load() + 4s);
+  g.clock_moved();
+  data.join();
+  CHECK(data_got == 1'000);
+  CHECK(g.waiting(traffic_class::data) == 0);
 }

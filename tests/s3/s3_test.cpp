@@ -498,7 +498,7 @@ TEST_CASE("[s3] a governed sink paces uploads (checkpoint class) and reads (data
   constexpr std::uint64_t rate = 8u << 20;
   sk::link_governor link("s3", {.bytes_per_second = rate, .unreported_share_percent = 100, .window = 50ms});
   {  // from the environment: on when the capacity is set, on the link SHARDKIT_S3_LINK names
-    scoped_env off("SHARDKIT_LINK_BYTES_PER_SECOND", nullptr);
+    scoped_env off("SHARDKIT_LINK_BYTES_PER_SECOND", "0");
     CHECK(st::s3_options::from_env().governor == nullptr);
     scoped_env on("SHARDKIT_LINK_BYTES_PER_SECOND", "64M"), named("SHARDKIT_S3_LINK", "s3-test-eth9");
     const auto* g = st::s3_options::from_env().governor;

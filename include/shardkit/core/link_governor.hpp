@@ -6,7 +6,10 @@
 //! - The first class of the order (collectives by default) is never delayed: its traffic is only reported, with
 //!   report(), one relaxed atomic add (the TCP transport does this per send on each link).
 //! - Every later class asks before it sends: try_acquire() grants what the link has left now, acquire() blocks
-//!   (stop token, deadline; it sleeps between checks of W/16, it does not spin) until it grants at least a part.
+//!   (stop token, deadline) until it grants at least a part. A blocked acquire() does not poll: it sleeps until
+//!   the window has let out enough for its grant (computed from what the window holds), and is woken early when
+//!   a class above it ends or shortens its wait (it may then be served sooner) or a reporter is attached. Reports
+//!   do not wake it: more traffic only moves its grant later, which it finds when it wakes.
 //! - The budget is a sliding window of W (SHARDKIT_LINK_WINDOW): over any interval of length W the paced classes
 //!   are granted at most capacity x W minus everything reported or granted in that interval. So a paced class gets
 //!   nothing while the first class keeps the link full, and the whole link once it has been idle for W.
@@ -16,8 +19,12 @@
 //!   only what is left beyond it, so checkpoint persist is served before data prefetch (the default order).
 //! - Reported traffic is counted at the times the governor looks (each try_acquire/acquire/allowance): between two
 //!   looks it is taken as spread evenly. Grants are counted exactly when they are made.
+//! - On by default: governor_for_link(name) gives the link the capacity SHARDKIT_LINK_BYTES_PER_SECOND sets (0:
+//!   no governor), and where it is unset the NIC's own speed (core/link_capacity.hpp); a link whose speed is
+//!   unknown (a virtual interface, a driver that says -1) has no governor, and one INFO line says why and which
+//!   setting turns it on.
 //! What does not hold (yet): the governor cannot slow the first class, nor traffic that neither reports nor asks
-//! (another process, NCCL's own sockets); its capacity is configured, not measured; one capacity for every link.
+//! (another process, NCCL's own sockets); a set capacity is the same for every link.
 //!
 //! @code
 //! shardkit::link_governor eth0("eth0", {.bytes_per_second = 119 << 20});
@@ -32,6 +39,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <map>
@@ -44,6 +52,8 @@
 #include <utility>
 
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/link_capacity.hpp"
+#include "shardkit/core/log.hpp"
 #include "shardkit/core/settings.hpp"
 
 namespace shardkit {
@@ -61,7 +71,8 @@ constexpr std::string_view to_string(traffic_class c) noexcept {
 }
 
 struct link_governor_options {
-  std::uint64_t bytes_per_second = 0;  //!< the link's capacity (SHARDKIT_LINK_BYTES_PER_SECOND); must be > 0
+  //! The link's capacity (SHARDKIT_LINK_BYTES_PER_SECOND, else the NIC's speed); a governor needs it > 0.
+  std::uint64_t bytes_per_second = 0;
   //! Priority, highest first (SHARDKIT_LINK_CLASS_ORDER): each class exactly once. The first is never paced.
   std::array<traffic_class, traffic_class_count> order{traffic_class::collectives, traffic_class::checkpoint,
                                                        traffic_class::data};
@@ -70,12 +81,13 @@ struct link_governor_options {
   unsigned unreported_share_percent = 50;
   std::chrono::milliseconds window{100};  //!< SHARDKIT_LINK_WINDOW: the accounting window, also the largest burst
 
-  //! errc::config naming the setting when a field is out of range.
-  void validate() const {
+  //! errc::config naming the setting when a field is out of range (the capacity only when `with_capacity`).
+  void validate(bool with_capacity = true) const {
     const auto bad = [](std::string_view setting, std::string value, std::string_view why) {
       settings::bad_setting(setting, value, why, "link_governor");
     };
-    if (bytes_per_second == 0) bad("SHARDKIT_LINK_BYTES_PER_SECOND", "0", "a governed link needs a capacity above 0");
+    if (with_capacity && bytes_per_second == 0)
+      bad("SHARDKIT_LINK_BYTES_PER_SECOND", "0", "a governed link needs a capacity above 0");
     std::array<int, traffic_class_count> seen{};
     std::string text;
     for (auto c : order) {
@@ -91,13 +103,14 @@ struct link_governor_options {
       bad("SHARDKIT_LINK_WINDOW", std::to_string(window.count()) + "ms", "must be in [1ms, 10000ms]");
   }
 
-  //! The options from the environment; nullopt when SHARDKIT_LINK_BYTES_PER_SECOND is unset or 0 (no governor).
+  //! The options from the environment: nullopt when SHARDKIT_LINK_BYTES_PER_SECOND is 0 (no governor);
+  //! bytes_per_second 0 when it is unset (the link's own capacity is then looked up: make_link_governor()).
   //! errc::config naming the variable when one does not parse or the order is not a permutation.
   static std::optional<link_governor_options> from_env(const settings::environment& env = settings::process_environment) {
     const auto rate = settings::get<settings::bytes>("SHARDKIT_LINK_BYTES_PER_SECOND", env);
-    if (!rate || *rate == 0) return std::nullopt;
+    if (rate && *rate == 0) return std::nullopt;
     link_governor_options o;
-    o.bytes_per_second = *rate;
+    o.bytes_per_second = rate.value_or(0);
     if (auto v = settings::get<settings::list>("SHARDKIT_LINK_CLASS_ORDER", env)) {
       if (v->size() != traffic_class_count)
         settings::bad_setting("SHARDKIT_LINK_CLASS_ORDER", env("SHARDKIT_LINK_CLASS_ORDER"),
@@ -115,7 +128,7 @@ struct link_governor_options {
     if (auto v = settings::get<settings::integer>("SHARDKIT_LINK_UNREPORTED_SHARE", env))
       o.unreported_share_percent = unsigned(*v);
     if (auto v = settings::get<std::chrono::milliseconds>("SHARDKIT_LINK_WINDOW", env)) o.window = *v;
-    o.validate();
+    o.validate(/*with_capacity=*/false);
     return o;
   }
 };
@@ -125,7 +138,8 @@ class link_governor {
   using clock = std::chrono::steady_clock;
   using now_function = std::function<clock::time_point()>;
 
-  //! `now` is the governor's clock (tests pass a fake one; acquire() still sleeps in real time between looks).
+  //! `now` is the governor's clock (tests pass a fake one: acquire() sleeps in real time for as long as `now` says
+  //! it must wait, and a test that moves its clock calls clock_moved()).
   link_governor(std::string name, link_governor_options o, now_function now = [] { return clock::now(); })
       : name_(std::move(name)), o_(o), now_(std::move(now)) {
     o_.validate();
@@ -150,7 +164,11 @@ class link_governor {
   class reporter {
    public:
     reporter() = default;
-    explicit reporter(link_governor& g) noexcept : g_(&g) { g_->reporters_.fetch_add(1, std::memory_order_relaxed); }
+    //! A blocked acquire() looks again: the paced classes' budget grew from the unreported share to the capacity.
+    explicit reporter(link_governor& g) : g_(&g) {
+      g_->reporters_.fetch_add(1, std::memory_order_relaxed);
+      g_->clock_moved();
+    }
     reporter(reporter&& o) noexcept : g_(std::exchange(o.g_, nullptr)) {}
     reporter& operator=(reporter&& o) noexcept {
       if (this != &o) { reset(); g_ = std::exchange(o.g_, nullptr); }
@@ -164,7 +182,7 @@ class link_governor {
    private:
     link_governor* g_ = nullptr;
   };
-  reporter attach_reporter() noexcept { return reporter(*this); }
+  reporter attach_reporter() { return reporter(*this); }
   bool reported() const noexcept { return reporters_.load(std::memory_order_relaxed) > 0; }
 
   //! Whether `c` is paced (every class but the first of the order).
@@ -187,28 +205,52 @@ class link_governor {
   }
 
   //! Blocks until a part of `want` (at least a granule, or all of a smaller want) is granted and returns it; 0 when
-  //! `stop` is requested or `deadline` passes first. Never delays the first class.
+  //! `stop` is requested or `deadline` passes first. Never delays the first class. It sleeps until the window can
+  //! grant (no look in between) or a wake: a class above ends or shortens its wait, a reporter is attached,
+  //! clock_moved(). A class above that waits for the whole budget leaves nothing to compute: it sleeps until a wake.
   std::uint64_t acquire(traffic_class c, std::uint64_t want, std::stop_token stop = {},
                         clock::time_point deadline = clock::time_point::max()) {
     if (want == 0) return 0;
     if (!paced(c)) { report(c, want); return want; }
-    const auto tick = std::max<clock::duration>(std::chrono::milliseconds(1), o_.window / 16);
     std::unique_lock lock(mutex_);
     if (auto g = grant_locked(c, want, now_())) return g;
     const std::uint64_t reserved = std::min(want, budget());
     waiting_[std::size_t(c)] += reserved;
-    struct unreserve {
-      std::uint64_t& w;
+    struct unreserve {  // runs under the lock: the classes below may now be granted what this one held
+      link_governor& g;
+      std::size_t k;
       std::uint64_t n;
-      ~unreserve() { w -= n; }
-    } guard{waiting_[std::size_t(c)], reserved};
+      ~unreserve() {
+        g.waiting_[k] -= n;
+        ++g.wakes_;
+        g.wakeup_.notify_all();
+      }
+    } guard{*this, std::size_t(c), reserved};
     for (;;) {
-      const auto wake = std::min(deadline, clock::now() + tick);
-      wakeup_.wait_until(lock, stop, wake, [] { return false; });
+      const auto now = now_();
+      const auto ready = ready_at_locked(c, want, now);
+      auto wake = deadline;
+      if (ready != clock::time_point::max()) {
+        // At least 100 us: where rounding puts `ready` at `now` though the grant just failed, it must not spin.
+        const auto in = std::max<clock::duration>(ready - now, std::chrono::microseconds(100));
+        wake = std::min(deadline, clock::now() + in);  // the governor's clock may be a test's: wait real time
+      }
+      const auto seen = wakes_;
+      const auto woken = [&] { return wakes_ != seen; };
+      if (wake == clock::time_point::max()) wakeup_.wait(lock, stop, woken);
+      else wakeup_.wait_until(lock, stop, wake, woken);
       if (stop.stop_requested()) return 0;
       if (auto g = grant_locked(c, want, now_())) return g;  // its own reservation holds back only lower classes
       if (clock::now() >= deadline) return 0;
     }
+  }
+
+  //! Wakes every blocked acquire() to look again now. A test whose clock (the constructor's `now`) moved calls it;
+  //! with the real clock nothing needs it.
+  void clock_moved() {
+    std::lock_guard lock(mutex_);
+    ++wakes_;
+    wakeup_.notify_all();
   }
 
   //! Bytes blocked acquire() calls of `c` wait for now (observability, tests).
@@ -265,10 +307,43 @@ class link_governor {
     return held >= b ? 0 : b - held;
   }
 
+  std::uint64_t granule(std::uint64_t want) const noexcept { return std::min(want, std::max<std::uint64_t>(1, budget() / 16)); }
+
+  //! When, without more traffic, the window will have let out enough for a granule of `want` to `c`:
+  //! time_point::max() when the reservations of the classes above leave less than a granule of the budget.
+  //! Under the lock, after a look at `now` (the last sample is at `now`).
+  clock::time_point ready_at_locked(traffic_class c, std::uint64_t want, clock::time_point now) {
+    (void)used_in_window_locked(now);  // a sample at `now` with every byte counted so far
+    std::uint64_t above = 0;
+    for (std::size_t k = 0; k < traffic_class_count; ++k)
+      if (rank_[k] > 0 && rank_[k] < rank_[std::size_t(c)]) above += waiting_[k];
+    const std::uint64_t b = budget(), need = granule(want);
+    if (above >= b || b - above < need) return clock::time_point::max();
+    const std::uint64_t may_hold = b - above - need;  // the window may hold this much when the grant is made
+    const std::uint64_t total = samples_.back().total;
+    if (total <= may_hold) return now;
+    // The window (t - W, t] holds total - total_at(t - W): find the first s with total_at(s) > total - may_hold
+    // (one byte past, so that the truncating interpolation of used_in_window_locked agrees), then t = s + W.
+    const std::uint64_t target = total - may_hold + 1;
+    if (samples_.front().total >= target) return now;
+    for (std::size_t i = 1; i < samples_.size(); ++i) {
+      const sample& before = samples_[i - 1];
+      const sample& after = samples_[i];
+      if (after.total < target) continue;
+      clock::time_point reached = after.at;  // a step (a grant) reaches it at once
+      if (after.at > before.at && after.total > before.total) {
+        const long double part = static_cast<long double>(target - before.total) /
+                                 static_cast<long double>(after.total - before.total);
+        reached = before.at + std::chrono::ceil<clock::duration>(std::chrono::duration<long double>(after.at - before.at) * part);
+      }
+      return std::max(now, reached + o_.window);
+    }
+    return now;  // the newest sample holds `total`, so the loop returned; kept for the compiler
+  }
+
   std::uint64_t grant_locked(traffic_class c, std::uint64_t want, clock::time_point now) {
     const std::uint64_t can = allowance_locked(c, now);
-    const std::uint64_t granule = std::min(want, std::max<std::uint64_t>(1, budget() / 16));
-    if (can < granule) return 0;
+    if (can < granule(want)) return 0;
     const std::uint64_t g = std::min(want, can);
     report(c, g);
     samples_.push_back({samples_.back().at, total_sent()});  // the grant is a step at `now`, not a slope
@@ -284,21 +359,55 @@ class link_governor {
   std::atomic<int> reporters_{0};
   mutable std::mutex mutex_;  // guards what follows
   std::condition_variable_any wakeup_;
+  std::uint64_t wakes_ = 0;  // bumped with each notify, so a blocked acquire() tells a wake from a timeout
   std::deque<sample> samples_;
   std::array<std::uint64_t, traffic_class_count> waiting_{};
 };
 
-//! The process's governor of the link (NIC) named `link`, created from the environment on first use; nullptr when
-//! SHARDKIT_LINK_BYTES_PER_SECOND is unset or 0. errc::config when a SHARDKIT_LINK_* variable is bad. The
-//! governors live as long as the process.
+//! A governor of the link (NIC) named `link` from the environment: the capacity SHARDKIT_LINK_BYTES_PER_SECOND
+//! sets, else the NIC's own (nic_capacity() under `sysfs_net`); nullptr when the setting is 0, or when it is unset
+//! and the NIC's speed is unknown (then `why`, when given, says why). errc::config when a SHARDKIT_LINK_* variable
+//! is bad.
+inline std::unique_ptr<link_governor> make_link_governor(std::string_view link,
+                                                         const settings::environment& env = settings::process_environment,
+                                                         const std::filesystem::path& sysfs_net = "/sys/class/net",
+                                                         std::string* why = nullptr) {
+  auto o = link_governor_options::from_env(env);
+  if (!o) {
+    if (why) *why = "SHARDKIT_LINK_BYTES_PER_SECOND=0";
+    return nullptr;
+  }
+  if (o->bytes_per_second == 0) {
+    auto nic = nic_capacity(link, sysfs_net);
+    if (why) *why = nic.why;
+    if (!nic.bytes_per_second) return nullptr;
+    o->bytes_per_second = *nic.bytes_per_second;
+  } else if (why) {
+    *why = "SHARDKIT_LINK_BYTES_PER_SECOND=" + std::to_string(o->bytes_per_second);
+  }
+  return std::make_unique<link_governor>(std::string(link), *o);
+}
+
+//! The process's governor of the link (NIC) named `link`, made by make_link_governor() on first use and living as
+//! long as the process; nullptr where it makes none (not remembered: a later call looks again). A link left
+//! without a governor because its speed is unknown is said once per link at INFO level, with the setting that
+//! turns it on.
 inline link_governor* governor_for_link(std::string_view link) {
   static std::mutex mutex;
   static std::map<std::string, std::unique_ptr<link_governor>, std::less<>> governors;
+  static std::map<std::string, bool, std::less<>> announced;
   std::lock_guard lock(mutex);
   if (auto it = governors.find(link); it != governors.end()) return it->second.get();
-  auto o = link_governor_options::from_env();
-  if (!o) return nullptr;
-  auto g = std::make_unique<link_governor>(std::string(link), *o);
+  std::string why;
+  auto g = make_link_governor(link, settings::process_environment, "/sys/class/net", &why);
+  if (!g) {
+    if (why != "SHARDKIT_LINK_BYTES_PER_SECOND=0" && !announced[std::string(link)])
+      log::info("link governor: none on link '", link, "' (", why, "); SHARDKIT_LINK_BYTES_PER_SECOND=<bytes/s> "
+                "gives it one (1 Gbit/s is about 119M)");
+    announced[std::string(link)] = true;
+    return nullptr;
+  }
+  log::debug("link governor on '", link, "': ", g->options().bytes_per_second, " bytes/s (", why, ")");
   return governors.emplace(std::string(link), std::move(g)).first->second.get();
 }
 

@@ -94,10 +94,12 @@ inline constexpr variable table[] = {
      .meaning = "large all-reduces, reduce-scatters and all-gathers between processes of one host read "
                 "peers' buffers directly (mapped host_shared_memory, else process_vm_readv); 0: the ring instead",
      .target = "core"},
-    {.name = "SHARDKIT_LINK_BYTES_PER_SECOND", .type = kind::bytes, .default_text = "0 (no governor)",
+    {.name = "SHARDKIT_LINK_BYTES_PER_SECOND", .type = kind::bytes,
+     .default_text = "(94% of each NIC's speed from sysfs; none where unknown)",
      .meaning = "capacity of each network link (NIC) in bytes per second, K/M/G binary (1 Gbit/s is about 119M); "
-                "when set, a governor per link paces checkpoint uploads and data reads into what collectives leave "
-                "idle (docs/design.md, link governor)",
+                "a governor per link paces checkpoint uploads and data reads into what collectives leave idle "
+                "(docs/design.md, link governor). Unset: 94% of the speed the NIC reports, its TCP payload at MTU "
+                "1500 (a virtual interface or an unknown speed: no governor, said once at INFO); 0: no governor",
      .target = "core"},
     {.name = "SHARDKIT_LINK_CLASS_ORDER", .type = kind::list, .default_text = "collectives,checkpoint,data",
      .meaning = "priority of the traffic classes on a governed link, highest first; the first is never paced",
@@ -185,9 +187,10 @@ inline constexpr variable table[] = {
      .meaning = "path (endpoint/bucket/key), virtual (bucket.endpoint/key), or auto (virtual for *.amazonaws.com "
                 "and DNS-safe buckets, else path)",
      .target = "s3", .choices = "auto|path|virtual"},
-    {.name = "SHARDKIT_S3_LINK", .type = kind::text, .default_text = "s3 (a link of its own, nothing reports to it)",
+    {.name = "SHARDKIT_S3_LINK", .type = kind::text,
+     .default_text = "the default route's interface, else s3 (a link of its own)",
      .meaning = "the link (NIC, as the TCP transport names it: eth0) whose governor paces the S3 sink's uploads "
-                "(checkpoint class) and reads (data class) when SHARDKIT_LINK_BYTES_PER_SECOND is set",
+                "(checkpoint class) and reads (data class)",
      .target = "s3"},
 };
 

@@ -126,9 +126,15 @@ struct s3_options {
   //! The bandwidth governor that paces this sink's object bytes (core/link_governor.hpp): request bodies (uploads:
   //! puts, parts) as upload_class, object bodies read (gets) as download_class. Each connection waits in its own
   //! read or write callback, so one paced transfer never holds up another's connection. It must outlive the sink.
-  //! nullptr: unpaced. from_env() sets it to the process's governor of the link SHARDKIT_S3_LINK names (none while
-  //! SHARDKIT_LINK_BYTES_PER_SECOND is unset).
+  //! nullptr: unpaced. from_env() sets it to the process's governor of s3_link() (governor_for_link(): none while
+  //! SHARDKIT_LINK_BYTES_PER_SECOND is 0, or is unset and that NIC's speed is unknown).
   link_governor* governor = nullptr;
+  //! The link whose governor from_env() takes: SHARDKIT_S3_LINK, else the IPv4 default route's interface, else "s3".
+  static std::string s3_link() {
+    if (auto v = settings::get<settings::text>("SHARDKIT_S3_LINK")) return *v;
+    if (auto route = default_route_interface(); !route.empty()) return route;
+    return "s3";
+  }
   traffic_class upload_class = traffic_class::checkpoint;
   traffic_class download_class = traffic_class::data;
 
@@ -151,9 +157,11 @@ struct s3_options {
       o.addressing = s == "path" ? s3_addressing::path : s == "virtual" ? s3_addressing::virtual_hosted
                                                                          : s3_addressing::automatic;
     }
-    // The endpoint's route is not looked up: the link is named. Unset, S3 gets a link of its own named "s3", which
-    // nothing reports to, so its traffic shares SHARDKIT_LINK_UNREPORTED_SHARE of the capacity.
-    o.governor = governor_for_link(settings::get<settings::text>("SHARDKIT_S3_LINK").value_or("s3"));
+    // The link is named (SHARDKIT_S3_LINK), else the default route's interface: where an endpoint outside the
+    // cluster is reached, and on a host of one NIC the training link, so S3 uses what collectives leave idle. The
+    // endpoint's own route is not looked up. Without a default route, a link of its own named "s3", which has no
+    // speed to read: no governor unless SHARDKIT_LINK_BYTES_PER_SECOND sets one (then the unreported share).
+    o.governor = governor_for_link(s3_link());
     return o;
   }
 };
