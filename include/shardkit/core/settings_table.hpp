@@ -52,7 +52,9 @@ inline constexpr variable table[] = {
      .target = "core"},
     {.name = "SHARDKIT_STORE_TIMEOUT", .type = kind::seconds, .default_text = "300 (5 min)",
      .meaning = "how long ranks wait for each other at start (connect_store, init_process_group: rank 0 for every "
-                "rank to join, the others for rank 0's store) and the bound of each store request",
+                "rank to join, the others for rank 0's store), the bound of each store request, and of the shm "
+                "transport's set-up (at most 60 s, shm_options::connect_timeout: a rank missing there is named; one "
+                "whose process exited, at once)",
      .target = "core", .min = 1, .max = 86400},
     {.name = "SHARDKIT_TIMEOUT_MS", .type = kind::milliseconds, .default_text = "1800000 (30 min)",
      .meaning = "deadline of each process-group operation (group_options::timeout)", .target = "core", .min = 1},
