@@ -21,6 +21,7 @@
 // time went (compute, waiting for all-gathers, waiting for gradient reductions, gathers queued on the limiter).
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -567,6 +568,7 @@ int main(int argc, char** argv) try {
   }
   std::vector<sk::basic_completion<sk::ckpt::save_result>> saves;
   double ckpt_stall_ms = 0, total_ckpt_stall_ms = 0;
+  std::vector<double> step_ms;  // every step's time, for the checkpoint summary's sustainable interval
   const std::size_t act = std::size_t(rows) * T * d;
   std::vector<std::vector<float>> acts(std::size_t(L) + 2, std::vector<float>(act));  // acts[k]: input of unit k
   std::vector<float> grad_in(act), grad_out(act);
@@ -651,6 +653,7 @@ int main(int argc, char** argv) try {
       ckpt_stall_ms += ms(std::chrono::steady_clock::now() - c0);
     }
     const auto elapsed = std::chrono::steady_clock::now() - t0;
+    step_ms.push_back(ms(elapsed));
     if (trace) trace->step(step, t0, t0 + elapsed);
     if (times) {
       const auto st = model.stats();
@@ -684,18 +687,32 @@ int main(int argc, char** argv) try {
                  int(model.shard_size()));
   if (ckpt) {
     ckpt->wait();
-    std::size_t committed = 0;
+    std::size_t committed = 0, waited = 0;
     double stage_ms = 0, persist_ms = 0, commit_ms = 0;
+    std::vector<double> save_ms;  // stage + persist + commit of each save: how long it kept the checkpointer busy
     for (auto& c : saves) {
       const auto& r = c.get();
       committed += r.committed;
       stage_ms += 1e3 * r.stage_seconds, persist_ms += 1e3 * r.persist_seconds, commit_ms += 1e3 * r.commit_seconds;
+      save_ms.push_back(1e3 * (r.stage_seconds + r.persist_seconds + r.commit_seconds));
+      waited += r.stall_seconds > 1e-3;  // save() blocked: the save before it had not finished persisting
     }
     if (rank == 0 && !saves.empty()) {
       const double n = double(saves.size());
       std::printf("# checkpoints: %zu of %zu committed in %s, training stalled %.3f ms in all; per save on rank 0: "
                   "stage %.3f ms, persist %.3f ms, commit %.3f ms\n",
                   committed, saves.size(), f.ckpt_dir.c_str(), total_ckpt_stall_ms, stage_ms / n, persist_ms / n, commit_ms / n);
+      // The smallest interval at which a save ends before the next begins, from this run's medians (a save's
+      // stage + persist + commit over a step's time): what the link, shared with training, sustains.
+      const auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+      };
+      const double save = median(save_ms), step = median(step_ms);
+      const long keeps_up = step > 0 ? std::max(1L, long(std::ceil(save / step))) : 0;
+      std::printf("# checkpoint every %ld steps keeps up at this link (a save %.1f ms, a step %.1f ms: medians on rank 0); "
+                  "every %d: %zu of %zu saves waited for the one before\n",
+                  keeps_up, save, step, f.ckpt_every, waited, saves.size());
     }
   }
   return 0;

@@ -7,7 +7,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <atomic>
+#include <fstream>
 #include <chrono>
 #include <cstdlib>
 #include <future>
@@ -291,4 +294,58 @@ TEST_CASE("[rendezvous] processes: two started with RANK=1: one is refused at on
   // The host and whichever rank-1 process came second; the first rank 1 may have joined or been told the host left.
   CHECK(refused >= 2);
   CHECK(has(results[0].output, "rank 1 joined already"));
+}
+
+// Rank 0 hosts the store and stops (SIGSTOP: alive, its socket open, nothing answered). Rank 1's request ends at its
+// bound and closes the connection; every later request must still say the store did not answer, never that its
+// host exited (a survivor's fault report read after a timed-out one said "it exited or failed").
+SHARDKIT_SCENARIO(rendezvous_store_host_stops) {
+  auto store = rdv::connect_store(rdv::info_from_env(), 15s);
+  if (shardkit::test::env_rank() == 0) {
+    store.set("pid0", std::to_string(::getpid()));
+    store.get("has pid0", 10s);  // rank 1 must read it before the store stops
+    ::raise(SIGSTOP);  // rank 1 kills this process
+    std::this_thread::sleep_for(20s);
+    return;
+  }
+  const int pid = std::stoi(store.get("pid0", 10s));
+  store.set("has pid0", "1");
+  for (int i = 0; i < 500; ++i) {  // until the kernel shows it stopped
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    if (line.find(") T ") != std::string::npos) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  try {
+    const rdv::request_bound bound(shardkit::deadline_after(200ms));
+    store.set("a", "b");
+    SCENARIO_CHECK(!"a stopped store answered");
+  } catch (const shardkit::error& e) {
+    std::printf("first: %s\n", e.what());
+    std::fflush(stdout);
+    SCENARIO_CHECK(has(e.what(), "stopped, stuck"));
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      store.get("k", 2s);
+      SCENARIO_CHECK(!"a request went through a closed connection");
+    } catch (const shardkit::error& e) {
+      std::printf("later: %s\n", e.what());
+      SCENARIO_CHECK(e.code() == errc::closed);
+      SCENARIO_CHECK(e.context().peer == 0);
+      SCENARIO_CHECK(has(e.what(), "did not answer in time"));
+      SCENARIO_CHECK(has(e.what(), "rank 0 hosts the store: it is stopped, stuck, or cut off from this rank"));
+      SCENARIO_CHECK(!has(e.what(), "exited"));
+    }
+  }
+  ::kill(pid, SIGKILL);
+}
+
+TEST_CASE("[rendezvous] processes: after the store's host stopped answering, later requests still say so, not that it exited") {
+  const auto results = shardkit::test::run_processes(2, "rendezvous_store_host_stops", {}, 20s);
+  REQUIRE(results.size() == 2);
+  CAPTURE(results[1].output);
+  CHECK(results[1].exit_code == 0);
+  CHECK(results[0].exit_code == -SIGKILL);
 }

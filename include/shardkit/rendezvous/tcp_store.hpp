@@ -227,13 +227,19 @@ class tcp_store {
     else if (!lock.try_lock_until(bound))
       throw_error(errc::timeout, "another request of this process held the connection to the store at " + address() +
                                      " past this request's bound" + host_silent(), silent_context(ctx));
-    if (!fd_)
+    if (!fd_) {
+      // Said as it was found then: a store that went silent is not one whose process went away.
+      if (closed_unanswered_)
+        throw_error(errc::closed, "the connection to the store at " + address() + " was closed earlier, when the store did not answer in time" +
+                                      host_silent(), silent_context(ctx));
       throw_error(errc::closed, "the connection to the store at " + address() + " was lost earlier" + host_gone(), ctx);
+    }
     outcome out;
     try {
       out = exchange(w.take(), wait_timeout);
     } catch (const error& e) {
       fd_.reset();  // the stream may be out of step: never reuse it
+      closed_unanswered_ = e.code() == make_error_code(errc::timeout);
       if (e.code() == make_error_code(errc::timeout) && opts_.host_rank)  // alive but silent: its process stopped?
         throw error(errc::timeout, e.detail() + host_silent(), e.context()).with_context(silent_context(ctx));
       if (e.code() != make_error_code(errc::peer_lost) || !opts_.host_rank) throw e.with_context(ctx);
@@ -255,6 +261,7 @@ class tcp_store {
     }
     if (status != detail::store_status::ok) {
       fd_.reset();
+      closed_unanswered_ = false;
       throw_error(errc::protocol, "unexpected response status from the store at " + address(), ctx);
     }
     return std::string(out.payload, 1);
@@ -406,6 +413,7 @@ class tcp_store {
       }
       detail::set_nodelay(fd.get());
       fd_ = std::move(fd);
+      closed_unanswered_ = false;
       return true;
     }
     return false;
@@ -504,6 +512,7 @@ class tcp_store {
   tcp_store_options opts_;
   std::timed_mutex mutex_;  // timed: a request under a request_bound gives up waiting for another one
   detail::unique_fd fd_;
+  bool closed_unanswered_ = false;  // fd_ was closed because a request went unanswered (not lost with its server)
   bool warned_unresolved_ = false;
 };
 

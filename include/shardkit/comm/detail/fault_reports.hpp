@@ -184,7 +184,8 @@ class fault_board {
     int silent_host = -1;  // the rank hosting the store, when the store stopped answering (its error's peer)
     const auto store_failed = [&](const error& se) {
       trouble = se.detail();
-      if (se.code() == errc::timeout && se.context().peer) silent_host = *se.context().peer;
+      // A store request that timed out, or one refused because an earlier one had (closed, with the host as peer).
+      if ((se.code() == errc::timeout || se.code() == errc::closed) && se.context().peer) silent_host = *se.context().peer;
     };
     mine.group = group_;
     try {
