@@ -566,6 +566,9 @@ int main(int argc, char** argv) try {
                      f.ckpt_dir.c_str(), missing.c_str());
     }
   }
+  // A run that saves opens its location now: another run's checkpoints there (no --resume) or a live writer are
+  // refused before the first step, not at the first save.
+  if (ckpt && f.ckpt_every > 0) ckpt->open_for_saves();
   std::vector<sk::basic_completion<sk::ckpt::save_result>> saves;
   double ckpt_stall_ms = 0, total_ckpt_stall_ms = 0;
   std::vector<double> step_ms;  // every step's time, for the checkpoint summary's sustainable interval

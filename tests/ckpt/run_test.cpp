@@ -373,6 +373,36 @@ TEST_CASE("[ckpt] a run that did not load refuses another run's location on ever
   });
 }
 
+TEST_CASE("[ckpt] open_for_saves refuses another run's location at once, before any save, on every rank") {
+  for (int world : {1, 3}) {
+    CAPTURE(world);
+    auto sink = st::make_sink<st::memory_sink>();
+    save_steps(world, sink, {2});
+    std::atomic<int> refused{0};
+    on_ranks(world, sink, {.location = "/ckpt/b"}, [&](int, ck::checkpointer& c, tc::sharded_tensors&, ck::state_dict&) {
+      for (int attempt = 0; attempt < 2; ++attempt) {
+        try {
+          c.open_for_saves();
+        } catch (const sk::error& e) {
+          INFO(e.what());
+          CHECK(e.code() == sk::errc::config);
+          CHECK(std::string(e.what()).find("the checkpoint location '/ckpt/b' holds checkpoints of another run") != std::string::npos);
+          ++refused;
+        }
+      }
+    });
+    CHECK(refused == 2 * world);
+    // Opened, then saving: the save does not open again (one lease, one verdict).
+    on_ranks(world, sink, {.overwrite = true}, [&](int, ck::checkpointer& c, tc::sharded_tensors& model, ck::state_dict& d) {
+      c.open_for_saves();
+      c.open_for_saves();
+      model.fill(3);
+      CHECK(c.save(3, d).get().committed);
+    });
+    CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{3});
+  }
+}
+
 namespace {
 // A lease object as another holder writes it.
 void plant_lease(st::any_sink& sink, const std::string& host, std::int64_t pid, std::int64_t age_seconds, const std::string& run = "other-run") {

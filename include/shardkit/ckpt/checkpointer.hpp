@@ -20,7 +20,8 @@
 //! (writers of an earlier run killed mid-save), before any rank of this run can write.
 //! Rank 0 then tells every rank the outcome, so all ranks' results agree.
 //!
-//! **One run per location.** The first save opens the location for this run, on rank 0, before any rank writes:
+//! **One run per location.** The first save (or open_for_saves(), earlier) opens the location for this run, on rank
+//! 0, before any rank writes:
 //! it takes the location's lease (ckpt/lease.hpp: a second live writer is refused, naming the holder's run, host and
 //! pid), refuses a location whose newest checkpoint is another run's unless this run loaded from it or
 //! checkpointer_options::overwrite is set (then it removes them first), and tells every rank this run's id and which
@@ -226,6 +227,13 @@ class checkpointer {
   //! run saves those steps anew. A reader that never saves moves nothing.
   SHARDKIT_DECL std::optional<load_report> load_latest(const state_dict& into, load_scope scope = load_scope::what_state_asks);
 
+  //! Opens the location for this run's saves now, as the first save would (see the file comment): takes the lease
+  //! and refuses another run's checkpoints (errc::config on every rank) unless this run loaded from it or
+  //! checkpointer_options::overwrite is set. Collective; once per checkpointer (later calls, and saves, return at
+  //! once). A run that will save without loading calls it before training, so that a wrong location fails at start,
+  //! not at the first save; a load after it does not make the run a resumed one.
+  SHARDKIT_DECL void open_for_saves();
+
   //! Every saved rank's bytes of the per-rank entry `name` in the checkpoint of `step` (after a rescale).
   SHARDKIT_DECL std::vector<std::vector<std::byte>> read_rank_bytes(std::uint64_t step, const std::string& name);
 
@@ -312,7 +320,7 @@ class checkpointer {
   SHARDKIT_DECL void throw_failures_up_to(std::uint64_t up_to);
 
   // The first save's opening of the location (see the file comment): collective on calls_group_.
-  SHARDKIT_DECL void open_for_saves();
+  SHARDKIT_DECL void open_location();
   // Rank 0, opening: moves aside the damaged steps a load passed over (damaged_steps_), logging each.
   SHARDKIT_DECL void move_damaged_steps_aside(const listing& listed, const std::string& where);
   // Rank 0, opening: removes every checkpoint under the prefix (checkpointer_options::overwrite).

@@ -45,7 +45,7 @@ SHARDKIT_DECL basic_completion<save_result> checkpointer::save(std::uint64_t ste
     opts_.device.check_serves(t.location, t.name, "ckpt.save");
     on_device |= t.location != device::host();
   }
-  if (!opened_) open_for_saves();
+  open_for_saves();
   if (opts_.failed == on_failure::throw_next) throw_failures_any_rank_knows();
   // The copies (now, or on the worker when zero-overhead) must see the optimizer step the trainer queued.
   if (on_device) opts_.device.order_after_trainer();

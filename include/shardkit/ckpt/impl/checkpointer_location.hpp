@@ -64,6 +64,10 @@ SHARDKIT_DECL void checkpointer::sweep_temporaries_of_earlier_runs() {
 }
 
 SHARDKIT_DECL void checkpointer::open_for_saves() {
+  if (!opened_) open_location();
+}
+
+SHARDKIT_DECL void checkpointer::open_location() {
   const std::string where = opts_.location.empty() ? (opts_.prefix.empty() ? std::string("the sink's root") : "prefix '" + opts_.prefix + "'")
                                                    : opts_.location;
   std::string verdict;
