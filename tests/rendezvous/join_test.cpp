@@ -190,11 +190,24 @@ TEST_CASE("[rendezvous] join: a rank whose store host went away names that rank,
   }
 }
 
-TEST_CASE("[rendezvous] join: the host's timeout says how many joined and names the setting") {
+TEST_CASE("[rendezvous] join: the host's timeout says how many joined, names the setting and the ranks missing") {
   const auto host = join(0, true, 2, 0, 300ms);
   CHECK(host.code == errc::timeout);
   CHECK(has(host.what, "only 1 of 2 ranks joined"));
-  CHECK(has(host.what, "SHARDKIT_STORE_TIMEOUT"));
+  CHECK(has(host.what, "SHARDKIT_STORE_TIMEOUT): rank 1 never joined"));
+  // 5 ranks, ranks 1 and 3 never come.
+  const int port = shardkit::test::free_port();
+  std::vector<outcome> o(5);
+  shardkit::test::run_threads(5, [&](int r) {
+    if (r == 1 || r == 3) return;
+    if (r > 0) std::this_thread::sleep_for(100ms);  // after the host listens
+    o[std::size_t(r)] = join(port, r == 0, 5, r, 700ms);
+  });
+  CHECK(o[0].code == errc::timeout);
+  CAPTURE(o[0].what);
+  CHECK(has(o[0].what, "only 3 of 5 ranks joined"));
+  CHECK(has(o[0].what, "ranks 1, 3 never joined"));
+  CHECK(o[0].seconds < 3);
 }
 
 TEST_CASE("[rendezvous] a MASTER_PORT held by another program: a client stops at once, a host says so") {

@@ -19,6 +19,8 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -487,22 +489,71 @@ class tcp_store {
     if (!is_server) return;
     // The server publishes `ready` once every rank joined, or a refusal; the host waits on it (parked, not
     // polled) and then removes the bookkeeping, so none of it shows in num_keys().
-    const std::string joined(detail::store_joined_key), ready(detail::store_ready_key);
+    const std::string joined(detail::store_joined_key), ready(detail::store_ready_key),
+        joined_ranks(detail::store_joined_ranks_key);
+    // Asked in slices, so that a long wait says every slice which ranks it waits for (a rank that never started
+    // would otherwise leave the host silent for the whole timeout).
+    using std::chrono::milliseconds;
+    const milliseconds slice = timeout.count() > 0 ? std::clamp(timeout / 10, milliseconds(500), milliseconds(20'000)) : milliseconds(20'000);
+    const auto started = steady_clock::now();
+    const deadline until = deadline_after(timeout);
     std::string outcome;
-    try {
-      outcome = get(ready, timeout);
-    } catch (const error& e) {
-      if (e.code() != errc::timeout) throw;
-      const auto count = check(std::span<const std::string>(&joined, 1)) ? get(joined, timeout) : std::string("0");
-      throw_error(errc::timeout,
-                  "only " + count + " of " + std::to_string(world_size) + " ranks joined the store at " + address() +
-                      " within " + detail::ms_text(timeout) + " (SHARDKIT_STORE_TIMEOUT)",
-                  ctx);
+    for (;;) {
+      try {
+        const auto left = std::chrono::ceil<milliseconds>(until - steady_clock::now());
+        outcome = get(ready, until == no_deadline ? slice : std::clamp(left, milliseconds(1), slice));
+        break;
+      } catch (const error& e) {
+        if (e.code() != errc::timeout) throw;
+      }
+      const auto [count, who] = missing_ranks(world_size);
+      if (steady_clock::now() >= until)
+        throw_error(errc::timeout,
+                    "only " + count + " of " + std::to_string(world_size) + " ranks joined the store at " + address() +
+                        " within " + detail::ms_text(timeout) + " (SHARDKIT_STORE_TIMEOUT): " + who +
+                        " never joined (not started, started with another MASTER_ADDR or MASTER_PORT, or failed before "
+                        "joining: its own output says why)",
+                    ctx);
+      const auto seconds = [](auto d) {
+        char text[32];
+        std::snprintf(text, sizeof text, "%.3g s", std::chrono::duration<double>(d).count());
+        return std::string(text);
+      };
+      log::warn("store at ", address(), ": waiting for ", who, " to join (", count, " of ", world_size, " joined, ",
+                seconds(steady_clock::now() - started),
+                timeout.count() > 0 ? " of " + seconds(timeout) + ", SHARDKIT_STORE_TIMEOUT" : std::string(), ")");
     }
     remove(joined);
     remove(ready);
+    remove(joined_ranks);
     if (outcome.starts_with(detail::store_refused_prefix))
       throw_error(errc::config, outcome.substr(detail::store_refused_prefix.size()), ctx);
+  }
+
+  // How many ranks joined the store, and the ones that did not yet ("rank 3", "ranks 1, 3", "ranks 1, 2, ... (9 in
+  // all)"), from the join bookkeeping.
+  std::pair<std::string, std::string> missing_ranks(int world_size) {
+    const std::string joined(detail::store_joined_key), joined_ranks(detail::store_joined_ranks_key);
+    const auto read = [&](const std::string& k) {
+      return check(std::span<const std::string>(&k, 1)) ? get(k, std::chrono::milliseconds(1000)) : std::string();
+    };
+    const std::string count = read(joined), listed = read(joined_ranks);
+    std::vector<bool> in(std::size_t(world_size), false);
+    for (std::size_t at = 0; at < listed.size();) {
+      const auto next = listed.find(',', at + 1);
+      const auto r = std::atoll(listed.substr(at + 1, next - at - 1).c_str());
+      if (r >= 0 && r < world_size) in[std::size_t(r)] = true;
+      at = next == std::string::npos ? listed.size() : next;
+    }
+    std::vector<int> out;
+    for (int r = 0; r < world_size; ++r)
+      if (!in[std::size_t(r)]) out.push_back(r);
+    if (out.empty()) return {count, "no rank (every rank joined as the wait ended)"};
+    std::string who = out.size() == 1 ? "rank " : "ranks ";
+    constexpr std::size_t shown = 8;
+    for (std::size_t i = 0; i < out.size() && i < shown; ++i) who += (i ? ", " : "") + std::to_string(out[i]);
+    if (out.size() > shown) who += ", ... (" + std::to_string(out.size()) + " in all)";
+    return {count.empty() ? std::string("0") : count, who};
   }
 
   // The server outlives the socket (members are destroyed in reverse order), so our close comes first.

@@ -255,7 +255,10 @@ class tcp_store_server {
       }
       return reply(c, error_frame(errc::config, why));
     }
-    if (rank >= 0) claims_.emplace(rank, c.peer);
+    if (rank >= 0) {
+      claims_.emplace(rank, c.peer);
+      data_[std::string(detail::store_joined_ranks_key)] += "," + std::to_string(rank);  // the host names who is missing
+    }
     ++joined_;
     const std::string joined(detail::store_joined_key);
     data_[joined] = std::to_string(joined_);

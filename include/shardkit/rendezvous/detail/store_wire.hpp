@@ -139,9 +139,11 @@ inline std::string store_hello(std::string_view token, std::uint32_t version = s
   return frame_writer(store_op::hello).u32(store_magic).u32(version).str(token).take();
 }
 
-//! The keys of the join bookkeeping: the count of ranks joined, and what the host waits on ("1" once every rank
-//! joined, or "refused: <why>" once the server refused a rank's claim). The host removes both when it is done.
+//! The keys of the join bookkeeping: the count of ranks joined, the ranks that did (",0,2,1": a comma before each,
+//! in order of joining), and what the host waits on ("1" once every rank joined, or "refused: <why>" once the
+//! server refused a rank's claim). The host removes them when it is done.
 inline constexpr std::string_view store_joined_key = "__shardkit/store/joined";
+inline constexpr std::string_view store_joined_ranks_key = "__shardkit/store/joined_ranks";
 inline constexpr std::string_view store_ready_key = "__shardkit/store/ready";
 inline constexpr std::string_view store_refused_prefix = "refused: ";
 
