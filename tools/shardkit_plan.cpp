@@ -346,10 +346,10 @@ int main(int argc, char** argv) try {
               1e3 * alone.compute_seconds, 1e3 * model.optimizer_seconds, 1e3 * comm.step_seconds,
               comm.link_bytes / 1e6, 1e3 * link_seconds);
   if (budget && budget->bytes != 0 && budget->bytes != fsdp::unlimited_budget)
-    std::printf("# warning: this plan gives all %zu bytes to the limiter; a real sharded_model also charges its "
-                "groups' scratch (the trainer's group_scratch_bytes) to a budget in bytes and refuses one below %zu "
-                "bytes plus that scratch\n",
-                budget->bytes, rows.front().second.minimum_budget_bytes);
+    std::printf("# the groups' scratch: %zu of the budget's %zu bytes, as a real sharded_model charges it (the "
+                "planner's figure for p2p groups over TCP, the call check's frame slots included; the trainer prints "
+                "its own as group_scratch_bytes); the limiter's region is the rest, %zu bytes\n",
+                rows.front().second.group_scratch_bytes, budget->bytes, rows.front().second.budget_bytes);
   std::printf("| budget | step ms | / max(compute, link) | exposed ms | gather wait ms | limiter wait ms | peak gathered bytes |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   for (const auto& [label, r] : rows) row(label.c_str(), r, bound);

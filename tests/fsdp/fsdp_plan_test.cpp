@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "shardkit/comm/algorithms/call_check.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/fsdp/plan.hpp"
 #include "shardkit/fsdp/sharded_model.hpp"
@@ -147,8 +148,9 @@ TEST_CASE("[fsdp] plan: the step never grows with more bandwidth or a larger bud
   }
   for (double rate : {50e6, 200e6}) {
     last = 1e300;
-    const auto smallest = fsdp::simulate_step(units, lab(rate), {.limiter_budget_units = 1}).budget_bytes;
-    for (std::size_t b = smallest; b <= 6 * smallest; b += smallest / 4) {
+    const auto one = fsdp::simulate_step(units, lab(rate), {.limiter_budget_units = 1});
+    const std::size_t smallest = one.budget_bytes, scratch = one.group_scratch_bytes;  // a byte budget holds both
+    for (std::size_t b = smallest + scratch; b <= 6 * smallest; b += smallest / 4) {
       auto r = fsdp::simulate_step(units, lab(rate), {.limiter_budget_bytes = b});
       CHECK(r.step_seconds <= last * (1 + 1e-12));
       last = r.step_seconds;
@@ -229,6 +231,28 @@ TEST_CASE("[fsdp] plan: strategies, hosts and the CPU share") {
                          doctest::Contains("plan_cluster::comm_cpu_cores must not be negative"), sk::error);
     CHECK_THROWS_AS(fsdp::simulate_step({}, lab(), {}), sk::error);
   }
+}
+
+TEST_CASE("[fsdp] plan: a budget in bytes holds the groups' scratch, call check slots included, as sharded_model's does") {
+  const auto units = equal_units();
+  const auto one = fsdp::simulate_step(units, lab(), {.limiter_budget_units = 1});
+  const std::size_t scratch = one.group_scratch_bytes;
+  // 4 ranks, full_shard: the reduce-scatter's three slots of a 64 Ki-element f32 shard, and the call check's
+  // frame slots: the gather group's ring (2), the reduce group's ring and recursive doubling (5 on 4 ranks).
+  constexpr std::size_t slot = sk::comm::algorithms::frame_header::slot_bytes;
+  CHECK(scratch == 3 * (1u << 16) * sizeof(float) + 7 * slot);
+  CHECK(fsdp::simulate_step(units, lab(), {.limiter_budget_units = 1, .check_calls = false}).group_scratch_bytes ==
+        3 * (1u << 16) * sizeof(float));
+  // In units the scratch comes on top; in bytes the region is what it leaves, and too little is refused.
+  CHECK(fsdp::simulate_step(units, lab(), {.limiter_budget_bytes = one.budget_bytes + scratch + 100}).budget_bytes ==
+        one.budget_bytes + 64);
+  const std::string named = std::to_string(scratch) + " bytes of the groups' scratch";
+  CHECK_THROWS_WITH_AS(fsdp::simulate_step(units, lab(), {.limiter_budget_bytes = one.budget_bytes + scratch - 1}),
+                       doctest::Contains(named.c_str()), sk::error);
+  // A figure given (the trainer's group_scratch_bytes; 0 where the backend keeps none it can tell) replaces the estimate.
+  const auto given = fsdp::simulate_step(units, lab(), {.limiter_budget_bytes = one.budget_bytes, .group_scratch_bytes = 0});
+  CHECK(given.budget_bytes == one.budget_bytes);
+  CHECK(given.group_scratch_bytes == 0);
 }
 
 TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 ranks, every budget)") {

@@ -12,7 +12,9 @@
 #include <string>
 
 #include "abandon_cases.hpp"
+#include "shardkit/comm/algorithms/call_check.hpp"
 #include "shardkit/comm/loopback_world.hpp"
+#include "shardkit/fsdp/plan.hpp"
 #include "support/harness.hpp"
 #include "toy_checks.hpp"
 
@@ -205,27 +207,28 @@ TEST_CASE("[fsdp] an on_event callback that throws loses its event, not the step
   });
 }
 
-TEST_CASE("[fsdp] a group reports the scratch its backend keeps: what the ring and in-place all_to_all allocated") {
+TEST_CASE("[fsdp] a group reports the scratch its backend keeps: what the ring, in-place all_to_all and call check allocated") {
   constexpr int n = 4;
-  sk::comm::p2p_options p2p;
-  p2p.check_calls = false;  // the call check's frame slots (16 KiB per peer and direction) would add to these figures
-  auto groups = sk::comm::make_loopback_world(n, sk::comm::group_options::from_env(), p2p);
+  // The call check (on by default) keeps a frame slot per peer and direction a collective used.
+  constexpr std::size_t slot = sk::comm::algorithms::frame_header::slot_bytes;
+  auto groups = sk::comm::make_loopback_world(n);
   std::vector<std::size_t> before(n), after_gather(n), after_reduce(n), after_all_to_all(n);
   sk::test::run_threads(n, [&](int r) {
     auto& g = groups[std::size_t(r)];
     REQUIRE(g.scratch_bytes().has_value());
     before[std::size_t(r)] = *g.scratch_bytes();
-    // The ring all-gather works in the output: no scratch.
+    // The ring all-gather works in the output: no arena; slots to the next rank and from the previous one.
     std::vector<float> mine(1024, float(r)), all(n * 1024);
     g.all_gather(sk::const_buffer_view(std::span<const float>(mine)), sk::buffer_view(std::span<float>(all))).wait();
     after_gather[std::size_t(r)] = *g.scratch_bytes();
-    // The ring reduce-scatter of 4 x 1024 f32 keeps three 1024-element slots: 12 KiB.
+    // The ring reduce-scatter of 4 x 1024 f32 keeps three 1024-element slots (12 KiB), with the same two peers.
     std::vector<float> in(n * 1024, 1.0f), out(1024);
     g.reduce_scatter(sk::const_buffer_view(std::span<const float>(in)), sk::buffer_view(std::span<float>(out)))
         .wait();
     CHECK(out[0] == float(n));
     after_reduce[std::size_t(r)] = *g.scratch_bytes();
-    // An in-place all_to_all copies its input (64 KiB) into the scratch, which keeps the larger block.
+    // An in-place all_to_all copies its input (64 KiB) into the scratch, which keeps the larger block; it
+    // exchanges with every peer, each way.
     std::vector<float> blocks(n * 4096, float(r));
     sk::buffer_view b{std::span<float>(blocks)};
     g.all_to_all(b, b).wait();
@@ -236,41 +239,82 @@ TEST_CASE("[fsdp] a group reports the scratch its backend keeps: what the ring a
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
     CHECK(before[std::size_t(r)] == 0);
-    CHECK(after_gather[std::size_t(r)] == 0);
-    CHECK(after_reduce[std::size_t(r)] == 3 * 1024 * sizeof(float));
-    CHECK(after_all_to_all[std::size_t(r)] == n * 4096 * sizeof(float));
+    CHECK(after_gather[std::size_t(r)] == 2 * slot);
+    CHECK(after_reduce[std::size_t(r)] == 3 * 1024 * sizeof(float) + 2 * slot);
+    CHECK(after_all_to_all[std::size_t(r)] == n * 4096 * sizeof(float) + 2 * (n - 1) * slot);
   }
+  // Without the check, the arena alone.
+  sk::comm::p2p_options unchecked;
+  unchecked.check_calls = false;
+  auto plain = sk::comm::make_loopback_world(2, sk::comm::group_options::from_env(), unchecked);
+  sk::test::run_threads(2, [&](int r) {
+    std::vector<float> in(2 * 1024, 1.0f), out(1024);
+    plain[std::size_t(r)].reduce_scatter(sk::const_buffer_view(std::span<const float>(in)),
+                                         sk::buffer_view(std::span<float>(out))).wait();
+    CHECK(*plain[std::size_t(r)].scratch_bytes() == 3 * 1024 * sizeof(float));
+  });
 }
 
-TEST_CASE("[fsdp] the model's stats count its groups' scratch next to the limiter's peak") {
-  constexpr int n = 4;
-  sk::comm::p2p_options p2p;
-  p2p.check_calls = false;  // the call check's frame slots (16 KiB per peer and direction) would add to these figures
-  auto groups = sk::comm::make_loopback_world(n, sk::comm::group_options::from_env(), p2p);
-  sk::test::run_threads(n, [&](int r) {
-    fsdp::sharded_model model(groups[std::size_t(r)], toy::units(), {});
-    // The only collective that keeps scratch here is the reduce group's ring reduce-scatter of each unit's f32
-    // gradients: three slots of the largest shard (the scalar all-reduces' 8 bytes fit in them). Construction
-    // ran one of each size, so it is there before the first step, and the budget holds it on top of the region.
-    std::size_t largest_shard = 0;
-    for (std::size_t i = 0; i < model.num_units(); ++i)
-      largest_shard = std::max(largest_shard, model.layout(i).shard_numel());
-    const std::size_t expected = 3 * largest_shard * sizeof(float);
-    const auto at_start = model.stats();
-    CHECK(at_start.group_scratch_known);
-    CHECK(at_start.group_scratch_bytes == expected);
-    CHECK(at_start.budget_bytes == at_start.limiter.budget_bytes + expected);
-    model.init_parameters(toy::init);
-    for (int s = 0; s < 2; ++s) toy::forward_backward(model, s, r * 6, 6, true);
-    const auto st = model.stats();
-    CHECK(st.group_scratch_bytes == expected);
-    CHECK(st.group_scratch_bytes == *model.shard_group().scratch_bytes());
-    CHECK(st.peak_bytes() == st.limiter.peak_bytes + st.group_scratch_bytes);
-    CHECK(st.limiter.peak_bytes <= st.limiter.budget_bytes);
-    CHECK(st.peak_bytes() <= st.budget_bytes);
-    model.reset_stats();  // held memory: not a count to restart
-    CHECK(model.stats().group_scratch_bytes == expected);
-  });
+TEST_CASE("[fsdp] the model's stats are its groups' scratch, call check slots included, and the planner's figure") {
+  struct setup {
+    int n;
+    fsdp::sharding_strategy strategy;
+    std::size_t hybrid = 0;
+    bool check = true;
+  };
+  using fsdp::sharding_strategy;
+  for (const setup c : {setup{2, sharding_strategy::full_shard}, setup{3, sharding_strategy::full_shard},
+                        setup{4, sharding_strategy::full_shard}, setup{5, sharding_strategy::full_shard},
+                        setup{4, sharding_strategy::hybrid_shard, 2}, setup{3, sharding_strategy::no_shard},
+                        setup{4, sharding_strategy::full_shard, 0, false}}) {
+    CAPTURE(c.n);
+    const std::string strategy(fsdp::to_string(c.strategy));
+    CAPTURE(strategy);
+    CAPTURE(c.check);
+    sk::comm::p2p_options p2p;
+    p2p.check_calls = c.check;
+    auto groups = sk::comm::make_loopback_world(c.n, sk::comm::group_options::from_env(), p2p);
+    std::vector<fsdp::plan_unit> plan;
+    for (const auto& u : toy::units()) {
+      std::size_t numel = 0;
+      for (const auto& p : u.params) numel += p.numel();
+      plan.push_back({u.name, numel, 0, 0});
+    }
+    // What the planner charges a byte budget with: the same figure sharded_model measured (its largest over ranks).
+    const auto planned = fsdp::simulate_step(plan, {.ranks_per_host = std::size_t(c.n)},
+                                             {.strategy = c.strategy, .hybrid_shard_size = c.hybrid, .check_calls = c.check})
+                             .group_scratch_bytes;
+    sk::test::run_threads(c.n, [&](int r) {
+      fsdp::sharded_model model(groups[std::size_t(r)], toy::units(), {.strategy = c.strategy, .hybrid_shard_size = c.hybrid});
+      const auto held = [&] {
+        std::size_t sum = 0;
+        for (auto* g : {&model.gather_group(), &model.shard_group(), &model.replica_group()})
+          if (*g) sum += g->scratch_bytes().value();
+        return sum;
+      };
+      // Construction ran one collective of each size on each group, so the scratch (frame slots included) is
+      // there before the first step, and the budget holds it on top of the region.
+      const auto at_start = model.stats();
+      CHECK(at_start.group_scratch_known);
+      CHECK(at_start.group_scratch_bytes == held());
+      CHECK(at_start.budget_bytes == at_start.limiter.budget_bytes + planned);
+      CHECK(at_start.group_scratch_bytes <= planned);
+      if (c.check && c.n > 1) CHECK(at_start.group_scratch_bytes >= 2 * sk::comm::algorithms::frame_header::slot_bytes);
+      model.init_parameters(toy::init);
+      const int rows = toy::global_rows / c.n;
+      for (int s = 0; s < 2; ++s) toy::forward_backward(model, s, r * rows, rows, true);
+      (void)model.clip_grad_norm(1.0);
+      // Training used no peer the warm-up did not: nothing grew past the figure.
+      const auto st = model.stats();
+      CHECK(st.group_scratch_bytes == at_start.group_scratch_bytes);
+      CHECK(st.group_scratch_bytes == held());
+      CHECK(st.peak_bytes() == st.limiter.peak_bytes + st.group_scratch_bytes);
+      CHECK(st.limiter.peak_bytes <= st.limiter.budget_bytes);
+      CHECK(st.peak_bytes() <= st.budget_bytes);
+      model.reset_stats();  // held memory: not a count to restart
+      CHECK(model.stats().group_scratch_bytes == held());
+    });
+  }
 }
 
 TEST_CASE("[fsdp] a budget in bytes includes the groups' scratch; one the scratch leaves too little of is refused") {

@@ -60,7 +60,8 @@ refuse "below the" --units "$u" --hosts 2 --budget 1000
 "$plan" --units "$u" --strategy hybrid_shard --ranks 8 --ranks-per-host 4 | grep -q '^# 4 units, 2 hosts x 4 ranks, shard 4 x 2 replicas' ||
   { echo "FAIL: hybrid_shard without --hybrid-size: a shard group per host"; exit 1; }
 "$plan" --units "$u" --max-gathered 3 | grep -q '^| unlimited, at most 3 gathered |' || { echo "FAIL: --max-gathered's label"; exit 1; }
-"$plan" --units "$u" --hosts 2 --budget 300000 | grep -q '^# warning: .*scratch' || { echo "FAIL: no scratch warning"; exit 1; }
+"$plan" --units "$u" --hosts 2 --budget 1M | grep -q "^# the groups' scratch: [1-9][0-9]* of the budget's 1048576 bytes" ||
+  { echo "FAIL: no scratch line"; exit 1; }
 # The units file, read strictly: each bad line named with what was expected.
 bad_file() {
   printf "$1" >"$work/f.txt"

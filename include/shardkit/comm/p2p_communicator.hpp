@@ -37,7 +37,7 @@ namespace shardkit::comm {
 
 struct p2p_options {
   //! all_reduce at or below this many bytes uses recursive doubling (SHARDKIT_RD_THRESHOLD overrides).
-  std::size_t recursive_doubling_max_bytes = 64 * 1024;
+  std::size_t recursive_doubling_max_bytes = algorithms::recursive_doubling_default_max_bytes;
   //! all_reduce at or below this many bytes, in groups of at most one_shot_max_ranks, goes one-shot: one hop
   //! instead of log2(n) round trips (SHARDKIT_ONE_SHOT_THRESHOLD and SHARDKIT_ONE_SHOT_MAX_RANKS override). Off
   //! (0) by default: on the 2-core lab, where an 8-byte all_reduce is bound by thread wake-ups rather than the
@@ -105,8 +105,10 @@ class p2p_communicator {
   int size() const noexcept { return int(members_.size()); }
   bool supports(device d) const noexcept { return d.kind == device_kind::host; }
   //! The scratch this group keeps between operations (its ring slots, recursive doubling's, reduce's child slots
-  //! and the cross-memory staging), which is also its peak: the arena keeps its largest allocation. Split groups keep their own.
-  std::size_t scratch_bytes() const noexcept { return scratch_->held() + (checker_ ? checker_->slot_bytes() : 0); }
+  //! and the cross-memory staging), which is also its peak: the arena keeps its largest allocation. With the call
+  //! check on, also its frame slots (frame_header::slot_bytes per peer and direction its collectives have used,
+  //! kept). Split groups keep their own.
+  std::size_t scratch_bytes() const noexcept { return scratch_->held() + (checker_ ? checker_->slot_bytes_held() : 0); }
   //! Transport rank of each group rank.
   const std::vector<int>& members() const noexcept { return members_; }
   std::uint32_t group_id() const noexcept { return group_id_; }

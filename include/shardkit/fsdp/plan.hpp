@@ -25,7 +25,7 @@
 //!
 //! What it does not model: TCP's own dynamics (slow start, incast), the ring's segmentation, congestion beyond the
 //! host's link (a non-blocking switch is assumed), hosts or ranks that are slower than the others (stragglers),
-//! the groups' scratch (a budget in bytes is all given to the limiter), the time to convert and copy a shard into
+//! the time to convert and copy a shard into
 //! its slot, micro-batches without synchronisation, and the trainer's work outside units other than the optimizer
 //! (give it in `optimizer_seconds`). Its figures are as good as the unit times and the link figures it is given.
 //! @code
@@ -35,6 +35,7 @@
 //!   // r.step_seconds, r.exposed_seconds, r.peak_gathered_bytes, r.limiter_wait_seconds, r.timeline
 //! @endcode
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -93,6 +94,15 @@ struct plan_options {
   std::size_t scalar_all_reduces = 2;
   //! Keep every interval in plan_result::timeline.
   bool record_timeline = true;
+  //! The groups' own scratch (model_stats::group_scratch_bytes, which the trainer prints), charged to a budget in
+  //! bytes as sharded_model charges it: the limiter's region is the budget less the scratch. nullopt: the
+  //! planner's figure for p2p groups over TCP with their default algorithms (the ring's slots, recursive
+  //! doubling's copy and, with `check_calls`, the call check's frame slots of the peers they use); 0 for a
+  //! backend whose scratch the model cannot tell (NCCL).
+  std::optional<std::size_t> group_scratch_bytes;
+  //! Whether the groups run the call check (p2p_options::check_calls, on by default): its frame slots count in
+  //! the planner's scratch figure.
+  bool check_calls = true;
 };
 
 //! One interval of the simulated step, as sharding_options::on_event reports them (seconds from the step's start).
@@ -113,6 +123,7 @@ struct plan_result {
   double link_busy_seconds = 0;     //!< time the host's link carried a transfer
   double link_bytes = 0;            //!< bytes each way through the host's link in a step
   std::size_t budget_bytes = 0;     //!< the limiter's region
+  std::size_t group_scratch_bytes = 0;  //!< the groups' scratch the plan counted (plan_options::group_scratch_bytes)
   std::size_t minimum_budget_bytes = 0;  //!< the least region the strategy can run in (a smaller one is refused)
   std::size_t peak_gathered_bytes = 0;
   std::size_t shard_size = 1, replicas = 1;

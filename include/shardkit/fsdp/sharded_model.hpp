@@ -260,6 +260,8 @@ class sharded_model {
   //! The groups the model made (empty when its strategy needs none): for the optimizer's norm, the checkpointer.
   comm::process_group& shard_group() noexcept { return reduce_group_; }
   comm::process_group& replica_group() noexcept { return replica_group_; }
+  //! The all-gathers' group: the shard group's ranks, a group of its own so that gathers and reductions overlap.
+  comm::process_group& gather_group() noexcept { return gather_group_; }
 
   //! Safe to call from any thread, also while a pass runs.
   SHARDKIT_DECL model_stats stats() const;

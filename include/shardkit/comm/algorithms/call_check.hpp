@@ -75,13 +75,18 @@ struct frame_header {
   static constexpr std::int64_t magic = 0x53484b4652414d31;  // "SHKFRAM1"
   static constexpr std::size_t words = call_record::words + 2;
   static constexpr std::size_t bytes = words * sizeof(std::int64_t);
+  //! Payloads up to this size travel inside their header's message.
+  static constexpr std::size_t inline_max = 16 * 1024;
+  //! A frame slot: a header and an inline payload. A rank keeps one per peer and direction that its collectives
+  //! on the group have used, allocated at first use and kept between ops (p2p_communicator::scratch_bytes()
+  //! counts them).
+  static constexpr std::size_t slot_bytes = bytes + inline_max;
 };
 
 template <transport::p2p T>
 class call_checker : public std::enable_shared_from_this<call_checker<T>> {
  public:
-  //! Payloads up to this size travel inside their header's message.
-  static constexpr std::size_t inline_max = 16 * 1024;
+  static constexpr std::size_t inline_max = frame_header::inline_max;
   //! A rank waiting this fraction of its timeout in one collective sends its record to every member (3.).
   static constexpr int stall_divisor = 32;
 
@@ -94,7 +99,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     std::byte* dest = nullptr;   // where an inline payload goes
     std::size_t expected = 0;    // the bytes this rank expects in that first message
     completion header_send;      // a header sent ahead of its payload: waited with the payload's send
-    std::unique_ptr<std::byte[]> send_slot, recv_slot;  // header + inline_max each, kept between ops
+    std::unique_ptr<std::byte[]> send_slot, recv_slot;  // frame_header::slot_bytes each, kept between ops
   };
 
   static std::shared_ptr<call_checker> create(std::shared_ptr<T> transport, std::vector<int> members, int me,
@@ -162,7 +167,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   }
   std::byte* send_slot(contact& c) { return slot(c.send_slot); }
   std::byte* recv_slot(contact& c) { return slot(c.recv_slot); }
-  std::size_t slot_bytes() const noexcept { return held_.load(std::memory_order_relaxed); }
+  std::size_t slot_bytes_held() const noexcept { return held_.load(std::memory_order_relaxed); }
 
   bool poisoned() const noexcept { return poisoned_.load(std::memory_order_acquire); }
   //! The error names, as its peer, the rank that found the mismatch (this rank itself when it did).
@@ -214,8 +219,8 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
 
   std::byte* slot(std::unique_ptr<std::byte[]>& s) {
     if (!s) {
-      s = std::make_unique_for_overwrite<std::byte[]>(frame_header::bytes + inline_max);
-      held_.fetch_add(frame_header::bytes + inline_max, std::memory_order_relaxed);
+      s = std::make_unique_for_overwrite<std::byte[]>(frame_header::slot_bytes);
+      held_.fetch_add(frame_header::slot_bytes, std::memory_order_relaxed);
     }
     return s.get();
   }

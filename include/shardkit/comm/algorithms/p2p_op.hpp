@@ -210,7 +210,7 @@ class p2p_op {
         pc.posted = true;
         pc.dest = data;
         pc.expected = bytes;
-        pc.frame = post_recv(peer, checker_->recv_slot(pc), frame_header::bytes + call_checker<T>::inline_max);
+        pc.frame = post_recv(peer, checker_->recv_slot(pc), frame_header::slot_bytes);
         if (bytes <= call_checker<T>::inline_max) return pc.frame;
         pc.payload = post_recv(peer, data, bytes);
         return pc.payload;

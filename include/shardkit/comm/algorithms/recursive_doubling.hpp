@@ -22,6 +22,30 @@ inline void combine_in_rank_order(reduce_op rop, dtype type, std::byte* data, st
 }
 }  // namespace detail
 
+//! The p2p communicator's default threshold: all_reduce at or below this many bytes (or of fewer elements than
+//! ranks) uses recursive doubling, above it the ring (p2p_options::recursive_doubling_max_bytes).
+inline constexpr std::size_t recursive_doubling_default_max_bytes = 64 * 1024;
+
+//! Recursive doubling's shape on n ranks: the largest power of two pow2 <= n, the `extra` ranks past it (each
+//! folded into its odd neighbour: ranks 2e and 2e+1 for e < extra), and the rank that plays virtual rank `vrank`.
+struct recursive_doubling_shape {
+  int pow2 = 1, extra = 0;
+  explicit recursive_doubling_shape(int n) noexcept {
+    while (pow2 * 2 <= n) pow2 *= 2;
+    extra = n - pow2;
+  }
+  int rank_of(int vrank) const noexcept { return vrank < extra ? vrank * 2 + 1 : vrank + extra; }
+  //! The ranks `me` exchanges with (it sends to and receives from each), in order.
+  std::vector<int> peers(int me) const {
+    std::vector<int> out;
+    if (me < 2 * extra && me % 2 == 0) return {me + 1};  // folded out
+    const int vrank = me < 2 * extra ? me / 2 : me - extra;
+    if (me < 2 * extra) out.push_back(me - 1);
+    for (int mask = 1; mask < pow2; mask <<= 1) out.push_back(rank_of(vrank ^ mask));
+    return out;
+  }
+};
+
 //! All-reduce in place on `data` (count elements). Every rank ends with bitwise-identical values: each exchange
 //! combines the same two operands in the same order on both sides.
 template <transport::p2p T>
@@ -29,9 +53,8 @@ void recursive_doubling_all_reduce(p2p_op<T>& op, std::byte* data, std::size_t c
   const int n = op.n(), me = op.me();
   const std::size_t bytes = count * size_of(type);
   if (n > 1) {
-    int pow2 = 1;
-    while (pow2 * 2 <= n) pow2 *= 2;
-    const int extra = n - pow2;
+    const recursive_doubling_shape shape(n);
+    const int pow2 = shape.pow2, extra = shape.extra;
     std::byte* const incoming = op.scratch(bytes);
     int vrank;
     if (me < 2 * extra) {
@@ -49,7 +72,7 @@ void recursive_doubling_all_reduce(p2p_op<T>& op, std::byte* data, std::size_t c
     if (vrank >= 0) {
       for (int mask = 1; mask < pow2; mask <<= 1) {
         const int vpartner = vrank ^ mask;
-        const int partner = vpartner < extra ? vpartner * 2 + 1 : vpartner + extra;
+        const int partner = shape.rank_of(vpartner);
         auto r = op.recv(partner, incoming, bytes);
         auto s = op.send(partner, data, bytes);
         op.wait_recv(r, partner, bytes);

@@ -15,6 +15,7 @@
 
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/fsdp/detail/plan_scratch.hpp"
 #include "shardkit/fsdp/plan.hpp"
 #include "shardkit/fsdp/rate_limiter.hpp"
 #include "shardkit/fsdp/unit.hpp"
@@ -96,6 +97,7 @@ class plan_simulation {
       const unit_layout l(unit_spec{u.name, {{u.name, {u.numel}}}}, shard_);
       unit_state st;
       st.name = u.name;
+      st.shard_numel = l.shard_numel();
       st.params_bytes = master ? 0 : round64(l.padded_numel() * size_of(options.precision.param));
       st.grads_bytes = round64(l.padded_numel() * size_of(options.precision.reduce));
       st.gather = ring(shard_group_, double(l.padded_numel() * size_of(options.precision.param)), 1);
@@ -134,6 +136,7 @@ class plan_simulation {
  private:
   struct unit_state {
     std::string name;
+    std::size_t shard_numel = 0;
     std::size_t params_bytes = 0, grads_bytes = 0;
     plan_collective gather, reduce_scatter, replica_all_reduce;
     double forward_work = 0, backward_work = 0;
@@ -190,7 +193,8 @@ class plan_simulation {
     return c;
   }
 
-  // sharded_model's budget, derived the same way (its constructor), the groups' scratch taken as none.
+  // sharded_model's budget, derived the same way (its constructor): a budget in bytes holds the groups' scratch
+  // too, one in units or unlimited sizes the region and the scratch comes on top.
   std::size_t budget(const error_context& where) {
     const bool keeps = opts_.strategy == sharding_strategy::shard_grad_op || opts_.strategy == sharding_strategy::no_shard;
     std::size_t unit_max = 0, kept = 0, grads_max = 0, total = 0;
@@ -210,11 +214,27 @@ class plan_simulation {
     }
     if (b == 0) b = minimum + unit_max;
     if (b == unlimited_budget) b = total;
-    if (b < minimum)
+    std::size_t scratch = 0;
+    if (opts_.group_scratch_bytes) {
+      scratch = *opts_.group_scratch_bytes;
+    } else {
+      std::vector<std::size_t> shards;
+      for (const auto& u : units_) shards.push_back(u.shard_numel);
+      scratch = estimate_group_scratch(shards, shard_, replicas_, size_of(opts_.precision.reduce), opts_.check_calls);
+    }
+    result_.group_scratch_bytes = scratch;
+    const std::size_t charged = in_bytes ? scratch : 0;  // minimum is a sum of 64-byte multiples
+    if (b < minimum + charged)
       throw_error(errc::invalid_argument,
-                  "limiter budget of " + std::to_string(b) + " bytes is below the " + std::to_string(minimum) +
-                      " bytes that " + std::string(to_string(opts_.strategy)) + " must hold at once",
+                  "limiter budget of " + std::to_string(b) + " bytes is below the " +
+                      (charged == 0 ? std::string()
+                                    : std::to_string(minimum + charged) + " bytes this model needs: the ") +
+                      std::to_string(minimum) + " bytes that " + std::string(to_string(opts_.strategy)) +
+                      " must hold at once" +
+                      (charged == 0 ? std::string()
+                                    : " plus " + std::to_string(charged) + " bytes of the groups' scratch"),
                   where);
+    b -= charged;
     const std::size_t gathered = units_.front().params_bytes == 0 ? 0 : 1;
     const std::size_t need_count = keeps ? gathered * units_.size() + 1 : gathered + 1;
     if (opts_.limiter_max_inflight != 0 && opts_.limiter_max_inflight < need_count)
