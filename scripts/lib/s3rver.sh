@@ -9,6 +9,7 @@
 #                                      SHARDKIT_TEST_S3RVER_DATA and SHARDKIT_TEST_S3RVER_URL (s3rver itself,
 #                                      unverified: for benchmarks that measure the server, not the front)
 #   shardkit_s3rver_stop               stops both (callers trap it on EXIT)
+#   shardkit_s3rver_install <work dir> installs s3rver only, prints its module directory (scripts/governor-lab)
 #
 # Without node/npm, the registry or /usr/bin/python3 with botocore (python3-botocore) it says so and returns 0:
 # the s3 suites then skip with that reason.
@@ -27,6 +28,20 @@ _shardkit_wait_port_file() {
   [ -s "$1" ]
 }
 
+# shardkit_s3rver_install <work dir>: installs s3rver@$SHARDKIT_S3RVER_VERSION under <work dir> once (npm registry)
+# and prints the directory to pass to tests/s3/s3rver_server.js; returns 1 (having said why) when it cannot.
+shardkit_s3rver_install() {
+  local modules="$1/s3rver-$SHARDKIT_S3RVER_VERSION"
+  if [ ! -f "$modules/node_modules/s3rver/package.json" ]; then
+    echo "shardkit: installing s3rver@$SHARDKIT_S3RVER_VERSION into $modules" >&2
+    if ! npm install --prefix "$modules" --no-audit --no-fund --loglevel=error "s3rver@$SHARDKIT_S3RVER_VERSION" >/dev/null; then
+      echo "shardkit: npm install s3rver failed; the s3 tests will skip" >&2
+      return 1
+    fi
+  fi
+  echo "$modules/node_modules/s3rver"
+}
+
 shardkit_s3rver_start() {
   local work
   work=$(mkdir -p "$1" && cd "$1" && pwd)
@@ -40,18 +55,12 @@ shardkit_s3rver_start() {
     echo "shardkit: /usr/bin/python3 has no botocore (python3-botocore); the s3 tests will skip" >&2
     return 0
   fi
-  local modules="$work/s3rver-$SHARDKIT_S3RVER_VERSION"
-  if [ ! -f "$modules/node_modules/s3rver/package.json" ]; then
-    echo "shardkit: installing s3rver@$SHARDKIT_S3RVER_VERSION into $modules" >&2
-    if ! npm install --prefix "$modules" --no-audit --no-fund --loglevel=error "s3rver@$SHARDKIT_S3RVER_VERSION" >/dev/null; then
-      echo "shardkit: npm install s3rver failed; the s3 tests will skip" >&2
-      return 0
-    fi
-  fi
+  local modules
+  modules=$(shardkit_s3rver_install "$work") || return 0
   local data="$work/s3rver-data" port_file="$work/s3rver.port" front_port_file="$work/s3-front.port"
   rm -rf "$data" "$port_file" "$front_port_file"
   mkdir -p "$data"
-  node --openssl-legacy-provider "$root/tests/s3/s3rver_server.js" "$modules/node_modules/s3rver" "$data" "$port_file" \
+  node --openssl-legacy-provider "$root/tests/s3/s3rver_server.js" "$modules" "$data" "$port_file" \
     shardkit-test >"$work/s3rver.log" 2>&1 &
   SHARDKIT_S3RVER_PID=$!
   if ! _shardkit_wait_port_file "$port_file" "$SHARDKIT_S3RVER_PID"; then

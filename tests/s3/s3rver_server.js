@@ -6,7 +6,8 @@
 //   node --openssl-legacy-provider s3rver_server.js <s3rver module dir> <data dir> <port file> <bucket>...
 //
 // (--openssl-legacy-provider: s3rver makes ListObjectsV2 continuation tokens with DES, which OpenSSL 3 retired.)
-// Listens on 127.0.0.1, port 0; writes the port to <port file> once it accepts connections. Virtual-hosted
+// Listens on 127.0.0.1 (SHARDKIT_S3RVER_ADDRESS: another local address, e.g. a lab host's for scripts/governor-lab),
+// port 0; writes the port to <port file> once it accepts connections. Virtual-hosted
 // requests work with the endpoint http://s3.localhost:<port> (bucket.s3.localhost).
 'use strict';
 const fs = require('fs');
@@ -79,7 +80,7 @@ process.on('uncaughtException', e => console.error('s3rver: ignored:', e && e.me
 process.on('unhandledRejection', e => console.error('s3rver: ignored:', e && e.message));
 
 const server = new S3rver({
-  address: '127.0.0.1',
+  address: process.env.SHARDKIT_S3RVER_ADDRESS || '127.0.0.1',
   port: 0,
   silent: true,
   directory: dataDir,
