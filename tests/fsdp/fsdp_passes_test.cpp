@@ -148,10 +148,10 @@ TEST_CASE("[fsdp] a non-finite gradient norm: the optimizer raises on every rank
     fsdp::sgd skipping(model, {.lr = 0.1, .on_non_finite = fsdp::non_finite_policy::skip});
     toy::forward_backward(model, 0, r * 6, 6, true);
     if (r == 0) model.grad_shard(1)[0] = std::numeric_limits<float>::infinity();  // one rank's overflow
-    const auto master = [&] {
+    const auto master = [&] {  // read through a const model: a stepped unit's master is the next forward's
       std::vector<float> all;
-      for (std::size_t i = 0; i < model.num_units(); ++i)
-        all.insert(all.end(), model.master_shard(i).begin(), model.master_shard(i).end());
+      const fsdp::sharded_model& m = model;
+      for (std::size_t i = 0; i < m.num_units(); ++i) all.insert(all.end(), m.master_shard(i).begin(), m.master_shard(i).end());
       return all;
     };
     const auto before = master();

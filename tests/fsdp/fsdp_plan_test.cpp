@@ -9,6 +9,7 @@
 #include <mutex>
 #include <numeric>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "shardkit/comm/algorithms/call_check.hpp"
@@ -255,7 +256,7 @@ TEST_CASE("[fsdp] plan: a budget in bytes holds the groups' scratch, call check 
   CHECK(given.group_scratch_bytes == 0);
 }
 
-TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 ranks, every budget)") {
+TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 ranks, every budget, early gathers)") {
   // Equal units, so that the budget in units decides exactly what fits.
   std::vector<fsdp::unit_spec> specs;
   std::vector<fsdp::plan_unit> plan;
@@ -266,12 +267,15 @@ TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 
   }
   const fsdp::plan_cluster cluster{.hosts = 2, .link_bytes_per_second = 50e6, .rtt_seconds = 50e-6};
   auto groups = sk::comm::make_loopback_world(2);
-  const std::pair<std::size_t, std::size_t> cases[] = {{1, 1 << 20}, {2, 1 << 20}, {0, 1 << 20}, {0, 1}, {0, 0}};
-  for (auto [units_budget, prefetch] : cases) {
+  const std::tuple<std::size_t, std::size_t, bool> cases[] = {
+      {1, 1 << 20, true}, {2, 1 << 20, true}, {0, 1 << 20, true}, {0, 1, true}, {0, 0, true}, {2, 1 << 20, false}};
+  for (auto [units_budget, prefetch, early] : cases) {
     CAPTURE(units_budget);
     CAPTURE(prefetch);
+    CAPTURE(early);
     fsdp::plan_options po;
     po.prefetch = prefetch;
+    po.early_gathers = early;
     po.limiter_budget_units = units_budget;
     if (units_budget == 0) po.limiter_budget_bytes = fsdp::unlimited_budget;
     const auto sim = fsdp::simulate_step(plan, cluster, po);
@@ -282,19 +286,32 @@ TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 
       o.limiter_budget_units = po.limiter_budget_units;
       o.limiter_budget_bytes = po.limiter_budget_bytes;
       o.prefetch = prefetch;
+      o.early_gathers = early;
       o.on_event = [&](const fsdp::model_event& e) {
         std::lock_guard l(m);
         events.push_back(e);
       };
+      // Two steps, as the planner simulates them: the second is compared, with the gathers the first's optimizer
+      // started for it, and without those the second's optimizer starts for a third.
+      std::chrono::steady_clock::time_point optimizer_began[2];
       {
         fsdp::sharded_model model(groups[std::size_t(r)], specs, o);
         CHECK(model.limiter().budget() == sim.budget_bytes);
-        for (auto& u : model.forward()) (void)u, std::this_thread::sleep_for(std::chrono::microseconds(300));
-        for (auto& u : model.backward()) (void)u, std::this_thread::sleep_for(std::chrono::microseconds(300));
-        (void)model.mean_over_ranks(1.0);
-        model.clip_grad_norm(1.0);
+        fsdp::sgd opt(model, {.lr = 1e-3});
+        for (int step = 0; step < 2; ++step) {
+          for (auto& u : model.forward()) (void)u, std::this_thread::sleep_for(std::chrono::microseconds(300));
+          for (auto& u : model.backward()) (void)u, std::this_thread::sleep_for(std::chrono::microseconds(300));
+          (void)model.mean_over_ranks(1.0);
+          model.clip_grad_norm(1.0);
+          optimizer_began[step] = std::chrono::steady_clock::now();
+          opt.step();
+          model.zero_grad();
+        }
       }
       std::lock_guard l(m);
+      std::erase_if(events, [&](const fsdp::model_event& e) {
+        return e.begin < optimizer_began[0] || e.begin >= optimizer_began[1];
+      });
       // Each lane's order: the trainer's uses, the gather group's all-gathers, the reduce thread's reductions.
       const auto lane = [](const auto& list, kind k) {
         std::vector<std::pair<fsdp::pass, std::size_t>> out;

@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 
 #include "abandon_cases.hpp"
 #include "shardkit/comm/algorithms/call_check.hpp"
@@ -188,6 +191,64 @@ TEST_CASE("[fsdp] the timeline: every gather, use and reduction of a step, in or
     for (std::size_t i = 1; i < gathers.size(); ++i) CHECK(gathers[i]->begin >= gathers[i - 1]->end);
     CHECK(std::count_if(events.begin(), events.end(), [](auto& e) { return e.what == kind::reduce_wait; }) >= 1);
   });
+}
+
+TEST_CASE("[fsdp] early gathers: the optimizer starts the next forward's first gathers; training is bit for bit the same") {
+  // The same collectives in another order of time: every loss and parameter equal, on 2 and 3 ranks, at every
+  // budget, with a short prefetch window and with SGD.
+  const fsdp::sharding_options configs[] = {{}, {.limiter_budget_units = 1}, {.limiter_budget_bytes = fsdp::unlimited_budget},
+                                            {.prefetch = 1}, {.limiter_max_inflight = 2}};
+  for (int n : {2, 3})
+    for (std::size_t c = 0; c < std::size(configs); ++c) {
+      CAPTURE(n);
+      CAPTURE(c);
+      fsdp::sharding_options on = configs[c], off = configs[c];
+      off.early_gathers = false;
+      toy::check_close(run_on(n, on, 3, 1, c == 3 ? toy::optimizer_kind::sgd : toy::optimizer_kind::adamw),
+                       run_on(n, off, 3, 1, c == 3 ? toy::optimizer_kind::sgd : toy::optimizer_kind::adamw), 0, 0);
+    }
+  auto groups = sk::comm::make_loopback_world(2);
+  const std::size_t units = toy::units().size();
+  for (bool early : {true, false})
+    sk::test::run_threads(2, [&](int r) {
+      CAPTURE(early);
+      fsdp::sharded_model model(groups[std::size_t(r)], toy::units(), {.limiter_budget_units = 2, .early_gathers = early});
+      model.init_parameters(toy::init);
+      fsdp::adamw opt(model);
+      toy::forward_backward(model, 0, r * 6, 6, true);
+      model.clip_grad_norm(1.0);
+      model.reset_stats();
+      opt.step();
+      // From an empty region, in unit order, as many as the two-unit region takes: at least the first two, started
+      // on the gather thread while the trainer goes on (without them, none until forward()).
+      auto st = model.stats();
+      for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+           early && st.gathers < 2 && std::chrono::steady_clock::now() < until; st = model.stats())
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      CHECK((st.gathers >= 2) == early);
+      CHECK((st.limiter.in_use_bytes > 0) == early);
+      CHECK(st.limiter.in_use_bytes <= st.limiter.budget_bytes);
+      if (early) {
+        // What the next forward gathers is what the optimizer wrote: no writing in between.
+        CHECK_THROWS_WITH_AS(model.master_shard(0), doctest::Contains("gather for the next forward has started"), sk::error);
+        CHECK(std::as_const(model).master_shard(0).size() == model.layout(0).shard_numel());
+        CHECK_THROWS_WITH_AS(opt.step(), doctest::Contains("gather for the next forward has started"), sk::error);
+      } else {
+        CHECK_NOTHROW(model.master_shard(0));
+      }
+      model.zero_grad();  // between the step and the forward, as trainers do
+      // The forward uses the early gathers: the step's gathers are its forward's and backward's, none twice.
+      toy::forward_backward(model, 1, r * 6, 6, true);
+      CHECK(model.stats().gathers == 2 * units);
+      CHECK(model.stats().limiter.in_use_bytes == 0);
+      model.clip_grad_norm(1.0);
+      opt.step();
+      model.zero_grad();
+      // A backward straight after the step (no forward) waits for the early gathers first; so does the
+      // destructor at the end.
+      for (auto& u : model.backward(false)) (void)u;
+      opt.step();
+    });
 }
 
 TEST_CASE("[fsdp] an on_event callback that throws loses its event, not the step") {

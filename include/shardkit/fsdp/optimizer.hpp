@@ -73,11 +73,14 @@ class optimizer_state {
 };
 
 //! Calls f(unit, offset, count, decays) for every piece of every local shard (padding is never visited: its
-//! parameters and gradients stay zero).
+//! parameters and gradients stay zero). Units in forward order, each announced to the model once its pieces are
+//! stepped (sharded_model::shard_stepped), so that the next forward's gathers start while the optimizer steps the rest.
 template <class F>
 void for_each_piece(sharded_model& model, const decay_rule& decays, F&& f) {
-  for (std::size_t i = 0; i < model.num_units(); ++i)
+  for (std::size_t i = 0; i < model.num_units(); ++i) {
     for (const auto& piece : model.local_pieces(i)) f(i, piece.shard_offset, piece.numel(), decays(*piece.param));
+    model.shard_stepped(i);
+  }
 }
 
 inline void check_finite_positive(double v, const char* what, const char* op) {

@@ -111,6 +111,14 @@ struct sharding_options {
   //! How many units ahead of the one in use gathers are queued; the limiter then admits as many as the budget
   //! holds. 0 gathers each unit only when it is used (no overlap: the baseline the benchmarks compare with).
   std::size_t prefetch = 1 << 20;
+  //! The next forward's first gathers start as soon as the optimizer has stepped their units' master shards
+  //! (sharded_model::shard_stepped, which fsdp::sgd and fsdp::adamw call unit by unit, in forward order), not at
+  //! forward(): they overlap the rest of the optimizer's step and whatever the trainer does before that forward,
+  //! where the link would otherwise idle. As many as the prefetch window holds and the limiter's region takes at
+  //! once without waiting, so every rank issues the same ones; none with prefetch 0. A unit's master shard then
+  //! holds what that forward uses: master_shard(i) refuses to hand it out for writing until the forward begins,
+  //! and a load through sharded_state()'s views in between is not seen by that forward (load before the step).
+  bool early_gathers = true;
   //! Backwards per optimizer step (micro-batches) the trainer runs. The model does not use it; construction
   //! compares it across ranks with the units and the other options, so that ranks set up for different
   //! accumulation fail at once, naming both values, instead of timing out in a later reduction. 0: not set.

@@ -8,7 +8,9 @@
 //!     units ahead and waits for the unit's all-gather (and in backward its gradient buffer); the unit's compute;
 //!     end_unit frees the parameters (full_shard, hybrid_shard in forward; every strategy in backward) and queues
 //!     the unit's reduction; the last backward unit waits for every reduction; then the step's scalar all-reduces
-//!     (the loss's mean, the gradient norm) and the optimizer on this rank's shard.
+//!     (the loss's mean, the gradient norm) and the optimizer on this rank's shard, unit by unit in forward order
+//!     (each unit's part of `optimizer_seconds` is its part of the parameters); with `early_gathers`, as each unit
+//!     is stepped the next step's forward gathers start as sharded_model::shard_stepped starts them.
 //!   - the gather thread: one job at a time, in queue order, each awaiting the rate limiter; a backward gather takes
 //!     its parameters and gradients as one request. The limiter is the library's own first-fit region with its
 //!     count cap (detail::region_blocks), budget derived exactly as sharded_model derives it.
@@ -87,6 +89,8 @@ struct plan_options {
   //! "2 in flight"), gradients not counted; 0: off. Not a sharded_model option: set the byte budget unlimited with it.
   std::size_t max_gathered = 0;
   std::size_t prefetch = 1 << 20;
+  //! sharding_options::early_gathers: the next forward's first gathers start as the optimizer steps their units.
+  bool early_gathers = true;
   //! The optimizer's step on this rank's shard, and the step's other work outside units.
   double optimizer_seconds = 0;
   //! Scalar all-reduces after backward (the trainer's loss mean and gradient norm: 2), each a latency per
@@ -130,7 +134,9 @@ struct plan_result {
   std::vector<plan_event> timeline;
 };
 
-//! Simulates one step (steps are alike: each ends with every collective done). errc::invalid_argument for a
+//! Simulates a step in steady state: a first step, whose optimizer starts the second's early gathers, then the
+//! second, which is the one reported (its intervals from its start: an early gather begins before 0; the gathers
+//! its own optimizer starts for the step after belong to that step). errc::invalid_argument for a
 //! cluster or options that sharded_model would refuse (naming what), or a schedule that cannot finish.
 inline plan_result simulate_step(std::span<const plan_unit> units, const plan_cluster& cluster,
                                  const plan_options& options);

@@ -240,8 +240,9 @@ class sharded_model {
   std::size_t shard_size() const noexcept { return shard_size_; }  //!< ranks a unit is sharded over
   std::size_t shard_rank() const noexcept { return shard_rank_; }  //!< this rank's shard
   std::size_t replicas() const noexcept { return replicas_; }      //!< ranks holding the same shard
-  //! Unit i's f32 master shard and reduced gradient shard (what optimizers step).
-  std::span<float> master_shard(std::size_t i) { return unit(i).master; }
+  //! Unit i's f32 master shard and reduced gradient shard (what optimizers step). Writable only while the unit's
+  //! next forward gather has not started (sharding_options::early_gathers): errc::invalid_argument after that.
+  SHARDKIT_DECL std::span<float> master_shard(std::size_t i);
   std::span<const float> master_shard(std::size_t i) const { return unit(i).master; }
   //! (Writable: a norm clip_grad_norm computed is then no longer reused, see grad_norm.)
   std::span<float> grad_shard(std::size_t i) {
@@ -301,6 +302,12 @@ class sharded_model {
   //! Ends unit i's use in the current pass: forward frees its parameters (full_shard, hybrid_shard); backward
   //! frees them and reduces its gradients (or keeps them, accumulating).
   SHARDKIT_DECL void end_unit(std::size_t i);
+
+  //! The optimizer has stepped unit i's master shard: it holds the parameters the next forward uses. With
+  //! sharding_options::early_gathers, that forward's gathers start now, in unit order, as far as the units stepped
+  //! so far, the prefetch window and the limiter's region allow (see there). Nothing during a pass or while the
+  //! limiter holds anything. Called by fsdp::sgd and fsdp::adamw; every rank must call it alike.
+  SHARDKIT_DECL void shard_stepped(std::size_t i);
 
   //! Blocks until every queued gradient reduction is done; rethrows the first failure, naming its unit.
   SHARDKIT_DECL void wait_for_gradients();
@@ -375,6 +382,11 @@ class sharded_model {
   std::size_t position(std::size_t i) const noexcept { return pass_ == pass::forward ? i : units_.size() - 1 - i; }
 
   SHARDKIT_DECL void begin_pass(pass p, bool sync);
+  // The pass state of a forward whose gathers shard_stepped queues before forward() (in_pass_ stays false).
+  SHARDKIT_DECL void prepare_pass(pass p, bool sync);
+  // Something other than forward() comes after early gathers (backward(), a load, full_state, the destructor):
+  // waits for them (every rank issued the same ones) and gives their parameters back.
+  SHARDKIT_DECL void settle_early_gathers() noexcept;
 
   // Gradients kept across micro-batches live outside the limiter's region, one buffer per unit for the whole
   // accumulation (PyTorch's no_sync() costs the same): held that long, they would fragment the region that
@@ -454,6 +466,9 @@ class sharded_model {
   bool accumulating_ = false;     // a backward without sync ran since the last synchronizing one
   bool use_accumulated_ = false;  // this backward's gradients go into the accumulation buffers
   std::size_t next_ = 0, queued_ = 0;
+  bool early_forward_ = false;     // the next forward's first gathers are queued (shard_stepped), forward() not begun
+  std::size_t early_bytes_ = 0;    // their parameters' bytes
+  std::vector<bool> stepped_;      // units shard_stepped since the last pass began
   std::uint64_t pass_serial_ = 0;      // passes begun: names the pass a gather was planned or issued in
   std::size_t reductions_queued_ = 0;  // gradient reductions this pass has queued (its first units, in order)
   std::uint64_t gathers_refused_ = 0;  // gather thread: a pass whose gather failed issues none after it

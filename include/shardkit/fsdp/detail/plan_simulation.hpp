@@ -109,11 +109,17 @@ class plan_simulation {
     }
     region_ = budget(where);
     limiter_.emplace(region_, options.limiter_max_inflight, "fsdp.plan.limiter");
-    for (std::size_t pos = 0; pos < units_.size(); ++pos) ops_.push_back({op::begin, pass::forward, pos});
-    for (std::size_t pos = 0; pos < units_.size(); ++pos) ops_.push_back({op::begin, pass::backward, pos});
-    ops_.push_back({op::wait_reductions, pass::backward, 0});
-    for (std::size_t k = 0; k < options.scalar_all_reduces; ++k) ops_.push_back({op::scalar, pass::backward, k});
-    ops_.push_back({op::optimizer, pass::backward, 0});
+    double numel = 0;
+    for (const auto& u : units) numel += double(u.numel);
+    for (const auto& u : units) optimizer_share_.push_back(double(u.numel) / numel);
+    // Two steps: the first warms up (its optimizer queues the second's early gathers), the second is measured.
+    for (std::size_t step = 0; step < 2; ++step) {
+      for (std::size_t pos = 0; pos < units_.size(); ++pos) ops_.push_back({op::begin, pass::forward, pos, step});
+      for (std::size_t pos = 0; pos < units_.size(); ++pos) ops_.push_back({op::begin, pass::backward, pos, step});
+      ops_.push_back({op::wait_reductions, pass::backward, 0, step});
+      for (std::size_t k = 0; k < options.scalar_all_reduces; ++k) ops_.push_back({op::scalar, pass::backward, k, step});
+      for (std::size_t i = 0; i < units_.size(); ++i) ops_.push_back({op::optimizer, pass::backward, i, step});
+    }
   }
 
   plan_result run() {
@@ -122,8 +128,9 @@ class plan_simulation {
       if (pc_ == ops_.size()) break;
       advance();
     }
-    result_.step_seconds = now_;
-    result_.exposed_seconds = std::max(0.0, now_ - result_.compute_seconds);
+    result_.step_seconds = now_ - boundary_;
+    for (auto& e : result_.timeline) e.begin -= boundary_, e.end -= boundary_;
+    result_.exposed_seconds = std::max(0.0, result_.step_seconds - result_.compute_seconds);
     rate_limiter_stats s;
     limiter_->fill(s);
     result_.budget_bytes = s.budget_bytes;
@@ -147,12 +154,14 @@ class plan_simulation {
   struct trainer_op {
     op what;
     fsdp::pass pass;
-    std::size_t index;  // begin: the position in the pass
+    std::size_t index;  // begin: the position in the pass; optimizer: the unit it steps
+    std::size_t step;   // 0: the warm-up step, 1: the measured one
   };
   struct gather_job {
     std::size_t unit;
     fsdp::pass pass;
     bool params, grads;
+    std::size_t step;  // the step whose pass uses it
   };
   struct running {
     plan_collective c;
@@ -163,6 +172,7 @@ class plan_simulation {
   struct reduce_job {
     std::vector<plan_collective> parts;
     std::size_t unit = model_event::no_unit;  // no_unit: a scalar all-reduce
+    std::size_t step = 0;
   };
 
   static std::size_t round64(std::size_t n) { return (n + 63) / 64 * 64; }
@@ -256,8 +266,9 @@ class plan_simulation {
     return opts_.strategy == sharding_strategy::full_shard || opts_.strategy == sharding_strategy::hybrid_shard;
   }
 
-  void emit(model_event::kind k, fsdp::pass p, std::size_t unit, double begin) {
-    if (opts_.record_timeline) result_.timeline.push_back({k, p, unit, begin, now_});
+  // Only the measured step's intervals, from its start (an early gather of its forward begins before 0).
+  void emit(model_event::kind k, fsdp::pass p, std::size_t unit, double begin, std::size_t step) {
+    if (opts_.record_timeline && step == 1) result_.timeline.push_back({k, p, unit, begin, now_});
   }
 
   // ---- the trainer's thread ----
@@ -265,7 +276,7 @@ class plan_simulation {
     return p == pass::forward ? pos : units_.size() - 1 - pos;
   }
 
-  void queue_gathers(fsdp::pass p, std::size_t until) {
+  void queue_gathers(fsdp::pass p, std::size_t until, std::size_t step) {
     until = std::min(until, units_.size());
     for (; queued_ < until; ++queued_) {
       const std::size_t i = unit_at(p, queued_);
@@ -276,7 +287,7 @@ class plan_simulation {
       if (p == pass::forward || !need_grads) u.grads_ready = true;
       if (need_params) u.params_ready = false;
       if (need_grads) u.grads_ready = false;
-      if (need_params || need_grads) gather_jobs_.push_back({i, p, need_params, need_grads});
+      if (need_params || need_grads) gather_jobs_.push_back({i, p, need_params, need_grads, step});
     }
   }
 
@@ -297,10 +308,12 @@ class plan_simulation {
       if (!waiting_since_) {
         waiting_since_ = now_;
         if (o.what == op::begin) {
-          if (o.index == 0) queued_ = 0;
-          queue_gathers(o.pass, o.index + 1 + opts_.prefetch);
+          if (o.index == 0 && !(o.pass == pass::forward && early_forward_)) queued_ = 0;
+          if (o.index == 0) early_forward_ = false, stepped_.assign(units_.size(), false), early_bytes_ = 0;
+          queue_gathers(o.pass, o.index + 1 + opts_.prefetch, o.step);
         } else if (o.what == op::scalar) {
           reduce_job j;
+          j.step = o.step;
           if (shard_ > 1) j.parts.push_back(scalar(shard_group_));
           if (replicas_ > 1) j.parts.push_back(scalar(replica_group_));
           scalar_done_ = false;
@@ -312,19 +325,19 @@ class plan_simulation {
       if (o.what == op::begin) {
         auto& u = units_[unit_at(o.pass, o.index)];
         if (!u.params_ready || !u.grads_ready) return moved;
-        result_.gather_wait_seconds += now_ - since;
-        emit(model_event::kind::gather_wait, o.pass, unit_at(o.pass, o.index), since);
+        if (o.step == 1) result_.gather_wait_seconds += now_ - since;
+        emit(model_event::kind::gather_wait, o.pass, unit_at(o.pass, o.index), since, o.step);
         start_compute(o.pass == pass::forward ? u.forward_work : u.backward_work);
       } else if (o.what == op::wait_reductions) {
         if (pending_reductions_ != 0) return moved;
-        result_.reduce_wait_seconds += now_ - since;
-        emit(model_event::kind::reduce_wait, pass::backward, model_event::no_unit, since);
+        if (o.step == 1) result_.reduce_wait_seconds += now_ - since;
+        emit(model_event::kind::reduce_wait, pass::backward, model_event::no_unit, since, o.step);
         next_op();
       } else if (o.what == op::scalar) {
         if (!scalar_done_) return moved;
         next_op();
       } else {
-        start_compute(opts_.optimizer_seconds);
+        start_compute(opts_.optimizer_seconds * optimizer_share_[o.index]);
       }
       moved = true;
     }
@@ -335,12 +348,39 @@ class plan_simulation {
     computing_ = true;
     compute_left_ = work;
     compute_begin_ = now_;
-    result_.compute_seconds += work;
+    if (ops_[pc_].step == 1) result_.compute_seconds += work;
   }
 
   void next_op() {
     ++pc_;
     waiting_since_.reset();
+    if (pc_ < ops_.size() && ops_[pc_].step == 1 && ops_[pc_ - 1].step == 0) {
+      // The measured step starts: its counts from here, the limiter's peak from what it holds now.
+      boundary_ = now_;
+      limiter_->reset_peak();
+    }
+  }
+
+  // sharded_model::shard_stepped: the next forward's gathers in unit order, from an empty region, as far as the
+  // units stepped, the prefetch window and the region's size (and the count cap) allow, so none waits.
+  void shard_stepped(std::size_t i, std::size_t step) {
+    if (!opts_.early_gathers || opts_.prefetch == 0 || units_[i].params_bytes == 0) return;
+    if (!early_forward_) {
+      rate_limiter_stats held;
+      limiter_->fill(held);
+      if (held.in_use_bytes != 0 || pending_reductions_ != 0) return;
+      if (stepped_.size() != units_.size()) stepped_.assign(units_.size(), false);
+    }
+    stepped_[i] = true;
+    const std::size_t window = opts_.prefetch >= units_.size() ? units_.size() : 1 + opts_.prefetch;
+    for (std::size_t pos = early_forward_ ? queued_ : 0; pos < window && stepped_[pos]; ++pos) {
+      const std::size_t bytes = units_[pos].params_bytes;
+      if (early_bytes_ + bytes > region_) break;
+      if (opts_.limiter_max_inflight != 0 && pos + 1 > opts_.limiter_max_inflight) break;
+      if (!early_forward_) queued_ = 0, early_forward_ = true;
+      early_bytes_ += bytes;
+      queue_gathers(pass::forward, pos + 1, step + 1);
+    }
   }
 
   void compute_done() {
@@ -349,17 +389,19 @@ class plan_simulation {
     if (o.what == op::begin) {
       const std::size_t i = unit_at(o.pass, o.index);
       auto& u = units_[i];
-      emit(model_event::kind::use, o.pass, i, compute_begin_);
+      emit(model_event::kind::use, o.pass, i, compute_begin_, o.step);
       if (o.pass == pass::forward) {
         if (frees_after_forward()) release_params(u);
       } else {
         release_params(u);
-        reduce_job j{{}, i};
+        reduce_job j{{}, i, o.step};
         if (shard_ > 1) j.parts.push_back(u.reduce_scatter);
         if (replicas_ > 1) j.parts.push_back(u.replica_all_reduce);
         reduce_jobs_.push_back(std::move(j));
         ++pending_reductions_;
       }
+    } else if (o.what == op::optimizer) {
+      shard_stepped(o.index, o.step);
     }
     next_op();
   }
@@ -375,11 +417,11 @@ class plan_simulation {
       const std::size_t bytes = (j.params ? u.params_bytes : 0) + (j.grads ? u.grads_bytes : 0);
       auto block = limiter_->try_take(limiter_request{bytes, {}});
       if (!block) return moved;
-      if (now_ > *head_since_) {
+      if (now_ > *head_since_ && j.step == 1) {
         ++result_.limiter_waits;
         result_.limiter_wait_seconds += now_ - *head_since_;
       }
-      emit(model_event::kind::limiter_wait, j.pass, j.unit, *head_since_);
+      emit(model_event::kind::limiter_wait, j.pass, j.unit, *head_since_, j.step);
       head_since_.reset();
       if (j.params && j.grads) {
         limiter_->note_split();
@@ -395,7 +437,7 @@ class plan_simulation {
         if (u.gather.steps == 0)
           u.params_ready = true;
         else
-          gathers_.push_back({j.unit, j.pass});
+          gathers_.push_back({j.unit, j.pass, j.step});
       }
       if (j.grads) u.grads_ready = true;
       gather_jobs_.pop_front();
@@ -408,7 +450,7 @@ class plan_simulation {
   bool start_collectives() {
     bool moved = false;
     if (!gather_running_ && !gathers_.empty()) {
-      gather_running_ = start(units_[gathers_.front().first].gather);
+      gather_running_ = start(units_[gathers_.front().unit].gather);
       gather_begin_ = now_;
       moved = true;
       if (!gather_running_) gather_done();
@@ -451,14 +493,14 @@ class plan_simulation {
   }
 
   void gather_done() {
-    const auto [i, p] = gathers_.front();
+    const auto [i, p, step] = gathers_.front();
     gathers_.pop_front();
     units_[i].params_ready = true;
-    emit(model_event::kind::gather, p, i, gather_begin_);
+    emit(model_event::kind::gather, p, i, gather_begin_, step);
   }
 
   void reduce_job_done() {
-    const std::size_t i = reduce_jobs_.front().unit;
+    const std::size_t i = reduce_jobs_.front().unit, step = reduce_jobs_.front().step;
     reduce_jobs_.pop_front();
     reduce_part_ = 0;
     if (i == model_event::no_unit) {
@@ -470,7 +512,7 @@ class plan_simulation {
     u.grads.reset();
     u.grads_ready = false;
     --pending_reductions_;
-    emit(model_event::kind::reduce, pass::backward, i, reduce_begin_);
+    emit(model_event::kind::reduce, pass::backward, i, reduce_begin_, step);
   }
 
   void settle() {
@@ -515,7 +557,7 @@ class plan_simulation {
                       " with nothing running (a count limit below what the strategy holds at once?)",
                   {.operation = "fsdp.plan"});
     const double tolerance = dt * 1e-12 + 1e-18;
-    if (flows > 0) {
+    if (flows > 0 && ops_[pc_].step == 1) {
       result_.link_busy_seconds += dt;
       for (running* r : colls)
         if (r && !r->in_latency && r->c.crosses_hosts)
@@ -554,13 +596,23 @@ class plan_simulation {
 
   std::vector<trainer_op> ops_;
   std::size_t pc_ = 0, queued_ = 0;
+  std::vector<double> optimizer_share_;  // a unit's part of optimizer_seconds: its share of the parameters
+  bool early_forward_ = false;           // the next forward's first gathers are queued (shard_stepped)
+  std::size_t early_bytes_ = 0;
+  std::vector<bool> stepped_;
+  double boundary_ = 0;                  // the measured step's start
   std::optional<double> waiting_since_;
   bool computing_ = false;
   double compute_left_ = 0, compute_begin_ = 0;
 
   std::deque<gather_job> gather_jobs_;
   std::optional<double> head_since_;
-  std::deque<std::pair<std::size_t, fsdp::pass>> gathers_;
+  struct issued_gather {
+    std::size_t unit;
+    fsdp::pass pass;
+    std::size_t step;
+  };
+  std::deque<issued_gather> gathers_;
   std::optional<running> gather_running_;
   double gather_begin_ = 0;
   std::deque<reduce_job> reduce_jobs_;

@@ -242,6 +242,7 @@ SHARDKIT_DECL sharded_model::~sharded_model() {
   if (live_range_) live_range_->model_ = nullptr;
   // An all-gather in flight writes into the limiter's region: wait for it before the region goes.
   abandon_pass();
+  settle_early_gathers();
   pass_stop_.request_stop();
   gather_thread_.join();
   reduce_thread_.join();

@@ -11,6 +11,19 @@ SHARDKIT_DECL void sharded_model::begin_pass(pass p, bool sync) {
                 "a " + std::string(to_string(p)) + " pass began while the " + std::string(to_string(pass_)) +
                     " pass had units left (unit '" + units_[unit_at(next_)]->layout.name() + "' was next)",
                 {.rank = rank_, .operation = "fsdp.pass"});
+  stepped_.assign(units_.size(), false);
+  early_bytes_ = 0;
+  if (early_forward_ && p == pass::forward) {
+    early_forward_ = false;  // its first gathers are queued already, in this pass's serial
+    in_pass_ = true;
+    return;
+  }
+  settle_early_gathers();
+  prepare_pass(p, sync);
+  in_pass_ = true;
+}
+
+SHARDKIT_DECL void sharded_model::prepare_pass(pass p, bool sync) {
   if (pass_stop_.stop_requested()) pass_stop_ = std::stop_source();
   if (p == pass::backward) {
     use_accumulated_ = !sync || accumulating_;
@@ -19,11 +32,68 @@ SHARDKIT_DECL void sharded_model::begin_pass(pass p, bool sync) {
   }
   pass_ = p;
   sync_ = sync;
-  in_pass_ = true;
   next_ = 0;
   queued_ = 0;
   reductions_queued_ = 0;
   ++pass_serial_;
+}
+
+SHARDKIT_DECL void sharded_model::shard_stepped(std::size_t i) {
+  unit(i);  // the index is checked whatever the options
+  if (!opts_.early_gathers || opts_.prefetch == 0 || in_pass_ || params_are_master()) return;
+  if (!early_forward_) {
+    // Admission must not depend on timing, or ranks would issue different gathers: only from an empty region,
+    // where first fit places blocks one after another, so what fits in the region's size is granted at once.
+    if (limiter_->stats().in_use_bytes != 0) return;
+    for (auto& u : units_)
+      if (u->reduced.valid()) return;
+    if (stepped_.size() != units_.size()) stepped_.assign(units_.size(), false);
+  }
+  stepped_[i] = true;
+  const std::size_t window = opts_.prefetch >= units_.size() ? units_.size() : 1 + opts_.prefetch;
+  const std::size_t cap = opts_.limiter_max_inflight;
+  // Forward order: a position is its unit's index. Each gather takes its turn after the one queued before it.
+  for (std::size_t pos = early_forward_ ? queued_ : 0; pos < window && stepped_[pos]; ++pos) {
+    const std::size_t bytes = params_bytes(*units_[pos]);
+    if (early_bytes_ + bytes > limiter_->budget()) break;
+    if (cap != 0 && pos + 1 > cap) break;
+    if (!early_forward_) {
+      prepare_pass(pass::forward, true);
+      early_forward_ = true;
+    }
+    early_bytes_ += bytes;
+    queue_gathers(pos + 1);
+  }
+}
+
+SHARDKIT_DECL void sharded_model::settle_early_gathers() noexcept {
+  if (!early_forward_) return;
+  early_forward_ = false;
+  drain_gathers();
+  for (std::size_t pos = 0; pos < queued_; ++pos) {
+    auto& u = *units_[pos];
+    try {
+      if (u.params_work.handle().valid()) u.params_work.wait();  // peers write into the lease until it is done
+    } catch (...) {
+      // a failed all-gather broke its group: the next collective on it reports that
+    }
+    u.params_work = {};
+    release_params(u);
+  }
+  queued_ = 0;
+  early_bytes_ = 0;
+  stepped_.assign(units_.size(), false);
+}
+
+SHARDKIT_DECL std::span<float> sharded_model::master_shard(std::size_t i) {
+  auto& u = unit(i);
+  if (early_forward_ && i < queued_)
+    throw_error(errc::invalid_argument,
+                "unit '" + u.layout.name() + "' master shard asked for writing after the optimizer stepped it: its "
+                "gather for the next forward has started (sharding_options::early_gathers); change it before the "
+                "optimizer step, read it through a const model, or turn early_gathers off",
+                context("master_shard", u));
+  return u.master;
 }
 
 SHARDKIT_DECL void sharded_model::ensure_accumulation_buffers() {
