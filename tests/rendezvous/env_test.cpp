@@ -97,6 +97,20 @@ TEST_CASE("[rendezvous] torchrun variables: every error names its variable") {
   expect_config_error(with(torchrun, {{"WORLD_SIZE", "2.5"}}), "WORLD_SIZE");
   expect_config_error(with(torchrun, {}, {"MASTER_ADDR"}), "MASTER_ADDR");
   expect_config_error(with(torchrun, {{"MASTER_ADDR", ""}}), "MASTER_ADDR");
+  // A port or a URL in MASTER_ADDR is refused at once, naming both variables.
+  for (const char* addr : {"127.0.0.1:29500", "head:29500", "[fe80::1]:29500", "tcp://head:29500", "http://head"}) {
+    CAPTURE(addr);
+    expect_config_error(with(torchrun, {{"MASTER_ADDR", addr}}), "MASTER_ADDR");
+    CHECK_THROWS_WITH_AS(rdv::info_from_env(with(torchrun, {{"MASTER_ADDR", addr}})),
+                         doctest::Contains("is not a host name or address alone: give the host in MASTER_ADDR and the port in MASTER_PORT"),
+                         shardkit::error);
+  }
+  CHECK_THROWS_WITH_AS(rdv::info_from_env(with(torchrun, {{"MASTER_ADDR", "127.0.0.1:29500"}})),
+                       doctest::Contains("(MASTER_ADDR=127.0.0.1 MASTER_PORT="), shardkit::error);
+  for (const char* addr : {"fe80::1", "::1", "head.example.org", "10.0.0.1"}) {
+    CAPTURE(addr);
+    CHECK(rdv::info_from_env(with(torchrun, {{"MASTER_ADDR", addr}})).master_addr == addr);
+  }
   expect_config_error(with(torchrun, {}, {"MASTER_PORT"}), "MASTER_PORT");
   expect_config_error(with(torchrun, {{"MASTER_PORT", "70000"}}), "MASTER_PORT");
   expect_config_error(with(torchrun, {{"MASTER_PORT", "0"}}), "MASTER_PORT");

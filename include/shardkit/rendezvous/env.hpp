@@ -80,6 +80,21 @@ inline void validate(const rendezvous_info& i, const info_names& n) {
     config_error(n.local_rank, is(n.local_rank, i.local_rank) + " must be in [0, " + n.local_world_size + "=" +
                                    std::to_string(i.local_world_size) + ")");
   if (i.master_addr.empty()) config_error(n.master_addr, n.master_addr + " is empty");
+  // A port (or a URL) in the address never resolves: refused now, not after retrying for the store's timeout.
+  const std::string& a = i.master_addr;
+  std::string host;
+  if (const auto scheme = a.find("://"); scheme != std::string::npos) {
+    host = a.substr(scheme + 3);
+    host = host.substr(0, host.find_first_of(":/"));
+  } else if (a.front() == '[') {
+    if (const auto close = a.find(']'); close != std::string::npos && close + 1 < a.size()) host = a.substr(1, close - 1);
+  } else if (const auto colon = a.find(':'); colon != std::string::npos && a.find(':', colon + 1) == std::string::npos) {
+    host = a.substr(0, colon);  // one colon: host:port (an IPv6 address has several)
+  }
+  if (!host.empty() || a.find("://") != std::string::npos)
+    config_error(n.master_addr, n.master_addr + "='" + a + "' is not a host name or address alone: give the host in " + n.master_addr +
+                                    " and the port in " + n.master_port + " (" + n.master_addr + "=" + (host.empty() ? "HOST" : host) +
+                                    " " + n.master_port + "=" + (i.master_port > 0 ? std::to_string(i.master_port) : "PORT") + ")");
   if (i.master_port < 0 || i.master_port > 65535)
     config_error(n.master_port, is(n.master_port, i.master_port) + " is outside 1..65535");
   if (i.master_port == 0 && i.world_size > 1)
