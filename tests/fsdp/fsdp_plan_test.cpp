@@ -133,6 +133,22 @@ TEST_CASE("[fsdp] plan: a one-unit budget serializes gathers; an unlimited one o
   }
 }
 
+TEST_CASE("[fsdp] plan: small units sit apart in the region: at one unit, forward still overlaps a block's gather") {
+  // An embedding and a head a sixteenth of a block. One unit holds two blocks' parameters: with the embedding's
+  // block at the region's bottom (first fit), block 1 would not fit beside block 0 once the embedding is freed,
+  // and waited for block 0's use to end; at the top, block 1 is gathered while block 0 computes.
+  std::vector<fsdp::plan_unit> units{{"embed", 1u << 14, 1e-3, 1e-3}};
+  for (int i = 0; i < 4; ++i) units.push_back({"b" + std::to_string(i), 1u << 18, 4e-3, 8e-3});
+  units.push_back({"head", 1u << 14, 1e-3, 1e-3});
+  const auto r = fsdp::simulate_step(units, lab(), {.limiter_budget_units = 1});
+  std::map<std::pair<kind, std::size_t>, fsdp::plan_event> forward;
+  for (const auto& e : r.timeline)
+    if (e.pass == fsdp::pass::forward) forward[{e.what, e.unit}] = e;
+  for (std::size_t b = 2; b + 1 < units.size(); ++b)
+    CHECK(forward.at({kind::gather, b}).begin < forward.at({kind::use, b - 1}).end);
+  CHECK(r.peak_gathered_bytes <= r.budget_bytes);
+}
+
 TEST_CASE("[fsdp] plan: the step never grows with more bandwidth or a larger budget") {
   auto units = equal_units();
   units[0].numel = 3u << 16;  // uneven units: first-fit holes are real

@@ -129,6 +129,49 @@ TEST_CASE_TEMPLATE("[fsdp] rate_limiter hands out aligned, padded blocks of its 
   CHECK(whole->offset() == 0);
 }
 
+TEST_CASE("[fsdp] rate_limiter places small requests at the top: a small block does not split the room of two large ones") {
+  // Room for two large blocks, a small one taken first: first fit puts it at the bottom, and once it is released its
+  // hole and the one above the first large block are each too small for the second large one.
+  for (std::size_t small : {std::size_t(0), std::size_t(200)}) {
+    CAPTURE(small);
+    rate_limiter lim({.budget_bytes = 1024, .small_request_bytes = small});
+    auto s = lim.try_acquire(64);
+    REQUIRE(s);
+    CHECK(s->offset() == (small ? 1024 - 64 : 0));
+    auto big = lim.try_acquire(512);
+    REQUIRE(big);
+    CHECK(big->offset() == (small ? 0 : 64));
+    s.reset();
+    auto second = lim.try_acquire(512);
+    CHECK(bool(second) == (small != 0));
+    if (second) CHECK(second->offset() == 512);
+  }
+  // Small blocks go into the last hole that holds them, top end first; an exact fit uses the hole up; all of it
+  // coalesces back into one region.
+  rate_limiter lim({.budget_bytes = 1024, .small_request_bytes = 200});
+  auto low = lim.try_acquire(448);
+  auto a = lim.try_acquire(128), b = lim.try_acquire(64);
+  REQUIRE((low && a && b));
+  CHECK(low->offset() == 0);
+  CHECK(a->offset() == 896);
+  CHECK(b->offset() == 832);
+  auto c = lim.try_acquire(192), d = lim.try_acquire(192);
+  REQUIRE(c);
+  CHECK(c->offset() == 640);
+  REQUIRE(d);
+  CHECK(d->offset() == 448);  // the last hole, exactly
+  CHECK_FALSE(lim.try_acquire(64));
+  a.reset();
+  c.reset();
+  auto e = lim.try_acquire(128);  // the highest hole that holds it: a's
+  REQUIRE(e);
+  CHECK(e->offset() == 896);
+  low.reset(), b.reset(), d.reset(), e.reset();
+  auto whole = lim.try_acquire(1024);
+  REQUIRE(whole);
+  CHECK(whole->offset() == 0);
+}
+
 TEST_CASE("[fsdp] rate_limiter rejects a zero budget and a bad alignment") {
   CHECK(error_of([] { rate_limiter lim({.budget_bytes = 0}); }).code() == make_error_code(errc::invalid_argument));
   CHECK(error_of([] { rate_limiter lim({.budget_bytes = 1024, .alignment = 48}); }).code() ==

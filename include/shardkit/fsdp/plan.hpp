@@ -12,7 +12,7 @@
 //!     (each unit's part of `optimizer_seconds` is its part of the parameters); with `early_gathers`, as each unit
 //!     is stepped the next step's forward gathers start as sharded_model::shard_stepped starts them.
 //!   - the gather thread: one job at a time, in queue order, each awaiting the rate limiter; a backward gather takes
-//!     its parameters and gradients as one request. The limiter is the library's own first-fit region with its
+//!     its parameters and gradients as one request. The limiter is the library's own region (first fit, small blocks from the top) with its
 //!     count cap (detail::region_blocks), budget derived exactly as sharded_model derives it.
 //!   - the gather group: its all-gathers one at a time, in issue order.
 //!   - the reduce thread: each unit's reduce-scatter, then the replicas' all-reduce, then the gradients' block goes

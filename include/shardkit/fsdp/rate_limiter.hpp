@@ -12,8 +12,10 @@
 //! budget is a physical bound (peak bytes cannot exceed it, the resident memory of gathered buffers is the
 //! budget), pages are touched once and reused every step instead of churning the heap, and with
 //! host_shared_memory the ranks of a host map the region once and all-gather into each other's blocks in place.
-//! Blocks start on `alignment` and are padded to it; placement is first-fit over a free list that coalesces on
-//! release.
+//! Blocks start on `alignment` and are padded to it; placement is over a free list that coalesces on release:
+//! first fit from the bottom, except requests below `small_request_bytes`, which take the top of the last hole
+//! that holds them. Small blocks (an embedding's, a head's) then sit apart from the large ones instead of between
+//! them, where their holes would split the room two large blocks need side by side.
 //!
 //! Where the region lives is the Memory's business: host_shared_memory by default; device memory for gathered
 //! parameters on a GPU (cuda/device_memory.hpp, or whatever a sharded_model's gather_device
@@ -66,6 +68,9 @@ namespace shardkit::fsdp {
 struct rate_limiter_options {
   std::size_t budget_bytes = 0;  //!< bytes of all-gathered buffers alive at once; 0 is an error
   std::size_t max_inflight = 0;  //!< optional count limit; 0 = no count limit
+  //! Requests of fewer bytes are placed at the region's top end (last fit), the others first fit from the bottom
+  //! (see the file comment); 0: first fit for all. A sharded_model sets half its largest unit's parameters.
+  std::size_t small_request_bytes = 0;
   std::size_t alignment = 64;    //!< every block starts on this boundary and is padded to it
   std::string name = "fsdp.limiter";
 };
@@ -100,23 +105,32 @@ device memory_location(const M& m) noexcept {
     return device::host();
 }
 
-// The limiter's semaphore_resource: first-fit blocks of one region plus a count limit. Taking a block never
-// allocates (a shrunk hole's node is re-keyed through extract), so admission cannot fail; only a release that
-// opens a hole between two held blocks inserts a node.
+// The limiter's semaphore_resource: blocks of one region (first fit from the bottom, small requests last fit from
+// the top) plus a count limit. Taking a block never allocates (a hole shrunk from below is re-keyed through
+// extract, one shrunk from above keeps its key), so admission cannot fail; only a release that opens a hole
+// between two held blocks inserts a node.
 class region_blocks {
  public:
   using request_type = limiter_request;
   using grant_type = region_block;
 
-  region_blocks(std::size_t region, std::size_t max_count, std::string_view name)
-      : region_(region), max_count_(max_count), name_(name) {
+  region_blocks(std::size_t region, std::size_t max_count, std::string_view name, std::size_t small_bytes = 0)
+      : region_(region), max_count_(max_count), small_(small_bytes), name_(name) {
     holes_.emplace(0, region);
   }
 
   std::optional<region_block> try_take(const limiter_request& q) noexcept {
     if (max_count_ != 0 && count_ == max_count_) return std::nullopt;
     region_block b{0, q.bytes};
-    if (q.bytes != 0) {
+    if (q.bytes != 0 && q.bytes < small_) {
+      auto hole = std::find_if(holes_.rbegin(), holes_.rend(), [&](const auto& h) { return h.second >= q.bytes; });
+      if (hole == holes_.rend()) return std::nullopt;
+      b.offset = hole->first + hole->second - q.bytes;
+      if (hole->second == q.bytes)
+        holes_.erase(std::next(hole).base());
+      else
+        hole->second -= q.bytes;
+    } else if (q.bytes != 0) {
       auto hole = std::find_if(holes_.begin(), holes_.end(), [&](const auto& h) { return h.second >= q.bytes; });
       if (hole == holes_.end()) return std::nullopt;
       b.offset = hole->first;
@@ -186,7 +200,7 @@ class region_blocks {
     holes_.emplace_hint(next, b.offset, b.size);
   }
 
-  std::size_t region_, max_count_;
+  std::size_t region_, max_count_, small_;
   std::string_view name_;
   std::map<std::size_t, std::size_t> holes_;  // offset -> size, disjoint and never adjacent
   std::size_t in_use_ = 0, peak_ = 0, count_ = 0, peak_count_ = 0;
@@ -294,7 +308,7 @@ class basic_rate_limiter {
         budget_(checked_region(options.budget_bytes, alignment_, name_)),
         region_(sized_region(make_region(budget_), budget_, name_)),
         location_(detail::memory_location(region_)),
-        sem_(budget_, options.max_inflight, name_) {}
+        sem_(budget_, options.max_inflight, name_, options.small_request_bytes) {}
   basic_rate_limiter(const basic_rate_limiter&) = delete;
   basic_rate_limiter& operator=(const basic_rate_limiter&) = delete;
 

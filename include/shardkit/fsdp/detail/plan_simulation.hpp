@@ -108,7 +108,9 @@ class plan_simulation {
       units_.push_back(std::move(st));
     }
     region_ = budget(where);
-    limiter_.emplace(region_, options.limiter_max_inflight, "fsdp.plan.limiter");
+    std::size_t largest_params = 0;  // sharded_model's placement rule: below half of it, from the region's top
+    for (const auto& u : units_) largest_params = std::max(largest_params, u.params_bytes);
+    limiter_.emplace(region_, options.limiter_max_inflight, "fsdp.plan.limiter", largest_params / 2);
     double numel = 0;
     for (const auto& u : units) numel += double(u.numel);
     for (const auto& u : units) optimizer_share_.push_back(double(u.numel) / numel);

@@ -172,8 +172,12 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
     // minimum is a multiple of 64, so what passed the check still holds it).
     region = (budget - setup_scratch_) / 64 * 64;
   }
+  // Units under half the largest one's parameters (an embedding, a head) are placed apart from the large ones.
+  std::size_t largest_params = 0;
+  for (auto& u : units_) largest_params = std::max(largest_params, params_bytes(*u));
   limiter_.emplace(rate_limiter_options{.budget_bytes = region,
                                         .max_inflight = opts_.limiter_max_inflight,
+                                        .small_request_bytes = largest_params / 2,
                                         .name = opts_.name + ".limiter"},
                    [&](std::size_t bytes) { return opts_.device.allocate(bytes); });
   for (auto& u : units_) {

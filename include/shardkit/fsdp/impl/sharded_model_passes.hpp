@@ -43,7 +43,8 @@ SHARDKIT_DECL void sharded_model::shard_stepped(std::size_t i) {
   if (!opts_.early_gathers || opts_.prefetch == 0 || in_pass_ || params_are_master()) return;
   if (!early_forward_) {
     // Admission must not depend on timing, or ranks would issue different gathers: only from an empty region,
-    // where first fit places blocks one after another, so what fits in the region's size is granted at once.
+    // where blocks are placed one after another from either end, so what fits in the region's size is granted at
+    // once.
     if (limiter_->stats().in_use_bytes != 0) return;
     for (auto& u : units_)
       if (u->reduced.valid()) return;
