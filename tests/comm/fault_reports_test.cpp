@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "support/harness.hpp"
+#include "support/scoped_env.hpp"
 
 using namespace shardkit;
 
@@ -60,6 +61,7 @@ void one_rank_stops(int n, int victim, comm::algorithm algo, const std::string& 
         CHECK(says(e, victim_says));
       } else {
         CHECK(says(e, expected));
+        CHECK(says(e, "(timeout 300 ms: group_options::timeout)"));
         CHECK(e.context().peer == victim);
         CHECK(took < timeout + grace + std::chrono::milliseconds(1500));  // the slack is a loaded machine's
       }
@@ -79,6 +81,25 @@ TEST_CASE("[comm] a rank that stops taking part is named by every other rank, an
     one_rank_stops(n, victim, algo, "rank " + std::to_string(victim) + " stopped answering: it posted no account",
                    "this rank (" + std::to_string(victim) + ") stopped answering");
   }
+}
+
+TEST_CASE("[comm] a timeout far too short to finish a collective says so first, naming the setting and its value") {
+  const test::scoped_env env("SHARDKIT_TIMEOUT_MS", "5");
+  auto o = reporting_options();
+  o.timeout = std::chrono::milliseconds(5);
+  auto groups = comm::make_loopback_world(2, o);
+  test::run_threads(2, [&](int rank) {
+    std::vector<float> data(64, 1.0f);
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(150));  // late: rank 0 times out
+    try {
+      groups[std::size_t(rank)].all_reduce(buffer_view(std::span<float>(data)), reduce_op::sum).wait();
+      CHECK(rank == 1);  // rank 1 may find rank 0's part already there
+    } catch (const error& e) {
+      CAPTURE(std::string(e.what()));
+      CHECK(e.code() == errc::timeout);
+      CHECK(says(e, "the collectives' timeout is only 5 ms (SHARDKIT_TIMEOUT_MS=5), too short for a collective to finish: raise it"));
+    }
+  });
 }
 
 TEST_CASE("[comm] a rank that refuses a collective at the call is named with its reason; a refusal it made good is not") {

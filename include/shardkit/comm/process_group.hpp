@@ -373,6 +373,20 @@ class process_group {
       board->post(mine);
       return e;
     }
+    //! A timeout's error with the setting that timed it and its value: every rank's error then points at it too,
+    //! and one far too short to finish a collective (SHARDKIT_TIMEOUT_MS=1) says so first.
+    static error naming_the_timeout(const error& e, std::chrono::milliseconds timeout, bool op_timeout) {
+      std::string setting = op_timeout ? "op_options::timeout" : "group_options::timeout";
+      if (!op_timeout)
+        if (auto v = settings::get<std::chrono::milliseconds>("SHARDKIT_TIMEOUT_MS"); v && *v == timeout)
+          setting = "SHARDKIT_TIMEOUT_MS=" + std::to_string(timeout.count());
+      const std::string value = std::to_string(timeout.count()) + " ms";
+      constexpr std::chrono::milliseconds too_short(100);
+      if (timeout < too_short)
+        return error(e.code(), "the collectives' timeout is only " + value + " (" + setting + "), too short for a collective to finish: raise it; " +
+                                   e.detail(), e.context());
+      return error(e.code(), e.detail() + " (timeout " + value + ": " + setting + ")", e.context());
+    }
     void check_device(const std::string& op, const_buffer_view b) const {
       if (!comm->supports(b.dev())) fail_arg(op, "this group's backend does not accept buffers on " + to_string(b.dev()));
     }
@@ -467,13 +481,14 @@ class process_group {
       if (auto b = broken_work()) return *b;
       const std::int64_t seq = claim_issue(name);
       completion_source done;
-      const auto timeout = o.timeout.count() > 0 ? o.timeout : opts.timeout;
+      const bool op_timeout = o.timeout.count() > 0;
+      const auto timeout = op_timeout ? o.timeout : opts.timeout;
       const collective_options co{deadline_after(timeout), o.algo, abort_running.get_token()};
       // Ending `done` is the last thing the task does with `this`: a continuation it runs may drop the group's last
       // owner (the engine then runs what is queued behind it and lets the group go: progress_engine.hpp).
       // The issue count drops before `done` ends: a continuation that `done` runs may issue the next collective
       // from this (the progress) thread, and the one it follows is no longer pending then.
-      engine.post([this, done, co, fp, name, seq, run = std::forward<F>(run)]() mutable {
+      engine.post([this, done, co, fp, name, seq, timeout, op_timeout, run = std::forward<F>(run)]() mutable {
         try {
           if (auto b = broken_work()) {
             release_issue();
@@ -490,7 +505,8 @@ class process_group {
             done.set_error(broken_work()->exception());
             return;
           }
-          const error full = account_for(e.with_context(context(name)), seq, name);
+          error full = account_for(e.with_context(context(name)), seq, name);
+          if (full.code() == errc::timeout) full = naming_the_timeout(full, timeout, op_timeout);
           auto ex = std::make_exception_ptr(full);
           if (e.code() != errc::invalid_argument && e.code() != errc::unsupported) mark_broken(ex);
           log::write(log::level::error, comm->rank(), full.what());
