@@ -421,8 +421,9 @@ class tcp_store {
     return false;
   }
 
-  // A shardkit store answers a hello at once; a peer that answers something else, or nothing within this, is
-  // another program (an HTTP server on MASTER_PORT), and retrying it until the connect timeout would not help.
+  // A shardkit store answers a hello at once; a peer that answers something else is another program (an HTTP
+  // server on MASTER_PORT), one that answers nothing within this is that or a stopped store: retrying it until the
+  // connect timeout would not help either.
   static constexpr std::chrono::milliseconds hello_answer_timeout{3000};
 
   void handshake() {
@@ -440,7 +441,12 @@ class tcp_store {
       if (e.code() == errc::peer_lost) throw;  // closed on us: maybe a store still starting, retried
       not_a_store(e.detail());
     }
-    if (!resp) not_a_store("no answer to the hello within " + detail::ms_text(bound));
+    // Silence proves nothing about what listens: a shardkit store whose process is stopped (or starved) accepts
+    // connections too (the kernel does), so it is named along with another program.
+    if (!resp)
+      throw_error(errc::protocol, "the program at " + address() + " accepted the connection but did not answer the store's hello within " +
+                                      detail::ms_text(bound) + ": a shardkit store whose process is stopped or overloaded (rank 0 hosts "
+                                      "it: is it running?), or another program on MASTER_PORT (check MASTER_ADDR and MASTER_PORT)");
     try {
       detail::frame_reader r(*resp);
       if (static_cast<detail::store_status>(r.u8()) == detail::store_status::error) {
