@@ -23,6 +23,7 @@
 // every K steps keeps up at this link" (a save's median time over a step's), and how many saves began before the
 // one before had committed.
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <cmath>
 #include <chrono>
@@ -425,6 +426,40 @@ trainer::batch next_batch(sk::data::loader& loader, int rows, int T) {
   return b;
 }
 
+// The flags no collective compares (the model's construction compares shapes, dtypes, budget and micro-batches; the
+// loader its options): a rank started with another learning rate or seed would train another run, silently.
+void agree_on_flags(const flags& f, sk::comm::process_group& pg) {
+  struct flag {
+    const char* name;
+    double real;
+    std::int64_t whole;
+    bool is_real;
+  };
+  const flag agreed[] = {{"--lr", f.lr, 0, true},
+                         {"--weight-decay", f.weight_decay, 0, true},
+                         {"--clip", f.clip, 0, true},
+                         {"--seed", 0, std::int64_t(f.seed), false},
+                         {"--batch", 0, f.batch, false},
+                         {"--steps", 0, f.steps, false},
+                         {"--ckpt-every", 0, f.ckpt_every, false}};
+  constexpr std::size_t n = std::size(agreed);
+  std::vector<std::int64_t> mine(n), all(n * std::size_t(pg.size()));
+  for (std::size_t i = 0; i < n; ++i) mine[i] = agreed[i].is_real ? std::bit_cast<std::int64_t>(agreed[i].real) : agreed[i].whole;
+  pg.all_gather(sk::const_buffer_view(mine.data(), n, sk::dtype::i64), sk::buffer_view(all.data(), all.size(), sk::dtype::i64)).wait();
+  const auto text = [&](std::size_t i, std::int64_t bits) {
+    if (!agreed[i].is_real) return agreed[i].name == std::string_view("--seed") ? std::to_string(std::uint64_t(bits)) : std::to_string(bits);
+    char out[32];
+    std::snprintf(out, sizeof out, "%g", std::bit_cast<double>(bits));
+    return std::string(out);
+  };
+  for (int r = 1; r < pg.size(); ++r)
+    for (std::size_t i = 0; i < n; ++i)
+      if (const auto theirs = all[std::size_t(r) * n + i]; theirs != all[i])
+        throw std::runtime_error("ranks disagree on " + std::string(agreed[i].name) + ": rank 0 has " + text(i, all[i]) +
+                                 ", rank " + std::to_string(r) + " has " + text(i, theirs) +
+                                 "; start every rank with the same flags");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -458,6 +493,7 @@ int main(int argc, char** argv) try {
   if (f.batch % (ranks * f.micro_batches) != 0)
     usage("--batch " + std::to_string(f.batch) + " must be divisible by ranks x micro-batches (" +
           std::to_string(ranks) + " x " + std::to_string(f.micro_batches) + ")");
+  agree_on_flags(f, pg);
   trainer::set_blas_threads(1);  // one rank per core: BLAS threads would compete with the other ranks
 
   const auto names = trainer::unit_names(f.model);
