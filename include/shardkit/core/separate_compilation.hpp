@@ -1,11 +1,12 @@
 #pragma once
 //! Opt-in separate compilation, as Asio offers it (ASIO_SEPARATE_COMPILATION): shardkit stays header-only, but a
 //! program may define SHARDKIT_SEPARATE_COMPILATION for **all** of its translation units and compile the heavy
-//! bodies once, in one source file that includes <shardkit/impl/src.hpp>. What moves there today is what a trainer
+//! bodies once, in one source file that includes <shardkit/impl/src.hpp>. What moves there is what a trainer
 //! includes and pays for most: init_process_group with the transports it can choose (shm, tcp, shm+tcp) and the
-//! store server rank 0 hosts, and the member bodies of fsdp::sharded_model, ckpt::checkpointer and data::loader
-//! (their impl/ headers): a translation unit that calls init_process_group then compiles in a fraction of the
-//! time (docs/packaging.md, "Compile time", and docs/benchmarks.md have the figures).
+//! store server rank 0 hosts, storage::open_sink with the sinks it makes, and the member bodies of
+//! comm::process_group, fsdp::sharded_model, ckpt::checkpointer and data::loader (their impl/ headers): a
+//! translation unit that trains then compiles declarations and calls, not the machinery behind them
+//! (docs/packaging.md, "Compile time", and docs/benchmarks.md have the figures).
 //!
 //! SHARDKIT_DECL marks a function that is inline in header-only use and an ordinary declaration otherwise.
 //! Defining the macro in some translation units and not in others breaks the one-definition rule: set it on the

@@ -1,7 +1,8 @@
 #pragma once
 //! Under SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp), one source file of the program includes
 //! this header and nothing else of shardkit's: it compiles, once, the bodies the other translation units only
-//! declare: init_process_group and its transports, the sharded model, with the ckpt target linked
+//! declare: init_process_group and its transports, process_group's members, storage::open_sink and the sinks it
+//! makes (with the s3 target linked, SHARDKIT_HAS_S3, the S3 sink), the sharded model, with the ckpt target linked
 //! (SHARDKIT_HAS_CKPT) the checkpointer, and with the data target linked (SHARDKIT_HAS_DATA) the data loader. With
 //! the tcp target linked (SHARDKIT_HAS_TCP) the tcp and shm+tcp transports come with them.
 //!
@@ -14,10 +15,12 @@
 #endif
 
 #include "shardkit/comm/impl/init.hpp"
+#include "shardkit/comm/impl/process_group.hpp"
 #if defined(SHARDKIT_HAS_TCP)
 #include "shardkit/comm/init_tcp.hpp"
 #endif
 #include "shardkit/fsdp/impl/sharded_model.hpp"
+#include "shardkit/storage/impl/open_sink.hpp"
 // The checkpointer and the loader need xxHash and nlohmann/json (the codec target), which only the ckpt and the
 // data target bring.
 #if defined(SHARDKIT_HAS_CKPT)

@@ -17,12 +17,11 @@
 #include <string>
 #include <string_view>
 
-#include "shardkit/core/error.hpp"
-#include "shardkit/storage/memory_sink.hpp"
+#include "shardkit/core/separate_compilation.hpp"
 #include "shardkit/storage/posix_sink.hpp"
 #include "shardkit/storage/sink.hpp"
 #if defined(SHARDKIT_HAS_S3)
-#include "shardkit/storage/s3_sink.hpp"
+#include "shardkit/storage/s3/config.hpp"
 #endif
 
 namespace shardkit::storage {
@@ -41,32 +40,13 @@ struct open_sink_options {
 #endif
 };
 
-inline any_sink open_sink(std::string_view location, const open_sink_options& options = {}) {
-  if (location.empty())
-    throw_error(errc::invalid_argument, "an empty location (expected a directory or s3://bucket/prefix)",
-                {.operation = "open_sink"});
-  if (location.starts_with("s3://")) {
-#if defined(SHARDKIT_HAS_S3)
-    return make_sink<s3_sink>(parse_s3_location(location), options.s3 ? *options.s3 : s3_options::from_env());
-#else
-    throw_error(errc::unsupported, "this program was built without the S3 sink: link the shardkit::s3 target",
-                {.operation = "open_sink", .object = std::string(location)});
-#endif
-  }
-  if (location == "memory:") return make_sink<memory_sink>();
-  if (location.starts_with("file://")) {
-    const std::string_view path = location.substr(7);
-    if (!path.starts_with('/'))
-      throw_error(errc::invalid_argument, "a file:// location names an absolute path (file:///dir)",
-                  {.operation = "open_sink", .object = std::string(location)});
-    return make_sink<posix_sink>(std::string(path), options.posix);
-  }
-  if (const auto scheme = location.find("://"); scheme != std::string_view::npos)
-    throw_error(errc::invalid_argument,
-                "unknown scheme '" + std::string(location.substr(0, scheme)) + "' (s3://, file:// or a path)",
-                {.operation = "open_sink", .object = std::string(location)});
-  return make_sink<posix_sink>(std::string(location), options.posix);
-}
+//! Defined in storage/impl/open_sink.hpp (inline, or once in the program's <shardkit/impl/src.hpp> under
+//! SHARDKIT_SEPARATE_COMPILATION): the sinks' bodies are compiled where it is.
+SHARDKIT_DECL any_sink open_sink(std::string_view location, const open_sink_options& options = {});
 
 }  // inline namespace
 }  // namespace shardkit::storage
+
+#if !defined(SHARDKIT_SEPARATE_COMPILATION)
+#include "shardkit/storage/impl/open_sink.hpp"
+#endif

@@ -1,7 +1,7 @@
 // SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp): this translation unit includes comm/init.hpp and
 // calls init_process_group, whose body and transports are compiled only in shardkit_src.cpp; it also trains a
-// sharded_model and (with the ckpt target) saves and loads it with a checkpointer, whose member bodies are compiled
-// there too. Ranks as processes over shm and (with the tcp target) tcp; the CMake target also checks that this
+// sharded_model and (with the ckpt target) saves and loads it with a checkpointer over the sink open_sink makes,
+// whose bodies are compiled there too. Ranks as processes over shm and (with the tcp target) tcp; the CMake target also checks that this
 // file's object defines no transport code and none of those members (separate_compilation_objects.sh).
 #include <doctest/doctest.h>
 
@@ -11,7 +11,7 @@
 #include <shardkit/fsdp/sharded_model.hpp>
 #if defined(SHARDKIT_HAS_CKPT)
 #include <shardkit/ckpt/checkpointer.hpp>
-#include <shardkit/storage/posix_sink.hpp>
+#include <shardkit/storage/open_sink.hpp>
 #endif
 
 #include <algorithm>
@@ -69,8 +69,7 @@ void model_in_child() {
 #if defined(SHARDKIT_HAS_CKPT)
   const char* dir = std::getenv("SEPARATE_CKPT_DIR");
   SCENARIO_CHECK(dir != nullptr);
-  shardkit::ckpt::checkpointer ck(world.group, shardkit::storage::make_sink<shardkit::storage::posix_sink>(
-                                                   dir, shardkit::storage::posix_sink_options{.fsync = false}));
+  shardkit::ckpt::checkpointer ck(world.group, shardkit::storage::open_sink(dir, {.posix = {.fsync = false}}));
   shardkit::ckpt::state_dict state;
   state.add_shards(model.sharded_state());
   const auto before = model.full_state();

@@ -1,0 +1,494 @@
+#pragma once
+//! The bodies behind comm/process_group.hpp: the group's state (process_group::impl), its checks, the issue of
+//! each collective onto the progress engine and the fault reports of a failed one. process_group.hpp includes this
+//! file in header-only use; under SHARDKIT_SEPARATE_COMPILATION only <shardkit/impl/src.hpp> does, in one
+//! translation unit of the program (core/separate_compilation.hpp), so a source that issues collectives compiles
+//! calls, not the group's machinery.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <sstream>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "shardkit/comm/detail/fault_reports.hpp"
+#include "shardkit/comm/detail/progress_engine.hpp"
+#include "shardkit/comm/process_group.hpp"
+#include "shardkit/core/log.hpp"
+#include "shardkit/core/settings.hpp"
+#include "shardkit/core/detail/timer.hpp"
+
+namespace shardkit::comm {
+
+SHARDKIT_DECL group_options group_options::from_env() {
+  group_options o;
+  if (auto v = settings::get<std::chrono::milliseconds>("SHARDKIT_TIMEOUT_MS")) o.timeout = *v;
+  if (auto v = settings::get<settings::choice>("SHARDKIT_DEBUG")) o.check_consistency = *v == "detail";
+  if (auto v = settings::get<std::chrono::milliseconds>("SHARDKIT_FAULT_GRACE_MS")) o.fault_report_grace = *v;
+  // Read once into statics by noexcept code (log level, completion's spin), which can only report a bad value
+  // and fall back: read them strictly here, so that creating a group throws the error instead.
+  (void)settings::get<settings::choice>("SHARDKIT_LOG");
+  (void)settings::get<std::chrono::microseconds>("SHARDKIT_SPIN_US");
+  return o;
+}
+
+struct process_group::impl {
+  std::unique_ptr<detail::communicator_interface> comm;
+  group_options opts;
+  mutable std::mutex mutex;
+  std::exception_ptr broken;
+  std::stop_source abort_running;  // abort(): the running operation stops waiting (collective_options::stop)
+  // The thread that issued the collectives still pending, the last of them, and how many are (guarded by
+  // `mutex`).
+  std::thread::id issuer;
+  const char* issuer_op = "";  // the last collective `issuer` issued
+  std::size_t issued_pending = 0;
+  std::thread::id owner;  // the thread bound by bind_to_this_thread(); none: any one thread at a time
+  // The number of the next collective in issue order (what fault reports call it), and whether this rank's
+  // account of a refusal is posted: it is taken back when the next collective is issued (guarded by `mutex`).
+  std::int64_t next_seq = 0;
+  mutable bool refusal_posted = false;
+  std::string fault_path;
+  int job_rank;  // this rank's rank in the group made by create(): fault reports name ranks by it
+  std::atomic<std::size_t> splits{0};
+  std::optional<detail::fault_board> board;  // set when opts.fault_reports is and the grace is not 0
+  detail::progress_engine engine;  // last: destroyed (joined) before the communicator it uses
+
+  impl(std::unique_ptr<detail::communicator_interface> c, group_options o, std::string path, int job)
+      : comm(std::move(c)), opts(std::move(o)), fault_path(std::move(path)), job_rank(job < 0 ? comm->rank() : job) {
+    if (opts.fault_reports && opts.fault_report_grace.count() > 0)
+      board.emplace(opts.fault_reports, fault_path, opts.name, comm->rank(), job_rank, comm->size(), opts.fault_report_grace);
+  }
+
+  error_context context(std::string op) const {
+    return {.rank = comm->rank(), .operation = std::move(op), .group = opts.name};
+  }
+  [[noreturn]] void fail_arg(const std::string& op, const std::string& what) const {
+    if (board) {  // peers that wait for this rank in the collective it refused name it and why
+      std::int64_t seq;
+      {
+        std::lock_guard lock(mutex);
+        seq = next_seq;
+        refusal_posted = true;
+      }
+      board->post({.seq = seq, .op = op, .code = int(errc::invalid_argument), .refused = true, .message = what});
+    }
+    throw error(errc::invalid_argument, what, context(op));
+  }
+  //! `e`, this rank's failure of collective `seq`, after the group's fault reports (detail/fault_reports.hpp):
+  //! a timeout or a lost peer is rewritten to name the rank at fault where the others' accounts show one; a
+  //! failure of this rank's own is posted, so that its peers name it.
+  error account_for(const error& e, std::int64_t seq, const char* name) const {
+    if (!board || e.code() == errc::aborted || e.code() == errc::closed) return e;
+    detail::fault_report mine{.seq = seq, .op = name, .code = e.code().value(), .peer = e.context().peer.value_or(-1),
+                              .message = e.detail()};
+    if (e.code() == errc::timeout) return board->explain(e, std::move(mine), true);
+    if (e.code() == errc::peer_lost) return board->explain(e, std::move(mine), false);
+    if (e.code() == errc::invalid_argument || e.code() == errc::unsupported) {  // the group goes on: taken back later
+      std::lock_guard lock(mutex);
+      refusal_posted = true;
+    }
+    board->post(mine);
+    return e;
+  }
+  //! A timeout's error with the setting that timed it and its value: every rank's error then points at it too,
+  //! and one far too short to finish a collective (SHARDKIT_TIMEOUT_MS=1) says so first.
+  static error naming_the_timeout(const error& e, std::chrono::milliseconds timeout, bool op_timeout) {
+    std::string setting = op_timeout ? "op_options::timeout" : "group_options::timeout";
+    if (!op_timeout)
+      if (auto v = settings::get<std::chrono::milliseconds>("SHARDKIT_TIMEOUT_MS"); v && *v == timeout)
+        setting = "SHARDKIT_TIMEOUT_MS=" + std::to_string(timeout.count());
+    const std::string value = std::to_string(timeout.count()) + " ms";
+    constexpr std::chrono::milliseconds too_short(100);
+    if (timeout < too_short)
+      return error(e.code(), "the collectives' timeout is only " + value + " (" + setting + "), too short for a collective to finish: raise it; " +
+                                 e.detail(), e.context());
+    return error(e.code(), e.detail() + " (timeout " + value + ": " + setting + ")", e.context());
+  }
+  void check_device(const std::string& op, const_buffer_view b) const {
+    if (!comm->supports(b.dev())) fail_arg(op, "this group's backend does not accept buffers on " + to_string(b.dev()));
+  }
+  void check_root(const std::string& op, int root) const {
+    if (root < 0 || root >= comm->size())
+      fail_arg(op, "root " + std::to_string(root) + " is outside the group's ranks [0, " + std::to_string(comm->size()) + ")");
+  }
+  void check_peer(const std::string& op, int peer) const {
+    if (peer < 0 || peer >= comm->size() || peer == comm->rank())
+      fail_arg(op, "peer " + std::to_string(peer) + " is not another rank of the group (size " + std::to_string(comm->size()) + ")");
+  }
+  void check_counts(const std::string& op, const std::vector<std::size_t>& counts, const char* name) const {
+    if (counts.size() != std::size_t(comm->size()))
+      fail_arg(op, std::string(name) + " has " + std::to_string(counts.size()) + " entries for a group of " + std::to_string(comm->size()));
+  }
+  //! Same dtype and device on both sides, and `sized` holds exactly `expected` elements.
+  void check_pair(const std::string& op, const_buffer_view a, const_buffer_view sized, std::size_t expected,
+                  const char* sized_name = "output") const {
+    check_device(op, a);
+    check_device(op, sized);
+    if (a.dev() != sized.dev()) fail_arg(op, "input and output live on different devices");
+    if (a.type() != sized.type())
+      fail_arg(op, "input and output dtypes differ (" + std::string(to_string(a.type())) + " vs " +
+                       std::string(to_string(sized.type())) + ")");
+    if (sized.count() != expected)
+      fail_arg(op, std::string(sized_name) + " has " + std::to_string(sized.count()) + " elements where " +
+                       std::to_string(expected) + " are required");
+    if ((a.count() && !a.data()) || (sized.count() && !sized.data())) fail_arg(op, "a non-empty buffer has a null pointer");
+  }
+  //! The smaller buffer either does not overlap the larger, or is exactly the in-place slot within it.
+  void check_alias(const std::string& op, const_buffer_view small, const_buffer_view large, const_buffer_view slot) const {
+    if (!overlaps(small, large)) return;
+    if (small.data() == slot.data() && small.size_bytes() == slot.size_bytes()) return;
+    fail_arg(op, "input and output overlap without being the in-place layout");
+  }
+
+  std::optional<work> broken_work() const {
+    std::lock_guard lock(mutex);
+    if (!broken) return std::nullopt;
+    return work(completion::failed(broken));
+  }
+  void mark_broken(std::exception_ptr e) {
+    std::lock_guard lock(mutex);
+    if (!broken) broken = std::move(e);
+  }
+
+  //! Counts a collective issued by this thread, or refuses it (and breaks the group) while collectives that
+  //! another thread issued are pending.
+  //! Returns the collective's number in issue order.
+  std::int64_t claim_issue(const char* name) {
+    std::unique_lock lock(mutex);
+    const auto me = std::this_thread::get_id();
+    if (owner != std::thread::id() && owner != me) {
+      std::ostringstream what;
+      what << name << " was issued on group '" << opts.name << "' from thread " << me
+           << " while the group is bound to thread " << owner
+           << " (bind_to_this_thread): collectives pair up across ranks by issue order, which two threads taking "
+              "turns on one group make differ between ranks; the new thread takes the group over with "
+              "bind_to_this_thread(), or gets a group of its own (dup()). The group is now broken";
+      auto e = std::make_exception_ptr(error(errc::invalid_argument, what.str(), context(name)));
+      if (!broken) broken = e;
+      std::rethrow_exception(e);
+    }
+    if (issued_pending > 0 && issuer != me) {
+      std::ostringstream what;
+      what << name << " was issued on group '" << opts.name << "' from thread " << me << " while " << issuer_op
+           << " issued from thread " << issuer;
+      if (issued_pending > 1) what << " (and " << issued_pending - 1 << " more it issued)";
+      what << " was pending: collectives pair up across ranks by issue order, which two threads issuing on one "
+              "group make differ between ranks; issue a group's collectives from one thread at a time, or give each "
+              "thread its own group (dup()). The group is now broken";
+      auto e = std::make_exception_ptr(error(errc::invalid_argument, what.str(), context(name)));
+      if (!broken) broken = e;
+      std::rethrow_exception(e);
+    }
+    issuer = me;
+    issuer_op = name;
+    ++issued_pending;
+    const std::int64_t seq = next_seq++;
+    const bool withdraw = std::exchange(refusal_posted, false);
+    lock.unlock();
+    if (withdraw) board->withdraw();  // only after a refusal: a store round trip
+    return seq;
+  }
+  void release_issue() {
+    std::lock_guard lock(mutex);
+    --issued_pending;
+  }
+
+  template <class F>
+  work submit(const char* name, fingerprint fp, op_options o, std::size_t bytes, F&& run) {
+    if (auto b = broken_work()) return *b;
+    const std::int64_t seq = claim_issue(name);
+    completion_source done;
+    const bool op_timeout = o.timeout.count() > 0;
+    const auto timeout = op_timeout ? o.timeout : opts.timeout;
+    const collective_options co{deadline_after(timeout), o.algo, abort_running.get_token()};
+    // Ending `done` is the last thing the task does with `this`: a continuation it runs may drop the group's last
+    // owner (the engine then runs what is queued behind it and lets the group go: progress_engine.hpp).
+    // The issue count drops before `done` ends: a continuation that `done` runs may issue the next collective
+    // from this (the progress) thread, and the one it follows is no longer pending then.
+    engine.post([this, done, co, fp, name, seq, timeout, op_timeout, run = std::forward<F>(run)]() mutable {
+      try {
+        if (auto b = broken_work()) {
+          release_issue();
+          done.set_error(b->exception());
+          return;
+        }
+        if (opts.check_consistency) check_fingerprints(name, fp, co);
+        run(*comm, co);
+        release_issue();
+        done.set_done();
+      } catch (const error& e) {
+        if (e.code() == errc::aborted && abort_running.stop_requested()) {  // stopped by abort(): its reason
+          release_issue();
+          done.set_error(broken_work()->exception());
+          return;
+        }
+        error full = account_for(e.with_context(context(name)), seq, name);
+        if (full.code() == errc::timeout) full = naming_the_timeout(full, timeout, op_timeout);
+        auto ex = std::make_exception_ptr(full);
+        if (e.code() != errc::invalid_argument && e.code() != errc::unsupported) mark_broken(ex);
+        log::write(log::level::error, comm->rank(), full.what());
+        release_issue();
+        done.set_error(ex);
+      } catch (...) {
+        auto ex = std::current_exception();
+        if (board) {
+          std::string what = "an exception that is not a shardkit::error";
+          try {
+            throw;
+          } catch (const std::exception& x) {
+            what = x.what();
+          } catch (...) {
+          }
+          board->post({.seq = seq, .op = name, .message = what});
+        }
+        mark_broken(ex);
+        release_issue();
+        done.set_error(ex);
+      }
+    });
+    return work(done, bytes);
+  }
+
+  void check_fingerprints(const char* name, const fingerprint& fp, const collective_options& co) {
+    const auto mine = fp.encode();
+    std::vector<std::int64_t> all(std::size_t(comm->size()) * fingerprint::width);
+    try {
+      comm->host_all_gather(const_buffer_view(mine.data(), mine.size(), dtype::i64),
+                            buffer_view(all.data(), all.size(), dtype::i64), co);
+    } catch (const error& e) {  // say that it was the check, not the collective itself, that failed
+      throw error(e.code(), std::string("exchanging fingerprints before ") + name + ": " + e.detail(),
+                  e.with_context(context(name)).context());
+    }
+    detail::check_fingerprints(all, comm->size(), name, context(name));
+  }
+};
+
+SHARDKIT_DECL process_group::process_group(std::unique_ptr<detail::communicator_interface> comm, group_options opts,
+                                           std::string fault_path, int job_rank)
+    : impl_(std::make_shared<impl>(std::move(comm), std::move(opts), std::move(fault_path), job_rank)) {}
+
+SHARDKIT_DECL int process_group::rank() const { return self().comm->rank(); }
+
+SHARDKIT_DECL int process_group::size() const { return self().comm->size(); }
+
+SHARDKIT_DECL const std::string& process_group::name() const { return self().opts.name; }
+
+SHARDKIT_DECL const group_options& process_group::options() const { return self().opts; }
+
+SHARDKIT_DECL bool process_group::supports(device d) const { return self().comm->supports(d); }
+
+SHARDKIT_DECL std::string process_group::backend_name() const { return self().comm->backend_name(); }
+
+SHARDKIT_DECL std::optional<std::size_t> process_group::scratch_bytes() const { return self().comm->scratch_bytes(); }
+
+SHARDKIT_DECL work process_group::all_reduce(buffer_view data, reduce_op op, op_options o) { return all_reduce(data, data, op, o); }
+
+SHARDKIT_DECL work process_group::all_reduce(const_buffer_view in, buffer_view out, reduce_op op, op_options o) {
+  auto& s = self();
+  s.check_pair("all_reduce", in, out, in.count());
+  s.check_alias("all_reduce", in, out, out);
+  return s.submit("all_reduce", {kind::all_reduce, in.type(), out.count(), -1, op}, o, out.size_bytes(),
+                  [=](detail::communicator_interface& c, const collective_options& co) { c.all_reduce(in, out, op, co); });
+}
+
+SHARDKIT_DECL work process_group::all_gather(const_buffer_view in, buffer_view out, op_options o) {
+  auto& s = self();
+  s.check_pair("all_gather", in, out, in.count() * std::size_t(s.comm->size()));
+  s.check_alias("all_gather", in, out, out.slice(in.count() * std::size_t(s.comm->rank()), in.count()));
+  return s.submit("all_gather", {kind::all_gather, in.type(), in.count(), -1, reduce_op::sum}, o, out.size_bytes(),
+                  [=](detail::communicator_interface& c, const collective_options& co) { c.all_gather(in, out, co); });
+}
+
+SHARDKIT_DECL work process_group::all_gatherv(const_buffer_view in, buffer_view out, std::vector<std::size_t> counts, op_options o) {
+  auto& s = self();
+  s.check_counts("all_gatherv", counts, "counts");
+  if (counts[std::size_t(s.comm->rank())] != in.count())
+    s.fail_arg("all_gatherv", "counts[" + std::to_string(s.comm->rank()) + "] is " + std::to_string(counts[std::size_t(s.comm->rank())]) +
+                                  " but this rank's input has " + std::to_string(in.count()) + " elements");
+  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  const std::size_t before = std::accumulate(counts.begin(), counts.begin() + s.comm->rank(), std::size_t{0});
+  s.check_pair("all_gatherv", in, out, total);
+  s.check_alias("all_gatherv", in, out, out.slice(before, in.count()));
+  const auto counts_fp = detail::counts_fingerprint(counts);  // before `counts` moves into the lambda
+  return s.submit("all_gatherv", {kind::all_gatherv, in.type(), total, -1, reduce_op::sum, counts_fp}, o, out.size_bytes(),
+                  [=, counts = std::move(counts)](detail::communicator_interface& c, const collective_options& co) {
+                    c.all_gatherv(in, out, counts, co);
+                  });
+}
+
+SHARDKIT_DECL work process_group::reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op, op_options o) {
+  auto& s = self();
+  s.check_pair("reduce_scatter", out, in, out.count() * std::size_t(s.comm->size()), "input");
+  s.check_alias("reduce_scatter", out, in, in.slice(out.count() * std::size_t(s.comm->rank()), out.count()));
+  return s.submit("reduce_scatter", {kind::reduce_scatter, in.type(), out.count(), -1, op}, o, in.size_bytes(),
+                  [=](detail::communicator_interface& c, const collective_options& co) { c.reduce_scatter(in, out, op, co); });
+}
+
+SHARDKIT_DECL work process_group::broadcast(buffer_view data, int root, op_options o) {
+  auto& s = self();
+  s.check_root("broadcast", root);
+  s.check_device("broadcast", data);
+  return s.submit("broadcast", {kind::broadcast, data.type(), data.count(), root, reduce_op::sum}, o, data.size_bytes(),
+                  [=](detail::communicator_interface& c, const collective_options& co) { c.broadcast(data, root, co); });
+}
+
+SHARDKIT_DECL work process_group::reduce(const_buffer_view in, buffer_view out, reduce_op op, int root, op_options o) {
+  auto& s = self();
+  s.check_root("reduce", root);
+  s.check_device("reduce", in);
+  if (s.comm->rank() == root) {
+    s.check_pair("reduce", in, out, in.count());
+    s.check_alias("reduce", in, out, out);
+  }
+  return s.submit("reduce", {kind::reduce, in.type(), in.count(), root, op}, o, in.size_bytes(),
+                  [=](detail::communicator_interface& c, const collective_options& co) { c.reduce(in, out, op, root, co); });
+}
+
+SHARDKIT_DECL work process_group::all_to_all(const_buffer_view in, buffer_view out, op_options o) {
+  auto& s = self();
+  s.check_pair("all_to_all", in, out, in.count());
+  if (in.count() % std::size_t(s.comm->size()) != 0)
+    s.fail_arg("all_to_all", std::to_string(in.count()) + " elements do not split into " + std::to_string(s.comm->size()) + " equal blocks");
+  return s.submit("all_to_all", {kind::all_to_all, in.type(), in.count(), -1, reduce_op::sum}, o, out.size_bytes(),
+                  [=](detail::communicator_interface& c, const collective_options& co) { c.all_to_all(in, out, co); });
+}
+
+SHARDKIT_DECL work process_group::all_to_allv(const_buffer_view in, std::vector<std::size_t> in_counts,
+                                           buffer_view out, std::vector<std::size_t> out_counts, op_options o) {
+  auto& s = self();
+  s.check_counts("all_to_allv", in_counts, "in_counts");
+  s.check_counts("all_to_allv", out_counts, "out_counts");
+  const auto in_total = std::accumulate(in_counts.begin(), in_counts.end(), std::size_t{0});
+  const auto out_total = std::accumulate(out_counts.begin(), out_counts.end(), std::size_t{0});
+  if (in_total != in.count())
+    s.fail_arg("all_to_allv", "in_counts add up to " + std::to_string(in_total) + " but the input has " + std::to_string(in.count()) + " elements");
+  if (out_total != out.count())
+    s.fail_arg("all_to_allv", "out_counts add up to " + std::to_string(out_total) + " but the output has " + std::to_string(out.count()) + " elements");
+  s.check_pair("all_to_allv", in, out, out.count());
+  return s.submit("all_to_allv", {kind::all_to_allv, in.type(), 0, -1, reduce_op::sum}, o, std::max(in.size_bytes(), out.size_bytes()),
+                  [=, ic = std::move(in_counts), oc = std::move(out_counts)](detail::communicator_interface& c,
+                                                                              const collective_options& co) {
+                    c.all_to_allv(in, ic, out, oc, co);
+                  });
+}
+
+SHARDKIT_DECL work process_group::barrier(op_options o) {
+  return self().submit("barrier", {kind::barrier, dtype::u8, 0, -1, reduce_op::sum}, o, 0,
+                       [](detail::communicator_interface& c, const collective_options& co) { c.barrier(co); });
+}
+
+SHARDKIT_DECL work process_group::send(const_buffer_view in, int peer, std::uint32_t tag, op_options o) {
+  auto& s = self();
+  s.check_peer("send", peer);
+  s.check_device("send", in);
+  if (auto b = s.broken_work()) return *b;
+  return with_deadline(s.comm->isend(in, peer, tag, {}), "send", peer, tag, o.timeout, in.size_bytes());
+}
+
+SHARDKIT_DECL work process_group::recv(buffer_view out, int peer, std::uint32_t tag, op_options o) {
+  auto& s = self();
+  s.check_peer("recv", peer);
+  s.check_device("recv", out);
+  if (auto b = s.broken_work()) return *b;
+  return with_deadline(s.comm->irecv(out, peer, tag, {}), "recv", peer, tag, o.timeout, out.size_bytes());
+}
+
+SHARDKIT_DECL process_group process_group::split(int color, int key, group_options opts) {
+  detail::check_may_block("process_group::split");  // before anything is queued: the caller cannot wait for it
+  auto& s = self();
+  const std::string child_path = s.fault_path + "." + std::to_string(s.splits.fetch_add(1)) + "c" + std::to_string(color);
+  if (!opts.fault_reports) opts.fault_reports = s.opts.fault_reports;
+  auto promise = std::make_shared<std::promise<std::unique_ptr<detail::communicator_interface>>>();
+  auto fut = promise->get_future();
+  work w = s.submit("split", {kind::split, dtype::u8, 0, -1, reduce_op::sum}, {}, 0,
+                    [=](detail::communicator_interface& c, const collective_options& co) { promise->set_value(c.split(color, key, co)); });
+  w.wait();
+  auto child = fut.get();
+  if (!child) return {};
+  return process_group(std::move(child), std::move(opts), child_path, s.job_rank);
+}
+
+SHARDKIT_DECL process_group process_group::split(int color, int key) {
+  group_options o = self().opts;
+  o.name = self().opts.name + ".split(" + std::to_string(color) + ")";
+  return split(color, key, std::move(o));
+}
+
+SHARDKIT_DECL process_group process_group::dup(group_options opts) { return split(0, rank(), std::move(opts)); }
+
+SHARDKIT_DECL process_group process_group::dup() {
+  group_options o = self().opts;
+  o.name = self().opts.name + ".dup";
+  return dup(std::move(o));
+}
+
+SHARDKIT_DECL void process_group::bind_to_this_thread() {
+  std::lock_guard lock(self().mutex);
+  self().owner = std::this_thread::get_id();
+}
+
+SHARDKIT_DECL void process_group::unbind() {
+  std::lock_guard lock(self().mutex);
+  self().owner = std::thread::id();
+}
+
+SHARDKIT_DECL void process_group::abort(const std::string& reason) {
+  self().mark_broken(std::make_exception_ptr(error(errc::aborted, reason, self().context("abort"))));
+  self().abort_running.request_stop();
+}
+
+SHARDKIT_DECL std::exception_ptr process_group::broken_by() const {
+  std::lock_guard lock(self().mutex);
+  return self().broken;
+}
+SHARDKIT_DECL work process_group::with_deadline(completion op, const char* name, int peer, std::uint32_t tag,
+                                             std::chrono::milliseconds timeout, std::size_t bytes) {
+  auto& s = self();
+  if (timeout.count() <= 0) timeout = s.opts.timeout;
+  error_context ctx = s.context(name);
+  ctx.peer = peer;
+  const std::string what = std::string(name) + " with tag " + std::to_string(tag) + " did not complete within " +
+                           std::to_string(timeout.count()) + " ms: peer rank " + std::to_string(peer) +
+                           " did not post the matching " + (std::string_view(name) == "send" ? "recv" : "send");
+  const auto timeout_error = std::make_exception_ptr(error(errc::timeout, what, ctx));
+  completion_source result;
+  auto timed_out = std::make_shared<std::atomic<bool>>(false);
+  auto& timers = shardkit::detail::timer_service::instance();
+  std::weak_ptr<impl> weak = impl_;
+  const auto key = timers.at(deadline_after(timeout), [op, result, timed_out, timeout_error, weak] {
+    if (op.is_done()) return;  // ended in time after all: the forwarder reports its own outcome
+    timed_out->store(true);
+    if (op.cancel()) return;  // withdrawn: op fails now and the forwarder below reports the timeout
+    if (op.is_done()) return;
+    if (auto s = weak.lock()) {  // under way: the buffer is only safe once the backend lets go of it
+      s->mark_broken(timeout_error);
+      if (!s->comm->abort(timeout_error))
+        log::error("a timed-out transfer of group ", s->opts.name, " cannot be aborted; its buffer may still be used");
+    }
+    result.set_error(timeout_error);
+  });
+  op.then([op, result, timed_out, timeout_error, key] {
+    shardkit::detail::timer_service::instance().cancel(key);
+    if (auto e = op.exception()) result.set_error(timed_out->load() ? timeout_error : e);
+    else result.set_done(op.bytes());
+  });
+  result.on_cancel([op] { return op.cancel(); });
+  return work(result, bytes);
+}
+
+SHARDKIT_DECL process_group::impl& process_group::self() const {
+  if (!impl_) throw_error(errc::invalid_argument, "use of an empty process_group (a split that this rank took no part in?)");
+  return *impl_;
+}
+
+}  // namespace shardkit::comm
