@@ -133,7 +133,7 @@ std::string help_text() {
       {"--init-data", "with --data: a LOCATION without token files gets the built-in text written there first [off]"},
       {"--ckpt-dir LOCATION", "checkpoints (directory or s3://) [none]"},
       {"--ckpt-every N", "steps between saves, needs --ckpt-dir [0: no saves]"},
-      {"--ckpt-keep K", "complete checkpoints kept [" + n(d.ckpt_keep) + "]"},
+      {"--ckpt-keep K", "complete checkpoints kept, 0 keeps every one [" + n(d.ckpt_keep) + "]"},
       {"--ckpt-mode M", "zero-overhead, at-call or blocking [zero-overhead]"},
       {"--resume", "continue from the newest complete checkpoint in --ckpt-dir [off]"},
       {"--overwrite", "without --resume: remove another run's checkpoints from --ckpt-dir first (refused otherwise) [off]"},
@@ -171,7 +171,7 @@ double real(std::string_view flag, std::string_view v) {
   char* end = nullptr;
   const std::string s(v);
   const double d = std::strtod(s.c_str(), &end);
-  if (end != s.c_str() + s.size()) usage(std::string(flag) + " wants a number, got '" + s + "'");
+  if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(d)) usage(std::string(flag) + " wants a number, got '" + s + "'");
   return d;
 }
 
@@ -191,6 +191,8 @@ void parse_budget(std::string_view v, fsdp::sharding_options& o) {
   if (v.empty()) usage("--budget wants a value");
   const char unit = v.back();
   const std::string_view digits = (unit >= '0' && unit <= '9') ? v : v.substr(0, v.size() - 1);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos)
+    usage("--budget wants BYTES[K|M|G], Nu (units) or unlimited, got '" + std::string(v) + "'");
   const auto n = std::size_t(number("--budget", digits, std::numeric_limits<long long>::max()));
   // 0 would leave the library's default in place, and a suffix's shift must not wrap: both would run silently
   // with another budget than the one asked for.
@@ -303,6 +305,10 @@ flags parse(int argc, char** argv) {
             "measure on --device cpu");
     if (f.steps < 2) usage("--plan-units needs --steps 2 or more: the first step is warm-up, not measured");
   }
+  if (f.clip < 0) usage("--clip wants a gradient norm above 0, or 0 for no clipping: it is negative");
+  if (f.lr < 0 || f.weight_decay < 0) usage("--lr and --weight-decay must not be negative");
+  if (f.sharding.hybrid_shard_size != 0 && f.sharding.strategy != fsdp::sharding_strategy::hybrid_shard)
+    usage("--hybrid-size is for --strategy hybrid_shard; this run's strategy is " + std::string(fsdp::to_string(f.sharding.strategy)));
   if (f.init_data && f.data.empty()) usage("--init-data needs --data LOCATION (where to write the built-in text)");
   if (f.steps <= 0 || f.batch <= 0 || f.micro_batches <= 0 || f.context <= 0 || f.model.width <= 0 ||
       f.model.blocks <= 0)
@@ -494,6 +500,8 @@ int main(int argc, char** argv) try {
     usage("--batch " + std::to_string(f.batch) + " must be divisible by ranks x micro-batches (" +
           std::to_string(ranks) + " x " + std::to_string(f.micro_batches) + ")");
   agree_on_flags(f, pg);
+  if (f.die_rank >= ranks)
+    usage("--die-rank " + std::to_string(f.die_rank) + " is not a rank of this job (0 to " + std::to_string(ranks - 1) + ", or -1 for every rank)");
   trainer::set_blas_threads(1);  // one rank per core: BLAS threads would compete with the other ranks
 
   const auto names = trainer::unit_names(f.model);
@@ -576,10 +584,36 @@ int main(int argc, char** argv) try {
     if (!ckpt) usage("--resume needs --ckpt-dir");
     // Strict: a checkpoint of a model with more --blocks, or saved with --data's loader state, is refused (naming
     // what no rank would load) rather than resumed from in part, as PyTorch's strict load_state_dict does.
-    if (auto loaded = ckpt->load_latest(state, sk::ckpt::load_scope::everything)) {
+    // A checkpoint of a run without --data holds no loader state for a resume that adds it: said so, not as a
+    // missing per-rank entry.
+    const auto without_loader = [&](const sk::error& e) {
+      return loader && e.detail().find("has no per-rank entry 'data_loader'") != std::string::npos;
+    };
+    const std::string no_loader = "--data: the checkpoint in " + f.ckpt_dir + " was saved without a data loader (its run had no --data): "
+                                  "resume it without --data, or start a new run with --data in another --ckpt-dir";
+    std::optional<sk::ckpt::load_report> resumed;
+    try {
+      resumed = ckpt->load_latest(state, sk::ckpt::load_scope::everything);
+    } catch (const sk::error& e) {
+      if (without_loader(e)) throw std::runtime_error(no_loader);
+      throw;
+    }
+    if (auto& loaded = resumed) {
       start = int(loaded->step);
       opt.set_steps(optimizer_steps);
-      if (loader) loader->load(ckpt->read_rank_bytes(loaded->step, "data_loader"), rank, ranks);
+      if (loader) {
+        std::vector<std::vector<std::byte>> saved;
+        try {
+          saved = ckpt->read_rank_bytes(loaded->step, "data_loader");
+        } catch (const sk::error& e) {
+          if (without_loader(e)) throw std::runtime_error(no_loader);
+          throw;
+        }
+        loader->load(saved, rank, ranks);
+      }
+      if (rank == 0 && start >= f.steps)
+        std::fprintf(stderr, "trainer: warning: --resume: the checkpoint is at step %d, not before --steps %d: nothing to train\n",
+                     start, f.steps);
       if (rank == 0) {
         for (const auto& why : loaded->passed_over) std::printf("# passed over a damaged checkpoint: %s\n", why.c_str());
         std::printf("# resumed from step %d of %s (saved by %u ranks, loaded by %d)\n", start, f.ckpt_dir.c_str(),
