@@ -530,7 +530,20 @@ int main(int argc, char** argv) try {
       if (trace) trace->add(e);
       if (times) times->add(e);
     };
-  fsdp::sharded_model model(pg, units, sharding);
+  // The library's budget error names its option; this program's users set it with --budget.
+  fsdp::sharded_model model = [&] {
+    try {
+      return fsdp::sharded_model(pg, units, sharding);
+    } catch (const sk::error& e) {
+      const std::string option = "raise sharding_options::limiter_budget_bytes to";
+      std::string what = e.what();
+      if (const auto at = what.find(option); at != std::string::npos) {
+        what.replace(at, option.size(), "give --budget");
+        throw std::runtime_error(what);
+      }
+      throw;
+    }
+  }();
   model.init_parameters([&](const fsdp::param_slot& p, std::span<float> full) {
     trainer::init_param(trainer::param_spec{p.name, p.shape}, full, f.seed);
   });
