@@ -86,8 +86,8 @@ concept abortable = p2p<T> && requires(T& t, std::exception_ptr reason) { t.abor
 
 //! Optional: a transport that tells whether it has lost `peer` (`t.lost(peer)`: the error that failed the peer, or
 //! null while it is alive). A collective waiting on a live peer uses it to fail soon after another member of its
-//! group is lost (p2p_op::lost_member_grace), with an error naming that member, instead of timing out on the live
-//! peer that waits for it.
+//! group is lost (a 32nd of the op's timeout, 0.75-5 s: comm/algorithms/p2p_op.hpp), with an error naming that
+//! member, instead of timing out on the live peer that waits for it.
 template <class T>
 concept reports_lost_peers = p2p<T> && requires(const T& t, int peer) {
   { t.lost(peer) } -> std::same_as<std::exception_ptr>;

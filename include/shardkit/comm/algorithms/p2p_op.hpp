@@ -87,10 +87,12 @@ class scratch_arena {
 template <transport::p2p T>
 class p2p_op {
  public:
-  //! How long an op keeps waiting on a live peer once another member is lost (wait_watching). Long enough for
-  //! messages already sent to land under load; short against any timeout, and the loss still fails every
-  //! survivor within its timeout + 1 s (tests/chaos).
-  static constexpr auto lost_member_grace = std::chrono::milliseconds(750);
+  //! How long an op keeps waiting on a live peer once another member is lost (wait_watching): a 32nd of its
+  //! timeout (as the call check's stall report), within these bounds. Long enough for messages already sent to
+  //! land on a loaded host; short against the timeout, so a loss still fails every survivor within its
+  //! timeout + 1 s (tests/chaos).
+  static constexpr auto min_lost_member_grace = std::chrono::milliseconds(750);
+  static constexpr auto max_lost_member_grace = std::chrono::seconds(5);
 
   //! `arena` (optional) lends the op its scratch memory; without one the op allocates its own.
   //! `stop` (optional): a stop request ends the op's waits with errc::aborted (its group was aborted). `checker`
@@ -101,13 +103,13 @@ class p2p_op {
          call_checker<T>* checker = nullptr, const call_record& record = {}, std::uint64_t epoch = 0)
       : transport_(transport), members_(members), me_(me), tag_(tag), until_(until), name_(name), arena_(arena),
         stop_(std::move(stop)), checker_(checker), record_(record), epoch_(epoch) {
-    if (checker_) {
-      const auto now = deadline::clock::now();
-      const auto left = until_ == no_deadline ? std::chrono::duration_cast<deadline::clock::duration>(std::chrono::minutes(16))
-                                              : until_ - now;
+    const auto now = deadline::clock::now();
+    const auto left = until_ == no_deadline ? std::chrono::duration_cast<deadline::clock::duration>(std::chrono::minutes(16))
+                                            : until_ - now;
+    lost_grace_ = std::clamp<deadline::clock::duration>(left / 32, min_lost_member_grace, max_lost_member_grace);
+    if (checker_)
       stall_at_ = now + std::clamp<deadline::clock::duration>(left / call_checker<T>::stall_divisor,
                                                               std::chrono::milliseconds(20), std::chrono::minutes(1));
-    }
   }
 
   p2p_op(const p2p_op&) = delete;
@@ -310,7 +312,7 @@ class p2p_op {
   }
 
   //! Waits until `c` is done, the deadline passes or the op is stopped; with a transport that reports lost peers,
-  //! also returns (false) once a member of the group has been lost for lost_member_grace: this op then cannot
+  //! also returns (false) once a member of the group has been lost for lost_grace_: this op then cannot
   //! complete, since every member takes part in it, directly or through the peers it waits on. Not at once: a
   //! member that finished its part of this op (the last barrier before its process exits) leaves while its
   //! messages, and those of the peers it heard from, are still on their way here; a wait on the lost member
@@ -335,7 +337,7 @@ class p2p_op {
       }
       if (first_lost_member() >= 0) {
         if (lost_seen_ == no_deadline) lost_seen_ = later;
-        if (later - lost_seen_ >= lost_member_grace) return false;
+        if (later - lost_seen_ >= lost_grace_) return false;
       }
     }
   }
@@ -452,6 +454,7 @@ class p2p_op {
   deadline stall_at_ = no_deadline;
   bool stall_reported_ = false;
   deadline lost_seen_ = no_deadline;  // when this op first saw a lost member
+  deadline::clock::duration lost_grace_{};
 };
 
 }  // namespace shardkit::comm::algorithms
