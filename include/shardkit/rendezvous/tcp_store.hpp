@@ -351,6 +351,15 @@ class tcp_store {
     const deadline dl = deadline_after(opts_.connect_timeout);
     auto backoff = std::chrono::milliseconds(10);
     std::string last = "no attempt finished";
+    // A store that never comes (rank 0 failed at start, or was never started) must not leave this rank silent
+    // for the whole timeout: say every tenth of it (0.5-20 s) what it waits for, as the store's host does.
+    using std::chrono::milliseconds;
+    const auto started = steady_clock::now();
+    const milliseconds slice = opts_.connect_timeout.count() > 0
+                                   ? std::clamp(std::chrono::duration_cast<milliseconds>(opts_.connect_timeout) / 10,
+                                                milliseconds(500), milliseconds(20'000))
+                                   : milliseconds(20'000);
+    auto next_report = started + slice;
     for (;;) {
       try {
         if (dial(dl, last)) return handshake();
@@ -366,6 +375,14 @@ class tcp_store {
                     "could not connect to the store at " + address() + " within " +
                         detail::ms_text(opts_.connect_timeout) + " (SHARDKIT_STORE_TIMEOUT; last error: " + last + ")",
                     {.operation = "store.connect", .object = address()});
+      if (now >= next_report) {
+        next_report = now + slice;
+        char waited[32];
+        std::snprintf(waited, sizeof waited, "%.3g s", std::chrono::duration<double>(now - started).count());
+        log::warn("waiting for the store at ", address(), " (MASTER_ADDR, MASTER_PORT; rank 0 hosts it: is it running, ",
+                  "and on that address?): ", waited, " of ", detail::ms_text(opts_.connect_timeout),
+                  " (SHARDKIT_STORE_TIMEOUT); last error: ", last);
+      }
       std::this_thread::sleep_for(std::min<steady_clock::duration>(backoff, dl - now));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
     }
