@@ -435,28 +435,42 @@ trainer::batch next_batch(sk::data::loader& loader, int rows, int T) {
 // The flags no collective compares (the model's construction compares shapes, dtypes, budget and micro-batches; the
 // loader its options): a rank started with another learning rate or seed would train another run, silently.
 void agree_on_flags(const flags& f, sk::comm::process_group& pg) {
+  enum class kind { real, whole, seed, given, ckpt_mode };
   struct flag {
     const char* name;
     double real;
     std::int64_t whole;
-    bool is_real;
+    kind is;
   };
-  const flag agreed[] = {{"--lr", f.lr, 0, true},
-                         {"--weight-decay", f.weight_decay, 0, true},
-                         {"--clip", f.clip, 0, true},
-                         {"--seed", 0, std::int64_t(f.seed), false},
-                         {"--batch", 0, f.batch, false},
-                         {"--steps", 0, f.steps, false},
-                         {"--ckpt-every", 0, f.ckpt_every, false}};
+  const flag agreed[] = {{"--lr", f.lr, 0, kind::real},
+                         {"--weight-decay", f.weight_decay, 0, kind::real},
+                         {"--clip", f.clip, 0, kind::real},
+                         {"--seed", 0, std::int64_t(f.seed), kind::seed},
+                         {"--batch", 0, f.batch, kind::whole},
+                         {"--steps", 0, f.steps, kind::whole},
+                         {"--ckpt-every", 0, f.ckpt_every, kind::whole},
+                         {"--ckpt-keep", 0, std::int64_t(f.ckpt_keep), kind::whole},
+                         {"--ckpt-mode", 0, f.ckpt_blocking ? 2 : f.ckpt_mode == sk::ckpt::staging::at_call ? 1 : 0, kind::ckpt_mode},
+                         {"--ckpt-dir", 0, !f.ckpt_dir.empty(), kind::given},
+                         {"--resume", 0, f.resume, kind::given},
+                         {"--overwrite", 0, f.overwrite, kind::given},
+                         {"--data", 0, !f.data.empty(), kind::given},
+                         {"--init-data", 0, f.init_data, kind::given}};
   constexpr std::size_t n = std::size(agreed);
   std::vector<std::int64_t> mine(n), all(n * std::size_t(pg.size()));
-  for (std::size_t i = 0; i < n; ++i) mine[i] = agreed[i].is_real ? std::bit_cast<std::int64_t>(agreed[i].real) : agreed[i].whole;
+  for (std::size_t i = 0; i < n; ++i) mine[i] = agreed[i].is == kind::real ? std::bit_cast<std::int64_t>(agreed[i].real) : agreed[i].whole;
   pg.all_gather(sk::const_buffer_view(mine.data(), n, sk::dtype::i64), sk::buffer_view(all.data(), all.size(), sk::dtype::i64)).wait();
   const auto text = [&](std::size_t i, std::int64_t bits) {
-    if (!agreed[i].is_real) return agreed[i].name == std::string_view("--seed") ? std::to_string(std::uint64_t(bits)) : std::to_string(bits);
-    char out[32];
-    std::snprintf(out, sizeof out, "%g", std::bit_cast<double>(bits));
-    return std::string(out);
+    switch (agreed[i].is) {
+      case kind::seed: return std::to_string(std::uint64_t(bits));
+      case kind::whole: return std::to_string(bits);
+      case kind::given: return (bits ? "" : "no ") + std::string(agreed[i].name);
+      case kind::ckpt_mode: return std::string(bits == 2 ? "blocking" : bits == 1 ? "at-call" : "zero-overhead");
+      case kind::real: break;
+    }
+    char out[32];  // the shortest text that reads back as this double: 0.003 and 0.0030000001 stay apart
+    const auto end = std::to_chars(out, out + sizeof out, std::bit_cast<double>(bits)).ptr;
+    return std::string(out, end);
   };
   for (int r = 1; r < pg.size(); ++r)
     for (std::size_t i = 0; i < n; ++i)
