@@ -12,6 +12,7 @@
 #include <atomic>
 #include <fstream>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <future>
 #include <map>
@@ -51,6 +52,17 @@ outcome join(int port, bool host, int world, int rank, std::chrono::milliseconds
   }
   o.seconds = std::chrono::duration<double>(steady::now() - t0).count();
   return o;
+}
+
+// Waits (up to 5 s) until the kernel shows process `pid` stopped.
+void wait_until_stopped(int pid) {
+  for (int i = 0; i < 500; ++i) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    if (line.find(") T ") != std::string::npos) return;
+    std::this_thread::sleep_for(10ms);
+  }
 }
 
 // A listener that is not a shardkit store: it answers every connection like an HTTP server refusing a bad request
@@ -231,17 +243,26 @@ TEST_CASE("[rendezvous] a MASTER_PORT held by another program: a client stops at
     stranger s(false);
     const auto t0 = steady::now();
     try {
-      rdv::tcp_store c("127.0.0.1", s.port(), {.connect_timeout = 30s, .timeout = 300ms});
+      rdv::tcp_store c("127.0.0.1", s.port(), {.connect_timeout = 1s, .timeout = 300ms});
       FAIL("connected to a stranger");
     } catch (const shardkit::error& e) {
       CAPTURE(e.what());
-      // Silence is what a stopped store says too: not called "not a shardkit store".
+      // Silence is what a stopped store says too: not called "not a shardkit store", and retried (a stopped store
+      // may answer later) until the connect timeout, which the error names.
+      CHECK(e.code() == shardkit::make_error_code(errc::timeout));
+      CHECK(has(e.what(), "within 1000 ms (SHARDKIT_STORE_TIMEOUT"));
       CHECK(has(e.what(), "accepted the connection but did not answer the store's hello within 300 ms: a shardkit store whose "
                           "process is stopped or overloaded"));
       CHECK(has(e.what(), "or another program on MASTER_PORT"));
       CHECK_FALSE(has(e.what(), "not a shardkit store"));
     }
+    CHECK(steady::now() - t0 >= 1s);
     CHECK(steady::now() - t0 < 5s);
+    const auto host = join(s.port(), true, 2, 0);
+    CAPTURE(host.what);
+    CHECK(has(host.what, "held by another program that does not answer a store's hello, or by a shardkit store whose "
+                         "process is stopped"));
+    CHECK(host.seconds < 5);
   }
   SUBCASE("it is another shardkit store: a second RANK=0") {
     const int port = shardkit::test::free_port();
@@ -327,13 +348,7 @@ SHARDKIT_SCENARIO(rendezvous_store_host_stops) {
   }
   const int pid = std::stoi(store.get("pid0", 10s));
   store.set("has pid0", "1");
-  for (int i = 0; i < 500; ++i) {  // until the kernel shows it stopped
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    if (line.find(") T ") != std::string::npos) break;
-    std::this_thread::sleep_for(10ms);
-  }
+  wait_until_stopped(pid);
   try {
     const rdv::request_bound bound(shardkit::deadline_after(200ms));
     store.set("a", "b");
@@ -365,4 +380,59 @@ TEST_CASE("[rendezvous] processes: after the store's host stopped answering, lat
   CAPTURE(results[1].output);
   CHECK(results[1].exit_code == 0);
   CHECK(results[0].exit_code == -SIGKILL);
+}
+
+// Rank 0 hosts a store and is stopped (SIGSTOP) before rank 1's hello; rank 1 stops it, resumes it 1.2 s later and
+// must connect: a stopped host's silence is retried (saying what it waits for) until the connect timeout, not given
+// up after one hello's bound (which left the resumed host waiting for a rank that had quit).
+SHARDKIT_SCENARIO(rendezvous_store_host_stopped_at_hello) {
+  const int port = std::stoi(std::getenv("MASTER_PORT"));
+  const std::string pid_file = std::getenv("HOST_PID_FILE");
+  if (shardkit::test::env_rank() == 0) {
+    rdv::tcp_store_server server({.port = port});
+    std::ofstream(pid_file + ".tmp") << ::getpid();
+    std::rename((pid_file + ".tmp").c_str(), pid_file.c_str());
+    ::raise(SIGSTOP);  // rank 1 resumes it
+    rdv::tcp_store own("127.0.0.1", port, {.connect_timeout = 10s, .timeout = 10s});
+    own.get("rank 1 connected", 10s);
+    return;
+  }
+  int pid = 0;
+  for (int i = 0; i < 1000 && !pid; ++i) {
+    std::ifstream in(pid_file);
+    if (!(in >> pid)) std::this_thread::sleep_for(10ms);
+  }
+  SCENARIO_CHECK(pid > 0);
+  wait_until_stopped(pid);
+  const auto t0 = steady::now();
+  std::thread resume([pid] {
+    std::this_thread::sleep_for(1200ms);
+    ::kill(pid, SIGCONT);
+  });
+  try {
+    rdv::tcp_store c("127.0.0.1", port, {.connect_timeout = 8s, .timeout = 400ms, .host_rank = 0});
+    c.set("rank 1 connected", "1");
+  } catch (...) {
+    ::kill(pid, SIGCONT);
+    resume.join();
+    throw;
+  }
+  resume.join();
+  const double s = std::chrono::duration<double>(steady::now() - t0).count();
+  std::printf("CONNECTED after %.2f s\n", s);
+  SCENARIO_CHECK(s >= 1.0);
+}
+
+TEST_CASE("[rendezvous] processes: a store host stopped at a rank's hello is waited for (saying so), not given up on") {
+  const std::string pid_file = "/tmp/shardkit-hello-stop." + std::to_string(::getpid());
+  std::remove(pid_file.c_str());
+  const auto results =
+      shardkit::test::run_processes(2, "rendezvous_store_host_stopped_at_hello", {{"HOST_PID_FILE", pid_file}}, 20s);
+  std::remove(pid_file.c_str());
+  shardkit::test::require_all_succeeded(results);
+  REQUIRE(results.size() == 2);
+  CAPTURE(results[1].output);
+  CHECK(has(results[1].output, "CONNECTED after"));
+  CHECK(has(results[1].output, "waiting for the store at 127.0.0.1:"));
+  CHECK(has(results[1].output, "did not answer the store's hello within 400 ms"));
 }

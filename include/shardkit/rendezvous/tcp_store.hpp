@@ -60,8 +60,10 @@ inline std::string ms_text(std::chrono::milliseconds t) { return std::to_string(
 }  // namespace detail
 
 struct tcp_store_options {
-  //! How long the constructor keeps retrying (with backoff) while the server is not up yet: ranks start in any
-  //! order. Zero or less retries forever.
+  //! How long the constructor keeps retrying (with backoff) while the server is not up yet (ranks start in any
+  //! order) or does not answer the hello (its process stopped or starved: the hello is retried on a new
+  //! connection, each bounded by min(timeout, 3 s)). Zero or less retries forever. Only an answer that is not a
+  //! shardkit store's (errc::protocol) or a refusal (errc::auth_failed) ends it early.
   std::chrono::milliseconds connect_timeout = default_store_timeout;
   //! The timeout of get(key) and wait(keys) when none is given, and the bound on any other request's round trip.
   std::chrono::milliseconds timeout = default_store_timeout;
@@ -362,7 +364,7 @@ class tcp_store {
     auto next_report = started + slice;
     for (;;) {
       try {
-        if (dial(dl, last)) return handshake();
+        if (dial(dl, last)) return handshake(dl);
       } catch (const error& e) {
         if (e.code() == errc::auth_failed || e.code() == errc::protocol)
           throw e.with_context({.operation = "store.connect", .object = address()});
@@ -439,11 +441,12 @@ class tcp_store {
   }
 
   // A shardkit store answers a hello at once; a peer that answers something else is another program (an HTTP
-  // server on MASTER_PORT), one that answers nothing within this is that or a stopped store: retrying it until the
-  // connect timeout would not help either.
+  // server on MASTER_PORT), which retrying would not change. One that answers nothing within this is a store whose
+  // process is stopped or starved (it may answer later: the hello is retried on a new connection until the connect
+  // timeout), or another program that reads and says nothing.
   static constexpr std::chrono::milliseconds hello_answer_timeout{3000};
 
-  void handshake() {
+  void handshake(deadline dl) {
     send_all(detail::store_hello(opts_.auth_token));
     const auto bound = opts_.timeout > std::chrono::milliseconds(0) ? std::min(opts_.timeout, hello_answer_timeout)
                                                                     : hello_answer_timeout;
@@ -453,17 +456,17 @@ class tcp_store {
     };
     std::optional<std::string> resp;
     try {
-      resp = read_frame(deadline_after(bound));
+      resp = read_frame(std::min(dl, deadline_after(bound)));
     } catch (const error& e) {
       if (e.code() == errc::peer_lost) throw;  // closed on us: maybe a store still starting, retried
       not_a_store(e.detail());
     }
     // Silence proves nothing about what listens: a shardkit store whose process is stopped (or starved) accepts
-    // connections too (the kernel does), so it is named along with another program.
+    // connections too (the kernel does), so it is named along with another program, and retried (errc::timeout).
     if (!resp)
-      throw_error(errc::protocol, "the program at " + address() + " accepted the connection but did not answer the store's hello within " +
-                                      detail::ms_text(bound) + ": a shardkit store whose process is stopped or overloaded (rank 0 hosts "
-                                      "it: is it running?), or another program on MASTER_PORT (check MASTER_ADDR and MASTER_PORT)");
+      throw_error(errc::timeout, "the program at " + address() + " accepted the connection but did not answer the store's hello within " +
+                                     detail::ms_text(bound) + ": a shardkit store whose process is stopped or overloaded (rank 0 hosts "
+                                     "it: is it running?), or another program on MASTER_PORT (check MASTER_ADDR and MASTER_PORT)");
     try {
       detail::frame_reader r(*resp);
       if (static_cast<detail::store_status>(r.u8()) == detail::store_status::error) {
@@ -497,6 +500,9 @@ class tcp_store {
                       "choose another MASTER_PORT", ctx);
         if (p.code() == errc::protocol)
           throw_error(errc::config, where + " is held by another program, not a shardkit store: choose another MASTER_PORT", ctx);
+        if (p.code() == errc::timeout)
+          throw_error(errc::config, where + " is held by another program that does not answer a store's hello, or by a "
+                      "shardkit store whose process is stopped: choose another MASTER_PORT", ctx);
         throw;
       }
       throw_error(errc::config, where + " already has a shardkit store: two processes were started with RANK=0 "
