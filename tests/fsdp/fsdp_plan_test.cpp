@@ -263,7 +263,7 @@ TEST_CASE("[fsdp] plan: a budget in bytes holds the groups' scratch, call check 
   // In units the scratch comes on top; in bytes the region is what it leaves, and too little is refused.
   CHECK(fsdp::simulate_step(units, lab(), {.limiter_budget_bytes = one.budget_bytes + scratch + 100}).budget_bytes ==
         one.budget_bytes + 64);
-  const std::string named = std::to_string(scratch) + " bytes of the groups' scratch";
+  const std::string named = std::to_string(scratch) + " bytes of scratch the model's groups keep";
   CHECK_THROWS_WITH_AS(fsdp::simulate_step(units, lab(), {.limiter_budget_bytes = one.budget_bytes + scratch - 1}),
                        doctest::Contains(named.c_str()), sk::error);
   // A figure given (the trainer's group_scratch_bytes; 0 where the backend keeps none it can tell) replaces the estimate.
@@ -436,4 +436,79 @@ TEST_CASE("[fsdp] plan: random clusters, models and options finish, within their
     CHECK(std::is_sorted(bwd.rbegin(), bwd.rend()));
   }
   CHECK(ran == 300);
+}
+
+TEST_CASE("[fsdp] plan: the planner's budget and refusals are sharded_model's, every strategy and budget (2 ranks)") {
+  // Uneven units (one under half the largest), so that minimum, kept parameters and the largest unit all differ.
+  const std::size_t numels[] = {64 * 64, 96 * 64, 100, 128 * 64};
+  std::vector<fsdp::unit_spec> specs;
+  std::vector<fsdp::plan_unit> plan;
+  for (std::size_t i = 0; i < std::size(numels); ++i) {
+    const std::string n = "u" + std::to_string(i);
+    specs.push_back({n, {{n + ".w", {numels[i]}}}});
+    plan.push_back({n, numels[i], 0, 0});
+  }
+  auto groups = sk::comm::make_loopback_world(2);
+  const fsdp::plan_cluster pair{.ranks_per_host = 2};
+  // The model's outcome: its limiter's region, or its refusal's text (the same on both ranks).
+  const auto model_says = [&](const fsdp::sharding_options& o) {
+    std::string said[2];
+    sk::test::run_threads(2, [&](int r) {
+      try {
+        fsdp::sharded_model m(groups[std::size_t(r)], specs, o);
+        said[r] = "region " + std::to_string(m.limiter().budget()) + ", scratch " +
+                  std::to_string(m.stats().budget_bytes - m.limiter().budget());
+      } catch (const sk::error& e) {
+        said[r] = e.detail();
+      }
+    });
+    CHECK(said[0] == said[1]);
+    return said[0];
+  };
+  using fsdp::sharding_strategy;
+  std::size_t refused = 0, cases = 0;
+  for (auto strategy : {sharding_strategy::full_shard, sharding_strategy::shard_grad_op, sharding_strategy::no_shard,
+                        sharding_strategy::hybrid_shard})
+    for (auto param : {sk::dtype::f32, sk::dtype::bf16}) {  // f32 on one shard: the master serves, nothing gathered
+      const std::string name(fsdp::to_string(strategy));
+      CAPTURE(name);
+      CAPTURE(param);
+      fsdp::sharding_options base{.strategy = strategy, .precision = {.param = param}, .hybrid_shard_size = 1};
+      // The scratch a byte budget is charged with: what the model measured (the planner's own figure may be larger).
+      const std::string probe = model_says(base);
+      const std::size_t scratch = std::stoul(probe.substr(probe.find("scratch ") + 8));
+      fsdp::plan_options po{.strategy = strategy, .hybrid_shard_size = 1, .precision = {.param = param},
+                            .record_timeline = false, .group_scratch_bytes = scratch};
+      const std::size_t minimum = fsdp::simulate_step(plan, pair, po).minimum_budget_bytes;
+      std::vector<fsdp::sharding_options> budgets;
+      for (std::size_t u : {1, 2, 3}) budgets.push_back({.limiter_budget_units = u});
+      for (std::size_t b : {std::size_t(0), fsdp::unlimited_budget, std::size_t(1000), minimum + scratch - 1,
+                            minimum + scratch, minimum + scratch + 100, 2 * minimum + scratch + 4097})
+        budgets.push_back({.limiter_budget_bytes = b});
+      budgets.push_back({.limiter_budget_bytes = 64, .limiter_budget_units = 1});
+      for (std::size_t n : {1, 2, 3}) budgets.push_back({.limiter_max_inflight = n});
+      budgets.push_back({.limiter_budget_bytes = minimum + scratch - 1, .limiter_max_inflight = 1});
+      for (auto o : budgets) {
+        CAPTURE(o.limiter_budget_bytes);
+        CAPTURE(o.limiter_budget_units);
+        CAPTURE(o.limiter_max_inflight);
+        o.strategy = strategy, o.hybrid_shard_size = 1, o.precision = base.precision;
+        auto p = po;
+        p.limiter_budget_bytes = o.limiter_budget_bytes;
+        p.limiter_budget_units = o.limiter_budget_units;
+        p.limiter_max_inflight = o.limiter_max_inflight;
+        std::string planned;
+        try {
+          const auto r = fsdp::simulate_step(plan, pair, p);
+          planned = "region " + std::to_string(r.budget_bytes) + ", scratch " + std::to_string(scratch);
+        } catch (const sk::error& e) {
+          planned = e.detail();
+          ++refused;
+        }
+        CHECK(planned == model_says(o));
+        ++cases;
+      }
+    }
+  CHECK(cases == 8 * 15);
+  CHECK(refused >= 8 * 4);
 }

@@ -13,7 +13,8 @@
 //!     is stepped the next step's forward gathers start as sharded_model::shard_stepped starts them.
 //!   - the gather thread: one job at a time, in queue order, each awaiting the rate limiter; a backward gather takes
 //!     its parameters and gradients as one request. The limiter is the library's own region (first fit, small blocks from the top) with its
-//!     count cap (detail::region_blocks), budget derived exactly as sharded_model derives it.
+//!     count cap (detail::region_blocks), its budget derived by the function sharded_model derives it with
+//!     (detail::limiter_budget), which also gives the planner the model's refusals, word for word.
 //!   - the gather group: its all-gathers one at a time, in issue order.
 //!   - the reduce thread: each unit's reduce-scatter, then the replicas' all-reduce, then the gradients' block goes
 //!     back to the limiter; the scalar all-reduces queue behind the reductions.

@@ -362,15 +362,6 @@ class sharded_model {
   SHARDKIT_DECL std::size_t params_bytes(const unit_state& u) const;
   SHARDKIT_DECL std::size_t grads_bytes(const unit_state& u) const;
 
-  // What a strategy must be able to hold at once: a backward unit's parameters and gradients, plus the
-  // parameters shard_grad_op (and no_shard, where they are not the master) keeps from forward through backward.
-  SHARDKIT_DECL std::size_t minimum_budget() const;
-  SHARDKIT_DECL std::size_t kept_params_bytes() const;
-  SHARDKIT_DECL std::size_t total_bytes() const;
-  SHARDKIT_DECL std::size_t default_budget() const;
-  // budget: the region (scratch 0) or a budget in bytes that the groups' scratch is charged against; one error
-  // stating the whole minimum, with its parts.
-  SHARDKIT_DECL void check_budget(std::size_t budget, std::size_t scratch) const;
   // Runs one collective of each size the model issues on each of its groups whose backend reports its scratch,
   // so that the scratch is all allocated; returns it (summed over the groups, the largest over the ranks).
   SHARDKIT_DECL std::size_t warm_up_groups(comm::process_group& world);

@@ -15,6 +15,7 @@
 
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/fsdp/detail/limiter_budget.hpp"
 #include "shardkit/fsdp/detail/plan_scratch.hpp"
 #include "shardkit/fsdp/plan.hpp"
 #include "shardkit/fsdp/rate_limiter.hpp"
@@ -205,63 +206,24 @@ class plan_simulation {
     return c;
   }
 
-  // sharded_model's budget, derived the same way (its constructor): a budget in bytes holds the groups' scratch
-  // too, one in units or unlimited sizes the region and the scratch comes on top.
+  // sharded_model's budget (detail::limiter_budget), with the planner's scratch figure unless one is given.
   std::size_t budget(const error_context& where) {
-    const bool keeps = opts_.strategy == sharding_strategy::shard_grad_op || opts_.strategy == sharding_strategy::no_shard;
-    std::size_t unit_max = 0, kept = 0, grads_max = 0, total = 0;
-    for (const auto& u : units_) {
-      unit_max = std::max(unit_max, u.params_bytes + u.grads_bytes);
-      kept += u.params_bytes;
-      grads_max = std::max(grads_max, u.grads_bytes);
-      total += u.params_bytes + u.grads_bytes;
-    }
-    const std::size_t minimum = keeps ? kept + grads_max : unit_max;
-    result_.minimum_budget_bytes = round64(minimum);
-    std::size_t b = opts_.limiter_budget_bytes;
-    const bool in_bytes = b != 0 && b != unlimited_budget;
-    if (opts_.limiter_budget_units != 0) {
-      if (b != 0) throw_error(errc::invalid_argument, "set limiter_budget_bytes or limiter_budget_units, not both", where);
-      b = opts_.limiter_budget_units * unit_max + (keeps ? kept : 0);
-    }
-    if (b == 0) b = minimum + unit_max;
-    if (b == unlimited_budget) b = total;
-    std::size_t scratch = 0;
-    if (opts_.group_scratch_bytes) {
-      scratch = *opts_.group_scratch_bytes;
-    } else {
-      std::vector<std::size_t> shards;
-      for (const auto& u : units_) shards.push_back(u.shard_numel);
-      scratch = estimate_group_scratch(shards, shard_, replicas_, size_of(opts_.precision.reduce), opts_.check_calls);
-    }
-    result_.group_scratch_bytes = scratch;
-    const std::size_t charged = in_bytes ? scratch : 0;  // minimum is a sum of 64-byte multiples
-    if (b < minimum + charged)
-      throw_error(errc::invalid_argument,
-                  "limiter budget of " + std::to_string(b) + " bytes is below the " +
-                      (charged == 0 ? std::string()
-                                    : std::to_string(minimum + charged) + " bytes this model needs: the ") +
-                      std::to_string(minimum) + " bytes that " + std::string(to_string(opts_.strategy)) +
-                      " must hold at once" +
-                      (charged == 0 ? std::string()
-                                    : " plus " + std::to_string(charged) + " bytes of the groups' scratch"),
-                  where);
-    b -= charged;
-    const std::size_t gathered = units_.front().params_bytes == 0 ? 0 : 1;
-    const std::size_t need_count = keeps ? gathered * units_.size() + 1 : gathered + 1;
-    if (opts_.limiter_max_inflight != 0 && opts_.limiter_max_inflight < need_count)
-      throw_error(errc::invalid_argument,
-                  "limiter_max_inflight of " + std::to_string(opts_.limiter_max_inflight) + " is below the " +
-                      std::to_string(need_count) + " buffers " + std::string(to_string(opts_.strategy)) +
-                      " holds at once",
-                  where);
-    if (opts_.max_gathered != 0 && keeps && opts_.max_gathered < gathered * units_.size())
-      throw_error(errc::invalid_argument,
-                  "max_gathered of " + std::to_string(opts_.max_gathered) + " is below the " +
-                      std::to_string(units_.size()) + " gathered buffers " + std::string(to_string(opts_.strategy)) +
-                      " keeps from forward to backward",
-                  where);
-    return in_bytes ? b / 64 * 64 : round64(b);
+    std::vector<unit_charge> charges;
+    std::vector<std::size_t> shards;
+    for (const auto& u : units_) charges.push_back({u.params_bytes, u.grads_bytes}), shards.push_back(u.shard_numel);
+    const limiter_budget b(charges,
+                           {.strategy = opts_.strategy,
+                            .limiter_budget_bytes = opts_.limiter_budget_bytes,
+                            .limiter_budget_units = opts_.limiter_budget_units,
+                            .limiter_max_inflight = opts_.limiter_max_inflight,
+                            .max_gathered = opts_.max_gathered},
+                           where);
+    result_.minimum_budget_bytes = b.minimum_bytes();
+    result_.group_scratch_bytes =
+        opts_.group_scratch_bytes
+            ? *opts_.group_scratch_bytes
+            : estimate_group_scratch(shards, shard_, replicas_, size_of(opts_.precision.reduce), opts_.check_calls);
+    return b.region_bytes(result_.group_scratch_bytes);
   }
 
   bool frees_after_forward() const noexcept {

@@ -3,6 +3,7 @@
 //! passes and state in fsdp/impl/sharded_model_*.hpp, included at the end. sharded_model.hpp includes this file
 //! in header-only use; under SHARDKIT_SEPARATE_COMPILATION only <shardkit/impl/src.hpp> does, in one translation
 //! unit of the program (core/separate_compilation.hpp), so the gather and reduce threads' jobs compile once.
+#include "shardkit/fsdp/detail/limiter_budget.hpp"
 #include "shardkit/fsdp/sharded_model.hpp"
 
 namespace shardkit::fsdp {
@@ -127,21 +128,15 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
     std::fill(units_[i]->grad.begin(), units_[i]->grad.end(), 0.0f);
   }
 
-  std::size_t budget = opts_.limiter_budget_bytes;
-  // A budget in bytes is all the model may hold, its groups' scratch included; one the model derives (units, the
-  // default, unlimited) sizes the limiter's region, and the scratch comes on top.
-  const bool charge_scratch = budget != 0 && budget != unlimited_budget;
-  if (opts_.limiter_budget_units != 0) {
-    if (budget != 0)
-      throw_error(errc::invalid_argument, "set limiter_budget_bytes or limiter_budget_units, not both", where);
-    budget = opts_.limiter_budget_units * largest_unit_bytes() +
-             (keeps_params() ? kept_params_bytes() : 0);
-  }
-  if (budget == 0) budget = default_budget();
-  if (budget == unlimited_budget) budget = total_bytes();
-  // A budget the model derives is its region (the scratch comes on top): checked before any collective. One in
-  // bytes is checked once the scratch is known, so that its one error states the whole minimum.
-  if (!charge_scratch) check_budget(budget, 0);
+  // Derived and checked before any collective, except what needs the groups' scratch (a budget in bytes).
+  std::vector<detail::unit_charge> charges;
+  for (auto& u : units_) charges.push_back({params_bytes(*u), grads_bytes(*u)});
+  const detail::limiter_budget budget(charges,
+                                      {.strategy = opts_.strategy,
+                                       .limiter_budget_bytes = opts_.limiter_budget_bytes,
+                                       .limiter_budget_units = opts_.limiter_budget_units,
+                                       .limiter_max_inflight = opts_.limiter_max_inflight},
+                                      where);
   // One stager per thread that copies: the gather thread, the reduce thread and the trainer's (state, scalars).
   gather_stager_ = opts_.device.make_stager();
   reduce_stager_ = opts_.device.make_stager();
@@ -165,13 +160,7 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
   if (replicas_ > 1) replica_group_ = world.split(int(shard_rank_), rank_, named("replica"));
 
   setup_scratch_ = warm_up_groups(world);
-  std::size_t region = budget;
-  if (charge_scratch) {
-    check_budget(budget, setup_scratch_);
-    // Rounded down to the limiter's alignment, which would otherwise round the region up past the budget (the
-    // minimum is a multiple of 64, so what passed the check still holds it).
-    region = (budget - setup_scratch_) / 64 * 64;
-  }
+  const std::size_t region = budget.region_bytes(setup_scratch_);
   // Units under half the largest one's parameters (an embedding, a head) are placed apart from the large ones.
   std::size_t largest_params = 0;
   for (auto& u : units_) largest_params = std::max(largest_params, params_bytes(*u));
@@ -305,68 +294,6 @@ SHARDKIT_DECL std::size_t sharded_model::params_bytes(const unit_state& u) const
 
 SHARDKIT_DECL std::size_t sharded_model::grads_bytes(const unit_state& u) const {
   return detail::round_up(u.layout.padded_numel() * size_of(opts_.precision.reduce), 64);
-}
-
-SHARDKIT_DECL std::size_t sharded_model::minimum_budget() const {
-  std::size_t unit_max = 0, kept = 0;
-  for (auto& u : units_) {
-    unit_max = std::max(unit_max, params_bytes(*u) + grads_bytes(*u));
-    kept += params_bytes(*u);
-  }
-  if (keeps_params()) {
-    std::size_t grads_max = 0;
-    for (auto& u : units_) grads_max = std::max(grads_max, grads_bytes(*u));
-    return kept + grads_max;
-  }
-  return unit_max;
-}
-
-SHARDKIT_DECL std::size_t sharded_model::kept_params_bytes() const {
-  std::size_t kept = 0;
-  for (auto& u : units_) kept += params_bytes(*u);
-  return kept;
-}
-
-SHARDKIT_DECL std::size_t sharded_model::total_bytes() const {
-  std::size_t all = 0;
-  for (auto& u : units_) all += params_bytes(*u) + grads_bytes(*u);
-  return all;
-}
-
-SHARDKIT_DECL std::size_t sharded_model::default_budget() const {
-  std::size_t unit_max = 0;
-  for (auto& u : units_) unit_max = std::max(unit_max, params_bytes(*u) + grads_bytes(*u));
-  return minimum_budget() + unit_max;
-}
-
-SHARDKIT_DECL void sharded_model::check_budget(std::size_t budget, std::size_t scratch) const {
-  const std::size_t need = minimum_budget();
-  const std::string holds = std::to_string(need) + " bytes that " + std::string(to_string(opts_.strategy)) +
-                            " must hold at once (a backward unit's parameters and gradients" +
-                            (keeps_params() ? ", plus every unit's parameters kept from forward" : "") + ")";
-  if (budget < need + scratch) {
-    const std::string whole = scratch == 0 ? holds
-                                           : std::to_string(need + scratch) + " bytes this model needs: " + holds +
-                                                 " plus " + std::to_string(scratch) +
-                                                 " bytes of scratch the model's groups keep "
-                                                 "(model_stats::group_scratch_bytes)";
-    throw_error(errc::invalid_argument,
-                "limiter budget of " + std::to_string(budget) + " bytes is below the " + whole +
-                    ": raise sharding_options::limiter_budget_bytes to at least " + std::to_string(need + scratch),
-                {.rank = rank_, .operation = "fsdp.sharded_model"});
-  }
-  // The count cap binds like bytes: a backward unit holds two leases (parameters, gradients), and
-  // shard_grad_op and no_shard keep one per unit from forward.
-  const std::size_t gathered = params_are_master() ? 0 : 1;
-  const std::size_t need_count = keeps_params() ? gathered * units_.size() + 1 : gathered + 1;
-  if (opts_.limiter_max_inflight != 0 && opts_.limiter_max_inflight < need_count)
-    throw_error(errc::invalid_argument,
-                "limiter_max_inflight of " + std::to_string(opts_.limiter_max_inflight) + " is below the " +
-                    std::to_string(need_count) + " buffers " + std::string(to_string(opts_.strategy)) +
-                    " holds at once (a backward unit's parameters and gradients" +
-                    (keeps_params() ? ", plus every unit's parameters" : "") +
-                    ")",
-                {.rank = rank_, .operation = "fsdp.sharded_model"});
 }
 
 }  // namespace shardkit::fsdp

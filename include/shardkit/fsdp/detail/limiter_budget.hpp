@@ -1,0 +1,127 @@
+#pragma once
+//! The rate limiter's budget from the options, in one place: sharded_model's constructor and the planner
+//! (fsdp/plan.hpp) both derive it here, so the planner plans the region the model runs in and refuses what the
+//! model refuses, in the same words.
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <span>
+#include <string>
+
+#include "shardkit/core/error.hpp"
+#include "shardkit/fsdp/options.hpp"
+
+namespace shardkit::fsdp::detail {
+
+//! A unit as the limiter charges it, in multiples of 64 bytes: its gathered parameters (0 where the master shard
+//! itself serves) and its unsharded gradients.
+struct unit_charge {
+  std::size_t params_bytes = 0, grads_bytes = 0;
+};
+
+//! The fields of sharding_options (and plan_options) the budget comes from.
+struct budget_settings {
+  sharding_strategy strategy = sharding_strategy::full_shard;
+  std::size_t limiter_budget_bytes = 0, limiter_budget_units = 0, limiter_max_inflight = 0;
+  //! plan_options::max_gathered (PyTorch's count, the planner's only); 0: none.
+  std::size_t max_gathered = 0;
+};
+
+//! The budget as the settings ask for it. A budget in bytes is all the model may hold, its groups' scratch
+//! included: the region is what the scratch leaves, known only once the groups are warmed up (region_bytes). A
+//! budget the model derives (units, the default, unlimited) is the region, and the scratch comes on top.
+//! Construction refuses what needs no scratch figure: both a budget in bytes and one in units, a count cap below
+//! what the strategy holds at once, and a derived budget below the strategy's minimum.
+class limiter_budget {
+ public:
+  limiter_budget(std::span<const unit_charge> units, const budget_settings& s, error_context where)
+      : settings_(s), where_(std::move(where)) {
+    keeps_ = s.strategy == sharding_strategy::shard_grad_op || s.strategy == sharding_strategy::no_shard;
+    std::size_t kept = 0, grads_max = 0, total = 0;
+    for (const auto& u : units) {
+      largest_unit_ = std::max(largest_unit_, u.params_bytes + u.grads_bytes);
+      kept += u.params_bytes;
+      grads_max = std::max(grads_max, u.grads_bytes);
+      total += u.params_bytes + u.grads_bytes;
+    }
+    // What the strategy must hold at once: a backward unit's parameters and gradients, plus the parameters
+    // shard_grad_op (and no_shard, where they are not the master) keeps from forward through backward.
+    minimum_ = keeps_ ? kept + grads_max : largest_unit_;
+    budget_ = s.limiter_budget_bytes;
+    charges_scratch_ = budget_ != 0 && budget_ != unlimited_budget;
+    if (s.limiter_budget_units != 0) {
+      if (budget_ != 0)
+        throw_error(errc::invalid_argument, "set limiter_budget_bytes or limiter_budget_units, not both", where_);
+      const std::size_t kept_on_top = keeps_ ? kept : 0;
+      if (largest_unit_ != 0 &&
+          s.limiter_budget_units > (std::numeric_limits<std::size_t>::max() - kept_on_top) / largest_unit_)
+        throw_error(errc::invalid_argument,
+                    "limiter_budget_units of " + std::to_string(s.limiter_budget_units) + " units of " +
+                        std::to_string(largest_unit_) + " bytes does not fit in 64 bits of bytes",
+                    where_);
+      budget_ = s.limiter_budget_units * largest_unit_ + kept_on_top;
+    }
+    if (budget_ == 0) budget_ = minimum_ + largest_unit_;  // one unit of overlap beyond the minimum
+    if (budget_ == unlimited_budget) budget_ = total;
+    if (!charges_scratch_) check_bytes(0);
+    // The count cap binds like bytes: a backward unit holds two leases (parameters, gradients), and
+    // shard_grad_op and no_shard keep one per unit from forward.
+    const std::size_t gathered = units.empty() || units.front().params_bytes == 0 ? 0 : 1;
+    const std::size_t need_count = keeps_ ? gathered * units.size() + 1 : gathered + 1;
+    if (s.limiter_max_inflight != 0 && s.limiter_max_inflight < need_count)
+      throw_error(errc::invalid_argument,
+                  "limiter_max_inflight of " + std::to_string(s.limiter_max_inflight) + " is below the " +
+                      std::to_string(need_count) + " buffers " + std::string(to_string(s.strategy)) +
+                      " holds at once (a backward unit's parameters and gradients" +
+                      (keeps_ ? ", plus every unit's parameters" : "") + ")",
+                  where_);
+    if (s.max_gathered != 0 && keeps_ && s.max_gathered < gathered * units.size())
+      throw_error(errc::invalid_argument,
+                  "max_gathered of " + std::to_string(s.max_gathered) + " is below the " +
+                      std::to_string(units.size()) + " gathered buffers " + std::string(to_string(s.strategy)) +
+                      " keeps from forward to backward",
+                  where_);
+  }
+
+  //! The least region the strategy runs in (a multiple of 64).
+  std::size_t minimum_bytes() const noexcept { return minimum_; }
+  //! The largest unit's parameters and gradients: the unit of a budget in units.
+  std::size_t largest_unit_bytes() const noexcept { return largest_unit_; }
+  //! Whether the groups' scratch comes out of the budget (a budget in bytes) rather than on top of it.
+  bool charges_scratch() const noexcept { return charges_scratch_; }
+
+  //! The limiter's region once the groups keep `scratch` bytes (ignored unless charges_scratch()); refuses a
+  //! budget in bytes that leaves the region too small, in one error stating the whole minimum.
+  std::size_t region_bytes(std::size_t scratch) const {
+    if (!charges_scratch_) return (budget_ + 63) / 64 * 64;
+    check_bytes(scratch);
+    // Rounded down to the limiter's alignment, which would otherwise round the region up past the budget (the
+    // minimum is a multiple of 64, so what passed the check still holds it).
+    return (budget_ - scratch) / 64 * 64;
+  }
+
+ private:
+  void check_bytes(std::size_t scratch) const {
+    const std::size_t need = minimum_ + scratch;
+    if (budget_ >= need) return;
+    const std::string holds = std::to_string(minimum_) + " bytes that " + std::string(to_string(settings_.strategy)) +
+                              " must hold at once (a backward unit's parameters and gradients" +
+                              (keeps_ ? ", plus every unit's parameters kept from forward" : "") + ")";
+    const std::string whole = scratch == 0 ? holds
+                                           : std::to_string(need) + " bytes this model needs: " + holds + " plus " +
+                                                 std::to_string(scratch) +
+                                                 " bytes of scratch the model's groups keep "
+                                                 "(model_stats::group_scratch_bytes)";
+    throw_error(errc::invalid_argument,
+                "limiter budget of " + std::to_string(budget_) + " bytes is below the " + whole +
+                    ": raise sharding_options::limiter_budget_bytes to at least " + std::to_string(need),
+                where_);
+  }
+
+  budget_settings settings_;
+  error_context where_;
+  bool keeps_ = false, charges_scratch_ = false;
+  std::size_t largest_unit_ = 0, minimum_ = 0, budget_ = 0;
+};
+
+}  // namespace shardkit::fsdp::detail
