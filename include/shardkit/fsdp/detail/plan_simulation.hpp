@@ -8,7 +8,6 @@
 #include <deque>
 #include <limits>
 #include <optional>
-#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -16,28 +15,13 @@
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/fsdp/detail/limiter_budget.hpp"
+#include "shardkit/fsdp/detail/plan_collective.hpp"
 #include "shardkit/fsdp/detail/plan_scratch.hpp"
 #include "shardkit/fsdp/plan.hpp"
 #include "shardkit/fsdp/rate_limiter.hpp"
 #include "shardkit/fsdp/unit.hpp"
 
 namespace shardkit::fsdp::detail {
-
-//! A collective on this rank's hosts: `steps` ring steps, each a latency then a chunk's transfer.
-struct plan_collective {
-  std::size_t steps = 0;
-  double chunk_bytes = 0;
-  double step_latency = 0;
-  bool crosses_hosts = false;
-  double flows = 1;        // this collective's flows on the host's link (its group's instances on the host)
-  double intra_rate = 0;   // bytes per second between ranks of one host; 0: no limit
-};
-
-//! A group as the ranks are placed: members, the hosts they span, and how many of its instances share a host.
-struct plan_group {
-  std::size_t size = 1, hosts = 1;
-  double instances_per_host = 1;
-};
 
 class plan_simulation {
  public:
@@ -85,8 +69,8 @@ class plan_simulation {
                     where);
     shard_ = s;
     replicas_ = world / s;
-    shard_group_ = group_of(0, 1, shard_);
-    replica_group_ = group_of(0, shard_, replicas_);
+    shard_group_ = place_group(cluster, 0, 1, shard_);
+    replica_group_ = place_group(cluster, 0, shard_, replicas_);
     cores_ = cluster.cores_per_host > 0 ? cluster.cores_per_host : double(cluster.ranks_per_host);
     measured_share_ = cluster.measured_cores_per_rank > 0 ? cluster.measured_cores_per_rank
                                                           : std::min(1.0, cores_ / double(cluster.ranks_per_host));
@@ -101,9 +85,9 @@ class plan_simulation {
       st.shard_numel = l.shard_numel();
       st.params_bytes = master ? 0 : round64(l.padded_numel() * size_of(options.precision.param));
       st.grads_bytes = round64(l.padded_numel() * size_of(options.precision.reduce));
-      st.gather = ring(shard_group_, double(l.padded_numel() * size_of(options.precision.param)), 1);
-      st.reduce_scatter = ring(shard_group_, double(l.padded_numel() * size_of(options.precision.reduce)), 1);
-      st.replica_all_reduce = ring(replica_group_, double(l.shard_numel() * size_of(options.precision.reduce)), 2);
+      st.gather = ring_collective(cluster, shard_group_, double(l.padded_numel() * size_of(options.precision.param)), 1);
+      st.reduce_scatter = ring_collective(cluster, shard_group_, double(l.padded_numel() * size_of(options.precision.reduce)), 1);
+      st.replica_all_reduce = ring_collective(cluster, replica_group_, double(l.shard_numel() * size_of(options.precision.reduce)), 2);
       st.forward_work = u.forward_seconds;
       st.backward_work = u.backward_seconds;
       units_.push_back(std::move(st));
@@ -166,12 +150,6 @@ class plan_simulation {
     bool params, grads;
     std::size_t step;  // the step whose pass uses it
   };
-  struct running {
-    plan_collective c;
-    std::size_t steps_left = 0;
-    bool in_latency = true;
-    double remaining = 0;  // seconds of latency, or bytes of one flow's chunk
-  };
   struct reduce_job {
     std::vector<plan_collective> parts;
     std::size_t unit = model_event::no_unit;  // no_unit: a scalar all-reduce
@@ -179,32 +157,6 @@ class plan_simulation {
   };
 
   static std::size_t round64(std::size_t n) { return (n + 63) / 64 * 64; }
-
-  plan_group group_of(std::size_t first, std::size_t stride, std::size_t n) const {
-    std::set<std::size_t> hosts;
-    for (std::size_t k = 0; k < n; ++k) hosts.insert((first + k * stride) / cluster_.ranks_per_host);
-    const double per_host = double(n) / double(hosts.size());
-    return {n, hosts.size(), double(cluster_.ranks_per_host) / per_host};
-  }
-
-  // A ring over `g` of `bytes` (the whole buffer): an all-gather or reduce-scatter (passes 1) or an all-reduce (2).
-  plan_collective ring(const plan_group& g, double bytes, std::size_t passes) const {
-    plan_collective c;
-    if (g.size <= 1) return c;
-    c.steps = passes * (g.size - 1);
-    c.chunk_bytes = bytes / double(g.size);
-    c.crosses_hosts = g.hosts > 1;
-    c.step_latency = c.crosses_hosts ? cluster_.rtt_seconds : cluster_.intra_step_seconds;
-    c.flows = g.instances_per_host;
-    c.intra_rate = cluster_.intra_bytes_per_second;
-    return c;
-  }
-  plan_collective scalar(const plan_group& g) const {
-    plan_collective c = ring(g, 0, 1);
-    if (g.size <= 1) return c;
-    c.steps = std::size_t(std::ceil(std::log2(double(g.size))));
-    return c;
-  }
 
   // sharded_model's budget (detail::limiter_budget), with the planner's scratch figure unless one is given.
   std::size_t budget(const error_context& where) {
@@ -278,8 +230,8 @@ class plan_simulation {
         } else if (o.what == op::scalar) {
           reduce_job j;
           j.step = o.step;
-          if (shard_ > 1) j.parts.push_back(scalar(shard_group_));
-          if (replicas_ > 1) j.parts.push_back(scalar(replica_group_));
+          if (shard_ > 1) j.parts.push_back(scalar_collective(cluster_, shard_group_));
+          if (replicas_ > 1) j.parts.push_back(scalar_collective(cluster_, replica_group_));
           scalar_done_ = false;
           reduce_jobs_.push_back(std::move(j));
         }
@@ -414,7 +366,7 @@ class plan_simulation {
   bool start_collectives() {
     bool moved = false;
     if (!gather_running_ && !gathers_.empty()) {
-      gather_running_ = start(units_[gathers_.front().unit].gather);
+      gather_running_ = start_collective(units_[gathers_.front().unit].gather);
       gather_begin_ = now_;
       moved = true;
       if (!gather_running_) gather_done();
@@ -424,36 +376,13 @@ class plan_simulation {
       if (reduce_part_ == 0) reduce_begin_ = now_;
       moved = true;
       if (reduce_part_ < j.parts.size()) {
-        reduce_running_ = start(j.parts[reduce_part_++]);
+        reduce_running_ = start_collective(j.parts[reduce_part_++]);
         if (reduce_running_) break;
         continue;
       }
       reduce_job_done();
     }
     return moved;
-  }
-
-  // A collective's first phase, or nothing when it takes no time at all.
-  std::optional<running> start(const plan_collective& c) const {
-    running r{c, c.steps, true, c.step_latency};
-    if (settle_phases(r)) return std::nullopt;
-    return r;
-  }
-
-  // Moves past phases that are over; true when the collective is done.
-  bool settle_phases(running& r) const {
-    for (;;) {
-      if (r.steps_left == 0) return true;
-      if (r.remaining > 0) return false;
-      if (r.in_latency) {
-        r.in_latency = false;
-        r.remaining = (!r.c.crosses_hosts && r.c.intra_rate == 0) ? 0 : r.c.chunk_bytes;
-      } else {
-        --r.steps_left;
-        r.in_latency = true;
-        r.remaining = r.c.step_latency;
-      }
-    }
   }
 
   void gather_done() {
@@ -485,22 +414,22 @@ class plan_simulation {
   }
 
   // ---- time: every activity at its rate until the first one ends ----
-  double transfer_rate(const running& r, double flows_on_link, double cpu) const {
+  double transfer_rate(const running_collective& r, double flows_on_link, double cpu) const {
     if (r.c.crosses_hosts)
       return double(cluster_.nics_per_host) * cluster_.link_bytes_per_second / flows_on_link * cpu;
     return r.c.intra_rate * cpu;
   }
 
   void advance() {
-    running* colls[] = {gather_running_ ? &*gather_running_ : nullptr, reduce_running_ ? &*reduce_running_ : nullptr};
+    running_collective* colls[] = {gather_running_ ? &*gather_running_ : nullptr, reduce_running_ ? &*reduce_running_ : nullptr};
     double flows = 0;
-    for (running* r : colls)
+    for (running_collective* r : colls)
       if (r && !r->in_latency && r->c.crosses_hosts) flows += r->c.flows;
     // A collective's CPU goes with the bytes it moves: comm_cpu_cores while it has the link to itself, its share
     // of the link while it shares it, nothing while it waits out a step's latency. Charging it for its wall time
     // instead would make overlap (a bigger budget) cost compute time that moving the same bytes does not.
     double moving = 0;
-    for (running* r : colls)
+    for (running_collective* r : colls)
       if (r && !r->in_latency && r->remaining > 0) moving += r->c.crosses_hosts ? r->c.flows / flows : 1.0;
     const double demand =
         double(cluster_.ranks_per_host) * ((computing_ ? 1.0 : 0.0) + cluster_.comm_cpu_cores * moving);
@@ -523,7 +452,7 @@ class plan_simulation {
     const double tolerance = dt * 1e-12 + 1e-18;
     if (flows > 0 && ops_[pc_].step == 1) {
       result_.link_busy_seconds += dt;
-      for (running* r : colls)
+      for (running_collective* r : colls)
         if (r && !r->in_latency && r->c.crosses_hosts)
           result_.link_bytes += transfer_rate(*r, flows, comm_cpu) * dt * r->c.flows;
     }
@@ -534,10 +463,10 @@ class plan_simulation {
     }
     for (int k = 0; k < 2; ++k)
       if (colls[k]) {
-        running& r = *colls[k];
+        running_collective& r = *colls[k];
         r.remaining -= rates[k] * dt;
         if (r.remaining <= rates[k] * tolerance) r.remaining = 0;
-        if (!settle_phases(r)) continue;
+        if (!r.settle()) continue;
         if (k == 0) {
           gather_running_.reset();
           gather_done();
@@ -577,10 +506,10 @@ class plan_simulation {
     std::size_t step;
   };
   std::deque<issued_gather> gathers_;
-  std::optional<running> gather_running_;
+  std::optional<running_collective> gather_running_;
   double gather_begin_ = 0;
   std::deque<reduce_job> reduce_jobs_;
-  std::optional<running> reduce_running_;
+  std::optional<running_collective> reduce_running_;
   std::size_t reduce_part_ = 0;
   double reduce_begin_ = 0;
   std::size_t pending_reductions_ = 0;
