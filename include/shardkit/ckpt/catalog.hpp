@@ -259,7 +259,7 @@ retention_report apply_retention(S& sink, const std::string& prefix, std::uint64
     const std::string index = index_key(prefix, step);
     // Files without an index beside a set-aside prefix of their step may be part of a move a crash interrupted.
     if (!listed.indexed.contains(step) &&
-        std::any_of(listed.damaged.begin(), listed.damaged.end(), [&](const auto& d) { return d.second.step == step; }))
+        std::any_of(listed.damaged.begin(), listed.damaged.end(), [step = step](const auto& d) { return d.second.step == step; }))
       continue;
     if (listed.indexed.contains(step)) {
       try {

@@ -139,7 +139,11 @@ inline assembled_index assemble_index(std::uint64_t step, const std::string& pre
                                       const std::map<std::string, std::string>& metadata,
                                       std::span<const std::string> messages) {
   assembled_index out{{step, static_cast<std::uint32_t>(messages.size()), metadata, {}, {}}, {}, false};
-  auto& [index, reasons, skipped] = out;
+  // References, not a structured binding: add_reason captures `reasons`, which C++20 allows for a binding and
+  // clang 14 does not.
+  auto& index = out.index;
+  auto& reasons = out.reasons;
+  auto& skipped = out.skipped;
   index.files.reserve(messages.size());
   // Names are views into `messages`, which outlive this function's use of them.
   std::unordered_map<std::string_view, std::uint32_t> global;

@@ -34,9 +34,11 @@ class any_communicator {
  public:
   using communicator_concept = communicator_tag;
 
-  //! Erases `c` (any model of communicator; an any_communicator is moved, not wrapped again).
-  template <communicator C>
-    requires(!std::same_as<std::remove_cvref_t<C>, any_communicator>)
+  //! Erases `c` (any model of communicator; an any_communicator is moved, not wrapped again). The same-type test
+  //! comes first and short-circuits: checking communicator<any_communicator> asks whether any_communicator is
+  //! move-constructible, which considers this constructor again.
+  template <class C>
+    requires(!std::same_as<std::remove_cvref_t<C>, any_communicator> && communicator<C>)
   explicit any_communicator(C c) : impl_(std::make_unique<detail::communicator_model<C>>(std::move(c))) {}
   explicit any_communicator(std::unique_ptr<detail::communicator_interface> impl) : impl_(std::move(impl)) {
     if (!impl_) throw_error(errc::invalid_argument, "any_communicator of no communicator");
