@@ -44,8 +44,8 @@ constexpr const char* usage_text =
     "                    [--auth-token-file FILE] [--] PROGRAM [ARGS...]     (one per host, as torchrun's)\n"
     "\n"
     "Runs N ranks of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR\n"
-    "(default 127.0.0.1), MASTER_PORT (default: a free port) and SHARDKIT_AUTH_TOKEN (unless set: a random one\n"
-    "for this job) set, and prefixes every line they print with\n"
+    "(default 127.0.0.1), MASTER_PORT (default: a free port), SHARDKIT_AUTH_TOKEN and SHARDKIT_RUN_ID (unless\n"
+    "set: random ones for this job; no run id with --nnodes > 1) set, and prefixes every line they print with\n"
     "\"[rank K] \". When a rank fails, the others are stopped (SIGTERM, then SIGKILL after the grace period,\n"
     "default 5 s) and shardkit-run exits with that rank's status (128+S for signal S). SIGINT, SIGTERM and SIGHUP\n"
     "are forwarded to every rank (a second one sends SIGKILL); the exit status is then 128+S unless a rank failed.\n"
@@ -55,7 +55,7 @@ constexpr const char* usage_text =
     "Several hosts: run shardkit-run once on each with the same --nnodes, --master-addr (host of node 0, which\n"
     "runs rank 0's store), --master-port and auth token; host K runs RANK = K*P .. K*P+P-1 of WORLD_SIZE = H*P.\n"
     "The token is SHARDKIT_AUTH_TOKEN or the first line of --auth-token-file, the same on every host (required:\n"
-    "a random one per host would not match).\n"
+    "a random one per host would not match); SHARDKIT_RUN_ID, if given, must be the same on every host too.\n"
     "\n"
     "  -n, --nproc, --nproc-per-node N   ranks on this host (1..1024)\n"
     "  --nnodes H             hosts in the job (default 1)\n"
@@ -240,10 +240,10 @@ struct rank_process {
 // The ranks authenticate each other with SHARDKIT_AUTH_TOKEN (the store's hello, the TCP transport's handshake).
 // A job whose user set none gets a random one, so a connection from another job or a stranger to this job's
 // ports is refused instead of reading or writing its rendezvous keys.
-std::string random_token() {
-  unsigned char bytes[32];
-  for (std::size_t got = 0; got < sizeof bytes;) {
-    const ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+std::string random_token(std::size_t length = 32) {
+  std::vector<unsigned char> bytes(length);
+  for (std::size_t got = 0; got < bytes.size();) {
+    const ssize_t n = ::getrandom(bytes.data() + got, bytes.size() - got, 0);
     if (n < 0 && errno != EINTR) fatal(std::string("getrandom: ") + std::strerror(errno));
     if (n > 0) got += std::size_t(n);
   }
@@ -316,6 +316,10 @@ int main(int argc, char** argv) {
               "--auth-token-file, the same on every host");
       ::setenv("SHARDKIT_AUTH_TOKEN", random_token().c_str(), 1);  // the ranks inherit it
     }
+    // The store refuses a rank of another run, so two jobs that met on one MASTER_PORT never mix. With several
+    // hosts each shardkit-run would draw its own: there the user gives one (or none) to every host.
+    if (!shardkit::settings::get<shardkit::settings::text>("SHARDKIT_RUN_ID") && o.nnodes == 1)
+      ::setenv("SHARDKIT_RUN_ID", random_token(8).c_str(), 1);
   } catch (const std::exception& e) {
     fatal(e.what());
   }

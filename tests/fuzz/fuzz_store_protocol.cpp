@@ -104,7 +104,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto config = in.take<std::uint8_t>();
   const std::string token = (config & 2) ? "fuzz-token" : "";
   std::string bytes;
-  if (config & 1) bytes = rdv::detail::store_hello((config & 4) ? token + "?" : token);
+  if (config & 1) bytes = rdv::detail::store_hello((config & 4) ? token + "?" : token, "");
   bytes += in.rest_text();
 
   rdv::tcp_store_server server(

@@ -41,11 +41,12 @@ struct outcome {
   std::shared_ptr<rdv::tcp_store> store;
 };
 
-outcome join(int port, bool host, int world, int rank, std::chrono::milliseconds timeout = 20s) {
+outcome join(int port, bool host, int world, int rank, std::chrono::milliseconds timeout = 20s,
+             const std::string& run_id = {}) {
   outcome o;
   const auto t0 = steady::now();
   try {
-    o.store = rdv::tcp_store::create("127.0.0.1", port, host, world, timeout, {}, rank);
+    o.store = rdv::tcp_store::create("127.0.0.1", port, host, world, timeout, {}, rank, run_id);
   } catch (const shardkit::error& e) {
     o.what = e.what();
     o.code = static_cast<errc>(e.code().value());
@@ -291,12 +292,79 @@ TEST_CASE("[rendezvous] a MASTER_ADDR that does not resolve is said at once, the
   CHECK(steady::now() - t0 < 5s);
 }
 
+// Two jobs started on one MASTER_PORT: whichever rank 0 hosts the store first, the other job's ranks are refused at
+// once naming both runs (a rank 1 of job B used to join job A's store and train with it, while job A's own rank 1
+// was told "two processes were started with RANK=1").
+TEST_CASE("[rendezvous] two jobs on one MASTER_PORT never mix: another run's ranks are refused at once, naming both runs") {
+  const int port = shardkit::test::free_port();
+  const auto refused_as_other_run = [&](const outcome& o, int rank) {
+    CAPTURE(o.what);
+    CHECK(o.code == errc::config);
+    CHECK(o.seconds < 3);
+    CHECK(has(o.what, "rank " + std::to_string(rank) + " belongs to run 'job-b', the store at 127.0.0.1:" +
+                          std::to_string(port) + " serves run 'job-a': two jobs on one MASTER_PORT?"));
+  };
+  auto a0 = std::async(std::launch::async, [&] { return join(port, true, 2, 0, 10s, "job-a"); });
+  std::this_thread::sleep_for(100ms);  // job A's store listens
+  SUBCASE("job B's rank 1 comes before job A's") {
+    refused_as_other_run(join(port, false, 2, 1, 10s, "job-b"), 1);
+    CHECK(join(port, false, 2, 1, 10s, "job-a").what.empty());
+  }
+  SUBCASE("job B's rank 1 comes after job A's, and then job B's rank 0") {
+    CHECK(join(port, false, 2, 1, 10s, "job-a").what.empty());
+    refused_as_other_run(join(port, false, 2, 1, 10s, "job-b"), 1);
+    const auto b0 = join(port, true, 2, 0, 10s, "job-b");
+    CAPTURE(b0.what);
+    CHECK(b0.code == errc::config);
+    CHECK(has(b0.what, "port " + std::to_string(port) + " (MASTER_PORT) is taken by the shardkit store of another job: "
+                       "rank 0 belongs to run 'job-b'"));
+  }
+  SUBCASE("a rank without a run id at a store with one, and the other way round") {
+    const auto none = join(port, false, 2, 1, 10s);
+    CAPTURE(none.what);
+    CHECK(has(none.what, "rank 1 has no run id (SHARDKIT_RUN_ID unset), the store at 127.0.0.1:" + std::to_string(port) +
+                             " serves run 'job-a'"));
+    CHECK(join(port, false, 2, 1, 10s, "job-a").what.empty());
+  }
+  const auto a = a0.get();
+  CAPTURE(a.what);
+  CHECK(a.what.empty());  // job A's store is not disturbed by what it refused
+}
+
+TEST_CASE("[rendezvous] servers racing for one port: exactly one listens, the other is told the port is in use") {
+  for (int round = 0; round < 20; ++round) {
+    const int port = shardkit::test::free_port();
+    std::atomic<int> listening{0};
+    std::vector<std::string> refused(2);
+    std::vector<std::unique_ptr<rdv::tcp_store_server>> servers(2);
+    shardkit::test::run_threads(2, [&](int r) {
+      try {
+        servers[std::size_t(r)] = std::make_unique<rdv::tcp_store_server>(rdv::tcp_store_server_options{.port = port});
+        ++listening;
+      } catch (const shardkit::error& e) {
+        refused[std::size_t(r)] = e.what();
+      }
+    });
+    REQUIRE(listening.load() == 1);
+    const std::string& why = refused[0].empty() ? refused[1] : refused[0];
+    CAPTURE(why);
+    CHECK(has(why, "port " + std::to_string(port) + " is in use (MASTER_PORT? another job's rank 0?)"));
+  }
+}
+
 // Processes started by hand the way the mistakes are made: each scenario joins with the environment it was given
 // (rank R may change its own variables first) and prints what came of it.
 SHARDKIT_SCENARIO(rendezvous_join_misuse) {
   const int rank = shardkit::test::env_rank();
   if (const char* v = std::getenv(("JOIN_WORLD_SIZE_" + std::to_string(rank)).c_str())) ::setenv("WORLD_SIZE", v, 1);
   if (const char* v = std::getenv(("JOIN_RANK_" + std::to_string(rank)).c_str())) ::setenv("RANK", v, 1);
+  if (const char* v = std::getenv(("JOIN_RUN_ID_" + std::to_string(rank)).c_str())) ::setenv("SHARDKIT_RUN_ID", v, 1);
+  if (std::getenv("JOIN_LOCAL_FROM_RANK")) {  // each process the only one of its job on this host
+    ::setenv("LOCAL_RANK", "0", 1);
+    ::setenv("LOCAL_WORLD_SIZE", "1", 1);
+  }
+  if (const char* v = std::getenv(("JOIN_DELAY_MS_" + std::to_string(rank)).c_str()))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(v)));
   const auto t0 = steady::now();
   try {
     auto store = rdv::connect_store(rdv::info_from_env());
@@ -332,6 +400,39 @@ TEST_CASE("[rendezvous] processes: two started with RANK=1: one is refused at on
   // The host and whichever rank-1 process came second; the first rank 1 may have joined or been told the host left.
   CHECK(refused >= 2);
   CHECK(has(results[0].output, "rank 1 joined already"));
+}
+
+// Two jobs of two ranks on one MASTER_PORT, as processes (processes 2 and 3 are job B's ranks 0 and 1): one job's
+// rank 0 hosts (job A's, unless a loaded host starts it late), and the other job's ranks fail at once naming both
+// runs, whether job B's rank 1 came first of all or after job A's.
+TEST_CASE("[rendezvous] processes: two jobs on one MASTER_PORT: the second job's ranks are refused at once, naming both runs") {
+  for (const std::string b1_delay : {"0", "500"}) {
+    CAPTURE(b1_delay);
+    const auto results = shardkit::test::run_processes(
+        4, "rendezvous_join_misuse",
+        {{"JOIN_WORLD_SIZE_0", "2"}, {"JOIN_WORLD_SIZE_1", "2"}, {"JOIN_WORLD_SIZE_2", "2"}, {"JOIN_WORLD_SIZE_3", "2"},
+         {"JOIN_RANK_2", "0"}, {"JOIN_RANK_3", "1"}, {"JOIN_LOCAL_FROM_RANK", "1"},
+         {"JOIN_RUN_ID_0", "job-a"}, {"JOIN_RUN_ID_1", "job-a"}, {"JOIN_RUN_ID_2", "job-b"}, {"JOIN_RUN_ID_3", "job-b"},
+         {"JOIN_DELAY_MS_1", "200"}, {"JOIN_DELAY_MS_2", "300"}, {"JOIN_DELAY_MS_3", b1_delay},
+         {"SHARDKIT_STORE_TIMEOUT", "20"}},
+        30s);
+    shardkit::test::require_all_succeeded(results);
+    REQUIRE(results.size() == 4);
+    const bool a_hosts = has(results[0].output, "JOINED");
+    const std::size_t winner = a_hosts ? 0 : 2, loser = a_hosts ? 2 : 0;
+    const std::string won = a_hosts ? "job-a" : "job-b", lost = a_hosts ? "job-b" : "job-a";
+    for (const std::size_t p : {winner, winner + 1}) {
+      CAPTURE(results[p].output);
+      CHECK(has(results[p].output, "JOINED"));
+    }
+    CAPTURE(results[loser].output);
+    CHECK(has(results[loser].output, "REFUSED"));
+    CHECK(has(results[loser].output, "is taken by the shardkit store of another job: rank 0 belongs to run '" + lost + "'"));
+    CAPTURE(results[loser + 1].output);
+    CHECK(has(results[loser + 1].output, "REFUSED"));
+    CHECK(has(results[loser + 1].output, "rank 1 belongs to run '" + lost + "', the store at 127.0.0.1:"));
+    CHECK(has(results[loser + 1].output, "serves run '" + won + "': two jobs on one MASTER_PORT?"));
+  }
 }
 
 // Rank 0 hosts the store and stops (SIGSTOP: alive, its socket open, nothing answered). Rank 1's request ends at its

@@ -173,7 +173,7 @@ struct raw_socket {
 };
 
 std::string hello(std::uint32_t version = rdv::detail::store_protocol_version) {
-  return rdv::detail::store_hello("", version);
+  return rdv::detail::store_hello("", "", version);
 }
 
 // What this process writes to stderr (the log) while it lives.
@@ -413,7 +413,7 @@ TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is ref
   SUBCASE("requests pipelined behind a wrong hello are never served") {
     raw_socket raw(server.port());
     using op = rdv::detail::store_op;
-    raw.send(rdv::detail::store_hello("guess") + rdv::detail::frame_writer(op::set).str("stolen").str("x").take() +
+    raw.send(rdv::detail::store_hello("guess", "") + rdv::detail::frame_writer(op::set).str("stolen").str("x").take() +
              rdv::detail::frame_writer(op::get).str("k").take() + rdv::detail::frame_writer(op::add).str("n").i64(1).take());
     const auto resp = raw.read_frame();
     REQUIRE(!resp.empty());
@@ -430,13 +430,14 @@ TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is ref
     const auto resp = raw.read_frame();
     REQUIRE(!resp.empty());
     CHECK(resp[0] == char(rdv::detail::store_status::error));
-    CHECK(contains(resp, "protocol version 3, the client 1"));
+    CHECK(contains(resp, "protocol version 4, the client 1"));
     CHECK(raw.closed_by_peer());
     CHECK(contains(log.text(), "dropping client"));
   }
   SUBCASE("a token longer than the limit is an oversized hello") {
     raw_socket raw(server.port());
-    raw.send(rdv::detail::store_hello(std::string(rdv::detail::max_store_token_bytes + 1, 'x')));
+    raw.send(rdv::detail::store_hello(
+        std::string(rdv::detail::max_store_token_bytes + rdv::detail::max_store_run_id_bytes + 8, 'x'), ""));
     CHECK(raw.closed_by_peer());
   }
   log.restore();

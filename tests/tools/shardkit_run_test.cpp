@@ -212,6 +212,30 @@ TEST_CASE("[tools] shardkit-run gives a job without SHARDKIT_AUTH_TOKEN a random
   CHECK(contains(second, "[rank 1] token users-own\n"));
 }
 
+TEST_CASE("[tools] shardkit-run gives a job without SHARDKIT_RUN_ID a random one, the same for every rank; none on several hosts") {
+  ::unsetenv("SHARDKIT_RUN_ID");
+  std::string first, second;
+  REQUIRE(run({"-n", "2", "sh", "-c", "echo \"run $SHARDKIT_RUN_ID\""}, &first) == 0);
+  const std::regex run_re("\\[rank 0\\] run ([0-9a-f]{16})\n");
+  std::smatch m;
+  REQUIRE(std::regex_search(first, m, run_re));
+  const std::string id = m[1];
+  CHECK(contains(first, "[rank 1] run " + id + "\n"));
+  REQUIRE(run({"-n", "1", "sh", "-c", "echo \"run $SHARDKIT_RUN_ID\""}, &second) == 0);
+  CHECK_FALSE(contains(second, id));  // a new one per job
+  ::setenv("SHARDKIT_RUN_ID", "users-run", 1);
+  REQUIRE(run({"-n", "2", "sh", "-c", "echo \"run $SHARDKIT_RUN_ID\""}, &second) == 0);
+  ::unsetenv("SHARDKIT_RUN_ID");
+  CHECK(contains(second, "[rank 1] run users-run\n"));
+  // Each host's shardkit-run would draw its own: with --nnodes the ranks get none unless the user gave one.
+  ::setenv("SHARDKIT_AUTH_TOKEN", "shared", 1);
+  REQUIRE(run({"--nnodes", "2", "--node-rank", "1", "-n", "1", "--master-addr", "10.0.0.1", "--master-port", "29511", "--",
+               "sh", "-c", "echo \"run [${SHARDKIT_RUN_ID-unset}]\""},
+              &second) == 0);
+  ::unsetenv("SHARDKIT_AUTH_TOKEN");
+  CHECK(contains(second, "[rank 1] run [unset]\n"));
+}
+
 TEST_CASE("[tools] shardkit-run keeps lines whole when ranks print at once") {
   std::string out;
   const std::string payload(100, 'x');

@@ -56,6 +56,12 @@ inline constexpr variable table[] = {
                 "transport's set-up (at most 60 s, shm_options::connect_timeout: a rank missing there is named; one "
                 "whose process exited, at once)",
      .target = "core", .min = 1, .max = 86400},
+    {.name = "SHARDKIT_RUN_ID", .type = kind::text, .default_text = "(torchrun's TORCHELASTIC_RUN_ID, else none)",
+     .meaning = "the job's identity, the same on every rank of one job (at most 256 bytes): the store refuses at once "
+                "a rank of another run that found its MASTER_PORT, naming both runs, so two jobs on one port never "
+                "mix; shardkit-run sets a random one per job when unset (one host only: with --nnodes give the same "
+                "one on every host, or none)",
+     .target = "core"},
     {.name = "SHARDKIT_TIMEOUT_MS", .type = kind::milliseconds, .default_text = "1800000 (30 min)",
      .meaning = "deadline of each process-group operation (group_options::timeout)", .target = "core", .min = 1},
     {.name = "SHARDKIT_FAULT_GRACE_MS", .type = kind::milliseconds, .default_text = "500",

@@ -322,6 +322,14 @@ inline rendezvous_info info_from_env(const env_lookup& lookup = process_env) {
   return info;
 }
 
+//! The job's run id, which the store's hello carries so that two jobs on one MASTER_PORT never mix: SHARDKIT_RUN_ID,
+//! else torchrun's TORCHELASTIC_RUN_ID (its --rdzv-id, the same on every rank of one job), else none.
+inline std::string run_id(const env_lookup& lookup = process_env) {
+  if (auto id = settings::get<settings::text>("SHARDKIT_RUN_ID")) return *id;
+  const char* torchrun = lookup("TORCHELASTIC_RUN_ID");
+  return torchrun ? std::string(torchrun) : std::string();
+}
+
 //! info_from_env() for a process that goes on to join the job (init_process_group reads its place so). A rank
 //! outside [0, WORLD_SIZE) fails the same way, errc::config naming both variables, but first tells the job's store
 //! when one answers at MASTER_ADDR:MASTER_PORT within `report_bound`: it joins with that rank, which the store
@@ -335,7 +343,8 @@ inline rendezvous_info info_from_env_to_join(const env_lookup& lookup = process_
       info.master_port <= 65535 && report_bound.count() > 0) {
     try {
       const std::string token = settings::get<settings::text>("SHARDKIT_AUTH_TOKEN").value_or(std::string());
-      tcp_store::create(info.master_addr, info.master_port, false, info.world_size, report_bound, token, info.rank);
+      tcp_store::create(info.master_addr, info.master_port, false, info.world_size, report_bound, token, info.rank,
+                        run_id(lookup));
     } catch (...) {  // refused, as it must be; or no store answered in time: this rank's own error says the rest
     }
   }
@@ -365,11 +374,13 @@ inline std::chrono::milliseconds store_timeout() {
 //! WORLD_SIZE, or a RANK that another process claimed already, is refused at once (errc::config naming the rank
 //! and both values), and rank 0 fails with the same message. The store takes SHARDKIT_AUTH_TOKEN as its auth
 //! token, like the TCP transport: a client without it cannot read or write a key (shardkit-run sets one per job).
+//! Every rank's hello carries run_id(): a rank of another run that found this MASTER_PORT (two jobs on one port)
+//! is refused at once naming both runs, and a second rank 0 is told the port is another job's.
 inline any_store connect_store(const rendezvous_info& info, std::chrono::milliseconds timeout = store_timeout()) {
   validate(info);
   const std::string token = settings::get<settings::text>("SHARDKIT_AUTH_TOKEN").value_or(std::string());
   return any_store(tcp_store::create(info.master_addr, info.master_port, info.rank == 0, info.world_size, timeout,
-                                     token, info.rank));
+                                     token, info.rank, run_id()));
 }
 
 }  // namespace shardkit::rendezvous

@@ -75,6 +75,12 @@ struct tcp_store_options {
   //! The rank whose process hosts the server, when known (connect_store: rank 0): a lost connection then names
   //! it as the rank at fault, since the server ends with its process.
   std::optional<int> host_rank;
+  //! The job's run id (SHARDKIT_RUN_ID, at most 256 bytes), sent in the hello; a server serving another run
+  //! refuses it: the constructor fails at once with errc::config naming both runs ("rank 1 belongs to run 'b',
+  //! the store at ADDR serves run 'a': two jobs on one MASTER_PORT?"), and no key was read or written.
+  std::string run_id;
+  //! This client's rank, when it is one of a job's (connect_store): refusals name it.
+  std::optional<int> rank;
 };
 
 //! A client of a tcp_store_server; models shardkit::rendezvous::store.
@@ -99,6 +105,11 @@ class tcp_store {
       throw_error(errc::invalid_argument,
                   "auth_token of " + std::to_string(opts_.auth_token.size()) + " bytes: at most 4096",
                   {.operation = "store.connect", .object = address()});
+    if (opts_.run_id.size() > detail::max_store_run_id_bytes)
+      throw_error(errc::invalid_argument,
+                  "run_id of " + std::to_string(opts_.run_id.size()) + " bytes (SHARDKIT_RUN_ID): at most " +
+                      std::to_string(detail::max_store_run_id_bytes),
+                  {.operation = "store.connect", .object = address()});
     connect();
   }
   tcp_store(const tcp_store&) = delete;
@@ -117,15 +128,18 @@ class tcp_store {
   static std::shared_ptr<tcp_store> create(const std::string& host, int port, bool is_server,
                                            std::optional<int> world_size = std::nullopt,
                                            std::chrono::milliseconds timeout = default_store_timeout,
-                                           const std::string& auth_token = {}, std::optional<int> rank = std::nullopt) {
+                                           const std::string& auth_token = {}, std::optional<int> rank = std::nullopt,
+                                           const std::string& run_id = {}) {
     // With a rank, the caller is connect_store's kind: the server side is rank 0.
     const tcp_store_options opts{.connect_timeout = timeout,
                                  .timeout = timeout,
                                  .auth_token = auth_token,
-                                 .host_rank = rank && !is_server ? std::optional<int>(0) : std::nullopt};
+                                 .host_rank = rank && !is_server ? std::optional<int>(0) : std::nullopt,
+                                 .run_id = run_id,
+                                 .rank = rank};
     std::shared_ptr<tcp_store> store;
     if (is_server) {
-      auto server = start_server(port, auth_token, world_size.value_or(0));
+      auto server = start_server(port, opts, world_size.value_or(0));
       // Loopback, not `host`: host names this machine as others see it and may not resolve here (yet).
       store = std::make_shared<tcp_store>(server->local_address(), server->port(), opts);
       store->server_ = std::move(server);
@@ -366,7 +380,7 @@ class tcp_store {
       try {
         if (dial(dl, last)) return handshake(dl);
       } catch (const error& e) {
-        if (e.code() == errc::auth_failed || e.code() == errc::protocol)
+        if (e.code() == errc::auth_failed || e.code() == errc::protocol || e.code() == errc::config)
           throw e.with_context({.operation = "store.connect", .object = address()});
         last = e.detail();  // e.g. a server still starting closed on us: retry like a refused connect
       }
@@ -447,7 +461,7 @@ class tcp_store {
   static constexpr std::chrono::milliseconds hello_answer_timeout{3000};
 
   void handshake(deadline dl) {
-    send_all(detail::store_hello(opts_.auth_token));
+    send_all(detail::store_hello(opts_.auth_token, opts_.run_id));
     const auto bound = opts_.timeout > std::chrono::milliseconds(0) ? std::min(opts_.timeout, hello_answer_timeout)
                                                                     : hello_answer_timeout;
     const auto not_a_store = [&](const std::string& why) {
@@ -470,7 +484,11 @@ class tcp_store {
     try {
       detail::frame_reader r(*resp);
       if (static_cast<detail::store_status>(r.u8()) == detail::store_status::error) {
-        r.u8();
+        if (static_cast<errc>(r.u8()) == errc::config)  // another job's store: its message is its run id
+          throw_error(errc::config, (opts_.rank ? "rank " + std::to_string(*opts_.rank) : std::string("this client")) +
+                                        " " + detail::run_membership(opts_.run_id) + ", the store at " + address() + " " +
+                                        detail::run_served(r.str()) +
+                                        ": two jobs on one MASTER_PORT? (give each job its own MASTER_PORT)");
         throw_error(errc::auth_failed, "the store at " + address() + " refused this client: " + r.str());
       }
       if (r.u32() != detail::store_magic) not_a_store("its answer has another magic");
@@ -483,21 +501,23 @@ class tcp_store {
 
   // A server on `port`; when the port is taken, says by whom (a hello with a short deadline tells a shardkit
   // store from another program).
-  static std::shared_ptr<tcp_store_server> start_server(int port, const std::string& auth_token, int world_size) {
+  static std::shared_ptr<tcp_store_server> start_server(int port, const tcp_store_options& client, int world_size) {
     try {
-      return std::make_shared<tcp_store_server>(
-          tcp_store_server_options{.port = port, .auth_token = auth_token, .world_size = world_size});
+      return std::make_shared<tcp_store_server>(tcp_store_server_options{
+          .port = port, .auth_token = client.auth_token, .world_size = world_size, .run_id = client.run_id});
     } catch (const error& e) {
       if (port == 0 || e.code() != errc::config) throw;
       const std::string where = "port " + std::to_string(port) + " (MASTER_PORT)";
       const error_context ctx{.operation = "store.listen", .object = detail::host_port("*", port)};
       try {
         tcp_store probe("127.0.0.1", port, {.connect_timeout = std::chrono::seconds(1), .timeout = std::chrono::seconds(1),
-                                            .auth_token = auth_token});
+                                            .auth_token = client.auth_token, .run_id = client.run_id, .rank = client.rank});
       } catch (const error& p) {
         if (p.code() == errc::auth_failed)
           throw_error(errc::config, where + " is taken by the shardkit store of another job (another SHARDKIT_AUTH_TOKEN): "
                       "choose another MASTER_PORT", ctx);
+        if (p.code() == errc::config)  // another run's store
+          throw_error(errc::config, where + " is taken by the shardkit store of another job: " + p.detail(), ctx);
         if (p.code() == errc::protocol)
           throw_error(errc::config, where + " is held by another program, not a shardkit store: choose another MASTER_PORT", ctx);
         if (p.code() == errc::timeout)
@@ -505,8 +525,11 @@ class tcp_store {
                       "shardkit store whose process is stopped: choose another MASTER_PORT", ctx);
         throw;
       }
-      throw_error(errc::config, where + " already has a shardkit store: two processes were started with RANK=0 "
-                  "(or an earlier run of this job still holds the port)", ctx);
+      // The same run id: this job's. Without one, another job's store looks the same.
+      throw_error(errc::config, where + " already has a shardkit store: two processes were started with RANK=0 " +
+                                    (client.run_id.empty() ? std::string("(or another job's rank 0 uses MASTER_PORT: SHARDKIT_RUN_ID tells jobs apart)")
+                                                           : "(or an earlier run of this job still holds the port)"),
+                  ctx);
     }
   }
 

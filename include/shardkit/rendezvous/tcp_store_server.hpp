@@ -7,10 +7,12 @@
 //! length, then the payload. Payload integers are little-endian (u8, u32, i64); a string is a u32 length and its
 //! bytes; a key list is a u32 count and that many strings.
 //!  - A client's first frame is hello: u8 0, u32 magic "SKST", u32 version, string auth token (the job's
-//!    SHARDKIT_AUTH_TOKEN; empty when the job has none). The server answers ok + its magic and version, or an
-//!    error (errc::auth_failed: "...protocol version..." for another version, checked before the token since a
-//!    version-1 hello has none; "wrong auth token" when the token differs from the server's, compared in
-//!    constant time) and closes, logging the drop. Until the hello is accepted no other request is served, so a
+//!    SHARDKIT_AUTH_TOKEN; empty when the job has none), string run id (SHARDKIT_RUN_ID; empty when unset). The
+//!    server answers ok + its magic and version, or an error (errc::auth_failed: "...protocol version..." for
+//!    another version, checked before the token since a version-1 hello has none; "wrong auth token" when the
+//!    token differs from the server's, compared in constant time; then errc::config whose message is the
+//!    server's own run id when the run ids differ: a client of another job, which names both) and closes,
+//!    logging the drop. Until the hello is accepted no other request is served, so a
 //!    client without the token reads and writes nothing. The first frame may be at most max_hello_bytes (the
 //!    hello with a 4096-byte token), so a stranger cannot make the server buffer a large frame.
 //!  - A request is a u8 opcode and its arguments. A response is a u8 status (0 ok, 1 error: u8 errc + message,
@@ -62,6 +64,9 @@ struct tcp_store_server_options {
   std::string auth_token;
   //! The job's world size, which every join must state; 0: the first join's (see join above).
   int world_size = 0;
+  //! The job's run id (SHARDKIT_RUN_ID, at most 256 bytes), which every client's hello must carry: a client of
+  //! another job that found this port is refused at once. Empty: the clients' must be empty too.
+  std::string run_id;
 };
 
 //! The store's server: one background thread multiplexes every client with epoll. Destroying it stops the
@@ -93,6 +98,11 @@ class tcp_store_server {
     if (o.auth_token.size() > detail::max_store_token_bytes)
       throw_error(errc::invalid_argument,
                   "auth_token of " + std::to_string(o.auth_token.size()) + " bytes: at most 4096",
+                  {.operation = "store.listen"});
+    if (o.run_id.size() > detail::max_store_run_id_bytes)
+      throw_error(errc::invalid_argument,
+                  "run_id of " + std::to_string(o.run_id.size()) + " bytes: at most " +
+                      std::to_string(detail::max_store_run_id_bytes),
                   {.operation = "store.listen"});
     if (o.world_size < 0)
       throw_error(errc::invalid_argument, "world_size " + std::to_string(o.world_size) + " is below 0",
@@ -134,10 +144,16 @@ class tcp_store_server {
       return refuse(c, "the server speaks store protocol version " + std::to_string(detail::store_protocol_version) +
                            ", the client " + std::to_string(version));
     const auto token = r.str();
+    const auto run_id = r.str();
     r.finish();
     if (!constant_time_equal(token, opts_.auth_token))
       return refuse(c, token.empty() ? "no auth token, and this store requires one (set SHARDKIT_AUTH_TOKEN)"
                                      : "wrong auth token (SHARDKIT_AUTH_TOKEN differs from the store's)");
+    // After the token: a client that may not use this store learns nothing of its job, the run id included.
+    if (run_id != opts_.run_id)
+      return net_.refuse(c, "the client " + detail::run_membership(run_id) + ", this store " + detail::run_served(opts_.run_id) +
+                                ": two jobs on one MASTER_PORT?",
+                         error_frame(errc::config, opts_.run_id));
     c.greeted = true;
     reply(c, ok().u32(detail::store_magic).u32(detail::store_protocol_version));
   }

@@ -197,6 +197,9 @@ class store_connections {
       if (a->ai_family == AF_INET6) ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
       if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), SOMAXCONN) != 0) {
         last = errno;
+        // Taken is final: the next address (IPv4 after the dual-stack wildcard) is a fallback for a family this
+        // host lacks, never a second way onto a port another listener holds.
+        if (last == EADDRINUSE) break;
         continue;
       }
       sockaddr_storage ss{};
@@ -208,7 +211,8 @@ class store_connections {
       return fd;
     }
     // A port in use is a setting to change (errc::config); tcp_store::create() then says who holds it.
-    if (last == EADDRINUSE) throw_error(errc::config, "cannot listen: port " + service + " is in use", ctx);
+    if (last == EADDRINUSE)
+      throw_error(errc::config, "cannot listen: port " + service + " is in use (MASTER_PORT? another job's rank 0?)", ctx);
     throw_error(errc::io, "cannot listen: " + errno_message(last), ctx);
   }
 

@@ -26,12 +26,15 @@ namespace detail {
 inline constexpr std::uint32_t store_magic = 0x54534b53;  // "SKST" as bytes on the wire
 // 2: the hello carries the job's auth token (version 1 had none, so a v1 client is refused with a version error).
 // 3: join, by which a rank claims its place in the job (its rank and world size are checked by the server).
-inline constexpr std::uint32_t store_protocol_version = 3;
+// 4: the hello carries the job's run id, so that two jobs on one port never mix.
+inline constexpr std::uint32_t store_protocol_version = 4;
 inline constexpr std::uint32_t default_max_frame_bytes = 64u << 20;
 //! The longest auth token (the same bound as the TCP transport's handshake).
 inline constexpr std::size_t max_store_token_bytes = 4096;
-//! A hello is u8 + magic + version + the token as a string: a stranger's first frame stays this small.
-inline constexpr std::uint32_t max_hello_bytes = 1 + 4 + 4 + 4 + max_store_token_bytes;
+//! The longest run id (SHARDKIT_RUN_ID).
+inline constexpr std::size_t max_store_run_id_bytes = 256;
+//! A hello is u8 + magic + version + the token and the run id as strings: a stranger's first frame stays this small.
+inline constexpr std::uint32_t max_hello_bytes = 1 + 4 + 4 + 4 + max_store_token_bytes + 4 + max_store_run_id_bytes;
 
 enum class store_op : std::uint8_t { hello = 0, set, get, wait, check, add, compare_set, remove, num_keys, cancel, join };
 enum class store_status : std::uint8_t { ok = 0, error = 1, cancelled = 2 };
@@ -134,9 +137,19 @@ class frame_reader {
   std::string_view p_;
 };
 
-//! The client's first frame: the magic, the protocol version it speaks and the job's token.
-inline std::string store_hello(std::string_view token, std::uint32_t version = store_protocol_version) {
-  return frame_writer(store_op::hello).u32(store_magic).u32(version).str(token).take();
+//! The client's first frame: the magic, the protocol version it speaks, the job's token and its run id.
+inline std::string store_hello(std::string_view token, std::string_view run_id,
+                               std::uint32_t version = store_protocol_version) {
+  return frame_writer(store_op::hello).u32(store_magic).u32(version).str(token).str(run_id).take();
+}
+
+//! What a client's run id says of it ("belongs to run 'X'"), and a store's ("serves run 'X'"), for the refusal of
+//! a client of another job.
+inline std::string run_membership(std::string_view run_id) {
+  return run_id.empty() ? std::string("has no run id (SHARDKIT_RUN_ID unset)") : "belongs to run '" + std::string(run_id) + "'";
+}
+inline std::string run_served(std::string_view run_id) {
+  return run_id.empty() ? std::string("serves a job without a run id") : "serves run '" + std::string(run_id) + "'";
 }
 
 //! The keys of the join bookkeeping: the count of ranks joined, the ranks that did (",0,2,1": a comma before each,
