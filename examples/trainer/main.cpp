@@ -116,7 +116,7 @@ std::string help_text() {
       {"--seed S", "initialization and data order [" + n(d.seed) + "]"},
       {"--strategy S", "full_shard, shard_grad_op, no_shard or hybrid_shard [" +
                            std::string(fsdp::to_string(d.sharding.strategy)) + "]"},
-      {"--hybrid-size S", "hybrid_shard: ranks per shard group [0: the ranks of one host]"},
+      {"--hybrid-size S", "hybrid_shard: ranks per shard group [0: the ranks of one host, as the ranks find them at start]"},
       {"--dtype D", "compute dtype of the parameters: " + float_dtypes() + " [f32]"},
       {"--reduce-dtype D", "dtype of the gradient reductions: " + float_dtypes() + " [f32]"},
       {"--budget B", "limiter budget: BYTES[K|M|G], Nu (units) or unlimited [the strategy's minimum + one unit]"},
@@ -529,6 +529,21 @@ int main(int argc, char** argv) try {
   std::optional<trainer::chrome_trace> trace;
   fsdp::sharding_options sharding = f.sharding;
   sharding.micro_batches = std::size_t(f.micro_batches);  // compared across ranks at construction
+  // --hybrid-size 0: one shard group per host, from the hosts the ranks discovered at start (the same on each).
+  if (sharding.strategy == fsdp::sharding_strategy::hybrid_shard && sharding.hybrid_shard_size == 0) {
+    const int per_host = world.hosts.consecutive_ranks_per_host();
+    if (per_host == 0) {
+      std::string layout;
+      for (int h = 0; h < world.hosts.host_count(); ++h) {
+        layout += (h ? "; host " : "host ") + std::to_string(h) + ": ranks";
+        for (const int r : world.hosts.ranks_on(h)) layout += " " + std::to_string(r);
+      }
+      usage("--hybrid-size 0 means one shard group per host, which needs as many ranks on every host, in consecutive "
+            "RANKs; this job's hosts hold " + layout + ": give --hybrid-size, a count of consecutive ranks that divides " +
+            std::to_string(ranks));
+    }
+    sharding.hybrid_shard_size = std::size_t(per_host);
+  }
   std::optional<trainer::unit_times> times;
   if (!f.trace.empty()) trace.emplace(rank, names);
   if (!f.plan_units.empty() && rank == 0) {
@@ -685,7 +700,12 @@ int main(int argc, char** argv) try {
   if (rank == 0)
     std::printf("# trainer: %d ranks over %s, %s, params %s, grads %s, %zu units, limiter budget %zu bytes, "
                 "global batch %d x %d tokens\n",
-                ranks, world.transport.c_str(), std::string(fsdp::to_string(f.sharding.strategy)).c_str(),
+                ranks, world.transport.c_str(),
+                (std::string(fsdp::to_string(f.sharding.strategy)) +
+                 (sharding.strategy == fsdp::sharding_strategy::hybrid_shard
+                      ? " (shard groups of " + std::to_string(sharding.hybrid_shard_size) + " ranks)"
+                      : std::string()))
+                    .c_str(),
                 std::string(sk::to_string(f.sharding.precision.param)).c_str(),
                 std::string(sk::to_string(f.sharding.precision.reduce)).c_str(), units.size(),
                 model.limiter().budget(), f.batch, T);

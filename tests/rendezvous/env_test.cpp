@@ -1,4 +1,5 @@
 #include "shardkit/rendezvous/env.hpp"
+#include "shardkit/rendezvous/hosts.hpp"
 
 #include <doctest/doctest.h>
 
@@ -267,4 +268,16 @@ SHARDKIT_SCENARIO(rendezvous_env_store) {
 TEST_CASE("[rendezvous] processes meet through connect_store(info_from_env())") {
   const auto results = shardkit::test::run_processes(4, "rendezvous_env_store", {}, std::chrono::seconds(30));
   shardkit::test::require_all_succeeded(results);
+}
+
+TEST_CASE("[rendezvous] host_map: consecutive ranks per host, the shard groups of hybrid sharding's default") {
+  using rdv::host_map;
+  CHECK(host_map::from_identities({"a"}).consecutive_ranks_per_host() == 1);
+  CHECK(host_map::from_identities({"a", "a", "a"}).consecutive_ranks_per_host() == 3);
+  CHECK(host_map::from_identities({"a", "a", "b", "b"}).consecutive_ranks_per_host() == 2);
+  CHECK(host_map::from_identities({"a", "b", "c", "d", "e"}).consecutive_ranks_per_host() == 1);
+  CHECK(host_map::from_identities({"a", "b", "a", "b"}).consecutive_ranks_per_host() == 0);  // interleaved
+  CHECK(host_map::from_identities({"a", "a", "b"}).consecutive_ranks_per_host() == 0);       // uneven
+  CHECK(host_map::from_identities({"a", "a", "a", "b", "b", "c"}).consecutive_ranks_per_host() == 0);
+  CHECK(host_map{}.consecutive_ranks_per_host() == 0);
 }

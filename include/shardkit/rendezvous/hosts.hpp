@@ -60,6 +60,16 @@ struct host_map {
     for (int r = 0; r < rank; ++r) local += host_of[std::size_t(r)] == host_of[std::size_t(rank)];
     return local;
   }
+  //! S when every host holds S ranks and they are consecutive (host h: ranks h*S .. h*S+S-1), the layout in which
+  //! groups of S consecutive ranks (hybrid sharding's shard groups) are the hosts; 0 otherwise.
+  int consecutive_ranks_per_host() const noexcept {
+    const int hosts = host_count();
+    if (hosts == 0 || size() % hosts != 0) return 0;
+    const int per = size() / hosts;
+    for (int r = 0; r < size(); ++r)
+      if (host_of[std::size_t(r)] != r / per) return 0;
+    return per;
+  }
   bool single_host() const noexcept { return host_count() <= 1; }
   bool one_rank_per_host() const noexcept { return host_count() == size(); }
 
