@@ -3,19 +3,25 @@
 // for s3cmd; this prints its own figures too.
 //
 //   s3_bench upload   <file> s3://bucket/prefix <key>    streams the file into one object (1 MiB writes)
-//   s3_bench download s3://bucket/prefix <key> <file>    reads the object (parallel ranged GETs) into the file's pages
+//   s3_bench download s3://bucket/prefix <key> <file>    reads the object (parallel ranged GETs) into the file
 //
 // Part size and parallelism from SHARDKIT_S3_PART_SIZE / SHARDKIT_S3_PARALLEL, endpoint and keys from AWS_*.
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shardkit/storage/s3_sink.hpp"
@@ -57,22 +63,51 @@ int main(int argc, char** argv) {
       w.commit();
       ::close(fd);
     } else {
-      // The object goes straight into the file's pages: the file is sized and mapped, and one get() fetches it in
-      // parallel ranges of a part size, each written by libcurl's callback into the mapping as it arrives. A copy
-      // through a buffer and write() would copy every byte once more, from memory long out of cache (most of this
-      // process's CPU: docs/benchmarks.md, issue 35); a checkpoint load gets into its buffers the same way.
-      const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      // As a downloader writes a file: `parallel` threads (SHARDKIT_S3_PARALLEL) take the object's part-size ranges
+      // in turn, each get()s its range into its own buffer (one ranged GET over its own connection) and writes it
+      // to the file at its offset in 64 KiB pieces, as s3cmd writes. Both other ways cost the client more CPU per GB
+      // than the sink itself (docs/benchmarks.md, issue 35): mapping the file faults its new pages in one 4 KiB page
+      // at a time from every thread, and large writes make the kernel take large blocks of new page-cache memory,
+      // which this project's VMs back slowly.
+      const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (fd < 0) throw std::runtime_error("open " + file + ": " + std::strerror(errno));
       const auto size = sink.size(key);
       if (!size) throw std::runtime_error("no object " + key);
-      if (*size) {
-        if (::ftruncate(fd, static_cast<off_t>(*size)) != 0) throw std::runtime_error("ftruncate " + file + ": " + std::strerror(errno));
-        void* map = ::mmap(nullptr, *size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (map == MAP_FAILED) throw std::runtime_error("mmap " + file + ": " + std::strerror(errno));
-        bytes = sink.get(key, 0, std::span(static_cast<std::byte*>(map), *size));
-        ::munmap(map, *size);
-        if (bytes != *size) throw std::runtime_error("short read of " + key);
-      }
+      const std::size_t range = sink.options().part_size;
+      const std::uint64_t ranges = (*size + range - 1) / range;
+      std::atomic<std::uint64_t> next{0}, received{0};
+      std::mutex failed_mutex;
+      std::exception_ptr failed;
+      const auto fetch = [&] {
+        try {
+          const auto buffer_size = static_cast<std::size_t>(std::min<std::uint64_t>(range, *size));
+          const auto buffer = std::make_unique_for_overwrite<std::byte[]>(buffer_size);  // no zeroing pass
+          const std::span<std::byte> into(buffer.get(), buffer_size);
+          for (std::uint64_t i; (i = next++) < ranges;) {
+            const std::uint64_t at = i * range;
+            const auto part = into.first(static_cast<std::size_t>(std::min<std::uint64_t>(range, *size - at)));
+            const std::size_t got = sink.get(key, at, part);
+            if (got != part.size()) throw std::runtime_error("short read of " + key + " at " + std::to_string(at));
+            for (std::size_t done = 0; done < got;) {
+              const ssize_t n = ::pwrite(fd, part.data() + done, std::min<std::size_t>(got - done, 64 << 10), static_cast<off_t>(at + done));
+              if (n < 0) throw std::runtime_error("write " + file + ": " + std::strerror(errno));
+              done += static_cast<std::size_t>(n);
+            }
+            received += got;
+          }
+        } catch (...) {
+          next = ranges;  // the others stop after their current range
+          std::lock_guard lock(failed_mutex);
+          if (!failed) failed = std::current_exception();
+        }
+      };
+      std::vector<std::thread> threads;
+      for (unsigned t = 1; t < std::min<std::uint64_t>(sink.options().parallel, ranges); ++t) threads.emplace_back(fetch);
+      fetch();
+      for (auto& t : threads) t.join();
+      if (failed) std::rethrow_exception(failed);
+      bytes = received;
+      if (bytes != *size) throw std::runtime_error("short read of " + key);
       ::close(fd);
     }
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
