@@ -14,11 +14,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <span>
 #include <thread>
 
 #include <sched.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -89,6 +91,56 @@ TEST_CASE("[comm] a rank that leaves after its part of the last collective does 
     test::require_all_succeeded(test::run_processes(3, "leave_after_last_collective",
                                                     {{"SHARDKIT_TEST_TRANSPORT", t}, {"SHARDKIT_SOCKET_IFNAME", "lo"}, {"SHARDKIT_TIMEOUT_MS", "20000"}},
                                                     std::chrono::seconds(60)));
+  }
+}
+
+// Rank 2 stops (SIGSTOP) after the shm set-up, before its first collective; rank 0 resumes it 1.6 s later. The
+// ranks waiting for it must say so within their stall log's bound (1 s at this timeout), naming the rank that is
+// stopped, instead of waiting silently to the collective timeout; then the collective completes as usual.
+SHARDKIT_SCENARIO(stopped_before_first_collective) {
+  auto world = comm::init_process_group("shm");
+  const int me = world.group.rank();
+  world.store.set("pid/" + std::to_string(me), std::to_string(::getpid()));
+  if (me == 2) {
+    world.store.get("pid/0", std::chrono::seconds(10));  // rank 0 has joined the store's keys
+    ::raise(SIGSTOP);
+  }
+  std::thread resume;
+  if (me == 0) {
+    const int pid = std::stoi(world.store.get("pid/2", std::chrono::seconds(10)));
+    for (int i = 0; i < 500; ++i) {  // until the kernel shows it stopped
+      std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+      std::string line;
+      std::getline(stat, line);
+      if (line.find(") T ") != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    resume = std::thread([pid] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+      ::kill(pid, SIGCONT);
+    });
+  }
+  std::vector<float> in(64, float(me + 1)), out(64 * 3, 0.0f);
+  const auto t0 = std::chrono::steady_clock::now();
+  world.group.all_gather(const_buffer_view(std::span<const float>(in)), buffer_view(std::span<float>(out))).wait();
+  std::printf("all_gather took %.2f s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  for (int r = 0; r < 3; ++r) SCENARIO_CHECK(out[std::size_t(r) * 64] == float(r + 1));
+  if (resume.joinable()) resume.join();
+  world.group.barrier().wait();
+}
+
+TEST_CASE("[comm] a rank stopped before its first collective is named by the ranks waiting for it, long before the timeout") {
+  const auto results = test::run_processes(3, "stopped_before_first_collective", {{"SHARDKIT_TIMEOUT_MS", "20000"}},
+                                           std::chrono::seconds(60));
+  test::require_all_succeeded(results);
+  for (int r : {0, 1}) {
+    const auto& out = results[std::size_t(r)].output;
+    CAPTURE(r);
+    CAPTURE(out);
+    CHECK(out.find("rank " + std::to_string(r) + " has waited 1") != std::string::npos);
+    CHECK(out.find(" in all_gather #") != std::string::npos);
+    CHECK(out.find("is stopped (SIGSTOP or a debugger)") != std::string::npos);
+    CHECK(out.find("the call times out in 1") != std::string::npos);
   }
 }
 

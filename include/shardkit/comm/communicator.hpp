@@ -111,6 +111,10 @@ struct collective_options {
   //! process_group::abort() requests it for the operation running then. Backends that do not look at it let the
   //! operation run to its deadline (the generic algorithms over a p2p transport look at it).
   std::stop_token stop;
+  //! For messages (a long wait's log line): the group's name and the call's number in its order, or empty/-1.
+  //! process_group sets them; the group outlives its operations, so the view stays valid.
+  std::string_view group;
+  std::int64_t seq = -1;
 };
 
 template <class C>

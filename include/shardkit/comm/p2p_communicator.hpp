@@ -283,18 +283,21 @@ class p2p_communicator {
     // Tag: bit 63 clear, 31 bits group id, 24 bits sequence (wraps harmlessly: ops that far apart never overlap).
     const std::uint32_t seq = seq_++;
     const auto tag = (transport::message_tag(group_id_) << 32) | (transport::message_tag(seq & 0xffffffu) << 8);
-    if (!checker_) return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop);
+    if (!checker_)
+      return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop, nullptr, {}, 0,
+                                   o.group, o.seq);
     const algorithms::call_record record{fp, seq, std::uint8_t(o.algo)};
     const auto epoch = checker_->begin(record, {.rank = me_, .operation = name});
     return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop, checker_.get(),
-                                 record, epoch);
+                                 record, epoch, o.group, o.seq);
   }
   //! An op over a sub-list of transport ranks that shares `parent`'s tag apart from its low `level` bits.
   algorithms::p2p_op<T> level_op(const algorithms::p2p_op<T>& parent, const std::vector<int>& members, int me,
                                  std::uint8_t level) {
     auto* checker = parent.checker();
     return algorithms::p2p_op<T>(*transport_, members, me, parent.tag() | level, parent.until(), parent.name(), parent.arena(),
-                                 parent.stop(), checker, parent.record(), checker ? checker->next_epoch() : 0);
+                                 parent.stop(), checker, parent.record(), checker ? checker->next_epoch() : 0,
+                                 parent.group(), parent.seq());
   }
   void start_checker() {
     if (opts_.check_calls && size() > 1) checker_ = algorithms::call_checker<T>::create(transport_, members_, me_, group_id_);
@@ -304,7 +307,8 @@ class p2p_communicator {
     return (transport::message_tag(1) << 63) | (transport::message_tag(group_id_) << 32) | tag;
   }
   algorithms::p2p_op<T> user_op(const char* name, std::uint32_t tag, const collective_options& o) {
-    return algorithms::p2p_op<T>(*transport_, members_, me_, user_tag(name, tag), o.until, name, nullptr, o.stop);
+    return algorithms::p2p_op<T>(*transport_, members_, me_, user_tag(name, tag), o.until, name, nullptr, o.stop, nullptr,
+                                 {}, 0, o.group, o.seq);
   }
   std::size_t segment_elems(dtype t) const noexcept { return std::max<std::size_t>(1, opts_.segment_bytes / size_of(t)); }
   // all_gather(v) and reduce_scatter: direct when asked, or by default in groups small enough (cross-memory first).

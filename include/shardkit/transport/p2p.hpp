@@ -43,6 +43,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <string>
 #include <span>
 
 #include "shardkit/core/completion.hpp"
@@ -91,6 +92,15 @@ concept abortable = p2p<T> && requires(T& t, std::exception_ptr reason) { t.abor
 template <class T>
 concept reports_lost_peers = p2p<T> && requires(const T& t, int peer) {
   { t.lost(peer) } -> std::same_as<std::exception_ptr>;
+};
+
+//! Optional: a transport that can say what it sees of a live peer's process (`t.peer_state(peer)`: e.g. "its
+//! process (pid 4242) is stopped (SIGSTOP or a debugger)", or "" when it knows nothing worth saying). A collective
+//! that has waited long on a peer logs it (comm/algorithms/p2p_op.hpp), so a stopped rank is named while the
+//! others wait, not only at the timeout.
+template <class T>
+concept describes_peers = p2p<T> && requires(const T& t, int peer) {
+  { t.peer_state(peer) } -> std::convertible_to<std::string>;
 };
 
 }  // namespace shardkit::transport

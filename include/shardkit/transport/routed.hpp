@@ -75,6 +75,17 @@ class routed_transport {
     return nullptr;
   }
 
+  //! What the transport serving `peer` says of its process ("" when that transport cannot tell).
+  std::string peer_state(int peer) const {
+    if (peer < 0 || peer >= size()) return {};
+    if (is_local(peer)) {
+      if constexpr (describes_peers<Local>) return local_->peer_state(local_index_[std::size_t(peer)]);
+      return {};
+    }
+    if constexpr (describes_peers<Remote>) return remote_->peer_state(peer);
+    return {};
+  }
+
   //! Aborts both transports (those that can be aborted).
   void abort(std::exception_ptr reason) {
     if constexpr (abortable<Local>) local_->abort(reason);

@@ -199,6 +199,9 @@ class shm_transport {
   //! The error that failed `peer` (it closed, aborted or its process exited), or null while it is alive.
   std::exception_ptr lost(int peer) const { return engine_->lost(peer); }
 
+  //! "its process (pid N) is stopped (SIGSTOP or a debugger)" when `peer`'s process is, else "".
+  std::string peer_state(int peer) const { return engine_->peer_state(peer); }
+
   //! Fails every pending and later operation with `reason` (errc::aborted when null); peers see this rank lost.
   void abort(std::exception_ptr reason = nullptr) { engine_->abort(std::move(reason)); }
 

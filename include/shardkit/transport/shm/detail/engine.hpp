@@ -180,6 +180,17 @@ class engine : public std::enable_shared_from_this<engine> {
     return nullptr;
   }
 
+  //! What /proc says of `p`'s process when it is stopped ("its process (pid N) is stopped (SIGSTOP or a
+  //! debugger)"), else "" (running, gone, or in another pid namespace). Any thread.
+  std::string peer_state(int p) const {
+    if (p < 0 || p >= size() || p == rank()) return {};
+    const auto& owner = in_at(p).peer->owner;
+    if (owner.pid <= 0 || owner.pid == self_.pid || owner.pid_namespace != self_.pid_namespace) return {};
+    const auto st = proc::read_stat(owner.pid);
+    if (!st || st->second != owner.start_time || (st->first != 'T' && st->first != 't')) return {};
+    return "its process (pid " + std::to_string(owner.pid) + ") is stopped (SIGSTOP or a debugger)";
+  }
+
   //! Fails every pending and later operation with `reason` and tells the peers this rank is gone. Returns once
   //! the pending operations have failed (at once when called on the progress thread, which finishes the job at
   //! its next turn).
