@@ -47,6 +47,7 @@ model:
   --max-inflight N       the limiter's count cap          --max-gathered N   PyTorch's count (gathered buffers)
   --prefetch N           units gathered ahead [all]
   --early-gathers on|off the next forward's gathers start as the optimizer steps each unit [on]
+  --keep-last on|off     the forward's last units keep their gathered parameters for backward [on]
   --optimizer-ms X       the step outside units [the file's other_ms x measured_shard / shard size]
   --scale-compute X      multiply every unit's compute time by X [1]
   --timeline             with --budget: every simulated interval
@@ -260,7 +261,10 @@ int main(int argc, char** argv) try {
     else if (a == "--max-inflight") model.limiter_max_inflight = count(a, v);
     else if (a == "--max-gathered") model.max_gathered = count(a, v);
     else if (a == "--prefetch") model.prefetch = count(a, v);
-    else if (a == "--early-gathers") {
+    else if (a == "--keep-last") {
+      if (v != "on" && v != "off") fail("--keep-last wants on or off, got '" + std::string(v) + "'");
+      model.keep_last_units = v == "on";
+    } else if (a == "--early-gathers") {
       if (v != "on" && v != "off") fail("--early-gathers wants on or off, got '" + std::string(v) + "'");
       model.early_gathers = v == "on";
     }

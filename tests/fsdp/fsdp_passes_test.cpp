@@ -1,18 +1,23 @@
 // fsdp::sharded_model's passes and agreements across ranks: passes left early keep the ranks in step, stale
-// unit_scopes, optimizers refusing a non-finite norm, the construction agreement, scalars reduced mid-pass.
+// unit_scopes, optimizers refusing a non-finite norm, the construction agreement, scalars reduced mid-pass, the
+// forward's last units kept for backward.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 
 #include "abandon_cases.hpp"
 #include "shardkit/comm/loopback_world.hpp"
+#include "shardkit/fsdp/detail/limiter_budget.hpp"
 #include "shardkit/fsdp/optimizer.hpp"
 #include "support/harness.hpp"
 #include "toy_checks.hpp"
@@ -348,5 +353,182 @@ TEST_CASE("[fsdp] an optimizer step after clip_grad_norm reuses its norm: no col
     // Without a clip since the gradients changed, the step's check is the one all-reduce, and it fails here.
     model.grad_shard(0)[0] += 1.0f;
     CHECK_THROWS_WITH_AS(opt.step(), doctest::Contains("the step must not communicate"), sk::error);
+  });
+}
+
+namespace {
+
+// Trains `steps` SGD steps on `n` ranks (threads) of a model whose units each hold one vector, with gradients
+// that depend on the gathered parameters, and a random delay before some gathers are issued (the gather thread
+// reports a grant just before it issues): returns rank 0's full state, which every rank's run must reproduce.
+std::map<std::string, std::vector<float>> train_vectors(int n, const std::vector<std::size_t>& numels,
+                                                        fsdp::sharding_options o, int steps, int micro,
+                                                        std::size_t* kept = nullptr) {
+  std::vector<fsdp::unit_spec> specs;
+  for (std::size_t i = 0; i < numels.size(); ++i)
+    specs.push_back({"u" + std::to_string(i), {{"u" + std::to_string(i) + ".w", {numels[i]}}}});
+  o.on_event = [](const fsdp::model_event& e) {
+    thread_local std::minstd_rand rng(std::random_device{}());
+    if (e.what == fsdp::model_event::kind::limiter_wait && rng() % 3 == 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
+  };
+  auto groups = sk::comm::make_loopback_world(n);
+  std::map<std::string, std::vector<float>> out;
+  sk::test::run_threads(n, [&](int r) {
+    fsdp::sharded_model model(groups[std::size_t(r)], specs, o);
+    if (kept && r == 0) *kept = model.kept_for_backward();
+    model.init_parameters([](const fsdp::param_slot& p, std::span<float> full) {
+      for (std::size_t i = 0; i < full.size(); ++i) full[i] = float(p.name[1] - '0') + float(i % 7) / 8;
+    });
+    fsdp::sgd opt(model, {.lr = 0.1, .momentum = 0.9});
+    for (int s = 0; s < steps; ++s) {
+      for (int m = 0; m < micro; ++m) {
+        double sum = 0;
+        for (auto& u : model.forward())
+          for (float x : u.params().as<float>()) sum += double(x);
+        for (auto& u : model.backward(m + 1 == micro)) {
+          const auto p = u.params().as<float>();
+          auto g = u.grads().as<float>();
+          for (std::size_t i = 0; i < g.size(); ++i) g[i] += p[i] * float(r + 1) / 64 + float(sum > 0 ? m : -m);
+        }
+      }
+      model.clip_grad_norm(10.0);
+      opt.step();
+      model.zero_grad();
+    }
+    auto state = model.full_state();
+    if (r == 0) out = std::move(state);
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("[fsdp] kept last units: backward starts on the forward's parameters; training is bit for bit the same") {
+  // The last units' parameters are used again at once by backward: kept, they are not gathered twice. The same
+  // sums in the same order either way, so every value is equal, on 2 and 3 ranks, at every budget, with and
+  // without micro-batches (whose accumulating backwards leave the kept gradients' buffers unused).
+  const std::vector<std::size_t> numels{96, 1024, 1024, 1024, 160, 48};  // small first and last units, as a model's
+  struct budget {
+    std::size_t units, bytes;
+  };
+  for (int n : {2, 3})
+    for (const budget b : {budget{1, 0}, budget{2, 0}, budget{4, 0}, budget{0, fsdp::unlimited_budget}, budget{0, 0}})
+      for (int micro : {1, 2}) {
+        CAPTURE(n);
+        CAPTURE(b.units);
+        CAPTURE(b.bytes);
+        CAPTURE(micro);
+        fsdp::sharding_options on{.limiter_budget_bytes = b.bytes, .limiter_budget_units = b.units};
+        fsdp::sharding_options off = on;
+        off.keep_last_units = false;
+        std::size_t kept_on = 0, kept_off = 9;
+        const auto with = train_vectors(n, numels, on, 3, micro, &kept_on);
+        CHECK(with == train_vectors(n, numels, off, 3, micro, &kept_off));
+        CHECK(kept_off == 0);
+        // One unit holds no more than a backward unit: nothing kept. From two, the small last ones and a block.
+        CHECK(kept_on == (b.units == 1 ? 0u : b.units == 2 || b.units == 0 && b.bytes == 0 ? 2u : 3u));
+      }
+  // hybrid_shard keeps them too; shard_grad_op keeps every unit's anyway.
+  auto hybrid = fsdp::sharding_options{.strategy = fsdp::sharding_strategy::hybrid_shard, .hybrid_shard_size = 2,
+                                       .limiter_budget_units = 2};
+  std::size_t kept = 0;
+  const auto with = train_vectors(4, numels, hybrid, 2, 1, &kept);
+  CHECK(kept == 2);
+  hybrid.keep_last_units = false;
+  CHECK(with == train_vectors(4, numels, hybrid, 2, 1));
+  train_vectors(2, numels, {.strategy = fsdp::sharding_strategy::shard_grad_op}, 1, 1, &kept);
+  CHECK(kept == 0);
+}
+
+TEST_CASE("[fsdp] kept last units cannot deadlock the limiter, whatever the placement (every placement searched)") {
+  // A kept unit's forward request waits only for forward units that end without it: once those are given back it
+  // faces the kept blocks requested before it, anywhere in the region. Every placement of them (64-byte slots,
+  // regions of up to 14 slots) must leave each next request a run it fits in, and a lease under the count cap.
+  std::uint64_t x = 0x9e3779b97f4a7c15ull;
+  const auto next = [&](std::uint64_t n) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return x % n;
+  };
+  std::size_t keeping = 0, deepest = 0, one_more_sticks = 0;
+  for (int c = 0; c < 400; ++c) {
+    std::vector<fsdp::detail::unit_charge> units;
+    std::size_t largest = 0;
+    for (std::size_t i = 0, n = 1 + next(6); i < n; ++i) {
+      units.push_back({64 * (1 + next(4)), 64 * (1 + next(2))});
+      largest = std::max(largest, units.back().params_bytes + units.back().grads_bytes);
+    }
+    const std::size_t slots = largest / 64 + next(15 - largest / 64), cap = next(2) ? 0 : next(7);
+    // Whether some placement of the last k units' blocks, requested in forward order, leaves one stuck.
+    const auto can_stick = [&](std::size_t k) {
+      std::vector<bool> used(slots, false);
+      bool stuck = false;
+      const std::function<void(std::size_t)> place = [&](std::size_t t) {
+        if (t == k || stuck) return;
+        const auto& u = units[units.size() - k + t];
+        const std::size_t need = (u.params_bytes + u.grads_bytes) / 64;
+        if (cap != 0 && 2 * t + 1 > cap) stuck = true;
+        bool fits = false;
+        for (std::size_t at = 0; at + need <= slots && !stuck; ++at) {
+          const auto from = used.begin() + std::ptrdiff_t(at), to = from + std::ptrdiff_t(need);
+          if (std::any_of(from, to, [](bool b) { return b; })) continue;
+          fits = true;
+          std::fill(from, to, true);
+          place(t + 1);
+          std::fill(from, to, false);
+        }
+        if (!fits) stuck = true;
+      };
+      place(0);
+      return stuck;
+    };
+    const std::size_t k = fsdp::detail::units_kept_for_backward(units, slots * 64, cap);
+    CAPTURE(c);
+    CAPTURE(slots);
+    CAPTURE(cap);
+    CAPTURE(k);
+    std::size_t held = 0;
+    for (std::size_t t = 0; t < k; ++t) held += units[units.size() - 1 - t].params_bytes + units[units.size() - 1 - t].grads_bytes;
+    CHECK(held + largest <= slots * 64);  // a largest unit still fits beside them (in bytes)
+    CHECK_FALSE(can_stick(k));
+    keeping += k > 0;
+    deepest = std::max(deepest, k);
+    if (k < units.size() && can_stick(k + 1)) ++one_more_sticks;  // the bound is not idle
+  }
+  CHECK(keeping > 100);
+  CHECK(deepest >= 3);
+  CHECK(one_more_sticks > 10);
+}
+
+TEST_CASE("[fsdp] kept last units are given back when a forward, a load or full_state comes instead of backward") {
+  auto groups = sk::comm::make_loopback_world(2);
+  const auto init = [](const fsdp::param_slot& p, std::span<float> full) {
+    for (std::size_t i = 0; i < full.size(); ++i) full[i] = float(p.name[1] - '0' + 1) * 100 + float(i);
+  };
+  sk::test::run_threads(2, [&](int r) {
+    std::vector<fsdp::unit_spec> specs;
+    for (int i = 0; i < 4; ++i) specs.push_back({"u" + std::to_string(i), {{"u" + std::to_string(i) + ".w", {256}}}});
+    fsdp::sharded_model model(groups[std::size_t(r)], specs, {.limiter_budget_units = 3});
+    REQUIRE(model.kept_for_backward() == 1);
+    model.init_parameters(init);
+    const auto forward = [&] {
+      for (auto& u : model.forward()) (void)u;
+    };
+    forward();
+    CHECK(model.limiter().stats().in_use_bytes == model.largest_unit_bytes());  // the last unit, with its gradients
+    forward();  // a forward after a forward: what the first kept goes back first
+    CHECK(model.limiter().stats().in_use_bytes == model.largest_unit_bytes());
+    (void)model.full_state();
+    CHECK(model.limiter().stats().in_use_bytes == 0);
+    forward();
+    model.init_parameters([](const fsdp::param_slot&, std::span<float> full) { std::fill(full.begin(), full.end(), 7.0f); });
+    CHECK(model.limiter().stats().in_use_bytes == 0);
+    // The backward after it gathers what init wrote, not what the forward kept.
+    for (auto& u : model.backward())
+      for (float v : u.params().as<float>()) CHECK(v == 7.0f);
+    CHECK(model.limiter().stats().in_use_bytes == 0);
+    forward();
+    for (auto& u : model.backward())
+      for (float v : u.params().as<float>()) CHECK(v == 7.0f);
   });
 }

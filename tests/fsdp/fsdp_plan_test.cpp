@@ -69,6 +69,7 @@ TEST_CASE("[fsdp] plan: without a network the step is the compute; without compu
       fsdp::plan_options o;
       o.limiter_budget_units = budget;
       if (budget == 0) o.limiter_budget_bytes = fsdp::unlimited_budget;
+      o.keep_last_units = false;  // every unit gathered in both passes (see the kept units' case)
       auto r = fsdp::simulate_step(idle, lab(), o);
       CHECK(r.step_seconds == doctest::Approx(step_bytes(idle, 4) / 100e6).epsilon(1e-9));
       CHECK(r.link_bytes == doctest::Approx(step_bytes(idle, 4)).epsilon(1e-9));
@@ -110,6 +111,7 @@ TEST_CASE("[fsdp] plan: a one-unit budget serializes gathers; an unlimited one o
 
   fsdp::plan_options unlimited;
   unlimited.limiter_budget_bytes = fsdp::unlimited_budget;
+  unlimited.keep_last_units = false;  // every unit gathered in both passes: `comm` (see the kept units' case)
   auto all = fsdp::simulate_step(units, lab(), unlimited);
   CHECK(all.limiter_waits == 0);
   CHECK(all.step_seconds >= std::max(comm, compute) - 1e-12);
@@ -131,6 +133,42 @@ TEST_CASE("[fsdp] plan: a one-unit budget serializes gathers; an unlimited one o
     CHECK(r.gather_wait_seconds >= 4 * gather - 1e-12);
     CHECK(r.step_seconds > all.step_seconds);
   }
+}
+
+TEST_CASE("[fsdp] plan: the forward's last units kept for backward: no gather at the turn, their bytes once less") {
+  // Equal units: the last one holds the largest unit's parameters, so it alone is kept (from two units on).
+  const auto units = equal_units();
+  const double gather = double(units[0].numel) * 4 * 3 / 4 / 100e6;
+  for (std::size_t budget : {std::size_t(2), std::size_t(4), std::size_t(0)}) {
+    CAPTURE(budget);
+    fsdp::plan_options on;
+    on.limiter_budget_units = budget;
+    if (budget == 0) on.limiter_budget_bytes = fsdp::unlimited_budget;
+    fsdp::plan_options off = on;
+    off.keep_last_units = false;
+    const auto kept = fsdp::simulate_step(units, lab(), on), freed = fsdp::simulate_step(units, lab(), off);
+    CHECK(kept.link_bytes == doctest::Approx(freed.link_bytes - gather * 100e6).epsilon(1e-9));
+    std::size_t backward_gathers = 0;
+    for (const auto& e : kept.timeline) {
+      if (e.what == kind::gather && e.pass == fsdp::pass::backward) {
+        CHECK(e.unit != 3);
+        ++backward_gathers;
+      }
+      // Backward starts on the kept unit at once, its first gather (unit 2) running while unit 3 computes.
+      if (e.what == kind::gather_wait && e.pass == fsdp::pass::backward && e.unit == 3) CHECK(e.end == e.begin);
+      if (e.what == kind::gather && e.pass == fsdp::pass::backward && e.unit == 2)
+        for (const auto& u : kept.timeline)
+          if (u.what == kind::use && u.pass == fsdp::pass::backward && u.unit == 3) CHECK(e.begin <= u.begin + 1e-12);
+    }
+    CHECK(backward_gathers == 3);
+    CHECK(kept.step_seconds < freed.step_seconds - gather / 2);
+    CHECK(kept.peak_gathered_bytes <= kept.budget_bytes);
+  }
+  // One unit holds no more than a backward unit: nothing kept, the same step.
+  fsdp::plan_options one{.limiter_budget_units = 1};
+  const double alone = fsdp::simulate_step(units, lab(), one).step_seconds;
+  one.keep_last_units = false;
+  CHECK(fsdp::simulate_step(units, lab(), one).step_seconds == alone);
 }
 
 TEST_CASE("[fsdp] plan: small units sit apart in the region: at one unit, forward still overlaps a block's gather") {
@@ -213,7 +251,7 @@ TEST_CASE("[fsdp] plan: strategies, hosts and the CPU share") {
   }
   SUBCASE("full_shard over hosts of several ranks: one ring, its bytes as with one rank a host") {
     fsdp::plan_cluster c{.hosts = 2, .ranks_per_host = 4, .link_bytes_per_second = 100e6, .rtt_seconds = 0};
-    auto r = fsdp::simulate_step(equal_units(0, 0), c, {});
+    auto r = fsdp::simulate_step(equal_units(0, 0), c, {.keep_last_units = false});
     CHECK(r.link_bytes == doctest::Approx(step_bytes(units, 8)).epsilon(1e-9));
   }
   SUBCASE("shard_grad_op keeps forward's parameters: backward gathers nothing but gradient buffers") {

@@ -100,7 +100,9 @@ struct sharding_options {
   //! what the scratch leaves, and a budget the scratch leaves too little of is an error at construction. 0: the
   //! smallest budget the strategy can run in, plus the largest unit again (one unit of overlap, PyTorch's
   //! default of two all-gathers in flight), with the scratch on top.
-  //! unlimited_budget: room for every unit at once (the limiter then never waits: the "no limiter" baseline).
+  //! unlimited_budget: room for every unit at once (the limiter then never waits: the "no limiter" baseline; with
+  //! keep_last_units, the kept units' blocks can split the region so that one of backward's later gathers queues
+  //! until a kept unit's backward gives its block back).
   std::size_t limiter_budget_bytes = 0;
   //! When not 0, the budget in units instead: this many times the largest unit's parameters and gradients
   //! (shard_grad_op, and no_shard with bf16 parameters or on a device, add the parameters they keep from forward).
@@ -119,6 +121,17 @@ struct sharding_options {
   //! holds what that forward uses: master_shard(i) refuses to hand it out for writing until the forward begins,
   //! and a load through sharded_state()'s views in between is not seen by that forward (load before the step).
   bool early_gathers = true;
+  //! full_shard and hybrid_shard: the forward's last units keep their gathered parameters for backward, which
+  //! uses them first, instead of freeing them after forward and gathering them again (PyTorch's FSDP2 does not
+  //! reshard its root, and torchtitan its last block, after forward). Backward then starts without waiting for an
+  //! all-gather, its first gather overlaps the kept units' backward compute, and the step moves their parameters
+  //! once less. A kept unit's forward gather takes its unsharded gradients' buffer too (one request, so that a
+  //! budget of one unit cannot deadlock on a fragmented region), held until its reduction. How many are kept
+  //! follows from the unit sizes and the budget alone, the same on every rank (sharded_model::kept_for_backward()):
+  //! as few as hold the largest unit's parameters, while a largest unit still fits beside them, and none where the
+  //! budget cannot guarantee it (often none at one unit). They are given back when something other than the
+  //! backward comes next (a forward, a load, full_state).
+  bool keep_last_units = true;
   //! Backwards per optimizer step (micro-batches) the trainer runs. The model does not use it; construction
   //! compares it across ranks with the units and the other options, so that ranks set up for different
   //! accumulation fail at once, naming both values, instead of timing out in a later reduction. 0: not set.

@@ -6,8 +6,9 @@
 //! order, so a collective starts when this rank issues it). The rank's parts are the ones sharded_model has:
 //!   - the trainer's thread: forward in unit order, backward in reverse; begin_unit queues gathers up to `prefetch`
 //!     units ahead and waits for the unit's all-gather (and in backward its gradient buffer); the unit's compute;
-//!     end_unit frees the parameters (full_shard, hybrid_shard in forward; every strategy in backward) and queues
-//!     the unit's reduction; the last backward unit waits for every reduction; then the step's scalar all-reduces
+//!     end_unit frees the parameters (full_shard, hybrid_shard in forward, but the last units kept for backward with
+//!     `keep_last_units`, whose forward gather took their gradients' buffer too; every strategy in backward) and
+//!     queues the unit's reduction; the last backward unit waits for every reduction; then the step's scalar all-reduces
 //!     (the loss's mean, the gradient norm) and the optimizer on this rank's shard, unit by unit in forward order
 //!     (each unit's part of `optimizer_seconds` is its part of the parameters); with `early_gathers`, as each unit
 //!     is stepped the next step's forward gathers start as sharded_model::shard_stepped starts them.
@@ -92,6 +93,8 @@ struct plan_options {
   std::size_t prefetch = 1 << 20;
   //! sharding_options::early_gathers: the next forward's first gathers start as the optimizer steps their units.
   bool early_gathers = true;
+  //! sharding_options::keep_last_units: the forward's last units keep their parameters for backward.
+  bool keep_last_units = true;
   //! The optimizer's step on this rank's shard, and the step's other work outside units.
   double optimizer_seconds = 0;
   //! Scalar all-reduces after backward (the trainer's loss mean and gradient norm: 2), each a latency per

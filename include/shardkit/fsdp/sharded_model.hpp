@@ -258,6 +258,10 @@ class sharded_model {
   //! The parameters and gradients of the largest unit, in bytes as the limiter charges them: the unit of a
   //! budget ("a budget of 2 units").
   SHARDKIT_DECL std::size_t largest_unit_bytes() const;
+  //! How many of the last units keep their gathered parameters from forward for backward
+  //! (sharding_options::keep_last_units; 0 when off, for strategies that keep every unit's, or where the master
+  //! shards serve).
+  std::size_t kept_for_backward() const noexcept { return kept_for_backward_; }
   //! The groups the model made (empty when its strategy needs none): for the optimizer's norm, the checkpointer.
   comm::process_group& shard_group() noexcept { return reduce_group_; }
   comm::process_group& replica_group() noexcept { return replica_group_; }
@@ -344,6 +348,8 @@ class sharded_model {
   // Gathered parameters held from forward until the unit's backward: the budget must hold every unit's at once
   // (nothing for no_shard when the master itself is used).
   bool keeps_params() const noexcept { return !frees_after_forward(); }
+  // One of the last units whose parameters (and gradients' buffer) a forward keeps for backward.
+  bool kept(std::size_t i) const noexcept { return i + kept_for_backward_ >= units_.size(); }
   // The master itself serves as the gathered parameters: nothing to gather, nothing to convert, no device to copy to.
   bool params_are_master() const {
     return shard_size_ == 1 && opts_.precision.param == dtype::f32 && opts_.device.on_host();
@@ -378,6 +384,9 @@ class sharded_model {
   // Something other than forward() comes after early gathers (backward(), a load, full_state, the destructor):
   // waits for them (every rank issued the same ones) and gives their parameters back.
   SHARDKIT_DECL void settle_early_gathers() noexcept;
+  // Something other than the backward that uses them comes after a forward: the kept units' parameters and
+  // gradients' buffers go back (every rank's forward kept the same ones).
+  SHARDKIT_DECL void give_back_kept() noexcept;
 
   // Gradients kept across micro-batches live outside the limiter's region, one buffer per unit for the whole
   // accumulation (PyTorch's no_sync() costs the same): held that long, they would fragment the region that
@@ -457,6 +466,7 @@ class sharded_model {
   bool accumulating_ = false;     // a backward without sync ran since the last synchronizing one
   bool use_accumulated_ = false;  // this backward's gradients go into the accumulation buffers
   std::size_t next_ = 0, queued_ = 0;
+  std::size_t kept_for_backward_ = 0;  // see kept_for_backward()
   bool early_forward_ = false;     // the next forward's first gathers are queued (shard_stepped), forward() not begun
   std::size_t early_bytes_ = 0;    // their parameters' bytes
   std::vector<bool> stepped_;      // units shard_stepped since the last pass began

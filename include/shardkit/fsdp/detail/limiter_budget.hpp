@@ -124,4 +124,43 @@ class limiter_budget {
   std::size_t largest_unit_ = 0, minimum_ = 0, budget_ = 0;
 };
 
+//! How many of the forward's last units keep their gathered parameters for backward (sharding_options::
+//! keep_last_units, for the strategies that free them after forward), in a region of `region` bytes with count
+//! cap `max_inflight` (0: none). As few as hold the largest unit's parameters: their backward compute then covers
+//! about one gather's time while backward's first all-gather runs. No more than leave a largest unit's room
+//! beside them (in bytes), or that gather would wait for their backward instead. And no more than can never
+//! deadlock, whatever the placement: a kept unit's forward gather takes its parameters and gradients as one
+//! request, held until its backward, and waits only for forward units whose use ends without it; once those are
+//! given back it faces the kept blocks requested before it, t blocks leave at most t + 1 free runs, and the
+//! largest run holds a request of a (t + 1)th of the free bytes; counted, each kept block is two leases.
+inline std::size_t units_kept_for_backward(std::span<const unit_charge> units, std::size_t region,
+                                           std::size_t max_inflight) {
+  std::size_t largest_params = 0, largest_unit = 0;
+  for (const auto& u : units) {
+    largest_params = std::max(largest_params, u.params_bytes);
+    largest_unit = std::max(largest_unit, u.params_bytes + u.grads_bytes);
+  }
+  if (largest_params == 0) return 0;  // nothing gathered: the master shards serve
+  const auto deadlock_free = [&](std::size_t k) {
+    std::size_t held = 0;
+    for (std::size_t t = 0; t < k; ++t) {  // in request (forward) order, t blocks kept before this one
+      const auto& u = units[units.size() - k + t];
+      const std::size_t bytes = u.params_bytes + u.grads_bytes;
+      if (region - held < (t + 1) * bytes) return false;
+      if (max_inflight != 0 && 2 * t + 1 > max_inflight) return false;
+      held += bytes;
+    }
+    return true;
+  };
+  std::size_t kept = 0, params = 0, held = 0;
+  while (kept < units.size() && params < largest_params) {
+    const auto& u = units[units.size() - 1 - kept];
+    if (held + u.params_bytes + u.grads_bytes + largest_unit > region || !deadlock_free(kept + 1)) break;
+    held += u.params_bytes + u.grads_bytes;
+    params += u.params_bytes;
+    ++kept;
+  }
+  return kept;
+}
+
 }  // namespace shardkit::fsdp::detail

@@ -93,6 +93,11 @@ class plan_simulation {
       units_.push_back(std::move(st));
     }
     region_ = budget(where);
+    if (opts_.keep_last_units && frees_after_forward() && opts_.max_gathered == 0) {
+      std::vector<unit_charge> charges;
+      for (const auto& u : units_) charges.push_back({u.params_bytes, u.grads_bytes});
+      kept_ = units_kept_for_backward(charges, region_, opts_.limiter_max_inflight);
+    }
     std::size_t largest_params = 0;  // sharded_model's placement rule: below half of it, from the region's top
     for (const auto& u : units_) largest_params = std::max(largest_params, u.params_bytes);
     limiter_.emplace(region_, options.limiter_max_inflight, "fsdp.plan.limiter", largest_params / 2);
@@ -181,6 +186,8 @@ class plan_simulation {
   bool frees_after_forward() const noexcept {
     return opts_.strategy == sharding_strategy::full_shard || opts_.strategy == sharding_strategy::hybrid_shard;
   }
+  // Kept from forward for backward (units_kept_for_backward): its forward gather takes its gradients too.
+  bool kept(std::size_t i) const noexcept { return i + kept_ >= units_.size(); }
 
   // Only the measured step's intervals, from its start (an early gather of its forward begins before 0).
   void emit(model_event::kind k, fsdp::pass p, std::size_t unit, double begin, std::size_t step) {
@@ -198,9 +205,9 @@ class plan_simulation {
       const std::size_t i = unit_at(p, queued_);
       auto& u = units_[i];
       const bool need_params = !u.params && u.params_bytes != 0;
-      const bool need_grads = p == pass::backward && !u.grads;
+      const bool need_grads = (p == pass::backward || kept(i)) && !u.grads;
       if (!need_params) u.params_ready = true;
-      if (p == pass::forward || !need_grads) u.grads_ready = true;
+      if (!need_grads) u.grads_ready = true;
       if (need_params) u.params_ready = false;
       if (need_grads) u.grads_ready = false;
       if (need_params || need_grads) gather_jobs_.push_back({i, p, need_params, need_grads, step});
@@ -290,7 +297,7 @@ class plan_simulation {
     stepped_[i] = true;
     const std::size_t window = opts_.prefetch >= units_.size() ? units_.size() : 1 + opts_.prefetch;
     for (std::size_t pos = early_forward_ ? queued_ : 0; pos < window && stepped_[pos]; ++pos) {
-      const std::size_t bytes = units_[pos].params_bytes;
+      const std::size_t bytes = units_[pos].params_bytes + (kept(pos) ? units_[pos].grads_bytes : 0);
       if (early_bytes_ + bytes > region_) break;
       if (opts_.limiter_max_inflight != 0 && pos + 1 > opts_.limiter_max_inflight) break;
       if (!early_forward_) queued_ = 0, early_forward_ = true;
@@ -307,7 +314,7 @@ class plan_simulation {
       auto& u = units_[i];
       emit(model_event::kind::use, o.pass, i, compute_begin_, o.step);
       if (o.pass == pass::forward) {
-        if (frees_after_forward()) release_params(u);
+        if (frees_after_forward() && !kept(i)) release_params(u);
       } else {
         release_params(u);
         reduce_job j{{}, i, o.step};
@@ -483,7 +490,7 @@ class plan_simulation {
   plan_group shard_group_, replica_group_;
   double cores_ = 1, measured_share_ = 1;
   std::vector<unit_state> units_;
-  std::size_t region_ = 0;
+  std::size_t region_ = 0, kept_ = 0;
   std::optional<region_blocks> limiter_;
   std::size_t params_alive_ = 0;
 

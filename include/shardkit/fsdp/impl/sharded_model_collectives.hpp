@@ -114,11 +114,14 @@ SHARDKIT_DECL void sharded_model::queue_gather(std::size_t i) {
   // that wait. A valid `reduced` here would mean a reduction still in flight: wait for it rather than race.
   if (u.reduced.valid()) wait_for_gradients();
   const bool need_params = !u.params_lease && !(params_are_master());
-  const bool need_grads = pass_ == pass::backward && !use_accumulated_ && !u.grads_lease;
+  // A unit kept for backward takes its gradients' buffer with its forward gather (one request), unless the next
+  // backward accumulates into the buffers kept across micro-batches.
+  const bool with_grads = pass_ == pass::backward ? !use_accumulated_ : kept(i) && !accumulating_;
+  const bool need_grads = with_grads && !u.grads_lease;
   if (params_are_master()) u.params = buffer_view(u.master);
   if (pass_ == pass::backward && use_accumulated_) u.grads = u.accumulated;
   if (!need_params) u.params_ready = completion::ready();
-  if (pass_ == pass::forward || !need_grads) u.grads_ready = completion::ready();
+  if (!need_grads) u.grads_ready = completion::ready();
   completion_source params_done, grads_done;
   if (need_params) u.params_ready = params_done;
   if (need_grads) u.grads_ready = grads_done;

@@ -19,6 +19,7 @@ SHARDKIT_DECL void sharded_model::begin_pass(pass p, bool sync) {
     return;
   }
   settle_early_gathers();
+  if (p == pass::forward) give_back_kept();
   prepare_pass(p, sync);
   in_pass_ = true;
 }
@@ -29,6 +30,9 @@ SHARDKIT_DECL void sharded_model::prepare_pass(pass p, bool sync) {
     use_accumulated_ = !sync || accumulating_;
     accumulating_ = !sync;
     if (use_accumulated_) ensure_accumulation_buffers();
+    // A kept unit's gradients' buffer, taken in forward for a backward that turned out to accumulate: unused.
+    for (std::size_t i = units_.size() - kept_for_backward_; use_accumulated_ && i < units_.size(); ++i)
+      if (!units_[i]->reduced.valid()) units_[i]->grads_lease.reset(), units_[i]->grads = {};
   }
   pass_ = p;
   sync_ = sync;
@@ -55,7 +59,8 @@ SHARDKIT_DECL void sharded_model::shard_stepped(std::size_t i) {
   const std::size_t cap = opts_.limiter_max_inflight;
   // Forward order: a position is its unit's index. Each gather takes its turn after the one queued before it.
   for (std::size_t pos = early_forward_ ? queued_ : 0; pos < window && stepped_[pos]; ++pos) {
-    const std::size_t bytes = params_bytes(*units_[pos]);
+    // A unit kept for backward asks for its gradients' buffer too (queue_gather): counted, so that none waits.
+    const std::size_t bytes = params_bytes(*units_[pos]) + (kept(pos) && !accumulating_ ? grads_bytes(*units_[pos]) : 0);
     if (early_bytes_ + bytes > limiter_->budget()) break;
     if (cap != 0 && pos + 1 > cap) break;
     if (!early_forward_) {
@@ -84,6 +89,24 @@ SHARDKIT_DECL void sharded_model::settle_early_gathers() noexcept {
   queued_ = 0;
   early_bytes_ = 0;
   stepped_.assign(units_.size(), false);
+}
+
+SHARDKIT_DECL void sharded_model::give_back_kept() noexcept {
+  for (std::size_t i = units_.size() - kept_for_backward_; i < units_.size(); ++i) {
+    auto& u = *units_[i];
+    try {
+      if (u.params_work.handle().valid()) u.params_work.wait();  // done: the forward's begin_unit waited for it
+    } catch (...) {
+      // a failed all-gather broke its group: the next collective on it reports that
+    }
+    u.params_work = {};
+    release_params(u);
+    if (!u.reduced.valid()) {
+      u.grads_lease.reset();
+      u.grads = {};
+      u.grads_ready = {};
+    }
+  }
 }
 
 SHARDKIT_DECL std::span<float> sharded_model::master_shard(std::size_t i) {
@@ -134,7 +157,7 @@ SHARDKIT_DECL unit_scope sharded_model::begin_unit(std::size_t i, pass p) {
     // params_ready's wait is the happens-before for reading params_work, which the gather thread assigned
     // before setting it; nothing else writes this unit's params_work until its next gather, queued after this.
     if (u.params_work.handle().valid()) u.params_work.wait();
-    if (p == pass::backward) u.grads_ready.wait();
+    u.grads_ready.wait();  // in forward only a kept unit's: its buffer is then in place for backward
   } catch (...) {
     abandon_pass(std::current_exception());
     detail::rethrow_for_unit(std::current_exception(), u.layout.name(),
@@ -166,7 +189,7 @@ SHARDKIT_DECL void sharded_model::end_unit(std::size_t i) {
   end_generation(u);
   emit(model_event::kind::use, pass_, i, u.used_since);
   if (pass_ == pass::forward) {
-    if (frees_after_forward()) release_params(u);
+    if (frees_after_forward() && !kept(i)) release_params(u);
     if (next_ == units_.size()) in_pass_ = false;
     return;
   }

@@ -43,6 +43,7 @@ SHARDKIT_DECL void load_pieces(const std::vector<shard_tensor>& mine, std::span<
 SHARDKIT_DECL void sharded_model::init_parameters(const std::function<void(const param_slot&, std::span<float>)>& init) {
   require_idle("init_parameters");
   settle_early_gathers();  // a forward gathered from the master before this call would not see it
+  give_back_kept();        // nor would the backward of a forward before it
   std::vector<float> full;
   for (auto& u : units_)
     for (const auto& piece : u->layout.pieces(shard_rank_)) {
@@ -65,12 +66,14 @@ SHARDKIT_DECL std::vector<shard_tensor> sharded_model::sharded_state() {
 SHARDKIT_DECL void sharded_model::load_sharded_state(std::span<const shard_tensor> saved) {
   require_idle("load_sharded_state");
   settle_early_gathers();  // a forward gathered from the master before this call would not see it
+  give_back_kept();        // nor would the backward of a forward before it
   detail::load_pieces(sharded_state(), saved, "parameter");
 }
 
 SHARDKIT_DECL std::map<std::string, std::vector<float>> sharded_model::full_state(int root) {
   require_idle("full_state");
   settle_early_gathers();  // the gather group, issued from this thread
+  give_back_kept();        // every rank's, so that its next backward gathers alike
   std::map<std::string, std::vector<float>> out;
   // On a device the all-gather runs in device memory: one buffer of the largest unit, for this call only.
   gather_memory staged;
