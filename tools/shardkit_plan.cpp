@@ -212,9 +212,9 @@ units_file t5_11b(double seqs, double mfu) {
 }
 
 void row(const char* label, const fsdp::plan_result& r, double bound) {
-  std::printf("| %s | %.1f | %.2fx | %.1f | %.1f | %.1f | %zu |\n", label, 1e3 * r.step_seconds,
+  std::printf("| %s | %.1f | %.2fx | %.1f | %.1f | %.1f | %zu | %zu |\n", label, 1e3 * r.step_seconds,
               bound > 0 ? r.step_seconds / bound : 0.0, 1e3 * r.exposed_seconds, 1e3 * r.gather_wait_seconds,
-              1e3 * r.limiter_wait_seconds, r.peak_gathered_bytes);
+              1e3 * r.limiter_wait_seconds, r.peak_gathered_bytes, r.kept_for_backward);
 }
 
 }  // namespace
@@ -359,8 +359,9 @@ int main(int argc, char** argv) try {
                 "planner's figure for p2p groups over TCP, the call check's frame slots included; the trainer prints "
                 "its own as group_scratch_bytes); the limiter's region is the rest, %zu bytes\n",
                 rows.front().second.group_scratch_bytes, budget->bytes, rows.front().second.budget_bytes);
-  std::printf("| budget | step ms | / max(compute, link) | exposed ms | gather wait ms | limiter wait ms | peak gathered bytes |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  std::printf("| budget | step ms | / max(compute, link) | exposed ms | gather wait ms | limiter wait ms | peak gathered bytes "
+              "| units kept for backward |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   for (const auto& [label, r] : rows) row(label.c_str(), r, bound);
   if (budget && timeline)
     for (const auto& e : rows.front().second.timeline)

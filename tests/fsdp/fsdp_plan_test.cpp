@@ -351,6 +351,7 @@ TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 
       {
         fsdp::sharded_model model(groups[std::size_t(r)], specs, o);
         CHECK(model.limiter().budget() == sim.budget_bytes);
+        CHECK(model.kept_for_backward() == sim.kept_for_backward);
         fsdp::sgd opt(model, {.lr = 1e-3});
         for (int step = 0; step < 2; ++step) {
           for (auto& u : model.forward()) (void)u, std::this_thread::sleep_for(std::chrono::microseconds(300));
@@ -495,7 +496,8 @@ TEST_CASE("[fsdp] plan: the planner's budget and refusals are sharded_model's, e
       try {
         fsdp::sharded_model m(groups[std::size_t(r)], specs, o);
         said[r] = "region " + std::to_string(m.limiter().budget()) + ", scratch " +
-                  std::to_string(m.stats().budget_bytes - m.limiter().budget());
+                  std::to_string(m.stats().budget_bytes - m.limiter().budget()) + ", kept " +
+                  std::to_string(m.kept_for_backward());
       } catch (const sk::error& e) {
         said[r] = e.detail();
       }
@@ -538,7 +540,8 @@ TEST_CASE("[fsdp] plan: the planner's budget and refusals are sharded_model's, e
         std::string planned;
         try {
           const auto r = fsdp::simulate_step(plan, pair, p);
-          planned = "region " + std::to_string(r.budget_bytes) + ", scratch " + std::to_string(scratch);
+          planned = "region " + std::to_string(r.budget_bytes) + ", scratch " + std::to_string(scratch) + ", kept " +
+                    std::to_string(r.kept_for_backward);
         } catch (const sk::error& e) {
           planned = e.detail();
           ++refused;

@@ -134,6 +134,8 @@ struct plan_result {
   std::size_t group_scratch_bytes = 0;  //!< the groups' scratch the plan counted (plan_options::group_scratch_bytes)
   std::size_t minimum_budget_bytes = 0;  //!< the least region the strategy can run in (a smaller one is refused)
   std::size_t peak_gathered_bytes = 0;
+  //! The last units whose parameters forward keeps for backward (plan_options::keep_last_units), as the model's.
+  std::size_t kept_for_backward = 0;
   std::size_t shard_size = 1, replicas = 1;
   std::vector<plan_event> timeline;
 };

@@ -128,6 +128,7 @@ class plan_simulation {
     result_.budget_bytes = s.budget_bytes;
     result_.peak_gathered_bytes = s.peak_bytes;
     result_.shard_size = shard_;
+    result_.kept_for_backward = kept_;
     result_.replicas = replicas_;
     return std::move(result_);
   }
