@@ -122,6 +122,7 @@ std::string help_text() {
       {"--budget B", "limiter budget: BYTES[K|M|G], Nu (units) or unlimited [the strategy's minimum + one unit]"},
       {"--max-inflight N", "gathered buffers alive at once [0: the budget alone decides]"},
       {"--prefetch N", "units gathered ahead [" + n(d.sharding.prefetch) + "]"},
+      {"--keep-last on|off", "the forward's last units keep their gathered parameters for backward [on]"},
       {"--width D", "model width; hidden is 4 x D [" + n(d.model.width) + "]"},
       {"--blocks L", "model blocks (units: L + 2) [" + n(d.model.blocks) + "]"},
       {"--lr X", "AdamW learning rate [" + g(d.lr) + "]"},
@@ -221,7 +222,7 @@ bool takes_value(std::string_view a) {
       "--steps",  "--batch", "--micro-batches", "--context",  "--seed",         "--strategy",   "--hybrid-size",
       "--dtype",  "--reduce-dtype", "--budget", "--max-inflight", "--prefetch", "--width",      "--blocks",
       "--lr",     "--weight-decay", "--clip",   "--data",     "--ckpt-dir",     "--ckpt-every", "--ckpt-keep",
-      "--ckpt-mode", "--die-at-step", "--die-rank", "--trace", "--device", "--plan-units"};
+      "--ckpt-mode", "--die-at-step", "--die-rank", "--trace", "--device", "--plan-units", "--keep-last"};
   return std::find(std::begin(names), std::end(names), a) != std::end(names);
 }
 
@@ -264,6 +265,10 @@ flags parse(int argc, char** argv) {
     else if (a == "--budget") parse_budget(v, f.sharding);
     else if (a == "--max-inflight") f.sharding.limiter_max_inflight = std::size_t(number(a, v));
     else if (a == "--prefetch") f.sharding.prefetch = std::size_t(number(a, v));
+    else if (a == "--keep-last") {
+      if (v != "on" && v != "off") usage("--keep-last wants on or off, got '" + std::string(v) + "'");
+      f.sharding.keep_last_units = v == "on";
+    }
     else if (a == "--width") f.model.width = int(number(a, v)), f.model.hidden = 4 * f.model.width;
     else if (a == "--blocks") f.model.blocks = int(number(a, v));
     else if (a == "--lr") f.lr = real(a, v);
