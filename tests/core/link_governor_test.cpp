@@ -1,7 +1,8 @@
 // link_governor: the window's accounting with a fake clock (classes ordered, the idle link handed down, the
-// unreported share), blocking acquire with stop and deadline and without polling, concurrent paced classes from
-// several threads never granted above the link, the default capacity read from a fake sysfs tree, and bad settings
-// refused naming the variable. Part of core_test.
+// unreported share), each direction (tx, rx) its own window, the floor of a paced class under saturating
+// collectives, blocking acquire with stop and deadline and without polling, concurrent paced classes from several
+// threads never granted above the link, the default capacity read from a fake sysfs tree, and bad settings refused
+// naming the variable. Part of core_test.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -10,8 +11,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -23,8 +26,11 @@
 namespace {
 
 using namespace std::chrono_literals;
+using shardkit::link_direction;
 using shardkit::link_governor;
 using shardkit::traffic_class;
+constexpr auto tx = link_direction::tx;
+constexpr auto rx = link_direction::rx;
 
 //! A clock tests move by hand; it starts at the real now, so the governor's first sample is not in the future.
 struct fake_clock {
@@ -35,8 +41,8 @@ struct fake_clock {
   void advance(link_governor::clock::duration d) { t.store(t.load() + d); }
 };
 
-// 1 MB/s and a 100 ms window: 100,000 bytes per window.
-shardkit::link_governor_options one_mb() { return {.bytes_per_second = 1'000'000, .window = 100ms}; }
+// 1 MB/s and a 100 ms window: 100,000 bytes per window; no floor (the cases of the floor set one).
+shardkit::link_governor_options one_mb() { return {.bytes_per_second = 1'000'000, .floor_percent = 0, .window = 100ms}; }
 
 }  // namespace
 
@@ -45,8 +51,8 @@ TEST_CASE("[core] link_governor: data gets nothing while collectives fill the li
   link_governor g("eth0", one_mb(), clock.function());
   auto reporter = g.attach_reporter();
   CHECK(g.budget() == 100'000);
-  CHECK(g.allowance(traffic_class::collectives) == std::numeric_limits<std::uint64_t>::max());
-  CHECK(g.try_acquire(traffic_class::collectives, 5'000'000) == 5'000'000);  // the first class is never held
+  CHECK(g.allowance(tx, traffic_class::collectives) == std::numeric_limits<std::uint64_t>::max());
+  CHECK(g.try_acquire(tx, traffic_class::collectives, 5'000'000) == 5'000'000);  // the first class is never held
 
   fake_clock fresh;
   link_governor link("eth0", one_mb(), fresh.function());
@@ -55,43 +61,48 @@ TEST_CASE("[core] link_governor: data gets nothing while collectives fill the li
   std::uint64_t data_granted_while_full = 0;
   for (int ms = 1; ms <= 1000; ++ms) {
     fresh.advance(1ms);
-    link.report(traffic_class::collectives, 1'000);
-    const auto a = link.try_acquire(traffic_class::data, 64 << 10);
+    link.report(tx, traffic_class::collectives, 1'000);
+    const auto a = link.try_acquire(tx, traffic_class::data, 64 << 10);
     if (ms > 100) data_granted_while_full += a;
   }
   CHECK(data_granted_while_full == 0);
-  CHECK(link.allowance(traffic_class::checkpoint) == 0);
+  CHECK(link.allowance(tx, traffic_class::checkpoint) == 0);
   // Collectives stop: the window drains, and after one window the whole link is the paced classes'.
   fresh.advance(50ms);
-  const auto half = link.allowance(traffic_class::data);
+  const auto half = link.allowance(tx, traffic_class::data);
   CHECK(half >= 45'000);
   CHECK(half <= 55'000);
   fresh.advance(50ms);
-  CHECK(link.allowance(traffic_class::data) == 100'000);
-  const auto before = link.sent(traffic_class::data);
-  CHECK(link.try_acquire(traffic_class::data, 1'000'000) == 100'000);
-  CHECK(link.try_acquire(traffic_class::data, 1) == 0);  // the grant counts at once
-  CHECK(link.sent(traffic_class::data) - before == 100'000);
+  CHECK(link.allowance(tx, traffic_class::data) == 100'000);
+  const auto before = link.sent(tx, traffic_class::data);
+  CHECK(link.try_acquire(tx, traffic_class::data, 1'000'000) == 100'000);
+  CHECK(link.try_acquire(tx, traffic_class::data, 1) == 0);  // the grant counts at once
+  CHECK(link.sent(tx, traffic_class::data) - before == 100'000);
 }
 
-TEST_CASE("[core] link_governor: paced classes never exceed the link over any window") {
+TEST_CASE("[core] link_governor: paced classes never exceed the link over any window, in either direction") {
   fake_clock clock;
   link_governor g("eth0", one_mb(), clock.function());
   auto reporter = g.attach_reporter();
-  // Half-rate collectives; checkpoint and data ask for more than the link every ms. Per-ms totals, then every
-  // 100 ms interval (sliding by 1 ms): the paced grants never exceed one window's budget, and the link as a whole
-  // does not either once the collectives have been seen for a window. (In the first window the paced classes
-  // took the idle link before collectives started; collectives are never delayed, so that window carries more.)
-  std::vector<std::uint64_t> paced_per_ms, all_per_ms;
-  std::uint64_t paced = 0;
+  // Collectives at half the rate on tx, 30% on rx; checkpoint and data ask for more than the link every ms in both
+  // directions. Per-ms totals, then every 100 ms interval (sliding by 1 ms): in each direction the paced grants
+  // never exceed one window's budget, and the direction as a whole does not either once the collectives have been
+  // seen for a window. (In the first window the paced classes took the idle link before collectives started;
+  // collectives are never delayed, so that window carries more.)
+  const std::uint64_t collectives[2] = {500, 300};
+  std::vector<std::uint64_t> paced_per_ms[2], all_per_ms[2];
+  std::uint64_t paced[2] = {0, 0};
   for (int ms = 0; ms < 2000; ++ms) {
     clock.advance(1ms);
-    g.report(traffic_class::collectives, 500);
-    const auto c = g.try_acquire(traffic_class::checkpoint, 3'000);
-    const auto d = g.try_acquire(traffic_class::data, 3'000);
-    paced += c + d;
-    paced_per_ms.push_back(c + d);
-    all_per_ms.push_back(500 + c + d);
+    for (auto d : {tx, rx}) {
+      const auto i = std::size_t(d);
+      g.report(d, traffic_class::collectives, collectives[i]);
+      const auto c = g.try_acquire(d, traffic_class::checkpoint, 3'000);
+      const auto n = g.try_acquire(d, traffic_class::data, 3'000);
+      paced[i] += c + n;
+      paced_per_ms[i].push_back(c + n);
+      all_per_ms[i].push_back(collectives[i] + c + n);
+    }
   }
   const auto worst_window = [](const std::vector<std::uint64_t>& v, std::size_t from) {
     std::uint64_t in_window = 0, worst = 0;
@@ -102,10 +113,156 @@ TEST_CASE("[core] link_governor: paced classes never exceed the link over any wi
     }
     return worst;
   };
-  CHECK(worst_window(paced_per_ms, 0) <= 100'000);
-  CHECK(worst_window(all_per_ms, 199) <= 100'000);
-  // Over 2 s the link carried close to its capacity: the paced classes used what collectives left.
-  CHECK(2000 * 500 + paced >= 1'800'000);
+  for (auto d : {tx, rx}) {
+    const auto i = std::size_t(d);
+    CAPTURE(shardkit::to_string(d));
+    CHECK(worst_window(paced_per_ms[i], 0) <= 100'000);
+    CHECK(worst_window(all_per_ms[i], 199) <= 100'000);
+    // Over 2 s the direction carried close to its capacity: the paced classes used what collectives left of it.
+    CHECK(2000 * collectives[i] + paced[i] >= 1'800'000);
+    CHECK(g.sent(d, traffic_class::checkpoint) + g.sent(d, traffic_class::data) == paced[i]);
+  }
+}
+
+TEST_CASE("[core] link_governor: each direction is its own window: receives do not pace uploads, sends do not "
+          "pace downloads; classes ordered within a direction") {
+  fake_clock clock;
+  link_governor g("eth0", one_mb(), clock.function());
+  auto reporter = g.attach_reporter();
+  // For 1 s collectives keep direction `busy` full, while `c` asks in `busy` and `across` asks in the other
+  // direction: what each got (the first window aside for `c`, which may take the idle link then).
+  const auto saturate = [&](link_direction busy, traffic_class c, traffic_class across) {
+    const auto other = busy == tx ? rx : tx;
+    std::uint64_t in_busy = 0, in_other = 0;
+    for (int ms = 1; ms <= 1000; ++ms) {
+      clock.advance(1ms);
+      g.report(busy, traffic_class::collectives, 1'000);
+      in_other += g.try_acquire(other, across, 2'000);
+      const auto got = g.try_acquire(busy, c, 2'000);
+      if (ms > 100) in_busy += got;
+    }
+    return std::pair{in_busy, in_other};
+  };
+  // A receive-heavy load (a reduce-scatter's incoming half, a broadcast's leaves) keeps rx full: uploads
+  // (checkpoint, tx) get the whole tx direction, the link's capacity over 1 s less at most one granule;
+  // downloads (data, rx) get nothing after the first window.
+  const auto [downloaded, uploaded] = saturate(rx, traffic_class::data, traffic_class::checkpoint);
+  CHECK(uploaded >= 990'000);
+  CHECK(downloaded == 0);
+  CHECK(g.allowance(rx, traffic_class::checkpoint) == 0);
+  // The other way round: collectives keep tx full; downloads get the whole rx direction, uploads nothing.
+  clock.advance(200ms);
+  const auto [uploaded_under_sends, downloaded_under_sends] = saturate(tx, traffic_class::checkpoint, traffic_class::data);
+  CHECK(downloaded_under_sends >= 990'000);
+  CHECK(uploaded_under_sends == 0);
+  CHECK(g.sent(rx, traffic_class::collectives) == 1'000'000);
+  CHECK(g.sent(tx, traffic_class::collectives) == 1'000'000);
+
+  // Within a direction the order holds: a checkpoint download waiting on a full rx holds back data's downloads,
+  // not data's uploads on tx.
+  clock.advance(200ms);
+  (void)g.allowance(rx, traffic_class::data);         // a look now: the report below is a step at this time
+  g.report(rx, traffic_class::collectives, 100'000);  // rx is full for this window
+  std::atomic<std::uint64_t> got{0};
+  std::thread checkpoint([&] { got = g.acquire(rx, traffic_class::checkpoint, 60'000); });
+  while (g.waiting(rx, traffic_class::checkpoint) == 0) std::this_thread::sleep_for(1ms);
+  CHECK(g.waiting(tx, traffic_class::checkpoint) == 0);
+  CHECK(g.allowance(tx, traffic_class::data) == 100'000);
+  clock.advance(100ms);  // rx's window frees 100,000: 60,000 is the checkpoint's, data sees only the rest
+  CHECK(g.allowance(rx, traffic_class::data) == 40'000);
+  g.clock_moved();
+  checkpoint.join();
+  CHECK(got == 60'000);
+  CHECK(g.allowance(rx, traffic_class::data) == 40'000);
+  CHECK(g.allowance(tx, traffic_class::data) == 100'000);
+}
+
+namespace {
+
+//! A governor from the environment `vars` (SHARDKIT_LINK_*), on a fake clock.
+std::unique_ptr<link_governor> governor_from(std::map<std::string, std::string> vars, fake_clock& clock) {
+  const auto o = shardkit::link_governor_options::from_env([&vars](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+  REQUIRE(o.has_value());
+  return std::make_unique<link_governor>("eth0", *o, clock.function());
+}
+
+}  // namespace
+
+TEST_CASE("[core] link_governor: under saturating collectives each paced class still gets its floor, and no more") {
+  // 1 MB/s, 100 ms windows (100,000 bytes), a floor of 10%: 10,000 bytes per class and window in each direction.
+  fake_clock clock;
+  auto g = governor_from({{"SHARDKIT_LINK_BYTES_PER_SECOND", "1000000"}, {"SHARDKIT_LINK_FLOOR", "10"},
+                          {"SHARDKIT_LINK_WINDOW", "100ms"}}, clock);
+  auto reporter = g->attach_reporter();
+  // Data took the whole idle link just before the collectives started: the floor waits for that burst to leave
+  // the window (the paced classes together stay within the budget), then comes back every window.
+  CHECK(g->try_acquire(tx, traffic_class::data, 1'000'000) == 100'000);
+  std::vector<std::uint64_t> checkpoint_per_ms, data_per_ms;
+  int first_checkpoint_ms = -1;
+  for (int ms = 1; ms <= 1000; ++ms) {
+    clock.advance(1ms);
+    g->report(tx, traffic_class::collectives, 1'000);  // the line rate, from now on
+    const auto c = g->try_acquire(tx, traffic_class::checkpoint, 4'000);
+    const auto d = g->try_acquire(tx, traffic_class::data, 4'000);
+    if (c && first_checkpoint_ms < 0) first_checkpoint_ms = ms;
+    checkpoint_per_ms.push_back(c);
+    data_per_ms.push_back(d);
+  }
+  CHECK(first_checkpoint_ms > 0);
+  CHECK(first_checkpoint_ms <= 101);  // within one window of the burst
+  // From the second window on, every 100 ms interval gives each class its floor, less at most one grant, and never
+  // more.
+  const auto per_window = [](const std::vector<std::uint64_t>& v, std::size_t from) {
+    std::uint64_t in_window = 0, least = ~std::uint64_t(0), most = 0;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      in_window += v[i];
+      if (i >= 100) in_window -= v[i - 100];
+      if (i >= from) least = std::min(least, in_window), most = std::max(most, in_window);
+    }
+    return std::pair{least, most};
+  };
+  for (const auto* v : {&checkpoint_per_ms, &data_per_ms}) {
+    const auto [least, most] = per_window(*v, 200);
+    CHECK(least >= 10'000 - 4'000);
+    CHECK(most <= 10'000);
+  }
+  // The other direction was never touched by the floors: its paced classes have it whole.
+  CHECK(g->allowance(rx, traffic_class::data) == 100'000);
+}
+
+TEST_CASE("[core] link_governor: a class waiting behind a saturated link is served its floor within bounded time") {
+  fake_clock clock;
+  auto g = governor_from({{"SHARDKIT_LINK_BYTES_PER_SECOND", "1000000"}, {"SHARDKIT_LINK_FLOOR", "5"},
+                          {"SHARDKIT_LINK_WINDOW", "100ms"}}, clock);
+  auto reporter = g->attach_reporter();
+  CHECK(g->floor_budget() == 5'000);
+  // The checkpoint took the idle link; then collectives fill it, and a data download waits (rx alike: the
+  // checkpoint upload's burst is on tx).
+  CHECK(g->try_acquire(tx, traffic_class::checkpoint, 1'000'000) == 100'000);
+  CHECK(g->try_acquire(rx, traffic_class::checkpoint, 1'000'000) == 100'000);
+  std::atomic<std::uint64_t> got{0};
+  std::atomic<bool> done{false};
+  // A real deadline well past the fake clock's steps below: without a floor the acquire ends empty there.
+  std::thread data([&] {
+    got = g->acquire(rx, traffic_class::data, 64'000, {}, link_governor::clock::now() + 1500ms);
+    done = true;
+  });
+  while (!done && g->waiting(rx, traffic_class::data) == 0) std::this_thread::sleep_for(1ms);
+  int fake_ms = 0;
+  while (!done && fake_ms < 300) {
+    clock.advance(10ms);
+    fake_ms += 10;
+    g->report(rx, traffic_class::collectives, 10'000);  // the line rate
+    g->clock_moved();
+    for (int i = 0; i < 20 && !done; ++i) std::this_thread::sleep_for(1ms);
+  }
+  data.join();
+  // Its floor, once the checkpoint's burst left the window (a window and a step or two of the fake clock).
+  CHECK(got == 5'000);
+  CHECK(fake_ms <= 130);
 }
 
 TEST_CASE("[core] link_governor: without a reporter the paced classes get the configured share") {
@@ -116,12 +273,12 @@ TEST_CASE("[core] link_governor: without a reporter the paced classes get the co
   CHECK_FALSE(g.reported());
   CHECK(g.budget() == 25'000);
   clock.advance(200ms);
-  CHECK(g.try_acquire(traffic_class::checkpoint, 1'000'000) == 25'000);
+  CHECK(g.try_acquire(tx, traffic_class::checkpoint, 1'000'000) == 25'000);
   {
     auto r = g.attach_reporter();
     CHECK(g.reported());
     CHECK(g.budget() == 100'000);
-    CHECK(g.allowance(traffic_class::checkpoint) == 75'000);
+    CHECK(g.allowance(tx, traffic_class::checkpoint) == 75'000);
   }
   CHECK(g.budget() == 25'000);
 }
@@ -130,27 +287,27 @@ TEST_CASE("[core] link_governor: a waiting checkpoint holds back data; acquire e
   fake_clock clock;
   link_governor g("eth0", one_mb(), clock.function());
   auto reporter = g.attach_reporter();
-  g.report(traffic_class::collectives, 100'000);  // the link is full for this window
+  g.report(tx, traffic_class::collectives, 100'000);  // the link is full for this window
   std::atomic<std::uint64_t> got{0};
-  std::thread checkpoint([&] { got = g.acquire(traffic_class::checkpoint, 60'000); });
-  while (g.waiting(traffic_class::checkpoint) == 0) std::this_thread::sleep_for(1ms);
+  std::thread checkpoint([&] { got = g.acquire(tx, traffic_class::checkpoint, 60'000); });
+  while (g.waiting(tx, traffic_class::checkpoint) == 0) std::this_thread::sleep_for(1ms);
   clock.advance(100ms);  // the window frees 100,000: 60,000 is the checkpoint's, data sees only the rest
-  CHECK(g.allowance(traffic_class::data) <= 40'000);
+  CHECK(g.allowance(tx, traffic_class::data) <= 40'000);
   g.clock_moved();
   checkpoint.join();
   CHECK(got == 60'000);
-  CHECK(g.waiting(traffic_class::checkpoint) == 0);
+  CHECK(g.waiting(tx, traffic_class::checkpoint) == 0);
 
-  g.report(traffic_class::collectives, 1'000'000);
+  g.report(tx, traffic_class::collectives, 1'000'000);
   std::stop_source stop;
   std::atomic<std::uint64_t> stopped{1};
-  std::thread data([&] { stopped = g.acquire(traffic_class::data, 10'000, stop.get_token()); });
-  while (g.waiting(traffic_class::data) == 0) std::this_thread::sleep_for(1ms);
+  std::thread data([&] { stopped = g.acquire(tx, traffic_class::data, 10'000, stop.get_token()); });
+  while (g.waiting(tx, traffic_class::data) == 0) std::this_thread::sleep_for(1ms);
   stop.request_stop();
   data.join();
   CHECK(stopped == 0);
-  CHECK(g.acquire(traffic_class::data, 10'000, {}, link_governor::clock::now() + 20ms) == 0);
-  CHECK(g.waiting(traffic_class::data) == 0);
+  CHECK(g.acquire(tx, traffic_class::data, 10'000, {}, link_governor::clock::now() + 20ms) == 0);
+  CHECK(g.waiting(tx, traffic_class::data) == 0);
 }
 
 TEST_CASE("[core] link_governor: threads of both paced classes, real clock, never granted above the link") {
@@ -164,14 +321,14 @@ TEST_CASE("[core] link_governor: threads of both paced classes, real clock, neve
   for (int i = 0; i < 4; ++i)
     threads.emplace_back([&, i] {
       const auto c = i % 2 ? traffic_class::data : traffic_class::checkpoint;
-      while (link_governor::clock::now() < until) granted += g.acquire(c, 64 << 10, {}, until);
+      while (link_governor::clock::now() < until) granted += g.acquire(tx, c, 64 << 10, {}, until);
     });
   for (auto& t : threads) t.join();
   const double seconds = std::chrono::duration<double>(link_governor::clock::now() - start).count();
   // Grants are counted exactly: at most the capacity over the elapsed time plus one window's burst.
   CHECK(double(granted.load()) <= 20'000'000 * seconds + 400'000);
   CHECK(granted.load() > 0);
-  CHECK(g.sent(traffic_class::checkpoint) + g.sent(traffic_class::data) == granted.load());
+  CHECK(g.sent(tx, traffic_class::checkpoint) + g.sent(tx, traffic_class::data) == granted.load());
 }
 
 TEST_CASE("[core] link_governor: bad settings are refused naming the variable") {
@@ -217,6 +374,21 @@ TEST_CASE("[core] link_governor: bad settings are refused naming the variable") 
             .find("SHARDKIT_LINK_UNREPORTED_SHARE") != std::string::npos);
   CHECK(message_of({{"SHARDKIT_LINK_BYTES_PER_SECOND", "1M"}, {"SHARDKIT_LINK_WINDOW", "0"}})
             .find("SHARDKIT_LINK_WINDOW") != std::string::npos);
+  // The floor: a percent in [0, 50] (the two paced classes' floors fit in the link together); 0 turns it off.
+  for (const std::string bad : {"51", "-1", "five", "5%"}) {
+    CAPTURE(bad);
+    CHECK(message_of({{"SHARDKIT_LINK_FLOOR", bad}}).find("SHARDKIT_LINK_FLOOR") != std::string::npos);
+  }
+  CHECK(shardkit::link_governor_options::from_env(env_of({{"SHARDKIT_LINK_FLOOR", "0"}}))->floor_percent == 0);
+  CHECK(shardkit::link_governor_options::from_env(env_of({{"SHARDKIT_LINK_FLOOR", "50"}}))->floor_percent == 50);
+  CHECK(shardkit::link_governor_options::from_env(env_of({}))->floor_percent == 5);
+  CHECK(link_governor("eth0", {.bytes_per_second = 1'000'000, .floor_percent = 0}).floor_budget() == 0);
+  try {
+    link_governor("eth0", {.bytes_per_second = 1, .floor_percent = 60});
+    FAIL("a floor of 60% was taken");
+  } catch (const shardkit::error& e) {
+    CHECK(std::string(e.what()).find("SHARDKIT_LINK_FLOOR") != std::string::npos);
+  }
   CHECK_THROWS_AS(link_governor("eth0", {.bytes_per_second = 0}), shardkit::error);
   CHECK_THROWS_AS(link_governor("eth0", {.bytes_per_second = 1, .order = {traffic_class::data, traffic_class::data,
                                                                            traffic_class::collectives}}),
@@ -339,15 +511,17 @@ TEST_CASE("[core] link_governor: a default-on governor never throttles collectiv
     CHECK_FALSE(g->paced(traffic_class::collectives));
     // Ten times the link's capacity in one go, reported and asked for: granted whole and at once, every time.
     const std::uint64_t flood = 10 * g->options().bytes_per_second;
-    g->report(traffic_class::collectives, flood);
-    CHECK(g->allowance(traffic_class::collectives) == std::numeric_limits<std::uint64_t>::max());
-    CHECK(g->try_acquire(traffic_class::collectives, flood) == flood);
+    g->report(tx, traffic_class::collectives, flood);
+    CHECK(g->allowance(tx, traffic_class::collectives) == std::numeric_limits<std::uint64_t>::max());
+    CHECK(g->try_acquire(tx, traffic_class::collectives, flood) == flood);
     const auto t0 = link_governor::clock::now();
-    CHECK(g->acquire(traffic_class::collectives, flood, {}, t0) == flood);  // a deadline already past: no wait
-    // Meanwhile the paced classes get nothing.
-    CHECK(g->allowance(traffic_class::checkpoint) == 0);
-    CHECK(g->try_acquire(traffic_class::data, 1) == 0);
-    CHECK(g->sent(traffic_class::collectives) == 3 * flood);
+    CHECK(g->acquire(tx, traffic_class::collectives, flood, {}, t0) == flood);  // a deadline already past: no wait
+    // Meanwhile the paced classes get their floor only (SHARDKIT_LINK_FLOOR, 5% by default).
+    CHECK(g->floor_budget() > 0);
+    CHECK(g->allowance(tx, traffic_class::checkpoint) == g->floor_budget());
+    CHECK(g->try_acquire(tx, traffic_class::data, g->floor_budget() + 1) == g->floor_budget());
+    CHECK(g->try_acquire(tx, traffic_class::data, 1) == 0);
+    CHECK(g->sent(tx, traffic_class::collectives) == 3 * flood);
   }
 }
 
@@ -358,19 +532,19 @@ TEST_CASE("[core] link_governor: a blocked acquire does not poll; it wakes when 
     std::atomic<link_governor::clock::time_point> t{link_governor::clock::now()};
     std::atomic<int> reads{0};
   } clock;
-  link_governor g("eth0", {.bytes_per_second = 1'000'000, .window = 4s}, [&] {
+  link_governor g("eth0", {.bytes_per_second = 1'000'000, .floor_percent = 0, .window = 4s}, [&] {
     ++clock.reads;
     return clock.t.load();
   });
   auto reporter = g.attach_reporter();
-  g.report(traffic_class::collectives, 4'000'000);  // the link is full for this window
+  g.report(tx, traffic_class::collectives, 4'000'000);  // the link is full for this window
   std::stop_source stop_checkpoint;
   std::atomic<std::uint64_t> checkpoint_got{1}, data_got{0};
   // The checkpoint waits for the whole budget: while it waits, data can get nothing, whatever the clock says.
-  std::thread checkpoint([&] { checkpoint_got = g.acquire(traffic_class::checkpoint, 4'000'000, stop_checkpoint.get_token()); });
-  while (g.waiting(traffic_class::checkpoint) == 0) std::this_thread::sleep_for(1ms);
-  std::thread data([&] { data_got = g.acquire(traffic_class::data, 1'000); });
-  while (g.waiting(traffic_class::data) == 0) std::this_thread::sleep_for(1ms);
+  std::thread checkpoint([&] { checkpoint_got = g.acquire(tx, traffic_class::checkpoint, 4'000'000, stop_checkpoint.get_token()); });
+  while (g.waiting(tx, traffic_class::checkpoint) == 0) std::this_thread::sleep_for(1ms);
+  std::thread data([&] { data_got = g.acquire(tx, traffic_class::data, 1'000); });
+  while (g.waiting(tx, traffic_class::data) == 0) std::this_thread::sleep_for(1ms);
   // Nothing changes for 600 ms of real time: the clock stands still, so the checkpoint's grant is 4 s away and
   // data's depends on the checkpoint. Neither looks (a poll every W/16 would have looked about twice each).
   const int reads_before = clock.reads.load();
@@ -382,11 +556,11 @@ TEST_CASE("[core] link_governor: a blocked acquire does not poll; it wakes when 
   stop_checkpoint.request_stop();
   checkpoint.join();
   CHECK(checkpoint_got == 0);
-  CHECK(g.waiting(traffic_class::checkpoint) == 0);
-  CHECK(g.waiting(traffic_class::data) == 1'000);
+  CHECK(g.waiting(tx, traffic_class::checkpoint) == 0);
+  CHECK(g.waiting(tx, traffic_class::data) == 1'000);
   clock.t.store(clock.t.load() + 4s);
   g.clock_moved();
   data.join();
   CHECK(data_got == 1'000);
-  CHECK(g.waiting(traffic_class::data) == 0);
+  CHECK(g.waiting(tx, traffic_class::data) == 0);
 }

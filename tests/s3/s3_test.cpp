@@ -491,12 +491,15 @@ TEST_CASE("[s3] SHARDKIT_S3_PART_SIZE: refused above 5 GiB, accepted with a warn
   st::s3_sink small(st::s3_location{"bucket", ""}, o);
 }
 
-TEST_CASE("[s3] a governed sink paces uploads (checkpoint class) and reads (data class); without one, untouched") {
+TEST_CASE("[s3] a governed sink paces uploads (checkpoint class, tx) and reads (data class, rx); without one, "
+          "untouched") {
   using namespace std::chrono_literals;
   namespace sk = shardkit;
-  // 8 MiB/s, 50 ms window (a burst of 400 KiB), the whole link for S3 (nothing reports collectives).
+  const auto tx = sk::link_direction::tx, rx = sk::link_direction::rx;
+  // 8 MiB/s each way, 50 ms window (a burst of 400 KiB), the whole link for S3 (no floor: what collectives leave).
   constexpr std::uint64_t rate = 8u << 20;
-  sk::link_governor link("s3", {.bytes_per_second = rate, .unreported_share_percent = 100, .window = 50ms});
+  sk::link_governor link("s3", {.bytes_per_second = rate, .unreported_share_percent = 100, .floor_percent = 0,
+                                .window = 50ms});
   {  // from the environment: on when the capacity is set, on the link SHARDKIT_S3_LINK names
     scoped_env off("SHARDKIT_LINK_BYTES_PER_SECOND", "0");
     CHECK(st::s3_options::from_env().governor == nullptr);
@@ -514,23 +517,39 @@ TEST_CASE("[s3] a governed sink paces uploads (checkpoint class) and reads (data
   st::s3_sink paced(location("paced"), o);
   const auto data = pattern(2u << 20, 5);
   const double floor = double(data.size() - link.budget()) / double(rate);  // seconds, after the first burst
+  // Collectives report, and fill the rx direction many times over (a minute of it): the upload, on tx, does not
+  // see them. Were it paced against them, 2 MiB would wait for the whole minute.
+  auto collectives = link.attach_reporter();
+  link.report(rx, sk::traffic_class::collectives, 60 * rate);
   const double up = seconds_of([&] { st::put_object(paced, "obj", data); });
   CHECK(up >= floor);
-  CHECK(link.sent(sk::traffic_class::checkpoint) >= data.size());
+  CHECK(up < 20);
+  CHECK(link.sent(tx, sk::traffic_class::checkpoint) >= data.size());
+  CHECK(link.sent(rx, sk::traffic_class::checkpoint) == 0);
+  // The other way round: tx full, the download on rx goes at the link's rate.
+  link.report(tx, sk::traffic_class::collectives, 60 * rate);
   std::vector<std::byte> back(data.size());
   const double down = seconds_of([&] { CHECK(paced.get("obj", 0, back) == data.size()); });
   CHECK(down >= floor);
+  CHECK(down < 20);
   CHECK(back == data);
-  CHECK(link.sent(sk::traffic_class::data) >= data.size());
+  CHECK(link.sent(rx, sk::traffic_class::data) >= data.size());
+  CHECK(link.sent(tx, sk::traffic_class::data) == 0);
   MESSAGE("paced at 8 MiB/s: upload ", up, " s, download ", down, " s (floor ", floor, " s)");
+  collectives.reset();
 
   auto plain_options = options_for(*server());
   plain_options.part_size = o.part_size;
   plain_options.parallel = o.parallel;
   st::s3_sink plain(location("paced"), plain_options);
-  const auto before = link.sent(sk::traffic_class::checkpoint) + link.sent(sk::traffic_class::data);
+  const auto counted = [&] {
+    std::uint64_t n = 0;
+    for (auto d : {tx, rx}) n += link.sent(d, sk::traffic_class::checkpoint) + link.sent(d, sk::traffic_class::data);
+    return n;
+  };
+  const auto before = counted();
   const double plain_up = seconds_of([&] { st::put_object(plain, "obj2", data); });
   CHECK(st::get_object(plain, "obj2") == data);
   MESSAGE("unpaced upload ", plain_up, " s");
-  CHECK(link.sent(sk::traffic_class::checkpoint) + link.sent(sk::traffic_class::data) == before);
+  CHECK(counted() == before);
 }

@@ -489,12 +489,13 @@ TEST_CASE("[tcp] a store reused for later transports, of the same or other sizes
   }
 }
 
-TEST_CASE("[tcp] every byte a connection writes is reported to its link's governor, as collectives") {
-  // One governor per rank (ranks are threads here, on one loopback link): rank 0's counts exactly its frames.
+TEST_CASE("[tcp] every byte a connection writes and reads is reported to its link's governor, as collectives") {
+  // One governor per rank (ranks are threads here, on one loopback link): rank 0's tx counts exactly its frames,
+  // rank 1's rx exactly the same bytes; the other directions nothing.
   auto opts = loopback_options();
   std::size_t size = 5000;
-  SUBCASE("one frame, written by the sending thread") {}
-  SUBCASE("striped over 3 streams and two listeners, 64 KiB chunks, through the io thread") {
+  SUBCASE("one frame, written by the sending thread, read through the stage") {}
+  SUBCASE("striped over 3 streams and two listeners, 64 KiB chunks, through the io thread, read into place") {
     opts.streams_per_peer = 3;
     opts.chunk_bytes = 64u << 10;
     opts.direct_send_bytes = 0;
@@ -502,10 +503,11 @@ TEST_CASE("[tcp] every byte a connection writes is reported to its link's govern
     size = (1u << 20) + 3;
   }
   // A link of 1 KiB/s: 1 MiB would take 17 minutes if the collectives were paced. They are the first class, only
-  // reported: the message goes at loopback speed, and the checkpoint class finds the link full.
+  // reported: the message goes at loopback speed, and the checkpoint class (no floor here) finds the link full.
   std::vector<std::unique_ptr<sk::link_governor>> governors;
   for (int r = 0; r < 2; ++r)
-    governors.push_back(std::make_unique<sk::link_governor>("lo", sk::link_governor_options{.bytes_per_second = 1024}));
+    governors.push_back(std::make_unique<sk::link_governor>(
+        "lo", sk::link_governor_options{.bytes_per_second = 1024, .floor_percent = 0}));
   run_world(2, [&](int rank) {
     auto o = opts;
     o.governor = governors[std::size_t(rank)].get();
@@ -517,11 +519,17 @@ TEST_CASE("[tcp] every byte a connection writes is reported to its link's govern
     if (t.rank() == 0) wait_ok(t.send(1, 1, cbytes(msg)));
     else wait_ok(t.recv(0, 1, wbytes(in)));
   });
+  const auto tx = sk::link_direction::tx, rx = sk::link_direction::rx;
   const std::uint64_t frames = (size + opts.chunk_bytes - 1) / opts.chunk_bytes;
-  CHECK(governors[0]->sent(sk::traffic_class::collectives) ==
-        size + frames * sk::transport::detail::tcp::frame_header_size);
-  CHECK(governors[1]->sent(sk::traffic_class::collectives) == 0);
+  const std::uint64_t on_wire = size + frames * sk::transport::detail::tcp::frame_header_size;
+  CHECK(governors[0]->sent(tx, sk::traffic_class::collectives) == on_wire);
+  CHECK(governors[1]->sent(rx, sk::traffic_class::collectives) == on_wire);
+  CHECK(governors[1]->sent(tx, sk::traffic_class::collectives) == 0);
+  CHECK(governors[0]->sent(rx, sk::traffic_class::collectives) == 0);
   CHECK_FALSE(governors[0]->reported());  // the transport's reporter went with it
-  CHECK(governors[0]->sent(sk::traffic_class::checkpoint) == 0);
-  CHECK(governors[0]->try_acquire(sk::traffic_class::checkpoint, 64) == 0);
+  CHECK(governors[0]->sent(tx, sk::traffic_class::checkpoint) == 0);
+  CHECK(governors[0]->try_acquire(tx, sk::traffic_class::checkpoint, 64) == 0);
+  // Rank 0 only sent: its rx direction is idle, so a download there is not held back by its uploads' link.
+  CHECK(governors[0]->try_acquire(rx, sk::traffic_class::data, 32) == 32);
+  CHECK(governors[1]->try_acquire(rx, sk::traffic_class::data, 32) == 0);
 }

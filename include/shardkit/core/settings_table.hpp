@@ -104,21 +104,27 @@ inline constexpr variable table[] = {
      .target = "core"},
     {.name = "SHARDKIT_LINK_BYTES_PER_SECOND", .type = kind::bytes,
      .default_text = "(94% of each NIC's speed from sysfs; none where unknown)",
-     .meaning = "capacity of each network link (NIC) in bytes per second, K/M/G binary (1 Gbit/s is about 119M); "
-                "a governor per link paces checkpoint uploads and data reads into what collectives leave idle "
+     .meaning = "capacity of each network link (NIC) in bytes per second in each direction, K/M/G binary (1 Gbit/s "
+                "is about 119M); a governor per link paces checkpoint uploads into what collectives leave idle of "
+                "what the host sends (tx) and data reads into what they leave of what it receives (rx) "
                 "(docs/design.md, link governor). Unset: 94% of the speed the NIC reports, its TCP payload at MTU "
                 "1500 (a virtual interface or an unknown speed: no governor, said once at INFO); 0: no governor",
      .target = "core"},
     {.name = "SHARDKIT_LINK_CLASS_ORDER", .type = kind::list, .default_text = "collectives,checkpoint,data",
      .meaning = "priority of the traffic classes on a governed link, highest first; the first is never paced",
      .target = "core"},
+    {.name = "SHARDKIT_LINK_FLOOR", .type = kind::integer, .default_text = "5",
+     .meaning = "percent of a governed link's capacity each paced class (checkpoint, data) may always use in each "
+                "direction, even while the classes above keep the link full; above it the class still yields to "
+                "them. 0: no floor",
+     .target = "core", .min = 0, .max = 50},
     {.name = "SHARDKIT_LINK_UNREPORTED_SHARE", .type = kind::integer, .default_text = "50",
-     .meaning = "percent of a governed link's capacity the paced classes share while the first class reports "
-                "nothing (collectives over NCCL or Gloo)",
+     .meaning = "percent of a governed link's capacity the paced classes share, in each direction, while the first "
+                "class reports nothing (collectives over NCCL or Gloo)",
      .target = "core", .min = 1, .max = 100},
     {.name = "SHARDKIT_LINK_WINDOW", .type = kind::milliseconds, .default_text = "100",
      .meaning = "a governed link's accounting window: over any such interval the paced classes get at most the "
-                "capacity less what was reported (also their largest burst)",
+                "capacity less what was reported in the same direction (tx or rx; also their largest burst)",
      .target = "core", .min = 1, .max = 10000},
 
     // ---- tcp: the TCP transport (shardkit::tcp); gloo reads the interface too ----

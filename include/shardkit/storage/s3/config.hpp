@@ -124,8 +124,10 @@ struct s3_options {
   std::string ca_bundle;
   bool verify_tls = true;
   //! The bandwidth governor that paces this sink's object bytes (core/link_governor.hpp): request bodies (uploads:
-  //! puts, parts) as upload_class, object bodies read (gets) as download_class. Each connection waits in its own
-  //! read or write callback, so one paced transfer never holds up another's connection. It must outlive the sink.
+  //! puts, parts) as upload_class in the link's tx direction, object bodies read (gets) as download_class in its
+  //! rx direction, so an upload competes only with what the host sends and a download only with what it receives.
+  //! Each connection waits in its own read or write callback, so one paced transfer never holds up another's
+  //! connection. It must outlive the sink.
   //! nullptr: unpaced. from_env() sets it to the process's governor of s3_link() (governor_for_link(): none while
   //! SHARDKIT_LINK_BYTES_PER_SECOND is 0, or is unset and that NIC's speed is unknown).
   link_governor* governor = nullptr;

@@ -247,21 +247,22 @@ class client {
     const s3_options* options = nullptr;  // its governor paces the body bytes
   };
 
-  //! Waits until the governor grants up to `want` bytes of class `c`. A wait that outlasts a quarter of the stall
-  //! timeout sends anyway (a small step, reported), so pacing never makes libcurl abandon the transfer as stalled.
-  static std::size_t paced(const s3_options& o, traffic_class c, std::size_t want) {
+  //! Waits until the governor grants up to `want` bytes of class `c` in direction `d` (tx: a request body sent,
+  //! rx: an object body received). A wait that outlasts a quarter of the stall timeout moves a small step anyway
+  //! (reported), so pacing never makes libcurl abandon the transfer as stalled.
+  static std::size_t paced(const s3_options& o, link_direction d, traffic_class c, std::size_t want) {
     if (want == 0) return 0;
     const auto deadline = link_governor::clock::now() + o.stall_timeout / 4;
-    if (const auto g = o.governor->acquire(c, want, {}, deadline)) return static_cast<std::size_t>(g);
+    if (const auto g = o.governor->acquire(d, c, want, {}, deadline)) return static_cast<std::size_t>(g);
     const std::size_t step = std::min<std::size_t>(want, 16 << 10);
-    o.governor->report(c, step);
+    o.governor->report(d, c, step);
     return step;
   }
 
   static size_t on_read(char* buffer, size_t size, size_t n, void* user) {
     auto* t = static_cast<transfer*>(user);
     std::size_t count = std::min(size * n, t->r->body.size() - t->sent);
-    if (t->options->governor) count = paced(*t->options, t->options->upload_class, count);
+    if (t->options->governor) count = paced(*t->options, link_direction::tx, t->options->upload_class, count);
     if (count) std::memcpy(buffer, t->r->body.data() + t->sent, count);
     t->sent += count;
     return count;
@@ -303,7 +304,8 @@ class client {
     t->out->received += take;
     // Holding this callback holds this connection's receive window: the server's sending slows to the grants.
     if (t->options->governor)
-      for (std::size_t paid = 0; paid < count;) paid += paced(*t->options, t->options->download_class, count - paid);
+      for (std::size_t paid = 0; paid < count;)
+        paid += paced(*t->options, link_direction::rx, t->options->download_class, count - paid);
     return count;  // bytes past the range (a server ignoring Range) are dropped
   }
 

@@ -38,7 +38,7 @@ struct link {
   int index = 0;
   std::string local, remote;        // "ip:port", for messages
   std::uint64_t peer_max_frame = 0;  // from the peer's handshake: a longer frame is a protocol error
-  link_governor* governor = nullptr;  // of the local interface: every byte written is reported to it
+  link_governor* governor = nullptr;  // of the local interface: every byte written (tx) and read (rx) is reported
   // receive side: bytes are read into `stage` as they come (one system call takes a small frame whole, header and
   // payload, and the next header if it is there); a payload longer than what is staged is read straight into
   // its destination.

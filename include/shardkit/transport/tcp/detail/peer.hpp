@@ -214,6 +214,7 @@ class peer {
   }
 
   void staged(link& l, const boost::system::error_code& ec, std::size_t n) {
+    if (n && l.governor) l.governor->report(link_direction::rx, traffic_class::collectives, n);
     if (ec == asio::error::eof && l.stage_end == l.stage_pos) return link_eof(l);
     if (ec) return link_error(l, ec, l.stage_end > l.stage_pos ? "reading a frame header (closed in the middle of it)"
                                                                 : "reading a frame header");
@@ -347,7 +348,8 @@ class peer {
       dst = l.discard.data();
     }
     asio::async_read(l.socket, asio::buffer(dst, rest),
-                     asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t) {
+                     asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t n) {
+                       if (n && l.governor) l.governor->report(link_direction::rx, traffic_class::collectives, n);
                        locked([&] {
                          if (ec) return link_error(l, ec, "receiving a frame payload");
                          if (!failure_) payload_done(l);

@@ -103,7 +103,7 @@ class sender {
     msg.msg_iov = iov;
     msg.msg_iovlen = len > 0 ? 2 : 1;
     const ::ssize_t n = ::sendmsg(l.socket.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n > 0 && l.governor) l.governor->report(traffic_class::collectives, std::uint64_t(n));
+    if (n > 0 && l.governor) l.governor->report(link_direction::tx, traffic_class::collectives, std::uint64_t(n));
     counters::bump(counters_.frames_sent);
     counters::bump(counters_.writes);
     op->cut = len;
@@ -138,7 +138,7 @@ class sender {
   void start_write(link& l, std::size_t buffers) {
     asio::async_write(l.socket, buffer_range{l.tx_buffers.data(), l.tx_buffers.data() + buffers},
                       asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t n) {
-                        if (n && l.governor) l.governor->report(traffic_class::collectives, n);
+                        if (n && l.governor) l.governor->report(link_direction::tx, traffic_class::collectives, n);
                         written(l, ec);
                       }));
   }
