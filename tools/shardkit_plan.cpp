@@ -102,26 +102,11 @@ struct budget_choice {
 };
 
 budget_choice parse_budget(std::string_view v) {
-  if (v == "unlimited") return {"unlimited", fsdp::unlimited_budget};
-  if (v.empty()) fail("--budget wants a value");
-  const char last = v.back();
-  const bool digit = last >= '0' && last <= '9';
-  const std::size_t n = count("--budget", digit ? v : v.substr(0, v.size() - 1));
-  if (n == 0) fail("--budget " + std::string(v) + " is no budget: give a positive size, Nu or unlimited");
-  const auto scaled = [&](int shift) {
-    // A shift that wraps would plan another budget than the one asked for.
-    if (n > (fsdp::unlimited_budget >> shift) || (n << shift) == fsdp::unlimited_budget)
-      fail("--budget " + std::string(v) + " is too large (it does not fit in 64 bits of bytes)");
-    return n << shift;
-  };
-  switch (last) {
-    case 'u': return {std::string(v), 0, n};
-    case 'K': case 'k': return {std::string(v), scaled(10)};
-    case 'M': case 'm': return {std::string(v), scaled(20)};
-    case 'G': case 'g': return {std::string(v), scaled(30)};
-    default:
-      if (digit) return {std::string(v), scaled(0)};
-      fail("--budget: unknown suffix '" + std::string(1, last) + "' (K, M, G, u for units, or 'unlimited')");
+  try {
+    const auto b = fsdp::parse_budget_flag("--budget", v);
+    return {v == "unlimited" ? std::string("unlimited") : std::string(v), b.bytes, b.units};
+  } catch (const shardkit::error& e) {
+    fail(e.detail());
   }
 }
 

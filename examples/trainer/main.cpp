@@ -84,6 +84,7 @@ struct flags {
   bool resume = false;
   bool overwrite = false;  // --overwrite: a run that does not resume removes another run's checkpoints there first
   int die_at_step = -1, die_rank = -1;  // tests: SIGKILL this rank at the start of that step
+  bool die_rank_given = false;
   std::string trace;                    // --trace PREFIX: each rank writes PREFIX.rank<R>.json (trace.hpp)
   std::string plan_units;               // --plan-units FILE: rank 0 writes unit sizes and times (unit_times.hpp)
   bool plan_units_given = false;
@@ -159,14 +160,17 @@ std::string help_text() {
   std::exit(2);
 }
 
-// Bounded by what the flag's variable holds: --ckpt-every 4294967297 must not become a save every step.
-long long number(std::string_view flag, std::string_view v, long long max = std::numeric_limits<int>::max()) {
+// Bounded by what the flag's variable holds: --ckpt-every 4294967297 must not become a save every step. One
+// message for every value outside [min, max], so --steps -1 and --steps 0 say the same.
+long long number(std::string_view flag, std::string_view v, long long max = std::numeric_limits<int>::max(), long long min = 0) {
   long long n = 0;
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (ec != std::errc() || p != v.data() + v.size() || n < 0 || n > max)
-    usage(std::string(flag) + " wants an integer from 0 to " + std::to_string(max) + ", got '" + std::string(v) + "'");
+  if (ec != std::errc() || p != v.data() + v.size() || n < min || n > max)
+    usage(std::string(flag) + " wants an integer from " + std::to_string(min) + " to " + std::to_string(max) + ", got '" +
+          std::string(v) + "'");
   return n;
 }
+long long positive(std::string_view flag, std::string_view v) { return number(flag, v, std::numeric_limits<int>::max(), 1); }
 
 double real(std::string_view flag, std::string_view v) {
   char* end = nullptr;
@@ -183,37 +187,14 @@ sk::dtype dtype_flag(std::string_view flag, std::string_view v) {
   return *t;
 }
 
-// "64M", "2u" (units), "unlimited", or plain bytes.
+// "64M", "2u" (units), "unlimited" (fsdp::parse_budget_flag, as shardkit-plan --budget).
 void parse_budget(std::string_view v, fsdp::sharding_options& o) {
-  if (v == "unlimited") {
-    o.limiter_budget_bytes = fsdp::unlimited_budget;
-    return;
-  }
-  if (v.empty()) usage("--budget wants a value");
-  const char unit = v.back();
-  const std::string_view digits = (unit >= '0' && unit <= '9') ? v : v.substr(0, v.size() - 1);
-  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string_view::npos)
-    usage("--budget wants BYTES[K|M|G], Nu (units) or unlimited, got '" + std::string(v) + "'");
-  const auto n = std::size_t(number("--budget", digits, std::numeric_limits<long long>::max()));
-  // 0 would leave the library's default in place, and a suffix's shift must not wrap: both would run silently
-  // with another budget than the one asked for.
-  if (n == 0) usage("--budget " + std::string(v) + " is no budget: leave --budget out for the default, or give 'unlimited'");
-  const auto scaled = [&](int shift) {
-    if (n > (std::numeric_limits<std::size_t>::max() >> shift))
-      usage("--budget " + std::string(v) + " does not fit in 64 bits of bytes");
-    return n << shift;
-  };
-  switch (unit) {
-    case 'u': o.limiter_budget_units = n; return;
-    case 'K': case 'k': o.limiter_budget_bytes = scaled(10); return;
-    case 'M': case 'm': o.limiter_budget_bytes = scaled(20); return;
-    case 'G': case 'g': o.limiter_budget_bytes = scaled(30); return;
-    default:
-      if (unit >= '0' && unit <= '9') {
-        o.limiter_budget_bytes = n;
-        return;
-      }
-      usage("--budget: unknown suffix '" + std::string(1, unit) + "' (K, M, G, u for units, or 'unlimited')");
+  try {
+    const auto b = fsdp::parse_budget_flag("--budget", v);
+    if (b.units) o.limiter_budget_units = b.units;
+    else o.limiter_budget_bytes = b.bytes;
+  } catch (const sk::error& e) {
+    usage(e.detail());
   }
 }
 
@@ -253,10 +234,10 @@ flags parse(int argc, char** argv) {
     if (!takes_value(a)) usage("unknown flag " + std::string(a));
     if (i + 1 >= argc) usage(std::string(a) + " wants a value");
     const std::string_view v = argv[++i];
-    if (a == "--steps") f.steps = int(number(a, v));
-    else if (a == "--batch") f.batch = int(number(a, v));
-    else if (a == "--micro-batches") f.micro_batches = int(number(a, v));
-    else if (a == "--context") f.context = int(number(a, v));
+    if (a == "--steps") f.steps = int(positive(a, v));
+    else if (a == "--batch") f.batch = int(positive(a, v));
+    else if (a == "--micro-batches") f.micro_batches = int(positive(a, v));
+    else if (a == "--context") f.context = int(positive(a, v));
     else if (a == "--seed") f.seed = std::uint64_t(number(a, v, std::numeric_limits<long long>::max()));
     else if (a == "--strategy") f.sharding.strategy = fsdp::parse_sharding_strategy(v);
     else if (a == "--hybrid-size") f.sharding.hybrid_shard_size = std::size_t(number(a, v));
@@ -269,8 +250,8 @@ flags parse(int argc, char** argv) {
       if (v != "on" && v != "off") usage("--keep-last wants on or off, got '" + std::string(v) + "'");
       f.sharding.keep_last_units = v == "on";
     }
-    else if (a == "--width") f.model.width = int(number(a, v)), f.model.hidden = 4 * f.model.width;
-    else if (a == "--blocks") f.model.blocks = int(number(a, v));
+    else if (a == "--width") f.model.width = int(positive(a, v)), f.model.hidden = 4 * f.model.width;
+    else if (a == "--blocks") f.model.blocks = int(positive(a, v));
     else if (a == "--lr") f.lr = real(a, v);
     else if (a == "--weight-decay") f.weight_decay = real(a, v);
     else if (a == "--clip") f.clip = real(a, v);
@@ -287,7 +268,7 @@ flags parse(int argc, char** argv) {
       else usage("--ckpt-mode wants zero-overhead, at-call or blocking, got '" + std::string(v) + "'");
     }
     else if (a == "--die-at-step") f.die_at_step = int(number(a, v));
-    else if (a == "--die-rank") f.die_rank = v == "-1" ? -1 : int(number(a, v));  // -1: every rank
+    else if (a == "--die-rank") f.die_rank = int(number(a, v, std::numeric_limits<int>::max(), -1)), f.die_rank_given = true;  // -1: every rank
     else if (a == "--trace") f.trace = v;
     else if (a == "--device") {
       if (v != "cpu" && v != "cuda") usage("--device wants cpu or cuda, got '" + std::string(v) + "'");
@@ -315,9 +296,7 @@ flags parse(int argc, char** argv) {
   if (f.sharding.hybrid_shard_size != 0 && f.sharding.strategy != fsdp::sharding_strategy::hybrid_shard)
     usage("--hybrid-size is for --strategy hybrid_shard; this run's strategy is " + std::string(fsdp::to_string(f.sharding.strategy)));
   if (f.init_data && f.data.empty()) usage("--init-data needs --data LOCATION (where to write the built-in text)");
-  if (f.steps <= 0 || f.batch <= 0 || f.micro_batches <= 0 || f.context <= 0 || f.model.width <= 0 ||
-      f.model.blocks <= 0)
-    usage("--steps, --batch, --micro-batches, --context, --width and --blocks must be positive");
+  if (f.die_rank_given && f.die_at_step < 0) usage("--die-rank needs --die-at-step N (the step at which that rank dies)");
   // --ckpt-dir without --ckpt-every would train to the end and save nothing, silently.
   if (f.ckpt_every > 0 && f.ckpt_dir.empty()) usage("--ckpt-every needs --ckpt-dir LOCATION");
   if (!f.ckpt_dir.empty() && f.ckpt_every == 0 && !f.resume)

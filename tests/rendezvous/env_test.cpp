@@ -108,7 +108,19 @@ TEST_CASE("[rendezvous] torchrun variables: every error names its variable") {
   }
   CHECK_THROWS_WITH_AS(rdv::info_from_env(with(torchrun, {{"MASTER_ADDR", "127.0.0.1:29500"}})),
                        doctest::Contains("(MASTER_ADDR=127.0.0.1 MASTER_PORT="), shardkit::error);
-  for (const char* addr : {"fe80::1", "::1", "head.example.org", "10.0.0.1"}) {
+  // What no host name or address looks like is refused at once too (it used to be retried for the store's timeout).
+  for (const auto& [addr, why] : std::vector<std::pair<std::string, std::string>>{
+           {"[::1]", "MASTER_ADDR='[::1]' has brackets, which only a URL puts around an IPv6 address (MASTER_ADDR=::1)"},
+           {"127.0.0.1 ", "MASTER_ADDR='127.0.0.1 ' holds blanks"},
+           {"a,b", "MASTER_ADDR='a,b' is a list"},
+           {"256.1.1.1", "MASTER_ADDR='256.1.1.1' is not an IPv4 address (four numbers from 0 to 255)"},
+           {"fe80::1::2", "MASTER_ADDR='fe80::1::2' is not an IPv6 address"},
+           {"head/0", "MASTER_ADDR='head/0' holds '/', which no host name has"}}) {
+    CAPTURE(addr);
+    expect_config_error(with(torchrun, {{"MASTER_ADDR", addr}}), "MASTER_ADDR");
+    CHECK_THROWS_WITH_AS(rdv::info_from_env(with(torchrun, {{"MASTER_ADDR", addr}})), doctest::Contains(why.c_str()), shardkit::error);
+  }
+  for (const char* addr : {"fe80::1", "::1", "fe80::1%eth0", "head.example.org", "10.0.0.1", "my_host", "no-such-host.invalid"}) {
     CAPTURE(addr);
     CHECK(rdv::info_from_env(with(torchrun, {{"MASTER_ADDR", addr}})).master_addr == addr);
   }

@@ -173,6 +173,17 @@ TEST_CASE("[rendezvous] a RANK outside WORLD_SIZE fails at once naming both, and
   CHECK(h.seconds < 5);
   // info_from_env only reads: no store is asked.
   CHECK_THROWS_WITH_AS(rdv::info_from_env(lookup), doctest::Contains("RANK=2 must be in [0, WORLD_SIZE=2)"), shardkit::error);
+  // With no store up (rank 0 not started yet), the refusal does not wait for one: a store that is up answers in
+  // milliseconds.
+  const std::map<std::string, std::string> alone{{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                                                 {"MASTER_PORT", std::to_string(shardkit::test::free_port())}};
+  const auto t1 = steady::now();
+  CHECK_THROWS_WITH_AS(rdv::info_from_env_to_join([&](const char* name) -> const char* {
+                         auto it = alone.find(name);
+                         return it == alone.end() ? nullptr : it->second.c_str();
+                       }),
+                       doctest::Contains("RANK=2 must be in [0, WORLD_SIZE=2)"), shardkit::error);
+  CHECK(steady::now() - t1 < 1s);
 }
 
 TEST_CASE("[rendezvous] join: after the world is complete, only a newcomer is refused") {
@@ -198,9 +209,31 @@ TEST_CASE("[rendezvous] join: a rank whose store host went away names that rank,
       FAIL("the store answered after its host left");
     } catch (const shardkit::error& e) {
       CAPTURE(e.what());
-      CHECK(has(e.what(), "rank 0 hosts the store: it exited or failed, and rank 0's own output says why"));
+      CHECK(has(e.what(), "rank 0 hosts the store and is gone: it exited or failed"));
+      CHECK(has(e.what(), "rank 0's own output says which"));
     }
   }
+}
+
+TEST_CASE("[rendezvous] join: a rank whose host gave up on a rank that never joined is not told the host alone failed") {
+  const int port = shardkit::test::free_port();
+  outcome host, one;
+  std::string later;
+  shardkit::test::run_threads(2, [&](int r) {
+    if (r == 0) return void(host = join(port, true, 3, 0, 700ms));  // rank 2 never comes
+    std::this_thread::sleep_for(100ms);
+    one = join(port, false, 3, 1);
+    try {
+      one.store->get("shardkit/hosts/gathered", 10s);  // as init_process_group's next step waits on rank 0
+    } catch (const shardkit::error& e) {
+      later = e.what();
+    }
+  });
+  CAPTURE(host.what);
+  CHECK(has(host.what, "rank 2 never joined"));
+  CAPTURE(later);
+  CHECK(has(later, "rank 0 hosts the store and is gone"));
+  CHECK(has(later, "gave up waiting for one that never joined; rank 0's own output says which"));
 }
 
 TEST_CASE("[rendezvous] join: the host's timeout says how many joined, names the setting and the ranks missing") {

@@ -46,7 +46,8 @@ refuse "--ranks must be positive" --units "$u" --ranks 0
 refuse "--budget 17179869184G is too large" --units "$u" --budget 17179869184G
 refuse "--budget 100000000000G is too large" --units "$u" --budget 100000000000G
 refuse "is too large" --units "$u" --budget 18446744073709551615
-refuse "is out of range" --units "$u" --budget 99999999999999999999u
+refuse "--budget 99999999999999999999u is too large" --units "$u" --budget 99999999999999999999u
+refuse "--budget wants BYTES[K|M|G], Nu (units) or unlimited, got '5XiB'" --units "$u" --budget 5XiB
 refuse "is a directory" --units "$work"
 refuse "--hosts wants a whole number (an integer), got '1e30'" --units "$u" --hosts 1e30
 refuse "--gbit must be positive" --units "$u" --gbit 0

@@ -69,11 +69,12 @@ inline std::string lower(std::string_view s) {
   return out;
 }
 
-//! The leading decimal digits of `text` as a number; nullopt when there are none or they overflow. `rest` gets
-//! what follows them.
-inline std::optional<std::uint64_t> leading_number(std::string_view text, std::string_view& rest) {
+//! The leading decimal digits of `text` as a number; nullopt when there are none or they overflow (then
+//! `*overflow`, when given, is set). `rest` gets what follows them.
+inline std::optional<std::uint64_t> leading_number(std::string_view text, std::string_view& rest, bool* overflow = nullptr) {
   std::uint64_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (overflow) *overflow = ec == std::errc::result_out_of_range;
   if (ec != std::errc() || end == text.data()) return std::nullopt;
   rest = text.substr(std::size_t(end - text.data()));
   return v;
@@ -89,10 +90,14 @@ inline std::string format_bytes(std::uint64_t n) {
 
 }  // namespace detail
 
-//! "524288", "512K", "4M", "1G" (also "KB"/"KiB", "B", any case): powers of 1024. The range is the caller's.
-inline std::uint64_t parse_byte_size(std::string_view name, std::string_view text, std::string_view where = "settings") {
+//! "524288", "512K", "4M", "1G" (also "KB"/"KiB", "B", any case): powers of 1024. The range is the caller's;
+//! `too_large` is the reason given for a count beyond 64 bits (the caller's maximum, where it has one).
+inline std::uint64_t parse_byte_size(std::string_view name, std::string_view text, std::string_view where = "settings",
+                                     std::string_view too_large = "too large") {
   std::string_view rest;
-  const auto value = detail::leading_number(text, rest);
+  bool overflow = false;
+  const auto value = detail::leading_number(text, rest, &overflow);
+  if (overflow) bad_setting(name, text, too_large, where);
   if (!value) bad_setting(name, text, "expected a byte count like 4096, 64K, 1M", where);
   const std::string suffix = detail::lower(rest);
   int shift = 0;
@@ -101,7 +106,7 @@ inline std::uint64_t parse_byte_size(std::string_view name, std::string_view tex
   else if (suffix == "m" || suffix == "mb" || suffix == "mib") shift = 20;
   else if (suffix == "g" || suffix == "gb" || suffix == "gib") shift = 30;
   else bad_setting(name, text, "expected a byte count like 4096, 64K, 1M", where);
-  if (shift > 0 && *value > (std::uint64_t(-1) >> shift)) bad_setting(name, text, "too large", where);
+  if (shift > 0 && *value > (std::uint64_t(-1) >> shift)) bad_setting(name, text, too_large, where);
   return *value << shift;
 }
 
@@ -159,9 +164,11 @@ inline std::vector<std::string> parse_list(std::string_view name, std::string_vi
 }
 
 //! A duration in `Duration`'s unit: a bare number is in that unit; "us", "ms", "s", "min" and "h" convert, and the
-//! result must be a whole number of the unit ("1500ms" is no number of seconds). The range is the caller's.
+//! result must be a whole number of the unit ("1500ms" is no number of seconds). The range is the caller's;
+//! `too_large` is the reason given for a value beyond what Duration holds (the caller's maximum, where it has one).
 template <class Duration>
-Duration parse_duration(std::string_view name, std::string_view text, std::string_view where = "settings") {
+Duration parse_duration(std::string_view name, std::string_view text, std::string_view where = "settings",
+                        std::string_view too_large = "too large") {
   using period = typename Duration::period;
   static_assert(std::ratio_less_equal_v<std::micro, period>, "durations down to microseconds");
   constexpr std::uint64_t unit_us = std::uint64_t(period::num) * 1000000 / period::den;
@@ -169,7 +176,9 @@ Duration parse_duration(std::string_view name, std::string_view text, std::strin
                         : unit_us == 1000 ? "expected a duration like 30000 (milliseconds), 30s, 5min"
                                           : "expected a duration like 30 (seconds), 30s, 5min";
   std::string_view rest;
-  const auto value = detail::leading_number(text, rest);
+  bool overflow = false;
+  const auto value = detail::leading_number(text, rest, &overflow);
+  if (overflow) bad_setting(name, text, too_large, where);
   if (!value) bad_setting(name, text, example, where);
   const std::string suffix = detail::lower(rest);
   std::uint64_t suffix_us = unit_us;
@@ -187,7 +196,7 @@ Duration parse_duration(std::string_view name, std::string_view text, std::strin
                 where);
   const unsigned __int128 count = us / unit_us;
   if (count > static_cast<unsigned __int128>(std::numeric_limits<typename Duration::rep>::max()))
-    bad_setting(name, text, "too large", where);
+    bad_setting(name, text, too_large, where);
   return Duration(static_cast<typename Duration::rep>(count));
 }
 
@@ -283,7 +292,7 @@ value_t<T> parse(const variable& v, std::string_view s) {
   } else if constexpr (std::is_same_v<T, integer>) {
     return parse_integer(v.name, s, v.min, v.max);
   } else if constexpr (std::is_same_v<T, bytes>) {
-    const auto n = parse_byte_size(v.name, s);
+    const auto n = parse_byte_size(v.name, s, "settings", "too large: must be at most " + range_text(v, v.max));
     check_range(v, s, n);
     return n;
   } else if constexpr (std::is_same_v<T, boolean>) {
@@ -293,7 +302,7 @@ value_t<T> parse(const variable& v, std::string_view s) {
   } else if constexpr (std::is_same_v<T, list>) {
     return parse_list(v.name, s);
   } else {
-    const auto d = parse_duration<T>(v.name, s);
+    const auto d = parse_duration<T>(v.name, s, "settings", "too large: must be at most " + range_text(v, v.max));
     check_range(v, s, std::uint64_t(d.count()));
     return d;
   }

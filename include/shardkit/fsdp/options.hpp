@@ -1,15 +1,18 @@
 #pragma once
 //! How a sharded_model shards, computes and overlaps: strategy, mixed precision, the rate limiter's budget, the
 //! prefetch depth, the device the gathered parameters live on, and where its timeline goes.
+#include <charconv>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/settings.hpp"
 #include "shardkit/fsdp/device.hpp"
 
 namespace shardkit::fsdp {
@@ -89,6 +92,43 @@ inline std::string_view to_string(model_event::kind k) noexcept {
 
 //! sharding_options::limiter_budget_bytes value: every unit's parameters and gradients fit at once.
 inline constexpr std::size_t unlimited_budget = std::size_t(-1);
+
+//! A limiter budget as the tools take it (trainer --budget, shardkit-plan --budget): bytes, or units, or neither
+//! for "unlimited" (bytes = unlimited_budget).
+struct budget_flag {
+  std::size_t bytes = 0;  //!< sharding_options::limiter_budget_bytes, or 0 when given in units
+  std::size_t units = 0;  //!< sharding_options::limiter_budget_units, or 0
+};
+
+//! Reads `text` as a budget: "unlimited", "Nu" (N units), or bytes as the byte settings take them
+//! (docs/environment.md: 4096, 64K, 1M, 2G; K, KB and KiB all mean 1024, in any case). Throws
+//! errc::invalid_argument naming `flag` for anything else, for a zero ("is no budget": it would leave the default
+//! in place) and for a size beyond 64 bits ("is too large": a wrapped shift would be another budget).
+inline budget_flag parse_budget_flag(std::string_view flag, std::string_view text) {
+  const std::string f(flag), t(text);
+  const auto refuse = [&](const std::string& why) { throw_error(errc::invalid_argument, f + " " + why, {.object = f}); };
+  if (text == "unlimited") return {unlimited_budget, 0};
+  const bool in_units = !text.empty() && text.back() == 'u';
+  const std::string_view digits = in_units ? text.substr(0, text.size() - 1) : text;
+  const auto wants = [&] { refuse("wants BYTES[K|M|G], Nu (units) or unlimited, got '" + t + "' (K, KB and KiB all mean 1024)"); };
+  std::uint64_t n = 0;
+  if (in_units) {
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    if (ec == std::errc::result_out_of_range) refuse(t + " is too large: it does not fit in 64 bits");
+    if (ec != std::errc() || end != digits.data() + digits.size()) wants();
+  } else {
+    try {
+      n = settings::parse_byte_size(f, text, "fsdp.options", "too large");
+    } catch (const error& e) {
+      if (std::string_view(e.detail()).ends_with("too large")) refuse(t + " is too large: it does not fit in 64 bits of bytes");
+      wants();
+    }
+  }
+  if (n == 0) refuse(t + " is no budget: give a positive size, Nu or unlimited");
+  if (in_units) return {0, std::size_t(n)};
+  if (n == unlimited_budget) refuse(t + " is too large: it does not fit in 64 bits of bytes");  // that value means unlimited
+  return {std::size_t(n), 0};
+}
 
 struct sharding_options {
   sharding_strategy strategy = sharding_strategy::full_shard;

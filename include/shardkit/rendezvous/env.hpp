@@ -29,6 +29,9 @@
 #include <utility>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/settings.hpp"
 #include "shardkit/rendezvous/store.hpp"
@@ -95,6 +98,27 @@ inline void validate(const rendezvous_info& i, const info_names& n) {
     config_error(n.master_addr, n.master_addr + "='" + a + "' is not a host name or address alone: give the host in " + n.master_addr +
                                     " and the port in " + n.master_port + " (" + n.master_addr + "=" + (host.empty() ? "HOST" : host) +
                                     " " + n.master_port + "=" + (i.master_port > 0 ? std::to_string(i.master_port) : "PORT") + ")");
+  // What no host name or address looks like is refused now too: retried, it would only say "does not resolve" until
+  // the store's timeout. A well-formed name that does not resolve (yet) is retried: a Kubernetes service's appears
+  // only once its pod runs.
+  const auto malformed = [&](const std::string& why) {
+    config_error(n.master_addr, n.master_addr + "='" + a + "' " + why + ": give one host name or address");
+  };
+  if (a.front() == '[')
+    malformed("has brackets, which only a URL puts around an IPv6 address (" + n.master_addr + "=" +
+              a.substr(1, a.find(']') == std::string::npos ? std::string::npos : a.find(']') - 1) + ")");
+  if (a.find_first_of(" \t\r\n") != std::string::npos) malformed("holds blanks");
+  if (a.find_first_of(",;") != std::string::npos) malformed("is a list");
+  if (a.find(':') != std::string::npos) {  // IPv6 (a zone, "%eth0", is the resolver's to check)
+    in6_addr v6{};
+    if (a.find('%') == std::string::npos && ::inet_pton(AF_INET6, a.c_str(), &v6) != 1) malformed("is not an IPv6 address");
+  } else if (a.find_first_not_of("0123456789.") == std::string::npos) {
+    in_addr v4{};
+    if (::inet_pton(AF_INET, a.c_str(), &v4) != 1) malformed("is not an IPv4 address (four numbers from 0 to 255)");
+  } else if (const auto bad = a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_");
+             bad != std::string::npos) {
+    malformed("holds '" + a.substr(bad, 1) + "', which no host name has");
+  }
   if (i.master_port < 0 || i.master_port > 65535)
     config_error(n.master_port, is(n.master_port, i.master_port) + " is outside 1..65535");
   if (i.master_port == 0 && i.world_size > 1)
@@ -332,11 +356,12 @@ inline std::string run_id(const env_lookup& lookup = process_env) {
 
 //! info_from_env() for a process that goes on to join the job (init_process_group reads its place so). A rank
 //! outside [0, WORLD_SIZE) fails the same way, errc::config naming both variables, but first tells the job's store
-//! when one answers at MASTER_ADDR:MASTER_PORT within `report_bound`: it joins with that rank, which the store
+//! when one answers at MASTER_ADDR:MASTER_PORT within `report_bound` (a store that is up answers in milliseconds;
+//! one that is not up yet is not waited for, so the refusal comes at once either way): it joins with that rank, which the store
 //! refuses, and rank 0, waiting there for the ranks to join, fails at once with "rank 2 is outside [0,
 //! WORLD_SIZE=2)" instead of after its store timeout; the ranks that joined then lose the store and fail too.
 inline rendezvous_info info_from_env_to_join(const env_lookup& lookup = process_env,
-                                             std::chrono::milliseconds report_bound = std::chrono::seconds(2)) {
+                                             std::chrono::milliseconds report_bound = std::chrono::milliseconds(500)) {
   detail::info_names names;
   const rendezvous_info info = detail::read_launcher_env(lookup, names);
   if (info.world_size >= 1 && info.rank >= info.world_size && !info.master_addr.empty() && info.master_port >= 1 &&

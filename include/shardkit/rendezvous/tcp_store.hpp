@@ -207,7 +207,10 @@ class tcp_store {
   std::string host_gone() const {
     if (!opts_.host_rank) return {};
     const auto r = std::to_string(*opts_.host_rank);
-    return " (rank " + r + " hosts the store: it exited or failed, and rank " + r + "'s own output says why)";
+    // Rank 0 also leaves when it gives up on a rank that never joined: the rank at fault is then another one, which
+    // only rank 0 knows (its error names it).
+    return " (rank " + r + " hosts the store and is gone: it exited or failed, or, while ranks were joining, gave up "
+           "waiting for one that never joined; rank " + r + "'s own output says which)";
   }
 
   // Why the store did not answer in time, when the rank hosting it is known.

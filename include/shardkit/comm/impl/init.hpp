@@ -34,8 +34,9 @@ SHARDKIT_DECL world init_process_group(init_options options) {
   std::string transport = std::move(options.transport);
   group_options opts = std::move(options.group);
   world w;
-  // A RANK outside the world tells the store for at most 2 s, so that rank 0 fails too; then it fails itself.
-  const std::chrono::milliseconds report_bound(2000);
+  // A RANK outside the world tells the store, so that rank 0 fails too, then fails itself: for at most 0.5 s, since a
+  // store that is up answers in milliseconds and one that is not up yet is not worth waiting for.
+  const std::chrono::milliseconds report_bound(500);
   w.info = rendezvous::info_from_env_to_join(rendezvous::process_env,
                                              timeout.count() > 0 ? std::min(timeout, report_bound) : report_bound);
   log::set_process_rank(w.info.rank);
