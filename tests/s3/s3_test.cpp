@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <iterator>
@@ -517,19 +518,33 @@ TEST_CASE("[s3] a governed sink paces uploads (checkpoint class, tx) and reads (
   st::s3_sink paced(location("paced"), o);
   const auto data = pattern(2u << 20, 5);
   const double floor = double(data.size() - link.budget()) / double(rate);  // seconds, after the first burst
-  // Collectives report, and fill the rx direction many times over (a minute of it): the upload, on tx, does not
-  // see them. Were it paced against them, 2 MiB would wait for the whole minute.
+  // Collectives report, and keep one direction full (twice its capacity, reported as it goes) while a transfer
+  // runs the other way: it does not see them and goes at the link's rate. Were it paced against them, it would
+  // move only 16 KiB steps, one per a quarter of the stall timeout.
   auto collectives = link.attach_reporter();
-  link.report(rx, sk::traffic_class::collectives, 60 * rate);
-  const double up = seconds_of([&] { st::put_object(paced, "obj", data); });
+  const auto while_full = [&](sk::link_direction busy, const auto& transfer) {
+    std::atomic<bool> running{true};
+    std::thread sender([&] {
+      for (auto last = sk::link_governor::clock::now(); running;) {
+        std::this_thread::sleep_for(1ms);
+        const auto now = sk::link_governor::clock::now();
+        link.report(busy, sk::traffic_class::collectives,
+                    std::uint64_t(2 * double(rate) * std::chrono::duration<double>(now - last).count()));
+        last = now;
+      }
+    });
+    const double took = seconds_of(transfer);
+    running = false;
+    sender.join();
+    return took;
+  };
+  const double up = while_full(rx, [&] { st::put_object(paced, "obj", data); });
   CHECK(up >= floor);
   CHECK(up < 20);
   CHECK(link.sent(tx, sk::traffic_class::checkpoint) >= data.size());
   CHECK(link.sent(rx, sk::traffic_class::checkpoint) == 0);
-  // The other way round: tx full, the download on rx goes at the link's rate.
-  link.report(tx, sk::traffic_class::collectives, 60 * rate);
   std::vector<std::byte> back(data.size());
-  const double down = seconds_of([&] { CHECK(paced.get("obj", 0, back) == data.size()); });
+  const double down = while_full(tx, [&] { CHECK(paced.get("obj", 0, back) == data.size()); });
   CHECK(down >= floor);
   CHECK(down < 20);
   CHECK(back == data);
