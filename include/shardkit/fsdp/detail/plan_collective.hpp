@@ -6,9 +6,11 @@
 #include <optional>
 #include <set>
 
-#include "shardkit/fsdp/plan.hpp"
-
 namespace shardkit::fsdp::detail {
+
+// The functions below take the cluster (fsdp/plan.hpp's plan_cluster) as a template parameter: this header cannot
+// include plan.hpp, which includes the simulation (and with it this header) after its own declarations, so a
+// translation unit that included this header first would meet the simulation before these declarations.
 
 //! A collective on this rank's hosts: `steps` ring steps, each a latency then a chunk's transfer.
 struct plan_collective {
@@ -27,7 +29,8 @@ struct plan_group {
 };
 
 //! The group of ranks first, first + stride, ... (n of them), ranks placed host by host.
-inline plan_group place_group(const plan_cluster& cluster, std::size_t first, std::size_t stride, std::size_t n) {
+template <class Cluster>
+plan_group place_group(const Cluster& cluster, std::size_t first, std::size_t stride, std::size_t n) {
   std::set<std::size_t> hosts;
   for (std::size_t k = 0; k < n; ++k) hosts.insert((first + k * stride) / cluster.ranks_per_host);
   const double per_host = double(n) / double(hosts.size());
@@ -35,8 +38,8 @@ inline plan_group place_group(const plan_cluster& cluster, std::size_t first, st
 }
 
 //! A ring over `g` of `bytes` (the whole buffer): an all-gather or reduce-scatter (passes 1) or an all-reduce (2).
-inline plan_collective ring_collective(const plan_cluster& cluster, const plan_group& g, double bytes,
-                                       std::size_t passes) {
+template <class Cluster>
+plan_collective ring_collective(const Cluster& cluster, const plan_group& g, double bytes, std::size_t passes) {
   plan_collective c;
   if (g.size <= 1) return c;
   c.steps = passes * (g.size - 1);
@@ -49,7 +52,8 @@ inline plan_collective ring_collective(const plan_cluster& cluster, const plan_g
 }
 
 //! A scalar all-reduce by recursive doubling: log2(n) latencies, no bytes to speak of.
-inline plan_collective scalar_collective(const plan_cluster& cluster, const plan_group& g) {
+template <class Cluster>
+plan_collective scalar_collective(const Cluster& cluster, const plan_group& g) {
   plan_collective c = ring_collective(cluster, g, 0, 1);
   if (g.size <= 1) return c;
   c.steps = std::size_t(std::ceil(std::log2(double(g.size))));
