@@ -104,8 +104,9 @@ struct link_governor_options {
   //! Percent of the capacity each paced class may always use in each direction, whatever the classes above do
   //! (SHARDKIT_LINK_FLOOR; 0: no floor). At most 50, so that the two paced classes' floors fit in the link
   //! together. The default is small on purpose: saturating collectives lose at most this share per paced class
-  //! that is busy (a step slows by about that much while a checkpoint uploads), and a checkpoint still finishes in a
-  //! time bounded by its size over this share of the link, so the checkpointer cannot fall behind without bound.
+  //! that is busy (a step slows by about that much while a checkpoint uploads), yet a save's persist time stays
+  //! bounded by its size over this share of the link whatever the collectives do, so a checkpoint interval longer
+  //! than that keeps up instead of falling ever further behind.
   unsigned floor_percent = 5;
   std::chrono::milliseconds window{100};  //!< SHARDKIT_LINK_WINDOW: the accounting window, also the largest burst
 
