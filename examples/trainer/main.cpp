@@ -41,6 +41,7 @@
 
 #include <csignal>
 
+#include "shardkit/ckpt/listing.hpp"  // list_checkpoints
 #include "shardkit/ckpt/checkpointer.hpp"
 #include "shardkit/comm/init.hpp"  // with shardkit::tcp linked, tcp and shm+tcp too
 #include "shardkit/data/loader.hpp"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# clang 14 parses every header this build has (one translation unit that includes them all, header-only, so the
-# impl/ bodies come too): the library stays within what clang accepts, which keeps clang's -ftime-trace usable
-# for compile-time work (docs/benchmarks.md). Skips (77) with one line where clang++-14 (or clang++) is missing.
+# clang 14 parses every public header this build has (one translation unit that includes them all, header-only, so
+# their detail/ parts and impl/ bodies come too): the library stays within what clang accepts, which keeps clang's
+# -ftime-trace usable for compile-time work (docs/benchmarks.md). Skips (77) with one line where clang++-14 (or
+# clang++) is missing.
 # usage: clang_syntax_test.sh FLAGS_FILE TRANSLATION_UNIT
 set -euo pipefail
 flags=$1 tu=$2
@@ -16,4 +17,4 @@ trap 'rm -rf "$work"' EXIT
 # warning clang adds is not what this check is for).
 grep -v -e '^-DSHARDKIT_SEPARATE_COMPILATION$' -e '^-Werror$' "$flags" >"$work/flags.txt"
 "$clang" @"$work/flags.txt" -fsyntax-only "$tu"
-echo "OK: $("$clang" --version | head -1) parses $(grep -c '^#include' "$tu") headers"
+echo "OK: $("$clang" --version | head -1) parses $(grep -c '^#include' "$tu") public headers"

@@ -1,14 +1,5 @@
 #pragma once
-//! Where a checkpoint's objects live in a sink, which checkpoints exist, and retention.
-//!
-//! Layout under a prefix (empty, or ending in '/'):
-//! @code
-//!   <prefix>step-000000000100/rank-00000.safetensors   each rank writes only its own file
-//!   <prefix>step-000000000100/rank-00001.safetensors
-//!   <prefix>step-000000000100/index.json               rank 0 writes it last: the commit
-//! @endcode
-//! Steps have 12 digits so that keys sort as steps do. Nothing here creates a directory for another rank or relies
-//! on one: a sink creates what a key needs (the POSIX sink per rank; S3 has no directories).
+//! Which checkpoints exist, and retention (where their objects live, and what a LIST shows of them: listing.hpp).
 //!
 //! A checkpoint that does not load (a rank file cut short, a checksum mismatch, an index that does not parse) is moved
 //! aside, never deleted, by the first save of a run that resumed past it (checkpointer::load_latest): its objects go
@@ -31,103 +22,12 @@
 #include <vector>
 
 #include "shardkit/ckpt/index.hpp"
+#include "shardkit/ckpt/listing.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/storage/sink.hpp"
 
 namespace shardkit::ckpt {
-
-inline constexpr std::string_view index_object_name = "index.json";
-//! What follows a step's digits in the name of a damaged checkpoint moved aside.
-inline constexpr std::string_view damaged_marker = ".damaged";
-
-//! "<prefix>step-000000000100/" for step 100.
-inline std::string step_prefix(const std::string& prefix, std::uint64_t step) {
-  std::string digits = std::to_string(step);
-  if (digits.size() < 12) digits.insert(0, 12 - digits.size(), '0');
-  return prefix + "step-" + digits + "/";
-}
-inline std::string index_key(const std::string& prefix, std::uint64_t step) {
-  return step_prefix(prefix, step) + std::string(index_object_name);
-}
-inline std::string rank_file_key(const std::string& prefix, std::uint64_t step, int rank) {
-  std::string digits = std::to_string(rank);
-  if (digits.size() < 5) digits.insert(0, 5 - digits.size(), '0');
-  return step_prefix(prefix, step) + "rank-" + digits + ".safetensors";
-}
-
-//! Checks a checkpoint prefix: empty, or a valid key prefix ending in '/'.
-inline void check_checkpoint_prefix(const std::string& prefix) {
-  if (prefix.empty()) return;
-  if (prefix.back() != '/' || !storage::detail::key_problem(prefix.substr(0, prefix.size() - 1), false).empty())
-    throw_error(errc::invalid_argument, "a checkpoint prefix is empty or a key ending in '/', not '" + prefix + "'",
-                {.operation = "ckpt.prefix", .object = prefix});
-}
-
-namespace detail {
-//! The step of a key "<prefix>step-<digits>/...", if it is one.
-inline std::optional<std::uint64_t> step_of_key(std::string_view key, std::string_view prefix) {
-  if (!key.starts_with(prefix)) return std::nullopt;
-  key.remove_prefix(prefix.size());
-  if (!key.starts_with("step-")) return std::nullopt;
-  key.remove_prefix(5);
-  const auto slash = key.find('/');
-  if (slash == std::string_view::npos || slash == 0) return std::nullopt;
-  std::uint64_t step = 0;
-  auto [end, ec] = std::from_chars(key.data(), key.data() + slash, step);
-  if (ec != std::errc{} || end != key.data() + slash) return std::nullopt;
-  return step;
-}
-
-//! For a key "<prefix>step-<digits>.damaged[-N]/...": the step, and the prefix of that set-aside checkpoint.
-inline std::optional<std::pair<std::uint64_t, std::string>> damaged_of_key(std::string_view key, std::string_view prefix) {
-  if (!key.starts_with(prefix)) return std::nullopt;
-  std::string_view rest = key.substr(prefix.size());
-  if (!rest.starts_with("step-")) return std::nullopt;
-  const auto slash = rest.find('/');
-  const auto dot = rest.find(damaged_marker);
-  if (slash == std::string_view::npos || dot == std::string_view::npos || dot > slash || dot <= 5) return std::nullopt;
-  std::uint64_t step = 0;
-  auto [end, ec] = std::from_chars(rest.data() + 5, rest.data() + dot, step);
-  if (ec != std::errc{} || end != rest.data() + dot) return std::nullopt;
-  const std::string_view tail = rest.substr(dot + damaged_marker.size(), slash - dot - damaged_marker.size());
-  if (!tail.empty() && (tail.size() < 2 || tail[0] != '-' || tail.find_first_not_of("0123456789", 1) != std::string_view::npos))
-    return std::nullopt;
-  return std::pair{step, std::string(key.substr(0, prefix.size() + slash + 1))};
-}
-}  // namespace detail
-
-//! A damaged checkpoint moved aside (see the file comment).
-struct damaged_checkpoint {
-  std::uint64_t step = 0;
-  std::vector<std::string> keys;
-};
-
-//! What LIST shows of the checkpoints under a prefix: for each step, its keys, and whether it has an index.
-struct listing {
-  std::map<std::uint64_t, std::vector<std::string>> keys_by_step;
-  std::set<std::uint64_t> indexed;  //!< steps whose index object is listed (it may still fail to parse)
-  std::map<std::string, damaged_checkpoint> damaged;  //!< damaged checkpoints moved aside, by their prefix
-};
-
-template <storage::sink S>
-listing list_checkpoints(S& sink, const std::string& prefix) {
-  listing out;
-  for (auto& key : sink.list(prefix + "step-")) {
-    auto step = detail::step_of_key(key, prefix);
-    if (!step) {
-      if (auto aside = detail::damaged_of_key(key, prefix)) {
-        auto& d = out.damaged[aside->second];
-        d.step = aside->first;
-        d.keys.push_back(std::move(key));
-      }
-      continue;
-    }
-    if (key == index_key(prefix, *step)) out.indexed.insert(*step);
-    out.keys_by_step[*step].push_back(std::move(key));
-  }
-  return out;
-}
 
 //! Moves the objects of `step` (as `listed` shows them) aside to "<prefix>step-<digits>.damaged[-N]/", its files
 //! first and its index last: until the index moves, the step keeps its index and stays a damaged checkpoint (a

@@ -59,45 +59,38 @@
 //!
 //! The member bodies are in ckpt/impl/checkpointer.hpp: inline in header-only use, compiled once in the program's
 //! <shardkit/impl/src.hpp> under SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp).
-#include <sys/mman.h>
-#include <sys/stat.h>
-
-#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <exception>
-#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include "shardkit/ckpt/catalog.hpp"
-#include "shardkit/ckpt/commit.hpp"
 #include "shardkit/ckpt/device.hpp"
-#include "shardkit/ckpt/format.hpp"
-#include "shardkit/ckpt/index.hpp"
-#include "shardkit/ckpt/lease.hpp"
-#include "shardkit/ckpt/load.hpp"
+#include "shardkit/ckpt/listing.hpp"
+#include "shardkit/ckpt/load_report.hpp"
 #include "shardkit/ckpt/state.hpp"
 #include "shardkit/comm/process_group.hpp"
 #include "shardkit/core/arena_memory.hpp"
 #include "shardkit/core/completion.hpp"
-#include "shardkit/core/error.hpp"
 #include "shardkit/core/executor.hpp"
-#include "shardkit/core/log.hpp"
 #include "shardkit/core/separate_compilation.hpp"
 #include "shardkit/core/task.hpp"
 #include "shardkit/storage/sink.hpp"
 
 namespace shardkit::ckpt {
+
+// Named by the private members' declarations only; their headers come with the bodies (impl/checkpointer.hpp), so
+// a translation unit that only saves and loads does not parse the format, the index or its JSON.
+struct checkpoint_index;
+struct unreadable_index;
+class location_lease;
 
 enum class staging : std::uint8_t {
   at_call,        //!< save() copies the tensors before it returns
@@ -244,34 +237,13 @@ class checkpointer {
   int rank() const noexcept { return rank_; }
 
  private:
-  struct rank_blob {
-    std::string name;
-    std::vector<std::byte> bytes;
-  };
-  struct staged_tensor {
-    tensor_view view;
-    std::size_t offset = 0;
-    tensor_checksums checksums;  // computed while copying
-  };
-  struct save_job {
-    std::uint64_t step = 0;
-    std::map<std::string, std::string> metadata;
-    bool skipped = false;
-    std::vector<tensor_view> tensors;
-    std::vector<staged_tensor> staged_tensors;
-    std::vector<rank_blob> rank_bytes;
-    basic_completion_source<bool> staged;
-    basic_completion_source<bool> persisted;  // the staging buffer is free again
-    basic_completion_source<save_result> done;
-    double stall_seconds = 0, stage_seconds = 0;
-  };
+  // What a save carries through its stages (defined with the bodies, impl/checkpointer_save_job.hpp).
+  struct rank_blob;
+  struct staged_tensor;
+  struct save_job;
 
-  static void mark_staged(save_job& job) {
-    if (!job.staged.is_done()) job.staged.set_value(true);
-  }
-  static void mark_persisted(save_job& job) {
-    if (!job.persisted.is_done()) job.persisted.set_value(true);
-  }
+  static SHARDKIT_DECL void mark_staged(save_job& job);
+  static SHARDKIT_DECL void mark_persisted(save_job& job);
   // What a save waits for before it stages, and before its commit round.
   struct pipeline_turn {
     basic_completion<bool> previous_persisted;        // save N-1 let go of the staging buffer

@@ -29,6 +29,7 @@
 #include "shardkit/ckpt/device.hpp"
 #include "shardkit/ckpt/format.hpp"
 #include "shardkit/ckpt/index.hpp"
+#include "shardkit/ckpt/load_report.hpp"
 #include "shardkit/ckpt/state.hpp"
 #include "shardkit/codec/xxh64.hpp"
 #include "shardkit/core/detail/worker_threads.hpp"
@@ -36,25 +37,6 @@
 #include "shardkit/storage/sink.hpp"
 
 namespace shardkit::ckpt {
-
-//! What a load did.
-struct load_report {
-  std::uint64_t step = 0;
-  std::uint32_t saved_world_size = 0;
-  std::map<std::string, std::string> metadata;
-  bool rank_entries_loaded = false;  //!< false after a rescale: per-rank entries were left as they were
-  std::uint64_t bytes_read = 0;      //!< from the sink, checksum chunks included
-  std::size_t tensors_loaded = 0;
-  //! What the checkpoint holds that `into` did not ask for, sorted: tensors by name, per-rank entries by entry
-  //! name (once, whatever rank saved them). A load takes what the state asks for, as PyTorch's distributed
-  //! checkpoint does; a caller that must not resume from part of a checkpoint (a model saved with more layers)
-  //! refuses a non-empty list. A sharded state names only the tensors this rank holds pieces of, so the caller
-  //! knows which of these are its model's all the same.
-  std::vector<std::string> not_requested;
-  //! checkpointer::load_latest: the newer checkpoints it passed over because they did not load (a rank file absent,
-  //! cut short, a checksum mismatch), newest first, each "step S: rank R: why" (also logged on rank 0).
-  std::vector<std::string> passed_over;
-};
 
 //! Every saved piece of every tensor of an index, by tensor, sorted by where each begins. Built once per load in
 //! O(pieces log pieces); a rank then finds its overlaps by binary search.

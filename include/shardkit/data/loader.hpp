@@ -49,12 +49,19 @@
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/separate_compilation.hpp"
 #include "shardkit/data/detail/agreement.hpp"
-#include "shardkit/data/detail/shard_stream.hpp"
+#include "shardkit/data/detail/packing_rules.hpp"
 #include "shardkit/data/loader_state.hpp"
-#include "shardkit/data/token_file.hpp"
+#include "shardkit/data/token_file_info.hpp"
 #include "shardkit/storage/sink.hpp"
 
 namespace shardkit::data {
+
+namespace detail {
+// Named by the loader's private members only; their headers (detail/shard_stream.hpp, token_file.hpp) come with the
+// bodies (impl/loader.hpp), so a translation unit that reads batches does not parse the token files' reader.
+struct dataset_layout;
+class shard_stream;
+}  // namespace detail
 
 //! One dataset: token files (keys in the sink) mixed in by weight.
 struct dataset_spec {
@@ -125,7 +132,7 @@ class loader {
       : loader(std::move(sink), std::move(options), static_cast<int>(group.rank()), static_cast<int>(group.size()),
                detail::gather_fn([&group](const_buffer_view in, buffer_view out) { group.all_gather(in, out).wait(); })) {}
 
-  ~loader() { stop(); }
+  SHARDKIT_DECL ~loader();
   loader(const loader&) = delete;
   loader& operator=(const loader&) = delete;
 

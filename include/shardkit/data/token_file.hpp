@@ -31,27 +31,12 @@
 
 #include "shardkit/codec/strict_json.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/data/token_file_info.hpp"
 #include "shardkit/storage/sink.hpp"
 
 namespace shardkit::data {
 
 static_assert(std::endian::native == std::endian::little, "token files are little-endian; so is every host we run on");
-
-//! The stored width of a token.
-enum class token_type : std::uint8_t { u16 = 2, u32 = 4 };
-
-inline unsigned width_of(token_type t) noexcept { return static_cast<unsigned>(t); }
-inline std::string_view name_of(token_type t) noexcept { return t == token_type::u16 ? "uint16" : "uint32"; }
-
-//! What a token file's sidecar says (and, for a file without one, what the dataset assumes).
-struct token_file_info {
-  token_type dtype = token_type::u16;
-  std::optional<std::uint32_t> vocab;      //!< when set, every token is < vocab
-  std::optional<std::uint32_t> delimiter;  //!< documents end at this token (ignored for splitting when offsets)
-  bool offsets = false;                    //!< documents are described by `<key>.offsets`
-  std::uint64_t documents = 0;             //!< in a sidecar: the counts the writer wrote (checked on open)
-  std::uint64_t tokens = 0;
-};
 
 inline std::string sidecar_key(const std::string& key) { return key + ".json"; }
 inline std::string offsets_key(const std::string& key) { return key + ".offsets"; }

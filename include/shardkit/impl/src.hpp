@@ -2,9 +2,10 @@
 //! Under SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp), one source file of the program includes
 //! this header and nothing else of shardkit's: it compiles, once, the bodies the other translation units only
 //! declare: init_process_group and its transports, process_group's members, storage::open_sink and the sinks it
-//! makes (with the s3 target linked, SHARDKIT_HAS_S3, the S3 sink), the sharded model, with the ckpt target linked
-//! (SHARDKIT_HAS_CKPT) the checkpointer, and with the data target linked (SHARDKIT_HAS_DATA) the data loader. With
-//! the tcp target linked (SHARDKIT_HAS_TCP) the tcp and shm+tcp transports come with them.
+//! makes (with the s3 target linked, SHARDKIT_HAS_S3, the S3 sink), the sharded model and its optimizers; with the
+//! ckpt or the data target linked (either brings the codec target) the strict JSON parser; with the ckpt target
+//! (SHARDKIT_HAS_CKPT) the checkpointer, and with the data target (SHARDKIT_HAS_DATA) the data loader. With the tcp
+//! target linked (SHARDKIT_HAS_TCP) the tcp and shm+tcp transports come with them.
 //!
 //! @code
 //!   // shardkit_src.cpp
@@ -19,10 +20,14 @@
 #if defined(SHARDKIT_HAS_TCP)
 #include "shardkit/comm/init_tcp.hpp"
 #endif
+#include "shardkit/fsdp/impl/optimizer.hpp"
 #include "shardkit/fsdp/impl/sharded_model.hpp"
 #include "shardkit/storage/impl/open_sink.hpp"
 // The checkpointer and the loader need xxHash and nlohmann/json (the codec target), which only the ckpt and the
 // data target bring.
+#if defined(SHARDKIT_HAS_CKPT) || defined(SHARDKIT_HAS_DATA)
+#include "shardkit/codec/impl/strict_json.hpp"
+#endif
 #if defined(SHARDKIT_HAS_CKPT)
 #include "shardkit/ckpt/impl/checkpointer.hpp"
 #endif

@@ -1,17 +1,22 @@
 // SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp): this translation unit includes comm/init.hpp and
 // calls init_process_group, whose body and transports are compiled only in shardkit_src.cpp; it also trains a
-// sharded_model and (with the ckpt target) saves and loads it with a checkpointer over the sink open_sink makes,
-// whose bodies are compiled there too. Ranks as processes over shm and (with the tcp target) tcp; the CMake target also checks that this
-// file's object defines no transport code and none of those members (separate_compilation_objects.sh).
+// sharded_model, steps it with an optimizer and (with the ckpt target) saves and loads it with a checkpointer over
+// the sink open_sink makes, whose bodies are compiled there too. Ranks as processes over shm and (with the tcp
+// target) tcp; the CMake target also checks that this file's object defines no transport code and none of those
+// members (separate_compilation_objects.sh).
 #include <doctest/doctest.h>
 
 #include <unistd.h>
 
 #include <shardkit/comm/init.hpp>
+#include <shardkit/fsdp/optimizer.hpp>
 #include <shardkit/fsdp/sharded_model.hpp>
 #if defined(SHARDKIT_HAS_CKPT)
 #include <shardkit/ckpt/checkpointer.hpp>
 #include <shardkit/storage/open_sink.hpp>
+#endif
+#if defined(SHARDKIT_HAS_DATA)
+#include <shardkit/data/loader.hpp>
 #endif
 
 #include <algorithm>
@@ -26,6 +31,11 @@
 
 #if !defined(SHARDKIT_SEPARATE_COMPILATION)
 #error "this test is compiled with SHARDKIT_SEPARATE_COMPILATION"
+#endif
+// What a source that trains, saves and reads batches parses: the declarations, not the machinery behind them. The
+// checkpoint format, its index and JSON, and the token files' reader come with the bodies, in shardkit_src.cpp.
+#if defined(NLOHMANN_JSON_VERSION_MAJOR)
+#error "a separately compiled source parsed nlohmann/json (the checkpoint format or the token file reader)"
 #endif
 
 namespace {
@@ -66,6 +76,21 @@ void model_in_child() {
     for (const auto& piece : model.local_pieces(i))
       for (float v : model.grad_shard(i).subspan(piece.shard_offset, piece.numel())) SCENARIO_CHECK(v == 1.5f);
   SCENARIO_CHECK(model.stats().reduces == model.num_units());
+  // One SGD step (lr 1, no momentum or decay) moves every master weight by its gradient, 1.5.
+  const fsdp::sharded_model& stepped = model;
+  std::vector<float> masters_before;
+  for (std::size_t i = 0; i < model.num_units(); ++i)
+    for (const auto& piece : model.local_pieces(i))
+      for (float v : stepped.master_shard(i).subspan(piece.shard_offset, piece.numel())) masters_before.push_back(v);
+  fsdp::sgd opt(model, {.lr = 1.0});
+  SCENARIO_CHECK(opt.step() && opt.steps() == 1);
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < model.num_units(); ++i)
+    for (const auto& piece : model.local_pieces(i))
+      for (float v : stepped.master_shard(i).subspan(piece.shard_offset, piece.numel()))
+        SCENARIO_CHECK(v == masters_before[k++] - 1.5f);
+  model.zero_grad();
+  model.init_parameters(toy::init);
 #if defined(SHARDKIT_HAS_CKPT)
   const char* dir = std::getenv("SEPARATE_CKPT_DIR");
   SCENARIO_CHECK(dir != nullptr);

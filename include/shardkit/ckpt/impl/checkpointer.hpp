@@ -5,6 +5,7 @@
 //! (core/separate_compilation.hpp), so the save coroutines and the safetensors writer compile once.
 #include "shardkit/ckpt/checkpointer.hpp"
 #include "shardkit/ckpt/impl/checkpointer_location.hpp"
+#include "shardkit/ckpt/impl/checkpointer_save_job.hpp"
 
 namespace shardkit::ckpt {
 

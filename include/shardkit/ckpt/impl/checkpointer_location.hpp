@@ -3,6 +3,7 @@
 //! it, the sweep of earlier runs' temporaries, the first save's opening (the lease, the run id, another run's
 //! checkpoints refused or removed) and what a load tells it. Included by ckpt/impl/checkpointer.hpp, compiled with it.
 #include "shardkit/ckpt/checkpointer.hpp"
+#include "shardkit/ckpt/impl/checkpointer_save_job.hpp"
 
 namespace shardkit::ckpt {
 

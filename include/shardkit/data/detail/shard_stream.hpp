@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "shardkit/core/error.hpp"
+#include "shardkit/data/detail/packing_rules.hpp"
 #include "shardkit/data/loader_state.hpp"
 #include "shardkit/data/permutation.hpp"
 #include "shardkit/data/token_file.hpp"
@@ -153,13 +154,6 @@ inline std::optional<std::uint64_t> content_tokens(storage::any_sink& sink, cons
   }
   return content;
 }
-
-struct packing_rules {
-  std::size_t sequence_length = 0;
-  std::optional<std::int32_t> bos, eos;
-  std::uint64_t epochs = 0;  // 0: forever
-  std::uint64_t window_tokens = 0;
-};
 
 // The first state of logical shard `id`: every dataset part at epoch 0 with a key drawn from an RNG seeded by
 // (seed, dataset, shard).

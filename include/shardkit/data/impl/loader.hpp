@@ -4,7 +4,9 @@
 //! <shardkit/impl/src.hpp> does (the loader needs the data target, SHARDKIT_HAS_DATA), in one translation unit of
 //! the program (core/separate_compilation.hpp).
 #include "shardkit/codec/xxh64.hpp"
+#include "shardkit/data/detail/shard_stream.hpp"
 #include "shardkit/data/loader.hpp"
+#include "shardkit/data/token_file.hpp"
 
 namespace shardkit::data {
 
@@ -353,6 +355,8 @@ SHARDKIT_DECL void loader::install(std::vector<shard_state> shards) {
     thread_.start([this] { prefetch_loop(); });
   }
 }
+
+SHARDKIT_DECL loader::~loader() { stop(); }
 
 SHARDKIT_DECL void loader::stop() {
   if (!thread_.running()) return;
