@@ -22,6 +22,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 using namespace shardkit;
@@ -68,18 +69,19 @@ TEST_CASE("[comm] calls that differ across ranks fail every rank with errc::mism
 SHARDKIT_SCENARIO(conformance_tcp) { run_suite_in_child("tcp"); }
 
 // Rank 1's part of the reduce ends once root 0 has its message; it then exits at once, as a trainer does after
-// its last collective. Rank 2 reaches the reduce later. Root 0, still waiting on live rank 2, must finish with
-// the right sum: a member that left after its part is no reason to fail.
+// its last collective. Rank 2 reaches the reduce 1 s later (a rank descheduled on a loaded host), longer than any
+// allowance of time for such a leave. Root 0, still waiting on live rank 2, must finish with the right sum: a
+// member that left in order after its part is no reason to fail, however long the others take.
 SHARDKIT_SCENARIO(leave_after_last_collective) {
   auto world = comm::init_process_group(std::getenv("SHARDKIT_TEST_TRANSPORT"));
   const int me = world.group.rank();
   for (int round = 0; round < 5; ++round) world.group.barrier().wait();
-  if (me == 2) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  if (me == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   std::vector<float> in(64, float(me + 1)), out(64, 0.0f);
   world.group.reduce(const_buffer_view(std::span<const float>(in)), buffer_view(std::span<float>(out)), reduce_op::sum, 0).wait();
   if (me == 0)
     for (float x : out) SCENARIO_CHECK(x == 6.0f);
-}  // rank 1 leaves first: it closes its transport while root 0 still waits on rank 2
+}  // rank 1 leaves first: it closes its transport in order while root 0 still waits on rank 2
 
 TEST_CASE("[comm] a rank that leaves after its part of the last collective does not fail the others still in it") {
   std::vector<std::string> transports{"shm"};
@@ -142,6 +144,121 @@ TEST_CASE("[comm] a rank stopped before its first collective is named by the ran
     CHECK(out.find("is stopped (SIGSTOP or a debugger)") != std::string::npos);
     CHECK(out.find("the call times out in 1") != std::string::npos);
   }
+}
+
+namespace {
+std::int64_t monotonic_ns() {  // CLOCK_MONOTONIC: one clock for every process of the host
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return std::int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+std::vector<std::string> process_transports() {
+  std::vector<std::string> transports{"shm"};
+#if defined(SHARDKIT_HAS_TCP)
+  transports.push_back("tcp");
+#endif
+  return transports;
+}
+}  // namespace
+
+// Rank 1 sends its part of a reduce to root 0 and is then killed (SIGKILL: it never closes its group); rank 2 is
+// alive but reaches the reduce only after root 0 gave up. Root 0, waiting on live rank 2 when rank 1 dies, must
+// fail at once naming rank 1: a crash is no member leaving after its part (that wait used to go on for a grace
+// of at least 750 ms).
+SHARDKIT_SCENARIO(killed_while_root_waits_on_live_member) {
+  auto world = comm::init_process_group(std::getenv("SHARDKIT_TEST_TRANSPORT"));
+  const int me = world.group.rank();
+  for (int round = 0; round < 3; ++round) world.group.barrier().wait();
+  if (me == 2) {
+    world.store.get("test/root_failed", std::chrono::seconds(30));
+    return;
+  }
+  std::vector<float> in(64, float(me + 1)), out(64, 0.0f);
+  const auto reduce = [&] {
+    world.group.reduce(const_buffer_view(std::span<const float>(in)), buffer_view(std::span<float>(out)), reduce_op::sum, 0).wait();
+  };
+  if (me == 1) {
+    reduce();
+    world.store.set("test/killed_ns", std::to_string(monotonic_ns()));
+    ::kill(::getpid(), SIGKILL);
+  }
+  std::string what;
+  bool peer_lost = false;
+  std::int64_t failed_ns = 0;
+  try {
+    reduce();
+  } catch (const error& e) {
+    failed_ns = monotonic_ns();
+    what = e.what();
+    peer_lost = e.code() == errc::peer_lost;
+  }
+  const double ms = double(failed_ns - std::stoll(world.store.get("test/killed_ns", std::chrono::seconds(10)))) / 1e6;
+  std::printf("rank 0 failed %.1f ms after rank 1 was killed: %s\n", ms, what.c_str());
+  world.store.set("test/root_failed", "1");
+  SCENARIO_CHECK(peer_lost);
+  SCENARIO_CHECK(what.find("rank 1") != std::string::npos);
+  SCENARIO_CHECK(ms < 600);  // the grace was >= 750 ms; detection itself takes a few ms
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 2 reads the key from this rank's store
+}
+
+TEST_CASE("[comm] a killed rank fails a collective waiting on another, live, member at once (< 0.6 s), shm and tcp") {
+  for (const auto& t : process_transports()) {
+    CAPTURE(t);
+    const auto results = test::run_processes(3, "killed_while_root_waits_on_live_member",
+                                             {{"SHARDKIT_TEST_TRANSPORT", t}, {"SHARDKIT_SOCKET_IFNAME", "lo"}, {"SHARDKIT_TIMEOUT_MS", "20000"}},
+                                             std::chrono::seconds(60));
+    REQUIRE(results.size() == 3);
+    CHECK(results[1].exit_code == -SIGKILL);
+    if (const auto at = results[0].output.find("rank 0 failed "); at != std::string::npos)
+      MESSAGE(t << ": " << results[0].output.substr(at, results[0].output.find('\n', at) - at));
+    for (int r : {0, 2}) {
+      INFO("rank " << r << " exited " << results[std::size_t(r)].exit_code << " with output:\n" << results[std::size_t(r)].output);
+      CHECK(results[std::size_t(r)].exit_code == 0);
+    }
+  }
+}
+
+// Rank 1 leaves (closes its group in order) without calling the all_reduce the others call. A wait on rank 1
+// itself fails at once, naming it and the call, not at the timeout; rank 2's wait on live rank 0 is not ended by
+// rank 1's leaving (it ends through rank 0's error, or its own wait on rank 1).
+SHARDKIT_SCENARIO(leave_before_collective) {
+  auto world = comm::init_process_group(std::getenv("SHARDKIT_TEST_TRANSPORT"));
+  const int me = world.group.rank();
+  for (int round = 0; round < 3; ++round) world.group.barrier().wait();
+  if (me == 1) return;  // closes its group (and transport) in order: the call below is collective #3
+  std::vector<float> data(64, 1.0f);
+  const auto started = std::chrono::steady_clock::now();
+  std::string what;
+  try {
+    world.group.all_reduce(buffer_view(std::span<float>(data))).wait();
+  } catch (const error& e) {
+    what = e.what();
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::printf("rank %d failed after %.2f s: %s\n", me, s, what.c_str());
+  // Whichever wait on rank 1 ends first: a recv ("before sending its part of"), or a send ("before taking this
+  // rank's part of").
+  SCENARIO_CHECK(what.find("rank 1 closed its group in order before ") != std::string::npos);
+  SCENARIO_CHECK(what.find(" part of all_reduce #3: the ranks called different collectives, or rank 1 left early") !=
+                 std::string::npos);
+  SCENARIO_CHECK(s < 10);  // the timeout is 20 s
+  if (me == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the store's host goes last
+}
+
+TEST_CASE("[comm] a rank that leaves before a collective fails the waits on it at once, naming it and the call") {
+  for (const auto& t : process_transports())
+    for (int n : {2, 3}) {
+      CAPTURE(t);
+      CAPTURE(n);
+      const auto results = test::run_processes(n, "leave_before_collective",
+                                               {{"SHARDKIT_TEST_TRANSPORT", t}, {"SHARDKIT_SOCKET_IFNAME", "lo"}, {"SHARDKIT_TIMEOUT_MS", "20000"}},
+                                               std::chrono::seconds(60));
+      test::require_all_succeeded(results);
+      for (const auto& r : results)
+        if (const auto at = r.output.find(" failed after "); at != std::string::npos)
+          MESSAGE(t << " n=" << n << ": rank" << r.output.substr(at - 2, r.output.find('\n', at) - at + 2));
+    }
 }
 
 TEST_CASE("[comm] conformance suite with ranks as processes over shared memory") {

@@ -349,7 +349,9 @@ TEST_CASE("[shm] a closed peer fails pending and later operations with errc::pee
   CHECK(e->code() == errc::peer_lost);
   CHECK(e->context().peer == 1);
   CHECK(e->context().rank == 0);
-  CHECK(std::string(e->what()).find("rank 1") != std::string::npos);
+  CHECK(std::string(e->what()).find("rank 1 closed its shm transport in order") != std::string::npos);
+  CHECK(ts[0]->left_in_order(1));
+  CHECK_FALSE(ts[0]->left_in_order(2));
   e = failure_of(pending_send);
   REQUIRE(e);
   CHECK(e->code() == errc::peer_lost);
@@ -390,6 +392,8 @@ TEST_CASE("[shm] abort fails pending and later operations with its reason; peers
   REQUIRE(e);
   CHECK(e->code() == errc::peer_lost);
   CHECK(e->context().peer == 0);
+  CHECK(ts[1]->lost(0) != nullptr);
+  CHECK_FALSE(ts[1]->left_in_order(0));  // an abort is no orderly close
   ts[0]->abort(nullptr);  // a second abort changes nothing
 }
 
@@ -614,6 +618,8 @@ SHARDKIT_SCENARIO(shm_killed_peer) {
               std::chrono::duration<double, std::milli>(steady_clock::now() - started).count());
   auto later = failure_of(t->recv(1, 4, wbytes(in)), 1s);
   SCENARIO_CHECK(later && later->code() == errc::peer_lost);
+  SCENARIO_CHECK(!t->left_in_order(1));  // killed: its transport never closed
+  SCENARIO_CHECK(std::string(later->what()).find("exited without closing its shm transport") != std::string::npos);
 }
 #endif
 

@@ -261,8 +261,9 @@ class fake_rank {
   }
 
   //! Accepts the streams of every lower rank. Gives up (throws) after 60 s, so that a rank whose setup failed
-  //! ends the test instead of leaving this thread in accept() forever.
-  void accept_all() {
+  //! ends the test instead of leaving this thread in accept() forever. `refuse_as_version`: answers every hello
+  //! as a listener of that protocol version refusing ours does, then closes.
+  void accept_all(std::uint32_t refuse_as_version = 0) {
     const auto until = std::chrono::steady_clock::now() + 60s;
     acceptor_.non_blocking(true);
     for (int i = 0; i < rank_ * streams_; ++i) {
@@ -282,6 +283,12 @@ class fake_rank {
       asio::read(s, asio::buffer(token));
       auto ack = hello_from(rank_, int(h.sender), world_, int(h.stream), group_, 0, streams_);
       ack.kind = wire::hello_kind::ack;
+      if (refuse_as_version) {
+        ack.version = refuse_as_version;
+        ack.status = wire::handshake_status::bad_version;
+        send_hello(s, ack, "");
+        return;
+      }
       send_hello(s, ack, "");
       links_.emplace(std::pair{int(h.sender), int(h.stream)}, std::move(s));
     }
@@ -305,6 +312,68 @@ class fake_rank {
 };
 
 }  // namespace
+
+TEST_CASE("[tcp] ranks of another protocol version are refused at the handshake, naming both versions") {
+  // An older rank (version 1 has no goodbye frame and would read one as a desynchronised stream) listening:
+  // the connector is told why.
+  {
+    auto store = fresh_store();
+    std::string what;
+    sk::test::run_threads(2, [&](int rank) {
+      if (rank == 1) {
+        fake_rank old(store, 1, 2);
+        old.accept_all(1);
+        return;
+      }
+      auto opts = loopback_options();
+      opts.connect_timeout = 10s;
+      try {
+        tcp_transport::connect(store, 0, 2, opts);
+      } catch (const sk::error& e) {
+        SCENARIO_CHECK(e.code() == sk::errc::auth_failed);
+        what = e.what();
+      }
+    });
+    CHECK_MESSAGE(what.find("TCP protocol version mismatch") != std::string::npos, what);
+    CHECK_MESSAGE(what.find("it speaks version 1, this rank " + std::to_string(wire::protocol_version)) != std::string::npos, what);
+  }
+  // An older rank connecting: refused with an ack that carries this rank's version; the listener's own setup then
+  // fails naming the refusal and both versions.
+  {
+    auto store = fresh_store();
+    std::string what;
+    wire::hello_message ack{};
+    sk::test::run_threads(2, [&](int rank) {
+      if (rank == 1) {
+        auto opts = loopback_options();
+        opts.connect_timeout = 1500ms;  // it waits that long for a rank 0 that never comes
+        try {
+          tcp_transport::connect(store, 1, 2, opts);
+        } catch (const sk::error& e) {
+          what = e.what();
+        }
+        return;
+      }
+      const std::string prefix = wire::store_prefix("world", 2);
+      const auto joined = store.add(prefix + "joined", 1);
+      const std::string base = prefix + std::to_string((joined - 1) / 2) + "/";
+      store.set(base + "group_id", "77");
+      sk::rendezvous::all_gather_values(store, base + "addr/", 0, 2, "127.0.0.1:9", 10s);
+      asio::io_context io;
+      tcp::socket s(io);
+      s.connect(published(store, 1, 2));
+      auto hello = hello_from(0, 1, 2, 0, 77, 0, loopback_options().streams_per_peer);
+      hello.version = 1;
+      send_hello(s, hello, "");
+      std::array<std::byte, wire::hello_size> buf{};
+      asio::read(s, asio::buffer(buf));
+      ack = wire::decode_hello(buf);
+    });
+    CHECK(ack.status == wire::handshake_status::bad_version);
+    CHECK(ack.version == wire::protocol_version);
+    CHECK_MESSAGE(what.find("it speaks version 1, this rank " + std::to_string(wire::protocol_version)) != std::string::npos, what);
+  }
+}
 
 TEST_CASE("[tcp] a peer breaking the frame protocol is dropped with errc::protocol; other peers carry on") {
   auto store = fresh_store();

@@ -76,6 +76,8 @@ SHARDKIT_SCENARIO(tcp_kill_one) {
   const auto e = wait_error(t->recv(2, 5, wbytes(buf)), sk::errc::peer_lost, 10s);
   SCENARIO_CHECK(e.context().peer == 2);
   SCENARIO_CHECK(std::string(e.what()).find("rank 2 at 127.0.0.1:") != std::string::npos);
+  SCENARIO_CHECK(std::string(e.what()).find("without a goodbye") != std::string::npos);
+  SCENARIO_CHECK(!t->left_in_order(2));
   wait_error(t->send(2, 6, cbytes(buf)), sk::errc::peer_lost, 10s);
   // The survivors carry on, striped.
   const int other = 1 - rank;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <barrier>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -340,6 +341,9 @@ TEST_CASE("[tcp] a closed peer fails pending and later operations with errc::pee
       const std::string what = e.what();
       SCENARIO_CHECK(what.find("rank 1") != std::string::npos);
       SCENARIO_CHECK(what.find("127.0.0.1:") != std::string::npos);
+      SCENARIO_CHECK(what.find("closed its transport in order") != std::string::npos);
+      SCENARIO_CHECK(t->left_in_order(1));  // its goodbye came on every connection
+      SCENARIO_CHECK(!t->left_in_order(2));
       wait_error(t->send(1, 5, cbytes(buf)), sk::errc::peer_lost);
       wait_error(t->recv(1, 6, wbytes(buf)), sk::errc::peer_lost);
       SCENARIO_CHECK(wait_ok(t->recv(1, 7, wbytes(buf))) == 1);  // arrived before the loss
@@ -376,7 +380,10 @@ TEST_CASE("[tcp] abort fails outstanding and later operations with the reason; t
     } else {
       auto pending = t.recv(0, 4, wbytes(buf));
       wait_ok(t.send(0, 2, cbytes(one)));
-      wait_error(pending, sk::errc::peer_lost);
+      const auto e = wait_error(pending, sk::errc::peer_lost);
+      SCENARIO_CHECK(std::string(e.what()).find("without a goodbye") != std::string::npos);
+      SCENARIO_CHECK(t.lost(0) != nullptr);
+      SCENARIO_CHECK(!t.left_in_order(0));  // an abort is no orderly close
     }
   });
 }
@@ -508,6 +515,12 @@ TEST_CASE("[tcp] every byte a connection writes and reads is reported to its lin
   for (int r = 0; r < 2; ++r)
     governors.push_back(std::make_unique<sk::link_governor>(
         "lo", sk::link_governor_options{.bytes_per_second = 1024, .floor_percent = 0}));
+  const auto tx = sk::link_direction::tx, rx = sk::link_direction::rx;
+  // Read while both transports are up: their closes add goodbye frames (wire.hpp), as many as each wrote before the
+  // other closed, and these tiny links' windows would show them.
+  std::uint64_t sent0 = 0, read1 = 0, sent1 = 0, read0 = 0, checkpoint0 = 0, checkpoint_granted = 1, download0 = 0,
+                download1 = 1;
+  std::barrier both(2);
   run_world(2, [&](int rank) {
     auto o = opts;
     o.governor = governors[std::size_t(rank)].get();
@@ -518,18 +531,29 @@ TEST_CASE("[tcp] every byte a connection writes and reads is reported to its lin
     std::vector<std::byte> in(size);
     if (t.rank() == 0) wait_ok(t.send(1, 1, cbytes(msg)));
     else wait_ok(t.recv(0, 1, wbytes(in)));
+    both.arrive_and_wait();  // every byte of the message is reported on both sides
+    if (t.rank() == 0) {
+      sent0 = governors[0]->sent(tx, sk::traffic_class::collectives);
+      read1 = governors[1]->sent(rx, sk::traffic_class::collectives);
+      sent1 = governors[1]->sent(tx, sk::traffic_class::collectives);
+      read0 = governors[0]->sent(rx, sk::traffic_class::collectives);
+      checkpoint0 = governors[0]->sent(tx, sk::traffic_class::checkpoint);
+      checkpoint_granted = governors[0]->try_acquire(tx, sk::traffic_class::checkpoint, 64);
+      download0 = governors[0]->try_acquire(rx, sk::traffic_class::data, 32);
+      download1 = governors[1]->try_acquire(rx, sk::traffic_class::data, 32);
+    }
+    both.arrive_and_wait();
   });
-  const auto tx = sk::link_direction::tx, rx = sk::link_direction::rx;
   const std::uint64_t frames = (size + opts.chunk_bytes - 1) / opts.chunk_bytes;
   const std::uint64_t on_wire = size + frames * sk::transport::detail::tcp::frame_header_size;
-  CHECK(governors[0]->sent(tx, sk::traffic_class::collectives) == on_wire);
-  CHECK(governors[1]->sent(rx, sk::traffic_class::collectives) == on_wire);
-  CHECK(governors[1]->sent(tx, sk::traffic_class::collectives) == 0);
-  CHECK(governors[0]->sent(rx, sk::traffic_class::collectives) == 0);
+  CHECK(sent0 == on_wire);
+  CHECK(read1 == on_wire);
+  CHECK(sent1 == 0);
+  CHECK(read0 == 0);
   CHECK_FALSE(governors[0]->reported());  // the transport's reporter went with it
-  CHECK(governors[0]->sent(tx, sk::traffic_class::checkpoint) == 0);
-  CHECK(governors[0]->try_acquire(tx, sk::traffic_class::checkpoint, 64) == 0);
+  CHECK(checkpoint0 == 0);
+  CHECK(checkpoint_granted == 0);
   // Rank 0 only sent: its rx direction is idle, so a download there is not held back by its uploads' link.
-  CHECK(governors[0]->try_acquire(rx, sk::traffic_class::data, 32) == 32);
-  CHECK(governors[1]->try_acquire(rx, sk::traffic_class::data, 32) == 0);
+  CHECK(download0 == 32);
+  CHECK(download1 == 0);
 }

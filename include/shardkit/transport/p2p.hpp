@@ -27,8 +27,8 @@
 //! Optional, detected: `static constexpr bool ranks_share_host = true;` (concept ranks_share_host: the ranks may
 //! read each other's memory, so large all-reduces use cross-memory attach) and `t.abort(std::exception_ptr)`
 //! (concept abortable: fail every outstanding operation with that reason; p2p_communicator calls it when a
-//! transfer that timed out cannot be withdrawn, so that no buffer is touched after its work failed), and
-//! `t.lost(peer)` (concept reports_lost_peers, below).
+//! transfer that timed out cannot be withdrawn, so that no buffer is touched after its work failed),
+//! `t.lost(peer)` (concept reports_lost_peers, below) and `t.left_in_order(peer)` (concept reports_departures).
 //!
 //! @code
 //! struct my_transport {
@@ -86,9 +86,9 @@ template <class T>
 concept abortable = p2p<T> && requires(T& t, std::exception_ptr reason) { t.abort(reason); };
 
 //! Optional: a transport that tells whether it has lost `peer` (`t.lost(peer)`: the error that failed the peer, or
-//! null while it is alive). A collective waiting on a live peer uses it to fail soon after another member of its
-//! group is lost (a 32nd of the op's timeout, 0.75-5 s: comm/algorithms/p2p_op.hpp), with an error naming that
-//! member, instead of timing out on the live peer that waits for it.
+//! null while it is alive). A collective waiting on a live peer uses it to fail as soon as another member of its
+//! group crashed, with an error naming that member, instead of timing out on the live peer that waits for it
+//! (comm/algorithms/p2p_op.hpp).
 template <class T>
 concept reports_lost_peers = p2p<T> && requires(const T& t, int peer) {
   { t.lost(peer) } -> std::same_as<std::exception_ptr>;
@@ -101,6 +101,19 @@ concept reports_lost_peers = p2p<T> && requires(const T& t, int peer) {
 template <class T>
 concept describes_peers = p2p<T> && requires(const T& t, int peer) {
   { t.peer_state(peer) } -> std::convertible_to<std::string>;
+};
+
+//! Optional, with reports_lost_peers: a transport that tells how a lost peer left (`t.left_in_order(peer)`).
+//! True: the peer closed its transport in order (destroyed it, its process still running), after every
+//! message it sent was handed on, so those stay receivable; its pending and later operations still fail with
+//! errc::peer_lost. False for a peer that is alive, or that was lost without closing in order: its process
+//! ended without closing the transport (killed, crashed, exited past it), it aborted the transport, or its
+//! connection broke. shm (owner state closed vs aborted, or a dead process) and tcp (a goodbye frame on every
+//! connection before an orderly close) tell; a transport that reports lost peers but cannot tell how gets the
+//! older allowance in p2p_op (a lost member ends waits on live peers only after a grace).
+template <class T>
+concept reports_departures = reports_lost_peers<T> && requires(const T& t, int peer) {
+  { t.left_in_order(peer) } -> std::same_as<bool>;
 };
 
 }  // namespace shardkit::transport

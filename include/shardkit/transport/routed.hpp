@@ -86,6 +86,14 @@ class routed_transport {
     return {};
   }
 
+  //! Whether `peer` closed its transport in order, as the transport serving it tells (both must be able to).
+  bool left_in_order(int peer) const
+    requires(reports_departures<Local> && reports_departures<Remote>)
+  {
+    if (peer < 0 || peer >= size()) return false;
+    return is_local(peer) ? local_->left_in_order(local_index_[std::size_t(peer)]) : remote_->left_in_order(peer);
+  }
+
   //! Aborts both transports (those that can be aborted).
   void abort(std::exception_ptr reason) {
     if constexpr (abortable<Local>) local_->abort(reason);

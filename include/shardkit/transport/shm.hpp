@@ -30,10 +30,13 @@
 //! | lost peer            | a peer that closed or aborted its transport, or whose process exited (checked      |
 //! |                      | every `heartbeat` while operations are pending), fails its pending and later       |
 //! |                      | operations with errc::peer_lost naming it; messages it had fully sent stay         |
-//! |                      | receivable                                                                         |
+//! |                      | receivable. left_in_order(peer) tells a peer that closed in order from one that    |
+//! |                      | aborted or whose process ended with its transport open (killed, crashed)           |
 //! | abort(reason)        | terminal: pending and later operations fail with `reason`; peers see this rank as  |
-//! |                      | lost. Returns once the pending operations have failed                              |
-//! | destructor           | fails what is pending with errc::closed, tells the peers, joins the thread         |
+//! |                      | lost, not in order. Returns once the pending operations have failed                |
+//! | destructor           | writes the sends still queued into the rings (up to 1 s), fails what is still      |
+//! |                      | pending with errc::closed, tells the peers (closed in order when nothing was left  |
+//! |                      | unsent, aborted otherwise), joins the thread                                       |
 //!
 //! @code
 //! auto store = shardkit::rendezvous::make_store<shardkit::rendezvous::memory_store>();  // or a tcp store
@@ -198,6 +201,9 @@ class shm_transport {
 
   //! The error that failed `peer` (it closed, aborted or its process exited), or null while it is alive.
   std::exception_ptr lost(int peer) const { return engine_->lost(peer); }
+  //! Whether `peer` closed its transport in order (every send it queued went into the rings first), rather than
+  //! aborting it or ending its process with the transport open.
+  bool left_in_order(int peer) const { return engine_->left_in_order(peer); }
 
   //! "its process (pid N) is stopped (SIGSTOP or a debugger)" when `peer`'s process is, else "".
   std::string peer_state(int peer) const { return engine_->peer_state(peer); }
@@ -319,5 +325,6 @@ class shm_transport {
 static_assert(p2p<shm_transport>);
 static_assert(abortable<shm_transport>);
 static_assert(reports_lost_peers<shm_transport>);
+static_assert(reports_departures<shm_transport>);
 
 }  // namespace shardkit::transport

@@ -15,7 +15,8 @@
 //!    listens on every selected interface, publishes "ip:port" per interface under
 //!    "shardkit.tcp/<group_name>/<size>/<generation>/" in the store, and connects streams_per_peer TCP connections to every
 //!    higher rank (round-robin over its interfaces, pairing same-subnet addresses). Every connection starts with a
-//!    handshake (magic, protocol version, group id, ranks, stream index, auth token; see tcp/detail/wire.hpp); anything
+//!    handshake (magic, protocol version, group id, ranks, stream index, auth token; see tcp/detail/wire.hpp; a
+//!    rank of another protocol version is refused, naming both versions); anything
 //!    else that connects is dropped and logged without disturbing the setup. Setup fails with errc::timeout
 //!    naming each missing peer, stream and address after options.connect_timeout, with errc::auth_failed when
 //!    a peer refused our token (or presented another), errc::config when ranks disagree on settings.
@@ -31,16 +32,21 @@
 //!  - **Failures**: a reset connection, one closed in the middle of a frame, or a frame that breaks the protocol
 //!    (bad magic, a frame or message larger than allowed, inconsistent offsets) fails every pending and later
 //!    operation with that peer (errc::peer_lost or errc::protocol, naming the rank and address); other peers
-//!    are unaffected. A clean close fails the peer once all its connections have closed (or 1 s after the first
-//!    one did), so messages the peer completed before leaving are still delivered. A message larger than its
-//!    recv fails that recv with errc::protocol and is discarded; the connection stays up.
+//!    are unaffected. A peer that closes in order (its destructor) writes a goodbye frame on every connection
+//!    behind everything it sent: once it came on all of them the peer fails (errc::peer_lost, left_in_order()
+//!    true) and every message it completed is still delivered. A connection that ends without its goodbye
+//!    (the process was killed or crashed, exited with the transport open, or aborted it) fails the peer at once.
+//!    A message larger than its recv fails that recv with errc::protocol and is discarded; the connection
+//!    stays up.
 //!  - **Cancel**: completion::cancel() on a recv succeeds while no message has been matched to it.
 //!  - **Threads**: send/recv/cancel/abort are thread-safe. Completions run their continuations on an io thread:
 //!    keep them short, and never block there on another operation of this transport (it could not progress).
 //!  - **Store keys**: two transports alive at once over one store need different group names (or prefixes);
 //!    one created after another under the same name gets the next generation and never sees the old keys.
-//!  - **Shutdown**: the destructor closes every connection, fails what is still pending with errc::closed and
-//!    joins the io threads. Peers then see errc::peer_lost for operations they still have with this rank.
+//!  - **Shutdown**: the destructor writes the sends still queued, then a goodbye frame, on every connection (up
+//!    to 1 s; a connection still busy then closes without it), closes them, fails what is still pending with
+//!    errc::closed and joins the io threads. Peers then see errc::peer_lost for operations they still have with
+//!    this rank, and left_in_order(). abort() closes without goodbyes.
 //!  - IPv4 only. stats() counts messages, bytes, frames, writes and unexpected (buffered) messages.
 #include <cstddef>
 #include <exception>
@@ -112,6 +118,8 @@ class tcp_transport {
 
   //! The error that failed `peer` (closed, reset or refused connections), or null while it is alive.
   std::exception_ptr lost(int peer) const { return core_->lost(peer); }
+  //! Whether `peer` left in order: its goodbye frame came on every connection, behind everything it sent.
+  bool left_in_order(int peer) const { return core_->left_in_order(peer); }
 
   //! The connections to `peer`: "stream 0 10.0.0.2:41234, stream 1 10.0.1.2:41235" (diagnostics).
   std::string describe_peer(int peer) const { return core_->describe_peer(peer); }
@@ -127,5 +135,6 @@ class tcp_transport {
 static_assert(p2p<tcp_transport>);
 static_assert(abortable<tcp_transport>);
 static_assert(reports_lost_peers<tcp_transport>);
+static_assert(reports_departures<tcp_transport>);
 
 }  // namespace shardkit::transport

@@ -89,10 +89,12 @@ class scratch_arena {
 template <transport::p2p T>
 class p2p_op {
  public:
-  //! How long an op keeps waiting on a live peer once another member is lost (wait_watching): a 32nd of its
-  //! timeout (as the call check's stall report), within these bounds. Long enough for messages already sent to
-  //! land on a loaded host; short against the timeout, so a loss still fails every survivor within its
-  //! timeout + 1 s (tests/chaos).
+  //! Only for a transport that reports lost peers but cannot tell how they left (not transport::
+  //! reports_departures; none of shardkit's own: shm, tcp and routed over them all tell): how long an op keeps
+  //! waiting on a live peer once another member is lost (wait_watching), since that member may have left in
+  //! order after its part. A 32nd of the op's timeout (as the call check's stall report), within these bounds:
+  //! long enough for messages already sent to land on a loaded host, short against the timeout, so a loss still
+  //! fails every survivor within its timeout + 1 s (tests/chaos).
   static constexpr auto min_lost_member_grace = std::chrono::milliseconds(750);
   static constexpr auto max_lost_member_grace = std::chrono::seconds(5);
 
@@ -273,13 +275,18 @@ class p2p_op {
         if (members_[std::size_t(r)] == *e.context().peer) named = r;
     std::string others = lost_members(named);
     if constexpr (transport::reports_lost_peers<T>) {
-      // The peer the error is about is alive: it left because of something else, most often a rank that died,
-      // which this transport may learn of a moment after that peer did (its own heartbeat, an EOF still
-      // queued). Give it that moment; the group is broken either way.
-      // Not past the op's deadline: the error must reach the caller within its timeout.
-      const bool named_alive = named >= 0 && named != me_ && !transport_.lost(members_[std::size_t(named)]);
+      // The peer the error is about is alive, or left in order: it left because of something else, most often a
+      // rank that died (its collective failed on it and its process ended), which this transport may learn of a
+      // moment after that peer did (its own heartbeat, an EOF still queued). Give it that moment; the group is
+      // broken either way. Not past the op's deadline: the error must reach the caller within its timeout.
+      const bool named_not_failed = named >= 0 && named != me_ &&
+                                    (!transport_.lost(members_[std::size_t(named)]) || left_in_order(named));
       const auto pause = std::chrono::milliseconds(10);
-      for (int i = 0; others.empty() && named_alive && i < 25 && deadline::clock::now() + pause <= until_; ++i) {
+      const auto failed_other = [&] {
+        const int f = first_failed_member();
+        return f >= 0 && f != named;
+      };
+      for (int i = 0; !failed_other() && named_not_failed && i < 25 && deadline::clock::now() + pause <= until_; ++i) {
         std::this_thread::sleep_for(pause);
         others = lost_members(named);
       }
@@ -301,6 +308,8 @@ class p2p_op {
       done = wait_watching(c, peer, what);
     } catch (const error& e) {
       if (checker_ && checker_->poisoned()) throw;  // the group's mismatch (call_check.hpp) says all there is
+      if (peer >= 0 && e.code() == errc::peer_lost && left_in_order(peer))
+        throw naming_lost_members(error(errc::peer_lost, left_early(peer, what), context(peer)), peer);
       throw naming_lost_members(e.with_context(context(peer)), peer);
     }
     if (!done) {
@@ -309,27 +318,29 @@ class p2p_op {
                     std::string("the group was aborted while ") + what +
                         (peer >= 0 ? " peer rank " + std::to_string(peer) : std::string(" a peer")),
                     context(peer));
-      if (const int gone = first_lost_member(); gone >= 0) {
+      if (const int gone = first_failed_member(); gone >= 0) {
         std::string detail = "rank " + std::to_string(gone) + " of this group was lost while this rank was " + what +
                              (peer >= 0 ? " peer rank " + std::to_string(peer) : std::string(" a peer")) + ": " +
                              lost_reason(gone);
         if (const std::string others = lost_members(gone); !others.empty()) detail += "; " + others;
         throw error(errc::peer_lost, detail, context(gone));
       }
-      throw error(errc::timeout,
-                  std::string("deadline passed while ") + what + (peer >= 0 ? " peer rank " + std::to_string(peer) : " a peer") +
-                      " (transport rank " + (peer >= 0 ? std::to_string(members_[std::size_t(peer)]) : "?") +
-                      "); that rank is slow, stuck, or did not call " + name_,
-                  context(peer));
+      std::string detail = std::string("deadline passed while ") + what +
+                           (peer >= 0 ? " peer rank " + std::to_string(peer) : " a peer") + " (transport rank " +
+                           (peer >= 0 ? std::to_string(members_[std::size_t(peer)]) : "?") +
+                           "); that rank is slow, stuck, or did not call " + name_;
+      if (const std::string left = lost_members(peer); !left.empty()) detail += "; " + left;  // members that left in order
+      throw error(errc::timeout, detail, context(peer));
     }
   }
 
   //! Waits until `c` is done, the deadline passes or the op is stopped; with a transport that reports lost peers,
-  //! also returns (false) once a member of the group has been lost for lost_grace_: this op then cannot
-  //! complete, since every member takes part in it, directly or through the peers it waits on. Not at once: a
-  //! member that finished its part of this op (the last barrier before its process exits) leaves while its
-  //! messages, and those of the peers it heard from, are still on their way here; a wait on the lost member
-  //! itself fails at once through `c`.
+  //! also returns (false) once a member of the group failed (crashed, was killed, aborted): this op then cannot
+  //! complete, since every member takes part in it, directly or through the peers it waits on. A member that left
+  //! in order ends nothing here: it finished its part of the collectives it took part in (the last barrier
+  //! before its process exits), and its messages, and those of the peers it heard from, may still be on their
+  //! way; a wait on that member itself fails at once through `c` (left_early). A transport that cannot tell how
+  //! a member left (not reports_departures) ends the wait only once the member has been lost for lost_grace_.
   //! With a checker, also throws the group's poison (a peer found a mismatch) between slices of the wait, and
   //! sends this rank's record to every member once it has waited its share of the timeout (call_check.hpp, 3.):
   //! that report is for the members' comparison and says nothing when their calls agree, so a wait on a peer
@@ -351,7 +362,8 @@ class p2p_op {
           checker_->report_stall(record_);
         }
       }
-      if (first_lost_member() >= 0) {
+      if (first_failed_member() >= 0) {
+        if constexpr (transport::reports_departures<T>) return false;
         if (lost_seen_ == no_deadline) lost_seen_ = later;
         if (later - lost_seen_ >= lost_grace_) return false;
       }
@@ -449,13 +461,36 @@ class p2p_op {
     if (sent <= call_checker<T>::inline_max && sent) std::memcpy(pc.dest, slot + frame_header::bytes, sent);
   }
 
-  //! The lowest group rank whose transport rank the transport has lost, or -1.
-  int first_lost_member() const {
+  //! Whether the transport says group rank `r` closed its transport in order (transport::reports_departures).
+  bool left_in_order(int r) const {
+    if constexpr (transport::reports_departures<T>) return r != me_ && transport_.left_in_order(members_[std::size_t(r)]);
+    return false;
+  }
+
+  //! The lowest group rank that the transport has lost other than in order (all lost ones, where the transport
+  //! cannot tell), or -1.
+  int first_failed_member() const {
     if constexpr (transport::reports_lost_peers<T>) {
       for (int r = 0; r < n(); ++r)
-        if (r != me_ && transport_.lost(members_[std::size_t(r)])) return r;
+        if (r != me_ && transport_.lost(members_[std::size_t(r)]) && !left_in_order(r)) return r;
     }
     return -1;
+  }
+
+  //! "rank 2 closed its group in order before sending its part of all_reduce #7: ...": `peer` left in order
+  //! while this rank was `what` it (receiving from, sending to), so the call can never complete. The call's
+  //! number is its place in the group's order (as fault reports give it; else the tag's sequence).
+  std::string left_early(int peer, const char* what) const {
+    const int t = members_[std::size_t(peer)];
+    const std::string who = "rank " + std::to_string(peer) + (t != peer ? " (transport rank " + std::to_string(t) + ")" : "");
+    const bool user = (tag_ >> 63) != 0;  // process_group::send/recv: a user tag in the low 31 bits
+    const std::string call =
+        user ? std::string(name_) + " with tag " + std::to_string(tag_ & 0x7fffffffu)
+             : std::string(name_) + " #" + std::to_string(seq_ >= 0 ? seq_ : std::int64_t((tag_ >> 8) & 0xffffffu));
+    const bool receiving = std::string_view(what) == "receiving from";
+    return who + " closed its group in order before " +
+           (receiving ? "sending its part of " + call : "taking this rank's part of " + call) +
+           ": the ranks called different collectives, or rank " + std::to_string(peer) + " left early";
   }
 
   std::string lost_reason(int r) const {

@@ -57,7 +57,7 @@ class engine : public std::enable_shared_from_this<engine> {
         self_(this_process()),
         out_(std::make_unique<outbound_link[]>(std::size_t(cfg.size))),
         in_(std::make_unique<inbound_link[]>(std::size_t(cfg.size))),
-        lost_(std::size_t(cfg.size)), gone_(std::size_t(cfg.size), false) {
+        lost_(std::size_t(cfg.size)), orderly_(std::size_t(cfg.size), false), gone_(std::size_t(cfg.size), false) {
     const segment_view mine{own_.data()};
     own_header_ = &mine.header();
     for (int p = 0; p < cfg_.size; ++p) {
@@ -165,18 +165,16 @@ class engine : public std::enable_shared_from_this<engine> {
     return true;
   }
 
-  //! Why `p` was lost, or null while it is alive (any thread). A process that died since the last heartbeat
-  //! counts as lost here already (the progress thread fails its operations at its next check).
+  //! Why `p` was lost, or null while it is alive (any thread). A peer that closed, aborted or whose process died
+  //! since the progress thread last looked counts as lost here already (that thread fails its operations at its
+  //! next check).
   std::exception_ptr lost(int p) const {
     if (p < 0 || p >= size() || p == rank()) return nullptr;
     {
       std::lock_guard lock(lost_mutex_);
       if (lost_[std::size_t(p)]) return lost_[std::size_t(p)];
     }
-    const auto& owner = in_at(p).peer->owner;
-    if (owner.pid != self_.pid && check_process(owner, self_) == liveness::dead)
-      return std::make_exception_ptr(error(errc::peer_lost, "rank " + std::to_string(p) + " (pid " + std::to_string(owner.pid) + ") exited",
-                                           {.rank = rank(), .peer = p, .operation = "shm"}));
+    if (auto why = departure(p)) return std::make_exception_ptr(error(errc::peer_lost, why->first, {.rank = rank(), .peer = p, .operation = "shm"}));
     return nullptr;
   }
 
@@ -189,6 +187,18 @@ class engine : public std::enable_shared_from_this<engine> {
     const auto st = proc::read_stat(owner.pid);
     if (!st || st->second != owner.start_time || (st->first != 'T' && st->first != 't')) return {};
     return "its process (pid " + std::to_string(owner.pid) + ") is stopped (SIGSTOP or a debugger)";
+  }
+
+  //! Whether `p` closed its transport in order (its sends flushed into the rings first), any thread. A peer
+  //! that aborted or whose process ended with its transport open did not.
+  bool left_in_order(int p) const {
+    if (p < 0 || p >= size() || p == rank()) return false;
+    {
+      std::lock_guard lock(lost_mutex_);
+      if (lost_[std::size_t(p)]) return orderly_[std::size_t(p)];
+    }
+    const auto why = departure(p);
+    return why && why->second;
   }
 
   //! Fails every pending and later operation with `reason` and tells the peers this rank is gone. Returns once
@@ -215,7 +225,13 @@ class engine : public std::enable_shared_from_this<engine> {
     ring_doorbell(*own_header_);
   }
 
-  //! The progress thread's body; returns after request_stop(), having failed whatever was still pending.
+  //! The longest a closing transport spends writing sends still queued into the rings (a peer that stopped
+  //! reading keeps its ring full). Sends left after it fail with errc::closed, and peers see this rank as
+  //! aborted rather than closed in order: a message it sent may be missing.
+  static constexpr std::chrono::milliseconds leave_flush_bound{1000};
+
+  //! The progress thread's body; returns after request_stop(), having flushed the sends still queued (within
+  //! leave_flush_bound) and failed whatever was still pending.
   void run() {
     progress_thread_id_.store(std::this_thread::get_id());
     char name[16];
@@ -251,6 +267,7 @@ class engine : public std::enable_shared_from_this<engine> {
           idle = false;
         }
       }
+      flushed_ = !aborted_.load(std::memory_order_acquire) && flush_sends();
     } catch (...) {
       // A bug or an allocation failure: fail everything with it rather than terminate the trainer.
       {
@@ -294,6 +311,23 @@ class engine : public std::enable_shared_from_this<engine> {
   }
 
   // ---- the progress thread ----
+
+  //! Writes the sends still queued into the rings, until none is left, the transport aborts or
+  //! leave_flush_bound passes. True when none is left.
+  bool flush_sends() {
+    const auto until = steady_clock::now() + leave_flush_bound;
+    for (;;) {
+      bool queued = false;
+      for (int p = 0; p < size() && !queued; ++p) {
+        if (p == rank()) continue;
+        std::lock_guard lock(out_at(p).mutex);
+        queued = !out_at(p).queue.empty();
+      }
+      if (!queued) return true;
+      if (aborted_.load(std::memory_order_acquire) || steady_clock::now() >= until) return false;
+      if (!pump()) std::this_thread::sleep_for(std::chrono::microseconds(200));  // a full ring: its reader copies out
+    }
+  }
 
   bool pump() {
     bool progressed = false;
@@ -407,22 +441,35 @@ class engine : public std::enable_shared_from_this<engine> {
     return progressed;
   }
 
+  //! How `p` left, read from its segment: (why, in order), or nothing while it is live. `with_pid`: also a
+  //! process that ended with its transport still open (a syscall or two).
+  std::optional<std::pair<std::string, bool>> departure(int p, bool with_pid = true) const {
+    const auto& h = *in_at(p).peer;
+    const auto said = [&]() -> std::optional<std::pair<std::string, bool>> {
+      const auto state = h.state.load(std::memory_order_acquire);
+      if (state == std::uint32_t(owner_state::closed))
+        return std::pair{"rank " + std::to_string(p) + " closed its shm transport in order", true};
+      if (state == std::uint32_t(owner_state::aborted))
+        return std::pair{"rank " + std::to_string(p) + " aborted its shm transport (after an error of its own)", false};
+      return std::nullopt;
+    };
+    if (auto s = said()) return s;
+    if (!with_pid || h.owner.pid == self_.pid || check_process(h.owner, self_) != liveness::dead) return std::nullopt;
+    // An owner publishes closed before its process ends: read again, or an orderly exit between the two reads
+    // would pass for a crash.
+    if (auto s = said()) return s;
+    return std::pair{"rank " + std::to_string(p) + " (pid " + std::to_string(h.owner.pid) +
+                         ") exited without closing its shm transport (killed, crashed, or it ended its process first)",
+                     false};
+  }
+
   //! Detects peers that closed, aborted or (with_pid) whose process is gone. True if one was lost now.
   bool check_peers(bool with_pid) {
     bool lost_one = false;
     for (int p = 0; p < size(); ++p) {
       if (p == rank() || gone_[std::size_t(p)]) continue;
-      const auto& h = *in_at(p).peer;
-      const auto state = h.state.load(std::memory_order_acquire);
-      if (state != std::uint32_t(owner_state::live)) {
-        lose_peer(p, errc::peer_lost,
-                  "rank " + std::to_string(p) +
-                      (state == std::uint32_t(owner_state::aborted) ? " aborted" : " closed") + " its shm transport",
-                  true);
-        lost_one = true;
-      } else if (with_pid && h.owner.pid != self_.pid && check_process(h.owner, self_) == liveness::dead) {
-        lose_peer(p, errc::peer_lost,
-                  "rank " + std::to_string(p) + " (pid " + std::to_string(h.owner.pid) + ") exited", true);
+      if (auto why = departure(p, with_pid)) {
+        lose_peer(p, errc::peer_lost, why->first, true, why->second);
         lost_one = true;
       }
     }
@@ -434,7 +481,7 @@ class engine : public std::enable_shared_from_this<engine> {
 
   //! Fails everything pending with peer p, now and later. With `drain`, first takes every frame p published
   //! before it went: messages it finished sending stay receivable.
-  void lose_peer(int p, errc code, const std::string& why, bool drain) {
+  void lose_peer(int p, errc code, const std::string& why, bool drain, bool in_order = false) {
     if (drain)
       while (pump_inbound(p)) {
       }
@@ -447,6 +494,7 @@ class engine : public std::enable_shared_from_this<engine> {
     {
       std::lock_guard lock(lost_mutex_);
       lost_[std::size_t(p)] = fail("shm");
+      orderly_[std::size_t(p)] = in_order;
     }
     deferred_completions failed;
     fail_links(in_at(p), out_at(p), fail("shm.recv"), fail("shm.send"), failed);
@@ -479,7 +527,10 @@ class engine : public std::enable_shared_from_this<engine> {
     for (int p = 0; p < size(); ++p)
       if (p != rank()) fail_links(in_at(p), out_at(p), reason, reason, failed);
     settle(failed);
-    if (!aborted_.load()) own_header_->state.store(std::uint32_t(owner_state::closed), std::memory_order_release);
+    // Closed in order only with every send in the rings: a peer then takes what this rank sent, and knows that
+    // nothing else is coming (p2p_op: a wait on another live member goes on).
+    if (!aborted_.load())
+      own_header_->state.store(std::uint32_t(flushed_ ? owner_state::closed : owner_state::aborted), std::memory_order_release);
     ring_everyone();
     {
       std::lock_guard lock(abort_mutex_);
@@ -528,8 +579,10 @@ class engine : public std::enable_shared_from_this<engine> {
 
   mutable std::mutex lost_mutex_;
   std::vector<std::exception_ptr> lost_;  // guarded by lost_mutex_: why each lost peer was lost
+  std::vector<bool> orderly_;             // guarded by lost_mutex_: whether it closed its transport in order
 
   // Progress thread only.
+  bool flushed_ = false;  // every queued send went into the rings before the transport closed
   std::vector<bool> gone_;
   steady_clock::time_point next_heartbeat_{};
 };

@@ -188,7 +188,14 @@ class core : public std::enable_shared_from_this<core> {
     if (!on_io_thread() && !threads_.empty()) latch->wait();
   }
 
-  //! Closes everything and stops the io threads (joined, or detached when called from one of them).
+  //! The longest an orderly close spends writing the sends still queued and the goodbye frames behind them (a
+  //! peer that stopped reading keeps its socket buffer full). Connections still writing after it close without
+  //! a goodbye, so their peers see this rank as crashed: a message it sent may be missing.
+  static constexpr std::chrono::milliseconds leave_flush_bound{1000};
+
+  //! Closes everything in order and stops the io threads (joined, or detached when called from one of them):
+  //! every connection writes what is queued, then a goodbye frame (wire.hpp), then closes; what is still
+  //! pending then fails with errc::closed.
   void shutdown() {
     if (shut_down_.exchange(true)) return;
     const bool on_io = on_io_thread();
@@ -202,7 +209,7 @@ class core : public std::enable_shared_from_this<core> {
         if (left->fetch_sub(1) == 1) io_.stop();
       };
       for (auto& p : peers_)
-        if (p) p->submit_close(reason, "closed", log::level::debug, one_done);
+        if (p) p->submit_leave(reason, leave_flush_bound, one_done);
       if (mesh_)
         mesh_->close(one_done);
       else
@@ -224,6 +231,10 @@ class core : public std::enable_shared_from_this<core> {
   std::exception_ptr lost(int peer) const {
     if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[std::size_t(peer)]) return nullptr;
     return peers_[std::size_t(peer)]->failure();
+  }
+  bool left_in_order(int peer) const {
+    if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[std::size_t(peer)]) return false;
+    return peers_[std::size_t(peer)]->left_in_order();
   }
 
   std::string listening() const { return mesh_ ? mesh_->listening() : std::string(); }

@@ -48,10 +48,12 @@ struct link {
   bool draining = false, drain_again = false;
   frame_header rx{};
   bool parked = false;
+  bool said_goodbye = false;       // the peer's goodbye frame came on this connection: nothing follows it
   std::vector<std::byte> discard;  // payloads of messages nobody can take (recv too small)
   // send side (under the peer's tx mutex): one write in flight per connection
   bool eof = false;  // the peer closed this connection cleanly, between frames
   bool writing = false;
+  bool goodbye_done = false;  // leaving: this connection's goodbye frame was written (or cannot be)
   std::size_t tx_frames = 0;
   std::array<std::array<std::byte, frame_header_size>, max_batch_frames> tx_headers{};
   std::array<asio::const_buffer, 2 * max_batch_frames> tx_buffers{};

@@ -282,11 +282,11 @@ class mesh_builder {
                                                 asio::buffer(opts_.auth_token.data(), ok ? opts_.auth_token.size() : 0)};
     if (!ok) {
       // Tell a misconfigured rank why (its setup then fails with the reason instead of a timeout), then close.
+      const std::string why = to_string(status) + versions(m.version);
       log::warn("tcp: rank ", self_, " rejected a connection from ", in->remote, " claiming rank ", m.sender,
-                " stream ", m.stream, ": ", to_string(status));
+                " stream ", m.stream, ": ", why);
       if (m.sender < std::uint32_t(self_) && m.stream < std::uint32_t(opts_.streams_per_peer))
-        note(int(m.sender), int(m.stream),
-             "a connection from " + in->remote + " claiming it was rejected: " + to_string(status));
+        note(int(m.sender), int(m.stream), "a connection from " + in->remote + " claiming it was rejected: " + why);
       finish(*in, false);
       asio::async_write(in->socket, out, asio::bind_executor(strand_, [in](const error_code&, std::size_t) {
                           error_code ignored;
@@ -411,7 +411,8 @@ class mesh_builder {
       const bool auth = a.status == handshake_status::bad_token || a.status == handshake_status::bad_version ||
                         a.status == handshake_status::wrong_group;
       return fail(*o, auth ? errc::auth_failed : errc::config,
-                  o->describe() + " refused the connection: " + to_string(a.status));
+                  o->describe() + " refused the connection: " + to_string(a.status) +
+                      (a.status == handshake_status::bad_version ? versions(a.version) : std::string()));
     }
     if (a.token_length > max_token_bytes)
       return fail(*o, errc::protocol, o->describe() + " answered with a " + std::to_string(a.token_length) +
@@ -434,6 +435,12 @@ class mesh_builder {
                        o->timer.cancel();
                        establish(o->peer, o->stream, std::move(o->socket), a.max_frame);
                      }));
+  }
+
+  //! ": it speaks version 1, this rank 2", for a version mismatch's messages.
+  static std::string versions(std::uint32_t theirs) {
+    if (theirs == protocol_version) return {};
+    return ": it speaks version " + std::to_string(theirs) + ", this rank " + std::to_string(protocol_version);
   }
 
   void handshake_failed(outbound& o, const error_code& ec, const char* during) {

@@ -50,7 +50,7 @@ class peer {
   using strand_type = asio::strand<asio::io_context::executor_type>;
 
   peer(asio::io_context& io, peer_settings s)
-      : strand_(asio::make_strand(io)), s_(s), links_(std::size_t(s.streams)), grace_(io) {}
+      : strand_(asio::make_strand(io)), s_(s), links_(std::size_t(s.streams)), leave_timer_(io) {}
 
   int rank() const noexcept { return s_.rank; }
   const strand_type& strand() const noexcept { return strand_; }
@@ -73,9 +73,15 @@ class peer {
     std::lock_guard lock(rx_mutex_);
     return failure_;
   }
+  //! Whether the peer left in order: its goodbye frame came on every connection (wire.hpp).
+  bool left_in_order() {
+    std::lock_guard lock(rx_mutex_);
+    return left_in_order_;
+  }
 
   //! Starts reading every connection.
   void start() {
+    started_ = true;  // before the io threads see the peer (the mesh's wait orders it for them)
     asio::post(strand_, [this] {
       locked([&] {
         for (auto& l : links_)
@@ -99,6 +105,29 @@ class peer {
     asio::post(strand_, [this, reason = std::move(reason), message = std::move(message), level, then = std::move(then)] {
       locked([&] { fail(reason, message, level, level); });
       if (then) then();
+    });
+  }
+
+  //! The orderly close: every connection writes what is queued for it, then a goodbye frame, then closes; what is
+  //! still pending fails with `reason`. Past `bound` the connections close without the goodbyes still unwritten
+  //! (the peer then sees this rank as crashed). Runs `then` once closed.
+  void submit_leave(std::exception_ptr reason, std::chrono::milliseconds bound, std::function<void()> then) {
+    asio::post(strand_, [this, reason = std::move(reason), bound, then = std::move(then)]() mutable {
+      locked([&] {
+        leave_then_ = std::move(then);
+        leave_reason_ = reason;
+        if (failure_ || !started_ || tx_.leave(reason, [this] { locked([&] { if (leave_then_) left(); }); }))
+          return left();
+        leave_timer_.expires_after(bound);
+        leave_timer_.async_wait(asio::bind_executor(strand_, [this](const boost::system::error_code& ec) {
+          locked([&] {
+            if (ec || !leave_then_ || failure_) return;
+            log::write(log::level::warn, s_.self, "tcp: the sends to rank ", s_.rank,
+                       " were not all written within the close's bound; closing without a goodbye");
+            left();
+          });
+        }));
+      });
     });
   }
 
@@ -196,6 +225,10 @@ class peer {
       }
       l.rx = decode_frame(std::span<const std::byte, frame_header_size>(l.stage.get() + l.stage_pos, frame_header_size));
       l.stage_pos += frame_header_size;
+      if (l.rx.magic == goodbye_magic) {
+        goodbye(l);
+        break;
+      }
       if (!valid_header(l)) break;
       if (route(l)) resume_parked();
     } while (l.drain_again);
@@ -258,7 +291,7 @@ class peer {
       // the peer skipped a sequence number and no wait can end: with one connection per peer, at its first such
       // frame. Fail now instead of leaving the recv to its owner's timeout.
       const bool all_ahead = std::all_of(links_.begin(), links_.end(), [&](const std::unique_ptr<link>& x) {
-        return !x || x->eof || (x->parked && x->rx.seq > next_match_);
+        return !x || x->eof || x->said_goodbye || (x->parked && x->rx.seq > next_match_);
       });
       if (all_ahead)
         return protocol(l, "a frame of message #" + std::to_string(h.seq) + " where message #" +
@@ -421,29 +454,40 @@ class peer {
 
   // ---------------- failure ----------------
 
-  //! A clean close between frames. A departing peer closes all its connections; what it sent before is still
-  //! in flight on the others, so the peer fails only once all of them ended (messages it completed stay
-  //! deliverable), or after a grace period if some never do.
+  //! The peer's goodbye frame on `l`: nothing follows it there, so `l` is no longer read. Once it came on every
+  //! connection, every message the peer sent has arrived: it left in order.
+  void goodbye(link& l) {
+    const frame_header& h = l.rx;
+    if (h.length != 0 || h.tag != 0 || h.seq != 0 || h.total != 0 || h.offset != 0)
+      return void(protocol(l, "a goodbye frame with nonzero fields"));
+    if (l.stage_end != l.stage_pos) return void(protocol(l, "bytes after its goodbye frame"));
+    l.said_goodbye = true;
+    tx_.mark_eof(l);
+    if (++goodbye_links_ < s_.streams) return;
+    left_in_order_ = true;
+    const std::string message = "rank " + std::to_string(s_.rank) + " at " + l.remote + " closed its transport in order";
+    fail(std::make_exception_ptr(error(errc::peer_lost, message, context())), message, log::level::debug,
+         log::level::info);
+  }
+
+  //! A clean close between frames without a goodbye on this connection: the peer's process ended with its
+  //! transport open (killed, crashed, or it exited first) or it aborted the transport. A peer that leaves in order
+  //! says goodbye on every connection before closing any, so this fails the peer at once: every wait on it,
+  //! and (p2p_op) every wait of a collective it belongs to.
   void link_eof(link& l) {
     if (failure_) return;
     tx_.mark_eof(l);
     const std::string message = "rank " + std::to_string(s_.rank) + " at " + l.remote +
-                                " closed its connections (its process ended or it destroyed its transport)";
-    if (++eof_links_ == s_.streams) {
-      fail(std::make_exception_ptr(error(errc::peer_lost, message, context())), message, log::level::debug,
-           log::level::warn);
-      return;
-    }
-    if (eof_links_ > 1) return;
-    grace_.expires_after(std::chrono::seconds(1));
-    grace_.async_wait(asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec) {
-      locked([&] {
-        if (ec || failure_) return;
-        const std::string m = "rank " + std::to_string(s_.rank) + " closed " + where(l) +
-                              " but not its other connections within 1 s";
-        fail(std::make_exception_ptr(error(errc::peer_lost, m, context())), m, log::level::warn, log::level::warn);
-      });
-    }));
+                                " closed its connection without a goodbye (its process ended without closing its "
+                                "transport: killed, crashed, or it exited first; or it aborted the transport)";
+    fail(std::make_exception_ptr(error(errc::peer_lost, message, context())), message, log::level::debug,
+         log::level::warn);
+  }
+
+  //! This rank's orderly leave is done (every goodbye written, or its bound passed, or the peer went first).
+  void left() {
+    if (!failure_) fail(leave_reason_, "closed", log::level::debug, log::level::debug);
+    if (auto then = std::exchange(leave_then_, nullptr)) then();
   }
 
   void link_error(link& l, const boost::system::error_code& ec, const char* during) {
@@ -472,9 +516,9 @@ class peer {
   void fail(std::exception_ptr reason, const std::string& message, log::level idle_level, log::level busy_level) {
     if (failure_) return;
     failure_ = std::move(reason);
-    grace_.cancel();
+    leave_timer_.cancel();
     std::vector<completion_source> victims;
-    tx_.close(failure_, victims);  // closes the connections first
+    tx_.close(failure_, victims, leave_then_ != nullptr);  // closes the connections first
     for (auto& l : links_)
       if (l) l->parked = false;
     for (auto& [tag, q] : posted_)
@@ -502,15 +546,19 @@ class peer {
     log::write(pending > 0 ? busy_level : idle_level, s_.self, "tcp: ", message,
                pending > 0 ? " (" + std::to_string(pending) + " pending operations failed)" : std::string());
     for (const auto& c : victims) fail_later(c, failure_);
+    if (auto then = std::exchange(leave_then_, nullptr)) then();  // leaving, and the peer went first
   }
 
   strand_type strand_;
   peer_settings s_;
   std::vector<std::unique_ptr<link>> links_;
   std::exception_ptr failure_;
-  asio::steady_timer grace_;
-  int eof_links_ = 0;
-
+  bool started_ = false;
+  bool left_in_order_ = false;  // its goodbye came on every connection
+  int goodbye_links_ = 0;
+  asio::steady_timer leave_timer_;            // bounds this rank's orderly leave
+  std::function<void()> leave_then_;          // leaving: runs once the connections are closed
+  std::exception_ptr leave_reason_;
 
   std::mutex rx_mutex_;  // guards the receive side: what follows, failure_ and each link's rx fields
   deferred_completions due_;  // decided under rx_mutex_, fired after it

@@ -8,6 +8,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
+#include <array>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -39,8 +40,8 @@ class sender {
   //! From any thread.
   void submit(std::shared_ptr<send_op> op) {
     std::unique_lock lock(mutex_);
-    if (failure_) {
-      auto failure = failure_;
+    if (failure_ || leaving_) {
+      auto failure = failure_ ? failure_ : leaving_;
       lock.unlock();
       op->done.set_error(failure);
       return;
@@ -64,14 +65,37 @@ class sender {
     l.eof = true;
   }
 
-  //! Closes every connection and appends every unfinished send to `victims` (once each: a send can be queued and
-  //! in several connections' batches at once); later submits fail with `reason`. Closing under the mutex means
-  //! no sending thread is inside sendmsg on a descriptor closed here (or reused). On the strand.
-  void close(std::exception_ptr reason, std::vector<completion_source>& victims) {
-    std::lock_guard lock(mutex_);
-    failure_ = std::move(reason);
+  //! Starts an orderly leave: later submits fail with `reason`; every connection writes a goodbye frame (wire.hpp)
+  //! once the frames queued ahead of it are written. True when no connection has one to write (all closed by
+  //! the peer); otherwise `then` runs on the strand, with no lock held, once every connection wrote it or
+  //! failed to, unless close() comes first.
+  bool leave(std::exception_ptr reason, std::function<void()> then) {
+    std::unique_lock lock(mutex_);
+    if (failure_) return true;
+    leaving_ = std::move(reason);
+    on_left_ = std::move(then);
     for (auto& l : links_) {
       if (!l) continue;
+      if (l->eof) l->goodbye_done = true;  // the peer closed it: nothing can be written, nothing needs to be
+      else if (!l->writing) pump(*l);      // the queue's frames first; an idle connection with none says goodbye
+    }
+    if (!all_said_goodbye()) return false;
+    on_left_ = nullptr;
+    return true;
+  }
+
+  //! Closes every connection and appends every unfinished send to `victims` (once each: a send can be queued and
+  //! in several connections' batches at once); later submits fail with `reason`. Closing under the mutex means
+  //! no sending thread is inside sendmsg on a descriptor closed here (or reused). On the strand. `drain`: first
+  //! reads and drops what has arrived on each connection, so that the close sends a FIN behind the goodbye, not
+  //! a reset (closing with unread bytes resets the connection, and a reset drops what is still unsent).
+  void close(std::exception_ptr reason, std::vector<completion_source>& victims, bool drain = false) {
+    std::lock_guard lock(mutex_);
+    failure_ = std::move(reason);
+    on_left_ = nullptr;
+    for (auto& l : links_) {
+      if (!l) continue;
+      if (drain) drain_received(*l);
       boost::system::error_code ignored;
       l->socket.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
       l->socket.close(ignored);
@@ -88,6 +112,37 @@ class sender {
 
  private:
   // ---- mutex_ held ----
+
+  static void drain_received(link& l) {
+    std::array<std::byte, 16384> sink;
+    for (int i = 0; i < 64; ++i)  // bounded: a peer still sending cannot keep the close here
+      if (::recv(l.socket.native_handle(), sink.data(), sink.size(), MSG_DONTWAIT) <= 0) return;
+  }
+
+  bool all_said_goodbye() const {
+    for (const auto& l : links_)
+      if (l && !l->goodbye_done) return false;
+    return true;
+  }
+
+  //! Writes the goodbye frame on an idle connection with nothing queued for it. On the strand.
+  void say_goodbye(link& l) {
+    const frame_header h{.magic = goodbye_magic};
+    encode(h, std::span<std::byte, frame_header_size>(l.tx_headers[0]));
+    l.writing = true;
+    asio::async_write(l.socket, asio::buffer(l.tx_headers[0]),
+                      asio::bind_executor(strand_, [this, &l](const boost::system::error_code&, std::size_t n) {
+                        if (n && l.governor) l.governor->report(link_direction::tx, traffic_class::collectives, n);
+                        std::function<void()> then;
+                        {
+                          std::lock_guard lock(mutex_);
+                          l.writing = false;
+                          l.goodbye_done = true;  // written, or the connection failed: either way no more to do
+                          if (on_left_ && all_said_goodbye()) then = std::exchange(on_left_, nullptr);
+                        }
+                        if (then) then();
+                      }));
+  }
 
   //! Writes a one-frame message to an idle connection from this thread. What the socket does not take at once
   //! (its buffer is full) goes on as an ordinary asynchronous write, as does an error (the write's handler
@@ -168,7 +223,10 @@ class sender {
       ++frames;
     }
     l.tx_frames = frames;
-    if (frames == 0) return;
+    if (frames == 0) {
+      if (leaving_ && !l.goodbye_done) say_goodbye(l);
+      return;
+    }
     counters::bump(counters_.frames_sent, frames);
     counters::bump(counters_.writes);
     l.writing = true;
@@ -178,6 +236,7 @@ class sender {
   void written(link& l, const boost::system::error_code& ec) {
     if (ec) on_error_(l, ec);  // the peer fails, and close() lists this batch's sends too
     deferred_completions finished;
+    std::function<void()> left;
     {
       std::lock_guard lock(mutex_);
       l.writing = false;
@@ -191,8 +250,11 @@ class sender {
       }
       l.tx_frames = 0;
       if (!failure_ && !l.eof) pump(l);
+      if (leaving_ && l.eof) l.goodbye_done = true;
+      if (on_left_ && all_said_goodbye()) left = std::exchange(on_left_, nullptr);
     }
     finished.fire();  // continuations may send: no lock held
+    if (left) left();
   }
 
   strand_type& strand_;
@@ -202,6 +264,8 @@ class sender {
   error_handler on_error_;
   std::mutex mutex_;  // guards what follows, and each link's tx fields and eof
   std::exception_ptr failure_;
+  std::exception_ptr leaving_;          // leave() began: later submits fail with it
+  std::function<void()> on_left_;       // leave()'s `then`, until it runs or close() drops it
   fifo<send_op> queue_;
   std::uint64_t next_seq_ = 0;
 };

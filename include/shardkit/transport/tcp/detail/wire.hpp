@@ -28,6 +28,13 @@
 //! | 16     | u64 seq    | the message's number among all messages of this sender to this receiver     |
 //! | 24     | u64 total  | the message's size                                                          |
 //! | 32     | u64 offset | where this frame's payload goes in the message                              |
+//!
+//! Goodbye frame (version 2): a frame header with magic "SKBY" and every other field 0, written on each
+//! connection behind its last data frame when a transport closes in order (its destructor). Nothing follows it
+//! on that connection. A peer that reads it on every connection knows the rank left in order, with every
+//! message it sent delivered; a connection that ends without it (EOF, reset) means the rank crashed, was
+//! killed, aborted, or ended its process with the transport open. An older peer (version 1) would read the
+//! goodbye as a desynchronised stream, so the handshake refuses a version mismatch, naming both versions.
 #include <array>
 #include <bit>
 #include <cstddef>
@@ -40,9 +47,10 @@
 
 namespace shardkit::transport::detail::tcp {
 
-inline constexpr std::uint32_t protocol_version = 1;
+inline constexpr std::uint32_t protocol_version = 2;  // 2: goodbye frames
 inline constexpr std::uint64_t hello_magic = 0x3153485043544b53ull;  // "SKTCPHS1" read as little-endian
 inline constexpr std::uint32_t frame_magic = 0x31464b53u;            // "SKF1"
+inline constexpr std::uint32_t goodbye_magic = 0x59424b53u;          // "SKBY"
 inline constexpr std::size_t hello_size = 64;
 inline constexpr std::size_t frame_header_size = 40;
 
@@ -62,7 +70,7 @@ enum class handshake_status : std::uint32_t {
 inline const char* to_string(handshake_status s) noexcept {
   switch (s) {
     case handshake_status::accepted: return "accepted";
-    case handshake_status::bad_version: return "protocol version mismatch";
+    case handshake_status::bad_version: return "TCP protocol version mismatch (every rank must run the same shardkit release)";
     case handshake_status::bad_token: return "wrong auth token (SHARDKIT_AUTH_TOKEN differs)";
     case handshake_status::wrong_group: return "different group (another job or transport)";
     case handshake_status::wrong_rank: return "unexpected sender/receiver rank or world size";
