@@ -189,6 +189,105 @@ TEST_CASE("[comm] a rank stopped in a job of two groups is named by survivors th
   });
 }
 
+TEST_CASE("[comm] in a split group, the error's peer field names the rank its message names, in the group and the world") {
+  // The split reverses the order (group rank = 3 - world rank). World rank 1 (group rank 2) stops; around the
+  // group's ring, group rank 3 waits on it, group rank 0 on group rank 3 and group rank 1 on group rank 0. Every
+  // survivor names world rank 1, and its peer field says group rank 2, world rank 1: not the neighbour it waited on.
+  constexpr int n = 4, victim = 1, victim_in_group = n - 1 - victim;
+  auto world = comm::make_loopback_world(n, reporting_options());
+  std::vector<comm::process_group> reversed(n);
+  test::run_threads(n, [&](int rank) { reversed[std::size_t(rank)] = world[std::size_t(rank)].split(0, -rank); });
+  std::latch survivors_failed(n - 1);
+  const comm::op_options ring{.algo = comm::algorithm::ring};
+  test::run_threads(n, [&](int rank) {
+    auto& pg = reversed[std::size_t(rank)];
+    CHECK(pg.rank() == n - 1 - rank);
+    std::vector<float> data(64, 1.0f);
+    pg.all_reduce(buffer_view(std::span<float>(data)), reduce_op::sum, ring).wait();
+    if (rank == victim) {
+      survivors_failed.wait();
+      return;
+    }
+    try {
+      pg.all_reduce(buffer_view(std::span<float>(data)), reduce_op::sum, ring).wait();
+      FAIL("rank " << rank << ": the collective with a rank missing completed");
+    } catch (const error& e) {
+      MESSAGE("world rank " << rank << ": " << std::string(e.what()));
+      CHECK(says(e, "rank 1 stopped answering: it posted no account"));
+      CHECK(e.context().peer == victim_in_group);
+      CHECK(e.context().peer_world_rank == victim);
+      CHECK(says(e, "(peer rank 2, world rank 1)"));
+    }
+    survivors_failed.count_down();
+  });
+}
+
+namespace {
+//! A memory store whose requests end at this thread's request_bound, as the TCP store's do, and whose posting of
+//! a verdict (an account that blames a rank) takes longer than a walk's late_answer: the walk then ends past its
+//! bound. Counts the job's walks under way as the store sees them.
+class slow_verdict_store {
+ public:
+  using store_concept = rendezvous::store_tag;
+  void set(const std::string& k, const std::string& v) {
+    if (blames(v)) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    check_bound();
+    base_.set(k, v);
+  }
+  std::string get(const std::string& k, std::chrono::milliseconds t) {
+    check_bound();
+    return base_.get(k, t);
+  }
+  void wait(std::span<const std::string> ks, std::chrono::milliseconds t) { check_bound(); base_.wait(ks, t); }
+  bool check(std::span<const std::string> ks) { check_bound(); return base_.check(ks); }
+  std::int64_t add(const std::string& k, std::int64_t d) { check_bound(); return base_.add(k, d); }
+  std::string compare_set(const std::string& k, const std::string& e, const std::string& d) { check_bound(); return base_.compare_set(k, e, d); }
+  bool remove(const std::string& k) { check_bound(); return base_.remove(k); }
+  std::int64_t num_keys() { return base_.num_keys(); }
+
+ private:
+  static void check_bound() {
+    if (deadline::clock::now() >= rendezvous::request_bound::current())
+      throw error(errc::timeout, "no answer from the store within this request's bound");
+  }
+  static bool blames(const std::string& v) {  // the 8th line of an encoded account lists the ranks it blames
+    std::size_t at = 0;
+    for (int line = 0; line < 7 && at != std::string::npos; ++line) at = v.find('\n', at + 1);
+    return v.rfind("fault2\n", 0) == 0 && at != std::string::npos && at + 1 < v.size() && v[at + 1] != '\n';
+  }
+  rendezvous::memory_store base_;
+};
+}  // namespace
+
+TEST_CASE("[comm] a walk that runs past its store bound still takes itself off the job's count of walks") {
+  // Each survivor's walk waits its grace for the stopped rank's account, then posts its verdict slowly: the
+  // walk's own requests end at grace + 250 ms. The count of walks under way must still come back to zero (before:
+  // the walk that ran out kept it above zero, and the others' await waited a whole grace more).
+  auto o = reporting_options();
+  auto store = rendezvous::make_store<slow_verdict_store>();
+  o.fault_reports = store;
+  constexpr int n = 3, victim = 1;
+  auto groups = comm::make_loopback_world(n, o);
+  std::latch survivors_failed(n - 1);
+  test::run_threads(n, [&](int rank) {
+    auto& pg = groups[std::size_t(rank)];
+    std::vector<float> data(64, 1.0f);
+    pg.all_reduce(buffer_view(std::span<float>(data))).wait();
+    if (rank == victim) {
+      survivors_failed.wait();
+      return;
+    }
+    try {
+      pg.all_reduce(buffer_view(std::span<float>(data))).wait();
+      FAIL("rank " << rank << ": the collective with a rank missing completed");
+    } catch (const error& e) {
+      CHECK(says(e, "rank 1 stopped answering"));
+    }
+    survivors_failed.count_down();
+  });
+  CHECK(store.add("g/walks", 0) == 0);
+}
+
 TEST_CASE("[comm] the store's host ends its walk after its peers': a peer that timed out later still names the stopped rank") {
   // The store lives in rank 0's process, which goes (here: drops the server) as soon as its error is out. Ranks 1
   // and 3 time out 150 ms after rank 0 (a longer op timeout), so their walks, waiting for the stopped rank 2's

@@ -70,6 +70,9 @@ struct error_context {
   std::string operation;  //!< "all_reduce", "store.wait", "tcp.connect", ...
   std::string group;      //!< process group name
   std::string object;     //!< a key, a file, a tensor name
+  //! `peer`'s rank in the world (the group every other is split from) where `peer` is a rank of a smaller group:
+  //! messages name both, and so does what() ("(peer rank 1, world rank 3)").
+  std::optional<int> peer_world_rank;
 };
 
 //! The one exception type shardkit throws: an error_code plus the context that makes it actionable.
@@ -92,6 +95,7 @@ class error : public std::system_error {
     if (c.operation.empty()) c.operation = outer.operation;
     if (c.group.empty()) c.group = outer.group;
     if (c.object.empty()) c.object = outer.object;
+    if (!c.peer_world_rank) c.peer_world_rank = outer.peer_world_rank;
     return error(code(), detail_, std::move(c));
   }
 
@@ -102,7 +106,11 @@ class error : public std::system_error {
     if (!c.group.empty()) os << " [group " << c.group << "]";
     if (c.rank) os << " [rank " << *c.rank << "]";
     if (!c.operation.empty()) os << " " << c.operation;
-    if (c.peer) os << " (peer rank " << *c.peer << ")";
+    if (c.peer) {
+      os << " (peer rank " << *c.peer;
+      if (c.peer_world_rank && *c.peer_world_rank != *c.peer) os << ", world rank " << *c.peer_world_rank;
+      os << ")";
+    }
     if (!c.object.empty()) os << " '" << c.object << "'";
     os << ": " << ec.message();
     if (!detail.empty()) os << ": " << detail;

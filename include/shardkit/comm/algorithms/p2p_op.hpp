@@ -295,10 +295,27 @@ class p2p_op {
     return error(e.code(), e.detail() + "; " + others, e.context());
   }
 
+  //! This op's context, about group rank `peer` (-1: none): ranks in the group's numbering, with the peer's
+  //! transport rank (its world rank) beside it where the two differ.
   error_context context(int peer) const {
     error_context ctx{.rank = me_, .operation = name_};  // the process group adds its name
-    if (peer >= 0) ctx.peer = peer;
+    if (peer >= 0) {
+      ctx.peer = peer;
+      if (peer < n() && members_[std::size_t(peer)] != peer) ctx.peer_world_rank = members_[std::size_t(peer)];
+    }
     return ctx;
+  }
+
+  //! `e` (a transport's error, in transport ranks) in this op's numbering, about group rank `peer`: the rank and
+  //! peer fields then name what the op's messages name.
+  error in_group_terms(const error& e, int peer) const {
+    error_context ctx = e.context();
+    const error_context mine = context(peer);
+    ctx.rank = mine.rank;
+    ctx.peer = mine.peer;
+    ctx.peer_world_rank = mine.peer_world_rank;
+    if (ctx.operation.empty()) ctx.operation = mine.operation;
+    return error(e.code(), e.detail(), std::move(ctx));
   }
 
  private:
@@ -310,7 +327,7 @@ class p2p_op {
       if (checker_ && checker_->poisoned()) throw;  // the group's mismatch (call_check.hpp) says all there is
       if (peer >= 0 && e.code() == errc::peer_lost && left_in_order(peer))
         throw naming_lost_members(error(errc::peer_lost, left_early(peer, what), context(peer)), peer);
-      throw naming_lost_members(e.with_context(context(peer)), peer);
+      throw naming_lost_members(peer >= 0 ? in_group_terms(e, peer) : e.with_context(context(peer)), peer);
     }
     if (!done) {
       if (stop_.stop_requested())

@@ -165,9 +165,9 @@ class fault_board {
   error explain(const error& e, fault_report mine, bool wait) const {
     const auto grace_end = wait ? deadline_after(grace_) : deadline::clock::now();
     std::vector<int> excused;  // the ranks whose accounts nobody waits for any more: the ones named
-    bool counted = false;
+    walk_count counted(*this);
     error out = walk(e, std::move(mine), wait, grace_end, counted, excused);
-    if (counted) try {
+    if (counted.end()) try {
         await_other_walks(excused, grace_end + grace_);
       } catch (...) {  // the store went: nobody can read it any more
       }
@@ -175,9 +175,41 @@ class fault_board {
   }
 
  private:
-  //! explain()'s walk, with its verdict; `counted`: whether it was counted among the walks under way (and is
-  //! no longer); `excused`: the ranks it named, or found silent.
-  error walk(const error& e, fault_report mine, bool wait, deadline grace_end, bool& counted, std::vector<int>& excused) const {
+  //! This rank's walk among the job's walks under way (walks_key): counted while it runs, and taken off however it
+  //! ends, with a bound of its own. The walk's requests end at its grace (plus late_answer); a walk that ran to
+  //! that bound (a slow store, a verdict posted late) would otherwise leave the count above zero, and every
+  //! other rank's await_other_walks() would wait its whole grace for a walk that ended long ago.
+  class walk_count {
+   public:
+    explicit walk_count(const fault_board& b) : board_(b) {}
+    walk_count(const walk_count&) = delete;
+    walk_count& operator=(const walk_count&) = delete;
+    ~walk_count() { end(); }
+    //! Counts the walk (a store request; throws as the store does).
+    void begin() {
+      board_.store_.add(board_.walks_key(), 1);
+      counted_ = true;
+    }
+    //! Takes it off the count; true when it had been counted and is no longer (the store answered).
+    bool end() noexcept {
+      if (!std::exchange(counted_, false)) return false;
+      rendezvous::request_bound bound(deadline_after(post_bound));
+      try {
+        board_.store_.add(board_.walks_key(), -1);
+        return true;
+      } catch (...) {  // the store went: nobody reads the count any more
+        return false;
+      }
+    }
+
+   private:
+    const fault_board& board_;
+    bool counted_ = false;
+  };
+
+  //! explain()'s walk, with its verdict; `counted`: the walk's place among the walks under way (taken while it
+  //! waits for accounts); `excused`: the ranks it named, or found silent.
+  error walk(const error& e, fault_report mine, bool wait, deadline grace_end, walk_count& counted, std::vector<int>& excused) const {
     rendezvous::request_bound bound(grace_end + late_answer);
     std::map<int, int> group_rank{{job_rank_, rank_}};  // the job's ranks whose group rank is known
     std::string trouble;  // why the accounts could not be read, if they could not
@@ -202,10 +234,7 @@ class fault_board {
     std::vector<int> chain{job_rank_};  // the ranks whose waits were followed, in order
     std::vector<int> silent;  // ranks that posted no account within the grace
     if (trouble.empty()) try {
-      if (wait) {
-        store_.add(walks_key(), 1);
-        counted = true;
-      }
+      if (wait) counted.begin();
       store_.set(key(job_rank_), mine.encode());
       for (int next = mine.peer; next >= 0 && !read.contains(next) && read.size() <= max_reads;) {
         auto r = fetch(next, grace_end);
@@ -249,11 +278,6 @@ class fault_board {
     }
     excused = blamed;
     excused.insert(excused.end(), silent.begin(), silent.end());
-    if (counted) try {
-        store_.add(walks_key(), -1);
-      } catch (...) {
-        counted = false;
-      }
     if (why.empty()) {
       if (trouble.empty() || !wait) return e;
       // The store did not answer (its host stopped?): that leads, the wait on a neighbour follows.
@@ -262,8 +286,10 @@ class fault_board {
     }
     error_context ctx = e.context();
     if (!blamed.empty() && blamed.front() != job_rank_) {
-      if (const auto g = group_rank.find(blamed.front()); g != group_rank.end()) ctx.peer = g->second;
-      else if (path_ == job_) ctx.peer = blamed.front();
+      // The peer field names the rank the message names (in the group's numbering, with its rank in the job), not
+      // the neighbour this rank waited on; where its group rank cannot be read, it names none.
+      ctx.peer = group_rank_of(blamed.front(), group_rank);
+      ctx.peer_world_rank = ctx.peer ? std::optional<int>(blamed.front()) : std::nullopt;
     }
     return error(e.code(), why + "; this rank: " + e.detail(), std::move(ctx));
   }
@@ -300,6 +326,19 @@ class fault_board {
       if (deadline::clock::now() + walks_poll >= until) return;
       std::this_thread::sleep_for(walks_poll);
     }
+  }
+
+  //! The group rank of the job's rank `r`: from what the walk learnt, or the ranks' posts when the group was made
+  //! (up to max_reads store reads); nothing where neither tells.
+  std::optional<int> group_rank_of(int r, const std::map<int, int>& known) const {
+    if (const auto g = known.find(r); g != known.end()) return g->second;
+    if (path_ == job_) return r;
+    try {
+      for (int g = 0; g < size_ && g < int(max_reads); ++g)
+        if (job_rank_of(g) == r) return g;
+    } catch (...) {  // the store went: the field then names nobody rather than the wrong rank
+    }
+    return std::nullopt;
   }
 
   //! The job's rank of this group's rank `g`, as it posted when the group was made (`g` itself where it did not).

@@ -150,6 +150,13 @@ struct process_group::impl {
     fail_arg(op, "input and output overlap without being the in-place layout");
   }
 
+  //! A send's or recv's checks: throws for a bad peer or device; the group's failure as a work once it is broken.
+  std::optional<work> refuse_point_to_point(const std::string& op, const_buffer_view b, int peer) const {
+    check_peer(op, peer);
+    check_device(op, b);
+    return broken_work();
+  }
+
   std::optional<work> broken_work() const {
     std::lock_guard lock(mutex);
     if (!broken) return std::nullopt;
@@ -389,17 +396,13 @@ SHARDKIT_DECL work process_group::barrier(op_options o) {
 
 SHARDKIT_DECL work process_group::send(const_buffer_view in, int peer, std::uint32_t tag, op_options o) {
   auto& s = self();
-  s.check_peer("send", peer);
-  s.check_device("send", in);
-  if (auto b = s.broken_work()) return *b;
+  if (auto refused = s.refuse_point_to_point("send", in, peer)) return *refused;
   return with_deadline(s.comm->isend(in, peer, tag, {}), "send", peer, tag, o.timeout, in.size_bytes());
 }
 
 SHARDKIT_DECL work process_group::recv(buffer_view out, int peer, std::uint32_t tag, op_options o) {
   auto& s = self();
-  s.check_peer("recv", peer);
-  s.check_device("recv", out);
-  if (auto b = s.broken_work()) return *b;
+  if (auto refused = s.refuse_point_to_point("recv", out, peer)) return *refused;
   return with_deadline(s.comm->irecv(out, peer, tag, {}), "recv", peer, tag, o.timeout, out.size_bytes());
 }
 
