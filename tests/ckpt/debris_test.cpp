@@ -1,5 +1,5 @@
 // ckpt: killed saves leave no orphans. A writer killed mid-write leaves its temporary (posix_sink: invisible to
-// LIST); the checkpointer removes those of earlier runs when it starts (never a live writer's) and retention those of
+// LIST); the checkpointer removes those of earlier runs when it takes the location's lease (never a live writer's) and retention those of
 // steps older than the one it commits.
 #include <doctest/doctest.h>
 
@@ -79,6 +79,28 @@ TEST_CASE("[ckpt] no orphans: earlier runs' temporaries go at start, older steps
     save_debris_steps(world, sink, {12});
     CHECK(temporaries_of(sink) == std::set<std::string>{ck::step_prefix("", 13) + std::string(st::temporary_marker) + "115.fresh.0"});
     CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{2, 12});
+  }
+  fs::remove_all(root);
+}
+
+TEST_CASE("[ckpt] a run refused a live run's location removes none of its temporaries, however old") {
+  // The live run's writer on a slow link (an S3 part still uploading) last touched its temporary before the second
+  // run's process started: by age alone it looks like a dead run's.
+  const fs::path root = fs::temp_directory_path() / ("shardkit-ckpt-debris-live-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  auto sink = st::make_sink<st::posix_sink>(root);
+  auto live_groups = sk::comm::make_loopback_world(1);
+  ck::checkpointer live(live_groups[0], sink, {.keep_last = 0, .run_id = "live"});
+  live.open_for_saves();
+  plant_temporary(root, 4, "201.slow.0", 100, std::chrono::hours(1));
+  const std::set<std::string> planted{ck::step_prefix("", 4) + std::string(st::temporary_marker) + "201.slow.0"};
+  {
+    auto second_groups = sk::comm::make_loopback_world(1);
+    ck::checkpointer second(second_groups[0], sink, {.keep_last = 0, .run_id = "second"});
+    CHECK(temporaries_of(sink) == planted);  // constructing it (to load, say) removes nothing
+    CHECK_THROWS_WITH(second.open_for_saves(), doctest::Contains("run live"));
+    CHECK(temporaries_of(sink) == planted);  // refused the lease: still nothing
   }
   fs::remove_all(root);
 }

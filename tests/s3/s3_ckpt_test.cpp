@@ -569,7 +569,7 @@ std::set<std::string> pending_keys(st::s3_sink& s3) {
 }
 }  // namespace
 
-TEST_CASE("[s3] no orphans: a killed save's pending upload is aborted at the next run's start, a live save's stays") {
+TEST_CASE("[s3] no orphans: a killed save's pending upload is aborted when the next run takes the location, a live save's stays") {
   if (!server_or_skip()) return;
   if (server()->data_dir.empty()) {
     MESSAGE("[s3] no s3rver data directory (SHARDKIT_TEST_S3RVER_DATA): cannot age an upload; case skipped");
@@ -584,9 +584,17 @@ TEST_CASE("[s3] no orphans: a killed save's pending upload is aborted at the nex
   REQUIRE(temporaries.size() == 2);
   for (const auto& t : temporaries) CHECK(t.bytes == 2 * 4096);
   CHECK(pending_keys(*s3) == std::set<std::string>{dead, live});
+  {  // a checkpointer that only loads (it never takes the location's lease) removes nothing
+    auto groups = sk::comm::make_loopback_world(1);
+    ck::checkpointer reader(groups[0], st::any_sink(s3));
+  }
+  CHECK(pending_keys(*s3) == std::set<std::string>{dead, live});
   for (int world : {1, 3}) {
     auto groups = sk::comm::make_loopback_world(world);
-    sk::test::run_threads(world, [&](int r) { ck::checkpointer c(groups[std::size_t(r)], st::any_sink(s3)); });
+    sk::test::run_threads(world, [&](int r) {
+      ck::checkpointer c(groups[std::size_t(r)], st::any_sink(s3));
+      c.open_for_saves();
+    });
     CHECK(pending_keys(*s3) == std::set<std::string>{live});
   }
   s3->abort_pending_uploads();

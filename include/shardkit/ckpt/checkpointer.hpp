@@ -16,8 +16,9 @@
 //!    previous checkpoints as they were.
 //! 4. **retain**: rank 0 keeps the newest keep_last complete checkpoints, and removes debris of failed saves (their
 //!    objects, and writers' temporaries, in steps older than the one committed).
-//! At construction rank 0 also removes the temporaries under the prefix last modified before its process started
-//! (writers of an earlier run killed mid-save), before any rank of this run can write.
+//! When it opens the location (below), once it holds the lease and before any rank of this run writes, rank 0 also
+//! removes the temporaries under the prefix last modified before its process started (writers of an earlier run
+//! killed mid-save). A checkpointer that only loads, or is refused the lease, removes nothing.
 //! Rank 0 then tells every rank the outcome, so all ranks' results agree.
 //!
 //! **One run per location.** The first save (or open_for_saves(), earlier) opens the location for this run, on rank
@@ -350,6 +351,7 @@ class checkpointer {
   std::string run_id_;
   bool resumed_ = false;
   bool opened_ = false;
+  bool swept_ = false;  // rank 0 swept earlier runs' temporaries (once, on first holding the lease)
   std::set<std::uint64_t> indexed_at_open_;  // saves into these steps are refused (this run holds the lease)
   // Steps load_latest passed over before the first save (damaged), and why: that save moves them aside (rank 0).
   std::map<std::uint64_t, std::string> damaged_steps_;

@@ -14,7 +14,6 @@ SHARDKIT_DECL checkpointer::checkpointer(comm::process_group& training, storage:
   check_checkpoint_prefix(opts_.prefix);
   if (opts_.lease_expiry.count() <= 0)
     throw_error(errc::invalid_argument, "checkpointer_options::lease_expiry is positive", {.operation = "ckpt.checkpointer"});
-  if (training.rank() == 0) sweep_temporaries_of_earlier_runs();  // before the dup: no rank of this run writes yet
   comm::group_options g = comm::group_options::from_env();
   g.name = "ckpt";
   group_ = training.dup(g);

@@ -79,6 +79,12 @@ SHARDKIT_DECL void checkpointer::open_location() {
       // One lease object for every attempt: a failed attempt may have written it (its read-back failed).
       if (!lease_) lease_ = std::make_unique<location_lease>(sink_, opts_.prefix, where, run_id_, opts_.lease_expiry);
       if (!lease_->held()) lease_->acquire();
+      // Only the lease's holder sweeps: a run refused here (or one that only loads) must not take a live run's
+      // slow writer, whose temporary may be older than this process, for a dead one.
+      if (!swept_) {
+        swept_ = true;
+        sweep_temporaries_of_earlier_runs();
+      }
       auto listed = list_checkpoints(sink_, opts_.prefix);
       if (!damaged_steps_.empty()) {
         move_damaged_steps_aside(listed, where);
