@@ -571,10 +571,15 @@ TEST_CASE("[comm] direct all_gather(v) and all_to_all(v) name the peer whose mes
         failed[std::size_t(r)] = e.detail();
       }
     });
-    CHECK(failed[0].find("rank 1 called all_to_allv(dtype f32, count 0, algorithm direct) where rank 0 (this rank) called "
-                         "all_to_allv(dtype f32, count 0, algorithm direct), and its message carries 4 bytes where this "
-                         "rank expects 8") != std::string::npos);
-    CHECK(failed[1].find("rank 0 found that rank 1 called all_to_allv") != std::string::npos);
+    // The two called the same collective: the message says so, and what differs (it said "rank 1 called X where
+    // rank 0 called X").
+    const std::string same = "ranks called the same collective but cut it into different messages (collective #0 of this group): ";
+    CHECK(failed[0].find(same + "rank 1 and rank 0 (this rank) both called all_to_allv(dtype f32, count 0, algorithm direct), "
+                                "but the first message from rank 1 carries 4 bytes where rank 0 expects 8: the ranks run "
+                                "different algorithms") != std::string::npos);
+    CHECK(failed[1].find(same + "rank 1 (this rank) and rank 0 both called all_to_allv(dtype f32, count 0, algorithm direct), "
+                                "but the first message from rank 1 carries 4 bytes where rank 0 expects 8") != std::string::npos);
+    CHECK(failed[1].find("where rank 0 called") == std::string::npos);
     groups = comm::make_loopback_world(2, test_group_options());
     failed.assign(2, "");
     test::run_threads(2, [&](int r) {

@@ -57,15 +57,17 @@ struct p2p_options {
   //! (algorithms/call_check.hpp; SHARDKIT_CALL_CHECK=0 turns it off). Every rank of a job must agree on it.
   bool check_calls = true;
 
-  static p2p_options from_env() {
+  //! Every field decides which messages a collective sends, so every rank of a group must hold the same values:
+  //! init_process_group compares them across ranks before any transport connects (comm/detail/start_agreement.hpp).
+  static p2p_options from_env(const settings::environment& env = settings::process_environment) {
     p2p_options o;
-    if (auto v = settings::get<settings::bytes>("SHARDKIT_RD_THRESHOLD")) o.recursive_doubling_max_bytes = std::size_t(*v);
-    if (auto v = settings::get<settings::bytes>("SHARDKIT_ONE_SHOT_THRESHOLD")) o.one_shot_max_bytes = std::size_t(*v);
-    if (auto v = settings::get<settings::integer>("SHARDKIT_ONE_SHOT_MAX_RANKS")) o.one_shot_max_ranks = int(*v);
-    if (auto v = settings::get<settings::integer>("SHARDKIT_DIRECT_MAX_RANKS")) o.direct_max_ranks = int(*v);
-    if (auto v = settings::get<settings::boolean>("SHARDKIT_CROSS_MEMORY")) o.cross_memory = *v;
-    if (auto v = settings::get<settings::boolean>("SHARDKIT_CALL_CHECK")) o.check_calls = *v;
-    if (auto v = settings::get<settings::bytes>("SHARDKIT_SEGMENT_BYTES")) o.segment_bytes = std::size_t(*v);
+    if (auto v = settings::get<settings::bytes>("SHARDKIT_RD_THRESHOLD", env)) o.recursive_doubling_max_bytes = std::size_t(*v);
+    if (auto v = settings::get<settings::bytes>("SHARDKIT_ONE_SHOT_THRESHOLD", env)) o.one_shot_max_bytes = std::size_t(*v);
+    if (auto v = settings::get<settings::integer>("SHARDKIT_ONE_SHOT_MAX_RANKS", env)) o.one_shot_max_ranks = int(*v);
+    if (auto v = settings::get<settings::integer>("SHARDKIT_DIRECT_MAX_RANKS", env)) o.direct_max_ranks = int(*v);
+    if (auto v = settings::get<settings::boolean>("SHARDKIT_CROSS_MEMORY", env)) o.cross_memory = *v;
+    if (auto v = settings::get<settings::boolean>("SHARDKIT_CALL_CHECK", env)) o.check_calls = *v;
+    if (auto v = settings::get<settings::bytes>("SHARDKIT_SEGMENT_BYTES", env)) o.segment_bytes = std::size_t(*v);
     return o;
   }
 };

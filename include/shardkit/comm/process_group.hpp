@@ -144,6 +144,9 @@ class process_group {
   // ---- groups ----
   //! Collective over this group: ranks passing the same color form a new group, ordered by (key, rank).
   //! A negative color takes no part (returns an empty process_group). Blocks until the new group exists.
+  //! `opts` may be given differently on each rank, but opts.check_consistency must be the same on every member of a
+  //! new group (it decides which messages each collective sends): members that differ get errc::config naming
+  //! them, once the split is done, and this group stays whole. Without `opts`, the new group takes this group's.
   process_group split(int color, int key, group_options opts);
   process_group split(int color, int key);
   //! A new group with the same ranks and an independent sequence of operations and progress engine, e.g. for
@@ -176,6 +179,9 @@ class process_group {
   // `job_rank`: this rank's rank in the group made by create() that this one was split from (-1: this is that one).
   process_group(std::unique_ptr<detail::communicator_interface> comm, group_options opts, std::string fault_path = "g",
                 int job_rank = -1);
+
+  // split(); `compare_options`: check that every member gave the new group the same check_consistency.
+  process_group split_group(int color, int key, group_options opts, bool compare_options);
 
   work with_deadline(completion op, const char* name, int peer, std::uint32_t tag, std::chrono::milliseconds timeout,
                      std::size_t bytes);

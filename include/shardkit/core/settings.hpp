@@ -417,11 +417,18 @@ inline std::string markdown() {
       "`LOCAL_RANK`, `LOCAL_WORLD_SIZE` and their Open MPI and Slurm counterparts) are read by\n"
       "`rendezvous::info_from_env` (`include/shardkit/rendezvous/env.hpp`), not from this table.\n"
       "\n"
+      "**Same on every rank**: these decide which messages a collective sends (the transport, the algorithm\n"
+      "thresholds, the segment size, the call check, the debug fingerprints), so ranks that hold different values\n"
+      "would run different algorithms for one call. `init_process_group` compares them across the job's ranks in\n"
+      "the store exchange that discovers the hosts, before any transport connects, and fails on every rank with\n"
+      "`errc::config` naming each one that differs, which ranks hold which value and where it came from (`rank 0\n"
+      "has 1048576 (from the environment), ranks 1, 2 have 0 (default)`); `auto` agrees with the transport it picks.\n"
+      "\n"
       "| variable | type | default | meaning | target |\n"
       "|---|---|---|---|---|\n";
   for (const auto& v : table)
     md += "| `" + std::string(v.name) + "` | " + cell(type_text(v)) + " | " + cell(v.default_text) + " | " +
-          cell(v.meaning) + " | " + cell(v.target) + " |\n";
+          (v.same_on_every_rank ? "**Same on every rank.** " : "") + cell(v.meaning) + " | " + cell(v.target) + " |\n";
   return md;
 }
 

@@ -38,6 +38,10 @@ struct variable {
   std::int64_t min = 0;     //!< integer, bytes and durations (in the variable's unit): accepted range
   std::int64_t max = unbounded;
   std::string_view choices = {};  //!< choice: the accepted words, separated by '|' (matched ignoring case)
+  //! Decides which messages a collective sends, so every rank of a job must hold the same value:
+  //! init_process_group compares them across ranks before any transport connects (comm/detail/start_agreement.hpp)
+  //! and fails on every rank naming the ones that differ.
+  bool same_on_every_rank = false;
 };
 
 // Keep this sorted by target, then by name within a target's group (the generated docs follow this order).
@@ -46,7 +50,7 @@ inline constexpr variable table[] = {
     {.name = "SHARDKIT_TRANSPORT", .type = kind::choice, .default_text = "auto",
      .meaning = "transport of init_process_group: shm (every rank on one host), tcp, shm+tcp (shm within a host, tcp "
                 "across), or auto (chosen from the discovered hosts); tcp and shm+tcp need shardkit::tcp",
-     .target = "core", .choices = "auto|shm|tcp|shm+tcp"},
+     .target = "core", .choices = "auto|shm|tcp|shm+tcp", .same_on_every_rank = true},
     {.name = "SHARDKIT_HOST_ID", .type = kind::text, .default_text = "(boot id + mount and network namespaces)",
      .meaning = "this rank's host identity: ranks with equal ids share memory (shm, hierarchical all-reduce)",
      .target = "core"},
@@ -72,36 +76,36 @@ inline constexpr variable table[] = {
     {.name = "SHARDKIT_DEBUG", .type = kind::choice, .default_text = "off",
      .meaning = "detail: ranks exchange op fingerprints (op, dtype, count, root) before every collective and a "
                 "mismatch is an error naming the ranks",
-     .target = "core", .choices = "off|detail"},
+     .target = "core", .choices = "off|detail", .same_on_every_rank = true},
     {.name = "SHARDKIT_LOG", .type = kind::choice, .default_text = "warn",
      .meaning = "log level on stderr (warning = warn, none = off)", .target = "core",
      .choices = "trace|debug|info|warn|warning|error|off|none"},
     {.name = "SHARDKIT_SPIN_US", .type = kind::microseconds, .default_text = "50",
      .meaning = "how long a wait polls before it sleeps (0: never poll)", .target = "core", .min = 0, .max = 100000},
     {.name = "SHARDKIT_RD_THRESHOLD", .type = kind::bytes, .default_text = "64K",
-     .meaning = "all_reduce at or below this size uses recursive doubling", .target = "core"},
+     .meaning = "all_reduce at or below this size uses recursive doubling", .target = "core", .same_on_every_rank = true},
     {.name = "SHARDKIT_ONE_SHOT_THRESHOLD", .type = kind::bytes, .default_text = "0 (off)",
      .meaning = "all_reduce at or below this size, in groups of at most SHARDKIT_ONE_SHOT_MAX_RANKS, takes one hop",
-     .target = "core"},
+     .target = "core", .same_on_every_rank = true},
     {.name = "SHARDKIT_ONE_SHOT_MAX_RANKS", .type = kind::integer, .default_text = "8",
-     .meaning = "largest group that uses the one-hop all_reduce", .target = "core", .min = 0, .max = 1 << 20},
+     .meaning = "largest group that uses the one-hop all_reduce", .target = "core", .min = 0, .max = 1 << 20, .same_on_every_rank = true},
     {.name = "SHARDKIT_DIRECT_MAX_RANKS", .type = kind::integer, .default_text = "0 (the ring)",
      .meaning = "all_gather and reduce_scatter in groups of at most this many ranks exchange directly with every "
                 "peer (one hop) instead of around the ring",
-     .target = "core", .min = 0, .max = 1 << 20},
+     .target = "core", .min = 0, .max = 1 << 20, .same_on_every_rank = true},
     {.name = "SHARDKIT_CALL_CHECK", .type = kind::boolean, .default_text = "1",
      .meaning = "each collective's first message to a peer carries what this rank called (op, dtype, count, root, "
                 "sequence), so ranks that called different collectives get errc::mismatch on every rank (p2p "
                 "backends); 0: off, on every rank of the job",
-     .target = "core"},
+     .target = "core", .same_on_every_rank = true},
     {.name = "SHARDKIT_SEGMENT_BYTES", .type = kind::bytes, .default_text = "1M",
      .meaning = "pipeline segment of the ring and tree algorithms (also those gloo_communicator runs where gloo has "
                 "none)",
-     .target = "core, gloo", .min = 1},
+     .target = "core, gloo", .min = 1, .same_on_every_rank = true},
     {.name = "SHARDKIT_CROSS_MEMORY", .type = kind::boolean, .default_text = "1",
      .meaning = "large all-reduces, reduce-scatters and all-gathers between processes of one host read "
                 "peers' buffers directly (mapped host_shared_memory, else process_vm_readv); 0: the ring instead",
-     .target = "core"},
+     .target = "core", .same_on_every_rank = true},
     {.name = "SHARDKIT_LINK_BYTES_PER_SECOND", .type = kind::bytes,
      .default_text = "(94% of each NIC's speed from sysfs; none where unknown)",
      .meaning = "capacity of each network link (NIC) in bytes per second in each direction, K/M/G binary (1 Gbit/s "

@@ -6,6 +6,7 @@
 //! at 4096 ranks that is 16.8 M round trips (minutes; docs/benchmarks.md, "Rendezvous at scale"). Instead rank 0
 //! waits for all keys in one request, reads them, and publishes one blob that the others read with one get.
 //! Every rank still receives N values: O(N) bytes per rank is inherent to an all-gather.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -24,9 +25,10 @@ inline std::string pack_values(const std::vector<std::string>& values) {
   return blob;
 }
 
+// `count`: how many values the blob must hold (negative: any number).
 inline std::vector<std::string> unpack_values(const std::string& blob, int count, const error_context& ctx) {
   std::vector<std::string> values;
-  values.reserve(std::size_t(count));
+  values.reserve(std::size_t(std::max(count, 0)));
   std::size_t at = 0;
   while (at < blob.size()) {
     const auto colon = blob.find(':', at);
@@ -41,7 +43,7 @@ inline std::vector<std::string> unpack_values(const std::string& blob, int count
     values.push_back(blob.substr(colon + 1, len));
     at = colon + 1 + len;
   }
-  if (int(values.size()) != count)
+  if (count >= 0 && int(values.size()) != count)
     throw error(errc::protocol, "gathered " + std::to_string(values.size()) + " values for " + std::to_string(count) + " ranks", ctx);
   return values;
 }

@@ -140,7 +140,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
           early_reports_.erase(it);
           if (theirs != r.encode()) {
             lock.unlock();
-            mismatch(from, theirs.data(), r.encode().data(), "", ctx);
+            mismatch(from, theirs.data(), r.encode().data(), {}, ctx);
           }
           continue;
         }
@@ -178,18 +178,47 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     throw error(errc::mismatch, poison_, std::move(ctx));
   }
 
-  //! This rank found that group rank `peer` called `theirs` where it called `mine`: tells every member, marks
-  //! the group, throws errc::mismatch naming both calls.
-  [[noreturn]] void mismatch(int peer, const std::int64_t* theirs, const std::int64_t* mine, const std::string& extra,
+  //! The sizes of a first message that disagree: what the sender's header says it sent, what the receiver expects.
+  struct message_sizes {
+    std::int64_t sent = -1, expected = -1;  // -1: the calls themselves differ
+  };
+
+  //! This rank found that group rank `peer` called `theirs` where it called `mine` (or, with `sizes`, called the
+  //! same but sent another size than this rank expects): tells every member, marks the group, throws
+  //! errc::mismatch naming both calls.
+  [[noreturn]] void mismatch(int peer, const std::int64_t* theirs, const std::int64_t* mine, message_sizes sizes,
                              error_context ctx) {
-    std::string what = "ranks called different collectives at the same point (collective #" +
-                       std::to_string(call_record::seq_of(mine)) + " of this group): rank " + std::to_string(peer) +
-                       " called " + call_record::describe(theirs) + " where rank " + std::to_string(me_) +
-                       " (this rank) called " + call_record::describe(mine) + extra;
-    send_to_all(kind_poison, mine, theirs, peer);
+    std::string what = describe(peer, me_, theirs, mine, sizes);
+    send_to_all(kind_poison, mine, theirs, peer, sizes);
     poison(what, peer);
     ctx.peer = peer;
     throw error(errc::mismatch, std::move(what), std::move(ctx));
+  }
+
+  //! The text of a mismatch that rank `finder` found with rank `peer`. When the two called the same collective and
+  //! only the size of `peer`'s first message differs, the ranks cut one call into other messages: an algorithm
+  //! setting they do not share (p2p_options given in code; init_process_group compares the environment's), or
+  //! per-rank counts that disagree.
+  std::string describe(int peer, int finder, const std::int64_t* theirs, const std::int64_t* mine, message_sizes sizes) const {
+    const std::string at = " (collective #" + std::to_string(call_record::seq_of(mine)) + " of this group)";
+    const auto name = [&](int r) { return "rank " + std::to_string(r) + (r == me_ ? " (this rank)" : ""); };
+    const std::string finder_name = name(finder);
+    const bool same_call = std::equal(theirs, theirs + call_record::words, mine);
+    if (same_call && sizes.sent >= 0)
+      return "ranks called the same collective but cut it into different messages" + at + ": " + name(peer) +
+             " and " + finder_name + " both called " + call_record::describe(mine) +
+             ", but the first message from rank " + std::to_string(peer) + " carries " + std::to_string(sizes.sent) +
+             " bytes where rank " + std::to_string(finder) + " expects " + std::to_string(sizes.expected) +
+             ": the ranks run different algorithms for this call (p2p_options that differ between ranks, such as "
+             "the algorithm thresholds or segment size given in code) or pass per-rank counts that disagree";
+    std::string what = "ranks called different collectives at the same point" + at + ": " +
+                       (finder == me_ ? "" : "rank " + std::to_string(finder) + " found that ") + "rank " + std::to_string(peer) + " called " +
+                       call_record::describe(theirs) + " where " + (finder == me_ ? finder_name : "rank " + std::to_string(finder)) +
+                       " called " + call_record::describe(mine);
+    if (sizes.sent >= 0)
+      what += ", and its message carries " + std::to_string(sizes.sent) + " bytes where rank " + std::to_string(finder) +
+              " expects " + std::to_string(sizes.expected);
+    return what;
   }
 
   //! A rank that waited stall_divisor-th of its timeout in collective `r` lets every member compare (3.).
@@ -207,8 +236,9 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
  private:
   static constexpr std::int64_t control_magic = 0x53484b43544c3031;  // "SHKCTL01"
   static constexpr std::int64_t kind_poison = 1, kind_stall = 2;
-  // magic, kind, sender, about (the rank whose call differs), the sender's record, the other record
-  static constexpr std::size_t control_words = 4 + 2 * call_record::words;
+  // magic, kind, sender, about (the rank whose call differs), the sender's record, the other record, and for a poison
+  // over a first message of another size its message_sizes (sent, expected; -1 when the calls differ)
+  static constexpr std::size_t control_words = 4 + 2 * call_record::words + 2;
   using control_message = std::array<std::int64_t, control_words>;
   using record_words = std::array<std::int64_t, call_record::words>;
   static std::uint32_t seq_of(const std::int64_t* w) noexcept { return call_record::seq_of(w); }
@@ -233,7 +263,8 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     poisoned_.store(true, std::memory_order_release);
   }
 
-  void send_to_all(std::int64_t kind, const std::int64_t* mine, const std::int64_t* other, int about) {
+  void send_to_all(std::int64_t kind, const std::int64_t* mine, const std::int64_t* other, int about,
+                   message_sizes sizes = {}) {
     if (kind == kind_poison && sent_poison_.exchange(true)) return;  // once per group: each peer posts one recv at a time
     auto msg = std::make_shared<control_message>();
     (*msg)[0] = control_magic;
@@ -242,6 +273,8 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     (*msg)[3] = about;
     std::copy(mine, mine + call_record::words, msg->begin() + 4);
     std::copy(other, other + call_record::words, msg->begin() + 4 + std::ptrdiff_t(call_record::words));
+    (*msg)[control_words - 2] = sizes.sent;
+    (*msg)[control_words - 1] = sizes.expected;
     const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(msg->data()), sizeof(control_message));
     for (int r = 0; r < int(members_.size()); ++r) {
       if (r == me_) continue;
@@ -288,11 +321,8 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     const std::int64_t* first = m.data() + 4;
     const std::int64_t* second = first + call_record::words;
     if (m[1] == kind_poison) {
-      poison("ranks called different collectives at the same point (collective #" + std::to_string(seq_of(first)) +
-             " of this group): rank " + std::to_string(from) + " found that rank " + std::to_string(m[3]) + " called " +
-             call_record::describe(second) + " where rank " + std::to_string(from) + " called " +
-             call_record::describe(first),
-             from);
+      const message_sizes sizes{m[control_words - 2], m[control_words - 1]};
+      poison(describe(int(m[3]), from, second, first, sizes), from);
       return;
     }
     record_words theirs;
@@ -309,7 +339,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     }
     if (mine == theirs) return;
     try {
-      mismatch(from, theirs.data(), mine.data(), "", {.rank = me_});
+      mismatch(from, theirs.data(), mine.data(), {}, {.rank = me_});
     } catch (const error&) {  // poisoned and told: the collective waiting here fails from its next poll
     }
   }

@@ -467,14 +467,11 @@ class p2p_op {
                       "with SHARDKIT_CALL_CHECK=0?",
                   context(peer));
     const std::int64_t* theirs = h.data() + 1;
-    if (!std::equal(mine.begin(), mine.end(), theirs)) checker_->mismatch(group_peer, theirs, mine.data(), "", context(peer));
+    if (!std::equal(mine.begin(), mine.end(), theirs)) checker_->mismatch(group_peer, theirs, mine.data(), {}, context(peer));
     const auto sent = std::size_t(h[frame_header::words - 1]);
     const std::size_t inline_bytes = pc.frame.bytes() - frame_header::bytes;
     if (sent != pc.expected || inline_bytes != (sent <= call_checker<T>::inline_max ? sent : 0))
-      checker_->mismatch(group_peer, theirs, mine.data(),
-                         ", and its message carries " + std::to_string(sent) + " bytes where this rank expects " +
-                             std::to_string(pc.expected) + " (per-rank counts that disagree?)",
-                         context(peer));
+      checker_->mismatch(group_peer, theirs, mine.data(), {std::int64_t(sent), std::int64_t(pc.expected)}, context(peer));
     if (sent <= call_checker<T>::inline_max && sent) std::memcpy(pc.dest, slot + frame_header::bytes, sent);
   }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "shardkit/comm/detail/start_agreement.hpp"
 #include "shardkit/comm/init.hpp"
 #include "shardkit/comm/p2p_communicator.hpp"
 #include "shardkit/transport/shm.hpp"
@@ -41,14 +42,16 @@ SHARDKIT_DECL world init_process_group(init_options options) {
                                              timeout.count() > 0 ? std::min(timeout, report_bound) : report_bound);
   log::set_process_rank(w.info.rank);
   w.store = rendezvous::connect_store(w.info, timeout);
-  w.hosts = rendezvous::discover_hosts(w.store, w.info.rank, w.info.world_size, timeout, "shardkit/hosts/");
+  // Where every rank lives, and that every rank holds the same values of the settings that decide which messages
+  // a collective sends: one store exchange, before any transport connects (detail/start_agreement.hpp).
+  w.hosts = detail::agree_on_start(w.store, w.info.rank, w.info.world_size, rendezvous::host_identity(),
+                                   detail::shared_settings(transport, opts), timeout);
   const int my_host = w.hosts.host_of[std::size_t(w.info.rank)];
   const auto local_ranks = w.hosts.ranks_on(my_host);
   if (w.info.local_world_size_stated && int(local_ranks.size()) != w.info.local_world_size)
     log::warn("LOCAL_WORLD_SIZE=", w.info.local_world_size, " but ", local_ranks.size(),
               " ranks share this host (by boot id and namespaces; SHARDKIT_HOST_ID overrides): going by the latter");
-  if (transport == "auto")
-    transport = w.hosts.single_host() ? "shm" : w.hosts.one_rank_per_host() ? "tcp" : "shm+tcp";
+  transport = detail::resolve_transport(transport, w.hosts);
   w.transport = transport;
   rendezvous::any_store scoped(std::make_shared<rendezvous::prefix_store>(w.store, "shardkit/" + transport));
   communicator_factory make;

@@ -22,6 +22,7 @@
 
 #include "shardkit/comm/detail/fault_reports.hpp"
 #include "shardkit/comm/detail/progress_engine.hpp"
+#include "shardkit/comm/detail/shared_settings.hpp"
 #include "shardkit/comm/process_group.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/core/settings.hpp"
@@ -407,24 +408,54 @@ SHARDKIT_DECL work process_group::recv(buffer_view out, int peer, std::uint32_t 
 }
 
 SHARDKIT_DECL process_group process_group::split(int color, int key, group_options opts) {
+  return split_group(color, key, std::move(opts), true);
+}
+
+SHARDKIT_DECL process_group process_group::split_group(int color, int key, group_options opts, bool compare_options) {
   detail::check_may_block("process_group::split");  // before anything is queued: the caller cannot wait for it
   auto& s = self();
   const std::string child_path = s.fault_path + "." + std::to_string(s.splits.fetch_add(1)) + "c" + std::to_string(color);
   if (!opts.fault_reports) opts.fault_reports = s.opts.fault_reports;
   auto promise = std::make_shared<std::promise<std::unique_ptr<detail::communicator_interface>>>();
   auto fut = promise->get_future();
+  // Options a caller gives may differ between ranks: check_consistency decides whether each collective of the new
+  // group is preceded by a fingerprint exchange, so members that differ would pair one rank's exchange with another's
+  // collective. They are compared in the split itself (every rank of this group takes part, whatever its color), and
+  // members that differ fail once the split is done, on every member, leaving this group whole.
+  auto differ = std::make_shared<std::optional<std::string>>();
+  const bool checks = opts.check_consistency;
   work w = s.submit("split", {kind::split, dtype::u8, 0, -1, reduce_op::sum}, {}, 0,
-                    [=](detail::communicator_interface& c, const collective_options& co) { promise->set_value(c.split(color, key, co)); });
+                    [=](detail::communicator_interface& c, const collective_options& co) {
+                      if (compare_options) {
+                        const std::int64_t mine[2] = {color, checks ? 1 : 0};
+                        std::vector<std::int64_t> all(std::size_t(c.size()) * 2);
+                        c.host_all_gather(const_buffer_view(mine, 2, dtype::i64), buffer_view(all.data(), all.size(), dtype::i64), co);
+                        std::vector<std::vector<detail::shared_setting>> members;
+                        std::vector<int> ranks;
+                        for (int r = 0; color >= 0 && r < c.size(); ++r)
+                          if (all[std::size_t(r) * 2] == color) {
+                            members.push_back({{"group_options::check_consistency (SHARDKIT_DEBUG)",
+                                                all[std::size_t(r) * 2 + 1] ? "on (detail)" : "off", {}, {}}});
+                            ranks.push_back(r);
+                          }
+                        *differ = detail::disagreement(members, ranks);
+                      }
+                      promise->set_value(c.split(color, key, co));
+                    });
   w.wait();
   auto child = fut.get();
+  if (*differ)
+    throw error(errc::config, "the new group '" + opts.name + "' is split from group '" + s.opts.name + "' with options that differ between its members (ranks of '" + s.opts.name + "'): " + **differ,
+                s.context("split"));
   if (!child) return {};
   return process_group(std::move(child), std::move(opts), child_path, s.job_rank);
 }
 
+// The parent's own options, which every member holds alike already: nothing to compare.
 SHARDKIT_DECL process_group process_group::split(int color, int key) {
   group_options o = self().opts;
   o.name = self().opts.name + ".split(" + std::to_string(color) + ")";
-  return split(color, key, std::move(o));
+  return split_group(color, key, std::move(o), false);
 }
 
 SHARDKIT_DECL process_group process_group::dup(group_options opts) { return split(0, rank(), std::move(opts)); }
@@ -432,7 +463,7 @@ SHARDKIT_DECL process_group process_group::dup(group_options opts) { return spli
 SHARDKIT_DECL process_group process_group::dup() {
   group_options o = self().opts;
   o.name = self().opts.name + ".dup";
-  return dup(std::move(o));
+  return split_group(0, rank(), std::move(o), false);
 }
 
 SHARDKIT_DECL void process_group::bind_to_this_thread() {

@@ -1,0 +1,145 @@
+#pragma once
+//! What init_process_group checks before any transport connects: every rank of the job holds the same values of
+//! the settings that decide which messages a collective sends. Ranks that disagree on one of them run different
+//! algorithms for one call (SHARDKIT_ONE_SHOT_THRESHOLD set on one rank: that rank sends one hop where the others
+//! run recursive doubling) and then hang, or fail far from the cause; so they fail at the start instead, on every
+//! rank, naming the setting, which ranks hold which value and where each value came from.
+//!
+//! The settings compared (shared_settings() below): the transport (as each rank resolves "auto" from the hosts,
+//! so "auto" and the transport it picks agree), SHARDKIT_DEBUG (the world group's check_consistency),
+//! SHARDKIT_CALL_CHECK, SHARDKIT_RD_THRESHOLD, SHARDKIT_ONE_SHOT_THRESHOLD, SHARDKIT_ONE_SHOT_MAX_RANKS,
+//! SHARDKIT_DIRECT_MAX_RANKS, SHARDKIT_SEGMENT_BYTES and SHARDKIT_CROSS_MEMORY (p2p_options). Timeouts and
+//! the log level may differ: they change when a rank gives up or what it says, not what it sends. The TCP
+//! transport's streams per peer are compared by its own handshake.
+//!
+//! The values travel in the store exchange that discovers the hosts (one value per rank, gathered by rank 0:
+//! rendezvous/gather.hpp), so the check costs no request of its own.
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "shardkit/comm/detail/shared_settings.hpp"
+#include "shardkit/comm/p2p_communicator.hpp"
+#include "shardkit/comm/process_group.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/core/settings.hpp"
+#include "shardkit/rendezvous/gather.hpp"
+#include "shardkit/rendezvous/hosts.hpp"
+#include "shardkit/rendezvous/store.hpp"
+
+namespace shardkit::comm::detail {
+
+//! The transport "auto" stands for on these hosts (init_process_group's choice); any other name is itself.
+inline std::string resolve_transport(std::string_view requested, const rendezvous::host_map& hosts) {
+  if (requested != "auto") return std::string(requested);
+  return hosts.single_host() ? "shm" : hosts.one_rank_per_host() ? "tcp" : "shm+tcp";
+}
+
+//! This rank's values of the settings every rank must share: `transport` as init_options gives it (not yet
+//! resolved), the world group's options, and the p2p transports' options, which the registered transports read
+//! from `env` (p2p_options::from_env).
+inline std::vector<shared_setting> shared_settings(std::string_view transport, const group_options& group,
+                                                   const settings::environment& env = settings::process_environment) {
+  const auto set = [&](const char* name) {
+    const char* v = env(name);
+    return v && *v;
+  };
+  const auto origin = [&](const char* name) { return set(name) ? std::string("from the environment") : std::string("default"); };
+  std::vector<shared_setting> s;
+  {
+    const auto from_env = settings::get<settings::choice>("SHARDKIT_TRANSPORT", env);
+    const std::string asked(transport);
+    s.push_back({"SHARDKIT_TRANSPORT", asked, {},
+                 from_env && *from_env == asked ? "from the environment"
+                 : !from_env && asked == "auto" ? "default"
+                                                : "set in code (init_options::transport)"});
+  }
+  {
+    const auto from_env = settings::get<settings::choice>("SHARDKIT_DEBUG", env);
+    const bool env_detail = from_env && *from_env == "detail";
+    s.push_back({"SHARDKIT_DEBUG", group.check_consistency ? "detail" : "off", {},
+                 from_env && env_detail == group.check_consistency ? "from the environment"
+                 : !from_env && !group.check_consistency          ? "default"
+                                                                   : "set in code (group_options::check_consistency)"});
+  }
+  const p2p_options p = p2p_options::from_env(env);
+  const auto add = [&](const char* name, auto value) {
+    if constexpr (std::is_same_v<decltype(value), bool>)
+      s.push_back({name, value ? "1" : "0", {}, origin(name)});
+    else
+      s.push_back({name, std::to_string(value), {}, origin(name)});
+  };
+  add("SHARDKIT_CALL_CHECK", p.check_calls);
+  add("SHARDKIT_RD_THRESHOLD", p.recursive_doubling_max_bytes);
+  add("SHARDKIT_ONE_SHOT_THRESHOLD", p.one_shot_max_bytes);
+  add("SHARDKIT_ONE_SHOT_MAX_RANKS", p.one_shot_max_ranks);
+  add("SHARDKIT_DIRECT_MAX_RANKS", p.direct_max_ranks);
+  add("SHARDKIT_SEGMENT_BYTES", p.segment_bytes);
+  add("SHARDKIT_CROSS_MEMORY", p.cross_memory);
+  return s;
+}
+
+inline std::string encode_settings(const std::vector<shared_setting>& s) {
+  std::vector<std::string> fields;
+  fields.reserve(s.size() * 4);
+  for (const auto& x : s) fields.insert(fields.end(), {x.name, x.value, x.shown, x.origin});
+  return rendezvous::detail::pack_values(fields);
+}
+
+inline std::vector<shared_setting> decode_settings(const std::string& blob, const error_context& ctx) {
+  const auto v = rendezvous::detail::unpack_values(blob, -1, ctx);
+  if (v.size() % 4 != 0) throw error(errc::protocol, "malformed shared settings (" + std::to_string(v.size()) + " fields)", ctx);
+  std::vector<shared_setting> s;
+  for (std::size_t i = 0; i < v.size(); i += 4) s.push_back({v[i], v[i + 1], v[i + 2], v[i + 3]});
+  return s;
+}
+
+//! Collective over the job's ranks [0, size), before any transport connects: publishes this rank's host identity
+//! and shared settings under `prefix` in one store exchange, and returns where every rank lives. errc::config on
+//! every rank when the ranks' settings differ (disagreement()), "auto" transports resolved first.
+inline rendezvous::host_map agree_on_start(rendezvous::any_store& store, int rank, int size, const std::string& identity,
+                                           const std::vector<shared_setting>& mine, std::chrono::milliseconds timeout,
+                                           const std::string& prefix = "shardkit/hosts/") {
+  const error_context ctx{.rank = rank, .operation = "init_process_group"};
+  const auto all = rendezvous::all_gather_values(store, prefix, rank, size,
+                                                 rendezvous::detail::pack_values({identity, encode_settings(mine)}), timeout);
+  std::vector<std::string> identities;
+  std::vector<std::vector<shared_setting>> settings_of;
+  for (const auto& v : all) {
+    const auto parts = rendezvous::detail::unpack_values(v, 2, ctx);
+    identities.push_back(parts[0]);
+    settings_of.push_back(decode_settings(parts[1], ctx));
+  }
+  auto hosts = rendezvous::host_map::from_identities(identities);
+  for (auto& rank_settings : settings_of)
+    for (auto& x : rank_settings)
+      if (x.name == "SHARDKIT_TRANSPORT") {
+        const std::string chosen = resolve_transport(x.value, hosts);
+        if (chosen != x.value) x.shown = x.value + ", which picks " + chosen + " on these hosts";
+        x.value = chosen;
+      }
+  if (auto differ = disagreement(settings_of)) {
+    // Rank 0 hosts the store: it stays until every other rank says it read the values (or a few seconds pass), so
+    // that each names the settings rather than a store that went away under it.
+    const std::string read = prefix + "refused/" + std::to_string(size) + "/";
+    try {
+      if (rank != 0) {
+        store.set(read + std::to_string(rank), "1");
+      } else if (size > 1) {
+        std::vector<std::string> keys;
+        for (int r = 1; r < size; ++r) keys.push_back(read + std::to_string(r));
+        store.wait(keys, std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(5)));
+      }
+    } catch (const error&) {  // a rank that went away meanwhile: the verdict stands
+    }
+    throw error(errc::config, *differ, ctx);
+  }
+  return hosts;
+}
+
+}  // namespace shardkit::comm::detail

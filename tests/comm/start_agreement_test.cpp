@@ -1,0 +1,193 @@
+// Settings every rank must share (comm/detail/start_agreement.hpp): one set differently on some ranks fails at the
+// start on every rank, naming the setting, each rank's value and where it came from, instead of a hang or a
+// misleading error at the first collective that runs another algorithm. Ranks as threads through one store, as
+// processes through init_process_group, and groups split with options that differ.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardkit/comm/init.hpp"
+#include "shardkit/comm/loopback_world.hpp"
+#include "shardkit/rendezvous/memory_store.hpp"
+#include "support/harness.hpp"
+
+using namespace std::chrono_literals;
+namespace comm = shardkit::comm;
+namespace rdv = shardkit::rendezvous;
+using shardkit::errc;
+
+namespace start_agreement_test {
+
+bool says(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// What each of `n` thread ranks got from agree_on_start through one store, rank r reading its environment from
+// env[r] (missing: nothing set) and asking for transport[r] ("auto" where missing).
+struct outcome {
+  std::vector<std::string> errors;  // "" where the rank went on
+  std::vector<errc> codes;
+  double seconds = 0;
+};
+outcome start(int n, const std::vector<std::map<std::string, std::string>>& env,
+              const std::map<int, std::string>& transport = {}, const std::map<int, bool>& debug_in_code = {}) {
+  rdv::any_store store = rdv::make_store<rdv::memory_store>();
+  outcome o;
+  o.errors.assign(std::size_t(n), "");
+  o.codes.assign(std::size_t(n), errc{});
+  const auto t0 = std::chrono::steady_clock::now();
+  shardkit::test::run_threads(n, [&](int r) {
+    const auto mine = std::size_t(r) < env.size() ? env[std::size_t(r)] : std::map<std::string, std::string>{};
+    const shardkit::settings::environment lookup = [mine](const char* name) -> const char* {
+      const auto it = mine.find(name);
+      return it == mine.end() ? nullptr : it->second.c_str();
+    };
+    comm::group_options g;
+    if (auto v = shardkit::settings::get<shardkit::settings::choice>("SHARDKIT_DEBUG", lookup)) g.check_consistency = *v == "detail";
+    if (auto it = debug_in_code.find(r); it != debug_in_code.end()) g.check_consistency = it->second;
+    const auto t = transport.count(r) ? transport.at(r)
+                                      : shardkit::settings::get<shardkit::settings::choice>("SHARDKIT_TRANSPORT", lookup).value_or("auto");
+    try {
+      comm::detail::agree_on_start(store, r, n, "one host", comm::detail::shared_settings(t, g, lookup), 5s);
+    } catch (const shardkit::error& e) {
+      o.errors[std::size_t(r)] = e.what();
+      o.codes[std::size_t(r)] = errc(e.code().value());
+    }
+  });
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return o;
+}
+
+// Every rank failed with errc::config, saying `text`, at once.
+void every_rank_says(const outcome& o, const std::string& text) {
+  for (std::size_t r = 0; r < o.errors.size(); ++r) {
+    CAPTURE(r);
+    CAPTURE(o.errors[r]);
+    CHECK(o.codes[r] == errc::config);
+    CHECK(says(o.errors[r], text));
+  }
+  CHECK(o.seconds < 2);
+}
+
+}  // namespace start_agreement_test
+
+using namespace start_agreement_test;
+
+TEST_CASE("[comm] a setting that decides the messages, set on some ranks only, fails at the start on every rank naming it") {
+  SUBCASE("an algorithm threshold on rank 0 of 3 (it hung 30 min in the trainer)") {
+    every_rank_says(start(3, {{{"SHARDKIT_ONE_SHOT_THRESHOLD", "1M"}}}),
+                    "SHARDKIT_ONE_SHOT_THRESHOLD differs between ranks: rank 0 has 1048576 (from the environment), "
+                    "ranks 1, 2 have 0 (default); every rank must use the same value");
+  }
+  SUBCASE("the direct exchange's group size on rank 2 of 5") {
+    every_rank_says(start(5, {{}, {}, {{"SHARDKIT_DIRECT_MAX_RANKS", "8"}}}),
+                    "SHARDKIT_DIRECT_MAX_RANKS differs between ranks: ranks 0, 1, 3, 4 have 0 (default), rank 2 has 8 "
+                    "(from the environment)");
+  }
+  SUBCASE("recursive doubling's threshold and the segment size on rank 1, both named") {
+    every_rank_says(start(3, {{}, {{"SHARDKIT_RD_THRESHOLD", "0"}, {"SHARDKIT_SEGMENT_BYTES", "1K"}}}),
+                    "SHARDKIT_RD_THRESHOLD differs between ranks: ranks 0, 2 have 65536 (default), rank 1 has 0 (from "
+                    "the environment); SHARDKIT_SEGMENT_BYTES differs between ranks: ranks 0, 2 have 1048576 (default), "
+                    "rank 1 has 1024 (from the environment); every rank must use the same value of each");
+  }
+  SUBCASE("the call check off on rank 0 (it was a protocol error about message sizes)") {
+    every_rank_says(start(3, {{{"SHARDKIT_CALL_CHECK", "0"}}}),
+                    "SHARDKIT_CALL_CHECK differs between ranks: rank 0 has 0 (from the environment), ranks 1, 2 have 1 (default)");
+  }
+  SUBCASE("the debug fingerprints on rank 1, and the same set in code") {
+    every_rank_says(start(3, {{}, {{"SHARDKIT_DEBUG", "detail"}}}),
+                    "SHARDKIT_DEBUG differs between ranks: ranks 0, 2 have off (default), rank 1 has detail (from the environment)");
+    every_rank_says(start(3, {}, {}, {{2, true}}),
+                    "rank 2 has detail (set in code (group_options::check_consistency))");
+  }
+  SUBCASE("another transport on one rank (it was 300 s of silence, then a store key)") {
+    every_rank_says(start(3, {{}, {{"SHARDKIT_TRANSPORT", "tcp"}}}),
+                    "SHARDKIT_TRANSPORT differs between ranks: ranks 0, 2 have auto, which picks shm on these hosts "
+                    "(default), rank 1 has tcp (from the environment)");
+  }
+  SUBCASE("the cross-memory path off on one rank") {
+    every_rank_says(start(3, {{}, {}, {{"SHARDKIT_CROSS_MEMORY", "0"}}}), "SHARDKIT_CROSS_MEMORY differs between ranks");
+  }
+}
+
+TEST_CASE("[comm] settings that agree pass the start: auto and the transport it picks, values spelled differently") {
+  const auto o = start(3, {{{"SHARDKIT_TRANSPORT", "shm"}, {"SHARDKIT_SEGMENT_BYTES", "1M"}},
+                           {{"SHARDKIT_SEGMENT_BYTES", "1048576"}, {"SHARDKIT_CALL_CHECK", "yes"}},
+                           {{"SHARDKIT_TIMEOUT_MS", "5000"}, {"SHARDKIT_LOG", "info"}}});
+  for (const auto& e : o.errors) CHECK(e == "");
+  CHECK(comm::detail::rank_list({0, 1, 2, 3, 7, 9, 10}) == "ranks 0-3, 7, 9, 10");
+  CHECK(comm::detail::rank_list({4}) == "rank 4");
+}
+
+// A caller gives a new group's options on each rank; check_consistency decides whether each of its collectives
+// exchanges fingerprints first, so members that differ would pair one rank's exchange with another's collective.
+TEST_CASE("[comm] a group split with check_consistency on some members only fails on every member; the parent goes on") {
+  auto world = comm::make_loopback_world(3, comm::group_options{});
+  std::vector<std::string> errors(3);
+  shardkit::test::run_threads(3, [&](int r) {
+    comm::group_options o;
+    o.name = "pairs";
+    o.check_consistency = r == 1;  // rank 2 is alone in its color: what it gives is its own business
+    try {
+      world[std::size_t(r)].split(r == 2 ? 1 : 0, r, o);
+    } catch (const shardkit::error& e) {
+      CHECK(e.code() == errc::config);
+      errors[std::size_t(r)] = e.what();
+    }
+    world[std::size_t(r)].barrier().wait();  // the parent is whole
+    auto checked = world[std::size_t(r)].dup({.name = "checked", .check_consistency = true});  // agreed: made
+    checked.barrier().wait();
+  });
+  for (int r : {0, 1}) {
+    CAPTURE(errors[std::size_t(r)]);
+    CHECK(says(errors[std::size_t(r)], "the new group 'pairs' is split from group 'world' with options that differ between its "
+                                       "members (ranks of 'world'): group_options::check_consistency (SHARDKIT_DEBUG) differs "
+                                       "between ranks: rank 0 has off, rank 1 has on (detail)"));
+  }
+  CHECK(errors[2] == "");
+}
+
+// Rank 0 of 3 processes sets SHARDKIT_ONE_SHOT_THRESHOLD (as the trainer's attack did), rank 2 SHARDKIT_TRANSPORT:
+// every rank fails in init_process_group, at once, naming both.
+SHARDKIT_SCENARIO(start_agreement_processes) {
+  const int rank = shardkit::test::env_rank();
+  if (rank == 0) ::setenv("SHARDKIT_ONE_SHOT_THRESHOLD", "1M", 1);
+  if (rank == 2) ::setenv("SHARDKIT_TRANSPORT", "tcp", 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    auto w = comm::init_process_group();
+    std::printf("STARTED\n");
+  } catch (const shardkit::error& e) {
+    std::printf("REFUSED after %.2f s: %s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), e.what());
+  }
+}
+
+TEST_CASE("[comm] processes: a setting on one rank only fails init_process_group on every rank within seconds, naming it") {
+  const auto results = shardkit::test::run_processes(3, "start_agreement_processes", {{"SHARDKIT_STORE_TIMEOUT", "20"}}, 30s);
+  shardkit::test::require_all_succeeded(results);
+  for (const auto& r : results) {
+    CAPTURE(r.output);
+    REQUIRE(says(r.output, "REFUSED after "));
+    CHECK(std::stod(r.output.substr(r.output.find("REFUSED after ") + 14)) < 5);  // the store's timeout is 20 s
+    CHECK(says(r.output, "SHARDKIT_TRANSPORT differs between ranks: ranks 0, 1 have auto, which picks shm on these hosts "
+                         "(default), rank 2 has tcp (from the environment)"));
+    CHECK(says(r.output, "SHARDKIT_ONE_SHOT_THRESHOLD differs between ranks: rank 0 has 1048576 (from the environment), "
+                         "ranks 1, 2 have 0 (default)"));
+  }
+}
+
+// The settings table marks what init_process_group compares (docs/environment.md shows the mark): the two agree.
+TEST_CASE("[comm] the settings compared at the start are those the settings table marks as the same on every rank") {
+  std::vector<std::string> compared, marked;
+  for (const auto& s : comm::detail::shared_settings("auto", {})) compared.push_back(s.name);
+  for (const auto& v : shardkit::settings::table)
+    if (v.same_on_every_rank) marked.emplace_back(v.name);
+  std::sort(compared.begin(), compared.end());
+  std::sort(marked.begin(), marked.end());
+  CHECK(compared == marked);
+}
