@@ -3,6 +3,7 @@
 // formatting sizes and shapes.
 #include <cctype>
 #include <charconv>
+#include <chrono>
 #include <exception>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +15,7 @@
 
 #include "shardkit/ckpt/catalog.hpp"
 #include "shardkit/ckpt/index.hpp"
+#include "shardkit/ckpt/lease.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/storage/posix_sink.hpp"
 #include "shardkit/storage/sink.hpp"
@@ -111,6 +113,39 @@ inline st::any_sink open_location(const std::string& location, bool create) {
   options.create_root = create;
   return st::make_sink<st::posix_sink>(location, options);
 #endif
+}
+
+//! The location's lease (ckpt/lease.hpp) as ls and gc judge it, with the verdict a resume's takeover gives: whether
+//! a live run writes there.
+struct lease_state {
+  std::optional<ck::lease_record> record;  //!< none: no lease object, no run holds the location
+  std::string stale_reason;                //!< empty while its holder is live
+  std::int64_t now = 0;                    //!< seconds since the epoch when it was read
+  std::chrono::seconds expiry{0};          //!< what judged it: the holder's recorded expiry, else the default
+
+  bool live() const { return record && stale_reason.empty(); }
+  //! "run R holds the lease (host H, pid P, renewed N s ago)" while live; else "run R's lease (host H, pid P, renewed
+  //! N s ago) is stale: why", or what the object is when it is not a lease.
+  std::string holder_text() const {
+    const auto& l = *record;
+    if (!l.unparsed.empty()) return std::string(ck::lease_object_name) + " is " + l.describe(now) + ": no run holds it";
+    const std::string details = " (host " + l.host + ", pid " + std::to_string(l.pid) + ", renewed " +
+                                std::to_string(now - l.renewed) + " s ago)";
+    if (live()) return "run " + l.run + " holds the lease" + details;
+    return "run " + l.run + "'s lease" + details + " is stale: " + stale_reason;
+  }
+};
+
+inline lease_state read_location_lease(st::any_sink& sink) {
+  lease_state s;
+  s.record = ck::read_lease(sink, ck::lease_key(""));
+  if (!s.record) return s;
+  s.now = ck::detail::unix_seconds();
+  // A holder that did not record its expiry is judged by the default one.
+  const auto reader = s.record->expiry > 0 ? std::chrono::seconds(0) : ck::default_lease_expiry;
+  s.expiry = ck::lease_expiry_of(*s.record, reader);
+  s.stale_reason = ck::lease_stale_reason(*s.record, s.now, reader, ck::detail::host_name());
+  return s;
 }
 
 //! The tool's location is the directory that holds step-*/ (what the checkpointer's sink root plus its prefix

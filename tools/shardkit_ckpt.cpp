@@ -4,7 +4,7 @@
 //   shardkit-ckpt verify LOCATION [--step N]
 //   shardkit-ckpt inspect LOCATION [--step N] [--json]
 //   shardkit-ckpt consolidate LOCATION --out DIR [--step N] [--max-shard-size 5GB] [--all] [--force]
-//   shardkit-ckpt gc LOCATION [--min-age SECONDS] [--damaged]
+//   shardkit-ckpt gc LOCATION [--min-age SECONDS] [--damaged] [--ignore-lease]
 //
 // LOCATION is what the checkpointer was given: a directory, or s3://bucket/prefix where storage/open_sink.hpp and
 // the S3 sink are built in. Without --step a command takes the newest complete checkpoint (the one a resume
@@ -39,7 +39,7 @@ int usage(std::FILE* to = stderr) {
       "       shardkit-ckpt verify LOCATION [--step N]\n"
       "       shardkit-ckpt inspect LOCATION [--step N] [--json]\n"
       "       shardkit-ckpt consolidate LOCATION --out DIR [--step N] [--max-shard-size 5GB] [--all] [--force]\n"
-      "       shardkit-ckpt gc LOCATION [--min-age SECONDS] [--damaged]\n"
+      "       shardkit-ckpt gc LOCATION [--min-age SECONDS] [--damaged] [--ignore-lease]\n"
       "LOCATION: a checkpoint directory (or s3://bucket/prefix); without --step, the latest complete checkpoint.\n"
       "  --progress / --no-progress  progress bars on stderr (default: when stderr is a terminal)\n"
       "  --json                      ls, inspect: one JSON document on stdout (exact bytes, every piece's file)\n"
@@ -49,12 +49,16 @@ int usage(std::FILE* to = stderr) {
       "  --all                       consolidate: also per-rank entries (rank/...) and optimizer state (optim.*)\n"
       "  --force                     consolidate: replace a consolidated model already in DIR\n"
       "gc removes debris: the objects of steps without an index older than the latest complete checkpoint, writers'\n"
-      "temporaries in those steps, and the other temporaries unmodified for --min-age SECONDS (default 600: a live\n"
-      "writer's is younger; 0 once no run writes there). On s3:// the temporaries are pending multipart uploads\n"
-      "(ListMultipartUploads), aborted; their age is that of their newest part. With --damaged it also removes the\n"
-      "damaged checkpoints a resume moved aside (step-N.damaged/: ls lists them; without --damaged gc keeps them).\n"
+      "temporaries in those steps, and the other temporaries unmodified for --min-age SECONDS (default 600; 0 once no\n"
+      "run writes there). On s3:// the temporaries are pending multipart uploads (ListMultipartUploads), aborted; their\n"
+      "age is that of their newest part. While a live run holds the location's lease (lease.json, judged as a resume's\n"
+      "takeover judges it), gc keeps that run's save in progress (newer steps, their temporaries) and refuses\n"
+      "--min-age, naming the run; --ignore-lease treats that lease as dead (a run you know died on another host less\n"
+      "than its expiry ago). With --damaged it also removes the damaged checkpoints a resume moved aside\n"
+      "(step-N.damaged/: ls lists them; without --damaged gc keeps them).\n"
       "ls: complete means the index parses and every file it lists is there with the size it records (verify also\n"
-      "checks every checksum); latest is the newest complete step, the one a resume loads first.\n",
+      "checks every checksum); latest is the newest complete step, the one a resume loads first; in-progress, the\n"
+      "steps and temporaries of the save of a live run that holds the lease.\n",
       to);
   return to == stdout ? 0 : 2;
 }
@@ -155,22 +159,46 @@ const char* temporary_noun(const std::string& location) {
   return location.starts_with("s3://") ? "pending multipart upload" : "temporary file";
 }
 
+// Whether the live save of the lease's holder may be writing what lies in `step` (none: not a step's): a step newer
+// than the latest complete one (saves run in step order), or the latest itself (a writer's temporary of it may still
+// be renamed away). Without a live lease nothing is.
+bool of_live_save(const lease_state& lease, std::optional<std::uint64_t> step, std::optional<std::uint64_t> latest) {
+  return lease.live() && !(step && latest && *step < *latest);
+}
+
+// What the lease says, for ls and gc: empty without one.
+std::string lease_line(const lease_state& lease) {
+  if (!lease.record) return {};
+  if (lease.live()) return "in progress: " + lease.holder_text();
+  return "lease: " + lease.holder_text() + (lease.record->unparsed.empty() ? "; no run writes here (the next run takes it over)" : "");
+}
+
 int run_ls(const common_options& o) {
   auto sink = open_location(o.location, false);
-  const auto steps = list_steps(sink);
+  const auto lease = read_location_lease(sink);
+  auto steps = list_steps(sink);
   std::size_t complete = 0, damaged = 0;
   std::optional<std::uint64_t> latest;
-  // Debris: objects of steps without an index, and writers' temporaries (LIST never shows them).
-  std::size_t debris_objects = 0;
-  std::uint64_t debris_bytes = 0, temporary_bytes = 0;
-  for (const auto& s : steps) {
+  for (const auto& s : steps)
+    if (s.latest) latest = s.step;
+  // Debris: objects of steps without an index, and writers' temporaries (LIST never shows them); while a live run
+  // holds the lease, those its save may be writing are its save in progress instead.
+  struct tally {
+    std::size_t objects = 0, temporaries = 0;
+    std::uint64_t bytes = 0, temporary_bytes = 0;
+  } debris, in_progress;
+  for (auto& s : steps) {
     complete += s.status == "complete";
     damaged += s.status == "damaged" || s.status == "bad-index";
-    if (s.latest) latest = s.step;
-    if (s.status == "debris") debris_objects += s.files, debris_bytes += s.bytes;
+    if (s.status != "debris") continue;
+    if (of_live_save(lease, s.step, latest)) s.status = "in-progress";
+    auto& t = s.status == "debris" ? debris : in_progress;
+    t.objects += s.files, t.bytes += s.bytes;
   }
-  const auto temporaries = sink.temporaries("");
-  for (const auto& t : temporaries) temporary_bytes += t.bytes;
+  for (const auto& t : sink.temporaries("")) {
+    auto& into = of_live_save(lease, ck::detail::step_of_key(t.key, ""), latest) ? in_progress : debris;
+    ++into.temporaries, into.temporary_bytes += t.bytes;
+  }
   if (o.json) {
     nlohmann::ordered_json j = {{"location", o.location}, {"latest", nullptr}, {"steps", nlohmann::ordered_json::array()}};
     if (latest) j["latest"] = *latest;
@@ -183,8 +211,22 @@ int run_ls(const common_options& o) {
       e["moved_aside"] = s.moved_aside.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(s.moved_aside);
       j["steps"].push_back(std::move(e));
     }
-    j["debris"] = {{"objects", debris_objects}, {"bytes", debris_bytes}, {"temporaries", temporaries.size()},
-                   {"temporary_bytes", temporary_bytes}};
+    auto tally_json = [](const tally& t) {
+      return nlohmann::ordered_json{{"objects", t.objects}, {"bytes", t.bytes}, {"temporaries", t.temporaries},
+                                    {"temporary_bytes", t.temporary_bytes}};
+    };
+    j["debris"] = tally_json(debris);
+    j["in_progress"] = tally_json(in_progress);
+    j["lease"] = nullptr;
+    if (lease.record) {
+      const auto& l = *lease.record;
+      j["lease"] = l.unparsed.empty() ? nlohmann::ordered_json{{"run", l.run}, {"host", l.host}, {"pid", l.pid},
+                                                               {"renewed_seconds_ago", lease.now - l.renewed},
+                                                               {"expiry", lease.expiry.count()}}
+                                      : nlohmann::ordered_json{{"unparsed", l.unparsed}};
+      j["lease"]["live"] = lease.live();
+      j["lease"]["stale_reason"] = lease.stale_reason;
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -196,15 +238,24 @@ int run_ls(const common_options& o) {
     rows.push_back({std::to_string(s.step), s.status, s.latest ? "latest" : "", s.world_size ? std::to_string(*s.world_size) : "-",
                     std::to_string(s.files), human_bytes(s.bytes), s.tensors ? std::to_string(*s.tensors) : "-",
                     s.status == "debris"        ? "(no index: a save that did not commit)"
+                    : s.status == "in-progress" ? "(no index yet: the live run's save)"
                     : !s.moved_aside.empty()    ? "(moved aside: " + s.moved_aside + ")"
                                                 : metadata_text(s.metadata)});
   if (rows.size() > 1) print_table(rows);
   for (const auto& s : steps)
     for (const auto& p : s.problems) std::printf("note: step %llu: %s\n", static_cast<unsigned long long>(s.step), p.c_str());
-  if (debris_objects || !temporaries.empty())
+  if (const auto line = lease_line(lease); !line.empty()) {
+    std::string save;
+    if (in_progress.objects || in_progress.temporaries)
+      save = "; its save in progress: " + plural(in_progress.objects, "object") + " (" + human_bytes(in_progress.bytes) +
+             ") of steps without an index yet, " + plural(in_progress.temporaries, temporary_noun(o.location)) + " (" +
+             human_bytes(in_progress.temporary_bytes) + ")";
+    std::printf("%s%s\n", line.c_str(), save.c_str());
+  }
+  if (debris.objects || debris.temporaries)
     std::printf("debris: %s (%s) of steps without an index, %s (%s) that killed writers left; shardkit-ckpt gc removes it\n",
-                plural(debris_objects, "object").c_str(), human_bytes(debris_bytes).c_str(),
-                plural(temporaries.size(), temporary_noun(o.location)).c_str(), human_bytes(temporary_bytes).c_str());
+                plural(debris.objects, "object").c_str(), human_bytes(debris.bytes).c_str(),
+                plural(debris.temporaries, temporary_noun(o.location)).c_str(), human_bytes(debris.temporary_bytes).c_str());
   return 0;
 }
 
@@ -222,15 +273,39 @@ bool out_inside_location(const std::string& location, const std::string& out) {
   return l == loc.end() || (std::next(l) == loc.end() && l->empty());  // every component of the location matched
 }
 
+// What gc is asked: --min-age (given or the default), --damaged, --ignore-lease.
+struct gc_options {
+  std::chrono::seconds min_age{600};
+  bool min_age_given = false;
+  bool damaged = false;
+  bool ignore_lease = false;
+};
+
 // Removes debris that no live save can be writing: steps without an index older than the latest complete checkpoint
-// (saves run in step order, so none writes there) with their temporaries, and other temporaries older than min_age.
-int run_gc(const common_options& o, std::chrono::seconds min_age, bool damaged) {
+// (saves run in step order, so none writes there) with their temporaries, and other temporaries older than min_age,
+// unless a live run holds the location's lease: then those are its save's, and kept (an explicit --min-age is
+// refused, naming the run, unless --ignore-lease).
+int run_gc(const common_options& o, const gc_options& g) {
   auto sink = open_location(o.location, false);
+  auto lease = read_location_lease(sink);
+  const bool ignored = lease.live() && g.ignore_lease;
+  if (ignored) {
+    std::printf("%s: --ignore-lease: treating the lease as dead: %s\n", o.location.c_str(), lease.holder_text().c_str());
+    lease.stale_reason = "--ignore-lease";
+  }
+  if (lease.live() && g.min_age_given)
+    sk::throw_error(sk::errc::config,
+                    o.location + " is in use: " + lease.holder_text() + "; it expires " + std::to_string(lease.expiry.count()) +
+                        " s after a renewal. gc --min-age removes temporaries by age, and that run's save in progress "
+                        "writes them. Run gc without --min-age (it keeps what a live save may write), wait for that run "
+                        "to end, or pass --ignore-lease if you know it is dead",
+                    {.operation = "shardkit-ckpt gc", .object = o.location});
   const auto listed = ck::list_checkpoints(sink, "");
   const auto latest = ck::latest_checkpoint(sink, "");
+  const std::optional<std::uint64_t> latest_step = latest ? std::optional(latest->step) : std::nullopt;
   std::vector<std::string> keys;
-  std::uint64_t bytes = 0, temporary_bytes = 0;
-  std::size_t steps = 0, removed_temporaries = 0;
+  std::uint64_t bytes = 0, temporary_bytes = 0, kept_bytes = 0;
+  std::size_t steps = 0, removed_temporaries = 0, kept_temporaries = 0;
   for (const auto& [step, step_keys] : listed.keys_by_step) {
     if (listed.indexed.contains(step) || !latest || step >= latest->step) continue;
     ++steps;
@@ -241,9 +316,13 @@ int run_gc(const common_options& o, std::chrono::seconds min_age, bool damaged) 
   std::map<std::string, std::chrono::seconds> sweeps;  // a directory's key prefix, and the age its sweep takes
   for (const auto& t : sink.temporaries("")) {
     const auto step = ck::detail::step_of_key(t.key, "");
+    if (of_live_save(lease, step, latest_step)) {
+      ++kept_temporaries, kept_bytes += t.bytes;
+      continue;
+    }
     const bool old_step = step && latest && *step < latest->step;
-    if (!old_step && now - t.modified < min_age) continue;
-    sweeps.emplace(t.key.substr(0, t.key.rfind('/') + 1), old_step ? std::chrono::seconds(0) : min_age);
+    if (!old_step && now - t.modified < g.min_age) continue;
+    sweeps.emplace(t.key.substr(0, t.key.rfind('/') + 1), old_step ? std::chrono::seconds(0) : g.min_age);
     ++removed_temporaries, temporary_bytes += t.bytes;
   }
   for (const auto& [dir, age] : sweeps) sink.remove_stale_temporaries(age, dir);
@@ -252,15 +331,21 @@ int run_gc(const common_options& o, std::chrono::seconds min_age, bool damaged) 
   std::uint64_t aside_bytes = 0;
   for (const auto& [prefix, d] : listed.damaged)
     for (const auto& k : d.keys) aside.push_back(k), aside_bytes += sink.size(k).value_or(0);
-  if (damaged) sink.remove_many(aside);
+  if (g.damaged) sink.remove_many(aside);
   std::printf("%s: removed %s (%s) of %s without an index, %s (%s)\n", o.location.c_str(), plural(keys.size(), "object").c_str(),
               human_bytes(bytes).c_str(), plural(steps, "step").c_str(), plural(removed_temporaries, temporary_noun(o.location)).c_str(),
               human_bytes(temporary_bytes).c_str());
+  if (lease.live())
+    std::printf("kept the save in progress: %s; %s (%s) and the objects of newer steps without an index are its own\n",
+                lease.holder_text().c_str(), plural(kept_temporaries, temporary_noun(o.location)).c_str(),
+                human_bytes(kept_bytes).c_str());
+  else if (const auto line = lease_line(lease); !line.empty() && !ignored)
+    std::printf("%s\n", line.c_str());
   if (!listed.damaged.empty()) {
     std::string names;
     for (const auto& [prefix, d] : listed.damaged) names += " " + prefix;
-    std::printf("%s %s (%s) moved aside:%s%s\n", damaged ? "removed" : "kept", plural(listed.damaged.size(), "damaged checkpoint").c_str(),
-                human_bytes(aside_bytes).c_str(), names.c_str(), damaged ? "" : "; --damaged removes them");
+    std::printf("%s %s (%s) moved aside:%s%s\n", g.damaged ? "removed" : "kept", plural(listed.damaged.size(), "damaged checkpoint").c_str(),
+                human_bytes(aside_bytes).c_str(), names.c_str(), g.damaged ? "" : "; --damaged removes them");
   }
   return 0;
 }
@@ -352,8 +437,7 @@ int main(int argc, char** argv) {
   o.progress = ::isatty(STDERR_FILENO) == 1;
   consolidate_options c;
   bool out_given = false;
-  std::chrono::seconds min_age(600);
-  bool gc_damaged = false;
+  gc_options gc;
   for (int i = 2; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto value = [&](std::string_view name) -> std::optional<std::string> {
@@ -398,8 +482,10 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "shardkit-ckpt: --min-age takes whole seconds (0 or more), not '%s'\n", v->c_str());
         return 2;
       }
-      min_age = std::chrono::seconds(n);
-    } else if (a == "--damaged" && command == "gc") gc_damaged = true;
+      gc.min_age = std::chrono::seconds(n);
+      gc.min_age_given = true;
+    } else if (a == "--damaged" && command == "gc") gc.damaged = true;
+    else if (a == "--ignore-lease" && command == "gc") gc.ignore_lease = true;
     else if (a == "--all" && command == "consolidate") c.all = true;
     else if (a == "--force" && command == "consolidate") c.force = true;
     else if (!a.starts_with("-") && o.location.empty()) o.location = a;
@@ -426,7 +512,7 @@ int main(int argc, char** argv) {
     if (command == "ls") return run_ls(o);
     if (command == "verify") return run_verify(o);
     if (command == "inspect") return run_inspect(o);
-    if (command == "gc") return run_gc(o, min_age, gc_damaged);
+    if (command == "gc") return run_gc(o, gc);
     return run_consolidate(o, c);
   } catch (const std::exception& e) {
     std::fflush(stdout);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "shardkit/ckpt/checkpointer.hpp"
+#include "shardkit/ckpt/lease.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/storage/memory_sink.hpp"
 #include "shardkit/storage/posix_sink.hpp"
@@ -502,6 +503,99 @@ TEST_CASE("[ckpt] shardkit-ckpt ls shows debris and its bytes, gc removes it (ne
   CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{1, 2});
 }
 
+TEST_CASE("[ckpt] shardkit-ckpt on a location a live run holds: ls shows its save in progress, gc keeps it and refuses --min-age") {
+  temp_dir dir("live");
+  write_checkpoints(dir.path);  // steps 1, 2 complete; step 3 (newer than the latest) has an object, no index
+  st::any_sink sink = st::make_sink<st::posix_sink>(dir.path, st::posix_sink_options{.create_root = false});
+  st::put_object(sink, ck::rank_file_key("", 0, 1), st::as_bytes("older debris"));
+  auto plant = [&](std::uint64_t step, const std::string& name, std::size_t bytes) {
+    std::ofstream(dir.path / ck::step_prefix("", step) / (std::string(st::temporary_marker) + name)) << std::string(bytes, 'x');
+  };
+  plant(1, "1.dead.0", 3000);
+  plant(3, "2.live.0", 40);
+  const std::string loc = dir.path.string();
+  const std::string host = ck::detail::host_name();
+  const std::string holder = "run live-run holds the lease (host " + host + ", pid " + std::to_string(::getpid()) + ", renewed ";
+  {
+    ck::location_lease lease(sink, "", loc, "live-run", std::chrono::seconds(120));  // as a saving run's rank 0 holds it
+    lease.acquire();
+    auto r = run_tool("ls " + loc);
+    INFO("shardkit-ckpt said:\n", r.output);
+    CHECK(r.status == 0);
+    CHECK(r.output.find("in progress: " + holder) != std::string::npos);
+    CHECK(r.output.find("s ago); its save in progress: 1 object (31 B) of steps without an index yet, 1 temporary file (40 B)") !=
+          std::string::npos);
+    CHECK(line_with(r.output, "\n3 ").find("in-progress") != std::string::npos);
+    CHECK(r.output.find("debris: 1 object (12 B) of steps without an index, 1 temporary file (2.93 KiB)") != std::string::npos);
+    const auto listing = nlohmann::json::parse(run_tool("ls " + loc + " --json").output);
+    CHECK(listing["lease"]["run"] == "live-run");
+    CHECK(listing["lease"]["live"] == true);
+    CHECK(listing["lease"]["expiry"] == 120);
+    CHECK(listing["in_progress"]["temporaries"] == 1);
+    CHECK(listing["debris"]["temporaries"] == 1);
+    // --min-age would take the live save's temporaries: refused, naming the run and how fresh its lease is.
+    r = run_tool("gc " + loc + " --min-age 0");
+    CHECK(r.status == 1);
+    CHECK(r.output.find(loc + " is in use: " + holder) != std::string::npos);
+    CHECK(r.output.find("--ignore-lease if you know it is dead") != std::string::npos);
+    CHECK(sink.temporaries("").size() == 2);
+    CHECK(sink.exists(ck::rank_file_key("", 0, 1)));  // refused before removing anything
+    // Without --min-age: the older step's debris goes, the live save's stays whatever its age.
+    r = run_tool("gc " + loc);
+    CHECK(r.status == 0);
+    CHECK(r.output.find("removed 1 object (12 B) of 1 step without an index, 1 temporary file (2.93 KiB)") != std::string::npos);
+    CHECK(r.output.find("kept the save in progress: " + holder) != std::string::npos);
+    REQUIRE(sink.temporaries("").size() == 1);
+    CHECK(sink.exists(ck::rank_file_key("", 3, 0)));
+    // The user knows better: --ignore-lease.
+    r = run_tool("gc " + loc + " --min-age 0 --ignore-lease");
+    CHECK(r.status == 0);
+    CHECK(r.output.find("--ignore-lease: treating the lease as dead: " + holder) != std::string::npos);
+    CHECK(sink.temporaries("").empty());
+    CHECK(run_tool("ls " + loc + " --ignore-lease").status == 2);  // gc's flag only
+  }
+  CHECK_FALSE(sink.exists(ck::lease_key("")));  // released
+  // Leases judged as a resume's takeover judges them: stale ones do not stop gc --min-age 0.
+  auto plant_lease = [&](const std::string& on_host, std::int64_t pid, std::int64_t age, std::int64_t expiry) {
+    const ck::lease_record l{"old-run", "other-holder", on_host, pid, ck::detail::unix_seconds() - age, expiry};
+    st::put_object(sink, ck::lease_key(""), st::as_bytes(l.to_json()));
+  };
+  const pid_t child = ::fork();
+  if (child == 0) std::_Exit(0);
+  ::waitpid(child, nullptr, 0);
+  struct lease_case {
+    std::string host;
+    std::int64_t pid, age, expiry;
+    std::string verdict;  // empty: live
+  };
+  for (const auto& c : {lease_case{"other-host", 4242, 10, 5, "is stale: not renewed within its expiry (5 s"},
+                        lease_case{"other-host", 4242, 10, 0, ""},  // no recorded expiry: the default 120 s judges it
+                        lease_case{"other-host", 4242, 10, 30, ""}, lease_case{host, child, 0, 120, "is stale: its process is gone from this host"}}) {
+    CAPTURE(c.host);
+    CAPTURE(c.expiry);
+    plant(3, "3.x.0", 7);
+    plant_lease(c.host, c.pid, c.age, c.expiry);
+    const auto r = run_tool("gc " + loc + " --min-age 0");
+    INFO("shardkit-ckpt said:\n", r.output);
+    if (c.verdict.empty()) {
+      CHECK(r.status == 1);
+      CHECK(r.output.find("is in use: run old-run holds the lease (host other-host, pid 4242, renewed 1") != std::string::npos);
+      CHECK(sink.temporaries("").size() == 1);
+    } else {
+      CHECK(r.status == 0);
+      CHECK(r.output.find("lease: run old-run's lease (host " + c.host) != std::string::npos);
+      CHECK(r.output.find(c.verdict) != std::string::npos);
+      CHECK(sink.temporaries("").empty());
+    }
+    fs::remove(dir.path / ck::step_prefix("", 3) / (std::string(st::temporary_marker) + "3.x.0"));
+  }
+  st::put_object(sink, ck::lease_key(""), st::as_bytes("not a lease"));
+  const auto r = run_tool("ls " + loc);
+  CHECK(r.output.find("lease: lease.json is an object that is not a lease (it does not parse as one: 11 bytes, 'not a lease'): "
+                      "no run holds it") != std::string::npos);
+  CHECK(r.output.find("in progress") == std::string::npos);
+}
+
 TEST_CASE("[ckpt] shardkit-ckpt ls marks damaged steps, latest is the newest complete one; gc --damaged removes those moved aside") {
   temp_dir dir("damaged");
   write_checkpoints(dir.path);  // steps 1, 2 complete; step 3 (newer than the latest) has an object, no index
@@ -660,6 +754,19 @@ TEST_CASE("[ckpt] shardkit-ckpt over s3://bucket/prefix (the server scripts/test
   CHECK(r.output.find("1 pending multipart upload (2.93 KiB)") != std::string::npos);
   REQUIRE(s3_sink_of->pending_uploads().size() == 1);
   CHECK(s3_sink_of->pending_uploads()[0].key == ck::rank_file_key("", 3, 7));
+  {
+    // A live run holds the prefix: its upload is its save in progress; gc --min-age 0 is refused, naming it.
+    ck::location_lease lease(s3, "", location, "live-run", std::chrono::seconds(120));
+    lease.acquire();
+    r = run_tool("ls " + location);
+    CHECK(r.output.find("in progress: run live-run holds the lease (host ") != std::string::npos);
+    CHECK(r.output.find("its save in progress: 1 object (31 B) of steps without an index yet, 1 pending multipart upload (40 B)") !=
+          std::string::npos);
+    r = run_tool("gc " + location + " --min-age 0");
+    CHECK(r.status == 1);
+    CHECK(r.output.find(location + " is in use: run live-run holds the lease (host ") != std::string::npos);
+    CHECK(s3_sink_of->pending_uploads().size() == 1);
+  }
   r = run_tool("gc " + location + " --min-age 0");
   CHECK(r.output.find("1 pending multipart upload (40 B)") != std::string::npos);
   CHECK(s3_sink_of->pending_uploads().empty());

@@ -405,8 +405,9 @@ TEST_CASE("[ckpt] open_for_saves refuses another run's location at once, before 
 
 namespace {
 // A lease object as another holder writes it.
-void plant_lease(st::any_sink& sink, const std::string& host, std::int64_t pid, std::int64_t age_seconds, const std::string& run = "other-run") {
-  const ck::lease_record l{run, "other-holder", host, pid, ck::detail::unix_seconds() - age_seconds};
+void plant_lease(st::any_sink& sink, const std::string& host, std::int64_t pid, std::int64_t age_seconds, const std::string& run = "other-run",
+                 std::int64_t expiry = 0) {
+  const ck::lease_record l{run, "other-holder", host, pid, ck::detail::unix_seconds() - age_seconds, expiry};
   st::put_object(sink, ck::lease_key(""), st::as_bytes(l.to_json()));
 }
 }  // namespace
@@ -489,6 +490,11 @@ TEST_CASE("[ckpt] a stale lease is taken over; a lease replaced under a holder s
   plant_lease(sink, "other-host", 4242, 10);
   CHECK(save_one({.run_id = "r", .lease_expiry = std::chrono::seconds(60)}, 1)
             .find("is held by run other-run (host other-host, pid 4242, renewed 10 s ago)") != std::string::npos);
+  // A holder that recorded a 60 s expiry renews every 15 s: live for a taker whose own expiry is 5 s.
+  plant_lease(sink, "other-host", 4242, 10, "other-run", 60);
+  CHECK(save_one({.run_id = "r", .lease_expiry = std::chrono::seconds(5)}, 1)
+            .find("is held by run other-run (host other-host, pid 4242, renewed 10 s ago)") != std::string::npos);
+  plant_lease(sink, "other-host", 4242, 10);
   CHECK(save_one({.run_id = "r", .lease_expiry = std::chrono::seconds(5)}, 1).empty());
   // This host's holder whose process is gone: taken over at once.
   const pid_t child = ::fork();

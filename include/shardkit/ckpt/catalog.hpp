@@ -69,14 +69,9 @@ std::string move_damaged_aside(S& sink, const std::string& prefix, std::uint64_t
 template <storage::sink S>
 std::optional<checkpoint_index> read_index(S& sink, const std::string& prefix, std::uint64_t step) {
   const std::string key = index_key(prefix, step);
-  std::vector<std::byte> bytes;
-  try {
-    bytes = storage::get_object(sink, key);
-  } catch (const shardkit::error& e) {
-    if (e.code() == make_error_code(errc::not_found)) return std::nullopt;
-    throw;
-  }
-  auto index = parse_index(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), key);
+  const auto bytes = detail::read_object_if_present(sink, key);
+  if (!bytes) return std::nullopt;
+  auto index = parse_index(std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size()), key);
   if (index.step != step)
     throw_error(errc::protocol, "checkpoint index " + key + " says step " + std::to_string(index.step),
                 {.operation = "ckpt.index", .object = key});

@@ -2,23 +2,27 @@
 //! The lease a checkpointer holds on its location while it saves, so that two live runs never write one location.
 //!
 //! One small object, <prefix>lease.json: {"run": run id, "holder": this checkpointer's own random id, "host",
-//! "pid", "renewed": seconds since the epoch}. Rank 0 takes it before the run's first save writes anything, renews it
-//! from a thread of its own every quarter of the expiry, reads it back before writing each index (a save whose lease
-//! is no longer this holder's is not committed) and removes it when the checkpointer ends.
+//! "pid", "renewed": seconds since the epoch, "expiry": the holder's lease_expiry in seconds}. Rank 0 takes it
+//! before the run's first save writes anything, renews it from a thread of its own every quarter of the expiry,
+//! reads it back before writing each index (a save whose lease is no longer this holder's is not committed) and
+//! removes it when the checkpointer ends.
 //!
 //! Taking it: a lease that names another holder and is not stale refuses, naming the holder's run, host, pid and
-//! age. Stale: its host is this host and its pid is gone or a zombie (a killed run; /proc/PID/stat says Z), or it was
-//! not renewed within the expiry (a holder on another host that died), or the object is not a lease at all (it does
-//! not parse as one: no checkpointer wrote it, since a holder writes it whole each time, so no live run holds it). A
-//! stale lease is taken over, with a warning that says which of these it was. A key the sink cannot read as an object
-//! (a directory named lease.json) is an error naming it. The lease is created with
-//! storage::put_new, atomic where the sink has it (posix_sink: link(); S3 with If-None-Match: *; memory_sink), and
-//! always read back: on a store that ignores If-None-Match (s3rver) two runs that start within one round trip can both
-//! believe they hold it, and the read-back before each commit then refuses the commits of the one whose lease was
-//! replaced.
+//! age. Stale (lease_stale_reason): its host is this host and its pid is gone or a zombie (a killed run;
+//! /proc/PID/stat says Z), or it was not renewed within the expiry (a holder on another host that died; the longer
+//! of the taker's expiry and the one the holder recorded, since the holder renews at a quarter of its own), or the
+//! object is not a lease at all (it does not parse as one: no checkpointer wrote it, since a holder writes it whole
+//! each time, so no live run holds it). A stale lease is taken over, with a warning that says which of these it was.
+//! A key the sink cannot read as an object (a directory named lease.json) is an error naming it. The lease is
+//! created with storage::put_new, atomic where the sink has it (posix_sink: link(); S3 with If-None-Match: *;
+//! memory_sink), and always read back: on a store that ignores If-None-Match (s3rver) two runs that start within
+//! one round trip can both believe they hold it, and the read-back before each commit then refuses the commits of
+//! the one whose lease was replaced. `shardkit-ckpt ls` and `gc` judge a lease with the same verdict (read_lease,
+//! lease_stale_reason), so that gc never removes a live run's save in progress.
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -32,6 +36,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shardkit/ckpt/listing.hpp"
 #include "shardkit/core/detail/worker_threads.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
@@ -41,6 +46,9 @@ namespace shardkit::ckpt {
 
 inline constexpr std::string_view lease_object_name = "lease.json";
 inline std::string lease_key(const std::string& prefix) { return prefix + std::string(lease_object_name); }
+//! What a reader assumes of a lease whose holder did not record its expiry (checkpointer_options::lease_expiry's
+//! default).
+inline constexpr std::chrono::seconds default_lease_expiry{120};
 
 //! 16 random hex digits: a run id, a lease holder's id.
 inline std::string random_id() {
@@ -57,18 +65,21 @@ struct lease_record {
   std::string run, holder, host;
   std::int64_t pid = 0;
   std::int64_t renewed = 0;  //!< seconds since the epoch
+  std::int64_t expiry = 0;   //!< the holder's lease_expiry in seconds; 0: not recorded (a lease written before it was)
   //! Set when the object is not a lease: why it does not parse, and its first bytes (the other fields are empty).
   std::string unparsed;
 
   std::string to_json() const {
-    return nlohmann::json{{"run", run}, {"holder", holder}, {"host", host}, {"pid", pid}, {"renewed", renewed}}.dump();
+    return nlohmann::json{{"run", run}, {"holder", holder}, {"host", host}, {"pid", pid}, {"renewed", renewed}, {"expiry", expiry}}
+        .dump();
   }
   //! std::nullopt for bytes that are not a lease (a stray object: stale).
   static std::optional<lease_record> parse(std::string_view text) {
     try {
       const auto j = nlohmann::json::parse(text);
-      return lease_record{j.at("run").get<std::string>(), j.at("holder").get<std::string>(), j.at("host").get<std::string>(),
-                          j.at("pid").get<std::int64_t>(), j.at("renewed").get<std::int64_t>()};
+      return lease_record{j.at("run").get<std::string>(),     j.at("holder").get<std::string>(),
+                          j.at("host").get<std::string>(),    j.at("pid").get<std::int64_t>(),
+                          j.at("renewed").get<std::int64_t>(), j.contains("expiry") ? j.at("expiry").get<std::int64_t>() : 0};
     } catch (const std::exception&) {
       return std::nullopt;
     }
@@ -109,13 +120,46 @@ inline std::string host_name() {
 }
 }  // namespace detail
 
+//! The lease object at `key` (lease_key(prefix)): std::nullopt when there is none; an object that is not a lease has
+//! `unparsed` set (why, and its first bytes). A key the sink cannot read as an object throws.
+inline std::optional<lease_record> read_lease(storage::any_sink& sink, const std::string& key) {
+  const auto bytes = detail::read_object_if_present(sink, key);
+  if (!bytes) return std::nullopt;
+  const std::string_view text(reinterpret_cast<const char*>(bytes->data()), bytes->size());
+  auto l = lease_record::parse(text);
+  if (l) return l;
+  std::string start(text.substr(0, 40));
+  for (auto& c : start)
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
+  return lease_record{.unparsed = "it does not parse as one: " + std::to_string(bytes->size()) + " bytes, '" + start +
+                                  (text.size() > 40 ? "...'" : "'")};
+}
+
+//! The expiry that judges `l`: the longer of the reader's and the one its holder recorded (a holder renews every
+//! quarter of its own expiry, so a shorter one would take a live holder's lease).
+inline std::chrono::seconds lease_expiry_of(const lease_record& l, std::chrono::seconds reader_expiry) {
+  return std::max(reader_expiry, std::chrono::seconds(l.expiry));
+}
+
+//! Why the lease `l` may be taken over, or empty while it is live (see the file comment). `this_host`: the reader's
+//! host name (detail::host_name()); a holder's pid is judged only on its own host.
+inline std::string lease_stale_reason(const lease_record& l, std::int64_t now, std::chrono::seconds reader_expiry,
+                                      const std::string& this_host) {
+  if (!l.unparsed.empty()) return "no run holds it";
+  const auto expiry = lease_expiry_of(l, reader_expiry);
+  if (now - l.renewed > expiry.count())
+    return "not renewed within its expiry (" + std::to_string(expiry.count()) + " s, checkpointer_options::lease_expiry)";
+  if (l.host == this_host && !detail::process_alive(l.pid)) return "its process is gone from this host";
+  return {};
+}
+
 //! Rank 0's lease on a checkpoint location (see the file comment).
 class location_lease {
  public:
   //! `where` names the location in errors (the checkpointer's location, else the prefix).
   location_lease(storage::any_sink sink, std::string prefix, std::string where, std::string run_id, std::chrono::seconds expiry)
       : sink_(std::move(sink)), key_(lease_key(prefix)), where_(std::move(where)), expiry_(expiry) {
-    mine_ = {std::move(run_id), random_id(), detail::host_name(), static_cast<std::int64_t>(::getpid()), 0};
+    mine_ = {std::move(run_id), random_id(), detail::host_name(), static_cast<std::int64_t>(::getpid()), 0, expiry_.count()};
   }
   location_lease(const location_lease&) = delete;
   location_lease& operator=(const location_lease&) = delete;
@@ -135,7 +179,8 @@ class location_lease {
           throw_error(errc::config,
                       "the checkpoint location '" + where_ + "' is held by " + held->describe(now) +
                           ": two runs never write one location. Give this run another location, or wait for that one "
-                          "to end; if it is dead on another host, its lease expires " + std::to_string(expiry_.count()) +
+                          "to end; if it is dead on another host, its lease expires " +
+                          std::to_string(lease_expiry_of(*held, expiry_).count()) +
                           " s after its last renewal (checkpointer_options::lease_expiry), or remove " + key_,
                       {.operation = "ckpt.lease", .object = key_});
         log::warn("ckpt: taking over the stale lease of '", where_, "' from ", held->describe(now), ": ", why_stale(*held, now));
@@ -185,31 +230,8 @@ class location_lease {
 
  private:
   bool stale(const lease_record& l, std::int64_t now) const { return !why_stale(l, now).empty(); }
-  // Why `l` may be taken over (see the file comment), or empty.
-  std::string why_stale(const lease_record& l, std::int64_t now) const {
-    if (!l.unparsed.empty()) return "no run holds it";
-    if (now - l.renewed > expiry_.count())
-      return "not renewed within checkpointer_options::lease_expiry (" + std::to_string(expiry_.count()) + " s)";
-    if (l.host == mine_.host && !detail::process_alive(l.pid)) return "its process is gone from this host";
-    return {};
-  }
-  std::optional<lease_record> read() {
-    std::vector<std::byte> bytes;
-    try {
-      bytes = storage::get_object(sink_, key_);
-    } catch (const shardkit::error& e) {
-      if (e.code() == make_error_code(errc::not_found)) return std::nullopt;
-      throw;
-    }
-    const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-    auto l = lease_record::parse(text);
-    if (l) return l;
-    std::string start(text.substr(0, 40));
-    for (auto& c : start)
-      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
-    return lease_record{.unparsed = "it does not parse as one: " + std::to_string(bytes.size()) + " bytes, '" + start +
-                                    (text.size() > 40 ? "...'" : "'")};  // stale: taken over
-  }
+  std::string why_stale(const lease_record& l, std::int64_t now) const { return lease_stale_reason(l, now, expiry_, mine_.host); }
+  std::optional<lease_record> read() { return read_lease(sink_, key_); }
   bool write(bool only_new) {
     mine_.renewed = detail::unix_seconds();
     const std::string text = mine_.to_json();

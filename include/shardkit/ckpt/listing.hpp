@@ -11,6 +11,7 @@
 //! Steps have 12 digits so that keys sort as steps do. Nothing here creates a directory for another rank or relies
 //! on one: a sink creates what a key needs (the POSIX sink per rank; S3 has no directories).
 #include <charconv>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -53,6 +54,17 @@ inline void check_checkpoint_prefix(const std::string& prefix) {
 }
 
 namespace detail {
+//! A whole object's bytes, std::nullopt when it does not exist (or is not visible yet).
+template <storage::sink S>
+std::optional<std::vector<std::byte>> read_object_if_present(S& sink, const std::string& key) {
+  try {
+    return storage::get_object(sink, key);
+  } catch (const shardkit::error& e) {
+    if (e.code() == make_error_code(errc::not_found)) return std::nullopt;
+    throw;
+  }
+}
+
 //! The step of a key "<prefix>step-<digits>/...", if it is one.
 inline std::optional<std::uint64_t> step_of_key(std::string_view key, std::string_view prefix) {
   if (!key.starts_with(prefix)) return std::nullopt;
