@@ -375,7 +375,13 @@ int main(int argc, char** argv) try {
                                  "at step 0 on top of them: repair them, or move them away to start anew");
       }
       // PyTorch's resume-if-present: a fresh start, said loudly (a mistyped path must not pass for a new run).
-      const std::string missing = ckpt_dir_missing ? " (" + f.ckpt_dir + " did not exist: a mistyped --ckpt-dir?)" : "";
+      std::string missing = ckpt_dir_missing ? " (" + f.ckpt_dir + " did not exist: a mistyped --ckpt-dir?)" : "";
+      // S3 has no directories: a prefix under which nothing exists is the mistyped one.
+      if (rank == 0 && f.ckpt_dir.starts_with("s3://") && sink.list("").empty()) {
+        const auto bucket = f.ckpt_dir.substr(0, f.ckpt_dir.find('/', 5) == std::string::npos ? f.ckpt_dir.size() : f.ckpt_dir.find('/', 5));
+        missing = " (nothing exists under " + f.ckpt_dir + ": a mistyped --ckpt-dir? `aws s3 ls " + bucket +
+                  "/` lists the bucket's prefixes)";
+      }
       if (rank == 0)
         std::fprintf(stderr, "trainer: warning: --resume: no checkpoint found under %s; starting at step 0%s\n",
                      f.ckpt_dir.c_str(), missing.c_str());

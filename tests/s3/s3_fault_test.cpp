@@ -190,6 +190,27 @@ TEST_CASE("[s3] connection errors a retry cannot fix fail at once: an unknown ho
   CHECK(connections == 1);
 }
 
+TEST_CASE("[s3] a closed port (curl 7): a short bounded retry, and the error names the endpoint and 'connection refused'") {
+  if (!server_or_skip()) return;
+  auto o = options_for(*server());
+  o.max_attempts = 8;  // 8 attempts of a refused connection took seconds per request
+  unsigned short port = 0;
+  {
+    asio::io_context io;
+    tcp::acceptor closed(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    port = closed.local_endpoint().port();
+  }  // closed: nothing listens there now
+  o.endpoint = "http://127.0.0.1:" + std::to_string(port);
+  st::s3_sink refused(location("closed"), o);
+  std::string what;
+  CHECK(seconds_of([&] { what = error_of([&] { put_string(refused, "k", "x"); }, errc::io); }) < 1.0);
+  CAPTURE(what);
+  CHECK(contains(what, "connection refused by the endpoint " + o.endpoint));
+  CHECK(contains(what, "curl 7"));
+  CHECK(contains(what, "(after 3 attempts)"));
+  CHECK(contains(what, "s3://" + refused.location().bucket + "/" + refused.location().prefix + "k"));
+}
+
 TEST_CASE("[s3] listing: IsTruncated without a continuation token is an error, and listing errors name the prefix") {
   if (!server_or_skip()) return;
   fault_proxy proxy(port_of(server()->endpoint), 0.0, 1);

@@ -60,6 +60,16 @@ TEST_CASE("[s3] parse_s3_location: bucket and prefix, refusals name the location
     CAPTURE(bad);
     CHECK(contains(error_of([&] { st::parse_s3_location(bad); }, errc::invalid_argument), bad));
   }
+  // S3's naming rules, each named.
+  const std::pair<const char*, const char*> rules[] = {
+      {"s3://my..bucket/p", "no two adjacent periods"}, {"s3://my.-bucket/p", "no period beside a hyphen"},
+      {"s3://192.168.5.4/p", "not formatted as an IP address"}, {"s3://a/p", "3 to 63 characters"},
+      {"s3://bucket-", "starts and ends with a letter or digit"}};
+  for (const auto& [bad, rule] : rules) {
+    CAPTURE(bad);
+    CHECK(contains(error_of([&] { st::parse_s3_location(bad); }, errc::invalid_argument), rule));
+  }
+  CHECK(st::parse_s3_location("s3://123/p").bucket == "123");  // digits alone are a name, not an address
 }
 
 TEST_CASE("[s3] addressing: path style, virtual-hosted, and automatic by endpoint and bucket") {
@@ -358,8 +368,9 @@ TEST_CASE("[s3] wrong credentials and a missing bucket: a clear error at once, n
   });
   CHECK(took2 < 2.0);
   for (std::size_t i = messages.size() - 3; i < messages.size(); ++i) {
+    CAPTURE(messages[i]);
     CHECK(contains(messages[i], "NoSuchBucket"));
-    CHECK(contains(messages[i], "no-such-bucket-shardkit"));
+    CHECK(contains(messages[i], "s3://no-such-bucket-shardkit/p/"));  // the prefix too: the location as given
   }
   for (const auto& m : messages) {
     CAPTURE(m);
@@ -470,7 +481,7 @@ TEST_CASE("[s3] part count: a sized put grows its parts to fit max_parts; an uns
   CHECK(contains(error_of([&] { s.put("huge", (std::uint64_t(5) << 40) + 1); }, errc::invalid_argument), "5 TiB"));
 }
 
-TEST_CASE("[s3] SHARDKIT_S3_PART_SIZE: refused above 5 GiB, accepted with a warning below 5 MiB") {
+TEST_CASE("[s3] SHARDKIT_S3_PART_SIZE: S3's limits, 5 MiB to 5 GiB; smaller in-code parts stay allowed for test servers") {
   {
     scoped_env e("SHARDKIT_S3_PART_SIZE", "6G");
     error_of([] { st::s3_options::from_env(); }, errc::config);
@@ -479,9 +490,15 @@ TEST_CASE("[s3] SHARDKIT_S3_PART_SIZE: refused above 5 GiB, accepted with a warn
     scoped_env e("SHARDKIT_S3_PART_SIZE", "5G");
     CHECK(st::s3_options::from_env().part_size == std::size_t(5) << 30);
   }
+  for (const char* small : {"1", "1M", "5242879"}) {  // 1 byte: ~10,000 parts per file, a tiny run took minutes
+    scoped_env e("SHARDKIT_S3_PART_SIZE", small);
+    const auto what = error_of([] { st::s3_options::from_env(); }, errc::config);
+    CHECK(contains(what, std::string("SHARDKIT_S3_PART_SIZE='") + small + "'"));
+    CHECK(contains(what, "S3 takes parts of 5 MiB (every part but an object's last) to 5 GiB"));
+  }
   {
-    scoped_env e("SHARDKIT_S3_PART_SIZE", "1M");
-    CHECK(st::s3_options::from_env().part_size == std::size_t(1) << 20);  // a warning says AWS refuses it
+    scoped_env e("SHARDKIT_S3_PART_SIZE", "5M");
+    CHECK(st::s3_options::from_env().part_size == std::size_t(5) << 20);
   }
   st::s3_options o;
   o.endpoint = "http://127.0.0.1:1";
@@ -490,6 +507,21 @@ TEST_CASE("[s3] SHARDKIT_S3_PART_SIZE: refused above 5 GiB, accepted with a warn
   error_of([&] { st::s3_sink s(st::s3_location{"bucket", ""}, o); }, errc::config);
   o.part_size = 4096;  // small in-code parts (the tests', for servers that take them) stay allowed
   st::s3_sink small(st::s3_location{"bucket", ""}, o);
+}
+
+TEST_CASE("[s3] an endpoint whose path names the bucket is refused when the sink is made, saying where the bucket goes") {
+  st::s3_options o;
+  o.credentials = st::s3_credentials{"ID", "SECRET", ""};
+  for (const char* endpoint : {"http://127.0.0.1:1/bucket", "http://127.0.0.1:1/bucket/", "https://gw.example/s3/bucket"}) {
+    CAPTURE(endpoint);
+    o.endpoint = endpoint;
+    const auto what = error_of([&] { st::s3_sink s(st::s3_location{"bucket", "p/"}, o); }, errc::config);
+    CHECK(contains(what, "ends with the bucket's name 'bucket'"));
+    CHECK(contains(what, "the bucket goes in the location s3://bucket/prefix"));
+  }
+  o.endpoint = "https://gw.example/s3";  // a gateway served under a path stays allowed
+  st::s3_sink gateway(st::s3_location{"bucket", ""}, o);
+  CHECK(gateway.options().endpoint == "https://gw.example/s3");
 }
 
 TEST_CASE("[s3] a governed sink paces uploads (checkpoint class, tx) and reads (data class, rx); without one, "

@@ -42,6 +42,11 @@ awk -v last="$(tail -1 first_losses.txt | awk '{print $4}')" -v initial="$(head 
   END { if (NR != 2) { print "FAIL: expected steps 6 and 7"; exit 1 } }' rescaled_losses.txt
 grep -q "checkpoints: 1 of 1 committed" rescaled.txt || fail "the 3-rank run's checkpoint" rescaled.txt
 
+# A --resume whose prefix holds nothing (a mistyped one) starts over, and its warning says so.
+"$run" -n 1 -- "$trainer" --steps 1 "${flags[@]}" --ckpt-dir "$s3/ckpt-typo" --resume > typo.txt 2>&1 || fail "the mistyped --resume" typo.txt
+grep -q "no checkpoint found under $s3/ckpt-typo; starting at step 0 (nothing exists under $s3/ckpt-typo: a mistyped --ckpt-dir?" typo.txt ||
+  fail "no hint for a mistyped s3:// --ckpt-dir" typo.txt
+
 # Exact resume at the same world size, data and checkpoints on S3.
 "$run" -n 2 -- "$trainer" --steps 8 "${flags[@]}" > reference.txt 2>&1 || fail "the uninterrupted run" reference.txt
 losses < reference.txt > reference_losses.txt

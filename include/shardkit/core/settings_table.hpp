@@ -187,9 +187,9 @@ inline constexpr variable table[] = {
 
     // ---- s3: the S3 sink (shardkit::s3); the AWS_* variables are the AWS tools' own (docs/s3.md) ----
     {.name = "SHARDKIT_S3_PART_SIZE", .type = kind::bytes, .default_text = "8M",
-     .meaning = "objects up to this size are one PutObject, larger ones multipart uploads of parts this large (AWS "
-                "refuses parts under 5M); also the size of each parallel ranged GET",
-     .target = "s3", .min = 1, .max = std::int64_t(5) << 30},
+     .meaning = "objects up to this size are one PutObject, larger ones multipart uploads of parts this large (S3's "
+                "limits: every part but an object's last at least 5M); also the size of each parallel ranged GET",
+     .target = "s3", .min = std::int64_t(5) << 20, .max = std::int64_t(5) << 30},
     {.name = "SHARDKIT_S3_PARALLEL", .type = kind::integer, .default_text = "8",
      .meaning = "parts of one upload, and ranges of one read, in flight at once (the sink's connections and worker "
                 "threads)",

@@ -553,7 +553,8 @@ class s3_sink {
     if (bucket_checked_->load(std::memory_order_acquire)) return;
     auto& c = *client_;
     // ListObjectsV2 of one key rather than HeadBucket: its error has a body, so the code (NoSuchBucket) shows.
-    detail::s3::request r{.operation = "ListObjectsV2", .query = "list-type=2&max-keys=1"};
+    // Its error names the location as given (s3://bucket/prefix/): the prefix is what the user typed.
+    detail::s3::request r{.operation = "ListObjectsV2", .about = c.location().prefix, .query = "list-type=2&max-keys=1"};
     auto resp = c.execute(r);
     if (!resp.ok()) c.fail(resp, r, operation, key);
     bucket_checked_->store(true, std::memory_order_release);

@@ -7,6 +7,7 @@
 //! AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, AWS_REGION or AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID,
 //! AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_SHARED_CREDENTIALS_FILE, AWS_PROFILE, AWS_CA_BUNDLE, when the sink
 //! is created (storage/s3/detail/resolve.hpp). The knobs are SHARDKIT_S3_* variables (core/settings_table.hpp).
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstddef>
@@ -62,6 +63,13 @@ inline s3_location parse_s3_location(std::string_view location) {
   if (!std::isalnum(static_cast<unsigned char>(out.bucket.front())) ||
       !std::isalnum(static_cast<unsigned char>(out.bucket.back())))
     return bad("a bucket name starts and ends with a letter or digit");
+  // Rules no bucket of any age breaks: S3 would answer such a name only with an error that does not say why.
+  if (out.bucket.find("..") != std::string::npos || out.bucket.find(".-") != std::string::npos ||
+      out.bucket.find("-.") != std::string::npos)
+    return bad("a bucket name has no two adjacent periods and no period beside a hyphen");
+  if (out.bucket.find_first_not_of("0123456789.") == std::string::npos &&
+      std::count(out.bucket.begin(), out.bucket.end(), '.') == 3)
+    return bad("a bucket name is not formatted as an IP address");
   if (slash != std::string_view::npos) {
     std::string_view prefix = rest.substr(slash + 1);
     while (prefix.ends_with('/')) prefix.remove_suffix(1);
@@ -144,11 +152,15 @@ struct s3_options {
   //! parse). Endpoint, region and credentials stay empty here: the sink resolves them when it is created.
   static s3_options from_env() {
     s3_options o;
-    if (auto v = settings::get<settings::bytes>("SHARDKIT_S3_PART_SIZE")) {  // at most 5G: the setting's range
-      o.part_size = static_cast<std::size_t>(*v);
-      if (o.part_size < s3_min_part_size)
-        log::warn("SHARDKIT_S3_PART_SIZE=", o.part_size, " is under 5 MiB: AWS S3 refuses such parts (all but an "
-                  "object's last) at CompleteMultipartUpload, after every byte was sent; other servers may not");
+    // 5M to 5G, S3's own limits: AWS refuses a smaller part (every part but an object's last) only at
+    // CompleteMultipartUpload, after every byte was sent, and 1-byte parts would make an upload of thousands of
+    // requests. s3_options::part_size set in code may be smaller (tests, for servers that take small parts).
+    try {
+      if (auto v = settings::get<settings::bytes>("SHARDKIT_S3_PART_SIZE")) o.part_size = static_cast<std::size_t>(*v);
+    } catch (const shardkit::error& e) {
+      throw_error(errc::config,
+                  e.detail() + ": S3 takes parts of 5 MiB (every part but an object's last) to 5 GiB",
+                  e.context());
     }
     if (auto v = settings::get<settings::integer>("SHARDKIT_S3_PARALLEL")) o.parallel = static_cast<unsigned>(*v);
     if (auto v = settings::get<settings::integer>("SHARDKIT_S3_MAX_ATTEMPTS")) o.max_attempts = static_cast<unsigned>(*v);

@@ -6,7 +6,10 @@
 // says "try again" (retryable_code: InternalError, SlowDown, RequestTimeout, ServiceUnavailable, throttling), and
 // HTTP 500/502/503/504/429 without a code (a HEAD's error has no body; a proxy's has no S3 code) are retried up to
 // max_attempts with "full jitter" backoff (a uniform wait in [0, min(cap, base * 2^n)]), which spreads a fleet of
-// ranks hitting one SlowDown apart instead of retrying in lock step. Everything else (403 wrong credentials, 404
+// ranks hitting one SlowDown apart instead of retrying in lock step. A connection the endpoint refuses or cannot
+// be reached (curl 7) gets at most connect_error_attempts of them, as boto3's standard mode retries a connection
+// error (3 attempts): a server restarting is back within a few hundred ms; a closed port or a wrong one stays
+// closed, and eight tries cost seconds per rank. Everything else (403 wrong credentials, 404
 // NoSuchBucket, 400, a 5xx with a final code such as 501 NotImplemented, an unknown host, TLS to a plain-http port)
 // is reported at once: retrying cannot fix it, and a checkpoint of 1000 ranks must not turn one typo into a retry
 // storm.
@@ -14,6 +17,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -69,12 +73,16 @@ struct response {
   std::optional<std::uint64_t> content_length;
   CURLcode curl = CURLE_OK;
   std::string curl_error;
+  long os_errno = 0;  // the socket's errno when the transport failed (ECONNREFUSED: nothing listens there)
   unsigned attempts = 0;
   bool empty_object = false;  // a Content-Range said the object has no bytes
   bool error_body = false;    // a 2xx whose body is an <Error> (CompleteMultipartUpload may answer so)
   std::string code() const { return xml_value(text, "Code"); }
   bool ok() const { return curl == CURLE_OK && status >= 200 && status < 300 && !error_body; }
 };
+
+//! Attempts for a connection the endpoint refused or that could not be made (curl 7), at most max_attempts.
+inline constexpr unsigned connect_error_attempts = 3;
 
 inline bool transient(CURLcode c) noexcept {
   switch (c) {
@@ -122,6 +130,7 @@ class client {
       : location_(std::move(location)), options_(resolve(std::move(options))),
         base_url_(bucket_url(options_.endpoint, location_.bucket, options_.addressing)),
         virtual_hosted_(!base_url_.ends_with("/" + location_.bucket)) {
+    check_endpoint_path(options_.endpoint, location_.bucket);
     global_init();
     sigv4_ = "aws:amz:" + options_.region + ":s3";
   }
@@ -163,20 +172,27 @@ class client {
       }
       one.received = got;
       out = std::move(one);
-      if (out.ok() || !retriable(out) || attempt >= options_.max_attempts) return out;
+      const unsigned most = out.curl == CURLE_COULDNT_CONNECT ? std::min(options_.max_attempts, connect_error_attempts)
+                                                             : options_.max_attempts;
+      if (out.ok() || !retriable(out) || attempt >= most) return out;
       const auto wait = backoff(attempt);
       log::info("s3 ", r.operation, " ", url_of(r.subject()), ": ", describe(out), "; retry ", attempt, " of ",
-                options_.max_attempts - 1, " in ", wait.count(), " ms");
+                most - 1, " in ", wait.count(), " ms");
       std::this_thread::sleep_for(wait);
     }
   }
 
-  // "HTTP 503 SlowDown (Please reduce your request rate.)" or "connection: Connection reset by peer (curl 56)".
+  // "HTTP 503 SlowDown (Please reduce your request rate.)", "connection to http://host:9000: Connection reset by
+  // peer (curl 56)", or "connection refused by the endpoint http://host:9000 (does an S3 server listen there?): ...".
   std::string describe(const response& r) const {
     std::string s;
     if (r.curl != CURLE_OK) {
-      s = "connection: " + (r.curl_error.empty() ? std::string(curl_easy_strerror(r.curl)) : r.curl_error) +
-          " (curl " + std::to_string(static_cast<int>(r.curl)) + ")";
+      const std::string what = r.curl_error.empty() ? std::string(curl_easy_strerror(r.curl)) : r.curl_error;
+      const std::string curl = " (curl " + std::to_string(static_cast<int>(r.curl)) + ")";
+      if (r.curl == CURLE_COULDNT_CONNECT && r.os_errno == ECONNREFUSED)
+        s = "connection refused by the endpoint " + options_.endpoint + " (does an S3 server listen there?): " + what + curl;
+      else
+        s = "connection to " + options_.endpoint + ": " + what + curl;
     } else {
       s = "HTTP " + std::to_string(r.status);
       const std::string code = r.code(), message = xml_value(r.text, "Message");
@@ -398,7 +414,10 @@ class client {
     curl_off_t length = -1;
     if (curl_easy_getinfo(h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) == CURLE_OK && length >= 0)
       out.content_length = static_cast<std::uint64_t>(length);
-    if (out.curl != CURLE_OK) out.curl_error = error_buffer;
+    if (out.curl != CURLE_OK) {
+      out.curl_error = error_buffer;
+      curl_easy_getinfo(h, CURLINFO_OS_ERRNO, &out.os_errno);
+    }
     curl_slist_free_all(headers);
     // The handle must not keep pointers into this frame: the next request resets it anyway, but a pooled handle
     // is also cleaned up by the pool, which must not see dangling user data.

@@ -85,6 +85,22 @@ inline s3_options resolve(s3_options o) {
   return o;
 }
 
+//! An endpoint whose path ends with the bucket's name (AWS_ENDPOINT_URL=http://host:9000/bucket, a common slip)
+//! would send every request to /bucket/bucket/key, whose answers (NoSuchKey, NoSuchBucket) name neither: refused
+//! when the sink is made, saying where the bucket goes. Another path stays (a gateway served under one).
+inline void check_endpoint_path(const std::string& endpoint, const std::string& bucket) {
+  const auto scheme_end = endpoint.find("://") + 3;
+  const auto path_start = endpoint.find('/', scheme_end);
+  if (path_start == std::string::npos) return;
+  const std::string path = endpoint.substr(path_start);
+  if (path == "/" + bucket || path.ends_with("/" + bucket))
+    throw_error(errc::config,
+                "the S3 endpoint '" + endpoint + "' ends with the bucket's name '" + bucket + "': an endpoint is " +
+                    endpoint.substr(0, path_start) + " (no path), the bucket goes in the location s3://" + bucket +
+                    "/prefix (AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3 or s3_options::endpoint)",
+                {.operation = "s3_sink", .object = endpoint});
+}
+
 //! The base URL of a bucket: "<scheme>://<host>[:port]/<bucket>" (path style) or "<scheme>://<bucket>.<host>[:port]"
 //! (virtual-hosted); a key is appended as "/<encoded key>".
 inline std::string bucket_url(const std::string& endpoint, const std::string& bucket, s3_addressing addressing) {
