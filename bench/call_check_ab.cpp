@@ -5,7 +5,9 @@
 // the least of any transport to a collective, so the check's share of the call is largest here: a bound for shm
 // and TCP, whose calls cost more for the same check. docs/benchmarks.md ("the call check's cost") has the figures.
 //
-//   call_check_ab [--ranks 2] [--blocks 400] [--per-block 2000] [--bytes 8]
+//   call_check_ab [--ranks 2] [--blocks 400] [--per-block 2000] [--bytes 8] [--only on|off]
+//
+// --only on (or off) runs every block on that world, for a profiler (perf record -g), and prints its median only.
 #include <pthread.h>
 #include <sched.h>
 
@@ -27,6 +29,7 @@ namespace sk = shardkit;
 int main(int argc, char** argv) {
   int ranks = 2, blocks = 400, per_block = 2000;
   std::size_t bytes = 8;
+  std::string only;  // "", "on" or "off"
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const long v = std::strtol(argv[i + 1], nullptr, 10);
@@ -34,6 +37,7 @@ int main(int argc, char** argv) {
     else if (flag == "--blocks") blocks = int(v);
     else if (flag == "--per-block") per_block = int(v);
     else if (flag == "--bytes") bytes = std::size_t(v);
+    else if (flag == "--only" && (std::string(argv[i + 1]) == "on" || std::string(argv[i + 1]) == "off")) only = argv[i + 1];
     else {
       std::fprintf(stderr, "call_check_ab: unknown flag %s\n", argv[i]);
       return 2;
@@ -64,7 +68,7 @@ int main(int argc, char** argv) {
         world_on[std::size_t(r)].all_reduce(sk::buffer_view(std::span<float>(data))).wait();
       }
       for (int b = 0; b < blocks; ++b) {
-        const bool checked = (b % 4 == 1 || b % 4 == 2);  // A B B A
+        const bool checked = only.empty() ? (b % 4 == 1 || b % 4 == 2) : only == "on";  // A B B A
         auto& g = (checked ? world_on : world_off)[std::size_t(r)];
         sync.arrive_and_wait();
         const auto t0 = std::chrono::steady_clock::now();
@@ -75,6 +79,12 @@ int main(int argc, char** argv) {
       }
     });
   for (auto& t : threads) t.join();
+  if (!only.empty()) {
+    std::sort(block_us.begin(), block_us.end());
+    std::printf("ranks %d, %zu bytes, %d blocks of %d all_reduces, check %s only: median %.3f us, fastest %.3f\n", ranks,
+                bytes, blocks, per_block, only.c_str(), block_us[block_us.size() / 2], block_us.front());
+    return 0;
+  }
   std::vector<double> a, b, ratios;
   for (int i = 0; i + 1 < blocks; i += 2) {
     const bool first_checked = (i % 4 == 2);

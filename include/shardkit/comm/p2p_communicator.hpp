@@ -289,7 +289,7 @@ class p2p_communicator {
       return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop, nullptr, {}, 0,
                                    o.group, o.seq);
     const algorithms::call_record record{fp, seq, std::uint8_t(o.algo)};
-    const auto epoch = checker_->begin(record, {.rank = me_, .operation = name});
+    const auto epoch = checker_->begin(record, me_, name);
     return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop, checker_.get(),
                                  record, epoch, o.group, o.seq);
   }

@@ -4,8 +4,10 @@
 //!
 //! A send completes when its bytes have been copied into a receive (rendezvous semantics, no hidden copies), so
 //! algorithms must post recvs and sends before waiting, as they do for every transport. Unmatched sends and
-//! recvs can both be withdrawn with completion::cancel().
+//! recvs can both be withdrawn with completion::cancel(). Messages may be gathered from and scattered into up to
+//! max_scatter_gather_pieces ranges (transport::scatter_gather): the one copy goes piece to piece.
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -23,16 +25,34 @@ namespace shardkit::transport {
 
 class loopback_transport;
 
+namespace detail {
+//! A message's byte ranges: one for send and recv, up to max_scatter_gather_pieces for send_gather and
+//! recv_scatter, kept inline (no allocation per message).
+template <class Byte>
+struct byte_pieces {
+  std::array<std::span<Byte>, max_scatter_gather_pieces> at{};
+  std::size_t count = 0;
+
+  byte_pieces() = default;
+  explicit byte_pieces(std::span<Byte> one) noexcept : at{one}, count(1) {}
+  std::size_t size() const noexcept {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < count; ++i) n += at[i].size();
+    return n;
+  }
+};
+}  // namespace detail
+
 //! The shared mailbox of one in-process world. Create with loopback_transport::create_world(n).
 class loopback_hub {
   friend class loopback_transport;
 
   struct pending_send {
-    std::span<const std::byte> bytes;
+    detail::byte_pieces<const std::byte> bytes;
     completion_source done;
   };
   struct pending_recv {
-    std::span<std::byte> bytes;
+    detail::byte_pieces<std::byte> bytes;
     completion_source done;
   };
   // (destination, source, tag): FIFO per key is exactly the p2p ordering rule.
@@ -66,6 +86,41 @@ class loopback_transport {
   int size() const noexcept { return hub_->size_; }
 
   completion send(int peer, message_tag tag, std::span<const std::byte> bytes) {
+    return send_pieces(peer, tag, detail::byte_pieces<const std::byte>(bytes));
+  }
+  completion recv(int peer, message_tag tag, std::span<std::byte> bytes) {
+    return recv_pieces(peer, tag, detail::byte_pieces<std::byte>(bytes));
+  }
+  completion send_gather(int peer, message_tag tag, std::span<const std::span<const std::byte>> pieces) {
+    return send_pieces(peer, tag, listed(pieces, "send_gather"));
+  }
+  completion recv_scatter(int peer, message_tag tag, std::span<const std::span<std::byte>> pieces) {
+    return recv_pieces(peer, tag, listed(pieces, "recv_scatter"));
+  }
+
+  //! This rank leaves: every operation pending with it, on either side, fails with errc::peer_lost.
+  void close() { fail_all(nullptr); }
+
+  //! Fails every operation this rank has pending (and those peers have pending with it).
+  void abort(std::exception_ptr reason) { fail_all(std::move(reason)); }
+
+ private:
+  loopback_transport(std::shared_ptr<loopback_hub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {}
+
+  template <class Byte>
+  detail::byte_pieces<Byte> listed(std::span<const std::span<Byte>> list, const char* op) const {
+    if (list.size() > max_scatter_gather_pieces)
+      throw_error(errc::invalid_argument,
+                  std::to_string(list.size()) + " pieces where at most " + std::to_string(max_scatter_gather_pieces) +
+                      " are taken",
+                  {.rank = rank_, .operation = std::string("loopback.") + op});
+    detail::byte_pieces<Byte> p;
+    std::copy(list.begin(), list.end(), p.at.begin());
+    p.count = list.size();
+    return p;
+  }
+
+  completion send_pieces(int peer, message_tag tag, const detail::byte_pieces<const std::byte>& bytes) {
     check_peer(peer, "send");
     completion_source done;
     loopback_hub::pending_recv match;
@@ -86,7 +141,7 @@ class loopback_transport {
     return done;
   }
 
-  completion recv(int peer, message_tag tag, std::span<std::byte> bytes) {
+  completion recv_pieces(int peer, message_tag tag, const detail::byte_pieces<std::byte>& bytes) {
     check_peer(peer, "recv");
     completion_source done;
     loopback_hub::pending_send match;
@@ -106,15 +161,6 @@ class loopback_transport {
     deliver(match.bytes, match.done, {bytes, done}, peer);
     return done;
   }
-
-  //! This rank leaves: every operation pending with it, on either side, fails with errc::peer_lost.
-  void close() { fail_all(nullptr); }
-
-  //! Fails every operation this rank has pending (and those peers have pending with it).
-  void abort(std::exception_ptr reason) { fail_all(std::move(reason)); }
-
- private:
-  loopback_transport(std::shared_ptr<loopback_hub> hub, int rank) : hub_(std::move(hub)), rank_(rank) {}
 
   void check_peer(int peer, const char* op) const {
     if (peer < 0 || peer >= hub_->size_ || peer == rank_)
@@ -152,19 +198,38 @@ class loopback_transport {
               {.rank = rank_, .peer = peer, .operation = std::string("loopback.") + op})));
   }
 
-  void deliver(std::span<const std::byte> src, const completion_source& sent, const loopback_hub::pending_recv& dst, int peer) const {
-    if (src.size() > dst.bytes.size()) {
+  void deliver(const detail::byte_pieces<const std::byte>& src, const completion_source& sent,
+               const loopback_hub::pending_recv& dst, int peer) const {
+    const std::size_t size = src.size();
+    if (size > dst.bytes.size()) {
       const error e(errc::protocol,
-                    "message of " + std::to_string(src.size()) + " bytes does not fit the posted receive of " +
+                    "message of " + std::to_string(size) + " bytes does not fit the posted receive of " +
                         std::to_string(dst.bytes.size()) + " bytes",
                     {.rank = rank_, .peer = peer, .operation = "loopback.recv"});
       dst.done.set_error(e);
       sent.set_error(e);
       return;
     }
-    if (!src.empty()) std::memcpy(dst.bytes.data(), src.data(), src.size());
-    dst.done.set_done(src.size());
-    sent.set_done(src.size());
+    // Piece to piece; the pieces of the receive hold the whole message (checked above).
+    std::size_t to = 0, at = 0;
+    for (std::size_t from = 0; from < src.count; ++from) {
+      const std::byte* p = src.at[from].data();
+      for (std::size_t left = src.at[from].size(); left > 0;) {
+        const auto piece = dst.bytes.at[to];
+        if (at == piece.size()) {
+          ++to;
+          at = 0;
+          continue;
+        }
+        const std::size_t n = std::min(left, piece.size() - at);
+        std::memcpy(piece.data() + at, p, n);
+        p += n;
+        left -= n;
+        at += n;
+      }
+    }
+    dst.done.set_done(size);
+    sent.set_done(size);
   }
 
   void fail_all(std::exception_ptr reason) {
@@ -205,6 +270,6 @@ class loopback_transport {
   int rank_;
 };
 
-static_assert(p2p<loopback_transport>);
+static_assert(p2p<loopback_transport> && scatter_gather<loopback_transport>);
 
 }  // namespace shardkit::transport

@@ -28,7 +28,8 @@
 //! read each other's memory, so large all-reduces use cross-memory attach) and `t.abort(std::exception_ptr)`
 //! (concept abortable: fail every outstanding operation with that reason; p2p_communicator calls it when a
 //! transfer that timed out cannot be withdrawn, so that no buffer is touched after its work failed),
-//! `t.lost(peer)` (concept reports_lost_peers, below) and `t.left_in_order(peer)` (concept reports_departures).
+//! `t.lost(peer)` (concept reports_lost_peers, below), `t.left_in_order(peer)` (concept reports_departures) and
+//! `t.send_gather` / `t.recv_scatter` (concept scatter_gather).
 //!
 //! @code
 //! struct my_transport {
@@ -101,6 +102,22 @@ concept reports_lost_peers = p2p<T> && requires(const T& t, int peer) {
 template <class T>
 concept describes_peers = p2p<T> && requires(const T& t, int peer) {
   { t.peer_state(peer) } -> std::convertible_to<std::string>;
+};
+
+//! Optional: a transport that sends one message gathered from several byte ranges and receives one scattered into
+//! several: `t.send_gather(peer, tag, pieces)` and `t.recv_scatter(peer, tag, pieces)`, `pieces` a
+//! std::span<const std::span<const std::byte>> (std::span<const std::span<std::byte>>) of at most
+//! max_scatter_gather_pieces ranges, each call otherwise as send and recv (rules 3-8). The message is the pieces'
+//! bytes in order; a received one fills the pieces in order and its size is the completion's bytes(); one larger
+//! than the pieces together fails the recv as in 4. Only the bytes must outlive the call, not the list of
+//! pieces. The call check sends a collective's first message as its header and the caller's buffer, and receives
+//! it into a header slot and the caller's buffer, where the transport can (comm/algorithms/call_check.hpp).
+inline constexpr std::size_t max_scatter_gather_pieces = 3;
+template <class T>
+concept scatter_gather = p2p<T> && requires(T& t, int peer, message_tag tag, std::span<const std::span<const std::byte>> out,
+                                            std::span<const std::span<std::byte>> in) {
+  { t.send_gather(peer, tag, out) } -> std::same_as<completion>;
+  { t.recv_scatter(peer, tag, in) } -> std::same_as<completion>;
 };
 
 //! Optional, with reports_lost_peers: a transport that tells how a lost peer left (`t.left_in_order(peer)`).

@@ -6,10 +6,12 @@
 //! How it holds, on every algorithm and transport (p2p_op does the framing, this file the group's side):
 //!  1. The first message of a collective from one rank to another carries a header: a call_record (the debug
 //!     mode's fingerprint, detail/consistency.hpp, plus the call's number in the group and the algorithm asked
-//!     for) and the payload's size. Payloads up to inline_max travel in that message (copied through a slot);
-//!     a larger one follows as a message of its own, so the header never costs a copy of a large buffer. A
-//!     receiver's first recv from a peer always lands in a slot of header + inline_max bytes, whatever it
-//!     expects, so it reads the peer's header even when the two disagree on the size.
+//!     for) and the payload's size. Payloads up to inline_max travel in that message: gathered from the
+//!     caller's buffer and scattered straight into the receiver's where the transport can (transport::
+//!     scatter_gather: loopback), else copied through a slot on each side; a larger one follows as a message of
+//!     its own, so the header never costs a copy of a large buffer. A receiver's first recv from a peer always
+//!     holds header + inline_max bytes, whatever it expects (a slot, or the header's part of the slot, its own
+//!     buffer, and the rest of the slot), so it reads the peer's header even when the two disagree on the size.
 //!     Messages between two ranks with one tag match in order, so the first message one rank sends another in
 //!     collective #k meets the first recv the other posts from it in #k, whatever algorithm each side runs.
 //!  2. A rank whose first message from a peer shows another call, or another size than it expects, sends a
@@ -54,11 +56,14 @@ struct call_record {
 
   static constexpr std::size_t words = comm::detail::op_fingerprint::width + 1;
   std::array<std::int64_t, words> encode() const noexcept {
-    std::array<std::int64_t, words> w{};
-    const auto f = fp.encode();
-    std::copy(f.begin(), f.end(), w.begin());
-    w[words - 1] = std::int64_t(seq) | (std::int64_t(algo) << 32);
+    std::array<std::int64_t, words> w;
+    encode_into(w.data());
     return w;
+  }
+  //! encode(), written straight into `w` (words of them; op_fingerprint::encode_into says why).
+  void encode_into(std::int64_t* w) const noexcept {
+    fp.encode_into(w);
+    w[words - 1] = std::int64_t(seq) | (std::int64_t(algo) << 32);
   }
   //! "all_reduce(dtype f32, count 4, op sum)" (with ", algorithm ring" where one was asked for).
   static std::string describe(const std::int64_t* w) {
@@ -94,6 +99,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   struct contact {
     std::uint64_t epoch = 0;  // the op that last touched it; another op starts afresh
     bool sent = false, posted = false, verified = false;
+    bool in_place = false;       // the first recv scattered its payload straight into `dest`
     completion frame;            // the first recv, into recv_slot
     completion payload;          // a payload larger than inline_max, straight into the caller's buffer
     std::byte* dest = nullptr;   // where an inline payload goes
@@ -126,21 +132,25 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     return (transport::message_tag(group_id_) << 32) | (transport::message_tag(0xffffff) << 8) | 0xff;
   }
 
-  //! Starts collective `r`: fails at once if the group is poisoned (or a peer's stall report for this collective
-  //! shows another call), and remembers `r` for the stall reports of peers still to come.
-  std::uint64_t begin(const call_record& r, const error_context& ctx) {
-    throw_if_poisoned(ctx);
+  //! Starts collective `r` (`rank`, `operation`: the caller's, for an error's context): fails at once if the
+  //! group is poisoned (or a peer's stall report for this collective shows another call), and remembers `r` for
+  //! the stall reports of peers still to come.
+  std::uint64_t begin(const call_record& r, int rank, const char* operation) {
+    if (poisoned()) throw_if_poisoned({.rank = rank, .operation = operation});
     std::unique_lock lock(mutex_);
-    history_[r.seq % history_.size()] = {true, r.encode()};
+    auto& [reached, mine] = history_[r.seq % history_.size()];
+    reached = true;
+    r.encode_into(mine.data());
     if (!early_reports_.empty()) {
       for (auto it = early_reports_.begin(); it != early_reports_.end();) {
         if (seq_of(it->record.data()) == r.seq) {
           const auto theirs = it->record;
           const int from = it->from;
-          early_reports_.erase(it);
-          if (theirs != r.encode()) {
+          it = early_reports_.erase(it);
+          if (theirs != mine) {
+            const record_words ours = mine;
             lock.unlock();
-            mismatch(from, theirs.data(), r.encode().data(), {}, ctx);
+            mismatch(from, theirs.data(), ours.data(), {}, {.rank = rank, .operation = operation});
           }
           continue;
         }
@@ -158,7 +168,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     auto& c = contacts_[std::size_t(transport_rank)];
     if (c.epoch != epoch) {
       c.epoch = epoch;
-      c.sent = c.posted = c.verified = false;
+      c.sent = c.posted = c.verified = c.in_place = false;
       c.frame = c.payload = c.header_send = completion();
       c.dest = nullptr;
       c.expected = 0;

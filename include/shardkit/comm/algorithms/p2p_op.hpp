@@ -2,11 +2,13 @@
 //! One collective's view of a p2p transport: the group's members, this op's message tag, its deadline, and waits
 //! that turn silence into a timeout naming the peer and a wrong-sized message into errc::mismatch.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <span>
 #include <stop_token>
 #include <string>
@@ -120,9 +122,12 @@ class p2p_op {
                                             : until_ - now;
     lost_grace_ = std::clamp<deadline::clock::duration>(left / 32, min_lost_member_grace, max_lost_member_grace);
     stall_log_ = std::clamp<deadline::clock::duration>(left / 32, min_stall_log, max_stall_log);
-    if (checker_)
+    if (checker_) {
       stall_at_ = now + std::clamp<deadline::clock::duration>(left / call_checker<T>::stall_divisor,
                                                               std::chrono::milliseconds(20), std::chrono::minutes(1));
+      header_[0] = frame_header::magic;
+      record_.encode_into(header_.data() + 1);
+    }
   }
 
   p2p_op(const p2p_op&) = delete;
@@ -227,7 +232,20 @@ class p2p_op {
         pc.posted = true;
         pc.dest = data;
         pc.expected = bytes;
-        pc.frame = post_recv(peer, checker_->recv_slot(pc), frame_header::slot_bytes);
+        std::byte* const slot = checker_->recv_slot(pc);
+        if constexpr (transport::scatter_gather<T>) {
+          if (bytes <= call_checker<T>::inline_max) {
+            // The header into the slot, the payload straight into place; a larger one than expected (a mismatch)
+            // runs on into the slot, so its header is read whatever the peer sent.
+            constexpr std::size_t h = frame_header::bytes;
+            const std::span<std::byte> pieces[] = {{slot, h}, {data, bytes}, {slot + h, call_checker<T>::inline_max - bytes}};
+            pc.in_place = true;
+            pc.frame = transport_.recv_scatter(members_[std::size_t(peer)], tag_, pieces);
+            recvs_.push_back(pc.frame);
+            return pc.frame;
+          }
+        }
+        pc.frame = post_recv(peer, slot, frame_header::slot_bytes);
         if (bytes <= call_checker<T>::inline_max) return pc.frame;
         pc.payload = post_recv(peer, data, bytes);
         return pc.payload;
@@ -432,16 +450,24 @@ class p2p_op {
     return c;
   }
 
-  //! The first message to a peer: the header, then the payload in the same message up to inline_max, else in
-  //! a message of its own sent right behind it (no copy of a large buffer).
+  //! The first message to a peer: the header, then the payload in the same message up to inline_max (gathered
+  //! from the caller's buffer where the transport can, else copied behind the header), else in a message of its
+  //! own sent right behind it (no copy of a large buffer).
   completion framed_send(typename call_checker<T>::contact& pc, int peer, const std::byte* data, std::size_t bytes) {
     std::byte* const slot = checker_->send_slot(pc);
-    std::array<std::int64_t, frame_header::words> h{};
-    h[0] = frame_header::magic;
-    const auto r = record_.encode();
-    std::copy(r.begin(), r.end(), h.begin() + 1);
-    h[frame_header::words - 1] = std::int64_t(bytes);
-    std::memcpy(slot, h.data(), frame_header::bytes);
+    constexpr std::size_t size_at = frame_header::bytes - sizeof(std::int64_t);
+    std::memcpy(slot, header_.data(), size_at);
+    const auto size = std::int64_t(bytes);
+    std::memcpy(slot + size_at, &size, sizeof size);
+    if constexpr (transport::scatter_gather<T>) {
+      if (bytes <= call_checker<T>::inline_max) {
+        const std::span<const std::byte> pieces[] = {{slot, frame_header::bytes}, {data, bytes}};
+        auto c = transport_.send_gather(members_[std::size_t(peer)], tag_, pieces);
+        sends_.push_back(c);
+        send_peers_.push_back(peer);
+        return c;
+      }
+    }
     if (bytes <= call_checker<T>::inline_max) {
       if (bytes) std::memcpy(slot + frame_header::bytes, data, bytes);
       return post_send(peer, slot, frame_header::bytes + bytes);
@@ -451,28 +477,34 @@ class p2p_op {
   }
 
   //! Waits for the first message from `peer` and compares its header with this rank's call: another call, or
-  //! another payload size, poisons the group and throws errc::mismatch naming both calls.
+  //! another payload size, poisons the group and throws errc::mismatch naming both calls. The header is compared
+  //! where it landed; it is decoded only to name a difference.
   void verify_first(typename call_checker<T>::contact& pc, int peer) {
     wait(pc.frame, peer, "receiving from");
     pc.verified = true;
     const std::byte* const slot = checker_->recv_slot(pc);
-    const auto mine = record_.encode();
-    const int group_peer = checker_->group_rank(members_[std::size_t(peer)]);
-    std::array<std::int64_t, frame_header::words> h{};
-    if (pc.frame.bytes() < frame_header::bytes ||
-        (std::memcpy(h.data(), slot, frame_header::bytes), h[0] != frame_header::magic))
+    constexpr std::size_t word = sizeof(std::int64_t), record_bytes = call_record::words * word;
+    if (pc.frame.bytes() < frame_header::bytes || std::memcmp(slot, header_.data(), word) != 0)
       throw error(errc::protocol,
                   "the first message of " + std::string(name_) + " from this peer has no call header (" +
                       std::to_string(pc.frame.bytes()) + " bytes): does it run another version of shardkit, or "
                       "with SHARDKIT_CALL_CHECK=0?",
                   context(peer));
-    const std::int64_t* theirs = h.data() + 1;
-    if (!std::equal(mine.begin(), mine.end(), theirs)) checker_->mismatch(group_peer, theirs, mine.data(), {}, context(peer));
-    const auto sent = std::size_t(h[frame_header::words - 1]);
+    const std::int64_t* const mine = header_.data() + 1;
+    const auto theirs = [&] {
+      std::array<std::int64_t, call_record::words> w;
+      std::memcpy(w.data(), slot + word, record_bytes);
+      return w;
+    };
+    const auto group_peer = [&] { return checker_->group_rank(members_[std::size_t(peer)]); };
+    if (std::memcmp(slot + word, mine, record_bytes) != 0) checker_->mismatch(group_peer(), theirs().data(), mine, {}, context(peer));
+    std::int64_t sent_word;
+    std::memcpy(&sent_word, slot + word + record_bytes, word);
+    const auto sent = std::size_t(sent_word);
     const std::size_t inline_bytes = pc.frame.bytes() - frame_header::bytes;
     if (sent != pc.expected || inline_bytes != (sent <= call_checker<T>::inline_max ? sent : 0))
-      checker_->mismatch(group_peer, theirs, mine.data(), {std::int64_t(sent), std::int64_t(pc.expected)}, context(peer));
-    if (sent <= call_checker<T>::inline_max && sent) std::memcpy(pc.dest, slot + frame_header::bytes, sent);
+      checker_->mismatch(group_peer(), theirs().data(), mine, {std::int64_t(sent), std::int64_t(pc.expected)}, context(peer));
+    if (sent <= call_checker<T>::inline_max && sent && !pc.in_place) std::memcpy(pc.dest, slot + frame_header::bytes, sent);
   }
 
   //! Whether the transport says group rank `r` closed its transport in order (transport::reports_departures).
@@ -548,6 +580,9 @@ class p2p_op {
   scratch_arena own_;
   call_checker<T>* checker_;
   call_record record_;
+  // With a checker: the frame header of this op's first messages, magic and record_ encoded once (the last word,
+  // the payload's size, is written per message).
+  std::array<std::int64_t, frame_header::words> header_{};
   std::uint64_t epoch_;
   deadline stall_at_ = no_deadline;
   bool stall_reported_ = false;

@@ -40,7 +40,19 @@ struct op_fingerprint {
 
   static constexpr std::size_t width = 6;  // int64 words per rank in the exchanged table
   std::array<std::int64_t, width> encode() const noexcept {
-    return {std::int64_t(op), std::int64_t(type), std::int64_t(count), root, std::int64_t(rop), extra};
+    std::array<std::int64_t, width> w;
+    encode_into(w.data());
+    return w;
+  }
+  //! The same words, written straight into `w` (width of them): a hot path's header is built in place, since
+  //! copying a just-built array costs a store-forwarding stall per 16 bytes.
+  void encode_into(std::int64_t* w) const noexcept {
+    w[0] = std::int64_t(op);
+    w[1] = std::int64_t(type);
+    w[2] = std::int64_t(count);
+    w[3] = root;
+    w[4] = std::int64_t(rop);
+    w[5] = extra;
   }
 };
 
