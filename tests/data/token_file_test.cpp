@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "data/data_fixtures.hpp"
+#include "shardkit/data/token_file.hpp"
 #include "shardkit/data/tokenize.hpp"
 #include "shardkit/storage/posix_sink.hpp"
 

@@ -12,8 +12,6 @@
 //! Rank 0 hosts the TCP store at MASTER_ADDR:MASTER_PORT.
 #include <chrono>
 #include <functional>
-#include <map>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,7 +19,6 @@
 #include "shardkit/comm/any_communicator.hpp"
 #include "shardkit/comm/process_group.hpp"
 #include "shardkit/core/separate_compilation.hpp"
-#include "shardkit/core/settings.hpp"
 #include "shardkit/rendezvous/env.hpp"
 #include "shardkit/rendezvous/hosts.hpp"
 #include "shardkit/rendezvous/store.hpp"
@@ -56,31 +53,15 @@ using communicator_factory = std::function<any_communicator(const transport_setu
 //! wrapped too.
 using communicator_decorator = std::function<any_communicator(any_communicator, const transport_setup&)>;
 
-namespace detail {
-// Transports register themselves by name where their own header is included (the tcp target's registers "tcp"
-// and "shm+tcp"), so the body of every inline function here is the same in every translation unit, whichever
-// targets each was compiled with (a feature macro in init_process_group's body broke the one-definition rule).
-struct transport_registry {
-  std::mutex mutex;
-  std::map<std::string, communicator_factory, std::less<>> factories;
-};
-inline transport_registry& transports() {
-  static transport_registry r;
-  return r;
-}
-}  // namespace detail
-
 //! Makes `name` available to init_process_group (SHARDKIT_TRANSPORT). Returns true (for an inline registrar).
-inline bool register_transport(std::string name, communicator_factory make) {
-  auto& r = detail::transports();
-  std::lock_guard lock(r.mutex);
-  r.factories[std::move(name)] = std::move(make);
-  return true;
-}
+//! Transports register themselves by name where their own header is included (the tcp target's registers "tcp"
+//! and "shm+tcp"), so every function here is the same in every translation unit, whichever targets each was
+//! compiled with (a feature macro in init_process_group's body broke the one-definition rule). The registry and
+//! these functions' bodies are in comm/impl/init.hpp.
+SHARDKIT_DECL bool register_transport(std::string name, communicator_factory make);
 
-inline std::string transport_from_env(std::string_view fallback = "auto") {
-  return settings::get<settings::choice>("SHARDKIT_TRANSPORT").value_or(std::string(fallback));
-}
+//! SHARDKIT_TRANSPORT, else `fallback`.
+SHARDKIT_DECL std::string transport_from_env(std::string_view fallback = "auto");
 
 struct init_options {
   std::string transport = transport_from_env();  //!< "auto", "shm", "tcp", "shm+tcp" or a registered name

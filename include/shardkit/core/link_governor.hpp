@@ -67,29 +67,11 @@
 
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/link_capacity.hpp"
+#include "shardkit/core/link_traffic.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/core/settings.hpp"
 
 namespace shardkit {
-
-enum class traffic_class : std::uint8_t { collectives = 0, checkpoint = 1, data = 2 };
-inline constexpr std::size_t traffic_class_count = 3;
-
-constexpr std::string_view to_string(traffic_class c) noexcept {
-  switch (c) {
-    case traffic_class::collectives: return "collectives";
-    case traffic_class::checkpoint: return "checkpoint";
-    case traffic_class::data: return "data";
-  }
-  return "?";
-}
-
-//! A direction of a full-duplex link: tx, what this host sends (writes, uploads); rx, what it receives (reads,
-//! downloads). Each has its own window and budget.
-enum class link_direction : std::uint8_t { tx = 0, rx = 1 };
-inline constexpr std::size_t link_direction_count = 2;
-
-constexpr std::string_view to_string(link_direction d) noexcept { return d == link_direction::tx ? "tx" : "rx"; }
 
 struct link_governor_options {
   //! The link's capacity in each direction (SHARDKIT_LINK_BYTES_PER_SECOND, else the NIC's speed); a governor

@@ -149,7 +149,7 @@ class loader {
                       .configuration = saved_configuration_, .weights = weights_, .shards = consumed_};
   }
   //! The same as a versioned, checksummed blob (loader_state.hpp): store it as one object per rank.
-  std::vector<std::byte> state() const { return encode_state(state_values()); }
+  SHARDKIT_DECL std::vector<std::byte> state() const;
 
   //! Continues from the blobs of every rank of a run (any world size), as rank `rank` of `world`. The blobs must
   //! come from one step of one run of this configuration: every old rank once, every logical shard once.

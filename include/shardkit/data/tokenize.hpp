@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "shardkit/data/token_file.hpp"
+#include "shardkit/data/token_file_writer.hpp"
 
 namespace shardkit::data {
 

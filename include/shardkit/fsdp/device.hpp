@@ -57,6 +57,7 @@
 #include "shardkit/core/buffer.hpp"
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/separate_compilation.hpp"
 #include "shardkit/core/host_shared_memory.hpp"
 #include "shardkit/fsdp/rate_limiter.hpp"
 
@@ -274,11 +275,13 @@ class any_gather_device {
   any_device_stager make_stager() const { return any_device_stager(d_->make_stager()); }
 
  private:
-  static std::shared_ptr<const detail::gather_device_interface> host() {
-    static const auto h = std::make_shared<const detail::gather_device_model<host_gather_device>>(host_gather_device{});
-    return h;
-  }
+  // The default's model, made once (fsdp/impl/device.hpp: the host stager's conversions compile where it is).
+  static std::shared_ptr<const detail::gather_device_interface> host();
   std::shared_ptr<const detail::gather_device_interface> d_;
 };
 
 }  // namespace shardkit::fsdp
+
+#if !defined(SHARDKIT_SEPARATE_COMPILATION)
+#include "shardkit/fsdp/impl/device.hpp"
+#endif

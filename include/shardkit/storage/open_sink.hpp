@@ -18,7 +18,7 @@
 #include <string_view>
 
 #include "shardkit/core/separate_compilation.hpp"
-#include "shardkit/storage/posix_sink.hpp"
+#include "shardkit/storage/posix_sink_options.hpp"
 #include "shardkit/storage/sink.hpp"
 #if defined(SHARDKIT_HAS_S3)
 #include "shardkit/storage/s3/config.hpp"

@@ -11,12 +11,13 @@
 #include <shardkit/comm/init.hpp>
 #include <shardkit/fsdp/optimizer.hpp>
 #include <shardkit/fsdp/sharded_model.hpp>
+#include <shardkit/storage/open_sink.hpp>
 #if defined(SHARDKIT_HAS_CKPT)
 #include <shardkit/ckpt/checkpointer.hpp>
-#include <shardkit/storage/open_sink.hpp>
 #endif
 #if defined(SHARDKIT_HAS_DATA)
 #include <shardkit/data/loader.hpp>
+#include <shardkit/data/tokenize.hpp>
 #endif
 
 #include <algorithm>
@@ -35,8 +36,29 @@
 // What a source that trains, saves and reads batches parses: the declarations, not the machinery behind them. The
 // checkpoint format, its index and JSON, and the token files' reader come with the bodies, in shardkit_src.cpp.
 #if defined(NLOHMANN_JSON_VERSION_MAJOR)
-#error "a separately compiled source parsed nlohmann/json (the checkpoint format or the token file reader)"
+#error "a separately compiled source parsed nlohmann/json (the checkpoint format, the token file reader or writer)"
 #endif
+// Nor the store client and server that init_process_group connects (rendezvous/env.hpp declares connect_store), the
+// POSIX sink open_sink makes, or the link governor an S3 sink's options point to: each class is declared here and
+// must still be incomplete.
+namespace shardkit {
+class link_governor;
+namespace rendezvous {
+class tcp_store;
+class tcp_store_server;
+}  // namespace rendezvous
+namespace storage {
+class posix_sink;
+}  // namespace storage
+}  // namespace shardkit
+namespace {
+template <class T>
+concept defined_here = requires { sizeof(T); };
+static_assert(!defined_here<shardkit::rendezvous::tcp_store>, "a separately compiled source parsed the store client");
+static_assert(!defined_here<shardkit::rendezvous::tcp_store_server>, "a separately compiled source parsed the store server");
+static_assert(!defined_here<shardkit::storage::posix_sink>, "a separately compiled source parsed the POSIX sink");
+static_assert(!defined_here<shardkit::link_governor>, "a separately compiled source parsed the link governor");
+}  // namespace
 
 namespace {
 void all_reduce_in_child(const char* transport) {
@@ -129,6 +151,21 @@ TEST_CASE("[comm] sharded_model (and checkpointer) compiled separately: ranks as
   std::filesystem::remove_all(dir);
   shardkit::test::require_all_succeeded(results);
 }
+
+#if defined(SHARDKIT_HAS_DATA)
+TEST_CASE("[data] a token file written by a separately compiled source: the sidecar's JSON is written in shardkit_src.cpp") {
+  auto sink = shardkit::storage::open_sink("memory:");
+  shardkit::data::token_file_writer w(sink, "text.tokens", shardkit::data::byte_token_format());
+  shardkit::data::add_byte_document(w, "ab");
+  const auto info = w.finish();
+  CHECK(info.documents == 1);
+  CHECK(info.tokens == 3);
+  CHECK(shardkit::data::list_token_files(sink, "") == std::vector<std::string>{"text.tokens"});
+  const auto sidecar = shardkit::storage::get_object(sink, "text.tokens.json");
+  CHECK(std::string(reinterpret_cast<const char*>(sidecar.data()), sidecar.size()) == shardkit::data::to_json(info));
+  CHECK(shardkit::data::to_json(info).find("\"format\":\"shardkit.tokens\"") != std::string::npos);
+}
+#endif
 
 TEST_CASE("[comm] init_process_group compiled separately: the transports registered in src.hpp are the known ones") {
   const auto results = shardkit::test::run_processes(1, "separate_unknown");

@@ -4,15 +4,42 @@
 //! translation unit of the program (core/separate_compilation.hpp), so the transports compile once.
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <string_view>
 
 #include "shardkit/comm/detail/start_agreement.hpp"
 #include "shardkit/comm/init.hpp"
 #include "shardkit/comm/p2p_communicator.hpp"
+#include "shardkit/core/settings.hpp"
 #include "shardkit/transport/shm.hpp"
 
 namespace shardkit::comm {
+
+namespace detail {
+struct transport_registry {
+  std::mutex mutex;
+  std::map<std::string, communicator_factory, std::less<>> factories;
+};
+SHARDKIT_DECL transport_registry& transports() {
+  static transport_registry r;
+  return r;
+}
+}  // namespace detail
+
+SHARDKIT_DECL bool register_transport(std::string name, communicator_factory make) {
+  auto& r = detail::transports();
+  std::lock_guard lock(r.mutex);
+  r.factories[std::move(name)] = std::move(make);
+  return true;
+}
+
+SHARDKIT_DECL std::string transport_from_env(std::string_view fallback) {
+  return settings::get<settings::choice>("SHARDKIT_TRANSPORT").value_or(std::string(fallback));
+}
 
 inline const bool shm_transport_registered = register_transport("shm", [](const transport_setup& s) {
   if (!s.hosts.single_host())

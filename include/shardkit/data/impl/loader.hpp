@@ -91,6 +91,8 @@ SHARDKIT_DECL std::vector<std::uint32_t> loader::shards_of(std::uint32_t logical
   return out;
 }
 
+SHARDKIT_DECL std::vector<std::byte> loader::state() const { return encode_state(state_values()); }
+
 SHARDKIT_DECL batch loader::next() {
   item it;
   const auto t0 = clock::now();

@@ -1,7 +1,9 @@
 #pragma once
 //! Where an S3 sink points and how it signs in: `s3://bucket/prefix` locations, the endpoint, region, addressing
 //! style, credentials, and the transfer knobs (part size, parallelism, retries). Everything here is plain data and
-//! parsing; the sink is storage/s3_sink.hpp. docs/s3.md describes the configuration for people.
+//! parsing; the sink is storage/s3_sink.hpp. docs/s3.md describes the configuration for people. s3_options::from_env
+//! and s3_link are defined in storage/s3/impl/config.hpp (with the link governor they look up): inline in
+//! header-only use, once in the program's <shardkit/impl/src.hpp> under SHARDKIT_SEPARATE_COMPILATION.
 //!
 //! The AWS_* variables are the AWS CLI's and SDKs' own, read directly (they are not shardkit's to declare):
 //! AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, AWS_REGION or AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID,
@@ -18,9 +20,8 @@
 #include <string_view>
 
 #include "shardkit/core/error.hpp"
-#include "shardkit/core/link_governor.hpp"
-#include "shardkit/core/log.hpp"
-#include "shardkit/core/settings.hpp"
+#include "shardkit/core/link_traffic.hpp"
+#include "shardkit/core/separate_compilation.hpp"
 
 namespace shardkit::storage {
 
@@ -140,44 +141,17 @@ struct s3_options {
   //! SHARDKIT_LINK_BYTES_PER_SECOND is 0, or is unset and that NIC's speed is unknown).
   link_governor* governor = nullptr;
   //! The link whose governor from_env() takes: SHARDKIT_S3_LINK, else the IPv4 default route's interface, else "s3".
-  static std::string s3_link() {
-    if (auto v = settings::get<settings::text>("SHARDKIT_S3_LINK")) return *v;
-    if (auto route = default_route_interface(); !route.empty()) return route;
-    return "s3";
-  }
+  static std::string s3_link();
   traffic_class upload_class = traffic_class::checkpoint;
   traffic_class download_class = traffic_class::data;
 
   //! The defaults with every SHARDKIT_S3_* knob set in the environment applied (errc::config when one does not
   //! parse). Endpoint, region and credentials stay empty here: the sink resolves them when it is created.
-  static s3_options from_env() {
-    s3_options o;
-    // 5M to 5G, S3's own limits: AWS refuses a smaller part (every part but an object's last) only at
-    // CompleteMultipartUpload, after every byte was sent, and 1-byte parts would make an upload of thousands of
-    // requests. s3_options::part_size set in code may be smaller (tests, for servers that take small parts).
-    try {
-      if (auto v = settings::get<settings::bytes>("SHARDKIT_S3_PART_SIZE")) o.part_size = static_cast<std::size_t>(*v);
-    } catch (const shardkit::error& e) {
-      throw_error(errc::config,
-                  e.detail() + ": S3 takes parts of 5 MiB (every part but an object's last) to 5 GiB",
-                  e.context());
-    }
-    if (auto v = settings::get<settings::integer>("SHARDKIT_S3_PARALLEL")) o.parallel = static_cast<unsigned>(*v);
-    if (auto v = settings::get<settings::integer>("SHARDKIT_S3_MAX_ATTEMPTS")) o.max_attempts = static_cast<unsigned>(*v);
-    if (auto v = settings::get<std::chrono::milliseconds>("SHARDKIT_S3_STALL_TIMEOUT")) o.stall_timeout = *v;
-    if (auto v = settings::get<settings::choice>("SHARDKIT_S3_ADDRESSING")) {
-      std::string s = *v;
-      for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      o.addressing = s == "path" ? s3_addressing::path : s == "virtual" ? s3_addressing::virtual_hosted
-                                                                         : s3_addressing::automatic;
-    }
-    // The link is named (SHARDKIT_S3_LINK), else the default route's interface: where an endpoint outside the
-    // cluster is reached, and on a host of one NIC the training link, so S3 uses what collectives leave idle. The
-    // endpoint's own route is not looked up. Without a default route, a link of its own named "s3", which has no
-    // speed to read: no governor unless SHARDKIT_LINK_BYTES_PER_SECOND sets one (then the unreported share).
-    o.governor = governor_for_link(s3_link());
-    return o;
-  }
+  static s3_options from_env();
 };
 
 }  // namespace shardkit::storage
+
+#if !defined(SHARDKIT_SEPARATE_COMPILATION)
+#include "shardkit/storage/s3/impl/config.hpp"
+#endif

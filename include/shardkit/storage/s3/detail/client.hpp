@@ -34,6 +34,7 @@
 
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/executor.hpp"
+#include "shardkit/core/link_governor.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/storage/s3/config.hpp"
 #include "shardkit/storage/s3/detail/resolve.hpp"
