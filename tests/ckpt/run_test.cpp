@@ -9,6 +9,7 @@
 #include <atomic>
 #include <barrier>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -135,6 +136,20 @@ std::vector<std::string> save_steps(int world, st::any_sink sink, std::vector<st
 }
 
 std::string run_of_step(st::any_sink& sink, std::uint64_t step) { return ck::run_of(*ck::read_index(sink, "", step)); }
+
+// load_latest of the small model on `world` ranks (threads) over `sink`; `check(report, model)` on each rank.
+void load_latest_on(int world, st::any_sink& sink,
+                    const std::function<void(const std::optional<ck::load_report>&, tc::sharded_tensors&)>& check) {
+  CAPTURE(world);
+  auto groups = sk::comm::make_loopback_world(world);
+  sk::test::run_threads(world, [&](int r) {
+    tc::sharded_tensors model(tc::small_model(), r, world);
+    ck::state_dict d;
+    d.add_shards(model.pieces());
+    ck::checkpointer c(groups[std::size_t(r)], sink);
+    check(c.load_latest(d), model);
+  });
+}
 }  // namespace
 
 TEST_CASE("[ckpt] load_latest falls back past a damaged latest checkpoint, on every rank, saying which and why") {
@@ -146,15 +161,8 @@ TEST_CASE("[ckpt] load_latest falls back past a damaged latest checkpoint, on ev
     bytes[bytes.size() - 5] ^= std::byte{0x10};
     st::put_object(sink, ck::rank_file_key("", 2, 0), bytes);
   }
-  for (int world : {1, 2, 3}) {
-    CAPTURE(world);
-    auto groups = sk::comm::make_loopback_world(world);
-    sk::test::run_threads(world, [&](int r) {
-      tc::sharded_tensors model(tc::small_model(), r, world);
-      ck::state_dict d;
-      d.add_shards(model.pieces());
-      ck::checkpointer c(groups[std::size_t(r)], sink);
-      auto report = c.load_latest(d);
+  for (int world : {1, 2, 3})
+    load_latest_on(world, sink, [](const std::optional<ck::load_report>& report, tc::sharded_tensors& model) {
       REQUIRE(report);
       CHECK(report->step == 1);
       model.check(1);
@@ -164,11 +172,26 @@ TEST_CASE("[ckpt] load_latest falls back past a damaged latest checkpoint, on ev
       CHECK(report->passed_over[1].starts_with("step 2: rank "));
       CHECK(report->passed_over[1].find("checksum mismatch") != std::string::npos);
     });
-  }
   sink.remove(ck::rank_file_key("", 1, 0));  // none loads: an error naming every step, never a silent fresh start
   on_ranks(2, sink, {}, [&](int, ck::checkpointer& c, tc::sharded_tensors&, ck::state_dict& d) {
     CHECK_THROWS_WITH_AS(c.load_latest(d), doctest::Contains("no complete checkpoint under the sink's root loads: step 3: rank "), sk::error);
   });
+}
+
+TEST_CASE("[ckpt] load_latest names a newer step whose save did not complete (rank files, no index) as passed over") {
+  auto sink = st::make_sink<st::memory_sink>();
+  save_steps(2, sink, {1, 2});
+  sink.remove(ck::index_key("", 2));  // step 2: rank 0's file, rank 1's and no index, as a save cut short leaves it
+  sink.remove(ck::rank_file_key("", 2, 1));
+  for (int world : {1, 3})
+    load_latest_on(world, sink, [](const std::optional<ck::load_report>& report, tc::sharded_tensors& model) {
+      REQUIRE(report);
+      CHECK(report->step == 1);
+      model.check(1);
+      REQUIRE(report->passed_over.size() == 1);
+      CHECK(report->passed_over[0] == "step 2: its save did not complete (no index; 1 rank file(s) written): a later save "
+                                      "of that step replaces it");
+    });
 }
 
 namespace {

@@ -3,6 +3,7 @@
 // log line per failure (on_failure::log_and_continue); an unwritable checkpoint root ends a process with an error.
 #include <doctest/doctest.h>
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "ckpt_fixtures.hpp"
 #include "shardkit/ckpt/checkpointer.hpp"
@@ -210,4 +212,47 @@ TEST_CASE("[ckpt] an unwritable checkpoint root: the first save fails on every r
   }
   ::chmod(dir.c_str(), 0755);
   std::filesystem::remove_all(dir);
+}
+
+// Rank 1 stops (SIGSTOP) while it writes its file of step 2 (after step 1's save ended), so that the other ranks
+// reach that save's commit round without it; rank 0 resumes it 1.6 s later. The ranks waiting for it there must say so within their stall log's
+// bound (1 s at this timeout), naming rank 1 and its stopped process, as a collective's wait does; then the save
+// commits as usual.
+SHARDKIT_SCENARIO(ckpt_rank_stopped_in_save) {
+  auto world = sk::comm::init_process_group("shm");
+  const int r = world.group.rank(), n = world.group.size();
+  world.store.set("pid/" + std::to_string(r), std::to_string(::getpid()));
+  small_state s(r, n);
+  const std::string stop_at = ck::rank_file_key("", 2, 1);
+  ck::checkpointer saver(world.group, st::make_sink<tc::hooked_memory_sink>(tc::sink_hooks{.on_put = [=](const std::string& key) {
+                           if (key == stop_at) ::raise(SIGSTOP);
+                         }}));
+  std::thread resume;
+  if (r == 0)
+    resume = std::thread([pid = std::stoi(world.store.get("pid/1", std::chrono::seconds(10)))] {
+      if (!sk::test::wait_until_process_stopped(pid, std::chrono::seconds(20))) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+      ::kill(pid, SIGCONT);
+    });
+  saver.save(1, s.dict);
+  saver.wait();  // step 1's commit round is over everywhere: rank 1 stops before step 2's
+  saver.save(2, s.dict);
+  saver.wait();
+  if (resume.joinable()) resume.join();
+  std::printf("saved: %zu committed\n", std::size_t(saver.stats().committed));
+}
+
+TEST_CASE("[ckpt] a rank stopped in a save is named by the ranks waiting for it in the commit round, long before the timeout") {
+  const auto results = sk::test::run_processes(3, "ckpt_rank_stopped_in_save", {{"SHARDKIT_TIMEOUT_MS", "20000"}},
+                                               std::chrono::seconds(60));
+  sk::test::require_all_succeeded(results);
+  for (int r : {0, 2}) {
+    const auto& out = results[std::size_t(r)].output;
+    CAPTURE(r);
+    CAPTURE(out);
+    CHECK(out.find("rank " + std::to_string(r) + " has waited 1") != std::string::npos);
+    CHECK(out.find("of group 'ckpt'") != std::string::npos);
+    CHECK(out.find("is stopped (SIGSTOP or a debugger)") != std::string::npos);
+    CHECK(out.find("saved: 2 committed") != std::string::npos);
+  }
 }

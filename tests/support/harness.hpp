@@ -6,6 +6,7 @@
 #include <chrono>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -52,6 +53,19 @@ inline std::set<long> threads_left_since(const std::set<long>& before,
     for (long id : thread_ids())
       if (!before.count(id)) left.insert(id);
     if (left.empty() || std::chrono::steady_clock::now() >= until) return left;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+//! Waits (up to `timeout`) until the kernel shows process `pid` stopped (SIGSTOP); false if it never did.
+inline bool wait_until_process_stopped(int pid, std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    if (line.find(") T ") != std::string::npos) return true;
+    if (std::chrono::steady_clock::now() >= until) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }

@@ -23,7 +23,9 @@ struct load_report {
   //! knows which of these are its model's all the same.
   std::vector<std::string> not_requested;
   //! checkpointer::load_latest: the newer checkpoints it passed over because they did not load (a rank file absent,
-  //! cut short, a checksum mismatch), newest first, each "step S: rank R: why" (also logged on rank 0).
+  //! cut short, a checksum mismatch), newest first, each "step S: rank R: why" (also logged on rank 0); and the
+  //! newer steps that hold rank files but no index ("step S: its save did not complete ..."), whose save was cut
+  //! short (a rank stopped or killed during it).
   std::vector<std::string> passed_over;
 };
 

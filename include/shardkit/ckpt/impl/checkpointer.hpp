@@ -3,6 +3,8 @@
 //! checkpointer.hpp includes this file in header-only use; under SHARDKIT_SEPARATE_COMPILATION only
 //! <shardkit/impl/src.hpp> does (with the ckpt target, SHARDKIT_HAS_CKPT), in one translation unit of the program
 //! (core/separate_compilation.hpp), so the save coroutines and the safetensors writer compile once.
+#include <numeric>
+
 #include "shardkit/ckpt/checkpointer.hpp"
 #include "shardkit/ckpt/impl/checkpointer_location.hpp"
 #include "shardkit/ckpt/impl/checkpointer_save_job.hpp"
@@ -250,12 +252,23 @@ SHARDKIT_DECL std::optional<load_report> checkpointer::load_latest(const state_d
   std::map<std::uint64_t, std::string, std::greater<>> passed;
   std::vector<unreadable_index> unreadable;
   auto step = find_latest(&parsed, &unreadable);
-  auto learn_unreadable = [&] {
+  // `loaded`: the step that loads; rank 0 also names the newer steps that hold files but no index (a save that
+  // did not complete: a rank stopped or killed during it), so that a resume says why it goes back past them.
+  auto learn_unreadable = [&](std::optional<std::uint64_t> loaded = std::nullopt) {
     nlohmann::json j = nlohmann::json::array();
-    for (const auto& u : unreadable) j.push_back({u.step, u.why});
+    for (const auto& u : unreadable) j.push_back({u.step, "its index does not parse: " + u.why});
+    if (rank_ == 0 && loaded) try {
+        for (const auto& [s, keys] : list_checkpoints(sink_, opts_.prefix).keys_by_step) {
+          if (s <= *loaded || std::ranges::find(keys, index_key(opts_.prefix, s)) != keys.end()) continue;
+          const auto rank_files = std::ranges::count_if(keys, [](const std::string& k) { return k.ends_with(".safetensors"); });
+          j.push_back({s, "its save did not complete (no index; " + std::to_string(rank_files) + " rank file(s) written): " +
+                              "a later save of that step replaces it"});
+        }
+      } catch (const std::exception& e) {  // the load stands; only the account of what was passed over is short
+        log::warn("ckpt: listing '", opts_.prefix, "' for incomplete saves: ", e.what());
+      }
     const std::string text = world_ > 1 ? broadcast_string(rank_ == 0 ? j.dump() : std::string{}, 0) : j.dump();
-    for (const auto& u : nlohmann::json::parse(text))
-      passed.emplace(u[0].get<std::uint64_t>(), "its index does not parse: " + u[1].get<std::string>());
+    for (const auto& u : nlohmann::json::parse(text)) passed.emplace(u[0].get<std::uint64_t>(), u[1].get<std::string>());
     std::vector<std::string> out;
     for (const auto& [s, why] : passed) out.push_back("step " + std::to_string(s) + ": " + why);
     return out;
@@ -302,7 +315,7 @@ SHARDKIT_DECL std::optional<load_report> checkpointer::load_latest(const state_d
     calls_group_.all_gather(const_buffer_view(&outcome, 1, dtype::i64), buffer_view(outcomes.data(), outcomes.size(), dtype::i64)).wait();
     const auto failed = std::find(outcomes.begin(), outcomes.end(), 1);
     if (failed == outcomes.end()) {
-      report->passed_over = learn_unreadable();
+      report->passed_over = learn_unreadable(*step);
       note_loaded(*report);
       // This run saves the steps after the one it loaded: the damaged ones stand in the way, and are moved aside
       // (never deleted) by its first save, once it holds the location's lease (open_for_saves).
@@ -517,24 +530,29 @@ SHARDKIT_DECL checkpoint_index checkpointer::write_file(save_job& job) {
 }
 
 SHARDKIT_DECL task<std::string> checkpointer::commit_round(save_job& job, std::string message, save_result& result) {
+  // Every rank's message reaches rank 0 through the group's collectives (the sizes, then an all_to_allv whose only
+  // non-empty column is rank 0's), not through sends and recvs: a wait on a rank that stopped or stalls is then
+  // logged as any collective's is (naming the rank and a stopped process), a timeout is explained by the fault
+  // reports, and a rank in another call is caught by the call check.
   std::string outcome;
-  if (rank_ != 0) {
-    const auto n = static_cast<std::int64_t>(message.size());
-    co_await group_.send(const_buffer_view(std::span<const std::int64_t>(&n, 1)), 0, 1);
-    co_await group_.send(const_buffer_view(message.data(), message.size(), dtype::u8), 0, 2);
-  } else {
-    std::vector<std::string> messages(static_cast<std::size_t>(world_));
-    messages[0] = std::move(message);
-    std::vector<std::int64_t> sizes(static_cast<std::size_t>(world_));
-    std::vector<comm::work> pending;
-    for (int r = 1; r < world_; ++r) pending.push_back(group_.recv(buffer_view(std::span<std::int64_t>(&sizes[std::size_t(r)], 1)), r, 1));
-    for (auto& w : pending) co_await w;
-    pending.clear();
-    for (int r = 1; r < world_; ++r) {
-      messages[std::size_t(r)].resize(static_cast<std::size_t>(sizes[std::size_t(r)]));
-      pending.push_back(group_.recv(buffer_view(messages[std::size_t(r)].data(), messages[std::size_t(r)].size(), dtype::u8), r, 2));
+  const auto ranks = static_cast<std::size_t>(world_);
+  std::vector<std::int64_t> sizes(ranks);
+  const auto mine = static_cast<std::int64_t>(message.size());
+  co_await group_.all_gather(const_buffer_view(&mine, 1, dtype::i64), buffer_view(sizes.data(), ranks, dtype::i64));
+  std::vector<std::size_t> to_send(ranks, 0), to_receive(ranks, 0);
+  to_send[0] = message.size();
+  if (rank_ == 0)
+    for (std::size_t r = 0; r < ranks; ++r) to_receive[r] = static_cast<std::size_t>(sizes[r]);
+  std::string received(rank_ == 0 ? std::accumulate(to_receive.begin(), to_receive.end(), std::size_t{0}) : 0, '\0');
+  co_await group_.all_to_allv(const_buffer_view(message.data(), message.size(), dtype::u8), to_send,
+                              buffer_view(received.data(), received.size(), dtype::u8), to_receive);
+  if (rank_ == 0) {
+    std::vector<std::string> messages(ranks);
+    std::size_t at = 0;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      messages[r] = received.substr(at, to_receive[r]);
+      at += to_receive[r];
     }
-    for (auto& w : pending) co_await w;
     outcome = commit(job, messages, result);
   }
   auto n = static_cast<std::int64_t>(outcome.size());
