@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "shardkit/core/detail/unknown_settings.hpp"
 #include "shardkit/core/settings.hpp"
 #include "shardkit/rendezvous/env.hpp"
 
@@ -37,7 +38,7 @@ int main(int argc, char** argv) {
     if (name.substr(0, prefix.size() + 1) != std::string(prefix) + "_") continue;
     const settings::variable* v = settings::find(name);
     if (!v) {
-      std::printf("%.*s: not a shardkit variable (see docs/environment.md)\n", int(name.size()), name.data());
+      std::printf("%s\n", settings::unknown_setting_warning(name).c_str());
       continue;
     }
     try {

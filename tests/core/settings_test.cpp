@@ -21,6 +21,7 @@
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/comm/p2p_communicator.hpp"
 #include "shardkit/comm/process_group.hpp"
+#include "shardkit/core/detail/unknown_settings.hpp"
 #include "shardkit/core/settings.hpp"
 #include "shardkit/rendezvous/hosts.hpp"
 
@@ -471,4 +472,22 @@ TEST_CASE("[core] settings: every SHARDKIT_* name in include/ and tools/ is in t
     CHECK_MESSAGE(read.count(std::string(v.name)), v.name << " is declared in settings_table.hpp but nothing in include/ "
                                                                "or tools/ reads it (settings::get<T>(\""
                                                             << v.name << "\"))");
+}
+
+TEST_CASE("[core] a variable named like a setting that is none is warned about, naming the setting nearest to it") {
+  CHECK(settings::unknown_setting_warning("SHARDKIT_ONESHOT_THRESHOLD").starts_with(
+      "SHARDKIT_ONESHOT_THRESHOLD is not a shardkit setting; did you mean SHARDKIT_ONE_SHOT_THRESHOLD?"));
+  CHECK(settings::nearest_setting("SHARDKIT_TIMEOUT") == "SHARDKIT_TIMEOUT_MS");
+  CHECK(settings::nearest_setting("SHARDKIT_TYPO").empty());  // nothing near: no guess
+  CHECK(settings::unknown_setting_warning("SHARDKIT_TYPO") ==
+        "SHARDKIT_TYPO is not a shardkit setting (it is ignored; shardkit-env checks the environment, "
+        "docs/environment.md lists the settings)");
+  std::string env_typo = "SHARDKIT_TYPO=1", env_known = "SHARDKIT_TIMEOUT_MS=5000", env_test = "SHARDKIT_TEST_SCENARIO=x",
+              env_other = "PATH=/bin", env_bare = "SHARDKIT_SEGMENT_BYTE";
+  char* env[] = {env_typo.data(), env_known.data(), env_test.data(), env_other.data(), env_bare.data(), nullptr};
+  const auto warnings = settings::unknown_setting_warnings(env);
+  REQUIRE(warnings.size() == 2);
+  CHECK(warnings[0].starts_with("SHARDKIT_TYPO is not"));
+  CHECK(warnings[1].starts_with("SHARDKIT_SEGMENT_BYTE is not a shardkit setting; did you mean SHARDKIT_SEGMENT_BYTES?"));
+  for (const auto& v : settings::table) CHECK_FALSE(settings::unknown_setting(v.name));
 }

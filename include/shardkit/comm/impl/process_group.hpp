@@ -26,11 +26,13 @@
 #include "shardkit/comm/process_group.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/core/settings.hpp"
+#include "shardkit/core/detail/unknown_settings.hpp"
 #include "shardkit/core/detail/timer.hpp"
 
 namespace shardkit::comm {
 
 SHARDKIT_DECL group_options group_options::from_env() {
+  settings::warn_unknown_settings_once();  // a misspelt setting is said once, not ignored
   group_options o;
   if (auto v = settings::get<std::chrono::milliseconds>("SHARDKIT_TIMEOUT_MS")) o.timeout = *v;
   if (auto v = settings::get<settings::choice>("SHARDKIT_DEBUG")) o.check_consistency = *v == "detail";
