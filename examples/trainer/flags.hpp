@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -107,13 +108,17 @@ inline std::string help_text() {
       {"-h, --help", "this list"},
   };
   std::string out = "usage: trainer [FLAGS]   (launch ranks with shardkit-run -n N -- trainer ...)\n"
-                    "trains a byte-level language model with fully sharded parameters; [default]\n";
+                    "trains a byte-level language model with fully sharded parameters; [default]\n"
+                    "each flag at most once; numbers in decimal; names of strategies and dtypes in any case\n";
   for (const auto& [flag, meaning] : rows) {
     out += "  " + flag;
     out.append(flag.size() < 22 ? 22 - flag.size() : 1, ' ');
     out += meaning + "\n";
   }
-  return out;
+  return out + "sizes whose memory per rank (parameters, optimizer state, gathered units, activations) exceeds what\n"
+               "this machine has available are refused at start, naming the flags and the estimate\n"
+               "SIGINT, SIGTERM, SIGHUP: every rank stops after the same step, the save in flight ends, the checkpoint\n"
+               "location's lease is released, exit status 128 + the signal (a second signal ends it at once)\n";
 }
 
 [[noreturn]] inline void usage(const std::string& problem) {
@@ -133,16 +138,27 @@ inline long long number(std::string_view flag, std::string_view v, long long max
 }
 inline long long positive(std::string_view flag, std::string_view v) { return number(flag, v, std::numeric_limits<int>::max(), 1); }
 
+// A decimal number: digits, a point and an exponent (strtod alone also takes hex, "0x10" = 16, and infinities); one
+// so small that it rounds to zero or to a denormal (--clip 1e-400) is refused, not taken as 0.
 inline double real(std::string_view flag, std::string_view v) {
-  char* end = nullptr;
   const std::string s(v);
-  const double d = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(d)) usage(std::string(flag) + " wants a number, got '" + s + "'");
+  const bool decimal = !s.empty() && s.find_first_not_of("0123456789.eE+-") == std::string::npos &&
+                       s.find_first_of("0123456789") != std::string::npos;
+  char* end = nullptr;
+  errno = 0;
+  const double d = decimal ? std::strtod(s.c_str(), &end) : 0.0;
+  if (!decimal || end != s.c_str() + s.size() || !std::isfinite(d))
+    usage(std::string(flag) + " wants a number, got '" + s + "' (decimal digits, like 0.003 or 3e-3)");
+  if (d != 0.0 ? std::fpclassify(d) == FP_SUBNORMAL || (errno == ERANGE && std::abs(d) < 1.0) : errno == ERANGE)
+    usage(std::string(flag) + " " + s + " is too small to be held as a number: give 0 or a larger value");
   return d;
 }
 
+// Any case, as --strategy takes FULL_SHARD: BF16 is bf16.
 inline sk::dtype dtype_flag(std::string_view flag, std::string_view v) {
-  const auto t = sk::parse_dtype(v);
+  std::string lower(v);
+  for (auto& c : lower) c = char(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  const auto t = sk::parse_dtype(lower);
   if (!t || !sk::is_floating(*t))
     usage(std::string(flag) + " wants " + float_dtypes() + ", got '" + std::string(v) + "'");
   return *t;
@@ -168,14 +184,24 @@ inline bool takes_value(std::string_view a) {
   return std::find(std::begin(names), std::end(names), a) != std::end(names);
 }
 
+// A location or file name: an empty one would silently turn the feature off (--trace '', --ckpt-dir '').
+inline std::string_view non_empty(std::string_view flag, std::string_view v, const char* what) {
+  if (v.empty()) usage(std::string(flag) + " wants " + what + ", got ''");
+  return v;
+}
+
 inline flags parse(int argc, char** argv) {
   flags f;
+  std::vector<std::string_view> given;  // a flag given twice is refused: which one was meant?
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "-h" || a == "--help") {
       std::fputs(help_text().c_str(), stdout);
       std::exit(0);
     }
+    if (a.starts_with("--") && std::find(given.begin(), given.end(), a) != given.end())
+      usage(std::string(a) + " is given twice: give each flag once");
+    given.push_back(a);
     if (a == "--skip-compute") {
       f.skip_compute = true;
       continue;
@@ -200,7 +226,13 @@ inline flags parse(int argc, char** argv) {
     else if (a == "--micro-batches") f.micro_batches = int(positive(a, v));
     else if (a == "--context") f.context = int(positive(a, v));
     else if (a == "--seed") f.seed = std::uint64_t(number(a, v, std::numeric_limits<long long>::max()));
-    else if (a == "--strategy") f.sharding.strategy = fsdp::parse_sharding_strategy(v);
+    else if (a == "--strategy") {
+      try {
+        f.sharding.strategy = fsdp::parse_sharding_strategy(v);
+      } catch (const sk::error& e) {
+        usage("--strategy: " + e.detail());
+      }
+    }
     else if (a == "--hybrid-size") f.sharding.hybrid_shard_size = std::size_t(number(a, v));
     else if (a == "--dtype") f.sharding.precision.param = dtype_flag(a, v);
     else if (a == "--reduce-dtype") f.sharding.precision.reduce = dtype_flag(a, v);
@@ -216,8 +248,8 @@ inline flags parse(int argc, char** argv) {
     else if (a == "--lr") f.lr = real(a, v);
     else if (a == "--weight-decay") f.weight_decay = real(a, v);
     else if (a == "--clip") f.clip = real(a, v);
-    else if (a == "--data") f.data = v;
-    else if (a == "--ckpt-dir") f.ckpt_dir = v;
+    else if (a == "--data") f.data = non_empty(a, v, "a directory or s3:// location");
+    else if (a == "--ckpt-dir") f.ckpt_dir = non_empty(a, v, "a directory or s3:// location");
     else if (a == "--ckpt-every") {
       f.ckpt_every = int(number(a, v));
       if (f.ckpt_every == 0) usage("--ckpt-every wants the steps between saves, from 1 to 2147483647, got '0'");
@@ -230,7 +262,7 @@ inline flags parse(int argc, char** argv) {
     }
     else if (a == "--die-at-step") f.die_at_step = int(number(a, v));
     else if (a == "--die-rank") f.die_rank = int(number(a, v, std::numeric_limits<int>::max(), -1)), f.die_rank_given = true;  // -1: every rank
-    else if (a == "--trace") f.trace = v;
+    else if (a == "--trace") f.trace = non_empty(a, v, "a file name prefix");
     else if (a == "--device") {
       if (v != "cpu" && v != "cuda") usage("--device wants cpu or cuda, got '" + std::string(v) + "'");
       f.cuda = v == "cuda";
@@ -268,7 +300,14 @@ inline flags parse(int argc, char** argv) {
 // The flags no collective compares (the model's construction compares shapes, dtypes, budget and micro-batches; the
 // loader its options): a rank started with another learning rate or seed would train another run, silently.
 inline void agree_on_flags(const flags& f, sk::comm::process_group& pg) {
-  enum class kind { real, whole, seed, given, ckpt_mode };
+  enum class kind { real, whole, seed, given, ckpt_mode, text };
+  // A location compared by a hash of its text (FNV-1a): ranks that disagree on it would open different locations
+  // (and create them: empty directories left behind) before the checkpointer's or loader's own comparison.
+  const auto fnv = [](const std::string& v) {
+    std::uint64_t h = 14695981039346656037ull;
+    for (unsigned char c : v) h = (h ^ c) * 1099511628211ull;
+    return std::int64_t(h);
+  };
   struct flag {
     const char* name;
     double real;
@@ -284,10 +323,10 @@ inline void agree_on_flags(const flags& f, sk::comm::process_group& pg) {
                          {"--ckpt-every", 0, f.ckpt_every, kind::whole},
                          {"--ckpt-keep", 0, std::int64_t(f.ckpt_keep), kind::whole},
                          {"--ckpt-mode", 0, f.ckpt_blocking ? 2 : f.ckpt_mode == sk::ckpt::staging::at_call ? 1 : 0, kind::ckpt_mode},
-                         {"--ckpt-dir", 0, !f.ckpt_dir.empty(), kind::given},
+                         {"--ckpt-dir", 0, fnv(f.ckpt_dir), kind::text},
                          {"--resume", 0, f.resume, kind::given},
                          {"--overwrite", 0, f.overwrite, kind::given},
-                         {"--data", 0, !f.data.empty(), kind::given},
+                         {"--data", 0, fnv(f.data), kind::text},
                          {"--init-data", 0, f.init_data, kind::given}};
   constexpr std::size_t n = std::size(agreed);
   std::vector<std::int64_t> mine(n), all(n * std::size_t(pg.size()));
@@ -299,6 +338,7 @@ inline void agree_on_flags(const flags& f, sk::comm::process_group& pg) {
       case kind::whole: return std::to_string(bits);
       case kind::given: return (bits ? "" : "no ") + std::string(agreed[i].name);
       case kind::ckpt_mode: return std::string(bits == 2 ? "blocking" : bits == 1 ? "at-call" : "zero-overhead");
+      case kind::text: return std::string("another value");  // rank 0 knows only its own text: see below
       case kind::real: break;
     }
     char out[32];  // the shortest text that reads back as this double: 0.003 and 0.0030000001 stay apart
@@ -307,10 +347,17 @@ inline void agree_on_flags(const flags& f, sk::comm::process_group& pg) {
   };
   for (int r = 1; r < pg.size(); ++r)
     for (std::size_t i = 0; i < n; ++i)
-      if (const auto theirs = all[std::size_t(r) * n + i]; theirs != all[i])
+      if (const auto theirs = all[std::size_t(r) * n + i]; theirs != all[i]) {
+        if (agreed[i].is == kind::text) {
+          const std::string& mine = agreed[i].name == std::string_view("--data") ? f.data : f.ckpt_dir;
+          throw std::runtime_error("ranks disagree on " + std::string(agreed[i].name) + ": rank 0 and rank " + std::to_string(r) +
+                                   " give different values (this rank, rank " + std::to_string(pg.rank()) + ", has " +
+                                   (mine.empty() ? "none" : "'" + mine + "'") + "); start every rank with the same flags");
+        }
         throw std::runtime_error("ranks disagree on " + std::string(agreed[i].name) + ": rank 0 has " + text(i, all[i]) +
                                  ", rank " + std::to_string(r) + " has " + text(i, theirs) +
                                  "; start every rank with the same flags");
+      }
 }
 
 }  // namespace trainer

@@ -49,7 +49,10 @@
 #include "shardkit/fsdp/optimizer.hpp"
 #include "shardkit/fsdp/sharded_model.hpp"
 #include "shardkit/storage/open_sink.hpp"
+#include "trainer/data.hpp"
 #include "trainer/flags.hpp"
+#include "trainer/memory.hpp"
+#include "trainer/stop_signal.hpp"
 #include "trainer/model.hpp"
 #include "trainer/trace.hpp"
 #if defined(TRAINER_HAS_CUDA)
@@ -127,59 +130,6 @@ std::size_t peak_rss_bytes() {
   return kib * 1024;
 }
 
-// Opens the token files at `location` for the loader. A location without token files is an error (a mistyped
-// path must not train on something else), unless `init`: then rank 0 writes the built-in text there first (byte
-// tokens, one document per line). Every rank checks, so every rank fails alike.
-std::pair<sk::storage::any_sink, sk::data::loader_options> open_data(const std::string& location, bool init, const std::string& text,
-                                                                     sk::comm::process_group& pg, int rows, int T, std::uint64_t seed) {
-  const std::string make = "write token files there with shardkit-tokenize -o " + location +
-                           "/text.tokens FILE..., or add --init-data to write the built-in text there first";
-  if (!init && !location.starts_with("s3://") && !std::filesystem::is_directory(location))
-    throw std::runtime_error("--data " + location + ": no such directory (a mistyped path?): " + make);
-  auto sink = sk::storage::open_sink(location);
-  const bool empty = sk::data::list_token_files(sink, "").empty();
-  if (empty && !init) throw std::runtime_error("--data " + location + " holds no token files: " + make);
-  if (pg.rank() == 0 && empty) {
-    sk::data::token_file_writer w(sink, "builtin.tokens", sk::data::byte_token_format());
-    for (auto doc : sk::data::split_documents(text, sk::data::split_mode::line)) sk::data::add_byte_document(w, doc);
-    w.finish();
-    std::printf("# data: wrote the built-in text as byte tokens to %s\n", location.c_str());
-  }
-  pg.barrier().wait();
-  // Another run started with --init-data on this location at the same time may have written the built-in text's
-  // tokens and not yet its sidecar (written last): read without it, the delimiters would be data. Wait for it.
-  for (auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-       init && sink.exists("builtin.tokens") && !sink.exists(sk::data::sidecar_key("builtin.tokens"));) {
-    if (std::chrono::steady_clock::now() > deadline)
-      throw std::runtime_error("--data " + location + ": builtin.tokens has no sidecar (builtin.tokens.json) after 10 s: a "
-                               "run's --init-data was stopped while writing it; remove builtin.tokens* there and run again");
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  sk::data::loader_options o;
-  // Every token file (a sidecar left without its token file counts as that file, so the error names it).
-  o.datasets = {{.name = "text", .files = sk::data::list_token_files(sink, "")}};
-  o.sequence_length = std::size_t(T) + 1;
-  o.batch_size = std::size_t(rows);
-  o.seed = seed;
-  o.eos = '\n';  // the model's vocabulary is the 256 bytes: a newline ends a document
-  o.vocab = 256;  // a token the model cannot embed is an error naming the file, not a byte of another value
-  return {sink, o};
-}
-
-trainer::batch next_batch(sk::data::loader& loader, int rows, int T) {
-  const sk::data::batch in = loader.next();
-  // The loader runs forever (epochs = 0) and pads nothing then; a short batch would be read past its end.
-  if (in.size() != std::size_t(rows) || std::ranges::any_of(in.lengths, [&](std::uint32_t n) { return n != std::uint32_t(T) + 1; }))
-    throw std::runtime_error("--data: the loader delivered " + std::to_string(in.size()) + " sequences (some shorter than " +
-                             std::to_string(T + 1) + " tokens?), not " + std::to_string(rows));
-  trainer::batch b;
-  b.B = rows;
-  b.T = T;
-  b.tokens.resize(in.tokens.size());
-  for (std::size_t i = 0; i < in.tokens.size(); ++i) b.tokens[i] = static_cast<std::uint8_t>(in.tokens[i]);
-  return b;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -210,10 +160,12 @@ int main(int argc, char** argv) try {
   auto world = sk::comm::init_process_group(std::move(init));
   auto& pg = world.group;
   const int rank = pg.rank(), ranks = pg.size();
+  trainer::agree_on_flags(f, pg);
+  // After the ranks' first collective: every rank has started, and refuses alike (a rank leaving while the others
+  // still start up would have them say only that the store closed).
   if (f.batch % (ranks * f.micro_batches) != 0)
     usage("--batch " + std::to_string(f.batch) + " must be divisible by ranks x micro-batches (" +
           std::to_string(ranks) + " x " + std::to_string(f.micro_batches) + ")");
-  trainer::agree_on_flags(f, pg);
   if (f.die_rank >= ranks)
     usage("--die-rank " + std::to_string(f.die_rank) + " is not a rank of this job (0 to " + std::to_string(ranks - 1) + ", or -1 for every rank)");
   trainer::set_blas_threads(1);  // one rank per core: BLAS threads would compete with the other ranks
@@ -244,6 +196,11 @@ int main(int argc, char** argv) try {
     }
     sharding.hybrid_shard_size = std::size_t(per_host);
   }
+  // Before anything of the model is allocated: sizes beyond this host's memory are refused, naming the flags.
+  const std::size_t shard = sharding.strategy == fsdp::sharding_strategy::no_shard        ? 1
+                            : sharding.strategy == fsdp::sharding_strategy::hybrid_shard ? sharding.hybrid_shard_size
+                                                                                          : std::size_t(ranks);
+  trainer::refuse_beyond_memory(f, ranks, shard, int(world.hosts.ranks_on(world.hosts.host_of[std::size_t(rank)]).size()));
   std::optional<trainer::unit_times> times;
   if (!f.trace.empty()) trace.emplace(rank, names);
   if (!f.plan_units.empty() && rank == 0) {
@@ -264,12 +221,13 @@ int main(int argc, char** argv) try {
     try {
       return fsdp::sharded_model(pg, units, sharding);
     } catch (const sk::error& e) {
-      const std::string option = "raise sharding_options::limiter_budget_bytes to";
+      // The library's option names, as this program's users set them.
       std::string what = e.what();
-      if (const auto at = what.find(option); at != std::string::npos) {
-        what.replace(at, option.size(), "give --budget");
-        throw std::runtime_error(what);
-      }
+      bool renamed = false;
+      for (const auto& [option, flag] : {std::pair<std::string, std::string>{"raise sharding_options::limiter_budget_bytes to", "give --budget"},
+                                         {"hybrid_shard needs hybrid_shard_size", "--strategy hybrid_shard needs --hybrid-size"}})
+        if (const auto at = what.find(option); at != std::string::npos) what.replace(at, option.size(), flag), renamed = true;
+      if (renamed) throw std::runtime_error(what);
       throw;
     }
   }();
@@ -288,8 +246,9 @@ int main(int argc, char** argv) try {
     if (const int shards = int(sk::data::loader_options{}.logical_shards); shards % ranks != 0)
       usage("--data: " + std::to_string(ranks) + " ranks do not divide the data loader's " + std::to_string(shards) +
             " logical shards (each rank owns as many): run on 1, 2, 3, 4, 6 or 12 ranks");
-    auto [sink, options] = open_data(f.data, f.init_data, text, pg, rows, T, f.seed);
+    auto [sink, options] = trainer::open_data(f.data, f.init_data, text, pg, rows, T, f.seed);
     loader.emplace(sink, options, pg);  // collective: every rank's options and files must agree
+    trainer::refuse_context_beyond_data(*loader, T, f.data);
     // Every step takes batch / L sequences from each logical shard only when L divides the global batch; otherwise
     // which shards a step draws from depends on the rank count (docs/data.md), and so do the losses.
     const int shards = int(options.logical_shards), below = f.batch / shards * shards;
@@ -357,9 +316,9 @@ int main(int argc, char** argv) try {
         std::fprintf(stderr, "trainer: warning: --resume: the checkpoint is at step %d, not before --steps %d: nothing to train\n",
                      start, f.steps);
       if (rank == 0) {
-        for (const auto& why : loaded->passed_over) std::printf("# passed over a damaged checkpoint: %s\n", why.c_str());
-        std::printf("# resumed from step %d of %s (saved by %u ranks, loaded by %d)\n", start, f.ckpt_dir.c_str(),
-                    loaded->saved_world_size, ranks);
+        for (const auto& why : loaded->passed_over) std::printf("# passed over %s\n", why.c_str());
+        std::printf("# resumed from step %d of %s (saved by %u rank%s, loaded by %d)\n", start, f.ckpt_dir.c_str(),
+                    loaded->saved_world_size, loaded->saved_world_size == 1 ? "" : "s", ranks);
       }
     } else {
       // load_latest throws when indexes exist and none loads; an index that appeared since it looked is refused here
@@ -389,6 +348,8 @@ int main(int argc, char** argv) try {
   }
   // A run that saves opens its location now: another run's checkpoints there (no --resume) or a live writer are
   // refused before the first step, not at the first save.
+  // From here a signal stops the run after a step (stop_signal.hpp); before, nothing of the run's needs ending.
+  trainer::catch_stop_signals();
   if (ckpt && f.ckpt_every > 0) ckpt->open_for_saves();
   std::vector<sk::basic_completion<sk::ckpt::save_result>> saves;
   double ckpt_stall_ms = 0, total_ckpt_stall_ms = 0;
@@ -404,9 +365,9 @@ int main(int argc, char** argv) try {
   f32_grads grads;
 
   if (rank == 0)
-    std::printf("# trainer: %d ranks over %s, %s, params %s, grads %s, %zu units, limiter budget %zu bytes, "
+    std::printf("# trainer: %d rank%s over %s, %s, params %s, grads %s, %zu units, limiter budget %zu bytes, "
                 "global batch %d x %d tokens\n",
-                ranks, world.transport.c_str(),
+                ranks, ranks == 1 ? "" : "s", world.transport.c_str(),
                 (std::string(fsdp::to_string(f.sharding.strategy)) +
                  (sharding.strategy == fsdp::sharding_strategy::hybrid_shard
                       ? " (shard groups of " + std::to_string(sharding.hybrid_shard_size) + " ranks)"
@@ -427,6 +388,7 @@ int main(int argc, char** argv) try {
   if (rank == 0) std::printf("# blas: %s\n", trainer::blas_description().c_str());
 #endif
 
+  int stopped_by = 0;  // SIGINT, SIGTERM or SIGHUP, agreed on by every rank: the exit status is 128 + it
   for (int step = start; step < f.steps; ++step) {
     if (step == f.die_at_step && (f.die_rank < 0 || f.die_rank == rank)) std::raise(SIGKILL);
     model.reset_stats();
@@ -434,7 +396,7 @@ int main(int argc, char** argv) try {
     double loss = 0;
     for (int m = 0; m < f.micro_batches; ++m) {
       const int first = rank * (f.batch / ranks) + m * rows;
-      const trainer::batch b = loader ? next_batch(*loader, rows, T)
+      const trainer::batch b = loader ? trainer::next_batch(*loader, rows, T)
                                       : trainer::make_batch(text, f.batch, T, std::uint64_t(step), f.seed, first, rows);
 #if defined(TRAINER_HAS_CUDA)
       if (gpu && !f.skip_compute) {
@@ -509,6 +471,12 @@ int main(int argc, char** argv) try {
     }
     total_ckpt_stall_ms += ckpt_stall_ms;
     ckpt_stall_ms = 0;
+    if ((stopped_by = trainer::agreed_stop_signal(pg)) != 0) {  // every rank after this same step (stop_signal.hpp)
+      if (rank == 0)
+        std::fprintf(stderr, "trainer: %s: stopping after step %d%s\n", trainer::signal_name(stopped_by), step,
+                     ckpt ? ", once the save in flight has ended; the checkpoint location's lease is then released" : "");
+      break;
+    }
   }
   if (trace) trace->write(f.trace);
   if (times)
@@ -516,6 +484,7 @@ int main(int argc, char** argv) try {
                      std::to_string(T) + ", " + std::to_string(rows) + " rows per rank and micro-batch, " +
                      std::to_string(ranks) + " rank(s)",
                  int(model.shard_size()));
+  if (times) std::printf("# plan units: wrote %s\n", f.plan_units.c_str());
   if (ckpt) {
     ckpt->wait();
     std::size_t committed = 0;
@@ -545,7 +514,7 @@ int main(int argc, char** argv) try {
                   keeps_up, save, step, f.ckpt_every, saves_behind, saves.size());
     }
   }
-  return 0;
+  return stopped_by ? 128 + stopped_by : 0;  // the checkpointer, destroyed on the way out, releases its lease
 } catch (const std::exception& e) {
   std::fprintf(stderr, "trainer: %s\n", e.what());
   return 1;

@@ -284,6 +284,7 @@ TEST_CASE("[data] loader_options::vocab: a token the model cannot index is an er
   CHECK(m.find("is not below the loader's vocab 256") != std::string::npos);
   CHECK(m.find("'wide.tokens'") != std::string::npos);
   CHECK(m.find("data.read") != std::string::npos);
+  CHECK(m.find("no sidecar") == std::string::npos);  // it has one
 
   // A sidecar that declares more: refused at open.
   write_documents(sink, "declared.tokens", std::vector<int>(20, 30), next,
@@ -302,6 +303,9 @@ TEST_CASE("[data] loader_options::vocab: a token the model cannot index is an er
   m = message_of([&] { data::loader l3(sink, o); });
   CHECK(m.find("token 300 at byte offset 20 is not below the loader's vocab 256") != std::string::npos);
   CHECK(m.find("data.open") != std::string::npos);
+  // It has no sidecar: read with the dataset's defaults, which is most often why its tokens look wrong.
+  CHECK(m.find("; the file has no sidecar ('s.tokens.json'), so it was read with the dataset's defaults (2-byte tokens)") !=
+        std::string::npos);
 
   // Byte files (vocab 257, its last token the delimiter) fit a 256-token model; BOS/EOS/pad must fit too.
   write_documents(sink, "bytes.tokens", std::vector<int>(4, 3), next = 40, data::byte_token_format());

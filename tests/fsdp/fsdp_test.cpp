@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "abandon_cases.hpp"
 #include "shardkit/comm/algorithms/call_check.hpp"
@@ -106,6 +107,29 @@ TEST_CASE("[fsdp] SGD with momentum, no prefetch, a one-unit budget, a count lim
     CHECK_THROWS_WITH_AS(fsdp::sharded_model(groups[std::size_t(r)], toy::units(), {.limiter_max_inflight = 1}),
                          doctest::Contains("limiter_max_inflight of 1 is below the 2 buffers"), sk::error);
   });
+}
+
+TEST_CASE("[fsdp] a model too large for the machine fails naming what it allocated and its size, not std::bad_alloc") {
+  // 2^55 elements: each rank's shard in f32, twice (master and gradient), is past any machine's address space.
+  const std::vector<fsdp::unit_spec> units{{"embed", {{"table", {std::size_t(1) << 20, 8}}}},
+                                           {"huge", {{"w", {std::size_t(1) << 35, std::size_t(1) << 20}}}}};
+  for (int n : {1, 3}) {
+    CAPTURE(n);
+    auto groups = sk::comm::make_loopback_world(n);
+    sk::test::run_threads(n, [&](int r) {
+      try {
+        fsdp::sharded_model model(groups[std::size_t(r)], units, {});
+        FAIL("constructed");
+      } catch (const sk::error& e) {
+        const std::string what = e.what();
+        CAPTURE(what);
+        CHECK(e.code() == sk::errc::out_of_memory);
+        CHECK_MESSAGE(std::string(e.what()).find("allocating this rank's shards of the master parameters and gradients of 2 "
+                                                 "units in f32 (the largest, unit 'huge',") != std::string::npos, e.what());
+        CHECK(std::string(e.what()).find(" bytes): ") != std::string::npos);
+      }
+    });
+  }
 }
 
 TEST_CASE("[fsdp] gradient accumulation over micro-batches without sync equals one batch") {

@@ -144,7 +144,10 @@ class host_shared_memory {
   [[noreturn]] void fail(const std::string& what) {
     const int e = errno;
     region_.reset();
-    throw_error(errc::io, what + " failed: " + std::strerror(e), {.operation = "host_shared_memory"});
+    // As page_aligned_memory's: a size the system cannot give is out_of_memory (ENOMEM; ftruncate's EFBIG or
+    // ENOSPC past the memory file system's limit), so that callers tell it from an I/O failure.
+    throw_error(e == ENOMEM || e == EFBIG || e == ENOSPC ? errc::out_of_memory : errc::io,
+                what + " failed: " + std::strerror(e), {.operation = "host_shared_memory"});
   }
 
   detail::unique_resource<shared_mapping, unmap_and_close> region_;

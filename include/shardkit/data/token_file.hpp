@@ -166,6 +166,13 @@ class token_file {
   bool delimited() const noexcept { return !info_.offsets; }
   //! The reader's bound given to open() (loader_options::vocab): every document token must be below it.
   std::optional<std::uint32_t> vocab_bound() const noexcept { return vocab_bound_; }
+  //! What a token beyond the vocab most likely means when the file has no sidecar: it was read with the dataset's
+  //! defaults (another token width or delimiter than it was written with). Empty where it has one.
+  std::string missing_sidecar_note() const {
+    if (has_sidecar_) return {};
+    return "; the file has no sidecar ('" + sidecar_key(key_) + "'), so it was read with the dataset's defaults (" +
+           std::to_string(width()) + "-byte tokens): copy the sidecar that was written with it beside it";
+  }
 
   //! Where the first document begins: 0 with offsets, the first token that is not the delimiter in a delimited
   //! file (leading delimiters belong to no document). [first_document_token(), tokens()) is the file's documents.
@@ -343,7 +350,7 @@ class token_file {
         if (!is_delim && vocab_bound_ && token >= *vocab_bound_)
           fail(errc::invalid_argument, "token " + std::to_string(token) + " at byte offset " + std::to_string((first + i) * w) +
                                            " is not below the loader's vocab " + std::to_string(*vocab_bound_) +
-                                           " (loader_options::vocab)");
+                                           " (loader_options::vocab)" + missing_sidecar_note());
         if (!is_delim && !in_document) begins_.push_back(first + i);
         in_document = !is_delim;
       }

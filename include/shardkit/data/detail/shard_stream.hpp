@@ -382,7 +382,8 @@ class shard_stream {
         const auto i = static_cast<std::uint64_t>(std::find_if(dst, dst + k, [&](std::int32_t v) { return v >= bound; }) - dst);
         throw_error(errc::invalid_argument,
                     "token " + std::to_string(dst[i]) + " at byte offset " + std::to_string((pos + i) * f.width()) +
-                        " is not below the loader's vocab " + std::to_string(bound) + " (loader_options::vocab)",
+                        " is not below the loader's vocab " + std::to_string(bound) + " (loader_options::vocab)" +
+                        f.missing_sidecar_note(),
                     {.operation = "data.read", .object = f.key()});
       }
       o += k;

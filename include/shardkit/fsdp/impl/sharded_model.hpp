@@ -3,6 +3,7 @@
 //! passes and state in fsdp/impl/sharded_model_*.hpp, included at the end. sharded_model.hpp includes this file
 //! in header-only use; under SHARDKIT_SEPARATE_COMPILATION only <shardkit/impl/src.hpp> does, in one translation
 //! unit of the program (core/separate_compilation.hpp), so the gather and reduce threads' jobs compile once.
+#include "shardkit/core/detail/allocating.hpp"
 #include "shardkit/fsdp/detail/limiter_budget.hpp"
 #include "shardkit/fsdp/sharded_model.hpp"
 
@@ -115,11 +116,17 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
   }
 
   arena_plan plan;
+  const unit_state* largest = units_.front().get();
   for (auto& u : units_) {
     plan.add(dtype::f32, u->layout.shard_numel(), u->layout.name() + ".master");
     plan.add(dtype::f32, u->layout.shard_numel(), u->layout.name() + ".grad");
+    if (u->layout.shard_numel() > largest->layout.shard_numel()) largest = u.get();
   }
-  arena_ = flat_arena(plan, opts_.name);
+  shardkit::detail::allocating(
+      "this rank's shards of the master parameters and gradients of " + std::to_string(units_.size()) +
+          " units in f32 (the largest, unit '" + largest->layout.name() + "', " +
+          std::to_string(largest->layout.shard_numel()) + " elements per shard)",
+      plan.bytes(), where, [&] { arena_ = flat_arena(plan, opts_.name); });
   auto views = arena_.allocate(plan);
   for (std::size_t i = 0; i < units_.size(); ++i) {
     units_[i]->master = views[2 * i].as<float>();
@@ -189,7 +196,12 @@ SHARDKIT_DECL std::size_t sharded_model::warm_up_groups(comm::process_group& wor
     largest = std::max(largest, u->layout.padded_numel() *
                                     std::max({size_of(opts_.precision.param), size_of(opts_.precision.reduce),
                                               sizeof(float)}));
-  gather_memory scratch = opts_.device.allocate(largest);
+  const unit_state* widest = units_.front().get();
+  for (auto& u : units_)
+    if (u->layout.padded_numel() > widest->layout.padded_numel()) widest = u.get();
+  gather_memory scratch = shardkit::detail::allocating(
+      "a gathered unit's buffer to warm the groups up with (unit '" + widest->layout.name() + "', the largest)", largest,
+      {.rank = rank_, .operation = "fsdp.sharded_model", .group = world.name()}, [&] { return opts_.device.allocate(largest); });
   std::set<std::size_t> sizes;
   for (auto& u : units_) sizes.insert(u->layout.padded_numel());
   for (const std::size_t padded : sizes) {
