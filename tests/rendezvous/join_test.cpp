@@ -364,6 +364,23 @@ TEST_CASE("[rendezvous] two jobs on one MASTER_PORT never mix: another run's ran
   CHECK(a.what.empty());  // job A's store is not disturbed by what it refused
 }
 
+// A rank of the job started with another run id never joins: the host says, while it waits and when it gives up,
+// that it refused a client at its hello, from where and why (it said only that rank 1 never joined).
+TEST_CASE("[rendezvous] join: the host's wait for a rank names the clients it refused at their hello") {
+  const int port = shardkit::test::free_port();
+  auto host = std::async(std::launch::async, [&] { return join(port, true, 2, 0, 1500ms, "job-a"); });
+  std::this_thread::sleep_for(200ms);
+  const auto other = join(port, false, 2, 1, 10s, "job-b");
+  CHECK(other.code == errc::config);
+  const auto h = host.get();
+  CAPTURE(h.what);
+  CHECK(h.code == errc::timeout);
+  CHECK(has(h.what, "rank 1 never joined"));
+  CHECK(has(h.what, "; meanwhile this store refused 1 client at its hello: from "));
+  CHECK(has(h.what, ": the client belongs to run 'job-b', this store serves run 'job-a': two jobs on one MASTER_PORT? "
+                    "(a rank started with another SHARDKIT_RUN_ID or SHARDKIT_AUTH_TOKEN?)"));
+}
+
 TEST_CASE("[rendezvous] servers racing for one port: exactly one listens, the other is told the port is in use") {
   for (int round = 0; round < 20; ++round) {
     const int port = shardkit::test::free_port();
@@ -490,7 +507,8 @@ SHARDKIT_SCENARIO(rendezvous_store_host_stops) {
   } catch (const shardkit::error& e) {
     std::printf("first: %s\n", e.what());
     std::fflush(stdout);
-    SCENARIO_CHECK(has(e.what(), "stopped, stuck"));
+    SCENARIO_CHECK(has(e.what(), "stopped answering"));
+    SCENARIO_CHECK(has(e.what(), "rank 0 hosts the store: its process (pid " + std::to_string(pid) + ") is stopped (SIGSTOP or a debugger)"));
   }
   for (int attempt = 0; attempt < 2; ++attempt) {
     try {
@@ -501,7 +519,7 @@ SHARDKIT_SCENARIO(rendezvous_store_host_stops) {
       SCENARIO_CHECK(e.code() == errc::closed);
       SCENARIO_CHECK(e.context().peer == 0);
       SCENARIO_CHECK(has(e.what(), "did not answer in time"));
-      SCENARIO_CHECK(has(e.what(), "rank 0 hosts the store: it is stopped, stuck, or cut off from this rank"));
+      SCENARIO_CHECK(has(e.what(), "rank 0 hosts the store: its process (pid " + std::to_string(pid) + ") is stopped"));
       SCENARIO_CHECK(!has(e.what(), "exited"));
     }
   }
@@ -514,6 +532,49 @@ TEST_CASE("[rendezvous] processes: after the store's host stopped answering, lat
   CAPTURE(results[1].output);
   CHECK(results[1].exit_code == 0);
   CHECK(results[0].exit_code == -SIGKILL);
+}
+
+// Rank 0 hosts the store and stops (SIGSTOP) while rank 1 waits for a key as long as the store's timeout (4 s): rank
+// 1's wait says early that the store's process is stopped, and fails near that timeout saying the store stopped
+// answering. It failed at twice the timeout (the withdrawal of the parked request waited a whole timeout more for
+// an acknowledgement), saying only that a cancel was not acknowledged.
+SHARDKIT_SCENARIO(rendezvous_store_host_stops_during_a_wait) {
+  auto store = rdv::connect_store(rdv::info_from_env(), 4s);
+  if (shardkit::test::env_rank() == 0) {
+    store.set("pid0", std::to_string(::getpid()));
+    store.get("has pid0", 10s);
+    ::raise(SIGSTOP);  // rank 1 kills this process
+    std::this_thread::sleep_for(20s);
+    return;
+  }
+  const int pid = std::stoi(store.get("pid0", 10s));
+  store.set("has pid0", "1");
+  wait_until_stopped(pid);
+  const auto t0 = steady::now();
+  try {
+    store.get("never", 4s);
+    SCENARIO_CHECK(!"a stopped store answered");
+  } catch (const shardkit::error& e) {
+    const double s = std::chrono::duration<double>(steady::now() - t0).count();
+    std::printf("FAILED after %.2f s: %s\n", s, e.what());
+    std::fflush(stdout);
+    ::kill(pid, SIGKILL);
+    SCENARIO_CHECK(s < 6.5);
+    SCENARIO_CHECK(e.code() == errc::timeout);
+    SCENARIO_CHECK(e.context().peer == 0);
+    SCENARIO_CHECK(has(e.what(), "stopped answering: a request it held for 4000 ms was not taken back"));
+    SCENARIO_CHECK(has(e.what(), "(rank 0 hosts the store: its process (pid " + std::to_string(pid) + ") is stopped (SIGSTOP or a debugger))"));
+  }
+}
+
+TEST_CASE("[rendezvous] processes: a store host stopped during a wait is said, and the wait fails near the store's timeout, not twice it") {
+  const auto results = shardkit::test::run_processes(2, "rendezvous_store_host_stops_during_a_wait", {}, 30s);
+  REQUIRE(results.size() == 2);
+  CAPTURE(results[1].output);
+  CHECK(results[1].exit_code == 0);
+  CHECK(has(results[1].output, "FAILED after"));
+  CHECK(has(results[1].output, "rank 1 has waited "));
+  CHECK(has(results[1].output, " to answer store.get (rank 0 hosts it): its process (pid "));
 }
 
 // Rank 0 hosts a store and is stopped (SIGSTOP) before rank 1's hello; rank 1 stops it, resumes it 1.2 s later and

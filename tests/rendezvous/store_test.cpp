@@ -550,19 +550,25 @@ TEST_CASE("[rendezvous] all_gather_values: every rank gets every value in order,
   }
 }
 
-TEST_CASE("[rendezvous] all_gather_values: a rank that never publishes is named by rank 0's timeout") {
+// Every rank names the rank that never published, and what it did not publish (rank 0 named a store key, the
+// others blamed "some rank", pointing at rank 0's error).
+TEST_CASE("[rendezvous] all_gather_values: a rank that never publishes is named by every rank's timeout, not by its key") {
   rdv::memory_store store;
   std::string rank0, rank1;
   shardkit::test::run_threads(2, [&](int r) {
     try {
-      rdv::all_gather_values(store, "g/", r, 3, "v", 300ms);
+      rdv::all_gather_values(store, "g/", r, 3, "v", 300ms, "its host");
     } catch (const shardkit::error& e) {
       CHECK(e.code() == shardkit::make_error_code(shardkit::errc::timeout));
       (r == 0 ? rank0 : rank1) = e.what();
     }
   });
-  CHECK(rank0.find("g/3.0/2") != std::string::npos);  // rank 2's key, in generation 0 of size 3
-  CHECK(rank1.find("rank 0 did not gather") != std::string::npos);
+  CAPTURE(rank0);
+  CAPTURE(rank1);
+  CHECK(rank0.find("rank 2 did not publish its host within 300 ms: it stopped, hung or failed before this exchange") !=
+        std::string::npos);
+  CHECK(rank0.find("g/3.0/2") == std::string::npos);
+  CHECK(rank1.find("rank 2 did not publish its host within 300 ms, so rank 0 could not gather them") != std::string::npos);
 }
 
 TEST_CASE("[rendezvous] all_gather_values: a malformed gathered blob is errc::protocol, not a crash") {

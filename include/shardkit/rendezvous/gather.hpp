@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -49,13 +50,33 @@ inline std::vector<std::string> unpack_values(const std::string& blob, int count
 }
 }  // namespace detail
 
+namespace detail {
+// The ranks whose value under `prefix` is missing, as "rank 2" or "ranks 1, 2, ... (9 in all)" (empty: none), read
+// one key at a time: only after a gather timed out, from a store that still answers.
+template <store S>
+std::string unpublished_ranks(S& store, const std::string& prefix, int size) {
+  std::vector<int> missing;
+  for (int r = 0; r < size; ++r) {
+    const std::string key = prefix + std::to_string(r);
+    if (!store.check(std::span<const std::string>(&key, 1))) missing.push_back(r);
+  }
+  if (missing.empty()) return {};
+  std::string who = missing.size() == 1 ? "rank " : "ranks ";
+  constexpr std::size_t shown = 8;
+  for (std::size_t i = 0; i < missing.size() && i < shown; ++i) who += (i ? ", " : "") + std::to_string(missing[i]);
+  if (missing.size() > shown) who += ", ... (" + std::to_string(missing.size()) + " in all)";
+  return who;
+}
+}  // namespace detail
+
 //! Collective over ranks [0, size) of one store: publishes `value` under `prefix` and returns every rank's value,
-//! indexed by rank. errc::timeout after `timeout`: on rank 0 naming the ranks that never published, on the
-//! others saying that rank 0 did not gather (its own error names the missing ranks). The same prefix may be used
-//! again on the same store: each call's ranks join a new generation, as the TCP transport's setup does.
+//! indexed by rank. errc::timeout after `timeout` naming the ranks that never published, on every rank that can
+//! still read the store (`what` says what each rank publishes, e.g. "its host and settings"); a store that stopped
+//! answering fails the request that met it, saying so. The same prefix may be used again on the same store: each
+//! call's ranks join a new generation, as the TCP transport's setup does.
 template <store S>
 std::vector<std::string> all_gather_values(S& store, const std::string& base, int rank, int size, const std::string& value,
-                                           std::chrono::milliseconds timeout) {
+                                           std::chrono::milliseconds timeout, const std::string& what = "its value") {
   const error_context ctx{.rank = rank, .operation = "store.all_gather", .object = base};
   if (rank < 0 || rank >= size)
     throw error(errc::invalid_argument, "rank " + std::to_string(rank) + " outside [0, " + std::to_string(size) + ")", ctx);
@@ -63,11 +84,23 @@ std::vector<std::string> all_gather_values(S& store, const std::string& base, in
   const std::int64_t joined = store.add(base + "joined/" + std::to_string(size), 1);
   const std::string prefix = base + std::to_string(size) + "." + std::to_string((joined - 1) / size) + "/";
   store.set(prefix + std::to_string(rank), value);
+  // A timeout the store answered (the keys did not come), not one of a store that stopped answering: the latter's
+  // error names the store's host (its peer), and another request would only wait again.
+  const auto keys_did_not_come = [](const error& e) { return e.code() == errc::timeout && !e.context().peer; };
+  const std::string within = " within " + std::to_string(timeout.count()) + " ms";
   if (rank == 0) {
     std::vector<std::string> keys;
     keys.reserve(std::size_t(size));
     for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
-    store.wait(keys, timeout);  // its timeout lists the keys, hence the ranks, that are missing
+    try {
+      store.wait(keys, timeout);
+    } catch (const error& e) {
+      if (!keys_did_not_come(e)) throw;
+      throw error(errc::timeout,
+                  detail::unpublished_ranks(store, prefix, size) + " did not publish " + what + within +
+                      ": it stopped, hung or failed before this exchange (its own output says which)",
+                  ctx);
+    }
     std::vector<std::string> values;
     values.reserve(std::size_t(size));
     for (const auto& k : keys) values.push_back(store.get(k, timeout));
@@ -78,10 +111,14 @@ std::vector<std::string> all_gather_values(S& store, const std::string& base, in
   try {
     blob = store.get(prefix + "all", timeout);
   } catch (const error& e) {
-    if (e.code() != errc::timeout) throw;
+    if (!keys_did_not_come(e)) throw;
+    const std::string missing = detail::unpublished_ranks(store, prefix, size);
     throw error(errc::timeout,
-                "rank 0 did not gather every rank's value within " + std::to_string(timeout.count()) +
-                    " ms (some rank never published; rank 0's error names it)",
+                missing.empty() ? "rank 0 did not gather the ranks' values" + within +
+                                      " though every rank published " + what + ": rank 0 stopped, hung or failed (its own output says which)"
+                                : missing + " did not publish " + what + within +
+                                      ", so rank 0 could not gather them: it was not started, or stopped, hung or "
+                                      "failed before this exchange (its own output says which)",
                 ctx);
   }
   return detail::unpack_values(blob, size, ctx);

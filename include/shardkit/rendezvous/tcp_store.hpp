@@ -33,31 +33,11 @@
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
+#include "shardkit/rendezvous/detail/store_client_connection.hpp"
 #include "shardkit/rendezvous/store.hpp"
 #include "shardkit/rendezvous/tcp_store_server.hpp"
 
 namespace shardkit::rendezvous {
-
-namespace detail {
-//! Waits until fd is ready for `events` or the deadline passes (false). POLLHUP/POLLERR count as ready: the
-//! following recv or send reports them.
-inline bool poll_until(int fd, short events, deadline dl) {
-  for (;;) {
-    int ms = -1;
-    if (dl != no_deadline) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(dl - steady_clock::now()).count();
-      ms = static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
-    }
-    pollfd p{fd, events, 0};
-    const int r = ::poll(&p, 1, ms);
-    if (r > 0) return true;
-    if (r == 0 && dl != no_deadline && steady_clock::now() >= dl) return false;
-    if (r < 0 && errno != EINTR) throw_error(errc::io, "poll: " + errno_message(errno));
-  }
-}
-
-inline std::string ms_text(std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; }
-}  // namespace detail
 
 struct tcp_store_options {
   //! How long the constructor keeps retrying (with backoff) while the server is not up yet (ranks start in any
@@ -97,9 +77,12 @@ class tcp_store {
   //! Connects to the server at host:port, retrying until options.connect_timeout; then errc::timeout naming
   //! host:port and the last error.
   tcp_store(std::string host, int port, tcp_store_options options = {})
-      : host_(std::move(host)), port_(port), opts_(options) {
-    if (port_ <= 0 || port_ > 65535)
-      throw_error(errc::invalid_argument, "port " + std::to_string(port_) + " is outside 1..65535",
+      : opts_(options),
+        conn_({.host = std::move(host), .port = port, .connect_timeout = options.connect_timeout, .timeout = options.timeout,
+               .max_frame_bytes = options.max_frame_bytes, .auth_token = options.auth_token, .run_id = options.run_id,
+               .rank = options.rank}) {
+    if (port <= 0 || port > 65535)
+      throw_error(errc::invalid_argument, "port " + std::to_string(port) + " is outside 1..65535",
                   {.operation = "store.connect", .object = address()});
     if (opts_.auth_token.size() > detail::max_store_token_bytes)
       throw_error(errc::invalid_argument,
@@ -110,7 +93,7 @@ class tcp_store {
                   "run_id of " + std::to_string(opts_.run_id.size()) + " bytes (SHARDKIT_RUN_ID): at most " +
                       std::to_string(detail::max_store_run_id_bytes),
                   {.operation = "store.connect", .object = address()});
-    connect();
+    conn_.connect();
   }
   tcp_store(const tcp_store&) = delete;
   tcp_store& operator=(const tcp_store&) = delete;
@@ -183,10 +166,10 @@ class tcp_store {
     return read_one(call("store.num_keys", {}, request(op::num_keys)), &detail::frame_reader::i64);
   }
 
-  const std::string& host() const noexcept { return host_; }
-  int port() const noexcept { return port_; }
+  const std::string& host() const noexcept { return conn_.host(); }
+  int port() const noexcept { return conn_.port(); }
   //! "host:port" of the server this client talks to.
-  std::string address() const { return detail::host_port(host_, port_); }
+  std::string address() const { return conn_.address(); }
   //! The in-process server when create() started one, else null.
   const std::shared_ptr<tcp_store_server>& server() const noexcept { return server_; }
 
@@ -202,7 +185,7 @@ class tcp_store {
 
   static detail::frame_writer request(op o) { return detail::frame_writer(o); }
   //! `dl`, or this thread's request_bound where that comes first.
-  static deadline bounded(deadline dl) noexcept { return std::min(dl, request_bound::current()); }
+  static deadline bounded(deadline dl) noexcept { return detail::store_client_connection::bounded(dl); }
 
   std::string host_gone() const {
     if (!opts_.host_rank) return {};
@@ -213,10 +196,13 @@ class tcp_store {
            "waiting for one that never joined; rank " + r + "'s own output says which)";
   }
 
-  // Why the store did not answer in time, when the rank hosting it is known.
+  // Why the store did not answer in time: what /proc says of its process where that runs on this host (stopped,
+  // exited), else, when the rank hosting it is known, the possible causes.
   std::string host_silent() const {
-    if (!opts_.host_rank) return {};
-    return " (rank " + std::to_string(*opts_.host_rank) + " hosts the store: it is stopped, stuck, or cut off from this rank)";
+    const std::string state = conn_.describe_host();
+    if (!opts_.host_rank) return state.empty() ? std::string() : " (" + state + ")";
+    return " (rank " + std::to_string(*opts_.host_rank) + " hosts the store: " +
+           (state.empty() ? std::string("it is stopped, stuck, or cut off from this rank") : state) + ")";
   }
   // A request's context for an error of a store that did not answer: its peer is the rank hosting it, if known
   // (process groups' fault reports then name that rank as the one that stopped answering).
@@ -248,7 +234,7 @@ class tcp_store {
     else if (!lock.try_lock_until(bound))
       throw_error(errc::timeout, "another request of this process held the connection to the store at " + address() +
                                      " past this request's bound" + host_silent(), silent_context(ctx));
-    if (!fd_) {
+    if (!conn_.is_open()) {
       // Said as it was found then: a store that went silent is not one whose process went away.
       if (closed_unanswered_)
         throw_error(errc::closed, "the connection to the store at " + address() + " was closed earlier, when the store did not answer in time" +
@@ -257,9 +243,9 @@ class tcp_store {
     }
     outcome out;
     try {
-      out = exchange(w.take(), wait_timeout);
+      out = exchange(w.take(), wait_timeout, operation);
     } catch (const error& e) {
-      fd_.reset();  // the stream may be out of step: never reuse it
+      conn_.close();  // the stream may be out of step: never reuse it
       closed_unanswered_ = e.code() == make_error_code(errc::timeout);
       if (e.code() == make_error_code(errc::timeout) && opts_.host_rank)  // alive but silent: its process stopped?
         throw error(errc::timeout, e.detail() + host_silent(), e.context()).with_context(silent_context(ctx));
@@ -281,7 +267,7 @@ class tcp_store {
       throw_error(code, r.str(), ctx);
     }
     if (status != detail::store_status::ok) {
-      fd_.reset();
+      conn_.close();
       closed_unanswered_ = false;
       throw_error(errc::protocol, "unexpected response status from the store at " + address(), ctx);
     }
@@ -292,20 +278,51 @@ class tcp_store {
     return call(operation, object, w, wait_timeout);
   }
 
-  outcome exchange(const std::string& frame, const std::chrono::milliseconds* wait_timeout) {
-    send_all(frame);
-    const deadline first = bounded(deadline_after(wait_timeout ? *wait_timeout : opts_.timeout));
-    if (auto resp = read_frame(first)) return {std::move(*resp)};
-    if (!wait_timeout)
-      throw_error(errc::timeout, "no answer from the store at " + address() + " within " +
-                                     (first == request_bound::current() ? std::string("this request's bound")
-                                                                        : detail::ms_text(opts_.timeout)));
+  // The answer to the request in flight, or nullopt at `until`. Waits in slices: where the store's process runs on
+  // this host and is not running (stopped, gone), says so at once and again at each doubling of the wait, as the
+  // p2p waits say of a stopped peer; the request still waits its time, since a stopped process may be resumed.
+  std::optional<std::string> await_answer(deadline until, const char* operation) {
+    using std::chrono::milliseconds;
+    const auto started = steady_clock::now();
+    const auto total = until == no_deadline ? milliseconds(320'000) : std::chrono::duration_cast<milliseconds>(until - started);
+    const auto step = std::clamp(total / 32, milliseconds(100), milliseconds(10'000));
+    auto next_log = started + std::clamp(total / 2, milliseconds(100), milliseconds(1000));
+    for (;;) {
+      if (auto resp = conn_.read_frame(std::min(until, deadline_after(step)))) return resp;
+      const auto now = steady_clock::now();
+      if (now >= until) return std::nullopt;
+      if (now < next_log) continue;
+      if (const auto state = conn_.describe_host(); !state.empty()) {
+        char line[64];
+        std::snprintf(line, sizeof line, "%.3g s", std::chrono::duration<double>(now - started).count());
+        log::warn(opts_.rank ? "rank " + std::to_string(*opts_.rank) : std::string("this process"), " has waited ", line,
+                  " for the store at ", address(), " to answer ", operation,
+                  opts_.host_rank ? " (rank " + std::to_string(*opts_.host_rank) + " hosts it)" : std::string(), ": ", state);
+        next_log = now + (now - started);
+      }
+    }
+  }
+
+  outcome exchange(const std::string& frame, const std::chrono::milliseconds* wait_timeout, const char* operation) {
+    const auto started = steady_clock::now();
+    conn_.send_all(frame);
+    const auto waited = wait_timeout ? *wait_timeout : opts_.timeout;
+    const deadline first = bounded(deadline_after(waited));
+    if (auto resp = await_answer(first, operation)) return {std::move(*resp)};
+    const std::string within = first == request_bound::current() ? std::string("this request's bound") : detail::ms_text(waited);
+    if (!wait_timeout) throw_error(errc::timeout, "the store at " + address() + " stopped answering: no answer within " + within);
     // Withdraw the parked request. Its answer may already be on the way; if so it comes first, and wins.
-    send_all(request(op::cancel).take());
+    // A store that answers takes it back at once. One that does not is given the round trip's bound from when the
+    // request was sent (the grace a short wait, such as one slice of a longer one, has always had), and at least a
+    // second more: a wait as long as that bound ends near it, not a whole bound later.
+    conn_.send_all(request(op::cancel).take());
+    const auto ack_until = bounded(std::max(started + opts_.timeout, deadline_after(std::min(opts_.timeout, std::chrono::milliseconds(1000)))));
     std::optional<std::string> answer;
     for (;;) {
-      auto resp = read_frame(bounded(deadline_after(opts_.timeout)));
-      if (!resp) throw_error(errc::timeout, "the store at " + address() + " did not acknowledge a cancel");
+      auto resp = conn_.read_frame(ack_until);
+      if (!resp)
+        throw_error(errc::timeout, "the store at " + address() + " stopped answering: a request it held for " + within +
+                                       " was not taken back within " + detail::ms_text(opts_.timeout) + " of its sending");
       if (resp->empty()) throw_error(errc::protocol, "empty response from the store at " + address());
       if (static_cast<detail::store_status>((*resp)[0]) != detail::store_status::cancelled) {
         if (answer) throw_error(errc::protocol, "two answers to one request from the store at " + address());
@@ -317,188 +334,6 @@ class tcp_store {
       outcome out{.timed_out = true, .missing = r.strs()};
       r.finish();
       return out;
-    }
-  }
-
-  void send_all(const std::string& bytes) {
-    const deadline dl = bounded(deadline_after(opts_.timeout));
-    for (std::size_t sent = 0; sent < bytes.size();) {
-      const ssize_t n = ::send(fd_.get(), bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n > 0) {
-        sent += std::size_t(n);
-      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        if (!detail::poll_until(fd_.get(), POLLOUT, dl))
-          throw_error(errc::timeout, "the store at " + address() + " does not accept data");
-      } else if (n < 0 && errno != EINTR) {
-        throw_error(errc::peer_lost, "sending to the store at " + address() + ": " + detail::errno_message(errno));
-      }
-    }
-  }
-
-  // Reads one frame. nullopt if `first` passes before its first byte; after that the frame must complete
-  // within options.timeout.
-  std::optional<std::string> read_frame(deadline first) {
-    char header[4];
-    if (!read_exact(header, 4, first, true)) return std::nullopt;
-    const auto len = detail::load_u32(header);
-    if (len > opts_.max_frame_bytes)
-      throw_error(errc::protocol, "the store at " + address() + " sent a frame of " + std::to_string(len) + " bytes");
-    std::string payload(len, '\0');
-    read_exact(payload.data(), len, bounded(deadline_after(opts_.timeout)), false);
-    return payload;
-  }
-
-  bool read_exact(char* dst, std::size_t n, deadline dl, bool may_time_out) {
-    for (std::size_t got = 0; got < n;) {
-      if (!detail::poll_until(fd_.get(), POLLIN, dl)) {
-        if (may_time_out && got == 0) return false;
-        throw_error(errc::timeout, "the store at " + address() + " stopped in the middle of a frame");
-      }
-      const ssize_t k = ::recv(fd_.get(), dst + got, n - got, MSG_DONTWAIT);
-      if (k > 0) {
-        got += std::size_t(k);
-      } else if (k == 0) {
-        throw_error(errc::peer_lost, "the store at " + address() + " closed the connection");
-      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        throw_error(errc::peer_lost, "receiving from the store at " + address() + ": " + detail::errno_message(errno));
-      }
-    }
-    return true;
-  }
-
-  void connect() {
-    const deadline dl = deadline_after(opts_.connect_timeout);
-    auto backoff = std::chrono::milliseconds(10);
-    std::string last = "no attempt finished";
-    // A store that never comes (rank 0 failed at start, or was never started) must not leave this rank silent
-    // for the whole timeout: say every tenth of it (0.5-20 s) what it waits for, as the store's host does.
-    using std::chrono::milliseconds;
-    const auto started = steady_clock::now();
-    const milliseconds slice = opts_.connect_timeout.count() > 0
-                                   ? std::clamp(std::chrono::duration_cast<milliseconds>(opts_.connect_timeout) / 10,
-                                                milliseconds(500), milliseconds(20'000))
-                                   : milliseconds(20'000);
-    auto next_report = started + slice;
-    for (;;) {
-      try {
-        if (dial(dl, last)) return handshake(dl);
-      } catch (const error& e) {
-        if (e.code() == errc::auth_failed || e.code() == errc::protocol || e.code() == errc::config)
-          throw e.with_context({.operation = "store.connect", .object = address()});
-        last = e.detail();  // e.g. a server still starting closed on us: retry like a refused connect
-      }
-      fd_.reset();
-      const auto now = steady_clock::now();
-      if (now >= dl)
-        throw_error(errc::timeout,
-                    "could not connect to the store at " + address() + " within " +
-                        detail::ms_text(opts_.connect_timeout) + " (SHARDKIT_STORE_TIMEOUT; last error: " + last + ")",
-                    {.operation = "store.connect", .object = address()});
-      if (now >= next_report) {
-        next_report = now + slice;
-        char waited[32];
-        std::snprintf(waited, sizeof waited, "%.3g s", std::chrono::duration<double>(now - started).count());
-        log::warn("waiting for the store at ", address(), " (MASTER_ADDR, MASTER_PORT; rank 0 hosts it: is it running, ",
-                  "and on that address?): ", waited, " of ", detail::ms_text(opts_.connect_timeout),
-                  " (SHARDKIT_STORE_TIMEOUT); last error: ", last);
-      }
-      std::this_thread::sleep_for(std::min<steady_clock::duration>(backoff, dl - now));
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
-    }
-  }
-
-  // One pass over host's addresses; true with fd_ connected, false with `last` describing why not.
-  bool dial(deadline dl, std::string& last) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    addrinfo* res = nullptr;
-    // Name lookup failures are retried too: a headless service's DNS name appears only once its pod runs. A name
-    // that does not exist (not a temporary failure) is said at once, since it is more often a typo.
-    if (const int rc = ::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &res); rc != 0) {
-      last = std::string("cannot resolve ") + host_ + " (MASTER_ADDR): " + ::gai_strerror(rc);
-      if (rc != EAI_AGAIN && !warned_unresolved_) {
-        warned_unresolved_ = true;
-        log::warn("the store's host ", host_, " (MASTER_ADDR) does not resolve: ", ::gai_strerror(rc),
-                  "; retrying for up to ", detail::ms_text(opts_.connect_timeout),
-                  " (SHARDKIT_STORE_TIMEOUT) in case the name appears later, as a Kubernetes service's does");
-      }
-      return false;
-    }
-    const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
-    for (const addrinfo* a = res; a; a = a->ai_next) {
-      detail::unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
-      if (!fd) {
-        last = "socket: " + detail::errno_message(errno);
-        continue;
-      }
-      int err = 0;
-      if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
-        err = errno;
-        // Bound each address so one black-holed address does not use up the whole connect timeout.
-        if (err == EINPROGRESS &&
-            detail::poll_until(fd.get(), POLLOUT, std::min(dl, steady_clock::now() + std::chrono::seconds(10)))) {
-          socklen_t len = sizeof err;
-          ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-        } else if (err == EINPROGRESS) {
-          err = ETIMEDOUT;
-        }
-      }
-      if (err != 0) {
-        last = "connect: " + detail::errno_message(err);
-        continue;
-      }
-      detail::set_nodelay(fd.get());
-      fd_ = std::move(fd);
-      closed_unanswered_ = false;
-      return true;
-    }
-    return false;
-  }
-
-  // A shardkit store answers a hello at once; a peer that answers something else is another program (an HTTP
-  // server on MASTER_PORT), which retrying would not change. One that answers nothing within this is a store whose
-  // process is stopped or starved (it may answer later: the hello is retried on a new connection until the connect
-  // timeout), or another program that reads and says nothing.
-  static constexpr std::chrono::milliseconds hello_answer_timeout{3000};
-
-  void handshake(deadline dl) {
-    send_all(detail::store_hello(opts_.auth_token, opts_.run_id));
-    const auto bound = opts_.timeout > std::chrono::milliseconds(0) ? std::min(opts_.timeout, hello_answer_timeout)
-                                                                    : hello_answer_timeout;
-    const auto not_a_store = [&](const std::string& why) {
-      throw_error(errc::protocol, "the program at " + address() + " is not a shardkit store (" + why +
-                                      "): check MASTER_ADDR and MASTER_PORT");
-    };
-    std::optional<std::string> resp;
-    try {
-      resp = read_frame(std::min(dl, deadline_after(bound)));
-    } catch (const error& e) {
-      if (e.code() == errc::peer_lost) throw;  // closed on us: maybe a store still starting, retried
-      not_a_store(e.detail());
-    }
-    // Silence proves nothing about what listens: a shardkit store whose process is stopped (or starved) accepts
-    // connections too (the kernel does), so it is named along with another program, and retried (errc::timeout).
-    if (!resp)
-      throw_error(errc::timeout, "the program at " + address() + " accepted the connection but did not answer the store's hello within " +
-                                     detail::ms_text(bound) + ": a shardkit store whose process is stopped or overloaded (rank 0 hosts "
-                                     "it: is it running?), or another program on MASTER_PORT (check MASTER_ADDR and MASTER_PORT)");
-    try {
-      detail::frame_reader r(*resp);
-      if (static_cast<detail::store_status>(r.u8()) == detail::store_status::error) {
-        if (static_cast<errc>(r.u8()) == errc::config)  // another job's store: its message is its run id
-          throw_error(errc::config, (opts_.rank ? "rank " + std::to_string(*opts_.rank) : std::string("this client")) +
-                                        " " + detail::run_membership(opts_.run_id) + ", the store at " + address() + " " +
-                                        detail::run_served(r.str()) +
-                                        ": two jobs on one MASTER_PORT? (give each job its own MASTER_PORT)");
-        throw_error(errc::auth_failed, "the store at " + address() + " refused this client: " + r.str());
-      }
-      if (r.u32() != detail::store_magic) not_a_store("its answer has another magic");
-      r.u32();
-    } catch (const error& e) {
-      if (e.code() != errc::protocol) throw;
-      not_a_store(e.detail());
     }
   }
 
@@ -562,12 +397,18 @@ class tcp_store {
         if (e.code() != errc::timeout) throw;
       }
       const auto [count, who] = missing_ranks(world_size);
+      // A rank of this job started with another SHARDKIT_RUN_ID or SHARDKIT_AUTH_TOKEN reached this store and was
+      // refused at its hello, before it could say its rank: said with the ranks still missing.
+      const std::string refused = server_ ? server_->refused_clients() : std::string();
+      const std::string refusals = refused.empty() ? std::string()
+                                                   : "; meanwhile this store refused " + refused +
+                                                         " (a rank started with another SHARDKIT_RUN_ID or SHARDKIT_AUTH_TOKEN?)";
       if (steady_clock::now() >= until)
         throw_error(errc::timeout,
                     "only " + count + " of " + std::to_string(world_size) + " ranks joined the store at " + address() +
                         " within " + detail::ms_text(timeout) + " (SHARDKIT_STORE_TIMEOUT): " + who +
                         " never joined (not started, started with another MASTER_ADDR or MASTER_PORT, or failed before "
-                        "joining: its own output says why)",
+                        "joining: its own output says why)" + refusals,
                     ctx);
       const auto seconds = [](auto d) {
         char text[32];
@@ -576,7 +417,7 @@ class tcp_store {
       };
       log::warn("store at ", address(), ": waiting for ", who, " to join (", count, " of ", world_size, " joined, ",
                 seconds(steady_clock::now() - started),
-                timeout.count() > 0 ? " of " + seconds(timeout) + ", SHARDKIT_STORE_TIMEOUT" : std::string(), ")");
+                timeout.count() > 0 ? " of " + seconds(timeout) + ", SHARDKIT_STORE_TIMEOUT" : std::string(), ")", refusals);
     }
     remove(joined);
     remove(ready);
@@ -613,13 +454,10 @@ class tcp_store {
 
   // The server outlives the socket (members are destroyed in reverse order), so our close comes first.
   std::shared_ptr<tcp_store_server> server_;
-  std::string host_;
-  int port_;
   tcp_store_options opts_;
   std::timed_mutex mutex_;  // timed: a request under a request_bound gives up waiting for another one
-  detail::unique_fd fd_;
-  bool closed_unanswered_ = false;  // fd_ was closed because a request went unanswered (not lost with its server)
-  bool warned_unresolved_ = false;
+  detail::store_client_connection conn_;
+  bool closed_unanswered_ = false;  // conn_ was closed because a request went unanswered (not lost with its server)
 };
 
 }  // namespace shardkit::rendezvous

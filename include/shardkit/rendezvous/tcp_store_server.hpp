@@ -8,7 +8,8 @@
 //! bytes; a key list is a u32 count and that many strings.
 //!  - A client's first frame is hello: u8 0, u32 magic "SKST", u32 version, string auth token (the job's
 //!    SHARDKIT_AUTH_TOKEN; empty when the job has none), string run id (SHARDKIT_RUN_ID; empty when unset). The
-//!    server answers ok + its magic and version, or an error (errc::auth_failed: "...protocol version..." for
+//!    server answers ok + its magic and version (then i64 pid, start time and pid namespace of its process, which a
+//!    client on the same host reads to tell a stopped or exited store host from a slow one), or an error (errc::auth_failed: "...protocol version..." for
 //!    another version, checked before the token since a version-1 hello has none; "wrong auth token" when the
 //!    token differs from the server's, compared in constant time; then errc::config whose message is the
 //!    server's own run id when the run ids differ: a client of another job, which names both) and closes,
@@ -43,6 +44,7 @@
 #include <vector>
 
 #include "shardkit/core/constant_time.hpp"
+#include "shardkit/core/detail/process_state.hpp"
 #include "shardkit/core/detail/worker_threads.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
@@ -87,6 +89,16 @@ class tcp_store_server {
 
   int port() const noexcept { return net_.port(); }
   //! The address a client on this host should dial: the bound address, or loopback for a wildcard listener.
+  //! "1 client at its hello: from ADDR: why" for the clients this server refused at their hello (another run id,
+  //! another auth token, another protocol version), or "" when none was.
+  std::string refused_clients() const {
+    const auto [some, count] = net_.refusals();
+    if (count == 0) return {};
+    std::string text = std::to_string(count) + (count == 1 ? " client" : " clients") + " at its hello: ";
+    for (std::size_t i = 0; i < some.size(); ++i) text += (i ? "; " : "") + some[i];
+    if (count > some.size()) text += "; ...";
+    return text;
+  }
   const std::string& local_address() const noexcept { return net_.local_address(); }
   //! Connections currently open (handshake done or not).
   std::size_t num_clients() const noexcept { return net_.num_clients(); }
@@ -155,7 +167,10 @@ class tcp_store_server {
                                 ": two jobs on one MASTER_PORT?",
                          error_frame(errc::config, opts_.run_id));
     c.greeted = true;
-    reply(c, ok().u32(detail::store_magic).u32(detail::store_protocol_version));
+    // Then this process (pid, start time, pid namespace): a client on this host can then tell a store that stopped
+    // answering because its process is stopped or gone from one that is slow.
+    reply(c, ok().u32(detail::store_magic).u32(detail::store_protocol_version)
+                 .i64(self_.pid).i64(std::int64_t(self_.start_time)).i64(std::int64_t(self_.pid_namespace)));
   }
 
   void refuse(connection& c, const std::string& why) { net_.refuse(c, why, error_frame(errc::auth_failed, why)); }
@@ -342,6 +357,7 @@ class tcp_store_server {
   void reply(connection& c, detail::frame_writer w) { net_.reply(c, std::move(w)); }
 
   tcp_store_server_options opts_;
+  shardkit::detail::proc::process_identity self_ = shardkit::detail::proc::process_identity::self();
   detail::store_connections net_;
   // Owned by the server thread:
   std::map<std::string, std::string> data_;

@@ -107,7 +107,8 @@ inline rendezvous::host_map agree_on_start(rendezvous::any_store& store, int ran
                                            const std::string& prefix = "shardkit/hosts/") {
   const error_context ctx{.rank = rank, .operation = "init_process_group"};
   const auto all = rendezvous::all_gather_values(store, prefix, rank, size,
-                                                 rendezvous::detail::pack_values({identity, encode_settings(mine)}), timeout);
+                                                 rendezvous::detail::pack_values({identity, encode_settings(mine)}), timeout,
+                                                 "its host and settings (init_process_group)");
   std::vector<std::string> identities;
   std::vector<std::vector<shared_setting>> settings_of;
   for (const auto& v : all) {

@@ -15,6 +15,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -157,11 +158,23 @@ class store_connections {
     c.dead = true;
   }
 
-  //! Sends `w` (the reason, for the client to show) and closes after it; logged like a drop.
+  //! Sends `w` (the reason, for the client to show) and closes after it; logged like a drop, and kept for
+  //! refusals() (a rank of this job refused at its hello never joins: the host's wait for it names the refusal).
   void refuse(connection& c, const std::string& why, frame_writer w) {
     log::warn("tcp store server on port ", port_, ": dropping client ", c.peer, ": ", why);
+    {
+      std::lock_guard lock(refusals_mutex_);
+      ++refusal_count_;
+      if (refusals_.size() < 4) refusals_.push_back("from " + c.peer + ": " + why);
+    }
     c.closing = true;
     reply(c, std::move(w));
+  }
+
+  //! The clients refused at their hello so far (the first few, and how many in all), any thread.
+  std::pair<std::vector<std::string>, std::size_t> refusals() const {
+    std::lock_guard lock(refusals_mutex_);
+    return {refusals_, refusal_count_};
   }
 
  private:
@@ -325,6 +338,9 @@ class store_connections {
   std::string local_address_;
   std::atomic<bool> stop_{false};
   std::atomic<std::size_t> clients_{0};
+  mutable std::mutex refusals_mutex_;
+  std::vector<std::string> refusals_;
+  std::size_t refusal_count_ = 0;
   // Owned by the serving thread:
   std::map<std::uint64_t, connection> conns_;  // node-based: references stay valid while others are added
   std::deque<std::uint64_t> ready_;

@@ -123,6 +123,7 @@ class frame_reader {
     for (std::uint32_t i = 0; i < n; ++i) out.push_back(str());
     return out;
   }
+  bool empty() const noexcept { return p_.empty(); }
   void finish() const {
     if (!p_.empty()) throw_error(errc::protocol, "trailing bytes in a store frame");
   }

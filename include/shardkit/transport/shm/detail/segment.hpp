@@ -33,6 +33,7 @@
 #include <string_view>
 #include <utility>
 
+#include "shardkit/core/detail/process_state.hpp"
 #include "shardkit/core/error.hpp"
 
 namespace shardkit::transport::detail::shm {
@@ -148,37 +149,8 @@ inline void ring_doorbell(segment_header& h) noexcept {
 // ---- process liveness ----
 
 namespace proc {
-//! Reads /proc/<pid>/stat: the state letter and the start time, or nullopt when the process does not exist;
-//! `flags` (optional) receives the kernel's task flags (field 9).
-inline std::optional<std::pair<char, std::uint64_t>> read_stat(std::int32_t pid, bool* proc_missing = nullptr,
-                                                              std::uint64_t* flags = nullptr) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (proc_missing) *proc_missing = errno != ENOENT && errno != ESRCH;
-    return std::nullopt;
-  }
-  char buf[1024];
-  const ssize_t n = ::read(fd, buf, sizeof buf - 1);
-  ::close(fd);
-  if (n <= 0) return std::nullopt;
-  buf[n] = '\0';
-  // "pid (comm) S ppid ...": comm may contain spaces and parentheses, so parse from the last ')'.
-  const char* p = std::strrchr(buf, ')');
-  if (!p || p[1] != ' ') return std::nullopt;
-  p += 2;
-  const char state = *p;
-  // Field 3 is the state; start time is field 22, i.e. 19 more fields after it.
-  for (int field = 3; field < 22 && *p; ++p)
-    if (*p == ' ' && ++field == 9 && flags) *flags = std::strtoull(p + 1, nullptr, 10);
-  return std::pair{state, std::strtoull(p, nullptr, 10)};
-}
-
-inline std::uint64_t pid_namespace() {
-  struct stat st{};
-  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
-}
+using shardkit::detail::proc::pid_namespace;
+using shardkit::detail::proc::read_stat;
 }  // namespace proc
 
 inline process_identity this_process() {

@@ -118,7 +118,8 @@ class core : public std::enable_shared_from_this<core> {
     // that was N^2 / 2 requests through the store's one thread (docs/benchmarks.md, "Rendezvous at scale").
     std::vector<std::string> published_by;
     try {
-      published_by = rendezvous::all_gather_values(store, base + "addr/", rank_, size_, published, remaining());
+      published_by = rendezvous::all_gather_values(store, base + "addr/", rank_, size_, published, remaining(),
+                                                      "its TCP listening addresses (tcp_transport::connect)");
     } catch (const error& e) {
       if (e.code() != errc::timeout) throw;
       throw error(errc::timeout,

@@ -1,0 +1,279 @@
+#pragma once
+//! The socket under a tcp_store client (tcp_store.hpp): connecting to the server (retried with backoff while it is
+//! not up, with a line every tenth of the connect timeout saying what this rank waits for), the hello and its answer
+//! (a program that answers something else is not a shardkit store; a refusal names why), and the framed reads and
+//! writes of the requests. It knows the server's process from the hello's answer, so that a store that stops
+//! answering can be told stopped or gone where that process runs on this host (describe_host()).
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "shardkit/core/completion.hpp"
+#include "shardkit/core/detail/process_state.hpp"
+#include "shardkit/core/error.hpp"
+#include "shardkit/core/log.hpp"
+#include "shardkit/rendezvous/detail/store_wire.hpp"
+#include "shardkit/rendezvous/store.hpp"
+
+namespace shardkit::rendezvous::detail {
+//! Waits until fd is ready for `events` or the deadline passes (false). POLLHUP/POLLERR count as ready: the
+//! following recv or send reports them.
+inline bool poll_until(int fd, short events, deadline dl) {
+  for (;;) {
+    int ms = -1;
+    if (dl != no_deadline) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(dl - steady_clock::now()).count();
+      ms = static_cast<int>(std::clamp<long long>(left, 0, INT_MAX));
+    }
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, ms);
+    if (r > 0) return true;
+    if (r == 0 && dl != no_deadline && steady_clock::now() >= dl) return false;
+    if (r < 0 && errno != EINTR) throw_error(errc::io, "poll: " + errno_message(errno));
+  }
+}
+
+inline std::string ms_text(std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; }
+
+
+//! What a client connection needs to know (tcp_store_options, less what only requests use).
+struct store_connection_settings {
+  std::string host;
+  int port = 0;
+  std::chrono::milliseconds connect_timeout{0};  //!< zero or less: retry forever
+  std::chrono::milliseconds timeout{0};          //!< the bound of a round trip, and of the hello's answer (<= 3 s)
+  std::uint32_t max_frame_bytes = default_max_frame_bytes;
+  std::string auth_token, run_id;
+  std::optional<int> rank;  //!< this client's rank, when it is one of a job's: refusals name it
+};
+
+//! One connection to a tcp_store_server. Not thread-safe: tcp_store serializes the requests on it.
+class store_client_connection {
+ public:
+  explicit store_client_connection(store_connection_settings s) : s_(std::move(s)) {}
+
+  const std::string& host() const noexcept { return s_.host; }
+  int port() const noexcept { return s_.port; }
+  //! "host:port" of the server.
+  std::string address() const { return host_port(s_.host, s_.port); }
+  bool is_open() const noexcept { return bool(fd_); }
+  //! Closes the socket: the stream may be out of step, so it is never reused (requests fail with errc::closed).
+  void close() noexcept { fd_.reset(); }
+  //! What /proc says of the server's process when it runs on this host and is not running ("its process (pid N)
+  //! is stopped (SIGSTOP or a debugger)", "... exited"), else "".
+  std::string describe_host() const { return shardkit::detail::proc::describe_if_not_running(host_process_); }
+
+  //! `dl`, or this thread's request_bound where that comes first.
+  static deadline bounded(deadline dl) noexcept { return std::min(dl, request_bound::current()); }
+
+  //! Writes a whole frame within the round trip's bound.
+  void send_all(const std::string& bytes) {
+    const deadline dl = bounded(deadline_after(s_.timeout));
+    for (std::size_t sent = 0; sent < bytes.size();) {
+      const ssize_t n = ::send(fd_.get(), bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        sent += std::size_t(n);
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (!poll_until(fd_.get(), POLLOUT, dl))
+          throw_error(errc::timeout, "the store at " + address() + " does not accept data");
+      } else if (n < 0 && errno != EINTR) {
+        throw_error(errc::peer_lost, "sending to the store at " + address() + ": " + errno_message(errno));
+      }
+    }
+  }
+
+  // Reads one frame. nullopt if `first` passes before its first byte; after that the frame must complete
+  // within options.timeout.
+  std::optional<std::string> read_frame(deadline first) {
+    char header[4];
+    if (!read_exact(header, 4, first, true)) return std::nullopt;
+    const auto len = load_u32(header);
+    if (len > s_.max_frame_bytes)
+      throw_error(errc::protocol, "the store at " + address() + " sent a frame of " + std::to_string(len) + " bytes");
+    std::string payload(len, '\0');
+    read_exact(payload.data(), len, bounded(deadline_after(s_.timeout)), false);
+    return payload;
+  }
+
+  //! Connects and says hello, retrying until the connect timeout: then errc::timeout naming the address and the last
+  //! error. A refusal (errc::auth_failed, errc::config) or a program that is not a store (errc::protocol) ends it.
+  void connect() {
+    const deadline dl = deadline_after(s_.connect_timeout);
+    auto backoff = std::chrono::milliseconds(10);
+    std::string last = "no attempt finished";
+    // A store that never comes (rank 0 failed at start, or was never started) must not leave this rank silent
+    // for the whole timeout: say every tenth of it (0.5-20 s) what it waits for, as the store's host does.
+    using std::chrono::milliseconds;
+    const auto started = steady_clock::now();
+    const milliseconds slice = s_.connect_timeout.count() > 0
+                                   ? std::clamp(std::chrono::duration_cast<milliseconds>(s_.connect_timeout) / 10,
+                                                milliseconds(500), milliseconds(20'000))
+                                   : milliseconds(20'000);
+    auto next_report = started + slice;
+    for (;;) {
+      try {
+        if (dial(dl, last)) return handshake(dl);
+      } catch (const error& e) {
+        if (e.code() == errc::auth_failed || e.code() == errc::protocol || e.code() == errc::config)
+          throw e.with_context({.operation = "store.connect", .object = address()});
+        last = e.detail();  // e.g. a server still starting closed on us: retry like a refused connect
+      }
+      fd_.reset();
+      const auto now = steady_clock::now();
+      if (now >= dl)
+        throw_error(errc::timeout,
+                    "could not connect to the store at " + address() + " within " +
+                        ms_text(s_.connect_timeout) + " (SHARDKIT_STORE_TIMEOUT; last error: " + last + ")",
+                    {.operation = "store.connect", .object = address()});
+      if (now >= next_report) {
+        next_report = now + slice;
+        char waited[32];
+        std::snprintf(waited, sizeof waited, "%.3g s", std::chrono::duration<double>(now - started).count());
+        log::warn("waiting for the store at ", address(), " (MASTER_ADDR, MASTER_PORT; rank 0 hosts it: is it running, ",
+                  "and on that address?): ", waited, " of ", ms_text(s_.connect_timeout),
+                  " (SHARDKIT_STORE_TIMEOUT); last error: ", last);
+      }
+      std::this_thread::sleep_for(std::min<steady_clock::duration>(backoff, dl - now));
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+    }
+  }
+
+ private:
+  bool read_exact(char* dst, std::size_t n, deadline dl, bool may_time_out) {
+    for (std::size_t got = 0; got < n;) {
+      if (!poll_until(fd_.get(), POLLIN, dl)) {
+        if (may_time_out && got == 0) return false;
+        throw_error(errc::timeout, "the store at " + address() + " stopped in the middle of a frame");
+      }
+      const ssize_t k = ::recv(fd_.get(), dst + got, n - got, MSG_DONTWAIT);
+      if (k > 0) {
+        got += std::size_t(k);
+      } else if (k == 0) {
+        throw_error(errc::peer_lost, "the store at " + address() + " closed the connection");
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        throw_error(errc::peer_lost, "receiving from the store at " + address() + ": " + errno_message(errno));
+      }
+    }
+    return true;
+  }
+
+  // One pass over host's addresses; true with fd_ connected, false with `last` describing why not.
+  bool dial(deadline dl, std::string& last) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    // Name lookup failures are retried too: a headless service's DNS name appears only once its pod runs. A name
+    // that does not exist (not a temporary failure) is said at once, since it is more often a typo.
+    if (const int rc = ::getaddrinfo(s_.host.c_str(), std::to_string(s_.port).c_str(), &hints, &res); rc != 0) {
+      last = std::string("cannot resolve ") + s_.host + " (MASTER_ADDR): " + ::gai_strerror(rc);
+      if (rc != EAI_AGAIN && !warned_unresolved_) {
+        warned_unresolved_ = true;
+        log::warn("the store's host ", s_.host, " (MASTER_ADDR) does not resolve: ", ::gai_strerror(rc),
+                  "; retrying for up to ", ms_text(s_.connect_timeout),
+                  " (SHARDKIT_STORE_TIMEOUT) in case the name appears later, as a Kubernetes service's does");
+      }
+      return false;
+    }
+    const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
+    for (const addrinfo* a = res; a; a = a->ai_next) {
+      unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
+      if (!fd) {
+        last = "socket: " + errno_message(errno);
+        continue;
+      }
+      int err = 0;
+      if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
+        err = errno;
+        // Bound each address so one black-holed address does not use up the whole connect timeout.
+        if (err == EINPROGRESS &&
+            poll_until(fd.get(), POLLOUT, std::min(dl, steady_clock::now() + std::chrono::seconds(10)))) {
+          socklen_t len = sizeof err;
+          ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+        } else if (err == EINPROGRESS) {
+          err = ETIMEDOUT;
+        }
+      }
+      if (err != 0) {
+        last = "connect: " + errno_message(err);
+        continue;
+      }
+      set_nodelay(fd.get());
+      fd_ = std::move(fd);
+      return true;
+    }
+    return false;
+  }
+
+  // A shardkit store answers a hello at once; a peer that answers something else is another program (an HTTP
+  // server on MASTER_PORT), which retrying would not change. One that answers nothing within this is a store whose
+  // process is stopped or starved (it may answer later: the hello is retried on a new connection until the connect
+  // timeout), or another program that reads and says nothing.
+  static constexpr std::chrono::milliseconds hello_answer_timeout{3000};
+
+  void handshake(deadline dl) {
+    send_all(store_hello(s_.auth_token, s_.run_id));
+    const auto bound = s_.timeout > std::chrono::milliseconds(0) ? std::min(s_.timeout, hello_answer_timeout)
+                                                                    : hello_answer_timeout;
+    const auto not_a_store = [&](const std::string& why) {
+      throw_error(errc::protocol, "the program at " + address() + " is not a shardkit store (" + why +
+                                      "): check MASTER_ADDR and MASTER_PORT");
+    };
+    std::optional<std::string> resp;
+    try {
+      resp = read_frame(std::min(dl, deadline_after(bound)));
+    } catch (const error& e) {
+      if (e.code() == errc::peer_lost) throw;  // closed on us: maybe a store still starting, retried
+      not_a_store(e.detail());
+    }
+    // Silence proves nothing about what listens: a shardkit store whose process is stopped (or starved) accepts
+    // connections too (the kernel does), so it is named along with another program, and retried (errc::timeout).
+    if (!resp)
+      throw_error(errc::timeout, "the program at " + address() + " accepted the connection but did not answer the store's hello within " +
+                                     ms_text(bound) + ": a shardkit store whose process is stopped or overloaded (rank 0 hosts "
+                                     "it: is it running?), or another program on MASTER_PORT (check MASTER_ADDR and MASTER_PORT)");
+    try {
+      frame_reader r(*resp);
+      if (static_cast<store_status>(r.u8()) == store_status::error) {
+        if (static_cast<errc>(r.u8()) == errc::config)  // another job's store: its message is its run id
+          throw_error(errc::config, (s_.rank ? "rank " + std::to_string(*s_.rank) : std::string("this client")) +
+                                        " " + run_membership(s_.run_id) + ", the store at " + address() + " " +
+                                        run_served(r.str()) +
+                                        ": two jobs on one MASTER_PORT? (give each job its own MASTER_PORT)");
+        throw_error(errc::auth_failed, "the store at " + address() + " refused this client: " + r.str());
+      }
+      if (r.u32() != store_magic) not_a_store("its answer has another magic");
+      r.u32();
+      // The server's process (pid, start time, pid namespace), which a server of an earlier build does not send.
+      host_process_ = {};
+      if (!r.empty()) {
+        host_process_.pid = static_cast<std::int32_t>(r.i64());
+        host_process_.start_time = static_cast<std::uint64_t>(r.i64());
+        host_process_.pid_namespace = static_cast<std::uint64_t>(r.i64());
+      }
+    } catch (const error& e) {
+      if (e.code() != errc::protocol) throw;
+      not_a_store(e.detail());
+    }
+  }
+
+
+  store_connection_settings s_;
+  unique_fd fd_;
+  bool warned_unresolved_ = false;
+  shardkit::detail::proc::process_identity host_process_;  // from the hello's answer; pid 0: not told
+};
+
+}  // namespace shardkit::rendezvous::detail
