@@ -66,6 +66,23 @@ void wait_until_stopped(int pid) {
   }
 }
 
+// Rank 0 (the store's host) publishes its pid and stops itself (SIGSTOP) once rank 1 has read it; rank 1 kills it
+// later. Returns 0 on rank 0 (after the test), on rank 1 the stopped host's pid once the kernel shows it stopped.
+template <class Store>
+int stop_the_store_host(Store& store) {
+  if (shardkit::test::env_rank() == 0) {
+    store.set("pid0", std::to_string(::getpid()));
+    store.get("has pid0", 10s);  // rank 1 must read it before the store stops
+    ::raise(SIGSTOP);
+    std::this_thread::sleep_for(20s);
+    return 0;
+  }
+  const int pid = std::stoi(store.get("pid0", 10s));
+  store.set("has pid0", "1");
+  wait_until_stopped(pid);
+  return pid;
+}
+
 // A listener that is not a shardkit store: it answers every connection like an HTTP server refusing a bad request
 // (or, when silent, reads and says nothing), until destroyed.
 class stranger {
@@ -490,16 +507,8 @@ TEST_CASE("[rendezvous] processes: two jobs on one MASTER_PORT: the second job's
 // host exited (a survivor's fault report read after a timed-out one said "it exited or failed").
 SHARDKIT_SCENARIO(rendezvous_store_host_stops) {
   auto store = rdv::connect_store(rdv::info_from_env(), 15s);
-  if (shardkit::test::env_rank() == 0) {
-    store.set("pid0", std::to_string(::getpid()));
-    store.get("has pid0", 10s);  // rank 1 must read it before the store stops
-    ::raise(SIGSTOP);  // rank 1 kills this process
-    std::this_thread::sleep_for(20s);
-    return;
-  }
-  const int pid = std::stoi(store.get("pid0", 10s));
-  store.set("has pid0", "1");
-  wait_until_stopped(pid);
+  const int pid = stop_the_store_host(store);
+  if (pid == 0) return;
   try {
     const rdv::request_bound bound(shardkit::deadline_after(200ms));
     store.set("a", "b");
@@ -540,16 +549,8 @@ TEST_CASE("[rendezvous] processes: after the store's host stopped answering, lat
 // an acknowledgement), saying only that a cancel was not acknowledged.
 SHARDKIT_SCENARIO(rendezvous_store_host_stops_during_a_wait) {
   auto store = rdv::connect_store(rdv::info_from_env(), 4s);
-  if (shardkit::test::env_rank() == 0) {
-    store.set("pid0", std::to_string(::getpid()));
-    store.get("has pid0", 10s);
-    ::raise(SIGSTOP);  // rank 1 kills this process
-    std::this_thread::sleep_for(20s);
-    return;
-  }
-  const int pid = std::stoi(store.get("pid0", 10s));
-  store.set("has pid0", "1");
-  wait_until_stopped(pid);
+  const int pid = stop_the_store_host(store);
+  if (pid == 0) return;
   const auto t0 = steady::now();
   try {
     store.get("never", 4s);
