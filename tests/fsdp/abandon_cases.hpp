@@ -30,6 +30,19 @@ inline std::vector<fsdp::unit_spec> units() {
   return out;
 }
 
+// Small first and last units, as a model's: from two units of budget the forward keeps more than one for
+// backward, and a forward left in any of them had queued backward's first gather (a pairing gone wrong shows as a
+// size the call check refuses, or a timeout).
+inline std::vector<fsdp::unit_spec> uneven_units() {
+  std::vector<fsdp::unit_spec> out;
+  const std::size_t numels[] = {96, 1024, 1024, 1024, 160, 48};
+  for (std::size_t k = 0; k < std::size(numels); ++k) {
+    const std::string n = "u" + std::to_string(k);
+    out.push_back({n, {{n + ".w", {numels[k]}}}});
+  }
+  return out;
+}
+
 inline float value(const std::string& param, std::size_t i) {
   return float((param[1] - '0') * 1000 + (param.back() == 'b' ? 500 : 0)) + float(i);
 }
@@ -48,12 +61,18 @@ enum class exit_kind {
 struct case_options {
   exit_kind kind = exit_kind::break_forward;
   std::size_t budget_units = 1;  // 0: unlimited_budget
+  std::size_t hybrid_shard_size = 0;  // 0: full_shard
+  bool uneven = false;                // uneven_units() instead of three equal ones
   int iterations = 1000;
   std::uint32_t seed = 1;
 };
 
 inline fsdp::sharding_options options_for(const case_options& c) {
   fsdp::sharding_options o;
+  if (c.hybrid_shard_size != 0) {
+    o.strategy = fsdp::sharding_strategy::hybrid_shard;
+    o.hybrid_shard_size = c.hybrid_shard_size;
+  }
   if (c.budget_units == 0)
     o.limiter_budget_bytes = fsdp::unlimited_budget;
   else
@@ -123,12 +142,12 @@ inline void run(comm::process_group& g, const case_options& c) {
   };
   std::optional<fsdp::sharded_model> model;
   const auto make = [&] {
-    model.emplace(g, units(), options_for(c));
+    model.emplace(g, c.uneven ? uneven_units() : units(), options_for(c));
     model->init_parameters(init);
   };
   make();
   for (int it = 0; it < c.iterations; ++it) {
-    const int leave_at = int(shared() % 4) - 1;  // -1: a range never iterated
+    const int leave_at = int(shared() % (model->num_units() + 1)) - 1;  // -1: a range never iterated
     if (c.kind == exit_kind::break_forward || c.kind == exit_kind::break_and_destroy) {
       {
         auto pass = model->forward();

@@ -66,6 +66,29 @@ TEST_CASE("[fsdp] passes left early on every rank keep the ranks in step (random
         auto groups = sk::comm::make_loopback_world(n, go);
         sk::test::run_threads(n, [&](int r) { ab::run(groups[std::size_t(r)], c); });
       }
+  // Uneven units: two or three kept for backward, so a forward left in any kept unit had queued backward's first
+  // gather beyond them.
+  for (auto kind : {ab::exit_kind::break_forward, ab::exit_kind::throw_backward})
+    for (std::size_t budget : {2, 4, 0})
+      for (int n : {2, 3}) {
+        const ab::case_options c{.kind = kind, .budget_units = budget, .uneven = true,
+                                 .iterations = n == 2 ? 60 : 20, .seed = std::uint32_t(900 + 10 * int(kind) + budget)};
+        CAPTURE(int(kind));
+        CAPTURE(budget);
+        CAPTURE(n);
+        auto groups = sk::comm::make_loopback_world(n, go);
+        sk::test::run_threads(n, [&](int r) { ab::run(groups[std::size_t(r)], c); });
+      }
+  // hybrid_shard: 2 shard groups of 2 ranks, their replicas' all-reduces between them.
+  for (auto kind : {ab::exit_kind::break_forward, ab::exit_kind::throw_backward, ab::exit_kind::break_and_destroy})
+    for (std::size_t budget : {2, 0}) {
+      const ab::case_options c{.kind = kind, .budget_units = budget, .hybrid_shard_size = 2, .iterations = 30,
+                               .seed = std::uint32_t(500 + 100 * int(kind) + budget)};
+      CAPTURE(int(kind));
+      CAPTURE(budget);
+      auto groups = sk::comm::make_loopback_world(4, go);
+      sk::test::run_threads(4, [&](int r) { ab::run(groups[std::size_t(r)], c); });
+    }
 }
 
 TEST_CASE("[fsdp] ranks that build different models fail at construction, every rank naming the first difference") {
@@ -430,13 +453,16 @@ TEST_CASE("[fsdp] kept last units: backward starts on the forward's parameters; 
         CHECK(kept_on == (b.units == 1 ? 0u : b.units == 2 || b.units == 0 && b.bytes == 0 ? 2u : 3u));
       }
   // hybrid_shard keeps them too; shard_grad_op keeps every unit's anyway.
-  auto hybrid = fsdp::sharding_options{.strategy = fsdp::sharding_strategy::hybrid_shard, .hybrid_shard_size = 2,
-                                       .limiter_budget_units = 2};
   std::size_t kept = 0;
-  const auto with = train_vectors(4, numels, hybrid, 2, 1, &kept);
-  CHECK(kept == 2);
-  hybrid.keep_last_units = false;
-  CHECK(with == train_vectors(4, numels, hybrid, 2, 1));
+  for (const budget b : {budget{2, 0}, budget{4, 0}, budget{0, fsdp::unlimited_budget}}) {
+    CAPTURE(b.units);
+    auto hybrid = fsdp::sharding_options{.strategy = fsdp::sharding_strategy::hybrid_shard, .hybrid_shard_size = 2,
+                                         .limiter_budget_bytes = b.bytes, .limiter_budget_units = b.units};
+    const auto with = train_vectors(4, numels, hybrid, 2, 1, &kept);
+    CHECK(kept == (b.units == 2 ? 2u : 3u));
+    hybrid.keep_last_units = false;
+    CHECK(with == train_vectors(4, numels, hybrid, 2, 1));
+  }
   train_vectors(2, numels, {.strategy = fsdp::sharding_strategy::shard_grad_op}, 1, 1, &kept);
   CHECK(kept == 0);
 }
@@ -501,6 +527,8 @@ TEST_CASE("[fsdp] kept last units cannot deadlock the limiter, whatever the plac
 }
 
 TEST_CASE("[fsdp] kept last units are given back when a forward, a load or full_state comes instead of backward") {
+  // Also the backward gather the forward's last unit queued (unit 2's, beyond the kept unit 3): it runs before
+  // backward() and, when something else comes, completes on every rank and goes back.
   auto groups = sk::comm::make_loopback_world(2);
   const auto init = [](const fsdp::param_slot& p, std::span<float> full) {
     for (std::size_t i = 0; i < full.size(); ++i) full[i] = float(p.name[1] - '0' + 1) * 100 + float(i);
@@ -508,16 +536,31 @@ TEST_CASE("[fsdp] kept last units are given back when a forward, a load or full_
   sk::test::run_threads(2, [&](int r) {
     std::vector<fsdp::unit_spec> specs;
     for (int i = 0; i < 4; ++i) specs.push_back({"u" + std::to_string(i), {{"u" + std::to_string(i) + ".w", {256}}}});
-    fsdp::sharded_model model(groups[std::size_t(r)], specs, {.limiter_budget_units = 3});
+    std::atomic<int> early_backward_gathers{0};
+    fsdp::sharding_options o{.limiter_budget_units = 3};
+    o.on_event = [&](const fsdp::model_event& e) {
+      if (e.what == fsdp::model_event::kind::gather && e.pass == fsdp::pass::backward && e.unit == 2)
+        ++early_backward_gathers;
+    };
+    fsdp::sharded_model model(groups[std::size_t(r)], specs, o);
     REQUIRE(model.kept_for_backward() == 1);
     model.init_parameters(init);
     const auto forward = [&] {
       for (auto& u : model.forward()) (void)u;
     };
+    // The last unit with its gradients, and (once its all-gather is done, before any backward()) unit 2's
+    // parameters and gradients for backward.
+    const auto held_after_forward = [&](int gathers) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (early_backward_gathers.load() < gathers && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      CHECK(early_backward_gathers.load() == gathers);
+      CHECK(model.limiter().stats().in_use_bytes == 2 * model.largest_unit_bytes());
+    };
     forward();
-    CHECK(model.limiter().stats().in_use_bytes == model.largest_unit_bytes());  // the last unit, with its gradients
+    held_after_forward(1);
     forward();  // a forward after a forward: what the first kept goes back first
-    CHECK(model.limiter().stats().in_use_bytes == model.largest_unit_bytes());
+    held_after_forward(2);
     (void)model.full_state();
     CHECK(model.limiter().stats().in_use_bytes == 0);
     forward();

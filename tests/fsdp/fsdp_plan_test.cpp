@@ -154,11 +154,12 @@ TEST_CASE("[fsdp] plan: the forward's last units kept for backward: no gather at
         CHECK(e.unit != 3);
         ++backward_gathers;
       }
-      // Backward starts on the kept unit at once, its first gather (unit 2) running while unit 3 computes.
+      // Backward starts on the kept unit at once; its first gather (unit 2) was queued when forward's unit 3
+      // began, and runs while unit 3 computes forward, not from backward's start (the link idled there).
       if (e.what == kind::gather_wait && e.pass == fsdp::pass::backward && e.unit == 3) CHECK(e.end == e.begin);
       if (e.what == kind::gather && e.pass == fsdp::pass::backward && e.unit == 2)
         for (const auto& u : kept.timeline)
-          if (u.what == kind::use && u.pass == fsdp::pass::backward && u.unit == 3) CHECK(e.begin <= u.begin + 1e-12);
+          if (u.what == kind::use && u.pass == fsdp::pass::forward && u.unit == 3) CHECK(e.begin < u.end);
     }
     CHECK(backward_gathers == 3);
     CHECK(kept.step_seconds < freed.step_seconds - gather / 2);

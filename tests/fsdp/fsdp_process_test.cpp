@@ -95,15 +95,17 @@ SHARDKIT_SCENARIO(fsdp_trains_like_one_rank) {
 }
 
 // Passes left early on every rank (abandon_cases.hpp), ranks as processes over shm: FSDP_TEST_ABANDON is
-// "kind budget iterations".
+// "kind budget iterations [uneven]".
 SHARDKIT_SCENARIO(fsdp_passes_left_early) {
   namespace ab = shardkit::test::abandon;
   auto world = sk::comm::init_process_group("shm");
   std::istringstream spec(env_or("FSDP_TEST_ABANDON", "0 1 10"));
   int kind = 0;
   ab::case_options c;
-  spec >> kind >> c.budget_units >> c.iterations;
+  int uneven = 0;
+  spec >> kind >> c.budget_units >> c.iterations >> uneven;
   c.kind = ab::exit_kind(kind);
+  c.uneven = uneven != 0;
   c.seed = std::uint32_t(1000 + 10 * kind + int(c.budget_units));
   ab::run(world.group, c);
 }
@@ -173,6 +175,14 @@ TEST_CASE("[fsdp] ranks as processes: passes left early on every rank keep the r
            {"SHARDKIT_TIMEOUT_MS", "20000"}},
           std::chrono::seconds(120)));
     }
+  // Uneven units, two kept for backward at 2 units: a forward left in either had queued backward's first gather.
+  for (int kind : {0, 1}) {
+    CAPTURE(kind);
+    sk::test::require_all_succeeded(sk::test::run_processes(
+        2, "fsdp_passes_left_early",
+        {{"FSDP_TEST_ABANDON", std::to_string(kind) + " 2 300 1"}, {"SHARDKIT_TIMEOUT_MS", "20000"}},
+        std::chrono::seconds(120)));
+  }
 }
 
 TEST_CASE("[fsdp] ranks as processes: a rank that throws in its training loop is named by every other rank, at once") {

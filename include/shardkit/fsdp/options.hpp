@@ -142,7 +142,7 @@ struct sharding_options {
   //! default of two all-gathers in flight), with the scratch on top.
   //! unlimited_budget: room for every unit at once (the limiter then never waits: the "no limiter" baseline; with
   //! keep_last_units, the kept units' blocks can split the region so that one of backward's later gathers queues
-  //! until a kept unit's backward gives its block back).
+  //! until a kept unit's backward gives its block back, while the gathers ahead of it keep the gather group busy).
   std::size_t limiter_budget_bytes = 0;
   //! When not 0, the budget in units instead: this many times the largest unit's parameters and gradients
   //! (shard_grad_op, and no_shard with bf16 parameters or on a device, add the parameters they keep from forward).
@@ -170,7 +170,9 @@ struct sharding_options {
   //! follows from the unit sizes and the budget alone, the same on every rank (sharded_model::kept_for_backward()):
   //! as few as hold the largest unit's parameters, while a largest unit still fits beside them, and none where the
   //! budget cannot guarantee it (often none at one unit). They are given back when something other than the
-  //! backward comes next (a forward, a load, full_state).
+  //! backward comes next (a forward, a load, full_state). With units kept, backward's first gather beyond them
+  //! starts when the first of them begins forward (within the prefetch window, not while gradients accumulate);
+  //! what comes instead of that backward completes it on every rank and gives it back (docs/fsdp.md).
   bool keep_last_units = true;
   //! Backwards per optimizer step (micro-batches) the trainer runs. The model does not use it; construction
   //! compares it across ranks with the units and the other options, so that ranks set up for different

@@ -385,8 +385,19 @@ class sharded_model {
   // waits for them (every rank issued the same ones) and gives their parameters back.
   SHARDKIT_DECL void settle_early_gathers() noexcept;
   // Something other than the backward that uses them comes after a forward: the kept units' parameters and
-  // gradients' buffers go back (every rank's forward kept the same ones).
+  // gradients' buffers go back (every rank's forward kept the same ones), and the backward gather the forward's
+  // first kept unit queued (queue_early_backward) completes on every rank and goes back too.
   SHARDKIT_DECL void give_back_kept() noexcept;
+  // The forward's first kept unit begins: backward's first gather beyond the kept units is queued now, after the
+  // forward's own, so that it runs while the kept units compute instead of leaving the link idle until backward()
+  // (full_shard and hybrid_shard with units kept; within the prefetch window; not while gradients accumulate).
+  // Which one, and whether, depends only on the unit sizes, the budget and the options, the same on every rank.
+  // Its job carries the serial the backward will have; anything other than that backward completes it
+  // (give_back_kept, abandon_pass).
+  SHARDKIT_DECL void queue_early_backward();
+  // After the early backward gather completed without a backward (give_back_kept): its serial is retired, so
+  // that no later pass takes it for its own (its markers, a refusal).
+  SHARDKIT_DECL void retire_early_backward() noexcept;
 
   // Gradients kept across micro-batches live outside the limiter's region, one buffer per unit for the whole
   // accumulation (PyTorch's no_sync() costs the same): held that long, they would fragment the region that
@@ -418,7 +429,7 @@ class sharded_model {
 
   // On the gather thread: convert this rank's master into its slot of the leased buffer (on a device: through
   // pinned host memory and a copy), start the all-gather.
-  SHARDKIT_DECL void start_gather(std::size_t i, pass p, gather_limiter::lease l);
+  SHARDKIT_DECL void start_gather(std::size_t i, pass p, std::uint64_t serial, gather_limiter::lease l);
 
   // An interval of the timeline, when sharding_options::on_event is set.
   void emit(model_event::kind k, pass p, std::size_t unit, steady_clock::time_point begin,
@@ -427,6 +438,9 @@ class sharded_model {
   }
 
   SHARDKIT_DECL void release_params(unit_state& u);
+  // Waits for the unit's all-gather in flight, if any (peers write into its lease until it is done), then gives
+  // its parameters back; false if that all-gather failed.
+  SHARDKIT_DECL bool finish_and_release_params(unit_state& u) noexcept;
 
   // On the reduce thread: reduce-scatter over the shard group, all-reduce the shard over replicas, add into
   // the f32 gradient shard, free the unsharded gradients.
@@ -467,6 +481,9 @@ class sharded_model {
   bool use_accumulated_ = false;  // this backward's gradients go into the accumulation buffers
   std::size_t next_ = 0, queued_ = 0;
   std::size_t kept_for_backward_ = 0;  // see kept_for_backward()
+  // The unit whose backward gather the forward's first kept unit queued, until a backward adopts it or it is
+  // completed without one (model_event::no_unit: none).
+  std::size_t early_backward_ = model_event::no_unit;
   bool early_forward_ = false;     // the next forward's first gathers are queued (shard_stepped), forward() not begun
   std::size_t early_bytes_ = 0;    // their parameters' bytes
   std::vector<bool> stepped_;      // units shard_stepped since the last pass began

@@ -205,6 +205,10 @@ class plan_simulation {
     for (; queued_ < until; ++queued_) {
       const std::size_t i = unit_at(p, queued_);
       auto& u = units_[i];
+      if (p == pass::backward && i == early_backward_) {  // queued by the forward's first kept unit
+        early_backward_ = model_event::no_unit;
+        continue;
+      }
       const bool need_params = !u.params && u.params_bytes != 0;
       const bool need_grads = (p == pass::backward || kept(i)) && !u.grads;
       if (!need_params) u.params_ready = true;
@@ -213,6 +217,20 @@ class plan_simulation {
       if (need_grads) u.grads_ready = false;
       if (need_params || need_grads) gather_jobs_.push_back({i, p, need_params, need_grads, step});
     }
+  }
+
+  // sharded_model::queue_early_backward: the forward's first kept unit queues backward's first gather beyond the
+  // kept units after the forward's own, parameters and gradients as one request, where backward's first unit
+  // would queue it.
+  void queue_early_backward(std::size_t step) {
+    if (kept_ == 0 || kept_ >= units_.size() || opts_.prefetch < kept_ || queued_ != units_.size()) return;
+    const std::size_t i = units_.size() - 1 - kept_;
+    auto& u = units_[i];
+    if (u.params || u.params_bytes == 0) return;
+    u.params_ready = false;
+    u.grads_ready = false;
+    gather_jobs_.push_back({i, pass::backward, true, true, step});
+    early_backward_ = i;
   }
 
   void release_params(unit_state& u) {
@@ -235,6 +253,7 @@ class plan_simulation {
           if (o.index == 0 && !(o.pass == pass::forward && early_forward_)) queued_ = 0;
           if (o.index == 0) early_forward_ = false, stepped_.assign(units_.size(), false), early_bytes_ = 0;
           queue_gathers(o.pass, o.index + 1 + opts_.prefetch, o.step);
+          if (o.pass == pass::forward && kept_ != 0 && o.index + kept_ == units_.size()) queue_early_backward(o.step);
         } else if (o.what == op::scalar) {
           reduce_job j;
           j.step = o.step;
@@ -492,6 +511,7 @@ class plan_simulation {
   double cores_ = 1, measured_share_ = 1;
   std::vector<unit_state> units_;
   std::size_t region_ = 0, kept_ = 0;
+  std::size_t early_backward_ = model_event::no_unit;  // the backward gather the forward's first kept unit queued
   std::optional<region_blocks> limiter_;
   std::size_t params_alive_ = 0;
 

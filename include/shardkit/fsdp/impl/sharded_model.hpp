@@ -250,6 +250,7 @@ SHARDKIT_DECL sharded_model::~sharded_model() {
   // An all-gather in flight writes into the limiter's region: wait for it before the region goes.
   abandon_pass();
   settle_early_gathers();
+  give_back_kept();  // and completes an early backward gather, which a peer may have issued
   pass_stop_.request_stop();
   gather_thread_.join();
   reduce_thread_.join();

@@ -108,6 +108,11 @@ SHARDKIT_DECL void sharded_model::queue_gathers(std::size_t until) {
 
 SHARDKIT_DECL void sharded_model::queue_gather(std::size_t i) {
   auto& u = *units_[i];
+  if (pass_ == pass::backward && i == early_backward_) {
+    // Queued by the forward's first kept unit with this pass's serial (queue_early_backward): this pass's job now.
+    early_backward_ = model_event::no_unit;
+    return;
+  }
   // u.grads_lease is reset on the reduce thread. This read is ordered after that reset because a unit's
   // reduction is always waited before any later pass begins (the synchronizing backward's last end_unit
   // calls wait_for_gradients; a pass left early drains the reduce thread), and `reduced` is cleared only by
@@ -158,11 +163,11 @@ SHARDKIT_DECL task<void> sharded_model::run_gather(gather_job job) {
       emit(model_event::kind::limiter_wait, job.p, job.unit, queued);
       auto params = both.split_front(params_bytes(u));
       grads.emplace(std::move(both));
-      start_gather(job.unit, job.p, std::move(params));
+      start_gather(job.unit, job.p, job.serial, std::move(params));
     } else if (job.need_params) {
       auto params = co_await limiter_->acquire(params_bytes(u), label + " parameters", job.stop);
       emit(model_event::kind::limiter_wait, job.p, job.unit, queued);
-      start_gather(job.unit, job.p, std::move(params));
+      start_gather(job.unit, job.p, job.serial, std::move(params));
     } else {
       grads.emplace(co_await limiter_->acquire(grads_bytes(u), label + " gradients", job.stop));
       emit(model_event::kind::limiter_wait, job.p, job.unit, queued);
@@ -197,7 +202,7 @@ SHARDKIT_DECL task<void> sharded_model::run_gather(gather_job job) {
   job.turn.set_done();
 }
 
-SHARDKIT_DECL void sharded_model::start_gather(std::size_t i, pass p, gather_limiter::lease l) {
+SHARDKIT_DECL void sharded_model::start_gather(std::size_t i, pass p, std::uint64_t serial, gather_limiter::lease l) {
   auto& u = *units_[i];
   buffer_view full = l.view(opts_.precision.param, u.layout.padded_numel());
   buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
@@ -208,7 +213,7 @@ SHARDKIT_DECL void sharded_model::start_gather(std::size_t i, pass p, gather_lim
   if (shard_size_ > 1) {
     const auto posted = steady_clock::now();
     u.params_work = gather_group_.all_gather(mine, full);
-    u.gather_issued_in = pass_serial_;
+    u.gather_issued_in = serial;  // the job's: an early backward gather runs while the forward's serial is current
     // Captures the log, not the work (a continuation holding its own work would never be freed) nor the model
     // (the group may complete it while the destructor runs).
     if (events_) u.params_work.then([log = events_, p, i, posted] { log->gather_done(p, i, posted); });

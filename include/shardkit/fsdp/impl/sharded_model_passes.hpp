@@ -76,37 +76,76 @@ SHARDKIT_DECL void sharded_model::settle_early_gathers() noexcept {
   if (!early_forward_) return;
   early_forward_ = false;
   drain_gathers();
-  for (std::size_t pos = 0; pos < queued_; ++pos) {
-    auto& u = *units_[pos];
-    try {
-      if (u.params_work.handle().valid()) u.params_work.wait();  // peers write into the lease until it is done
-    } catch (...) {
-      // a failed all-gather broke its group: the next collective on it reports that
-    }
-    u.params_work = {};
-    release_params(u);
-  }
+  for (std::size_t pos = 0; pos < queued_; ++pos) (void)finish_and_release_params(*units_[pos]);
   queued_ = 0;
   early_bytes_ = 0;
   stepped_.assign(units_.size(), false);
 }
 
+SHARDKIT_DECL void sharded_model::queue_early_backward() {
+  const std::size_t k = kept_for_backward_;
+  // Only where backward's first unit would queue it: a unit beyond the kept ones, inside the prefetch window. Not
+  // while gradients accumulate: the kept units then took no gradients' buffer, and a zero_grad() before the
+  // backward would have them ask for one in backward, queued behind this gather, which may wait for the room
+  // that only their backward frees.
+  if (k == 0 || k >= units_.size() || opts_.prefetch < k || accumulating_) return;
+  if (queued_ != units_.size()) return;  // after every forward gather (the window above holds them all)
+  const std::size_t i = units_.size() - 1 - k;
+  auto& u = *units_[i];
+  if (u.params_lease || params_are_master()) return;  // not kept, so the forward gave its parameters back
+  // A synchronizing backward's request, parameters and gradients as one (the limiter's "one request per need"); a
+  // backward without sync gives the gradients' buffer back at its begin_unit, unused.
+  completion_source params_done, grads_done;
+  u.params_ready = params_done;
+  u.grads_ready = grads_done;
+  const std::uint64_t serial = pass_serial_ + 1;  // what prepare_pass gives the backward
+  u.gather_planned_in = serial;
+  gather_job job{.unit = i, .p = pass::backward, .need_params = true, .need_grads = true,
+                 .params_done = params_done, .grads_done = grads_done, .stop = pass_stop_.get_token(),
+                 .serial = serial, .turn_before = gather_turns_};
+  gather_turns_ = job.turn;
+  early_backward_ = i;
+  (void)spawn(gather_thread_, run_gather(std::move(job)));
+}
+
+SHARDKIT_DECL void sharded_model::retire_early_backward() noexcept {
+  if (early_backward_ == model_event::no_unit) return;
+  early_backward_ = model_event::no_unit;
+  ++pass_serial_;
+}
+
+SHARDKIT_DECL bool sharded_model::finish_and_release_params(unit_state& u) noexcept {
+  bool gathered = true;
+  try {
+    if (u.params_work.handle().valid()) u.params_work.wait();  // peers write into the lease until it is done
+  } catch (...) {
+    gathered = false;  // a failed all-gather broke its group: the next collective on it reports that
+  }
+  u.params_work = {};
+  release_params(u);
+  return gathered;
+}
+
 SHARDKIT_DECL void sharded_model::give_back_kept() noexcept {
+  // The kept blocks first: the early backward gather may be waiting for room that only they leave.
   for (std::size_t i = units_.size() - kept_for_backward_; i < units_.size(); ++i) {
     auto& u = *units_[i];
-    try {
-      if (u.params_work.handle().valid()) u.params_work.wait();  // done: the forward's begin_unit waited for it
-    } catch (...) {
-      // a failed all-gather broke its group: the next collective on it reports that
-    }
-    u.params_work = {};
-    release_params(u);
+    (void)finish_and_release_params(u);  // done: the forward's begin_unit waited for it
     if (!u.reduced.valid()) {
       u.grads_lease.reset();
       u.grads = {};
       u.grads_ready = {};
     }
   }
+  if (early_backward_ == model_event::no_unit) return;
+  // Issued on every rank (a peer's may be, whatever this rank's timing), so completed here too, then given back.
+  drain_gathers();
+  auto& u = *units_[early_backward_];
+  (void)finish_and_release_params(u);
+  u.grads_lease.reset();
+  u.grads = {};
+  u.grads_ready = {};
+  retire_early_backward();
 }
 
 SHARDKIT_DECL std::span<float> sharded_model::master_shard(std::size_t i) {
@@ -150,6 +189,8 @@ SHARDKIT_DECL unit_scope sharded_model::begin_unit(std::size_t i, pass p) {
                 context("begin_unit", u));
   }
   queue_gathers(next_ + 1 + (opts_.prefetch ? opts_.prefetch : 0));
+  if (p == pass::forward && kept_for_backward_ != 0 && next_ + kept_for_backward_ == units_.size())
+    queue_early_backward();
   ++next_;
   const auto t0 = steady_clock::now();
   try {
@@ -158,6 +199,11 @@ SHARDKIT_DECL unit_scope sharded_model::begin_unit(std::size_t i, pass p) {
     // before setting it; nothing else writes this unit's params_work until its next gather, queued after this.
     if (u.params_work.handle().valid()) u.params_work.wait();
     u.grads_ready.wait();  // in forward only a kept unit's: its buffer is then in place for backward
+    if (p == pass::backward && use_accumulated_) {
+      // The early backward gather (queue_early_backward) may have taken a buffer for a backward with sync.
+      u.grads_lease.reset();
+      u.grads = u.accumulated;
+    }
   } catch (...) {
     abandon_pass(std::current_exception());
     detail::rethrow_for_unit(std::current_exception(), u.layout.name(),
@@ -226,15 +272,17 @@ SHARDKIT_DECL void sharded_model::abandon_pass(const std::exception_ptr& failed)
     const bool planned = pos < queued_ ? u.gather_planned_in == pass_serial_ : !u.params_lease && !params_are_master();
     if (planned && u.gather_issued_in != pass_serial_) missing.push_back(unit_at(pos));
   }
+  // A forward left in one of its kept units had queued backward's first gather after its own
+  // (queue_early_backward): queued on every rank that left there, issued on some perhaps, so completed on every
+  // one, last. (A backward finds it among its own, by the backward's serial, which it carries.)
+  const std::size_t early = early_backward_;
+  early_backward_ = model_event::no_unit;
+  if (early != model_event::no_unit && pass_ == pass::forward && units_[early]->gather_issued_in != pass_serial_ + 1)
+    missing.push_back(early);
   for (std::size_t pos = 0; pos < units_.size(); ++pos) {
     auto& u = *units_[unit_at(pos)];
-    try {
-      if (u.params_work.handle().valid()) u.params_work.wait();  // peers may still write into the lease
-    } catch (...) {
-      in_step = false;  // its failure is the pass's failure, already reported (or reported below)
-    }
-    u.params_work = {};
-    release_params(u);
+    // A failed all-gather is the pass's failure, already reported (or reported below).
+    if (!finish_and_release_params(u)) in_step = false;
     if (!u.reduced.valid()) {  // no reduction reads these gradients
       u.grads_lease.reset();
       u.grads = {};
@@ -265,6 +313,8 @@ SHARDKIT_DECL void sharded_model::abandon_pass(const std::exception_ptr& failed)
     }
   }
   pass_stop_ = std::stop_source();
+  // Its serial retired after a forward (the next pass must not take its markers or a refusal for its own).
+  if (early != model_event::no_unit && pass_ == pass::forward) ++pass_serial_;
 }
 
 SHARDKIT_DECL void sharded_model::abort_groups(const std::string& reason) noexcept {
