@@ -277,7 +277,8 @@ class checkpointer {
     }
   }
   SHARDKIT_DECL void wait_for_saves();
-  // Rank 0, at construction: removes the temporaries writers of earlier runs left (killed mid-save).
+  // Rank 0, in open_location once it holds the location's lease: removes the temporaries writers of earlier
+  // runs left (killed mid-save). Only the lease holder may: a refused or load-only checkpointer removes nothing.
   SHARDKIT_DECL void sweep_temporaries_of_earlier_runs();
 
   // A failed save's error, kept until a call throws it.
