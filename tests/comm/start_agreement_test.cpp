@@ -110,6 +110,14 @@ TEST_CASE("[comm] a setting that decides the messages, set on some ranks only, f
                     "SHARDKIT_TRANSPORT differs between ranks: ranks 0, 2 have auto, which picks shm on these hosts "
                     "(default), rank 1 has tcp (from the environment)");
   }
+  SUBCASE("the TCP streams per peer on rank 1 of 3 over tcp (two ranks failed at the handshake, one waited 300 s)") {
+    const std::map<int, std::string> tcp{{0, "tcp"}, {1, "tcp"}, {2, "tcp"}};
+    every_rank_says(start(3, {{}, {{"SHARDKIT_SOCKET_NSTREAMS", "3"}}}, tcp),
+                    "SHARDKIT_SOCKET_NSTREAMS differs between ranks: ranks 0, 2 have 2 (default), rank 1 has 3 (from "
+                    "the environment); every rank must use the same value");
+    every_rank_says(start(3, {{}, {{"SHARDKIT_SOCKET_NSTREAMS", "3"}}}, {{0, "shm+tcp"}, {1, "shm+tcp"}, {2, "shm+tcp"}}),
+                    "SHARDKIT_SOCKET_NSTREAMS differs between ranks");
+  }
   SUBCASE("the cross-memory path off on one rank") {
     every_rank_says(start(3, {{}, {}, {{"SHARDKIT_CROSS_MEMORY", "0"}}}), "SHARDKIT_CROSS_MEMORY differs between ranks");
   }
@@ -120,6 +128,8 @@ TEST_CASE("[comm] settings that agree pass the start: auto and the transport it 
                            {{"SHARDKIT_SEGMENT_BYTES", "1048576"}, {"SHARDKIT_CALL_CHECK", "yes"}},
                            {{"SHARDKIT_TIMEOUT_MS", "5000"}, {"SHARDKIT_LOG", "info"}}});
   for (const auto& e : o.errors) CHECK(e == "");
+  // Ranks that all use shm never read the TCP streams: a difference there is no disagreement.
+  for (const auto& e : start(3, {{}, {{"SHARDKIT_SOCKET_NSTREAMS", "3"}}}).errors) CHECK(e == "");
   CHECK(comm::detail::rank_list({0, 1, 2, 3, 7, 9, 10}) == "ranks 0-3, 7, 9, 10");
   CHECK(comm::detail::rank_list({4}) == "rank 4");
 }

@@ -8,9 +8,11 @@
 //! The settings compared (shared_settings() below): the transport (as each rank resolves "auto" from the hosts,
 //! so "auto" and the transport it picks agree), SHARDKIT_DEBUG (the world group's check_consistency),
 //! SHARDKIT_CALL_CHECK, SHARDKIT_RD_THRESHOLD, SHARDKIT_ONE_SHOT_THRESHOLD, SHARDKIT_ONE_SHOT_MAX_RANKS,
-//! SHARDKIT_DIRECT_MAX_RANKS, SHARDKIT_SEGMENT_BYTES and SHARDKIT_CROSS_MEMORY (p2p_options). Timeouts and
-//! the log level may differ: they change when a rank gives up or what it says, not what it sends. The TCP
-//! transport's streams per peer are compared by its own handshake.
+//! SHARDKIT_DIRECT_MAX_RANKS, SHARDKIT_SEGMENT_BYTES and SHARDKIT_CROSS_MEMORY (p2p_options), and, where some
+//! rank's transport is tcp or shm+tcp, SHARDKIT_SOCKET_NSTREAMS (the TCP mesh connects that many streams to each
+//! peer: a rank that expects another count refuses some handshakes and waits for the rest until its connect
+//! timeout). Timeouts, the log level and the TCP chunk size may differ: they change when a rank gives up, what it
+//! says or how it cuts what it sends (each rank announces its own largest frame), not what the others expect.
 //!
 //! The values travel in the store exchange that discovers the hosts (one value per rank, gathered by rank 0:
 //! rendezvous/gather.hpp), so the check costs no request of its own.
@@ -31,6 +33,7 @@
 #include "shardkit/rendezvous/gather.hpp"
 #include "shardkit/rendezvous/hosts.hpp"
 #include "shardkit/rendezvous/store.hpp"
+#include "shardkit/transport/tcp/options.hpp"
 
 namespace shardkit::comm::detail {
 
@@ -39,6 +42,10 @@ inline std::string resolve_transport(std::string_view requested, const rendezvou
   if (requested != "auto") return std::string(requested);
   return hosts.single_host() ? "shm" : hosts.one_rank_per_host() ? "tcp" : "shm+tcp";
 }
+
+//! Settings that only the TCP mesh reads: compared where some rank's resolved transport is tcp or shm+tcp, since
+//! ranks that all use shm never read them.
+inline bool read_by_tcp_only(std::string_view name) { return name == "SHARDKIT_SOCKET_NSTREAMS"; }
 
 //! This rank's values of the settings every rank must share: `transport` as init_options gives it (not yet
 //! resolved), the world group's options, and the p2p transports' options, which the registered transports read
@@ -81,6 +88,9 @@ inline std::vector<shared_setting> shared_settings(std::string_view transport, c
   add("SHARDKIT_DIRECT_MAX_RANKS", p.direct_max_ranks);
   add("SHARDKIT_SEGMENT_BYTES", p.segment_bytes);
   add("SHARDKIT_CROSS_MEMORY", p.cross_memory);
+  const int streams = int(settings::get<settings::integer>("SHARDKIT_SOCKET_NSTREAMS", env)
+                              .value_or(shardkit::transport::tcp_options{}.streams_per_peer));
+  add("SHARDKIT_SOCKET_NSTREAMS", streams);
   return s;
 }
 
@@ -117,13 +127,18 @@ inline rendezvous::host_map agree_on_start(rendezvous::any_store& store, int ran
     settings_of.push_back(decode_settings(parts[1], ctx));
   }
   auto hosts = rendezvous::host_map::from_identities(identities);
+  bool tcp_used = false;
   for (auto& rank_settings : settings_of)
     for (auto& x : rank_settings)
       if (x.name == "SHARDKIT_TRANSPORT") {
         const std::string chosen = resolve_transport(x.value, hosts);
         if (chosen != x.value) x.shown = x.value + ", which picks " + chosen + " on these hosts";
         x.value = chosen;
+        tcp_used = tcp_used || chosen == "tcp" || chosen == "shm+tcp";
       }
+  if (!tcp_used)
+    for (auto& rank_settings : settings_of)
+      std::erase_if(rank_settings, [](const shared_setting& x) { return read_by_tcp_only(x.name); });
   if (auto differ = disagreement(settings_of)) {
     // Rank 0 hosts the store: it stays until every other rank says it read the values (or a few seconds pass), so
     // that each names the settings rather than a store that went away under it.
