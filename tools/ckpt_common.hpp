@@ -129,8 +129,7 @@ struct lease_state {
   std::string holder_text() const {
     const auto& l = *record;
     if (!l.unparsed.empty()) return std::string(ck::lease_object_name) + " is " + l.describe(now) + ": no run holds it";
-    const std::string details = " (host " + l.host + ", pid " + std::to_string(l.pid) + ", renewed " +
-                                std::to_string(now - l.renewed) + " s ago)";
+    const std::string details = " (host " + l.host + ", pid " + std::to_string(l.pid) + ", " + l.renewal_text(now) + ")";
     if (live()) return "run " + l.run + " holds the lease" + details;
     return "run " + l.run + "'s lease" + details + " is stale: " + stale_reason;
   }

@@ -170,14 +170,6 @@ int main(int argc, char** argv) try {
     usage("--die-rank " + std::to_string(f.die_rank) + " is not a rank of this job (0 to " + std::to_string(ranks - 1) + ", or -1 for every rank)");
   trainer::set_blas_threads(1);  // one rank per core: BLAS threads would compete with the other ranks
 
-  const auto names = trainer::unit_names(f.model);
-  const auto specs = trainer::unit_specs(f.model);
-  std::vector<fsdp::unit_spec> units;
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    fsdp::unit_spec u{names[i], {}};
-    for (const auto& p : specs[i]) u.params.push_back({p.name, p.shape});
-    units.push_back(std::move(u));
-  }
   std::optional<trainer::chrome_trace> trace;
   fsdp::sharding_options sharding = f.sharding;
   sharding.micro_batches = std::size_t(f.micro_batches);  // compared across ranks at construction
@@ -196,11 +188,20 @@ int main(int argc, char** argv) try {
     }
     sharding.hybrid_shard_size = std::size_t(per_host);
   }
-  // Before anything of the model is allocated: sizes beyond this host's memory are refused, naming the flags.
+  // Before anything of the model is built (its per-block names and specs included): sizes beyond this host's memory
+  // are refused, naming the flags, from the flags' arithmetic alone.
   const std::size_t shard = sharding.strategy == fsdp::sharding_strategy::no_shard        ? 1
                             : sharding.strategy == fsdp::sharding_strategy::hybrid_shard ? sharding.hybrid_shard_size
                                                                                           : std::size_t(ranks);
   trainer::refuse_beyond_memory(f, ranks, shard, int(world.hosts.ranks_on(world.hosts.host_of[std::size_t(rank)]).size()));
+  const auto names = trainer::unit_names(f.model);
+  const auto specs = trainer::unit_specs(f.model);
+  std::vector<fsdp::unit_spec> units;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    fsdp::unit_spec u{names[i], {}};
+    for (const auto& p : specs[i]) u.params.push_back({p.name, p.shape});
+    units.push_back(std::move(u));
+  }
   std::optional<trainer::unit_times> times;
   if (!f.trace.empty()) trace.emplace(rank, names);
   if (!f.plan_units.empty() && rank == 0) {

@@ -29,16 +29,22 @@ struct memory_part {
   double bytes = 0;
 };
 
+// The parameter counts of the model's units, from the flags alone (the shapes of unit_specs, model.hpp): nothing
+// per block is built, so that a --blocks far beyond the machine is refused at once.
+struct model_sizes {
+  double params = 0, largest_unit = 0, largest_param = 0;
+};
+inline model_sizes model_sizes_of(const model_config& c) {
+  const double d = c.width, h = c.hidden, V = c.vocab, T = c.context;
+  const double embed = V * d + T * d, block = 3 * d + 2 * d * h + h, head = d + d * V;
+  return {.params = embed + c.blocks * block + head,
+          .largest_unit = std::max({embed, c.blocks > 0 ? block : 0.0, head}),
+          .largest_param = std::max({V * d, T * d, c.blocks > 0 ? d * h : 0.0})};
+}
+
 // The parts of one rank's memory, largest first. `ranks`: the job's; `shard`: the ranks a unit is sharded over.
 inline std::vector<memory_part> memory_per_rank(const flags& f, int ranks, std::size_t shard) {
-  const auto specs = unit_specs(f.model);
-  double params = 0, largest_unit = 0, largest_param = 0;
-  for (const auto& unit : specs) {
-    const double n = double(unit_numel(unit));
-    params += n;
-    largest_unit = std::max(largest_unit, n);
-    for (const auto& p : unit) largest_param = std::max(largest_param, double(p.numel()));
-  }
+  const auto [params, largest_unit, largest_param] = model_sizes_of(f.model);
   const auto& o = f.sharding;
   const double es_param = double(sk::size_of(o.precision.param)), es_reduce = double(sk::size_of(o.precision.reduce));
   const double d = f.model.width, L = f.model.blocks, T = f.context, V = f.model.vocab;
@@ -70,6 +76,7 @@ inline std::vector<memory_part> memory_per_rank(const flags& f, int ranks, std::
        "parameters and optimizer state", state},
       {width + " and the limiter's budget (--budget)", "gathered units", gathered},
       {"--batch " + std::to_string(f.batch) + " and --context " + std::to_string(f.context) + " with " + width +
+           " and --blocks " + std::to_string(f.model.blocks) +
            (ranks > 1 ? " (" + std::to_string(int(rows)) + " rows per rank)" : std::string()),
        "activations", activations},
       {"--batch " + std::to_string(f.batch) + " and --context " + std::to_string(f.context) + " with --data",

@@ -596,6 +596,51 @@ TEST_CASE("[ckpt] shardkit-ckpt on a location a live run holds: ls shows its sav
   CHECK(r.output.find("in progress") == std::string::npos);
 }
 
+TEST_CASE("[ckpt] a lease renewed in the future is clock skew, judged from its first reading; absurd values are a damaged lease") {
+  const std::int64_t now = ck::detail::unix_seconds();
+  const std::chrono::seconds expiry(120);
+  // Another host's clock a day ahead: live now, said to be skew, and stale one expiry after this process first read
+  // it, not a day later.
+  const ck::lease_record ahead{"ahead-run", "ahead-holder", "other-host", 4242, now + 86400, 120};
+  CHECK(ck::lease_stale_reason(ahead, now, expiry, "this-host").empty());
+  CHECK(ahead.describe(now) == "run ahead-run (host other-host, pid 4242, renewed 86400 s in the future: clocks disagree between hosts?)");
+  CHECK(ck::lease_stale_reason(ahead, now + 100, expiry, "this-host").empty());
+  CHECK(ck::lease_stale_reason(ahead, now + 121, expiry, "this-host").find("clocks disagree between hosts?") != std::string::npos);
+  // Within the skew allowance: taken as written, age 0.
+  const ck::lease_record near{"near-run", "near-holder", "other-host", 4242, now + 10, 120};
+  CHECK(ck::lease_stale_reason(near, now, expiry, "this-host").empty());
+  CHECK(near.describe(now).find("renewed 0 s ago") != std::string::npos);
+  // Ages that overflow a naive now - renewed are stale, not live.
+  const ck::lease_record ancient{"old-run", "old-holder", "other-host", 4242, INT64_MIN, 120};
+  CHECK(ck::lease_stale_reason(ancient, now, expiry, "this-host").find("not renewed within its expiry") != std::string::npos);
+  // A recorded expiry is capped at max_lease_expiry: a lease saying "forever" expires after that.
+  const ck::lease_record forever{"old-run", "old-holder", "other-host", 4242, now - ck::max_lease_expiry.count() - 1, INT64_MAX};
+  CHECK(ck::lease_stale_reason(forever, now, expiry, "this-host").find("not renewed within its expiry (3600 s") != std::string::npos);
+
+  // Read from a location, as ls, gc and a resume's takeover read it.
+  temp_dir dir("skew");
+  st::any_sink sink = st::make_sink<st::posix_sink>(dir.path, st::posix_sink_options{.create_root = false});
+  const std::string loc = dir.path.string();
+  auto plant = [&](const std::string& json) { st::put_object(sink, ck::lease_key(""), st::as_bytes(json)); };
+  plant(ck::lease_record{"ahead-run", "ahead-holder", "other-host", 4242, now + 86400, 120}.to_json());
+  auto r = run_tool("gc " + loc + " --min-age 0");
+  INFO("shardkit-ckpt said:\n", r.output);
+  CHECK(r.status == 1);
+  CHECK(r.output.find("s in the future: clocks disagree between hosts?") != std::string::npos);
+  CHECK(r.output.find("renewed -") == std::string::npos);
+  for (const auto& [json, why] :
+       {std::pair<std::string, std::string>{R"({"run":"x","holder":"h","host":"other-host","pid":1,"renewed":-9223372036854775808,"expiry":120})",
+                                            "its renewal -9223372036854775808 lies before 1970"},
+        {R"({"run":"x","holder":"h","host":"other-host","pid":1,"renewed":)" + std::to_string(now) + R"(,"expiry":9223372036854775807})",
+         "its expiry 9223372036854775807 s is not one a checkpointer records (0 to 3600 s"}}) {
+    plant(json);
+    r = run_tool("ls " + loc);
+    INFO("shardkit-ckpt said:\n", r.output);
+    CHECK(r.output.find("lease: lease.json is a damaged lease (" + why) != std::string::npos);
+    CHECK(r.output.find("no run holds it") != std::string::npos);
+  }
+}
+
 TEST_CASE("[ckpt] shardkit-ckpt ls marks damaged steps, latest is the newest complete one; gc --damaged removes those moved aside") {
   temp_dir dir("damaged");
   write_checkpoints(dir.path);  // steps 1, 2 complete; step 3 (newer than the latest) has an object, no index

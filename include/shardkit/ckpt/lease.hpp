@@ -19,6 +19,14 @@
 //! one round trip can both believe they hold it, and the read-back before each commit then refuses the commits of
 //! the one whose lease was replaced. `shardkit-ckpt ls` and `gc` judge a lease with the same verdict (read_lease,
 //! lease_stale_reason), so that gc never removes a live run's save in progress.
+//!
+//! Clocks: a lease's age is the reader's clock less the holder's "renewed", computed without overflow. A renewal
+//! more than lease_clock_skew_allowance in the reader's future says the hosts' clocks disagree (a holder cannot have
+//! renewed later than now): it is reported as such ("renewed N s in the future: clocks disagree between hosts?") and
+//! judged as if renewed when this process first read that renewal: a live holder whose clock runs ahead is not
+//! taken over, and a process that keeps reading a dead one's finds it stale one expiry later, not when its clock
+//! reaches the stamp. One reading cannot tell the two apart: ls, gc and a takeover judge it live and say it is skew. A recorded expiry beyond max_lease_expiry, a negative one, or a renewal before the epoch is
+//! not what a checkpointer writes: such an object is a damaged lease, which no run holds.
 #include <signal.h>
 #include <unistd.h>
 
@@ -29,10 +37,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <map>
 #include <optional>
 #include <random>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -49,6 +59,13 @@ inline std::string lease_key(const std::string& prefix) { return prefix + std::s
 //! What a reader assumes of a lease whose holder did not record its expiry (checkpointer_options::lease_expiry's
 //! default).
 inline constexpr std::chrono::seconds default_lease_expiry{120};
+//! How far in the reader's future a renewal may lie and still be taken as written: hosts kept by NTP agree within
+//! well under a second; this leaves room for an unsynchronised host's drift without trusting a clock that is off by
+//! hours.
+inline constexpr std::chrono::seconds lease_clock_skew_allowance{30};
+//! The longest expiry a lease may record (checkpointer_options::lease_expiry at most): a dead holder on another host
+//! keeps its location this long at worst. A lease recording more is damaged.
+inline constexpr std::chrono::seconds max_lease_expiry{3600};
 
 //! 16 random hex digits: a run id, a lease holder's id.
 inline std::string random_id() {
@@ -66,7 +83,8 @@ struct lease_record {
   std::int64_t pid = 0;
   std::int64_t renewed = 0;  //!< seconds since the epoch
   std::int64_t expiry = 0;   //!< the holder's lease_expiry in seconds; 0: not recorded (a lease written before it was)
-  //! Set when the object is not a lease: why it does not parse, and its first bytes (the other fields are empty).
+  //! Set when the object is not a lease: why it does not parse, and its first bytes, or "damaged: " and which of its
+  //! values no checkpointer writes (the other fields are empty).
   std::string unparsed;
 
   std::string to_json() const {
@@ -84,11 +102,21 @@ struct lease_record {
       return std::nullopt;
     }
   }
+  //! Why a parsed lease holds values no checkpointer writes (then it is damaged: no run holds it), or empty.
+  std::string damage() const {
+    if (expiry < 0 || expiry > max_lease_expiry.count())
+      return "its expiry " + std::to_string(expiry) + " s is not one a checkpointer records (0 to " +
+             std::to_string(max_lease_expiry.count()) + " s, ckpt::max_lease_expiry)";
+    if (renewed < 0) return "its renewal " + std::to_string(renewed) + " lies before 1970";
+    return {};
+  }
+  //! "renewed N s ago", or "renewed N s in the future: clocks disagree between hosts?" beyond the skew allowance.
+  std::string renewal_text(std::int64_t now) const;
   //! "run R (host H, pid P, renewed N s ago)", or what the object is when it is not a lease.
   std::string describe(std::int64_t now) const {
+    if (unparsed.starts_with("damaged: ")) return "a damaged lease (" + unparsed.substr(9) + ")";
     if (!unparsed.empty()) return "an object that is not a lease (" + unparsed + ")";
-    return "run " + run + " (host " + host + ", pid " + std::to_string(pid) + ", renewed " + std::to_string(now - renewed) +
-           " s ago)";
+    return "run " + run + " (host " + host + ", pid " + std::to_string(pid) + ", " + renewal_text(now) + ")";
   }
 };
 
@@ -113,6 +141,20 @@ inline bool process_alive(std::int64_t pid) {
   const char state = text[close + 2];
   return state != 'Z' && state != 'X';
 }
+//! a - b, saturated at the int64 limits (a lease's fields are whatever its bytes say).
+inline std::int64_t saturating_difference(std::int64_t a, std::int64_t b) {
+  std::int64_t d = 0;
+  if (!__builtin_sub_overflow(a, b, &d)) return d;
+  return b < 0 ? INT64_MAX : INT64_MIN;
+}
+//! When this process first read the renewal `l.renewed` of holder `l.holder` (at `now` if this is the first time):
+//! what a renewal stamped in the reader's future is judged by.
+inline std::int64_t first_read_of(const lease_record& l, std::int64_t now) {
+  static std::mutex mutex;
+  static std::map<std::tuple<std::string, std::string, std::int64_t>, std::int64_t> first_read;
+  std::lock_guard lock(mutex);
+  return first_read.try_emplace({l.host, l.holder, l.renewed}, now).first->second;
+}
 inline std::string host_name() {
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) != 0) return "unknown";
@@ -127,7 +169,8 @@ inline std::optional<lease_record> read_lease(storage::any_sink& sink, const std
   if (!bytes) return std::nullopt;
   const std::string_view text(reinterpret_cast<const char*>(bytes->data()), bytes->size());
   auto l = lease_record::parse(text);
-  if (l) return l;
+  if (l && l->damage().empty()) return l;
+  if (l) return lease_record{.unparsed = "damaged: " + l->damage()};
   std::string start(text.substr(0, 40));
   for (auto& c : start)
     if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
@@ -138,7 +181,26 @@ inline std::optional<lease_record> read_lease(storage::any_sink& sink, const std
 //! The expiry that judges `l`: the longer of the reader's and the one its holder recorded (a holder renews every
 //! quarter of its own expiry, so a shorter one would take a live holder's lease).
 inline std::chrono::seconds lease_expiry_of(const lease_record& l, std::chrono::seconds reader_expiry) {
-  return std::max(reader_expiry, std::chrono::seconds(l.expiry));
+  return std::max(reader_expiry, std::chrono::seconds(std::clamp<std::int64_t>(l.expiry, 0, max_lease_expiry.count())));
+}
+
+//! Whether `l`'s renewal lies beyond the skew allowance in the reader's future (clocks disagree between hosts).
+inline bool renewed_in_future(const lease_record& l, std::int64_t now) {
+  return detail::saturating_difference(l.renewed, now) > lease_clock_skew_allowance.count();
+}
+
+//! Seconds since `l` was renewed, by the reader's clock (see the file comment for a renewal in the future): never
+//! negative, saturated rather than overflowing.
+inline std::int64_t lease_age(const lease_record& l, std::int64_t now) {
+  if (renewed_in_future(l, now)) return std::max<std::int64_t>(0, now - detail::first_read_of(l, now));
+  return std::max<std::int64_t>(0, detail::saturating_difference(now, l.renewed));
+}
+
+inline std::string lease_record::renewal_text(std::int64_t now) const {
+  if (renewed_in_future(*this, now))
+    return "renewed " + std::to_string(detail::saturating_difference(renewed, now)) +
+           " s in the future: clocks disagree between hosts?";
+  return "renewed " + std::to_string(lease_age(*this, now)) + " s ago";
 }
 
 //! Why the lease `l` may be taken over, or empty while it is live (see the file comment). `this_host`: the reader's
@@ -147,7 +209,11 @@ inline std::string lease_stale_reason(const lease_record& l, std::int64_t now, s
                                       const std::string& this_host) {
   if (!l.unparsed.empty()) return "no run holds it";
   const auto expiry = lease_expiry_of(l, reader_expiry);
-  if (now - l.renewed > expiry.count())
+  if (lease_age(l, now) > expiry.count() && renewed_in_future(l, now))
+    return "its renewal lies " + std::to_string(detail::saturating_difference(l.renewed, now)) +
+           " s in the future (clocks disagree between hosts?) and it was not renewed within its expiry (" +
+           std::to_string(expiry.count()) + " s) of this process first reading it";
+  if (lease_age(l, now) > expiry.count())
     return "not renewed within its expiry (" + std::to_string(expiry.count()) + " s, checkpointer_options::lease_expiry)";
   if (l.host == this_host && !detail::process_alive(l.pid)) return "its process is gone from this host";
   return {};

@@ -14,8 +14,11 @@ namespace shardkit::ckpt {
 SHARDKIT_DECL checkpointer::checkpointer(comm::process_group& training, storage::any_sink sink, checkpointer_options o)
     : opts_(std::move(o)), sink_(std::move(sink)), run_id_(opts_.run_id) {
   check_checkpoint_prefix(opts_.prefix);
-  if (opts_.lease_expiry.count() <= 0)
-    throw_error(errc::invalid_argument, "checkpointer_options::lease_expiry is positive", {.operation = "ckpt.checkpointer"});
+  if (opts_.lease_expiry.count() <= 0 || opts_.lease_expiry > max_lease_expiry)
+    throw_error(errc::invalid_argument,
+                "checkpointer_options::lease_expiry is positive and at most ckpt::max_lease_expiry (" +
+                    std::to_string(max_lease_expiry.count()) + " s); it is " + std::to_string(opts_.lease_expiry.count()) + " s",
+                {.operation = "ckpt.checkpointer"});
   comm::group_options g = comm::group_options::from_env();
   g.name = "ckpt";
   group_ = training.dup(g);
