@@ -17,6 +17,7 @@
 #include <regex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "shardkit/backends/gloo.hpp"
 #include "shardkit/comm/process_group.hpp"
@@ -195,4 +196,27 @@ SHARDKIT_SCENARIO(gloo_destroy_and_stray) {
 
 TEST_CASE("[gloo] groups destroyed under waiting peers and strays at connect, ranks as processes") {
   test::require_all_succeeded(test::run_processes(3, "gloo_destroy_and_stray", {}, std::chrono::seconds(300)));
+}
+
+// SHARDKIT_GLOO_VERIFY decides whether each collective is preceded by an all-gather of what the rank called: a
+// rank that verifies while the others do not would wait in an exchange they never join. The world fails at
+// create() on every rank instead, naming the setting and each rank's value.
+TEST_CASE("[gloo] SHARDKIT_GLOO_VERIFY off on rank 1 of 3 fails create() on every rank, naming it (threads)") {
+  auto store = rendezvous::make_store<rendezvous::memory_store>();
+  std::vector<std::string> errors(3);
+  test::run_threads(3, [&](int r) {
+    auto o = quick_gloo_options();
+    o.verify = r != 1;
+    try {
+      gloo_communicator::create(store, r, 3, o);
+    } catch (const error& e) {
+      CHECK(e.code() == errc::config);
+      errors[std::size_t(r)] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    CAPTURE(e);
+    CHECK(e.find("SHARDKIT_GLOO_VERIFY differs between ranks: ranks 0, 2 have 1, rank 1 has 0; every rank must use "
+                 "the same value") != std::string::npos);
+  }
 }

@@ -170,8 +170,8 @@ inline constexpr variable table[] = {
      .meaning = "address or host name gloo binds when SHARDKIT_SOCKET_IFNAME is unset", .target = "gloo"},
     {.name = "SHARDKIT_GLOO_VERIFY", .type = kind::boolean, .default_text = "1 (shardkit-bench: 0)",
      .meaning = "exchange (op, dtype, count, root) before each collective, so a count mismatch is an error instead "
-                "of gloo terminating the process",
-     .target = "gloo"},
+                "of gloo terminating the process; compared across ranks when a gloo world connects",
+     .target = "gloo", .same_on_every_rank = true},
 
     // ---- fabric: the libfabric transport (shardkit::fabric) ----
     {.name = "SHARDKIT_FABRIC_PROVIDER", .type = kind::text, .default_text = "tcp;ofi_rxm",

@@ -17,6 +17,13 @@ struct shared_setting {
   std::string origin;  //!< "from the environment", "default", or "set in code (...)"
 };
 
+//! What gloo_communicator's ranks compare when they connect (backends/gloo/detail/group.hpp): SHARDKIT_GLOO_VERIFY
+//! decides whether each collective is preceded by an all-gather of what the rank called, so a rank that verifies
+//! while another does not would pair its exchange with the other's collective.
+inline std::vector<shared_setting> gloo_shared_settings(bool verify) {
+  return {{"SHARDKIT_GLOO_VERIFY", verify ? "1" : "0", {}, {}}};
+}
+
 //! "rank 3", "ranks 1, 2", "ranks 1-5, 9": ascending `ranks`, runs of three or more as a range.
 inline std::string rank_list(const std::vector<int>& ranks) {
   std::string out = ranks.size() == 1 ? "rank " : "ranks ";

@@ -26,8 +26,10 @@
 #include "shardkit/backends/gloo/detail/store_adapter.hpp"
 #include "shardkit/backends/gloo/detail/waiter_pool.hpp"
 #include "shardkit/backends/gloo/options.hpp"
+#include "shardkit/comm/detail/shared_settings.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/core/settings.hpp"
+#include "shardkit/rendezvous/gather.hpp"
 #include "shardkit/rendezvous/store.hpp"
 
 namespace shardkit::backends::detail::gloo {
@@ -367,6 +369,15 @@ inline std::shared_ptr<group_state> connect_world(rendezvous::any_store store, i
   // joined it, so the k-th create() of every rank lands in generation k.
   const auto joined = store.add(opts.prefix + "/joined", 1);
   world->prefix = opts.prefix + "/" + std::to_string((joined - 1) / size);
+  if (size > 1) {  // the settings every rank must hold alike, compared before any pair connects
+    const auto all = rendezvous::all_gather_values(store, world->prefix + "/settings/", rank, size,
+                                                   comm::detail::gloo_shared_settings(opts.verify)[0].value,
+                                                   opts.connect_timeout, "its SHARDKIT_GLOO_VERIFY (gloo.create)");
+    std::vector<std::vector<comm::detail::shared_setting>> per_rank;
+    for (const auto& v : all) per_rank.push_back(comm::detail::gloo_shared_settings(v == "1"));
+    if (auto differ = comm::detail::disagreement(per_rank))
+      throw_error(errc::config, *differ, {.rank = rank, .operation = "gloo.create"});
+  }
   return connect_group(world, world->prefix, rank, size, opts.connect_timeout);
 }
 
