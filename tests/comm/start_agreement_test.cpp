@@ -16,6 +16,7 @@
 #include "shardkit/comm/init.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/rendezvous/memory_store.hpp"
+#include "shardkit/transport/fabric/options.hpp"
 #include "support/harness.hpp"
 
 using namespace std::chrono_literals;
@@ -191,11 +192,12 @@ TEST_CASE("[comm] processes: a setting on one rank only fails init_process_group
   }
 }
 
-// The settings table marks what init_process_group and a gloo world's connection compare (docs/environment.md shows the mark): the two agree.
+// The settings table marks what init_process_group and a gloo or fabric world's connection compare (docs/environment.md shows the mark): the two agree.
 TEST_CASE("[comm] the settings compared at the start are those the settings table marks as the same on every rank") {
   std::vector<std::string> compared, marked;
   for (const auto& s : comm::detail::shared_settings("auto", {})) compared.push_back(s.name);
   for (const auto& s : comm::detail::gloo_shared_settings(true)) compared.push_back(s.name);
+  for (const char* name : shardkit::transport::fabric_shared_settings) compared.emplace_back(name);
   for (const auto& v : shardkit::settings::table)
     if (v.same_on_every_rank) marked.emplace_back(v.name);
   std::sort(compared.begin(), compared.end());

@@ -827,3 +827,27 @@ TEST_CASE("[fabric] conformance suite, ranks as processes") {
   MESSAGE("skipped: shardkit/rendezvous/env.hpp (TCP store) is not available in this tree");
 }
 #endif
+
+// A receive is posted with room for its own rank's eager size, a sender sends eagerly up to its own: ranks that
+// differ would truncate or hang. They fail at create() on every rank instead, naming each rank's value.
+TEST_CASE("[fabric] SHARDKIT_FABRIC_EAGER larger on rank 1 of 3 fails create() on every rank, naming it") {
+  auto store = rendezvous::make_store<rendezvous::memory_store>();
+  std::vector<std::string> errors(3);
+  bool skipped = false;
+  test::run_threads(3, [&](int r) {
+    auto o = options_for("shm");
+    if (r == 1) o.eager_bytes = 16 << 10;
+    try {
+      fabric_transport::create(store, r, 3, o);
+    } catch (const error& e) {
+      if (e.code() == errc::unsupported || e.code() == errc::backend) skipped = true;
+      errors[std::size_t(r)] = e.what();
+    }
+  });
+  if (skipped) return;
+  for (const auto& e : errors) {
+    CAPTURE(e);
+    CHECK(e.find("SHARDKIT_FABRIC_EAGER (fabric_options::eager_bytes) differs between ranks: rank 0 has 8192, rank 1 has "
+                 "16384, rank 2 has 8192; every rank must use the same value") != std::string::npos);
+  }
+}

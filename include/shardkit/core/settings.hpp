@@ -425,7 +425,8 @@ inline std::string markdown() {
       "differs, which ranks hold which value and where it came from (`rank 0 has 1048576 (from the environment),\n"
       "ranks 1, 2 have 0 (default)`); `auto` agrees with the transport it picks. The TCP streams are compared only\n"
       "where some rank's transport is tcp or shm+tcp. `SHARDKIT_GLOO_VERIFY` is compared when a gloo world\n"
-      "connects (`gloo_communicator::create`), before any pair connects, and fails the same way.\n"
+      "connects (`gloo_communicator::create`), before any pair connects, `SHARDKIT_FABRIC_EAGER` when a fabric\n"
+      "world connects (`fabric_transport::create`), and each fails the same way.\n"
       "\n"
       "| variable | type | default | meaning | target |\n"
       "|---|---|---|---|---|\n";

@@ -181,7 +181,9 @@ inline constexpr variable table[] = {
     {.name = "SHARDKIT_FABRIC_MAX_MSG", .type = kind::bytes, .default_text = "64M",
      .meaning = "largest piece of a message handed to the provider at once (larger messages travel as chunks)", .target = "fabric", .min = 4096},
     {.name = "SHARDKIT_FABRIC_EAGER", .type = kind::bytes, .default_text = "8K",
-     .meaning = "messages up to this size travel with their header in one provider message (larger ones announce their size first)", .target = "fabric"},
+     .meaning = "messages up to this size travel with their header in one provider message (larger ones announce their "
+                "size first); compared across ranks when a fabric world connects",
+     .target = "fabric", .same_on_every_rank = true},
     {.name = "SHARDKIT_FABRIC_PEER_TIMEOUT", .type = kind::seconds, .default_text = "30",
      .meaning = "a peer silent this long while operations with it are pending is lost (0: send no liveness probes)",
      .target = "fabric", .min = 0, .max = 86400},

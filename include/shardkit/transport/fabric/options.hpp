@@ -46,6 +46,9 @@ struct fabric_options {
   static fabric_options from_env();
 };
 
+//! The settings every rank of a fabric world must hold alike, compared when it connects (detail/endpoints.hpp).
+inline constexpr const char* fabric_shared_settings[] = {"SHARDKIT_FABRIC_EAGER"};
+
 inline fabric_options fabric_options::from_env() {
   namespace s = settings;
   fabric_options o;

@@ -65,6 +65,21 @@ class endpoint_set {
         throw error(errc::config, "rank " + std::to_string(r) + " uses provider '" + record->provider + "', this rank '" + provider_ + "'", ctx);
       records.push_back(std::move(*record));
     }
+    // Every receive is posted with room for this rank's eager size, and a sender sends eagerly up to its own: a
+    // peer with a larger one would send messages that do not fit. So every rank holds the same value, or every
+    // rank fails here naming each rank's.
+    const std::string eager_prefix = opts.prefix + "/" + std::to_string((joined - 1) / size) + "/eager/";
+    store.set(eager_prefix + std::to_string(rank), std::to_string(opts.eager_bytes));
+    std::string eager_values;
+    bool eager_differs = false;
+    for (int r = 0; r < size; ++r) {
+      const std::string v = store.get(eager_prefix + std::to_string(r), opts.connect_timeout);
+      eager_differs = eager_differs || v != std::to_string(opts.eager_bytes);
+      eager_values += (r ? ", rank " : "rank ") + std::to_string(r) + " has " + v;
+    }
+    if (eager_differs)
+      throw error(errc::config, "SHARDKIT_FABRIC_EAGER (fabric_options::eager_bytes) differs between ranks: " + eager_values +
+                                    "; every rank must use the same value", ctx);
     // One insert per address (their lengths may differ); FI_AV_TABLE hands out indices in insertion order, and
     // addrs_ holds every rank's matching endpoint, then every bulk endpoint, then every control endpoint.
     addrs_.resize(count * std::size_t(size));
