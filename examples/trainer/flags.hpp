@@ -109,7 +109,7 @@ inline std::string help_text() {
   };
   std::string out = "usage: trainer [FLAGS]   (launch ranks with shardkit-run -n N -- trainer ...)\n"
                     "trains a byte-level language model with fully sharded parameters; [default]\n"
-                    "each flag at most once; numbers in decimal; names of strategies and dtypes in any case\n";
+                    "a flag given twice: the last counts; numbers in decimal; names of strategies and dtypes in any case\n";
   for (const auto& [flag, meaning] : rows) {
     out += "  " + flag;
     out.append(flag.size() < 22 ? 22 - flag.size() : 1, ' ');
@@ -192,16 +192,14 @@ inline std::string_view non_empty(std::string_view flag, std::string_view v, con
 
 inline flags parse(int argc, char** argv) {
   flags f;
-  std::vector<std::string_view> given;  // a flag given twice is refused: which one was meant?
+  // A flag given twice: the last one counts, as with argparse and getopt, so a wrapper (scripts/fsdp-bench,
+  // scripts/gpu-check) can pass its defaults and then the user's flags after them.
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "-h" || a == "--help") {
       std::fputs(help_text().c_str(), stdout);
       std::exit(0);
     }
-    if (a.starts_with("--") && std::find(given.begin(), given.end(), a) != given.end())
-      usage(std::string(a) + " is given twice: give each flag once");
-    given.push_back(a);
     if (a == "--skip-compute") {
       f.skip_compute = true;
       continue;
