@@ -268,8 +268,11 @@ TEST_CASE("[tools] a failing rank stops the others at once, grandchildren includ
   temp_dir dir;
   const auto d = dir.path.string();
   launcher l({"-n", "2", "sh", "-c",
-              "if [ $RANK = 0 ]; then sleep 60 & echo $! > " + d + "/grandchild; echo $$ > " + d +
-                  "/rank0; wait; else while [ ! -s " + d + "/grandchild ]; do sleep 0.05; done; exit 3; fi"});
+              // rank 0 records its own pid before the grandchild's: rank 1 stops the job once it sees the
+              // grandchild's file, and rank 0 may be gone before it writes anything after that.
+              "if [ $RANK = 0 ]; then echo $$ > " + d + "/rank0; sleep 60 & echo $! > " + d +
+                  "/grandchild.tmp; mv " + d + "/grandchild.tmp " + d +
+                  "/grandchild; wait; else while [ ! -s " + d + "/grandchild ]; do sleep 0.05; done; exit 3; fi"});
   CHECK(l.finish() == 3);
   CHECK(l.elapsed < 5s);  // the sleeper did not run out its 60 s, nor the 5 s grace
   const pid_t rank0 = read_pid(dir.path / "rank0"), grandchild = read_pid(dir.path / "grandchild");
