@@ -87,8 +87,23 @@ TEST_CASE("[comm] a setting that decides the messages, set on some ranks only, f
   }
   SUBCASE("the direct exchange's group size on rank 2 of 5") {
     every_rank_says(start(5, {{}, {}, {{"SHARDKIT_DIRECT_MAX_RANKS", "8"}}}),
-                    "SHARDKIT_DIRECT_MAX_RANKS differs between ranks: ranks 0, 1, 3, 4 have 0 (default), rank 2 has 8 "
-                    "(from the environment)");
+                    "SHARDKIT_DIRECT_MAX_RANKS differs between ranks: ranks 0, 1, 3, 4 have 0 (default: the ring in groups "
+                    "of 5), rank 2 has 8 (from the environment: direct exchange in groups of 5)");
+    // Values that differ as set and decide alike are listed together, as what they decide.
+    every_rank_says(start(3, {{{"SHARDKIT_DIRECT_MAX_RANKS", "3"}}, {{"SHARDKIT_DIRECT_MAX_RANKS", "8"}}, {{"SHARDKIT_DIRECT_MAX_RANKS", "2"}}}),
+                    "SHARDKIT_DIRECT_MAX_RANKS differs between ranks: ranks 0, 1 have 3 or 8 (from the environment: direct "
+                    "exchange in groups of 3), rank 2 has 2 (from the environment: the ring in groups of 3); every rank "
+                    "must use the same value");
+  }
+  SUBCASE("one-shot's group size on rank 1 where every rank sets the threshold: both named, the threshold as unused") {
+    const std::map<std::string, std::string> on{{"SHARDKIT_ONE_SHOT_THRESHOLD", "1M"}};
+    auto limited = on;
+    limited["SHARDKIT_ONE_SHOT_MAX_RANKS"] = "2";
+    every_rank_says(start(3, {on, limited, on}),
+                    "SHARDKIT_ONE_SHOT_THRESHOLD differs between ranks: ranks 0, 2 have 1048576 (from the environment), "
+                    "rank 1 has 1048576 (from the environment: unused in groups of 3: SHARDKIT_ONE_SHOT_MAX_RANKS is 2); "
+                    "SHARDKIT_ONE_SHOT_MAX_RANKS differs between ranks: ranks 0, 2 have 8 (default: one-shot allowed in "
+                    "groups of 3), rank 1 has 2 (from the environment: no one-shot in groups of 3)");
   }
   SUBCASE("recursive doubling's threshold and the segment size on rank 1, both named") {
     every_rank_says(start(3, {{}, {{"SHARDKIT_RD_THRESHOLD", "0"}, {"SHARDKIT_SEGMENT_BYTES", "1K"}}}),
@@ -132,6 +147,95 @@ TEST_CASE("[comm] settings that agree pass the start: auto and the transport it 
   // Ranks that all use shm never read the TCP streams: a difference there is no disagreement.
   for (const auto& e : start(3, {{}, {{"SHARDKIT_SOCKET_NSTREAMS", "3"}}}).errors) CHECK(e == "");
   CHECK(comm::detail::rank_list({0, 1, 2, 3, 7, 9, 10}) == "ranks 0-3, 7, 9, 10");
+}
+
+// The direct and one-shot settings are compared as what they decide at the world's size: a difference that picks
+// the same algorithm there is no disagreement (split groups compare them again at their own size, below).
+TEST_CASE("[comm] size-dependent settings that differ but decide alike at the world's size pass the start") {
+  const auto passes = [](int n, const std::vector<std::map<std::string, std::string>>& env) {
+    const auto o = start(n, env);
+    for (const auto& e : o.errors) CHECK(e == "");
+  };
+  SUBCASE("the direct exchange's group size") {
+    passes(3, {{}, {{"SHARDKIT_DIRECT_MAX_RANKS", "2"}}});                                              // the ring on every rank
+    passes(3, {{{"SHARDKIT_DIRECT_MAX_RANKS", "3"}}, {{"SHARDKIT_DIRECT_MAX_RANKS", "64"}}, {{"SHARDKIT_DIRECT_MAX_RANKS", "3"}}});
+    passes(5, {{{"SHARDKIT_DIRECT_MAX_RANKS", "1"}}, {}, {}, {}, {{"SHARDKIT_DIRECT_MAX_RANKS", "4"}}});  // 5 > 4: the ring
+    passes(1, {{{"SHARDKIT_DIRECT_MAX_RANKS", "8"}}});
+  }
+  SUBCASE("one-shot's threshold where its group size is below the world's on every rank") {
+    passes(3, {{{"SHARDKIT_ONE_SHOT_THRESHOLD", "1M"}, {"SHARDKIT_ONE_SHOT_MAX_RANKS", "2"}}, {{"SHARDKIT_ONE_SHOT_MAX_RANKS", "2"}},
+               {{"SHARDKIT_ONE_SHOT_MAX_RANKS", "1"}}});
+    passes(5, {{}, {}, {}, {{"SHARDKIT_ONE_SHOT_THRESHOLD", "64K"}, {"SHARDKIT_ONE_SHOT_MAX_RANKS", "4"}}});
+  }
+  SUBCASE("one-shot's group size where no rank sets a threshold, or where it allows one-shot on every rank") {
+    passes(3, {{{"SHARDKIT_ONE_SHOT_MAX_RANKS", "2"}}, {}, {{"SHARDKIT_ONE_SHOT_MAX_RANKS", "16"}}});
+    passes(3, {{{"SHARDKIT_ONE_SHOT_THRESHOLD", "4K"}}, {{"SHARDKIT_ONE_SHOT_THRESHOLD", "4096"}, {"SHARDKIT_ONE_SHOT_MAX_RANKS", "3"}},
+               {{"SHARDKIT_ONE_SHOT_THRESHOLD", "4K"}, {"SHARDKIT_ONE_SHOT_MAX_RANKS", "100"}}});
+  }
+}
+
+// Split groups inherit their parent's p2p options, and a value that agrees at the parent's size may pick another
+// algorithm at the new group's (SHARDKIT_DIRECT_MAX_RANKS 2 and 0: the ring among 3 ranks, direct or ring among 2).
+TEST_CASE("[comm] a split compares the size-dependent settings at the new group's size; the parent goes on") {
+  const auto world_with = [](const std::vector<comm::p2p_options>& per_rank) {
+    std::vector<comm::process_group> world;
+    const auto transports = shardkit::transport::loopback_transport::create_world(int(per_rank.size()));
+    for (std::size_t r = 0; r < per_rank.size(); ++r)
+      world.push_back(comm::process_group::create(
+          comm::p2p_communicator<shardkit::transport::loopback_transport>(transports[r], per_rank[r]), comm::group_options{}));
+    return world;
+  };
+  comm::p2p_options ring, direct_2;
+  direct_2.direct_max_ranks = 2;
+  SUBCASE("the direct exchange's group size on rank 1 of 3: the world agrees, the pair {0, 1} does not") {
+    auto world = world_with({ring, direct_2, ring});
+    std::vector<std::string> errors(3), dup_errors(3);
+    shardkit::test::run_threads(3, [&](int r) {
+      auto& g = world[std::size_t(r)];
+      std::vector<float> mine(3000, float(r)), all(9000);
+      g.all_gather(std::span<const float>(mine), std::span<float>(all)).wait();  // the ring on every rank
+      CHECK(all[6000] == 2.0f);
+      try {
+        g.split(r == 2 ? 1 : 0, r);
+      } catch (const shardkit::error& e) {
+        CHECK(e.code() == errc::config);
+        errors[std::size_t(r)] = e.what();
+      }
+      auto pair = g.split(r == 1 ? 1 : 0, r, {.name = "0 and 2"});  // ranks 0 and 2 agree: made
+      if (r != 1) pair.all_gather(std::span<const float>(mine), std::span<float>(all).first(6000)).wait();
+      g.dup().barrier().wait();  // the parent is whole, and a dup has the parent's size
+    });
+    for (int r : {0, 1}) {
+      CAPTURE(errors[std::size_t(r)]);
+      CHECK(says(errors[std::size_t(r)], "the new group 'world.split(0)' is split from group 'world' with options that differ "
+                                         "between its members (ranks of 'world'): SHARDKIT_DIRECT_MAX_RANKS differs between "
+                                         "ranks: rank 0 has 0 (the ring in groups of 2), rank 1 has 2 (direct exchange in groups "
+                                         "of 2); every rank must use the same value"));
+    }
+    CHECK(errors[2] == "");
+  }
+  SUBCASE("one-shot's threshold on rank 0 with its group size 2 on every rank: unused among 3, used among 2") {
+    comm::p2p_options limited, one_shot;
+    limited.one_shot_max_ranks = one_shot.one_shot_max_ranks = 2;
+    one_shot.one_shot_max_bytes = 1 << 20;
+    auto world = world_with({one_shot, limited, limited});
+    std::vector<std::string> errors(3);
+    shardkit::test::run_threads(3, [&](int r) {
+      float x = 1;
+      world[std::size_t(r)].all_reduce(std::span<float>(&x, 1)).wait();
+      CHECK(x == 3.0f);
+      try {
+        world[std::size_t(r)].split(r == 1 ? 1 : 0, r, {.name = "pair"});
+      } catch (const shardkit::error& e) {
+        errors[std::size_t(r)] = e.what();
+      }
+    });
+    for (int r : {0, 2}) {
+      CAPTURE(errors[std::size_t(r)]);
+      CHECK(says(errors[std::size_t(r)], "SHARDKIT_ONE_SHOT_THRESHOLD differs between ranks: rank 0 has 1048576, rank 2 has 0"));
+    }
+    CHECK(errors[1] == "");
+  }
   CHECK(comm::detail::rank_list({4}) == "rank 4");
 }
 

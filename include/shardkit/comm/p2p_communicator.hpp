@@ -106,6 +106,8 @@ class p2p_communicator {
   int rank() const noexcept { return me_; }
   int size() const noexcept { return int(members_.size()); }
   bool supports(device d) const noexcept { return d.kind == device_kind::host; }
+  //! The options this group runs with (split groups inherit their parent's).
+  const p2p_options& options() const noexcept { return opts_; }
   //! The scratch this group keeps between operations (its ring slots, recursive doubling's, reduce's child slots
   //! and the cross-memory staging), which is also its peak: the arena keeps its largest allocation. With the call
   //! check on, also its frame slots (frame_header::slot_bytes per peer and direction its collectives have used,

@@ -180,8 +180,9 @@ class process_group {
   process_group(std::unique_ptr<detail::communicator_interface> comm, group_options opts, std::string fault_path = "g",
                 int job_rank = -1);
 
-  // split(); `compare_options`: check that every member gave the new group the same check_consistency.
-  process_group split_group(int color, int key, group_options opts, bool compare_options);
+  // split(); `compare_options`: check that every member gave the new group the same check_consistency;
+  // `compare_sizes`: that the members' size-dependent settings decide alike at the new group's size.
+  process_group split_group(int color, int key, group_options opts, bool compare_options, bool compare_sizes);
 
   work with_deadline(completion op, const char* name, int peer, std::uint32_t tag, std::chrono::milliseconds timeout,
                      std::size_t bytes);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "shardkit/comm/communicator.hpp"
+#include "shardkit/comm/detail/shared_settings.hpp"
 #include "shardkit/core/detail/blocking_call_pool.hpp"
 #include "shardkit/core/error.hpp"
 
@@ -62,6 +63,9 @@ struct communicator_interface {
   virtual std::optional<std::size_t> scratch_bytes() const = 0;
   //! The communicator's type, for messages that name the backend.
   virtual std::string backend_name() const = 0;
+  //! Its settings whose effect depends on a group's size (p2p_communicator's options), which a split compares
+  //! among the new group's members; nullopt for backends that pick their algorithms themselves.
+  virtual std::optional<size_dependent_settings> size_dependent() const = 0;
 };
 
 //! Runs the blocking send/recv of a communicator without isend/irecv, each on a thread of a blocking_call_pool
@@ -187,6 +191,10 @@ class communicator_model final : public communicator_interface {
   std::string backend_name() const override {
     if constexpr (requires { { comm_.backend_name() } -> std::convertible_to<std::string>; }) return comm_.backend_name();
     else return type_name<C>();
+  }
+  std::optional<size_dependent_settings> size_dependent() const override {
+    if constexpr (requires { { comm_.options() } -> holds_size_dependent_settings; }) return size_dependent_of(comm_.options());
+    else return std::nullopt;
   }
   C& get() noexcept { return comm_; }
 

@@ -8,7 +8,9 @@
 //! The settings compared (shared_settings() below): the transport (as each rank resolves "auto" from the hosts,
 //! so "auto" and the transport it picks agree), SHARDKIT_DEBUG (the world group's check_consistency),
 //! SHARDKIT_CALL_CHECK, SHARDKIT_RD_THRESHOLD, SHARDKIT_ONE_SHOT_THRESHOLD, SHARDKIT_ONE_SHOT_MAX_RANKS,
-//! SHARDKIT_DIRECT_MAX_RANKS, SHARDKIT_SEGMENT_BYTES and SHARDKIT_CROSS_MEMORY (p2p_options), and, where some
+//! SHARDKIT_DIRECT_MAX_RANKS, SHARDKIT_SEGMENT_BYTES and SHARDKIT_CROSS_MEMORY (p2p_options; the direct and one-shot
+//! settings as what they decide at the world's size, group_size_effect(), so SHARDKIT_DIRECT_MAX_RANKS 3 and 8 agree
+//! in a world of 3, and process_group::split compares them again at a new group's size), and, where some
 //! rank's transport is tcp or shm+tcp, SHARDKIT_SOCKET_NSTREAMS (the TCP mesh connects that many streams to each
 //! peer: a rank that expects another count refuses some handshakes and waits for the rest until its connect
 //! timeout). Timeouts, the log level and the TCP chunk size may differ: they change when a rank gives up, what it
@@ -64,7 +66,8 @@ inline std::vector<shared_setting> shared_settings(std::string_view transport, c
     s.push_back({"SHARDKIT_TRANSPORT", asked, {},
                  from_env && *from_env == asked ? "from the environment"
                  : !from_env && asked == "auto" ? "default"
-                                                : "set in code (init_options::transport)"});
+                                                : "set in code (init_options::transport)",
+                 {}});
   }
   {
     const auto from_env = settings::get<settings::choice>("SHARDKIT_DEBUG", env);
@@ -72,20 +75,21 @@ inline std::vector<shared_setting> shared_settings(std::string_view transport, c
     s.push_back({"SHARDKIT_DEBUG", group.check_consistency ? "detail" : "off", {},
                  from_env && env_detail == group.check_consistency ? "from the environment"
                  : !from_env && !group.check_consistency          ? "default"
-                                                                   : "set in code (group_options::check_consistency)"});
+                                                                   : "set in code (group_options::check_consistency)",
+                 {}});
   }
   const p2p_options p = p2p_options::from_env(env);
   const auto add = [&](const char* name, auto value) {
     if constexpr (std::is_same_v<decltype(value), bool>)
-      s.push_back({name, value ? "1" : "0", {}, origin(name)});
+      s.push_back({name, value ? "1" : "0", {}, origin(name), {}});
     else
-      s.push_back({name, std::to_string(value), {}, origin(name)});
+      s.push_back({name, std::to_string(value), {}, origin(name), {}});
   };
   add("SHARDKIT_CALL_CHECK", p.check_calls);
   add("SHARDKIT_RD_THRESHOLD", p.recursive_doubling_max_bytes);
-  add("SHARDKIT_ONE_SHOT_THRESHOLD", p.one_shot_max_bytes);
-  add("SHARDKIT_ONE_SHOT_MAX_RANKS", p.one_shot_max_ranks);
-  add("SHARDKIT_DIRECT_MAX_RANKS", p.direct_max_ranks);
+  for (auto& x : size_dependent_entries(size_dependent_of(p), origin(direct_max_ranks_name), origin(one_shot_threshold_name),
+                                        origin(one_shot_max_ranks_name)))
+    s.push_back(std::move(x));
   add("SHARDKIT_SEGMENT_BYTES", p.segment_bytes);
   add("SHARDKIT_CROSS_MEMORY", p.cross_memory);
   const int streams = int(settings::get<settings::integer>("SHARDKIT_SOCKET_NSTREAMS", env)
@@ -105,7 +109,7 @@ inline std::vector<shared_setting> decode_settings(const std::string& blob, cons
   const auto v = rendezvous::detail::unpack_values(blob, -1, ctx);
   if (v.size() % 4 != 0) throw error(errc::protocol, "malformed shared settings (" + std::to_string(v.size()) + " fields)", ctx);
   std::vector<shared_setting> s;
-  for (std::size_t i = 0; i < v.size(); i += 4) s.push_back({v[i], v[i + 1], v[i + 2], v[i + 3]});
+  for (std::size_t i = 0; i < v.size(); i += 4) s.push_back({v[i], v[i + 1], v[i + 2], v[i + 3], {}});
   return s;
 }
 
@@ -139,6 +143,7 @@ inline rendezvous::host_map agree_on_start(rendezvous::any_store& store, int ran
   if (!tcp_used)
     for (auto& rank_settings : settings_of)
       std::erase_if(rank_settings, [](const shared_setting& x) { return read_by_tcp_only(x.name); });
+  group_size_effect(settings_of, size);
   if (auto differ = disagreement(settings_of)) {
     // Rank 0 hosts the store: it stays until every other rank says it read the values (or a few seconds pass), so
     // that each names the settings rather than a store that went away under it.
