@@ -102,10 +102,11 @@ struct unreadable_index {
 //! The newest complete checkpoint's index, or std::nullopt when there is none. Reads indexes newest first, so it
 //! costs one LIST and usually one GET. Steps with an index that does not parse are skipped (a warning each) and,
 //! given `unreadable`, appended to it, newest first. Only those under step `below` are looked at, when given.
+//! The overload with `listed` looks among the steps of a listing taken before (no LIST of its own).
 template <storage::sink S>
-std::optional<checkpoint_index> latest_checkpoint(S& sink, const std::string& prefix, std::vector<unreadable_index>* unreadable = nullptr,
+std::optional<checkpoint_index> latest_checkpoint(S& sink, const std::string& prefix, const listing& listed,
+                                                  std::vector<unreadable_index>* unreadable = nullptr,
                                                   std::optional<std::uint64_t> below = std::nullopt) {
-  const auto listed = list_checkpoints(sink, prefix);
   for (auto it = listed.indexed.rbegin(); it != listed.indexed.rend(); ++it) {
     if (below && *it >= *below) continue;
     try {
@@ -116,6 +117,12 @@ std::optional<checkpoint_index> latest_checkpoint(S& sink, const std::string& pr
     }
   }
   return std::nullopt;
+}
+
+template <storage::sink S>
+std::optional<checkpoint_index> latest_checkpoint(S& sink, const std::string& prefix, std::vector<unreadable_index>* unreadable = nullptr,
+                                                  std::optional<std::uint64_t> below = std::nullopt) {
+  return latest_checkpoint(sink, prefix, list_checkpoints(sink, prefix), unreadable, below);
 }
 
 //! What retention removed.

@@ -305,9 +305,11 @@ class checkpointer {
 
   // latest()'s work; on rank 0 also hands back the index it parsed, so load_latest does not read it twice (a large
   // job's index is hundreds of megabytes: docs/benchmarks.md).
-  // With `unreadable_on_rank0`, rank 0 also appends the newer steps whose index does not parse.
+  // With `unreadable_on_rank0`, rank 0 also appends the newer steps whose index does not parse; with
+  // `listed_on_rank0`, it hands back the listing it looked in (load_latest's fall-backs look in it too).
   SHARDKIT_DECL std::optional<std::uint64_t> find_latest(std::optional<checkpoint_index>* parsed_on_rank0,
-                                                         std::vector<unreadable_index>* unreadable_on_rank0);
+                                                         std::vector<unreadable_index>* unreadable_on_rank0,
+                                                         listing* listed_on_rank0);
 
   // Compares (location, prefix, world size) across ranks; throws on every rank a difference, naming both.
   SHARDKIT_DECL void agree_on_location();
