@@ -476,6 +476,16 @@ TEST_CASE("[ckpt] bad requests and mismatched state are clear errors") {
   std::vector<std::byte> blob;
   CHECK_THROWS_WITH_AS(d.add_rank_bytes("rank/1", blob), doctest::Contains("reserved 'rank/'"), sk::error);
   CHECK_THROWS_WITH_AS(d.add_rank_bytes("x", blob).add_rank_bytes("x", blob), doctest::Contains("'x' is added twice"), sk::error);
+  // A lease expiry past ckpt::max_lease_expiry is one no reader trusts (a lease recording it is damaged, taken over
+  // at once): refused at construction, as is none at all; the bound itself is accepted.
+  for (const auto seconds : {std::int64_t{3601}, std::int64_t{0}, std::int64_t{-5}, std::int64_t{1} << 40}) {
+    INFO(seconds);
+    CHECK_THROWS_WITH_AS(ck::checkpointer(groups[0], sink, {.lease_expiry = std::chrono::seconds(seconds)}),
+                         doctest::Contains(("checkpointer_options::lease_expiry is positive and at most "
+                                            "ckpt::max_lease_expiry (3600 s); it is " + std::to_string(seconds) + " s").c_str()),
+                         sk::error);
+  }
+  CHECK_NOTHROW(ck::checkpointer(groups[0], sink, {.lease_expiry = ck::max_lease_expiry}));
 }
 
 // ---- processes killed at every phase of a save ----
