@@ -374,6 +374,22 @@ TEST_CASE("[s3] checkpoint with wrong credentials: the save fails at once naming
   CHECK(good.pending_uploads().empty());
 }
 
+TEST_CASE("[s3] a location whose rank files' keys pass S3's 1,024 bytes is refused when the checkpointer is made") {
+  st::s3_options o;  // no server needed: nothing is sent
+  o.endpoint = "http://127.0.0.1:1";
+  o.credentials = st::s3_credentials{"ID", "SECRET", ""};
+  const std::string long_prefix = std::string(990, 'p') + "/";
+  auto sink = st::make_sink<st::s3_sink>(st::s3_location{"bucket", long_prefix}, o);
+  auto groups = sk::comm::make_loopback_world(2);
+  sk::test::run_threads(2, [&](int r) {
+    const auto what = error_of([&] { ck::checkpointer c(groups[std::size_t(r)], sink, {.location = "s3://bucket/" + long_prefix}); },
+                               errc::invalid_argument);
+    CHECK(contains(what, "the checkpoint location 's3://bucket/" + long_prefix + "' is too long for its sink: the longest key "
+                         "a save writes there, 'step-999999999999/rank-00001.safetensors' is 40 bytes, over the 33 this sink "
+                         "allows (S3 keys are at most 1024 bytes, and this sink's prefix '" + long_prefix + "' takes 991 of them)"));
+  });
+}
+
 TEST_CASE("[s3] a checkpoint file is a sized put: its parts grow to fit the server's part count") {
   if (!server_or_skip()) return;
   auto o = options_for(*server());

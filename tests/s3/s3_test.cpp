@@ -164,6 +164,14 @@ TEST_CASE("[s3] keys: past S3's 1,024 bytes (the prefix included) refused before
   CHECK(contains(what, "1024 bytes"));
   CHECK(contains(what, "1025"));
   error_of([&] { s.put(over, 10); }, errc::invalid_argument);
+  // The sink says its limit (sink_limits_keys), the prefix taken off, and any_sink forwards it: a checkpointer
+  // refuses a prefix whose keys would not fit when it is made (ckpt key_limits_test, s3_ckpt_test).
+  const auto limits = st::any_sink(std::make_shared<st::s3_sink>(st::s3_location{"bucket", "run-7/"}, o)).key_limits();
+  CHECK(limits.key_bytes == 1024 - 6);
+  CHECK(limits.component_bytes == 0);
+  CHECK(limits.source == "S3 keys are at most 1024 bytes, and this sink's prefix 'run-7/' takes 6 of them");
+  CHECK(st::key_limit_problem(limits, fits).empty());
+  CHECK(st::key_limit_problem(limits, over) == "'" + over + "' is 1019 bytes, over the 1018 this sink allows (" + limits.source + ")");
 }
 
 // ---------------------------------------------------------------------------------------------------------------

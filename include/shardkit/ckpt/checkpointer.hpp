@@ -313,6 +313,8 @@ class checkpointer {
 
   // Compares (location, prefix, world size) across ranks; throws on every rank a difference, naming both.
   SHARDKIT_DECL void agree_on_location();
+  // Throws (on every rank alike) when the longest key a save writes is beyond the sink's key limits.
+  SHARDKIT_DECL void check_key_limits() const;
   // Rank `root`'s string, on every rank (calls_group_).
   SHARDKIT_DECL std::string broadcast_string(std::string s, int root);
 

@@ -355,6 +355,8 @@ class faulty_sink {
   std::size_t remove_stale_temporaries(std::chrono::seconds older_than, const std::string& prefix) {
     return state_->inner.remove_stale_temporaries(older_than, prefix);
   }
+  //! The inner sink's (sink_limits_keys): faults never change what a key may be.
+  sink_key_limits key_limits() const { return state_->inner.key_limits(); }
   bool remove(const std::string& key) {
     check_key(key, "sink.remove");
     state_->maybe_slow();
@@ -381,6 +383,6 @@ class faulty_sink {
   std::shared_ptr<detail::faulty_state> state_;
 };
 
-static_assert(sink<faulty_sink>);
+static_assert(sink<faulty_sink> && sink_limits_keys<faulty_sink>);
 
 }  // namespace shardkit::storage

@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -306,6 +307,21 @@ class posix_sink {
   }
 
   const std::string& root() const noexcept { return root_; }
+  //! The file system's NAME_MAX per component (pathconf of the root) and PATH_MAX for the whole path, less the root,
+  //! its '/' and room for a writer's temporary name beside the key (sink_limits_keys).
+  sink_key_limits key_limits() const {
+    long name_max = ::pathconf(root_.c_str(), _PC_NAME_MAX);
+    if (name_max <= 0) name_max = NAME_MAX;
+    const std::size_t used = root_.size() + 1 + detail::max_temporary_name_bytes;
+    const std::size_t path_max = PATH_MAX - 1;  // PATH_MAX counts the terminating NUL
+    return {.key_bytes = path_max > used ? path_max - used : 1,
+            .component_bytes = static_cast<std::size_t>(name_max),
+            .source = "a file name is at most " + std::to_string(name_max) + " bytes on the file system of '" + root_ +
+                      "' (NAME_MAX), a path at most " + std::to_string(path_max) + " (PATH_MAX), of which the root takes " +
+                      std::to_string(root_.size() + 1) + " and a writer's temporary name up to " +
+                      std::to_string(detail::max_temporary_name_bytes)};
+  }
+
   //! The file that holds (or would hold) key.
   std::string path_of(const std::string& key) const { return root_ + "/" + key; }
 
@@ -505,6 +521,6 @@ class posix_sink {
   std::shared_ptr<detail::bounce_pool> bounce_pool_;  // null: no O_DIRECT
 };
 
-static_assert(sink<posix_sink> && sink_names_objects<posix_sink> && sink_puts_new<posix_sink> && sink_moves<posix_sink>);
+static_assert(sink<posix_sink> && sink_names_objects<posix_sink> && sink_limits_keys<posix_sink> && sink_puts_new<posix_sink> && sink_moves<posix_sink>);
 
 }  // namespace shardkit::storage

@@ -521,6 +521,15 @@ class s3_sink {
     return n;
   }
 
+  //! S3's 1,024 bytes per key, less the sink's prefix (sink_limits_keys); no limit per component.
+  sink_key_limits key_limits() const {
+    const std::string& prefix = client_->location().prefix;
+    return {.key_bytes = s3_max_key_bytes - std::min(prefix.size(), s3_max_key_bytes),
+            .source = "S3 keys are at most " + std::to_string(s3_max_key_bytes) + " bytes" +
+                      (prefix.empty() ? std::string{}
+                                      : ", and this sink's prefix '" + prefix + "' takes " + std::to_string(prefix.size()) + " of them")};
+  }
+
   //! The page size of list() (S3's max-keys, at most 1000): small values exercise pagination in tests.
   void set_list_page_size(unsigned n) noexcept { list_page_size_ = std::clamp(n, 1u, 1000u); }
 
@@ -576,7 +585,7 @@ class s3_sink {
   std::shared_ptr<std::atomic<bool>> bucket_checked_ = std::make_shared<std::atomic<bool>>(false);
 };
 
-static_assert(sink<s3_sink> && sink_removes_many<s3_sink> && sink_puts_sized<s3_sink> && sink_puts_new<s3_sink> &&
+static_assert(sink<s3_sink> && sink_removes_many<s3_sink> && sink_limits_keys<s3_sink> && sink_puts_sized<s3_sink> && sink_puts_new<s3_sink> &&
               sink_keeps_temporaries<s3_sink>);
 
 }  // namespace shardkit::storage

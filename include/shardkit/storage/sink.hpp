@@ -86,6 +86,13 @@
 //! failure midway leaves `from` as it was, and perhaps `to` written too). The checkpointer moves a checkpoint that
 //! does not load aside with it (ckpt/catalog.hpp).
 //!
+//! **Optional capability: key limits.** `s.key_limits()` -> storage::sink_key_limits: the longest key and the
+//! longest '/'-separated component the sink stores, and what sets them (concept sink_limits_keys: s3_sink says
+//! S3's 1,024 bytes per key less its own prefix; posix_sink the file system's NAME_MAX per component and PATH_MAX
+//! less its root and a writer's temporary name). Callers use storage::key_limits_of(s) (no limit for a sink without
+//! it) and key_limit_problem(limits, key); any_sink forwards it. The checkpointer checks the longest key it will
+//! write against it at construction, so that a too-long prefix fails at once rather than at the first save.
+//!
 //! - A writer is finished after commit() or abort(); a write or commit on a finished writer throws errc::closed.
 //!   Destroying an unfinished writer aborts it.
 //! - After a write() threw (an I/O error, a short write) the object must never become visible: commit() throws
@@ -269,6 +276,42 @@ concept sink_moves = sink<S> && requires(S& s, const std::string& from, const st
   { s.move(from, to) } -> std::same_as<void>;
 };
 
+//! The limits of the key-limits capability (file comment); 0 is no limit.
+struct sink_key_limits {
+  std::size_t key_bytes = 0;        //!< the longest key the sink stores
+  std::size_t component_bytes = 0;  //!< the longest '/'-separated component of a key
+  std::string source;               //!< what sets them, for errors ("S3 keys are at most 1024 bytes", ...)
+};
+
+//! The optional key limits of the file comment.
+template <class S>
+concept sink_limits_keys = sink<S> && requires(const S& s) {
+  { s.key_limits() } -> std::same_as<sink_key_limits>;
+};
+
+//! s.key_limits() where the sink has it (sink_limits_keys), else no limit.
+template <sink S>
+sink_key_limits key_limits_of(const S& s) {
+  if constexpr (sink_limits_keys<S>) return s.key_limits();
+  else return {};
+}
+
+//! Why `key` is beyond `limits` ("'KEY' is 1040 bytes, over ..."; its longest component when that is over), or empty.
+inline std::string key_limit_problem(const sink_key_limits& limits, std::string_view key) {
+  const auto why = [&](std::string_view what, std::size_t most) {
+    return "'" + std::string(what) + "' is " + std::to_string(what.size()) + " bytes, over the " + std::to_string(most) +
+           " this sink allows (" + limits.source + ")";
+  };
+  if (limits.key_bytes > 0 && key.size() > limits.key_bytes) return why(key, limits.key_bytes);
+  if (limits.component_bytes > 0)
+    for (std::size_t begin = 0; begin <= key.size();) {
+      const std::size_t end = std::min(key.find('/', begin), key.size());
+      if (end - begin > limits.component_bytes) return "its component " + why(key.substr(begin, end - begin), limits.component_bytes);
+      begin = end + 1;
+    }
+  return {};
+}
+
 //! The writer type a sink's put() returns.
 template <sink S>
 using writer_t = decltype(std::declval<S&>().put(std::declval<const std::string&>()));
@@ -396,6 +439,7 @@ struct sink_interface {
   virtual std::string identity(const std::string&) = 0;
   virtual bool put_new(const std::string&, std::span<const std::byte>) = 0;
   virtual void move(const std::string&, const std::string&) = 0;
+  virtual sink_key_limits key_limits() const = 0;
 };
 }  // namespace detail
 
@@ -453,6 +497,7 @@ struct sink_model final : sink_interface {
   std::string identity(const std::string& k) override { return storage::identity_of(*impl, k); }
   bool put_new(const std::string& k, std::span<const std::byte> b) override { return storage::put_new(*impl, k, b); }
   void move(const std::string& from, const std::string& to) override { storage::move_object(*impl, from, to); }
+  sink_key_limits key_limits() const override { return storage::key_limits_of(*impl); }
 };
 }  // namespace detail
 
@@ -494,6 +539,8 @@ class any_sink {
   bool put_new(const std::string& key, std::span<const std::byte> bytes) { return self().put_new(key, bytes); }
   //! The sink's move, or a copy then remove(from) when it has none (sink_moves).
   void move(const std::string& from, const std::string& to) { self().move(from, to); }
+  //! The sink's key limits (sink_limits_keys), or none.
+  sink_key_limits key_limits() const { return self().key_limits(); }
 
  private:
   detail::sink_interface& self() const {

@@ -29,6 +29,7 @@ SHARDKIT_DECL checkpointer::checkpointer(comm::process_group& training, storage:
   rank_ = group_.rank();
   world_ = group_.size();
   agree_on_location();
+  check_key_limits();
   staged_.set_value(true);
   // Two: one save persists while the previous one commits (its fsyncs and rank 0's index and retention block).
   pool_.emplace(2);

@@ -40,6 +40,22 @@ SHARDKIT_DECL void checkpointer::agree_on_location() {
               {.rank = rank_, .operation = "ckpt.checkpointer", .object = opts_.location});
 }
 
+SHARDKIT_DECL void checkpointer::check_key_limits() const {
+  // The longest key a save writes: the last rank's file of a step of the fixed 12 digits (a step past them, 10^12,
+  // lengthens it). The index and the lease are shorter. Every rank alike: the ranks agreed on prefix and world size.
+  const std::string longest = rank_file_key(opts_.prefix, 999'999'999'999, world_ - 1);
+  const auto why = storage::key_limit_problem(sink_.key_limits(), longest);
+  if (why.empty()) return;
+  const std::string prefix = "prefix '" + opts_.prefix + "'";
+  const std::string what = opts_.location.empty() ? "the checkpoint " + prefix
+                                                  : "the checkpoint location '" + opts_.location + "'" +
+                                                        (opts_.prefix.empty() ? std::string{} : " with " + prefix);
+  throw_error(errc::invalid_argument,
+              what + " is too long for its sink: the longest key a save writes there, " + why +
+                  "; choose a shorter location or prefix",
+              {.rank = rank_, .operation = "ckpt.checkpointer", .object = opts_.prefix});
+}
+
 SHARDKIT_DECL void checkpointer::sweep_temporaries_of_earlier_runs() {
   // A temporary last modified before this process started is no writer's of this run; a live writer of another
   // process keeps touching its own (each write does), so it is newer than any process that started before its last

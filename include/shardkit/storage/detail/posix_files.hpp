@@ -64,6 +64,10 @@ inline std::uint64_t process_nonce() {
   return nonce;
 }
 
+//! The longest temporary_name(): the marker, a pid of up to 7 digits (Linux's pid_max is at most 2^22), 8 hex digits,
+//! a counter of up to 20 digits and the dots.
+inline constexpr std::size_t max_temporary_name_bytes = temporary_marker.size() + 7 + 1 + 8 + 1 + 20;
+
 inline std::string temporary_name() {
   static std::atomic<std::uint64_t> counter{0};
   char buf[96];
