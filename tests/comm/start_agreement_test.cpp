@@ -267,12 +267,8 @@ TEST_CASE("[comm] a group split with check_consistency on some members only fail
   CHECK(errors[2] == "");
 }
 
-// Rank 0 of 3 processes sets SHARDKIT_ONE_SHOT_THRESHOLD (as the trainer's attack did), rank 2 SHARDKIT_TRANSPORT:
-// every rank fails in init_process_group, at once, naming both.
-SHARDKIT_SCENARIO(start_agreement_processes) {
-  const int rank = shardkit::test::env_rank();
-  if (rank == 0) ::setenv("SHARDKIT_ONE_SHOT_THRESHOLD", "1M", 1);
-  if (rank == 2) ::setenv("SHARDKIT_TRANSPORT", "tcp", 1);
+// A scenario's process starts the job and prints "STARTED", or "REFUSED after S s: " and the error.
+static void try_to_start() {
   const auto t0 = std::chrono::steady_clock::now();
   try {
     auto w = comm::init_process_group();
@@ -282,17 +278,66 @@ SHARDKIT_SCENARIO(start_agreement_processes) {
   }
 }
 
-TEST_CASE("[comm] processes: a setting on one rank only fails init_process_group on every rank within seconds, naming it") {
-  const auto results = shardkit::test::run_processes(3, "start_agreement_processes", {{"SHARDKIT_STORE_TIMEOUT", "20"}}, 30s);
+// Runs 3 processes of `scenario` with a 20 s store timeout: each must be refused within 5 s, saying each of `texts`.
+static void every_process_refused(const std::string& scenario, const std::vector<std::string>& texts) {
+  const auto results = shardkit::test::run_processes(3, scenario, {{"SHARDKIT_STORE_TIMEOUT", "20"}}, 30s);
   shardkit::test::require_all_succeeded(results);
   for (const auto& r : results) {
     CAPTURE(r.output);
     REQUIRE(says(r.output, "REFUSED after "));
-    CHECK(std::stod(r.output.substr(r.output.find("REFUSED after ") + 14)) < 5);  // the store's timeout is 20 s
-    CHECK(says(r.output, "SHARDKIT_TRANSPORT differs between ranks: ranks 0, 1 have auto, which picks shm on these hosts "
-                         "(default), rank 2 has tcp (from the environment)"));
-    CHECK(says(r.output, "SHARDKIT_ONE_SHOT_THRESHOLD differs between ranks: rank 0 has 1048576 (from the environment), "
-                         "ranks 1, 2 have 0 (default)"));
+    CHECK(std::stod(r.output.substr(r.output.find("REFUSED after ") + 14)) < 5);
+    for (const auto& t : texts) CHECK(says(r.output, t));
+  }
+}
+
+// Rank 0 of 3 processes sets SHARDKIT_ONE_SHOT_THRESHOLD (as the trainer's attack did), rank 2 SHARDKIT_TRANSPORT:
+// every rank fails in init_process_group, at once, naming both.
+SHARDKIT_SCENARIO(start_agreement_processes) {
+  const int rank = shardkit::test::env_rank();
+  if (rank == 0) ::setenv("SHARDKIT_ONE_SHOT_THRESHOLD", "1M", 1);
+  if (rank == 2) ::setenv("SHARDKIT_TRANSPORT", "tcp", 1);
+  try_to_start();
+}
+
+TEST_CASE("[comm] processes: a setting on one rank only fails init_process_group on every rank within seconds, naming it") {
+  every_process_refused("start_agreement_processes",
+                        {"SHARDKIT_TRANSPORT differs between ranks: ranks 0, 1 have auto, which picks shm on these hosts "
+                         "(default), rank 2 has tcp (from the environment)",
+                         "SHARDKIT_ONE_SHOT_THRESHOLD differs between ranks: rank 0 has 1048576 (from the environment), "
+                         "ranks 1, 2 have 0 (default)"});
+}
+
+// Rank 1 of 3 processes is started with rank 0's LOCAL_RANK (it was accepted, and each picked its device by it).
+SHARDKIT_SCENARIO(start_local_rank_twice) {
+  if (shardkit::test::env_rank() == 1) ::setenv("LOCAL_RANK", "0", 1);
+  try_to_start();
+}
+
+TEST_CASE("[comm] processes: two ranks of one host with one LOCAL_RANK fail init_process_group on every rank, naming both") {
+  every_process_refused("start_local_rank_twice", {"ranks 0 and 1 both have LOCAL_RANK=0 on host '",
+                                                   "(LOCAL_WORLD_SIZE=3): each rank of a host needs a LOCAL_RANK of its own"});
+}
+
+// Thread ranks through one store, with the settings check: both refusals in one message, on every rank.
+TEST_CASE("[comm] a LOCAL_RANK twice on one host and a setting that differs are named together at the start") {
+  rdv::any_store store = rdv::make_store<rdv::memory_store>();
+  std::vector<std::string> errors(3);
+  shardkit::test::run_threads(3, [&](int r) {
+    const shardkit::settings::environment lookup = [r](const char* name) -> const char* {
+      return r == 2 && std::string(name) == "SHARDKIT_SEGMENT_BYTES" ? "1K" : nullptr;
+    };
+    const rdv::local_place place{.local_rank = r == 2 ? 1 : r, .local_world_size = 3, .stated = true, .host = "'h'"};
+    try {
+      comm::detail::agree_on_start(store, r, 3, "one host", comm::detail::shared_settings("auto", {}, lookup), 5s, place);
+    } catch (const shardkit::error& e) {
+      CHECK(e.code() == errc::config);
+      errors[std::size_t(r)] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    CAPTURE(e);
+    CHECK(says(e, "SHARDKIT_SEGMENT_BYTES differs between ranks"));
+    CHECK(says(e, "every rank must use the same value; ranks 1 and 2 both have LOCAL_RANK=1 on host 'h' (LOCAL_WORLD_SIZE=3)"));
   }
 }
 

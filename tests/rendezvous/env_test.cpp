@@ -293,3 +293,42 @@ TEST_CASE("[rendezvous] host_map: consecutive ranks per host, the shard groups o
   CHECK(host_map::from_identities({"a", "a", "a", "b", "b", "c"}).consecutive_ranks_per_host() == 0);
   CHECK(host_map{}.consecutive_ranks_per_host() == 0);
 }
+
+// The launcher's LOCAL_RANK and LOCAL_WORLD_SIZE against the hosts the ranks were found on: a LOCAL_RANK twice on
+// one host is refused (two ranks would pick one device), complete launches of one host are several nodes started
+// there (shardkit-run --nnodes run twice on one machine, to test), fewer ranks than stated a warning.
+TEST_CASE("[rendezvous] local places: one LOCAL_RANK twice on a host is refused naming both ranks and the host") {
+  const auto place = [](int local, int size, std::string host = "'h1'") {
+    return rdv::local_place{.local_rank = local, .local_world_size = size, .stated = true, .host = std::move(host)};
+  };
+  const auto one_host = [](int n) { return rdv::host_map::from_identities(std::vector<std::string>(std::size_t(n), "a")); };
+  const auto refused = rdv::local_places_check(one_host(2), {place(0, 2), place(0, 2)}, 1).refusal;
+  CHECK(refused ==
+        "ranks 0 and 1 both have LOCAL_RANK=0 on host 'h1' (LOCAL_WORLD_SIZE=2): each rank of a host needs a LOCAL_RANK "
+        "of its own, as it picks its device and files by it (ranks of one host are found by boot id and namespaces; "
+        "SHARDKIT_HOST_ID overrides)");
+  // Every rank gets the same refusal, hosts apart too; three holders, and another launcher's names.
+  const auto two_hosts = rdv::host_map::from_identities({"a", "a", "a", "b", "b", "b"});
+  const std::vector<rdv::local_place> five{place(0, 3), place(1, 3), place(2, 3), place(1, 3, "'h2'"), place(1, 3, "'h2'"),
+                                           place(1, 3, "'h2'")};
+  for (int r = 0; r < 6; ++r)
+    CHECK(rdv::local_places_check(two_hosts, five, r, "SLURM_LOCALID", "SLURM_TASKS_PER_NODE").refusal.starts_with(
+        "ranks 3, 4 and 5 all have SLURM_LOCALID=1 on host 'h2' (SLURM_TASKS_PER_NODE=3)"));
+  // Two complete launches on one host: accepted, no warning; one more rank with LOCAL_RANK=1 is not.
+  const auto twice = rdv::local_places_check(one_host(4), {place(0, 2), place(1, 2), place(0, 2), place(1, 2)}, 0);
+  CHECK(twice.refusal == "");
+  CHECK(twice.warning == "");
+  CHECK(rdv::local_places_check(one_host(5), {place(0, 2), place(1, 2), place(0, 2), place(1, 2), place(1, 2)}, 0)
+            .refusal.starts_with("ranks 1, 3 and 4 all have LOCAL_RANK=1"));
+  // Launches of other sizes on one host, and places no launcher stated (defaults), are not compared.
+  CHECK(rdv::local_places_check(one_host(3), {place(0, 2), place(1, 2), place(0, 1)}, 0).refusal == "");
+  CHECK(rdv::local_places_check(one_host(3), {{}, {}, {}}, 0).refusal == "");
+  // Fewer ranks than LOCAL_WORLD_SIZE on a host (a container per rank, say): a warning on that host's ranks only.
+  const auto split = rdv::host_map::from_identities({"a", "a", "b", "b"});
+  const std::vector<rdv::local_place> four{place(0, 4), place(1, 4), place(2, 4), place(3, 4)};
+  CHECK(rdv::local_places_check(split, four, 2).refusal == "");
+  CHECK(rdv::local_places_check(split, four, 2).warning ==
+        "LOCAL_WORLD_SIZE=4 but 2 ranks that state it are on this host (by boot id and namespaces; SHARDKIT_HOST_ID "
+        "overrides): going by the latter");
+  CHECK(rdv::local_places_check(rdv::host_map::from_identities({"a", "b"}), {place(0, 1), place(0, 2)}, 0).warning == "");
+}

@@ -8,8 +8,10 @@
 //! that knows better).
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -39,6 +41,15 @@ inline std::string host_identity() {
     if (n > 0) id += "/" + std::string(link, std::size_t(n));
   }
   return id;
+}
+
+//! How messages name this process's host: SHARDKIT_HOST_ID's value where it is set (it decides which ranks share
+//! a host), else the host name.
+inline std::string host_label() {
+  if (auto v = settings::get<settings::text>("SHARDKIT_HOST_ID")) return "'" + *v + "' (SHARDKIT_HOST_ID)";
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return "'" + std::string(name) + "'";
 }
 
 //! Where every rank of a job lives. Hosts are numbered in order of their lowest rank.
@@ -85,6 +96,68 @@ struct host_map {
     return m;
   }
 };
+
+//! Where the launcher says a rank is among the ranks of its host (LOCAL_RANK and LOCAL_WORLD_SIZE, or Open MPI's
+//! or Slurm's), to be checked against the hosts the ranks were found on.
+struct local_place {
+  int local_rank = 0;
+  int local_world_size = 1;
+  bool stated = false;  //!< given by the launcher or by hand, not defaulted: only stated places are checked
+  std::string host;     //!< host_label() of the rank's host, for messages
+};
+
+//! What the ranks' local places say against where they were found (local_places_check()).
+struct local_places_verdict {
+  //! Not empty when two ranks of one host hold the same local rank where no set of complete launches explains it:
+  //! the same text for every rank of the job, which refuses it.
+  std::string refusal;
+  //! Not empty when this rank's host holds fewer ranks than its launcher said (the launcher's node spans what is
+  //! seen as several hosts here, e.g. a container per rank): the job goes by the hosts found.
+  std::string warning;
+};
+
+//! Checks the launcher's local places (one per rank) against `hosts`, for `rank`. On one host, the ranks that state
+//! LOCAL_WORLD_SIZE=W are expected to be k complete launches of W ranks, each LOCAL_RANK in [0, W) held k times:
+//! k = 1 is the usual case, k > 1 several nodes started on one host (shardkit-run --nnodes run twice there, to
+//! test). A LOCAL_RANK held more often than another is a refusal naming the ranks that hold it and the host (each
+//! rank picks its device and its files by it: two ranks of one host with LOCAL_RANK=0 share a GPU); every LOCAL_RANK
+//! held at most once but some missing is the warning. `names`: the variables the places came from.
+inline local_places_verdict local_places_check(const host_map& hosts, const std::vector<local_place>& places, int rank,
+                                               const std::string& local_rank_name = "LOCAL_RANK",
+                                               const std::string& local_world_size_name = "LOCAL_WORLD_SIZE") {
+  local_places_verdict v;
+  for (int h = 0; h < hosts.host_count(); ++h) {
+    std::map<int, std::map<int, std::vector<int>>> holders;  // W -> LOCAL_RANK -> ranks
+    for (int r : hosts.ranks_on(h)) {
+      const auto& p = places[std::size_t(r)];
+      if (p.stated) holders[p.local_world_size][p.local_rank].push_back(r);
+    }
+    for (const auto& [w, by_local] : holders) {
+      std::size_t most = 0, least = by_local.size() < std::size_t(w) ? 0 : SIZE_MAX, stating = 0;
+      for (const auto& [local, ranks] : by_local) {
+        stating += ranks.size();
+        most = std::max(most, ranks.size());
+        least = std::min(least, ranks.size());
+      }
+      const std::string lws = local_world_size_name + "=" + std::to_string(w);
+      if (most >= 2 && least < most && v.refusal.empty()) {
+        const auto& [local, ranks] = *std::find_if(by_local.begin(), by_local.end(),
+                                                   [&](const auto& e) { return e.second.size() == most; });
+        std::string who;
+        for (std::size_t i = 0; i < ranks.size(); ++i)
+          who += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+        v.refusal = "ranks " + who + (ranks.size() == 2 ? " both" : " all") + " have " + local_rank_name + "=" +
+                    std::to_string(local) + " on host " + places[std::size_t(ranks[0])].host + " (" + lws +
+                    "): each rank of a host needs a " + local_rank_name + " of its own, as it picks its device and files by it "
+                    "(ranks of one host are found by boot id and namespaces; SHARDKIT_HOST_ID overrides)";
+      } else if (most == 1 && least == 0 && hosts.host_of[std::size_t(rank)] == h && v.warning.empty()) {
+        v.warning = lws + " but " + std::to_string(stating) + (stating == 1 ? " rank that states it is" : " ranks that state it are") +
+                    " on this host (by boot id and namespaces; SHARDKIT_HOST_ID overrides): going by the latter";
+      }
+    }
+  }
+  return v;
+}
 
 //! Collective: every rank of [0, size) publishes its host identity under `prefix` and reads everyone's.
 inline host_map discover_hosts(any_store& store, int rank, int size, std::chrono::milliseconds timeout = default_store_timeout,

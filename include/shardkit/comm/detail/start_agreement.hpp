@@ -16,21 +16,27 @@
 //! timeout). Timeouts, the log level and the TCP chunk size may differ: they change when a rank gives up, what it
 //! says or how it cuts what it sends (each rank announces its own largest frame), not what the others expect.
 //!
+//! The same exchange carries each rank's local place as its launcher stated it (LOCAL_RANK, LOCAL_WORLD_SIZE): two
+//! ranks found on one host with the same LOCAL_RANK fail on every rank too (rendezvous::local_places_check()).
+//!
 //! The values travel in the store exchange that discovers the hosts (one value per rank, gathered by rank 0:
 //! rendezvous/gather.hpp), so the check costs no request of its own.
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "shardkit/comm/detail/shared_settings.hpp"
 #include "shardkit/comm/p2p_communicator.hpp"
 #include "shardkit/comm/process_group.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/log.hpp"
 #include "shardkit/core/settings.hpp"
 #include "shardkit/rendezvous/gather.hpp"
 #include "shardkit/rendezvous/hosts.hpp"
@@ -113,24 +119,56 @@ inline std::vector<shared_setting> decode_settings(const std::string& blob, cons
   return s;
 }
 
-//! Collective over the job's ranks [0, size), before any transport connects: publishes this rank's host identity
-//! and shared settings under `prefix` in one store exchange, and returns where every rank lives. errc::config on
-//! every rank when the ranks' settings differ (disagreement()), "auto" transports resolved first.
+inline std::string encode_place(const rendezvous::local_place& p) {
+  return rendezvous::detail::pack_values({p.host, std::to_string(p.local_rank), std::to_string(p.local_world_size), p.stated ? "1" : "0"});
+}
+
+inline rendezvous::local_place decode_place(const std::string& blob, const error_context& ctx) {
+  const auto v = rendezvous::detail::unpack_values(blob, 4, ctx);
+  rendezvous::local_place p{.stated = v[3] == "1", .host = v[0]};
+  try {
+    p.local_rank = std::stoi(v[1]);
+    p.local_world_size = std::stoi(v[2]);
+  } catch (const std::exception&) {
+    throw error(errc::protocol, "malformed local place '" + v[1] + "/" + v[2] + "'", ctx);
+  }
+  if (p.local_world_size < 1 || p.local_rank < 0 || p.local_rank >= p.local_world_size) p.stated = false;  // validate() refused it there
+  return p;
+}
+
+//! The launcher's variables that rendezvous_info's local place came from, as messages name them.
+inline std::pair<std::string, std::string> local_place_names(std::string_view source) {
+  if (source == "openmpi") return {"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
+  if (source == "slurm") return {"SLURM_LOCALID", "SLURM_TASKS_PER_NODE"};
+  return {"LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+}
+
+//! Collective over the job's ranks [0, size), before any transport connects: publishes this rank's host identity,
+//! shared settings and local place under `prefix` in one store exchange, and returns where every rank lives.
+//! errc::config on every rank when the ranks' settings differ (disagreement()), "auto" transports resolved first,
+//! or when two ranks of one host hold the same local rank (rendezvous::local_places_check(); `place_source`: the
+//! launcher it came from, rendezvous_info::source).
 inline rendezvous::host_map agree_on_start(rendezvous::any_store& store, int rank, int size, const std::string& identity,
                                            const std::vector<shared_setting>& mine, std::chrono::milliseconds timeout,
+                                           const rendezvous::local_place& place = {}, std::string_view place_source = "torchrun",
                                            const std::string& prefix = "shardkit/hosts/") {
   const error_context ctx{.rank = rank, .operation = "init_process_group"};
-  const auto all = rendezvous::all_gather_values(store, prefix, rank, size,
-                                                 rendezvous::detail::pack_values({identity, encode_settings(mine)}), timeout,
-                                                 "its host and settings (init_process_group)");
+  const auto all = rendezvous::all_gather_values(
+      store, prefix, rank, size, rendezvous::detail::pack_values({identity, encode_settings(mine), encode_place(place)}),
+      timeout, "its host and settings (init_process_group)");
   std::vector<std::string> identities;
   std::vector<std::vector<shared_setting>> settings_of;
+  std::vector<rendezvous::local_place> places;
   for (const auto& v : all) {
-    const auto parts = rendezvous::detail::unpack_values(v, 2, ctx);
+    const auto parts = rendezvous::detail::unpack_values(v, 3, ctx);
     identities.push_back(parts[0]);
     settings_of.push_back(decode_settings(parts[1], ctx));
+    places.push_back(decode_place(parts[2], ctx));
   }
   auto hosts = rendezvous::host_map::from_identities(identities);
+  const auto [local_rank_name, local_size_name] = local_place_names(place_source);
+  const auto placed = rendezvous::local_places_check(hosts, places, rank, local_rank_name, local_size_name);
+  if (!placed.warning.empty()) log::warn(placed.warning);
   bool tcp_used = false;
   for (auto& rank_settings : settings_of)
     for (auto& x : rank_settings)
@@ -144,7 +182,9 @@ inline rendezvous::host_map agree_on_start(rendezvous::any_store& store, int ran
     for (auto& rank_settings : settings_of)
       std::erase_if(rank_settings, [](const shared_setting& x) { return read_by_tcp_only(x.name); });
   group_size_effect(settings_of, size);
-  if (auto differ = disagreement(settings_of)) {
+  std::optional<std::string> differ = disagreement(settings_of);
+  if (!placed.refusal.empty()) differ = differ ? *differ + "; " + placed.refusal : placed.refusal;
+  if (differ) {
     // Rank 0 hosts the store: it stays until every other rank says it read the values (or a few seconds pass), so
     // that each names the settings rather than a store that went away under it.
     const std::string read = prefix + "refused/" + std::to_string(size) + "/";

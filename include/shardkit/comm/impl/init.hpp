@@ -71,13 +71,13 @@ SHARDKIT_DECL world init_process_group(init_options options) {
   w.store = rendezvous::connect_store(w.info, timeout);
   // Where every rank lives, and that every rank holds the same values of the settings that decide which messages
   // a collective sends: one store exchange, before any transport connects (detail/start_agreement.hpp).
+  // The launcher's local places travel with them: two ranks of one host with one LOCAL_RANK fail here too.
+  const rendezvous::local_place place{.local_rank = w.info.local_rank, .local_world_size = w.info.local_world_size,
+                                      .stated = w.info.local_world_size_stated, .host = rendezvous::host_label()};
   w.hosts = detail::agree_on_start(w.store, w.info.rank, w.info.world_size, rendezvous::host_identity(),
-                                   detail::shared_settings(transport, opts), timeout);
+                                   detail::shared_settings(transport, opts), timeout, place, w.info.source);
   const int my_host = w.hosts.host_of[std::size_t(w.info.rank)];
   const auto local_ranks = w.hosts.ranks_on(my_host);
-  if (w.info.local_world_size_stated && int(local_ranks.size()) != w.info.local_world_size)
-    log::warn("LOCAL_WORLD_SIZE=", w.info.local_world_size, " but ", local_ranks.size(),
-              " ranks share this host (by boot id and namespaces; SHARDKIT_HOST_ID overrides): going by the latter");
   transport = detail::resolve_transport(transport, w.hosts);
   w.transport = transport;
   rendezvous::any_store scoped(std::make_shared<rendezvous::prefix_store>(w.store, "shardkit/" + transport));
