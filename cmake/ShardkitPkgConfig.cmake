@@ -1,6 +1,7 @@
-# pkg-config files for the install tree: shardkit.pc (the core, like shardkit::shardkit) and one
+# pkg-config files for the install tree: shardkit.pc (the core, like shardkit::shardkit), one
 # shardkit-<backend>.pc per optional target this build has (shardkit::tcp -> shardkit-tcp.pc, ...), each
-# Requires: shardkit. A Makefile consumer then writes `pkg-config --cflags --libs shardkit shardkit-tcp`.
+# Requires: shardkit, and shardkit-compiled.pc for shardkit::compiled (its library and the backends it has).
+# A Makefile consumer then writes `pkg-config --cflags --libs shardkit shardkit-tcp`.
 #
 # The files live in ${libdir}/pkgconfig (backends name architecture-specific libraries) and are relocatable:
 # prefix is found from ${pcfiledir}, so `cmake --install --prefix` anywhere works without reconfiguring.
@@ -85,5 +86,16 @@ function(shardkit_install_pkgconfig)
   if(TARGET s3)
     shardkit_pc_file(shardkit-s3 DESCRIPTION "shardkit S3 storage sink (libcurl)" REQUIRES shardkit libcurl
                      CFLAGS -DSHARDKIT_HAS_S3=1)
+  endif()
+  if(TARGET shardkit_compiled)  # shardkit::compiled: libshardkit, with the backends it was compiled with
+    set(_requires shardkit)
+    foreach(_backend tcp s3 ckpt data)
+      if(TARGET ${_backend})
+        list(APPEND _requires shardkit-${_backend})
+      endif()
+    endforeach()
+    shardkit_pc_file(shardkit-compiled DESCRIPTION "shardkit's separately compiled bodies (libshardkit)"
+                     REQUIRES ${_requires} CFLAGS -DSHARDKIT_SEPARATE_COMPILATION
+                     LIBS "-L\${prefix}/${CMAKE_INSTALL_LIBDIR}" -lshardkit)
   endif()
 endfunction()

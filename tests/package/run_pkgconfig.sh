@@ -1,10 +1,11 @@
 #!/bin/sh
-# package_pkg_config: configures the source headers-only (no tests, examples or benchmarks; the tools configured but
-# not built: the install docs/packaging.md describes, independent of what the enclosing build has built), installs it to
-# WORK_DIR/prefix and builds consumers with nothing but pkg-config and the compiler, as a Makefile project would:
-#   1. test_package/test_package.cpp with `pkg-config --cflags --libs shardkit` (the core alone);
-#   2. tests/package/consumer/main.cpp (TCP transport, fsdp, ckpt, data) with shardkit shardkit-tcp shardkit-ckpt
-#      shardkit-data;
+# package_pkg_config: configures the source (no tests, examples or benchmarks; the tools configured but not built:
+# the install docs/packaging.md describes, independent of what the enclosing build has built), builds libshardkit
+# (shardkit::compiled) alone, installs it to WORK_DIR/prefix and builds consumers with nothing but pkg-config and the
+# compiler, as a Makefile project would:
+#   1. test_package/test_package.cpp with `pkg-config --cflags --libs shardkit` (the core alone, header-only);
+#   2. tests/package/consumer/main.cpp (TCP transport, fsdp, ckpt, data) with shardkit-compiled shardkit-tcp
+#      shardkit-ckpt shardkit-data: separately compiled, its bodies from libshardkit;
 #   3. test_package.cpp again with every shardkit-<backend> module the install has: it then includes each
 #      backend's header and calls into its system library, so each .pc file's flags are checked.
 # All run. Skips (77) with the reason when pkg-config is missing.
@@ -21,6 +22,7 @@ mkdir -p "$work"
 # scripts/demo, which builds some tools only), not stop at the first tool missing.
 cmake -S "$src" -B "$work/build" -G "$generator" -DCMAKE_CXX_COMPILER="$cxx" -DSHARDKIT_BUILD_TESTS=OFF \
   -DSHARDKIT_BUILD_EXAMPLES=OFF -DSHARDKIT_BUILD_BENCH=OFF >/dev/null
+cmake --build "$work/build" --target shardkit_compiled >/dev/null
 cmake --install "$work/build" --prefix "$work/prefix" >/dev/null
 if [ -e "$work/prefix/bin/shardkit-run" ]; then echo "an unbuilt shardkit-run was installed"; exit 1; fi
 pcdir=$(dirname "$(find "$work/prefix" -name shardkit.pc | head -n1)")
@@ -32,7 +34,7 @@ pkg-config --cflags --libs shardkit
 # shellcheck disable=SC2046  # the flags are words
 "$cxx" -o "$work/core_consumer" "$src/test_package/test_package.cpp" $(pkg-config --cflags --libs shardkit)
 "$work/core_consumer"
-mods="shardkit shardkit-tcp shardkit-ckpt shardkit-data"
+mods="shardkit-compiled shardkit-tcp shardkit-ckpt shardkit-data"
 pkg-config --print-errors --exists $mods
 # shellcheck disable=SC2046
 "$cxx" -O1 -o "$work/consumer" "$src/tests/package/consumer/main.cpp" $(pkg-config --cflags --libs $mods)

@@ -1,6 +1,10 @@
 // A downstream trainer in miniature: two thread-ranks all_reduce over the loopback transport, a one-rank sharded
 // model trains a step, its state round-trips through a checkpoint file in a memory sink, and a token file's
-// sidecar round-trips through the data loader's parser.
+// sidecar round-trips through the data loader's parser. Built against shardkit::compiled (shardkit-compiled):
+// this source declares what libshardkit defines, so it must see the macro the target gives its users.
+#if !defined(SHARDKIT_SEPARATE_COMPILATION)
+#error "shardkit::compiled (pkg-config: shardkit-compiled) must define SHARDKIT_SEPARATE_COMPILATION for its users"
+#endif
 #include <shardkit/ckpt/format.hpp>
 #include <shardkit/data/token_file.hpp>
 #include <shardkit/fsdp/optimizer.hpp>
