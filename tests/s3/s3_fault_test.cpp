@@ -74,13 +74,6 @@ TEST_CASE("[s3] through a proxy failing 10% of requests: uploads, reads, list an
 
 namespace {
 
-template <class F>
-double seconds_of(F&& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // Options through `proxy` with slow retries: eight attempts of them take seconds, one takes none.
 st::s3_options through(const fault_proxy& proxy) {
   auto o = options_for(*server());

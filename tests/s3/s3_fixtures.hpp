@@ -7,6 +7,7 @@
 
 #include <curl/curl.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -25,6 +26,14 @@ struct server_info {
   std::string bucket;
   std::string data_dir;  // s3rver's directory: objects are files there
 };
+
+// How long f takes, in seconds.
+template <class F>
+double seconds_of(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 // Test defaults: quick retries, the server's credentials.
 inline st::s3_options options_for(const server_info& s) {

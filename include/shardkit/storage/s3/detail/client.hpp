@@ -214,7 +214,36 @@ class client {
     std::string detail = "S3 " + std::string(q.operation) + " " + url_of(q.subject()) + ": " + describe(r);
     detail += r.attempts <= 1 ? (retriable(r) ? " (1 attempt)" : " (not retried)")
                               : " (after " + std::to_string(r.attempts) + " attempts)";
+    if (r.curl == CURLE_OK && r.code() == "NoSuchBucket") detail += no_such_bucket_hint(q);
     throw_error(e, scrub(detail), {.operation = sink_operation, .object = key});
+  }
+
+  // What a NoSuchBucket answer likely means, and the URL that was asked: a bucket exists as spelled (S3 names are
+  // case-sensitive), or the endpoint's path put the bucket elsewhere in the URL than the server looks for it.
+  std::string no_such_bucket_hint(const request& q) const {
+    std::string hint = "; the URL asked was " + url_asked(q);
+    const auto scheme_end = options_.endpoint.find("://") + 3;
+    const auto path_start = options_.endpoint.find('/', scheme_end);
+    if (path_start != std::string::npos && !virtual_hosted_) {
+      const std::string path = options_.endpoint.substr(path_start);
+      const auto first = path.find('/', 1);
+      hint += ". The endpoint " + options_.endpoint + " has the path '" + path + "': a server that serves buckets at its "
+              "root takes '" + path.substr(1, first == std::string::npos ? std::string::npos : first - 1) +
+              "' for the bucket. An S3 endpoint is usually " + options_.endpoint.substr(0, path_start) +
+              " alone (AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3 or s3_options::endpoint), the bucket in the location "
+              "s3://" + location_.bucket + "/prefix";
+    }
+    const bool legacy_only = std::any_of(location_.bucket.begin(), location_.bucket.end(), [](char c) {
+      return std::isupper(static_cast<unsigned char>(c)) || c == '_';
+    });
+    if (legacy_only) {
+      std::string today;
+      for (char c : location_.bucket) today += c == '_' ? '-' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      hint += ". The bucket name '" + location_.bucket + "' is not valid for a bucket created today (lower case letters, "
+              "digits, '.' and '-'): upper case and '_' are only valid for legacy us-east-1 buckets (created before "
+              "March 2018), and names are case-sensitive: is it '" + today + "'?";
+    }
+    return hint;
   }
 
   // Removes any credential text from a message (a server could echo one back; nothing of ours prints them).
@@ -345,12 +374,18 @@ class client {
     return size * n;
   }
 
-  void perform(CURL* h, const request& r, response& out) const {
-    curl_easy_reset(h);  // keeps the connection cache: the point of reusing handles
+  // The URL a request is sent to.
+  std::string url_asked(const request& r) const {
     std::string url = base_url_;
     if (!r.key.empty()) url += "/" + uri_encode(r.key, true);
     else if (virtual_hosted_) url += "/";
     if (!r.query.empty()) url += "?" + r.query;
+    return url;
+  }
+
+  void perform(CURL* h, const request& r, response& out) const {
+    curl_easy_reset(h);  // keeps the connection cache: the point of reusing handles
+    const std::string url = url_asked(r);
     transfer t{.r = &r, .out = &out, .h = h, .options = &options_};
     char error_buffer[CURL_ERROR_SIZE] = {};
     curl_slist* headers = nullptr;
