@@ -68,11 +68,15 @@ TEST_CASE("[core] settings: byte sizes are powers of 1024 with K/M/G, in any cas
   CHECK(parse("18446744073709551615") == ~std::uint64_t(0));
 
   CHECK(config_error([&] { parse("1Q"); }) == "SHARDKIT_SEGMENT_BYTES='1Q': expected a byte count like 4096, 64K, 1M");
-  for (const char* bad : {"", "M", "-1", "+1", " 1", "1 ", "1 M", "1.5M", "1e6", "0x10", "1T", "1KK", "4096bytes"})
+  CHECK(parse("1T") == std::uint64_t(1) << 40);
+  CHECK(parse("2pib") == std::uint64_t(2) << 50);
+  CHECK(parse("15E") == std::uint64_t(15) << 60);
+  for (const char* bad : {"", "M", "-1", "+1", " 1", "1 ", "1 M", "1.5M", "1e6", "0x10", "1Q", "1KK", "4096bytes"})
     CHECK_MESSAGE(config_error([&] { parse(bad); }).find("expected a byte count") != std::string::npos, "'" << bad << "'");
   // Digits beyond 64 bits are a count too large, not a malformed one.
   CHECK(config_error([&] { parse("18446744073709551616"); }) == "SHARDKIT_SEGMENT_BYTES='18446744073709551616': too large");
   CHECK(config_error([&] { parse("17179869184G"); }) == "SHARDKIT_SEGMENT_BYTES='17179869184G': too large");
+  CHECK(config_error([&] { parse("16E"); }) == "SHARDKIT_SEGMENT_BYTES='16E': too large");
 }
 
 TEST_CASE("[core] settings: integers are plain decimal digits within their range") {
@@ -84,8 +88,12 @@ TEST_CASE("[core] settings: integers are plain decimal digits within their range
   for (const char* bad : {"", "x", "8x", "+8", " 8", "8 ", "1.0", "0x8", "1e1"})
     CHECK_MESSAGE(config_error([&] { parse(bad); }) == std::string("SHARDKIT_SOCKET_NSTREAMS='") + bad + "': expected an integer like 8",
                   "'" << bad << "'");
-  for (const char* out : {"0", "65", "-1", "99999999999999999999"})
+  for (const char* out : {"0", "-1", "-99999999999999999999"})
     CHECK_MESSAGE(config_error([&] { parse(out); }) == std::string("SHARDKIT_SOCKET_NSTREAMS='") + out + "': must be in [1, 64]",
+                  "'" << out << "'");
+  for (const char* out : {"65", "99999999999999999999"})
+    CHECK_MESSAGE(config_error([&] { parse(out); }) ==
+                      std::string("SHARDKIT_SOCKET_NSTREAMS='") + out + "': too large: must be in [1, 64]",
                   "'" << out << "'");
 }
 
@@ -164,9 +172,9 @@ TEST_CASE("[core] settings: get reads through the table, with its type and range
   // 2^64-1 is above what an int64 holds: said as such, not wrapped into "at least" (min 0 or not).
   env.vars["SHARDKIT_RD_THRESHOLD"] = env.vars["SHARDKIT_SEGMENT_BYTES"] = "18446744073709551615";
   CHECK(config_error([&] { settings::get<settings::bytes>("SHARDKIT_RD_THRESHOLD", e); }) ==
-        "SHARDKIT_RD_THRESHOLD='18446744073709551615': must be at most 9223372036854775807");
+        "SHARDKIT_RD_THRESHOLD='18446744073709551615': too large: must be at most 9223372036854775807");
   CHECK(config_error([&] { settings::get<settings::bytes>("SHARDKIT_SEGMENT_BYTES", e); }) ==
-        "SHARDKIT_SEGMENT_BYTES='18446744073709551615': must be at most 9223372036854775807");
+        "SHARDKIT_SEGMENT_BYTES='18446744073709551615': too large: must be at most 9223372036854775807");
 
   // Digits beyond 64 bits are a value too large, with the variable's maximum, not a malformed one.
   env.vars["SHARDKIT_TIMEOUT_MS"] = "12345678901234567890123";
@@ -179,10 +187,17 @@ TEST_CASE("[core] settings: get reads through the table, with its type and range
   CHECK(settings::get<settings::bytes>("SHARDKIT_SOCKET_CHUNK", e) == std::uint64_t(64) << 20);
   env.vars["SHARDKIT_SOCKET_CHUNK"] = "65M";
   CHECK(config_error([&] { settings::get<settings::bytes>("SHARDKIT_SOCKET_CHUNK", e); }) ==
-        "SHARDKIT_SOCKET_CHUNK='65M': must be in [1, 64M]");
+        "SHARDKIT_SOCKET_CHUNK='65M': too large: must be in [1, 64M]");
   env.vars["SHARDKIT_SOCKET_BUFFER"] = "2G";
   CHECK(config_error([&] { settings::get<settings::bytes>("SHARDKIT_SOCKET_BUFFER", e); }) ==
-        "SHARDKIT_SOCKET_BUFFER='2G': must be at most 1G");
+        "SHARDKIT_SOCKET_BUFFER='2G': too large: must be at most 1G");
+  // A well-formed count in a larger unit than the variable takes: too large, with the limit (not malformed).
+  env.vars["SHARDKIT_S3_PART_SIZE"] = "1T";
+  CHECK(config_error([&] { settings::get<settings::bytes>("SHARDKIT_S3_PART_SIZE", e); }) ==
+        "SHARDKIT_S3_PART_SIZE='1T': too large: must be in [5M, 5G]");
+  env.vars["SHARDKIT_S3_PART_SIZE"] = "99999999999999999999";
+  CHECK(config_error([&] { settings::get<settings::bytes>("SHARDKIT_S3_PART_SIZE", e); }) ==
+        "SHARDKIT_S3_PART_SIZE='99999999999999999999': too large: must be at most 5G");
   env.vars["SHARDKIT_FABRIC_MAX_MSG"] = "1K";
   CHECK(config_error([&] { settings::get<settings::bytes>("SHARDKIT_FABRIC_MAX_MSG", e); }) ==
         "SHARDKIT_FABRIC_MAX_MSG='1K': must be at least 4K");
@@ -191,13 +206,13 @@ TEST_CASE("[core] settings: get reads through the table, with its type and range
   CHECK(settings::get<std::chrono::microseconds>("SHARDKIT_SPIN_US", e) == 100000us);
   env.vars["SHARDKIT_SPIN_US"] = "101ms";
   CHECK(config_error([&] { settings::get<std::chrono::microseconds>("SHARDKIT_SPIN_US", e); }) ==
-        "SHARDKIT_SPIN_US='101ms': must be at most 100000us");
+        "SHARDKIT_SPIN_US='101ms': too large: must be at most 100000us");
   env.vars["SHARDKIT_SOCKET_HANDSHAKE_TIMEOUT"] = "0";
   CHECK(config_error([&] { settings::get<std::chrono::seconds>("SHARDKIT_SOCKET_HANDSHAKE_TIMEOUT", e); }) ==
         "SHARDKIT_SOCKET_HANDSHAKE_TIMEOUT='0': must be in [1s, 3600s]");
   env.vars["SHARDKIT_SOCKET_PORT"] = "65536";
   CHECK(config_error([&] { settings::get<settings::integer>("SHARDKIT_SOCKET_PORT", e); }) ==
-        "SHARDKIT_SOCKET_PORT='65536': must be in [0, 65535]");
+        "SHARDKIT_SOCKET_PORT='65536': too large: must be in [0, 65535]");
   env.vars["SHARDKIT_LOG"] = "WARNING";
   CHECK(settings::get<settings::choice>("SHARDKIT_LOG", e) == "warning");
   env.vars["SHARDKIT_HOST_ID"] = " any text ";

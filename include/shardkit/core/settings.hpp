@@ -17,7 +17,7 @@
 //! | settings::text            | std::string              | anything                                                    |
 //! | settings::integer         | long long                | decimal digits ("8"; a '-' only where the range allows it)  |
 //! | settings::bytes           | std::uint64_t            | "4096", "64K", "1M", "2G"; K/KB/KiB = 1024, M = 1024^2,     |
-//! |                           |                          | G = 1024^3 (binary; any case; "B" allowed)                  |
+//! |                           |                          | G = 1024^3, T, P, E (binary; any case; "B" allowed)         |
 //! | settings::boolean         | bool                     | 1/0, true/false, on/off, yes/no (any case)                  |
 //! | settings::choice          | std::string              | one of the entry's words (any case; returned as declared)   |
 //! | settings::list            | std::vector<std::string> | "a,b,c"; blanks around items dropped; no empty item         |
@@ -90,8 +90,9 @@ inline std::string format_bytes(std::uint64_t n) {
 
 }  // namespace detail
 
-//! "524288", "512K", "4M", "1G" (also "KB"/"KiB", "B", any case): powers of 1024. The range is the caller's;
-//! `too_large` is the reason given for a count beyond 64 bits (the caller's maximum, where it has one).
+//! "524288", "512K", "4M", "1G", "1T" (also "KB"/"KiB", "B", P and E, any case): powers of 1024. The range is the
+//! caller's; `too_large` is the reason given for a count beyond 64 bits (the caller's maximum, where it has one), so
+//! a count that is well formed but large ("1T" for a part size) is said to be too large, never malformed.
 inline std::uint64_t parse_byte_size(std::string_view name, std::string_view text, std::string_view where = "settings",
                                      std::string_view too_large = "too large") {
   std::string_view rest;
@@ -105,6 +106,9 @@ inline std::uint64_t parse_byte_size(std::string_view name, std::string_view tex
   else if (suffix == "k" || suffix == "kb" || suffix == "kib") shift = 10;
   else if (suffix == "m" || suffix == "mb" || suffix == "mib") shift = 20;
   else if (suffix == "g" || suffix == "gb" || suffix == "gib") shift = 30;
+  else if (suffix == "t" || suffix == "tb" || suffix == "tib") shift = 40;
+  else if (suffix == "p" || suffix == "pb" || suffix == "pib") shift = 50;
+  else if (suffix == "e" || suffix == "eb" || suffix == "eib") shift = 60;
   else bad_setting(name, text, "expected a byte count like 4096, 64K, 1M", where);
   if (shift > 0 && *value > (std::uint64_t(-1) >> shift)) bad_setting(name, text, too_large, where);
   return *value << shift;
@@ -115,12 +119,12 @@ inline long long parse_integer(std::string_view name, std::string_view text, lon
                                std::string_view where = "settings") {
   long long v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec == std::errc::result_out_of_range)
-    bad_setting(name, text, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", where);
+  const std::string range = "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  if (ec == std::errc::result_out_of_range) bad_setting(name, text, text.starts_with('-') ? range : "too large: " + range, where);
   if (ec != std::errc() || end != text.data() + text.size() || text.empty())
     bad_setting(name, text, "expected an integer like 8", where);
-  if (v < lo || v > hi)
-    bad_setting(name, text, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", where);
+  if (v > hi) bad_setting(name, text, "too large: " + range, where);
+  if (v < lo) bad_setting(name, text, range, where);
   return v;
 }
 
@@ -275,14 +279,16 @@ inline std::string range_text(const variable& v, std::int64_t n) {
   }
 }
 
-//! Throws unless min <= n <= max (n already in the variable's unit).
+//! Throws unless min <= n <= max (n already in the variable's unit); a value above the maximum is said to be too
+//! large, with the limit.
 inline void check_range(const variable& v, std::string_view text, std::uint64_t n) {
   if (n >= std::uint64_t(v.min) && n <= std::uint64_t(v.max)) return;  // bytes and durations: min >= 0
+  const bool above = n > std::uint64_t(v.max);  // compared unsigned: 2^64-1 is above an int64's max, not below 0
+  const std::string why = above ? "too large: " : "";
   // Above an unbounded variable's max is above what an int64 holds, never below its min (no wrap-around).
-  if (n > std::uint64_t(v.max) && (v.max == unbounded || v.min == 0))
-    bad_setting(v.name, text, "must be at most " + range_text(v, v.max));
+  if (above && (v.max == unbounded || v.min == 0)) bad_setting(v.name, text, why + "must be at most " + range_text(v, v.max));
   if (v.max == unbounded) bad_setting(v.name, text, "must be at least " + range_text(v, v.min));
-  bad_setting(v.name, text, "must be in [" + range_text(v, v.min) + ", " + range_text(v, v.max) + "]");
+  bad_setting(v.name, text, why + "must be in [" + range_text(v, v.min) + ", " + range_text(v, v.max) + "]");
 }
 
 template <class T>
@@ -403,8 +409,9 @@ inline std::string markdown() {
       "(`errc::config`) that names the variable, its value and what was expected. An empty value is the same as an\n"
       "unset one.\n"
       "\n"
-      "- **bytes**: `4096`, `64K`, `1M`, `2G`. K, KB and KiB all mean 1024 (M: 1024², G: 1024³), in any case: these\n"
-      "  are buffer, chunk and segment sizes. There is no decimal spelling.\n"
+      "- **bytes**: `4096`, `64K`, `1M`, `2G`. K, KB and KiB all mean 1024 (M: 1024², G: 1024³, T: 1024⁴, also P\n"
+      "  and E), in any case: these are buffer, chunk and segment sizes. There is no decimal spelling. A value\n"
+      "  above a variable's maximum is refused as too large, naming the maximum.\n"
       "- **integer**: decimal digits, no sign, no blanks.\n"
       "- **boolean**: `1`/`0`, `true`/`false`, `on`/`off`, `yes`/`no`, in any case.\n"
       "- **one of**: the listed words, in any case.\n"
