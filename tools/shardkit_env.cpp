@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
     const std::string_view entry(*e);
     const auto eq = entry.find('=');
     const std::string_view name = entry.substr(0, eq), value = eq == std::string_view::npos ? "" : entry.substr(eq + 1);
-    if (name.substr(0, prefix.size() + 1) != std::string(prefix) + "_") continue;
+    // Any case: a setting in lower case is read by nothing, and said so (unknown_setting_warning).
+    if (settings::upper_case(name.substr(0, prefix.size() + 1)) != std::string(prefix) + "_") continue;
     const settings::variable* v = settings::find(name);
     if (!v) {
       std::printf("%s\n", settings::unknown_setting_warning(name).c_str());

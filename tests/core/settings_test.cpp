@@ -506,3 +506,29 @@ TEST_CASE("[core] a variable named like a setting that is none is warned about, 
   CHECK(warnings[1].starts_with("SHARDKIT_SEGMENT_BYTE is not a shardkit setting; did you mean SHARDKIT_SEGMENT_BYTES?"));
   for (const auto& v : settings::table) CHECK_FALSE(settings::unknown_setting(v.name));
 }
+
+TEST_CASE("[core] a guess is offered only for a name near one declared; a setting in lower case is named in upper") {
+  // Nothing after the prefix, or a short word unlike any setting's: no guess (SHARDKIT_ was "did you mean
+  // SHARDKIT_LOG?", three edits from a name of three letters).
+  for (const char* far : {"SHARDKIT_", "SHARDKIT_X", "SHARDKIT_FOO", "SHARDKIT_TYPO", "SHARDKIT_ABCDEFGHIJKLMNOP"})
+    CHECK_MESSAGE(settings::nearest_setting(far).empty(), far << " -> " << settings::nearest_setting(far));
+  CHECK(settings::unknown_setting_warning("SHARDKIT_").find("did you mean") == std::string::npos);
+  CHECK(settings::nearest_setting("SHARDKIT_LGO") == "SHARDKIT_LOG");  // two letters swapped: one edit
+  CHECK(settings::nearest_setting("SHARDKIT_LO") == "SHARDKIT_LOG");
+  CHECK(settings::nearest_setting("SHARDKIT_TRANSPROT") == "SHARDKIT_TRANSPORT");
+  CHECK(settings::nearest_setting("SHARDKIT_SOCKET_NSTREAM") == "SHARDKIT_SOCKET_NSTREAMS");
+  // Lower or mixed case was read by nothing and said nothing: warned, with the name as it must be written.
+  CHECK(settings::unknown_setting("shardkit_transport"));
+  CHECK(settings::unknown_setting("Shardkit_Timeout_Ms"));
+  CHECK_FALSE(settings::unknown_setting("shardkit_test_scenario"));  // a reserved prefix in any case
+  CHECK(settings::unknown_setting_warning("shardkit_transport") ==
+        "shardkit_transport is not a shardkit setting: settings are upper case; did you mean SHARDKIT_TRANSPORT? (it is "
+        "ignored; shardkit-env checks the environment, docs/environment.md lists the settings)");
+  CHECK(settings::unknown_setting_warning("shardkit_transprot").starts_with(
+      "shardkit_transprot is not a shardkit setting: settings are upper case; did you mean SHARDKIT_TRANSPORT?"));
+  std::string lower = "shardkit_transport=tcp", other = "shardkit=1";
+  char* env[] = {lower.data(), other.data(), nullptr};
+  const auto warnings = settings::unknown_setting_warnings(env);
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].starts_with("shardkit_transport is not a shardkit setting: settings are upper case"));
+}
