@@ -419,3 +419,38 @@ TEST_CASE("[data] a rank whose loader cannot open fails every rank at constructi
     }
   }
 }
+
+// Batches no machine holds (a batch size, sequence length or prefetch off by a few orders of magnitude) fail at
+// open with errc::out_of_memory naming the options and the bytes, not as a bare std::bad_alloc from the prefetch
+// thread at the first next(); sizes whose product overflows 64 bits say so instead of wrapping to a small buffer.
+TEST_CASE("[data] batches too large for the machine fail at open naming the options that size them, not std::bad_alloc") {
+  auto sink = storage::make_sink<storage::memory_sink>();
+  std::uint32_t next = 16;
+  write_documents(sink, "a.tokens", std::vector<int>(24, 50), next);
+  const auto refused = [&](std::size_t batch, std::size_t sequence, std::size_t prefetch) {
+    auto o = options_of({{.name = "a", .files = {"a.tokens"}}});
+    o.batch_size = batch, o.sequence_length = sequence, o.prefetch = prefetch;
+    try {
+      data::loader l(sink, o);
+    } catch (const shardkit::error& e) {
+      CHECK(e.code() == shardkit::errc::out_of_memory);
+      return std::string(e.what());
+    } catch (const std::exception& e) {
+      FAIL_CHECK("not a shardkit::error: " << e.what());
+    }
+    return std::string("opened");
+  };
+  // 2^33 rows x 4096 tokens x 4 bytes: 128 TiB a batch, beyond any process's address space.
+  auto m = refused(std::size_t(1) << 33, 4096, 2);
+  CAPTURE(m);
+  CHECK(m.find("data.open") != std::string::npos);
+  CHECK(m.find("allocating the loader's batches (loader_options::batch_size 8589934592 x sequence_length 4096 tokens x 4 "
+               "bytes, for prefetch 2 + 2 batches held at once) (") != std::string::npos);
+  CHECK(m.find("the system has not that much memory") != std::string::npos);
+  m = refused(8, 64, std::size_t(1) << 44);  // a prefetch of 2^44 batches of 2 KiB
+  CHECK(m.find("for prefetch 17592186044416 + 2 batches held at once") != std::string::npos);
+  m = refused(std::size_t(1) << 40, std::size_t(1) << 31, 0);  // 2^71 tokens: overflows
+  CHECK(m.find("the loader's batches would need more than 2^64 bytes (loader_options::batch_size 1099511627776 x "
+               "sequence_length 2147483648 tokens") != std::string::npos);
+  CHECK(refused(3, 64, 2) == "opened");
+}

@@ -190,6 +190,7 @@ class loader {
   SHARDKIT_DECL void check_options() const;
   SHARDKIT_DECL void check_weights(const std::vector<double>& w) const;
   SHARDKIT_DECL void check_place(int rank, int world) const;
+  SHARDKIT_DECL void check_batch_memory() const;
   SHARDKIT_DECL void check_cursor(const shard_state& s, std::size_t d) const;
   // Every logical shard's part of the dataset holds a token of data (not only delimiters), else errc::config naming
   // the dataset, its content tokens, the shard and the file.

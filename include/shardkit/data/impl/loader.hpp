@@ -3,7 +3,11 @@
 //! loader.hpp includes this file in header-only use; under SHARDKIT_SEPARATE_COMPILATION only
 //! <shardkit/impl/src.hpp> does (the loader needs the data target, SHARDKIT_HAS_DATA), in one translation unit of
 //! the program (core/separate_compilation.hpp).
+#include <memory>
+#include <new>
+
 #include "shardkit/codec/xxh64.hpp"
+#include "shardkit/core/detail/allocating.hpp"
 #include "shardkit/data/detail/shard_stream.hpp"
 #include "shardkit/data/loader.hpp"
 #include "shardkit/data/token_file.hpp"
@@ -79,8 +83,30 @@ SHARDKIT_DECL void loader::open_datasets(int rank, int world) {
   fingerprint_ = compute_fingerprint();
   saved_configuration_ = detail::saved_fields(configuration());
   check_place(rank, world);
+  check_batch_memory();
   rank_ = rank;
   world_ = world;
+}
+
+// The batches the loader holds at once: the one being produced, up to `prefetch` ready ones and the one next()
+// returned last, each batch_size x sequence_length 32-bit tokens with two 32-bit words per row. Sizes no machine has
+// (or that overflow 64 bits) fail here, at open, naming the options, rather than as a bare std::bad_alloc from
+// the prefetch thread at the first next(). The probe reserves address space without touching it.
+SHARDKIT_DECL void loader::check_batch_memory() const {
+  const auto& o = options_;
+  const std::string sizes = "loader_options::batch_size " + std::to_string(o.batch_size) + " x sequence_length " +
+                            std::to_string(o.sequence_length) + " tokens x 4 bytes, for prefetch " +
+                            std::to_string(o.prefetch) + " + 2 batches held at once";
+  const error_context where{.operation = "data.open", .object = "loader_options::batch_size"};
+  std::size_t tokens = 0, per_batch = 0, total = 0;
+  if (__builtin_mul_overflow(o.batch_size, o.sequence_length, &tokens) ||
+      __builtin_mul_overflow(tokens + 2 * o.batch_size, sizeof(std::int32_t), &per_batch) ||
+      __builtin_mul_overflow(per_batch, o.prefetch + 2, &total) || o.prefetch + 2 < o.prefetch)
+    throw_error(errc::out_of_memory, "the loader's batches would need more than 2^64 bytes (" + sizes + "): give smaller values",
+                where);
+  if (!std::unique_ptr<std::byte[]>(new (std::nothrow) std::byte[total]))
+    shardkit::detail::allocation_failed("the loader's batches (" + sizes + ")", total, where,
+                                        "the system has not that much memory: give a smaller batch_size, sequence_length or prefetch");
 }
 
 SHARDKIT_DECL std::vector<std::uint32_t> loader::shards_of(std::uint32_t logical_shards, int rank, int world) {
@@ -397,7 +423,10 @@ SHARDKIT_DECL loader::item loader::produce() {
   item it;
   batch& b = it.out;
   b.sequence_length = options_.sequence_length;
-  b.tokens.resize(options_.batch_size * options_.sequence_length);
+  shardkit::detail::allocating("a batch of loader_options::batch_size x sequence_length tokens",
+                               options_.batch_size * options_.sequence_length * sizeof(std::int32_t),
+                               {.operation = "data.next"},
+                               [&] { b.tokens.resize(options_.batch_size * options_.sequence_length); });
   while (b.size() < options_.batch_size) {
     detail::shard_stream* next = nullptr;
     for (auto& s : streams_)
