@@ -21,7 +21,8 @@
 // time went (compute, waiting for all-gathers, waiting for gradient reductions, gathers queued on the limiter).
 // With checkpoints, it ends with their totals and the interval that keeps up on this run's link: "# checkpoint
 // every K steps keeps up at this link" (a save's median time over a step's), and how many saves began before the
-// one before had committed.
+// one before had committed. Last, the CPU time of rank 0's threads by name ("# CPU on rank 0 by thread"): the
+// checkpointer's sk-ckpt and its S3 sink's sk-s3 beside the trainer's own.
 #include <algorithm>
 #include <cmath>
 #include <chrono>
@@ -53,6 +54,7 @@
 #include "trainer/flags.hpp"
 #include "trainer/memory.hpp"
 #include "trainer/stop_signal.hpp"
+#include "trainer/thread_cpu.hpp"
 #include "trainer/model.hpp"
 #include "trainer/trace.hpp"
 #if defined(TRAINER_HAS_CUDA)
@@ -514,6 +516,12 @@ int main(int argc, char** argv) try {
                   "every %d: %zu of %zu saves began before the one before had committed\n",
                   keeps_up, save, step, f.ckpt_every, saves_behind, saves.size());
     }
+  }
+  if (rank == 0) {  // what the saves cost in CPU (sk-ckpt, sk-s3), beside training: by thread name, while they live
+    std::string by_thread;
+    for (const auto& [name, cpu_ms] : trainer::cpu_ms_by_thread_name())
+      by_thread += (by_thread.empty() ? "" : ", ") + name + " " + std::to_string(std::lround(cpu_ms));
+    std::printf("# CPU on rank 0 by thread (ms, the run's whole): %s\n", by_thread.c_str());
   }
   return stopped_by ? 128 + stopped_by : 0;  // the checkpointer, destroyed on the way out, releases its lease
 } catch (const std::exception& e) {

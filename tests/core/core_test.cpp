@@ -1,6 +1,8 @@
 #include <doctest/doctest.h>
+#include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -25,6 +27,7 @@
 #include "shardkit/core/task.hpp"
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/executor.hpp"
 #include "shardkit/core/host_shared_memory.hpp"
 #include "shardkit/core/reduce_op.hpp"
 #include "support/harness.hpp"
@@ -484,3 +487,40 @@ TEST_CASE("[core] blocking_call_pool: a call's `after` may destroy the pool (its
   }
   CHECK(shardkit::test::threads_left_since(before).empty());
 }
+
+#if defined(__linux__)
+TEST_CASE("[core] thread_pool workers take their options' name and run that much lower, never higher, than their starter") {
+  // On a thread of its own: a thread that lowers itself cannot go back, and the test's thread must not stay lowered.
+  std::thread([] {
+    const int base = shardkit::detail::this_thread_nice();
+    const auto seen = [](shardkit::thread_pool& pool) {
+      std::promise<std::pair<std::string, int>> p;
+      pool.post([&p] {
+        char name[16] = {};
+        ::pthread_getname_np(::pthread_self(), name, sizeof name);
+        p.set_value({name, shardkit::detail::this_thread_nice()});
+      });
+      return p.get_future().get();
+    };
+    {
+      shardkit::thread_pool pool(2, {.name = "sk-test-lowered-by-three", .nice = 3});
+      const auto [name, nice] = seen(pool);
+      CHECK(name == "sk-test-lowered");  // the kernel keeps 15 bytes
+      CHECK(nice == std::min(base + 3, 19));
+      CHECK(shardkit::detail::this_thread_nice() == base);  // the starter keeps its own
+    }
+    {
+      shardkit::thread_pool pool(1, {.nice = 40});  // capped, not an error
+      CHECK(seen(pool).second == 19);
+    }
+    shardkit::detail::lower_this_thread_to(base + 2);
+    CHECK(shardkit::detail::this_thread_nice() == std::min(base + 2, 19));
+    shardkit::detail::lower_this_thread_to(base);  // never raised
+    CHECK(shardkit::detail::this_thread_nice() == std::min(base + 2, 19));
+    {
+      shardkit::thread_pool pool(1, {.nice = -5});  // counts as 0: as the starter, now lowered by 2
+      CHECK(seen(pool).second == std::min(base + 2, 19));
+    }
+  }).join();
+}
+#endif

@@ -3,19 +3,25 @@
 // after the server saw the request (a lost reply), a slow reply, or a stalled connection. Multipart and single
 // uploads, parallel ranged reads, list and batch delete must still complete, with bytes identical to what was
 // written and to what the server holds. Then the retry policy through the proxy's own answers: which codes are
-// retried, with the real status kept; connection errors that are final; a listing that breaks off.
+// retried, with the real status kept; connection errors that are final; a listing that breaks off. And the
+// priority the sink's workers run at.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "s3/fault_proxy.hpp"
 #include "s3/s3_fixtures.hpp"
+#include "shardkit/core/thread_options.hpp"
 #include "support/harness.hpp"
 
 using namespace s3_test;
@@ -223,4 +229,62 @@ TEST_CASE("[s3] listing: IsTruncated without a continuation token is an error, a
   answer = raw_reply(403, error_xml("AccessDenied"));
   what = error_of([&] { s.list("step-"); }, errc::io);
   CHECK(contains(what, "ListObjectsV2 s3://" + loc.bucket + "/" + loc.prefix + "step-: HTTP 403 AccessDenied"));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Where the sink's workers run: no higher in priority than the thread that gives them work (a checkpointer's
+// lowered thread, core/thread_options.hpp), also when a thread at the trainer's priority made them earlier.
+
+namespace {
+
+// The nice values of this process's threads named `name` (/proc/self/task/TID/stat, field 19).
+std::vector<int> nice_of_threads_named(const std::string& name) {
+  std::vector<int> out;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string n;
+    std::getline(comm, n);
+    if (n != name) continue;
+    std::ifstream stat(task.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    std::istringstream fields(line.substr(line.rfind(')') + 2));  // after "pid (comm) ": field 3 on
+    std::string f;
+    for (int i = 3; i <= 19 && fields >> f; ++i)
+      if (i == 19) out.push_back(std::stoi(f));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("[s3] the sink's workers (sk-s3) send parts and read ranges no higher than the thread that gives them work") {
+  if (!server_or_skip()) return;
+  auto o = options_for(*server());
+  o.part_size = 64 << 10;
+  o.parallel = 3;
+  st::s3_sink s(location("priority"), o);
+  const auto data = pattern((1 << 20) + 99, 5);
+  std::vector<std::byte> back(data.size());
+  // A thread of its own: the test's thread must not stay lowered.
+  std::thread([&] {
+    const int base = shardkit::detail::this_thread_nice();
+    st::put_object(s, "at-base", data);  // the workers are made here, at the starter's priority
+    CHECK(st::get_object(s, "at-base") == data);
+    auto nices = nice_of_threads_named("sk-s3");
+    CHECK(nices == std::vector<int>(3, base));
+    std::thread([&] {  // a checkpointer's thread: lowered by 6
+      shardkit::detail::lower_this_thread_to(base + 6);
+      st::put_object(s, "lowered", data);
+      CHECK(s.get("lowered", 0, back) == data.size());
+      CHECK(back == data);
+    }).join();
+    nices = nice_of_threads_named("sk-s3");
+    CHECK(nices.size() == 3);
+    // Every part of the lowered put went to a worker that lowered itself first; with 17 parts on 3 workers each one
+    // took at least one, unless another was always free first: at least one is lowered, none is raised.
+    CHECK(std::count(nices.begin(), nices.end(), std::min(base + 6, 19)) >= 1);
+    CHECK(std::count_if(nices.begin(), nices.end(), [&](int n) { return n != base && n != std::min(base + 6, 19); }) == 0);
+    CHECK(shardkit::detail::this_thread_nice() == base);
+  }).join();
 }

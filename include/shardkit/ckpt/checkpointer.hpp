@@ -109,6 +109,11 @@ enum class on_failure : std::uint8_t {
   log_and_continue,  //!< training goes on: failures are logged and counted (stats().failed), never thrown by calls
 };
 
+//! checkpointer_options::thread_nice where neither it nor SHARDKIT_CKPT_THREAD_NICE is given: the trainer's priority.
+//! A save's own CPU is small (about 12 ms per rank file to S3 in scripts/governor-lab, docs/benchmarks.md),
+//! and a lowered zero-overhead staging, which the next optimizer step waits for, finished later on a busy host.
+inline constexpr int default_checkpoint_thread_nice = 0;
+
 struct checkpointer_options {
   //! What the sink was opened from (open_sink's location: a directory, s3://bucket/prefix). Every rank must give the
   //! same one: the constructor compares it, with the prefix and the world size, across ranks and refuses on every
@@ -139,6 +144,12 @@ struct checkpointer_options {
   //! Copies the state's tensors that live on a device (a GPU) to and from host memory, and allocates the staging
   //! buffer where it copies fastest (page-locked); see ckpt/device.hpp. Empty: host tensors only.
   any_checkpoint_device device;
+  //! How much lower than the thread that constructs the checkpointer its two worker threads ("sk-ckpt") run: added
+  //! to that thread's nice value, capped at 19 (core/thread_options.hpp; Linux). They stage (zero-overhead),
+  //! serialize, checksum, persist and commit; the threads they start (an S3 sink's upload workers) run no higher.
+  //! Background work so lowered takes the CPU the training ranks leave idle rather than theirs. 0: as the trainer.
+  //! nullopt: SHARDKIT_CKPT_THREAD_NICE, else default_checkpoint_thread_nice (0).
+  std::optional<int> thread_nice;
 };
 
 //! What a load may leave of the checkpoint unloaded.

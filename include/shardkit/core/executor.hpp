@@ -294,12 +294,16 @@ class thread_pool {
  public:
   using executor_concept = executor_tag;
 
-  explicit thread_pool(std::size_t threads = std::max(1u, std::thread::hardware_concurrency())) : size_(threads) {
+  explicit thread_pool(std::size_t threads = std::max(1u, std::thread::hardware_concurrency()))
+      : thread_pool(threads, thread_options{}) {}
+  //! Workers named and lowered as `options` says (core/thread_options.hpp), each before its first work.
+  thread_pool(std::size_t threads, thread_options options) : size_(threads) {
     if (threads == 0) throw_error(errc::invalid_argument, "thread_pool with 0 threads");
     try {
       // The workers name this pool as their executor: a pool is never destroyed from its own worker (join()
       // refuses), so they may.
-      for (std::size_t i = 0; i < threads; ++i) workers_.start([this](state_type& s) { work(s); });
+      for (std::size_t i = 0; i < threads; ++i)
+        workers_.start([this](state_type& s) { work(s); }, options);
     } catch (...) {
       join();
       throw;

@@ -106,6 +106,12 @@ inline constexpr variable table[] = {
      .meaning = "large all-reduces, reduce-scatters and all-gathers between processes of one host read "
                 "peers' buffers directly (mapped host_shared_memory, else process_vm_readv); 0: the ring instead",
      .target = "core", .same_on_every_rank = true},
+    {.name = "SHARDKIT_CKPT_THREAD_NICE", .type = kind::integer, .default_text = "0",
+     .meaning = "how much lower than the thread that constructs a checkpointer its worker threads (sk-ckpt: staging, "
+                "serializing, checksums, persist, commit) and the threads they start (an S3 sink's upload workers) "
+                "run: added to that thread's nice value, capped at 19 (Linux); 0: as the trainer "
+                "(checkpointer_options::thread_nice overrides; docs/checkpointing.md, Priority)",
+     .target = "core", .min = 0, .max = 19},
     {.name = "SHARDKIT_LINK_BYTES_PER_SECOND", .type = kind::bytes,
      .default_text = "(94% of each NIC's speed from sysfs; none where unknown)",
      .meaning = "capacity of each network link (NIC) in bytes per second in each direction, K/M/G binary (1 Gbit/s "

@@ -215,7 +215,7 @@ class s3_sink {
       std::swap(part, buffer_);  // the full part goes; an emptied earlier one is filled next
       // The worker holds the state (shared) and the client (raw: this writer outlives its parts, since commit and
       // abort wait for all of them before letting the client go).
-      client.workers().post([c = &client, state = upload_, part = std::move(part), number, full_key = full_key_,
+      client.post_work([c = &client, state = upload_, part = std::move(part), number, full_key = full_key_,
                              key = key_, id = upload_id_]() mutable {
         std::exception_ptr error;
         std::string etag;
@@ -361,7 +361,7 @@ class s3_sink {
     } state{.left = n - 1, .received = std::vector<std::size_t>(n), .errors = std::vector<std::exception_ptr>(n)};
     const auto slice = [&](std::size_t i) { return out.subspan(i * chunk, std::min(chunk, out.size() - i * chunk)); };
     for (std::size_t i = 1; i < n; ++i)
-      c.workers().post([this, &state, &slice, &key, offset, chunk, i] {
+      c.post_work([this, &state, &slice, &key, offset, chunk, i] {
         std::size_t got = 0;
         std::exception_ptr error;
         try {

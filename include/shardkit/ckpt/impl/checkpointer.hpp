@@ -21,6 +21,12 @@ SHARDKIT_DECL checkpointer::checkpointer(comm::process_group& training, storage:
                 "checkpointer_options::lease_expiry is positive and at most ckpt::max_lease_expiry (" +
                     std::to_string(max_lease_expiry.count()) + " s); it is " + std::to_string(opts_.lease_expiry.count()) + " s",
                 {.operation = "ckpt.checkpointer"});
+  if (!opts_.thread_nice) opts_.thread_nice = int(settings::get<settings::integer>("SHARDKIT_CKPT_THREAD_NICE").value_or(default_checkpoint_thread_nice));
+  if (*opts_.thread_nice < 0 || *opts_.thread_nice > 19)
+    throw_error(errc::invalid_argument,
+                "checkpointer_options::thread_nice is 0 to 19 (added to the constructing thread's nice value); it is " +
+                    std::to_string(*opts_.thread_nice),
+                {.operation = "ckpt.checkpointer"});
   comm::group_options g = comm::group_options::from_env();
   g.name = "ckpt";
   group_ = training.dup(g);
@@ -32,7 +38,7 @@ SHARDKIT_DECL checkpointer::checkpointer(comm::process_group& training, storage:
   check_key_limits();
   staged_.set_value(true);
   // Two: one save persists while the previous one commits (its fsyncs and rank 0's index and retention block).
-  pool_.emplace(2);
+  pool_.emplace(2, thread_options{.name = "sk-ckpt", .nice = *opts_.thread_nice});
 }
 
 SHARDKIT_DECL checkpointer::~checkpointer() {

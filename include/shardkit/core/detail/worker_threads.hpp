@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/thread_options.hpp"
 
 namespace shardkit::detail {
 
@@ -128,9 +129,13 @@ class worker_threads {
   //! Starts one more thread running `f(state)`; `f` holds nothing of the owner. Under the state's mutex once other
   //! threads may call it too, and never once the owner is being destroyed (the destructor reads the list without
   //! the lock).
+  //! The thread takes `options` (its name, a lower priority: core/thread_options.hpp) before it calls `f`.
   template <class F>
-  void start(F f) {
-    threads_.emplace_back([s = state_, f = std::move(f)]() mutable { f(*s); });
+  void start(F f, thread_options options = {}) {
+    threads_.emplace_back([s = state_, f = std::move(f), o = std::move(options)]() mutable {
+      apply_to_this_thread(o);
+      f(*s);
+    });
   }
 
   bool empty() const noexcept { return threads_.empty(); }

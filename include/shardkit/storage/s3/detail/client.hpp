@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -143,11 +144,15 @@ class client {
   std::string full_key(const std::string& key) const { return location_.prefix + key; }
   std::string url_of(const std::string& full_key) const { return "s3://" + location_.bucket + "/" + full_key; }
 
-  // The worker threads, made on first use: a sink that only reads small objects never starts them.
-  thread_pool& workers() {
-    std::lock_guard lock(pool_mutex_);
-    if (!pool_) pool_ = std::make_unique<thread_pool>(options_.parallel);
-    return *pool_;
+  // Runs `work` on one of the worker threads, made on first use (a sink that only reads small objects never starts
+  // them), at no higher priority than the calling thread's (core/thread_options.hpp): a checkpointer's lowered
+  // threads upload through lowered workers, also when a load at the trainer's priority made the workers earlier.
+  // A worker once lowered stays so (raising needs a privilege): only the sink's later transfers share it.
+  void post_work(std::function<void()> work) {
+    workers().post([nice = shardkit::detail::this_thread_nice(), work = std::move(work)] {
+      shardkit::detail::lower_this_thread_to(nice);
+      work();
+    });
   }
 
   // Runs r until it succeeds, fails for good, or runs out of attempts; returns the last response (the caller
@@ -257,6 +262,12 @@ class client {
   }
 
  private:
+  thread_pool& workers() {
+    std::lock_guard lock(pool_mutex_);
+    if (!pool_) pool_ = std::make_unique<thread_pool>(options_.parallel, thread_options{.name = "sk-s3"});
+    return *pool_;
+  }
+
   std::chrono::milliseconds backoff(unsigned attempt) const {
     thread_local std::mt19937_64 rng{std::random_device{}()};
     const auto base = options_.base_backoff.count();
