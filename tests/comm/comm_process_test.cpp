@@ -146,6 +146,54 @@ TEST_CASE("[comm] a rank stopped before its first collective is named by the ran
   }
 }
 
+// Rank 2 of 4 stops (SIGSTOP) before an all_reduce (recursive doubling: rank 1 waits on rank 3, which waits on rank
+// 2); rank 1 exchanges no fault reports (SHARDKIT_FAULT_GRACE_MS=0). Rank 1's error must name rank 2, as its stall
+// evidence does (it blamed rank 3, its neighbour), and so must the others', which read the reports.
+SHARDKIT_SCENARIO(stopped_rank_named_without_reports) {
+  if (test::env_rank() == 1) ::setenv("SHARDKIT_FAULT_GRACE_MS", "0", 1);
+  auto world = comm::init_process_group("shm");
+  const int me = world.group.rank();
+  world.store.set("pid/" + std::to_string(me), std::to_string(::getpid()));
+  world.group.barrier().wait();
+  if (me == 2) {
+    ::raise(SIGSTOP);
+    std::_Exit(0);  // resumed once the others have said their piece (the store's host, rank 0, waits for it)
+  }
+  const int stopped = std::stoi(world.store.get("pid/2", std::chrono::seconds(10)));
+  SCENARIO_CHECK(test::wait_until_process_stopped(stopped));
+  std::vector<float> data(16, 1.0f);
+  try {
+    world.group.all_reduce(buffer_view(std::span<float>(data))).wait();
+    std::printf("NO ERROR\n");
+  } catch (const shardkit::error& e) {
+    std::printf("ERROR %s\n", e.what());
+  }
+  std::fflush(stdout);
+  world.store.set("said/" + std::to_string(me), "1");
+  if (me == 0) {
+    const std::vector<std::string> said{"said/1", "said/3"};
+    world.store.wait(said, std::chrono::seconds(20));
+    ::kill(stopped, SIGCONT);
+  }
+}
+
+TEST_CASE("[comm] a stopped rank is named by a rank without fault reports, as its stall evidence names it") {
+  const auto results = test::run_processes(4, "stopped_rank_named_without_reports", {{"SHARDKIT_TIMEOUT_MS", "1000"}},
+                                           std::chrono::seconds(60));
+  test::require_all_succeeded(results);
+  for (int r : {0, 1, 3}) {
+    const auto& out = results[std::size_t(r)].output;
+    CAPTURE(r);
+    CAPTURE(out);
+    CHECK(out.find("ERROR shardkit [group world] [rank " + std::to_string(r) + "] all_reduce (peer rank 2): timed out: ") !=
+          std::string::npos);
+  }
+  const auto& one = results[1].output;
+  CHECK(one.find("timed out: rank 2 (transport rank 2): its process (pid ") != std::string::npos);
+  CHECK(one.find(") is stopped (SIGSTOP or a debugger), and this all_reduce cannot complete without it; the deadline passed "
+                 "while receiving from peer rank 3 (transport rank 3)") != std::string::npos);
+}
+
 namespace {
 std::int64_t monotonic_ns() {  // CLOCK_MONOTONIC: one clock for every process of the host
   timespec ts{};

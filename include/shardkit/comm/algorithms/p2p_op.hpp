@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "shardkit/comm/algorithms/call_check.hpp"
@@ -362,10 +363,22 @@ class p2p_op {
       }
       std::string detail = std::string("deadline passed while ") + what +
                            (peer >= 0 ? " peer rank " + std::to_string(peer) : " a peer") + " (transport rank " +
-                           (peer >= 0 ? std::to_string(members_[std::size_t(peer)]) : "?") +
-                           "); that rank is slow, stuck, or did not call " + name_;
+                           (peer >= 0 ? std::to_string(members_[std::size_t(peer)]) : "?") + ")";
+      // What the stall lines said of the members' processes, the error says too, naming the same rank: the peer
+      // when its process is the one stopped, else the member whose process is (this rank's neighbour only waits on
+      // it in turn). The group's fault reports, where it has them, start their walk from the rank named here.
+      int named = peer;
+      if (const auto states = member_states(peer); states.empty()) {
+        detail += "; that rank is slow, stuck, or did not call " + std::string(name_);
+      } else if (states.front().first == peer) {
+        detail += ": " + states.front().second;
+      } else {
+        named = states.front().first;
+        detail = "rank " + std::to_string(named) + " (transport rank " + std::to_string(members_[std::size_t(named)]) + "): " +
+                 states.front().second + ", and this " + name_ + " cannot complete without it; the " + detail;
+      }
       if (const std::string left = lost_members(peer); !left.empty()) detail += "; " + left;  // members that left in order
-      throw error(errc::timeout, detail, context(peer));
+      throw error(errc::timeout, detail, context(named));
     }
   }
 
@@ -425,17 +438,26 @@ class p2p_op {
     if (!group_.empty()) line += " of group '" + std::string(group_) + "'";
     line += std::string(" (") + what + " it): ";
     std::string state;
-    if constexpr (transport::describes_peers<T>) {
-      if (peer >= 0) state = transport_.peer_state(members_[std::size_t(peer)]);
-      for (int r = 0; r < n(); ++r) {
-        if (r == me_ || r == peer) continue;
-        if (const auto other = transport_.peer_state(members_[std::size_t(r)]); !other.empty())
-          state += (state.empty() ? "" : "; ") + std::string("rank ") + rank_of(r) + ": " + other;
-      }
-    }
+    for (const auto& [r, said] : member_states(peer))
+      state += (state.empty() ? "" : "; ") + (r == peer ? said : "rank " + rank_of(r) + ": " + said);
     line += state.empty() ? "it is slow, stuck, stopped, or has not called " + std::string(name_) : state;
     if (until_ != no_deadline) line += "; the call times out in " + seconds(until_ - deadline::clock::now());
     log::warn(line);
+  }
+
+  //! What the transport sees of the members' processes (a stopped one), as (group rank, state): `peer`'s first,
+  //! then each other member's that says something. Empty where it sees nothing worth saying, or cannot tell.
+  std::vector<std::pair<int, std::string>> member_states(int peer) const {
+    std::vector<std::pair<int, std::string>> states;
+    if constexpr (transport::describes_peers<T>) {
+      if (peer >= 0)
+        if (auto said = transport_.peer_state(members_[std::size_t(peer)]); !said.empty()) states.emplace_back(peer, std::move(said));
+      for (int r = 0; r < n(); ++r) {
+        if (r == me_ || r == peer) continue;
+        if (auto said = transport_.peer_state(members_[std::size_t(r)]); !said.empty()) states.emplace_back(r, std::move(said));
+      }
+    }
+    return states;
   }
 
   completion post_send(int peer, const std::byte* data, std::size_t bytes) {
