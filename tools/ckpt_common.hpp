@@ -5,6 +5,7 @@
 #include <charconv>
 #include <chrono>
 #include <exception>
+#include <filesystem>
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -135,9 +136,24 @@ struct lease_state {
   }
 };
 
-inline lease_state read_location_lease(st::any_sink& sink) {
+//! For a directory location (a path or file://): what stands at its lease.json when that is not a file (a directory
+//! of that name, which the sink cannot read as an object), else empty.
+inline std::string lease_path_problem(const std::string& location) {
+  if (location.find("://") != std::string::npos && !location.starts_with("file://")) return {};
+  const std::filesystem::path dir = location.starts_with("file://") ? location.substr(7) : location;
+  std::error_code ec;
+  const auto status = std::filesystem::status(dir / ck::lease_object_name, ec);
+  if (ec || !std::filesystem::exists(status) || std::filesystem::is_regular_file(status)) return {};
+  return std::filesystem::is_directory(status) ? "a directory" : "not a regular file";
+}
+
+inline lease_state read_location_lease(st::any_sink& sink, const std::string& location) {
   lease_state s;
   s.record = ck::read_lease(sink, ck::lease_key(""));
+  if (!s.record)
+    if (const auto what = lease_path_problem(location); !what.empty())
+      s.record = ck::lease_record{.unparsed = "damaged: it is " + what + ", not an object; a checkpointer's first save "
+                                                                         "here fails until it is removed"};
   if (!s.record) return s;
   s.now = ck::detail::unix_seconds();
   // A holder that did not record its expiry is judged by the default one.

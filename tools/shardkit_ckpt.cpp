@@ -4,7 +4,7 @@
 //   shardkit-ckpt verify LOCATION [--step N]
 //   shardkit-ckpt inspect LOCATION [--step N] [--json]
 //   shardkit-ckpt consolidate LOCATION --out DIR [--step N] [--max-shard-size 5GB] [--all] [--force]
-//   shardkit-ckpt gc LOCATION [--min-age SECONDS] [--damaged] [--ignore-lease]
+//   shardkit-ckpt gc LOCATION [--min-age SECONDS] [--damaged] [--ignore-lease [--force]]
 //
 // LOCATION is what the checkpointer was given: a directory, or s3://bucket/prefix where storage/open_sink.hpp and
 // the S3 sink are built in. Without --step a command takes the newest complete checkpoint (the one a resume
@@ -39,7 +39,7 @@ int usage(std::FILE* to = stderr) {
       "       shardkit-ckpt verify LOCATION [--step N]\n"
       "       shardkit-ckpt inspect LOCATION [--step N] [--json]\n"
       "       shardkit-ckpt consolidate LOCATION --out DIR [--step N] [--max-shard-size 5GB] [--all] [--force]\n"
-      "       shardkit-ckpt gc LOCATION [--min-age SECONDS] [--damaged] [--ignore-lease]\n"
+      "       shardkit-ckpt gc LOCATION [--min-age SECONDS] [--damaged] [--ignore-lease [--force]]\n"
       "LOCATION: a checkpoint directory (or s3://bucket/prefix); without --step, the latest complete checkpoint.\n"
       "  --progress / --no-progress  progress bars on stderr (default: when stderr is a terminal)\n"
       "  --json                      ls, inspect: one JSON document on stdout (exact bytes, every piece's file)\n"
@@ -47,15 +47,18 @@ int usage(std::FILE* to = stderr) {
       "                              model.safetensors.index.json) go\n"
       "  --max-shard-size SIZE       consolidate: largest output file's data, e.g. 5GB (10^9), 500MiB (2^20), bytes\n"
       "  --all                       consolidate: also per-rank entries (rank/...) and optimizer state (optim.*)\n"
-      "  --force                     consolidate: replace a consolidated model already in DIR\n"
+      "  --force                     consolidate: replace a consolidated model already in DIR; gc: with --ignore-lease,\n"
+      "                              also a holder whose pid is alive on this host\n"
       "gc removes debris: the objects of steps without an index older than the latest complete checkpoint, writers'\n"
       "temporaries in those steps, and the other temporaries unmodified for --min-age SECONDS (default 600; 0 once no\n"
       "run writes there). On s3:// the temporaries are pending multipart uploads (ListMultipartUploads), aborted; their\n"
       "age is that of their newest part. While a live run holds the location's lease (lease.json, judged as a resume's\n"
       "takeover judges it), gc keeps that run's save in progress (newer steps, their temporaries) and refuses\n"
       "--min-age, naming the run; --ignore-lease treats that lease as dead (a run you know died on another host less\n"
-      "than its expiry ago). With --damaged it also removes the damaged checkpoints a resume moved aside\n"
-      "(step-N.damaged/: ls lists them; without --damaged gc keeps them).\n"
+      "than its expiry ago), but is refused, naming the pid, while the holder's process is alive on this host (same\n"
+      "host name and pid namespace): --ignore-lease --force for a pid that another process reused. With --damaged it\n"
+      "also removes the damaged checkpoints a resume moved aside (step-N.damaged/: ls lists them; without --damaged gc\n"
+      "keeps them). A lease.json that is not an object (a directory) is reported as a damaged lease, never removed.\n"
       "ls: complete means the index parses and every file it lists is there with the size it records (verify also\n"
       "checks every checksum); latest is the newest complete step, the one a resume loads first; in-progress, the\n"
       "steps and temporaries of the save of a live run that holds the lease.\n",
@@ -175,7 +178,7 @@ std::string lease_line(const lease_state& lease) {
 
 int run_ls(const common_options& o) {
   auto sink = open_location(o.location, false);
-  const auto lease = read_location_lease(sink);
+  const auto lease = read_location_lease(sink, o.location);
   auto steps = list_steps(sink);
   std::size_t complete = 0, damaged = 0;
   std::optional<std::uint64_t> latest;
@@ -279,6 +282,7 @@ struct gc_options {
   bool min_age_given = false;
   bool damaged = false;
   bool ignore_lease = false;
+  bool force = false;  // with ignore_lease: even when the holder's pid is alive on this host
 };
 
 // Removes debris that no live save can be writing: steps without an index older than the latest complete checkpoint
@@ -287,8 +291,16 @@ struct gc_options {
 // refused, naming the run, unless --ignore-lease).
 int run_gc(const common_options& o, const gc_options& g) {
   auto sink = open_location(o.location, false);
-  auto lease = read_location_lease(sink);
+  auto lease = read_location_lease(sink, o.location);
   const bool ignored = lease.live() && g.ignore_lease;
+  if (ignored && !g.force && ck::holder_alive_here(*lease.record, ck::detail::host_name()))
+    sk::throw_error(sk::errc::config,
+                    "--ignore-lease refused: " + lease.holder_text() + ", and its process, pid " +
+                        std::to_string(lease.record->pid) + " on this host, is alive: gc would remove its save in "
+                        "progress. Stop that run (its lease is stale once pid " + std::to_string(lease.record->pid) +
+                        " is gone) and gc again, or add --force if pid " + std::to_string(lease.record->pid) +
+                        " is another process now",
+                    {.operation = "shardkit-ckpt gc", .object = o.location});
   if (ignored) {
     std::printf("%s: --ignore-lease: treating the lease as dead: %s\n", o.location.c_str(), lease.holder_text().c_str());
     lease.stale_reason = "--ignore-lease";
@@ -486,6 +498,7 @@ int main(int argc, char** argv) {
       gc.min_age_given = true;
     } else if (a == "--damaged" && command == "gc") gc.damaged = true;
     else if (a == "--ignore-lease" && command == "gc") gc.ignore_lease = true;
+    else if (a == "--force" && command == "gc") gc.force = true;
     else if (a == "--all" && command == "consolidate") c.all = true;
     else if (a == "--force" && command == "consolidate") c.force = true;
     else if (!a.starts_with("-") && o.location.empty()) o.location = a;
@@ -496,6 +509,10 @@ int main(int argc, char** argv) {
   }
   if (o.location.empty()) {
     std::fprintf(stderr, "shardkit-ckpt %s: no LOCATION\n", argv[1]);
+    return usage();
+  }
+  if (command == "gc" && gc.force && !gc.ignore_lease) {
+    std::fprintf(stderr, "shardkit-ckpt gc: --force goes with --ignore-lease (it ignores a lease whose holder's pid is alive here)\n");
     return usage();
   }
   if (command == "consolidate" && !out_given) {

@@ -2,14 +2,16 @@
 //! The lease a checkpointer holds on its location while it saves, so that two live runs never write one location.
 //!
 //! One small object, <prefix>lease.json: {"run": run id, "holder": this checkpointer's own random id, "host",
-//! "pid", "renewed": seconds since the epoch, "expiry": the holder's lease_expiry in seconds}. Rank 0 takes it
+//! "pid", "pidns": the holder's pid namespace (the inode of /proc/self/ns/pid), "renewed": seconds since the epoch,
+//! "expiry": the holder's lease_expiry in seconds}. Rank 0 takes it
 //! before the run's first save writes anything, renews it from a thread of its own every quarter of the expiry,
 //! reads it back before writing each index (a save whose lease is no longer this holder's is not committed) and
 //! removes it when the checkpointer ends.
 //!
 //! Taking it: a lease that names another holder and is not stale refuses, naming the holder's run, host, pid and
-//! age. Stale (lease_stale_reason): its host is this host and its pid is gone or a zombie (a killed run;
-//! /proc/PID/stat says Z), or it was not renewed within the expiry (a holder on another host that died; the longer
+//! age. Stale (lease_stale_reason): its host is this host, its pid namespace this process's (or not recorded), and
+//! its pid is gone or a zombie (a killed run; /proc/PID/stat says Z; two containers may share a host name, not a
+//! pid namespace), or it was not renewed within the expiry (a holder on another host that died; the longer
 //! of the taker's expiry and the one the holder recorded, since the holder renews at a quarter of its own), or the
 //! object is not a lease at all (it does not parse as one: no checkpointer wrote it, since a holder writes it whole
 //! each time, so no live run holds it). A stale lease is taken over, with a warning that says which of these it was.
@@ -47,6 +49,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardkit/ckpt/listing.hpp"
+#include "shardkit/core/detail/process_state.hpp"
 #include "shardkit/core/detail/worker_threads.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
@@ -83,12 +86,14 @@ struct lease_record {
   std::int64_t pid = 0;
   std::int64_t renewed = 0;  //!< seconds since the epoch
   std::int64_t expiry = 0;   //!< the holder's lease_expiry in seconds; 0: not recorded (a lease written before it was)
+  std::uint64_t pid_namespace = 0;  //!< the holder's pid namespace; 0: not recorded (its pid is judged on its host)
   //! Set when the object is not a lease: why it does not parse, and its first bytes, or "damaged: " and which of its
   //! values no checkpointer writes (the other fields are empty).
   std::string unparsed;
 
   std::string to_json() const {
-    return nlohmann::json{{"run", run}, {"holder", holder}, {"host", host}, {"pid", pid}, {"renewed", renewed}, {"expiry", expiry}}
+    return nlohmann::json{{"run", run},         {"holder", holder},  {"host", host},  {"pid", pid},
+                          {"pidns", pid_namespace}, {"renewed", renewed}, {"expiry", expiry}}
         .dump();
   }
   //! std::nullopt for bytes that are not a lease (a stray object: stale).
@@ -97,7 +102,8 @@ struct lease_record {
       const auto j = nlohmann::json::parse(text);
       return lease_record{j.at("run").get<std::string>(),     j.at("holder").get<std::string>(),
                           j.at("host").get<std::string>(),    j.at("pid").get<std::int64_t>(),
-                          j.at("renewed").get<std::int64_t>(), j.contains("expiry") ? j.at("expiry").get<std::int64_t>() : 0};
+                          j.at("renewed").get<std::int64_t>(), j.contains("expiry") ? j.at("expiry").get<std::int64_t>() : 0,
+                          j.contains("pidns") ? j.at("pidns").get<std::uint64_t>() : 0};
     } catch (const std::exception&) {
       return std::nullopt;
     }
@@ -203,8 +209,20 @@ inline std::string lease_record::renewal_text(std::int64_t now) const {
   return "renewed " + std::to_string(lease_age(*this, now)) + " s ago";
 }
 
+//! Whether the reader can see `l`'s holder's pid as that process: the same host name and the same pid namespace
+//! (when the lease records one). `this_host`: the reader's host name (detail::host_name()).
+inline bool holder_pid_visible(const lease_record& l, const std::string& this_host) {
+  return l.unparsed.empty() && l.host == this_host &&
+         (l.pid_namespace == 0 || l.pid_namespace == shardkit::detail::proc::pid_namespace());
+}
+
+//! Whether `l`'s holder is a process alive on this host, in this pid namespace (see holder_pid_visible).
+inline bool holder_alive_here(const lease_record& l, const std::string& this_host) {
+  return holder_pid_visible(l, this_host) && detail::process_alive(l.pid);
+}
+
 //! Why the lease `l` may be taken over, or empty while it is live (see the file comment). `this_host`: the reader's
-//! host name (detail::host_name()); a holder's pid is judged only on its own host.
+//! host name (detail::host_name()); a holder's pid is judged only on its own host and in its own pid namespace.
 inline std::string lease_stale_reason(const lease_record& l, std::int64_t now, std::chrono::seconds reader_expiry,
                                       const std::string& this_host) {
   if (!l.unparsed.empty()) return "no run holds it";
@@ -215,7 +233,7 @@ inline std::string lease_stale_reason(const lease_record& l, std::int64_t now, s
            std::to_string(expiry.count()) + " s) of this process first reading it";
   if (lease_age(l, now) > expiry.count())
     return "not renewed within its expiry (" + std::to_string(expiry.count()) + " s, checkpointer_options::lease_expiry)";
-  if (l.host == this_host && !detail::process_alive(l.pid)) return "its process is gone from this host";
+  if (holder_pid_visible(l, this_host) && !detail::process_alive(l.pid)) return "its process is gone from this host";
   return {};
 }
 
@@ -225,7 +243,8 @@ class location_lease {
   //! `where` names the location in errors (the checkpointer's location, else the prefix).
   location_lease(storage::any_sink sink, std::string prefix, std::string where, std::string run_id, std::chrono::seconds expiry)
       : sink_(std::move(sink)), key_(lease_key(prefix)), where_(std::move(where)), expiry_(expiry) {
-    mine_ = {std::move(run_id), random_id(), detail::host_name(), static_cast<std::int64_t>(::getpid()), 0, expiry_.count()};
+    mine_ = {std::move(run_id), random_id(),   detail::host_name(), static_cast<std::int64_t>(::getpid()),
+             0,                 expiry_.count(), shardkit::detail::proc::pid_namespace()};
   }
   location_lease(const location_lease&) = delete;
   location_lease& operator=(const location_lease&) = delete;
