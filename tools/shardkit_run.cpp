@@ -9,6 +9,11 @@
 //  - Children also get PR_SET_PDEATHSIG=SIGKILL, so even a SIGKILLed launcher leaves no rank running.
 //  - Signals become bytes on a self-pipe, so the one poll() loop handles output, child exits and signals in order.
 //  - Output is relayed line by line with one write() per line, so lines of different ranks never mix.
+//  - A failed rank does not stop the others at once: they get a moment (--settle) to end by themselves. Ranks that
+//    fail for one reason (settings that differ, a rank lost) each print their own error, and rank 0 may still be
+//    waiting, in its store, for the others to read a verdict; stopped at once, what they had to say was lost. The
+//    rank reported as the cause is then chosen among all that failed meanwhile: one killed by a signal before
+//    those that exited with an error, which are most often its peers failing on its loss.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -39,16 +44,20 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 
 constexpr const char* usage_text =
-    "usage: shardkit-run -n N [--master-addr ADDR] [--master-port PORT] [--grace SECONDS] [--] PROGRAM [ARGS...]\n"
+    "usage: shardkit-run -n N [--master-addr ADDR] [--master-port PORT] [--grace SECONDS] [--settle SECONDS]\n"
+    "                    [--] PROGRAM [ARGS...]\n"
     "       shardkit-run --nnodes H --node-rank K --nproc-per-node P --master-addr ADDR --master-port PORT\n"
     "                    [--auth-token-file FILE] [--] PROGRAM [ARGS...]     (one per host, as torchrun's)\n"
     "\n"
     "Runs N ranks of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR\n"
     "(default 127.0.0.1), MASTER_PORT (default: a free port), SHARDKIT_AUTH_TOKEN and SHARDKIT_RUN_ID (unless\n"
     "set: random ones for this job; no run id with --nnodes > 1) set, and prefixes every line they print with\n"
-    "\"[rank K] \". When a rank fails, the others are stopped (SIGTERM, then SIGKILL after the grace period,\n"
-    "default 5 s) and shardkit-run exits with that rank's status (128+S for signal S). SIGINT, SIGTERM and SIGHUP\n"
-    "are forwarded to every rank (a second one sends SIGKILL); the exit status is then 128+S unless a rank failed.\n"
+    "\"[rank K] \". When a rank fails, the others get the settle time (default 2 s) to end by themselves, so that\n"
+    "ranks failing for the same reason print their own errors; those still running are then stopped (SIGTERM,\n"
+    "then SIGKILL after the grace period, default 5 s). The rank named as the cause is one killed by a signal, if\n"
+    "any failed meanwhile, else the first that failed; shardkit-run exits with its status (128+S for signal S).\n"
+    "SIGINT, SIGTERM and SIGHUP are forwarded to every rank (a second one sends SIGKILL); the exit status is then\n"
+    "128+S unless a rank failed.\n"
     "Ranks get /dev/null as stdin (each runs in its own process group, which must not read the terminal): give\n"
     "them input through a file.\n"
     "\n"
@@ -64,6 +73,7 @@ constexpr const char* usage_text =
     "  --master-port PORT     port of rank 0's store, 1..65535 (required with --nnodes > 1)\n"
     "  --auth-token-file FILE the job's shared secret, instead of SHARDKIT_AUTH_TOKEN\n"
     "  --grace SECONDS        time between SIGTERM and SIGKILL when stopping ranks\n"
+    "  --settle SECONDS       time the other ranks get to end by themselves once one failed (0: stop them at once)\n"
     "  -h, --help             this text\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -83,6 +93,7 @@ struct options {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
   std::chrono::milliseconds grace{5000};
+  std::chrono::milliseconds settle{2000};
   std::vector<std::string> command;
 };
 
@@ -139,6 +150,8 @@ options parse_args(int argc, char** argv) {
       o.master_port = parse_int(flag, take_value(), 1, 65535);
     } else if (flag == "--grace") {
       o.grace = std::chrono::milliseconds(std::int64_t(parse_int(flag, take_value(), 0, 3600)) * 1000);
+    } else if (flag == "--settle") {
+      o.settle = std::chrono::milliseconds(std::int64_t(parse_int(flag, take_value(), 0, 3600)) * 1000);
     } else {
       usage_error("unknown option '" + std::string(arg) + "'");
     }
@@ -335,10 +348,17 @@ int main(int argc, char** argv) {
   std::vector<rank_process> ranks(std::size_t(o.nproc));
   for (int r = 0; r < o.nproc; ++r) spawn(o, r, port, ranks[std::size_t(r)]);
 
-  std::optional<int> exit_status;  // from the first rank that failed, or 128+S for a forwarded signal S
+  std::optional<int> exit_status;  // from the rank named as the cause, or 128+S for a forwarded signal S
   bool failed = false;
   int stop_signal = 0;  // what we sent the groups so far: 0, SIGTERM-like, then SIGKILL
-  std::optional<clock_type::time_point> kill_at, give_up_at;
+  std::optional<clock_type::time_point> kill_at, give_up_at, settle_until;
+  // Ranks that failed by themselves before anything was stopped, in the order seen (see the file comment).
+  struct failure {
+    int rank;
+    bool killed;  // by a signal (its number in `code` - 128)
+    int code;
+  };
+  std::vector<failure> failures;
   const auto signal_groups = [&](int sig) {
     // Groups of exited ranks too: their grandchildren may still be running.
     for (const auto& p : ranks) ::kill(-p.pid, sig);
@@ -365,6 +385,22 @@ int main(int argc, char** argv) {
       cleaned_up = true;
       stop_all(SIGTERM);
     }
+    if (!failures.empty() && settle_until && (!any_running || clock_type::now() >= *settle_until)) {
+      // The settle time is over (or nobody is left): name the cause, then stop whoever still runs.
+      settle_until.reset();
+      const auto cause = std::find_if(failures.begin(), failures.end(), [](const failure& f) { return f.killed; });
+      const failure& f = cause != failures.end() ? *cause : failures.front();
+      exit_status = f.code;  // a rank's failure outranks a forwarded signal
+      std::string line = "shardkit-run: rank " + std::to_string(f.rank) + " " +
+                         (f.killed ? "was killed by signal " + std::to_string(f.code - 128)
+                                   : "exited with status " + std::to_string(f.code));
+      if (failures.size() > 1) line += " (" + std::to_string(failures.size() - 1) + " more failed by themselves meanwhile)";
+      if (stop_signal == 0 && any_running) {
+        line += "; stopping the other ranks";
+        stop_all(SIGTERM);
+      }
+      write_all(2, line + "\n");
+    }
     if (!any_running && !any_open) break;
     if (give_up_at && clock_type::now() >= *give_up_at) break;  // e.g. a daemon that left the group holds a pipe
     if (kill_at && clock_type::now() >= *kill_at) stop_all(SIGKILL);
@@ -378,7 +414,7 @@ int main(int argc, char** argv) {
           streams.push_back(s);
         }
     int timeout_ms = -1;
-    if (const auto next = kill_at ? kill_at : give_up_at) {
+    if (const auto next = settle_until ? settle_until : kill_at ? kill_at : give_up_at) {
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(*next - clock_type::now()).count();
       timeout_ms = int(std::clamp<long long>(left, 0, 60'000));
     }
@@ -415,15 +451,15 @@ int main(int argc, char** argv) {
       p.running = false;
       const bool exited = info.si_code == CLD_EXITED;
       const int code = exited ? info.si_status : 128 + info.si_status;
-      if (code == 0 || failed) continue;
+      if (code == 0) continue;
+      if (stop_signal != 0) {  // already stopping everything: the first failure gives the status
+        if (!failed) exit_status = code;  // a rank's failure outranks a forwarded signal
+        failed = true;
+        continue;
+      }
       failed = true;
-      exit_status = code;              // a rank's failure outranks a forwarded signal
-      if (stop_signal != 0) continue;  // already stopping everything
-      write_all(2, "shardkit-run: rank " + std::to_string(o.node_rank * o.nproc + int(r)) + " " +
-                       (exited ? "exited with status " + std::to_string(code)
-                               : "was killed by signal " + std::to_string(info.si_status)) +
-                       "; stopping the other ranks\n");
-      stop_all(SIGTERM);
+      if (failures.empty()) settle_until = clock_type::now() + o.settle;
+      failures.push_back({o.node_rank * o.nproc + int(r), !exited, code});
     }
   }
   for (const auto& p : ranks) ::waitpid(p.pid, nullptr, 0);

@@ -264,6 +264,34 @@ TEST_CASE("[tools] shardkit-run exits with the failing rank's status") {
   CHECK(contains(err, "[rank 0] shardkit-run: cannot run '/nonexistent/program'"));
 }
 
+// Ranks failing for one reason each print their own error: rank 0 of a job whose settings differ waits in its store
+// for the others to read the verdict before it says it (it was stopped during that wait, and its message lost).
+TEST_CASE("[tools] the other ranks of a failed one end by themselves within the settle time, their output kept") {
+  launcher l({"-n", "3", "sh", "-c",
+              "if [ $RANK = 0 ]; then sleep 0.4; echo rank-0-verdict; exit 1; elif [ $RANK = 1 ]; then exit 1; "
+              "else sleep 0.2; echo rank-2-verdict; exit 1; fi"});
+  CHECK(l.finish() == 1);
+  CAPTURE(l.out);
+  CAPTURE(l.err);
+  CHECK(contains(l.out, "[rank 0] rank-0-verdict"));
+  CHECK(contains(l.out, "[rank 2] rank-2-verdict"));
+  CHECK(contains(l.err, "shardkit-run: rank 1 exited with status 1 (2 more failed by themselves meanwhile)\n"));
+  CHECK(l.elapsed < 2s);  // all ended: no need to wait out the settle time
+}
+
+// A rank killed by a signal is the cause; its peers, failing on its loss, may be seen to end first.
+TEST_CASE("[tools] a rank killed by a signal is named as the cause before ranks that exited with an error first") {
+  launcher l({"-n", "3", "sh", "-c", "if [ $RANK = 1 ]; then sleep 0.3; kill -KILL $$; else exit 1; fi"});
+  CHECK(l.finish() == 128 + SIGKILL);
+  CAPTURE(l.err);
+  CHECK(contains(l.err, "shardkit-run: rank 1 was killed by signal 9 (2 more failed by themselves meanwhile)\n"));
+  // --settle 0: stopped at once, as before, the first failure named.
+  launcher now({"-n", "2", "--settle", "0", "sh", "-c", "if [ $RANK = 1 ]; then exit 3; else sleep 5; fi"});
+  CHECK(now.finish() == 3);
+  CHECK(contains(now.err, "shardkit-run: rank 1 exited with status 3; stopping the other ranks\n"));
+  CHECK(now.elapsed < 3s);
+}
+
 TEST_CASE("[tools] a failing rank stops the others at once, grandchildren included") {
   temp_dir dir;
   const auto d = dir.path.string();
