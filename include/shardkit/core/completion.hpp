@@ -28,7 +28,7 @@
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/executor.hpp"
 #include "shardkit/core/log.hpp"
-#include "shardkit/core/settings.hpp"
+#include "shardkit/core/separate_compilation.hpp"
 
 namespace shardkit {
 
@@ -42,12 +42,8 @@ inline constexpr deadline no_deadline = deadline::max();
 //! 50; 0 turns polling off). A futex sleep and wake-up costs tens of microseconds on a busy VM and a small
 //! collective goes through several (progress thread, transport thread, each step): polling first is what keeps
 //! an 8-byte all_reduce near the wire's latency.
-inline std::chrono::microseconds spin_before_block() noexcept {
-  // Read once, from noexcept code: a bad value falls back to 50 here and throws at group creation.
-  static const std::chrono::microseconds spin =
-      settings::get_or<std::chrono::microseconds>("SHARDKIT_SPIN_US", std::chrono::microseconds(50));
-  return spin;
-}
+//! Defined in core/impl/completion.hpp (the settings parsing is compiled there).
+SHARDKIT_DECL std::chrono::microseconds spin_before_block() noexcept;
 
 //! Polls `ready` (yielding between polls) for up to spin_before_block() or until `until`; true once ready.
 template <class Ready>
@@ -354,3 +350,7 @@ inline bool wait_all(std::span<const completion> cs, deadline dl = no_deadline) 
 }
 
 }  // namespace shardkit
+
+#if !defined(SHARDKIT_SEPARATE_COMPILATION)
+#include "shardkit/core/impl/completion.hpp"
+#endif

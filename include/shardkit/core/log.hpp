@@ -14,7 +14,7 @@
 #include <string>
 #include <string_view>
 
-#include "shardkit/core/settings.hpp"
+#include "shardkit/core/separate_compilation.hpp"
 
 namespace shardkit::log {
 
@@ -36,11 +36,9 @@ inline level parse_level(std::string_view s, level fallback = level::warn) noexc
 }
 
 namespace detail {
-inline std::atomic<int>& threshold() {
-  // Read once, from noexcept callers: a bad value falls back to warn here and throws at group creation.
-  static std::atomic<int> t{static_cast<int>(parse_level(settings::get_or<settings::choice>("SHARDKIT_LOG", "warn")))};
-  return t;
-}
+//! The lowest level written, from SHARDKIT_LOG read once (core/impl/log.hpp: the settings parsing is compiled
+//! there, once per program under SHARDKIT_SEPARATE_COMPILATION).
+SHARDKIT_DECL std::atomic<int>& threshold();
 inline std::atomic<int>& process_rank() {
   static std::atomic<int> r{[] {
     const char* v = std::getenv("RANK");
@@ -83,3 +81,7 @@ template <class... A> void warn(const A&... a) { write(level::warn, -1, a...); }
 template <class... A> void error(const A&... a) { write(level::error, -1, a...); }
 
 }  // namespace shardkit::log
+
+#if !defined(SHARDKIT_SEPARATE_COMPILATION)
+#include "shardkit/core/impl/log.hpp"
+#endif

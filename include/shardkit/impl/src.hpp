@@ -1,13 +1,14 @@
 #pragma once
 //! Under SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp), one source file of the program includes
 //! this header and nothing else of shardkit's: it compiles, once, the bodies the other translation units only
-//! declare: init_process_group and its transports, the store connection (rendezvous::connect_store with the store
-//! client and server), process_group's members, storage::open_sink and the sinks it makes (with the s3 target
-//! linked, SHARDKIT_HAS_S3, the S3 sink and s3_options::from_env), the sharded model with its default gather device
-//! and its optimizers; with the ckpt or the data target linked (either brings the codec target) the strict JSON
-//! parser; with the ckpt target (SHARDKIT_HAS_CKPT) the checkpointer, and with the data target (SHARDKIT_HAS_DATA)
-//! the data loader and the token files' sidecar writer. With the tcp target linked (SHARDKIT_HAS_TCP) the tcp and
-//! shm+tcp transports come with them.
+//! declare: the reading of SHARDKIT_LOG and SHARDKIT_SPIN_US, init_process_group and its transports, the store
+//! connection (rendezvous::connect_store with the store client and server), process_group's members,
+//! storage::open_sink and the sinks it makes (with the s3 target linked, SHARDKIT_HAS_S3, the S3 sink and
+//! s3_options::from_env), the sharded model with its default gather device and its optimizers; with the ckpt or
+//! the data target linked (either brings the codec target) the strict JSON parser; with the ckpt target
+//! (SHARDKIT_HAS_CKPT) the checkpointer, and with the data target (SHARDKIT_HAS_DATA) the data loader and the token
+//! files' sidecar writer. With the tcp target linked (SHARDKIT_HAS_TCP) the tcp and shm+tcp transports come with
+//! them. shardkit::compiled (CMakeLists.txt) is this header compiled once as a library, libshardkit.
 //!
 //! @code
 //!   // shardkit_src.cpp
@@ -17,6 +18,8 @@
 #error "<shardkit/impl/src.hpp> is for separately compiled programs: define the macro of core/separate_compilation.hpp for every translation unit of the program"
 #endif
 
+#include "shardkit/core/impl/completion.hpp"
+#include "shardkit/core/impl/log.hpp"
 #include "shardkit/comm/impl/init.hpp"
 #include "shardkit/comm/impl/process_group.hpp"
 #if defined(SHARDKIT_HAS_TCP)
