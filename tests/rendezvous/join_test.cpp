@@ -87,7 +87,8 @@ int stop_the_store_host(Store& store) {
 // (or, when silent, reads and says nothing), until destroyed.
 class stranger {
  public:
-  explicit stranger(bool answers) : answers_(answers) {
+  //! answers: with an HTTP error; closes: closes each connection at once; neither: reads nothing, says nothing.
+  explicit stranger(bool answers, bool closes = false) : answers_(answers), closes_(closes) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -119,9 +120,13 @@ class stranger {
         const std::string resp = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
         [[maybe_unused]] auto n = ::send(c, resp.data(), resp.size(), MSG_NOSIGNAL);
       }
+      if (closes_) {
+        ::close(c);
+        clients_.pop_back();
+      }
     }
   }
-  bool answers_;
+  bool answers_, closes_;
   int fd_ = -1, port_ = 0;
   std::atomic<bool> stop_{false};
   std::vector<int> clients_;
@@ -145,7 +150,7 @@ TEST_CASE("[rendezvous] join: a rank with another WORLD_SIZE is refused at once,
   }
 }
 
-TEST_CASE("[rendezvous] join: a rank claimed twice is refused at once, naming the rank; a rank outside the world too") {
+TEST_CASE("[rendezvous] join: a rank claimed twice while ranks join: only the second claim is refused, naming the rank") {
   const int port = shardkit::test::free_port();
   auto host_first = std::async(std::launch::async, [&] { return join(port, true, 3, 0); });
   // The first rank 1 joins; the world is not complete yet when the second claims rank 1.
@@ -157,10 +162,15 @@ TEST_CASE("[rendezvous] join: a rank claimed twice is refused at once, naming th
   CHECK(second.code == errc::config);
   CHECK(has(second.what, "rank 1 joined already"));
   CHECK(has(second.what, "two processes were started with RANK=1"));
+  // The first claim keeps its place, as after the join: the host is not stopped, and the job completes.
+  const auto two = join(port, false, 3, 2);
+  CHECK(two.what.empty());
   const auto host = host_first.get();
   CAPTURE(host.what);
-  CHECK(has(host.what, "rank 1 joined already"));
+  CHECK(host.what.empty());
   CHECK(host.seconds < 5);
+  REQUIRE(first.store);
+  CHECK_NOTHROW(first.store->set("still", "served"));
 }
 
 TEST_CASE("[rendezvous] a RANK outside WORLD_SIZE fails at once naming both, and tells the store: rank 0 fails too") {
@@ -329,6 +339,36 @@ TEST_CASE("[rendezvous] a MASTER_PORT held by another program: a client stops at
   }
 }
 
+// What this process writes to stderr (the log) while `f` runs.
+template <class F>
+std::string stderr_of(F&& f) {
+  std::fflush(stderr);
+  FILE* tmp = std::tmpfile();
+  const int saved = ::dup(2);
+  ::dup2(::fileno(tmp), 2);
+  f();
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::string text;
+  std::rewind(tmp);
+  for (int ch; (ch = std::fgetc(tmp)) != EOF;) text += char(ch);
+  std::fclose(tmp);
+  return text;
+}
+
+TEST_CASE("[rendezvous] a host whose MASTER_PORT accepts and closes does not ask whether rank 0 is running") {
+  stranger s(false, true);
+  outcome host;
+  const std::string log = stderr_of([&] { host = join(s.port(), true, 2, 0, 5s); });
+  CAPTURE(log);
+  CAPTURE(host.what);
+  CHECK(has(host.what, "port " + std::to_string(s.port()) + " (MASTER_PORT) is held by another program"));
+  CHECK(has(log, "waiting for the store at"));
+  CHECK(has(log, "which this process, rank 0, hosts or found taken"));
+  CHECK(!has(log, "is it running"));
+}
+
 TEST_CASE("[rendezvous] a MASTER_ADDR that does not resolve is said at once, then retried until the timeout") {
   const auto t0 = steady::now();
   try {
@@ -455,18 +495,30 @@ TEST_CASE("[rendezvous] processes: WORLD_SIZE=2 and 3 on one MASTER_PORT both fa
   }
 }
 
-TEST_CASE("[rendezvous] processes: two started with RANK=1: one is refused at once naming the rank, and the host") {
+// Processes 1 and 3 both say RANK=1 of WORLD_SIZE=3, started at once, rank 2 half a second later (the second claim
+// comes while ranks join):
+// whichever claims second is refused naming the rank; the first keeps its place and the job completes.
+TEST_CASE("[rendezvous] processes: two started with RANK=1: the second is refused at once naming the rank, the job goes on") {
   const auto results = shardkit::test::run_processes(
-      3, "rendezvous_join_misuse", {{"JOIN_RANK_2", "1"}, {"SHARDKIT_STORE_TIMEOUT", "20"}}, 30s);
+      4, "rendezvous_join_misuse",
+      {{"JOIN_RANK_3", "1"}, {"JOIN_WORLD_SIZE_0", "3"}, {"JOIN_WORLD_SIZE_1", "3"}, {"JOIN_WORLD_SIZE_2", "3"},
+       {"JOIN_WORLD_SIZE_3", "3"}, {"JOIN_LOCAL_FROM_RANK", "1"}, {"JOIN_DELAY_MS_2", "500"},
+       {"SHARDKIT_STORE_TIMEOUT", "20"}},
+      30s);
   shardkit::test::require_all_succeeded(results);
-  int refused = 0;
-  for (const auto& r : results) {
-    CAPTURE(r.output);
-    refused += has(r.output, "REFUSED") && has(r.output, "rank 1 joined already");
+  REQUIRE(results.size() == 4);
+  for (const std::size_t p : {0, 2}) {
+    CAPTURE(results[p].output);
+    CHECK(has(results[p].output, "JOINED"));
   }
-  // The host and whichever rank-1 process came second; the first rank 1 may have joined or been told the host left.
-  CHECK(refused >= 2);
-  CHECK(has(results[0].output, "rank 1 joined already"));
+  CAPTURE(results[1].output);
+  CAPTURE(results[3].output);
+  const int joined = has(results[1].output, "JOINED") + has(results[3].output, "JOINED");
+  const int refused = (has(results[1].output, "REFUSED") && has(results[1].output, "rank 1 joined already, from ")) +
+                      (has(results[3].output, "REFUSED") && has(results[3].output, "rank 1 joined already, from "));
+  CHECK(joined == 1);
+  CHECK(refused == 1);
+  for (const auto& r : results) CHECK(!has(r.output, "is gone"));
 }
 
 // Two jobs of two ranks on one MASTER_PORT, as processes (processes 2 and 3 are job B's ranks 0 and 1): one job's

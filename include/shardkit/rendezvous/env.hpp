@@ -86,8 +86,9 @@ SHARDKIT_DECL std::chrono::milliseconds store_timeout();
 //! Connects this rank to the job's store: rank 0 hosts a tcp_store server on master_port and waits until every
 //! rank has joined (or `timeout`); the others connect to master_addr:master_port, retrying until `timeout`
 //! while rank 0 starts. Every rank joins with its rank and world size, so a rank started with another
-//! WORLD_SIZE, or a RANK that another process claimed already, is refused at once (errc::config naming the rank
-//! and both values), and rank 0 fails with the same message. The store takes SHARDKIT_AUTH_TOKEN as its auth
+//! WORLD_SIZE is refused at once (errc::config naming the rank and both values), and rank 0 fails with the same
+//! message; a second process with a RANK claimed already is refused at once naming the rank (the first claim
+//! keeps its place and the job goes on). The store takes SHARDKIT_AUTH_TOKEN as its auth
 //! token, like the TCP transport: a client without it cannot read or write a key (shardkit-run sets one per job).
 //! Every rank's hello carries run_id(): a rank of another run that found this MASTER_PORT (two jobs on one port)
 //! is refused at once naming both runs, and a second rank 0 is told the port is another job's.

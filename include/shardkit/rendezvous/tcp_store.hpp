@@ -101,8 +101,9 @@ class tcp_store {
   //! Like torch's TCPStore(host, port, world_size, is_master, timeout). With is_server, starts a server on
   //! `port` (0 = ephemeral) listening on every interface, and connects to it over loopback; the server lives as
   //! long as the returned client. With world_size, every client joins the job (see join in
-  //! tcp_store_server.hpp): a client whose world size differs from the server's, or whose `rank` joined already,
-  //! is refused with errc::config naming the rank and both values, and so is the server side, at once; the
+  //! tcp_store_server.hpp): a client whose world size differs from the server's is refused with errc::config naming
+  //! the rank and both values, and so is the server side, at once; one whose `rank` joined already is refused
+  //! naming the rank and where its first claim came from (the first claim keeps its place, the job goes on); the
   //! server side returns only once world_size clients (itself included) have joined, or fails with errc::timeout
   //! saying how many did. `timeout` is both the connect timeout and the default request timeout. `auth_token` is
   //! the server's and this client's (connect_store() passes SHARDKIT_AUTH_TOKEN). A server port already taken is

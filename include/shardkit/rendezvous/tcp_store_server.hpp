@@ -265,6 +265,7 @@ class tcp_store_server {
   void join(connection& c, std::int64_t rank, std::int64_t world) {
     if (world_ == 0 && world > 0) world_ = world;
     std::string why;
+    bool duplicate = false;
     const std::string who = rank >= 0 ? "rank " + std::to_string(rank) : "a client";
     if (world != world_) {
       why = who + " says WORLD_SIZE=" + std::to_string(world) + ", the store was started for " + std::to_string(world_);
@@ -272,15 +273,19 @@ class tcp_store_server {
       why = "rank " + std::to_string(rank) + " is outside [0, WORLD_SIZE=" + std::to_string(world_) +
             "): a process was started with RANK=" + std::to_string(rank);
     } else if (rank >= 0) {
-      if (auto it = claims_.find(rank); it != claims_.end())
+      if (auto it = claims_.find(rank); it != claims_.end()) {
+        duplicate = true;
         why = "rank " + std::to_string(rank) + " joined already, from " + it->second + ": two processes were started with RANK=" +
               std::to_string(rank);
+      }
     }
     const std::string ready(detail::store_ready_key);
     if (!why.empty()) {
       log::warn("tcp store server on port ", port(), ": refusing the join of ", c.peer, ": ", why);
-      // Tell the host too, unless the job is already complete (then the refusal concerns only the newcomer).
-      if (joined_ < world_ || world_ == 0) {
+      // Tell the host too, unless the job is already complete (then the refusal concerns only the newcomer) or the
+      // rank was claimed already: its first claim keeps its place (the job can still complete), only the second
+      // claim is refused, as after the join.
+      if ((joined_ < world_ || world_ == 0) && !duplicate) {
         data_[ready] = std::string(detail::store_refused_prefix) + why;
         key_created(ready);
       }
