@@ -28,6 +28,7 @@
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/executor.hpp"
+#include "shardkit/core/log.hpp"
 #include "shardkit/core/host_shared_memory.hpp"
 #include "shardkit/core/reduce_op.hpp"
 #include "support/harness.hpp"
@@ -51,6 +52,19 @@ TEST_CASE("[core] f16 and bf16 round-trip and round to nearest even") {
   CHECK(float(bfloat16(-3.0f)) == -3.0f);
   CHECK(bfloat16(1.0f + 1.0f / 256).bits == bfloat16(1.0f).bits);  // tie -> even
   CHECK(std::isnan(float(bfloat16(std::numeric_limits<float>::quiet_NaN()))));
+}
+
+// One way of saying how long a wait lasted, of how long, for every waiting line (store, collectives, shm set-up).
+TEST_CASE("[core] waiting lines say their times one way") {
+  using namespace std::chrono_literals;
+  CHECK(shardkit::log::seconds_text(250ms) == "0.25 s");
+  CHECK(shardkit::log::seconds_text(1018ms) == "1.02 s");
+  CHECK(shardkit::log::seconds_text(18900ms) == "18.9 s");
+  CHECK(shardkit::log::seconds_text(300s) == "300 s");
+  CHECK(shardkit::log::seconds_text(3600s) == "3600 s");
+  CHECK(shardkit::log::waited_of(1500ms, 2000ms) == "1.5 of 2 s");
+  CHECK(shardkit::log::waited_of(1500ms, 300s) == "1.5 of 300 s");
+  CHECK(shardkit::log::waited_of(1500ms, 0ms) == "1.5 s");  // no bound
 }
 
 TEST_CASE("[core] dtype names parse back") {

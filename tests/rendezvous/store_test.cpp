@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <set>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -176,27 +177,7 @@ std::string hello(std::uint32_t version = rdv::detail::store_protocol_version) {
   return rdv::detail::store_hello("", "", version);
 }
 
-// What this process writes to stderr (the log) while it lives.
-struct stderr_capture {
-  std::FILE* file = std::tmpfile();
-  int saved = ::dup(2);
-  stderr_capture() { ::dup2(::fileno(file), 2); }
-  ~stderr_capture() {
-    restore();
-    std::fclose(file);
-  }
-  void restore() {
-    if (saved >= 0) ::dup2(saved, 2), ::close(saved), saved = -1;
-  }
-  std::string text() const {
-    std::string out;
-    char buf[4096];
-    std::size_t n;
-    std::rewind(file);
-    while ((n = std::fread(buf, 1, sizeof buf, file)) > 0) out.append(buf, n);
-    return out;
-  }
-};
+using shardkit::test::stderr_capture;
 
 }  // namespace
 
@@ -381,6 +362,23 @@ TEST_CASE("[rendezvous] tcp_store: garbage, oversized and unknown frames drop on
   }
 
   job.check_unaffected();
+}
+
+// A client waiting for a store that is not up says how long it waited of how long, in the words every waiting line
+// uses (core/log.hpp), not seconds of milliseconds.
+TEST_CASE("[rendezvous] tcp_store: the wait for a store that is not up is said in seconds of seconds") {
+  const int port = shardkit::test::free_port();
+  std::string log;
+  {
+    stderr_capture capture;
+    CHECK_THROWS_AS(rdv::tcp_store("127.0.0.1", port, {.connect_timeout = 1200ms, .timeout = 1s}), shardkit::error);
+    log = capture.text();
+  }
+  INFO(log);
+  const std::regex line("waiting for the store at 127\\.0\\.0\\.1:" + std::to_string(port) +
+                        " \\(MASTER_ADDR, MASTER_PORT; rank 0 hosts it: is it running, and on that address\\?\\): 0\\.[5-9][0-9]* of 1\\.2 s "
+                        "\\(SHARDKIT_STORE_TIMEOUT\\)");
+  CHECK(std::regex_search(log, line));
 }
 
 TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is refused, logged, and reads or writes nothing") {

@@ -129,6 +129,23 @@ TEST_CASE("[shm] connect names segments by session and unlinks them once every r
   CHECK(b[1]->session() == b[0]->session());
 }
 
+// A set-up wait that lasts is said from 1 s, as the store's and the collectives' waits are, in the same words.
+TEST_CASE("[shm] a connect waiting for a rank that never comes says so from 1 s, how long of how long") {
+  auto store = rendezvous::make_store<rendezvous::memory_store>();
+  shm_options o;
+  o.connect_timeout = 1500ms;
+  std::string log;
+  {
+    test::stderr_capture capture;
+    CHECK_THROWS_AS(shm_transport::connect(store, 0, 2, o), shardkit::error);
+    log = capture.text();
+  }
+  INFO(log);
+  const std::regex line("rank 0 has waited 1\\.[0-9]+ of 1\\.5 s for rank 1 to create its segment \\(shm transport set-up\\): "
+                        "it has not joined this connect");
+  CHECK(std::regex_search(log, line));
+}
+
 TEST_CASE("[shm] connect names a rank that never comes (not a store key) at connect_timeout, on every rank") {
   for (const int n : {2, 3, 5}) {
     CAPTURE(n);

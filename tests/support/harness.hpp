@@ -3,7 +3,10 @@
 // in "scenario" mode (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set, as a launcher would).
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +19,28 @@
 #include <vector>
 
 namespace shardkit::test {
+
+//! What this process writes to stderr (the log) while it lives.
+struct stderr_capture {
+  std::FILE* file = std::tmpfile();
+  int saved = ::dup(2);
+  stderr_capture() { ::dup2(::fileno(file), 2); }
+  ~stderr_capture() {
+    restore();
+    std::fclose(file);
+  }
+  void restore() {
+    if (saved >= 0) ::dup2(saved, 2), ::close(saved), saved = -1;
+  }
+  std::string text() const {
+    std::string out;
+    char buf[4096];
+    std::size_t n;
+    std::rewind(file);
+    while ((n = std::fread(buf, 1, sizeof buf, file)) > 0) out.append(buf, n);
+    return out;
+  }
+};
 
 //! Runs fn(rank) on n threads; the first exception of any rank is rethrown after all joined.
 inline void run_threads(int n, const std::function<void(int)>& fn) {

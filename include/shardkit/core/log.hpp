@@ -74,6 +74,22 @@ void write(level l, int rank, const Args&... args) {
   [[maybe_unused]] auto n = ::write(2, line.data(), line.size());
 }
 
+//! A length of time as waiting lines and timeouts say it: "0.25 s", "1.02 s", "18.9 s", "300 s" (three figures, whole
+//! seconds from 100 s). Every "has waited" line says its times so, whichever layer waits.
+inline std::string seconds_text(std::chrono::duration<double> d) {
+  char text[32];
+  std::snprintf(text, sizeof text, d.count() < 100 ? "%.3g s" : "%.0f s", d.count());
+  return text;
+}
+
+//! "1.02 of 20 s": how long a wait has lasted, of its bound (a bound of zero or less: "1.02 s", no bound).
+inline std::string waited_of(std::chrono::duration<double> waited, std::chrono::duration<double> bound) {
+  if (bound.count() <= 0) return seconds_text(waited);
+  std::string w = seconds_text(waited);
+  w.resize(w.size() - 2);  // the unit, said once at the end
+  return w + " of " + seconds_text(bound);
+}
+
 template <class... A> void trace(const A&... a) { write(level::trace, -1, a...); }
 template <class... A> void debug(const A&... a) { write(level::debug, -1, a...); }
 template <class... A> void info(const A&... a) { write(level::info, -1, a...); }

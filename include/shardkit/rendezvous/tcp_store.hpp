@@ -294,9 +294,8 @@ class tcp_store {
       if (now >= until) return std::nullopt;
       if (now < next_log) continue;
       if (const auto state = conn_.describe_host(); !state.empty()) {
-        char line[64];
-        std::snprintf(line, sizeof line, "%.3g s", std::chrono::duration<double>(now - started).count());
-        log::warn(opts_.rank ? "rank " + std::to_string(*opts_.rank) : std::string("this process"), " has waited ", line,
+        log::warn(opts_.rank ? "rank " + std::to_string(*opts_.rank) : std::string("this process"), " has waited ",
+                  log::waited_of(now - started, until == no_deadline ? steady_clock::duration(0) : until - started),
                   " for the store at ", address(), " to answer ", operation,
                   opts_.host_rank ? " (rank " + std::to_string(*opts_.host_rank) + " hosts it)" : std::string(), ": ", state);
         next_log = now + (now - started);
@@ -411,14 +410,9 @@ class tcp_store {
                         " never joined (not started, started with another MASTER_ADDR or MASTER_PORT, or failed before "
                         "joining: its own output says why)" + refusals,
                     ctx);
-      const auto seconds = [](auto d) {
-        char text[32];
-        std::snprintf(text, sizeof text, "%.3g s", std::chrono::duration<double>(d).count());
-        return std::string(text);
-      };
       log::warn("store at ", address(), ": waiting for ", who, " to join (", count, " of ", world_size, " joined, ",
-                seconds(steady_clock::now() - started),
-                timeout.count() > 0 ? " of " + seconds(timeout) + ", SHARDKIT_STORE_TIMEOUT" : std::string(), ")", refusals);
+                log::waited_of(steady_clock::now() - started, timeout),
+                timeout.count() > 0 ? ", SHARDKIT_STORE_TIMEOUT" : "", ")", refusals);
     }
     remove(joined);
     remove(ready);

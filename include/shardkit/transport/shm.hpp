@@ -65,6 +65,7 @@
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/detail/worker_threads.hpp"
 #include "shardkit/core/error.hpp"
+#include "shardkit/core/log.hpp"
 #include "shardkit/rendezvous/store.hpp"
 #include "shardkit/transport/p2p.hpp"
 #include "shardkit/transport/shm/detail/engine.hpp"
@@ -265,6 +266,10 @@ class shm_transport {
     void wait_for(const std::string& key, int owner, const char* step) const {
       const std::vector<std::string> keys{key};
       constexpr std::chrono::milliseconds slice(100);
+      // A wait that lasts is said, as the store's and the collectives' are: from 1 s, then at each doubling.
+      // Times are of the whole connect (its bound ends at `until`).
+      const auto started = until == no_deadline ? steady_clock::now() : until - bound;
+      auto next_log = started + std::chrono::seconds(1);
       for (;;) {
         const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - steady_clock::now());
         try {
@@ -282,11 +287,19 @@ class shm_transport {
         if (state == detail::shm::liveness::dead)
           throw_error(errc::peer_lost, who + " exited while the shm transport was being set up, before it could " + step,
                       {.rank = rank, .peer = owner, .operation = "shm.connect"});
-        if (steady_clock::now() < until) continue;
+        const auto now = steady_clock::now();
+        if (now < until && now < next_log) continue;
         std::string why = id.pid <= 0 ? "it has not joined this connect (stopped, stuck, or it failed before; its own output says why)"
                                       : "its process is alive";
         if (id.pid > 0)
           if (auto st = detail::shm::proc::read_stat(id.pid); st && st->first == 'T') why += " but stopped (SIGSTOP or a debugger)";
+        if (now < until) {
+          log::write(log::level::warn, rank, "rank ", rank, " has waited ",
+                     log::waited_of(now - started, until == no_deadline ? steady_clock::duration(0) : until - started), " for ",
+                     who, " to ", step, " (shm transport set-up): ", why);
+          next_log = now + (now - started);
+          continue;
+        }
         throw_error(errc::timeout,
                     who + " did not " + step + " within " + std::to_string(bound.count()) +
                         " ms of this rank's shm connect (shm_options::connect_timeout; init_process_group bounds it by "

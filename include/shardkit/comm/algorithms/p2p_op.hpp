@@ -426,14 +426,8 @@ class p2p_op {
   //! 4242) is stopped (SIGSTOP or a debugger); the call times out in 18.9 s", with the transport's ranks (world
   //! ranks) and what it sees of the peer's process, and of any other member's that is stopped.
   void log_stall(int peer, const char* what, deadline::clock::duration waited) const {
-    const auto seconds = [](deadline::clock::duration d) {
-      const double s = std::chrono::duration<double>(d).count();
-      char text[32];
-      std::snprintf(text, sizeof text, s < 10 ? "%.3g s" : "%.0f s", s);
-      return std::string(text);
-    };
     const auto rank_of = [&](int r) { return r >= 0 ? std::to_string(members_[std::size_t(r)]) : std::string("?"); };
-    std::string line = "rank " + rank_of(me_) + " has waited " + seconds(waited) + " for rank " + rank_of(peer) + " in " + name_;
+    std::string line = "rank " + rank_of(me_) + " has waited " + log::seconds_text(waited) + " for rank " + rank_of(peer) + " in " + name_;
     if (seq_ >= 0) line += " #" + std::to_string(seq_);
     if (!group_.empty()) line += " of group '" + std::string(group_) + "'";
     line += std::string(" (") + what + " it): ";
@@ -441,7 +435,7 @@ class p2p_op {
     for (const auto& [r, said] : member_states(peer))
       state += (state.empty() ? "" : "; ") + (r == peer ? said : "rank " + rank_of(r) + ": " + said);
     line += state.empty() ? "it is slow, stuck, stopped, or has not called " + std::string(name_) : state;
-    if (until_ != no_deadline) line += "; the call times out in " + seconds(until_ - deadline::clock::now());
+    if (until_ != no_deadline) line += "; the call times out in " + log::seconds_text(until_ - deadline::clock::now());
     log::warn(line);
   }
 

@@ -138,13 +138,11 @@ class store_client_connection {
                     {.operation = "store.connect", .object = address()});
       if (now >= next_report) {
         next_report = now + slice;
-        char waited[32];
-        std::snprintf(waited, sizeof waited, "%.3g s", std::chrono::duration<double>(now - started).count());
         // Rank 0 hosts the store itself (or checks what holds its port): asking whether rank 0 runs is for others.
         log::warn("waiting for the store at ", address(),
                   s_.rank == 0 ? " (MASTER_PORT, which this process, rank 0, hosts or found taken)"
                                : " (MASTER_ADDR, MASTER_PORT; rank 0 hosts it: is it running, and on that address?)",
-                  ": ", waited, " of ", ms_text(s_.connect_timeout),
+                  ": ", log::waited_of(now - started, s_.connect_timeout),
                   " (SHARDKIT_STORE_TIMEOUT); last error: ", last);
       }
       std::this_thread::sleep_for(std::min<steady_clock::duration>(backoff, dl - now));
