@@ -4,8 +4,11 @@
 // uploads, parallel ranged reads, list and batch delete must still complete, with bytes identical to what was
 // written and to what the server holds. Then the retry policy through the proxy's own answers: which codes are
 // retried, with the real status kept; connection errors that are final; a listing that breaks off. And the
-// priority the sink's workers run at.
+// priority the sink's workers run at, and the part buffers a sink keeps for its next upload.
 #include <doctest/doctest.h>
+
+#include <sys/prctl.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -287,4 +290,28 @@ TEST_CASE("[s3] the sink's workers (sk-s3) send parts and read ranges no higher 
     CHECK(std::count_if(nices.begin(), nices.end(), [&](int n) { return n != base && n != std::min(base + 6, 19); }) == 0);
     CHECK(shardkit::detail::this_thread_nice() == base);
   }).join();
+}
+
+TEST_CASE("[s3] a sink's next upload fills the part buffer of its last one instead of faulting in fresh pages") {
+  if (!server_or_skip()) return;
+  auto o = options_for(*server());
+  // Above glibc's largest mmap threshold (32 MiB): without the kept buffer every writer maps its part anew.
+  o.part_size = std::size_t(40) << 20;
+  st::s3_sink s(location("part-buffers"), o);
+  const auto data = pattern(std::size_t(8) << 20, 9);  // one PutObject, sent from this thread
+  const int thp = ::prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0);
+  ::prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0);  // a fault per 4 KiB page, not one per huge page
+  const auto faults_of_put = [&](const std::string& key) {
+    rusage before{}, after{};
+    ::getrusage(RUSAGE_THREAD, &before);
+    st::put_object(s, key, data);
+    ::getrusage(RUSAGE_THREAD, &after);
+    return after.ru_minflt - before.ru_minflt;
+  };
+  faults_of_put("first");  // the connection, the handle and the first part buffer
+  const long second = faults_of_put("second");
+  ::prctl(PR_SET_THP_DISABLE, thp == 1 ? 1 : 0, 0, 0, 0);
+  // A fresh 8 MiB buffer faults in 2048 pages; what is left (libcurl's 1 MiB upload buffer, 256) is not the part's.
+  CHECK(second < long(data.size() / 4096 / 2));
+  CHECK(st::get_object(s, "second") == data);
 }

@@ -97,6 +97,7 @@ class s3_sink {
       const std::size_t part = part_size_;
       try {
         while (!bytes.empty()) {
+          if (buffer_.capacity() == 0) buffer_ = client_->take_part_buffer();
           if (buffer_.capacity() < part) buffer_.reserve(part);
           const std::size_t n = std::min(bytes.size(), part - buffer_.size());
           buffer_.insert(buffer_.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(n));
@@ -166,6 +167,14 @@ class s3_sink {
     }
 
     void finish() noexcept {
+      if (client_) {  // the part buffers go back to the sink for its next writer
+        client_->keep_part_buffer(std::move(buffer_));
+        if (upload_) {
+          std::lock_guard lock(upload_->mutex);
+          if (upload_->in_flight == 0)
+            for (auto& b : upload_->spare) client_->keep_part_buffer(std::move(b));
+        }
+      }
       client_.reset();
       buffer_ = {};
       upload_.reset();

@@ -144,6 +144,28 @@ class client {
   std::string full_key(const std::string& key) const { return location_.prefix + key; }
   std::string url_of(const std::string& full_key) const { return "s3://" + location_.bucket + "/" + full_key; }
 
+  // Part buffers of finished uploads, kept for the sink's next writer: uploads every few steps (a checkpointer's)
+  // then fill memory already in place instead of mapping, faulting in and zeroing fresh pages each time (glibc maps
+  // a buffer of part size anew on every allocation: the largest avoidable part of a save's CPU, measured). At most
+  // parallel + 1 are kept, one writer's peak; a taken one is empty (its capacity kept).
+  std::vector<std::byte> take_part_buffer() {
+    std::lock_guard lock(spare_mutex_);
+    if (spare_parts_.empty()) return {};
+    auto b = std::move(spare_parts_.back());
+    spare_parts_.pop_back();
+    return b;
+  }
+  void keep_part_buffer(std::vector<std::byte> b) noexcept {
+    if (b.capacity() == 0) return;
+    b.clear();
+    std::lock_guard lock(spare_mutex_);
+    if (spare_parts_.size() > options_.parallel) return;
+    try {
+      spare_parts_.push_back(std::move(b));
+    } catch (...) {  // no room for the list: the buffer is freed, as without keeping
+    }
+  }
+
   // Runs `work` on one of the worker threads, made on first use (a sink that only reads small objects never starts
   // them), at no higher priority than the calling thread's (core/thread_options.hpp): a checkpointer's lowered
   // threads upload through lowered workers, also when a load at the trainer's priority made the workers earlier.
@@ -479,6 +501,8 @@ class client {
   std::mutex handles_mutex_;
   std::vector<easy_ptr> idle_;
   std::mutex pool_mutex_;
+  std::mutex spare_mutex_;
+  std::vector<std::vector<std::byte>> spare_parts_;  // take_part_buffer / keep_part_buffer
   std::unique_ptr<thread_pool> pool_;
 };
 
