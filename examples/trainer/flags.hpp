@@ -21,6 +21,7 @@
 #include "shardkit/comm/process_group.hpp"
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/fsdp/options.hpp"
+#include "shardkit/storage/location.hpp"
 #include "trainer/model.hpp"
 
 namespace trainer {
@@ -299,11 +300,13 @@ inline flags parse(int argc, char** argv) {
 // loader its options): a rank started with another learning rate or seed would train another run, silently.
 inline void agree_on_flags(const flags& f, sk::comm::process_group& pg) {
   enum class kind { real, whole, seed, given, ckpt_mode, text };
-  // A location compared by a hash of its text (FNV-1a): ranks that disagree on it would open different locations
-  // (and create them: empty directories left behind) before the checkpointer's or loader's own comparison.
-  const auto fnv = [](const std::string& v) {
+  // A location compared by a hash of its text (FNV-1a), as storage::comparable_location writes it ("runs/./a" and
+  // "runs/a/" are one directory): ranks that disagree on it
+  // would open different locations (and create them: empty directories left behind) before the checkpointer's or
+  // loader's own comparison.
+  const auto fnv = [](const std::string& given) {
     std::uint64_t h = 14695981039346656037ull;
-    for (unsigned char c : v) h = (h ^ c) * 1099511628211ull;
+    for (unsigned char c : sk::storage::comparable_location(given)) h = (h ^ c) * 1099511628211ull;
     return std::int64_t(h);
   };
   struct flag {

@@ -198,12 +198,7 @@ int main(int argc, char** argv) try {
   trainer::refuse_beyond_memory(f, ranks, shard, int(world.hosts.ranks_on(world.hosts.host_of[std::size_t(rank)]).size()));
   const auto names = trainer::unit_names(f.model);
   const auto specs = trainer::unit_specs(f.model);
-  std::vector<fsdp::unit_spec> units;
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    fsdp::unit_spec u{names[i], {}};
-    for (const auto& p : specs[i]) u.params.push_back({p.name, p.shape});
-    units.push_back(std::move(u));
-  }
+  std::vector<fsdp::unit_spec> units = trainer::fsdp_units(f.model);
   std::optional<trainer::unit_times> times;
   if (!f.trace.empty()) trace.emplace(rank, names);
   if (!f.plan_units.empty() && rank == 0) {

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardkit/fsdp/unit.hpp"
 #include "trainer/flags.hpp"
 #include "trainer/model.hpp"
 
@@ -42,6 +43,34 @@ inline model_sizes model_sizes_of(const model_config& c) {
           .largest_param = std::max({V * d, T * d, c.blocks > 0 ? d * h : 0.0})};
 }
 
+// The units the trainer builds its sharded model from: unit_specs' shapes, which model_sizes_of counts by arithmetic
+// (fsdp_test checks that the two agree).
+inline std::vector<fsdp::unit_spec> fsdp_units(const model_config& c) {
+  const auto names = unit_names(c);
+  const auto specs = unit_specs(c);
+  std::vector<fsdp::unit_spec> units;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    fsdp::unit_spec u{names[i], {}};
+    for (const auto& p : specs[i]) u.params.push_back({p.name, p.shape});
+    units.push_back(std::move(u));
+  }
+  return units;
+}
+
+// Whether the sharded model computes with its f32 master copy itself, so that no gathered copy of the parameters
+// exists (sharded_model::params_are_master): nothing sharded (one shard), f32 parameters, on the host.
+inline bool params_are_master(const flags& f, std::size_t shard) {
+  return shard <= 1 && f.sharding.precision.param == sk::dtype::f32 && !f.cuda;
+}
+
+// The limiter's unit: the largest unit's gathered parameters and gradients in bytes, as sharded_model charges them
+// (largest_unit_bytes), less the padding to the shards (fsdp_test checks the two agree).
+inline double limiter_unit_bytes(const flags& f, std::size_t shard) {
+  const auto& p = f.sharding.precision;
+  return model_sizes_of(f.model).largest_unit *
+         double((params_are_master(f, shard) ? 0 : sk::size_of(p.param)) + sk::size_of(p.reduce));
+}
+
 // The parts of one rank's memory, largest first. `ranks`: the job's; `shard`: the ranks a unit is sharded over.
 inline std::vector<memory_part> memory_per_rank(const flags& f, int ranks, std::size_t shard) {
   const auto [params, largest_unit, largest_param] = model_sizes_of(f.model);
@@ -51,14 +80,15 @@ inline std::vector<memory_part> memory_per_rank(const flags& f, int ranks, std::
   const double rows = double(f.batch) / ranks / f.micro_batches, N = rows * T;
   // Master f32 + gradient f32 + AdamW's two f32 moments, per shard element; init_parameters fills one whole
   // parameter in f32 at a time; shard_grad_op and no_shard keep every unit's gathered parameters from forward to
-  // backward.
+  // backward (none where the parameters are the master copy).
+  const double es_gathered = params_are_master(f, shard) ? 0 : es_param;
   double state = params / double(std::max<std::size_t>(shard, 1)) * 16 + largest_param * 4;
   if (o.strategy == fsdp::sharding_strategy::shard_grad_op || o.strategy == fsdp::sharding_strategy::no_shard)
-    state += params * es_param;
+    state += params * es_gathered;
   // The limiter's region: the budget given, or units of the largest unit's parameters and gradients (the default
   // is about two), and the f32 copies of one unit the trainer converts through when the dtypes are not f32.
-  const double per_unit = largest_unit * (es_param + es_reduce);
-  double gathered = o.limiter_budget_bytes == fsdp::unlimited_budget ? params * (es_param + es_reduce)
+  const double per_unit = limiter_unit_bytes(f, shard);
+  double gathered = o.limiter_budget_bytes == fsdp::unlimited_budget ? params * (es_gathered + es_reduce)
                     : o.limiter_budget_bytes != 0                                  ? double(o.limiter_budget_bytes)
                     : o.limiter_budget_units != 0 ? double(o.limiter_budget_units) * per_unit
                                                   : 2 * per_unit;

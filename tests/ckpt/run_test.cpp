@@ -94,8 +94,10 @@ TEST_CASE("[ckpt] ranks that disagree on the checkpoint location are refused at 
                         std::to_string(world) + "), rank " + std::to_string(world - 1) + "'s is '/mnt/b/ckpt'") != std::string::npos);
         ++refused;
       }
-      // The same location on every rank: fine.
+      // The same location on every rank: fine, also written another way on some ranks (one directory).
       ck::checkpointer same(groups[std::size_t(r)], sink, {.location = "/mnt/a/ckpt", .prefix = "run/"});
+      const char* spelled[] = {"/mnt/a/./ckpt", "/mnt/a/ckpt/", "/mnt//a/ckpt"};
+      ck::checkpointer spelled_otherwise(groups[std::size_t(r)], sink, {.location = spelled[r % 3], .prefix = "run/"});
     });
     CHECK(refused == world);
   }

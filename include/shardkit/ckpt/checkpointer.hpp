@@ -117,7 +117,8 @@ inline constexpr int default_checkpoint_thread_nice = 0;
 struct checkpointer_options {
   //! What the sink was opened from (open_sink's location: a directory, s3://bucket/prefix). Every rank must give the
   //! same one: the constructor compares it, with the prefix and the world size, across ranks and refuses on every
-  //! rank a difference, naming both values. Empty: only the prefix and world size are compared.
+  //! rank a difference, naming both values; one directory written two ways ("runs/./a", "runs/a/") is one location
+  //! (storage::comparable_location). Empty: only the prefix and world size are compared.
   std::string location;
   std::string prefix;           //!< keys under this prefix of the sink (empty, or ending in '/')
   std::uint32_t keep_last = 3;  //!< complete checkpoints kept; 0 keeps all

@@ -4,6 +4,7 @@
 //! checkpoints refused or removed) and what a load tells it. Included by ckpt/impl/checkpointer.hpp, compiled with it.
 #include "shardkit/ckpt/checkpointer.hpp"
 #include "shardkit/ckpt/impl/checkpointer_save_job.hpp"
+#include "shardkit/storage/location.hpp"
 
 namespace shardkit::ckpt {
 
@@ -17,9 +18,11 @@ SHARDKIT_DECL std::string checkpointer::broadcast_string(std::string s, int root
 
 SHARDKIT_DECL void checkpointer::agree_on_location() {
   if (world_ == 1) return;
-  // A digest each, then the strings only when they differ: O(ranks) bytes at construction.
-  const std::string mine = opts_.location + '\n' + opts_.prefix;
-  const std::uint64_t own[2] = {codec::xxh64(std::as_bytes(std::span<const char>(mine.data(), mine.size()))),
+  // A digest each, then the strings only when they differ: O(ranks) bytes at construction. One directory written
+  // two ways ("runs/./a", "runs/a/") is one location (storage/location.hpp).
+  const std::string mine = opts_.location + '\n' + opts_.prefix,
+                    compared = storage::comparable_location(opts_.location) + '\n' + opts_.prefix;
+  const std::uint64_t own[2] = {codec::xxh64(std::as_bytes(std::span<const char>(compared.data(), compared.size()))),
                                 static_cast<std::uint64_t>(world_)};
   std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(world_));
   calls_group_.all_gather(const_buffer_view(own, 2, dtype::i64), buffer_view(all.data(), all.size(), dtype::i64)).wait();
