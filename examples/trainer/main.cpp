@@ -429,7 +429,8 @@ int main(int argc, char** argv) try {
         grads.close();
       }
     }
-    const double global_loss = model.mean_over_ranks(loss);
+    // The loss's mean and whether any rank got a stop signal, in one all-reduce (stop_signal.hpp).
+    const auto [global_loss, stop_signal] = trainer::agree_on_step(pg, loss);
     if (f.clip > 0) model.clip_grad_norm(f.clip);
     if (ckpt) ckpt_stall_ms = 1e3 * ckpt->wait_staged();  // the last checkpoint's copy, before parameters change
     opt.step();
@@ -469,7 +470,7 @@ int main(int argc, char** argv) try {
     }
     total_ckpt_stall_ms += ckpt_stall_ms;
     ckpt_stall_ms = 0;
-    if ((stopped_by = trainer::agreed_stop_signal(pg)) != 0) {  // every rank after this same step (stop_signal.hpp)
+    if ((stopped_by = stop_signal) != 0) {  // every rank after this same step (stop_signal.hpp)
       if (rank == 0)
         std::fprintf(stderr, "trainer: %s: stopping after step %d%s\n", trainer::signal_name(stopped_by), step,
                      ckpt ? ", once the save in flight has ended; the checkpoint location's lease is then released" : "");
