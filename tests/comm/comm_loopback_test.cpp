@@ -281,29 +281,6 @@ TEST_CASE("[comm] a continuation on the progress thread may drop the group's las
   CHECK(test::threads_left_since(before).empty());
 }
 
-TEST_CASE("[comm] fingerprinted collectives pass when ranks agree and fail every rank with errc::mismatch when not") {
-  for (int n : {1, 2, 3}) {
-    CAPTURE(n);
-    auto groups = comm::make_loopback_world(n, test_group_options());
-    test::conformance_options o;
-    o.backend = "loopback";
-    o.mode = "threads";
-    o.error_timeout = std::chrono::milliseconds(2000);
-    test::run_threads(n, [&](int r) { test::conformance_fingerprints(groups[std::size_t(r)], o); });
-  }
-}
-
-TEST_CASE("[comm] calls that differ across ranks fail every rank with errc::mismatch by default, on every algorithm") {
-  for (int n : {2, 3, 5}) {
-    CAPTURE(n);
-    auto groups = comm::make_loopback_world(n, test_group_options());
-    test::conformance_options o;
-    o.backend = "loopback";
-    o.mode = "threads";
-    test::run_threads(n, [&](int r) { test::conformance_call_check(groups[std::size_t(r)], o); });
-  }
-}
-
 // What the loopback world sizes 1, 2, 3, 4, 5 and 8 run. The >= 8 MiB cases at 1 rank, at the odd sizes (where
 // recursive doubling folds ranks in and out) and at 8 (a power of two, the most steps): 2 and 4 take the same paths
 // with fewer steps. 8 ranks take one dtype of each width (conformance_options::dtypes): every dtype ran at the

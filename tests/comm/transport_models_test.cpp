@@ -1,10 +1,14 @@
 // Transport capabilities as the collective algorithms see them: the loopback transport's scatter/gather (the call
-// check's first messages go through it), and p2p_op's lost-member grace for a transport that reports lost peers
-// but cannot say how they left (a model over loopback: none of shardkit's own transports is one).
+// check's first messages go through it) and routed_transport's forwarding of it, and p2p_op's lost-member grace
+// for a transport that reports lost peers but cannot say how they left (a model over loopback: none of shardkit's
+// own transports is one).
 #include <doctest/doctest.h>
 
 #include "shardkit/comm/algorithms/p2p_op.hpp"
+#include "shardkit/comm/p2p_communicator.hpp"
+#include "shardkit/comm/process_group.hpp"
 #include "shardkit/transport/loopback.hpp"
+#include "shardkit/transport/routed.hpp"
 
 #include <array>
 #include <chrono>
@@ -65,6 +69,53 @@ TEST_CASE("[comm] loopback send_gather/recv_scatter: one message piece to piece,
   CHECK_THROWS_AS(s.wait(), error);
   const std::span<const std::byte> four[] = {head, head, head, head};
   CHECK_THROWS_WITH_AS(a.send_gather(1, 13, four), doctest::Contains("4 pieces where at most 3 are taken"), error);
+}
+
+TEST_CASE("[comm] routed_transport gathers and scatters through whichever transport serves the peer, when both can") {
+  using routed = transport::routed_transport<transport::loopback_transport, transport::loopback_transport>;
+  static_assert(transport::scatter_gather<routed>);
+  // Two hosts of two ranks: world ranks 0, 1 on one (local ranks 0, 1), 2, 3 on the other.
+  auto world = transport::loopback_transport::create_world(4);
+  std::vector<std::shared_ptr<routed>> t;
+  for (int host = 0; host < 2; ++host) {
+    auto near = transport::loopback_transport::create_world(2);
+    for (int i = 0; i < 2; ++i)
+      t.push_back(std::make_shared<routed>(near[std::size_t(i)], world[std::size_t(2 * host + i)],
+                                           std::vector<int>{2 * host, 2 * host + 1}));
+  }
+  const std::array<std::byte, 3> head{std::byte{1}, std::byte{2}, std::byte{3}};
+  const std::array<std::byte, 2> body{std::byte{4}, std::byte{5}};
+  const std::span<const std::byte> out[] = {head, body};
+  for (const int to : {1, 2}) {  // a local peer, a remote one
+    CAPTURE(to);
+    std::array<std::byte, 1> x{};
+    std::array<std::byte, 6> y{};
+    const std::span<std::byte> in[] = {x, y};
+    auto r = t[std::size_t(to)]->recv_scatter(0, 5, in);
+    auto s = t[0]->send_gather(to, 5, out);
+    r.wait();
+    s.wait();
+    CHECK(r.bytes() == 5);
+    CHECK(x[0] == std::byte{1});
+    CHECK(y == std::array<std::byte, 6>{std::byte{2}, std::byte{3}, std::byte{4}, std::byte{5}});
+  }
+  // Collectives over it with the call check on: first messages gathered and scattered on both paths.
+  std::vector<comm::process_group> groups;
+  comm::p2p_options checked;
+  checked.check_calls = true;
+  comm::group_options o;
+  o.timeout = std::chrono::seconds(60);
+  for (auto& r : t) groups.push_back(comm::process_group::create(comm::p2p_communicator<routed>(r, checked), o));
+  std::vector<std::array<float, 3>> sums(4);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 4; ++r)
+    ranks.emplace_back([&, r] {
+      auto& sum = sums[std::size_t(r)];
+      sum = {float(r), 1.0f, float(10 * r)};
+      groups[std::size_t(r)].all_reduce(buffer_view(std::span<float>(sum))).wait();
+    });
+  for (auto& r : ranks) r.join();
+  for (const auto& sum : sums) CHECK(sum == std::array<float, 3>{6.0f, 4.0f, 60.0f});
 }
 
 namespace {

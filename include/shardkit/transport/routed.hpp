@@ -14,6 +14,7 @@
 //! in ascending world order.
 #include <algorithm>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,22 @@ class routed_transport {
   }
   completion recv(int peer, message_tag tag, std::span<std::byte> bytes) {
     return is_local(peer) ? local_->recv(local_index_[std::size_t(peer)], tag, bytes) : remote_->recv(peer, tag, bytes);
+  }
+
+  //! One message gathered from (scattered into) several ranges, through whichever transport serves `peer`: only
+  //! when both can (transport::scatter_gather), so that the call check's first messages skip the frame slots
+  //! whichever way a peer is reached.
+  completion send_gather(int peer, message_tag tag, std::span<const std::span<const std::byte>> pieces)
+    requires(scatter_gather<Local> && scatter_gather<Remote>)
+  {
+    return is_local(peer) ? local_->send_gather(local_index_[std::size_t(peer)], tag, pieces)
+                          : remote_->send_gather(peer, tag, pieces);
+  }
+  completion recv_scatter(int peer, message_tag tag, std::span<const std::span<std::byte>> pieces)
+    requires(scatter_gather<Local> && scatter_gather<Remote>)
+  {
+    return is_local(peer) ? local_->recv_scatter(local_index_[std::size_t(peer)], tag, pieces)
+                          : remote_->recv_scatter(peer, tag, pieces);
   }
 
   //! The error that failed `peer` on the transport serving it, or null (also when that transport cannot tell).

@@ -126,8 +126,7 @@ class p2p_op {
     if (checker_) {
       stall_at_ = now + std::clamp<deadline::clock::duration>(left / call_checker<T>::stall_divisor,
                                                               std::chrono::milliseconds(20), std::chrono::minutes(1));
-      header_[0] = frame_header::magic;
-      record_.encode_into(header_.data() + 1);
+      frame_header::pack(record_, header_.data());
     }
   }
 
@@ -241,15 +240,14 @@ class p2p_op {
             constexpr std::size_t h = frame_header::bytes;
             const std::span<std::byte> pieces[] = {{slot, h}, {data, bytes}, {slot + h, call_checker<T>::inline_max - bytes}};
             pc.in_place = true;
-            pc.frame = transport_.recv_scatter(members_[std::size_t(peer)], tag_, pieces);
-            recvs_.push_back(pc.frame);
-            return pc.frame;
+            pc.frame_at = std::uint32_t(recvs_.size());
+            return recvs_.emplace_back(transport_.recv_scatter(members_[std::size_t(peer)], tag_, pieces));
           }
         }
-        pc.frame = post_recv(peer, slot, frame_header::slot_bytes);
-        if (bytes <= call_checker<T>::inline_max) return pc.frame;
-        pc.payload = post_recv(peer, data, bytes);
-        return pc.payload;
+        pc.frame_at = std::uint32_t(recvs_.size());
+        auto frame = post_recv(peer, slot, frame_header::slot_bytes);
+        if (bytes <= call_checker<T>::inline_max) return frame;
+        return post_recv(peer, data, bytes);
       }
     }
     return post_recv(peer, data, bytes);
@@ -260,7 +258,7 @@ class p2p_op {
     if (checker_) {
       auto& pc = checker_->peer(members_[std::size_t(peer)], epoch_);
       if (pc.posted && !pc.verified) verify_first(pc, peer);
-      if (c == pc.frame) return;  // the payload came inside the header's message and is in place
+      if (pc.posted && pc.frame_at < recvs_.size() && c == recvs_[pc.frame_at]) return;  // the payload is in place
     }
     wait(c, peer, "receiving from");
     if (c.bytes() != expected)
@@ -471,10 +469,8 @@ class p2p_op {
   //! own sent right behind it (no copy of a large buffer).
   completion framed_send(typename call_checker<T>::contact& pc, int peer, const std::byte* data, std::size_t bytes) {
     std::byte* const slot = checker_->send_slot(pc);
-    constexpr std::size_t size_at = frame_header::bytes - sizeof(std::int64_t);
-    std::memcpy(slot, header_.data(), size_at);
-    const auto size = std::int64_t(bytes);
-    std::memcpy(slot + size_at, &size, sizeof size);
+    header_[frame_header::words - 1] = std::int64_t(bytes);
+    std::memcpy(slot, header_.data(), frame_header::bytes);
     if constexpr (transport::scatter_gather<T>) {
       if (bytes <= call_checker<T>::inline_max) {
         const std::span<const std::byte> pieces[] = {{slot, frame_header::bytes}, {data, bytes}};
@@ -496,30 +492,29 @@ class p2p_op {
   //! another payload size, poisons the group and throws errc::mismatch naming both calls. The header is compared
   //! where it landed; it is decoded only to name a difference.
   void verify_first(typename call_checker<T>::contact& pc, int peer) {
-    wait(pc.frame, peer, "receiving from");
+    const completion& frame = recvs_[pc.frame_at];
+    wait(frame, peer, "receiving from");
     pc.verified = true;
     const std::byte* const slot = checker_->recv_slot(pc);
-    constexpr std::size_t word = sizeof(std::int64_t), record_bytes = call_record::words * word;
-    if (pc.frame.bytes() < frame_header::bytes || std::memcmp(slot, header_.data(), word) != 0)
+    constexpr std::size_t record_bytes = frame_header::record_words * sizeof(std::int64_t);
+    if (frame.bytes() < frame_header::bytes || !frame_header::has_magic(slot))
       throw error(errc::protocol,
                   "the first message of " + std::string(name_) + " from this peer has no call header (" +
-                      std::to_string(pc.frame.bytes()) + " bytes): does it run another version of shardkit, or "
+                      std::to_string(frame.bytes()) + " bytes): does it run another version of shardkit, or "
                       "with SHARDKIT_CALL_CHECK=0?",
                   context(peer));
-    const std::int64_t* const mine = header_.data() + 1;
-    const auto theirs = [&] {
-      std::array<std::int64_t, call_record::words> w;
-      std::memcpy(w.data(), slot + word, record_bytes);
-      return w;
-    };
     const auto group_peer = [&] { return checker_->group_rank(members_[std::size_t(peer)]); };
-    if (std::memcmp(slot + word, mine, record_bytes) != 0) checker_->mismatch(group_peer(), theirs().data(), mine, {}, context(peer));
+    const auto mismatch = [&](typename call_checker<T>::message_sizes sizes) {
+      const auto mine = record_.encode();
+      checker_->mismatch(group_peer(), frame_header::unpack(slot).data(), mine.data(), sizes, context(peer));
+    };
+    if (std::memcmp(slot, header_.data(), record_bytes) != 0) mismatch({});
     std::int64_t sent_word;
-    std::memcpy(&sent_word, slot + word + record_bytes, word);
+    std::memcpy(&sent_word, slot + record_bytes, sizeof sent_word);
     const auto sent = std::size_t(sent_word);
-    const std::size_t inline_bytes = pc.frame.bytes() - frame_header::bytes;
+    const std::size_t inline_bytes = frame.bytes() - frame_header::bytes;
     if (sent != pc.expected || inline_bytes != (sent <= call_checker<T>::inline_max ? sent : 0))
-      checker_->mismatch(group_peer(), theirs().data(), mine, {std::int64_t(sent), std::int64_t(pc.expected)}, context(peer));
+      mismatch({std::int64_t(sent), std::int64_t(pc.expected)});
     if (sent <= call_checker<T>::inline_max && sent && !pc.in_place) std::memcpy(pc.dest, slot + frame_header::bytes, sent);
   }
 
@@ -596,8 +591,8 @@ class p2p_op {
   scratch_arena own_;
   call_checker<T>* checker_;
   call_record record_;
-  // With a checker: the frame header of this op's first messages, magic and record_ encoded once (the last word,
-  // the payload's size, is written per message).
+  // With a checker: the frame header of this op's first messages, record_ packed once (the last word, the
+  // payload's size, is written per message).
   std::array<std::int64_t, frame_header::words> header_{};
   std::uint64_t epoch_;
   deadline stall_at_ = no_deadline;

@@ -1,0 +1,161 @@
+// The call check (comm/algorithms/call_check.hpp): calls that differ across ranks fail every rank with
+// errc::mismatch, the first message's packed header names both calls, and a peer's stall report that races this
+// rank's start of the same collective is compared whichever comes first.
+#include <doctest/doctest.h>
+
+#include "comm/conformance.hpp"
+#include "shardkit/comm/algorithms/call_check.hpp"
+#include "shardkit/comm/loopback_world.hpp"
+#include "shardkit/transport/loopback.hpp"
+#include "support/harness.hpp"
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace shardkit;
+
+namespace {
+comm::group_options call_check_group_options() {
+  comm::group_options o;
+  o.timeout = std::chrono::seconds(60);
+  return o;
+}
+
+using call_record = comm::algorithms::call_record;
+using frame_header = comm::algorithms::frame_header;
+
+call_record record_of(comm::detail::collective_kind k, dtype t, std::size_t count, int root, reduce_op op,
+                      std::int64_t extra, std::uint32_t seq, std::uint8_t algo) {
+  call_record r;
+  r.fp = {k, t, count, root, op, extra};
+  r.seq = seq;
+  r.algo = algo;
+  return r;
+}
+
+//! Busy-waits `us` microseconds: a delay that keeps the thread on its core, so two threads' steps interleave
+//! at that grain.
+void spin_for(std::chrono::microseconds us) {
+  const auto until = std::chrono::steady_clock::now() + us;
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+}  // namespace
+
+TEST_CASE("[comm] fingerprinted collectives pass when ranks agree and fail every rank with errc::mismatch when not") {
+  for (int n : {1, 2, 3}) {
+    CAPTURE(n);
+    auto groups = comm::make_loopback_world(n, call_check_group_options());
+    test::conformance_options o;
+    o.backend = "loopback";
+    o.mode = "threads";
+    o.error_timeout = std::chrono::milliseconds(2000);
+    test::run_threads(n, [&](int r) { test::conformance_fingerprints(groups[std::size_t(r)], o); });
+  }
+}
+
+TEST_CASE("[comm] calls that differ across ranks fail every rank with errc::mismatch by default, on every algorithm") {
+  for (int n : {2, 3, 5}) {
+    CAPTURE(n);
+    auto groups = comm::make_loopback_world(n, call_check_group_options());
+    test::conformance_options o;
+    o.backend = "loopback";
+    o.mode = "threads";
+    test::run_threads(n, [&](int r) { test::conformance_call_check(groups[std::size_t(r)], o); });
+  }
+}
+
+TEST_CASE("[comm] the packed frame header carries every field of the call: unpacked, it reads as the call") {
+  using kind = comm::detail::collective_kind;
+  const call_record cases[] = {
+      record_of(kind::all_reduce, dtype::f32, 2, -1, reduce_op::sum, 0, 0, 0),
+      record_of(kind::broadcast, dtype::u64, std::numeric_limits<std::size_t>::max(), 1023, reduce_op::prod,
+                std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::uint32_t>::max(),
+                std::uint8_t(comm::algorithm::ring)),
+      record_of(kind::split, dtype::bf16, std::size_t(1) << 40, std::numeric_limits<std::int32_t>::max(), reduce_op::max,
+                std::numeric_limits<std::int64_t>::max(), 0x80000000u, 0xff),
+      record_of(kind::all_gatherv, dtype::i64, 7, -1, reduce_op::avg, -5, 12345, 3),
+  };
+  for (const auto& r : cases) {
+    CAPTURE(call_record::describe(r.encode().data()));
+    std::array<std::int64_t, frame_header::words> packed{};
+    frame_header::pack(r, packed.data());
+    const auto* bytes = reinterpret_cast<const std::byte*>(packed.data());
+    CHECK(frame_header::has_magic(bytes));
+    CHECK(frame_header::unpack(bytes) == r.encode());
+    // A header differs from another call's in its first record_words: what receivers compare.
+    for (const auto& other : cases) {
+      std::array<std::int64_t, frame_header::words> theirs{};
+      frame_header::pack(other, theirs.data());
+      CHECK((std::memcmp(packed.data(), theirs.data(), frame_header::record_words * 8) == 0) == (&r == &other));
+    }
+  }
+  std::array<std::int64_t, frame_header::words> none{};
+  CHECK_FALSE(frame_header::has_magic(reinterpret_cast<const std::byte*>(none.data())));
+}
+
+// begin() takes no lock when no report waits, so a report that a peer's thread files while this rank starts the
+// same collective must still be compared: by begin() when it sees the report, else by the report's own handler
+// when it sees begin()'s record. Random delays put the two anywhere relative to each other.
+TEST_CASE("[comm] a stall report racing the start of its collective is compared whichever comes first") {
+  using checker = comm::algorithms::call_checker<transport::loopback_transport>;
+  using kind = comm::detail::collective_kind;
+  std::mt19937 rng(20261127);
+  int thrown = 0, found_later = 0;
+  for (int i = 0; i < 300; ++i) {
+    const bool differ = i % 4 != 3;
+    const auto seq = std::uint32_t(i * 7);
+    const std::chrono::microseconds delay[2] = {std::chrono::microseconds(rng() % 30),
+                                                std::chrono::microseconds(rng() % 30)};
+    CAPTURE(i);
+    auto world = transport::loopback_transport::create_world(2);
+    const std::vector<int> members{0, 1};
+    auto c0 = checker::create(world[0], members, 0, 7);
+    auto c1 = checker::create(world[1], members, 1, 7);
+    const auto mine = record_of(kind::all_reduce, dtype::f32, 4, -1, reduce_op::sum, 0, seq, 0);
+    const auto theirs = differ ? record_of(kind::all_reduce, dtype::f32, 4, -1, reduce_op::max, 0, seq, 0) : mine;
+    std::atomic<bool> begin_threw{false};
+    std::string what;
+    const auto report = [&] {
+      spin_for(delay[1]);
+      c1->report_stall(theirs);  // loopback: rank 0's handler runs here, on this thread
+    };
+    const auto start = [&] {
+      spin_for(delay[0]);
+      try {
+        c0->begin(mine, 0, "all_reduce");
+      } catch (const error& e) {
+        begin_threw = true;
+        what = e.what();
+        CHECK(e.code() == errc::mismatch);
+      }
+    };
+    // Whichever thread starts first gets ahead by a thread's start-up: alternate.
+    std::thread first = i % 2 ? std::thread(report) : std::thread(start);
+    std::thread second = i % 2 ? std::thread(start) : std::thread(report);
+    first.join();
+    second.join();
+    if (!differ) {
+      CHECK_FALSE(begin_threw.load());
+      CHECK_FALSE(c0->poisoned());
+      continue;
+    }
+    CHECK(c0->poisoned());
+    if (begin_threw) {
+      ++thrown;
+      CHECK(what.find("op max") != std::string::npos);
+    } else {
+      ++found_later;
+      CHECK_THROWS_AS(c0->throw_if_poisoned({.rank = 0}), error);
+    }
+  }
+  MESSAGE("mismatch found by begin() in " << thrown << " runs, by the report's handler in " << found_later);
+}
