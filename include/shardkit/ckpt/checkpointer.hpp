@@ -110,8 +110,8 @@ enum class on_failure : std::uint8_t {
 };
 
 //! checkpointer_options::thread_nice where neither it nor SHARDKIT_CKPT_THREAD_NICE is given: the trainer's priority.
-//! A save's own CPU is small (about 12 ms per rank file to S3 in scripts/governor-lab, docs/benchmarks.md),
-//! and a lowered zero-overhead staging, which the next optimizer step waits for, finished later on a busy host.
+//! A save's own CPU is small beside training's (docs/benchmarks.md, the governor lab), and a lowered zero-overhead
+//! staging, which the next optimizer step waits for, finished later on a busy host.
 inline constexpr int default_checkpoint_thread_nice = 0;
 
 struct checkpointer_options {
