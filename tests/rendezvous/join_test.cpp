@@ -173,6 +173,47 @@ TEST_CASE("[rendezvous] join: a rank claimed twice while ranks join: only the se
   CHECK_NOTHROW(first.store->set("still", "served"));
 }
 
+TEST_CASE("[rendezvous] join: a refusal that stops the job is told to ranks that wait and to ranks that start later") {
+  const int port = shardkit::test::free_port();
+  std::vector<outcome> o(4);
+  std::string waiting;
+  std::atomic<bool> refused{false};
+  shardkit::test::run_threads(4, [&](int r) {
+    auto& me = o[std::size_t(r)];
+    if (r == 0) return void(me = join(port, true, 4, 0));
+    if (r == 2) {  // joins first, then waits as init_process_group would
+      std::this_thread::sleep_for(50ms);
+      me = join(port, false, 4, 2);
+      if (!me.store) return;
+      try {
+        me.store->get("shardkit/hosts/gathered", 10s);
+      } catch (const shardkit::error& e) {
+        waiting = e.what();
+      }
+      return;
+    }
+    if (r == 1) {
+      std::this_thread::sleep_for(300ms);
+      me = join(port, false, 5, 1, 5s);
+      refused = true;
+      return;
+    }
+    while (!refused) std::this_thread::sleep_for(10ms);  // rank 3 starts after rank 1 stopped the job
+    me = join(port, false, 4, 3, 5s);
+  });
+  const std::string why = "rank 1 says WORLD_SIZE=5, the store was started for 4";
+  CAPTURE(o[0].what);
+  CHECK(has(o[0].what, why));
+  CHECK(o[0].seconds < 5);  // it lingers only until the three others were told
+  CAPTURE(waiting);
+  CHECK(has(waiting, "the job was stopped by the store's host (rank 0): " + why));
+  CHECK(!has(waiting, "is gone"));
+  CAPTURE(o[3].what);
+  CHECK(o[3].code == errc::config);
+  CHECK(has(o[3].what, "stopped the job (rank 0 hosts it and is leaving): " + why));
+  CHECK(o[3].seconds < 2);
+}
+
 TEST_CASE("[rendezvous] a RANK outside WORLD_SIZE fails at once naming both, and tells the store: rank 0 fails too") {
   const int port = shardkit::test::free_port();
   auto host = std::async(std::launch::async, [&] { return join(port, true, 2, 0); });
@@ -472,6 +513,9 @@ SHARDKIT_SCENARIO(rendezvous_join_misuse) {
   }
   if (const char* v = std::getenv(("JOIN_DELAY_MS_" + std::to_string(rank)).c_str()))
     std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(v)));
+  // Started only once another process was refused (it creates the file), whatever the load.
+  if (const char* f = std::getenv(("JOIN_AFTER_FILE_" + std::to_string(rank)).c_str()))
+    for (int i = 0; i < 1000 && !std::ifstream(f); ++i) std::this_thread::sleep_for(10ms);
   const auto t0 = steady::now();
   try {
     auto store = rdv::connect_store(rdv::info_from_env());
@@ -480,6 +524,8 @@ SHARDKIT_SCENARIO(rendezvous_join_misuse) {
   } catch (const shardkit::error& e) {
     const double s = std::chrono::duration<double>(steady::now() - t0).count();
     std::printf("REFUSED after %.2f s: %s\n", s, e.what());
+    std::fflush(stdout);
+    if (const char* f = std::getenv(("JOIN_MARK_REFUSED_" + std::to_string(rank)).c_str())) std::ofstream(f) << "refused\n";
     SCENARIO_CHECK(s < 5);
   }
 }
@@ -498,6 +544,25 @@ TEST_CASE("[rendezvous] processes: WORLD_SIZE=2 and 3 on one MASTER_PORT both fa
 // Processes 1 and 3 both say RANK=1 of WORLD_SIZE=3, started at once, rank 2 half a second later (the second claim
 // comes while ranks join):
 // whichever claims second is refused naming the rank; the first keeps its place and the job completes.
+// Rank 2, correctly configured, starts after rank 1's WORLD_SIZE stopped the job: it learns why at once.
+TEST_CASE("[rendezvous] processes: a rank that starts after a WORLD_SIZE refusal stopped the job is told why at once") {
+  const std::string mark = "/tmp/shardkit-join-refused." + std::to_string(::getpid());
+  std::remove(mark.c_str());
+  const auto results = shardkit::test::run_processes(
+      3, "rendezvous_join_misuse",
+      {{"JOIN_WORLD_SIZE_1", "2"}, {"JOIN_MARK_REFUSED_1", mark}, {"JOIN_AFTER_FILE_2", mark}, {"JOIN_DELAY_MS_2", "300"},
+       {"JOIN_LOCAL_FROM_RANK", "1"}, {"SHARDKIT_STORE_TIMEOUT", "20"}},
+      30s);
+  std::remove(mark.c_str());
+  shardkit::test::require_all_succeeded(results);
+  for (const auto& r : results) {
+    CAPTURE(r.output);
+    CHECK(has(r.output, "REFUSED"));
+    CHECK(has(r.output, "rank 1 says WORLD_SIZE=2, the store was started for 3"));
+  }
+  CHECK(has(results[2].output, "stopped the job"));
+}
+
 TEST_CASE("[rendezvous] processes: two started with RANK=1: the second is refused at once naming the rank, the job goes on") {
   const auto results = shardkit::test::run_processes(
       4, "rendezvous_join_misuse",

@@ -414,12 +414,19 @@ class tcp_store {
                 log::waited_of(steady_clock::now() - started, timeout),
                 timeout.count() > 0 ? ", SHARDKIT_STORE_TIMEOUT" : "", ")", refusals);
     }
+    if (outcome.starts_with(detail::store_refused_prefix)) {
+      // The server stopped the job: before this host leaves (and its store with it), the other ranks, those waiting
+      // and those yet to start, are told why, for at most stopped_job_linger.
+      if (server_) server_->linger_until_told(std::size_t(world_size - 1), stopped_job_linger);
+      throw_error(errc::config, outcome.substr(detail::store_refused_prefix.size()), ctx);
+    }
     remove(joined);
     remove(ready);
     remove(joined_ranks);
-    if (outcome.starts_with(detail::store_refused_prefix))
-      throw_error(errc::config, outcome.substr(detail::store_refused_prefix.size()), ctx);
   }
+
+  // How long a host whose job was stopped at the join keeps its store answering every rank with the reason.
+  static constexpr std::chrono::milliseconds stopped_job_linger{10'000};
 
   // How many ranks joined the store, and the ones that did not yet ("rank 3", "ranks 1, 3", "ranks 1, 2, ... (9 in
   // all)"), from the join bookkeeping.

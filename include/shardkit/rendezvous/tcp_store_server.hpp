@@ -26,19 +26,27 @@
 //!    The job's world size is the server's (tcp_store_server_options::world_size) or else the first join's. The
 //!    server refuses (error errc::config, the connection stays usable) a join whose world size differs
 //!    ("rank 1 says WORLD_SIZE=3, the store was started for 2"), whose rank is outside the world, or whose rank
-//!    joined already ("rank 1 joined already, from 127.0.0.1:40112: two processes were started with RANK=1").
-//!    Each accepted join adds one to the key store_joined_key; the one that completes the world sets
-//!    store_ready_key to "1". A refusal before the world is complete sets store_ready_key to "refused: <why>", so
-//!    the host waiting on it fails at once with the same reason instead of waiting for a rank that cannot come.
+//!    joined already ("rank 1 joined already, from 127.0.0.1:40112: two processes were started with RANK=1": the
+//!    first claim keeps its place, while ranks join as after). Each accepted join adds one to the key
+//!    store_joined_key; the one that completes the world sets store_ready_key to "1". Any other refusal before the
+//!    world is complete sets store_ready_key to "refused: <why>", so the host waiting on it fails at once with the
+//!    same reason instead of waiting for a rank that cannot come, and stops the job: every parked request and
+//!    every later one is answered with error errc::config "the job was stopped by the store's host (rank 0):
+//!    <why>", and every later hello with error errc::aborted + <why> (then closed), while the host lingers
+//!    (tcp_store: until the other ranks were told, at most 10 s) before it leaves with its store.
 //!    Claims last as long as the server: a process that joined and then died is not replaced by a newcomer.
 //!  - A frame over max_frame_bytes, a bad hello, an unknown opcode or a malformed payload drops that client only.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <charconv>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -100,6 +108,14 @@ class tcp_store_server {
     return text;
   }
   const std::string& local_address() const noexcept { return net_.local_address(); }
+  //! After a refusal that stopped the job (see join in the file comment): waits until `clients` connections (the
+  //! job's other ranks) were told why, or `bound` passes, so that ranks that start late fail at once with the
+  //! reason instead of finding no store. Any thread.
+  void linger_until_told(std::size_t clients, std::chrono::milliseconds bound) const {
+    const auto until = std::chrono::steady_clock::now() + bound;
+    while (told_.load(std::memory_order_acquire) < clients && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   //! Connections currently open (handshake done or not).
   std::size_t num_clients() const noexcept { return net_.num_clients(); }
 
@@ -166,6 +182,11 @@ class tcp_store_server {
       return net_.refuse(c, "the client " + detail::run_membership(run_id) + ", this store " + detail::run_served(opts_.run_id) +
                                 ": two jobs on one MASTER_PORT?",
                          error_frame(errc::config, opts_.run_id));
+    if (!stopped_.empty()) {  // a rank that comes after the job was stopped learns why at once
+      note_told(c.id);
+      c.closing = true;
+      return reply(c, error_frame(errc::aborted, stopped_));
+    }
     c.greeted = true;
     // Then this process (pid, start time, pid namespace): a client on this host can then tell a store that stopped
     // answering because its process is stopped or gone from one that is slow.
@@ -180,6 +201,10 @@ class tcp_store_server {
     detail::frame_reader r(payload);
     const auto code = static_cast<op>(r.u8());
     if (!c.greeted) return greet(c, code, r);
+    if (!stopped_.empty() && code != op::cancel) {
+      note_told(id);
+      return reply(c, error_frame(errc::config, stopped_text()));
+    }
     switch (code) {
       case op::set: {
         auto key = r.str();
@@ -288,6 +313,8 @@ class tcp_store_server {
       if ((joined_ < world_ || world_ == 0) && !duplicate) {
         data_[ready] = std::string(detail::store_refused_prefix) + why;
         key_created(ready);
+        stop_job(why);
+        note_told(c.id);
       }
       return reply(c, error_frame(errc::config, why));
     }
@@ -304,6 +331,30 @@ class tcp_store_server {
       data_[ready] = "1";
       key_created(ready);
     }
+  }
+
+  // The job cannot complete (a refusal its host fails on): from now on every request, the parked ones first, and
+  // every newcomer's hello is answered with the reason, while the host lingers (told_enough) so that ranks that
+  // start late learn it at once instead of waiting out their timeout for a store that is gone.
+  void stop_job(const std::string& why) {
+    stopped_ = why;
+    auto parked = std::move(waiters_);
+    waiters_.clear();
+    for (const auto& [key, ids] : parked)
+      for (const auto id : ids) {
+        connection* c = net_.find(id);
+        if (!c || c->dead || !c->parked) continue;
+        c->parked = false;
+        c->park_keys.clear();
+        c->watch_key.clear();
+        note_told(id);
+        reply(*c, error_frame(errc::config, stopped_text()));
+        net_.mark_ready(id);
+      }
+  }
+  std::string stopped_text() const { return "the job was stopped by the store's host (rank 0): " + stopped_; }
+  void note_told(std::uint64_t id) {
+    if (told_ids_.insert(id).second) told_.store(told_ids_.size(), std::memory_order_release);
   }
 
   static detail::frame_writer ok() { return detail::frame_writer(detail::store_status::ok); }
@@ -370,6 +421,9 @@ class tcp_store_server {
   std::int64_t world_ = 0;                      // the job's world size (0 until known)
   std::int64_t joined_ = 0;                     // joins accepted
   std::map<std::int64_t, std::string> claims_;  // rank -> the address it joined from
+  std::string stopped_;                         // why the job was stopped ("" while it was not)
+  std::set<std::uint64_t> told_ids_;            // connections told so
+  std::atomic<std::size_t> told_{0};            // told_ids_.size(), for the host's linger
   shardkit::detail::owned_thread thread_;  // joined in the destructor, before any member it uses is destroyed
 };
 

@@ -248,7 +248,10 @@ class store_client_connection {
     try {
       frame_reader r(*resp);
       if (static_cast<store_status>(r.u8()) == store_status::error) {
-        if (static_cast<errc>(r.u8()) == errc::config)  // another job's store: its message is its run id
+        const auto code = static_cast<errc>(r.u8());
+        if (code == errc::aborted)  // the store's host stopped the job: its message is why
+          throw_error(errc::config, "the store at " + address() + " stopped the job (rank 0 hosts it and is leaving): " + r.str());
+        if (code == errc::config)  // another job's store: its message is its run id
           throw_error(errc::config, (s_.rank ? "rank " + std::to_string(*s_.rank) : std::string("this client")) +
                                         " " + run_membership(s_.run_id) + ", the store at " + address() + " " +
                                         run_served(r.str()) +
