@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "comm/conformance.hpp"
+#include "comm/loopback_options.hpp"
 #include "shardkit/comm/algorithms/call_check.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/transport/loopback.hpp"
@@ -21,14 +22,9 @@
 #include <vector>
 
 using namespace shardkit;
+using test::test_group_options;
 
 namespace {
-comm::group_options call_check_group_options() {
-  comm::group_options o;
-  o.timeout = std::chrono::seconds(60);
-  return o;
-}
-
 using call_record = comm::algorithms::call_record;
 using frame_header = comm::algorithms::frame_header;
 
@@ -53,7 +49,7 @@ void spin_for(std::chrono::microseconds us) {
 TEST_CASE("[comm] fingerprinted collectives pass when ranks agree and fail every rank with errc::mismatch when not") {
   for (int n : {1, 2, 3}) {
     CAPTURE(n);
-    auto groups = comm::make_loopback_world(n, call_check_group_options());
+    auto groups = comm::make_loopback_world(n, test_group_options());
     test::conformance_options o;
     o.backend = "loopback";
     o.mode = "threads";
@@ -65,7 +61,7 @@ TEST_CASE("[comm] fingerprinted collectives pass when ranks agree and fail every
 TEST_CASE("[comm] calls that differ across ranks fail every rank with errc::mismatch by default, on every algorithm") {
   for (int n : {2, 3, 5}) {
     CAPTURE(n);
-    auto groups = comm::make_loopback_world(n, call_check_group_options());
+    auto groups = comm::make_loopback_world(n, test_group_options());
     test::conformance_options o;
     o.backend = "loopback";
     o.mode = "threads";
