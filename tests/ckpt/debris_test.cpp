@@ -25,6 +25,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// About when this process started (static initialisation): a temporary is a dead run's when it was last touched
+// before its reader's process started, so "30 s before this process" must count from here, not from now (the case
+// may run long after the executable started).
+const auto test_process_started = std::chrono::system_clock::now();
+
+std::chrono::seconds before_this_process(std::chrono::seconds margin) {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now() - test_process_started) +
+         margin;
+}
+
 // A temporary as a dead writer leaves it: `bytes` bytes, last modified `age` ago.
 void plant_temporary(const fs::path& root, std::uint64_t step, const std::string& name, std::size_t bytes,
                      std::chrono::seconds age) {
@@ -69,7 +79,7 @@ TEST_CASE("[ckpt] no orphans: earlier runs' temporaries go at start, older steps
     // A killed run's: in a complete step, and in a step that never committed; another process's live writer's
     // (modified now, after this process started).
     plant_temporary(root, 1, "111.dead.0", 4096, std::chrono::hours(1));
-    plant_temporary(root, 9, "112.dead.0", 100, std::chrono::seconds(30));
+    plant_temporary(root, 9, "112.dead.0", 100, before_this_process(std::chrono::seconds(30)));
     plant_temporary(root, 10, "113.live.0", 10, std::chrono::seconds(0));
     save_debris_steps(world, sink, {2});
     CHECK(temporaries_of(sink) == std::set<std::string>{ck::step_prefix("", 10) + std::string(st::temporary_marker) + "113.live.0"});
