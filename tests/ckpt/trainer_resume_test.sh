@@ -92,7 +92,11 @@ for sig in TERM INT; do
   "$run" -n 2 -- "$trainer" --steps 100000 --batch 12 --context 16 --width 32 --blocks 1 --ckpt-dir "$work/sig" \
     --ckpt-every 1 > signalled.txt 2>&1 &
   launcher=$!
-  for _ in $(seq 600); do grep -q '^\[rank 0\] step 3 ' signalled.txt && break; sleep 0.02; done
+  # Until step 3 (the ranks' handlers are installed by then), at most 60 s: under load a Debug start is slow, and a
+  # signal before the handlers would kill the ranks outright.
+  for _ in $(seq 3000); do grep -qs '^\[rank 0\] step 3 ' signalled.txt && break; sleep 0.02; done
+  grep -qs '^\[rank 0\] step 3 ' signalled.txt ||
+    { echo "FAIL: the run for SIG$sig did not reach step 3 in 60 s"; cat signalled.txt; kill -KILL "$launcher"; exit 1; }
   kill -"$sig" "$launcher"
   status=0; wait "$launcher" || status=$?
   want=$((128 + $(kill -l "$sig")))
@@ -103,7 +107,7 @@ for sig in TERM INT; do
   "$run" -n 2 -- "$trainer" --steps 200000 --batch 12 --context 16 --width 32 --blocks 1 --ckpt-dir "$work/sig" \
     --ckpt-every 1 --resume > after_signal.txt 2>&1 &
   launcher=$!
-  for _ in $(seq 600); do grep -q '^\[rank 0\] step ' after_signal.txt && break; sleep 0.02; done
+  for _ in $(seq 3000); do grep -qs '^\[rank 0\] step ' after_signal.txt && break; sleep 0.02; done
   kill -TERM "$launcher"; wait "$launcher" || true
   grep -q 'resumed from step' after_signal.txt && ! grep -q 'taking over the stale lease' after_signal.txt ||
     { echo "FAIL: the run after SIG$sig:"; cat after_signal.txt; exit 1; }
