@@ -153,12 +153,15 @@ struct sink_hooks {
   std::function<void(const std::string& key, std::uint64_t offset)> on_get;
 };
 
-//! A storage::memory_sink that runs `hooks` first (put: before the writer is opened; get: before each ranged read).
-struct hooked_memory_sink {
+//! An `Inner` sink (made from the arguments after the hooks) that runs `hooks` first (put: before the writer is
+//! opened; get: before each ranged read).
+template <class Inner>
+struct hooked_sink {
   using sink_concept = storage::sink_tag;
-  explicit hooked_memory_sink(sink_hooks h) : hooks(std::move(h)) {}
+  template <class... A>
+  explicit hooked_sink(sink_hooks h, A&&... inner_args) : hooks(std::move(h)), inner(std::forward<A>(inner_args)...) {}
   sink_hooks hooks;
-  storage::memory_sink inner;
+  Inner inner;
 
   auto put(const std::string& key) {
     if (hooks.on_put) hooks.on_put(key);
@@ -173,6 +176,7 @@ struct hooked_memory_sink {
   std::vector<std::string> list(const std::string& prefix) { return inner.list(prefix); }
   bool remove(const std::string& key) { return inner.remove(key); }
 };
+using hooked_memory_sink = hooked_sink<storage::memory_sink>;
 static_assert(storage::sink<hooked_memory_sink>);
 
 }  // namespace shardkit::test::ckpt

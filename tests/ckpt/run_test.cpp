@@ -103,6 +103,88 @@ TEST_CASE("[ckpt] ranks that disagree on the checkpoint location are refused at 
   }
 }
 
+TEST_CASE("[ckpt] ranks whose sinks are different storage are refused at construction, on every rank, naming them") {
+  const auto top = std::filesystem::temp_directory_path() / ("shardkit-ckpt-storage-" + std::to_string(::getpid()));
+  for (int world : {2, 3, 5}) {
+    for (int odd : {0, world / 2, world - 1}) {
+      CAPTURE(world);
+      CAPTURE(odd);
+      std::filesystem::remove_all(top);
+      auto groups = sk::comm::make_loopback_world(world);
+      std::atomic<int> refused{0};
+      sk::test::run_threads(world, [&](int r) {
+        // The same location string on every rank, another directory on rank `odd` (as a relative path resolved
+        // from another working directory is).
+        auto sink = st::make_sink<st::posix_sink>(top / (r == odd ? "b" : "a") / "ckpt");
+        try {
+          // A short read-back window: the ranks that do not see the probe retry for no longer.
+          ck::checkpointer c(groups[std::size_t(r)], sink, {.location = "ckpt", .readback_timeout = std::chrono::milliseconds(50)});
+        } catch (const sk::error& e) {
+          const std::string what = e.what(), blind = std::to_string(odd == 0 ? 1 : odd);
+          INFO(what);
+          CHECK(e.code() == sk::make_error_code(sk::errc::config));
+          if (odd == 0 && world > 2) CHECK(what.find("ranks 1, 2") != std::string::npos);
+          else CHECK(what.find("rank " + blind + " does not see the checkpoint storage rank 0 writes to") != std::string::npos);
+          CHECK(what.find("Rank 0's sink is at " + (top / (odd == 0 ? "b" : "a") / "ckpt").string() + ", rank " + blind + "'s at " +
+                          (top / (odd == 0 ? "a" : "b") / "ckpt").string() + " (no such object)") != std::string::npos);
+          CHECK(what.find("relative directory resolved from another working directory") != std::string::npos);
+          ++refused;
+        }
+      });
+      CHECK(refused == world);
+      // The probe is not left behind.
+      for (const char* d : {"a", "b"})
+        for (const auto& f : std::filesystem::recursive_directory_iterator(top / d)) CHECK_MESSAGE(!f.is_regular_file(), f.path());
+    }
+  }
+  // One storage: no error, nothing left.
+  auto shared = st::make_sink<st::posix_sink>(top / "a" / "ckpt");
+  auto groups = sk::comm::make_loopback_world(3);
+  sk::test::run_threads(3, [&](int r) { ck::checkpointer c(groups[std::size_t(r)], shared, {.location = "ckpt"}); });
+  CHECK(shared.list("").empty());
+  std::filesystem::remove_all(top);
+}
+
+TEST_CASE("[ckpt] a commit refuses a checkpoint whose rank files are not where rank 0 reads") {
+  // The ranks share one directory at construction; by the save, rank 2's path (a symlink) points elsewhere, as a
+  // directory unmounted or replaced since would.
+  const auto top = std::filesystem::temp_directory_path() / ("shardkit-ckpt-moved-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(top);
+  std::filesystem::create_directories(top / "a");
+  std::filesystem::create_directories(top / "b");
+  std::filesystem::create_directory_symlink(top / "a", top / "link");
+  auto groups = sk::comm::make_loopback_world(3);
+  std::barrier constructed(3);
+  std::atomic<int> failed{0};
+  sk::test::run_threads(3, [&](int r) {
+    tc::sharded_tensors model(tc::small_model(), r, 3);
+    ck::state_dict d;
+    d.add_shards(model.pieces());
+    ck::checkpointer c(groups[std::size_t(r)], st::make_sink<st::posix_sink>(top / (r == 2 ? "link" : "a")),
+                       {.location = "ckpt", .readback_timeout = std::chrono::milliseconds(50)});
+    constructed.arrive_and_wait();
+    if (r == 2) {
+      std::filesystem::remove(top / "link");
+      std::filesystem::create_directory_symlink(top / "b", top / "link");
+    }
+    constructed.arrive_and_wait();
+    model.fill(1);
+    try {
+      c.save(1, d).get();
+    } catch (const sk::error& e) {
+      const std::string what = e.what();
+      INFO(what);
+      CHECK(what.find("rank files their ranks wrote are not where rank 0 reads (" + (top / "a" / "step-000000000001").string() +
+                      "): rank 2's step-000000000001/rank-00002.safetensors; the ranks do not save to one storage") != std::string::npos);
+      ++failed;
+    }
+  });
+  CHECK(failed == 3);
+  auto sink = st::make_sink<st::posix_sink>(top / "a");
+  CHECK(ck::complete_checkpoints(sink, "").empty());
+  std::filesystem::remove_all(top);
+}
+
 namespace {
 // `world` thread ranks, each with the small model's pieces in a state and a checkpointer on `sink`: runs body(rank,
 // checkpointer, model, state) on each.
@@ -651,5 +733,61 @@ TEST_CASE("[ckpt] two runs as processes on one directory: the second is refused 
   auto sink = st::make_sink<st::posix_sink>(dir);
   CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{1, 2});
   CHECK(run_of_step(sink, 2) == "first");
+  std::filesystem::remove_all(top);
+}
+
+// One process of a run whose ranks start in different working directories (CKPT_TOP/cwd<rank % CKPT_DIRS>) and
+// save to the relative directory "ckpt". Exits 3 printing the error when refused, 0 after saving steps 2 and 4.
+SHARDKIT_SCENARIO(ckpt_from_another_cwd) {
+  auto world = sk::comm::init_process_group("shm");
+  const int r = world.group.rank(), n = world.group.size();
+  const std::filesystem::path cwd = std::filesystem::path(std::getenv("CKPT_TOP")) /
+                                    ("cwd" + std::to_string(r % std::stoi(std::getenv("CKPT_DIRS"))));
+  std::filesystem::create_directories(cwd);
+  std::filesystem::current_path(cwd);
+  tc::sharded_tensors model(tc::small_model(), r, n);
+  ck::state_dict d;
+  d.add_shards(model.pieces());
+  try {
+    ck::checkpointer c(world.group, st::make_sink<st::posix_sink>("ckpt"),
+                       {.location = "ckpt", .readback_timeout = std::chrono::milliseconds(100)});
+    for (std::uint64_t step : {2, 4}) {
+      model.fill(step);
+      c.save(step, d).get();
+    }
+    std::printf("saved\n");
+  } catch (const sk::error& e) {
+    std::printf("refused: %s\n", e.what());
+    std::fflush(stdout);
+    std::_Exit(3);
+  }
+}
+
+TEST_CASE("[ckpt] processes that resolve a relative location from different working directories are refused at construction") {
+  const auto top = std::filesystem::temp_directory_path() / ("shardkit-ckpt-cwd-" + std::to_string(::getpid()));
+  for (int world : {3}) {
+    CAPTURE(world);
+    std::filesystem::remove_all(top);
+    // Rank 0 and the even ranks in cwd0, the odd ones in cwd1.
+    auto out = sk::test::run_processes(world, "ckpt_from_another_cwd", {{"CKPT_TOP", top.string()}, {"CKPT_DIRS", "2"}},
+                                       std::chrono::seconds(60));
+    for (const auto& o : out) {
+      INFO(o.output);
+      CHECK(o.exit_code == 3);
+      CHECK(o.output.find("rank 1 does not see the checkpoint storage rank 0 writes to") != std::string::npos);
+      CHECK(o.output.find("Rank 0's sink is at " + (top / "cwd0" / "ckpt").string() + ", rank 1's at " +
+                          (top / "cwd1" / "ckpt").string() + " (no such object)") != std::string::npos);
+      CHECK(o.output.find("saved") == std::string::npos);
+    }
+    std::size_t left = 0;  // nothing saved, no probe left behind
+    for (const auto& f : std::filesystem::recursive_directory_iterator(top)) left += f.is_regular_file();
+    CHECK(left == 0);
+  }
+  // One working directory: saved.
+  std::filesystem::remove_all(top);
+  auto out = sk::test::run_processes(3, "ckpt_from_another_cwd", {{"CKPT_TOP", top.string()}, {"CKPT_DIRS", "1"}}, std::chrono::seconds(60));
+  sk::test::require_all_succeeded(out);
+  auto sink = st::make_sink<st::posix_sink>(top / "cwd0" / "ckpt");
+  CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{2, 4});
   std::filesystem::remove_all(top);
 }

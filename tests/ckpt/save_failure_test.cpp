@@ -224,9 +224,10 @@ SHARDKIT_SCENARIO(ckpt_rank_stopped_in_save) {
   world.store.set("pid/" + std::to_string(r), std::to_string(::getpid()));
   small_state s(r, n);
   const std::string stop_at = ck::rank_file_key("", 2, 1);
-  ck::checkpointer saver(world.group, st::make_sink<tc::hooked_memory_sink>(tc::sink_hooks{.on_put = [=](const std::string& key) {
+  // One directory for all ranks (processes): each process's own memory sink would be storage no other rank sees.
+  ck::checkpointer saver(world.group, st::make_sink<tc::hooked_sink<st::posix_sink>>(tc::sink_hooks{.on_put = [=](const std::string& key) {
                            if (key == stop_at) ::raise(SIGSTOP);
-                         }}));
+                         }}, std::filesystem::path(std::getenv("CKPT_DIR"))));
   std::thread resume;
   if (r == 0)
     resume = std::thread([pid = std::stoi(world.store.get("pid/1", std::chrono::seconds(10)))] {
@@ -243,8 +244,11 @@ SHARDKIT_SCENARIO(ckpt_rank_stopped_in_save) {
 }
 
 TEST_CASE("[ckpt] a rank stopped in a save is named by the ranks waiting for it in the commit round, long before the timeout") {
-  const auto results = sk::test::run_processes(3, "ckpt_rank_stopped_in_save", {{"SHARDKIT_TIMEOUT_MS", "20000"}},
+  const auto dir = std::filesystem::temp_directory_path() / ("shardkit-ckpt-stopped-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const auto results = sk::test::run_processes(3, "ckpt_rank_stopped_in_save", {{"SHARDKIT_TIMEOUT_MS", "20000"}, {"CKPT_DIR", dir.string()}},
                                                std::chrono::seconds(60));
+  std::filesystem::remove_all(dir);
   sk::test::require_all_succeeded(results);
   for (int r : {0, 2}) {
     const auto& out = results[std::size_t(r)].output;

@@ -126,7 +126,8 @@ struct checkpointer_options {
   when_busy busy = when_busy::wait;
   on_failure failed = on_failure::throw_next;
   //! How long rank 0 retries reading a new index back (a store that shows new objects late); a save whose index
-  //! has not read back whole by then is not committed.
+  //! has not read back whole by then is not committed. Also bounds (with 1.5 s) how long the other ranks retry
+  //! reading the constructor's probe object.
   std::chrono::milliseconds readback_timeout{10'000};
   //! This run's id, recorded in every index it commits (metadata "shardkit.run"). Empty: the id of the checkpoint
   //! this checkpointer loads before its first save (a resumed run keeps its id), else a random one. Set: a restarted
@@ -185,7 +186,12 @@ struct checkpointer_stats {
 class checkpointer {
  public:
   //! Collective over `training` (it dup()s the group). errc::invalid_argument on every rank when ranks disagree on
-  //! the location, prefix or world size (checkpointer_options::location).
+  //! the location, prefix or world size (checkpointer_options::location), and errc::config on every rank when
+  //! they do not reach one storage: rank 0 writes a probe object (`<prefix>probe-<random>.json`, removed again)
+  //! that every other rank reads back (retrying for up to 1.5 s, or readback_timeout if shorter). The error names each rank that does not see it and where each rank's sink
+  //! resolves (an absolute directory; an S3 endpoint, bucket and prefix): a relative directory from another working
+  //! directory, a directory on another host without a shared filesystem. A location rank 0 cannot write to (one
+  //! only loaded from) is not probed here; every commit checks that each rank's file is where rank 0 reads.
   SHARDKIT_DECL checkpointer(comm::process_group& training, storage::any_sink sink, checkpointer_options o = {});
 
   checkpointer(const checkpointer&) = delete;
@@ -325,6 +331,10 @@ class checkpointer {
 
   // Compares (location, prefix, world size) across ranks; throws on every rank a difference, naming both.
   SHARDKIT_DECL void agree_on_location();
+  // The probe of the constructor's comment: throws on every rank when a rank does not see rank 0's storage.
+  SHARDKIT_DECL void check_ranks_share_storage();
+  // Where this rank's sink puts `key`, with the key's own name cut off (for the errors that compare ranks).
+  SHARDKIT_DECL std::string resolved_location(const std::string& key);
   // Throws (on every rank alike) when the longest key a save writes is beyond the sink's key limits.
   SHARDKIT_DECL void check_key_limits() const;
   // Rank `root`'s string, on every rank (calls_group_).

@@ -400,7 +400,7 @@ class posix_sink {
 
   //! The object identity of the sink concept (sink_names_objects): the file's canonical path (symlinks resolved);
   //! for a file of several hard links, which no path names alone, its inode and device; its path when it cannot be
-  //! resolved (a missing file).
+  //! resolved (a missing file), made absolute against this process's working directory.
   std::string identity(const std::string& key) {
     check_key(key, "sink.identity");
     struct ::stat st {};
@@ -409,7 +409,9 @@ class posix_sink {
              std::to_string(minor(st.st_dev));
     std::error_code ec;
     auto canonical = std::filesystem::canonical(path_of(key), ec);
-    return ec ? path_of(key) : canonical.string();
+    if (!ec) return canonical.string();
+    auto absolute = std::filesystem::absolute(path_of(key), ec);
+    return ec ? path_of(key) : absolute.lexically_normal().string();
   }
 
   std::vector<std::string> list(const std::string& prefix) {

@@ -410,6 +410,16 @@ class s3_sink {
     return head(key, "sink.exists").has_value();
   }
 
+  //! The object identity of the sink concept (sink_names_objects): its path-style address,
+  //! `<endpoint>/<bucket>/<prefix><key>`, so that one key on two endpoints or buckets names two objects. No request.
+  std::string identity(const std::string& key) {
+    check_key(key, "sink.identity");
+    const auto& c = *client_;
+    std::string endpoint = c.options().endpoint;
+    while (endpoint.ends_with('/')) endpoint.pop_back();
+    return endpoint + "/" + c.location().bucket + "/" + c.full_key(key);
+  }
+
   std::vector<std::string> list(const std::string& prefix) {
     check_prefix(prefix, "sink.list");
     auto& c = *client_;

@@ -36,6 +36,7 @@ SHARDKIT_DECL checkpointer::checkpointer(comm::process_group& training, storage:
   world_ = group_.size();
   agree_on_location();
   check_key_limits();
+  check_ranks_share_storage();
   staged_.set_value(true);
   // Two: one save persists while the previous one commits (its fsyncs and rank 0's index and retention block).
   pool_.emplace(2, thread_options{.name = "sk-ckpt", .nice = *opts_.thread_nice});
@@ -409,6 +410,31 @@ SHARDKIT_DECL std::string checkpointer::commit(save_job& job, const std::vector<
   };
   auto [index, reasons, skipped] = assemble_index(job.step, opts_.prefix, job.metadata, messages);
   if (!reasons.empty()) return outcome(false, skipped, reasons);
+  // Every rank wrote its file, in its own sink: each must be where rank 0 (and a load) reads, or the ranks no longer
+  // share one storage (checked at construction; a directory unmounted or replaced since). One listing, not a
+  // request per rank, retried as the index's read-back is (a store that shows new objects late). A listing that
+  // fails checks nothing: the index's put below meets the same trouble.
+  std::string missing;
+  const auto listed_until = std::chrono::steady_clock::now() + opts_.readback_timeout;
+  for (auto pause = std::chrono::milliseconds(1);; pause = std::min(pause * 2, std::chrono::milliseconds(500))) {
+    std::set<std::string> present;
+    missing.clear();
+    try {
+      for (auto& k : sink_.list(step_prefix(opts_.prefix, job.step))) present.insert(std::move(k));
+    } catch (const std::exception& e) {
+      log::warn("ckpt: listing ", step_prefix(opts_.prefix, job.step), " to check the ranks' files: ", e.what());
+      break;
+    }
+    for (std::size_t r = 0; r < index.files.size(); ++r)
+      if (!present.contains(index.files[r].key))
+        missing += (missing.empty() ? "" : ", ") + ("rank " + std::to_string(r) + "'s " + index.files[r].key);
+    if (missing.empty() || std::chrono::steady_clock::now() >= listed_until) break;
+    std::this_thread::sleep_for(pause);
+  }
+  if (!missing.empty())
+    return outcome(false, false,
+                   "rank files their ranks wrote are not where rank 0 reads (" + resolved_location(index_key(opts_.prefix, job.step)) +
+                       "): " + missing + "; the ranks do not save to one storage (a directory not shared between hosts, or replaced since?)");
   // The index, last. A throw from the sink does not prove that nothing was written (a lost acknowledgement):
   // what decides is whether the index reads back.
   const std::string key = index_key(opts_.prefix, job.step);

@@ -43,6 +43,99 @@ SHARDKIT_DECL void checkpointer::agree_on_location() {
               {.rank = rank_, .operation = "ckpt.checkpointer", .object = opts_.location});
 }
 
+SHARDKIT_DECL std::string checkpointer::resolved_location(const std::string& key) {
+  std::string named;
+  try {
+    named = sink_.identity(key);
+  } catch (const std::exception&) {
+  }
+  const std::string name = key.substr(key.rfind('/') + 1);
+  if (named.empty() || named == key)  // a sink that names no objects (memory_sink): what the options say
+    return opts_.location.empty() ? "a sink that names no location" : "'" + opts_.location + "' (a sink that names no path)";
+  if (named.ends_with(name)) named.resize(named.size() - name.size());
+  while (named.size() > 1 && named.ends_with('/')) named.pop_back();
+  return named;
+}
+
+namespace detail {
+// How long a rank other than 0 retries reading the construction's probe object.
+inline constexpr std::chrono::milliseconds storage_probe_window{1500};
+}  // namespace detail
+
+SHARDKIT_DECL void checkpointer::check_ranks_share_storage() {
+  if (world_ == 1) return;
+  // Rank 0 writes an object of random content under a random key; the others read it back. A location the ranks
+  // name alike can still be different storage on each: a relative directory resolved from different working
+  // directories, one path on hosts that share no filesystem, another sink given on one rank. Without this check
+  // each rank would save its file where no other rank looks, and every commit would "succeed" on rank 0's view.
+  std::string probe;  // rank 0's: the key and content, or empty when it could not write one
+  std::string key, content;
+  if (rank_ == 0) {
+    content = random_id();
+    key = opts_.prefix + "probe-" + content + ".json";
+    try {
+      storage::put_object(sink_, key, storage::as_bytes(content));
+      probe = key + '\n' + content;
+    } catch (const std::exception& e) {
+      // A location only loaded from may be read-only: nothing is probed; the commits and loads still check.
+      log::info("ckpt: rank 0 could not write a probe object to check that every rank sees one storage (", e.what(),
+                "); each commit checks every rank's file instead");
+    }
+  }
+  probe = broadcast_string(probe, 0);
+  if (probe.empty()) return;
+  key = probe.substr(0, probe.find('\n'));
+  content = probe.substr(probe.find('\n') + 1);
+  std::string seen;  // why this rank does not see it; empty when it does
+  if (rank_ != 0) {
+    // Retried for a moment (at most readback_timeout): a read may fail in passing, or a store show a new object
+    // late. Storage that is not rank 0's keeps failing: the error then comes after this window.
+    const auto until = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(opts_.readback_timeout, detail::storage_probe_window);
+    for (auto pause = std::chrono::milliseconds(1);; pause = std::min(pause * 2, std::chrono::milliseconds(200))) {
+      try {
+        const auto bytes = storage::get_object(sink_, key);
+        seen = std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()) == content ? "" : "another object there";
+      } catch (const shardkit::error& e) {
+        seen = e.code() == make_error_code(errc::not_found) ? std::string("no such object") : e.detail();
+      } catch (const std::exception& e) {
+        seen = e.what();
+      }
+      if (seen.empty() || std::chrono::steady_clock::now() >= until) break;
+      std::this_thread::sleep_for(pause);
+    }
+  }
+  const std::int64_t sees = seen.empty() ? 1 : 0;
+  std::vector<std::int64_t> all(static_cast<std::size_t>(world_));
+  calls_group_.all_gather(const_buffer_view(&sees, 1, dtype::i64), buffer_view(all.data(), all.size(), dtype::i64)).wait();
+  // Every rank has read it: rank 0 removes it, whatever the outcome.
+  if (rank_ == 0) {
+    try {
+      sink_.remove(key);
+    } catch (const std::exception& e) {
+      log::warn("ckpt: removing the probe object ", key, ": ", e.what());
+    }
+  }
+  if (std::all_of(all.begin(), all.end(), [](std::int64_t v) { return v == 1; })) return;
+  const std::string where0 = broadcast_string(rank_ == 0 ? resolved_location(key) : std::string{}, 0);
+  std::string blind, details;
+  int blind_ranks = 0;
+  for (int r = 1; r < world_; ++r) {
+    if (all[std::size_t(r)] == 1) continue;
+    const std::string theirs = broadcast_string(rank_ == r ? resolved_location(key) + " (" + seen + ")" : std::string{}, r);
+    blind += (blind.empty() ? "" : ", ") + std::to_string(r);
+    details += ", rank " + std::to_string(r) + "'s at " + theirs;
+    ++blind_ranks;
+  }
+  throw_error(errc::config,
+              std::string(blind_ranks == 1 ? "rank " : "ranks ") + blind + (blind_ranks == 1 ? " does" : " do") +
+                  " not see the checkpoint storage rank 0 writes to: the probe object " + key + " rank 0 wrote is not there" +
+                  (opts_.location.empty() ? std::string{} : " (location '" + opts_.location + "')") + ". Rank 0's sink is at " +
+                  where0 + details +
+                  ". Every rank must save to one storage: a relative directory resolved from another working directory, "
+                  "or a directory that is not on a filesystem every host shares?",
+              {.rank = rank_, .operation = "ckpt.checkpointer", .object = opts_.location});
+}
+
 SHARDKIT_DECL void checkpointer::check_key_limits() const {
   // The longest key a save writes: the last rank's file of a step of the fixed 12 digits (a step past them, 10^12,
   // lengthens it). The index and the lease are shorter. Every rank alike: the ranks agreed on prefix and world size.
