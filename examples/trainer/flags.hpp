@@ -328,7 +328,8 @@ inline void agree_on_flags(const flags& f, sk::comm::process_group& pg) {
                          {"--resume", 0, f.resume, kind::given},
                          {"--overwrite", 0, f.overwrite, kind::given},
                          {"--data", 0, fnv(f.data), kind::text},
-                         {"--init-data", 0, f.init_data, kind::given}};
+                         {"--init-data", 0, f.init_data, kind::given},
+                         {"--skip-compute", 0, f.skip_compute, kind::given}};
   constexpr std::size_t n = std::size(agreed);
   std::vector<std::int64_t> mine(n), all(n * std::size_t(pg.size()));
   for (std::size_t i = 0; i < n; ++i) mine[i] = agreed[i].is == kind::real ? std::bit_cast<std::int64_t>(agreed[i].real) : agreed[i].whole;
