@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -110,7 +111,7 @@ inline std::string help_text() {
   };
   std::string out = "usage: trainer [FLAGS]   (launch ranks with shardkit-run -n N -- trainer ...)\n"
                     "trains a byte-level language model with fully sharded parameters; [default]\n"
-                    "a flag given twice: the last counts; numbers in decimal; names of strategies and dtypes in any case\n";
+                    "--flag VALUE or --flag=VALUE; a flag given twice: the last counts; numbers in decimal; names of strategies and dtypes in any case\n";
   for (const auto& [flag, meaning] : rows) {
     out += "  " + flag;
     out.append(flag.size() < 22 ? 22 - flag.size() : 1, ' ');
@@ -196,7 +197,16 @@ inline flags parse(int argc, char** argv) {
   // A flag given twice: the last one counts, as with argparse and getopt, so a wrapper (scripts/fsdp-bench,
   // scripts/gpu-check) can pass its defaults and then the user's flags after them.
   for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
+    std::string_view a = argv[i];
+    // --steps=3 as well as --steps 3, as argparse and getopt_long take both.
+    std::optional<std::string_view> attached;
+    if (const auto eq = a.find('='); a.starts_with("--") && eq != std::string_view::npos) {
+      attached = a.substr(eq + 1);
+      a = a.substr(0, eq);
+      if (!takes_value(a))
+        usage("unknown flag " + std::string(argv[i]) +
+              (a == "--help" || a.empty() || a == "--" ? "" : ": " + std::string(a) + " takes no value"));
+    }
     if (a == "-h" || a == "--help") {
       std::fputs(help_text().c_str(), stdout);
       std::exit(0);
@@ -218,8 +228,8 @@ inline flags parse(int argc, char** argv) {
       continue;
     }
     if (!takes_value(a)) usage("unknown flag " + std::string(a));
-    if (i + 1 >= argc) usage(std::string(a) + " wants a value");
-    const std::string_view v = argv[++i];
+    if (!attached && i + 1 >= argc) usage(std::string(a) + " wants a value");
+    const std::string_view v = attached ? *attached : std::string_view(argv[++i]);
     if (a == "--steps") f.steps = int(positive(a, v));
     else if (a == "--batch") f.batch = int(positive(a, v));
     else if (a == "--micro-batches") f.micro_batches = int(positive(a, v));
