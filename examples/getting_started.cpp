@@ -3,9 +3,12 @@
 //   shardkit-tokenize -o data/text.tokens notes.txt
 //   shardkit-run -n 2 -- build/examples/getting_started data ckpt 100     # run it again: it resumes
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,7 +41,15 @@ double bigram(std::span<const float> W, const sk::data::batch& b, std::span<floa
 
 int main(int argc, char** argv) try {
   if (argc < 3) return std::fprintf(stderr, "usage: getting_started DATA_DIR CKPT_DIR [STEPS] [SAVE_EVERY]\n"), 2;
-  const int steps = argc > 3 ? std::stoi(argv[3]) : 100, save_every = argc > 4 ? std::stoi(argv[4]) : 10;
+  const auto count = [&](int i, const char* name, int otherwise) {  // STEPS, SAVE_EVERY: whole numbers from 1
+    if (argc <= i) return otherwise;
+    int n = 0;
+    const auto [end, failed] = std::from_chars(argv[i], argv[i] + std::strlen(argv[i]), n);
+    if (failed != std::errc{} || *end != '\0' || n < 1)
+      throw std::invalid_argument(std::string(name) + " wants a whole number from 1, got '" + argv[i] + "'");
+    return n;
+  };
+  const int steps = count(3, "STEPS", 100), save_every = count(4, "SAVE_EVERY", 10);
 
   auto world = sk::comm::init_process_group();  // RANK, WORLD_SIZE, MASTER_ADDR/PORT: shardkit-run sets them
   auto& pg = world.group;

@@ -26,4 +26,12 @@ grep -q '^\[rank 0\] resumed from step 2$' "$work/second.txt" || { echo "FAIL: n
 awk '$3 == "step" { loss[$4] = $6 } END { if (!(loss[0] > 5.5 && loss[0] < 5.6 && loss[2] < loss[0])) {
        printf "FAIL: losses %s, %s, %s\n", loss[0], loss[1], loss[2]; exit 1 } }' "$work/first.txt" "$work/second.txt"
 ls "$work/ckpt" | grep -q . || { echo "FAIL: no checkpoint written"; exit 1; }
+# STEPS and SAVE_EVERY that are not whole numbers from 1 are named, before any rank starts work.
+for bad in "abc 1" "3 0" "3x 1"; do
+  if "$run" -n 1 -- "$example" "$work/data" "$work/ckpt" $bad >"$work/bad.txt" 2>&1; then
+    echo "FAIL: STEPS SAVE_EVERY = $bad was taken"; exit 1
+  fi
+  grep -qE "(STEPS|SAVE_EVERY) wants a whole number from 1, got '(abc|0|3x)'" "$work/bad.txt" ||
+    { echo "FAIL: STEPS SAVE_EVERY = $bad: not named"; cat "$work/bad.txt"; exit 1; }
+done
 echo "OK: the getting-started trainer runs, checkpoints and resumes"
