@@ -87,8 +87,10 @@ int stop_the_store_host(Store& store) {
 // (or, when silent, reads and says nothing), until destroyed.
 class stranger {
  public:
-  //! answers: with an HTTP error; closes: closes each connection at once; neither: reads nothing, says nothing.
-  explicit stranger(bool answers, bool closes = false) : answers_(answers), closes_(closes) {
+  //! answers: with an HTTP error; closes: closes each connection at once; neither: reads nothing, says nothing;
+  //! after_a_line: reads until a line end, then answers with an HTTP error (as an HTTP server does).
+  explicit stranger(bool answers, bool closes = false, bool after_a_line = false)
+      : answers_(answers), closes_(closes), after_a_line_(after_a_line) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -116,7 +118,20 @@ class stranger {
       const int c = ::accept(fd_, nullptr, nullptr);
       if (c < 0) continue;
       clients_.push_back(c);
-      if (answers_) {
+      if (after_a_line_) {
+        std::string got;
+        char buf[256];
+        for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+             got.find('\n') == std::string::npos && std::chrono::steady_clock::now() < until && !stop_;) {
+          pollfd q{c, POLLIN, 0};
+          if (::poll(&q, 1, 20) <= 0) continue;
+          const auto n = ::recv(c, buf, sizeof buf, 0);
+          if (n <= 0) break;
+          got.append(buf, std::size_t(n));
+        }
+        if (got.find('\n') == std::string::npos) continue;
+      }
+      if (answers_ || after_a_line_) {
         const std::string resp = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
         [[maybe_unused]] auto n = ::send(c, resp.data(), resp.size(), MSG_NOSIGNAL);
       }
@@ -126,7 +141,7 @@ class stranger {
       }
     }
   }
-  bool answers_, closes_;
+  bool answers_, closes_, after_a_line_;
   int fd_ = -1, port_ = 0;
   std::atomic<bool> stop_{false};
   std::vector<int> clients_;
@@ -340,6 +355,19 @@ TEST_CASE("[rendezvous] a MASTER_PORT held by another program: a client stops at
     const auto host = join(s.port(), true, 2, 0);
     CAPTURE(host.what);
     CHECK(has(host.what, "held by another program, not a shardkit store"));
+  }
+  SUBCASE("it answers once it has read a line (an HTTP server): the hello ends in one") {
+    stranger s(false, false, true);
+    const auto t0 = steady::now();
+    try {
+      rdv::tcp_store c("127.0.0.1", s.port(), {.connect_timeout = 30s, .timeout = 30s});
+      FAIL("connected to a stranger");
+    } catch (const shardkit::error& e) {
+      CAPTURE(e.what());
+      CHECK(e.code() == shardkit::make_error_code(errc::protocol));
+      CHECK(has(e.what(), "is not a shardkit store"));
+    }
+    CHECK(steady::now() - t0 < 2s);
   }
   SUBCASE("it says nothing") {
     stranger s(false);

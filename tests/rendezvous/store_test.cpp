@@ -428,7 +428,7 @@ TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is ref
     const auto resp = raw.read_frame();
     REQUIRE(!resp.empty());
     CHECK(resp[0] == char(rdv::detail::store_status::error));
-    CHECK(contains(resp, "protocol version 4, the client 1"));
+    CHECK(contains(resp, "protocol version 5, the client 1"));
     CHECK(raw.closed_by_peer());
     CHECK(contains(log.text(), "dropping client"));
   }

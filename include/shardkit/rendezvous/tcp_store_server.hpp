@@ -3,11 +3,12 @@
 //! which is the header to include): the request handlers. The connections, the epoll loop and the framing are
 //! detail/store_connections.hpp. Plain POSIX sockets, no Boost.
 //!
-//! Wire protocol, version 2 (detail/store_wire.hpp). Every message is a frame: a little-endian u32 payload
+//! Wire protocol, version 5 (detail/store_wire.hpp). Every message is a frame: a little-endian u32 payload
 //! length, then the payload. Payload integers are little-endian (u8, u32, i64); a string is a u32 length and its
 //! bytes; a key list is a u32 count and that many strings.
 //!  - A client's first frame is hello: u8 0, u32 magic "SKST", u32 version, string auth token (the job's
-//!    SHARDKIT_AUTH_TOKEN; empty when the job has none), string run id (SHARDKIT_RUN_ID; empty when unset). The
+//!    SHARDKIT_AUTH_TOKEN; empty when the job has none), string run id (SHARDKIT_RUN_ID; empty when unset), string
+//!    "\r\n" (so that a line-based program on the port answers the client at once: it is not a store). The
 //!    server answers ok + its magic and version (then i64 pid, start time and pid namespace of its process, which a
 //!    client on the same host reads to tell a stopped or exited store host from a slow one), or an error (errc::auth_failed: "...protocol version..." for
 //!    another version, checked before the token since a version-1 hello has none; "wrong auth token" when the
@@ -173,6 +174,7 @@ class tcp_store_server {
                            ", the client " + std::to_string(version));
     const auto token = r.str();
     const auto run_id = r.str();
+    if (r.str() != detail::store_hello_line_end) throw_error(errc::protocol, "the hello does not end in its line end");
     r.finish();
     if (!constant_time_equal(token, opts_.auth_token))
       return refuse(c, token.empty() ? "no auth token, and this store requires one (set SHARDKIT_AUTH_TOKEN)"

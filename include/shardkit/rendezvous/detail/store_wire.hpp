@@ -27,14 +27,21 @@ inline constexpr std::uint32_t store_magic = 0x54534b53;  // "SKST" as bytes on 
 // 2: the hello carries the job's auth token (version 1 had none, so a v1 client is refused with a version error).
 // 3: join, by which a rank claims its place in the job (its rank and world size are checked by the server).
 // 4: the hello carries the job's run id, so that two jobs on one port never mix.
-inline constexpr std::uint32_t store_protocol_version = 4;
+// 5: the hello ends in a line end (the string "\r\n"), so that a line-based program on MASTER_PORT (an HTTP, SMTP
+//    or Redis server) reads a whole line and answers at once: the client then knows it is not a store, instead of
+//    waiting for an answer that never comes.
+inline constexpr std::uint32_t store_protocol_version = 5;
+//! The hello's last field.
+inline constexpr std::string_view store_hello_line_end = "\r\n";
 inline constexpr std::uint32_t default_max_frame_bytes = 64u << 20;
 //! The longest auth token (the same bound as the TCP transport's handshake).
 inline constexpr std::size_t max_store_token_bytes = 4096;
 //! The longest run id (SHARDKIT_RUN_ID).
 inline constexpr std::size_t max_store_run_id_bytes = 256;
-//! A hello is u8 + magic + version + the token and the run id as strings: a stranger's first frame stays this small.
-inline constexpr std::uint32_t max_hello_bytes = 1 + 4 + 4 + 4 + max_store_token_bytes + 4 + max_store_run_id_bytes;
+//! A hello is u8 + magic + version + the token, the run id and the line end as strings: a stranger's first frame
+//! stays this small.
+inline constexpr std::uint32_t max_hello_bytes =
+    1 + 4 + 4 + 4 + max_store_token_bytes + 4 + max_store_run_id_bytes + 4 + std::uint32_t(store_hello_line_end.size());
 
 enum class store_op : std::uint8_t { hello = 0, set, get, wait, check, add, compare_set, remove, num_keys, cancel, join };
 enum class store_status : std::uint8_t { ok = 0, error = 1, cancelled = 2 };
@@ -138,10 +145,10 @@ class frame_reader {
   std::string_view p_;
 };
 
-//! The client's first frame: the magic, the protocol version it speaks, the job's token and its run id.
+//! The client's first frame: the magic, the protocol version it speaks, the job's token, its run id and a line end.
 inline std::string store_hello(std::string_view token, std::string_view run_id,
                                std::uint32_t version = store_protocol_version) {
-  return frame_writer(store_op::hello).u32(store_magic).u32(version).str(token).str(run_id).take();
+  return frame_writer(store_op::hello).u32(store_magic).u32(version).str(token).str(run_id).str(store_hello_line_end).take();
 }
 
 //! What a client's run id says of it ("belongs to run 'X'"), and a store's ("serves run 'X'"), for the refusal of
