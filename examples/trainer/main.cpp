@@ -290,11 +290,20 @@ int main(int argc, char** argv) try {
     };
     const std::string no_loader = "--data: the checkpoint in " + f.ckpt_dir + " was saved without a data loader (its run had no --data): "
                                   "resume it without --data, or start a new run with --data in another --ckpt-dir";
+    // And the reverse: a checkpoint with loader state, resumed without --data, is refused by the strict load for
+    // the entry no rank asks for: said as the flag, not as the load's scope.
+    const auto loader_left = [&](const sk::error& e) {
+      return !loader && e.detail().find("that no rank's state asks for") != std::string::npos &&
+             e.detail().find("data_loader") != std::string::npos;
+    };
+    const std::string needs_loader = "--data: the checkpoint in " + f.ckpt_dir + " was saved with a data loader (its run had --data): "
+                                     "resume it with that --data, or start a new run without --data in another --ckpt-dir";
     std::optional<sk::ckpt::load_report> resumed;
     try {
       resumed = ckpt->load_latest(state, sk::ckpt::load_scope::everything);
     } catch (const sk::error& e) {
       if (without_loader(e)) throw std::runtime_error(no_loader);
+      if (loader_left(e)) throw std::runtime_error(needs_loader);
       throw;
     }
     if (auto& loaded = resumed) {
