@@ -439,7 +439,7 @@ int main(int argc, char** argv) try {
       }
     }
     // The loss's mean and whether any rank got a stop signal, in one all-reduce (stop_signal.hpp).
-    const auto [global_loss, stop_signal] = trainer::agree_on_step(pg, loss);
+    const auto [global_loss, stop_signal, got_stop_signal_here] = trainer::agree_on_step(pg, loss);
     if (f.clip > 0) model.clip_grad_norm(f.clip);
     if (ckpt) ckpt_stall_ms = 1e3 * ckpt->wait_staged();  // the last checkpoint's copy, before parameters change
     opt.step();
@@ -483,6 +483,9 @@ int main(int argc, char** argv) try {
       if (rank == 0)
         std::fprintf(stderr, "trainer: %s: stopping after step %d%s\n", trainer::signal_name(stopped_by), step,
                      ckpt ? ", once the save in flight has ended; the checkpoint location's lease is then released" : "");
+      else if (!got_stop_signal_here)  // ranks started by hand, one of them signalled: the others say why they stop
+        std::fprintf(stderr, "trainer: rank %d: another rank got %s: stopping with it after step %d\n", rank,
+                     trainer::signal_name(stopped_by), step);
       break;
     }
   }

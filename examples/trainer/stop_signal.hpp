@@ -35,6 +35,7 @@ inline void catch_stop_signals() {
 struct step_agreement {
   double mean_loss = 0;  // the step's loss averaged over the ranks
   int stop_signal = 0;   // the stop signal a rank got (the highest number where several did), 0 if none
+  bool got_it_here = false;  // this rank had got a stop signal when it agreed (else another rank's stops it)
 };
 
 // Collective on `pg`, once per step: one all-reduce (a sum) of this rank's loss and, for each stop signal, whether
@@ -46,7 +47,7 @@ inline step_agreement agree_on_step(shardkit::comm::process_group& pg, double lo
   double sums[1 + std::size(signals)] = {loss};
   for (std::size_t i = 0; i < std::size(signals); ++i) sums[1 + i] = got == signals[i] ? 1 : 0;
   pg.all_reduce(shardkit::buffer_view(sums, std::size(sums), shardkit::dtype::f64), shardkit::reduce_op::sum).wait();
-  step_agreement out{sums[0] / pg.size(), 0};
+  step_agreement out{sums[0] / pg.size(), 0, got != 0};
   for (std::size_t i = 0; i < std::size(signals); ++i)
     if (sums[1 + i] > 0) out.stop_signal = signals[i];
   return out;

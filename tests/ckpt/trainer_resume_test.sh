@@ -54,7 +54,7 @@ partial() {  # partial MESSAGE FLAGS...: the resume exits 1 and says MESSAGE
   [ "$status" = 1 ] && grep -qF -- "$message" partial.txt || { echo "FAIL: resume with $* (status $status):"; cat partial.txt; exit 1; }
 }
 partial "a strict load of the checkpoint of step 14 refuses it: it holds 18 entries that no rank's state asks for (block3." --blocks 3 --data "$work/data"
-partial "a strict load of the checkpoint of step 14 refuses it: it holds 1 entry that no rank's state asks for (data_loader)" --blocks 4
+partial "--data: the checkpoint in $work/ckpt was saved with a data loader (its run had --data): resume it with that --data" --blocks 4
 echo "OK: a resume that would load part of the checkpoint is refused"
 
 # Every index cut short (a disk that filled up): the resume refuses to start over at step 0, which would overwrite
@@ -113,3 +113,20 @@ for sig in TERM INT; do
     { echo "FAIL: the run after SIG$sig:"; cat after_signal.txt; exit 1; }
 done
 echo "OK: a signal to shardkit-run stops the ranks after a step, leaving no lease and no temporaries"
+
+# Ranks started by hand (no launcher to forward it), SIGINT to rank 0 alone: both stop after the same step with
+# 130, and rank 1, which got nothing, says why it stops.
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+for r in 0 1; do
+  env -u LOCAL_RANK -u LOCAL_WORLD_SIZE RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    "$trainer" --steps 100000 --batch 12 --context 16 --width 32 --blocks 1 > "by_hand.$r.txt" 2>&1 &
+  eval "pid$r=\$!"
+done
+for _ in $(seq 3000); do grep -qs '^step 3 ' by_hand.0.txt && break; sleep 0.02; done
+kill -INT "$pid0"
+status0=0; wait "$pid0" || status0=$?
+status1=0; wait "$pid1" || status1=$?
+[ "$status0" = 130 ] && [ "$status1" = 130 ] && grep -q "trainer: SIGINT: stopping after step" by_hand.0.txt &&
+  grep -q "trainer: rank 1: another rank got SIGINT: stopping with it after step" by_hand.1.txt ||
+  { echo "FAIL: SIGINT to rank 0 of 2 started by hand: status $status0/$status1"; tail -3 by_hand.0.txt by_hand.1.txt; exit 1; }
+echo "OK: ranks started by hand: a signal to one stops both, and the other says why"
