@@ -22,6 +22,7 @@
 #include "shardkit/comm/process_group.hpp"
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/fsdp/options.hpp"
+#include "shardkit/rendezvous/env.hpp"
 #include "shardkit/storage/location.hpp"
 #include "trainer/model.hpp"
 
@@ -125,6 +126,8 @@ inline std::string help_text() {
 
 [[noreturn]] inline void usage(const std::string& problem) {
   std::fprintf(stderr, "trainer: %s\n(trainer --help lists every flag with its default)\n", problem.c_str());
+  // A rank refusing its flags alone: rank 0, waiting for it to join, fails at once saying why (bounded, 0.5 s).
+  shardkit::rendezvous::report_failure_to_store("trainer: " + problem);
   std::exit(2);
 }
 

@@ -534,5 +534,7 @@ int main(int argc, char** argv) try {
   return stopped_by ? 128 + stopped_by : 0;  // the checkpointer, destroyed on the way out, releases its lease
 } catch (const std::exception& e) {
   std::fprintf(stderr, "trainer: %s\n", e.what());
+  // Failed before it joined the job (no --device cuda here): rank 0 says so at once (after joining: nothing to do).
+  sk::rendezvous::report_failure_to_store(std::string("trainer: ") + e.what());
   return 1;
 }

@@ -318,6 +318,32 @@ TEST_CASE("[comm] processes: two ranks of one host with one LOCAL_RANK fail init
                                                    "(LOCAL_WORLD_SIZE=3): each rank of a host needs a LOCAL_RANK of its own"});
 }
 
+// Rank 1 of 3 processes (or rank 0, the store's host) refuses a value of a shared setting alone, read in
+// init_process_group: the others fail at once naming it and why (they waited for its settings until the store's
+// timeout).
+SHARDKIT_SCENARIO(start_one_rank_refuses_a_setting) {
+  if (shardkit::test::env_rank() == std::atoi(std::getenv("REFUSING_RANK"))) ::setenv("SHARDKIT_RD_THRESHOLD", "lots", 1);
+  try_to_start();
+}
+
+TEST_CASE("[comm] processes: a setting one rank alone refuses in init_process_group fails every rank at once, naming it") {
+  for (const std::string refusing : {"1", "0"}) {
+    {
+      const auto results = shardkit::test::run_processes(
+          3, "start_one_rank_refuses_a_setting", {{"SHARDKIT_STORE_TIMEOUT", "20"}, {"REFUSING_RANK", refusing}}, 30s);
+      shardkit::test::require_all_succeeded(results);
+      for (std::size_t r = 0; r < results.size(); ++r) {
+        CAPTURE(refusing);
+        CAPTURE(results[r].output);
+        REQUIRE(says(results[r].output, "REFUSED after "));
+        CHECK(std::stod(results[r].output.substr(results[r].output.find("REFUSED after ") + 14)) < 2);
+        CHECK(says(results[r].output, "SHARDKIT_RD_THRESHOLD"));
+        if (std::to_string(r) != refusing) CHECK(says(results[r].output, "rank " + refusing + " gives up: "));
+      }
+    }
+  }
+}
+
 // Thread ranks through one store, with the settings check: both refusals in one message, on every rank.
 TEST_CASE("[comm] a LOCAL_RANK twice on one host and a setting that differs are named together at the start") {
   rdv::any_store store = rdv::make_store<rdv::memory_store>();

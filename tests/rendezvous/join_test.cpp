@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <future>
 #include <map>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -544,6 +545,17 @@ SHARDKIT_SCENARIO(rendezvous_join_misuse) {
   // Started only once another process was refused (it creates the file), whatever the load.
   if (const char* f = std::getenv(("JOIN_AFTER_FILE_" + std::to_string(rank)).c_str()))
     for (int i = 0; i < 1000 && !std::ifstream(f); ++i) std::this_thread::sleep_for(10ms);
+  if (const char* why = std::getenv(("JOIN_GIVE_UP_" + std::to_string(rank)).c_str())) {
+    // Fails before it joins, once every other rank joined (whenever they started): tells the store, then exits.
+    const auto info = rdv::info_from_env();
+    rdv::tcp_store store(info.master_addr, info.master_port, {.connect_timeout = 20s, .run_id = rdv::run_id()});
+    const std::string joined(rdv::detail::store_joined_key);
+    for (const auto until = steady::now() + 20s; steady::now() < until; std::this_thread::sleep_for(10ms))
+      if (store.check(std::span<const std::string>(&joined, 1)) && store.get(joined) == std::to_string(info.world_size - 1)) break;
+    rdv::report_failure_to_store(why);
+    std::printf("GAVE UP\n");
+    return;
+  }
   const auto t0 = steady::now();
   try {
     auto store = rdv::connect_store(rdv::info_from_env());
@@ -567,6 +579,22 @@ TEST_CASE("[rendezvous] processes: WORLD_SIZE=2 and 3 on one MASTER_PORT both fa
     CHECK(has(r.output, "REFUSED"));
     CHECK(has(r.output, "rank 1 says WORLD_SIZE=3, the store was started for 2"));
   }
+}
+
+// Rank 1 of 3 processes refuses a value of its own before it joins (a flag of the trainer's, user code before
+// init_process_group) and reports it: rank 0 fails at once naming rank 1 and its reason; it waited its whole store
+// timeout, then named a missing rank without the reason.
+TEST_CASE("[rendezvous] processes: a rank that gives up before joining is named, with its reason, by rank 0 at once") {
+  const auto results = shardkit::test::run_processes(
+      3, "rendezvous_join_misuse", {{"JOIN_GIVE_UP_1", "--steps wants an integer, got 'x'"}, {"SHARDKIT_STORE_TIMEOUT", "20"}},
+      30s);
+  shardkit::test::require_all_succeeded(results);
+  REQUIRE(results.size() == 3);
+  CAPTURE(results[0].output);
+  CHECK(has(results[1].output, "GAVE UP"));
+  REQUIRE(has(results[0].output, "REFUSED after "));
+  CHECK(std::stod(results[0].output.substr(results[0].output.find("REFUSED after ") + 14)) < 2);
+  CHECK(has(results[0].output, "rank 1 gives up: --steps wants an integer, got 'x'"));
 }
 
 // Processes 1 and 3 both say RANK=1 of WORLD_SIZE=3, started at once, rank 2 half a second later (the second claim

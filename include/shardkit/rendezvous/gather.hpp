@@ -69,6 +69,19 @@ std::string unpublished_ranks(S& store, const std::string& prefix, int size) {
 }
 }  // namespace detail
 
+namespace detail {
+// This rank's half of all_gather_values: publishes `value` in the next generation under `base` and returns that
+// generation's prefix. Every rank of generation g joins before any rank can finish g, hence before anyone joins
+// g + 1.
+template <store S>
+std::string publish_value(S& store, const std::string& base, int rank, int size, const std::string& value) {
+  const std::int64_t joined = store.add(base + "joined/" + std::to_string(size), 1);
+  const std::string prefix = base + std::to_string(size) + "." + std::to_string((joined - 1) / size) + "/";
+  store.set(prefix + std::to_string(rank), value);
+  return prefix;
+}
+}  // namespace detail
+
 //! Collective over ranks [0, size) of one store: publishes `value` under `prefix` and returns every rank's value,
 //! indexed by rank. errc::timeout after `timeout` naming the ranks that never published, on every rank that can
 //! still read the store (`what` says what each rank publishes, e.g. "its host and settings"); a store that stopped
@@ -80,10 +93,7 @@ std::vector<std::string> all_gather_values(S& store, const std::string& base, in
   const error_context ctx{.rank = rank, .operation = "store.all_gather", .object = base};
   if (rank < 0 || rank >= size)
     throw error(errc::invalid_argument, "rank " + std::to_string(rank) + " outside [0, " + std::to_string(size) + ")", ctx);
-  // Every rank of generation g joins before any rank can finish g, hence before anyone joins g + 1.
-  const std::int64_t joined = store.add(base + "joined/" + std::to_string(size), 1);
-  const std::string prefix = base + std::to_string(size) + "." + std::to_string((joined - 1) / size) + "/";
-  store.set(prefix + std::to_string(rank), value);
+  const std::string prefix = detail::publish_value(store, base, rank, size, value);
   // A timeout the store answered (the keys did not come), not one of a store that stopped answering: the latter's
   // error names the store's host (its peer), and another request would only wait again.
   const auto keys_did_not_come = [](const error& e) { return e.code() == errc::timeout && !e.context().peer; };

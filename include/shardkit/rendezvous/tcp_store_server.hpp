@@ -34,7 +34,9 @@
 //!    same reason instead of waiting for a rank that cannot come, and stops the job: every parked request and
 //!    every later one is answered with error errc::config "the job was stopped by the store's host (rank 0):
 //!    <why>", and every later hello with error errc::aborted + <why> (then closed), while the host lingers
-//!    (tcp_store: until the other ranks were told, at most 10 s) before it leaves with its store.
+//!    (tcp_store: until the other ranks were told, at most 10 s) before it leaves with its store. A rank that
+//!    gives up before it joins (rendezvous::report_failure_to_store) stops the job the same way: it sets
+//!    store_ready_key to "refused: rank N gives up: <why>" with compare_set while the ranks join.
 //!    Claims last as long as the server: a process that joined and then died is not replaced by a newcomer.
 //!  - A frame over max_frame_bytes, a bad hello, an unknown opcode or a malformed payload drops that client only.
 #include <algorithm>
@@ -258,7 +260,14 @@ class tcp_store_server {
         if (it != data_.end() && it->second != expected) return reply(c, ok().str(it->second));
         data_[key] = desired;
         reply(c, ok().str(desired));
-        return key_created(key);
+        key_created(key);
+        // A rank that gives up before joining (rendezvous::report_failure_to_store) stops the job like a refused
+        // join: the host, woken above, fails with its reason, and every other rank is told it.
+        if (key == detail::store_ready_key && desired.starts_with(detail::store_refused_prefix) && stopped_.empty()) {
+          stop_job(desired.substr(detail::store_refused_prefix.size()));
+          note_told(c.id);
+        }
+        return;
       }
       case op::remove: {
         const auto key = r.str();

@@ -143,6 +143,29 @@ inline std::pair<std::string, std::string> local_place_names(std::string_view so
   return {"LOCAL_RANK", "LOCAL_WORLD_SIZE"};
 }
 
+//! What a rank publishes in place of its values when it gives up (give_up_at_start()): not a packed value, which
+//! starts with a digit.
+inline constexpr std::string_view gives_up_marker = "gives up: ";
+
+//! Every rank's end of a start that is refused (`why`): rank 0 hosts the store, so it stays until every other rank
+//! says it read the values (or a few seconds pass), so that each names `why` rather than a store that went away
+//! under it.
+[[noreturn]] inline void refuse_at_start(rendezvous::any_store& store, int rank, int size, std::chrono::milliseconds timeout,
+                                         const std::string& prefix, const std::string& why, const error_context& ctx) {
+  const std::string read = prefix + "refused/" + std::to_string(size) + "/";
+  try {
+    if (rank != 0) {
+      store.set(read + std::to_string(rank), "1");
+    } else if (size > 1) {
+      std::vector<std::string> keys;
+      for (int r = 1; r < size; ++r) keys.push_back(read + std::to_string(r));
+      store.wait(keys, std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(5)));
+    }
+  } catch (const error&) {  // a rank that went away meanwhile: the verdict stands
+  }
+  throw error(errc::config, why, ctx);
+}
+
 //! Collective over the job's ranks [0, size), before any transport connects: publishes this rank's host identity,
 //! shared settings and local place under `prefix` in one store exchange, and returns where every rank lives.
 //! errc::config on every rank when the ranks' settings differ (disagreement()), "auto" transports resolved first,
@@ -159,6 +182,13 @@ inline rendezvous::host_map agree_on_start(rendezvous::any_store& store, int ran
   std::vector<std::string> identities;
   std::vector<std::vector<shared_setting>> settings_of;
   std::vector<rendezvous::local_place> places;
+  std::string given_up;
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (all[r].starts_with(gives_up_marker))
+      given_up += (given_up.empty() ? "rank " : "; rank ") + std::to_string(r) + " gives up: " + all[r].substr(gives_up_marker.size());
+  if (!given_up.empty()) {
+    refuse_at_start(store, rank, size, timeout, prefix, given_up, ctx);
+  }
   for (const auto& v : all) {
     const auto parts = rendezvous::detail::unpack_values(v, 3, ctx);
     identities.push_back(parts[0]);
@@ -184,23 +214,30 @@ inline rendezvous::host_map agree_on_start(rendezvous::any_store& store, int ran
   group_size_effect(settings_of, size);
   std::optional<std::string> differ = disagreement(settings_of);
   if (!placed.refusal.empty()) differ = differ ? *differ + "; " + placed.refusal : placed.refusal;
-  if (differ) {
-    // Rank 0 hosts the store: it stays until every other rank says it read the values (or a few seconds pass), so
-    // that each names the settings rather than a store that went away under it.
-    const std::string read = prefix + "refused/" + std::to_string(size) + "/";
-    try {
-      if (rank != 0) {
-        store.set(read + std::to_string(rank), "1");
-      } else if (size > 1) {
-        std::vector<std::string> keys;
-        for (int r = 1; r < size; ++r) keys.push_back(read + std::to_string(r));
-        store.wait(keys, std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(5)));
-      }
-    } catch (const error&) {  // a rank that went away meanwhile: the verdict stands
-    }
-    throw error(errc::config, *differ, ctx);
-  }
+  if (differ) refuse_at_start(store, rank, size, timeout, prefix, *differ, ctx);
   return hosts;
+}
+
+//! A rank that fails before its part of agree_on_start (a setting that this rank alone refuses, read for its shared
+//! settings): publishes, in place of its values, that it gives up and why, so that every other rank's
+//! agree_on_start fails at once with "rank N gives up: <why>" instead of waiting for it until the store's
+//! timeout. Rank 0, which hosts the store, stays for the others to read it (at most `linger`). Best effort: the
+//! caller throws its own error after it, whatever came of this.
+inline void give_up_at_start(rendezvous::any_store& store, int rank, int size, const std::string& why,
+                             std::chrono::milliseconds linger = std::chrono::seconds(5),
+                             const std::string& prefix = "shardkit/hosts/") noexcept {
+  const std::string value = std::string(gives_up_marker) + why;
+  try {
+    if (rank != 0) {
+      rendezvous::detail::publish_value(store, prefix, rank, size, value);
+      // The acknowledgement refuse_at_start's host waits for: this rank has nothing more to read.
+      store.set(prefix + "refused/" + std::to_string(size) + "/" + std::to_string(rank), "1");
+      return;
+    }
+    rendezvous::all_gather_values(store, prefix, rank, size, value, linger);
+    refuse_at_start(store, rank, size, linger, prefix, why, {});
+  } catch (...) {  // the store is gone or does not answer, or the verdict was given: this rank's own error says the rest
+  }
 }
 
 }  // namespace shardkit::comm::detail

@@ -4,12 +4,14 @@
 //! translation unit of the program (core/separate_compilation.hpp), so the transports compile once.
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "shardkit/comm/detail/start_agreement.hpp"
 #include "shardkit/comm/init.hpp"
@@ -74,8 +76,18 @@ SHARDKIT_DECL world init_process_group(init_options options) {
   // The launcher's local places travel with them: two ranks of one host with one LOCAL_RANK fail here too.
   const rendezvous::local_place place{.local_rank = w.info.local_rank, .local_world_size = w.info.local_world_size,
                                       .stated = w.info.local_world_size_stated, .host = rendezvous::host_label()};
-  w.hosts = detail::agree_on_start(w.store, w.info.rank, w.info.world_size, rendezvous::host_identity(),
-                                   detail::shared_settings(transport, opts), timeout, place, w.info.source);
+  std::vector<detail::shared_setting> mine;
+  try {
+    mine = detail::shared_settings(transport, opts);
+  } catch (const std::exception& e) {
+    // A value this rank alone refuses (SHARDKIT_RD_THRESHOLD=abc): the others, waiting for this rank's settings,
+    // fail at once naming it and why, instead of after the store's timeout.
+    detail::give_up_at_start(w.store, w.info.rank, w.info.world_size, e.what(),
+                             timeout.count() > 0 ? std::min(timeout, std::chrono::milliseconds(5000)) : std::chrono::milliseconds(5000));
+    throw;
+  }
+  w.hosts = detail::agree_on_start(w.store, w.info.rank, w.info.world_size, rendezvous::host_identity(), mine, timeout,
+                                   place, w.info.source);
   const int my_host = w.hosts.host_of[std::size_t(w.info.rank)];
   const auto local_ranks = w.hosts.ranks_on(my_host);
   transport = detail::resolve_transport(transport, w.hosts);

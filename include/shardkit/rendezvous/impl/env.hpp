@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -335,6 +336,29 @@ SHARDKIT_DECL rendezvous_info info_from_env_to_join(const env_lookup& lookup, st
   }
   detail::validate(info, names);
   return info;
+}
+
+SHARDKIT_DECL void report_failure_to_store(std::string_view reason, const env_lookup& lookup,
+                                           std::chrono::milliseconds bound) noexcept {
+  try {
+    const rendezvous_info info = info_from_env(lookup);
+    if (info.rank == 0 || bound.count() <= 0) return;
+    tcp_store store(info.master_addr, info.master_port,
+                    {.connect_timeout = bound,
+                     .timeout = bound,
+                     .auth_token = settings::get<settings::text>("SHARDKIT_AUTH_TOKEN").value_or(std::string()),
+                     .host_rank = 0,
+                     .run_id = run_id(lookup),
+                     .rank = info.rank});
+    // Only while ranks join (the host removes the bookkeeping once they all did): the host waits on the ready key
+    // and fails with what it says; one already set (the job complete, or refused) stays as it is.
+    const std::string joined(detail::store_joined_key);
+    if (!store.check(std::span<const std::string>(&joined, 1))) return;
+    store.compare_set(std::string(detail::store_ready_key), "",
+                      std::string(detail::store_refused_prefix) + "rank " + std::to_string(info.rank) + " gives up: " +
+                          std::string(reason));
+  } catch (...) {  // no store answered in time, or it refused this client: this rank's own error says the rest
+  }
 }
 
 SHARDKIT_DECL std::chrono::milliseconds store_timeout() {
