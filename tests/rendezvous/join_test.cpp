@@ -561,6 +561,10 @@ SHARDKIT_SCENARIO(rendezvous_join_misuse) {
     auto store = rdv::connect_store(rdv::info_from_env());
     std::printf("JOINED\n");
     if (rank == 0) std::this_thread::sleep_for(1s);  // the host stays while a late duplicate may come
+    if (rank != 0 && std::getenv("JOIN_THEN_WAIT")) {  // as init_process_group's next exchange does
+      std::fflush(stdout);
+      store.get("never set");
+    }
   } catch (const shardkit::error& e) {
     const double s = std::chrono::duration<double>(steady::now() - t0).count();
     std::printf("REFUSED after %.2f s: %s\n", s, e.what());
@@ -586,15 +590,18 @@ TEST_CASE("[rendezvous] processes: WORLD_SIZE=2 and 3 on one MASTER_PORT both fa
 // timeout, then named a missing rank without the reason.
 TEST_CASE("[rendezvous] processes: a rank that gives up before joining is named, with its reason, by rank 0 at once") {
   const auto results = shardkit::test::run_processes(
-      3, "rendezvous_join_misuse", {{"JOIN_GIVE_UP_1", "--steps wants an integer, got 'x'"}, {"SHARDKIT_STORE_TIMEOUT", "20"}},
-      30s);
+      3, "rendezvous_join_misuse",
+      {{"JOIN_GIVE_UP_1", "--steps wants an integer, got 'x'"}, {"JOIN_THEN_WAIT", "1"}, {"SHARDKIT_STORE_TIMEOUT", "20"}}, 30s);
   shardkit::test::require_all_succeeded(results);
   REQUIRE(results.size() == 3);
-  CAPTURE(results[0].output);
   CHECK(has(results[1].output, "GAVE UP"));
-  REQUIRE(has(results[0].output, "REFUSED after "));
-  CHECK(std::stod(results[0].output.substr(results[0].output.find("REFUSED after ") + 14)) < 2);
-  CHECK(has(results[0].output, "rank 1 gives up: --steps wants an integer, got 'x'"));
+  for (const std::size_t p : {0, 2}) {
+    CAPTURE(results[p].output);
+    REQUIRE(has(results[p].output, "REFUSED after "));
+    CHECK(std::stod(results[p].output.substr(results[p].output.find("REFUSED after ") + 14)) < 2);
+    CHECK(has(results[p].output, "rank 1 gives up: --steps wants an integer, got 'x'"));
+  }
+  CHECK(has(results[2].output, "the job was stopped by the store's host (rank 0): rank 1 gives up: "));
 }
 
 // Processes 1 and 3 both say RANK=1 of WORLD_SIZE=3, started at once, rank 2 half a second later (the second claim

@@ -79,8 +79,8 @@ SHARDKIT_DECL rendezvous_info info_from_env_to_join(const env_lookup& lookup = p
 //! For a rank that fails before it joins the job (a flag or setting its program refuses, an exception in user code
 //! before init_process_group) and knows its place from the launcher's variables: tells the job's store that this rank
 //! gives up and why, so that rank 0, waiting there for the ranks to join, fails at once with "rank N gives up:
-//! <reason>" instead of waiting its store timeout for a rank that will not come (the ranks that joined then lose
-//! the store and fail too). Call it on the failure path, then fail as before; torchrun's agent and shardkit-run stop
+//! <reason>" instead of waiting its store timeout for a rank that will not come, and the other ranks are told it
+//! (tcp_store_server.hpp: the job is stopped as by a refused join). Call it on the failure path, then fail as before; torchrun's agent and shardkit-run stop
 //! the other ranks of one host anyway, this matters for ranks started by hand or on several hosts. Best effort and
 //! bounded: it returns within about `bound` whatever happens (no store up, another program on the port, the
 //! variables unset or malformed, a store past its joining), never throws, and does nothing on rank 0 (which hosts
