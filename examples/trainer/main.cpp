@@ -134,6 +134,10 @@ std::size_t peak_rss_bytes() {
 
 }  // namespace
 
+// Set once this rank starts to join the job: from then on init_process_group reports its own refusals (and a
+// process refused as a second RANK must not stop the job it was refused from).
+static bool joining = false;
+
 int main(int argc, char** argv) try {
   const flags f = trainer::parse(argc, argv);
   // --device cuda: fail here, at once and in one line, where there is no GPU (or no CUDA in this build), before
@@ -159,6 +163,7 @@ int main(int argc, char** argv) try {
   // --ckpt-dir) starts at step 0 like one without checkpoints, and the warning says which it was.
   const bool ckpt_dir_missing = f.resume && !f.ckpt_dir.empty() && !f.ckpt_dir.starts_with("s3://") &&
                                 !std::filesystem::exists(f.ckpt_dir);
+  joining = true;
   auto world = sk::comm::init_process_group(std::move(init));
   auto& pg = world.group;
   const int rank = pg.rank(), ranks = pg.size();
@@ -534,7 +539,7 @@ int main(int argc, char** argv) try {
   return stopped_by ? 128 + stopped_by : 0;  // the checkpointer, destroyed on the way out, releases its lease
 } catch (const std::exception& e) {
   std::fprintf(stderr, "trainer: %s\n", e.what());
-  // Failed before it joined the job (no --device cuda here): rank 0 says so at once (after joining: nothing to do).
-  sk::rendezvous::report_failure_to_store(std::string("trainer: ") + e.what());
+  // Failed before it began to join the job (no --device cuda here): rank 0 says so at once.
+  if (!joining) sk::rendezvous::report_failure_to_store(std::string("trainer: ") + e.what());
   return 1;
 }

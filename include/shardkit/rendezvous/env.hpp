@@ -84,7 +84,8 @@ SHARDKIT_DECL rendezvous_info info_from_env_to_join(const env_lookup& lookup = p
 //! the other ranks of one host anyway, this matters for ranks started by hand or on several hosts. Best effort and
 //! bounded: it returns within about `bound` whatever happens (no store up, another program on the port, the
 //! variables unset or malformed, a store past its joining), never throws, and does nothing on rank 0 (which hosts
-//! the store).
+//! the store). Not for a failure of connect_store or init_process_group itself: a process the store refused (a
+//! second RANK=1) would stop the job that goes on without it.
 SHARDKIT_DECL void report_failure_to_store(std::string_view reason, const env_lookup& lookup = process_env,
                                            std::chrono::milliseconds bound = std::chrono::milliseconds(500)) noexcept;
 
