@@ -88,7 +88,8 @@ echo "OK: checkpoint flags that cannot work are refused"
 # same step, let the save in flight end and release the location's lease: nothing is left but checkpoints (no
 # lease.json, no temporaries), the exit status is 128 + 15, and the next run resumes without taking a lease over.
 for sig in TERM INT; do
-  rm -rf "$work/sig"
+  # The files of the previous signal's runs go first: a poll must not read their lines as this run's.
+  rm -rf "$work/sig" signalled.txt after_signal.txt
   "$run" -n 2 -- "$trainer" --steps 100000 --batch 12 --context 16 --width 32 --blocks 1 --ckpt-dir "$work/sig" \
     --ckpt-every 1 > signalled.txt 2>&1 &
   launcher=$!
