@@ -111,8 +111,8 @@ class tcp_store_server {
     return text;
   }
   const std::string& local_address() const noexcept { return net_.local_address(); }
-  //! After a refusal that stopped the job (see join in the file comment): waits until `clients` connections (the
-  //! job's other ranks) were told why, or `bound` passes, so that ranks that start late fail at once with the
+  //! After a refusal that stopped the job (see join in the file comment): waits until `clients` of the job's other
+  //! ranks were told why (counted once per rank; a client that never said its rank counts as one), or `bound` passes, so that ranks that start late fail at once with the
   //! reason instead of finding no store. Any thread.
   void linger_until_told(std::size_t clients, std::chrono::milliseconds bound) const {
     const auto until = std::chrono::steady_clock::now() + bound;
@@ -187,7 +187,7 @@ class tcp_store_server {
                                 ": two jobs on one MASTER_PORT?",
                          error_frame(errc::config, opts_.run_id));
     if (!stopped_.empty()) {  // a rank that comes after the job was stopped learns why at once
-      note_told(c.id);
+      note_told(c);
       c.closing = true;
       return reply(c, error_frame(errc::aborted, stopped_));
     }
@@ -206,7 +206,8 @@ class tcp_store_server {
     const auto code = static_cast<op>(r.u8());
     if (!c.greeted) return greet(c, code, r);
     if (!stopped_.empty() && code != op::cancel) {
-      note_told(id);
+      if (code == op::join) c.rank = r.i64();  // a rank that joins after the stop is counted as that rank
+      note_told(c);
       return reply(c, error_frame(errc::config, stopped_text()));
     }
     switch (code) {
@@ -265,7 +266,7 @@ class tcp_store_server {
         // join: the host, woken above, fails with its reason, and every other rank is told it.
         if (key == detail::store_ready_key && desired.starts_with(detail::store_refused_prefix) && stopped_.empty()) {
           stop_job(desired.substr(detail::store_refused_prefix.size()));
-          note_told(c.id);
+          note_told(c);
         }
         return;
       }
@@ -300,6 +301,7 @@ class tcp_store_server {
   // A rank claims its place (see join in the file comment).
   void join(connection& c, std::int64_t rank, std::int64_t world) {
     if (world_ == 0 && world > 0) world_ = world;
+    c.rank = rank;
     std::string why;
     bool duplicate = false;
     const std::string who = rank >= 0 ? "rank " + std::to_string(rank) : "a client";
@@ -325,7 +327,7 @@ class tcp_store_server {
         data_[ready] = std::string(detail::store_refused_prefix) + why;
         key_created(ready);
         stop_job(why);
-        note_told(c.id);
+        note_told(c);
       }
       return reply(c, error_frame(errc::config, why));
     }
@@ -358,14 +360,18 @@ class tcp_store_server {
         c->parked = false;
         c->park_keys.clear();
         c->watch_key.clear();
-        note_told(id);
+        note_told(*c);
         reply(*c, error_frame(errc::config, stopped_text()));
         net_.mark_ready(id);
       }
   }
   std::string stopped_text() const { return "the job was stopped by the store's host (rank 0): " + stopped_; }
-  void note_told(std::uint64_t id) {
-    if (told_ids_.insert(id).second) told_.store(told_ids_.size(), std::memory_order_release);
+  // Counted once per rank (a rank may hold several connections), never the host's own (rank 0, which lingers); a
+  // client that never said its rank (a newcomer told at its hello) counts as one more.
+  void note_told(const connection& c) {
+    if (c.rank == 0) return;
+    const bool added = c.rank > 0 ? told_ranks_.insert(c.rank).second : told_unnamed_.insert(c.id).second;
+    if (added) told_.store(told_ranks_.size() + told_unnamed_.size(), std::memory_order_release);
   }
 
   static detail::frame_writer ok() { return detail::frame_writer(detail::store_status::ok); }
@@ -433,8 +439,9 @@ class tcp_store_server {
   std::int64_t joined_ = 0;                     // joins accepted
   std::map<std::int64_t, std::string> claims_;  // rank -> the address it joined from
   std::string stopped_;                         // why the job was stopped ("" while it was not)
-  std::set<std::uint64_t> told_ids_;            // connections told so
-  std::atomic<std::size_t> told_{0};            // told_ids_.size(), for the host's linger
+  std::set<std::int64_t> told_ranks_;           // ranks told so (see note_told)
+  std::set<std::uint64_t> told_unnamed_;        // connections told so that never said their rank
+  std::atomic<std::size_t> told_{0};            // the two sets' sizes together, for the host's linger
   shardkit::detail::owned_thread thread_;  // joined in the destructor, before any member it uses is destroyed
 };
 

@@ -35,6 +35,7 @@ struct store_connection {
   std::string out;                   // responses not yet accepted by the kernel
   std::deque<std::string> requests;  // whole frames waiting their turn
   bool greeted = false;
+  std::int64_t rank = -1;  // the rank it joined or tried to join as (-1: it said none)
   bool closing = false;  // send what is queued, then close
   bool dead = false;
   bool parked = false;  // a get or wait is waiting for park_keys
