@@ -48,6 +48,7 @@ model:
   --prefetch N           units gathered ahead [all]
   --early-gathers on|off the next forward's gathers start as the optimizer steps each unit [on]
   --keep-last on|off     the forward's last units keep their gathered parameters for backward [on]
+  --early-backward on|off  with units kept: backward's first gather beyond them starts in forward [on]
   --optimizer-ms X       the step outside units [the file's other_ms x measured_shard / shard size]
   --scale-compute X      multiply every unit's compute time by X [1]
   --timeline             with --budget: every simulated interval
@@ -249,6 +250,9 @@ int main(int argc, char** argv) try {
     else if (a == "--keep-last") {
       if (v != "on" && v != "off") fail("--keep-last wants on or off, got '" + std::string(v) + "'");
       model.keep_last_units = v == "on";
+    } else if (a == "--early-backward") {
+      if (v != "on" && v != "off") fail("--early-backward wants on or off, got '" + std::string(v) + "'");
+      model.early_backward_gather = v == "on";
     } else if (a == "--early-gathers") {
       if (v != "on" && v != "off") fail("--early-gathers wants on or off, got '" + std::string(v) + "'");
       model.early_gathers = v == "on";

@@ -89,6 +89,7 @@ inline std::string help_text() {
       {"--max-inflight N", "gathered buffers alive at once [0: the budget alone decides]"},
       {"--prefetch N", "units gathered ahead [" + n(d.sharding.prefetch) + "]"},
       {"--keep-last on|off", "the forward's last units keep their gathered parameters for backward [on]"},
+      {"--early-backward on|off", "with units kept: backward's first gather beyond them starts in forward [on]"},
       {"--width D", "model width; hidden is 4 x D [" + n(d.model.width) + "]"},
       {"--blocks L", "model blocks (units: L + 2) [" + n(d.model.blocks) + "]"},
       {"--lr X", "AdamW learning rate [" + g(d.lr) + "]"},
@@ -185,7 +186,8 @@ inline bool takes_value(std::string_view a) {
       "--steps",  "--batch", "--micro-batches", "--context",  "--seed",         "--strategy",   "--hybrid-size",
       "--dtype",  "--reduce-dtype", "--budget", "--max-inflight", "--prefetch", "--width",      "--blocks",
       "--lr",     "--weight-decay", "--clip",   "--data",     "--ckpt-dir",     "--ckpt-every", "--ckpt-keep",
-      "--ckpt-mode", "--die-at-step", "--die-rank", "--trace", "--device", "--plan-units", "--keep-last"};
+      "--ckpt-mode", "--die-at-step", "--die-rank", "--trace", "--device", "--plan-units", "--keep-last",
+      "--early-backward"};
   return std::find(std::begin(names), std::end(names), a) != std::end(names);
 }
 
@@ -254,6 +256,10 @@ inline flags parse(int argc, char** argv) {
     else if (a == "--keep-last") {
       if (v != "on" && v != "off") usage("--keep-last wants on or off, got '" + std::string(v) + "'");
       f.sharding.keep_last_units = v == "on";
+    }
+    else if (a == "--early-backward") {
+      if (v != "on" && v != "off") usage("--early-backward wants on or off, got '" + std::string(v) + "'");
+      f.sharding.early_backward_gather = v == "on";
     }
     else if (a == "--width") f.model.width = int(positive(a, v)), f.model.hidden = 4 * f.model.width;
     else if (a == "--blocks") f.model.blocks = int(positive(a, v));

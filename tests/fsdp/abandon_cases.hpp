@@ -4,6 +4,7 @@
 //
 // Three equal units, so that an all-gather paired with another unit's has the right size and only the values
 // tell; every parameter value names its unit, parameter and element, and every full pass checks all of them.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -56,6 +57,12 @@ enum class exit_kind {
   break_forward,       // break out of a forward (or never iterate it), then a full forward
   throw_backward,      // throw out of a synchronizing backward, then a full forward and backward
   break_and_destroy,   // break out of a forward and destroy the model with it
+  // Forward left at the turn to backward: in one of the units kept for backward (the last one when none is kept),
+  // where the first kept unit queued backward's first gather beyond them (sharding_options::early_backward_gather)
+  // and each rank's gather thread may or may not have issued it. Then, as the shared draw says, a full forward, a
+  // full step, or the model destroyed and made again.
+  break_at_turn,
+  throw_at_turn,
 };
 
 struct case_options {
@@ -63,6 +70,7 @@ struct case_options {
   std::size_t budget_units = 1;  // 0: unlimited_budget
   std::size_t hybrid_shard_size = 0;  // 0: full_shard
   bool uneven = false;                // uneven_units() instead of three equal ones
+  bool early_backward_gather = true;  // sharding_options::early_backward_gather
   int iterations = 1000;
   std::uint32_t seed = 1;
 };
@@ -77,6 +85,7 @@ inline fsdp::sharding_options options_for(const case_options& c) {
     o.limiter_budget_bytes = fsdp::unlimited_budget;
   else
     o.limiter_budget_units = c.budget_units;
+  o.early_backward_gather = c.early_backward_gather;
   // The gather thread reports a grant just before it issues the all-gather: a random delay there varies how far
   // each rank's gathers have got when the trainer leaves the pass.
   o.on_event = [](const fsdp::model_event& e) {
@@ -148,6 +157,29 @@ inline void run(comm::process_group& g, const case_options& c) {
   make();
   for (int it = 0; it < c.iterations; ++it) {
     const int leave_at = int(shared() % (model->num_units() + 1)) - 1;  // -1: a range never iterated
+    if (c.kind == exit_kind::break_at_turn || c.kind == exit_kind::throw_at_turn) {
+      const std::size_t n = model->num_units(), kept = std::max<std::size_t>(model->kept_for_backward(), 1);
+      const std::size_t at = n - 1 - std::size_t(shared()) % kept;  // a kept unit, the same on every rank
+      try {
+        std::size_t pos = 0;
+        for (auto& u : model->forward()) {
+          (void)u;
+          delay();
+          if (pos++ == at) {
+            if (c.kind == exit_kind::throw_at_turn) throw std::domain_error("left at the turn");
+            break;
+          }
+        }
+      } catch (const std::domain_error&) {
+      }
+      delay();
+      switch (shared() % 3) {
+        case 0: model.reset(), make(); [[fallthrough]];
+        case 1: check_forward(*model, it); break;
+        default: check_forward(*model, it), check_backward(*model, it);
+      }
+      continue;
+    }
     if (c.kind == exit_kind::break_forward || c.kind == exit_kind::break_and_destroy) {
       {
         auto pass = model->forward();

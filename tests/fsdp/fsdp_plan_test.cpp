@@ -164,6 +164,18 @@ TEST_CASE("[fsdp] plan: the forward's last units kept for backward: no gather at
     CHECK(backward_gathers == 3);
     CHECK(kept.step_seconds < freed.step_seconds - gather / 2);
     CHECK(kept.peak_gathered_bytes <= kept.budget_bytes);
+    // early_backward_gather off: unit 2's backward gather waits for backward() (after forward's unit 3 ended).
+    fsdp::plan_options late = on;
+    late.early_backward_gather = false;
+    const auto at_turn = fsdp::simulate_step(units, lab(), late);
+    double forward_end = 0, gather_begin = -1;
+    for (const auto& e : at_turn.timeline) {
+      if (e.what == kind::use && e.pass == fsdp::pass::forward && e.unit == 3) forward_end = e.end;
+      if (e.what == kind::gather && e.pass == fsdp::pass::backward && e.unit == 2) gather_begin = e.begin;
+    }
+    CHECK(gather_begin >= forward_end);
+    CHECK(at_turn.step_seconds >= kept.step_seconds);
+    CHECK(at_turn.link_bytes == doctest::Approx(kept.link_bytes).epsilon(1e-12));
   }
   // One unit holds no more than a backward unit: nothing kept, the same step.
   fsdp::plan_options one{.limiter_budget_units = 1};
@@ -322,15 +334,19 @@ TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 
   }
   const fsdp::plan_cluster cluster{.hosts = 2, .link_bytes_per_second = 50e6, .rtt_seconds = 50e-6};
   auto groups = sk::comm::make_loopback_world(2);
-  const std::tuple<std::size_t, std::size_t, bool> cases[] = {
-      {1, 1 << 20, true}, {2, 1 << 20, true}, {0, 1 << 20, true}, {0, 1, true}, {0, 0, true}, {2, 1 << 20, false}};
-  for (auto [units_budget, prefetch, early] : cases) {
+  // The last field: sharding_options::early_backward_gather.
+  const std::tuple<std::size_t, std::size_t, bool, bool> cases[] = {
+      {1, 1 << 20, true, true}, {2, 1 << 20, true, true}, {0, 1 << 20, true, true}, {0, 1, true, true},
+      {0, 0, true, true},       {2, 1 << 20, false, true}, {2, 1 << 20, true, false}, {0, 1 << 20, true, false}};
+  for (auto [units_budget, prefetch, early, early_backward] : cases) {
     CAPTURE(units_budget);
     CAPTURE(prefetch);
     CAPTURE(early);
+    CAPTURE(early_backward);
     fsdp::plan_options po;
     po.prefetch = prefetch;
     po.early_gathers = early;
+    po.early_backward_gather = early_backward;
     po.limiter_budget_units = units_budget;
     if (units_budget == 0) po.limiter_budget_bytes = fsdp::unlimited_budget;
     const auto sim = fsdp::simulate_step(plan, cluster, po);
@@ -342,6 +358,7 @@ TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 
       o.limiter_budget_bytes = po.limiter_budget_bytes;
       o.prefetch = prefetch;
       o.early_gathers = early;
+      o.early_backward_gather = early_backward;
       o.on_event = [&](const fsdp::model_event& e) {
         std::lock_guard l(m);
         events.push_back(e);

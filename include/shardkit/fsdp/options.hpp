@@ -170,10 +170,15 @@ struct sharding_options {
   //! follows from the unit sizes and the budget alone, the same on every rank (sharded_model::kept_for_backward()):
   //! as few as hold the largest unit's parameters, while a largest unit still fits beside them, and none where the
   //! budget cannot guarantee it (often none at one unit). They are given back when something other than the
-  //! backward comes next (a forward, a load, full_state). With units kept, backward's first gather beyond them
-  //! starts when the first of them begins forward (within the prefetch window, not while gradients accumulate);
-  //! what comes instead of that backward completes it on every rank and gives it back (docs/fsdp.md).
+  //! backward comes next (a forward, a load, full_state).
   bool keep_last_units = true;
+  //! With units kept for backward (keep_last_units), backward's first gather beyond them starts when the first of
+  //! them begins forward, instead of at backward(): the link carries it while the kept units compute forward and
+  //! backward, where it would otherwise idle at the turn. Within the prefetch window, not while gradients
+  //! accumulate. What comes instead of that backward (a forward left early, another forward, a load, full_state,
+  //! the model's destruction) completes it on every rank and gives it back, so ranks stay paired whichever of them
+  //! had issued it (docs/fsdp.md). Off: it is queued by backward's first unit, as any backward gather.
+  bool early_backward_gather = true;
   //! Backwards per optimizer step (micro-batches) the trainer runs. The model does not use it; construction
   //! compares it across ranks with the units and the other options, so that ranks set up for different
   //! accumulation fail at once, naming both values, instead of timing out in a later reduction. 0: not set.

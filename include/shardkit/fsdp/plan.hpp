@@ -96,6 +96,9 @@ struct plan_options {
   bool early_gathers = true;
   //! sharding_options::keep_last_units: the forward's last units keep their parameters for backward.
   bool keep_last_units = true;
+  //! sharding_options::early_backward_gather: with units kept, backward's first gather beyond them is queued when
+  //! the first of them begins forward.
+  bool early_backward_gather = true;
   //! The optimizer's step on this rank's shard, and the step's other work outside units.
   double optimizer_seconds = 0;
   //! Scalar all-reduces after backward (the trainer's loss mean and gradient norm: 2), each a latency per

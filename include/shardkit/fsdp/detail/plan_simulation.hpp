@@ -223,7 +223,9 @@ class plan_simulation {
   // kept units after the forward's own, parameters and gradients as one request, where backward's first unit
   // would queue it.
   void queue_early_backward(std::size_t step) {
-    if (kept_ == 0 || kept_ >= units_.size() || opts_.prefetch < kept_ || queued_ != units_.size()) return;
+    if (!opts_.early_backward_gather || kept_ == 0 || kept_ >= units_.size() || opts_.prefetch < kept_ ||
+        queued_ != units_.size())
+      return;
     const std::size_t i = units_.size() - 1 - kept_;
     auto& u = units_[i];
     if (u.params || u.params_bytes == 0) return;

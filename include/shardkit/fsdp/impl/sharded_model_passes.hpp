@@ -88,7 +88,7 @@ SHARDKIT_DECL void sharded_model::queue_early_backward() {
   // while gradients accumulate: the kept units then took no gradients' buffer, and a zero_grad() before the
   // backward would have them ask for one in backward, queued behind this gather, which may wait for the room
   // that only their backward frees.
-  if (k == 0 || k >= units_.size() || opts_.prefetch < k || accumulating_) return;
+  if (!opts_.early_backward_gather || k == 0 || k >= units_.size() || opts_.prefetch < k || accumulating_) return;
   if (queued_ != units_.size()) return;  // after every forward gather (the window above holds them all)
   const std::size_t i = units_.size() - 1 - k;
   auto& u = *units_[i];
