@@ -5,7 +5,9 @@
 #    up" (+1.5%: met, +3.5%: missed), fsdp-bench's step time-boxed, rounds added only while the budget holds one
 #    more, the exit status 1 (a step timed out), every step given the bundle's bin/ first on PATH (and not its lib/
 #    as LD_LIBRARY_PATH: the bundled binaries' wrappers set it), governor-lab given the bundle's trainer and s3rver;
-# 2. a bundle whose preflight fails runs nothing else and exits 3.
+# 2. --only turn: four plan-validate rounds, the trainer's --early-backward on, off, off, on, with the bundle's
+#    trainer and shardkit-plan, their tables printed; without --only turn, none;
+# 3. a bundle whose preflight fails runs nothing else and exits 3.
 #   host_bench_test.sh SOURCE_DIR
 set -euo pipefail
 src=$1
@@ -29,6 +31,10 @@ case "$*" in *governor1*) on="+1.5%" ;; *) on="+3.5%" ;; esac
 echo "| round | run | step_ms |"; echo "| 1 | none | 260.00 |"
 echo "Round 1, the smallest N measured to keep up (no save began before the one before had committed): off: every 5 steps, +4.0% over none; on: every 2 steps, $on over none."'
 stand_in scripts/fsdp-bench 'echo "coretype $OPENBLAS_CORETYPE"; sleep 60'
+stand_in bin/shardkit-plan 'exit 0'
+# plan-validate: its arguments as its table, in its --out file.
+stand_in scripts/plan-validate 'args="$*"; while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
+echo "| turn table: $args; $OPENBLAS_CORETYPE $NETLAB_PREFIX |" >"$out"'
 echo abc1234 >"$b/COMMIT"
 echo Release >"$b/BUILD_TYPE"
 tar -C "$work/stage" -cf - host-bench | xz -1 >"$work/bundle.tar.xz"
@@ -56,8 +62,21 @@ grep -q "prefix: hbgov" "$work/out/governor1.log" || fail "governor-lab ran on t
 grep -q "PATH starts .*/host-bench/bin, LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}\.$" "$work/out/link.log" ||
   fail "the steps do not see the bundle first: $(cat "$work/out/link.log")"
 grep -q "^| round | run | step_ms |" "$work/run.txt" || fail "the governor's table is not printed"
+! grep -q "^| turn" "$work/out/summary.md" || fail "a turn step ran without --only turn"
 
-# 2. No network namespaces: the preflight says so and nothing else runs.
+# 2. --only turn.
+bash "$src/scripts/host-bench" run --bundle "$work/bundle.tar.xz" --only turn --budget 60 --out-dir "$work/turn" \
+  >"$work/turn.txt" 2>&1 || { cat "$work/turn.txt"; fail "--only turn failed"; }
+t=0
+for k in on off off on; do
+  t=$((t + 1))
+  grep -q "^| turn$t | ran |" "$work/turn/summary.md" || { cat "$work/turn.txt"; fail "no turn$t row"; }
+  grep -q -- "--trainer .*/host-bench/bin/trainer --plan .*/host-bench/bin/shardkit-plan --hosts 4 --rates 2gbit .*--early-backward $k; SkylakeX hbturn |" \
+    "$work/turn/turn$t-$k.md" || fail "turn$t: $(cat "$work/turn/turn$t-$k.md")"
+done
+grep -q "^| turn table: .*--early-backward off" "$work/turn.txt" || fail "the turn tables are not printed"
+
+# 3. No network namespaces: the preflight says so and nothing else runs.
 touch "$b/BROKEN"
 tar -C "$work/stage" -cf - host-bench | xz -1 >"$work/broken.tar.xz"
 status=0
