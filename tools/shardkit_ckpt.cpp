@@ -52,7 +52,8 @@ int usage(std::FILE* to = stderr) {
       "gc removes debris: the objects of steps without an index older than the latest complete checkpoint, writers'\n"
       "temporaries in those steps, and the other temporaries unmodified for --min-age SECONDS (default 600; 0 once no\n"
       "run writes there). On s3:// the temporaries are pending multipart uploads (ListMultipartUploads), aborted; their\n"
-      "age is that of their newest part. While a live run holds the location's lease (lease.json, judged as a resume's\n"
+      "age is that of their newest part. A storage probe (probe-<seconds>-<id>.json) that a checkpointer killed at its\n"
+      "construction left is such a temporary, as old as its name says. While a live run holds the location's lease (lease.json, judged as a resume's\n"
       "takeover judges it), gc keeps that run's save in progress (newer steps, their temporaries) and refuses\n"
       "--min-age, naming the run; --ignore-lease treats that lease as dead (a run you know died on another host less\n"
       "than its expiry ago), but is refused, naming the pid, while the holder's process is alive on this host (same\n"
@@ -169,6 +170,15 @@ bool of_live_save(const lease_state& lease, std::optional<std::uint64_t> step, s
   return lease.live() && !(step && latest && *step < *latest);
 }
 
+// The storage probes at the location (ck::location_probe_key): checkpointers killed at their construction left them,
+// or a live construction reads its own for a few seconds. LIST shows them, outside every step.
+std::vector<std::string> location_probes(st::any_sink& sink) {
+  std::vector<std::string> out;
+  for (auto& k : sink.list(std::string(ck::location_probe_stem)))
+    if (k.find('/') == std::string::npos && ck::detail::is_location_probe_key(k)) out.push_back(std::move(k));
+  return out;
+}
+
 // What the lease says, for ls and gc: empty without one.
 std::string lease_line(const lease_state& lease) {
   if (!lease.record) return {};
@@ -187,8 +197,8 @@ int run_ls(const common_options& o) {
   // Debris: objects of steps without an index, and writers' temporaries (LIST never shows them); while a live run
   // holds the lease, those its save may be writing are its save in progress instead.
   struct tally {
-    std::size_t objects = 0, temporaries = 0;
-    std::uint64_t bytes = 0, temporary_bytes = 0;
+    std::size_t objects = 0, temporaries = 0, probes = 0;
+    std::uint64_t bytes = 0, temporary_bytes = 0, probe_bytes = 0;
   } debris, in_progress;
   for (auto& s : steps) {
     complete += s.status == "complete";
@@ -202,6 +212,14 @@ int run_ls(const common_options& o) {
     auto& into = of_live_save(lease, ck::detail::step_of_key(t.key, ""), latest) ? in_progress : debris;
     ++into.temporaries, into.temporary_bytes += t.bytes;
   }
+  // Probes lie in no step: a temporary outside a step's rule (the live run's, else debris).
+  for (const auto& k : location_probes(sink)) {
+    auto& into = of_live_save(lease, std::nullopt, latest) ? in_progress : debris;
+    ++into.probes, into.probe_bytes += sink.size(k).value_or(0);
+  }
+  auto probes_text = [](const tally& t, const char* whose) {
+    return t.probes ? ", " + plural(t.probes, "storage probe") + " (" + human_bytes(t.probe_bytes) + ") " + whose : std::string{};
+  };
   if (o.json) {
     nlohmann::ordered_json j = {{"location", o.location}, {"latest", nullptr}, {"steps", nlohmann::ordered_json::array()}};
     if (latest) j["latest"] = *latest;
@@ -215,8 +233,8 @@ int run_ls(const common_options& o) {
       j["steps"].push_back(std::move(e));
     }
     auto tally_json = [](const tally& t) {
-      return nlohmann::ordered_json{{"objects", t.objects}, {"bytes", t.bytes}, {"temporaries", t.temporaries},
-                                    {"temporary_bytes", t.temporary_bytes}};
+      return nlohmann::ordered_json{{"objects", t.objects},         {"bytes", t.bytes},   {"temporaries", t.temporaries},
+                                    {"temporary_bytes", t.temporary_bytes}, {"probes", t.probes}, {"probe_bytes", t.probe_bytes}};
     };
     j["debris"] = tally_json(debris);
     j["in_progress"] = tally_json(in_progress);
@@ -249,16 +267,17 @@ int run_ls(const common_options& o) {
     for (const auto& p : s.problems) std::printf("note: step %llu: %s\n", static_cast<unsigned long long>(s.step), p.c_str());
   if (const auto line = lease_line(lease); !line.empty()) {
     std::string save;
-    if (in_progress.objects || in_progress.temporaries)
+    if (in_progress.objects || in_progress.temporaries || in_progress.probes)
       save = "; its save in progress: " + plural(in_progress.objects, "object") + " (" + human_bytes(in_progress.bytes) +
              ") of steps without an index yet, " + plural(in_progress.temporaries, temporary_noun(o.location)) + " (" +
-             human_bytes(in_progress.temporary_bytes) + ")";
+             human_bytes(in_progress.temporary_bytes) + ")" + probes_text(in_progress, "of checkpointers' constructions");
     std::printf("%s%s\n", line.c_str(), save.c_str());
   }
-  if (debris.objects || debris.temporaries)
-    std::printf("debris: %s (%s) of steps without an index, %s (%s) that killed writers left; shardkit-ckpt gc removes it\n",
+  if (debris.objects || debris.temporaries || debris.probes)
+    std::printf("debris: %s (%s) of steps without an index, %s (%s) that killed writers left%s; shardkit-ckpt gc removes it\n",
                 plural(debris.objects, "object").c_str(), human_bytes(debris.bytes).c_str(),
-                plural(debris.temporaries, temporary_noun(o.location)).c_str(), human_bytes(debris.temporary_bytes).c_str());
+                plural(debris.temporaries, temporary_noun(o.location)).c_str(), human_bytes(debris.temporary_bytes).c_str(),
+                probes_text(debris, "that checkpointers killed at their construction left").c_str());
   return 0;
 }
 
@@ -338,6 +357,21 @@ int run_gc(const common_options& o, const gc_options& g) {
     ++removed_temporaries, temporary_bytes += t.bytes;
   }
   for (const auto& [dir, age] : sweeps) sink.remove_stale_temporaries(age, dir);
+  // Storage probes, as temporaries outside a step: a live construction holds no lease yet and reads its own probe for
+  // a few seconds, which --min-age (600 s by default) leaves it. Their age is their name's (the writer's clock).
+  std::vector<std::string> probes;
+  std::size_t kept_probes = 0;
+  std::uint64_t probe_bytes = 0;
+  for (auto& k : location_probes(sink)) {
+    if (of_live_save(lease, std::nullopt, latest_step) ||
+        ck::detail::unix_seconds() - *ck::detail::location_probe_written(k) < g.min_age.count()) {
+      ++kept_probes;
+      continue;
+    }
+    probe_bytes += sink.size(k).value_or(0);
+    probes.push_back(std::move(k));
+  }
+  sink.remove_many(probes);
   // Damaged checkpoints moved aside: kept unless asked (someone may want to look at them), and listed either way.
   std::vector<std::string> aside;
   std::uint64_t aside_bytes = 0;
@@ -347,6 +381,14 @@ int run_gc(const common_options& o, const gc_options& g) {
   std::printf("%s: removed %s (%s) of %s without an index, %s (%s)\n", o.location.c_str(), plural(keys.size(), "object").c_str(),
               human_bytes(bytes).c_str(), plural(steps, "step").c_str(), plural(removed_temporaries, temporary_noun(o.location)).c_str(),
               human_bytes(temporary_bytes).c_str());
+  if (!probes.empty())
+    std::printf("removed %s (%s) that checkpointers killed at their construction left\n", plural(probes.size(), "storage probe").c_str(),
+                human_bytes(probe_bytes).c_str());
+  if (kept_probes)
+    std::printf("kept %s: %s\n", plural(kept_probes, "storage probe").c_str(),
+                lease.live() ? "the live run's"
+                             : ("younger than --min-age (" + std::to_string(g.min_age.count()) +
+                                " s), a checkpointer's construction may be reading it").c_str());
   if (lease.live())
     std::printf("kept the save in progress: %s; %s (%s) and the objects of newer steps without an index are its own\n",
                 lease.holder_text().c_str(), plural(kept_temporaries, temporary_noun(o.location)).c_str(),

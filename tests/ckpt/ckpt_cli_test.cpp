@@ -503,6 +503,70 @@ TEST_CASE("[ckpt] shardkit-ckpt ls shows debris and its bytes, gc removes it (ne
   CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{1, 2});
 }
 
+TEST_CASE("[ckpt] a storage probe a checkpointer killed at its construction left: ls reports it as debris, gc removes it by "
+          "a temporary's rules, a resume loads past it") {
+  temp_dir dir("probe");
+  write_checkpoints(dir.path);  // steps 1, 2 complete; step 3 has an object, no index
+  st::any_sink sink = st::make_sink<st::posix_sink>(dir.path, st::posix_sink_options{.create_root = false});
+  // As a process killed between the probe's write and its remove leaves them: an hour old, and fresh (which a live
+  // construction, holding no lease yet, may be reading right now).
+  const auto now = ck::detail::unix_seconds();
+  const std::string old_probe = ck::location_probe_key("", now - 3600, "00000000deadbeef"),
+                    new_probe = ck::location_probe_key("", now, "00000000cafef00d");
+  REQUIRE(ck::detail::is_location_probe_key(old_probe));
+  CHECK(ck::detail::location_probe_written("runs/a/" + new_probe) == now);
+  CHECK_FALSE(ck::detail::is_location_probe_key("probe-12.json"));
+  CHECK_FALSE(ck::detail::is_location_probe_key(ck::rank_file_key("", 1, 0)));
+  st::put_object(sink, old_probe, st::as_bytes("00000000deadbeef"));
+  st::put_object(sink, new_probe, st::as_bytes("00000000cafef00d"));
+  const std::string loc = dir.path.string();
+  auto r = run_tool("ls " + loc);
+  INFO("shardkit-ckpt said:\n", r.output);
+  CHECK(r.status == 0);
+  CHECK(r.output.find("that killed writers left, 2 storage probes (32 B) that checkpointers killed at their construction left; "
+                      "shardkit-ckpt gc removes it") != std::string::npos);
+  auto listing = nlohmann::json::parse(run_tool("ls " + loc + " --json").output);
+  CHECK(listing["debris"]["probes"] == 2);
+  CHECK(listing["debris"]["probe_bytes"] == 32);
+  {
+    // A live run holds the location: the probes are its, as the temporaries outside a step are; gc keeps them.
+    ck::location_lease lease(sink, "", loc, "live-run", std::chrono::seconds(120));
+    lease.acquire();
+    r = run_tool("ls " + loc);
+    CHECK(r.output.find(", 2 storage probes (32 B) of checkpointers' constructions") != std::string::npos);
+    listing = nlohmann::json::parse(run_tool("ls " + loc + " --json").output);
+    CHECK(listing["in_progress"]["probes"] == 2);
+    CHECK(listing["debris"]["probes"] == 0);
+    r = run_tool("gc " + loc);
+    CHECK(r.status == 0);
+    CHECK(r.output.find("kept 2 storage probes: the live run's") != std::string::npos);
+    CHECK(sink.exists(old_probe));
+    CHECK(sink.exists(new_probe));
+  }
+  // No lease: the hour-old one goes; the fresh one stays for --min-age (default 600 s).
+  r = run_tool("gc " + loc);
+  CHECK(r.status == 0);
+  CHECK(r.output.find("removed 1 storage probe (16 B) that checkpointers killed at their construction left") != std::string::npos);
+  CHECK(r.output.find("kept 1 storage probe: younger than --min-age (600 s), a checkpointer's construction may be reading it") !=
+        std::string::npos);
+  CHECK_FALSE(sink.exists(old_probe));
+  CHECK(sink.exists(new_probe));
+  // A resume beside it loads the latest checkpoint (and probes, removes its own probe, leaves the other).
+  auto groups = sk::comm::make_loopback_world(world);
+  sk::test::run_threads(world, [&](int rank) {
+    ck::checkpointer loader(groups[std::size_t(rank)], sink, {.keep_last = 0});
+    rank_state s(rank, 0);
+    const auto report = loader.load_latest(s.dict);
+    REQUIRE(report);
+    CHECK(report->step == 2);
+  });
+  CHECK(sink.list("probe-") == std::vector<std::string>{new_probe});
+  r = run_tool("gc " + loc + " --min-age 0");
+  CHECK(r.output.find("removed 1 storage probe (16 B)") != std::string::npos);
+  CHECK(sink.list("probe-").empty());
+  CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{1, 2});
+}
+
 TEST_CASE("[ckpt] shardkit-ckpt on a location a live run holds: ls shows its save in progress, gc keeps it and refuses --min-age") {
   temp_dir dir("live");
   write_checkpoints(dir.path);  // steps 1, 2 complete; step 3 (newer than the latest) has an object, no index

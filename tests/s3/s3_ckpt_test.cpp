@@ -73,7 +73,7 @@ struct watched_sink {
     return inner.list(prefix);
   }
   bool remove(const std::string& key) {
-    if (!is_storage_probe(key)) {
+    if (!ck::detail::is_location_probe_key(key)) {
       std::lock_guard lock(rec->mutex);
       ++rec->removes;
     }
@@ -91,12 +91,8 @@ struct watched_sink {
  private:
   // The object each checkpointer writes at construction and removes again so that every rank shows it sees rank 0's
   // storage (checkpointing.md, "One storage for every rank"): not a save's or a load's, so not counted here.
-  static bool is_storage_probe(const std::string& key) {
-    const auto name = key.substr(key.rfind('/') == std::string::npos ? 0 : key.rfind('/') + 1);
-    return name.starts_with("probe-") && name.ends_with(".json");
-  }
   void note(const std::string& key) {
-    if (is_storage_probe(key)) return;
+    if (ck::detail::is_location_probe_key(key)) return;
     std::lock_guard lock(rec->mutex);
     rec->read.insert(key);
   }

@@ -45,6 +45,17 @@ inline std::string rank_file_key(const std::string& prefix, std::uint64_t step, 
   return step_prefix(prefix, step) + "rank-" + digits + ".safetensors";
 }
 
+//! The object a checkpointer's construction writes on rank 0, and removes once every rank has read it back, to check
+//! that the ranks share one storage: "<prefix>probe-<seconds>-<id>.json", `seconds` when it was written (since the
+//! epoch, the writer's clock), `id` 16 random hex digits, also its content. A process killed between the write and the
+//! remove leaves it behind, outside every step: `shardkit-ckpt ls` reports it as debris and `gc` removes it by the
+//! rules of a temporary outside a step (kept while a live run holds the lease, else once --min-age old: a live
+//! construction, which holds no lease yet, reads its probe for at most a few seconds).
+inline constexpr std::string_view location_probe_stem = "probe-";
+inline std::string location_probe_key(const std::string& prefix, std::int64_t written, std::string_view id) {
+  return prefix + std::string(location_probe_stem) + std::to_string(written) + "-" + std::string(id) + ".json";
+}
+
 //! Checks a checkpoint prefix: empty, or a valid key prefix ending in '/'.
 inline void check_checkpoint_prefix(const std::string& prefix) {
   if (prefix.empty()) return;
@@ -64,6 +75,23 @@ std::optional<std::vector<std::byte>> read_object_if_present(S& sink, const std:
     throw;
   }
 }
+
+//! When the location probe (location_probe_key) that `key` names was written, seconds since the epoch; std::nullopt
+//! when the key's last component is not a probe's name.
+inline std::optional<std::int64_t> location_probe_written(std::string_view key) {
+  if (const auto slash = key.rfind('/'); slash != std::string_view::npos) key.remove_prefix(slash + 1);
+  if (!key.starts_with(location_probe_stem) || !key.ends_with(".json")) return std::nullopt;
+  key = key.substr(location_probe_stem.size(), key.size() - location_probe_stem.size() - 5);
+  std::int64_t written = 0;
+  auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), written);
+  if (ec != std::errc{} || end == key.data() || written < 0) return std::nullopt;
+  const std::string_view id = key.substr(std::size_t(end - key.data()));
+  if (id.size() < 2 || id[0] != '-' || id.find_first_not_of("0123456789abcdef", 1) != std::string_view::npos)
+    return std::nullopt;
+  return written;
+}
+//! Whether `key` names a location probe (under any prefix): the checkpointer's storage check, not a checkpoint's.
+inline bool is_location_probe_key(std::string_view key) { return location_probe_written(key).has_value(); }
 
 //! The step of a key "<prefix>step-<digits>/...", if it is one.
 inline std::optional<std::uint64_t> step_of_key(std::string_view key, std::string_view prefix) {

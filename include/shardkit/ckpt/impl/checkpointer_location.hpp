@@ -72,7 +72,7 @@ SHARDKIT_DECL void checkpointer::check_ranks_share_storage() {
   std::string key, content;
   if (rank_ == 0) {
     content = random_id();
-    key = opts_.prefix + "probe-" + content + ".json";
+    key = location_probe_key(opts_.prefix, detail::unix_seconds(), content);
     try {
       storage::put_object(sink_, key, storage::as_bytes(content));
       probe = key + '\n' + content;
