@@ -5,6 +5,7 @@
 # usage: trainer_resume_test.sh SHARDKIT_RUN TRAINER
 set -euo pipefail
 run=$1 trainer=$2
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/free_port.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -117,7 +118,7 @@ echo "OK: a signal to shardkit-run stops the ranks after a step, leaving no leas
 
 # Ranks started by hand (no launcher to forward it), SIGINT to rank 0 alone: both stop after the same step with
 # 130, and rank 1, which got nothing, says why it stops.
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(shardkit_free_port)
 for r in 0 1; do
   env -u LOCAL_RANK -u LOCAL_WORLD_SIZE RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
     "$trainer" --steps 100000 --batch 12 --context 16 --width 32 --blocks 1 > "by_hand.$r.txt" 2>&1 &

@@ -6,6 +6,7 @@
 #   shardkit_bench_model_test.sh BENCH
 set -euo pipefail
 bench=$1
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/free_port.sh"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -24,7 +25,7 @@ grep -q "transport loopback, staged, .*staged through pinned host memory" "$out/
 grep -q "^# 0 wrong elements" "$out/staged.txt" || fail "wrong elements, staged loopback"
 
 # Two processes sharing model device 0 (each process has its own model: the bytes cross shm, staged).
-port=$((20000 + RANDOM % 20000))
+port=$(shardkit_free_port)
 pids=()
 for r in 0 1; do
   MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 SHARDKIT_MODEL_CUDA_DEVICES=1 \
