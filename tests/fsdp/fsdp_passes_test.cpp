@@ -261,13 +261,16 @@ TEST_CASE("[fsdp] a backward left where one rank has started the next unit's gat
   // the first one's reduction gives its gradients back. Both ranks leave at the second unit; rank 0 only once its
   // third gather is issued, rank 1 while its third still waits for budget (its first reduction is held back until
   // leaving withdrew that request). The ranks have issued different numbers of all-gathers, deterministically.
+  // A count cap keeps each backward gather one request (detail::backward_requests_apart): asked apart, the third
+  // unit's parameters would be granted, and its all-gather issued, as soon as the first unit's are given back.
   namespace ab = shardkit::test::abandon;
   sk::comm::group_options go;
   go.timeout = std::chrono::seconds(5);  // a pairing gone wrong fails here instead of hanging
   auto groups = sk::comm::make_loopback_world(2, go);
   sk::test::run_threads(2, [&](int r) {
     hooked_device device;
-    fsdp::sharded_model model(groups[std::size_t(r)], ab::units(), {.limiter_budget_units = 2, .device = device});
+    fsdp::sharded_model model(groups[std::size_t(r)], ab::units(),
+                              {.limiter_budget_units = 2, .limiter_max_inflight = 64, .device = device});
     model.init_parameters(ab::init);
     std::atomic<bool> leaving{false};
     if (r == 1)
@@ -350,14 +353,16 @@ TEST_CASE("[fsdp] a peer that stops answering in a backward costs one timeout: i
   // 2 ranks, 3 equal units, the default budget (two backward units): rank 1 takes its first backward unit and stops
   // answering there (until rank 0 is done). Rank 0's reduction of that unit times out; its third gather waits for the
   // budget those gradients hold, so it is issued only then. It fails at once with the reduction's failure, rather than
-  // waiting out a timeout of its own (a trainer whose peer stopped failed after two timeouts).
+  // waiting out a timeout of its own (a trainer whose peer stopped failed after two timeouts). A count cap keeps the
+  // gather one request (detail::backward_requests_apart): asked apart, its parameters' all-gather is issued at once
+  // and times out beside the reduction, also one timeout.
   namespace ab = shardkit::test::abandon;
   sk::comm::group_options go;
   go.timeout = std::chrono::milliseconds(300);
   auto groups = sk::comm::make_loopback_world(2, go);
   std::atomic<bool> rank0_done{false};
   sk::test::run_threads(2, [&](int r) {
-    fsdp::sharded_model model(groups[std::size_t(r)], ab::units(), {});
+    fsdp::sharded_model model(groups[std::size_t(r)], ab::units(), {.limiter_max_inflight = 64});
     model.init_parameters(ab::init);
     if (r == 1) {
       try {
@@ -505,6 +510,41 @@ TEST_CASE("[fsdp] backward's first gather in forward: training is bit for bit th
         off.early_backward_gather = false;
         CHECK(train_vectors(n, numels, on, 3, micro) == train_vectors(n, numels, off, 3, micro));
       }
+}
+
+TEST_CASE("[fsdp] backward asks for parameters, then gradients, where the region rules out a deadlock") {
+  // Unit 0 is gathered in backward at every budget (neither kept nor backward's first gather): one limiter request
+  // for its parameters and gradients at one unit (the region holds no unit's parameters and twice its gradients),
+  // two in turn from two units, one again with a count cap. Training is the same either way (the bit-identical
+  // cases above run these budgets).
+  const std::vector<std::size_t> numels{96, 1024, 1024, 1024, 160, 48};
+  struct budget {
+    std::size_t units, cap, requests;
+  };
+  for (const budget b : {budget{1, 0, 1}, budget{2, 0, 2}, budget{4, 0, 2}, budget{4, 8, 1}}) {
+    CAPTURE(b.units);
+    CAPTURE(b.cap);
+    std::vector<fsdp::unit_spec> specs;
+    for (std::size_t i = 0; i < numels.size(); ++i)
+      specs.push_back({"u" + std::to_string(i), {{"u" + std::to_string(i) + ".w", {numels[i]}}}});
+    auto groups = sk::comm::make_loopback_world(2);
+    sk::test::run_threads(2, [&](int r) {
+      std::atomic<int> requests{0};
+      fsdp::sharding_options o{.limiter_budget_units = b.units, .limiter_max_inflight = b.cap};
+      o.on_event = [&](const fsdp::model_event& e) {
+        if (e.what == fsdp::model_event::kind::limiter_wait && e.pass == fsdp::pass::backward && e.unit == 0) ++requests;
+      };
+      fsdp::sharded_model model(groups[std::size_t(r)], specs, o);
+      model.init_parameters([](const fsdp::param_slot&, std::span<float> full) { std::fill(full.begin(), full.end(), 1.0f); });
+      for (auto& u : model.forward()) (void)u;
+      for (auto& u : model.backward()) {
+        const auto p = u.params().as<float>();
+        for (float& g : u.grads().as<float>()) g = p[0];
+      }
+      CHECK(requests.load() == int(b.requests));  // reported before the unit's begin_unit returned
+      for (float g : model.grad_shard(0)) CHECK(g == 1.0f);
+    });
+  }
 }
 
 TEST_CASE("[fsdp] kept last units cannot deadlock the limiter, whatever the placement (every placement searched)") {

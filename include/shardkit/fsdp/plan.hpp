@@ -14,7 +14,8 @@
 //!     (each unit's part of `optimizer_seconds` is its part of the parameters); with `early_gathers`, as each unit
 //!     is stepped the next step's forward gathers start as sharded_model::shard_stepped starts them.
 //!   - the gather thread: one job at a time, in queue order, each awaiting the rate limiter; a backward gather takes
-//!     its parameters and gradients as one request. The limiter is the library's own region (first fit, small blocks from the top) with its
+//!     its parameters and gradients as one request, or as two in turn where the region rules out a deadlock
+//!     (detail::backward_requests_apart), as the model does. The limiter is the library's own region (first fit, small blocks from the top) with its
 //!     count cap (detail::region_blocks), its budget derived by the function sharded_model derives it with
 //!     (detail::limiter_budget), which also gives the planner the model's refusals, word for word.
 //!   - the gather group: its all-gathers one at a time, in issue order.

@@ -481,6 +481,7 @@ class sharded_model {
   bool use_accumulated_ = false;  // this backward's gradients go into the accumulation buffers
   std::size_t next_ = 0, queued_ = 0;
   std::size_t kept_for_backward_ = 0;  // see kept_for_backward()
+  bool requests_apart_ = false;        // detail::backward_requests_apart: backward's parameters, then gradients
   // The unit whose backward gather the forward's first kept unit queued, until a backward adopts it or it is
   // completed without one (model_event::no_unit: none).
   std::size_t early_backward_ = model_event::no_unit;

@@ -163,4 +163,19 @@ inline std::size_t units_kept_for_backward(std::span<const unit_charge> units, s
   return kept;
 }
 
+//! Whether a backward gather asks for its parameters and then, as a second request, for its gradients' buffer, so
+//! that the parameters' all-gather starts as soon as their room is free instead of waiting for both rooms. Only
+//! where that can never deadlock, whatever the placement: the gradients' request, in its turn at the head of the
+//! queue, waits only for units ahead of it in backward, which hold all they need and give it back; at worst the
+//! unit's own parameters are then all the region holds, and they leave a free run of at least half the rest, room
+//! for the gradients where the region holds the unit's parameters and twice its gradients. Not with a count cap
+//! (a unit would count twice).
+inline bool backward_requests_apart(std::span<const unit_charge> units, std::size_t region,
+                                    std::size_t max_inflight) {
+  if (max_inflight != 0) return false;
+  for (const auto& u : units)
+    if (u.params_bytes != 0 && region < u.params_bytes + 2 * u.grads_bytes) return false;
+  return true;
+}
+
 }  // namespace shardkit::fsdp::detail

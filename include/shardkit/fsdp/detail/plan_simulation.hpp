@@ -93,11 +93,11 @@ class plan_simulation {
       units_.push_back(std::move(st));
     }
     region_ = budget(where);
-    if (opts_.keep_last_units && frees_after_forward() && opts_.max_gathered == 0) {
-      std::vector<unit_charge> charges;
-      for (const auto& u : units_) charges.push_back({u.params_bytes, u.grads_bytes});
+    std::vector<unit_charge> charges;
+    for (const auto& u : units_) charges.push_back({u.params_bytes, u.grads_bytes});
+    if (opts_.keep_last_units && frees_after_forward() && opts_.max_gathered == 0)
       kept_ = units_kept_for_backward(charges, region_, opts_.limiter_max_inflight);
-    }
+    requests_apart_ = opts_.max_gathered == 0 && backward_requests_apart(charges, region_, opts_.limiter_max_inflight);
     std::size_t largest_params = 0;  // sharded_model's placement rule: below half of it, from the region's top
     for (const auto& u : units_) largest_params = std::max(largest_params, u.params_bytes);
     limiter_.emplace(region_, options.limiter_max_inflight, "fsdp.plan.limiter", largest_params / 2);
@@ -215,7 +215,12 @@ class plan_simulation {
       if (!need_grads) u.grads_ready = true;
       if (need_params) u.params_ready = false;
       if (need_grads) u.grads_ready = false;
-      if (need_params || need_grads) gather_jobs_.push_back({i, p, need_params, need_grads, step});
+      if (p == pass::backward && need_params && need_grads && requests_apart_) {  // two requests in turn
+        gather_jobs_.push_back({i, p, true, false, step});
+        gather_jobs_.push_back({i, p, false, true, step});
+      } else if (need_params || need_grads) {
+        gather_jobs_.push_back({i, p, need_params, need_grads, step});
+      }
     }
   }
 
@@ -514,6 +519,7 @@ class plan_simulation {
   std::vector<unit_state> units_;
   std::size_t region_ = 0, kept_ = 0;
   std::size_t early_backward_ = model_event::no_unit;  // the backward gather the forward's first kept unit queued
+  bool requests_apart_ = false;  // detail::backward_requests_apart
   std::optional<region_blocks> limiter_;
   std::size_t params_alive_ = 0;
 

@@ -178,6 +178,7 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
                    [&](std::size_t bytes) { return opts_.device.allocate(bytes); });
   if (opts_.keep_last_units && frees_after_forward())
     kept_for_backward_ = detail::units_kept_for_backward(charges, region, opts_.limiter_max_inflight);
+  requests_apart_ = detail::backward_requests_apart(charges, region, opts_.limiter_max_inflight);
   for (auto& u : units_) {
     limiter_->check_request(params_bytes(*u), "unit '" + u->layout.name() + "' gathered parameters");
     limiter_->check_request(grads_bytes(*u), "unit '" + u->layout.name() + "' unsharded gradients");

@@ -132,11 +132,16 @@ SHARDKIT_DECL void sharded_model::queue_gather(std::size_t i) {
   if (need_grads) u.grads_ready = grads_done;
   if (need_params) u.gather_planned_in = pass_serial_;
   if (!need_params && !need_grads) return;
-  gather_job job{.unit = i, .p = pass_, .need_params = need_params, .need_grads = need_grads,
-                 .params_done = params_done, .grads_done = grads_done, .stop = pass_stop_.get_token(),
-                 .serial = pass_serial_, .turn_before = gather_turns_};
-  gather_turns_ = job.turn;
-  (void)spawn(gather_thread_, run_gather(std::move(job)));
+  // Backward's parameters and gradients as two requests in turn where that cannot deadlock (requests_apart_).
+  const bool apart = pass_ == pass::backward && need_params && need_grads && requests_apart_;
+  for (int part = 0; part < (apart ? 2 : 1); ++part) {
+    gather_job job{.unit = i, .p = pass_, .need_params = need_params && part == 0,
+                   .need_grads = need_grads && (!apart || part == 1), .params_done = params_done,
+                   .grads_done = grads_done, .stop = pass_stop_.get_token(), .serial = pass_serial_,
+                   .turn_before = gather_turns_};
+    gather_turns_ = job.turn;
+    (void)spawn(gather_thread_, run_gather(std::move(job)));
+  }
 }
 
 SHARDKIT_DECL task<void> sharded_model::run_gather(gather_job job) {
@@ -157,7 +162,8 @@ SHARDKIT_DECL task<void> sharded_model::run_gather(gather_job job) {
       throw_error(errc::aborted, label + " gather withdrawn: the pass was left", context("gather", u));
     if (job.need_params && job.need_grads) {
       // One request for both: holding the parameters while queueing for the gradients could wait forever
-      // on a fragmented region (basic_rate_limiter::lease::split_front).
+      // on a fragmented region (basic_rate_limiter::lease::split_front), unless the region rules that out
+      // (detail::backward_requests_apart: queue_gather then queues them as two jobs).
       auto both = co_await limiter_->acquire(params_bytes(u) + grads_bytes(u), label + " parameters and gradients",
                                              job.stop);
       emit(model_event::kind::limiter_wait, job.p, job.unit, queued);
