@@ -318,7 +318,7 @@ inline flags parse(int argc, char** argv) {
 // The flags no collective compares (the model's construction compares shapes, dtypes, budget and micro-batches; the
 // loader its options): a rank started with another learning rate or seed would train another run, silently.
 inline void agree_on_flags(const flags& f, sk::comm::process_group& pg) {
-  enum class kind { real, whole, seed, given, ckpt_mode, text };
+  enum class kind { real, whole, seed, given, ckpt_mode, text, device };
   // A location compared by a hash of its text (FNV-1a), as storage::comparable_location writes it ("runs/./a" and
   // "runs/a/" are one directory): ranks that disagree on it
   // would open different locations (and create them: empty directories left behind) before the checkpointer's or
@@ -348,7 +348,10 @@ inline void agree_on_flags(const flags& f, sk::comm::process_group& pg) {
                          {"--overwrite", 0, f.overwrite, kind::given},
                          {"--data", 0, fnv(f.data), kind::text},
                          {"--init-data", 0, f.init_data, kind::given},
-                         {"--skip-compute", 0, f.skip_compute, kind::given}};
+                         {"--skip-compute", 0, f.skip_compute, kind::given},
+                         // cpu on one rank and cuda on another would train differently per rank: the kernels agree
+                         // with OpenBLAS to 1e-4, not bitwise, so the replicas' steps would drift apart silently.
+                         {"--device", 0, f.cuda, kind::device}};
   constexpr std::size_t n = std::size(agreed);
   std::vector<std::int64_t> mine(n), all(n * std::size_t(pg.size()));
   for (std::size_t i = 0; i < n; ++i) mine[i] = agreed[i].is == kind::real ? std::bit_cast<std::int64_t>(agreed[i].real) : agreed[i].whole;
@@ -359,6 +362,7 @@ inline void agree_on_flags(const flags& f, sk::comm::process_group& pg) {
       case kind::whole: return std::to_string(bits);
       case kind::given: return (bits ? "" : "no ") + std::string(agreed[i].name);
       case kind::ckpt_mode: return std::string(bits == 2 ? "blocking" : bits == 1 ? "at-call" : "zero-overhead");
+      case kind::device: return std::string(bits ? "cuda" : "cpu");
       case kind::text: return std::string("another value");  // rank 0 knows only its own text: see below
       case kind::real: break;
     }

@@ -104,3 +104,34 @@ TEST_CASE("[fsdp] the trainer reads one directory written two ways as one --ckpt
   for (const auto& e : outcome({"s3://b/run", "s3://b/run/"})) CHECK(e == "");
   for (const auto& e : outcome({"runs/a", "runs/b", "runs/a"})) CHECK(e.find("ranks disagree on --ckpt-dir") != std::string::npos);
 }
+
+// --device cpu on one rank and cuda on another: the GPU's kernels agree with OpenBLAS to 1e-4, not bitwise, so the
+// replicas would train differently, silently. Refused on every rank naming both values; the global --batch (and from
+// it, with the micro-batches the sharded model compares, each rank's loader batch) is compared already.
+TEST_CASE("[fsdp] the trainer's ranks must agree on --device and --batch, naming both values") {
+  const auto outcome = [](const std::vector<trainer::flags>& ranks) {
+    auto world = shardkit::comm::make_loopback_world(int(ranks.size()), {});
+    std::vector<std::string> errors(ranks.size());
+    shardkit::test::run_threads(int(ranks.size()), [&](int r) {
+      try {
+        trainer::agree_on_flags(ranks[std::size_t(r)], world[std::size_t(r)]);
+      } catch (const std::exception& e) {
+        errors[std::size_t(r)] = e.what();
+      }
+    });
+    return errors;
+  };
+  trainer::flags cpu, cuda, other_batch;
+  cuda.cuda = true;
+  other_batch.batch = cpu.batch * 2;
+  for (const auto& e : outcome({cuda, cuda})) CHECK(e == "");
+  for (const auto& e : outcome({cpu, cuda, cpu})) {
+    CAPTURE(e);
+    CHECK(e.find("ranks disagree on --device: rank 0 has cpu, rank 1 has cuda") != std::string::npos);
+  }
+  for (const auto& e : outcome({cuda, cpu})) CHECK(e.find("ranks disagree on --device: rank 0 has cuda, rank 1 has cpu") != std::string::npos);
+  for (const auto& e : outcome({cpu, other_batch})) {
+    CAPTURE(e);
+    CHECK(e.find("ranks disagree on --batch: rank 0 has 16, rank 1 has 32") != std::string::npos);
+  }
+}

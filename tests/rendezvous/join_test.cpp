@@ -43,11 +43,11 @@ struct outcome {
 };
 
 outcome join(int port, bool host, int world, int rank, std::chrono::milliseconds timeout = 20s,
-             const std::string& run_id = {}) {
+             const std::string& run_id = {}, const std::string& token = {}) {
   outcome o;
   const auto t0 = steady::now();
   try {
-    o.store = rdv::tcp_store::create("127.0.0.1", port, host, world, timeout, {}, rank, run_id);
+    o.store = rdv::tcp_store::create("127.0.0.1", port, host, world, timeout, token, rank, run_id);
   } catch (const shardkit::error& e) {
     o.what = e.what();
     o.code = static_cast<errc>(e.code().value());
@@ -230,6 +230,72 @@ TEST_CASE("[rendezvous] join: a refusal that stops the job is told to ranks that
   CHECK(o[3].seconds < 2);
 }
 
+// A rank of the job started with another SHARDKIT_AUTH_TOKEN (another host's environment) can never join: its hello
+// says its rank and world size, so the store stops the job at once, naming where that rank runs, and every rank says
+// so (the host waited its whole timeout, naming only a refused client). A client that does not say it is a rank of
+// this job yet to join (no job, another run, another world size, a rank that joined) is only refused: otherwise
+// whoever reaches MASTER_PORT could stop a job.
+TEST_CASE("[rendezvous] join: a rank with another auth token stops the job at once, naming where it runs; a stranger does not") {
+  const int port = shardkit::test::free_port();
+  const std::string secret = "job-secret";
+  auto host = std::async(std::launch::async, [&] { return join(port, true, 3, 0, 20s, "job", secret); });
+  std::this_thread::sleep_for(200ms);  // the store listens
+  SUBCASE("strangers are refused, and the job goes on") {
+    try {
+      rdv::tcp_store("127.0.0.1", port, {.connect_timeout = 5s, .auth_token = "guess"});
+      FAIL("a stranger was let in");
+    } catch (const shardkit::error& e) {
+      CHECK(e.code() == shardkit::make_error_code(errc::auth_failed));
+    }
+    CHECK(join(port, false, 3, 1, 5s, "other-run", "guess").code == errc::auth_failed);
+    CHECK(join(port, false, 4, 1, 5s, "job", "guess").code == errc::auth_failed);
+    CHECK(join(port, false, 3, 3, 5s, "job", "guess").code == errc::auth_failed);
+    CHECK(join(port, false, 3, 1, 5s, "job", secret).what.empty());
+    CHECK(join(port, false, 3, 1, 5s, "job", "guess").code == errc::auth_failed);  // rank 1 joined already
+    CHECK(join(port, false, 3, 2, 5s, "job", secret).what.empty());
+    const auto h = host.get();
+    CAPTURE(h.what);
+    CHECK(h.what.empty());
+  }
+  SUBCASE("a rank of this job with another token, and with none") {
+    for (const std::string other : {"another-secret", ""}) {
+      CAPTURE(other);
+      if (other.empty()) host = std::async(std::launch::async, [&] { return join(port, true, 3, 0, 20s, "job", secret); });
+      std::this_thread::sleep_for(200ms);
+      std::string told;
+      auto one = std::async(std::launch::async, [&] {  // joins, then waits as init_process_group would
+        auto o = join(port, false, 3, 1, 20s, "job", secret);
+        if (!o.store) told = o.what;  // a loaded host let rank 2 come first: told at its hello
+        else try {
+            o.store->get("shardkit/hosts/gathered", 20s);
+          } catch (const shardkit::error& e) {
+            told = e.what();
+          }
+        return o;
+      });
+      std::this_thread::sleep_for(100ms);
+      const auto two = join(port, false, 3, 2, 20s, "job", other);
+      CAPTURE(two.what);
+      CHECK(two.code == errc::auth_failed);
+      CHECK(two.seconds < 3);
+      CHECK(has(two.what, "refused rank 2: " + std::string(other.empty() ? "no auth token" : "wrong auth token")));
+      const auto h = host.get();
+      one.get();
+      CAPTURE(h.what);
+      CHECK(h.code == errc::config);
+      CHECK(h.seconds < 5);  // not the store's timeout (20 s); it lingers only until ranks 1 and 2 were told
+      const std::string why = "the auth token differs: rank 2, from 127.0.0.1:";
+      CHECK(has(h.what, why));
+      CHECK(has(h.what, other.empty() ? "it has no SHARDKIT_AUTH_TOKEN, the store's host (rank 0) has one"
+                                      : "it has another SHARDKIT_AUTH_TOKEN than the store's host (rank 0)"));
+      CHECK(has(h.what, "give every host of the job the same token"));
+      CAPTURE(told);
+      CHECK((has(told, "the job was stopped by the store's host (rank 0): " + why) ||
+             has(told, "stopped the job (rank 0 hosts it and is leaving): " + why)));
+    }
+  }
+}
+
 TEST_CASE("[rendezvous] a RANK outside WORLD_SIZE fails at once naming both, and tells the store: rank 0 fails too") {
   const int port = shardkit::test::free_port();
   auto host = std::async(std::launch::async, [&] { return join(port, true, 2, 0); });
@@ -381,7 +447,7 @@ TEST_CASE("[rendezvous] a MASTER_PORT held by another program: a client stops at
       // Silence is what a stopped store says too: not called "not a shardkit store", and retried (a stopped store
       // may answer later) until the connect timeout, which the error names.
       CHECK(e.code() == shardkit::make_error_code(errc::timeout));
-      CHECK(has(e.what(), "within 1000 ms (SHARDKIT_STORE_TIMEOUT"));
+      CHECK(has(e.what(), "within 1 s (SHARDKIT_STORE_TIMEOUT"));
       CHECK(has(e.what(), "accepted the connection but did not answer the store's hello within 300 ms: a shardkit store whose "
                           "process is stopped or overloaded"));
       CHECK(has(e.what(), "or another program on MASTER_PORT"));
@@ -508,6 +574,37 @@ TEST_CASE("[rendezvous] join: the host's wait for a rank names the clients it re
                     "(a rank started with another SHARDKIT_RUN_ID or SHARDKIT_AUTH_TOKEN?)"));
 }
 
+// A client that connected and never finished its hello (a rank stopped or starved as it started, or another program
+// that says nothing): the host's waiting lines and its timeout name it, from where and for how long (they named only
+// the rank missing, and the host could not tell a rank not started from one stuck at its door).
+TEST_CASE("[rendezvous] join: the host's wait for a rank names a client that never finished its hello") {
+  const int port = shardkit::test::free_port();
+  outcome h;
+  std::string log;
+  int fd = -1;
+  log = stderr_of([&] {
+    auto host = std::async(std::launch::async, [&] { return join(port, true, 2, 0, 2500ms); });
+    std::this_thread::sleep_for(200ms);
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(std::uint16_t(port));
+    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    const std::string half = rdv::detail::store_hello("", "", rdv::detail::store_protocol_version, 1, 2).substr(0, 9);
+    REQUIRE(::send(fd, half.data(), half.size(), MSG_NOSIGNAL) == ssize_t(half.size()));
+    h = host.get();
+  });
+  ::close(fd);
+  CAPTURE(log);
+  CAPTURE(h.what);
+  CHECK(h.code == errc::timeout);
+  CHECK(has(h.what, "rank 1 never joined"));
+  CHECK(has(h.what, "; 1 client connected without finishing its hello: from 127.0.0.1:"));
+  CHECK(has(h.what, " (a rank stopped or starved as it started, or another program on MASTER_PORT?)"));
+  CHECK(has(log, "1 client connected without finishing its hello: from 127.0.0.1:"));
+}
+
 TEST_CASE("[rendezvous] servers racing for one port: exactly one listens, the other is told the port is in use") {
   for (int round = 0; round < 20; ++round) {
     const int port = shardkit::test::free_port();
@@ -536,6 +633,7 @@ SHARDKIT_SCENARIO(rendezvous_join_misuse) {
   if (const char* v = std::getenv(("JOIN_WORLD_SIZE_" + std::to_string(rank)).c_str())) ::setenv("WORLD_SIZE", v, 1);
   if (const char* v = std::getenv(("JOIN_RANK_" + std::to_string(rank)).c_str())) ::setenv("RANK", v, 1);
   if (const char* v = std::getenv(("JOIN_RUN_ID_" + std::to_string(rank)).c_str())) ::setenv("SHARDKIT_RUN_ID", v, 1);
+  if (const char* v = std::getenv(("JOIN_AUTH_TOKEN_" + std::to_string(rank)).c_str())) ::setenv("SHARDKIT_AUTH_TOKEN", v, 1);
   if (std::getenv("JOIN_LOCAL_FROM_RANK")) {  // each process the only one of its job on this host
     ::setenv("LOCAL_RANK", "0", 1);
     ::setenv("LOCAL_WORLD_SIZE", "1", 1);
@@ -583,6 +681,29 @@ TEST_CASE("[rendezvous] processes: WORLD_SIZE=2 and 3 on one MASTER_PORT both fa
     CHECK(has(r.output, "REFUSED"));
     CHECK(has(r.output, "rank 1 says WORLD_SIZE=3, the store was started for 2"));
   }
+}
+
+// Rank 2 of 3 processes started with another SHARDKIT_AUTH_TOKEN (as another host of `shardkit-run --nnodes` would be):
+// it fails at once on its refusal, and ranks 0 and 1 fail at once naming it, its address and "auth token differs"
+// (they waited the store's whole timeout, 20 s here).
+TEST_CASE("[rendezvous] processes: a rank with another SHARDKIT_AUTH_TOKEN: it and every other rank fail at once, naming it") {
+  const auto results = shardkit::test::run_processes(
+      3, "rendezvous_join_misuse",
+      {{"SHARDKIT_AUTH_TOKEN", "job-secret"}, {"JOIN_AUTH_TOKEN_2", "another-secret"}, {"JOIN_DELAY_MS_2", "300"},
+       {"JOIN_THEN_WAIT", "1"}, {"SHARDKIT_RUN_ID", "job"}, {"JOIN_LOCAL_FROM_RANK", "1"}, {"SHARDKIT_STORE_TIMEOUT", "20"}},
+      30s);
+  shardkit::test::require_all_succeeded(results);
+  REQUIRE(results.size() == 3);
+  for (const auto& r : results) {
+    CAPTURE(r.output);
+    REQUIRE(has(r.output, "REFUSED after "));
+    CHECK(std::stod(r.output.substr(r.output.find("REFUSED after ") + 14)) < 3);
+  }
+  CHECK(has(results[2].output, "refused rank 2: wrong auth token (SHARDKIT_AUTH_TOKEN differs from the store's)"));
+  for (const std::size_t p : {0, 1}) CHECK(has(results[p].output, "the auth token differs: rank 2, from 127.0.0.1:"));
+  // Told while it waits, or, when it came after the stop, at its hello.
+  CHECK((has(results[1].output, "the job was stopped by the store's host (rank 0): the auth token differs") ||
+         has(results[1].output, "stopped the job (rank 0 hosts it and is leaving): the auth token differs")));
 }
 
 // Rank 1 of 3 processes refuses a value of its own before it joins (a flag of the trainer's, user code before

@@ -8,6 +8,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <future>
+#include <memory>
 #include <set>
 #include <regex>
 #include <string>
@@ -371,14 +373,48 @@ TEST_CASE("[rendezvous] tcp_store: the wait for a store that is not up is said i
   std::string log;
   {
     stderr_capture capture;
-    CHECK_THROWS_AS(rdv::tcp_store("127.0.0.1", port, {.connect_timeout = 1200ms, .timeout = 1s}), shardkit::error);
+    CHECK_THROWS_AS(rdv::tcp_store("127.0.0.1", port, {.connect_timeout = 1200ms, .timeout = 1s, .rank = 1}), shardkit::error);
     log = capture.text();
   }
   INFO(log);
   const std::regex line("waiting for the store at 127\\.0\\.0\\.1:" + std::to_string(port) +
-                        " \\(MASTER_ADDR, MASTER_PORT; rank 0 hosts it: is it running, and on that address\\?\\): 0\\.[5-9][0-9]* of 1\\.2 s "
-                        "\\(SHARDKIT_STORE_TIMEOUT\\)");
+                        " \\(rank 0 hosts it\\): connection refused for 0\\.[5-9][0-9]* of 1\\.2 s \\(SHARDKIT_STORE_TIMEOUT\\); "
+                        "is rank 0 running, with this MASTER_ADDR and MASTER_PORT\\?");
   CHECK(std::regex_search(log, line));
+}
+
+// Rank 0 failed before its store started (a bad flag on rank 0 alone, started by hand): the others cannot know it is
+// dead, but they say at once (after a second: ranks start in any order) what they wait for, where and for how long,
+// then one line per tenth of the store's timeout, not one per attempt (the first line came after a tenth: 30 s of the
+// default 300 s). The timeout names the rank, the address, how long and what failed all along.
+TEST_CASE("[rendezvous] tcp_store: a rank whose store is not up says so after a second, then once per tenth of its timeout") {
+  const int port = shardkit::test::free_port();
+  std::string log;
+  std::unique_ptr<rdv::tcp_store_server> server;
+  {
+    stderr_capture capture;
+    auto late = std::async(std::launch::async, [&] {
+      std::this_thread::sleep_for(2500ms);  // before the first tenth (3 s): the old first line never came
+      server = std::make_unique<rdv::tcp_store_server>(rdv::tcp_store_server_options{.port = port});
+    });
+    rdv::tcp_store client("127.0.0.1", port, {.connect_timeout = 30s, .timeout = 5s, .rank = 2});
+    late.get();
+    log = capture.text();
+  }
+  INFO(log);
+  const std::regex line("rank 2\\] waiting for the store at 127\\.0\\.0\\.1:" + std::to_string(port) +
+                        " \\(rank 0 hosts it\\): connection refused for [12](\\.[0-9]+)? of 30 s \\(SHARDKIT_STORE_TIMEOUT\\); is rank 0 running");
+  CHECK(std::regex_search(log, line));
+  std::size_t lines = 0;
+  for (std::size_t at = 0; (at = log.find("waiting for the store", at)) != std::string::npos; ++at) ++lines;
+  CHECK(lines == 1);
+
+  const int nobody = shardkit::test::free_port();
+  const auto e = expect_error([&] { rdv::tcp_store("127.0.0.1", nobody, {.connect_timeout = 600ms, .rank = 2}); });
+  CAPTURE(e.what());
+  CHECK(contains(e.what(), "rank 2 could not connect to the store at 127.0.0.1:" + std::to_string(nobody) +
+                               " (rank 0 hosts it) within 0.6 s (SHARDKIT_STORE_TIMEOUT): nothing listened there until the end: "
+                               "rank 0 never started its store there"));
 }
 
 TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is refused, logged, and reads or writes nothing") {
@@ -428,7 +464,7 @@ TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is ref
     const auto resp = raw.read_frame();
     REQUIRE(!resp.empty());
     CHECK(resp[0] == char(rdv::detail::store_status::error));
-    CHECK(contains(resp, "protocol version 5, the client 1"));
+    CHECK(contains(resp, "protocol version " + std::to_string(rdv::detail::store_protocol_version) + ", the client 1"));
     CHECK(raw.closed_by_peer());
     CHECK(contains(log.text(), "dropping client"));
   }

@@ -61,6 +61,10 @@ struct tcp_store_options {
   std::string run_id;
   //! This client's rank, when it is one of a job's (connect_store): refusals name it.
   std::optional<int> rank;
+  //! The world size this client joins with (create() with a world size). With `rank`, sent in the hello: a store
+  //! that refuses this client's token then knows a rank of its job was refused, and stops the job at once naming
+  //! where it runs ("the auth token differs: rank 2, from ADDR, ..."), rather than waiting its timeout for it.
+  std::optional<int> world_size;
 };
 
 //! A client of a tcp_store_server; models shardkit::rendezvous::store.
@@ -80,7 +84,7 @@ class tcp_store {
       : opts_(options),
         conn_({.host = std::move(host), .port = port, .connect_timeout = options.connect_timeout, .timeout = options.timeout,
                .max_frame_bytes = options.max_frame_bytes, .auth_token = options.auth_token, .run_id = options.run_id,
-               .rank = options.rank}) {
+               .rank = options.rank, .world_size = options.world_size}) {
     if (port <= 0 || port > 65535)
       throw_error(errc::invalid_argument, "port " + std::to_string(port) + " is outside 1..65535",
                   {.operation = "store.connect", .object = address()});
@@ -120,7 +124,8 @@ class tcp_store {
                                  .auth_token = auth_token,
                                  .host_rank = rank && !is_server ? std::optional<int>(0) : std::nullopt,
                                  .run_id = run_id,
-                                 .rank = rank};
+                                 .rank = rank,
+                                 .world_size = world_size};
     std::shared_ptr<tcp_store> store;
     if (is_server) {
       auto server = start_server(port, opts, world_size.value_or(0));
@@ -400,9 +405,13 @@ class tcp_store {
       // A rank of this job started with another SHARDKIT_RUN_ID or SHARDKIT_AUTH_TOKEN reached this store and was
       // refused at its hello, before it could say its rank: said with the ranks still missing.
       const std::string refused = server_ ? server_->refused_clients() : std::string();
-      const std::string refusals = refused.empty() ? std::string()
-                                                   : "; meanwhile this store refused " + refused +
-                                                         " (a rank started with another SHARDKIT_RUN_ID or SHARDKIT_AUTH_TOKEN?)";
+      std::string refusals = refused.empty() ? std::string()
+                                             : "; meanwhile this store refused " + refused +
+                                                   " (a rank started with another SHARDKIT_RUN_ID or SHARDKIT_AUTH_TOKEN?)";
+      // A client that connected and never finished its hello (a rank stopped or starved as it started, or another
+      // program on MASTER_PORT) is named with how long it has been there: the rank may be that one.
+      if (const std::string stuck = server_ ? server_->clients_at_hello(std::chrono::seconds(1)) : std::string(); !stuck.empty())
+        refusals += "; " + stuck + " (a rank stopped or starved as it started, or another program on MASTER_PORT?)";
       if (steady_clock::now() >= until)
         throw_error(errc::timeout,
                     "only " + count + " of " + std::to_string(world_size) + " ranks joined the store at " + address() +

@@ -3,16 +3,19 @@
 //! which is the header to include): the request handlers. The connections, the epoll loop and the framing are
 //! detail/store_connections.hpp. Plain POSIX sockets, no Boost.
 //!
-//! Wire protocol, version 5 (detail/store_wire.hpp). Every message is a frame: a little-endian u32 payload
+//! Wire protocol, version 6 (detail/store_wire.hpp). Every message is a frame: a little-endian u32 payload
 //! length, then the payload. Payload integers are little-endian (u8, u32, i64); a string is a u32 length and its
 //! bytes; a key list is a u32 count and that many strings.
 //!  - A client's first frame is hello: u8 0, u32 magic "SKST", u32 version, string auth token (the job's
-//!    SHARDKIT_AUTH_TOKEN; empty when the job has none), string run id (SHARDKIT_RUN_ID; empty when unset), string
+//!    SHARDKIT_AUTH_TOKEN; empty when the job has none), string run id (SHARDKIT_RUN_ID; empty when unset), i64 rank
+//!    and i64 world size it joins with (-1 and 0: none), string
 //!    "\r\n" (so that a line-based program on the port answers the client at once: it is not a store). The
 //!    server answers ok + its magic and version (then i64 pid, start time and pid namespace of its process, which a
 //!    client on the same host reads to tell a stopped or exited store host from a slow one), or an error (errc::auth_failed: "...protocol version..." for
 //!    another version, checked before the token since a version-1 hello has none; "wrong auth token" when the
-//!    token differs from the server's, compared in constant time; then errc::config whose message is the
+//!    token differs from the server's, compared in constant time: when the hello says it is a rank of this job yet
+//!    to join, with this run id and world size, the job is stopped as by a refused join, "the auth token differs:
+//!    rank 2, from ADDR, ...", and any other such client is only refused; then errc::config whose message is the
 //!    server's own run id when the run ids differ: a client of another job, which names both) and closes,
 //!    logging the drop. Until the hello is accepted no other request is served, so a
 //!    client without the token reads and writes nothing. The first frame may be at most max_hello_bytes (the
@@ -110,6 +113,18 @@ class tcp_store_server {
     if (count > some.size()) text += "; ...";
     return text;
   }
+  //! "1 client connected for 12.5 s that has not finished its hello: from ADDR" for the clients connected for at
+  //! least `at_least` that did not finish their hello (a rank stopped or starved at its start, or another program),
+  //! or "" when none did.
+  std::string clients_at_hello(std::chrono::milliseconds at_least) const {
+    const auto [some, count] = net_.at_hello(at_least);
+    if (count == 0) return {};
+    std::string text = std::to_string(count) + (count == 1 ? " client" : " clients") + " connected without finishing " +
+                       (count == 1 ? "its" : "their") + " hello: ";
+    for (std::size_t i = 0; i < some.size(); ++i) text += (i ? "; " : "") + some[i];
+    if (count > some.size()) text += "; ...";
+    return text;
+  }
   const std::string& local_address() const noexcept { return net_.local_address(); }
   //! After a refusal that stopped the job (see join in the file comment): waits until `clients` of the job's other
   //! ranks were told why (counted once per rank; a client that never said its rank counts as one), or `bound` passes, so that ranks that start late fail at once with the
@@ -176,11 +191,11 @@ class tcp_store_server {
                            ", the client " + std::to_string(version));
     const auto token = r.str();
     const auto run_id = r.str();
+    const auto rank = r.i64();
+    const auto world = r.i64();
     if (r.str() != detail::store_hello_line_end) throw_error(errc::protocol, "the hello does not end in its line end");
     r.finish();
-    if (!constant_time_equal(token, opts_.auth_token))
-      return refuse(c, token.empty() ? "no auth token, and this store requires one (set SHARDKIT_AUTH_TOKEN)"
-                                     : "wrong auth token (SHARDKIT_AUTH_TOKEN differs from the store's)");
+    if (!constant_time_equal(token, opts_.auth_token)) return refuse_token(c, token.empty(), run_id, rank, world);
     // After the token: a client that may not use this store learns nothing of its job, the run id included.
     if (run_id != opts_.run_id)
       return net_.refuse(c, "the client " + detail::run_membership(run_id) + ", this store " + detail::run_served(opts_.run_id) +
@@ -192,6 +207,7 @@ class tcp_store_server {
       return reply(c, error_frame(errc::aborted, stopped_));
     }
     c.greeted = true;
+    net_.left_hello(c.id);
     // Then this process (pid, start time, pid namespace): a client on this host can then tell a store that stopped
     // answering because its process is stopped or gone from one that is slow.
     reply(c, ok().u32(detail::store_magic).u32(detail::store_protocol_version)
@@ -199,6 +215,39 @@ class tcp_store_server {
   }
 
   void refuse(connection& c, const std::string& why) { net_.refuse(c, why, error_frame(errc::auth_failed, why)); }
+
+  // A hello with another token, or none. A stranger is refused and logged, and the job goes on: were any refusal to
+  // stop it, whoever reaches MASTER_PORT could. A hello that says it is a rank of this job still to join (this run
+  // id, this world size, a rank not claimed, while ranks join) comes from one of its ranks started with another
+  // SHARDKIT_AUTH_TOKEN (another host's environment or token file): the job cannot complete, so it is stopped at
+  // once naming where that rank runs, as a refused join stops it, instead of the host waiting its whole timeout for
+  // a rank that cannot come. None of this is secret: one who knows the run id, the world size and a rank yet to join
+  // can stop a job while it starts, never join it or read or write a key (docs/environment.md). The client is told
+  // the same either way.
+  void refuse_token(connection& c, bool none, const std::string& run_id, std::int64_t rank, std::int64_t world) {
+    const std::string why = none ? "no auth token, and this store requires one (set SHARDKIT_AUTH_TOKEN)"
+                                 : "wrong auth token (SHARDKIT_AUTH_TOKEN differs from the store's)";
+    const bool of_this_job = run_id == opts_.run_id && world_ > 0 && world == world_ && rank >= 0 && rank < world_ &&
+                             !claims_.contains(rank) && joined_ < world_;
+    if (of_this_job) {
+      c.rank = rank;
+      if (stopped_.empty()) {
+        const std::string stop = "the auth token differs: rank " + std::to_string(rank) + ", from " + c.peer +
+                                 ", was refused at its hello: it has " +
+                                 (none ? std::string("no SHARDKIT_AUTH_TOKEN, the store's host (rank 0) has one")
+                                       : "another SHARDKIT_AUTH_TOKEN than the store's host (rank 0)") +
+                                 "; give every host of the job the same token (SHARDKIT_AUTH_TOKEN, or shardkit-run "
+                                 "--auth-token-file)";
+        log::warn("tcp store server on port ", port(), ": stopping the job: ", stop);
+        const std::string ready(detail::store_ready_key);
+        data_[ready] = std::string(detail::store_refused_prefix) + stop;
+        key_created(ready);
+        stop_job(stop);
+      }
+      note_told(c);  // it is told its refusal, and fails on it
+    }
+    refuse(c, why);
+  }
 
   void handle(std::uint64_t id, connection& c, std::string_view payload) {
     using op = detail::store_op;

@@ -56,6 +56,7 @@ struct store_connection_settings {
   std::uint32_t max_frame_bytes = default_max_frame_bytes;
   std::string auth_token, run_id;
   std::optional<int> rank;  //!< this client's rank, when it is one of a job's: refusals name it
+  std::optional<int> world_size;  //!< the world size it joins with; sent in the hello with the rank
 };
 
 //! One connection to a tcp_store_server. Not thread-safe: tcp_store serializes the requests on it.
@@ -106,44 +107,47 @@ class store_client_connection {
     return payload;
   }
 
-  //! Connects and says hello, retrying until the connect timeout: then errc::timeout naming the address and the last
-  //! error. A refusal (errc::auth_failed, errc::config) or a program that is not a store (errc::protocol) ends it.
+  //! Connects and says hello, retrying until the connect timeout: then errc::timeout naming the address, this rank,
+  //! how long and what failed. A refusal (errc::auth_failed, errc::config) or a program that is not a store
+  //! (errc::protocol) ends it.
   void connect() {
     const deadline dl = deadline_after(s_.connect_timeout);
     auto backoff = std::chrono::milliseconds(10);
-    std::string last = "no attempt finished";
-    // A store that never comes (rank 0 failed at start, or was never started) must not leave this rank silent
-    // for the whole timeout: say every tenth of it (0.5-20 s) what it waits for, as the store's host does.
+    last_ = "no attempt finished";
+    failed_ = failure::other;
+    // A store that never comes (rank 0 failed at start, or was never started) must not leave this rank silent for
+    // the whole timeout: one line after a second (ranks start in any order, and rank 0's store is often a moment
+    // from listening: a line at the first refused attempt would come with most healthy starts), then one every tenth
+    // of the timeout (0.5-20 s), each saying what fails, for how long, and what to check.
     using std::chrono::milliseconds;
     const auto started = steady_clock::now();
     const milliseconds slice = s_.connect_timeout.count() > 0
                                    ? std::clamp(std::chrono::duration_cast<milliseconds>(s_.connect_timeout) / 10,
                                                 milliseconds(500), milliseconds(20'000))
                                    : milliseconds(20'000);
-    auto next_report = started + slice;
+    auto next_report = started + std::min(slice, milliseconds(1000));
     for (;;) {
       try {
-        if (dial(dl, last)) return handshake(dl);
+        if (dial(dl)) return handshake(dl);
       } catch (const error& e) {
         if (e.code() == errc::auth_failed || e.code() == errc::protocol || e.code() == errc::config)
           throw e.with_context({.operation = "store.connect", .object = address()});
-        last = e.detail();  // e.g. a server still starting closed on us: retry like a refused connect
+        last_ = e.detail();  // e.g. a server still starting closed on us: retry like a refused connect
+        failed_ = e.code() == errc::timeout ? failure::silent : failure::other;
       }
       fd_.reset();
       const auto now = steady_clock::now();
       if (now >= dl)
         throw_error(errc::timeout,
-                    "could not connect to the store at " + address() + " within " +
-                        ms_text(s_.connect_timeout) + " (SHARDKIT_STORE_TIMEOUT; last error: " + last + ")",
+                    who() + " could not connect to the store at " + address() + where() + " within " +
+                        log::seconds_text(s_.connect_timeout) + " (SHARDKIT_STORE_TIMEOUT): " + gave_up_because() +
+                        " (last error: " + last_ + ")",
                     {.operation = "store.connect", .object = address()});
       if (now >= next_report) {
         next_report = now + slice;
-        // Rank 0 hosts the store itself (or checks what holds its port): asking whether rank 0 runs is for others.
-        log::warn("waiting for the store at ", address(),
-                  s_.rank == 0 ? " (MASTER_PORT, which this process, rank 0, hosts or found taken)"
-                               : " (MASTER_ADDR, MASTER_PORT; rank 0 hosts it: is it running, and on that address?)",
-                  ": ", log::waited_of(now - started, s_.connect_timeout),
-                  " (SHARDKIT_STORE_TIMEOUT); last error: ", last);
+        log::write(log::level::warn, s_.rank.value_or(-1), "waiting for the store at ", address(), where(), ": ",
+                   failing(), " for ", log::waited_of(now - started, s_.connect_timeout), " (SHARDKIT_STORE_TIMEOUT)",
+                   question());
       }
       std::this_thread::sleep_for(std::min<steady_clock::duration>(backoff, dl - now));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
@@ -169,8 +173,51 @@ class store_client_connection {
     return true;
   }
 
-  // One pass over host's addresses; true with fd_ connected, false with `last` describing why not.
-  bool dial(deadline dl, std::string& last) {
+  // Why the last attempt to reach the store failed: nothing listens (connection refused), MASTER_ADDR does not
+  // resolve, the store accepted but did not answer the hello, or another error (last_ says it).
+  enum class failure { refused, unresolved, silent, other };
+
+  std::string who() const { return s_.rank ? "rank " + std::to_string(*s_.rank) : std::string("this process"); }
+  // Rank 0 hosts the store itself (or checks what holds its port): asking whether rank 0 runs is for the others.
+  std::string where() const {
+    return s_.rank == 0 ? " (MASTER_PORT, which this process, rank 0, hosts or found taken)" : " (rank 0 hosts it)";
+  }
+  std::string failing() const {
+    switch (failed_) {
+      case failure::refused: return "connection refused";
+      case failure::unresolved: return "MASTER_ADDR " + s_.host + " does not resolve";
+      case failure::silent: return "the program there accepted the connection but did not answer the store's hello within " + silent_for_;
+      case failure::other: break;
+    }
+    return last_;
+  }
+  std::string question() const {
+    if (s_.rank == 0) return {};
+    switch (failed_) {
+      case failure::refused: return "; is rank 0 running, with this MASTER_ADDR and MASTER_PORT?";
+      case failure::unresolved: return "; is MASTER_ADDR right? (retried: a Kubernetes service's name resolves once its pod runs)";
+      case failure::silent: return "; is rank 0 stopped or overloaded, or another program on MASTER_PORT?";
+      case failure::other: break;
+    }
+    return "; is rank 0 running, and is MASTER_ADDR reachable from this host?";
+  }
+  // What the timeout error says failed, for the store's host on another host as much as on this one.
+  std::string gave_up_because() const {
+    switch (failed_) {
+      case failure::refused:
+        return s_.rank == 0 ? "nothing listened on MASTER_PORT"
+                            : "nothing listened there until the end: rank 0 never started its store there (not running, "
+                              "failed at its start, or started with another MASTER_ADDR or MASTER_PORT: its own output says which)";
+      case failure::unresolved: return "MASTER_ADDR " + s_.host + " never resolved: is it right?";
+      case failure::silent: return "a program there accepted connections but never answered the store's hello";
+      case failure::other: break;
+    }
+    return "no connection could be made";
+  }
+
+  // One pass over host's addresses; true with fd_ connected, false with last_ and failed_ describing why not.
+  bool dial(deadline dl) {
+    std::string& last = last_;
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -180,6 +227,7 @@ class store_client_connection {
     // that does not exist (not a temporary failure) is said at once, since it is more often a typo.
     if (const int rc = ::getaddrinfo(s_.host.c_str(), std::to_string(s_.port).c_str(), &hints, &res); rc != 0) {
       last = std::string("cannot resolve ") + s_.host + " (MASTER_ADDR): " + ::gai_strerror(rc);
+      failed_ = failure::unresolved;
       if (rc != EAI_AGAIN && !warned_unresolved_) {
         warned_unresolved_ = true;
         log::warn("the store's host ", s_.host, " (MASTER_ADDR) does not resolve: ", ::gai_strerror(rc),
@@ -193,6 +241,7 @@ class store_client_connection {
       unique_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
       if (!fd) {
         last = "socket: " + errno_message(errno);
+        failed_ = failure::other;
         continue;
       }
       int err = 0;
@@ -209,6 +258,7 @@ class store_client_connection {
       }
       if (err != 0) {
         last = "connect: " + errno_message(err);
+        failed_ = err == ECONNREFUSED ? failure::refused : failure::other;
         continue;
       }
       set_nodelay(fd.get());
@@ -225,7 +275,8 @@ class store_client_connection {
   static constexpr std::chrono::milliseconds hello_answer_timeout{3000};
 
   void handshake(deadline dl) {
-    send_all(store_hello(s_.auth_token, s_.run_id));
+    const bool joins = s_.rank && s_.world_size;
+    send_all(store_hello(s_.auth_token, s_.run_id, store_protocol_version, joins ? *s_.rank : -1, joins ? *s_.world_size : 0));
     const auto bound = s_.timeout > std::chrono::milliseconds(0) ? std::min(s_.timeout, hello_answer_timeout)
                                                                     : hello_answer_timeout;
     const auto not_a_store = [&](const std::string& why) {
@@ -241,6 +292,7 @@ class store_client_connection {
     }
     // Silence proves nothing about what listens: a shardkit store whose process is stopped (or starved) accepts
     // connections too (the kernel does), so it is named along with another program, and retried (errc::timeout).
+    silent_for_ = ms_text(bound);
     if (!resp)
       throw_error(errc::timeout, "the program at " + address() + " accepted the connection but did not answer the store's hello within " +
                                      ms_text(bound) + ": a shardkit store whose process is stopped or overloaded (rank 0 hosts "
@@ -256,7 +308,13 @@ class store_client_connection {
                                         " " + run_membership(s_.run_id) + ", the store at " + address() + " " +
                                         run_served(r.str()) +
                                         ": two jobs on one MASTER_PORT? (give each job its own MASTER_PORT)");
-        throw_error(errc::auth_failed, "the store at " + address() + " refused this client: " + r.str());
+        const std::string why = r.str();
+        const bool token = why.find("auth token") != std::string::npos;
+        throw_error(errc::auth_failed, "the store at " + address() + " refused " +
+                                           (s_.rank ? "rank " + std::to_string(*s_.rank) : std::string("this client")) + ": " + why +
+                                           (token && s_.rank && *s_.rank != 0
+                                                ? "; rank 0 hosts it: give every host of the job the same SHARDKIT_AUTH_TOKEN"
+                                                : ""));
       }
       if (r.u32() != store_magic) not_a_store("its answer has another magic");
       r.u32();
@@ -277,6 +335,9 @@ class store_client_connection {
   store_connection_settings s_;
   unique_fd fd_;
   bool warned_unresolved_ = false;
+  std::string last_;                  // the last attempt's error, while connect() retries
+  failure failed_ = failure::other;  // and what kind of failure it was
+  std::string silent_for_;           // how long the last hello went unanswered ("400 ms")
   shardkit::detail::proc::process_identity host_process_;  // from the hello's answer; pid 0: not told
 };
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -133,6 +134,8 @@ class store_connections {
     for (auto& [id, c] : conns_) flush(c);
     conns_.clear();
     clients_.store(0);
+    std::lock_guard lock(refusals_mutex_);
+    at_hello_.clear();
   }
 
   //! The connection `id`, or null once it is gone.
@@ -170,6 +173,26 @@ class store_connections {
     }
     c.closing = true;
     reply(c, std::move(w));
+  }
+
+  //! `c` finished its hello (accepted): at_hello() no longer names it.
+  void left_hello(std::uint64_t id) {
+    std::lock_guard lock(refusals_mutex_);
+    at_hello_.erase(id);
+  }
+
+  //! The clients connected for at least `at_least` without finishing their hello ("from ADDR for 12.5 s"; the first
+  //! few, and how many in all), any thread: a rank stopped or starved at its start, or another program, which the
+  //! host waiting for ranks names.
+  std::pair<std::vector<std::string>, std::size_t> at_hello(std::chrono::steady_clock::duration at_least) const {
+    const auto now = std::chrono::steady_clock::now();
+    std::pair<std::vector<std::string>, std::size_t> out;
+    std::lock_guard lock(refusals_mutex_);
+    for (const auto& [id, since] : at_hello_) {
+      if (now - since.second < at_least) continue;
+      if (++out.second <= 4) out.first.push_back("from " + since.first + " for " + log::seconds_text(now - since.second));
+    }
+    return out;
   }
 
   //! The clients refused at their hello so far (the first few, and how many in all), any thread.
@@ -253,6 +276,7 @@ class store_connections {
       c.touched = false;
       if (c.dead || (c.closing && c.out.empty())) {
         closed(id, c);
+        if (!c.greeted) left_hello(id);
         conns_.erase(it);  // closing the descriptor also removes it from the epoll set
         continue;
       }
@@ -284,6 +308,10 @@ class store_connections {
       c.peer = describe_peer(ss);
       c.events = EPOLLIN;
       control(EPOLL_CTL_ADD, fd, c.events, c.id);
+      {
+        std::lock_guard lock(refusals_mutex_);
+        at_hello_.emplace(c.id, std::pair{c.peer, std::chrono::steady_clock::now()});
+      }
       conns_.emplace(c.id, std::move(c));
     }
   }
@@ -342,6 +370,7 @@ class store_connections {
   mutable std::mutex refusals_mutex_;
   std::vector<std::string> refusals_;
   std::size_t refusal_count_ = 0;
+  std::map<std::uint64_t, std::pair<std::string, std::chrono::steady_clock::time_point>> at_hello_;  // id -> peer, since
   // Owned by the serving thread:
   std::map<std::uint64_t, connection> conns_;  // node-based: references stay valid while others are added
   std::deque<std::uint64_t> ready_;

@@ -30,7 +30,9 @@ inline constexpr std::uint32_t store_magic = 0x54534b53;  // "SKST" as bytes on 
 // 5: the hello ends in a line end (the string "\r\n"), so that a line-based program on MASTER_PORT (an HTTP, SMTP
 //    or Redis server) reads a whole line and answers at once: the client then knows it is not a store, instead of
 //    waiting for an answer that never comes.
-inline constexpr std::uint32_t store_protocol_version = 5;
+// 6: the hello carries the rank and world size the client joins with (-1 and 0: none), before its line end, so that a
+//    rank of this job refused for another auth token stops the job at once (tcp_store_server.hpp, the hello).
+inline constexpr std::uint32_t store_protocol_version = 6;
 //! The hello's last field.
 inline constexpr std::string_view store_hello_line_end = "\r\n";
 inline constexpr std::uint32_t default_max_frame_bytes = 64u << 20;
@@ -38,10 +40,10 @@ inline constexpr std::uint32_t default_max_frame_bytes = 64u << 20;
 inline constexpr std::size_t max_store_token_bytes = 4096;
 //! The longest run id (SHARDKIT_RUN_ID).
 inline constexpr std::size_t max_store_run_id_bytes = 256;
-//! A hello is u8 + magic + version + the token, the run id and the line end as strings: a stranger's first frame
-//! stays this small.
-inline constexpr std::uint32_t max_hello_bytes =
-    1 + 4 + 4 + 4 + max_store_token_bytes + 4 + max_store_run_id_bytes + 4 + std::uint32_t(store_hello_line_end.size());
+//! A hello is u8 + magic + version + the token and the run id as strings, the rank and world size (i64), and the
+//! line end as a string: a stranger's first frame stays this small.
+inline constexpr std::uint32_t max_hello_bytes = 1 + 4 + 4 + 4 + max_store_token_bytes + 4 + max_store_run_id_bytes + 8 + 8 + 4 +
+                                                 std::uint32_t(store_hello_line_end.size());
 
 enum class store_op : std::uint8_t { hello = 0, set, get, wait, check, add, compare_set, remove, num_keys, cancel, join };
 enum class store_status : std::uint8_t { ok = 0, error = 1, cancelled = 2 };
@@ -65,7 +67,9 @@ inline std::string describe_peer(const sockaddr_storage& ss) {
     port = ntohs(a.sin_port);
   } else if (ss.ss_family == AF_INET6) {
     const auto& a = reinterpret_cast<const sockaddr_in6&>(ss);
-    ::inet_ntop(AF_INET6, &a.sin6_addr, buf, sizeof buf);
+    // An IPv4 client of the dual-stack listener is named by its IPv4 address, as its host knows itself.
+    if (IN6_IS_ADDR_V4MAPPED(&a.sin6_addr)) ::inet_ntop(AF_INET, &a.sin6_addr.s6_addr[12], buf, sizeof buf);
+    else ::inet_ntop(AF_INET6, &a.sin6_addr, buf, sizeof buf);
     port = ntohs(a.sin6_port);
   }
   return host_port(buf, port);
@@ -145,10 +149,13 @@ class frame_reader {
   std::string_view p_;
 };
 
-//! The client's first frame: the magic, the protocol version it speaks, the job's token, its run id and a line end.
+//! The client's first frame: the magic, the protocol version it speaks, the job's token, its run id, the rank and
+//! world size it joins with (-1 and 0 for a client that joins no job) and a line end.
 inline std::string store_hello(std::string_view token, std::string_view run_id,
-                               std::uint32_t version = store_protocol_version) {
-  return frame_writer(store_op::hello).u32(store_magic).u32(version).str(token).str(run_id).str(store_hello_line_end).take();
+                               std::uint32_t version = store_protocol_version, std::int64_t rank = -1,
+                               std::int64_t world_size = 0) {
+  return frame_writer(store_op::hello).u32(store_magic).u32(version).str(token).str(run_id).i64(rank).i64(world_size)
+      .str(store_hello_line_end).take();
 }
 
 //! What a client's run id says of it ("belongs to run 'X'"), and a store's ("serves run 'X'"), for the refusal of
