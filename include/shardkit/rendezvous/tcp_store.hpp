@@ -127,15 +127,25 @@ class tcp_store {
                                  .rank = rank,
                                  .world_size = world_size};
     std::shared_ptr<tcp_store> store;
-    if (is_server) {
-      auto server = start_server(port, opts, world_size.value_or(0));
+    if (!is_server) {
+      store = std::make_shared<tcp_store>(host, port, opts);
+      if (world_size) store->join(rank.value_or(-1), *world_size, is_server, timeout);
+      return store;
+    }
+    auto server = start_server(port, opts, world_size.value_or(0));
+    try {
       // Loopback, not `host`: host names this machine as others see it and may not resolve here (yet).
       store = std::make_shared<tcp_store>(server->local_address(), server->port(), opts);
-      store->server_ = std::move(server);
-    } else {
-      store = std::make_shared<tcp_store>(host, port, opts);
+      store->server_ = server;
+      if (world_size) store->join(rank.value_or(-1), *world_size, is_server, timeout);
+    } catch (const error&) {
+      // A rank's refusal may stop the job before this host's own client said hello, or between its join and its
+      // wait for the others (a loaded host's rank 0 is often the last to reach its own store): it fails on that, and
+      // still lingers, as join() does, so that the other ranks are told why rather than finding no store.
+      if (server->job_stopped())
+        server->linger_until_told(std::size_t(std::max(world_size.value_or(1), 1) - 1), stopped_job_linger);
+      throw;
     }
-    if (world_size) store->join(rank.value_or(-1), *world_size, is_server, timeout);
     return store;
   }
 

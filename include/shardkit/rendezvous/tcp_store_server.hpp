@@ -127,13 +127,17 @@ class tcp_store_server {
   }
   const std::string& local_address() const noexcept { return net_.local_address(); }
   //! After a refusal that stopped the job (see join in the file comment): waits until `clients` of the job's other
-  //! ranks were told why (counted once per rank; a client that never said its rank counts as one), or `bound` passes, so that ranks that start late fail at once with the
-  //! reason instead of finding no store. Any thread.
+  //! ranks were told why (counted once per rank; a client that never said its rank counts as one), or `bound` passes,
+  //! so that ranks that start late fail at once with the reason instead of finding no store. Once per server (a
+  //! second call returns at once). Any thread.
   void linger_until_told(std::size_t clients, std::chrono::milliseconds bound) const {
+    if (lingered_.exchange(true)) return;
     const auto until = std::chrono::steady_clock::now() + bound;
     while (told_.load(std::memory_order_acquire) < clients && std::chrono::steady_clock::now() < until)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  //! Whether a refusal stopped the job (see join in the file comment). Any thread.
+  bool job_stopped() const noexcept { return job_stopped_.load(std::memory_order_acquire); }
   //! Connections currently open (handshake done or not).
   std::size_t num_clients() const noexcept { return net_.num_clients(); }
 
@@ -202,6 +206,8 @@ class tcp_store_server {
                                 ": two jobs on one MASTER_PORT?",
                          error_frame(errc::config, opts_.run_id));
     if (!stopped_.empty()) {  // a rank that comes after the job was stopped learns why at once
+      // Counted as the rank its hello names (the host's own client, rank 0, when a refusal came before it: never).
+      if (rank >= 0 && rank < world_) c.rank = rank;
       note_told(c);
       c.closing = true;
       return reply(c, error_frame(errc::aborted, stopped_));
@@ -400,6 +406,7 @@ class tcp_store_server {
   // start late learn it at once instead of waiting out their timeout for a store that is gone.
   void stop_job(const std::string& why) {
     stopped_ = why;
+    job_stopped_.store(true, std::memory_order_release);
     auto parked = std::move(waiters_);
     waiters_.clear();
     for (const auto& [key, ids] : parked)
@@ -491,6 +498,8 @@ class tcp_store_server {
   std::set<std::int64_t> told_ranks_;           // ranks told so (see note_told)
   std::set<std::uint64_t> told_unnamed_;        // connections told so that never said their rank
   std::atomic<std::size_t> told_{0};            // the two sets' sizes together, for the host's linger
+  std::atomic<bool> job_stopped_{false};        // stopped_ is set (read by the host's linger, any thread)
+  mutable std::atomic<bool> lingered_{false};   // the host lingered already
   shardkit::detail::owned_thread thread_;  // joined in the destructor, before any member it uses is destroyed
 };
 
