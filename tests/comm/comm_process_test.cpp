@@ -16,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <regex>
 #include <span>
 #include <thread>
 
@@ -144,6 +145,53 @@ TEST_CASE("[comm] a rank stopped before its first collective is named by the ran
     CHECK(out.find("is stopped (SIGSTOP or a debugger)") != std::string::npos);
     CHECK(out.find("the call times out in 1") != std::string::npos);
   }
+}
+
+// Rank 1 stops (SIGSTOP) before its send to rank 0 (rank 0 hosts the store, so it keeps running). Rank 0's recv
+// must log the stall line after SHARDKIT_STALL_LOG_MS (100 ms), long before the recv's timeout (20 s), naming rank 1
+// and its stopped process, as a collective's wait does; rank 0 resumes rank 1 once it has (a recv that logs nothing
+// waits 30 s, then fails), and the message then arrives as usual.
+SHARDKIT_SCENARIO(p2p_recv_from_stopped_sender) {
+  auto world = comm::init_process_group("shm");
+  const int me = world.group.rank();
+  world.store.set("pid/" + std::to_string(me), std::to_string(::getpid()));
+  world.group.barrier().wait();
+  std::vector<std::int32_t> data(8, me == 1 ? 42 : 0);
+  const buffer_view view(data.data(), data.size(), dtype::i32);
+  if (me == 1) {
+    ::raise(SIGSTOP);
+    world.group.send(view, 0, 5).wait();
+  } else {
+    const int sender = std::stoi(world.store.get("pid/1", std::chrono::seconds(10)));
+    SCENARIO_CHECK(test::wait_until_process_stopped(sender));
+    std::string text;
+    {
+      test::stderr_capture log;
+      auto w = world.group.recv(view, 1, 5);
+      const auto said = [&] { return log.text().find("is stopped (SIGSTOP or a debugger)") != std::string::npos; };
+      for (int i = 0; i < 3000 && !said(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      ::kill(sender, SIGCONT);
+      w.wait();
+      log.restore();
+      text = log.text();
+    }
+    std::fprintf(stderr, "%s", text.c_str());  // the parent reads the line from this rank's output
+    SCENARIO_CHECK(data[0] == 42 && data[7] == 42);
+  }
+  world.group.barrier().wait();
+}
+
+TEST_CASE("[comm] a recv from a stopped sender logs the stall line naming the peer and its process, long before the timeout") {
+  const auto results = test::run_processes(2, "p2p_recv_from_stopped_sender",
+                                           {{"SHARDKIT_TIMEOUT_MS", "20000"}, {"SHARDKIT_STALL_LOG_MS", "100"}},
+                                           std::chrono::seconds(90));
+  test::require_all_succeeded(results);
+  const auto& out = results[0].output;
+  CAPTURE(out);
+  const std::regex line(R"(\[shardkit WARN [0-9:.]+ rank 0\] rank 0 has waited [0-9.]+ s for rank 1 in recv with tag 5 \(32 )"
+                        R"(bytes\) of group 'world' \(receiving from it\): its process \(pid [0-9]+\) is stopped \(SIGSTOP or a )"
+                        R"(debugger\); the call times out in 1[0-9.]+ s\n)");
+  CHECK(std::regex_search(out, line));
 }
 
 // Rank 2 of 4 stops (SIGSTOP) before an all_reduce (recursive doubling: rank 1 waits on rank 3, which waits on rank

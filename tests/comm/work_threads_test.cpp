@@ -12,10 +12,13 @@
 #include <chrono>
 #include <future>
 #include <mutex>
+#include <iterator>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 #include "support/harness.hpp"
+#include "support/scoped_env.hpp"
 
 using namespace shardkit;
 using test::test_group_options;
@@ -165,6 +168,40 @@ TEST_CASE("[comm] a recv that nobody answers times out naming the peer, and the 
   r.wait();
   CHECK(got == sent);
   test::run_threads(2, [&](int rank) { groups[std::size_t(rank)].barrier().wait(); });
+}
+
+TEST_CASE("[comm] a recv whose sender is late logs the stall line naming the peer, as a collective's wait does") {
+  // SHARDKIT_STALL_LOG_MS=50: a wait is first logged after 50 ms, long before the recv's timeout (60 s). Rank 0
+  // sends only once rank 1's log names it (or after 30 s: then no line came). Once the recv is done, its lines stop
+  // (the next would have come when its wait doubled).
+  const test::scoped_env interval("SHARDKIT_STALL_LOG_MS", "50");
+  comm::group_options o = comm::group_options::from_env();
+  o.timeout = std::chrono::seconds(60);
+  o.name = "pairs";
+  auto groups = comm::make_loopback_world(2, o);
+  std::vector<float> got(4), sent{1, 2, 3, 4};
+  test::stderr_capture log;
+  const auto posted = std::chrono::steady_clock::now();
+  auto w = groups[1].recv(buffer_view(std::span<float>(got)), 0, 7);
+  const std::regex line(R"(\[shardkit WARN [0-9:.]+( rank [0-9]+)?\] rank 1 has waited [0-9.]+ s for rank 0 in recv with tag 7 )"
+                        R"(\(16 bytes\) of group 'pairs' \(receiving from it\): it is slow, stuck, stopped, or has not called )"
+                        R"(send with tag 7; the call times out in [0-9.]+ s\n)");
+  const auto said = [&] { return std::regex_search(log.text(), line); };
+  for (int i = 0; i < 3000 && !said() && !w.is_completed(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  groups[0].send(buffer_view(std::span<float>(sent)), 1, 7).wait();
+  w.wait();
+  const auto lines = [&] {
+    const std::string t = log.text();
+    return std::distance(std::sregex_iterator(t.begin(), t.end(), line), std::sregex_iterator());
+  };
+  const auto at_end = lines();
+  std::this_thread::sleep_for(2 * (std::chrono::steady_clock::now() - posted));
+  log.restore();
+  const std::string text = log.text();
+  CAPTURE(text);
+  CHECK(at_end >= 1);
+  CHECK(lines() == at_end);
+  CHECK(got == sent);
 }
 
 TEST_CASE("[comm] a collective issued from a second thread while another thread's is pending is refused and breaks the group") {

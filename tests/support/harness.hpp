@@ -3,6 +3,7 @@
 // in "scenario" mode (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set, as a launcher would).
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,11 +21,15 @@
 
 namespace shardkit::test {
 
-//! What this process writes to stderr (the log) while it lives.
+//! What this process writes to stderr (the log) while it lives. text() may be read while threads still log: the
+//! file appends (O_APPEND), so a line written while text() rewinds to read it lands at the end, not over the start.
 struct stderr_capture {
   std::FILE* file = std::tmpfile();
   int saved = ::dup(2);
-  stderr_capture() { ::dup2(::fileno(file), 2); }
+  stderr_capture() {
+    ::fcntl(::fileno(file), F_SETFL, O_APPEND);
+    ::dup2(::fileno(file), 2);
+  }
   ~stderr_capture() {
     restore();
     std::fclose(file);

@@ -115,6 +115,9 @@ struct collective_options {
   //! process_group sets them; the group outlives its operations, so the view stays valid.
   std::string_view group;
   std::int64_t seq = -1;
+  //! When a wait on one peer is first logged (the stall line, comm/detail/stall_line.hpp); 0: a 32nd of the time
+  //! the call has left, within 1-10 s. process_group sets it from group_options::stall_log.
+  std::chrono::milliseconds stall_log{0};
 };
 
 template <class C>

@@ -235,6 +235,12 @@ class p2p_communicator {
                                 out.size_bytes(), {.rank = me_, .peer = peer, .operation = "recv"});
   }
 
+  //! What the transport sees of group rank `r`'s process (transport::describes_peers: a stopped one), or "".
+  std::string peer_state(int r) const {
+    if constexpr (transport::describes_peers<T>) return transport_->peer_state(members_[std::size_t(r)]);
+    else return {};
+  }
+
   //! Fails everything in flight on the transport (when it can): the last resort when an operation cannot be
   //! withdrawn any other way. Every group sharing the transport is affected.
   void abort(std::exception_ptr reason) {
@@ -289,11 +295,11 @@ class p2p_communicator {
     const auto tag = (transport::message_tag(group_id_) << 32) | (transport::message_tag(seq & 0xffffffu) << 8);
     if (!checker_)
       return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop, nullptr, {}, 0,
-                                   o.group, o.seq);
+                                   o.group, o.seq, o.stall_log);
     const algorithms::call_record record{fp, seq, std::uint8_t(o.algo)};
     const auto epoch = checker_->begin(record, me_, name);
     return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop, checker_.get(),
-                                 record, epoch, o.group, o.seq);
+                                 record, epoch, o.group, o.seq, o.stall_log);
   }
   //! An op over a sub-list of transport ranks that shares `parent`'s tag apart from its low `level` bits.
   algorithms::p2p_op<T> level_op(const algorithms::p2p_op<T>& parent, const std::vector<int>& members, int me,
@@ -301,7 +307,7 @@ class p2p_communicator {
     auto* checker = parent.checker();
     return algorithms::p2p_op<T>(*transport_, members, me, parent.tag() | level, parent.until(), parent.name(), parent.arena(),
                                  parent.stop(), checker, parent.record(), checker ? checker->next_epoch() : 0,
-                                 parent.group(), parent.seq());
+                                 parent.group(), parent.seq(), parent.stall_log());
   }
   void start_checker() {
     if (opts_.check_calls && size() > 1) checker_ = algorithms::call_checker<T>::create(transport_, members_, me_, group_id_);
@@ -312,7 +318,7 @@ class p2p_communicator {
   }
   algorithms::p2p_op<T> user_op(const char* name, std::uint32_t tag, const collective_options& o) {
     return algorithms::p2p_op<T>(*transport_, members_, me_, user_tag(name, tag), o.until, name, nullptr, o.stop, nullptr,
-                                 {}, 0, o.group, o.seq);
+                                 {}, 0, o.group, o.seq, o.stall_log);
   }
   std::size_t segment_elems(dtype t) const noexcept { return std::max<std::size_t>(1, opts_.segment_bytes / size_of(t)); }
   // all_gather(v) and reduce_scatter: direct when asked, or by default in groups small enough (cross-memory first).

@@ -67,6 +67,10 @@ struct group_options {
   //! How long a rank whose collective timed out waits for the accounts of the ranks it waited on; the error comes
   //! that much after the timeout when a rank stopped answering (SHARDKIT_FAULT_GRACE_MS; 0: no accounts).
   std::chrono::milliseconds fault_report_grace{500};
+  //! A wait on one peer, in a collective or a send or recv, that lasts this long is logged, naming the peer (the
+  //! stall line: comm/detail/stall_line.hpp), then again each time it has doubled (SHARDKIT_STALL_LOG_MS). 0: a
+  //! 32nd of the time the call has left, within 1-10 s.
+  std::chrono::milliseconds stall_log{0};
 
   static group_options from_env();
 };

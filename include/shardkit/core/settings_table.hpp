@@ -73,6 +73,11 @@ inline constexpr variable table[] = {
                 "(posted to the job's store) before naming the one that posted none as having stopped answering "
                 "(group_options::fault_report_grace; 0: no accounts are exchanged)",
      .target = "core", .min = 0, .max = 60000},
+    {.name = "SHARDKIT_STALL_LOG_MS", .type = kind::milliseconds, .default_text = "(a 32nd of the call's timeout, 1 s to 10 s)",
+     .meaning = "a wait on one peer (in a collective, a send or a recv) that lasts this long is logged at warn, naming "
+                "the peer and what is seen of its process, then again each time the wait has doubled "
+                "(group_options::stall_log)",
+     .target = "core", .min = 1, .max = 3600000},
     {.name = "SHARDKIT_DEBUG", .type = kind::choice, .default_text = "off",
      .meaning = "detail: ranks exchange op fingerprints (op, dtype, count, root) before every collective and a "
                 "mismatch is an error naming the ranks",

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "shardkit/comm/algorithms/call_check.hpp"
+#include "shardkit/comm/detail/stall_line.hpp"
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
@@ -101,28 +102,24 @@ class p2p_op {
   static constexpr auto min_lost_member_grace = std::chrono::milliseconds(750);
   static constexpr auto max_lost_member_grace = std::chrono::seconds(5);
 
-  //! A wait on one peer that lasts this long is logged, naming the peer, the call and what the transport sees of
-  //! the peer's process (a stopped one): a 32nd of the op's timeout within these bounds, then again each time the
-  //! wait has doubled (at most every 5 min). Nothing is said of a wait that ends sooner.
-  static constexpr auto min_stall_log = std::chrono::seconds(1);
-  static constexpr auto max_stall_log = std::chrono::seconds(10);
-
   //! `arena` (optional) lends the op its scratch memory; without one the op allocates its own.
   //! `stop` (optional): a stop request ends the op's waits with errc::aborted (its group was aborted). `checker`
   //! (optional) frames the op's first message to each peer with `record` and checks each peer's
   //! (call_check.hpp); `epoch` is what checker->begin() or next_epoch() returned for this op. `group` and `seq`
-  //! (collective_options): the group's name and the call's number in it, for the long wait's log line.
+  //! (collective_options): the group's name and the call's number in it, for the long wait's log line; `stall_log`
+  //! (collective_options, 0: its default) when that line first comes (detail/stall_line.hpp).
   p2p_op(T& transport, std::span<const int> members, int me, transport::message_tag tag, deadline until,
          const char* name, scratch_arena* arena = nullptr, std::stop_token stop = {},
          call_checker<T>* checker = nullptr, const call_record& record = {}, std::uint64_t epoch = 0,
-         std::string_view group = {}, std::int64_t seq = -1)
+         std::string_view group = {}, std::int64_t seq = -1, std::chrono::milliseconds stall_log = {})
       : transport_(transport), members_(members), me_(me), tag_(tag), until_(until), name_(name), arena_(arena),
-        stop_(std::move(stop)), checker_(checker), record_(record), epoch_(epoch), group_(group), seq_(seq) {
+        stop_(std::move(stop)), checker_(checker), record_(record), epoch_(epoch), group_(group), seq_(seq),
+        stall_log_setting_(stall_log) {
     const auto now = deadline::clock::now();
     const auto left = until_ == no_deadline ? std::chrono::duration_cast<deadline::clock::duration>(std::chrono::minutes(16))
                                             : until_ - now;
     lost_grace_ = std::clamp<deadline::clock::duration>(left / 32, min_lost_member_grace, max_lost_member_grace);
-    stall_log_ = std::clamp<deadline::clock::duration>(left / 32, min_stall_log, max_stall_log);
+    stall_log_ = comm::detail::stall_schedule::first_line(now, until_, stall_log);
     if (checker_) {
       stall_at_ = now + std::clamp<deadline::clock::duration>(left / call_checker<T>::stall_divisor,
                                                               std::chrono::milliseconds(20), std::chrono::minutes(1));
@@ -210,6 +207,7 @@ class p2p_op {
   const call_record& record() const noexcept { return record_; }
   std::string_view group() const noexcept { return group_; }
   std::int64_t seq() const noexcept { return seq_; }
+  std::chrono::milliseconds stall_log() const noexcept { return stall_log_setting_; }
 
   //! Uninitialised scratch of `bytes`, valid for this op until the next scratch() call of an op on the same arena.
   std::byte* scratch(std::size_t bytes) { return (arena_ ? *arena_ : own_).get(bytes); }
@@ -390,12 +388,11 @@ class p2p_op {
   //! With a checker, also throws the group's poison (a peer found a mismatch) between slices of the wait, and
   //! sends this rank's record to every member once it has waited its share of the timeout (call_check.hpp, 3.):
   //! that report is for the members' comparison and says nothing when their calls agree, so a wait on a peer
-  //! that is stopped or stuck is logged here (stall_log_), or the others would be silent until the timeout.
+  //! that is stopped or stuck is logged here (the stall line), or the others would be silent until the timeout.
   bool wait_watching(const completion& c, int peer, const char* what) {
     // Most ops end within the first slice; between slices, the members and the stop are polled (a few syscalls).
     const auto slice = checker_ ? std::chrono::milliseconds(10) : std::chrono::milliseconds(100);
-    const auto started = deadline::clock::now();
-    auto next_log = started + stall_log_;
+    comm::detail::stall_schedule stall(deadline::clock::now(), stall_log_);
     for (;;) {
       const auto now = deadline::clock::now();
       if (c.wait_until(std::min(until_, deadline(now + slice)))) return true;
@@ -413,43 +410,23 @@ class p2p_op {
         if (lost_seen_ == no_deadline) lost_seen_ = later;
         if (later - lost_seen_ >= lost_grace_) return false;
       }
-      if (later >= next_log) {
-        log_stall(peer, what, later - started);
-        next_log = later + std::min<deadline::clock::duration>(later - started, std::chrono::minutes(5));
-      }
+      if (const auto waited = stall.due(later)) log_stall(peer, what, *waited);
     }
   }
 
-  //! "rank 0 has waited 1.02 s for rank 1 in all_gather #3 of group 'world' (receiving from it): its process (pid
-  //! 4242) is stopped (SIGSTOP or a debugger); the call times out in 18.9 s", with the transport's ranks (world
-  //! ranks) and what it sees of the peer's process, and of any other member's that is stopped.
+  //! The stall line (detail/stall_line.hpp), with the transport's ranks (world ranks).
   void log_stall(int peer, const char* what, deadline::clock::duration waited) const {
-    const auto rank_of = [&](int r) { return r >= 0 ? std::to_string(members_[std::size_t(r)]) : std::string("?"); };
-    std::string line = "rank " + rank_of(me_) + " has waited " + log::seconds_text(waited) + " for rank " + rank_of(peer) + " in " + name_;
-    if (seq_ >= 0) line += " #" + std::to_string(seq_);
-    if (!group_.empty()) line += " of group '" + std::string(group_) + "'";
-    line += std::string(" (") + what + " it): ";
-    std::string state;
-    for (const auto& [r, said] : member_states(peer))
-      state += (state.empty() ? "" : "; ") + (r == peer ? said : "rank " + rank_of(r) + ": " + said);
-    line += state.empty() ? "it is slow, stuck, stopped, or has not called " + std::string(name_) : state;
-    if (until_ != no_deadline) line += "; the call times out in " + log::seconds_text(until_ - deadline::clock::now());
-    log::warn(line);
+    comm::detail::log_stall({.members = members_, .me = me_, .peer = peer,
+                             .call = seq_ >= 0 ? std::string(name_) + " #" + std::to_string(seq_) : std::string(name_),
+                             .group = group_, .what = what, .peer_call = name_},
+                            waited, member_states(peer), until_);
   }
 
-  //! What the transport sees of the members' processes (a stopped one), as (group rank, state): `peer`'s first,
-  //! then each other member's that says something. Empty where it sees nothing worth saying, or cannot tell.
+  //! What the transport sees of the members' processes (detail::member_states), where it can tell.
   std::vector<std::pair<int, std::string>> member_states(int peer) const {
-    std::vector<std::pair<int, std::string>> states;
-    if constexpr (transport::describes_peers<T>) {
-      if (peer >= 0)
-        if (auto said = transport_.peer_state(members_[std::size_t(peer)]); !said.empty()) states.emplace_back(peer, std::move(said));
-      for (int r = 0; r < n(); ++r) {
-        if (r == me_ || r == peer) continue;
-        if (auto said = transport_.peer_state(members_[std::size_t(r)]); !said.empty()) states.emplace_back(r, std::move(said));
-      }
-    }
-    return states;
+    if constexpr (transport::describes_peers<T>)
+      return comm::detail::member_states(n(), me_, peer, [&](int r) { return transport_.peer_state(members_[std::size_t(r)]); });
+    return {};
   }
 
   completion post_send(int peer, const std::byte* data, std::size_t bytes) {
@@ -601,7 +578,8 @@ class p2p_op {
   deadline::clock::duration lost_grace_{};
   std::string_view group_;
   std::int64_t seq_;
-  deadline::clock::duration stall_log_{};
+  std::chrono::milliseconds stall_log_setting_;
+  deadline::clock::duration stall_log_{};  // when a wait is first logged
 };
 
 }  // namespace shardkit::comm::algorithms

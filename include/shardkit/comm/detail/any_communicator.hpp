@@ -66,6 +66,9 @@ struct communicator_interface {
   //! Its settings whose effect depends on a group's size (p2p_communicator's options), which a split compares
   //! among the new group's members; nullopt for backends that pick their algorithms themselves.
   virtual std::optional<size_dependent_settings> size_dependent() const = 0;
+  //! What the backend sees of group rank r's process (a stopped one), for the stall line (detail/stall_line.hpp);
+  //! "" where nothing is worth saying or it cannot tell.
+  virtual std::string peer_state(int r) const = 0;
 };
 
 //! Runs the blocking send/recv of a communicator without isend/irecv, each on a thread of a blocking_call_pool
@@ -195,6 +198,10 @@ class communicator_model final : public communicator_interface {
   std::optional<size_dependent_settings> size_dependent() const override {
     if constexpr (requires { { comm_.options() } -> holds_size_dependent_settings; }) return size_dependent_of(comm_.options());
     else return std::nullopt;
+  }
+  std::string peer_state(int r) const override {
+    if constexpr (requires { { comm_.peer_state(r) } -> std::convertible_to<std::string>; }) return comm_.peer_state(r);
+    else return {};
   }
   C& get() noexcept { return comm_; }
 

@@ -21,13 +21,13 @@
 #include <vector>
 
 #include "shardkit/comm/detail/fault_reports.hpp"
+#include "shardkit/comm/detail/p2p_deadline.hpp"
 #include "shardkit/comm/detail/progress_engine.hpp"
 #include "shardkit/comm/detail/shared_settings.hpp"
 #include "shardkit/comm/process_group.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/core/settings.hpp"
 #include "shardkit/core/detail/unknown_settings.hpp"
-#include "shardkit/core/detail/timer.hpp"
 
 namespace shardkit::comm {
 
@@ -37,6 +37,7 @@ SHARDKIT_DECL group_options group_options::from_env() {
   if (auto v = settings::get<std::chrono::milliseconds>("SHARDKIT_TIMEOUT_MS")) o.timeout = *v;
   if (auto v = settings::get<settings::choice>("SHARDKIT_DEBUG")) o.check_consistency = *v == "detail";
   if (auto v = settings::get<std::chrono::milliseconds>("SHARDKIT_FAULT_GRACE_MS")) o.fault_report_grace = *v;
+  if (auto v = settings::get<std::chrono::milliseconds>("SHARDKIT_STALL_LOG_MS")) o.stall_log = *v;
   // Read once into statics by noexcept code (log level, completion's spin), which can only report a bad value
   // and fall back: read them strictly here, so that creating a group throws the error instead.
   (void)settings::get<settings::choice>("SHARDKIT_LOG");
@@ -220,7 +221,7 @@ struct process_group::impl {
     completion_source done;
     const bool op_timeout = o.timeout.count() > 0;
     const auto timeout = op_timeout ? o.timeout : opts.timeout;
-    const collective_options co{deadline_after(timeout), o.algo, abort_running.get_token(), opts.name, seq};
+    const collective_options co{deadline_after(timeout), o.algo, abort_running.get_token(), opts.name, seq, opts.stall_log};
     // Ending `done` is the last thing the task does with `this`: a continuation it runs may drop the group's last
     // owner (the engine then runs what is queued behind it and lets the group go: progress_engine.hpp).
     // The issue count drops before `done` ends: a continuation that `done` runs may issue the next collective
@@ -509,15 +510,23 @@ SHARDKIT_DECL work process_group::with_deadline(completion op, const char* name,
   if (timeout.count() <= 0) timeout = s.opts.timeout;
   error_context ctx = s.context(name);
   ctx.peer = peer;
-  const std::string what = std::string(name) + " with tag " + std::to_string(tag) + " did not complete within " +
-                           std::to_string(timeout.count()) + " ms: peer rank " + std::to_string(peer) +
-                           " did not post the matching " + (std::string_view(name) == "send" ? "recv" : "send");
+  const bool sending = std::string_view(name) == "send";
+  const char* matching = sending ? "recv" : "send";
+  const std::string tagged = " with tag " + std::to_string(tag);
+  const std::string what = name + tagged + " did not complete within " + std::to_string(timeout.count()) +
+                           " ms: peer rank " + std::to_string(peer) + " did not post the matching " + matching;
   const auto timeout_error = std::make_exception_ptr(error(errc::timeout, what, ctx));
   completion_source result;
   auto timed_out = std::make_shared<std::atomic<bool>>(false);
-  auto& timers = shardkit::detail::timer_service::instance();
   std::weak_ptr<impl> weak = impl_;
-  const auto key = timers.at(deadline_after(timeout), [op, result, timed_out, timeout_error, weak] {
+  // Until the deadline, a wait that lasts is logged as a collective's is (the stall line), naming the group's ranks.
+  detail::p2p_deadline::options watch{
+      .until = deadline_after(timeout), .stall_log = s.opts.stall_log, .me = s.comm->rank(), .peer = peer,
+      .call = name + tagged + " (" + std::to_string(bytes) + " bytes)", .group = s.opts.name,
+      .what = sending ? "sending to" : "receiving from", .peer_call = matching + tagged,
+      .describe = [weak](int r) { auto s = weak.lock(); return s ? s->comm->peer_state(r) : std::string(); },
+      .size = s.comm->size()};
+  auto timer = detail::p2p_deadline::start(std::move(watch), [op, result, timed_out, timeout_error, weak] {
     if (op.is_done()) return;  // ended in time after all: the forwarder reports its own outcome
     timed_out->store(true);
     if (op.cancel()) return;  // withdrawn: op fails now and the forwarder below reports the timeout
@@ -529,8 +538,8 @@ SHARDKIT_DECL work process_group::with_deadline(completion op, const char* name,
     }
     result.set_error(timeout_error);
   });
-  op.then([op, result, timed_out, timeout_error, key] {
-    shardkit::detail::timer_service::instance().cancel(key);
+  op.then([op, result, timed_out, timeout_error, timer] {
+    timer->end();
     if (auto e = op.exception()) result.set_error(timed_out->load() ? timeout_error : e);
     else result.set_done(op.bytes());
   });
