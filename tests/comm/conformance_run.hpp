@@ -59,7 +59,7 @@ struct conformance_options {
   //! on every backend.)
   bool cross_rank_failure_cases = true;
   //! The backend checks calls by default (p2p_communicator's call check): the mismatch cases of
-  //! conformance_call_check run, each failing within a quarter of mismatch_timeout.
+  //! conformance_call_check run, each failing with errc::mismatch before mismatch_timeout.
   bool call_check = false;
   std::chrono::milliseconds mismatch_timeout{4000};
   //! The backend's own cases, run after the shared ones and before the failure cases; they record through
