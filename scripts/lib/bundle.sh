@@ -58,3 +58,24 @@ shardkit_bundle_write() {
   [ "$bytes" -le $((60 * 1048576)) ] ||
     { echo "   $out is $((bytes / 1048576)) MiB, over 60 MiB: the device machine takes 64 MiB in all" >&2; return 1; }
 }
+
+# Where a GPU host keeps what a bundle never carries: NCCL (unless packed with --with-nccl) and cuBLAS (over 500 MB
+# with cublasLt; the trainer's --device cuda opens it at run time): the CUDA install, the distribution's libraries,
+# or pip's nvidia-* wheels. Sets shardkit_gpu_ld (the bundle's lib dir $1 first, then those folders; ':'-joined) and
+# shardkit_gpu_cublas (the folder cuBLAS was found in, or empty).
+shardkit_gpu_host_libs() {
+  local d ld=$1
+  shardkit_gpu_cublas=""
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu /usr/local/nccl/lib; do
+    [ -e "$d/libnccl.so.2" ] && ld="$ld:$d"
+  done
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu; do
+    [ -z "$shardkit_gpu_cublas" ] && compgen -G "$d/libcublas.so.[0-9]*" >/dev/null && { shardkit_gpu_cublas=$d; ld="$ld:$d"; }
+  done
+  for d in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+    [ -e "$d/nvidia/nccl/lib/libnccl.so.2" ] && ld="$ld:$d/nvidia/nccl/lib"
+    [ -z "$shardkit_gpu_cublas" ] && compgen -G "$d/nvidia/cublas/lib/libcublas.so.[0-9]*" >/dev/null &&
+      { shardkit_gpu_cublas=$d/nvidia/cublas/lib; ld="$ld:$shardkit_gpu_cublas"; }
+  done
+  shardkit_gpu_ld=${ld#:}
+}
