@@ -282,7 +282,9 @@ inline flags parse(int argc, char** argv) {
     else if (a == "--die-rank") f.die_rank = int(number(a, v, std::numeric_limits<int>::max(), -1)), f.die_rank_given = true;  // -1: every rank
     else if (a == "--trace") f.trace = non_empty(a, v, "a file name prefix");
     else if (a == "--device") {
-      if (v != "cpu" && v != "cuda") usage("--device wants cpu or cuda, got '" + std::string(v) + "'");
+      if (v != "cpu" && v != "cuda")
+        usage("--device wants cpu or cuda, got '" + std::string(v) + "': with cuda each rank computes on cuda:(LOCAL_RANK mod the "
+              "GPUs it sees), and CUDA_VISIBLE_DEVICES picks those GPUs (e.g. CUDA_VISIBLE_DEVICES=1 for the second alone)");
       f.cuda = v == "cuda";
     }
     else if (a == "--plan-units") f.plan_units = v, f.plan_units_given = true;

@@ -36,6 +36,11 @@ void after_random_delay(std::function<void()> job);
 //! pushes are NCCL's, not the program's.
 bool on_model_thread() noexcept;
 
+//! The calling thread's current device (cudaSetDevice's) and a device's PCI bus number: the physical device's
+//! (CUDA_VISIBLE_DEVICES maps ordinals to them), so two ordinals of one device compare equal; -1 for none.
+int current_device() noexcept;
+long bus_id(int ordinal);
+
 //! One rank's arguments to a collective.
 struct coll_arg {
   const void* send;

@@ -24,6 +24,10 @@
 //    finished on their streams. ncclCommDestroy before then aborts the model (NCCL forbids it).
 //  - Any call on a communicator still in ncclInProgress is refused with ncclInvalidArgument and a line on stderr,
 //    as NCCL's ncclCommEnsureReady does; a communicator in an error state answers with that error.
+//  - ncclCommInitRankConfig refuses what NCCL refuses: two ranks of one communicator on one device (the physical
+//    device, after CUDA_VISIBLE_DEVICES) fail their init job with ncclInvalidUsage and ncclGetLastError's
+//    "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device <bus>"; a unique id made by another process
+//    fails at once (the model's NCCL spans the threads of one process; it would wait forever otherwise).
 // shardkit_model_fail_next_split() (model_hooks.hpp) makes the calling thread's next split fail in its background
 // job, as a bootstrap failure would: the parent's state and the child's turn ncclInternalError.
 // A CUDA or NCCL call the backend starts to use must be modelled here too (the test does not link otherwise).
@@ -42,6 +46,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+
+#include <unistd.h>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -86,6 +92,7 @@ struct model_comm : std::enable_shared_from_this<model_comm> {
   std::mutex wm;  // guards w (set when a split completes), the split and the launches in flight, finalize_called
   std::shared_ptr<world> w;
   int rank = 0;
+  long bus = -1;  // the PCI bus number of its device (the thread's current one at ncclCommInitRankConfig)
   std::atomic<bool> aborted{false};
   std::atomic<int> state{ncclInProgress};
   std::atomic<int> unfinished{0};  // stream tasks called for and not yet ended (finalize waits for them)
@@ -145,6 +152,15 @@ std::map<std::string, std::shared_ptr<world>> registry;
 std::atomic<int> id_counter{0};
 
 thread_local bool fail_next_split = false;
+
+// ncclGetLastError's text: NCCL keeps one for the process, which the last failure anywhere overwrites (so a rank
+// may read a peer's failure), and so does the model.
+std::mutex last_error_mutex;
+std::string last_error = "";
+void set_last_error(std::string text) {
+  std::lock_guard l(last_error_mutex);
+  last_error = std::move(text);
+}
 
 // ncclInProgress -> ncclSuccess, unless the communicator failed or was aborted meanwhile.
 void settle_success(model_comm& c) {
@@ -378,16 +394,30 @@ const char* ncclGetErrorString(ncclResult_t r) {
     default: return "model nccl error";
   }
 }
-const char* ncclGetLastError(ncclComm_t) { return "model last error"; }
+const char* ncclGetLastError(ncclComm_t) {
+  thread_local std::string copy;
+  std::lock_guard l(last_error_mutex);
+  copy = last_error;
+  return copy.c_str();
+}
 ncclResult_t ncclGetVersion(int* v) { *v = NCCL_VERSION_CODE; return ncclSuccess; }
+// The id names the process that made it: the model's NCCL spans the threads of one process only.
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   std::memset(id, 0, sizeof *id);
-  std::snprintf(id->internal, sizeof id->internal, "model-%d", id_counter.fetch_add(1));
+  std::snprintf(id->internal, sizeof id->internal, "model-%ld-%d", long(::getpid()), id_counter.fetch_add(1));
   return ncclSuccess;
 }
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id, int rank, ncclConfig_t* config) {
   if (!out || nranks < 1 || rank < 0 || rank >= nranks || !nonblocking_or_complain(config, "ncclCommInitRankConfig"))
     return ncclInvalidArgument;
+  // Ranks as processes would wait for each other forever here (each process has its own model): refuse at once.
+  if (long maker = 0; std::sscanf(id.internal, "model-%ld-", &maker) == 1 && maker != long(::getpid())) {
+    set_last_error("the model's NCCL spans threads of one process: this ncclUniqueId comes from process " +
+                   std::to_string(maker) + ", this is process " + std::to_string(::getpid()) +
+                   " (ranks as processes need real GPUs; with the model run ranks as threads, e.g. --threads N)");
+    std::fprintf(stderr, "cuda_nccl_model: ncclCommInitRankConfig: a unique id from another process\n");
+    return ncclInvalidUsage;
+  }
   std::shared_ptr<world> w;
   {
     std::lock_guard l(registry_mutex);
@@ -399,6 +429,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
   c->self = c;
   c->w = w;
   c->rank = rank;
+  c->bus = cuda_model::bus_id(cuda_model::current_device());
   *out = reinterpret_cast<ncclComm_t>(c.get());  // at once, in ncclInProgress (NCCL assigns it before its job runs)
   std::vector<std::shared_ptr<model_comm>> joined;
   {
@@ -414,7 +445,21 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
       std::lock_guard l(registry_mutex);
       if (auto it = registry.find(id.internal); it != registry.end() && it->second == w) registry.erase(it);
     }
-    for (auto& m : joined) after_random_delay([m] { settle_success(*m); });
+    // Two ranks on one device: NCCL's init job fails with invalid usage on every rank ("Duplicate GPU detected"),
+    // which a nonblocking communicator learns from ncclCommGetAsyncError.
+    for (auto& m : joined) {
+      std::string duplicate;
+      for (auto& o : joined)
+        if (o != m && o->bus == m->bus && duplicate.empty())
+          duplicate = "Duplicate GPU detected : rank " + std::to_string(m->rank) + " and rank " + std::to_string(o->rank) +
+                      " both on CUDA device " + std::to_string(m->bus);
+      after_random_delay([m, duplicate] {
+        if (duplicate.empty()) return settle_success(*m);
+        set_last_error(duplicate);
+        int expected = ncclInProgress;
+        m->state.compare_exchange_strong(expected, ncclInvalidUsage);
+      });
+    }
   }
   return ncclInProgress;
 }

@@ -5,7 +5,8 @@
 // is a thread running its queue in order (the legacy stream runs work inline, or with
 // SHARDKIT_MODEL_CUDA_ASYNC_LEGACY=1 on a thread of its own like the others, so that a copy on another stream that
 // does not wait for the legacy stream's kernels reads what they have not written yet); events are flags set by the
-// stream. SHARDKIT_MODEL_CUDA_DEVICES sets the device count (default 4).
+// stream. SHARDKIT_MODEL_CUDA_DEVICES sets the number of devices (default 4), of which CUDA_VISIBLE_DEVICES picks
+// the ones the process sees, as CUDA does; cudaSetDevice refuses an ordinal the process does not see.
 #include <cuda_runtime_api.h>
 
 #include <atomic>
@@ -21,6 +22,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -32,6 +34,35 @@ using cuda_model::run_on;
 namespace {
 
 thread_local int current_device = 0;
+
+// The physical devices (SHARDKIT_MODEL_CUDA_DEVICES, default 4) the process sees, by ordinal: CUDA_VISIBLE_DEVICES
+// read as CUDA reads it, a comma-separated list of indices up to its first entry that is not one of an unused
+// device ("" and "-1" see none).
+std::vector<int> visible_devices() {
+  const char* v = std::getenv("SHARDKIT_MODEL_CUDA_DEVICES");
+  const int physical = v ? std::atoi(v) : 4;
+  std::vector<int> seen;
+  const char* list = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (!list) {
+    for (int i = 0; i < physical; ++i) seen.push_back(i);
+    return seen;
+  }
+  const std::string all = list;
+  for (std::size_t from = 0; from <= all.size();) {
+    std::size_t to = all.find(',', from);
+    if (to == std::string::npos) to = all.size();
+    const std::string entry = all.substr(from, to - from);
+    char* end = nullptr;
+    const long i = std::strtol(entry.c_str(), &end, 10);
+    if (entry.empty() || *end != '\0' || i < 0 || i >= physical) break;
+    bool again = false;
+    for (int s : seen) again = again || s == int(i);
+    if (again) break;
+    seen.push_back(int(i));
+    from = to + 1;
+  }
+  return seen;
+}
 
 struct model_stream {
   std::mutex m;
@@ -219,6 +250,11 @@ class background_thread {
 
 void after_random_delay(std::function<void()> job) { background_thread::instance().after_random_delay(std::move(job)); }
 bool on_model_thread() noexcept { return model_thread; }
+int current_device() noexcept { return ::current_device; }
+long bus_id(int ordinal) {
+  const auto seen = visible_devices();
+  return ordinal >= 0 && ordinal < int(seen.size()) ? 0x18 + 0x10 * long(seen[std::size_t(ordinal)]) : -1;
+}
 
 }  // namespace cuda_model
 
@@ -327,14 +363,38 @@ void shardkit_model_cuda_call_counts(long* out) {
 const char* shardkit_cuda_model() { return "host-memory model of CUDA and NCCL (tests/nccl/cuda_nccl_model.cpp)"; }
 
 cudaError_t cudaGetDeviceCount(int* count) {
-  const char* v = std::getenv("SHARDKIT_MODEL_CUDA_DEVICES");
-  *count = v ? std::atoi(v) : 4;
-  return cudaSuccess;
+  *count = int(visible_devices().size());
+  return *count ? cudaSuccess : cudaErrorNoDevice;
 }
 cudaError_t cudaGetDevice(int* d) { *d = current_device; return cudaSuccess; }
-cudaError_t cudaSetDevice(int d) { current_device = d; return cudaSuccess; }
-const char* cudaGetErrorName(cudaError_t) { return "cudaErrorModel"; }
-const char* cudaGetErrorString(cudaError_t) { return "model error"; }
+cudaError_t cudaSetDevice(int d) {
+  const auto n = int(visible_devices().size());
+  if (n == 0) return cudaErrorNoDevice;
+  if (d < 0 || d >= n) return cudaErrorInvalidDevice;
+  current_device = d;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int d) {
+  const auto n = int(visible_devices().size());
+  if (n == 0) return cudaErrorNoDevice;
+  if (d < 0 || d >= n) return cudaErrorInvalidDevice;
+  std::snprintf(id, std::size_t(len), "00000000:%02X:00.0", unsigned(cuda_model::bus_id(d)));
+  return cudaSuccess;
+}
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    default: return "cudaErrorModel";
+  }
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    default: return "model error";
+  }
+}
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
   ++calls.streams_created;
   auto* fs = new model_stream;

@@ -127,6 +127,14 @@ TEST_CASE("[cuda-staged] models the communicator concept; takes host buffers and
   const buffer_view elsewhere(a.view().data(), 10, dtype::f32, device::cuda(1));
   CHECK_THROWS_WITH_AS(c.all_reduce(elsewhere, elsewhere, reduce_op::sum, {}),
                        doctest::Contains("given to a communicator staging cuda:0"), error);
+  // A device this process lacks: at once, with how many it has and how a rank's device is chosen.
+  const int missing = cuda::device_count();
+  CHECK_THROWS_WITH_AS(staged_loopback(comm::p2p_communicator<transport::loopback_transport>(world[0]), {.device = missing}),
+                       doctest::Contains(("cuda:" + std::to_string(missing) + " is not a CUDA device of this process: it sees " +
+                                          std::to_string(missing) + " device").c_str()),
+                       error);
+  CHECK_THROWS_WITH_AS(staged_loopback(comm::p2p_communicator<transport::loopback_transport>(world[0]), {.device = missing}),
+                       doctest::Contains("shardkit's tools put a rank on cuda:(LOCAL_RANK mod the GPUs it sees)"), error);
   CHECK_THROWS_WITH_AS(staged_loopback(comm::p2p_communicator<transport::loopback_transport>(world[0]), {.chunk_bytes = 0}),
                        doctest::Contains("chunk_bytes"), error);
   c.all_reduce(a.view(), a.view(), reduce_op::sum, {});  // one rank: the values come back unchanged

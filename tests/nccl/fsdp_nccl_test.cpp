@@ -160,6 +160,10 @@ TEST_CASE("[fsdp][nccl] cuda_gather_device: allocations on its device, stager co
   SHARDKIT_CUDA_CHECK(cudaSetDevice(0), sk::error_context{});
   const fsdp::any_gather_device gd = cuda_gather_device({.device = dev});
   CHECK(gd.location() == device::cuda(dev));
+  // A device this process lacks: at once, saying how many it has and how a rank's device is chosen.
+  const std::string lacks =
+      "cuda:" + std::to_string(dev + 1) + " is not a CUDA device of this process: it sees " + std::to_string(dev + 1) + " device";
+  CHECK_THROWS_WITH_AS(static_cast<void>(cuda_gather_device({.device = dev + 1})), doctest::Contains(lacks.c_str()), sk::error);
   CHECK_FALSE(gd.on_host());
   fsdp::gather_memory mem = gd.allocate(4096);
   CHECK(mem.location() == device::cuda(dev));

@@ -126,8 +126,9 @@ TEST_CASE("[nccl] creation checks its arguments, and fails cleanly where there i
       (void)nccl_communicator::create(store, 0, 1);
       FAIL("created a communicator without a device");
     } catch (const error& e) {
-      CHECK(e.code() == errc::backend);
+      CHECK(e.code() == errc::config);
       CHECK(std::string(e.what()).find("nccl.create") != std::string::npos);
+      CHECK(std::string(e.what()).find("cuda:0 is not a CUDA device of this process: it sees none") != std::string::npos);
     }
   }
   ::setenv("LOCAL_RANK", "3", 1);
@@ -135,6 +136,155 @@ TEST_CASE("[nccl] creation checks its arguments, and fails cleanly where there i
   ::setenv("LOCAL_RANK", "x", 1);
   CHECK_THROWS_AS(nccl_options::from_env(), error);
   ::unsetenv("LOCAL_RANK");
+}
+
+namespace {
+// Every rank of a `devices.size()`-rank world on devices[r], as threads: each rank's error (empty: created).
+std::vector<std::string> create_on(const std::vector<int>& devices) {
+  auto store = rendezvous::make_store<rendezvous::memory_store>();
+  const int n = int(devices.size());
+  std::vector<std::string> errors(devices.size());
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        auto c = nccl_communicator::create(store, r, n, test_nccl_options(devices[std::size_t(r)]));
+      } catch (const error& e) {
+        errors[std::size_t(r)] = std::string(e.code() == errc::config ? "config: " : "other: ") + e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return errors;
+}
+}  // namespace
+
+// NCCL takes one rank per GPU. A rank whose ordinal does not exist failed alone (cudaSetDevice: invalid device
+// ordinal) while its peers waited in NCCL's init until init_timeout; two ranks on one GPU got NCCL's "Duplicate GPU
+// detected" on one rank and "ncclAsyncJobComplete: job ... failed" on the other (both seen on an H200). Now every
+// rank fails at once (errc::config; a wait would end in errc::timeout after 120 s) saying which rank and GPU, and
+// what to do.
+TEST_CASE("[nccl] a rank without a GPU of its own fails every rank at once, saying why and what to do") {
+  std::string reason;
+  if (!backends::nccl_device_available(&reason)) {
+    MESSAGE("[nccl] skipped: " << reason);
+    return;
+  }
+  const int n = backends::cuda_device_count();
+  ::setenv("LOCAL_RANK", std::to_string(n).c_str(), 1);
+  const auto missing = create_on({0, n});
+  ::unsetenv("LOCAL_RANK");
+  const std::string advice = "NCCL takes one rank per GPU";
+  const std::string staged = "--transport shm --device cuda, backends::cuda_staging";
+  CAPTURE(missing[0]);
+  CAPTURE(missing[1]);
+  CHECK(missing[1].starts_with("config: "));
+  CHECK(missing[1].find("[rank 1] nccl.create") != std::string::npos);
+  CHECK(missing[1].find("cuda:" + std::to_string(n) + " is not a CUDA device of this process: it sees " +
+                        (n == 1 ? std::string("1 device (cuda:0)") : std::to_string(n) + " devices")) != std::string::npos);
+  CHECK(missing[1].find("LOCAL_RANK='" + std::to_string(n) + "'") != std::string::npos);
+  CHECK(missing[1].find(advice) != std::string::npos);
+  CHECK(missing[1].find(staged) != std::string::npos);
+  CHECK(missing[0].starts_with("config: "));
+  CHECK(missing[0].find("[rank 0] nccl.create") != std::string::npos);
+  CHECK(missing[0].find("rank 1 has no GPU for NCCL: cuda:" + std::to_string(n) + " is not a CUDA device") != std::string::npos);
+  CHECK(missing[0].find(staged) != std::string::npos);
+
+  const auto shared = create_on({0, 0, n > 1 ? 1 : 0});
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CAPTURE(shared[std::size_t(r)]);
+    CHECK(shared[std::size_t(r)].starts_with("config: "));
+    CHECK(shared[std::size_t(r)].find("[rank " + std::to_string(r) + "] nccl.create") != std::string::npos);
+    CHECK(shared[std::size_t(r)].find("ranks 0 and 1 both use the GPU at PCI bus ") != std::string::npos);
+    CHECK(shared[std::size_t(r)].find("(rank 0 as cuda:0, rank 1 as cuda:0); " + advice) != std::string::npos);
+    CHECK(shared[std::size_t(r)].find(staged) != std::string::npos);
+  }
+}
+
+// What shardkit checks above, NCCL refuses itself, and the model must as well (a check the model lacked passed
+// there and failed only on a GPU): the CUDA ordinal past the device count, and two ranks of one communicator on one
+// device, which a nonblocking communicator learns from ncclCommGetAsyncError as invalid usage.
+TEST_CASE("[nccl] NCCL and CUDA themselves refuse a missing ordinal and two ranks on one GPU") {
+  std::string reason;
+  if (!backends::nccl_device_available(&reason)) {
+    MESSAGE("[nccl] skipped: " << reason);
+    return;
+  }
+  int before = -1;
+  REQUIRE(cudaGetDevice(&before) == cudaSuccess);
+  CHECK(cudaSetDevice(backends::cuda_device_count()) == cudaErrorInvalidDevice);
+  (void)cudaGetLastError();
+  int now = -1;
+  CHECK((cudaGetDevice(&now) == cudaSuccess && now == before));
+
+  ncclUniqueId id{};
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  std::vector<ncclResult_t> states(2, ncclSuccess);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      if (cudaSetDevice(0) != cudaSuccess) return;  // states[r] stays ncclSuccess: the check below fails
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      ncclComm_t comm = nullptr;
+      ncclResult_t st = ncclCommInitRankConfig(&comm, 2, id, r, &config);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (comm && st == ncclInProgress && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (ncclCommGetAsyncError(comm, &st) != ncclSuccess) st = ncclInternalError;
+      }
+      states[std::size_t(r)] = st;
+      if (comm) (void)ncclCommAbort(comm);
+    });
+  for (auto& t : ts) t.join();
+  CHECK(states[0] == ncclInvalidUsage);
+  CHECK(states[1] == ncclInvalidUsage);
+  // NCCL keeps one last-error text per process, which the later of the two failures overwrites (on an H200 it read
+  // "ncclAsyncJobComplete: job ... failed" then); the model's is NCCL's first.
+  if (shardkit_cuda_model) CHECK(std::string(ncclGetLastError(nullptr)).starts_with("Duplicate GPU detected : rank "));
+}
+
+// The model only (CUDA reads CUDA_VISIBLE_DEVICES once, at its initialisation): its devices are the ones
+// CUDA_VISIBLE_DEVICES lists, up to its first entry that is not one, as CUDA reads it; "" and -1 list none.
+TEST_CASE("[nccl] the model's devices follow CUDA_VISIBLE_DEVICES") {
+  if (!shardkit_cuda_model) return;
+  const char* given = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::optional<std::string> original = given ? std::optional<std::string>(given) : std::nullopt;
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
+  const auto bus = [](int d) {
+    char id[32] = {};
+    return cudaDeviceGetPCIBusId(id, int(sizeof id), d) == cudaSuccess ? std::string(id) : std::string("none");
+  };
+  const int all = backends::cuda_device_count();
+  if (all < 2) return;  // gpu-check's dry run: one model device
+  const std::string second = bus(1);
+  CHECK(second != bus(0));
+  CHECK(bus(all) == "none");
+  const auto seen = [&](const char* list) {
+    ::setenv("CUDA_VISIBLE_DEVICES", list, 1);
+    int n = -1;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    CHECK((e == cudaSuccess) == (n > 0));
+    return n;
+  };
+  CHECK(seen("1") == 1);
+  CHECK(bus(0) == second);
+  CHECK(cudaSetDevice(1) == cudaErrorInvalidDevice);
+  CHECK(seen("1,0") == 2);
+  CHECK(seen("0,99,1") == 1);
+  CHECK(seen("0,0") == 1);
+  CHECK(seen("99") == 0);
+  CHECK(seen("-1") == 0);
+  CHECK(seen("") == 0);
+  CHECK(cudaSetDevice(0) == cudaErrorNoDevice);
+  auto store = rendezvous::make_store<rendezvous::memory_store>();
+  CHECK_THROWS_WITH_AS(nccl_communicator::create(store, 0, 1),
+                       doctest::Contains("cuda:0 is not a CUDA device of this process: it sees none (cudaGetDeviceCount: "
+                                         "cudaErrorNoDevice (no CUDA-capable device is detected)), CUDA_VISIBLE_DEVICES=''"),
+                       error);
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
+  CHECK(backends::cuda_device_count() == all);
+  if (original) ::setenv("CUDA_VISIBLE_DEVICES", original->c_str(), 1);
 }
 
 TEST_CASE("[nccl] device suite") {

@@ -15,6 +15,13 @@ trap 'rm -rf "$work"' EXIT
 export OPENBLAS_NUM_THREADS=1
 fail() { echo "FAIL: $*"; exit 1; }
 
+# A device given as an ordinal: one line saying how a rank's GPU is chosen and that CUDA_VISIBLE_DEVICES picks them.
+for bad in cuda:1 gpu; do
+  "$trainer" --device "$bad" --steps 1 >"$work/bad.out" 2>"$work/bad.err" && fail "--device $bad accepted"
+  grep -q "cuda:(LOCAL_RANK mod the GPUs it sees), and CUDA_VISIBLE_DEVICES picks" "$work/bad.err" ||
+    { cat "$work/bad.err"; fail "--device $bad does not say how a rank's GPU is chosen"; }
+done
+
 # No GPU: one line, at once, exit 1; under the launcher too (no rank left waiting for the others).
 t0=$(date +%s%N)
 "$trainer" --device cuda --steps 1 --batch 2 --context 8 --width 16 --blocks 1 >"$work/probe.out" 2>"$work/probe.err"

@@ -202,6 +202,7 @@ class cuda_staged_communicator {
     if (!host_.supports(device::host()))
       throw error(errc::invalid_argument, "the communicator to stage through does not take host buffers", ctx);
     if (opts_.chunk_bytes == 0) throw error(errc::invalid_argument, "chunk_bytes must be at least 1", ctx);
+    cuda::require_device(opts_.device, ctx);
     cuda::device_guard guard(opts_.device, ctx);
     lane_ = std::make_unique<detail::staging_lane>(opts_.device, ctx);
     p2p_lanes_ = std::make_shared<detail::staging_lane_pool>(opts_.device);

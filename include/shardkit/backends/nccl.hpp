@@ -9,8 +9,10 @@
 //! @endcode
 //!
 //! What to know:
-//! - **One rank per GPU.** NCCL refuses two ranks of one communicator on the same device. supports(d) is true only
-//!   for device::cuda(options.device).
+//! - **One rank per GPU.** NCCL refuses two ranks of one communicator on the same device. create() checks it
+//!   first, through the store (detail/devices.hpp): a rank whose device does not exist, or two ranks on one GPU,
+//!   fail every rank at once with errc::config saying which and what to do. supports(d) is true only for
+//!   device::cuda(options.device).
 //! - **Blocking with a deadline.** Each collective is enqueued on the communicator's own stream, an event is
 //!   recorded behind it, and the calling thread (a process_group's progress thread) polls that event and
 //!   ncclCommGetAsyncError until it completes, NCCL reports an error (errc::backend with NCCL's last-error text) or
@@ -38,7 +40,8 @@
 //!   process_group's check_consistency fingerprints) copies a few host bytes into a small device buffer of the
 //!   communicator's, runs ncclAllGather on the stream like any collective, and copies the result back. It does
 //!   not wait for options.order_after: it reads nothing the caller's GPU work produces.
-//! - **Store keys.** create() publishes rank 0's ncclUniqueId under "<store_prefix>/unique_id" and point-to-point
+//! - **Store keys.** create() gathers the ranks' devices under "<store_prefix>/devices/", publishes rank 0's
+//!   ncclUniqueId under "<store_prefix>/unique_id" and point-to-point
 //!   links under "<store_prefix>[/split<n>/<color>]/p2p/<from>-<to>": give each world its own prefix.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -57,6 +60,7 @@
 #include <vector>
 
 #include "shardkit/backends/nccl/detail/comm_handle.hpp"
+#include "shardkit/backends/nccl/detail/devices.hpp"
 #include "shardkit/backends/nccl/detail/errors.hpp"
 #include "shardkit/backends/nccl/detail/p2p_channels.hpp"
 #include "shardkit/comm/communicator.hpp"
@@ -120,22 +124,19 @@ class nccl_communicator {
       throw error(errc::invalid_argument, "rank " + std::to_string(rank) + " is not within a world of " + std::to_string(size), ctx);
     if (!store) throw error(errc::invalid_argument, "create needs a store to exchange NCCL's unique id", ctx);
     const detail::nccl::wait_control w{deadline_after(opts.init_timeout), nullptr, opts.busy_poll};
-    cuda::device_guard guard(opts.device, ctx);
     const std::string prefix = opts.store_prefix;
+    rendezvous::prefix_store keys(store, prefix);
+    detail::nccl::agree_on_devices(keys, rank, size, opts.device, w.until, ctx);  // each rank its own GPU, or all fail
+    cuda::device_guard guard(opts.device, ctx);
     auto s = std::make_shared<state>(std::move(opts), store, prefix, ctx);
     s->rank = rank;
     s->size = size;
-    rendezvous::prefix_store keys(store, prefix);
     ncclUniqueId id{};
     if (rank == 0) {
       SHARDKIT_NCCL_CHECK(ncclGetUniqueId(&id), ctx, nullptr);
       keys.set("unique_id", std::string(id.internal, sizeof id.internal));
     } else {
-      auto left = std::chrono::milliseconds(0);  // 0: the store waits forever
-      if (w.until != no_deadline)
-        left = std::max(std::chrono::milliseconds(1),
-                        std::chrono::duration_cast<std::chrono::milliseconds>(w.until - steady_clock::now()));
-      const std::string bytes = keys.get("unique_id", left);
+      const std::string bytes = keys.get("unique_id", detail::nccl::store_timeout(w.until));
       if (bytes.size() != sizeof id.internal)
         throw error(errc::protocol, "the store holds " + std::to_string(bytes.size()) + " bytes under '" + keys.prefix() +
                                         "unique_id' where an ncclUniqueId of " + std::to_string(sizeof id.internal) + " was expected",

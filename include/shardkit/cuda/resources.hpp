@@ -8,7 +8,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "shardkit/core/log.hpp"
@@ -38,12 +40,45 @@ inline bool device_available(std::string* reason = nullptr) {
   return true;
 }
 
+//! How a rank's GPU is chosen, for the errors of require_device.
+inline constexpr std::string_view device_choice_hint =
+    "shardkit's tools put a rank on cuda:(LOCAL_RANK mod the GPUs it sees); CUDA_VISIBLE_DEVICES picks which GPUs "
+    "a process sees";
+
+//! Returns when `device` is an ordinal this process can use (0 <= device < cudaGetDeviceCount); otherwise throws
+//! errc::config naming the device, how many this process sees (and CUDA_VISIBLE_DEVICES, LOCAL_RANK where set),
+//! then `advice` (what to do; device_choice_hint when empty). The one check of a device index taken from the
+//! caller: nccl_communicator::create, cuda_staged_communicator and device_guard (which calls it only when
+//! cudaSetDevice fails, so that every other user of a device, e.g. fsdp::cuda_gather_device, reports the same).
+inline void require_device(int device, const error_context& ctx, std::string_view advice = {}) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess && device >= 0 && device < n) return;
+  (void)cudaGetLastError();
+  std::string what = "cuda:" + std::to_string(device) + " is not a CUDA device of this process: it sees ";
+  if (e != cudaSuccess) what += "none (cudaGetDeviceCount: " + cuda_error_text(e) + ")";
+  else if (n <= 1) what += n == 0 ? "none" : "1 device (cuda:0)";
+  else what += std::to_string(n) + " devices (cuda:0 to cuda:" + std::to_string(n - 1) + ")";
+  for (const char* var : {"CUDA_VISIBLE_DEVICES", "LOCAL_RANK"})
+    if (const char* v = std::getenv(var)) what += std::string(", ") + var + "='" + v + "'";
+  what += "; ";
+  what += advice.empty() ? device_choice_hint : advice;
+  throw error(errc::config, what, ctx);
+}
+
 //! Makes `device` current for the scope and restores the previous device after it.
 class device_guard {
  public:
   device_guard(int device, const error_context& ctx) {
-    SHARDKIT_CUDA_CHECK(cudaGetDevice(&previous_), ctx);
-    if (previous_ != device) SHARDKIT_CUDA_CHECK(cudaSetDevice(device), ctx);
+    if (const cudaError_t e = cudaGetDevice(&previous_); e != cudaSuccess) {
+      require_device(device, ctx);  // no device at all: say so as below
+      throw_cuda(e, "cudaGetDevice", ctx);
+    }
+    if (previous_ == device) return;
+    if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+      require_device(device, ctx);  // an ordinal this process lacks: say which it has
+      throw_cuda(e, "cudaSetDevice", ctx);
+    }
   }
   //! For release paths: failures are ignored (the following CUDA call reports them if they matter).
   struct quiet_t {

@@ -137,7 +137,10 @@ class cuda_gather_device {
     cuda::pinned_host_memory staging_;
   };
 
-  explicit cuda_gather_device(cuda_gather_options options = {}) : opts_(options) {}
+  //! Throws errc::config where options.device is not a device of this process (cuda::require_device).
+  explicit cuda_gather_device(cuda_gather_options options = {}) : opts_(options) {
+    cuda::require_device(opts_.device, {.operation = "cuda_gather_device"});
+  }
 
   device location() const noexcept { return device::cuda(opts_.device); }
   //! cudaMalloc on options.device, whatever device the calling thread has current.
