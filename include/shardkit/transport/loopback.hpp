@@ -9,13 +9,10 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
-#include <tuple>
 #include <vector>
 
 #include "shardkit/core/completion.hpp"
@@ -44,27 +41,46 @@ struct byte_pieces {
 }  // namespace detail
 
 //! The shared mailbox of one in-process world. Create with loopback_transport::create_world(n).
+//!
+//! Unmatched sends and recvs wait in one list per (destination, source) pair, in the order they were posted; a
+//! match is the first entry of the pair's list with the tag, which is exactly the p2p ordering rule. A pair rarely
+//! holds more than a few entries (a collective's messages in flight and the call check's standing control recv,
+//! comm/algorithms/call_check.hpp), so a scan beats a search tree keyed by tag: the lists keep their capacity, a
+//! message allocates nothing, and a standing recv costs the scan one comparison. (With a std::map keyed by
+//! (destination, source, tag), each unmatched message allocated a node and a deque, and the call check's standing
+//! recvs deepened every search: docs/benchmarks.md, "the call check's 8-byte path in instructions".)
 class loopback_hub {
   friend class loopback_transport;
 
   struct pending_send {
+    message_tag tag;
     detail::byte_pieces<const std::byte> bytes;
     completion_source done;
   };
   struct pending_recv {
+    message_tag tag;
     detail::byte_pieces<std::byte> bytes;
     completion_source done;
   };
-  // (destination, source, tag): FIFO per key is exactly the p2p ordering rule.
-  using key = std::tuple<int, int, message_tag>;
 
-  explicit loopback_hub(int size) : size_(size), closed_(std::size_t(size), false) {}
+  explicit loopback_hub(int size)
+      : size_(size), closed_(std::size_t(size), false), sends_(std::size_t(size) * std::size_t(size)),
+        recvs_(sends_.size()) {}
+
+  std::size_t pair(int destination, int source) const noexcept {
+    return std::size_t(destination) * std::size_t(size_) + std::size_t(source);
+  }
+  //! The first entry of `list` with `tag` (list.end(): none).
+  template <class Pending>
+  static auto first_with(std::vector<Pending>& list, message_tag tag) noexcept {
+    return std::find_if(list.begin(), list.end(), [tag](const Pending& p) { return p.tag == tag; });
+  }
 
   std::mutex mutex_;
   int size_;
   std::vector<bool> closed_;
-  std::map<key, std::deque<pending_send>> sends_;
-  std::map<key, std::deque<pending_recv>> recvs_;
+  std::vector<std::vector<pending_send>> sends_;  // by pair(destination, source)
+  std::vector<std::vector<pending_recv>> recvs_;
 };
 
 class loopback_transport {
@@ -127,15 +143,16 @@ class loopback_transport {
     {
       std::lock_guard lock(hub_->mutex_);
       if (hub_->closed_[std::size_t(peer)]) return lost(peer, "send");
-      auto it = hub_->recvs_.find({peer, rank_, tag});
-      if (it == hub_->recvs_.end() || it->second.empty()) {
-        hub_->sends_[{peer, rank_, tag}].push_back({bytes, done});
-        done.on_cancel(withdraw(hub_->sends_, {peer, rank_, tag}, done, peer, "send"));
+      const std::size_t at = hub_->pair(peer, rank_);
+      auto& recvs = hub_->recvs_[at];
+      const auto it = loopback_hub::first_with(recvs, tag);
+      if (it == recvs.end()) {
+        hub_->sends_[at].push_back({tag, bytes, done});
+        done.on_cancel(withdraw(&loopback_hub::sends_, at, done, peer, "send"));
         return done;
       }
-      match = std::move(it->second.front());
-      it->second.pop_front();
-      if (it->second.empty()) hub_->recvs_.erase(it);
+      match = std::move(*it);
+      recvs.erase(it);
     }
     deliver(bytes, done, match, peer);
     return done;
@@ -147,18 +164,19 @@ class loopback_transport {
     loopback_hub::pending_send match;
     {
       std::lock_guard lock(hub_->mutex_);
-      auto it = hub_->sends_.find({rank_, peer, tag});
-      if (it == hub_->sends_.end() || it->second.empty()) {
+      const std::size_t at = hub_->pair(rank_, peer);
+      auto& sends = hub_->sends_[at];
+      const auto it = loopback_hub::first_with(sends, tag);
+      if (it == sends.end()) {
         if (hub_->closed_[std::size_t(peer)]) return lost(peer, "recv");
-        hub_->recvs_[{rank_, peer, tag}].push_back({bytes, done});
-        done.on_cancel(withdraw(hub_->recvs_, {rank_, peer, tag}, done, peer, "recv"));
+        hub_->recvs_[at].push_back({tag, bytes, done});
+        done.on_cancel(withdraw(&loopback_hub::recvs_, at, done, peer, "recv"));
         return done;
       }
-      match = std::move(it->second.front());
-      it->second.pop_front();
-      if (it->second.empty()) hub_->sends_.erase(it);
+      match = std::move(*it);
+      sends.erase(it);
     }
-    deliver(match.bytes, match.done, {bytes, done}, peer);
+    deliver(match.bytes, match.done, {tag, bytes, done}, peer);
     return done;
   }
 
@@ -169,22 +187,20 @@ class loopback_transport {
                   {.rank = rank_, .peer = peer, .operation = std::string("loopback.") + op});
   }
 
-  //! The cancel hook of an unmatched send or recv: takes it out of its queue (false once it was matched).
-  template <class Queues>
-  std::function<bool()> withdraw(Queues& queues, loopback_hub::key k, completion_source done, int peer, const char* op) const {
+  //! The cancel hook of an unmatched send or recv: takes it out of its list (false once it was matched).
+  template <class Lists>
+  std::function<bool()> withdraw(Lists loopback_hub::*lists, std::size_t at, completion_source done, int peer,
+                                 const char* op) const {
     std::weak_ptr<loopback_hub> weak = hub_;
-    return [weak, &queues, k, done, peer, op, rank = rank_] {
+    return [weak, lists, at, done, peer, op, rank = rank_] {
       auto hub = weak.lock();
       if (!hub) return false;
       {
         std::lock_guard lock(hub->mutex_);
-        auto found = queues.find(k);
-        if (found == queues.end()) return false;
-        auto& q = found->second;
-        auto pos = std::find_if(q.begin(), q.end(), [&](const auto& p) { return p.done == done; });
-        if (pos == q.end()) return false;
-        q.erase(pos);
-        if (q.empty()) queues.erase(found);
+        auto& list = ((*hub).*lists)[at];
+        auto pos = std::find_if(list.begin(), list.end(), [&](const auto& p) { return p.done == done; });
+        if (pos == list.end()) return false;
+        list.erase(pos);
       }
       done.set_error(error(errc::aborted, std::string(op) + " cancelled",
                            {.rank = rank, .peer = peer, .operation = std::string("loopback.") + op}));
@@ -237,23 +253,18 @@ class loopback_transport {
     {
       std::lock_guard lock(hub_->mutex_);
       if (!reason) hub_->closed_[std::size_t(rank_)] = true;
-      for (auto it = hub_->sends_.begin(); it != hub_->sends_.end();) {
-        const auto [dst, src, tag] = it->first;
-        // close() ends both directions; abort() only what this rank itself posted.
-        if (src == rank_ || (!reason && dst == rank_)) {
-          for (auto& p : it->second) failed.emplace_back(p.done, dst == rank_ ? src : dst);
-          it = hub_->sends_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      for (auto it = hub_->recvs_.begin(); it != hub_->recvs_.end();) {
-        const auto [dst, src, tag] = it->first;
-        if (dst == rank_ || (!reason && src == rank_)) {
-          for (auto& p : it->second) failed.emplace_back(p.done, dst == rank_ ? src : dst);
-          it = hub_->recvs_.erase(it);
-        } else {
-          ++it;
+      // close() ends both directions; abort() only what this rank itself posted.
+      for (int other = 0; other < hub_->size_; ++other) {
+        if (other == rank_) continue;
+        const auto take = [&](auto& list) {
+          for (auto& p : list) failed.emplace_back(p.done, other);
+          list.clear();
+        };
+        take(hub_->sends_[hub_->pair(other, rank_)]);  // sent by this rank
+        take(hub_->recvs_[hub_->pair(rank_, other)]);  // posted by this rank
+        if (!reason) {
+          take(hub_->sends_[hub_->pair(rank_, other)]);  // sent to it
+          take(hub_->recvs_[hub_->pair(other, rank_)]);  // posted for its messages
         }
       }
     }
