@@ -62,13 +62,14 @@ constexpr const char* usage_text =
     "them input through a file.\n"
     "\n"
     "Several hosts: run shardkit-run once on each with the same --nnodes, --master-addr (host of node 0, which\n"
-    "runs rank 0's store), --master-port and auth token; host K runs RANK = K*P .. K*P+P-1 of WORLD_SIZE = H*P.\n"
+    "runs rank 0's store), --master-port and auth token, and its own --node-rank K (required; 0 on the host of\n"
+    "--master-addr): host K runs RANK = K*P .. K*P+P-1 of WORLD_SIZE = H*P.\n"
     "The token is SHARDKIT_AUTH_TOKEN or the first line of --auth-token-file, the same on every host (required:\n"
     "a random one per host would not match); SHARDKIT_RUN_ID, if given, must be the same on every host too.\n"
     "\n"
     "  -n, --nproc, --nproc-per-node N   ranks on this host (1..1024)\n"
     "  --nnodes H             hosts in the job (default 1)\n"
-    "  --node-rank K          this host's index, 0..H-1 (default 0)\n"
+    "  --node-rank K          this host's index, 0..H-1 (required with --nnodes > 1: 0 on the host of --master-addr)\n"
     "  --master-addr ADDR     address the ranks reach rank 0's store at (required with --nnodes > 1)\n"
     "  --master-port PORT     port of rank 0's store, 1..65535 (required with --nnodes > 1)\n"
     "  --auth-token-file FILE the job's shared secret, instead of SHARDKIT_AUTH_TOKEN\n"
@@ -108,7 +109,7 @@ int parse_int(std::string_view flag, std::string_view text, int lo, int hi) {
 
 options parse_args(int argc, char** argv) {
   options o;
-  bool have_n = false, have_addr = false;
+  bool have_n = false, have_addr = false, have_node_rank = false;
   int i = 1;
   for (; i < argc; ++i) {
     std::string_view arg = argv[i];
@@ -140,6 +141,7 @@ options parse_args(int argc, char** argv) {
       o.nnodes = parse_int(flag, take_value(), 1, 65536);
     } else if (flag == "--node-rank") {
       o.node_rank = parse_int(flag, take_value(), 0, 65535);
+      have_node_rank = true;
     } else if (flag == "--auth-token-file") {
       o.auth_token_file = std::string(take_value());
     } else if (flag == "--master-addr") {
@@ -162,6 +164,13 @@ options parse_args(int argc, char** argv) {
   if (o.nnodes > 1 && (!have_addr || o.master_port == 0))
     usage_error("--nnodes " + std::to_string(o.nnodes) +
                 " needs --master-addr and --master-port: every host must find node 0's store at the same place");
+  // Without it every host would be node 0: one hosts the store and waits SHARDKIT_STORE_TIMEOUT for ranks that
+  // never come, the other is refused as a duplicate RANK, and neither names the flag.
+  if (o.nnodes > 1 && !have_node_rank)
+    usage_error("--nnodes " + std::to_string(o.nnodes) + " needs --node-rank K on each host: 0 on the host whose " +
+                "address is --master-addr (it runs the store), " +
+                (o.nnodes == 2 ? std::string("1 on the other")
+                               : "1.." + std::to_string(o.nnodes - 1) + " on the others, each its own"));
   for (; i < argc; ++i) o.command.emplace_back(argv[i]);
   if (o.command.empty()) usage_error("no program to run");
   return o;

@@ -358,14 +358,22 @@ TEST_CASE("[tools] shardkit-run rejects bad usage clearly") {
   CHECK(contains(err, "--nnodes 2 needs --master-addr and --master-port"));
   CHECK(run({"--nnodes", "2", "--node-rank", "2", "-n", "1", "true"}, nullptr, &err) == 2);
   CHECK(contains(err, "--node-rank 2 must be below --nnodes 2"));
+  // Every host left at node 0 would hang one of them for SHARDKIT_STORE_TIMEOUT: refused at once instead.
+  CHECK(run({"--nnodes", "2", "-n", "1", "--master-addr", "h", "--master-port", "29500", "true"}, nullptr, &err) == 2);
+  CHECK(contains(err, "--nnodes 2 needs --node-rank K on each host: 0 on the host whose address is --master-addr "
+                      "(it runs the store), 1 on the other"));
+  CHECK(run({"--nnodes", "3", "-n", "1", "--master-addr", "h", "--master-port", "29500", "true"}, nullptr, &err) == 2);
+  CHECK(contains(err, "1..2 on the others, each its own"));
   ::unsetenv("SHARDKIT_AUTH_TOKEN");
-  CHECK(run({"--nnodes", "2", "-n", "1", "--master-addr", "h", "--master-port", "29500", "true"}, nullptr, &err) == 1);
+  CHECK(run({"--nnodes", "2", "--node-rank", "0", "-n", "1", "--master-addr", "h", "--master-port", "29500", "true"},
+            nullptr, &err) == 1);
   CHECK(contains(err, "needs the job's shared secret: set SHARDKIT_AUTH_TOKEN or --auth-token-file"));
   std::string out;
   CHECK(run({"--help"}, &out) == 0);
   CHECK(contains(out, "usage: shardkit-run"));
   CHECK(contains(out, "Ranks get /dev/null as stdin"));
   CHECK(contains(out, "--nproc-per-node"));
+  CHECK(contains(out, "--node-rank K          this host's index, 0..H-1 (required with --nnodes > 1"));
 }
 
 TEST_CASE("[tools] shardkit-run on host K of H runs ranks K*P.. of H*P, with the shared token from a file") {
