@@ -417,6 +417,53 @@ TEST_CASE("[rendezvous] tcp_store: a rank whose store is not up says so after a 
                                "rank 0 never started its store there"));
 }
 
+// A store host that never answers (a firewall dropping MASTER_PORT, a wrong MASTER_ADDR, a host that is down): each
+// connect stays pending. The waiting lines said "connection refused" (the last attempt's kind, never updated while
+// one was pending) and the timeout "Connection timed out"; both now say that nothing answers. A listener whose accept
+// queue is full drops SYNs as such a host does, without root or a firewall.
+TEST_CASE("[rendezvous] tcp_store: a store host that never answers is said not to answer, while a connect is pending") {
+  const int l = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(l >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  REQUIRE(::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(l, 0) == 0);
+  REQUIRE(::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const int port = ntohs(a.sin_port);
+  std::vector<int> fillers;  // connect until one stays pending: the queue is full
+  bool pending = false;
+  for (int i = 0; i < 8 && !pending; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    fillers.push_back(fd);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) continue;
+    pollfd p{fd, POLLOUT, 0};
+    pending = errno == EINPROGRESS && ::poll(&p, 1, 300) == 0;
+  }
+  if (!pending) {
+    MESSAGE("skipped: a full accept queue did not leave a connect pending on this kernel");
+  } else {
+    std::string log;
+    std::string what;
+    {
+      stderr_capture capture;
+      what = expect_error([&] { rdv::tcp_store("127.0.0.1", port, {.connect_timeout = 2500ms, .timeout = 1s, .rank = 1}); }).what();
+      log = capture.text();
+    }
+    INFO(log);
+    CAPTURE(what);
+    const std::regex line("rank 1\\] waiting for the store at 127\\.0\\.0\\.1:" + std::to_string(port) +
+                          " \\(rank 0 hosts it\\): no answer from 127\\.0\\.0\\.1 \\(connects stay pending\\) for 1(\\.[0-9]+)? of 2\\.5 s "
+                          "\\(SHARDKIT_STORE_TIMEOUT\\); a firewall dropping MASTER_PORT, a wrong MASTER_ADDR, or a host that is down\\?");
+    CHECK(std::regex_search(log, line));
+    CHECK(log.find("connection refused") == std::string::npos);
+    CHECK(contains(what, "within 2.5 s (SHARDKIT_STORE_TIMEOUT): no answer from 127.0.0.1: every connect stayed pending"));
+  }
+  for (const int fd : fillers) ::close(fd);
+  ::close(l);
+}
+
 TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is refused, logged, and reads or writes nothing") {
   const std::string token = "job-secret-0123456789";
   rdv::tcp_store_server server({.bind_address = "127.0.0.1", .auth_token = token});

@@ -120,12 +120,12 @@ class store_client_connection {
     // from listening: a line at the first refused attempt would come with most healthy starts), then one every tenth
     // of the timeout (0.5-20 s), each saying what fails, for how long, and what to check.
     using std::chrono::milliseconds;
-    const auto started = steady_clock::now();
-    const milliseconds slice = s_.connect_timeout.count() > 0
-                                   ? std::clamp(std::chrono::duration_cast<milliseconds>(s_.connect_timeout) / 10,
-                                                milliseconds(500), milliseconds(20'000))
-                                   : milliseconds(20'000);
-    auto next_report = started + std::min(slice, milliseconds(1000));
+    started_ = steady_clock::now();
+    slice_ = s_.connect_timeout.count() > 0
+                 ? std::clamp(std::chrono::duration_cast<milliseconds>(s_.connect_timeout) / 10, milliseconds(500),
+                              milliseconds(20'000))
+                 : milliseconds(20'000);
+    next_report_ = started_ + std::min(slice_, milliseconds(1000));
     for (;;) {
       try {
         if (dial(dl)) return handshake(dl);
@@ -143,12 +143,7 @@ class store_client_connection {
                         log::seconds_text(s_.connect_timeout) + " (SHARDKIT_STORE_TIMEOUT): " + gave_up_because() +
                         " (last error: " + last_ + ")",
                     {.operation = "store.connect", .object = address()});
-      if (now >= next_report) {
-        next_report = now + slice;
-        log::write(log::level::warn, s_.rank.value_or(-1), "waiting for the store at ", address(), where(), ": ",
-                   failing(), " for ", log::waited_of(now - started, s_.connect_timeout), " (SHARDKIT_STORE_TIMEOUT)",
-                   question());
-      }
+      report_if_due(now);
       std::this_thread::sleep_for(std::min<steady_clock::duration>(backoff, dl - now));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
     }
@@ -175,7 +170,17 @@ class store_client_connection {
 
   // Why the last attempt to reach the store failed: nothing listens (connection refused), MASTER_ADDR does not
   // resolve, the store accepted but did not answer the hello, or another error (last_ says it).
-  enum class failure { refused, unresolved, silent, other };
+  // No answer: a connect stayed pending until it gave up (a firewall dropping MASTER_PORT, a host that is down).
+  enum class failure { refused, unresolved, silent, no_answer, other };
+
+  // The waiting line, when one is due: said while a connect is pending too, so that it says what happens now.
+  void report_if_due(steady_clock::time_point now) {
+    if (now < next_report_) return;
+    next_report_ = now + slice_;
+    log::write(log::level::warn, s_.rank.value_or(-1), "waiting for the store at ", address(), where(), ": ",
+               failing(), " for ", log::waited_of(now - started_, s_.connect_timeout), " (SHARDKIT_STORE_TIMEOUT)",
+               question());
+  }
 
   std::string who() const { return s_.rank ? "rank " + std::to_string(*s_.rank) : std::string("this process"); }
   // Rank 0 hosts the store itself (or checks what holds its port): asking whether rank 0 runs is for the others.
@@ -187,6 +192,7 @@ class store_client_connection {
       case failure::refused: return "connection refused";
       case failure::unresolved: return "MASTER_ADDR " + s_.host + " does not resolve";
       case failure::silent: return "the program there accepted the connection but did not answer the store's hello within " + silent_for_;
+      case failure::no_answer: return "no answer from " + s_.host + " (connects stay pending)";
       case failure::other: break;
     }
     return last_;
@@ -197,6 +203,7 @@ class store_client_connection {
       case failure::refused: return "; is rank 0 running, with this MASTER_ADDR and MASTER_PORT?";
       case failure::unresolved: return "; is MASTER_ADDR right? (retried: a Kubernetes service's name resolves once its pod runs)";
       case failure::silent: return "; is rank 0 stopped or overloaded, or another program on MASTER_PORT?";
+      case failure::no_answer: return "; a firewall dropping MASTER_PORT, a wrong MASTER_ADDR, or a host that is down?";
       case failure::other: break;
     }
     return "; is rank 0 running, and is MASTER_ADDR reachable from this host?";
@@ -210,6 +217,9 @@ class store_client_connection {
                               "failed at its start, or started with another MASTER_ADDR or MASTER_PORT: its own output says which)";
       case failure::unresolved: return "MASTER_ADDR " + s_.host + " never resolved: is it right?";
       case failure::silent: return "a program there accepted connections but never answered the store's hello";
+      case failure::no_answer:
+        return "no answer from " + s_.host + ": every connect stayed pending (a firewall dropping MASTER_PORT, a wrong " +
+               "MASTER_ADDR, or a host that is down?)";
       case failure::other: break;
     }
     return "no connection could be made";
@@ -247,13 +257,25 @@ class store_client_connection {
       int err = 0;
       if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0) {
         err = errno;
-        // Bound each address so one black-holed address does not use up the whole connect timeout.
-        if (err == EINPROGRESS &&
-            poll_until(fd.get(), POLLOUT, std::min(dl, steady_clock::now() + std::chrono::seconds(10)))) {
-          socklen_t len = sizeof err;
-          ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-        } else if (err == EINPROGRESS) {
-          err = ETIMEDOUT;
+        if (err == EINPROGRESS) {
+          // Bound each address so one black-holed address does not use up the whole connect timeout. While it is
+          // pending, nothing has answered: the waiting lines say so, not the last attempt's error.
+          const auto since = steady_clock::now();
+          const deadline bound = std::min(dl, since + std::chrono::seconds(10));
+          failed_ = failure::no_answer;
+          bool ready = false;
+          while (!(ready = poll_until(fd.get(), POLLOUT, std::min(bound, next_report_))) && steady_clock::now() < bound)
+            report_if_due(steady_clock::now());
+          if (ready) {
+            socklen_t len = sizeof err;
+            ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+          } else {
+            err = ETIMEDOUT;
+          }
+          if (err == ETIMEDOUT) {
+            last = "connect: no answer within " + log::seconds_text(steady_clock::now() - since);
+            continue;
+          }
         }
       }
       if (err != 0) {
@@ -338,6 +360,8 @@ class store_client_connection {
   std::string last_;                  // the last attempt's error, while connect() retries
   failure failed_ = failure::other;  // and what kind of failure it was
   std::string silent_for_;           // how long the last hello went unanswered ("400 ms")
+  steady_clock::time_point started_{}, next_report_ = steady_clock::time_point::max();  // connect()'s start and its next waiting line
+  std::chrono::milliseconds slice_{20'000};         // between waiting lines
   shardkit::detail::proc::process_identity host_process_;  // from the hello's answer; pid 0: not told
 };
 
