@@ -425,14 +425,30 @@ TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 
       // Where the planner says a gather waited for memory, the library's waited for the same release: the use
       // whose end freed its parameters, or the reduction whose end freed its gradients (from that reduction's
       // start: the release comes before its event's end is taken).
+      // A backward gather asked as two requests (parameters, then gradients: detail::backward_requests_apart) has
+      // two limiter waits under one (pass, unit), in that order in both timelines: the n-th of the planner's is
+      // the n-th of the library's (keeping only the last one compared the parameters' wait with the gradients').
       std::map<std::tuple<kind, fsdp::pass, std::size_t>, fsdp::model_event> real;
-      for (const auto& e : events) real[{e.what, e.pass, e.unit}] = e;
+      std::map<std::tuple<fsdp::pass, std::size_t>, std::vector<fsdp::model_event>> real_waits;
+      for (const auto& e : events) {
+        real[{e.what, e.pass, e.unit}] = e;
+        if (e.what == kind::limiter_wait) real_waits[{e.pass, e.unit}].push_back(e);
+      }
+      std::map<std::tuple<fsdp::pass, std::size_t>, std::size_t> sim_waits_seen;
       std::size_t constrained = 0;
       for (const auto& w : sim.timeline) {
-        if (w.what != kind::limiter_wait || w.end <= w.begin) continue;
+        if (w.what != kind::limiter_wait) continue;
+        const std::size_t nth = sim_waits_seen[{w.pass, w.unit}]++;
+        // The gradients' request (the second of two) is left out: a reduction frees gradients as soon as its
+        // reduce-scatter ends, which on this loopback world comes sooner than the planner's link says, so either
+        // that release or the planner's one can end the wait (seen under load: the library's wait ended 0.2-4 ms
+        // before the use the planner names). The lanes' order above still covers it.
+        if (w.end <= w.begin || nth > 0) continue;
+        const auto& waits = real_waits[{w.pass, w.unit}];
+        REQUIRE(nth < waits.size());
         for (const auto& cause : sim.timeline) {
           if ((cause.what != kind::use && cause.what != kind::reduce) || std::abs(cause.end - w.end) > 1e-12) continue;
-          const auto& gathered = real.at({kind::limiter_wait, w.pass, w.unit});
+          const auto& gathered = waits[nth];
           const auto& freed = real.at({cause.what, cause.pass, cause.unit});
           CHECK(gathered.end >= (cause.what == kind::use ? freed.end : freed.begin));
           ++constrained;
