@@ -51,44 +51,65 @@ TEST_CASE("[fsdp] units out of order and passes left early") {
                        sk::error);
 }
 
-TEST_CASE("[fsdp] passes left early on every rank keep the ranks in step (random delays, 1000 iterations a case)") {
-  namespace ab = shardkit::test::abandon;
+namespace {
+
+namespace ab = shardkit::test::abandon;
+
+// A table row of passes left early: one case for each of its kinds x budgets x world sizes, `iterations` of them
+// with 2 ranks and `iterations_more` with more, seeded with seed + kind_step * kind + budget.
+struct abandon_row {
+  std::vector<ab::exit_kind> kinds;
+  std::vector<std::size_t> budgets;
+  std::vector<int> ranks;
+  ab::case_options shape;  // uneven, hybrid_shard_size
+  int iterations, iterations_more;
+  std::uint32_t seed, kind_step;
+};
+
+// The rows' cases (case, world size), in row, kind, budget, world size order.
+std::vector<std::pair<ab::case_options, int>> cases_of(const std::vector<abandon_row>& rows) {
+  std::vector<std::pair<ab::case_options, int>> out;
+  for (const auto& row : rows)
+    for (auto kind : row.kinds)
+      for (std::size_t budget : row.budgets)
+        for (int n : row.ranks) {
+          ab::case_options c = row.shape;
+          c.kind = kind;
+          c.budget_units = budget;
+          c.iterations = n == 2 ? row.iterations : row.iterations_more;
+          c.seed = row.seed + row.kind_step * std::uint32_t(kind) + std::uint32_t(budget);
+          out.emplace_back(c, n);
+        }
+  return out;
+}
+
+// Runs each case on a loopback world of its size, each rank a thread.
+void run_abandon_cases(const std::vector<abandon_row>& rows) {
   sk::comm::group_options go;
   go.timeout = std::chrono::seconds(20);  // a pairing gone wrong fails here instead of hanging
-  for (auto kind : {ab::exit_kind::break_forward, ab::exit_kind::throw_backward, ab::exit_kind::break_and_destroy})
-    for (std::size_t budget : {1, 2, 0})
-      for (int n : {2, 3}) {
-        const ab::case_options c{.kind = kind, .budget_units = budget, .iterations = n == 2 ? 1000 : 100,
-                                 .seed = std::uint32_t(100 * int(kind) + budget)};
-        CAPTURE(int(kind));
-        CAPTURE(budget);
-        CAPTURE(n);
-        auto groups = sk::comm::make_loopback_world(n, go);
-        sk::test::run_threads(n, [&](int r) { ab::run(groups[std::size_t(r)], c); });
-      }
-  // Uneven units: two or three kept for backward, so a forward left in any kept unit had queued backward's first
-  // gather beyond them.
-  for (auto kind : {ab::exit_kind::break_forward, ab::exit_kind::throw_backward})
-    for (std::size_t budget : {2, 4, 0})
-      for (int n : {2, 3}) {
-        const ab::case_options c{.kind = kind, .budget_units = budget, .uneven = true,
-                                 .iterations = n == 2 ? 60 : 20, .seed = std::uint32_t(900 + 10 * int(kind) + budget)};
-        CAPTURE(int(kind));
-        CAPTURE(budget);
-        CAPTURE(n);
-        auto groups = sk::comm::make_loopback_world(n, go);
-        sk::test::run_threads(n, [&](int r) { ab::run(groups[std::size_t(r)], c); });
-      }
-  // hybrid_shard: 2 shard groups of 2 ranks, their replicas' all-reduces between them.
-  for (auto kind : {ab::exit_kind::break_forward, ab::exit_kind::throw_backward, ab::exit_kind::break_and_destroy})
-    for (std::size_t budget : {2, 0}) {
-      const ab::case_options c{.kind = kind, .budget_units = budget, .hybrid_shard_size = 2, .iterations = 30,
-                               .seed = std::uint32_t(500 + 100 * int(kind) + budget)};
-      CAPTURE(int(kind));
-      CAPTURE(budget);
-      auto groups = sk::comm::make_loopback_world(4, go);
-      sk::test::run_threads(4, [&](int r) { ab::run(groups[std::size_t(r)], c); });
-    }
+  for (const auto& [c, n] : cases_of(rows)) {
+    CAPTURE(int(c.kind));
+    CAPTURE(c.budget_units);
+    CAPTURE(c.uneven);
+    CAPTURE(c.hybrid_shard_size);
+    CAPTURE(n);
+    auto groups = sk::comm::make_loopback_world(n, go);
+    sk::test::run_threads(n, [&](int r) { ab::run(groups[std::size_t(r)], c); });
+  }
+}
+
+}  // namespace
+
+TEST_CASE("[fsdp] passes left early on every rank keep the ranks in step (random delays, 1000 iterations a case)") {
+  using enum ab::exit_kind;
+  run_abandon_cases({
+      {{break_forward, throw_backward, break_and_destroy}, {1, 2, 0}, {2, 3}, {}, 1000, 100, 0, 100},
+      // Uneven units: two or three kept for backward, so a forward left in any kept unit had queued backward's first
+      // gather beyond them.
+      {{break_forward, throw_backward}, {2, 4, 0}, {2, 3}, {.uneven = true}, 60, 20, 900, 10},
+      // hybrid_shard: 2 shard groups of 2 ranks, their replicas' all-reduces between them.
+      {{break_forward, throw_backward, break_and_destroy}, {2, 0}, {4}, {.hybrid_shard_size = 2}, 30, 30, 500, 100},
+  });
 }
 
 TEST_CASE("[fsdp] a forward left at the turn to backward keeps the ranks in step (random delays, every budget)") {
@@ -96,20 +117,8 @@ TEST_CASE("[fsdp] a forward left at the turn to backward keeps the ranks in step
   // gather beyond them: some ranks' gather threads have issued it, some not. Leaving must complete it on every rank
   // (abandon_pass), or it pairs with a peer's next all-gather: a wrong value, a size the call check refuses, or a
   // timeout. Then a full forward, a full step, or the model made again.
-  namespace ab = shardkit::test::abandon;
-  sk::comm::group_options go;
-  go.timeout = std::chrono::seconds(20);
-  for (auto kind : {ab::exit_kind::break_at_turn, ab::exit_kind::throw_at_turn})
-    for (std::size_t budget : {1, 2, 4, 0})
-      for (int n : {2, 3}) {
-        const ab::case_options c{.kind = kind, .budget_units = budget, .uneven = true,
-                                 .iterations = n == 2 ? 150 : 50, .seed = std::uint32_t(1300 + 10 * int(kind) + budget)};
-        CAPTURE(int(kind));
-        CAPTURE(budget);
-        CAPTURE(n);
-        auto groups = sk::comm::make_loopback_world(n, go);
-        sk::test::run_threads(n, [&](int r) { ab::run(groups[std::size_t(r)], c); });
-      }
+  using enum ab::exit_kind;
+  run_abandon_cases({{{break_at_turn, throw_at_turn}, {1, 2, 4, 0}, {2, 3}, {.uneven = true}, 150, 50, 1300, 10}});
 }
 
 TEST_CASE("[fsdp] ranks that build different models fail at construction, every rank naming the first difference") {
