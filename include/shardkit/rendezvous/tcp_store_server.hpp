@@ -13,9 +13,10 @@
 //!    server answers ok + its magic and version (then i64 pid, start time and pid namespace of its process, which a
 //!    client on the same host reads to tell a stopped or exited store host from a slow one), or an error (errc::auth_failed: "...protocol version..." for
 //!    another version, checked before the token since a version-1 hello has none; "wrong auth token" when the
-//!    token differs from the server's, compared in constant time: when the hello says it is a rank of this job yet
-//!    to join, with this run id and world size, the job is stopped as by a refused join, "the auth token differs:
-//!    rank 2, from ADDR, ...", and any other such client is only refused; then errc::config whose message is the
+//!    token differs from the server's, compared in constant time: when the hello says it is a rank of this job
+//!    (this run id) yet to join, or one whose join would be refused too (another world size, a rank outside it),
+//!    while ranks join, the job is stopped as by a refused join, "the auth token differs: rank 2, from ADDR, ..."
+//!    naming every cause, and any other such client is only refused; then errc::config whose message is the
 //!    server's own run id when the run ids differ: a client of another job, which names both) and closes,
 //!    logging the drop. Until the hello is accepted no other request is served, so a
 //!    client without the token reads and writes nothing. The first frame may be at most max_hello_bytes (the
@@ -223,27 +224,36 @@ class tcp_store_server {
   void refuse(connection& c, const std::string& why) { net_.refuse(c, why, error_frame(errc::auth_failed, why)); }
 
   // A hello with another token, or none. A stranger is refused and logged, and the job goes on: were any refusal to
-  // stop it, whoever reaches MASTER_PORT could. A hello that says it is a rank of this job still to join (this run
-  // id, this world size, a rank not claimed, while ranks join) comes from one of its ranks started with another
-  // SHARDKIT_AUTH_TOKEN (another host's environment or token file): the job cannot complete, so it is stopped at
-  // once naming where that rank runs, as a refused join stops it, instead of the host waiting its whole timeout for
-  // a rank that cannot come. None of this is secret: one who knows the run id, the world size and a rank yet to join
-  // can stop a job while it starts, never join it or read or write a key (docs/environment.md). The client is told
-  // the same either way.
+  // stop it, whoever reaches MASTER_PORT could. A hello that says it is a rank of this job (this run id, a rank and a
+  // world size) while ranks join comes from one of its ranks started with another SHARDKIT_AUTH_TOKEN (another host's
+  // environment or token file): when it is a rank yet to join, or one whose join would be refused anyway (another
+  // WORLD_SIZE, a RANK outside the world: two mistakes at once), the job cannot complete, so it is stopped at once
+  // naming where that rank runs and every cause, as a refused join stops it, instead of the host waiting its whole
+  // timeout for a rank that cannot come. A second claim of a rank that joined is only refused, as its join would be.
+  // None of this is secret: one who knows the run id can stop a job while it starts, never join it or read or write a
+  // key (docs/reliability.md). The client is told the same either way.
   void refuse_token(connection& c, bool none, const std::string& run_id, std::int64_t rank, std::int64_t world) {
-    const std::string why = none ? "no auth token, and this store requires one (set SHARDKIT_AUTH_TOKEN)"
-                                 : "wrong auth token (SHARDKIT_AUTH_TOKEN differs from the store's)";
-    const bool of_this_job = run_id == opts_.run_id && world_ > 0 && world == world_ && rank >= 0 && rank < world_ &&
-                             !claims_.contains(rank) && joined_ < world_;
-    if (of_this_job) {
+    // Said from where each side stands: a store without a token (its host, rank 0, has none) refuses a client with one.
+    const bool host_none = opts_.auth_token.empty();
+    const std::string why = none        ? "no auth token, and this store requires one (set SHARDKIT_AUTH_TOKEN)"
+                            : host_none ? "an auth token, and this store has none (its host, rank 0, has no SHARDKIT_AUTH_TOKEN)"
+                                        : "wrong auth token (SHARDKIT_AUTH_TOKEN differs from the store's)";
+    const bool joining = run_id == opts_.run_id && world_ > 0 && joined_ < world_ && rank >= 0 && world > 0;
+    const bool other_world = world != world_, outside = !other_world && rank >= world_;
+    if (joining && (other_world || outside || !claims_.contains(rank))) {
       c.rank = rank;
       if (stopped_.empty()) {
-        const std::string stop = "the auth token differs: rank " + std::to_string(rank) + ", from " + c.peer +
-                                 ", was refused at its hello: it has " +
-                                 (none ? std::string("no SHARDKIT_AUTH_TOKEN, the store's host (rank 0) has one")
-                                       : "another SHARDKIT_AUTH_TOKEN than the store's host (rank 0)") +
-                                 "; give every host of the job the same token (SHARDKIT_AUTH_TOKEN, or shardkit-run "
-                                 "--auth-token-file)";
+        const std::string stop =
+            "the auth token differs" + std::string(other_world ? ", and so does WORLD_SIZE" : outside ? ", and RANK is outside WORLD_SIZE" : "") +
+            ": rank " + std::to_string(rank) + ", from " + c.peer + ", was refused at its hello: it has " +
+            (none        ? std::string("no SHARDKIT_AUTH_TOKEN, the store's host (rank 0) has one")
+             : host_none ? std::string("a SHARDKIT_AUTH_TOKEN, the store's host (rank 0) has none")
+                         : std::string("another SHARDKIT_AUTH_TOKEN than the store's host (rank 0)")) +
+            (other_world ? ", and says WORLD_SIZE=" + std::to_string(world) + ", the store was started for " + std::to_string(world_)
+             : outside   ? ", and says RANK=" + std::to_string(rank) + ", outside [0, WORLD_SIZE=" + std::to_string(world_) + ")"
+                         : std::string()) +
+            "; give every host of the job the same token (SHARDKIT_AUTH_TOKEN, or shardkit-run --auth-token-file)" +
+            (other_world ? " and the same WORLD_SIZE" : outside ? " and each rank a RANK below WORLD_SIZE" : "");
         log::warn("tcp store server on port ", port(), ": stopping the job: ", stop);
         const std::string ready(detail::store_ready_key);
         data_[ready] = std::string(detail::store_refused_prefix) + stop;
