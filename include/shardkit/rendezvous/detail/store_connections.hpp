@@ -244,7 +244,13 @@ class store_connections {
       ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len);
       port_ = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6&>(ss).sin6_port)
                                        : ntohs(reinterpret_cast<sockaddr_in&>(ss).sin_port);
-      local_address_ = !bind.empty() ? bind : (a->ai_family == AF_INET6 ? "::1" : "127.0.0.1");
+      // A wildcard listener's own clients (rank 0's) dial loopback, and name it in their messages: 127.0.0.1 where
+      // the listener takes IPv4 too (dual-stack), as MASTER_ADDR usually says, not [::1] beside MASTER_ADDR=127.0.0.1.
+      int v6only = 1;
+      socklen_t v6len = sizeof v6only;
+      const bool takes_ipv4 = a->ai_family == AF_INET ||
+                              (::getsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &v6len) == 0 && v6only == 0);
+      local_address_ = !bind.empty() ? bind : takes_ipv4 ? "127.0.0.1" : "::1";
       return fd;
     }
     // A port in use is a setting to change (errc::config); tcp_store::create() then says who holds it.
