@@ -3,8 +3,11 @@
 //   shardkit-env              checks the shardkit variables set in this environment: each declared one must parse
 //                             (exit 1 otherwise, with the error), and an undeclared one is named as a likely typo;
 //                             and the launcher's (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_*, or Open
-//                             MPI's or Slurm's) as init_process_group reads them, when any is set
+//                             MPI's or Slurm's) as init_process_group reads them, when any is set, and that
+//                             MASTER_ADDR resolves (exit 1 on a rank other than 0 when it does not)
 //   shardkit-env --markdown   prints the table as docs/environment.md (core_settings_test compares the two)
+#include <netdb.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -59,8 +62,29 @@ int main(int argc, char** argv) {
   if (launcher) {
     try {
       const auto i = shardkit::rendezvous::info_from_env();
-      std::printf("launcher (%s): rank %d of %d, local rank %d of %d, store at %s:%d: ok\n", i.source.c_str(), i.rank,
-                  i.world_size, i.local_rank, i.local_world_size, i.master_addr.c_str(), i.master_port);
+      const std::string where = i.master_addr + ":" + std::to_string(i.master_port);
+      std::printf("launcher (%s): rank %d of %d, local rank %d of %d, store at %s: ", i.source.c_str(), i.rank,
+                  i.world_size, i.local_rank, i.local_world_size, where.c_str());
+      // As a rank's store client resolves it (detail/store_client_connection.hpp): a name that does not exist is
+      // said, since such a rank waits SHARDKIT_STORE_TIMEOUT for it (retried: a Kubernetes service's name resolves
+      // once its pod runs). Rank 0 hosts the store on every interface and never dials MASTER_ADDR: a note only.
+      addrinfo hints{};
+      hints.ai_family = AF_UNSPEC;
+      hints.ai_socktype = SOCK_STREAM;
+      addrinfo* res = nullptr;
+      if (const int rc = ::getaddrinfo(i.master_addr.c_str(), nullptr, &hints, &res); rc != 0) {
+        const std::string why = "MASTER_ADDR '" + i.master_addr + "' does not resolve from this host (" + ::gai_strerror(rc) + ")";
+        if (i.rank == 0) {
+          std::printf("ok for rank 0, which hosts the store; but %s: the other ranks must reach it there\n", why.c_str());
+        } else {
+          std::printf("%s: this rank would wait SHARDKIT_STORE_TIMEOUT for it (retried, as a Kubernetes service's name "
+                      "resolves once its pod runs); is MASTER_ADDR right?\n", why.c_str());
+          ++bad;
+        }
+      } else {
+        ::freeaddrinfo(res);
+        std::printf("ok\n");
+      }
     } catch (const std::exception& ex) {
       std::printf("%s\n", ex.what());
       ++bad;
