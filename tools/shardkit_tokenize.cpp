@@ -76,6 +76,22 @@ int main(int argc, char** argv) {
   if (inputs.empty()) return usage("no input: give one or more text files after -o OUT");
   // Checked before anything is written: a mistake leaves no partial output, and no input is overwritten.
   const std::filesystem::path path = std::filesystem::absolute(out);
+  {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec) || out.ends_with('/'))
+      return usage("-o " + out + " is a directory: -o wants the token file's name (e.g. -o " +
+                   (std::filesystem::path(out) / "text.tokens").lexically_normal().string() +
+                   "), beside which OUT.offsets and OUT.json are written");
+  }
+  // OUT.offsets and OUT.json are the sidecars of the token file OUT: an output named like one would replace the
+  // sidecar of another token file (-o X.tokens.offsets writes over X.tokens's document starts).
+  for (const std::string_view sidecar : {".offsets", ".json"})
+    if (out.ends_with(sidecar)) {
+      const std::string owner = out.substr(0, out.size() - sidecar.size());
+      return usage("-o " + out + " ends in " + std::string(sidecar) + ", the name of a sidecar (" + owner + std::string(sidecar) +
+                   " belongs to the token file " + owner + "): give the token file's own name, e.g. -o " + owner +
+                   " (OUT.offsets and OUT.json are written beside it)");
+    }
   for (const auto& input : inputs) {
     std::error_code ec;
     if (std::filesystem::is_directory(input, ec))
