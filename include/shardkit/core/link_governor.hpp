@@ -24,6 +24,15 @@
 //!   the link full or wait, as long as the paced classes together stay within the budget over that window.
 //!   Above its floor it yields everything to the classes above. So a checkpoint under saturating collectives still
 //!   finishes, at the floor's rate, instead of falling ever further behind until the trainer stalls on it.
+//! - The first class's demand (core/link_demand.hpp), where it is told (the TCP transport tells its tx writes as
+//!   they start: demand_begin/demand_end/demand_done): while a write of it is in progress, and for `quiet` after
+//!   its last byte is estimated to have left the NIC, a paced class is granted nothing above its floor in that
+//!   direction. Its floor stays. demand_end() of the last write wakes blocked acquire() calls (one lock, only when
+//!   one sleeps); the sends themselves take no lock.
+//! - Above the floor, grants are paced to the link: one is made only while the bytes told to the direction's queue
+//!   estimate (collectives' and grants') hold at most queue_bytes less the grant, so granted bytes wait at most
+//!   about queue_bytes / capacity ahead of a collective's (256 KiB: 2.2 ms at 1 Gbit/s), instead of a window's
+//!   budget at once into socket buffers and the switch's queue.
 //! - When no reporter of the first class is attached (attach_reporter(): the TCP transport attaches one per link,
 //!   reporting both directions; NCCL and Gloo report nothing), the paced classes share unreported_share_percent of
 //!   the capacity instead, in each direction.
@@ -67,6 +76,7 @@
 
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/link_capacity.hpp"
+#include "shardkit/core/link_demand.hpp"
 #include "shardkit/core/link_traffic.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/core/settings.hpp"
@@ -90,7 +100,13 @@ struct link_governor_options {
   //! bounded by its size over this share of the link whatever the collectives do, so a checkpoint interval longer
   //! than that keeps up instead of falling ever further behind.
   unsigned floor_percent = 5;
-  std::chrono::milliseconds window{100};  //!< SHARDKIT_LINK_WINDOW: the accounting window, also the largest burst
+  std::chrono::milliseconds window{100};  //!< SHARDKIT_LINK_WINDOW: the accounting window
+  //! After the first class's demand ends (its last write done and its bytes estimated gone), this long before a
+  //! paced class is granted above its floor again: the gap between a collective's messages (a reduction's next
+  //! step) is shorter, so a grant does not land in front of it.
+  std::chrono::microseconds quiet{1500};
+  //! The most bytes the direction's queue estimate may hold once a grant above the floor is made (at least 4 KiB).
+  std::uint64_t queue_bytes = 256 << 10;
 
   //! errc::config naming the setting when a field is out of range (the capacity only when `with_capacity`).
   void validate(bool with_capacity = true) const {
@@ -113,6 +129,9 @@ struct link_governor_options {
     if (floor_percent > 50) bad("SHARDKIT_LINK_FLOOR", std::to_string(floor_percent), "must be in [0, 50]");
     if (window < std::chrono::milliseconds(1) || window > std::chrono::milliseconds(10'000))
       bad("SHARDKIT_LINK_WINDOW", std::to_string(window.count()) + "ms", "must be in [1ms, 10000ms]");
+    if (quiet < std::chrono::microseconds(0) || quiet > window)
+      bad("link_governor_options::quiet", std::to_string(quiet.count()) + "us", "must be in [0, window]");
+    if (queue_bytes < 4096) bad("link_governor_options::queue_bytes", std::to_string(queue_bytes), "must be >= 4096");
   }
 
   //! The options from the environment: nullopt when SHARDKIT_LINK_BYTES_PER_SECOND is 0 (no governor);
@@ -158,7 +177,10 @@ class link_governor {
     o_.validate();
     for (std::size_t i = 0; i < traffic_class_count; ++i) rank_[std::size_t(o_.order[i])] = int(i);
     const auto t = now_();
-    for (auto& d : directions_) d.samples.push_back({t, {}});
+    for (auto& d : directions_) {
+      d.samples.push_back({t, {}});
+      d.demand.set_capacity(o_.bytes_per_second);
+    }
   }
   link_governor(const link_governor&) = delete;
   link_governor& operator=(const link_governor&) = delete;
@@ -173,6 +195,18 @@ class link_governor {
   //! Everything reported or granted for `c` in direction `d` so far.
   std::uint64_t sent(link_direction d, traffic_class c) const noexcept {
     return at(d).sent[std::size_t(c)].load(std::memory_order_relaxed);
+  }
+
+  //! The first class's demand in direction `d` (the TCP transport: tx): a write of `bytes` starts; it ended
+  //! (written or failed; each begin has one end); a write the kernel took at once (no begin/end). No lock.
+  void demand_begin(link_direction d, std::uint64_t bytes) noexcept { at(d).demand.begin(bytes, now_()); }
+  void demand_end(link_direction d) noexcept {
+    if (at(d).demand.end() && sleepers_.load(std::memory_order_seq_cst) > 0) clock_moved();
+  }
+  void demand_done(link_direction d, std::uint64_t bytes) noexcept { at(d).demand.announce(bytes, now_()); }
+  //! Whether the first class's demand holds the paced classes at their floor in direction `d` now.
+  bool held_by_demand(link_direction d) const {
+    return demand_holds(at(d), now_());
   }
 
   //! While one is alive, the first class's traffic is taken as reported in both directions: the paced classes get
@@ -246,6 +280,13 @@ class link_governor {
         g.wakeup_.notify_all();
       }
     } guard{*this, s.waiting[std::size_t(c)], reserved};
+    // Counted before the demand is looked at (seq_cst, as demand_end's check): a last write that ends after the
+    // look sees a sleeper and wakes it.
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    struct unsleep {
+      std::atomic<int>& n;
+      ~unsleep() { n.fetch_sub(1, std::memory_order_relaxed); }
+    } sleeping{sleepers_};
     for (;;) {
       const auto now = now_();
       const auto ready = ready_at_locked(s, c, want, now);
@@ -279,6 +320,12 @@ class link_governor {
     return at(d).waiting[std::size_t(c)];
   }
 
+  //! The largest single grant made to `c` in direction `d` so far (observability, tests).
+  std::uint64_t largest_grant(link_direction d, traffic_class c) const {
+    std::lock_guard lock(mutex_);
+    return at(d).largest[std::size_t(c)];
+  }
+
   //! What the paced classes may use over one window in each direction: capacity (or the unreported share of it) x
   //! window.
   std::uint64_t budget() const noexcept {
@@ -302,6 +349,8 @@ class link_governor {
     alignas(64) std::array<std::atomic<std::uint64_t>, traffic_class_count> sent{};
     alignas(64) std::deque<sample> samples;  // under mutex_, as is what follows
     totals waiting{};
+    totals largest{};
+    link_demand demand;  // its atomics are the first class's (sending threads), its grants are under mutex_
   };
   //! Which classes a window sum counts: a bit per class.
   using class_mask = unsigned;
@@ -362,9 +411,17 @@ class link_governor {
   //! What a paced `c` may be granted above its floor: the budget less what the window holds and what the waiting
   //! classes above it reserve. Under the lock, after a look.
   std::uint64_t above_floor_locked(const direction_state& s, traffic_class c) const {
+    const auto now = s.samples.back().at;
+    if (demand_holds(s, now)) return 0;
     std::uint64_t held = in_window_locked(s, all_classes) + reserved_above_locked(s, c);
-    const std::uint64_t b = budget();
-    return held >= b ? 0 : b - held;
+    const std::uint64_t b = budget(), queued = s.demand.queued(now);
+    if (held >= b || queued >= o_.queue_bytes) return 0;
+    return std::min(b - held, o_.queue_bytes - queued);
+  }
+
+  bool demand_holds(const direction_state& s, clock::time_point now) const noexcept {
+    const auto until = s.demand.first_class_until();
+    return until == clock::time_point::max() || now < until + o_.quiet;
   }
 
   //! What a paced `c` may be granted within its floor: the floor less its own bytes in the window, and no more than
@@ -384,7 +441,9 @@ class link_governor {
     return above;
   }
 
-  std::uint64_t granule(std::uint64_t want) const noexcept { return std::min(want, std::max<std::uint64_t>(1, budget() / 16)); }
+  std::uint64_t granule(std::uint64_t want) const noexcept {
+    return std::min({want, std::max<std::uint64_t>(1, budget() / 16), o_.queue_bytes / 2});
+  }
   //! A grant within the floor is at least a quarter of it (or all of a smaller want): a starved class is served a
   //! few times per window, not byte by byte.
   std::uint64_t floor_granule(std::uint64_t want) const noexcept {
@@ -424,7 +483,10 @@ class link_governor {
     now = s.samples.back().at;
     auto ready = clock::time_point::max();
     const std::uint64_t b = budget(), above = reserved_above_locked(s, c), need = granule(want);
-    if (above < b && b - above >= need) ready = drained_at_locked(s, all_classes, b - above - need, now);
+    if (above < b && b - above >= need && !s.demand.writing()) {  // while it writes, demand_end() wakes
+      ready = std::max({drained_at_locked(s, all_classes, b - above - need, now),
+                        s.demand.first_class_until() + o_.quiet, s.demand.drained_to(o_.queue_bytes - need)});
+    }
     const std::uint64_t f = floor_budget(), floor_need = floor_granule(want);
     if (f >= floor_need && b >= floor_need)
       ready = std::min(ready, std::max(drained_at_locked(s, only(c), f - floor_need, now),
@@ -439,6 +501,8 @@ class link_governor {
     else if (const auto floor = floor_left_locked(s, c); floor >= floor_granule(want)) g = std::min(want, floor);
     if (g == 0) return 0;
     s.sent[std::size_t(c)].fetch_add(g, std::memory_order_relaxed);
+    s.demand.granted(g, s.samples.back().at);
+    s.largest[std::size_t(c)] = std::max(s.largest[std::size_t(c)], g);
     // The grant is a step at the last look, not a slope.
     sample step = s.samples.back();
     step.total[std::size_t(c)] += g;
@@ -453,6 +517,7 @@ class link_governor {
   std::array<int, traffic_class_count> rank_{};
   std::array<direction_state, link_direction_count> directions_;
   std::atomic<int> reporters_{0};
+  std::atomic<int> sleepers_{0};  // acquire() calls between their first failed grant and their return
   mutable std::mutex mutex_;  // guards the directions' samples and waits, and what follows
   std::condition_variable_any wakeup_;
   std::uint64_t wakes_ = 0;  // bumped with each notify, so a blocked acquire() tells a wake from a timeout
