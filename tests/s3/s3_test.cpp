@@ -553,3 +553,43 @@ TEST_CASE("[s3] a governed sink paces uploads (checkpoint class, tx) and reads (
   MESSAGE("unpaced upload ", plain_up, " s");
   CHECK(counted() == before);
 }
+
+TEST_CASE("[s3] a governed upload waits while a collectives' write is in progress, resumes once it ends, and is "
+          "granted at most 128 KiB at a time") {
+  using namespace std::chrono_literals;
+  namespace sk = shardkit;
+  const auto tx = sk::link_direction::tx;
+  const auto checkpoint = sk::traffic_class::checkpoint;
+  // 64 MiB/s, a 50 ms window (3.3 MiB: by use alone a whole part at once), no floor: while collectives write, the
+  // upload gets nothing.
+  sk::link_governor link("s3", {.bytes_per_second = 64u << 20, .floor_percent = 0, .window = 50ms});
+  if (!server_or_skip()) return;
+  auto o = options_for(*server());
+  o.part_size = 512 << 10;
+  o.parallel = 4;
+  o.governor = &link;
+  st::s3_sink paced(location("held"), o);
+  const auto data = pattern(2u << 20, 9);
+  auto collectives = link.attach_reporter();
+  link.demand_begin(tx, 1u << 20);
+  std::atomic<bool> done{false};
+  std::thread upload([&] {
+    st::put_object(paced, "obj", data);
+    done = true;
+  });
+  std::this_thread::sleep_for(500ms);  // far below the stall timeout's quarter (7.5 s), where a step would move
+  const bool done_while_held = done.load();
+  const auto sent_while_held = link.sent(tx, checkpoint);
+  const auto ended = sk::link_governor::clock::now();
+  link.demand_end(tx);
+  upload.join();
+  const double took = std::chrono::duration<double>(sk::link_governor::clock::now() - ended).count();
+  CHECK_FALSE(done_while_held);
+  CHECK(sent_while_held == 0);
+  CHECK(took < 10);
+  CHECK(link.sent(tx, checkpoint) >= data.size());
+  CHECK(link.largest_grant(tx, checkpoint) <= 128u << 10);
+  CHECK(link.largest_grant(tx, checkpoint) > 0);
+  CHECK(st::get_object(paced, "obj") == data);
+  MESSAGE("held 0.5 s, then uploaded 2 MiB in ", took, " s; largest grant ", link.largest_grant(tx, checkpoint));
+}

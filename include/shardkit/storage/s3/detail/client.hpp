@@ -41,6 +41,10 @@
 #include "shardkit/storage/s3/detail/resolve.hpp"
 #include "shardkit/storage/s3/detail/text.hpp"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 namespace shardkit::storage::detail::s3 {
 
 inline void global_init() {
@@ -347,6 +351,19 @@ class client {
     return count;
   }
 
+  static constexpr long paced_io_bytes = 128 << 10;
+
+  //! A governed connection's socket: at most paced_io_bytes unsent in it (the kernel says it is writable only
+  //! below that), so what the governor granted leaves soon or is not taken yet. A kernel without the option
+  //! (before Linux 3.12) leaves the socket as it was.
+  static int on_socket(void*, curl_socket_t fd, curlsocktype purpose) {
+    if (purpose == CURLSOCKTYPE_IPCXN) {
+      const int lowat = int(paced_io_bytes);
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof lowat);
+    }
+    return CURL_SOCKOPT_OK;
+  }
+
   // libcurl rewinds the body when it resends a request (a reused connection the server had closed).
   static int on_seek(void* user, curl_off_t offset, int origin) {
     auto* t = static_cast<transfer*>(user);
@@ -444,8 +461,14 @@ class client {
     curl_easy_setopt(h, CURLOPT_EXPECT_100_TIMEOUT_MS, 0L);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
-    curl_easy_setopt(h, CURLOPT_BUFFERSIZE, 1L << 20);
-    curl_easy_setopt(h, CURLOPT_UPLOAD_BUFFERSIZE, 1L << 20);
+    // Governed: libcurl asks for (and is granted) 128 KiB at a time instead of 1 MiB, and each connection keeps at
+    // most 128 KiB unsent in its socket (TCP_NOTSENT_LOWAT), so granted bytes do not pile up in buffers ahead of
+    // the collectives' packets; the grants themselves are paced to the link (core/link_demand.hpp). Both options
+    // are in Debian 12's libcurl 7.88 (UPLOAD_BUFFERSIZE since 7.62, SOCKOPTFUNCTION since 7.16).
+    const long io_bytes = options_.governor ? paced_io_bytes : 1L << 20;
+    curl_easy_setopt(h, CURLOPT_BUFFERSIZE, io_bytes);
+    curl_easy_setopt(h, CURLOPT_UPLOAD_BUFFERSIZE, io_bytes);
+    if (options_.governor) curl_easy_setopt(h, CURLOPT_SOCKOPTFUNCTION, &client::on_socket);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.connect_timeout.count()));
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, static_cast<long>(std::max<std::int64_t>(1, (options_.stall_timeout.count() + 999) / 1000)));

@@ -158,7 +158,10 @@ class sender {
     msg.msg_iov = iov;
     msg.msg_iovlen = len > 0 ? 2 : 1;
     const ::ssize_t n = ::sendmsg(l.socket.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n > 0 && l.governor) l.governor->report(link_direction::tx, traffic_class::collectives, std::uint64_t(n));
+    if (n > 0 && l.governor) {
+      l.governor->report(link_direction::tx, traffic_class::collectives, std::uint64_t(n));
+      l.governor->demand_done(link_direction::tx, std::uint64_t(n));  // what is left, start_write tells
+    }
     counters::bump(counters_.frames_sent);
     counters::bump(counters_.writes);
     op->cut = len;
@@ -190,13 +193,38 @@ class sender {
       if (l && !l->writing && !l->eof) pump(*l);
   }
 
+  //! The governor hears of the write when it starts (demand: paced classes stay at their floor while any write of
+  //! this link is in progress) and of its bytes when they are written (use: its window).
   void start_write(link& l, std::size_t buffers) {
-    asio::async_write(l.socket, buffer_range{l.tx_buffers.data(), l.tx_buffers.data() + buffers},
-                      asio::bind_executor(strand_, [this, &l](const boost::system::error_code& ec, std::size_t n) {
-                        if (n && l.governor) l.governor->report(link_direction::tx, traffic_class::collectives, n);
+    const buffer_range bytes{l.tx_buffers.data(), l.tx_buffers.data() + buffers};
+    asio::async_write(l.socket, bytes,
+                      asio::bind_executor(strand_, [this, &l, demand = write_demand(l.governor, asio::buffer_size(bytes))](
+                                                       const boost::system::error_code& ec, std::size_t n) mutable {
+                        if (l.governor && n) l.governor->report(link_direction::tx, traffic_class::collectives, n);
                         written(l, ec);
+                        // After written(), which starts the connection's next write if one is queued: a stream of
+                        // chunks keeps the demand up without a gap (a gap would wake the governor's sleepers).
+                        demand.end();
                       }));
   }
+
+  //! One write's demand told to the governor: begun when made, ended when the write's handler ends it or, should
+  //! the handler be destroyed unrun (an io_context gone with the write pending), when it is destroyed, so that a
+  //! process-wide governor is never left held.
+  class write_demand {
+   public:
+    write_demand(link_governor* g, std::size_t bytes) noexcept : g_(g) {
+      if (g_) g_->demand_begin(link_direction::tx, bytes);
+    }
+    write_demand(write_demand&& o) noexcept : g_(std::exchange(o.g_, nullptr)) {}
+    write_demand& operator=(write_demand&&) = delete;
+    ~write_demand() { end(); }
+    void end() noexcept {
+      if (auto* g = std::exchange(g_, nullptr)) g->demand_end(link_direction::tx);
+    }
+   private:
+    link_governor* g_;
+  };
 
   //! Hands the next frames of the send queue to an idle connection. Connections pull whole chunks, so a slower
   //! interface simply takes fewer of them. On the strand.
