@@ -49,13 +49,14 @@ constexpr const char* usage_text =
     "       shardkit-run --nnodes H --node-rank K --nproc-per-node P --master-addr ADDR --master-port PORT\n"
     "                    [--auth-token-file FILE] [--] PROGRAM [ARGS...]     (one per host, as torchrun's)\n"
     "\n"
-    "Runs N ranks of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR\n"
-    "(default 127.0.0.1), MASTER_PORT (default: a free port), SHARDKIT_AUTH_TOKEN and SHARDKIT_RUN_ID (unless\n"
-    "set: random ones for this job; no run id with --nnodes > 1) set, and prefixes every line they print with\n"
-    "\"[rank K] \". When a rank fails, the others get the settle time (default 2 s) to end by themselves, so that\n"
-    "ranks failing for the same reason print their own errors; those still running are then stopped (SIGTERM,\n"
-    "then SIGKILL after the grace period, default 5 s). The rank named as the cause is one killed by a signal, if\n"
-    "any failed meanwhile, else the first that failed; shardkit-run exits with its status (128+S for signal S).\n"
+    "Runs N ranks of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the\n"
+    "--node-rank, as torchrun's), MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default: a free port),\n"
+    "SHARDKIT_AUTH_TOKEN and SHARDKIT_RUN_ID (unless set: random ones for this job; no run id with --nnodes > 1)\n"
+    "set, and prefixes every line they print with \"[rank K] \". When a rank fails, the others get the settle time\n"
+    "(default 2 s) to end by themselves, so that ranks failing for the same reason print their own errors; those\n"
+    "still running are then stopped (SIGTERM, then SIGKILL after the grace period, default 5 s). The rank named\n"
+    "as the cause is one killed by a signal, if any failed meanwhile, else the first that failed; shardkit-run\n"
+    "exits with its status (128+S for signal S).\n"
     "SIGINT, SIGTERM and SIGHUP are forwarded to every rank (a second one sends SIGKILL); the exit status is then\n"
     "128+S unless a rank failed.\n"
     "Ranks get /dev/null as stdin (each runs in its own process group, which must not read the terminal): give\n"
@@ -298,6 +299,9 @@ pid_t spawn(const options& o, int rank, int port, rank_process& p) {
     put("WORLD_SIZE", std::to_string(o.nnodes * o.nproc));
     put("LOCAL_RANK", std::to_string(rank));
     put("LOCAL_WORLD_SIZE", std::to_string(o.nproc));
+    // As torchrun: the node, which tells several launches on one host (--nnodes tried on one machine) apart from
+    // ranks given one LOCAL_RANK by mistake (rendezvous::local_places_check()).
+    put("GROUP_RANK", std::to_string(o.node_rank));
     put("MASTER_ADDR", o.master_addr);
     put("MASTER_PORT", std::to_string(port));
     for (int s : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD}) ::signal(s, SIG_DFL);

@@ -77,6 +77,10 @@ TEST_CASE("[rendezvous] torchrun and Kubernetes variables") {
   // ... assumed, not stated: init_process_group warns about what it finds on the host only for a stated one.
   CHECK_FALSE(k8s.local_world_size_stated);
   CHECK(i.local_world_size_stated);
+  // torchrun's GROUP_RANK (and shardkit-run's) is the launch's node; none stated: -1.
+  CHECK(i.node_rank == -1);
+  CHECK(rdv::info_from_env(with(torchrun, {{"GROUP_RANK", "2"}})).node_rank == 2);
+  expect_config_error(with(torchrun, {{"GROUP_RANK", "two"}}), "GROUP_RANK");
 
   // torchrun wins over the others, which may be set by an outer launcher; Open MPI's must agree with it.
   auto both = with(torchrun, slurm);
@@ -298,8 +302,8 @@ TEST_CASE("[rendezvous] host_map: consecutive ranks per host, the shard groups o
 // one host is refused (two ranks would pick one device), complete launches of one host are several nodes started
 // there (shardkit-run --nnodes run twice on one machine, to test), fewer ranks than stated a warning.
 TEST_CASE("[rendezvous] local places: one LOCAL_RANK twice on a host is refused naming both ranks and the host") {
-  const auto place = [](int local, int size, std::string host = "'h1'") {
-    return rdv::local_place{.local_rank = local, .local_world_size = size, .stated = true, .host = std::move(host)};
+  const auto place = [](int local, int size, std::string host = "'h1'", int node = -1) {
+    return rdv::local_place{.local_rank = local, .local_world_size = size, .stated = true, .host = std::move(host), .node = node};
   };
   const auto one_host = [](int n) { return rdv::host_map::from_identities(std::vector<std::string>(std::size_t(n), "a")); };
   const auto refused = rdv::local_places_check(one_host(2), {place(0, 2), place(0, 2)}, 1).refusal;
@@ -314,12 +318,32 @@ TEST_CASE("[rendezvous] local places: one LOCAL_RANK twice on a host is refused 
   for (int r = 0; r < 6; ++r)
     CHECK(rdv::local_places_check(two_hosts, five, r, "SLURM_LOCALID", "SLURM_TASKS_PER_NODE").refusal.starts_with(
         "ranks 3, 4 and 5 all have SLURM_LOCALID=1 on host 'h2' (SLURM_TASKS_PER_NODE=3)"));
-  // Two complete launches on one host: accepted, no warning; one more rank with LOCAL_RANK=1 is not.
-  const auto twice = rdv::local_places_check(one_host(4), {place(0, 2), place(1, 2), place(0, 2), place(1, 2)}, 0);
+  // Two complete launches on one host, each stating its node (GROUP_RANK: shardkit-run --nnodes run twice there):
+  // accepted, no warning; one more rank with LOCAL_RANK=1 is not.
+  const auto twice = rdv::local_places_check(one_host(4), {place(0, 2, "'h1'", 0), place(1, 2, "'h1'", 0),
+                                                           place(0, 2, "'h1'", 1), place(1, 2, "'h1'", 1)}, 0);
   CHECK(twice.refusal == "");
   CHECK(twice.warning == "");
   CHECK(rdv::local_places_check(one_host(5), {place(0, 2), place(1, 2), place(0, 2), place(1, 2), place(1, 2)}, 0)
             .refusal.starts_with("ranks 1, 3 and 4 all have LOCAL_RANK=1"));
+  // The same places without a node each, or with one node twice: one launcher's ranks given one LOCAL_RANK, as two
+  // ranks started by hand with LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 copied (they were taken for two launches of one
+  // rank and both picked GPU 0, silently).
+  const std::string copied =
+      "ranks 0 and 1 both have LOCAL_RANK=0 on host 'h1' (LOCAL_WORLD_SIZE=1): each rank of a host needs a LOCAL_RANK "
+      "of its own, as it picks its device and files by it (ranks of one host are found by boot id and namespaces; "
+      "SHARDKIT_HOST_ID overrides); separate launches on one host (nodes started on one machine, to test) need a "
+      "GROUP_RANK each, as shardkit-run --node-rank and torchrun --node-rank set it";
+  for (int r = 0; r < 2; ++r) CHECK(rdv::local_places_check(one_host(2), {place(0, 1), place(0, 1)}, r).refusal == copied);
+  CHECK(rdv::local_places_check(one_host(2), {place(0, 1, "'h1'", 0), place(0, 1, "'h1'", 0)}, 0).refusal == copied);
+  CHECK(rdv::local_places_check(one_host(2), {place(0, 1, "'h1'", 0), place(0, 1)}, 1).refusal == copied);
+  CHECK(rdv::local_places_check(one_host(2), {place(0, 1, "'h1'", 0), place(0, 1, "'h1'", 1)}, 0).refusal == "");
+  CHECK(rdv::local_places_check(one_host(4), {place(0, 2), place(1, 2), place(0, 2), place(1, 2)}, 0)
+            .refusal.starts_with("ranks 0 and 2 both have LOCAL_RANK=0 on host 'h1' (LOCAL_WORLD_SIZE=2)"));
+  // Open MPI states no node: its launcher never gives one local rank twice on a host.
+  CHECK(rdv::local_places_check(one_host(2), {place(0, 1), place(0, 1)}, 0, "OMPI_COMM_WORLD_LOCAL_RANK",
+                                "OMPI_COMM_WORLD_LOCAL_SIZE", "")
+            .refusal.ends_with("SHARDKIT_HOST_ID overrides)"));
   // Launches of other sizes on one host, and places no launcher stated (defaults), are not compared.
   CHECK(rdv::local_places_check(one_host(3), {place(0, 2), place(1, 2), place(0, 1)}, 0).refusal == "");
   CHECK(rdv::local_places_check(one_host(3), {{}, {}, {}}, 0).refusal == "");

@@ -172,13 +172,15 @@ struct temp_dir {
 TEST_CASE("[tools] shardkit-run sets the rendezvous variables and prefixes every line") {
   std::string out, err;
   const int code = run({"-n", "2", "--", "sh", "-c",
-                        "echo \"env $RANK/$WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT\"; "
+                        "echo \"env $RANK/$WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT node $GROUP_RANK\"; "
                         "echo \"to stderr $RANK\" >&2; printf \"no newline $RANK\""},
                        &out, &err);
   CHECK(code == 0);
   INFO(out << err);
   CHECK(contains(out, "[rank 0] env 0/2 0/2 127.0.0.1:"));
   CHECK(contains(out, "[rank 1] env 1/2 1/2 127.0.0.1:"));
+  // GROUP_RANK as torchrun's: the node, which tells launches on one host apart (rendezvous::local_places_check).
+  CHECK(contains(out, " node 0\n[rank"));
   CHECK(contains(out, "[rank 0] no newline 0\n"));
   CHECK(contains(out, "[rank 1] no newline 1\n"));
   CHECK(contains(err, "[rank 1] to stderr 1\n"));
@@ -384,9 +386,9 @@ TEST_CASE("[tools] shardkit-run on host K of H runs ranks K*P.. of H*P, with the
   std::string out;
   REQUIRE(run({"--nnodes", "3", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr", "10.0.0.1",
                "--master-port", "29511", "--auth-token-file", token_file, "--", "sh", "-c",
-               "echo \"$RANK/$WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT $SHARDKIT_AUTH_TOKEN\""},
+               "echo \"$RANK/$WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE $MASTER_ADDR:$MASTER_PORT $SHARDKIT_AUTH_TOKEN node $GROUP_RANK\""},
               &out) == 0);
   INFO(out);
-  CHECK(contains(out, "[rank 2] 2/6 0/2 10.0.0.1:29511 shared-secret\n"));
-  CHECK(contains(out, "[rank 3] 3/6 1/2 10.0.0.1:29511 shared-secret\n"));
+  CHECK(contains(out, "[rank 2] 2/6 0/2 10.0.0.1:29511 shared-secret node 1\n"));
+  CHECK(contains(out, "[rank 3] 3/6 1/2 10.0.0.1:29511 shared-secret node 1\n"));
 }

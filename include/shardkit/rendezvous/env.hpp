@@ -3,7 +3,8 @@
 //!
 //! info_from_env() reads, in order of precedence:
 //!  1. torchrun / Kubernetes PyTorchJob: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (all required once RANK or
-//!     WORLD_SIZE is set), LOCAL_RANK and LOCAL_WORLD_SIZE (optional together: default 0 and 1, one pod per rank).
+//!     WORLD_SIZE is set), LOCAL_RANK and LOCAL_WORLD_SIZE (optional together: default 0 and 1, one pod per rank),
+//!     GROUP_RANK (optional: the launch's node, which torchrun and shardkit-run set).
 //!     When Open MPI's variables are set too, they must agree with RANK and WORLD_SIZE.
 //!  2. Open MPI: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE. MASTER_ADDR (required unless all ranks
 //!     are on one node, then 127.0.0.1) and MASTER_PORT (default 29500).
@@ -43,6 +44,10 @@ struct rendezvous_info {
   //! Whether local_world_size was stated (by the launcher's variables or by hand), not defaulted: only a stated
   //! one is worth a warning when the ranks found on this host disagree with it.
   bool local_world_size_stated = true;
+  //! The launcher's node, when it states one (torchrun's and shardkit-run's GROUP_RANK, Slurm's SLURM_NODEID); -1
+  //! when not. It tells apart several launches on one host (nodes started on one machine, to test) from one launch
+  //! whose ranks were given one LOCAL_RANK (rendezvous::local_places_check()).
+  int node_rank = -1;
 };
 
 //! Reads one environment variable; nullptr when unset. Tests inject a map instead of touching the real one.

@@ -104,6 +104,7 @@ struct local_place {
   int local_world_size = 1;
   bool stated = false;  //!< given by the launcher or by hand, not defaulted: only stated places are checked
   std::string host;     //!< host_label() of the rank's host, for messages
+  int node = -1;        //!< the launcher's node (rendezvous_info::node_rank); -1: not stated
 };
 
 //! What the ranks' local places say against where they were found (local_places_check()).
@@ -119,12 +120,16 @@ struct local_places_verdict {
 //! Checks the launcher's local places (one per rank) against `hosts`, for `rank`. On one host, the ranks that state
 //! LOCAL_WORLD_SIZE=W are expected to be k complete launches of W ranks, each LOCAL_RANK in [0, W) held k times:
 //! k = 1 is the usual case, k > 1 several nodes started on one host (shardkit-run --nnodes run twice there, to
-//! test). A LOCAL_RANK held more often than another is a refusal naming the ranks that hold it and the host (each
-//! rank picks its device and its files by it: two ranks of one host with LOCAL_RANK=0 share a GPU); every LOCAL_RANK
-//! held at most once but some missing is the warning. `names`: the variables the places came from.
+//! test), which each state their node (GROUP_RANK: the holders of one LOCAL_RANK state k different ones). A
+//! LOCAL_RANK held more often than another, or held k > 1 times by ranks that do not state k different nodes (two
+//! ranks started by hand with LOCAL_RANK=0 LOCAL_WORLD_SIZE=1, copied), is a refusal naming the ranks that hold it
+//! and the host (each rank picks its device and its files by it: two ranks of one host with LOCAL_RANK=0 share a
+//! GPU); every LOCAL_RANK held at most once but some missing is the warning. `names`: the variables the places came
+//! from (`node_name` empty: the launcher states no node).
 inline local_places_verdict local_places_check(const host_map& hosts, const std::vector<local_place>& places, int rank,
                                                const std::string& local_rank_name = "LOCAL_RANK",
-                                               const std::string& local_world_size_name = "LOCAL_WORLD_SIZE") {
+                                               const std::string& local_world_size_name = "LOCAL_WORLD_SIZE",
+                                               const std::string& node_name = "GROUP_RANK") {
   local_places_verdict v;
   for (int h = 0; h < hosts.host_count(); ++h) {
     std::map<int, std::map<int, std::vector<int>>> holders;  // W -> LOCAL_RANK -> ranks
@@ -140,9 +145,18 @@ inline local_places_verdict local_places_check(const host_map& hosts, const std:
         least = std::min(least, ranks.size());
       }
       const std::string lws = local_world_size_name + "=" + std::to_string(w);
-      if (most >= 2 && least < most && v.refusal.empty()) {
-        const auto& [local, ranks] = *std::find_if(by_local.begin(), by_local.end(),
-                                                   [&](const auto& e) { return e.second.size() == most; });
+      // k complete launches: each LOCAL_RANK's holders must be k launches, told apart by the nodes they state.
+      const auto apart = [&](const std::vector<int>& ranks) {
+        std::vector<int> nodes;
+        for (int r : ranks) nodes.push_back(places[std::size_t(r)].node);
+        std::sort(nodes.begin(), nodes.end());
+        return nodes.front() >= 0 && std::adjacent_find(nodes.begin(), nodes.end()) == nodes.end();
+      };
+      const auto clash = std::find_if(by_local.begin(), by_local.end(), [&](const auto& e) {
+        return least < most ? e.second.size() == most : e.second.size() >= 2 && !apart(e.second);
+      });
+      if (most >= 2 && clash != by_local.end() && v.refusal.empty()) {
+        const auto& [local, ranks] = *clash;
         std::string who;
         for (std::size_t i = 0; i < ranks.size(); ++i)
           who += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
@@ -150,6 +164,9 @@ inline local_places_verdict local_places_check(const host_map& hosts, const std:
                     std::to_string(local) + " on host " + places[std::size_t(ranks[0])].host + " (" + lws +
                     "): each rank of a host needs a " + local_rank_name + " of its own, as it picks its device and files by it "
                     "(ranks of one host are found by boot id and namespaces; SHARDKIT_HOST_ID overrides)";
+        if (least == most && !node_name.empty())  // as many holders of each: launches that do not say their node
+          v.refusal += "; separate launches on one host (nodes started on one machine, to test) need a " + node_name +
+                       " each, as shardkit-run --node-rank and torchrun --node-rank set it";
       } else if (most == 1 && least == 0 && hosts.host_of[std::size_t(rank)] == h && v.warning.empty()) {
         v.warning = lws + " but " + std::to_string(stating) + (stating == 1 ? " rank that states it is" : " ranks that state it are") +
                     " on this host (by boot id and namespaces; SHARDKIT_HOST_ID overrides): going by the latter";

@@ -22,6 +22,7 @@
 //! The values travel in the store exchange that discovers the hosts (one value per rank, gathered by rank 0:
 //! rendezvous/gather.hpp), so the check costs no request of its own.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <exception>
@@ -120,27 +121,32 @@ inline std::vector<shared_setting> decode_settings(const std::string& blob, cons
 }
 
 inline std::string encode_place(const rendezvous::local_place& p) {
-  return rendezvous::detail::pack_values({p.host, std::to_string(p.local_rank), std::to_string(p.local_world_size), p.stated ? "1" : "0"});
+  return rendezvous::detail::pack_values({p.host, std::to_string(p.local_rank), std::to_string(p.local_world_size), p.stated ? "1" : "0",
+                                          std::to_string(p.node)});
 }
 
+// Four fields from a rank built before the node was sent (it states none).
 inline rendezvous::local_place decode_place(const std::string& blob, const error_context& ctx) {
-  const auto v = rendezvous::detail::unpack_values(blob, 4, ctx);
+  const auto v = rendezvous::detail::unpack_values(blob, -1, ctx);
+  if (v.size() != 4 && v.size() != 5) throw error(errc::protocol, "malformed local place (" + std::to_string(v.size()) + " fields)", ctx);
   rendezvous::local_place p{.stated = v[3] == "1", .host = v[0]};
   try {
     p.local_rank = std::stoi(v[1]);
     p.local_world_size = std::stoi(v[2]);
+    if (v.size() == 5) p.node = std::stoi(v[4]);
   } catch (const std::exception&) {
-    throw error(errc::protocol, "malformed local place '" + v[1] + "/" + v[2] + "'", ctx);
+    throw error(errc::protocol, "malformed local place '" + v[1] + "/" + v[2] + (v.size() == 5 ? "/" + v[4] : "") + "'", ctx);
   }
   if (p.local_world_size < 1 || p.local_rank < 0 || p.local_rank >= p.local_world_size) p.stated = false;  // validate() refused it there
   return p;
 }
 
-//! The launcher's variables that rendezvous_info's local place came from, as messages name them.
-inline std::pair<std::string, std::string> local_place_names(std::string_view source) {
-  if (source == "openmpi") return {"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
-  if (source == "slurm") return {"SLURM_LOCALID", "SLURM_TASKS_PER_NODE"};
-  return {"LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+//! The launcher's variables that rendezvous_info's local place came from, as messages name them: local rank, local
+//! world size, node (none for Open MPI).
+inline std::array<std::string, 3> local_place_names(std::string_view source) {
+  if (source == "openmpi") return {"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", ""};
+  if (source == "slurm") return {"SLURM_LOCALID", "SLURM_TASKS_PER_NODE", "SLURM_NODEID"};
+  return {"LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"};
 }
 
 //! What a rank publishes in place of its values when it gives up (give_up_at_start()): not a packed value, which
@@ -196,8 +202,8 @@ inline rendezvous::host_map agree_on_start(rendezvous::any_store& store, int ran
     places.push_back(decode_place(parts[2], ctx));
   }
   auto hosts = rendezvous::host_map::from_identities(identities);
-  const auto [local_rank_name, local_size_name] = local_place_names(place_source);
-  const auto placed = rendezvous::local_places_check(hosts, places, rank, local_rank_name, local_size_name);
+  const auto [local_rank_name, local_size_name, node_name] = local_place_names(place_source);
+  const auto placed = rendezvous::local_places_check(hosts, places, rank, local_rank_name, local_size_name, node_name);
   if (!placed.warning.empty()) log::warn(placed.warning);
   bool tcp_used = false;
   for (auto& rank_settings : settings_of)

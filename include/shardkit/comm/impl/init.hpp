@@ -75,7 +75,8 @@ SHARDKIT_DECL world init_process_group(init_options options) {
   // a collective sends: one store exchange, before any transport connects (detail/start_agreement.hpp).
   // The launcher's local places travel with them: two ranks of one host with one LOCAL_RANK fail here too.
   const rendezvous::local_place place{.local_rank = w.info.local_rank, .local_world_size = w.info.local_world_size,
-                                      .stated = w.info.local_world_size_stated, .host = rendezvous::host_label()};
+                                      .stated = w.info.local_world_size_stated, .host = rendezvous::host_label(),
+                                      .node = w.info.node_rank};
   std::vector<detail::shared_setting> mine;
   try {
     mine = detail::shared_settings(transport, opts);

@@ -237,6 +237,7 @@ inline rendezvous_info read_launcher_env(const env_lookup& lookup, info_names& n
     const auto local = env.pair("LOCAL_RANK", "LOCAL_WORLD_SIZE", 1);
     if (local) std::tie(info.local_rank, info.local_world_size) = *local;
     info.local_world_size_stated = local.has_value();
+    info.node_rank = env.integer("GROUP_RANK").value_or(-1);
     const auto addr = env.str("MASTER_ADDR");
     if (!addr) detail::config_error("MASTER_ADDR", "MASTER_ADDR is not set (RANK is, as torchrun sets both)");
     info.master_addr = *addr;
@@ -271,7 +272,9 @@ inline rendezvous_info read_launcher_env(const env_lookup& lookup, info_names& n
                            "SLURM_TASKS_PER_NODE is set (tasks on this node unknown)");
     const auto counts = detail::parse_slurm_tasks_per_node(*text, var);
     names.local_world_size = var;
-    if (auto node = env.integer("SLURM_NODEID"); node && counts.size() > 1) {
+    const auto node = env.integer("SLURM_NODEID");
+    info.node_rank = node.value_or(-1);
+    if (node && counts.size() > 1) {
       if (std::size_t(*node) >= counts.size())
         detail::config_error("SLURM_NODEID", "SLURM_NODEID=" + std::to_string(*node) + " but " + var + " lists " +
                                                  std::to_string(counts.size()) + " nodes");
