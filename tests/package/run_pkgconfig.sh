@@ -37,7 +37,7 @@ pkg-config --cflags --libs shardkit
 mods="shardkit-compiled shardkit-tcp shardkit-ckpt shardkit-data"
 pkg-config --print-errors --exists $mods
 # shellcheck disable=SC2046
-"$cxx" -O1 -o "$work/consumer" "$src/tests/package/consumer/main.cpp" $(pkg-config --cflags --libs $mods)
+"$cxx" -o "$work/consumer" "$src/tests/package/consumer/main.cpp" $(pkg-config --cflags --libs $mods)
 "$work/consumer"
 all=shardkit
 for m in tcp codec ckpt data s3 gloo fabric cuda nccl; do
