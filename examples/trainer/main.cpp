@@ -20,9 +20,10 @@
 // Rank 0 prints one line per step: the global mean loss at full precision, tokens per second, and where the step's
 // time went (compute, waiting for all-gathers, waiting for gradient reductions, gathers queued on the limiter).
 // With checkpoints, it ends with their totals and the interval that keeps up on this run's link: "# checkpoint
-// every K steps keeps up at this link" (a save's median time over a step's), and how many saves began before the
-// one before had committed. Last, the CPU time of rank 0's threads by name ("# CPU on rank 0 by thread"): the
-// checkpointer's sk-ckpt and its S3 sink's sk-s3 beside the trainer's own.
+// every K steps keeps up at this link" (with a link governor on SHARDKIT_S3_LINK: a save's bytes over what the link
+// leaves idle per step, trainer/keeps_up.hpp; without one, a save's median time over a step's), and how many saves
+// began before the one before had committed. Last, the CPU time of rank 0's threads by name ("# CPU on rank 0 by
+// thread"): the checkpointer's sk-ckpt and its S3 sink's sk-s3 beside the trainer's own.
 #include <algorithm>
 #include <cmath>
 #include <chrono>
@@ -45,6 +46,7 @@
 #include "shardkit/ckpt/listing.hpp"  // list_checkpoints
 #include "shardkit/ckpt/checkpointer.hpp"
 #include "shardkit/comm/init.hpp"  // with shardkit::tcp linked, tcp and shm+tcp too
+#include "shardkit/core/link_governor.hpp"
 #include "shardkit/data/loader.hpp"
 #include "shardkit/data/tokenize.hpp"
 #include "shardkit/fsdp/optimizer.hpp"
@@ -52,6 +54,7 @@
 #include "shardkit/storage/open_sink.hpp"
 #include "trainer/data.hpp"
 #include "trainer/flags.hpp"
+#include "trainer/keeps_up.hpp"
 #include "trainer/memory.hpp"
 #include "trainer/stop_signal.hpp"
 #include "trainer/thread_cpu.hpp"
@@ -366,6 +369,13 @@ int main(int argc, char** argv) try {
   std::vector<sk::basic_completion<sk::ckpt::save_result>> saves;
   double ckpt_stall_ms = 0, total_ckpt_stall_ms = 0;
   std::vector<double> step_ms;  // every step's time, for the checkpoint summary's sustainable interval
+  // The governor of the link checkpoints share with training (SHARDKIT_S3_LINK): the collectives' bytes it counts
+  // per step give the link's idle time, hence the interval that keeps up (trainer/keeps_up.hpp).
+  const char* shared_link = std::getenv("SHARDKIT_S3_LINK");
+  sk::link_governor* link = ckpt && shared_link && *shared_link ? sk::governor_for_link(shared_link) : nullptr;
+  const auto collectives_tx = [&] { return link ? link->sent(sk::link_direction::tx, sk::traffic_class::collectives) : 0; };
+  const std::uint64_t tx_before = collectives_tx();
+  std::vector<std::uint64_t> tx_after_step;
   std::size_t saves_behind = 0;  // saves requested while the one before had not committed: the checkpointer fell behind
   const std::size_t act = std::size_t(rows) * T * d;
   std::vector<std::vector<float>> acts(std::size_t(L) + 2, std::vector<float>(act));  // acts[k]: input of unit k
@@ -460,6 +470,7 @@ int main(int argc, char** argv) try {
     }
     const auto elapsed = std::chrono::steady_clock::now() - t0;
     step_ms.push_back(ms(elapsed));
+    tx_after_step.push_back(collectives_tx());
     if (trace) trace->step(step, t0, t0 + elapsed);
     if (times) {
       const auto st = model.stats();
@@ -517,17 +528,14 @@ int main(int argc, char** argv) try {
       std::printf("# checkpoints: %zu of %zu committed in %s, training stalled %.3f ms in all; per save on rank 0: "
                   "stage %.3f ms, persist %.3f ms, commit %.3f ms\n",
                   committed, saves.size(), f.ckpt_dir.c_str(), total_ckpt_stall_ms, stage_ms / n, persist_ms / n, commit_ms / n);
-      // The smallest interval at which a save ends before the next begins, from this run's medians (a save's
-      // stage + persist + commit over a step's time): what the link, shared with training, sustains.
-      const auto median = [](std::vector<double> v) {
-        std::sort(v.begin(), v.end());
-        return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-      };
-      const double save = median(save_ms), step = median(step_ms);
-      const long keeps_up = step > 0 ? std::max(1L, long(std::ceil(save / step))) : 0;
-      std::printf("# checkpoint every %ld steps keeps up at this link (a save %.1f ms, a step %.1f ms: medians on rank 0); "
+      std::vector<double> save_bytes;
+      for (auto& c : saves) save_bytes.push_back(double(c.get().bytes_written));
+      const auto k = trainer::sustainable_interval(step_ms, tx_after_step, tx_before, save_bytes, save_ms,
+                                                   link ? double(link->options().bytes_per_second) : 0.0,
+                                                   link ? link->options().floor_percent : 0);
+      std::printf("# checkpoint every %ld steps keeps up at this link (%s); "
                   "every %d: %zu of %zu saves began before the one before had committed\n",
-                  keeps_up, save, step, f.ckpt_every, saves_behind, saves.size());
+                  k.every, k.why.c_str(), f.ckpt_every, saves_behind, saves.size());
     }
   }
   if (rank == 0) {  // what the saves cost in CPU (sk-ckpt, sk-s3), beside training: by thread name, while they live
