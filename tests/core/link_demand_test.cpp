@@ -11,23 +11,11 @@
 #include <vector>
 
 #include "shardkit/core/link_governor.hpp"
+#include "link_governor_clock.hpp"
 
 namespace link_demand_test {
 
-using namespace std::chrono_literals;
-using shardkit::link_direction;
-using shardkit::link_governor;
-using shardkit::traffic_class;
-constexpr auto tx = link_direction::tx;
-constexpr auto rx = link_direction::rx;
-
-struct fake_clock {
-  std::atomic<link_governor::clock::time_point> t{link_governor::clock::now()};
-  link_governor::now_function function() {
-    return [this] { return t.load(); };
-  }
-  void advance(link_governor::clock::duration d) { t.store(t.load() + d); }
-};
+using namespace link_governor_test;
 
 // 100 MB/s (about a 1 Gbit/s link's payload), a 100 ms window: 10 MB per window.
 constexpr std::uint64_t rate = 100'000'000;

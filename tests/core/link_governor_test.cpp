@@ -22,24 +22,11 @@
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/link_capacity.hpp"
 #include "shardkit/core/link_governor.hpp"
+#include "link_governor_clock.hpp"
 
 namespace {
 
-using namespace std::chrono_literals;
-using shardkit::link_direction;
-using shardkit::link_governor;
-using shardkit::traffic_class;
-constexpr auto tx = link_direction::tx;
-constexpr auto rx = link_direction::rx;
-
-//! A clock tests move by hand; it starts at the real now, so the governor's first sample is not in the future.
-struct fake_clock {
-  std::atomic<link_governor::clock::time_point> t{link_governor::clock::now()};
-  link_governor::now_function function() {
-    return [this] { return t.load(); };
-  }
-  void advance(link_governor::clock::duration d) { t.store(t.load() + d); }
-};
+using namespace link_governor_test;
 
 // 1 MB/s and a 100 ms window: 100,000 bytes per window; no floor (the cases of the floor set one).
 shardkit::link_governor_options one_mb() { return {.bytes_per_second = 1'000'000, .floor_percent = 0, .window = 100ms}; }
