@@ -189,6 +189,32 @@ TEST_CASE("[comm] all_gatherv with the same total but different per-rank counts 
   });
 }
 
+// Rank 1 sends with tag 7 where rank 0 receives with tag 5 (a mistake in the trainer's tags): rank 0's timeout names
+// both tags and the peer (it said rank 1 "did not post the matching send", as of a peer that never sent).
+TEST_CASE("[comm] a recv whose peer sent with another tag names both tags and the peer at its timeout") {
+  auto groups = comm::make_loopback_world(2, test_group_options());
+  std::string said;
+  test::run_threads(2, [&](int r) {
+    std::vector<std::int32_t> data(4, r);
+    const buffer_view view(data.data(), data.size(), dtype::i32);
+    auto& group = groups[std::size_t(r)];
+    if (r == 1) {  // a loopback send waits for its recv: it times out too, later, and is withdrawn
+      CHECK_THROWS(group.send(view, 0, 7, {.timeout = std::chrono::milliseconds(1500)}).wait());
+      return;
+    }
+    try {
+      group.recv(view, 1, 5, {.timeout = std::chrono::milliseconds(300)}).wait();
+      FAIL("the recv with the wrong tag completed");
+    } catch (const error& e) {
+      CHECK(e.code() == errc::timeout);
+      said = e.what();
+    }
+  });
+  CAPTURE(said);
+  CHECK(said.find("recv with tag 5 did not complete within 300 ms: peer rank 1 sent with tag 7 instead (its message "
+                  "waits here unreceived): the two ranks' tags differ") != std::string::npos);
+}
+
 TEST_CASE("[comm] blocking send/recv of a communicator without isend/irecv reuse a few joined threads, not one per call") {
   static_assert(!comm::detail::has_async_p2p<blocking_p2p_only>);
   static_assert(comm::communicator<blocking_p2p_only>);

@@ -164,6 +164,18 @@ SHARDKIT_SCENARIO(p2p_recv_from_stopped_sender) {
   } else {
     const int sender = std::stoi(world.store.get("pid/1", std::chrono::seconds(10)));
     SCENARIO_CHECK(test::wait_until_process_stopped(sender));
+    // A recv that times out on it says what the stall lines said: the peer's process is stopped (its error said
+    // only that rank 1 did not post the matching send). Withdrawn, it leaves the group as it was.
+    try {
+      world.group.recv(view, 1, 6, {.timeout = std::chrono::milliseconds(300)}).wait();
+      SCENARIO_CHECK(!"the recv from a stopped rank completed");
+    } catch (const error& e) {
+      const std::string said = e.what();
+      std::fprintf(stderr, "short recv: %s\n", said.c_str());
+      SCENARIO_CHECK(said.find("recv with tag 6 did not complete within 300 ms: peer rank 1 did not post the matching "
+                               "send: its process (pid " + std::to_string(sender) + ") is stopped (SIGSTOP or a debugger)") !=
+                     std::string::npos);
+    }
     std::string text;
     {
       test::stderr_capture log;
@@ -192,6 +204,43 @@ TEST_CASE("[comm] a recv from a stopped sender logs the stall line naming the pe
                         R"(bytes\) of group 'world' \(receiving from it\): its process \(pid [0-9]+\) is stopped \(SIGSTOP or a )"
                         R"(debugger\); the call times out in 1[0-9.]+ s\n)");
   CHECK(std::regex_search(out, line));
+}
+
+// Rank 1 sends with tag 7 where rank 0 receives with tag 5, over shm and over tcp (the message arrives and waits
+// unreceived): rank 0's timeout names both tags and rank 1; then both go on with the right tag.
+SHARDKIT_SCENARIO(p2p_tag_mismatch) {
+  auto world = comm::init_process_group(std::getenv("P2P_TRANSPORT"));
+  const int me = world.group.rank();
+  std::vector<std::int32_t> data(8, me == 1 ? 42 : 0);
+  const buffer_view view(data.data(), data.size(), dtype::i32);
+  if (me == 1) {
+    world.group.send(view, 0, 7).wait();
+    world.store.get("mismatch said", std::chrono::seconds(30));  // the right tag only after rank 0's timeout
+    world.group.send(view, 0, 5).wait();
+  } else {
+    try {
+      world.group.recv(view, 1, 5, {.timeout = std::chrono::milliseconds(1000)}).wait();
+      SCENARIO_CHECK(!"the recv with another tag than the send completed");
+    } catch (const error& e) {
+      const std::string said = e.what();
+      std::fprintf(stderr, "mismatch: %s\n", said.c_str());
+      SCENARIO_CHECK(said.find("recv with tag 5 did not complete within 1000 ms: peer rank 1 sent with tag 7 instead (its "
+                               "message waits here unreceived): the two ranks' tags differ") != std::string::npos);
+    }
+    world.store.set("mismatch said", "1");
+    world.group.recv(view, 1, 7).wait();
+    world.group.recv(view, 1, 5).wait();
+    SCENARIO_CHECK(data[0] == 42);
+  }
+  world.group.barrier().wait();
+}
+
+TEST_CASE("[comm] a recv whose peer sent with another tag names both tags and the peer, over shm and tcp") {
+  for (const char* transport : {"shm", "tcp"}) {
+    CAPTURE(transport);
+    const auto results = test::run_processes(2, "p2p_tag_mismatch", {{"P2P_TRANSPORT", transport}}, std::chrono::seconds(60));
+    test::require_all_succeeded(results);
+  }
 }
 
 // Rank 2 of 4 stops (SIGSTOP) before an all_reduce (recursive doubling: rank 1 waits on rank 3, which waits on rank

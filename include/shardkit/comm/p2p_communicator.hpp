@@ -241,6 +241,16 @@ class p2p_communicator {
     else return {};
   }
 
+  //! The tags of process_group sends of group rank `r` in this group that arrived and wait for a recv here
+  //! (transport::lists_unmatched), for a recv's timeout to name; none where the transport cannot tell.
+  std::vector<std::uint32_t> unmatched_user_tags(int r) const {
+    std::vector<std::uint32_t> tags;
+    if constexpr (transport::lists_unmatched<T>)
+      for (const auto t : transport_->unmatched_from(members_[std::size_t(r)]))
+        if (t >> 63 && ((t >> 32) & 0x7fffffffu) == group_id_) tags.push_back(std::uint32_t(t));  // user_tag()'s
+    return tags;
+  }
+
   //! Fails everything in flight on the transport (when it can): the last resort when an operation cannot be
   //! withdrawn any other way. Every group sharing the transport is affected.
   void abort(std::exception_ptr reason) {

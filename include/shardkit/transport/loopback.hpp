@@ -114,6 +114,16 @@ class loopback_transport {
     return recv_pieces(peer, tag, listed(pieces, "recv_scatter"));
   }
 
+  //! The tags of `peer`'s sends to this rank that wait for their recv (transport::lists_unmatched), any thread.
+  std::vector<message_tag> unmatched_from(int peer) const {
+    std::vector<message_tag> tags;
+    if (peer < 0 || peer >= hub_->size_ || peer == rank_) return tags;
+    std::lock_guard lock(hub_->mutex_);
+    for (const auto& s : hub_->sends_[hub_->pair(rank_, peer)])
+      if (std::find(tags.begin(), tags.end(), s.tag) == tags.end()) tags.push_back(s.tag);
+    return tags;
+  }
+
   //! This rank leaves: every operation pending with it, on either side, fails with errc::peer_lost.
   void close() { fail_all(nullptr); }
 

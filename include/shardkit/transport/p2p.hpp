@@ -46,6 +46,7 @@
 #include <exception>
 #include <string>
 #include <span>
+#include <vector>
 
 #include "shardkit/core/completion.hpp"
 
@@ -102,6 +103,14 @@ concept reports_lost_peers = p2p<T> && requires(const T& t, int peer) {
 template <class T>
 concept describes_peers = p2p<T> && requires(const T& t, int peer) {
   { t.peer_state(peer) } -> std::convertible_to<std::string>;
+};
+
+//! Optional: a transport that tells which messages from `peer` arrived and wait for a recv here
+//! (`t.unmatched_from(peer)`: their tags, each once, in no particular order). A recv that times out names them, so
+//! that a peer that sent with another tag is seen as such, not as one that never sent (comm::process_group::recv).
+template <class T>
+concept lists_unmatched = p2p<T> && requires(const T& t, int peer) {
+  { t.unmatched_from(peer) } -> std::same_as<std::vector<message_tag>>;
 };
 
 //! Optional: a transport that sends one message gathered from several byte ranges and receives one scattered into

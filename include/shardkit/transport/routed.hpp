@@ -103,6 +103,17 @@ class routed_transport {
     return {};
   }
 
+  //! The tags of `peer`'s messages waiting for their recv, as the transport serving it tells (none where it cannot).
+  std::vector<message_tag> unmatched_from(int peer) const {
+    if (peer < 0 || peer >= size()) return {};
+    if (is_local(peer)) {
+      if constexpr (lists_unmatched<Local>) return local_->unmatched_from(local_index_[std::size_t(peer)]);
+      return {};
+    }
+    if constexpr (lists_unmatched<Remote>) return remote_->unmatched_from(peer);
+    return {};
+  }
+
   //! Whether `peer` closed its transport in order, as the transport serving it tells (both must be able to).
   bool left_in_order(int peer) const
     requires(reports_departures<Local> && reports_departures<Remote>)

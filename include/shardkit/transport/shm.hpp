@@ -208,6 +208,8 @@ class shm_transport {
 
   //! "its process (pid N) is stopped (SIGSTOP or a debugger)" when `peer`'s process is, else "".
   std::string peer_state(int peer) const { return engine_->peer_state(peer); }
+  //! The tags of `peer`'s messages that arrived and wait for their recv (transport::lists_unmatched).
+  std::vector<message_tag> unmatched_from(int peer) const { return engine_->unmatched_from(peer); }
 
   //! Fails every pending and later operation with `reason` (errc::aborted when null); peers see this rank lost.
   void abort(std::exception_ptr reason = nullptr) { engine_->abort(std::move(reason)); }

@@ -123,6 +123,8 @@ class tcp_transport {
 
   //! The connections to `peer`: "stream 0 10.0.0.2:41234, stream 1 10.0.1.2:41235" (diagnostics).
   std::string describe_peer(int peer) const { return core_->describe_peer(peer); }
+  //! The tags of `peer`'s messages that arrived and wait for their recv (transport::lists_unmatched).
+  std::vector<message_tag> unmatched_from(int peer) const { return core_->unmatched_from(peer); }
   //! The "ip:port" list this rank listened on during setup (closed since).
   std::string listen_addresses() const { return core_->listening(); }
   //! Counters summed over all peers (each a relaxed snapshot).

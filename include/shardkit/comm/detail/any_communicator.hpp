@@ -69,6 +69,9 @@ struct communicator_interface {
   //! What the backend sees of group rank r's process (a stopped one), for the stall line (detail/stall_line.hpp);
   //! "" where nothing is worth saying or it cannot tell.
   virtual std::string peer_state(int r) const = 0;
+  //! The tags of group rank r's sends to this rank that wait here for a recv, for a recv's timeout; empty where
+  //! none do or the backend cannot tell.
+  virtual std::vector<std::uint32_t> unmatched_user_tags(int r) const = 0;
 };
 
 //! Runs the blocking send/recv of a communicator without isend/irecv, each on a thread of a blocking_call_pool
@@ -201,6 +204,11 @@ class communicator_model final : public communicator_interface {
   }
   std::string peer_state(int r) const override {
     if constexpr (requires { { comm_.peer_state(r) } -> std::convertible_to<std::string>; }) return comm_.peer_state(r);
+    else return {};
+  }
+  std::vector<std::uint32_t> unmatched_user_tags(int r) const override {
+    if constexpr (requires { { comm_.unmatched_user_tags(r) } -> std::same_as<std::vector<std::uint32_t>>; })
+      return comm_.unmatched_user_tags(r);
     else return {};
   }
   C& get() noexcept { return comm_; }

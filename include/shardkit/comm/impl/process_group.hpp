@@ -22,6 +22,7 @@
 
 #include "shardkit/comm/detail/fault_reports.hpp"
 #include "shardkit/comm/detail/p2p_deadline.hpp"
+#include "shardkit/comm/detail/p2p_timeout_text.hpp"
 #include "shardkit/comm/detail/progress_engine.hpp"
 #include "shardkit/comm/detail/shared_settings.hpp"
 #include "shardkit/comm/process_group.hpp"
@@ -513,9 +514,8 @@ SHARDKIT_DECL work process_group::with_deadline(completion op, const char* name,
   const bool sending = std::string_view(name) == "send";
   const char* matching = sending ? "recv" : "send";
   const std::string tagged = " with tag " + std::to_string(tag);
-  const std::string what = name + tagged + " did not complete within " + std::to_string(timeout.count()) +
-                           " ms: peer rank " + std::to_string(peer) + " did not post the matching " + matching;
-  const auto timeout_error = std::make_exception_ptr(error(errc::timeout, what, ctx));
+  // Said at the deadline, from what is known of the peer then (detail::p2p_timeout_text): set before timed_out.
+  auto timeout_error = std::make_shared<std::exception_ptr>();
   completion_source result;
   auto timed_out = std::make_shared<std::atomic<bool>>(false);
   std::weak_ptr<impl> weak = impl_;
@@ -526,21 +526,30 @@ SHARDKIT_DECL work process_group::with_deadline(completion op, const char* name,
       .what = sending ? "sending to" : "receiving from", .peer_call = matching + tagged,
       .describe = [weak](int r) { auto s = weak.lock(); return s ? s->comm->peer_state(r) : std::string(); },
       .size = s.comm->size()};
-  auto timer = detail::p2p_deadline::start(std::move(watch), [op, result, timed_out, timeout_error, weak] {
+  auto timer = detail::p2p_deadline::start(std::move(watch), [op, result, timed_out, timeout_error, weak, ctx, sending, peer, tag,
+                                                               timeout, call = std::string(name)] {
     if (op.is_done()) return;  // ended in time after all: the forwarder reports its own outcome
+    {
+      auto s = weak.lock();
+      const detail::p2p_timeout_facts facts{
+          .call = call, .sending = sending, .tag = tag, .peer = peer, .timeout = timeout,
+          .peer_state = s ? s->comm->peer_state(peer) : std::string(),
+          .peer_tags = s && !sending ? s->comm->unmatched_user_tags(peer) : std::vector<std::uint32_t>{}};
+      *timeout_error = std::make_exception_ptr(error(errc::timeout, detail::p2p_timeout_text(facts), ctx));
+    }
     timed_out->store(true);
     if (op.cancel()) return;  // withdrawn: op fails now and the forwarder below reports the timeout
     if (op.is_done()) return;
     if (auto s = weak.lock()) {  // under way: the buffer is only safe once the backend lets go of it
-      s->mark_broken(timeout_error);
-      if (!s->comm->abort(timeout_error))
+      s->mark_broken(*timeout_error);
+      if (!s->comm->abort(*timeout_error))
         log::error("a timed-out transfer of group ", s->opts.name, " cannot be aborted; its buffer may still be used");
     }
-    result.set_error(timeout_error);
+    result.set_error(*timeout_error);
   });
   op.then([op, result, timed_out, timeout_error, timer] {
     timer->end();
-    if (auto e = op.exception()) result.set_error(timed_out->load() ? timeout_error : e);
+    if (auto e = op.exception()) result.set_error(timed_out->load() ? *timeout_error : e);
     else result.set_done(op.bytes());
   });
   result.on_cancel([op] { return op.cancel(); });

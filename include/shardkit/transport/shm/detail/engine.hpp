@@ -189,6 +189,11 @@ class engine : public std::enable_shared_from_this<engine> {
     return "its process (pid " + std::to_string(owner.pid) + ") is stopped (SIGSTOP or a debugger)";
   }
 
+  //! The tags of `p`'s messages that arrived and wait for their recv, any thread.
+  std::vector<message_tag> unmatched_from(int p) {
+    return p < 0 || p >= size() || p == rank() ? std::vector<message_tag>{} : unmatched_tags(in_at(p));
+  }
+
   //! Whether `p` closed its transport in order (its sends flushed into the rings first), any thread. A peer
   //! that aborted or whose process ended with its transport open did not.
   bool left_in_order(int p) const {

@@ -83,6 +83,15 @@ struct inbound_link {
   std::shared_ptr<unexpected_message> buffered;
 };
 
+//! The tags of the messages that arrived on `in` and wait for their recv, any thread.
+inline std::vector<message_tag> unmatched_tags(inbound_link& in) {
+  std::lock_guard lock(in.mutex);
+  std::vector<message_tag> tags;
+  for (const auto& [tag, queue] : in.unexpected)
+    if (!queue.empty()) tags.push_back(tag);
+  return tags;
+}
+
 inline std::exception_ptr truncated_error(int rank, int peer, std::size_t message, std::size_t buffer) {
   return std::make_exception_ptr(error(errc::protocol,
                                        "message of " + std::to_string(message) +

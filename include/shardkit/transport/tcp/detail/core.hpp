@@ -224,6 +224,10 @@ class core : public std::enable_shared_from_this<core> {
     threads_.clear();
   }
 
+  std::vector<message_tag> unmatched_from(int peer) const {
+    if (peer < 0 || peer >= size_ || peer == rank_ || !peers_[std::size_t(peer)]) return {};
+    return peers_[std::size_t(peer)]->unmatched_tags();
+  }
   std::string describe_peer(int peer) const {
     check_peer(peer, "tcp.describe_peer");
     return peers_[std::size_t(peer)]->describe();

@@ -68,6 +68,15 @@ class peer {
 
   void add_stats(tcp_stats& s) const noexcept { counters_.add_to(s); }
 
+  //! The tags of this peer's messages that arrived (wholly or in part) and wait for their recv, any thread.
+  std::vector<message_tag> unmatched_tags() {
+    std::lock_guard lock(rx_mutex_);
+    std::vector<message_tag> tags;
+    for (const auto& [tag, queue] : unexpected_)
+      if (!queue.empty()) tags.push_back(tag);
+    return tags;
+  }
+
   //! The error that failed this peer (its connections closed, reset or broke the protocol), or null.
   std::exception_ptr failure() {
     std::lock_guard lock(rx_mutex_);
