@@ -47,8 +47,12 @@ int main(int argc, char** argv) {
     }
     try {
       if (!value.empty()) settings::check_value(*v, value);
-      std::printf("%.*s='%.*s': ok (%.*s)\n", int(name.size()), name.data(), int(value.size()), value.data(),
-                  int(v->target.size()), v->target.data());
+      // The job's shared secret is not printed: this output is what users paste into bug reports.
+      const std::string shown = v->name == "SHARDKIT_AUTH_TOKEN" && !value.empty()
+                                    ? "(hidden, " + std::to_string(value.size()) + " bytes)"
+                                    : "'" + std::string(value) + "'";
+      std::printf("%.*s=%s: ok (%.*s)\n", int(name.size()), name.data(), shown.c_str(), int(v->target.size()),
+                  v->target.data());
     } catch (const std::exception& ex) {
       std::printf("%s\n", ex.what());
       ++bad;
