@@ -483,9 +483,10 @@ class link_governor {
     now = s.samples.back().at;
     auto ready = clock::time_point::max();
     const std::uint64_t b = budget(), above = reserved_above_locked(s, c), need = granule(want);
-    if (above < b && b - above >= need && !s.demand.writing()) {  // while it writes, demand_end() wakes
-      ready = std::max({drained_at_locked(s, all_classes, b - above - need, now),
-                        s.demand.first_class_until() + o_.quiet, s.demand.drained_to(o_.queue_bytes - need)});
+    const auto until = s.demand.first_class_until();  // max() while a write is in progress: demand_end() wakes
+    if (above < b && b - above >= need && until != clock::time_point::max()) {
+      ready = std::max({drained_at_locked(s, all_classes, b - above - need, now), until + o_.quiet,
+                        s.demand.drained_to(o_.queue_bytes - need)});
     }
     const std::uint64_t f = floor_budget(), floor_need = floor_granule(want);
     if (f >= floor_need && b >= floor_need)
