@@ -51,6 +51,23 @@ fsdp::plan_cluster lab(double bytes_per_second = 100e6) {
   return {.hosts = 4, .ranks_per_host = 1, .link_bytes_per_second = bytes_per_second, .rtt_seconds = 0};
 }
 
+// The example trainer's units (width 256, 6 blocks) with the compute measured on the 16-core host, and the lab
+// there at 2 Gbit/s: the balanced regime of docs/benchmarks.md (shardkit-plan --units ... --hosts 4 --gbit 2.0
+// --rtt-us 100 --cores-per-host 4 --scale-compute 0.412 --optimizer-ms 7.77).
+std::vector<fsdp::plan_unit> trainer_units() {
+  const double s = 0.412e-3;
+  std::vector<fsdp::plan_unit> units{{"embed", 81920, 0.0407 * s, 0.0493 * s}};
+  const double fwd[] = {10.8918, 15.7560, 13.5869, 12.4515, 12.4047, 10.0225};
+  const double bwd[] = {19.3491, 19.2532, 20.1883, 23.6221, 23.7048, 23.3770};
+  for (int b = 0; b < 6; ++b) units.push_back({"block" + std::to_string(b), 526080, fwd[b] * s, bwd[b] * s});
+  units.push_back({"head", 65792, 9.4068 * s, 0.9516 * s});
+  return units;
+}
+
+fsdp::plan_cluster balanced_lab() {
+  return {.hosts = 4, .cores_per_host = 4, .link_bytes_per_second = 2e9 / 8, .rtt_seconds = 100e-6};
+}
+
 }  // namespace
 
 TEST_CASE("[fsdp] plan: without a network the step is the compute; without compute it is the communication") {
@@ -190,13 +207,8 @@ TEST_CASE("[fsdp] plan: from two units, backward's parameters go before its grad
   // The example trainer's units in the balanced lab (docs/benchmarks.md: 16 cores, 2 Gbit/s): at 4 units the
   // backward gathers asked for parameters and gradients as one request and waited for the reduce-scatter of the
   // unit two ahead to give its gradients back; as two requests the parameters' all-gather starts at once.
-  const double s = 0.412e-3;
-  std::vector<fsdp::plan_unit> units{{"embed", 81920, 0.0407 * s, 0.0493 * s}};
-  const double fwd[] = {10.8918, 15.7560, 13.5869, 12.4515, 12.4047, 10.0225};
-  const double bwd[] = {19.3491, 19.2532, 20.1883, 23.6221, 23.7048, 23.3770};
-  for (int b = 0; b < 6; ++b) units.push_back({"block" + std::to_string(b), 526080, fwd[b] * s, bwd[b] * s});
-  units.push_back({"head", 65792, 9.4068 * s, 0.9516 * s});
-  const fsdp::plan_cluster c{.hosts = 4, .cores_per_host = 4, .link_bytes_per_second = 2e9 / 8, .rtt_seconds = 100e-6};
+  const auto units = trainer_units();
+  const fsdp::plan_cluster c = balanced_lab();
   fsdp::plan_options o{.optimizer_seconds = 7.77e-3};
   o.limiter_budget_bytes = fsdp::unlimited_budget;
   const auto unlimited = fsdp::simulate_step(units, c, o);
@@ -208,6 +220,30 @@ TEST_CASE("[fsdp] plan: from two units, backward's parameters go before its grad
   // A count cap rules the split out (a unit would count twice): the gathers wait as before.
   o.limiter_max_inflight = 12;
   CHECK(fsdp::simulate_step(units, c, o).step_seconds > unlimited.step_seconds * 1.01);
+}
+
+TEST_CASE("[fsdp] plan: backward's first gather beyond the kept units starts while the unit before them computes forward") {
+  // At two units only the head is kept: block 5 is gathered again for backward. Queued when the head began forward,
+  // that gather waited for block 5's forward use to end (its parameters' one buffer), and the link idled ~3 ms at
+  // the turn. Queued when block 5 begins forward, into a second parameter block (within the budget), and asked for
+  // as parameters then gradients where the region rules out a deadlock, it runs right after the forward's gathers.
+  const auto units = trainer_units();
+  const std::size_t block5 = 6, head = 7;
+  fsdp::plan_options o{.limiter_budget_units = 2, .optimizer_seconds = 7.77e-3};
+  const auto two = fsdp::simulate_step(units, balanced_lab(), o);
+  CHECK(two.kept_for_backward == 1);
+  std::map<std::tuple<kind, fsdp::pass, std::size_t>, fsdp::plan_event> at;
+  for (const auto& e : two.timeline) at[{e.what, e.pass, e.unit}] = e;
+  const auto& gathered = at.at({kind::gather, fsdp::pass::backward, block5});
+  CHECK(gathered.begin < at.at({kind::use, fsdp::pass::forward, block5}).end);
+  CHECK(gathered.begin == doctest::Approx(at.at({kind::gather, fsdp::pass::forward, head}).end).epsilon(1e-12));
+  // 130.2 ms before (1.128x the 115.4 ms of communication only), 127.2 ms now.
+  CHECK(two.step_seconds < 128e-3);
+  CHECK(two.peak_gathered_bytes <= two.budget_bytes);
+  // Off: queued by backward's first unit, after the forward (as before early_backward_gather).
+  o.early_backward_gather = false;
+  const auto late = fsdp::simulate_step(units, balanced_lab(), o);
+  CHECK(late.step_seconds > two.step_seconds);
 }
 
 TEST_CASE("[fsdp] plan: small units sit apart in the region: at one unit, forward still overlaps a block's gather") {

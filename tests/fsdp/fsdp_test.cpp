@@ -221,6 +221,47 @@ TEST_CASE("[fsdp] the timeline: every gather, use and reduction of a step, in or
   });
 }
 
+TEST_CASE("[fsdp] backward's first gather beyond the kept units is asked for while the unit before them computes forward") {
+  // Two units of budget, five equal units: the last one is kept, the one before it (u3) is gathered again for
+  // backward. That gather takes a second parameter block while u3's forward use holds the first (within the
+  // budget), so it starts before that use ends (sharding_options::early_backward_gather; until this change it was
+  // queued when the kept unit began forward, after u3's use had given its parameters back).
+  using kind = fsdp::model_event::kind;
+  std::vector<fsdp::unit_spec> specs;
+  for (int i = 0; i < 5; ++i) specs.push_back({"u" + std::to_string(i), {{"u" + std::to_string(i) + ".w", {64, 64}}}});
+  auto groups = sk::comm::make_loopback_world(2);
+  sk::test::run_threads(2, [&](int r) {
+    std::mutex m;
+    std::vector<fsdp::model_event> events;
+    fsdp::sharding_options o;
+    o.limiter_budget_units = 2;
+    o.on_event = [&](const fsdp::model_event& e) {
+      std::lock_guard l(m);
+      events.push_back(e);
+    };
+    std::size_t kept = 0;
+    {
+      fsdp::sharded_model model(groups[std::size_t(r)], specs, o);
+      kept = model.kept_for_backward();
+      for (auto& u : model.forward())
+        if (u.index() == 3) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      for (auto& u : model.backward()) (void)u;
+      CHECK(model.limiter().stats().peak_bytes <= model.limiter().budget());
+    }
+    REQUIRE(kept == 1);
+    std::lock_guard l(m);
+    const auto find = [&](kind k, fsdp::pass p) {
+      for (const auto& e : events)
+        if (e.what == k && e.pass == p && e.unit == 3) return e;
+      FAIL("no " << fsdp::to_string(k) << " event of u3 in " << fsdp::to_string(p));
+      return fsdp::model_event{};
+    };
+    const auto used = find(kind::use, fsdp::pass::forward);
+    CHECK(find(kind::limiter_wait, fsdp::pass::backward).begin < used.end);
+    CHECK(find(kind::gather, fsdp::pass::backward).begin < used.end);
+  });
+}
+
 TEST_CASE("[fsdp] early gathers: the optimizer starts the next forward's first gathers; training is bit for bit the same") {
   // The same collectives in another order of time: every loss and parameter equal, on 2 and 3 ranks, at every
   // budget, with a short prefetch window and with SGD.

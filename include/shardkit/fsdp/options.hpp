@@ -172,9 +172,11 @@ struct sharding_options {
   //! budget cannot guarantee it (often none at one unit). They are given back when something other than the
   //! backward comes next (a forward, a load, full_state).
   bool keep_last_units = true;
-  //! With units kept for backward (keep_last_units), backward's first gather beyond them starts when the first of
-  //! them begins forward, instead of at backward(): the link carries it while the kept units compute forward and
-  //! backward, where it would otherwise idle at the turn. Within the prefetch window, not while gradients
+  //! With units kept for backward (keep_last_units), backward's first gather beyond them (the unit just before
+  //! them) starts when that unit begins forward, instead of at backward(): the link carries it right after the
+  //! forward's gathers, while that unit and the kept ones compute, where it would otherwise idle at the turn. It
+  //! takes a second parameter block of that unit while its forward use holds the first: within the budget (the
+  //! limiter's region bounds both), no memory beyond it. Within the prefetch window, not while gradients
   //! accumulate. What comes instead of that backward (a forward left early, another forward, a load, full_state,
   //! the model's destruction) completes it on every rank and gives it back, so ranks stay paired whichever of them
   //! had issued it (docs/fsdp.md). Off: it is queued by backward's first unit, as any backward gather.

@@ -7,8 +7,8 @@
 //!   - the trainer's thread: forward in unit order, backward in reverse; begin_unit queues gathers up to `prefetch`
 //!     units ahead and waits for the unit's all-gather (and in backward its gradient buffer); the unit's compute;
 //!     end_unit frees the parameters (full_shard, hybrid_shard in forward, but the last units kept for backward with
-//!     `keep_last_units`, whose forward gather took their gradients' buffer too, and the first of which queues
-//!     backward's first gather beyond them; every strategy in backward) and
+//!     `keep_last_units`, whose forward gather took their gradients' buffer too; the unit before them queues its
+//!     backward gather as it begins forward, into a second block; every strategy in backward) and
 //!     queues the unit's reduction; the last backward unit waits for every reduction; then the step's scalar all-reduces
 //!     (the loss's mean, the gradient norm) and the optimizer on this rank's shard, unit by unit in forward order
 //!     (each unit's part of `optimizer_seconds` is its part of the parameters); with `early_gathers`, as each unit
@@ -98,7 +98,7 @@ struct plan_options {
   //! sharding_options::keep_last_units: the forward's last units keep their parameters for backward.
   bool keep_last_units = true;
   //! sharding_options::early_backward_gather: with units kept, backward's first gather beyond them is queued when
-  //! the first of them begins forward.
+  //! that unit (the one before them) begins forward, into a second parameter block.
   bool early_backward_gather = true;
   //! The optimizer's step on this rank's shard, and the step's other work outside units.
   double optimizer_seconds = 0;

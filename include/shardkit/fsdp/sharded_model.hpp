@@ -385,12 +385,15 @@ class sharded_model {
   // waits for them (every rank issued the same ones) and gives their parameters back.
   SHARDKIT_DECL void settle_early_gathers() noexcept;
   // Something other than the backward that uses them comes after a forward: the kept units' parameters and
-  // gradients' buffers go back (every rank's forward kept the same ones), and the backward gather the forward's
-  // first kept unit queued (queue_early_backward) completes on every rank and goes back too.
+  // gradients' buffers go back (every rank's forward kept the same ones), and the backward gather the forward
+  // queued (queue_early_backward) completes on every rank and goes back too.
   SHARDKIT_DECL void give_back_kept() noexcept;
-  // The forward's first kept unit begins: backward's first gather beyond the kept units is queued now, after the
-  // forward's own, so that it runs while the kept units compute instead of leaving the link idle until backward()
+  // The unit before the kept ones begins forward: backward's first gather beyond the kept units (that unit's) is
+  // queued now, after the forward's own, into early_ (the unit's forward holds its own buffer), so that it runs
+  // right after the forward's gathers instead of leaving the link idle until that use ends or until backward()
   // (full_shard and hybrid_shard with units kept; within the prefetch window; not while gradients accumulate).
+  // Parameters, then gradients, as two requests where requests_apart_ (the same reasoning: the gradients' request
+  // waits only for blocks that are given back without it), else as one.
   // Which one, and whether, depends only on the unit sizes, the budget and the options, the same on every rank.
   // Its job carries the serial the backward will have; anything other than that backward completes it
   // (give_back_kept, abandon_pass).
@@ -398,6 +401,9 @@ class sharded_model {
   // After the early backward gather completed without a backward (give_back_kept): its serial is retired, so
   // that no later pass takes it for its own (its markers, a refusal).
   SHARDKIT_DECL void retire_early_backward() noexcept;
+  // Waits for the early backward gather's all-gather and gives its buffers back (after drain_gathers: its jobs
+  // are done); false if that all-gather failed.
+  SHARDKIT_DECL bool release_early_buffers() noexcept;
 
   // Gradients kept across micro-batches live outside the limiter's region, one buffer per unit for the whole
   // accumulation (PyTorch's no_sync() costs the same): held that long, they would fragment the region that
@@ -415,6 +421,7 @@ class sharded_model {
     std::size_t unit = 0;
     pass p = pass::forward;
     bool need_params = false, need_grads = false;
+    bool early = false;  // queue_early_backward's: into early_, not the unit's own buffers
     completion_source params_done, grads_done;
     std::stop_token stop;        // pass_stop_'s: withdraws the job while it waits for the limiter
     std::uint64_t serial = 0;    // pass_serial_ when queued
@@ -429,7 +436,7 @@ class sharded_model {
 
   // On the gather thread: convert this rank's master into its slot of the leased buffer (on a device: through
   // pinned host memory and a copy), start the all-gather.
-  SHARDKIT_DECL void start_gather(std::size_t i, pass p, std::uint64_t serial, gather_limiter::lease l);
+  SHARDKIT_DECL void start_gather(std::size_t i, pass p, std::uint64_t serial, gather_limiter::lease l, bool early);
 
   // An interval of the timeline, when sharding_options::on_event is set.
   void emit(model_event::kind k, pass p, std::size_t unit, steady_clock::time_point begin,
@@ -485,6 +492,19 @@ class sharded_model {
   // The unit whose backward gather the forward's first kept unit queued, until a backward adopts it or it is
   // completed without one (model_event::no_unit: none).
   std::size_t early_backward_ = model_event::no_unit;
+  // That gather's buffers, apart from the unit's own: it is queued when the unit begins forward, whose use holds
+  // the unit's own parameters (a second parameter block of that unit, within the budget). Written by the gather
+  // thread before its completions; the unit's backward begin_unit takes them over (adopt_early_), or
+  // release_early_buffers gives them back after drain_gathers.
+  struct early_buffers {
+    std::optional<gather_limiter::lease> params_lease, grads_lease;
+    const_buffer_view params;
+    buffer_view grads;
+    comm::work params_work;
+    completion params_ready, grads_ready;
+  };
+  early_buffers early_;
+  std::size_t adopt_early_ = model_event::no_unit;  // the backward unit whose begin_unit takes early_ over
   bool early_forward_ = false;     // the next forward's first gathers are queued (shard_stepped), forward() not begun
   std::size_t early_bytes_ = 0;    // their parameters' bytes
   std::vector<bool> stepped_;      // units shard_stepped since the last pass began

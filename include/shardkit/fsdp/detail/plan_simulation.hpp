@@ -155,6 +155,7 @@ class plan_simulation {
     fsdp::pass pass;
     bool params, grads;
     std::size_t step;  // the step whose pass uses it
+    bool early = false;  // queue_early_backward's: into early_
   };
   struct reduce_job {
     std::vector<plan_collective> parts;
@@ -205,8 +206,9 @@ class plan_simulation {
     for (; queued_ < until; ++queued_) {
       const std::size_t i = unit_at(p, queued_);
       auto& u = units_[i];
-      if (p == pass::backward && i == early_backward_) {  // queued by the forward's first kept unit
+      if (p == pass::backward && i == early_backward_) {  // queued by the forward (queue_early_backward)
         early_backward_ = model_event::no_unit;
+        adopt_early_ = i;
         continue;
       }
       const bool need_params = !u.params && u.params_bytes != 0;
@@ -224,19 +226,22 @@ class plan_simulation {
     }
   }
 
-  // sharded_model::queue_early_backward: the forward's first kept unit queues backward's first gather beyond the
-  // kept units after the forward's own, parameters and gradients as one request, where backward's first unit
-  // would queue it.
+  // sharded_model::queue_early_backward: the unit before the kept ones, as it begins forward, queues its backward
+  // gather after the forward's own, into early_ (its forward holds its own parameters until its use ends):
+  // parameters then gradients where the region rules out a deadlock, else as one request.
   void queue_early_backward(std::size_t step) {
     if (!opts_.early_backward_gather || kept_ == 0 || kept_ >= units_.size() || opts_.prefetch < kept_ ||
         queued_ != units_.size())
       return;
     const std::size_t i = units_.size() - 1 - kept_;
-    auto& u = units_[i];
-    if (u.params || u.params_bytes == 0) return;
-    u.params_ready = false;
-    u.grads_ready = false;
-    gather_jobs_.push_back({i, pass::backward, true, true, step});
+    if (units_[i].params_bytes == 0) return;
+    early_ = {};
+    if (requests_apart_) {
+      gather_jobs_.push_back({i, pass::backward, true, false, step, true});
+      gather_jobs_.push_back({i, pass::backward, false, true, step, true});
+    } else {
+      gather_jobs_.push_back({i, pass::backward, true, true, step, true});
+    }
     early_backward_ = i;
   }
 
@@ -260,7 +265,7 @@ class plan_simulation {
           if (o.index == 0 && !(o.pass == pass::forward && early_forward_)) queued_ = 0;
           if (o.index == 0) early_forward_ = false, stepped_.assign(units_.size(), false), early_bytes_ = 0;
           queue_gathers(o.pass, o.index + 1 + opts_.prefetch, o.step);
-          if (o.pass == pass::forward && kept_ != 0 && o.index + kept_ == units_.size()) queue_early_backward(o.step);
+          if (o.pass == pass::forward && kept_ != 0 && o.index + kept_ + 1 == units_.size()) queue_early_backward(o.step);
         } else if (o.what == op::scalar) {
           reduce_job j;
           j.step = o.step;
@@ -274,6 +279,13 @@ class plan_simulation {
       const double since = *waiting_since_;
       if (o.what == op::begin) {
         auto& u = units_[unit_at(o.pass, o.index)];
+        if (o.pass == pass::backward && unit_at(o.pass, o.index) == adopt_early_) {  // begin_unit takes early_ over
+          if (!early_.params_ready || !early_.grads_ready) return moved;
+          u.params = early_.params, u.grads = early_.grads;
+          u.params_ready = u.grads_ready = true;
+          early_ = {};
+          adopt_early_ = model_event::no_unit;
+        }
         if (!u.params_ready || !u.grads_ready) return moved;
         if (o.step == 1) result_.gather_wait_seconds += now_ - since;
         emit(model_event::kind::gather_wait, o.pass, unit_at(o.pass, o.index), since, o.step);
@@ -373,23 +385,25 @@ class plan_simulation {
       }
       emit(model_event::kind::limiter_wait, j.pass, j.unit, *head_since_, j.step);
       head_since_.reset();
+      auto& params = j.early ? early_.params : u.params;
+      auto& grads = j.early ? early_.grads : u.grads;
       if (j.params && j.grads) {
         limiter_->note_split();
-        u.params = region_block{block->offset, u.params_bytes};
-        u.grads = region_block{block->offset + u.params_bytes, u.grads_bytes};
+        params = region_block{block->offset, u.params_bytes};
+        grads = region_block{block->offset + u.params_bytes, u.grads_bytes};
       } else if (j.params) {
-        u.params = *block;
+        params = *block;
       } else {
-        u.grads = *block;
+        grads = *block;
       }
       if (j.params) {
         ++params_alive_;
         if (u.gather.steps == 0)
-          u.params_ready = true;
+          (j.early ? early_.params_ready : u.params_ready) = true;
         else
-          gathers_.push_back({j.unit, j.pass, j.step});
+          gathers_.push_back({j.unit, j.pass, j.step, j.early});
       }
-      if (j.grads) u.grads_ready = true;
+      if (j.grads) (j.early ? early_.grads_ready : u.grads_ready) = true;
       gather_jobs_.pop_front();
       moved = true;
     }
@@ -420,9 +434,9 @@ class plan_simulation {
   }
 
   void gather_done() {
-    const auto [i, p, step] = gathers_.front();
+    const auto [i, p, step, early] = gathers_.front();
     gathers_.pop_front();
-    units_[i].params_ready = true;
+    (early ? early_.params_ready : units_[i].params_ready) = true;
     emit(model_event::kind::gather, p, i, gather_begin_, step);
   }
 
@@ -518,7 +532,13 @@ class plan_simulation {
   double cores_ = 1, measured_share_ = 1;
   std::vector<unit_state> units_;
   std::size_t region_ = 0, kept_ = 0;
-  std::size_t early_backward_ = model_event::no_unit;  // the backward gather the forward's first kept unit queued
+  std::size_t early_backward_ = model_event::no_unit;  // the backward gather the forward queued
+  // sharded_model::early_: that gather's blocks, apart from the unit's own until its backward begin takes them.
+  struct early_blocks {
+    std::optional<region_block> params, grads;
+    bool params_ready = false, grads_ready = false;
+  } early_;
+  std::size_t adopt_early_ = model_event::no_unit;
   bool requests_apart_ = false;  // detail::backward_requests_apart
   std::optional<region_blocks> limiter_;
   std::size_t params_alive_ = 0;
@@ -540,6 +560,7 @@ class plan_simulation {
     std::size_t unit;
     fsdp::pass pass;
     std::size_t step;
+    bool early = false;
   };
   std::deque<issued_gather> gathers_;
   std::optional<running_collective> gather_running_;

@@ -109,8 +109,12 @@ SHARDKIT_DECL void sharded_model::queue_gathers(std::size_t until) {
 SHARDKIT_DECL void sharded_model::queue_gather(std::size_t i) {
   auto& u = *units_[i];
   if (pass_ == pass::backward && i == early_backward_) {
-    // Queued by the forward's first kept unit with this pass's serial (queue_early_backward): this pass's job now.
+    // Queued by the forward with this pass's serial (queue_early_backward): this pass's job now, its buffers
+    // taken over by the unit's begin_unit.
     early_backward_ = model_event::no_unit;
+    u.params_ready = early_.params_ready;
+    u.grads_ready = early_.grads_ready;
+    adopt_early_ = i;
     return;
   }
   // u.grads_lease is reset on the reduce thread. This read is ordered after that reset because a unit's
@@ -169,11 +173,11 @@ SHARDKIT_DECL task<void> sharded_model::run_gather(gather_job job) {
       emit(model_event::kind::limiter_wait, job.p, job.unit, queued);
       auto params = both.split_front(params_bytes(u));
       grads.emplace(std::move(both));
-      start_gather(job.unit, job.p, job.serial, std::move(params));
+      start_gather(job.unit, job.p, job.serial, std::move(params), job.early);
     } else if (job.need_params) {
       auto params = co_await limiter_->acquire(params_bytes(u), label + " parameters", job.stop);
       emit(model_event::kind::limiter_wait, job.p, job.unit, queued);
-      start_gather(job.unit, job.p, job.serial, std::move(params));
+      start_gather(job.unit, job.p, job.serial, std::move(params), job.early);
     } else {
       grads.emplace(co_await limiter_->acquire(grads_bytes(u), label + " gradients", job.stop));
       emit(model_event::kind::limiter_wait, job.p, job.unit, queued);
@@ -197,8 +201,8 @@ SHARDKIT_DECL task<void> sharded_model::run_gather(gather_job job) {
     buffer_view g = grads->view(opts_.precision.reduce, u.layout.padded_numel());
     try {
       gather_stager_.zero(g);
-      u.grads_lease = std::move(grads);
-      u.grads = g;
+      (job.early ? early_.grads_lease : u.grads_lease) = std::move(grads);
+      (job.early ? early_.grads : u.grads) = g;
       job.grads_done.set_done();
     } catch (...) {
       grads.reset();
@@ -208,21 +212,24 @@ SHARDKIT_DECL task<void> sharded_model::run_gather(gather_job job) {
   job.turn.set_done();
 }
 
-SHARDKIT_DECL void sharded_model::start_gather(std::size_t i, pass p, std::uint64_t serial, gather_limiter::lease l) {
+SHARDKIT_DECL void sharded_model::start_gather(std::size_t i, pass p, std::uint64_t serial, gather_limiter::lease l,
+                                               bool early) {
   auto& u = *units_[i];
   buffer_view full = l.view(opts_.precision.param, u.layout.padded_numel());
   buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
   gather_stager_.upload(const_buffer_view(u.master), mine);
-  u.params_lease.emplace(std::move(l));
-  u.params = full;
-  u.params_work = {};
+  // The early backward gather's block: the unit's forward may still be using its own (queue_early_backward).
+  auto& work = early ? early_.params_work : u.params_work;
+  (early ? early_.params_lease : u.params_lease).emplace(std::move(l));
+  (early ? early_.params : u.params) = full;
+  work = {};
   if (shard_size_ > 1) {
     const auto posted = steady_clock::now();
-    u.params_work = gather_group_.all_gather(mine, full);
+    work = gather_group_.all_gather(mine, full);
     u.gather_issued_in = serial;  // the job's: an early backward gather runs while the forward's serial is current
     // Captures the log, not the work (a continuation holding its own work would never be freed) nor the model
     // (the group may complete it while the destructor runs).
-    if (events_) u.params_work.then([log = events_, p, i, posted] { log->gather_done(p, i, posted); });
+    if (events_) work.then([log = events_, p, i, posted] { log->gather_done(p, i, posted); });
   }
   std::lock_guard lock(stats_mutex_);
   ++stats_.gathers;

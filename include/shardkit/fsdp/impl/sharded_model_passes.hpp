@@ -92,20 +92,24 @@ SHARDKIT_DECL void sharded_model::queue_early_backward() {
   if (queued_ != units_.size()) return;  // after every forward gather (the window above holds them all)
   const std::size_t i = units_.size() - 1 - k;
   auto& u = *units_[i];
-  if (u.params_lease || params_are_master()) return;  // not kept, so the forward gave its parameters back
-  // A synchronizing backward's request, parameters and gradients as one (the limiter's "one request per need"); a
-  // backward without sync gives the gradients' buffer back at its begin_unit, unused.
+  if (params_are_master()) return;
+  // A synchronizing backward's request (a backward without sync gives the gradients' buffer back at its
+  // begin_unit, unused), into early_: the unit's forward, which begins now, holds its own parameters until its use
+  // ends. The limiter sees the requests in the order it did when they were queued after that use: only sooner.
   completion_source params_done, grads_done;
-  u.params_ready = params_done;
-  u.grads_ready = grads_done;
+  early_ = {};
+  early_.params_ready = params_done;
+  early_.grads_ready = grads_done;
   const std::uint64_t serial = pass_serial_ + 1;  // what prepare_pass gives the backward
   u.gather_planned_in = serial;
-  gather_job job{.unit = i, .p = pass::backward, .need_params = true, .need_grads = true,
-                 .params_done = params_done, .grads_done = grads_done, .stop = pass_stop_.get_token(),
-                 .serial = serial, .turn_before = gather_turns_};
-  gather_turns_ = job.turn;
+  for (int part = 0; part < (requests_apart_ ? 2 : 1); ++part) {
+    gather_job job{.unit = i, .p = pass::backward, .need_params = part == 0, .need_grads = !requests_apart_ || part == 1,
+                   .early = true, .params_done = params_done, .grads_done = grads_done,
+                   .stop = pass_stop_.get_token(), .serial = serial, .turn_before = gather_turns_};
+    gather_turns_ = job.turn;
+    (void)spawn(gather_thread_, run_gather(std::move(job)));
+  }
   early_backward_ = i;
-  (void)spawn(gather_thread_, run_gather(std::move(job)));
 }
 
 SHARDKIT_DECL void sharded_model::retire_early_backward() noexcept {
@@ -140,12 +144,20 @@ SHARDKIT_DECL void sharded_model::give_back_kept() noexcept {
   if (early_backward_ == model_event::no_unit) return;
   // Issued on every rank (a peer's may be, whatever this rank's timing), so completed here too, then given back.
   drain_gathers();
-  auto& u = *units_[early_backward_];
-  (void)finish_and_release_params(u);
-  u.grads_lease.reset();
-  u.grads = {};
-  u.grads_ready = {};
+  (void)release_early_buffers();
   retire_early_backward();
+}
+
+SHARDKIT_DECL bool sharded_model::release_early_buffers() noexcept {
+  adopt_early_ = model_event::no_unit;
+  bool gathered = true;
+  try {
+    if (early_.params_work.handle().valid()) early_.params_work.wait();  // peers write into the block until done
+  } catch (...) {
+    gathered = false;  // a failed all-gather broke its group: the next collective on it reports that
+  }
+  early_ = {};
+  return gathered;
 }
 
 SHARDKIT_DECL std::span<float> sharded_model::master_shard(std::size_t i) {
@@ -189,11 +201,23 @@ SHARDKIT_DECL unit_scope sharded_model::begin_unit(std::size_t i, pass p) {
                 context("begin_unit", u));
   }
   queue_gathers(next_ + 1 + (opts_.prefetch ? opts_.prefetch : 0));
-  if (p == pass::forward && kept_for_backward_ != 0 && next_ + kept_for_backward_ == units_.size())
+  if (p == pass::forward && kept_for_backward_ != 0 && next_ + kept_for_backward_ + 1 == units_.size())
     queue_early_backward();
   ++next_;
   const auto t0 = steady_clock::now();
   try {
+    if (p == pass::backward && i == adopt_early_) {
+      // The early backward gather's buffers (queue_early_backward), written before its completions.
+      u.params_ready.wait();
+      u.grads_ready.wait();
+      adopt_early_ = model_event::no_unit;
+      u.params_lease = std::move(early_.params_lease);
+      u.params = early_.params;
+      u.params_work = std::move(early_.params_work);
+      u.grads_lease = std::move(early_.grads_lease);
+      u.grads = early_.grads;
+      early_ = {};
+    }
     u.params_ready.wait();
     // params_ready's wait is the happens-before for reading params_work, which the gather thread assigned
     // before setting it; nothing else writes this unit's params_work until its next gather, queued after this.
@@ -288,6 +312,9 @@ SHARDKIT_DECL void sharded_model::abandon_pass(const std::exception_ptr& failed)
       u.grads = {};
     }
   }
+  // The early backward gather's buffers, not taken over by a backward unit yet: given back before the catch-ups,
+  // which need the budget.
+  if (!release_early_buffers()) in_step = false;
   if (gathers_collective)
     for (std::size_t i : missing) {
       if (!in_step) break;
