@@ -1,6 +1,8 @@
 #pragma once
 // shardkit-bench's results outside the terminal table: a JSON object per row (--json, --output FILE.jsonl), CSV
 // (--output FILE.csv) and a busbw-vs-size PNG drawn by gnuplot (--plot FILE.png). Rank 0 writes them.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -128,17 +130,26 @@ inline std::string gnuplot_quoted(std::string_view s) {
   return q + "\"";
 }
 
-//! Why `path` cannot be written (its folder missing or not writable, or the file itself not writable), or
-//! nullopt. Checked without creating anything.
+//! Why `path` cannot be written as a file (a directory, its folder missing or not writable, the file itself not
+//! writable), or nullopt. Tried for real, not asked of access(), which says yes to root in /proc or on a read-only
+//! mount: an existing file is opened for writing without truncating it; a new one is created and removed again.
 inline std::optional<std::string> cannot_write(const std::string& path) {
   const auto slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  if (::access(path.c_str(), F_OK) == 0) {
-    if (::access(path.c_str(), W_OK) != 0) return "the file exists and is not writable (" + std::string(std::strerror(errno)) + ")";
+  const auto why = [] { return " (" + std::string(std::strerror(errno)) + ")"; };
+  struct stat st{};
+  if (path.empty() || path.back() == '/' || (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)))
+    return std::string("is a directory, not a file");
+  if (::stat(path.c_str(), &st) == 0) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return "the file exists and is not writable" + why();
+    ::close(fd);
     return std::nullopt;
   }
-  if (::access(dir.c_str(), W_OK | X_OK) != 0)
-    return "cannot create a file in " + dir + " (" + std::string(std::strerror(errno)) + ")";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return "cannot create a file in " + dir + why();
+  ::close(fd);
+  ::unlink(path.c_str());
   return std::nullopt;
 }
 

@@ -364,10 +364,13 @@ args parse(int argc, char** argv) {
   if (a.min_bytes > a.max_bytes) usage("--minbytes is larger than --maxbytes");
   if (a.iters <= 0 || a.warmup < 0) usage("--iters must be positive and --warmup_iters not negative");
   refuse_what_cannot_apply(a);
-  // Rank 0 draws the plot after the sweep: find out now, not after minutes of measuring, that it cannot.
+  // Rank 0 writes --output and draws the plot after the sweep: find out now, not after minutes of measuring, that
+  // it cannot.
   const char* rank = std::getenv("RANK");
-  if (!a.plot.empty() && (!rank || std::string(rank) == "0"))
-    if (auto why = sk::tools::cannot_write(a.plot)) usage("--plot " + a.plot + ": " + *why);
+  if (!rank || std::string(rank) == "0")
+    for (const auto& [flag, path] : {std::pair{"--output", &a.output}, std::pair{"--plot", &a.plot}})
+      if (!path->empty())
+        if (auto why = sk::tools::cannot_write(*path)) usage(std::string(flag) + " " + *path + ": " + *why);
   return a;
 }
 
@@ -621,9 +624,19 @@ int main(int argc, char** argv) try {
     std::vector<int> rc(std::size_t(a.threads));
     const std::string name = a.cuda ? "loopback, staged" : "loopback";
     for (int r = 0; r < a.threads; ++r)
-      ts.emplace_back([&, r] { rc[std::size_t(r)] = run(groups[std::size_t(r)], a, name, bufs[std::size_t(r)].get()); });
+      ts.emplace_back([&, r] {
+        // An exception must not leave a rank's thread (terminate()): it is that rank's error line and rc 1.
+        try {
+          rc[std::size_t(r)] = run(groups[std::size_t(r)], a, name, bufs[std::size_t(r)].get());
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "shardkit-bench: rank %d: %s\n", r, e.what());
+          rc[std::size_t(r)] = 1;
+        }
+      });
     for (auto& t : ts) t.join();
-    return rc[0];
+    for (int x : rc)
+      if (x) return x;
+    return 0;
   }
 #if defined(SHARDKIT_HAS_CUDA)
   if (a.cuda && (a.transport == "shm" || a.transport == "tcp")) return run_staged(a);

@@ -309,8 +309,51 @@ TEST_CASE("[tools] shardkit-bench: --plot to a path that cannot be written is re
     MESSAGE("skipped: gnuplot not on PATH (apt-get install gnuplot-nox)");
     return;
   }
-  auto o = bench(s, "--plot '" + (s / "missing" / "b.png").string() + "' --json" + quick);
-  CHECK(o.rc == 2);
-  CHECK(o.out.empty());  // no row, and no PNG bytes
-  CHECK_MESSAGE(o.err.find("cannot create a file in") != std::string::npos, o.err);
+  const std::pair<std::string, std::string> cases[] = {
+      {(s / "missing" / "b.png").string(), "cannot create a file in"},
+      {s.dir.string(), "is a directory"},                    // issue 28: the sweep ran, then terminate()
+      {"/proc/shardkit-bench-x.png", "cannot create a file in /proc"},  // access() says yes to root there
+  };
+  for (const auto& [path, why] : cases) {
+    CAPTURE(path);
+    auto o = bench(s, "--plot '" + path + "' --json" + quick);
+    CHECK(o.rc == 2);
+    CHECK(o.out.empty());  // no row, and no PNG bytes
+    CHECK_MESSAGE(o.err.find("--plot " + path + ": " + why) != std::string::npos, o.err);
+    CHECK(o.err.find("terminate") == std::string::npos);
+  }
+}
+
+TEST_CASE("[tools] shardkit-bench: --output to a path that cannot be written is refused before the sweep") {
+  scratch s;
+  const std::pair<std::string, std::string> cases[] = {
+      {"/nonexistent/o.csv", "cannot create a file in /nonexistent"},  // issue 28: SIGABRT with a backtrace
+      {(s / "d.csv").string(), "is a directory"},
+      {"/proc/shardkit-bench-o.csv", "cannot create a file in /proc"},
+  };
+  fs::create_directory(s / "d.csv");
+  for (const auto& [path, why] : cases) {
+    CAPTURE(path);
+    auto o = bench(s, "--output '" + path + "' --json" + quick);
+    CHECK(o.rc == 2);
+    CHECK(o.out.empty());
+    CHECK_MESSAGE(o.err.find("--output " + path + ": " + why) != std::string::npos, o.err);
+    CHECK(o.err.find("terminate") == std::string::npos);
+  }
+}
+
+TEST_CASE("[tools] shardkit-bench: an error after the sweep is an error line and rc 1, never terminate()") {
+  scratch s;
+  fs::create_directory(s / "bin");
+  {
+    std::ofstream g(s / "bin" / "gnuplot");
+    g << "#!/bin/sh\ncat >/dev/null\necho 'cannot draw today' >&2\nexit 3\n";
+  }
+  fs::permissions(s / "bin" / "gnuplot", fs::perms::owner_all);
+  auto o = bench(s, "--plot '" + (s / "b.png").string() + "'" + quick, "PATH='" + (s / "bin").string() + "':\"$PATH\"");
+  CHECK(o.rc == 1);  // issue 28: the exception left a rank's thread, so terminate() and SIGABRT (134)
+  CHECK_MESSAGE(o.err.find("shardkit-bench: rank 0: gnuplot failed drawing") != std::string::npos, o.err);
+  CHECK(o.err.find("cannot draw today") != std::string::npos);
+  CHECK(o.err.find("terminate") == std::string::npos);
+  CHECK(o.out.find("# 0 wrong elements") != std::string::npos);  // the sweep's rows were printed
 }
