@@ -306,10 +306,8 @@ class p2p_communicator {
     if (!checker_)
       return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop, nullptr, {}, 0,
                                    o.group, o.seq, o.stall_log);
-    const algorithms::call_record record{fp, seq, std::uint8_t(o.algo)};
-    const auto epoch = checker_->begin(record, me_, name);
     return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop, checker_.get(),
-                                 record, epoch, o.group, o.seq, o.stall_log);
+                                 {fp, seq, std::uint8_t(o.algo)}, 0, o.group, o.seq, o.stall_log);
   }
   //! An op over a sub-list of transport ranks that shares `parent`'s tag apart from its low `level` bits.
   algorithms::p2p_op<T> level_op(const algorithms::p2p_op<T>& parent, const std::vector<int>& members, int me,

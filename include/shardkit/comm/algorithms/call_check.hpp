@@ -6,10 +6,10 @@
 //! How it holds, on every algorithm and transport (p2p_op does the framing, this file the group's side):
 //!  1. The first message of a collective from one rank to another carries a header: a call_record (the debug
 //!     mode's fingerprint, detail/consistency.hpp, plus the call's number in the group and the algorithm asked
-//!     for) and the payload's size. Payloads up to inline_max travel in that message: gathered from the
-//!     caller's buffer and scattered straight into the receiver's where the transport can (transport::
-//!     scatter_gather: loopback), else copied through a slot on each side; a larger one follows as a message of
-//!     its own, so the header never costs a copy of a large buffer. A receiver's first recv from a peer always
+//!     for) and the payload's size. Payloads up to inline_max travel in that message: copied through a slot on
+//!     each side up to copy_max or where the transport cannot gather, else gathered from the caller's buffer and
+//!     scattered straight into the receiver's (transport::scatter_gather: loopback); a larger one follows as a
+//!     message of its own, so the header never costs a copy of a large buffer. A receiver's first recv from a peer always
 //!     holds header + inline_max bytes, whatever it expects (a slot, or the header's part of the slot, its own
 //!     buffer, and the rest of the slot), so it reads the peer's header even when the two disagree on the size.
 //!     Messages between two ranks with one tag match in order, so the first message one rank sends another in
@@ -32,6 +32,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -87,10 +88,28 @@ struct frame_header {
   static constexpr std::size_t bytes = words * sizeof(std::int64_t);
   //! Payloads up to this size travel inside their header's message.
   static constexpr std::size_t inline_max = 16 * 1024;
+  //! Payloads up to this size are copied behind the header on both sides even where the transport could gather
+  //! and scatter them: two short copies cost fewer instructions than the transport's walk over the pieces (the
+  //! 8-byte call: docs/benchmarks.md, the call check's 8-byte path).
+  static constexpr std::size_t copy_max = 256;
   //! A frame slot: a header and an inline payload. A rank keeps one per peer and direction that its collectives
   //! on the group have used, allocated at first use and kept between ops (p2p_communicator::scratch_bytes()
   //! counts them).
   static constexpr std::size_t slot_bytes = bytes + inline_max;
+
+  //! An inline payload's copy into or out of a frame slot: 8 to 16 bytes (a small all_reduce's) in two word
+  //! moves, without a call.
+  static void copy_payload(std::byte* to, const std::byte* from, std::size_t n) noexcept {
+    if (n - 8 <= 8) {
+      std::uint64_t head, tail;
+      std::memcpy(&head, from, 8);
+      std::memcpy(&tail, from + n - 8, 8);
+      std::memcpy(to, &head, 8);
+      std::memcpy(to + n - 8, &tail, 8);
+    } else if (n) {
+      std::memcpy(to, from, n);
+    }
+  }
 
   //! Words 0-3 of `r`'s header.
   static void pack(const call_record& r, std::int64_t* w) noexcept {
@@ -143,6 +162,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     std::uint64_t epoch = 0;  // the op that last touched it; another op starts afresh
     bool sent = false, posted = false, verified = false;
     bool in_place = false;       // the first recv scattered its payload straight into `dest`
+    bool header_ahead = false;   // the first send's header went ahead of its payload, in header_send
     std::uint32_t frame_at = 0;  // the first recv (into recv_slot): its place in the op's list of recvs
     std::byte* dest = nullptr;   // where an inline payload goes
     std::size_t expected = 0;    // the bytes this rank expects in that first message
@@ -175,35 +195,50 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   }
 
   //! Starts collective `r` (`rank`, `operation`: the caller's, for an error's context): fails at once if the
-  //! group is poisoned (or a peer's stall report for this collective shows another call), and remembers `r` for
-  //! the stall reports of peers still to come. The mutex is uncontended but for a report arriving: measured, it
-  //! costs less than a sequence lock's store-load fence would, since the history line's miss overlaps it.
-  std::uint64_t begin(const call_record& r, int rank, const char* operation) {
-    if (poisoned()) throw_if_poisoned({.rank = rank, .operation = operation});
-    std::unique_lock lock(mutex_);
+  //! group is poisoned (or a peer's stall report for this collective shows another call), and records `r` for the
+  //! stall reports of peers still to come. Lock-free unless a report waits: the record goes into its history
+  //! entry as a sequence lock's writer does (one thread issues a group's collectives: process_group refuses a
+  //! second), and one seq_cst store publishes it; on_control, which files a report under the mutex, sets
+  //! reports_waiting_ (seq_cst) and looks at the entry again, so of a report and the start of its collective at
+  //! least one sees the other (the store-load pair of each side: one locked instruction here, where a mutex took
+  //! two and ~130 instructions more per call: docs/benchmarks.md, the call check's 8-byte path).
+  //! `packed`: r's header words (frame_header::pack), which the op has built for its first messages anyway.
+  std::uint64_t begin(const call_record& r, const std::int64_t* packed, int rank, const char* operation) {
+    if (poisoned()) [[unlikely]]
+      refuse_poisoned(rank, operation);
     history_entry& h = history_[r.seq % history_.size()];
-    h.reached = true;
-    r.encode_into(h.record.data());
-    if (!early_reports_.empty()) compare_early_reports(lock, r.seq, h.record, rank, operation);
+    h.stamp.store(0, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    h.record[0].store(packed[0], std::memory_order_relaxed);
+    h.record[1].store(packed[1], std::memory_order_relaxed);
+    h.record[2].store(packed[2], std::memory_order_relaxed);
+    h.record[3].store(packed[3], std::memory_order_relaxed);
+    h.stamp.store(stamp_of(r.seq), std::memory_order_seq_cst);
+    if (reports_waiting_.load(std::memory_order_seq_cst)) [[unlikely]]
+      compare_early_reports(r.seq, r.encode(), rank, operation);
     return ++epoch_;
+  }
+  std::uint64_t begin(const call_record& r, int rank, const char* operation) {
+    std::int64_t packed[frame_header::words];
+    frame_header::pack(r, packed);
+    return begin(r, packed, rank, operation);
   }
 
   //! A fresh epoch for an op that did not come through begin() (a level of the hierarchical all-reduce).
   std::uint64_t next_epoch() noexcept { return ++epoch_; }
 
   //! Peer `transport_rank`'s contact in the op of `epoch`; the op's thread only. The op's own lists hold its
-  //! transfers, so starting afresh is a few stores (and a completion let go of only after a large payload).
+  //! transfers, so starting afresh is a few stores (a header_send of an earlier op is kept until overwritten).
   contact& peer(int transport_rank, std::uint64_t epoch) {
     auto& c = contacts_[std::size_t(transport_rank)];
-    if (c.epoch != epoch) {
+    if (c.epoch != epoch) {  // dest, expected and header_send are written before this op reads them
       c.epoch = epoch;
-      c.sent = c.posted = c.verified = c.in_place = false;
-      c.dest = nullptr;
-      c.expected = 0;
-      if (c.header_send.valid()) c.header_send = completion();
+      c.sent = c.posted = c.verified = c.in_place = c.header_ahead = false;
     }
     return c;
   }
+  //! Peer `transport_rank`'s contact as the last op left it (an op compares its epoch); the op's thread only.
+  contact& contact_of(int transport_rank) noexcept { return contacts_[std::size_t(transport_rank)]; }
   std::byte* send_slot(contact& c) { return slot(c.send_slot); }
   std::byte* recv_slot(contact& c) { return slot(c.recv_slot); }
   std::size_t slot_bytes_held() const noexcept { return held_.load(std::memory_order_relaxed); }
@@ -215,6 +250,11 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     std::lock_guard lock(mutex_);
     ctx.peer = poisoner_;
     throw error(errc::mismatch, poison_, std::move(ctx));
+  }
+
+  [[noreturn, gnu::cold, gnu::noinline]] void refuse_poisoned(int rank, const char* operation) const {
+    throw_if_poisoned({.rank = rank, .operation = operation});
+    std::abort();  // poisoned() stays true once set
   }
 
   //! The sizes of a first message that disagree: what the sender's header says it sent, what the receiver expects.
@@ -232,6 +272,28 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     poison(what, peer);
     ctx.peer = peer;
     throw error(errc::mismatch, std::move(what), std::move(ctx));
+  }
+
+  //! p2p_op's verdict on a first message from group rank `peer` (in `slot`, `landed` bytes) that is not the one
+  //! this rank expects (`mine`, packed as `my_header`, `expected` bytes), in `operation`: no header (another
+  //! version, or the check off there) is errc::protocol; another call or another size poisons the group.
+  [[noreturn, gnu::cold, gnu::noinline]] void refuse_frame(const std::byte* slot, std::size_t landed,
+                                                           const std::int64_t* my_header, const call_record& mine,
+                                                           std::size_t expected, int peer, const char* operation,
+                                                           error_context ctx) {
+    if (landed < frame_header::bytes || !frame_header::has_magic(slot))
+      throw error(errc::protocol,
+                  "the first message of " + std::string(operation) + " from this peer has no call header (" +
+                      std::to_string(landed) + " bytes): does it run another version of shardkit, or "
+                      "with SHARDKIT_CALL_CHECK=0?",
+                  std::move(ctx));
+    constexpr std::size_t record_bytes = frame_header::record_words * sizeof(std::int64_t);
+    message_sizes sizes;  // the calls differ
+    if (std::memcmp(slot, my_header, record_bytes) == 0) {  // the same call, another size
+      std::memcpy(&sizes.sent, slot + record_bytes, sizeof sizes.sent);
+      sizes.expected = std::int64_t(expected);
+    }
+    mismatch(peer, frame_header::unpack(slot).data(), mine.encode().data(), sizes, std::move(ctx));
   }
 
   //! The text of a mismatch that rank `finder` found with rank `peer`. When the two called the same collective and
@@ -288,7 +350,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
 
   std::byte* slot(std::unique_ptr<frame_slot>& s) {
     if (!s) {
-      s = std::make_unique_for_overwrite<frame_slot>();
+      s = std::make_unique<frame_slot>();  // zeroed once: verify_first reads a header before its length check
       held_.fetch_add(frame_header::slot_bytes, std::memory_order_relaxed);
     }
     return s->bytes;
@@ -369,12 +431,15 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     record_words mine;
     {
       std::lock_guard lock(mutex_);
-      const history_entry& h = history_[seq_of(first) % history_.size()];
-      if (!h.reached || seq_of(h.record.data()) != seq_of(first)) {  // not reached yet: compared when it is
-        if (early_reports_.size() < 4 * members_.size()) early_reports_.push_back({from, theirs});
-        return;
+      if (!recorded(seq_of(first), mine)) {  // not reached yet: compared when it is
+        if (early_reports_.size() >= 4 * members_.size()) return;
+        early_reports_.push_back({from, theirs});
+        reports_waiting_.store(true, std::memory_order_seq_cst);
+        // begin() may have published this collective's record without seeing the flag: then this sees the record.
+        if (!recorded(seq_of(first), mine)) return;
+        early_reports_.pop_back();
+        if (early_reports_.empty()) reports_waiting_.store(false, std::memory_order_relaxed);
       }
-      mine = h.record;
     }
     if (mine == theirs) return;
     try {
@@ -384,15 +449,15 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   }
 
   //! begin()'s comparison of the stall reports that came before this rank reached collective `seq`.
-  void compare_early_reports(std::unique_lock<std::mutex>& lock, std::uint32_t seq, const record_words& recorded, int rank,
-                             const char* operation) {
-    const record_words mine = recorded;  // the history entry may be rewritten once the lock is let go
+  void compare_early_reports(std::uint32_t seq, const record_words& mine, int rank, const char* operation) {
+    std::unique_lock lock(mutex_);
     for (auto it = early_reports_.begin(); it != early_reports_.end();) {
       if (seq_of(it->record.data()) == seq) {
         const auto theirs = it->record;
         const int from = it->from;
         it = early_reports_.erase(it);
         if (theirs != mine) {
+          if (early_reports_.empty()) reports_waiting_.store(false, std::memory_order_relaxed);
           lock.unlock();
           mismatch(from, theirs.data(), mine.data(), {}, {.rank = rank, .operation = operation});
         }
@@ -401,12 +466,31 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
       // Reports of collectives this rank has passed without reaching are stale (a wrapped sequence).
       it = int(seq - seq_of(it->record.data())) > 0 ? early_reports_.erase(it) : std::next(it);
     }
+    if (early_reports_.empty()) reports_waiting_.store(false, std::memory_order_relaxed);
   }
 
-  //! One collective's record in the history, in a cache line of its own (under mutex_).
+  //! A history entry's stamp once collective `seq`'s record is whole in it (0: being written).
+  static std::uint64_t stamp_of(std::uint32_t seq) noexcept { return std::uint64_t(seq) + 1; }
+
+  //! Collective `seq`'s record as begin() wrote it, if this rank has reached it and not yet reused its entry (a
+  //! sequence lock's reader: a record rewritten while read is not taken). Under mutex_, from a transport thread.
+  bool recorded(std::uint32_t seq, record_words& out) const noexcept {
+    const history_entry& h = history_[seq % history_.size()];
+    const std::uint64_t stamp = h.stamp.load(std::memory_order_seq_cst);
+    if (stamp != stamp_of(seq)) return false;
+    std::int64_t packed[frame_header::record_words];
+    for (std::size_t i = 0; i < frame_header::record_words; ++i) packed[i] = h.record[i].load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (h.stamp.load(std::memory_order_relaxed) != stamp) return false;
+    out = frame_header::unpack(reinterpret_cast<const std::byte*>(packed));
+    return true;
+  }
+
+  //! One collective's record in the history (its packed header words), in a cache line of its own: written by
+  //! begin() (the issuing thread), read by on_control; the stamp is stamp_of(seq) while whole, 0 while written.
   struct alignas(64) history_entry {
-    bool reached = false;
-    record_words record{};
+    std::atomic<std::uint64_t> stamp{0};
+    std::array<std::atomic<std::int64_t>, frame_header::record_words> record{};
   };
 
   struct early_report {
@@ -419,6 +503,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   std::uint64_t epoch_ = 0;
   std::atomic<bool> poisoned_{false};
   std::atomic<bool> sent_poison_{false};
+  std::atomic<bool> reports_waiting_{false};  // early_reports_ is not empty (written under mutex_)
   std::atomic<std::size_t> held_{0};
   std::shared_ptr<T> transport_;
   std::vector<int> members_;  // transport rank of each group rank
@@ -430,7 +515,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   std::vector<early_report> early_reports_;
   std::vector<completion> control_recvs_;
   bool closing_ = false;
-  std::array<history_entry, 64> history_{};  // the records of the last collectives, by seq (under mutex_)
+  std::array<history_entry, 64> history_{};  // the records of the last collectives, by seq
 };
 
 }  // namespace shardkit::comm::algorithms

@@ -105,7 +105,8 @@ class p2p_op {
   //! `arena` (optional) lends the op its scratch memory; without one the op allocates its own.
   //! `stop` (optional): a stop request ends the op's waits with errc::aborted (its group was aborted). `checker`
   //! (optional) frames the op's first message to each peer with `record` and checks each peer's
-  //! (call_check.hpp); `epoch` is what checker->begin() or next_epoch() returned for this op. `group` and `seq`
+  //! (call_check.hpp); `epoch` is what next_epoch() returned for this op, or 0 for an op that starts a
+  //! collective: it calls checker->begin() (and throws what that throws). `group` and `seq`
   //! (collective_options): the group's name and the call's number in it, for the long wait's log line; `stall_log`
   //! (collective_options, 0: its default) when that line first comes (detail/stall_line.hpp).
   p2p_op(T& transport, std::span<const int> members, int me, transport::message_tag tag, deadline until,
@@ -121,9 +122,10 @@ class p2p_op {
     lost_grace_ = std::clamp<deadline::clock::duration>(left / 32, min_lost_member_grace, max_lost_member_grace);
     stall_log_ = comm::detail::stall_schedule::first_line(now, until_, stall_log);
     if (checker_) {
-      stall_at_ = now + std::clamp<deadline::clock::duration>(left / call_checker<T>::stall_divisor,
-                                                              std::chrono::milliseconds(20), std::chrono::minutes(1));
+      stall_after_ = left / call_checker<T>::stall_divisor;  // clamped where a wait first outlasts a slice
+      started_ = now;
       frame_header::pack(record_, header_.data());
+      if (epoch_ == 0) epoch_ = checker_->begin(record_, header_.data(), me_, name_);
     }
   }
 
@@ -218,7 +220,18 @@ class p2p_op {
       auto& pc = checker_->peer(members_[std::size_t(peer)], epoch_);
       if (!pc.sent) {
         pc.sent = true;
-        return framed_send(pc, peer, data, bytes);
+        // The first message to a peer: the header, then the payload in the same message up to inline_max (copied
+        // behind the header up to copy_max, or where the transport cannot gather; else gathered from the
+        // caller's buffer), else in a message of its own sent right behind it (no copy of a large buffer). The
+        // copied frame goes out through the one post_send below, as an unchecked send does.
+        std::byte* const slot = checker_->send_slot(pc);
+        header_[frame_header::words - 1] = std::int64_t(bytes);
+        std::memcpy(slot, header_.data(), frame_header::bytes);
+        if (bytes > call_checker<T>::inline_max || (transport::scatter_gather<T> && bytes > frame_header::copy_max))
+          return send_apart(pc, peer, slot, data, bytes);
+        frame_header::copy_payload(slot + frame_header::bytes, data, bytes);
+        data = slot;
+        bytes += frame_header::bytes;
       }
     }
     return post_send(peer, data, bytes);
@@ -231,21 +244,23 @@ class p2p_op {
         pc.dest = data;
         pc.expected = bytes;
         std::byte* const slot = checker_->recv_slot(pc);
+        pc.frame_at = std::uint32_t(recvs_.size());
         if constexpr (transport::scatter_gather<T>) {
-          if (bytes <= call_checker<T>::inline_max) {
+          if (bytes > frame_header::copy_max && bytes <= call_checker<T>::inline_max) {
             // The header into the slot, the payload straight into place; a larger one than expected (a mismatch)
             // runs on into the slot, so its header is read whatever the peer sent.
             constexpr std::size_t h = frame_header::bytes;
             const std::span<std::byte> pieces[] = {{slot, h}, {data, bytes}, {slot + h, call_checker<T>::inline_max - bytes}};
             pc.in_place = true;
-            pc.frame_at = std::uint32_t(recvs_.size());
             return recvs_.emplace_back(transport_.recv_scatter(members_[std::size_t(peer)], tag_, pieces));
           }
         }
-        pc.frame_at = std::uint32_t(recvs_.size());
-        auto frame = post_recv(peer, slot, frame_header::slot_bytes);
-        if (bytes <= call_checker<T>::inline_max) return frame;
-        return post_recv(peer, data, bytes);
+        if (bytes > call_checker<T>::inline_max) {
+          post_recv(peer, slot, frame_header::slot_bytes);  // the header; the payload follows on its own
+        } else {
+          data = slot;  // header and payload into the slot, the payload copied out once the header is verified
+          bytes = frame_header::slot_bytes;
+        }
       }
     }
     return post_recv(peer, data, bytes);
@@ -254,9 +269,11 @@ class p2p_op {
   //! Waits for a recv from group rank `peer` that must deliver exactly `expected` bytes.
   void wait_recv(const completion& c, int peer, std::size_t expected) {
     if (checker_) {
-      auto& pc = checker_->peer(members_[std::size_t(peer)], epoch_);
-      if (pc.posted && !pc.verified) verify_first(pc, peer);
-      if (pc.posted && pc.frame_at < recvs_.size() && c == recvs_[pc.frame_at]) return;  // the payload is in place
+      auto& pc = checker_->contact_of(members_[std::size_t(peer)]);
+      if (pc.epoch == epoch_ && pc.posted) {  // this op's first recv from the peer
+        if (!pc.verified) verify_first(pc, peer);
+        if (pc.frame_at < recvs_.size() && c == recvs_[pc.frame_at]) return;  // the payload is in place
+      }
     }
     wait(c, peer, "receiving from");
     if (c.bytes() != expected)
@@ -266,9 +283,9 @@ class p2p_op {
                   context(peer));
   }
   void wait_send(const completion& c, int peer) {
-    if (checker_) {
-      auto& pc = checker_->peer(members_[std::size_t(peer)], epoch_);
-      if (pc.header_send.valid()) wait(pc.header_send, peer, "sending to");  // its slot is reused by the next op
+    if (header_sends_) {  // a header sent ahead of a large payload: its slot is reused by the next op
+      auto& pc = checker_->contact_of(members_[std::size_t(peer)]);
+      if (pc.epoch == epoch_ && pc.header_ahead) wait(pc.header_send, peer, "sending to");
     }
     wait(c, peer, "sending to");
   }
@@ -400,7 +417,8 @@ class p2p_op {
       if (later >= until_ || stop_.stop_requested()) return false;
       if (checker_) {
         checker_->throw_if_poisoned(context(-1));
-        if (!stall_reported_ && later >= stall_at_) {
+        if (!stall_reported_ && later >= started_ + std::clamp<deadline::clock::duration>(
+                                               stall_after_, std::chrono::milliseconds(20), std::chrono::minutes(1))) {
           stall_reported_ = true;
           checker_->report_stall(record_);
         }
@@ -435,19 +453,16 @@ class p2p_op {
     send_peers_.push_back(peer);
     return c;
   }
-  completion post_recv(int peer, std::byte* data, std::size_t bytes) {
+  [[gnu::always_inline]] completion post_recv(int peer, std::byte* data, std::size_t bytes) {
     auto c = transport_.recv(members_[std::size_t(peer)], tag_, {data, bytes});
     recvs_.push_back(c);
     return c;
   }
 
-  //! The first message to a peer: the header, then the payload in the same message up to inline_max (gathered
-  //! from the caller's buffer where the transport can, else copied behind the header), else in a message of its
-  //! own sent right behind it (no copy of a large buffer).
-  completion framed_send(typename call_checker<T>::contact& pc, int peer, const std::byte* data, std::size_t bytes) {
-    std::byte* const slot = checker_->send_slot(pc);
-    header_[frame_header::words - 1] = std::int64_t(bytes);
-    std::memcpy(slot, header_.data(), frame_header::bytes);
+  //! send()'s first message to a peer whose payload does not travel copied behind its header (its header is in
+  //! `slot`): gathered with it, or sent on its own right behind it.
+  [[gnu::noinline]] completion send_apart(typename call_checker<T>::contact& pc, int peer, const std::byte* slot,
+                                          const std::byte* data, std::size_t bytes) {
     if constexpr (transport::scatter_gather<T>) {
       if (bytes <= call_checker<T>::inline_max) {
         const std::span<const std::byte> pieces[] = {{slot, frame_header::bytes}, {data, bytes}};
@@ -457,42 +472,35 @@ class p2p_op {
         return c;
       }
     }
-    if (bytes <= call_checker<T>::inline_max) {
-      if (bytes) std::memcpy(slot + frame_header::bytes, data, bytes);
-      return post_send(peer, slot, frame_header::bytes + bytes);
-    }
     pc.header_send = post_send(peer, slot, frame_header::bytes);
+    pc.header_ahead = header_sends_ = true;
     return post_send(peer, data, bytes);
   }
 
   //! Waits for the first message from `peer` and compares its header with this rank's call: another call, or
   //! another payload size, poisons the group and throws errc::mismatch naming both calls. The header is compared
   //! where it landed; it is decoded only to name a difference.
-  void verify_first(typename call_checker<T>::contact& pc, int peer) {
+  [[gnu::always_inline]] void verify_first(typename call_checker<T>::contact& pc, int peer) {
     const completion& frame = recvs_[pc.frame_at];
     wait(frame, peer, "receiving from");
     pc.verified = true;
     const std::byte* const slot = checker_->recv_slot(pc);
-    constexpr std::size_t record_bytes = frame_header::record_words * sizeof(std::int64_t);
-    if (frame.bytes() < frame_header::bytes || !frame_header::has_magic(slot))
-      throw error(errc::protocol,
-                  "the first message of " + std::string(name_) + " from this peer has no call header (" +
-                      std::to_string(frame.bytes()) + " bytes): does it run another version of shardkit, or "
-                      "with SHARDKIT_CALL_CHECK=0?",
-                  context(peer));
-    const auto group_peer = [&] { return checker_->group_rank(members_[std::size_t(peer)]); };
-    const auto mismatch = [&](typename call_checker<T>::message_sizes sizes) {
-      const auto mine = record_.encode();
-      checker_->mismatch(group_peer(), frame_header::unpack(slot).data(), mine.data(), sizes, context(peer));
+    const std::size_t landed = frame.bytes();
+    // The common case in a few loads and compares: the whole header landed, its record is this rank's call (magic
+    // included), and it announces the size this rank expects, inline when it fits.
+    const auto word = [slot](std::size_t i) {
+      std::int64_t w;
+      std::memcpy(&w, slot + i * sizeof w, sizeof w);
+      return w;
     };
-    if (std::memcmp(slot, header_.data(), record_bytes) != 0) mismatch({});
-    std::int64_t sent_word;
-    std::memcpy(&sent_word, slot + record_bytes, sizeof sent_word);
-    const auto sent = std::size_t(sent_word);
-    const std::size_t inline_bytes = frame.bytes() - frame_header::bytes;
-    if (sent != pc.expected || inline_bytes != (sent <= call_checker<T>::inline_max ? sent : 0))
-      mismatch({std::int64_t(sent), std::int64_t(pc.expected)});
-    if (sent <= call_checker<T>::inline_max && sent && !pc.in_place) std::memcpy(pc.dest, slot + frame_header::bytes, sent);
+    const std::int64_t differ =
+        (word(0) ^ header_[0]) | (word(1) ^ header_[1]) | (word(2) ^ header_[2]) | (word(3) ^ header_[3]);
+    const auto sent = std::size_t(word(frame_header::words - 1));
+    const bool in_frame = sent <= call_checker<T>::inline_max;
+    if (differ != 0 || landed != frame_header::bytes + (in_frame ? sent : 0) || sent != pc.expected) [[unlikely]]
+      checker_->refuse_frame(slot, landed, header_.data(), record_, pc.expected,
+                             checker_->group_rank(members_[std::size_t(peer)]), name_, context(peer));
+    if (in_frame && !pc.in_place) frame_header::copy_payload(pc.dest, slot + frame_header::bytes, sent);
   }
 
   //! Whether the transport says group rank `r` closed its transport in order (transport::reports_departures).
@@ -572,8 +580,10 @@ class p2p_op {
   // payload's size, is written per message).
   std::array<std::int64_t, frame_header::words> header_{};
   std::uint64_t epoch_;
-  deadline stall_at_ = no_deadline;
+  deadline started_{};                          // with a checker: when the op started
+  deadline::clock::duration stall_after_{};     // and its share of the timeout before its stall report
   bool stall_reported_ = false;
+  bool header_sends_ = false;  // a first message's header went ahead of its payload (wait_send waits for it)
   deadline lost_seen_ = no_deadline;  // when this op first saw a lost member
   deadline::clock::duration lost_grace_{};
   std::string_view group_;
