@@ -1,15 +1,15 @@
 #pragma once
-//! The timer of one process_group send or recv: its stall lines while it waits (detail/stall_line.hpp, as a
+//! The timer of one process_group send or recv: its stall lines while it waits (at stall_schedule's cadence, as a
 //! collective's waits write them), then its deadline. Nobody need block on the transfer (a work handle may be polled
 //! or co_awaited), so both run on the process's timer thread (core/detail/timer.hpp), one timer re-armed per line.
+//! A transfer that ends before its first line costs one allocation (this object, both callbacks inside it) and one
+//! timer: what the callbacks say (detail/p2p_stall.hpp's line, the timeout's error) they make when they run.
 #include <algorithm>
 #include <chrono>
-#include <functional>
 #include <memory>
 #include <mutex>
-#include <string>
+#include <optional>
 #include <utility>
-#include <vector>
 
 #include "shardkit/comm/detail/stall_line.hpp"
 #include "shardkit/core/completion.hpp"
@@ -17,76 +17,85 @@
 
 namespace shardkit::comm::detail {
 
-class p2p_deadline : public std::enable_shared_from_this<p2p_deadline> {
- public:
-  struct options {
-    deadline until;                   //!< the transfer's deadline
-    std::chrono::milliseconds stall_log{0};  //!< group_options::stall_log (0: a 32nd of the timeout, 1 to 10 s)
-    int me = -1, peer = -1;           //!< group ranks
-    std::string call, group, what, peer_call;  //!< as stalled_wait names them
-    //! What the transport sees of group rank r's process (member_states); may be empty.
-    std::function<std::string(int)> describe;
-    int size = 0;  //!< the group's size, for member_states
+//! `on_stall(waited)` writes the transfer's stall line (a wait that has lasted `waited`); `at_deadline()` runs once
+//! `until` passes, unless end() came first. Both run on the timer thread; make one with start_p2p_deadline.
+template <class OnStall, class AtDeadline>
+class p2p_deadline : public std::enable_shared_from_this<p2p_deadline<OnStall, AtDeadline>> {
+  //! Only start() makes one (std::make_shared needs a public constructor).
+  class passkey {
+    friend p2p_deadline;
+    passkey() = default;
   };
 
-  //! Starts the timer: `at_deadline` runs on the timer thread once `until` passes, unless end() came first.
-  static std::shared_ptr<p2p_deadline> start(options o, std::function<void()> at_deadline) {
+ public:
+  //! Starts the timer.
+  static std::shared_ptr<p2p_deadline> start(deadline until, std::chrono::milliseconds stall_log, OnStall on_stall,
+                                             AtDeadline at_deadline) {
     const auto now = deadline::clock::now();
-    auto d = std::shared_ptr<p2p_deadline>(new p2p_deadline(std::move(o), std::move(at_deadline), now));
+    auto d = std::make_shared<p2p_deadline>(passkey{}, now, until, stall_log, std::move(on_stall), std::move(at_deadline));
     std::lock_guard lock(d->mutex_);
     d->arm();
     return d;
   }
 
+  p2p_deadline(passkey, deadline now, deadline until, std::chrono::milliseconds stall_log, OnStall on_stall,
+               AtDeadline at_deadline)
+      : until_(until), on_stall_(std::move(on_stall)), at_deadline_(std::move(at_deadline)),
+        schedule_(now, stall_schedule::first_line(now, until, stall_log)) {}
+
   //! The transfer ended: no more lines, no deadline. Safe from any thread, also from inside at_deadline's calls.
   void end() {
-    std::function<void()> dropped;  // what at_deadline holds (the transfer) goes now, outside the lock
+    std::optional<AtDeadline> dropped;  // what at_deadline holds (the transfer) goes now, outside the lock
     std::lock_guard lock(mutex_);
     if (std::exchange(ended_, true)) return;
     shardkit::detail::timer_service::instance().cancel(key_);
-    dropped = std::move(at_deadline_);
+    take(dropped);
   }
 
  private:
-  p2p_deadline(options o, std::function<void()> at_deadline, deadline now)
-      : o_(std::move(o)), at_deadline_(std::move(at_deadline)),
-        schedule_(now, stall_schedule::first_line(now, o_.until, o_.stall_log)) {}
-
   // With mutex_ held.
   void arm() {
-    key_ = shardkit::detail::timer_service::instance().at(std::min(schedule_.next(), o_.until),
-                                                          [self = shared_from_this()] { self->fire(); });
+    key_ = shardkit::detail::timer_service::instance().at(std::min(schedule_.next(), until_),
+                                                          [self = this->shared_from_this()] { self->fire(); });
+  }
+  // With mutex_ held: moves at_deadline_ out, so that it is destroyed (or run) where the caller says.
+  void take(std::optional<AtDeadline>& into) {
+    into.emplace(std::move(*at_deadline_));
+    at_deadline_.reset();
   }
 
   // On the timer thread, one call at a time (schedule_ is only touched here after start()).
   void fire() {
     const auto now = deadline::clock::now();
-    if (now >= o_.until) {
-      std::function<void()> f;
+    if (now >= until_) {
+      std::optional<AtDeadline> f;
       {
         std::lock_guard lock(mutex_);
         if (std::exchange(ended_, true)) return;
-        f = std::move(at_deadline_);
+        take(f);
       }
-      f();  // without the lock: it may withdraw the transfer, whose continuation calls end()
+      (*f)();  // without the lock: it may withdraw the transfer, whose continuation calls end()
       return;
     }
-    if (const auto waited = schedule_.due(now)) {
-      const auto states = o_.describe ? member_states(o_.size, o_.me, o_.peer, o_.describe)
-                                      : std::vector<std::pair<int, std::string>>{};
-      log_stall({.me = o_.me, .peer = o_.peer, .call = o_.call, .group = o_.group, .what = o_.what, .peer_call = o_.peer_call},
-                *waited, states, o_.until);
-    }
+    if (const auto waited = schedule_.due(now)) on_stall_(*waited);
     std::lock_guard lock(mutex_);
     if (!ended_) arm();
   }
 
-  options o_;
-  std::function<void()> at_deadline_;
+  const deadline until_;
+  OnStall on_stall_;
+  std::optional<AtDeadline> at_deadline_;
   stall_schedule schedule_;
   std::mutex mutex_;
   bool ended_ = false;
   shardkit::detail::timer_service::key key_{};
 };
+
+//! Starts the timer of one transfer (p2p_deadline).
+template <class OnStall, class AtDeadline>
+std::shared_ptr<p2p_deadline<OnStall, AtDeadline>> start_p2p_deadline(deadline until, std::chrono::milliseconds stall_log,
+                                                                       OnStall on_stall, AtDeadline at_deadline) {
+  return p2p_deadline<OnStall, AtDeadline>::start(until, stall_log, std::move(on_stall), std::move(at_deadline));
+}
 
 }  // namespace shardkit::comm::detail

@@ -22,6 +22,7 @@
 
 #include "shardkit/comm/detail/fault_reports.hpp"
 #include "shardkit/comm/detail/p2p_deadline.hpp"
+#include "shardkit/comm/detail/p2p_stall.hpp"
 #include "shardkit/comm/detail/p2p_timeout_text.hpp"
 #include "shardkit/comm/detail/progress_engine.hpp"
 #include "shardkit/comm/detail/shared_settings.hpp"
@@ -509,47 +510,52 @@ SHARDKIT_DECL work process_group::with_deadline(completion op, const char* name,
                                              std::chrono::milliseconds timeout, std::size_t bytes) {
   auto& s = self();
   if (timeout.count() <= 0) timeout = s.opts.timeout;
-  error_context ctx = s.context(name);
-  ctx.peer = peer;
+  // What a transfer that ends in time costs stays small: the timeout's error and the stall line's text are made
+  // only when they are needed (docs/benchmarks.md, "process_group send/recv: instructions per call").
+  struct timeout_state {
+    std::exception_ptr error;  // set once, before timed_out
+    std::atomic<bool> timed_out{false};
+  };
+  auto state = std::make_shared<timeout_state>();
   const bool sending = std::string_view(name) == "send";
-  const char* matching = sending ? "recv" : "send";
-  const std::string tagged = " with tag " + std::to_string(tag);
-  // Said at the deadline, from what is known of the peer then (detail::p2p_timeout_text): set before timed_out.
-  auto timeout_error = std::make_shared<std::exception_ptr>();
+  const int me = s.comm->rank();
+  const deadline until = deadline_after(timeout);
   completion_source result;
-  auto timed_out = std::make_shared<std::atomic<bool>>(false);
   std::weak_ptr<impl> weak = impl_;
-  // Until the deadline, a wait that lasts is logged as a collective's is (the stall line), naming the group's ranks.
-  detail::p2p_deadline::options watch{
-      .until = deadline_after(timeout), .stall_log = s.opts.stall_log, .me = s.comm->rank(), .peer = peer,
-      .call = name + tagged + " (" + std::to_string(bytes) + " bytes)", .group = s.opts.name,
-      .what = sending ? "sending to" : "receiving from", .peer_call = matching + tagged,
-      .describe = [weak](int r) { auto s = weak.lock(); return s ? s->comm->peer_state(r) : std::string(); },
-      .size = s.comm->size()};
-  auto timer = detail::p2p_deadline::start(std::move(watch), [op, result, timed_out, timeout_error, weak, ctx, sending, peer, tag,
-                                                               timeout, call = std::string(name)] {
+  // Until the deadline, a wait that lasts is logged as a collective's is (the stall line), naming the group's ranks,
+  // from the group as it is then (a group that is gone names no transfer).
+  const detail::p2p_transfer transfer{.me = me, .peer = peer, .tag = tag, .bytes = bytes, .sending = sending};
+  const auto on_stall = [transfer, until, weak](deadline::clock::duration waited) {
+    if (auto g = weak.lock())
+      detail::log_transfer_stall(transfer, g->opts.name, g->comm->size(), [&](int r) { return g->comm->peer_state(r); },
+                                 waited, until);
+  };
+  const auto at_deadline = [op, result, state, weak, name, me, peer, tag, timeout, sending] {
     if (op.is_done()) return;  // ended in time after all: the forwarder reports its own outcome
-    {
-      auto s = weak.lock();
+    {  // said from what is known of the peer now (detail::p2p_timeout_text)
+      auto g = weak.lock();
+      error_context ctx = g ? g->context(name) : error_context{.rank = me, .operation = name};
+      ctx.peer = peer;
       const detail::p2p_timeout_facts facts{
-          .call = call, .sending = sending, .tag = tag, .peer = peer, .timeout = timeout,
-          .peer_state = s ? s->comm->peer_state(peer) : std::string(),
-          .peer_tags = s && !sending ? s->comm->unmatched_user_tags(peer) : std::vector<std::uint32_t>{}};
-      *timeout_error = std::make_exception_ptr(error(errc::timeout, detail::p2p_timeout_text(facts), ctx));
+          .call = name, .sending = sending, .tag = tag, .peer = peer, .timeout = timeout,
+          .peer_state = g ? g->comm->peer_state(peer) : std::string(),
+          .peer_tags = g && !sending ? g->comm->unmatched_user_tags(peer) : std::vector<std::uint32_t>{}};
+      state->error = std::make_exception_ptr(error(errc::timeout, detail::p2p_timeout_text(facts), std::move(ctx)));
     }
-    timed_out->store(true);
+    state->timed_out.store(true, std::memory_order_release);
     if (op.cancel()) return;  // withdrawn: op fails now and the forwarder below reports the timeout
     if (op.is_done()) return;
-    if (auto s = weak.lock()) {  // under way: the buffer is only safe once the backend lets go of it
-      s->mark_broken(*timeout_error);
-      if (!s->comm->abort(*timeout_error))
-        log::error("a timed-out transfer of group ", s->opts.name, " cannot be aborted; its buffer may still be used");
+    if (auto g = weak.lock()) {  // under way: the buffer is only safe once the backend lets go of it
+      g->mark_broken(state->error);
+      if (!g->comm->abort(state->error))
+        log::error("a timed-out transfer of group ", g->opts.name, " cannot be aborted; its buffer may still be used");
     }
-    result.set_error(*timeout_error);
-  });
-  op.then([op, result, timed_out, timeout_error, timer] {
+    result.set_error(state->error);
+  };
+  auto timer = detail::start_p2p_deadline(until, s.opts.stall_log, on_stall, at_deadline);
+  op.then([op, result, state, timer] {
     timer->end();
-    if (auto e = op.exception()) result.set_error(timed_out->load() ? *timeout_error : e);
+    if (auto e = op.exception()) result.set_error(state->timed_out.load(std::memory_order_acquire) ? state->error : e);
     else result.set_done(op.bytes());
   });
   result.on_cancel([op] { return op.cancel(); });
