@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/blocking_recv_stall.hpp"
 #include "comm/conformance.hpp"
 #include "shardkit/comm/any_communicator.hpp"
 #include "shardkit/comm/init.hpp"
@@ -153,4 +154,11 @@ TEST_CASE("[comm] any_communicator: send and recv wait for the erased isend and 
   // process_group::create takes the erased backend as it is: its name, not any_communicator's.
   auto pg = comm::process_group::create(std::move(a));
   CHECK(pg.backend_name() == "shardkit::comm::p2p_communicator<shardkit::transport::loopback_transport>");
+}
+
+TEST_CASE("[comm] any_communicator: a blocking recv whose sender is late logs the stall line, as process_group's does") {
+  auto ts = transport::loopback_transport::create_world(2);
+  comm::any_communicator a{comm::p2p_communicator<transport::loopback_transport>(ts[0])};
+  comm::any_communicator b{comm::p2p_communicator<transport::loopback_transport>(ts[1])};
+  test::check_blocking_recv_logs_stall_line(a, b);
 }

@@ -2,7 +2,9 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 
+#include "comm/blocking_recv_stall.hpp"
 #include "comm/conformance.hpp"
 #include "shardkit/backends/gloo.hpp"
 #include "shardkit/rendezvous/memory_store.hpp"
@@ -167,6 +169,13 @@ TEST_CASE("[gloo] a rank that never arrives makes the others time out naming it,
     }
     pg.barrier().wait();
   });
+}
+
+TEST_CASE("[gloo] a blocking recv whose sender is late logs the stall line, as process_group's does") {
+  auto store = rendezvous::make_store<rendezvous::memory_store>();
+  std::vector<std::optional<gloo_communicator>> comms(2);
+  test::run_threads(2, [&](int r) { comms[std::size_t(r)].emplace(gloo_communicator::create(store, r, 2, test_gloo_options())); });
+  test::check_blocking_recv_logs_stall_line(*comms[0], *comms[1]);
 }
 
 TEST_CASE("[gloo] repeated splits and dups get distinct groups") {

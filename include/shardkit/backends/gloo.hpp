@@ -48,6 +48,7 @@
 #include "shardkit/comm/algorithms/recursive_doubling.hpp"
 #include "shardkit/comm/detail/checked_recv.hpp"
 #include "shardkit/comm/detail/consistency.hpp"
+#include "shardkit/comm/detail/p2p_stall.hpp"
 #include "shardkit/comm/algorithms/ring.hpp"
 #include "shardkit/comm/communicator.hpp"
 
@@ -251,10 +252,10 @@ class gloo_communicator {
                                       });
   }
   void send(const_buffer_view in, int peer, std::uint32_t tag, const comm::collective_options& o) {
-    wait_p2p(isend(in, peer, tag, o), peer, "send", o);
+    wait_p2p(isend(in, peer, tag, o), {.me = rank(), .peer = peer, .tag = tag, .bytes = in.size_bytes(), .sending = true}, o);
   }
   void recv(buffer_view out, int peer, std::uint32_t tag, const comm::collective_options& o) {
-    wait_p2p(irecv(out, peer, tag, o), peer, "recv", o);
+    wait_p2p(irecv(out, peer, tag, o), {.me = rank(), .peer = peer, .tag = tag, .bytes = out.size_bytes(), .sending = false}, o);
   }
 
   //! Collective: ranks of one color get a new gloo context (fresh connections) under a store prefix derived
@@ -328,11 +329,13 @@ class gloo_communicator {
     if (g_->broken) return completion::failed(g_->broken);
     return std::nullopt;
   }
-  void wait_p2p(const completion& c, int peer, const char* op, const comm::collective_options& o) {
-    if (!c.wait_until(o.until)) {
+  //! A wait that lasts writes the stall line, as process_group's send and recv do (gloo cannot tell a stopped
+  //! peer's process: the line says the peer is slow, stuck, stopped or has not called its part).
+  void wait_p2p(const completion& c, const comm::detail::p2p_transfer& t, const comm::collective_options& o) {
+    if (!comm::detail::wait_logging_stalls(c, t, o.until, o.stall_log, o.group, size(), [](int) { return std::string(); })) {
       c.cancel();
-      throw error(errc::timeout, "deadline passed before the message was " + std::string(op == std::string("send") ? "taken" : "delivered"),
-                  {.rank = rank(), .peer = peer, .operation = op});
+      throw error(errc::timeout, std::string("deadline passed before the message was ") + (t.sending ? "taken" : "delivered"),
+                  {.rank = rank(), .peer = t.peer, .operation = t.sending ? "send" : "recv"});
     }
   }
 

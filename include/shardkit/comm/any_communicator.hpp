@@ -16,8 +16,9 @@
 //! @endcode
 //!
 //! Each call costs one virtual call more than the backend's own. send and recv are the backend's isend and irecv
-//! waited for until the call's deadline (o.until); the erased backend's scratch_bytes is nullopt where the backend
-//! cannot tell, so any_communicator's is too (it is not has_scratch_bytes).
+//! waited for until the call's deadline (o.until), writing the stall line while they wait (detail/p2p_stall.hpp);
+//! the erased backend's scratch_bytes is nullopt where the backend cannot tell, so any_communicator's is too (it is
+//! not has_scratch_bytes).
 #include <exception>
 #include <memory>
 #include <optional>
@@ -26,6 +27,7 @@
 
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/comm/detail/any_communicator.hpp"
+#include "shardkit/comm/detail/p2p_stall.hpp"
 #include "shardkit/core/error.hpp"
 
 namespace shardkit::comm {
@@ -84,10 +86,10 @@ class any_communicator {
     return impl_->irecv(out, peer, tag, o);
   }
   void send(const_buffer_view in, int peer, std::uint32_t tag, const collective_options& o) {
-    finish(isend(in, peer, tag, o), "send", peer, o);
+    finish(isend(in, peer, tag, o), {.me = rank(), .peer = peer, .tag = tag, .bytes = in.size_bytes(), .sending = true}, o);
   }
   void recv(buffer_view out, int peer, std::uint32_t tag, const collective_options& o) {
-    finish(irecv(out, peer, tag, o), "recv", peer, o);
+    finish(irecv(out, peer, tag, o), {.me = rank(), .peer = peer, .tag = tag, .bytes = out.size_bytes(), .sending = false}, o);
   }
 
   //! Fails what is in flight underneath; false where the erased backend cannot abort.
@@ -103,13 +105,16 @@ class any_communicator {
   std::unique_ptr<detail::communicator_interface> release() && noexcept { return std::move(impl_); }
 
  private:
-  //! Past the deadline the transfer is withdrawn and reported as a timeout; one that cannot be withdrawn still
-  //! uses the caller's buffer, so it is waited for.
-  void finish(const completion& c, const char* op, int peer, const collective_options& o) const {
-    if (c.wait_until(o.until)) return;
+  //! A wait that lasts writes the stall line, as process_group's send and recv do (o.stall_log: when). Past the
+  //! deadline the transfer is withdrawn and reported as a timeout; one that cannot be withdrawn still uses the
+  //! caller's buffer, so it is waited for.
+  void finish(const completion& c, const detail::p2p_transfer& t, const collective_options& o) const {
+    if (detail::wait_logging_stalls(c, t, o.until, o.stall_log, o.group, size(), [this](int r) { return impl_->peer_state(r); }))
+      return;
+    const char* op = t.sending ? "send" : "recv";
     if (c.cancel())
       throw error(errc::timeout, std::string(op) + " did not complete by its deadline",
-                  {.rank = rank(), .peer = peer, .operation = op});
+                  {.rank = rank(), .peer = t.peer, .operation = op});
     c.wait();
   }
 
