@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -195,6 +196,48 @@ TEST_CASE("[fsdp] a unit_scope kept past its unit throws; under SHARDKIT_DEBUG=d
     CHECK_THROWS_WITH_AS((void)kept.grads(), doctest::Contains("after its backward use ended"), sk::error);
     CHECK_THROWS_WITH_AS(fsdp::unit_scope().params(), doctest::Contains("no pass began"), sk::error);
   });
+}
+
+TEST_CASE("[fsdp] a unit_scope used after its model was destroyed in the loop body throws errc::closed") {
+  // issue 28: it read the freed model (ASan heap-use-after-free in check_current; without ASan a garbage error
+  // text, a SIGSEGV, or by chance the view handed out).
+  namespace ab = shardkit::test::abandon;
+  for (std::size_t budget : {1, 2, 0}) {
+    CAPTURE(budget);
+    auto groups = sk::comm::make_loopback_world(2);
+    sk::test::run_threads(2, [&](int r) {
+      fsdp::sharding_options o;
+      if (budget) o.limiter_budget_units = budget;
+      else o.limiter_budget_bytes = fsdp::unlimited_budget;
+      std::optional<fsdp::sharded_model> model;
+      model.emplace(groups[std::size_t(r)], ab::units(), o);
+      model->init_parameters(ab::init);
+      for (auto& u : model->forward()) (void)u;
+      auto pass = model->backward();
+      for (auto& u : pass) {
+        u.grads().as<float>()[0] += 1;
+        if (u.index() != 1) continue;
+        model.reset();  // on every rank at the same place: the pass is left with it
+        const auto closed = [](auto&& use) {
+          try {
+            use();
+          } catch (const sk::error& e) {
+            CHECK_MESSAGE(e.code() == sk::errc::closed, e.what());
+            CHECK(std::string(e.what()).find("used after its sharded_model was destroyed") != std::string::npos);
+            return;
+          }
+          FAIL("no error");
+        };
+        closed([&] { (void)u.param<float>("u1.w"); });
+        closed([&] { (void)u.params(); });
+        closed([&] { (void)u.grads(); });
+        closed([&] { (void)u.grad<float>("u1.w"); });
+        closed([&] { (void)u.shape("u1.w"); });
+        CHECK(u.name().empty());
+        break;
+      }
+    });
+  }
 }
 
 TEST_CASE("[fsdp] a non-finite gradient norm: the optimizer raises on every rank (default) or skips, the master unchanged") {

@@ -106,7 +106,8 @@ using gather_limiter = basic_rate_limiter<gather_memory>;
 
 //! A unit while the trainer uses it in a pass: its gathered parameters (and in backward its unsharded
 //! gradients, to accumulate into). Ends (frees or reduces) when the pass moves on, end_unit() is called or the
-//! pass is left early; from then on its accessors throw errc::invalid_argument (a copy kept past its unit would
+//! pass is left early; from then on its accessors throw errc::invalid_argument (errc::closed once its model is
+//! destroyed; name() is then empty) (a copy kept past its unit would
 //! otherwise read whatever the limiter's region holds next), and spans taken from it must not be used: under
 //! SHARDKIT_DEBUG=detail the model fills what it frees on the host with NaN, so such a read shows.
 class unit_scope {
@@ -139,6 +140,7 @@ class unit_scope {
 
  private:
   friend class sharded_model;
+  SHARDKIT_DECL const sharded_model& live_model(const char* what) const;
   SHARDKIT_DECL void check_current(const char* what) const;
   template <class T, class View>
   std::span<T> typed(View v, std::string_view name, const char* what) const {
@@ -150,6 +152,7 @@ class unit_scope {
     return {reinterpret_cast<T*>(const_cast<std::byte*>(reinterpret_cast<const std::byte*>(v.data()))), v.count()};
   }
   const sharded_model* model_ = nullptr;
+  std::weak_ptr<const int> model_alive_;  // expires when the model is destroyed: then errc::closed, not a read
   std::size_t index_ = 0;
   fsdp::pass pass_ = pass::forward;
   std::uint64_t generation_ = 0;  // the unit's generation when this scope began
@@ -515,6 +518,7 @@ class sharded_model {
   bool poison_freed_ = false;          // SHARDKIT_DEBUG=detail: what the model frees on the host is filled with NaN
   gather_memory catch_up_grads_;       // the reduction catch-ups' buffer, while a pass is abandoned
   pass_range* live_range_ = nullptr;   // detached by the destructor
+  std::shared_ptr<const int> alive_ = std::make_shared<const int>(0);  // unit_scopes watch it (reset by the destructor)
   double norm_ = 0;                    // the last global gradient norm, valid while norm_known_
   bool norm_known_ = false;
 

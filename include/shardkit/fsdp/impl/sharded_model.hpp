@@ -247,6 +247,7 @@ SHARDKIT_DECL std::size_t sharded_model::group_scratch(bool& known) const {
 }
 
 SHARDKIT_DECL sharded_model::~sharded_model() {
+  alive_.reset();  // unit_scopes of this model throw errc::closed from now on
   if (live_range_) live_range_->model_ = nullptr;
   // An all-gather in flight writes into the limiter's region: wait for it before the region goes.
   abandon_pass();

@@ -242,6 +242,7 @@ SHARDKIT_DECL unit_scope sharded_model::begin_unit(std::size_t i, pass p) {
   u.used_since = ready;
   unit_scope s;
   s.model_ = this;
+  s.model_alive_ = alive_;
   s.index_ = i;
   s.pass_ = p;
   s.generation_ = u.generation.load(std::memory_order_relaxed);
@@ -414,11 +415,18 @@ SHARDKIT_DECL sharded_model::pass_range sharded_model::backward(bool sync_gradie
   return pass_range(*this, pass::backward);
 }
 
-SHARDKIT_DECL void unit_scope::check_current(const char* what) const {
+SHARDKIT_DECL const sharded_model& unit_scope::live_model(const char* what) const {
   if (!model_)
     throw_error(errc::invalid_argument, std::string("unit_scope::") + what + " on a scope no pass began",
                 {.operation = "fsdp.unit"});
-  if (model_->units_[index_]->generation.load(std::memory_order_relaxed) != generation_)
+  if (model_alive_.expired())
+    throw_error(errc::closed, std::string("unit_scope::") + what + " used after its sharded_model was destroyed",
+                {.operation = "fsdp.unit"});
+  return *model_;
+}
+
+SHARDKIT_DECL void unit_scope::check_current(const char* what) const {
+  if (live_model(what).units_[index_]->generation.load(std::memory_order_relaxed) != generation_)
     throw_error(errc::invalid_argument,
                 std::string("unit_scope::") + what + " of unit '" + name() + "' after its " +
                     std::string(to_string(pass_)) +
@@ -426,9 +434,13 @@ SHARDKIT_DECL void unit_scope::check_current(const char* what) const {
                 {.rank = model_->rank_, .operation = "fsdp.unit", .object = name()});
 }
 
-SHARDKIT_DECL const std::string& unit_scope::name() const noexcept { return model_->units_[index_]->layout.name(); }
+SHARDKIT_DECL const std::string& unit_scope::name() const noexcept {
+  static const std::string none;
+  if (!model_ || model_alive_.expired()) return none;
+  return model_->units_[index_]->layout.name();
+}
 SHARDKIT_DECL const std::vector<std::size_t>& unit_scope::shape(std::string_view name) const {
-  return model_->units_[index_]->layout.param(name).shape;
+  return live_model("shape").units_[index_]->layout.param(name).shape;
 }
 SHARDKIT_DECL const_buffer_view unit_scope::param(std::string_view name) const {
   check_current("param");
@@ -443,8 +455,9 @@ SHARDKIT_DECL buffer_view unit_scope::grads() const {
   return grads_;
 }
 SHARDKIT_DECL buffer_view unit_scope::grad(std::string_view name) const {
+  const buffer_view g = grads();
   const param_slot& p = model_->units_[index_]->layout.param(name);
-  return grads().slice(p.offset, p.numel);
+  return g.slice(p.offset, p.numel);
 }
 
 }  // namespace shardkit::fsdp
