@@ -9,14 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "shardkit/comm/detail/p2p_stall.hpp"
+
 namespace shardkit::comm::detail {
 
 //! What a timed-out send or recv knows at its deadline.
 struct p2p_timeout_facts {
-  std::string call;  //!< "send" or "recv"
-  bool sending = false;
-  std::uint32_t tag = 0;
-  int peer = -1;  //!< group rank
+  p2p_transfer transfer;  //!< the send or recv, as its stall line names it
   std::chrono::milliseconds timeout{0};
   //! What the transport sees of the peer's process ("its process (pid N) is stopped (SIGSTOP or a debugger)"), or "".
   std::string peer_state;
@@ -28,8 +27,10 @@ struct p2p_timeout_facts {
 //! unreceived): the two ranks' tags differ", or "... peer rank 1 did not post the matching send: its process (pid N)
 //! is stopped (SIGSTOP or a debugger)".
 inline std::string p2p_timeout_text(const p2p_timeout_facts& f) {
-  const std::string peer = "peer rank " + std::to_string(f.peer);
-  std::string text = f.call + " with tag " + std::to_string(f.tag) + " did not complete within " +
+  const p2p_transfer& t = f.transfer;
+  const std::string peer = "peer rank " + std::to_string(t.peer);
+  std::string text = std::string(t.sending ? "send" : "recv") + " with tag " + std::to_string(t.tag) +
+                     " did not complete within " +
                      std::to_string(f.timeout.count()) + " ms: ";
   if (!f.peer_tags.empty()) {
     constexpr std::size_t named = 4;
@@ -40,7 +41,7 @@ inline std::string p2p_timeout_text(const p2p_timeout_facts& f) {
     text += peer + " sent with " + (one ? "tag " : "tags ") + tags + " instead (" + (one ? "its message waits" : "its messages wait") +
             " here unreceived): the two ranks' tags differ";
   } else {
-    text += peer + " did not post the matching " + (f.sending ? "recv" : "send");
+    text += peer + " did not post the matching " + (t.sending ? "recv" : "send");
   }
   if (!f.peer_state.empty()) text += ": " + f.peer_state;
   return text;

@@ -530,16 +530,16 @@ SHARDKIT_DECL work process_group::with_deadline(completion op, const char* name,
       detail::log_transfer_stall(transfer, g->opts.name, g->comm->size(), [&](int r) { return g->comm->peer_state(r); },
                                  waited, until);
   };
-  const auto at_deadline = [op, result, state, weak, name, me, peer, tag, timeout, sending] {
+  const auto at_deadline = [op, result, state, weak, name, transfer, timeout] {
     if (op.is_done()) return;  // ended in time after all: the forwarder reports its own outcome
     {  // said from what is known of the peer now (detail::p2p_timeout_text)
       auto g = weak.lock();
-      error_context ctx = g ? g->context(name) : error_context{.rank = me, .operation = name};
-      ctx.peer = peer;
+      error_context ctx = g ? g->context(name) : error_context{.rank = transfer.me, .operation = name};
+      ctx.peer = transfer.peer;
       const detail::p2p_timeout_facts facts{
-          .call = name, .sending = sending, .tag = tag, .peer = peer, .timeout = timeout,
-          .peer_state = g ? g->comm->peer_state(peer) : std::string(),
-          .peer_tags = g && !sending ? g->comm->unmatched_user_tags(peer) : std::vector<std::uint32_t>{}};
+          .transfer = transfer, .timeout = timeout,
+          .peer_state = g ? g->comm->peer_state(transfer.peer) : std::string(),
+          .peer_tags = g && !transfer.sending ? g->comm->unmatched_user_tags(transfer.peer) : std::vector<std::uint32_t>{}};
       state->error = std::make_exception_ptr(error(errc::timeout, detail::p2p_timeout_text(facts), std::move(ctx)));
     }
     state->timed_out.store(true, std::memory_order_release);
