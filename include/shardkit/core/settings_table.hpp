@@ -80,7 +80,8 @@ inline constexpr variable table[] = {
      .target = "core", .min = 1, .max = 3600000},
     {.name = "SHARDKIT_DEBUG", .type = kind::choice, .default_text = "off",
      .meaning = "detail: ranks exchange op fingerprints (op, dtype, count, root) before every collective and a "
-                "mismatch is an error naming the ranks",
+                "mismatch is an error naming the ranks; an fsdp span of a unit's parameters or gradients used after "
+                "the unit's use ended aborts, naming the unit (host gather device; docs/fsdp.md, Errors)",
      .target = "core", .choices = "off|detail", .same_on_every_rank = true},
     {.name = "SHARDKIT_LOG", .type = kind::choice, .default_text = "warn",
      .meaning = "log level on stderr (warning = warn, none = off)", .target = "core",

@@ -97,6 +97,8 @@ inline std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) /
 SHARDKIT_DECL void load_pieces(const std::vector<shard_tensor>& mine, std::span<const shard_tensor> saved,
                                const char* kind);
 
+class view_quarantine;  // SHARDKIT_DEBUG=detail's (fsdp/detail/view_quarantine.hpp)
+
 }  // namespace detail
 
 class sharded_model;
@@ -109,7 +111,8 @@ using gather_limiter = basic_rate_limiter<gather_memory>;
 //! pass is left early; from then on its accessors throw errc::invalid_argument (errc::closed once its model is
 //! destroyed; name() is then empty) (a copy kept past its unit would
 //! otherwise read whatever the limiter's region holds next), and spans taken from it must not be used: under
-//! SHARDKIT_DEBUG=detail the model fills what it frees on the host with NaN, so such a read shows.
+//! SHARDKIT_DEBUG=detail (host gather device) such a read or write aborts, naming the unit and its pass
+//! (fsdp/detail/view_quarantine.hpp).
 class unit_scope {
  public:
   std::size_t index() const noexcept { return index_; }
@@ -466,8 +469,7 @@ class sharded_model {
   // Abandonment's own collectives, on the trainer's thread and the reduce thread.
   SHARDKIT_DECL void catch_up_gather(std::size_t i);
   SHARDKIT_DECL void queue_catch_up_reduce(std::size_t i);
-  // NaN in every float dtype: what a backward left early leaves in the gradients, and SHARDKIT_DEBUG=detail in
-  // what the model frees.
+  // NaN in every float dtype: what a backward left early leaves in the gradients.
   SHARDKIT_DECL void fill_nan(buffer_view v, any_device_stager& stager);
   static void end_generation(unit_state& u) noexcept { u.generation.fetch_add(1, std::memory_order_relaxed); }
   static SHARDKIT_DECL void drain(thread_pool& t) noexcept;
@@ -515,7 +517,8 @@ class sharded_model {
   std::size_t reductions_queued_ = 0;  // gradient reductions this pass has queued (its first units, in order)
   std::uint64_t gathers_refused_ = 0;  // gather thread: a pass whose gather failed issues none after it
   completion gather_turns_;            // trainer's thread: the turn of the last gather job queued
-  bool poison_freed_ = false;          // SHARDKIT_DEBUG=detail: what the model frees on the host is filled with NaN
+  // SHARDKIT_DEBUG=detail on a host gather device: each use's views in blocks that become inaccessible after it.
+  std::unique_ptr<detail::view_quarantine> quarantine_;
   gather_memory catch_up_grads_;       // the reduction catch-ups' buffer, while a pass is abandoned
   pass_range* live_range_ = nullptr;   // detached by the destructor
   std::shared_ptr<const int> alive_ = std::make_shared<const int>(0);  // unit_scopes watch it (reset by the destructor)

@@ -5,6 +5,7 @@
 //! unit of the program (core/separate_compilation.hpp), so the gather and reduce threads' jobs compile once.
 #include "shardkit/core/detail/allocating.hpp"
 #include "shardkit/fsdp/detail/limiter_budget.hpp"
+#include "shardkit/fsdp/detail/view_quarantine.hpp"
 #include "shardkit/fsdp/sharded_model.hpp"
 
 namespace shardkit::fsdp {
@@ -56,8 +57,7 @@ SHARDKIT_DECL void sharded_model::event_log::close() noexcept {
 }
 
 SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vector<unit_spec> units, sharding_options opts)
-    : opts_(std::move(opts)), rank_(world.rank()), world_size_(world.size()),
-      poison_freed_(world.options().check_consistency) {
+    : opts_(std::move(opts)), rank_(world.rank()), world_size_(world.size()) {
   if (opts_.on_event) {
     events_ = std::make_shared<event_log>();
     events_->sink = opts_.on_event;
@@ -182,6 +182,15 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
   for (auto& u : units_) {
     limiter_->check_request(params_bytes(*u), "unit '" + u->layout.name() + "' gathered parameters");
     limiter_->check_request(grads_bytes(*u), "unit '" + u->layout.name() + "' unsharded gradients");
+  }
+  // A span kept past its unit's use would read the next unit's gather from the limiter's region: under detail
+  // each use views copies that become inaccessible when it ends. Host memory only (page protection).
+  if (world.options().check_consistency && opts_.device.on_host()) {
+    std::vector<detail::view_quarantine::unit_sizes> sizes;
+    for (auto& u : units_)
+      sizes.push_back({u->layout.name(), u->layout.padded_numel() * size_of(opts_.precision.param),
+                       u->layout.padded_numel() * size_of(opts_.precision.reduce)});
+    quarantine_ = std::make_unique<detail::view_quarantine>(std::move(sizes), rank_);
   }
 }
 

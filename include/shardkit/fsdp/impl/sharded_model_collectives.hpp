@@ -236,8 +236,6 @@ SHARDKIT_DECL void sharded_model::start_gather(std::size_t i, pass p, std::uint6
 }
 
 SHARDKIT_DECL void sharded_model::release_params(unit_state& u) {
-  if (poison_freed_ && u.params_lease && opts_.device.on_host())
-    fill_nan(u.params_lease->view(opts_.precision.param, u.layout.padded_numel()), control_stager_);
   u.params_lease.reset();
   if (!params_are_master()) u.params = {};
   u.params_ready = {};
@@ -259,7 +257,6 @@ SHARDKIT_DECL void sharded_model::queue_reduce(std::size_t i) {
       if (shard_size_ > 1) reduce_group_.reduce_scatter(full, mine, reduce_op::avg).wait();
       if (replicas_ > 1) replica_group_.all_reduce(mine, reduce_op::avg).wait();
       reduce_stager_.add_to_host(mine, u.grad);
-      if (u.grads_lease && poison_freed_ && opts_.device.on_host()) fill_nan(full, reduce_stager_);
       if (u.grads_lease)
         u.grads_lease.reset();
       else

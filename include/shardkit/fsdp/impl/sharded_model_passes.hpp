@@ -13,6 +13,7 @@ SHARDKIT_DECL void sharded_model::begin_pass(pass p, bool sync) {
                 {.rank = rank_, .operation = "fsdp.pass"});
   stepped_.assign(units_.size(), false);
   early_bytes_ = 0;
+  if (quarantine_) quarantine_->begin_pass(p);
   if (early_forward_ && p == pass::forward) {
     early_forward_ = false;  // its first gathers are queued already, in this pass's serial
     in_pass_ = true;
@@ -205,6 +206,7 @@ SHARDKIT_DECL unit_scope sharded_model::begin_unit(std::size_t i, pass p) {
     queue_early_backward();
   ++next_;
   const auto t0 = steady_clock::now();
+  std::pair<const_buffer_view, buffer_view> views;
   try {
     if (p == pass::backward && i == adopt_early_) {
       // The early backward gather's buffers (queue_early_backward), written before its completions.
@@ -228,6 +230,9 @@ SHARDKIT_DECL unit_scope sharded_model::begin_unit(std::size_t i, pass p) {
       u.grads_lease.reset();
       u.grads = u.accumulated;
     }
+    views = {u.params, u.grads};
+    if (quarantine_)  // SHARDKIT_DEBUG=detail: copies in blocks of this use's own, inaccessible once it ends
+      views = quarantine_->begin_use(i, p, u.params, p == pass::backward ? u.grads : buffer_view());
   } catch (...) {
     abandon_pass(std::current_exception());
     detail::rethrow_for_unit(std::current_exception(), u.layout.name(),
@@ -246,8 +251,8 @@ SHARDKIT_DECL unit_scope sharded_model::begin_unit(std::size_t i, pass p) {
   s.index_ = i;
   s.pass_ = p;
   s.generation_ = u.generation.load(std::memory_order_relaxed);
-  s.params_ = u.params;
-  s.grads_ = u.grads;
+  s.params_ = views.first;
+  s.grads_ = views.second;
   return s;
 }
 
@@ -258,6 +263,7 @@ SHARDKIT_DECL void sharded_model::end_unit(std::size_t i) {
                 "end_unit('" + u.layout.name() + "') without its begin_unit in the current pass",
                 context("end_unit", u));
   end_generation(u);
+  if (quarantine_) quarantine_->end_use(i, pass_ == pass::backward);  // the gradients go back before the reduction
   emit(model_event::kind::use, pass_, i, u.used_since);
   if (pass_ == pass::forward) {
     if (frees_after_forward() && !kept(i)) release_params(u);
@@ -277,6 +283,7 @@ SHARDKIT_DECL void sharded_model::abandon_pass(const std::exception_ptr& failed)
   in_pass_ = false;
   norm_known_ = false;
   for (auto& u : units_) end_generation(*u);
+  if (quarantine_) quarantine_->end_all();
   const std::string what = std::string(to_string(pass_)) + " pass left early";
   if (failed) abort_groups(what + " after a failed collective");
   // Queued gathers give up; the gather jobs then hold nothing back: each has issued its all-gather or failed,
