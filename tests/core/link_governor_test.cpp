@@ -369,6 +369,33 @@ TEST_CASE("[core] link_governor: bad settings are refused naming the variable") 
   CHECK(shardkit::link_governor_options::from_env(env_of({{"SHARDKIT_LINK_FLOOR", "0"}}))->floor_percent == 0);
   CHECK(shardkit::link_governor_options::from_env(env_of({{"SHARDKIT_LINK_FLOOR", "50"}}))->floor_percent == 50);
   CHECK(shardkit::link_governor_options::from_env(env_of({}))->floor_percent == 5);
+  // The quiet time after the collectives' demand and the pacing's queue bound: their variables, their ranges named.
+  CHECK(shardkit::link_governor_options::from_env(env_of({}))->quiet == 1500us);
+  CHECK(shardkit::link_governor_options::from_env(env_of({}))->queue_bytes == 256u << 10);
+  const auto tuned = shardkit::link_governor_options::from_env(
+      env_of({{"SHARDKIT_LINK_QUIET", "3ms"}, {"SHARDKIT_LINK_QUEUE_BYTES", "1M"}}));
+  CHECK(tuned->quiet == 3000us);
+  CHECK(tuned->queue_bytes == 1u << 20);
+  CHECK(shardkit::link_governor_options::from_env(env_of({{"SHARDKIT_LINK_QUIET", "0"}}))->quiet == 0us);
+  for (const auto& [bad, range] : std::vector<std::pair<std::string, std::string>>{
+           {"200ms", "must be in [0us, 100000us] (at most the window, SHARDKIT_LINK_WINDOW=100ms)"},
+           {"11s", "too large: must be at most 10000000us"},
+           {"-1", "SHARDKIT_LINK_QUIET='-1'"},
+           {"soon", "SHARDKIT_LINK_QUIET='soon'"}}) {
+    CAPTURE(bad);
+    const auto m = message_of({{"SHARDKIT_LINK_QUIET", bad}});
+    CHECK(m.find("SHARDKIT_LINK_QUIET") != std::string::npos);
+    CHECK(m.find(range) != std::string::npos);
+  }
+  CHECK(message_of({{"SHARDKIT_LINK_QUIET", "20ms"}, {"SHARDKIT_LINK_WINDOW", "10ms"}})
+            .find("SHARDKIT_LINK_QUIET='20000us': must be in [0us, 10000us]") != std::string::npos);
+  for (const std::string bad : {"4095", "2G", "0", "lots"}) {
+    CAPTURE(bad);
+    const auto m = message_of({{"SHARDKIT_LINK_QUEUE_BYTES", bad}});
+    CHECK(m.find("SHARDKIT_LINK_QUEUE_BYTES='" + bad + "'") != std::string::npos);
+    if (bad != "lots") CHECK(m.find("[4K, 1G]") != std::string::npos);
+  }
+  CHECK_THROWS_AS(link_governor("eth0", {.bytes_per_second = 1, .queue_bytes = 1024}), shardkit::error);
   CHECK(link_governor("eth0", {.bytes_per_second = 1'000'000, .floor_percent = 0}).floor_budget() == 0);
   try {
     link_governor("eth0", {.bytes_per_second = 1, .floor_percent = 60});

@@ -21,8 +21,10 @@
 //!   the estimate covers that without asking the kernel (SIOCOUTQ would be a system call per write).
 //! - first_class_until(): time_point::max() while a write of the first class is in progress, else when the last
 //!   byte it told is estimated to have left.
-//! What does not hold: traffic that is not told (another process, NCCL's sockets) is not in the estimate; the
-//! receive direction has no "write starts" to tell, so the TCP transport tells only tx.
+//! - The receive direction has no "write starts": the TCP transport tells a message there from its first frame's
+//!   arrival (its size is in the header) until its last byte is read, and a message that came in one read as done.
+//! What does not hold: traffic that is not told (another process, NCCL's sockets) is not in the estimate; a
+//! message's first bytes arrive before it is told, as a grant made just before a write starts goes ahead of it.
 #include <algorithm>
 #include <atomic>
 #include <chrono>

@@ -24,10 +24,10 @@
 //!   the link full or wait, as long as the paced classes together stay within the budget over that window.
 //!   Above its floor it yields everything to the classes above. So a checkpoint under saturating collectives still
 //!   finishes, at the floor's rate, instead of falling ever further behind until the trainer stalls on it.
-//! - The first class's demand (core/link_demand.hpp), where it is told (the TCP transport tells its tx writes as
-//!   they start: demand_begin/demand_end/demand_done): while a write of it is in progress, and for `quiet` after
-//!   its last byte is estimated to have left the NIC, a paced class is granted nothing above its floor in that
-//!   direction. Its floor stays. demand_end() of the last write wakes blocked acquire() calls (one lock, only when
+//! - The first class's demand (core/link_demand.hpp), where it is told (the TCP transport tells its writes (tx) as
+//!   they start and its messages (rx) as their first frame arrives: demand_begin/demand_end/demand_done): while a
+//!   transfer of it is in progress, and for `quiet` after its last byte is estimated to have crossed the NIC, a
+//!   paced class is granted nothing above its floor in that direction. Its floor stays. demand_end() of the last write wakes blocked acquire() calls (one lock, only when
 //!   one sleeps); the sends themselves take no lock.
 //! - Above the floor, grants are paced to the link: one is made only while the bytes told to the direction's queue
 //!   estimate (collectives' and grants') hold at most queue_bytes less the grant, so granted bytes wait at most
@@ -101,11 +101,12 @@ struct link_governor_options {
   //! than that keeps up instead of falling ever further behind.
   unsigned floor_percent = 5;
   std::chrono::milliseconds window{100};  //!< SHARDKIT_LINK_WINDOW: the accounting window
-  //! After the first class's demand ends (its last write done and its bytes estimated gone), this long before a
-  //! paced class is granted above its floor again: the gap between a collective's messages (a reduction's next
-  //! step) is shorter, so a grant does not land in front of it.
+  //! SHARDKIT_LINK_QUIET: after the first class's demand ends (its last transfer done and its bytes estimated
+  //! gone), this long before a paced class is granted above its floor again: the gap between a collective's
+  //! messages (a reduction's next step) is shorter, so a grant does not land in front of it. At most the window.
   std::chrono::microseconds quiet{1500};
-  //! The most bytes the direction's queue estimate may hold once a grant above the floor is made (at least 4 KiB).
+  //! SHARDKIT_LINK_QUEUE_BYTES: the most bytes the direction's queue estimate may hold once a grant above the floor
+  //! is made, in [4 KiB, 1 GiB].
   std::uint64_t queue_bytes = 256 << 10;
 
   //! errc::config naming the setting when a field is out of range (the capacity only when `with_capacity`).
@@ -130,8 +131,11 @@ struct link_governor_options {
     if (window < std::chrono::milliseconds(1) || window > std::chrono::milliseconds(10'000))
       bad("SHARDKIT_LINK_WINDOW", std::to_string(window.count()) + "ms", "must be in [1ms, 10000ms]");
     if (quiet < std::chrono::microseconds(0) || quiet > window)
-      bad("link_governor_options::quiet", std::to_string(quiet.count()) + "us", "must be in [0, window]");
-    if (queue_bytes < 4096) bad("link_governor_options::queue_bytes", std::to_string(queue_bytes), "must be >= 4096");
+      bad("SHARDKIT_LINK_QUIET", std::to_string(quiet.count()) + "us",
+          "must be in [0us, " + std::to_string(std::chrono::microseconds(window).count()) + "us] (at most the window, "
+          "SHARDKIT_LINK_WINDOW=" + std::to_string(window.count()) + "ms)");
+    if (queue_bytes < 4096 || queue_bytes > (1u << 30))
+      bad("SHARDKIT_LINK_QUEUE_BYTES", std::to_string(queue_bytes), "must be in [4K, 1G]");
   }
 
   //! The options from the environment: nullopt when SHARDKIT_LINK_BYTES_PER_SECOND is 0 (no governor);
@@ -160,6 +164,8 @@ struct link_governor_options {
       o.unreported_share_percent = unsigned(*v);
     if (auto v = settings::get<settings::integer>("SHARDKIT_LINK_FLOOR", env)) o.floor_percent = unsigned(*v);
     if (auto v = settings::get<std::chrono::milliseconds>("SHARDKIT_LINK_WINDOW", env)) o.window = *v;
+    if (auto v = settings::get<std::chrono::microseconds>("SHARDKIT_LINK_QUIET", env)) o.quiet = *v;
+    if (auto v = settings::get<settings::bytes>("SHARDKIT_LINK_QUEUE_BYTES", env)) o.queue_bytes = *v;
     o.validate(/*with_capacity=*/false);
     return o;
   }

@@ -134,6 +134,18 @@ inline constexpr variable table[] = {
                 "direction, even while the classes above keep the link full; above it the class still yields to "
                 "them. 0: no floor",
      .target = "core", .min = 0, .max = 50},
+    {.name = "SHARDKIT_LINK_QUEUE_BYTES", .type = kind::bytes, .default_text = "256K",
+     .meaning = "a governed link's pacing: a grant above a paced class's floor is made only while the bytes "
+                "estimated queued in that direction (collectives' and grants', draining at the capacity) hold at most "
+                "this much less the grant, so granted bytes wait at most about this / capacity ahead of a "
+                "collective's (256K: 2.2 ms at 1 Gbit/s); larger: fewer, larger grants",
+     .target = "core", .min = 4096, .max = 1 << 30},
+    {.name = "SHARDKIT_LINK_QUIET", .type = kind::microseconds, .default_text = "1500",
+     .meaning = "how long after the collectives' last transfer on a governed link (its last byte estimated across "
+                "the NIC) a paced class is still held at its floor in that direction: longer than the gap between a "
+                "collective's messages, so a grant does not land in front of the next one; at most the window "
+                "(SHARDKIT_LINK_WINDOW)",
+     .target = "core", .min = 0, .max = 10'000'000},
     {.name = "SHARDKIT_LINK_UNREPORTED_SHARE", .type = kind::integer, .default_text = "50",
      .meaning = "percent of a governed link's capacity the paced classes share, in each direction, while the first "
                 "class reports nothing (collectives over NCCL or Gloo)",

@@ -1,12 +1,15 @@
 #pragma once
 //! One TCP connection to a peer ("link") with its receive stage and write slot, and the settings a peer runs by.
+#include <algorithm>
 #include <array>
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardkit/core/link_governor.hpp"
@@ -29,6 +32,36 @@ struct buffer_range {
   using const_iterator = const asio::const_buffer*;
   const_iterator begin() const noexcept { return first; }
   const_iterator end() const noexcept { return last; }
+};
+
+//! A collectives' transfer told to the governors of its links as demand (core/link_demand.hpp): begun when made
+//! (`bytes` split evenly among them), ended once, by end() or when destroyed unended (an io_context gone with the
+//! write pending, a peer failed with the message in flight), so that a process-wide governor is never left held.
+//! The governors' span outlives it (a link's or a peer's member).
+class demand_hold {
+ public:
+  demand_hold() = default;
+  demand_hold(std::span<link_governor* const> governors, link_direction d, std::uint64_t bytes) noexcept
+      : governors_(governors), d_(d) {
+    for (auto* g : governors_) g->demand_begin(d_, bytes / governors_.size());
+  }
+  demand_hold(demand_hold&& o) noexcept : governors_(std::exchange(o.governors_, {})), d_(o.d_) {}
+  demand_hold& operator=(demand_hold&& o) noexcept {
+    if (this != &o) {
+      end();
+      governors_ = std::exchange(o.governors_, {});
+      d_ = o.d_;
+    }
+    return *this;
+  }
+  ~demand_hold() { end(); }
+  void end() noexcept {
+    for (auto* g : std::exchange(governors_, {})) g->demand_end(d_);
+  }
+
+ private:
+  std::span<link_governor* const> governors_;
+  link_direction d_ = link_direction::tx;
 };
 
 //! One TCP connection to the peer, used in both directions.
@@ -59,6 +92,20 @@ struct link {
   std::array<asio::const_buffer, 2 * max_batch_frames> tx_buffers{};
   std::array<std::shared_ptr<send_op>, max_batch_frames> tx_ops{};
 };
+
+//! The receive direction's demand of a message of `total` bytes whose first frame is l.rx (core/link_demand.hpp):
+//! told to the governors of the peer's interfaces from that frame's arrival until the message's last byte is read
+//! (the hold returned), as a write is from its start, so that checkpoint reads and data prefetch get nothing above
+//! their floor while a collective's bytes arrive. A message staged whole by one read is told as arrived (its wire
+//! time, then the quiet time) and needs no hold.
+inline demand_hold arrival_demand(std::span<link_governor* const> governors, const link& l, std::uint64_t total) {
+  const std::uint64_t staged = std::min<std::uint64_t>(l.rx.length, l.stage_end - l.stage_pos);
+  if (total == 0 || staged == total) {
+    for (auto* g : governors) g->demand_done(link_direction::rx, total / governors.size());
+    return {};
+  }
+  return {governors, link_direction::rx, total - staged};
+}
 
 struct peer_settings {
   int self = 0;  // this rank

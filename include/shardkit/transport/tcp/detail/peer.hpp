@@ -91,6 +91,8 @@ class peer {
   //! Starts reading every connection.
   void start() {
     started_ = true;  // before the io threads see the peer (the mesh's wait orders it for them)
+    for (const auto& l : links_)
+      if (l && l->governor && std::ranges::find(governors_, l->governor) == governors_.end()) governors_.push_back(l->governor);
     asio::post(strand_, [this] {
       locked([&] {
         for (auto& l : links_)
@@ -148,6 +150,7 @@ class peer {
     std::byte* base = nullptr;                      // where offsets land; null: discard the payload
     std::shared_ptr<recv_op> recv;                  // landing directly in a posted recv
     std::shared_ptr<unexpected_message> buffered;   // or in a buffer until its recv comes
+    demand_hold arriving;                           // told to the peer's governors until its last byte is read
   };
 
   void finish_later(const completion_source& c, std::size_t bytes) { due_.push(c, nullptr, bytes); }
@@ -314,6 +317,7 @@ class peer {
       return false;
     }
     ++next_match_;
+    if (!governors_.empty()) m->arriving = arrival_demand(governors_, l, m->total);
     receive_payload(l, *m);
     return true;
   }
@@ -405,7 +409,11 @@ class peer {
     inflight_message& m = it->second;
     m.received += l.rx.length;
     if (m.buffered) m.buffered->received = m.received;
+    // Ended last, after next_frame() took the next message staged behind this one: back-to-back messages keep
+    // the demand up without a gap (a gap would wake the governors' sleepers).
+    demand_hold arrived;
     if (m.received == m.total) {
+      arrived = std::move(m.arriving);
       inflight_message done = std::move(m);
       inflight_.erase(it);
       if (done.recv) {
@@ -575,6 +583,7 @@ class peer {
   bool resuming_ = false;
   std::unordered_map<message_tag, fifo<recv_op>> posted_;
   std::unordered_map<message_tag, fifo<unexpected_message>> unexpected_;
+  std::vector<link_governor*> governors_;  // of the links' interfaces, each once (set by start()): before inflight_
   std::unordered_map<std::uint64_t, inflight_message> inflight_;
   std::uint64_t unexpected_bytes_ = 0;
   counters counters_;

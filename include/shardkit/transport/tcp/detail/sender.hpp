@@ -193,12 +193,18 @@ class sender {
       if (l && !l->writing && !l->eof) pump(*l);
   }
 
+  //! One write's demand: the governor of its connection's interface, if any, hears of it until the write's
+  //! handler ends it (or is destroyed unrun).
+  static demand_hold write_demand(link& l, std::size_t bytes) noexcept {
+    return {std::span<link_governor* const>(&l.governor, l.governor ? 1 : 0), link_direction::tx, bytes};
+  }
+
   //! The governor hears of the write when it starts (demand: paced classes stay at their floor while any write of
   //! this link is in progress) and of its bytes when they are written (use: its window).
   void start_write(link& l, std::size_t buffers) {
     const buffer_range bytes{l.tx_buffers.data(), l.tx_buffers.data() + buffers};
     asio::async_write(l.socket, bytes,
-                      asio::bind_executor(strand_, [this, &l, demand = write_demand(l.governor, asio::buffer_size(bytes))](
+                      asio::bind_executor(strand_, [this, &l, demand = write_demand(l, asio::buffer_size(bytes))](
                                                        const boost::system::error_code& ec, std::size_t n) mutable {
                         if (l.governor && n) l.governor->report(link_direction::tx, traffic_class::collectives, n);
                         written(l, ec);
@@ -207,24 +213,6 @@ class sender {
                         demand.end();
                       }));
   }
-
-  //! One write's demand told to the governor: begun when made, ended when the write's handler ends it or, should
-  //! the handler be destroyed unrun (an io_context gone with the write pending), when it is destroyed, so that a
-  //! process-wide governor is never left held.
-  class write_demand {
-   public:
-    write_demand(link_governor* g, std::size_t bytes) noexcept : g_(g) {
-      if (g_) g_->demand_begin(link_direction::tx, bytes);
-    }
-    write_demand(write_demand&& o) noexcept : g_(std::exchange(o.g_, nullptr)) {}
-    write_demand& operator=(write_demand&&) = delete;
-    ~write_demand() { end(); }
-    void end() noexcept {
-      if (auto* g = std::exchange(g_, nullptr)) g->demand_end(link_direction::tx);
-    }
-   private:
-    link_governor* g_;
-  };
 
   //! Hands the next frames of the send queue to an idle connection. Connections pull whole chunks, so a slower
   //! interface simply takes fewer of them. On the strand.
