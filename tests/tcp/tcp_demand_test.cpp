@@ -23,20 +23,13 @@ TEST_CASE("[tcp] a write in progress holds its link's paced classes at their flo
   auto opts = loopback_options();
   opts.direct_send_bytes = 0;  // through the io thread's writes, as a collective's large messages go
   // 1 GB/s and no floor: by use alone (the bytes the kernel took), the window would grant a checkpoint at once.
-  std::vector<std::unique_ptr<sk::link_governor>> governors;
-  for (int r = 0; r < 2; ++r)
-    governors.push_back(std::make_unique<sk::link_governor>(
-        "lo", sk::link_governor_options{.bytes_per_second = 1'000'000'000, .floor_percent = 0}));
+  const rank_governors governors(2, sk::link_governor_options{.bytes_per_second = 1'000'000'000, .floor_percent = 0});
   const auto tx = sk::link_direction::tx;
   const auto checkpoint = sk::traffic_class::checkpoint;
   bool held_during = false, held_after = true;
   std::uint64_t during = 1, after = 0;
   std::barrier both(2);
-  run_world(2, [&](int rank) {
-    auto o = opts;
-    o.governor = governors[std::size_t(rank)].get();
-    return o;
-  }, [&](tcp_transport& t) {
+  run_world(2, governors.options_for(opts), [&](tcp_transport& t) {
     constexpr std::size_t size = 32u << 20;
     auto& g = *governors[std::size_t(t.rank())];
     if (t.rank() == 0) {
@@ -75,11 +68,8 @@ TEST_CASE("[tcp] while collectives' messages arrive, the receiving link's paced 
   // grants of up to that, so that a pulling thread could take the link's whole rate. A quiet time of 50 ms: the
   // test's thread tells the end of the stream when its last recv completes, which a loaded machine may wake late.
   constexpr std::uint64_t rate = 40'000'000'000;
-  std::vector<std::unique_ptr<sk::link_governor>> governors;
-  for (int r = 0; r < 2; ++r)
-    governors.push_back(std::make_unique<sk::link_governor>(
-        "lo", sk::link_governor_options{.bytes_per_second = rate, .floor_percent = 0, .quiet = 50ms,
-                                               .queue_bytes = 4u << 20}));
+  const rank_governors governors(
+      2, sk::link_governor_options{.bytes_per_second = rate, .floor_percent = 0, .quiet = 50ms, .queue_bytes = 4u << 20});
   const auto rx = sk::link_direction::rx, tx = sk::link_direction::tx;
   constexpr int messages = 40;
   constexpr std::size_t size = 4u << 20;
@@ -88,11 +78,7 @@ TEST_CASE("[tcp] while collectives' messages arrive, the receiving link's paced 
   std::uint64_t upload_during = 0, collectives_during = 0, after_hold = 0;
   double seconds = 0;
   std::barrier both(2);
-  run_world(2, [&](int rank) {
-    auto o = opts;
-    o.governor = governors[std::size_t(rank)].get();
-    return o;
-  }, [&](tcp_transport& t) {
+  run_world(2, governors.options_for(opts), [&](tcp_transport& t) {
     if (t.rank() == 0) {
       const auto msg = pattern(size, 5);
       std::vector<sk::completion> sends;

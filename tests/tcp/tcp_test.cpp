@@ -511,21 +511,14 @@ TEST_CASE("[tcp] every byte a connection writes and reads is reported to its lin
   }
   // A link of 1 KiB/s: 1 MiB would take 17 minutes if the collectives were paced. They are the first class, only
   // reported: the message goes at loopback speed, and the checkpoint class (no floor here) finds the link full.
-  std::vector<std::unique_ptr<sk::link_governor>> governors;
-  for (int r = 0; r < 2; ++r)
-    governors.push_back(std::make_unique<sk::link_governor>(
-        "lo", sk::link_governor_options{.bytes_per_second = 1024, .floor_percent = 0}));
+  const rank_governors governors(2, sk::link_governor_options{.bytes_per_second = 1024, .floor_percent = 0});
   const auto tx = sk::link_direction::tx, rx = sk::link_direction::rx;
   // Read while both transports are up: their closes add goodbye frames (wire.hpp), as many as each wrote before the
   // other closed, and these tiny links' windows would show them.
   std::uint64_t sent0 = 0, read1 = 0, sent1 = 0, read0 = 0, checkpoint0 = 0, checkpoint_granted = 1, download0 = 0,
                 download1 = 1;
   std::barrier both(2);
-  run_world(2, [&](int rank) {
-    auto o = opts;
-    o.governor = governors[std::size_t(rank)].get();
-    return o;
-  }, [&](tcp_transport& t) {
+  run_world(2, governors.options_for(opts), [&](tcp_transport& t) {
     SCENARIO_CHECK(governors[std::size_t(t.rank())]->reported());
     const auto msg = pattern(size, 3);
     std::vector<std::byte> in(size);

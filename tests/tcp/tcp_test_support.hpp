@@ -95,4 +95,21 @@ inline void run_world(int n, const tcp_options& opts, const std::function<void(t
   run_world(n, [&](int) { return opts; }, body);
 }
 
+//! A link governor per rank (ranks are threads here, on one loopback link), each made with `o`; options_for(base)
+//! gives run_world each rank's transport options with its own governor.
+struct rank_governors {
+  std::vector<std::unique_ptr<sk::link_governor>> of;
+  rank_governors(int n, const sk::link_governor_options& o) {
+    for (int r = 0; r < n; ++r) of.push_back(std::make_unique<sk::link_governor>("lo", o));
+  }
+  sk::link_governor* operator[](std::size_t r) const { return of[r].get(); }
+  std::function<tcp_options(int)> options_for(const tcp_options& base) const {
+    return [this, base](int rank) {
+      auto o = base;
+      o.governor = of[std::size_t(rank)].get();
+      return o;
+    };
+  }
+};
+
 }  // namespace tcp_test

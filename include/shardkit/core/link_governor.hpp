@@ -27,8 +27,8 @@
 //! - The first class's demand (core/link_demand.hpp), where it is told (the TCP transport tells its writes (tx) as
 //!   they start and its messages (rx) as their first frame arrives: demand_begin/demand_end/demand_done): while a
 //!   transfer of it is in progress, and for `quiet` after its last byte is estimated to have crossed the NIC, a
-//!   paced class is granted nothing above its floor in that direction. Its floor stays. demand_end() of the last write wakes blocked acquire() calls (one lock, only when
-//!   one sleeps); the sends themselves take no lock.
+//!   paced class is granted nothing above its floor in that direction. Its floor stays. demand_end() of the last
+//!   transfer wakes blocked acquire() calls (one lock, only when one sleeps); the transfers themselves take no lock.
 //! - Above the floor, grants are paced to the link: one is made only while the bytes told to the direction's queue
 //!   estimate (collectives' and grants') hold at most queue_bytes less the grant, so granted bytes wait at most
 //!   about queue_bytes / capacity ahead of a collective's (256 KiB: 2.2 ms at 1 Gbit/s), instead of a window's

@@ -92,7 +92,8 @@ class peer {
   void start() {
     started_ = true;  // before the io threads see the peer (the mesh's wait orders it for them)
     for (const auto& l : links_)
-      if (l && l->governor && std::ranges::find(governors_, l->governor) == governors_.end()) governors_.push_back(l->governor);
+      if (l && l->governor && std::ranges::find(governors_, l->governor) == governors_.end())
+        governors_.push_back(l->governor);
     asio::post(strand_, [this] {
       locked([&] {
         for (auto& l : links_)
