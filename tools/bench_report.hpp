@@ -39,27 +39,34 @@ inline std::string format(const char* fmt, auto... v) {
   return s;
 }
 
+//! `wrong` as the table says it: a count where the results were checked, else `unchecked` (nothing was counted).
+inline std::string wrong_field(const bench::bench_result& r, const char* unchecked) {
+  return r.c.check ? std::to_string(r.wrong) : std::string(unchecked);
+}
+
 //! The fields of the first --json format come first, unchanged, so existing readers (scripts/lab-bench) keep
-//! working; root and check were added with the nccl-tests options.
+//! working; root and check were added with the nccl-tests options. "wrong" is null under --check 0.
 inline std::string to_json(const bench_row& x) {
   const auto& r = x.r;
   return format("{\"collective\":\"%s\",\"size\":%zu,\"count\":%zu,\"type\":\"%s\",\"redop\":\"%s\",\"ranks\":%d,"
-                "\"transport\":\"%s\",\"shared_buffers\":%s,\"time_us\":%.3f,\"algbw\":%.6f,\"busbw\":%.6f,\"wrong\":%zu,"
+                "\"transport\":\"%s\",\"shared_buffers\":%s,\"time_us\":%.3f,\"algbw\":%.6f,\"busbw\":%.6f,\"wrong\":%s,"
                 "\"cpu_s_per_gb\":%.4f,\"root\":%d,\"check\":%s}",
                 std::string(to_string(r.c.op)).c_str(), r.c.bytes, r.count, std::string(to_string(r.c.type)).c_str(),
                 std::string(to_string(r.c.rop)).c_str(), x.ranks, x.transport.c_str(), x.shared_buffers ? "true" : "false",
-                r.time_us, r.algbw_gbs, r.busbw_gbs, r.wrong, r.cpu_s_per_gb, r.c.root, r.c.check ? "true" : "false");
+                r.time_us, r.algbw_gbs, r.busbw_gbs, wrong_field(r, "null").c_str(), r.cpu_s_per_gb, r.c.root,
+                r.c.check ? "true" : "false");
 }
 
 inline constexpr std::string_view csv_header =
     "collective,size,count,type,redop,ranks,transport,shared_buffers,time_us,algbw,busbw,wrong,cpu_s_per_gb,root,check";
 
+//! "wrong" is n/a under --check 0, as in the table.
 inline std::string to_csv(const bench_row& x) {
   const auto& r = x.r;
-  return format("%s,%zu,%zu,%s,%s,%d,%s,%d,%.3f,%.6f,%.6f,%zu,%.4f,%d,%d", std::string(to_string(r.c.op)).c_str(),
+  return format("%s,%zu,%zu,%s,%s,%d,%s,%d,%.3f,%.6f,%.6f,%s,%.4f,%d,%d", std::string(to_string(r.c.op)).c_str(),
                 r.c.bytes, r.count, std::string(to_string(r.c.type)).c_str(), std::string(to_string(r.c.rop)).c_str(),
-                x.ranks, x.transport.c_str(), int(x.shared_buffers), r.time_us, r.algbw_gbs, r.busbw_gbs, r.wrong,
-                r.cpu_s_per_gb, r.c.root, int(r.c.check));
+                x.ranks, x.transport.c_str(), int(x.shared_buffers), r.time_us, r.algbw_gbs, r.busbw_gbs,
+                wrong_field(r, "n/a").c_str(), r.cpu_s_per_gb, r.c.root, int(r.c.check));
 }
 
 inline bool ends_with(std::string_view s, std::string_view suffix) {
@@ -153,11 +160,42 @@ inline std::optional<std::string> cannot_write(const std::string& path) {
   return std::nullopt;
 }
 
+//! A new empty file in the temporary directory, named from `stem` (mkstemp), removed with this object.
+struct temporary_file {
+  std::string path;
+  temporary_file(const std::string& stem, const std::string& what)
+      : path((std::filesystem::temp_directory_path() / (stem + ".XXXXXX")).string()) {
+    const int fd = ::mkstemp(path.data());
+    if (fd < 0) throw std::runtime_error("cannot create a temporary file for " + what + " (" + std::strerror(errno) + ")");
+    ::close(fd);
+  }
+  temporary_file(const temporary_file&) = delete;
+  temporary_file& operator=(const temporary_file&) = delete;
+  ~temporary_file() { ::unlink(path.c_str()); }
+};
+
+//! Copies the drawing `from` to `png`, every write checked (a full disk, /dev/full); throws saying why it could not.
+inline void copy_drawing(const std::string& from, const std::string& png) {
+  std::error_code ec;
+  if (std::filesystem::file_size(from, ec) == 0 || ec) throw std::runtime_error("gnuplot drew nothing for " + png);
+  std::FILE* in = std::fopen(from.c_str(), "rb");
+  if (!in) throw std::runtime_error("cannot read gnuplot's drawing back (" + std::string(std::strerror(errno)) + ")");
+  std::FILE* out = std::fopen(png.c_str(), "wb");
+  int err = out ? 0 : errno;
+  char buf[1 << 16];
+  for (std::size_t got; !err && (got = std::fread(buf, 1, sizeof buf, in)) > 0;)
+    if (std::fwrite(buf, 1, got, out) != got) err = errno ? errno : EIO;
+  if (out && std::fclose(out) != 0 && !err) err = errno ? errno : EIO;
+  std::fclose(in);
+  if (err) throw std::runtime_error("cannot write the busbw plot to " + png + " (" + std::strerror(err) + ")");
+}
+
 //! --plot FILE.png: busbw (decimal GB/s) against the message size on a log2 axis, one line per collective
 //! (and per reduction op and dtype when the sweep had several). The data goes to gnuplot inline as datablocks,
 //! so nothing is left beside the PNG. gnuplot's own output never reaches stdout (where it would land inside the
 //! table or the JSON rows, PNG bytes included when it cannot open the file): its messages are read back from a
-//! temporary file and go into the error thrown when it fails.
+//! temporary file and go into the error thrown when it fails. It draws into a temporary file too, copied to `png`
+//! here: gnuplot exits 0 when it could not write the PNG (/dev/full, a full disk), and only the copy tells.
 inline void plot_busbw(const std::string& gnuplot, const std::string& png, const std::vector<bench_row>& rows,
                        const std::string& title) {
   std::map<std::string, std::vector<const bench_row*>> series;  // name -> rows in sweep order
@@ -172,7 +210,8 @@ inline void plot_busbw(const std::string& gnuplot, const std::string& png, const
     if (varies["type"]) name += " " + std::string(to_string(x.r.c.type));
     series[name].push_back(&x);
   }
-  std::string script = "set terminal pngcairo size 900,540\nset output " + gnuplot_quoted(png) + "\n";
+  const temporary_file drawing("shardkit-bench-plot", "the plot");
+  std::string script = "set terminal pngcairo size 900,540\nset output " + gnuplot_quoted(drawing.path) + "\n";
   script += "set title " + gnuplot_quoted(title) + " noenhanced\n";
   script +=
       "set xlabel \"message size (bytes)\"\nset ylabel \"busbw (GB/s, 1e9)\"\nset logscale x 2\n"
@@ -188,30 +227,24 @@ inline void plot_busbw(const std::string& gnuplot, const std::string& png, const
   }
   script += plot + "\n";
   // A failed `set output` leaves gnuplot drawing to its stdout: /dev/null. Its messages go to a file read below.
-  std::string messages_path = (std::filesystem::temp_directory_path() / "shardkit-bench-gnuplot.XXXXXX").string();
-  const int messages_fd = ::mkstemp(messages_path.data());
-  if (messages_fd < 0) throw std::runtime_error("cannot create a temporary file for gnuplot's messages");
-  ::close(messages_fd);
-  std::FILE* p = ::popen((gnuplot_quoted(gnuplot) + " >/dev/null 2>" + gnuplot_quoted(messages_path)).c_str(), "w");
-  if (!p) {
-    ::unlink(messages_path.c_str());
-    throw std::runtime_error("cannot start " + gnuplot);
-  }
+  const temporary_file messages_file("shardkit-bench-gnuplot", "gnuplot's messages");
+  std::FILE* p = ::popen((gnuplot_quoted(gnuplot) + " >/dev/null 2>" + gnuplot_quoted(messages_file.path)).c_str(), "w");
+  if (!p) throw std::runtime_error("cannot start " + gnuplot);
   std::fputs(script.c_str(), p);
   const int status = ::pclose(p);
   std::string messages;
-  if (std::FILE* m = std::fopen(messages_path.c_str(), "r")) {
+  if (std::FILE* m = std::fopen(messages_file.path.c_str(), "r")) {
     char buf[512];
     for (std::size_t got; (got = std::fread(buf, 1, sizeof buf, m)) > 0 && messages.size() < 4096;) messages.append(buf, got);
     std::fclose(m);
   }
-  ::unlink(messages_path.c_str());
   while (!messages.empty() && (messages.back() == '\n' || messages.back() == ' ')) messages.pop_back();
   const bool exited = status != -1 && WIFEXITED(status);
   if (!exited || WEXITSTATUS(status) != 0)
     throw std::runtime_error("gnuplot failed drawing " + png + " (" +
                              (exited ? "exit code " + std::to_string(WEXITSTATUS(status)) : std::string("killed")) +
                              (messages.empty() ? std::string(")") : "): " + messages));
+  copy_drawing(drawing.path, png);
 }
 
 }  // namespace shardkit::tools

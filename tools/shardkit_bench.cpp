@@ -332,7 +332,13 @@ args parse(int argc, char** argv) {
       else if (v == "direct") a.algo = sk::comm::algorithm::direct;
       else usage("unknown algorithm '" + v + "' (auto, ring, rd, hierarchical, one_shot, direct)");
     }
-    else if (k == "--threads") a.threads = parse_int(k, next());
+    else if (k == "--threads") {
+      const std::string v = next();
+      a.threads = parse_int(k, v);
+      if (a.threads < 1)
+        usage("--threads takes the number of ranks to run as threads of this process, at least 1, not " + v +
+              " (without --threads the ranks are processes: launch them with shardkit-run)");
+    }
     else if (k == "--device") {
       const std::string v = next();
       if (v != "host" && v != "cuda") usage("--device takes host or cuda, not '" + v + "'");

@@ -140,6 +140,13 @@ TEST_CASE("[tools] shardkit-bench: --op is the reduction op, --collective the co
     REQUIRE_MESSAGE(o.rc == 0, o.err);
     CHECK(lines(o.out).size() == 6);
   }
+  SUBCASE("--threads 0 says what --threads takes") {
+    o = bench(s, "-b 1K -e 1K --threads 0");
+    CHECK(o.rc == 2);
+    CHECK_MESSAGE(o.err.find("--threads takes the number of ranks to run as threads of this process, at least 1, not 0") !=
+                      std::string::npos,
+                  o.err);
+  }
   SUBCASE("a root outside the group is an error, not a hang") {
     o = bench(s, std::string("-b 1K -e 1K --collective broadcast --root 2") + quick);
     CHECK(o.rc == 2);
@@ -169,8 +176,13 @@ TEST_CASE("[tools] shardkit-bench: --check 0 skips verification and says so") {
   REQUIRE_MESSAGE(o.rc == 0, o.err);
   CHECK(o.out.find("n/a") != std::string::npos);
   CHECK(o.out.find("results not checked") != std::string::npos);
-  o = bench(s, std::string("-b 1K -e 1K -c 0 --json") + quick);
+  o = bench(s, std::string("-b 1K -e 1K -c 0 --json --output '") + (s / "r.csv").string() + "'" + quick);
+  REQUIRE_MESSAGE(o.rc == 0, o.err);
   CHECK(field(o.out, "check") == "false");
+  CHECK(field(o.out, "wrong") == "null");  // nothing was counted: not 0 (issue 28's attack)
+  const auto csv = lines(slurp(s / "r.csv"));
+  REQUIRE(csv.size() == 2);
+  CHECK_MESSAGE(csv[1].find(",n/a,") != std::string::npos, csv[1]);
 }
 
 TEST_CASE("[tools] shardkit-bench: --output writes CSV or JSON lines by extension") {
@@ -219,6 +231,17 @@ TEST_CASE("[tools] shardkit-bench: --plot draws busbw against size with gnuplot,
     REQUIRE(png.size() > 1000);
     CHECK(png.substr(1, 3) == "PNG");
     CHECK(o.out.find("busbw plot") != std::string::npos);
+  }
+  SUBCASE("a plot that cannot be written after the sweep is an error, rc 1") {
+    if (std::system("command -v gnuplot >/dev/null 2>&1") != 0 || !fs::exists("/dev/full")) {
+      MESSAGE("skipped: needs gnuplot on PATH and /dev/full");
+      return;
+    }
+    auto o = bench(s, std::string("--plot /dev/full") + quick);  // gnuplot itself exits 0 there
+    CHECK(o.rc == 1);
+    CHECK_MESSAGE(o.err.find("cannot write the busbw plot to /dev/full (No space left on device)") != std::string::npos,
+                  o.err);
+    CHECK(o.out.find("busbw plot") == std::string::npos);
   }
 }
 
