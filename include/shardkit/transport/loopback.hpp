@@ -42,13 +42,12 @@ struct byte_pieces {
 
 //! The shared mailbox of one in-process world. Create with loopback_transport::create_world(n).
 //!
-//! Unmatched sends and recvs wait in one list per (destination, source) pair, in the order they were posted; a
-//! match is the first entry of the pair's list with the tag, which is exactly the p2p ordering rule. A pair rarely
-//! holds more than a few entries (a collective's messages in flight and the call check's standing control recv,
-//! comm/algorithms/call_check.hpp), so a scan beats a search tree keyed by tag: the lists keep their capacity, a
-//! message allocates nothing, and a standing recv costs the scan one comparison. (With a std::map keyed by
-//! (destination, source, tag), each unmatched message allocated a node and a deque, and the call check's standing
-//! recvs deepened every search: docs/benchmarks.md, "the call check's 8-byte path in instructions".)
+//! Unmatched sends and recvs wait in two vectors per (destination, source) pair (sends_ and recvs_, at pair()), in
+//! the order they were posted, under one mutex; a match is the first entry of the pair's vector with the tag, which
+//! is exactly the p2p ordering rule. A pair rarely holds more than a few entries (a collective's messages in flight
+//! and the call check's standing control recv, comm/algorithms/call_check.hpp), so a scan is the cheapest search:
+//! the vectors keep their capacity, a message allocates nothing, and a standing recv costs a scan one comparison
+//! (docs/benchmarks.md, "the call check's 8-byte path in instructions").
 class loopback_hub {
   friend class loopback_transport;
 
