@@ -93,17 +93,26 @@ TEST_CASE("[comm] a timeout far too short to finish a collective says so first, 
   const test::scoped_env env("SHARDKIT_TIMEOUT_MS", "5");
   auto o = reporting_options();
   o.timeout = std::chrono::milliseconds(5);
+  o.fault_report_grace = std::chrono::milliseconds(100);  // rank 0 names rank 1, which has not come: no need to wait
   auto groups = comm::make_loopback_world(2, o);
+  // Rank 1 comes only once rank 0 has failed, so rank 0 times out however the threads are scheduled (a sleep of
+  // 150 ms before rank 1 came was once not enough at load 26: rank 0 started later still).
+  std::latch rank0_failed(1);
   test::run_threads(2, [&](int rank) {
     std::vector<float> data(64, 1.0f);
-    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(150));  // late: rank 0 times out
+    if (rank == 1) rank0_failed.wait();
+    bool failed = false;
     try {
       groups[std::size_t(rank)].all_reduce(buffer_view(std::span<float>(data)), reduce_op::sum).wait();
-      CHECK(rank == 1);  // rank 1 may find rank 0's part already there
     } catch (const error& e) {
+      failed = true;
       CAPTURE(std::string(e.what()));
       CHECK(e.code() == errc::timeout);
       CHECK(says(e, "the collectives' timeout is only 5 ms (SHARDKIT_TIMEOUT_MS=5), too short for a collective to finish: raise it"));
+    }
+    if (rank == 0) {
+      CHECK(failed);  // rank 1 never came in time
+      rank0_failed.count_down();
     }
   });
 }
