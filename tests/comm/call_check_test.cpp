@@ -79,7 +79,11 @@ TEST_CASE("[comm] the packed frame header carries every field of the call: unpac
       record_of(kind::split, dtype::bf16, std::size_t(1) << 40, std::numeric_limits<std::int32_t>::max(), reduce_op::max,
                 std::numeric_limits<std::int64_t>::max(), 0x80000000u, 0xff),
       record_of(kind::all_gatherv, dtype::i64, 7, -1, reduce_op::avg, -5, 12345, 3),
+      record_of(kind::all_gather, dtype::f32, 60, -1, reduce_op::sum, 0, 9, 0),  // tagged below
+      record_of(kind::all_gather, dtype::f32, 60, -1, reduce_op::sum, 0, 9, 0),  // another tag
   };
+  const_cast<call_record&>(cases[4]).fp.tag = 0xf5d9100003000002ull;
+  const_cast<call_record&>(cases[5]).fp.tag = std::numeric_limits<std::uint64_t>::max();
   for (const auto& r : cases) {
     CAPTURE(call_record::describe(r.encode().data()));
     std::array<std::int64_t, frame_header::words> packed{};
@@ -96,6 +100,18 @@ TEST_CASE("[comm] the packed frame header carries every field of the call: unpac
   }
   std::array<std::int64_t, frame_header::words> none{};
   CHECK_FALSE(frame_header::has_magic(reinterpret_cast<const std::byte*>(none.data())));
+  CHECK(call_record::describe(cases[4].encode().data()) == "all_gather(dtype f32, count 60, call tag 0xf5d9100003000002)");
+}
+
+TEST_CASE("[comm] name_call_tags names the tags a caller knows and leaves the others as numbers") {
+  const std::string text = "rank 1 called all_gather(dtype f32, count 6, call tag 0x00000000000000a1) where rank 0 "
+                           "called all_gather(dtype f32, count 6, call tag 0x00000000000000b2); call tag 0x12";
+  const std::string named = comm::detail::name_call_tags(text, [](std::uint64_t tag) {
+    return tag == 0xa1 ? std::string("for unit 'a'") : std::string();
+  });
+  CHECK(named == "rank 1 called all_gather(dtype f32, count 6, for unit 'a') where rank 0 called all_gather(dtype f32, "
+                 "count 6, call tag 0x00000000000000b2); call tag 0x12");
+  CHECK(comm::detail::call_tag_text(0xa1) == "call tag 0x00000000000000a1");
 }
 
 // begin() takes no lock when no report waits, so a report that a peer's thread files while this rank starts the

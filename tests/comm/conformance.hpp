@@ -528,6 +528,13 @@ inline void conformance_fingerprints(conformance_run& run) {
       else g.all_reduce(w.view(), reduce_op::sum, quick).wait();
     }, errc::mismatch, "fingerprinted op mismatch", "rank " + std::to_string(n - 1) + " called");
   });
+  run.check(mismatch, [&] {  // call tags that differ (op_options::call_tag), compared on every backend this way
+    auto g = pg.dup(opts);
+    auto w = run.buffer(dtype::f32, 4);
+    const comm::op_options tagged{.timeout = quick.timeout, .call_tag = me == n - 1 ? 0xb2u : 0xa1u};
+    expect_error([&] { g.all_reduce(w.view(), reduce_op::sum, tagged).wait(); }, errc::mismatch,
+                 "fingerprinted call tag mismatch", "call tag 0x00000000000000b2");
+  });
   run.check(mismatch, [&] { pg.barrier().wait(); });  // the parent group is unaffected
 }
 
@@ -622,6 +629,19 @@ inline void conformance_call_check(conformance_run& run) {
          auto in = f32(5), out = f32(5);
          if (odd) g.barrier(quick).wait();
          else g.reduce(buffer_view(std::span<float>(in)), buffer_view(std::span<float>(out)), reduce_op::sum, 0, quick).wait();
+       }},
+      // The same call but for another purpose (op_options::call_tag: fsdp's units of one size): the tag tells them apart.
+      {"different call tags, all_gather", "call tag 0x00000000000000a1", "call tag 0x00000000000000b2",
+       [&](comm::process_group& g) {
+         std::vector<float> in(6, 1.0f), out(6 * std::size_t(n));
+         g.all_gather(buffer_view(std::span<float>(in)), buffer_view(std::span<float>(out)),
+                      {.timeout = timeout, .call_tag = odd ? 0xb2u : 0xa1u}).wait();
+       }},
+      {"a call tag on one rank only, ring reduce_scatter", "op sum, algorithm ring)", "call tag 0x00000000000000c3",
+       [&](comm::process_group& g) {
+         auto in = f32(big * std::size_t(n)), out = f32(big);
+         g.reduce_scatter(buffer_view(std::span<float>(in)), buffer_view(std::span<float>(out)), reduce_op::sum,
+                          {.timeout = timeout, .algo = A::ring, .call_tag = odd ? 0xc3u : 0u}).wait();
        }},
   };
   for (const auto& c : cases)

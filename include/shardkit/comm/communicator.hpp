@@ -118,6 +118,9 @@ struct collective_options {
   //! When a wait on one peer is first logged (the stall line, comm/detail/stall_line.hpp); 0: a 32nd of the time
   //! the call has left, within 1-10 s. process_group sets it from group_options::stall_log.
   std::chrono::milliseconds stall_log{0};
+  //! What the call is for, in the caller's words (op_options::call_tag; 0: none). A backend that checks calls
+  //! across ranks compares it with the op: p2p_communicator's call check, and process_group's check_consistency.
+  std::uint64_t call_tag = 0;
 };
 
 template <class C>

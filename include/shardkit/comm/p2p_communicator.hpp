@@ -306,8 +306,10 @@ class p2p_communicator {
     if (!checker_)
       return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop, nullptr, {}, 0,
                                    o.group, o.seq, o.stall_log);
+    algorithms::call_record r{fp, seq, std::uint8_t(o.algo)};
+    r.fp.tag = o.call_tag;
     return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop, checker_.get(),
-                                 {fp, seq, std::uint8_t(o.algo)}, 0, o.group, o.seq, o.stall_log);
+                                 r, 0, o.group, o.seq, o.stall_log);
   }
   //! An op over a sub-list of transport ranks that shares `parent`'s tag apart from its low `level` bits.
   algorithms::p2p_op<T> level_op(const algorithms::p2p_op<T>& parent, const std::vector<int>& members, int me,

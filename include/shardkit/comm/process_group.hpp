@@ -28,8 +28,8 @@
 //! short grace, then the transport is aborted, as at a timeout; a native backend's runs to its deadline).
 //!
 //! With `check_consistency` (SHARDKIT_DEBUG=detail) every collective is preceded by an exchange of fingerprints
-//! (op, dtype, count, root, reduce op) and a mismatch fails all ranks with errc::mismatch naming the ranks. The
-//! fingerprints live in host memory and go through the communicator's control plane (host_all_gather, see
+//! (op, dtype, count, root, reduce op, call tag) and a mismatch fails all ranks with errc::mismatch naming the ranks.
+//! The fingerprints live in host memory and go through the communicator's control plane (host_all_gather, see
 //! communicator.hpp), so they work on backends that take only device buffers (NCCL) too.
 //!
 //! The member bodies live in comm/impl/process_group.hpp: included here in header-only use, compiled once in
@@ -78,6 +78,14 @@ struct group_options {
 struct op_options {
   std::chrono::milliseconds timeout{0};  //!< 0: the group's timeout
   algorithm algo = algorithm::automatic;
+  //! A collective's tag: a word the caller chooses that says what the call is for (fsdp: the unit and pass of a
+  //! gather), which every rank must give alike, as it gives the op, dtype and count. 0: none. Where calls are
+  //! checked across ranks, ranks that give other tags at the same point in the group's order get errc::mismatch,
+  //! whose text names each rank's tag ("call tag 0x" and 16 hex digits: detail::name_call_tags rewrites them):
+  //! p2p_communicator's call check, on by default, carries it in the header its first messages carry anyway (no
+  //! message more); process_group's check_consistency (SHARDKIT_DEBUG=detail) and gloo_options::verify compare it
+  //! on every backend. NCCL without check_consistency never sees it. send and recv ignore it.
+  std::uint64_t call_tag = 0;
 };
 
 class process_group {

@@ -70,6 +70,7 @@
 #include "shardkit/core/log.hpp"
 #include "shardkit/core/separate_compilation.hpp"
 #include "shardkit/core/task.hpp"
+#include "shardkit/fsdp/detail/call_tags.hpp"
 #include "shardkit/fsdp/options.hpp"
 #include "shardkit/fsdp/rate_limiter.hpp"
 #include "shardkit/fsdp/unit.hpp"
@@ -431,6 +432,7 @@ class sharded_model {
     completion_source params_done, grads_done;
     std::stop_token stop;        // pass_stop_'s: withdraws the job while it waits for the limiter
     std::uint64_t serial = 0;    // pass_serial_ when queued
+    std::uint64_t call_tag = 0;  // its all-gather's (detail/call_tags.hpp)
     completion turn_before;      // the job queued before this one took its turn (empty: none)
     completion_source turn;      // this job took its turn: issued its all-gather, or failed
   };
@@ -442,7 +444,8 @@ class sharded_model {
 
   // On the gather thread: convert this rank's master into its slot of the leased buffer (on a device: through
   // pinned host memory and a copy), start the all-gather.
-  SHARDKIT_DECL void start_gather(std::size_t i, pass p, std::uint64_t serial, gather_limiter::lease l, bool early);
+  SHARDKIT_DECL void start_gather(std::size_t i, pass p, std::uint64_t serial, gather_limiter::lease l, bool early,
+                                  std::uint64_t call_tag);
 
   // An interval of the timeline, when sharding_options::on_event is set.
   void emit(model_event::kind k, pass p, std::size_t unit, steady_clock::time_point begin,
@@ -467,7 +470,7 @@ class sharded_model {
   SHARDKIT_DECL void abandon_pass(const std::exception_ptr& failed = nullptr) noexcept;
   SHARDKIT_DECL void abort_groups(const std::string& reason) noexcept;
   // Abandonment's own collectives, on the trainer's thread and the reduce thread.
-  SHARDKIT_DECL void catch_up_gather(std::size_t i);
+  SHARDKIT_DECL void catch_up_gather(std::size_t i, std::uint64_t call_tag);
   SHARDKIT_DECL void queue_catch_up_reduce(std::size_t i);
   // NaN in every float dtype: what a backward left early leaves in the gradients.
   SHARDKIT_DECL void fill_nan(buffer_view v, any_device_stager& stager);
@@ -514,6 +517,7 @@ class sharded_model {
   std::size_t early_bytes_ = 0;    // their parameters' bytes
   std::vector<bool> stepped_;      // units shard_stepped since the last pass began
   std::uint64_t pass_serial_ = 0;      // passes begun: names the pass a gather was planned or issued in
+  std::uint64_t passes_ = 0;           // forward() and backward() calls, alike on every rank: the call tags' number
   std::size_t reductions_queued_ = 0;  // gradient reductions this pass has queued (its first units, in order)
   std::uint64_t gathers_refused_ = 0;  // gather thread: a pass whose gather failed issues none after it
   completion gather_turns_;            // trainer's thread: the turn of the last gather job queued

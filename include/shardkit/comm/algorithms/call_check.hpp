@@ -1,7 +1,7 @@
 #pragma once
 //! The default cross-rank check of p2p_communicator: ranks that called different collectives at the same point
-//! (sum vs max, f32 vs i32, all_reduce vs broadcast, other counts, other roots) get errc::mismatch on every rank,
-//! naming what each side called, instead of a blend of their bytes.
+//! (sum vs max, f32 vs i32, all_reduce vs broadcast, other counts, other roots, other call tags: op_options::
+//! call_tag) get errc::mismatch on every rank, naming what each side called, instead of a blend of their bytes.
 //!
 //! How it holds, on every algorithm and transport (p2p_op does the framing, this file the group's side):
 //!  1. The first message of a collective from one rank to another carries a header: a call_record (the debug
@@ -76,14 +76,14 @@ struct call_record {
   static std::uint32_t seq_of(const std::int64_t* w) noexcept { return std::uint32_t(w[words - 1] & 0xffffffff); }
 };
 
-//! The header of a first message, packed into 5 words (one cache line with the slot's alignment): magic, the
+//! The header of a first message, packed into 6 words (one cache line with the slot's alignment): magic, the
 //! sender's call_record, the payload's size. Word 0: magic (high 32 bits), collective kind, dtype, reduce op and
 //! algorithm (8 bits each); word 1: count; word 2: root (high 32 bits) and the call's number; word 3: the counts
-//! hash; word 4: the payload's size. Receivers compare words 0-3 as they landed, and unpack them only to name a
-//! difference.
+//! hash; word 4: the caller's call tag (op_options::call_tag); word 5: the payload's size. Receivers compare words
+//! 0-4 as they landed, and unpack them only to name a difference.
 struct frame_header {
   static constexpr std::uint32_t magic = 0x53484b32;  // "SHK2"
-  static constexpr std::size_t record_words = 4;
+  static constexpr std::size_t record_words = 5;
   static constexpr std::size_t words = record_words + 1;
   static constexpr std::size_t bytes = words * sizeof(std::int64_t);
   //! Payloads up to this size travel inside their header's message.
@@ -111,7 +111,7 @@ struct frame_header {
     }
   }
 
-  //! Words 0-3 of `r`'s header.
+  //! Words 0-4 of `r`'s header.
   static void pack(const call_record& r, std::int64_t* w) noexcept {
     const auto byte = [](auto v) { return std::uint64_t(std::uint8_t(v)); };
     w[0] = std::int64_t((std::uint64_t(magic) << 32) | (byte(r.fp.op) << 24) | (byte(r.fp.type) << 16) |
@@ -119,6 +119,7 @@ struct frame_header {
     w[1] = std::int64_t(r.fp.count);
     w[2] = std::int64_t((std::uint64_t(std::uint32_t(r.fp.root)) << 32) | r.seq);
     w[3] = r.fp.extra;
+    w[4] = std::int64_t(r.fp.tag);
   }
   //! Whether word 0 (as it landed) carries the magic.
   static bool has_magic(const std::byte* header) noexcept {
@@ -140,6 +141,7 @@ struct frame_header {
     r.fp.root = int(std::int32_t(std::uint32_t(std::uint64_t(w[2]) >> 32)));
     r.seq = std::uint32_t(std::uint64_t(w[2]));
     r.fp.extra = w[3];
+    r.fp.tag = std::uint64_t(w[4]);
     return r.encode();
   }
 };
@@ -213,6 +215,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     h.record[1].store(packed[1], std::memory_order_relaxed);
     h.record[2].store(packed[2], std::memory_order_relaxed);
     h.record[3].store(packed[3], std::memory_order_relaxed);
+    h.record[4].store(packed[4], std::memory_order_relaxed);
     h.stamp.store(stamp_of(r.seq), std::memory_order_seq_cst);
     if (reports_waiting_.load(std::memory_order_seq_cst)) [[unlikely]]
       compare_early_reports(r.seq, r.encode(), rank, operation);

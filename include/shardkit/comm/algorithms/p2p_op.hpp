@@ -493,8 +493,10 @@ class p2p_op {
       std::memcpy(&w, slot + i * sizeof w, sizeof w);
       return w;
     };
+    static_assert(frame_header::record_words == 5, "each record word is compared here");
     const std::int64_t differ =
-        (word(0) ^ header_[0]) | (word(1) ^ header_[1]) | (word(2) ^ header_[2]) | (word(3) ^ header_[3]);
+        (word(0) ^ header_[0]) | (word(1) ^ header_[1]) | (word(2) ^ header_[2]) | (word(3) ^ header_[3]) |
+        (word(4) ^ header_[4]);
     const auto sent = std::size_t(word(frame_header::words - 1));
     const bool in_frame = sent <= call_checker<T>::inline_max;
     if (differ != 0 || landed != frame_header::bytes + (in_frame ? sent : 0) || sent != pc.expected) [[unlikely]]

@@ -12,6 +12,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 
 #include "shardkit/core/dtype.hpp"
 #include "shardkit/core/error.hpp"
@@ -37,8 +38,9 @@ struct op_fingerprint {
   int root = -1;
   reduce_op rop = reduce_op::sum;
   std::int64_t extra = 0;  // a hash of per-rank counts (all_gatherv), 0 where there are none
+  std::uint64_t tag = 0;   // the caller's word for what the call is for (op_options::call_tag), 0 where none
 
-  static constexpr std::size_t width = 6;  // int64 words per rank in the exchanged table
+  static constexpr std::size_t width = 7;  // int64 words per rank in the exchanged table
   std::array<std::int64_t, width> encode() const noexcept {
     std::array<std::int64_t, width> w;
     encode_into(w.data());
@@ -53,6 +55,7 @@ struct op_fingerprint {
     w[3] = root;
     w[4] = std::int64_t(rop);
     w[5] = extra;
+    w[6] = std::int64_t(tag);
   }
 };
 
@@ -64,7 +67,15 @@ inline std::int64_t counts_fingerprint(std::span<const std::size_t> counts) noex
   return std::int64_t(h >> 1);
 }
 
-//! "all_reduce(dtype f32, count 10, op sum)" from one rank's row of the table.
+//! How a call's tag appears in describe_fingerprint's text: "call tag 0x" and 16 hex digits (name_call_tags reads it).
+inline std::string call_tag_text(std::uint64_t tag) {
+  char hex[17];
+  for (int i = 15; i >= 0; --i, tag >>= 4) hex[i] = "0123456789abcdef"[tag & 0xf];
+  hex[16] = 0;
+  return std::string("call tag 0x") + hex;
+}
+
+//! "all_reduce(dtype f32, count 10, op sum)" from one rank's row of the table (", call tag 0x..." where tagged).
 inline std::string describe_fingerprint(const std::int64_t* f) {
   const auto k = collective_kind(f[0]);
   std::ostringstream os;
@@ -73,8 +84,32 @@ inline std::string describe_fingerprint(const std::int64_t* f) {
   if (k == collective_kind::all_reduce || k == collective_kind::reduce || k == collective_kind::reduce_scatter)
     os << ", op " << to_string(reduce_op(f[4]));
   if (f[5]) os << ", counts #" << std::hex << (std::uint64_t(f[5]) & 0xffff);
+  if (f[6]) os << ", " << call_tag_text(std::uint64_t(f[6]));
   os << ")";
   return os.str();
+}
+
+//! Rewrites each call_tag_text() in `text` as `name(tag)` says, where it says something (an empty string keeps the
+//! number): a layer that tags its calls (fsdp: the unit and pass of a gather) names them in the errors it passes on.
+template <class Namer>
+std::string name_call_tags(std::string text, Namer&& name) {
+  constexpr std::string_view prefix = "call tag 0x";
+  constexpr std::size_t digits = 16;
+  for (std::size_t at = text.find(prefix); at != std::string::npos; at = text.find(prefix, at + 1)) {
+    if (at + prefix.size() + digits > text.size()) break;
+    std::uint64_t tag = 0;
+    bool hex = true;
+    for (std::size_t i = 0; i < digits && hex; ++i) {
+      const char c = text[at + prefix.size() + i];
+      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      hex = d >= 0;
+      tag = tag << 4 | std::uint64_t(d);
+    }
+    if (!hex) continue;
+    const std::string named = name(tag);
+    if (!named.empty()) text.replace(at, prefix.size() + digits, named);
+  }
+  return text;
 }
 
 //! Compares the all-gathered table (`size` rows of op_fingerprint::width) and throws errc::mismatch naming every

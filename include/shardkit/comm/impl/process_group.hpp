@@ -223,7 +223,9 @@ struct process_group::impl {
     completion_source done;
     const bool op_timeout = o.timeout.count() > 0;
     const auto timeout = op_timeout ? o.timeout : opts.timeout;
-    const collective_options co{deadline_after(timeout), o.algo, abort_running.get_token(), opts.name, seq, opts.stall_log};
+    fp.tag = o.call_tag;
+    const collective_options co{deadline_after(timeout), o.algo, abort_running.get_token(), opts.name, seq,
+                                opts.stall_log, o.call_tag};
     // Ending `done` is the last thing the task does with `this`: a continuation it runs may drop the group's last
     // owner (the engine then runs what is queued behind it and lets the group go: progress_engine.hpp).
     // The issue count drops before `done` ends: a continuation that `done` runs may issue the next collective

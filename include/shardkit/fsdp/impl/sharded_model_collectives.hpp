@@ -30,7 +30,10 @@ SHARDKIT_DECL void sharded_model::wait_for_gradients() {
     stats_.waiting_for_reduce += steady_clock::now() - t0;
   }
   if (waited) emit(model_event::kind::reduce_wait, pass::backward, model_event::no_unit, t0);  // not the no-op calls
-  if (first) detail::rethrow_for_unit(first, where, "gradient reduction", rank_);
+  if (first)
+    detail::rethrow_for_unit(
+        detail::name_calls(first, units_.size(), [this](std::size_t k) { return units_[k]->layout.name(); }), where,
+        "gradient reduction", rank_);
 }
 
 SHARDKIT_DECL void sharded_model::zero_grad() {
@@ -139,9 +142,12 @@ SHARDKIT_DECL void sharded_model::queue_gather(std::size_t i) {
   // Backward's parameters and gradients as two requests in turn where that cannot deadlock (requests_apart_).
   const bool apart = pass_ == pass::backward && need_params && need_grads && requests_apart_;
   for (int part = 0; part < (apart ? 2 : 1); ++part) {
+    // The next forward's, when the optimizer's step queued it (shard_stepped) before forward() counted it.
+    const std::uint64_t number = passes_ + (early_forward_ ? 1 : 0);
     gather_job job{.unit = i, .p = pass_, .need_params = need_params && part == 0,
                    .need_grads = need_grads && (!apart || part == 1), .params_done = params_done,
                    .grads_done = grads_done, .stop = pass_stop_.get_token(), .serial = pass_serial_,
+                   .call_tag = detail::call_tag(detail::tagged_collective::gather, pass_, number, i),
                    .turn_before = gather_turns_};
     gather_turns_ = job.turn;
     (void)spawn(gather_thread_, run_gather(std::move(job)));
@@ -173,11 +179,11 @@ SHARDKIT_DECL task<void> sharded_model::run_gather(gather_job job) {
       emit(model_event::kind::limiter_wait, job.p, job.unit, queued);
       auto params = both.split_front(params_bytes(u));
       grads.emplace(std::move(both));
-      start_gather(job.unit, job.p, job.serial, std::move(params), job.early);
+      start_gather(job.unit, job.p, job.serial, std::move(params), job.early, job.call_tag);
     } else if (job.need_params) {
       auto params = co_await limiter_->acquire(params_bytes(u), label + " parameters", job.stop);
       emit(model_event::kind::limiter_wait, job.p, job.unit, queued);
-      start_gather(job.unit, job.p, job.serial, std::move(params), job.early);
+      start_gather(job.unit, job.p, job.serial, std::move(params), job.early, job.call_tag);
     } else {
       grads.emplace(co_await limiter_->acquire(grads_bytes(u), label + " gradients", job.stop));
       emit(model_event::kind::limiter_wait, job.p, job.unit, queued);
@@ -213,7 +219,7 @@ SHARDKIT_DECL task<void> sharded_model::run_gather(gather_job job) {
 }
 
 SHARDKIT_DECL void sharded_model::start_gather(std::size_t i, pass p, std::uint64_t serial, gather_limiter::lease l,
-                                               bool early) {
+                                               bool early, std::uint64_t call_tag) {
   auto& u = *units_[i];
   buffer_view full = l.view(opts_.precision.param, u.layout.padded_numel());
   buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
@@ -225,7 +231,7 @@ SHARDKIT_DECL void sharded_model::start_gather(std::size_t i, pass p, std::uint6
   work = {};
   if (shard_size_ > 1) {
     const auto posted = steady_clock::now();
-    work = gather_group_.all_gather(mine, full);
+    work = gather_group_.all_gather(mine, full, {.call_tag = call_tag});
     u.gather_issued_in = serial;  // the job's: an early backward gather runs while the forward's serial is current
     // Captures the log, not the work (a continuation holding its own work would never be freed) nor the model
     // (the group may complete it while the destructor runs).
@@ -248,14 +254,15 @@ SHARDKIT_DECL void sharded_model::queue_reduce(std::size_t i) {
   u.grads_ready = {};
   ++reductions_queued_;
   norm_known_ = false;
-  reduce_thread_.post([this, i, done] {
+  const comm::op_options tagged{.call_tag = detail::call_tag(detail::tagged_collective::reduction, pass_, passes_, i)};
+  reduce_thread_.post([this, i, done, tagged] {
     auto& u = *units_[i];
     const auto t0 = steady_clock::now();
     try {
       buffer_view full = u.grads;
       buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
-      if (shard_size_ > 1) reduce_group_.reduce_scatter(full, mine, reduce_op::avg).wait();
-      if (replicas_ > 1) replica_group_.all_reduce(mine, reduce_op::avg).wait();
+      if (shard_size_ > 1) reduce_group_.reduce_scatter(full, mine, reduce_op::avg, tagged).wait();
+      if (replicas_ > 1) replica_group_.all_reduce(mine, reduce_op::avg, tagged).wait();
       reduce_stager_.add_to_host(mine, u.grad);
       if (u.grads_lease)
         u.grads_lease.reset();
@@ -301,14 +308,14 @@ SHARDKIT_DECL void sharded_model::fill_nan(buffer_view v, any_device_stager& sta
   stager.upload(const_buffer_view(nan.data(), v.count(), v.type()), v);
 }
 
-SHARDKIT_DECL void sharded_model::catch_up_gather(std::size_t i) {
+SHARDKIT_DECL void sharded_model::catch_up_gather(std::size_t i, std::uint64_t call_tag) {
   auto& u = *units_[i];
   // The trainer's thread, with the gather thread idle: issued after the gathers that thread issued, in order.
   auto l = limiter_->acquire_blocking(params_bytes(u), "unit '" + u.layout.name() + "' gather of a pass left early");
   buffer_view full = l.view(opts_.precision.param, u.layout.padded_numel());
   buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
   control_stager_.upload(const_buffer_view(u.master), mine);
-  gather_group_.all_gather(mine, full).wait();
+  gather_group_.all_gather(mine, full, {.call_tag = call_tag}).wait();
 }
 
 SHARDKIT_DECL void sharded_model::queue_catch_up_reduce(std::size_t i) {
@@ -327,14 +334,15 @@ SHARDKIT_DECL void sharded_model::queue_catch_up_reduce(std::size_t i) {
   }
   // The reduce thread only: after the reductions the pass queued, one at a time through one buffer. NaN, so that
   // a peer that goes on with this backward reduces a gradient it cannot step on.
-  reduce_thread_.post([this, i] {
+  const comm::op_options tagged{.call_tag = detail::call_tag(detail::tagged_collective::reduction, pass_, passes_, i)};
+  reduce_thread_.post([this, i, tagged] {
     auto& u = *units_[i];
     try {
       buffer_view full = catch_up_grads_.view(opts_.precision.reduce, u.layout.padded_numel());
       fill_nan(full, reduce_stager_);
       buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
-      if (shard_size_ > 1) reduce_group_.reduce_scatter(full, mine, reduce_op::avg).wait();
-      if (replicas_ > 1) replica_group_.all_reduce(mine, reduce_op::avg).wait();
+      if (shard_size_ > 1) reduce_group_.reduce_scatter(full, mine, reduce_op::avg, tagged).wait();
+      if (replicas_ > 1) replica_group_.all_reduce(mine, reduce_op::avg, tagged).wait();
     } catch (const std::exception& e) {
       log::warn("fsdp: rank ", rank_, " backward pass left early: unit '", u.layout.name(),
                 "' gradient reduction failed: ", e.what(), "; the model's groups are aborted");

@@ -11,6 +11,7 @@ SHARDKIT_DECL void sharded_model::begin_pass(pass p, bool sync) {
                 "a " + std::string(to_string(p)) + " pass began while the " + std::string(to_string(pass_)) +
                     " pass had units left (unit '" + units_[unit_at(next_)]->layout.name() + "' was next)",
                 {.rank = rank_, .operation = "fsdp.pass"});
+  ++passes_;
   stepped_.assign(units_.size(), false);
   early_bytes_ = 0;
   if (quarantine_) quarantine_->begin_pass(p);
@@ -106,7 +107,9 @@ SHARDKIT_DECL void sharded_model::queue_early_backward() {
   for (int part = 0; part < (requests_apart_ ? 2 : 1); ++part) {
     gather_job job{.unit = i, .p = pass::backward, .need_params = part == 0, .need_grads = !requests_apart_ || part == 1,
                    .early = true, .params_done = params_done, .grads_done = grads_done,
-                   .stop = pass_stop_.get_token(), .serial = serial, .turn_before = gather_turns_};
+                   .stop = pass_stop_.get_token(), .serial = serial,
+                   .call_tag = detail::call_tag(detail::tagged_collective::gather, pass::backward, passes_ + 1, i),
+                   .turn_before = gather_turns_};
     gather_turns_ = job.turn;
     (void)spawn(gather_thread_, run_gather(std::move(job)));
   }
@@ -235,8 +238,9 @@ SHARDKIT_DECL unit_scope sharded_model::begin_unit(std::size_t i, pass p) {
       views = quarantine_->begin_use(i, p, u.params, p == pass::backward ? u.grads : buffer_view());
   } catch (...) {
     abandon_pass(std::current_exception());
-    detail::rethrow_for_unit(std::current_exception(), u.layout.name(),
-                             std::string(to_string(p)) + " all-gather", rank_);
+    detail::rethrow_for_unit(detail::name_calls(std::current_exception(), units_.size(),
+                                                [this](std::size_t k) { return units_[k]->layout.name(); }),
+                             u.layout.name(), std::string(to_string(p)) + " all-gather", rank_);
   }
   const auto ready = steady_clock::now();
   {
@@ -309,8 +313,9 @@ SHARDKIT_DECL void sharded_model::abandon_pass(const std::exception_ptr& failed)
   // one, last. (A backward finds it among its own, by the backward's serial, which it carries.)
   const std::size_t early = early_backward_;
   early_backward_ = model_event::no_unit;
-  if (early != model_event::no_unit && pass_ == pass::forward && units_[early]->gather_issued_in != pass_serial_ + 1)
-    missing.push_back(early);
+  const bool early_missing =
+      early != model_event::no_unit && pass_ == pass::forward && units_[early]->gather_issued_in != pass_serial_ + 1;
+  if (early_missing) missing.push_back(early);
   for (std::size_t pos = 0; pos < units_.size(); ++pos) {
     auto& u = *units_[unit_at(pos)];
     // A failed all-gather is the pass's failure, already reported (or reported below).
@@ -324,10 +329,14 @@ SHARDKIT_DECL void sharded_model::abandon_pass(const std::exception_ptr& failed)
   // which need the budget.
   if (!release_early_buffers()) in_step = false;
   if (gathers_collective)
-    for (std::size_t i : missing) {
+    for (std::size_t m = 0; m < missing.size(); ++m) {
+      const std::size_t i = missing[m];
       if (!in_step) break;
       try {
-        catch_up_gather(i);
+        // Tagged as a full pass tags it: the early backward gather (last) as the next pass's.
+        const bool next = early_missing && m + 1 == missing.size();
+        catch_up_gather(i, detail::call_tag(detail::tagged_collective::gather, next ? pass::backward : pass_,
+                                            passes_ + (next ? 1 : 0), i));
       } catch (const std::exception& e) {
         in_step = false;
         log::warn("fsdp: rank ", rank_, " ", what, ": unit '", units_[i]->layout.name(),
