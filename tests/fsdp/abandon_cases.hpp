@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -73,6 +74,10 @@ struct case_options {
   bool early_backward_gather = true;  // sharding_options::early_backward_gather
   int iterations = 1000;
   std::uint32_t seed = 1;
+  // A line every 50 iterations ("rank 1: iteration 300 of 1000 after 1.2 s"): a run its harness killed then shows
+  // whether it was slow (the lines go on until the kill) or stuck (they stop, and the collectives' own timeouts name
+  // the peer unless the wait had no deadline). Shown only when a process case fails.
+  bool progress = false;
 };
 
 inline fsdp::sharding_options options_for(const case_options& c) {
@@ -155,7 +160,11 @@ inline void run(comm::process_group& g, const case_options& c) {
     model->init_parameters(init);
   };
   make();
+  const auto started = std::chrono::steady_clock::now();
   for (int it = 0; it < c.iterations; ++it) {
+    if (c.progress && it % 50 == 0 && it != 0)
+      std::fprintf(stderr, "rank %d: iteration %d of %d after %.1f s\n", g.rank(), it, c.iterations,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     const int leave_at = int(shared() % (model->num_units() + 1)) - 1;  // -1: a range never iterated
     if (c.kind == exit_kind::break_at_turn || c.kind == exit_kind::throw_at_turn) {
       const std::size_t n = model->num_units(), kept = std::max<std::size_t>(model->kept_for_backward(), 1);

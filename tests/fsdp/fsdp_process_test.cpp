@@ -107,6 +107,7 @@ SHARDKIT_SCENARIO(fsdp_passes_left_early) {
   c.kind = ab::exit_kind(kind);
   c.uneven = uneven != 0;
   c.seed = std::uint32_t(1000 + 10 * kind + int(c.budget_units));
+  c.progress = true;
   ab::run(world.group, c);
 }
 
@@ -163,6 +164,12 @@ TEST_CASE("[fsdp] ranks as processes over shm: every strategy trains like 1 rank
   run_case(2, "hybrid_shard", 1, "shm");  // shards of one rank: replicas only
 }
 
+// A run takes 2-6 s here (1000 iterations, 2 cores at load 20-35); with either rank stopped (SIGSTOP) about half the
+// time, up to 76 s. A collective's deadline (20 s) names a peer that stopped answering; a wait without one (a join,
+// the limiter) stops the progress lines (abandon_cases.hpp): the ranks are killed once none was written for 60 s,
+// not at a total a loaded machine can outlast (a run was killed at 120 s once, its output unable to tell which).
+constexpr auto abandon_limit = std::chrono::seconds(600), abandon_quiet = std::chrono::seconds(60);
+
 TEST_CASE("[fsdp] ranks as processes: passes left early on every rank keep the ranks in step (random delays)") {
   for (int kind : {0, 1, 2})
     for (int budget : {1, 2, 0}) {
@@ -173,7 +180,7 @@ TEST_CASE("[fsdp] ranks as processes: passes left early on every rank keep the r
           2, "fsdp_passes_left_early",
           {{"FSDP_TEST_ABANDON", std::to_string(kind) + " " + std::to_string(budget) + " " + std::to_string(iterations)},
            {"SHARDKIT_TIMEOUT_MS", "20000"}},
-          std::chrono::seconds(120)));
+          abandon_limit, abandon_quiet));
     }
   // Uneven units, two kept for backward at 2 units: a forward left in either had queued backward's first gather.
   for (int kind : {0, 1}) {
@@ -181,7 +188,7 @@ TEST_CASE("[fsdp] ranks as processes: passes left early on every rank keep the r
     sk::test::require_all_succeeded(sk::test::run_processes(
         2, "fsdp_passes_left_early",
         {{"FSDP_TEST_ABANDON", std::to_string(kind) + " 2 300 1"}, {"SHARDKIT_TIMEOUT_MS", "20000"}},
-        std::chrono::seconds(120)));
+        abandon_limit, abandon_quiet));
   }
 }
 

@@ -120,10 +120,13 @@ struct process_result {
 };
 
 //! Spawns n copies of this binary running scenario `name` with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-//! MASTER_ADDR=127.0.0.1 and a free MASTER_PORT set, plus `extra_env`. Kills all after `timeout`.
+//! MASTER_ADDR=127.0.0.1 and a free MASTER_PORT set, plus `extra_env`. Kills all after `timeout`, or, where `quiet`
+//! is set, once no rank has written anything for that long (a run that writes progress lines is then killed when it
+//! stops, not when a loaded machine makes it slow); a killed rank's output ends with a line that says which.
 std::vector<process_result> run_processes(int n, const std::string& name,
                                           const std::map<std::string, std::string>& extra_env = {},
-                                          std::chrono::seconds timeout = std::chrono::seconds(120));
+                                          std::chrono::seconds timeout = std::chrono::seconds(120),
+                                          std::chrono::seconds quiet = std::chrono::seconds(0));
 
 //! CHECKs that every rank exited 0, printing the output of those that did not.
 void require_all_succeeded(const std::vector<process_result>& results);

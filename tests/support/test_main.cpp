@@ -51,7 +51,7 @@ int env_world_size() {
 
 std::vector<process_result> run_processes(int n, const std::string& name,
                                           const std::map<std::string, std::string>& extra_env,
-                                          std::chrono::seconds timeout) {
+                                          std::chrono::seconds timeout, std::chrono::seconds quiet) {
   const int port = free_port();
   std::vector<pid_t> pids(n);
   std::vector<int> out_fds(n);
@@ -87,8 +87,11 @@ std::vector<process_result> run_processes(int n, const std::string& name,
   // took over 500 s): the same factor as ctest's timeouts (SHARDKIT_TEST_TIMEOUT_SCALE), so that the safety net
   // stays one and a slow rank is not killed as if it hung.
   const auto until = std::chrono::steady_clock::now() + timeout * SHARDKIT_TEST_TIMEOUT_SCALE;
+  auto last_output = std::chrono::steady_clock::now();
+  std::string kill_reason;
   int remaining = n;
   bool killed = false;
+  std::vector<bool> was_killed(n, false);
   while (remaining > 0 || std::count(eof.begin(), eof.end(), false) > 0) {
     std::vector<pollfd> fds;
     std::vector<int> which;
@@ -105,6 +108,7 @@ std::vector<process_result> run_processes(int n, const std::string& name,
         const ssize_t got = ::read(out_fds[r], buf, sizeof buf);
         if (got > 0) {
           results[r].output.append(buf, std::size_t(got));
+          last_output = std::chrono::steady_clock::now();
           continue;
         }
         if (got == 0) eof[r] = true;
@@ -121,15 +125,29 @@ std::vector<process_result> run_processes(int n, const std::string& name,
         results[r].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
       }
     }
-    if (!killed && std::chrono::steady_clock::now() > until) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!killed && now > until)
+      kill_reason = "after " + std::to_string((timeout * SHARDKIT_TEST_TIMEOUT_SCALE).count()) +
+                    " s, the case's limit for the whole run";
+    else if (!killed && quiet.count() > 0 && now - last_output > quiet * SHARDKIT_TEST_TIMEOUT_SCALE)
+      kill_reason = "after no rank had written anything for " +
+                    std::to_string((quiet * SHARDKIT_TEST_TIMEOUT_SCALE).count()) + " s, the case's limit";
+    if (!killed && !kill_reason.empty()) {
       for (int r = 0; r < n; ++r)
-        if (!exited[r]) ::kill(pids[r], SIGKILL);
+        if (!exited[r]) ::kill(pids[r], SIGKILL), was_killed[r] = true;
       killed = true;
     }
     if (fds.empty() && remaining > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   for (int fd : out_fds) ::close(fd);
-  for (int r = 0; r < n; ++r) results[r].rank = r;
+  for (int r = 0; r < n; ++r) {
+    results[r].rank = r;
+    // Said in the output, so that a kill is not read as the rank's own failure (its last line may be a stall line
+    // of a wait that was still within its deadline).
+    if (was_killed[r])
+      results[r].output += "\n[run_processes] rank " + std::to_string(r) + " killed (SIGKILL) " + kill_reason +
+                           ": it had not exited\n";
+  }
   return results;
 }
 
