@@ -26,6 +26,12 @@ HANDOFF = re.compile(r"^(pthread_cond_|__futex_|__lll_lock_|__pthread_mutex_cond
                      r"bool shardkit::spin_until|shardkit::comm::algorithms::p2p_op<[^>]*>::wait_watching|"
                      r"shardkit::comm::detail::progress_engine::run)")
 
+# The functions the check's instructions are in (the op's start, its first sends and recvs, their verification):
+# the same count in every run, where the own code also holds the slow path of waits that outlast a slice (the
+# checked world polls every 10 ms, the other every 100 ms: under load, more of its waits time out and re-lock).
+CHECK = re.compile(r"^shardkit::comm::(algorithms::p2p_op<[^>]*>::(p2p_op|send|recv|wait_recv|wait_recv_view|"
+                   r"send_apart|posted_frame)\(|p2p_communicator<[^>]*>::(all_reduce|begin)\(|algorithms::call_checker)")
+
 
 def self_costs(path):
     out = subprocess.run(["callgrind_annotate", "--threshold=100", "--inclusive=no", path],
@@ -57,6 +63,9 @@ def main():
     own = lambda d: sum(v for k, v in d.items() if k not in ALLOCATOR and not HANDOFF.match(k))
     for label, f in (("whole program", total), ("without the allocator", no_alloc), ("own code", own)):
         print(f"{label:22} A {f(x):8.0f}  B {f(y):8.0f}  B-A {f(y) - f(x):6.0f}")
+    check = lambda d: sum(v for k, v in d.items() if CHECK.match(k))
+    label = "the check's functions"
+    print(f"{label:22} A {check(x):8.0f}  B {check(y):8.0f}  B-A {check(y) - check(x):6.0f}")
     keys = sorted(set(x) | set(y), key=lambda k: -abs(y.get(k, 0) - x.get(k, 0)))
     for k in keys[:rows]:
         print(f"{y.get(k, 0) - x.get(k, 0):8.1f}  {x.get(k, 0):8.1f} {y.get(k, 0):8.1f}  {k[:150]}")

@@ -6,6 +6,7 @@
 #include "comm/conformance.hpp"
 #include "comm/loopback_options.hpp"
 #include "shardkit/comm/algorithms/call_check.hpp"
+#include "shardkit/comm/algorithms/p2p_op.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/transport/loopback.hpp"
 #include "support/harness.hpp"
@@ -134,11 +135,13 @@ TEST_CASE("[comm] a stall report racing the start of its collective is compared 
     auto c1 = checker::create(world[1], members, 1, 7);
     const auto mine = record_of(kind::all_reduce, dtype::f32, 4, -1, reduce_op::sum, 0, seq, 0);
     const auto theirs = differ ? record_of(kind::all_reduce, dtype::f32, 4, -1, reduce_op::max, 0, seq, 0) : mine;
+    std::int64_t packed_theirs[frame_header::record_words];
+    frame_header::pack(theirs, packed_theirs);
     std::atomic<bool> begin_threw{false};
     std::string what;
     const auto report = [&] {
       spin_for(delay[1]);
-      c1->report_stall(theirs);  // loopback: rank 0's handler runs here, on this thread
+      c1->report_stall(packed_theirs);  // loopback: rank 0's handler runs here, on this thread
     };
     const auto start = [&] {
       spin_for(delay[0]);
@@ -170,4 +173,65 @@ TEST_CASE("[comm] a stall report racing the start of its collective is compared 
     }
   }
   MESSAGE("mismatch found by begin() in " << thrown << " runs, by the report's handler in " << found_later);
+}
+
+// An op keeps what it did with each peer by epoch (call_checker::contact): the first recv it posts from a peer is
+// that peer's frame, checked when any recv from the peer is first waited for, even a later one; wait_recv_view
+// hands the frame's inline payload where it landed, wait_recv copies it into place.
+TEST_CASE("[comm] a peer's first message is checked whichever of the op's recvs from it is waited for first") {
+  using checker = comm::algorithms::call_checker<transport::loopback_transport>;
+  using op = comm::algorithms::p2p_op<transport::loopback_transport>;
+  using kind = comm::detail::collective_kind;
+  const auto bytes = [](auto* v) { return reinterpret_cast<std::byte*>(v); };
+  for (const bool differ : {false, true}) {
+    for (const bool view : {false, true}) {
+      CAPTURE(differ);
+      CAPTURE(view);
+      auto world = transport::loopback_transport::create_world(2);
+      const std::vector<int> members{0, 1};
+      auto c0 = checker::create(world[0], members, 0, 7);
+      auto c1 = checker::create(world[1], members, 1, 7);
+      const auto mine = record_of(kind::all_reduce, dtype::i64, 1, -1, reduce_op::sum, 0, 0, 0);
+      const auto theirs = differ ? record_of(kind::all_reduce, dtype::f64, 1, -1, reduce_op::sum, 0, 0, 0) : mine;
+      const auto until = deadline_after(std::chrono::seconds(10));
+      std::thread sender([&] {
+        op o(*world[0], members, 0, 5, until, "all_reduce", nullptr, {}, c0.get(), c0->begin(theirs, 0, "all_reduce"),
+             checker::epoch_of(0));
+        std::int64_t a = 11, b = 22;
+        o.wait_send(o.send(1, bytes(&a), sizeof a), 1);
+        o.wait_send(o.send(1, bytes(&b), sizeof b), 1);
+      });
+      op o(*world[1], members, 1, 5, until, "all_reduce", nullptr, {}, c1.get(), c1->begin(mine, 1, "all_reduce"),
+           checker::epoch_of(0));
+      std::int64_t first = 0, second = 0;
+      const auto r1 = o.recv(0, bytes(&first), sizeof first);
+      const auto r2 = o.recv(0, bytes(&second), sizeof second);
+      if (differ) {
+        try {
+          view ? void(o.wait_recv_view(r2, 0, bytes(&second), sizeof second)) : o.wait_recv(r2, 0, sizeof second);
+          FAIL("the second recv was waited for without the first message's header checked");
+        } catch (const error& e) {
+          CHECK(e.code() == errc::mismatch);
+          CHECK(std::string(e.what()).find("dtype f64") != std::string::npos);
+        }
+        o.abandon_pending();
+      } else if (view) {
+        // The first one first: its payload stays in its frame slot, where the caller reads it.
+        const std::byte* at = o.wait_recv_view(r1, 0, bytes(&first), sizeof first);
+        CHECK(at != bytes(&first));
+        std::int64_t got = 0;
+        std::memcpy(&got, at, sizeof got);
+        CHECK(got == 11);
+        CHECK(o.wait_recv_view(r2, 0, bytes(&second), sizeof second) == bytes(&second));
+        CHECK(second == 22);
+      } else {
+        o.wait_recv(r2, 0, sizeof second);  // checks the first message, copies its payload into place
+        CHECK(first == 11);
+        CHECK(second == 22);
+        o.wait_recv(r1, 0, sizeof first);
+        CHECK(first == 11);
+      }
+      sender.join();
+    }
+  }
 }

@@ -298,25 +298,29 @@ class p2p_communicator {
  private:
   using kind = comm::detail::collective_kind;
 
-  //! `fp`: what this rank calls, which the op's first messages carry when calls are checked.
-  algorithms::p2p_op<T> begin(const char* name, const collective_options& o, const comm::detail::op_fingerprint& fp) {
+  //! `fp`: what this rank calls, which the op's first messages carry when calls are checked. Inlined into each
+  //! collective, where most of fp is constant: so is most of its packing (call_checker::begin).
+  [[gnu::always_inline]] algorithms::p2p_op<T> begin(const char* name, const collective_options& o,
+                                                     const comm::detail::op_fingerprint& fp) {
     // Tag: bit 63 clear, 31 bits group id, 24 bits sequence (wraps harmlessly: ops that far apart never overlap).
-    const std::uint32_t seq = seq_++;
+    const std::uint64_t call = seq_++;
+    const auto seq = std::uint32_t(call);
     const auto tag = (transport::message_tag(group_id_) << 32) | (transport::message_tag(seq & 0xffffffu) << 8);
     if (!checker_)
-      return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop, nullptr, {}, 0,
-                                   o.group, o.seq, o.stall_log);
+      return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop, nullptr,
+                                   nullptr, 0, o.group, o.seq, o.stall_log);
     algorithms::call_record r{fp, seq, std::uint8_t(o.algo)};
     r.fp.tag = o.call_tag;
+    const std::int64_t* header = checker_->begin(r, me_, name);
     return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop, checker_.get(),
-                                 r, 0, o.group, o.seq, o.stall_log);
+                                 header, algorithms::call_checker<T>::epoch_of(call), o.group, o.seq, o.stall_log);
   }
   //! An op over a sub-list of transport ranks that shares `parent`'s tag apart from its low `level` bits.
   algorithms::p2p_op<T> level_op(const algorithms::p2p_op<T>& parent, const std::vector<int>& members, int me,
                                  std::uint8_t level) {
     auto* checker = parent.checker();
     return algorithms::p2p_op<T>(*transport_, members, me, parent.tag() | level, parent.until(), parent.name(), parent.arena(),
-                                 parent.stop(), checker, parent.record(), checker ? checker->next_epoch() : 0,
+                                 parent.stop(), checker, parent.header(), checker ? checker->next_epoch() : 0,
                                  parent.group(), parent.seq(), parent.stall_log());
   }
   void start_checker() {
@@ -328,7 +332,7 @@ class p2p_communicator {
   }
   algorithms::p2p_op<T> user_op(const char* name, std::uint32_t tag, const collective_options& o) {
     return algorithms::p2p_op<T>(*transport_, members_, me_, user_tag(name, tag), o.until, name, nullptr, o.stop, nullptr,
-                                 {}, 0, o.group, o.seq, o.stall_log);
+                                 nullptr, 0, o.group, o.seq, o.stall_log);
   }
   std::size_t segment_elems(dtype t) const noexcept { return std::max<std::size_t>(1, opts_.segment_bytes / size_of(t)); }
   // all_gather(v) and reduce_scatter: direct when asked, or by default in groups small enough (cross-memory first).
@@ -371,7 +375,7 @@ class p2p_communicator {
   std::vector<int> members_;
   int me_ = 0;
   std::uint32_t group_id_ = 0;
-  std::uint32_t seq_ = 0;
+  std::uint64_t seq_ = 0;  // calls of collectives so far; the low 32 bits number the next one
   std::optional<algorithms::host_levels> levels_;
   // The group's call check (algorithms/call_check.hpp): its control recvs and frame slots. Copies share it; a split
   // child has its own.

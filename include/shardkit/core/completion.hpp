@@ -245,6 +245,8 @@ class basic_completion {
 
   //! Identity of the shared state (two handles to the same operation compare equal).
   friend bool operator==(const basic_completion& a, const basic_completion& b) noexcept { return a.state_ == b.state_; }
+  //! That identity as a key to keep (equal for two handles exactly when they compare equal; never dereferenced).
+  const void* id() const noexcept { return state_.get(); }
 
  private:
   friend class basic_completion_source<T>;

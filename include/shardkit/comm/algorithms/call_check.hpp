@@ -40,6 +40,10 @@
 #include <utility>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "shardkit/comm/communicator.hpp"
 #include "shardkit/comm/detail/consistency.hpp"
 #include "shardkit/core/completion.hpp"
@@ -121,6 +125,24 @@ struct frame_header {
     w[3] = r.fp.extra;
     w[4] = std::int64_t(r.fp.tag);
   }
+  //! Whether the record words of the header at `slot` (as it landed) are `w`'s (both 16-byte aligned): words 0-3
+  //! in two 16-byte compares where the target has them, word 4 on its own.
+  static bool same_record(const std::byte* slot, const std::int64_t* w) noexcept {
+    static_assert(record_words == 5, "each record word is compared here");
+    std::int64_t v4;
+    std::memcpy(&v4, slot + 4 * sizeof v4, sizeof v4);
+#if defined(__SSE2__)
+    const __m128i lo = _mm_cmpeq_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(slot)),
+                                      _mm_load_si128(reinterpret_cast<const __m128i*>(w)));
+    const __m128i hi = _mm_cmpeq_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(slot + 16)),
+                                      _mm_load_si128(reinterpret_cast<const __m128i*>(w + 2)));
+    return _mm_movemask_epi8(_mm_and_si128(lo, hi)) == 0xffff && v4 == w[4];
+#else
+    std::int64_t v[4];
+    std::memcpy(v, slot, sizeof v);
+    return ((v[0] ^ w[0]) | (v[1] ^ w[1]) | (v[2] ^ w[2]) | (v[3] ^ w[3]) | (v4 ^ w[4])) == 0;
+#endif
+  }
   //! Whether word 0 (as it landed) carries the magic.
   static bool has_magic(const std::byte* header) noexcept {
     std::int64_t w0;
@@ -159,18 +181,23 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   //! A rank waiting this fraction of its timeout in one collective sends its record to every member (3.).
   static constexpr int stall_divisor = 32;
 
-  //! Per peer (by transport rank), what the current op did with it: first send and first recv, framed.
-  struct contact {
-    std::uint64_t epoch = 0;  // the op that last touched it; another op starts afresh
-    bool sent = false, posted = false, verified = false;
-    bool in_place = false;       // the first recv scattered its payload straight into `dest`
-    bool header_ahead = false;   // the first send's header went ahead of its payload, in header_send
-    std::uint32_t frame_at = 0;  // the first recv (into recv_slot): its place in the op's list of recvs
-    std::byte* dest = nullptr;   // where an inline payload goes
+  //! Per peer (by transport rank), what the ops did with it: first send and first recv, framed. Each flag is the
+  //! epoch of the last op that did it: every op has an epoch of its own, so an op reads "not yet" without resetting
+  //! anything (one load and compare per question on the 8-byte path).
+  //! A cache line and a half, aligned to a power of two so that finding one is a shift.
+  struct alignas(64) contact {
+    std::uint64_t sent_in = 0, posted_in = 0, verified_in = 0;
+    std::uint64_t header_ahead_in = 0;  // the first send's header went ahead of its payload, in header_send
+    const void* frame = nullptr;  // the first recv (into recv_slot): its completion's id()
+    bool copy_out = false;       // its payload is copied out of the slot into `dest` once verified (else it is in
+                                 // place already: scattered there, or a message of its own)
+    std::byte* dest = nullptr;   // where the payload goes; once verified, where it is
     std::size_t expected = 0;    // the bytes this rank expects in that first message
+    std::size_t landed = 0;      // and the size of the message that brings them: its header, and them if inline
     completion header_send;      // a header sent ahead of a payload larger than inline_max: waited with it
     std::unique_ptr<frame_slot> send_slot, recv_slot;  // kept between ops
   };
+  static_assert(sizeof(contact) == 128);
 
   static std::shared_ptr<call_checker> create(std::shared_ptr<T> transport, std::vector<int> members, int me,
                                               std::uint32_t group_id) {
@@ -201,52 +228,51 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   //! stall reports of peers still to come. Lock-free unless a report waits: the record goes into its history
   //! entry as a sequence lock's writer does (one thread issues a group's collectives: process_group refuses a
   //! second), and one seq_cst store publishes it; on_control, which files a report under the mutex, sets
-  //! reports_waiting_ (seq_cst) and looks at the entry again, so of a report and the start of its collective at
-  //! least one sees the other (the store-load pair of each side: one locked instruction here, where a mutex took
-  //! two and ~130 instructions more per call: docs/benchmarks.md, the call check's 8-byte path).
-  //! `packed`: r's header words (frame_header::pack), which the op has built for its first messages anyway.
-  std::uint64_t begin(const call_record& r, const std::int64_t* packed, int rank, const char* operation) {
-    if (poisoned()) [[unlikely]]
-      refuse_poisoned(rank, operation);
-    history_entry& h = history_[r.seq % history_.size()];
+  //! flag_reports_waiting (seq_cst) and looks at the entry again, so of a report and the start of its collective
+  //! at least one sees the other (the store-load pair of each side: one locked instruction here, where a mutex
+  //! took two and ~130 instructions more per call: docs/benchmarks.md, the call check's 8-byte path).
+  //! Returns r's header words (frame_header::pack, record_words of them) for the op's first messages: those of
+  //! r's history entry, valid until history_size collectives later (one thread issues a group's collectives, so
+  //! past the op). Inlined: at a call site whose kind and root are constants, so is most of the packing.
+  [[gnu::always_inline]] const std::int64_t* begin(const call_record& r, int rank, const char* operation) {
+    std::int64_t w[frame_header::record_words];
+    frame_header::pack(r, w);
+    const std::uint32_t seq = r.seq;
+    history_entry& h = history_[seq % history_size];
     h.stamp.store(0, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
-    h.record[0].store(packed[0], std::memory_order_relaxed);
-    h.record[1].store(packed[1], std::memory_order_relaxed);
-    h.record[2].store(packed[2], std::memory_order_relaxed);
-    h.record[3].store(packed[3], std::memory_order_relaxed);
-    h.record[4].store(packed[4], std::memory_order_relaxed);
-    h.stamp.store(stamp_of(r.seq), std::memory_order_seq_cst);
-    if (reports_waiting_.load(std::memory_order_seq_cst)) [[unlikely]]
-      compare_early_reports(r.seq, r.encode(), rank, operation);
-    return ++epoch_;
-  }
-  std::uint64_t begin(const call_record& r, int rank, const char* operation) {
-    std::int64_t packed[frame_header::words];
-    frame_header::pack(r, packed);
-    return begin(r, packed, rank, operation);
-  }
-
-  //! A fresh epoch for an op that did not come through begin() (a level of the hierarchical all-reduce).
-  std::uint64_t next_epoch() noexcept { return ++epoch_; }
-
-  //! Peer `transport_rank`'s contact in the op of `epoch`; the op's thread only. The op's own lists hold its
-  //! transfers, so starting afresh is a few stores (a header_send of an earlier op is kept until overwritten).
-  contact& peer(int transport_rank, std::uint64_t epoch) {
-    auto& c = contacts_[std::size_t(transport_rank)];
-    if (c.epoch != epoch) {  // dest, expected and header_send are written before this op reads them
-      c.epoch = epoch;
-      c.sent = c.posted = c.verified = c.in_place = c.header_ahead = false;
+    const auto put = [&h](std::size_t i, std::int64_t v) {  // one store each (a loop here was not unrolled)
+      std::atomic_ref<std::int64_t>(h.record[i]).store(v, std::memory_order_relaxed);
+    };
+    put(0, w[0]);
+    put(1, w[1]);
+    put(2, w[2]);
+    put(3, w[3]);
+    put(4, w[4]);
+    h.stamp.store(stamp_of(seq), std::memory_order_seq_cst);
+    // One load for both rare cases: a poisoned group refuses the call (its record, just written, changes nothing:
+    // a poisoned group stays poisoned), and reports that came early are compared.
+    if (const auto f = flags_.load(std::memory_order_seq_cst); f != 0) [[unlikely]] {
+      if (f & flag_poisoned) refuse_poisoned(rank, operation);
+      compare_early_reports(seq, r.encode(), rank, operation);
     }
-    return c;
+    return h.record;
   }
-  //! Peer `transport_rank`'s contact as the last op left it (an op compares its epoch); the op's thread only.
+
+  //! Epochs: the op that begins collective `seq` of the group has epoch_of(seq); one that did not come through
+  //! begin() (a level of the hierarchical all-reduce) has next_epoch(), whose top bit is set. So no two ops of a
+  //! group share an epoch (`seq` counts every call in 64 bits: it never wraps), and none is 0, as a contact's flags
+  //! are at first.
+  std::uint64_t next_epoch() noexcept { return (std::uint64_t(1) << 63) | ++other_epochs_; }
+  static std::uint64_t epoch_of(std::uint64_t seq) noexcept { return seq + 1; }
+
+  //! Peer `transport_rank`'s contact: its flags say what the op of an epoch did with it; the op's thread only.
   contact& contact_of(int transport_rank) noexcept { return contacts_[std::size_t(transport_rank)]; }
   std::byte* send_slot(contact& c) { return slot(c.send_slot); }
   std::byte* recv_slot(contact& c) { return slot(c.recv_slot); }
   std::size_t slot_bytes_held() const noexcept { return held_.load(std::memory_order_relaxed); }
 
-  bool poisoned() const noexcept { return poisoned_.load(std::memory_order_acquire); }
+  bool poisoned() const noexcept { return (flags_.load(std::memory_order_acquire) & flag_poisoned) != 0; }
   //! The error names, as its peer, the rank that found the mismatch (this rank itself when it did).
   void throw_if_poisoned(error_context ctx) const {
     if (!poisoned()) return;
@@ -281,8 +307,8 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   //! this rank expects (`mine`, packed as `my_header`, `expected` bytes), in `operation`: no header (another
   //! version, or the check off there) is errc::protocol; another call or another size poisons the group.
   [[noreturn, gnu::cold, gnu::noinline]] void refuse_frame(const std::byte* slot, std::size_t landed,
-                                                           const std::int64_t* my_header, const call_record& mine,
-                                                           std::size_t expected, int peer, const char* operation,
+                                                           const std::int64_t* my_header, std::size_t expected,
+                                                           int peer, const char* operation,
                                                            error_context ctx) {
     if (landed < frame_header::bytes || !frame_header::has_magic(slot))
       throw error(errc::protocol,
@@ -296,7 +322,8 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
       std::memcpy(&sizes.sent, slot + record_bytes, sizeof sizes.sent);
       sizes.expected = std::int64_t(expected);
     }
-    mismatch(peer, frame_header::unpack(slot).data(), mine.encode().data(), sizes, std::move(ctx));
+    mismatch(peer, frame_header::unpack(slot).data(),
+             frame_header::unpack(reinterpret_cast<const std::byte*>(my_header)).data(), sizes, std::move(ctx));
   }
 
   //! The text of a mismatch that rank `finder` found with rank `peer`. When the two called the same collective and
@@ -326,8 +353,8 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   }
 
   //! A rank that waited stall_divisor-th of its timeout in collective `r` lets every member compare (3.).
-  void report_stall(const call_record& r) {
-    const auto w = r.encode();
+  void report_stall(const std::int64_t* header) {
+    const auto w = frame_header::unpack(reinterpret_cast<const std::byte*>(header));
     send_to_all(kind_stall, w.data(), w.data(), me_);
   }
 
@@ -361,10 +388,10 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
 
   void poison(const std::string& what, int named) {
     std::lock_guard lock(mutex_);
-    if (poisoned_.load(std::memory_order_relaxed)) return;
+    if (flags_.load(std::memory_order_relaxed) & flag_poisoned) return;
     poison_ = what;
     poisoner_ = named;
-    poisoned_.store(true, std::memory_order_release);
+    flags_.fetch_or(flag_poisoned, std::memory_order_release);
   }
 
   void send_to_all(std::int64_t kind, const std::int64_t* mine, const std::int64_t* other, int about,
@@ -437,11 +464,11 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
       if (!recorded(seq_of(first), mine)) {  // not reached yet: compared when it is
         if (early_reports_.size() >= 4 * members_.size()) return;
         early_reports_.push_back({from, theirs});
-        reports_waiting_.store(true, std::memory_order_seq_cst);
+        flags_.fetch_or(flag_reports_waiting, std::memory_order_seq_cst);
         // begin() may have published this collective's record without seeing the flag: then this sees the record.
         if (!recorded(seq_of(first), mine)) return;
         early_reports_.pop_back();
-        if (early_reports_.empty()) reports_waiting_.store(false, std::memory_order_relaxed);
+        if (early_reports_.empty()) flags_.fetch_and(~flag_reports_waiting, std::memory_order_relaxed);
       }
     }
     if (mine == theirs) return;
@@ -460,7 +487,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
         const int from = it->from;
         it = early_reports_.erase(it);
         if (theirs != mine) {
-          if (early_reports_.empty()) reports_waiting_.store(false, std::memory_order_relaxed);
+          if (early_reports_.empty()) flags_.fetch_and(~flag_reports_waiting, std::memory_order_relaxed);
           lock.unlock();
           mismatch(from, theirs.data(), mine.data(), {}, {.rank = rank, .operation = operation});
         }
@@ -469,7 +496,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
       // Reports of collectives this rank has passed without reaching are stale (a wrapped sequence).
       it = int(seq - seq_of(it->record.data())) > 0 ? early_reports_.erase(it) : std::next(it);
     }
-    if (early_reports_.empty()) reports_waiting_.store(false, std::memory_order_relaxed);
+    if (early_reports_.empty()) flags_.fetch_and(~flag_reports_waiting, std::memory_order_relaxed);
   }
 
   //! A history entry's stamp once collective `seq`'s record is whole in it (0: being written).
@@ -478,11 +505,12 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   //! Collective `seq`'s record as begin() wrote it, if this rank has reached it and not yet reused its entry (a
   //! sequence lock's reader: a record rewritten while read is not taken). Under mutex_, from a transport thread.
   bool recorded(std::uint32_t seq, record_words& out) const noexcept {
-    const history_entry& h = history_[seq % history_.size()];
+    const history_entry& h = history_[seq % history_size];
     const std::uint64_t stamp = h.stamp.load(std::memory_order_seq_cst);
     if (stamp != stamp_of(seq)) return false;
     std::int64_t packed[frame_header::record_words];
-    for (std::size_t i = 0; i < frame_header::record_words; ++i) packed[i] = h.record[i].load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < frame_header::record_words; ++i)
+      packed[i] = std::atomic_ref<std::int64_t>(const_cast<std::int64_t&>(h.record[i])).load(std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (h.stamp.load(std::memory_order_relaxed) != stamp) return false;
     out = frame_header::unpack(reinterpret_cast<const std::byte*>(packed));
@@ -490,11 +518,14 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   }
 
   //! One collective's record in the history (its packed header words), in a cache line of its own: written by
-  //! begin() (the issuing thread), read by on_control; the stamp is stamp_of(seq) while whole, 0 while written.
+  //! begin() (the issuing thread, through atomic_ref), read there by the op (plainly: no other thread writes it)
+  //! and by on_control (through atomic_ref); the stamp is stamp_of(seq) while whole, 0 while written. The record
+  //! comes first: 16-byte aligned, as frame_header::same_record reads it.
   struct alignas(64) history_entry {
+    alignas(16) std::int64_t record[frame_header::record_words]{};
     std::atomic<std::uint64_t> stamp{0};
-    std::array<std::atomic<std::int64_t>, frame_header::record_words> record{};
   };
+  static constexpr std::size_t history_size = 64;
 
   struct early_report {
     int from;
@@ -503,10 +534,12 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
 
   // What every op reads first, together: begin()'s flags, the contacts.
   std::vector<contact> contacts_;  // by transport rank; the op's thread only
-  std::uint64_t epoch_ = 0;
-  std::atomic<bool> poisoned_{false};
+  std::uint64_t other_epochs_ = 0;  // next_epoch()'s
+  // flag_poisoned: the group is poisoned (set once, after poison_); flag_reports_waiting: early_reports_ is not
+  // empty (written under mutex_). One word, so that begin() reads both in one load.
+  static constexpr std::uint32_t flag_poisoned = 1, flag_reports_waiting = 2;
+  std::atomic<std::uint32_t> flags_{0};
   std::atomic<bool> sent_poison_{false};
-  std::atomic<bool> reports_waiting_{false};  // early_reports_ is not empty (written under mutex_)
   std::atomic<std::size_t> held_{0};
   std::shared_ptr<T> transport_;
   std::vector<int> members_;  // transport rank of each group rank
@@ -518,7 +551,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   std::vector<early_report> early_reports_;
   std::vector<completion> control_recvs_;
   bool closing_ = false;
-  std::array<history_entry, 64> history_{};  // the records of the last collectives, by seq
+  std::array<history_entry, history_size> history_{};  // the records of the last collectives, by seq
 };
 
 }  // namespace shardkit::comm::algorithms

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "shardkit/comm/algorithms/call_check.hpp"
+#include "shardkit/comm/algorithms/scratch.hpp"
+#include "shardkit/comm/algorithms/transfer_list.hpp"
 #include "shardkit/comm/detail/stall_line.hpp"
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/error.hpp"
@@ -25,70 +27,6 @@
 #include "shardkit/transport/p2p.hpp"
 
 namespace shardkit::comm::algorithms {
-
-//! Element offsets of each rank's chunk: chunk r is [offsets[r], offsets[r+1]).
-struct partition {
-  std::vector<std::size_t> offsets;
-
-  static partition equal(std::size_t count, int n) {
-    partition p;
-    p.offsets.resize(std::size_t(n) + 1);
-    const std::size_t base = count / std::size_t(n), extra = count % std::size_t(n);
-    for (int r = 0; r < n; ++r) p.offsets[std::size_t(r) + 1] = p.offsets[std::size_t(r)] + base + (std::size_t(r) < extra ? 1 : 0);
-    return p;
-  }
-  static partition from_counts(std::span<const std::size_t> counts) {
-    partition p;
-    p.offsets.resize(counts.size() + 1);
-    for (std::size_t r = 0; r < counts.size(); ++r) p.offsets[r + 1] = p.offsets[r] + counts[r];
-    return p;
-  }
-  std::size_t begin(int r) const noexcept { return offsets[std::size_t(r)]; }
-  std::size_t count(int r) const noexcept { return offsets[std::size_t(r) + 1] - offsets[std::size_t(r)]; }
-  std::size_t total() const noexcept { return offsets.back(); }
-  std::size_t largest() const noexcept {
-    std::size_t m = 0;
-    for (std::size_t r = 0; r + 1 < offsets.size(); ++r) m = std::max(m, offsets[r + 1] - offsets[r]);
-    return m;
-  }
-};
-
-//! Cuts `count` elements into segments of at most `segment_elems`; zero elements is one empty segment, so that
-//! every step still exchanges a message and ranks stay in lock-step (and a count mismatch is seen).
-struct segments {
-  std::size_t count, segment_elems;
-  std::size_t size() const noexcept { return count == 0 ? 1 : (count + segment_elems - 1) / segment_elems; }
-  std::size_t begin(std::size_t k) const noexcept { return k * segment_elems; }
-  std::size_t length(std::size_t k) const noexcept { return count == 0 ? 0 : std::min(segment_elems, count - k * segment_elems); }
-};
-
-//! Scratch memory kept by a communicator between operations. A ring all-reduce of 64 MiB needs 3 chunk-sized slots;
-//! allocating them per call costs a page fault per 4 KiB (above glibc's mmap threshold the pages are fresh each
-//! time), which measured as much CPU as the reduction itself. Not thread-safe: one per communicator, used by
-//! that communicator's one operation at a time (held() excepted). It keeps its largest allocation.
-class scratch_arena {
- public:
-  //! At least `bytes` of uninitialised memory, valid until the next call.
-  std::byte* get(std::size_t bytes) {
-    if (bytes > size_) {
-      memory_.reset();  // release first: the old and new blocks need not coexist
-      held_.store(0, std::memory_order_relaxed);
-      memory_ = std::make_unique_for_overwrite<std::byte[]>(bytes);
-      size_ = bytes;
-      held_.store(bytes, std::memory_order_relaxed);
-    }
-    return memory_.get();
-  }
-
-  //! The bytes allocated now, from any thread (a memory figure: the communicator's scratch_bytes()). Since the arena
-  //! keeps its largest allocation, this is also its peak.
-  std::size_t held() const noexcept { return held_.load(std::memory_order_relaxed); }
-
- private:
-  std::unique_ptr<std::byte[]> memory_;
-  std::size_t size_ = 0;
-  std::atomic<std::size_t> held_{0};
-};
 
 template <transport::p2p T>
 class p2p_op {
@@ -104,29 +42,26 @@ class p2p_op {
 
   //! `arena` (optional) lends the op its scratch memory; without one the op allocates its own.
   //! `stop` (optional): a stop request ends the op's waits with errc::aborted (its group was aborted). `checker`
-  //! (optional) frames the op's first message to each peer with `record` and checks each peer's
-  //! (call_check.hpp); `epoch` is what next_epoch() returned for this op, or 0 for an op that starts a
-  //! collective: it calls checker->begin() (and throws what that throws). `group` and `seq`
+  //! (optional) frames the op's first message to each peer with `header`, the call's packed record, and checks
+  //! each peer's (call_check.hpp); `header` is what checker->begin() returned for the collective, `epoch` its
+  //! call_checker::epoch_of(), or next_epoch() for another op of it (which shares its header). `group` and `seq`
   //! (collective_options): the group's name and the call's number in it, for the long wait's log line; `stall_log`
   //! (collective_options, 0: its default) when that line first comes (detail/stall_line.hpp).
   p2p_op(T& transport, std::span<const int> members, int me, transport::message_tag tag, deadline until,
          const char* name, scratch_arena* arena = nullptr, std::stop_token stop = {},
-         call_checker<T>* checker = nullptr, const call_record& record = {}, std::uint64_t epoch = 0,
+         call_checker<T>* checker = nullptr, const std::int64_t* header = nullptr, std::uint64_t epoch = 0,
          std::string_view group = {}, std::int64_t seq = -1, std::chrono::milliseconds stall_log = {})
       : transport_(transport), members_(members), me_(me), tag_(tag), until_(until), name_(name), arena_(arena),
-        stop_(std::move(stop)), checker_(checker), record_(record), epoch_(epoch), group_(group), seq_(seq),
+        stop_(std::move(stop)), checker_(checker), header_(header), epoch_(epoch), group_(group), seq_(seq),
         stall_log_setting_(stall_log) {
     const auto now = deadline::clock::now();
     const auto left = until_ == no_deadline ? std::chrono::duration_cast<deadline::clock::duration>(std::chrono::minutes(16))
                                             : until_ - now;
     lost_grace_ = std::clamp<deadline::clock::duration>(left / 32, min_lost_member_grace, max_lost_member_grace);
     stall_log_ = comm::detail::stall_schedule::first_line(now, until_, stall_log);
-    if (checker_) {
-      stall_after_ = left / call_checker<T>::stall_divisor;  // clamped where a wait first outlasts a slice
-      started_ = now;
-      frame_header::pack(record_, header_.data());
-      if (epoch_ == 0) epoch_ = checker_->begin(record_, header_.data(), me_, name_);
-    }
+    // Read with a checker only; two stores are cheaper than the branch around them.
+    stall_after_ = left / call_checker<T>::stall_divisor;  // clamped where a wait first outlasts a slice
+    started_ = now;
   }
 
   p2p_op(const p2p_op&) = delete;
@@ -144,10 +79,11 @@ class p2p_op {
   //! before they go. Call it from a catch block, then rethrow.
   void abandon_pending() noexcept {
     bool in_flight = false;
-    for (auto& c : recvs_)
+    const auto withdraw = [&](const completion& c) {
       if (!c.is_done() && !c.cancel()) in_flight = true;
-    for (auto& c : sends_)  // transports that can withdraw an unmatched send (loopback) let go of it here
-      if (!c.is_done() && !c.cancel()) in_flight = true;
+    };
+    recvs_.for_each(withdraw);
+    sends_.for_each([&](const posted_send& s) { withdraw(s.c); });  // loopback lets go of an unmatched send
     if (in_flight) {
       // The grace comes out of the op's own budget: an op that failed at its deadline (a link set down, a peer
       // that stopped answering) aborts at once instead of making its caller wait abandon_grace past the timeout
@@ -157,13 +93,14 @@ class p2p_op {
       const auto grace = transport::abortable<T> ? std::min(deadline_after(abandon_grace), until_)
                                                  : deadline_after(abandon_grace);
       std::size_t stuck = 0;
-      for (auto* list : {&recvs_, &sends_})
-        for (auto& c : *list) {
-          try {
-            if (!c.wait_until(grace)) ++stuck;
-          } catch (...) {  // failed: no longer in flight
-          }
+      const auto settle = [&](const completion& c) {
+        try {
+          if (!c.wait_until(grace)) ++stuck;
+        } catch (...) {  // failed: no longer in flight
         }
+      };
+      recvs_.for_each(settle);
+      sends_.for_each([&](const posted_send& s) { settle(s.c); });
       if (stuck > 0) {
         const std::string why = std::string(name_) + " ended with " + std::to_string(stuck) +
                                 " transfers still using its buffers after a grace period";
@@ -177,7 +114,7 @@ class p2p_op {
     }
     recvs_.clear();
     sends_.clear();
-    send_peers_.clear();
+    epoch_ = abandoned_epoch;  // no contact says this op posted a recv into recvs_, now empty
   }
 
   //! The longest ~p2p_op waits for transfers that were already under way when an error ended the op, and never
@@ -206,7 +143,8 @@ class p2p_op {
   //! edge the other way too.
   bool checking() const noexcept { return checker_ != nullptr; }
   call_checker<T>* checker() const noexcept { return checker_; }
-  const call_record& record() const noexcept { return record_; }
+  //! With a checker: the call's packed record (call_checker::begin).
+  const std::int64_t* header() const noexcept { return header_; }
   std::string_view group() const noexcept { return group_; }
   std::int64_t seq() const noexcept { return seq_; }
   std::chrono::milliseconds stall_log() const noexcept { return stall_log_setting_; }
@@ -216,17 +154,20 @@ class p2p_op {
   const char* name() const noexcept { return name_; }
 
   completion send(int peer, const std::byte* data, std::size_t bytes) {
+    const int to = members_[std::size_t(peer)];  // read once: the frame's copies may alias it
     if (checker_) {
-      auto& pc = checker_->peer(members_[std::size_t(peer)], epoch_);
-      if (!pc.sent) {
-        pc.sent = true;
+      auto& pc = checker_->contact_of(to);
+      if (pc.sent_in != epoch_) {
+        pc.sent_in = epoch_;
         // The first message to a peer: the header, then the payload in the same message up to inline_max (copied
         // behind the header up to copy_max, or where the transport cannot gather; else gathered from the
         // caller's buffer), else in a message of its own sent right behind it (no copy of a large buffer). The
         // copied frame goes out through the one post_send below, as an unchecked send does.
         std::byte* const slot = checker_->send_slot(pc);
-        header_[frame_header::words - 1] = std::int64_t(bytes);
-        std::memcpy(slot, header_.data(), frame_header::bytes);
+        constexpr std::size_t record_bytes = frame_header::record_words * sizeof(std::int64_t);
+        std::memcpy(slot, header_, record_bytes);
+        const auto size_word = std::int64_t(bytes);
+        std::memcpy(slot + record_bytes, &size_word, sizeof size_word);
         if (bytes > call_checker<T>::inline_max || (transport::scatter_gather<T> && bytes > frame_header::copy_max))
           return send_apart(pc, peer, slot, data, bytes);
         frame_header::copy_payload(slot + frame_header::bytes, data, bytes);
@@ -234,32 +175,38 @@ class p2p_op {
         bytes += frame_header::bytes;
       }
     }
-    return post_send(peer, data, bytes);
+    return post_send(peer, to, data, bytes);
   }
   completion recv(int peer, std::byte* data, std::size_t bytes) {
     if (checker_) {
-      auto& pc = checker_->peer(members_[std::size_t(peer)], epoch_);
-      if (!pc.posted) {
-        pc.posted = true;
+      auto& pc = checker_->contact_of(members_[std::size_t(peer)]);
+      if (pc.posted_in != epoch_) {
+        pc.posted_in = epoch_;
         pc.dest = data;
         pc.expected = bytes;
+        pc.copy_out = false;
         std::byte* const slot = checker_->recv_slot(pc);
-        pc.frame_at = std::uint32_t(recvs_.size());
+        constexpr std::size_t h = frame_header::bytes;
         if constexpr (transport::scatter_gather<T>) {
           if (bytes > frame_header::copy_max && bytes <= call_checker<T>::inline_max) {
             // The header into the slot, the payload straight into place; a larger one than expected (a mismatch)
             // runs on into the slot, so its header is read whatever the peer sent.
-            constexpr std::size_t h = frame_header::bytes;
             const std::span<std::byte> pieces[] = {{slot, h}, {data, bytes}, {slot + h, call_checker<T>::inline_max - bytes}};
-            pc.in_place = true;
-            return recvs_.emplace_back(transport_.recv_scatter(members_[std::size_t(peer)], tag_, pieces));
+            pc.landed = h + bytes;
+            const completion& c = recvs_.emplace_back(transport_.recv_scatter(members_[std::size_t(peer)], tag_, pieces));
+            pc.frame = c.id();
+            return c;
           }
         }
         if (bytes > call_checker<T>::inline_max) {
-          post_recv(peer, slot, frame_header::slot_bytes);  // the header; the payload follows on its own
-        } else {
-          data = slot;  // header and payload into the slot, the payload copied out once the header is verified
-          bytes = frame_header::slot_bytes;
+          pc.landed = h;
+          pc.frame = post_recv(peer, slot, frame_header::slot_bytes).id();  // the header; the payload follows
+        } else {  // header and payload into the slot, the payload copied out once the header is verified
+          pc.landed = h + bytes;
+          pc.copy_out = true;
+          completion c = post_recv(peer, slot, frame_header::slot_bytes);
+          pc.frame = c.id();
+          return c;
         }
       }
     }
@@ -267,25 +214,17 @@ class p2p_op {
   }
 
   //! Waits for a recv from group rank `peer` that must deliver exactly `expected` bytes.
-  void wait_recv(const completion& c, int peer, std::size_t expected) {
-    if (checker_) {
-      auto& pc = checker_->contact_of(members_[std::size_t(peer)]);
-      if (pc.epoch == epoch_ && pc.posted) {  // this op's first recv from the peer
-        if (!pc.verified) verify_first(pc, peer);
-        if (pc.frame_at < recvs_.size() && c == recvs_[pc.frame_at]) return;  // the payload is in place
-      }
-    }
-    wait(c, peer, "receiving from");
-    if (c.bytes() != expected)
-      throw error(errc::mismatch,
-                  "received " + std::to_string(c.bytes()) + " bytes where this rank expected " +
-                      std::to_string(expected) + ": ranks passed different counts, dtypes or ops",
-                  context(peer));
+  void wait_recv(const completion& c, int peer, std::size_t expected) { wait_recv_at<false>(c, peer, nullptr, expected); }
+  //! wait_recv() for a recv into `data` whose bytes the caller only uses (reads, or overwrites in place) before it
+  //! posts its next recv from `peer`: returns where they are, `data` or, for the op's first message from the
+  //! peer, the frame slot they came in (not copied out of it). Wait for each recv once.
+  std::byte* wait_recv_view(const completion& c, int peer, std::byte* data, std::size_t expected) {
+    return wait_recv_at<true>(c, peer, data, expected);
   }
   void wait_send(const completion& c, int peer) {
     if (header_sends_) {  // a header sent ahead of a large payload: its slot is reused by the next op
       auto& pc = checker_->contact_of(members_[std::size_t(peer)]);
-      if (pc.epoch == epoch_ && pc.header_ahead) wait(pc.header_send, peer, "sending to");
+      if (pc.header_ahead_in == epoch_) wait(pc.header_send, peer, "sending to");
     }
     wait(c, peer, "sending to");
   }
@@ -293,9 +232,8 @@ class p2p_op {
   //! Waits for every send posted so far (a step reuses a buffer only after its sends are done). A send that
   //! fails or times out is reported with the peer it went to.
   void wait_sends() {
-    for (std::size_t i = 0; i < sends_.size(); ++i) wait(sends_[i], send_peers_[i], "sending to");
+    for (std::size_t i = 0; i < sends_.size(); ++i) wait(sends_[i].c, sends_[i].peer, "sending to");
     sends_.clear();
-    send_peers_.clear();
   }
 
   //! `e`, plus the other members of the group that the transport has lost. A peer that left because its own
@@ -420,7 +358,7 @@ class p2p_op {
         if (!stall_reported_ && later >= started_ + std::clamp<deadline::clock::duration>(
                                                stall_after_, std::chrono::milliseconds(20), std::chrono::minutes(1))) {
           stall_reported_ = true;
-          checker_->report_stall(record_);
+          checker_->report_stall(header_);
         }
       }
       if (first_failed_member() >= 0) {
@@ -448,14 +386,16 @@ class p2p_op {
   }
 
   completion post_send(int peer, const std::byte* data, std::size_t bytes) {
-    auto c = transport_.send(members_[std::size_t(peer)], tag_, {data, bytes});
-    sends_.push_back(c);
-    send_peers_.push_back(peer);
+    return post_send(peer, members_[std::size_t(peer)], data, bytes);
+  }
+  completion post_send(int peer, int to, const std::byte* data, std::size_t bytes) {  // `to`: peer's transport rank
+    auto c = transport_.send(to, tag_, {data, bytes});
+    sends_.emplace_back(posted_send{c, peer});
     return c;
   }
   [[gnu::always_inline]] completion post_recv(int peer, std::byte* data, std::size_t bytes) {
     auto c = transport_.recv(members_[std::size_t(peer)], tag_, {data, bytes});
-    recvs_.push_back(c);
+    recvs_.emplace_back(c);
     return c;
   }
 
@@ -467,42 +407,75 @@ class p2p_op {
       if (bytes <= call_checker<T>::inline_max) {
         const std::span<const std::byte> pieces[] = {{slot, frame_header::bytes}, {data, bytes}};
         auto c = transport_.send_gather(members_[std::size_t(peer)], tag_, pieces);
-        sends_.push_back(c);
-        send_peers_.push_back(peer);
+        sends_.emplace_back(posted_send{c, peer});
         return c;
       }
     }
     pc.header_send = post_send(peer, slot, frame_header::bytes);
-    pc.header_ahead = header_sends_ = true;
+    pc.header_ahead_in = epoch_;
+    header_sends_ = true;
     return post_send(peer, data, bytes);
   }
 
-  //! Waits for the first message from `peer` and compares its header with this rank's call: another call, or
+  template <bool View>
+  [[gnu::always_inline]] std::byte* wait_recv_at(const completion& c, int peer, std::byte* data, std::size_t expected) {
+    if (checker_) {
+      auto& pc = checker_->contact_of(members_[std::size_t(peer)]);
+      if (pc.posted_in == epoch_) {  // this op posted its first recv from the peer, its frame
+        if (c.id() == pc.frame) {  // that one
+          if (pc.verified_in != epoch_) {
+            wait(c, peer, "receiving from");
+            verify_frame<View>(pc, peer, c);
+          }
+          return View ? pc.dest : data;  // the payload is in place
+        }
+        if (pc.verified_in != epoch_) {  // a later recv from the peer, waited before its frame: the frame first
+          if (const completion* frame = posted_frame(pc)) {
+            wait(*frame, peer, "receiving from");
+            verify_frame<false>(pc, peer, *frame);
+          }
+        }
+      }
+    }
+    wait(c, peer, "receiving from");
+    if (c.bytes() != expected)
+      throw error(errc::mismatch,
+                  "received " + std::to_string(c.bytes()) + " bytes where this rank expected " +
+                      std::to_string(expected) + ": ranks passed different counts, dtypes or ops",
+                  context(peer));
+    return data;
+  }
+
+  //! The recv that this op posted for `pc`'s frame (always there: recvs_ is cleared only with epoch_).
+  [[gnu::noinline]] const completion* posted_frame(const typename call_checker<T>::contact& pc) const {
+    for (std::size_t i = 0; i < recvs_.size(); ++i)
+      if (recvs_[i].id() == pc.frame) return &recvs_[i];
+    return nullptr;
+  }
+
+  //! Compares the header of the first message from `peer` (`frame`, done) with this rank's call: another call, or
   //! another payload size, poisons the group and throws errc::mismatch naming both calls. The header is compared
-  //! where it landed; it is decoded only to name a difference.
-  [[gnu::always_inline]] void verify_first(typename call_checker<T>::contact& pc, int peer) {
-    const completion& frame = recvs_[pc.frame_at];
-    wait(frame, peer, "receiving from");
-    pc.verified = true;
-    const std::byte* const slot = checker_->recv_slot(pc);
+  //! where it landed; it is decoded only to name a difference. An inline payload is then copied out of the slot
+  //! into its destination, or with `Keep` left there: the contact's dest says where it is (wait_recv_view).
+  template <bool Keep>
+  [[gnu::always_inline]] void verify_frame(typename call_checker<T>::contact& pc, int peer, const completion& frame) {
+    pc.verified_in = epoch_;
+    std::byte* const slot = pc.recv_slot->bytes;  // allocated when the frame was posted
     const std::size_t landed = frame.bytes();
-    // The common case in a few loads and compares: the whole header landed, its record is this rank's call (magic
-    // included), and it announces the size this rank expects, inline when it fits.
-    const auto word = [slot](std::size_t i) {
-      std::int64_t w;
-      std::memcpy(&w, slot + i * sizeof w, sizeof w);
-      return w;
-    };
-    static_assert(frame_header::record_words == 5, "each record word is compared here");
-    const std::int64_t differ =
-        (word(0) ^ header_[0]) | (word(1) ^ header_[1]) | (word(2) ^ header_[2]) | (word(3) ^ header_[3]) |
-        (word(4) ^ header_[4]);
-    const auto sent = std::size_t(word(frame_header::words - 1));
-    const bool in_frame = sent <= call_checker<T>::inline_max;
-    if (differ != 0 || landed != frame_header::bytes + (in_frame ? sent : 0) || sent != pc.expected) [[unlikely]]
-      checker_->refuse_frame(slot, landed, header_.data(), record_, pc.expected,
+    // The common case in a few loads and compares: its record is this rank's call (magic included), it announces
+    // the size this rank expects, and it brought that (the header, and the payload where it travels inline).
+    std::int64_t sent;
+    std::memcpy(&sent, slot + frame_header::record_words * sizeof sent, sizeof sent);
+    if (!frame_header::same_record(slot, header_) || std::size_t(sent) != pc.expected || landed != pc.landed)
+        [[unlikely]]
+      checker_->refuse_frame(slot, landed, header_, pc.expected,
                              checker_->group_rank(members_[std::size_t(peer)]), name_, context(peer));
-    if (in_frame && !pc.in_place) frame_header::copy_payload(pc.dest, slot + frame_header::bytes, sent);
+    if (pc.copy_out) {
+      if (Keep)
+        pc.dest = slot + frame_header::bytes;
+      else
+        frame_header::copy_payload(pc.dest, slot + frame_header::bytes, pc.expected);
+    }
   }
 
   //! Whether the transport says group rank `r` closed its transport in order (transport::reports_departures).
@@ -571,19 +544,24 @@ class p2p_op {
   transport::message_tag tag_;
   deadline until_;
   const char* name_;
-  std::vector<completion> sends_, recvs_;
-  std::vector<int> send_peers_;  // the group rank each of sends_ goes to
+  struct posted_send {
+    completion c;
+    int peer;  // the group rank it goes to
+  };
+  // Inline up to 4 each: a small collective's per call (recursive doubling on up to 16 ranks) allocate nothing.
+  transfer_list<posted_send, 4> sends_;
+  transfer_list<completion, 4> recvs_;
   scratch_arena* arena_;
   std::stop_token stop_;
   scratch_arena own_;
   call_checker<T>* checker_;
-  call_record record_;
-  // With a checker: the frame header of this op's first messages, record_ packed once (the last word, the
-  // payload's size, is written per message).
-  std::array<std::int64_t, frame_header::words> header_{};
+  // With a checker: the frame header of this op's first messages, the call's record packed once (the last word,
+  // the payload's size, is written per message, straight into its slot).
+  const std::int64_t* header_;
   std::uint64_t epoch_;
-  deadline started_{};                          // with a checker: when the op started
-  deadline::clock::duration stall_after_{};     // and its share of the timeout before its stall report
+  static constexpr std::uint64_t abandoned_epoch = ~std::uint64_t(0);  // call_checker's epochs never reach it
+  deadline started_;                            // with a checker: when the op started
+  deadline::clock::duration stall_after_;       // and its share of the timeout before its stall report
   bool stall_reported_ = false;
   bool header_sends_ = false;  // a first message's header went ahead of its payload (wait_send waits for it)
   deadline lost_seen_ = no_deadline;  // when this op first saw a lost member

@@ -62,8 +62,8 @@ void recursive_doubling_all_reduce(p2p_op<T>& op, std::byte* data, std::size_t c
         op.wait_send(op.send(me + 1, data, bytes), me + 1);
         vrank = -1;
       } else {
-        op.wait_recv(op.recv(me - 1, incoming, bytes), me - 1, bytes);
-        detail::combine_in_rank_order(rop, type, data, incoming, count, true);
+        std::byte* const in = op.wait_recv_view(op.recv(me - 1, incoming, bytes), me - 1, incoming, bytes);
+        detail::combine_in_rank_order(rop, type, data, in, count, true);
         vrank = me / 2;
       }
     } else {
@@ -75,9 +75,11 @@ void recursive_doubling_all_reduce(p2p_op<T>& op, std::byte* data, std::size_t c
         const int partner = shape.rank_of(vpartner);
         auto r = op.recv(partner, incoming, bytes);
         auto s = op.send(partner, data, bytes);
-        op.wait_recv(r, partner, bytes);
+        // The partner's bytes where they landed: its first message's frame slot holds them until this rank's next
+        // recv from it, and combine_in_rank_order may write there.
+        std::byte* const in = op.wait_recv_view(r, partner, incoming, bytes);
         op.wait_send(s, partner);  // data is rewritten next: the send must have read it
-        detail::combine_in_rank_order(rop, type, data, incoming, count, vpartner < vrank);
+        detail::combine_in_rank_order(rop, type, data, in, count, vpartner < vrank);
       }
       if (me < 2 * extra) op.wait_send(op.send(me - 1, data, bytes), me - 1);
     } else {
