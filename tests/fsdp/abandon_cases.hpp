@@ -23,21 +23,23 @@ namespace shardkit::test::abandon {
 
 namespace fsdp = shardkit::fsdp;
 
+// 384 elements a unit: every rank's shard holds parameters, not only padding, for 2, 3 and 4 shards (shards start
+// 32 elements apart: 30-element units put every value on rank 0, and the checks never saw another rank's shard).
 inline std::vector<fsdp::unit_spec> units() {
   std::vector<fsdp::unit_spec> out;
   for (int k = 0; k < 3; ++k) {
     const std::string n = "u" + std::to_string(k);
-    out.push_back({n, {{n + ".w", {4, 6}}, {n + ".b", {6}}}});
+    out.push_back({n, {{n + ".w", {12, 24}}, {n + ".b", {96}}}});
   }
   return out;
 }
 
 // Small first and last units, as a model's: from two units of budget the forward keeps more than one for
 // backward, and a forward left in any of them had queued backward's first gather (a pairing gone wrong shows as a
-// size the call check refuses, or a timeout).
+// size the call check refuses, or a timeout). The last has 80 elements, so that with 3 shards the third holds some.
 inline std::vector<fsdp::unit_spec> uneven_units() {
   std::vector<fsdp::unit_spec> out;
-  const std::size_t numels[] = {96, 1024, 1024, 1024, 160, 48};
+  const std::size_t numels[] = {96, 1024, 1024, 1024, 160, 80};
   for (std::size_t k = 0; k < std::size(numels); ++k) {
     const std::string n = "u" + std::to_string(k);
     out.push_back({n, {{n + ".w", {numels[k]}}}});
@@ -45,6 +47,7 @@ inline std::vector<fsdp::unit_spec> uneven_units() {
   return out;
 }
 
+// Unique while a weight has under 500 elements and a bias under 500.
 inline float value(const std::string& param, std::size_t i) {
   return float((param[1] - '0') * 1000 + (param.back() == 'b' ? 500 : 0)) + float(i);
 }
@@ -160,6 +163,10 @@ inline void run(comm::process_group& g, const case_options& c) {
     model->init_parameters(init);
   };
   make();
+  // The checks below read this rank's shards: each must hold parameters, not only padding.
+  for (std::size_t k = 0; k < model->num_units(); ++k)
+    require(!model->layout(k).pieces(model->shard_rank()).empty(),
+            "rank " + std::to_string(g.rank()) + "'s shard of unit " + std::to_string(k) + " is only padding");
   const auto started = std::chrono::steady_clock::now();
   for (int it = 0; it < c.iterations; ++it) {
     if (c.progress && it % 50 == 0 && it != 0)

@@ -785,7 +785,7 @@ TEST_CASE("[fsdp] kept last units: backward starts on the forward's parameters; 
         CHECK(with == train_vectors(n, numels, off, 3, micro, &kept_off));
         CHECK(kept_off == 0);
         // One unit holds no more than a backward unit: nothing kept. From two, the small last ones and a block.
-        CHECK(kept_on == (b.units == 1 ? 0u : b.units == 2 || b.units == 0 && b.bytes == 0 ? 2u : 3u));
+        CHECK(kept_on == (b.units == 1 ? 0u : b.units == 2 || (b.units == 0 && b.bytes == 0) ? 2u : 3u));
       }
   // hybrid_shard keeps them too; shard_grad_op keeps every unit's anyway.
   std::size_t kept = 0;
