@@ -246,6 +246,36 @@ TEST_CASE("[fsdp] plan: backward's first gather beyond the kept units starts whi
   CHECK(late.step_seconds > two.step_seconds);
 }
 
+TEST_CASE("[fsdp] plan: a backward unit's gradients wait behind the next unit's parameters: 2 units within 1.10x") {
+  // At two units block 5's and block 4's parameters and gradients fill the region while block 5 computes backward.
+  // Block 4's gradients asked for before block 3's parameters took the room the head's reduction freed, and block
+  // 3's all-gather waited for block 5's use to end (the link idle 48.8 -> 51.4 ms); asked for after them (the
+  // parameters placed where block 4's gradients still fit beside block 4's), block 3's all-gather follows block
+  // 4's at once, and block 4's gradients take the room block 5's use frees, before block 4 needs them.
+  const auto units = trainer_units();
+  const std::size_t block4 = 5, block3 = 4;
+  fsdp::plan_options o{.limiter_budget_units = 2, .optimizer_seconds = 7.77e-3};
+  const auto two = fsdp::simulate_step(units, balanced_lab(), o);
+  std::map<std::tuple<kind, fsdp::pass, std::size_t>, fsdp::plan_event> at;
+  for (const auto& e : two.timeline) at[{e.what, e.pass, e.unit}] = e;
+  CHECK(at.at({kind::gather, fsdp::pass::backward, block3}).begin ==
+        doctest::Approx(at.at({kind::gather, fsdp::pass::backward, block4}).end).epsilon(1e-12));
+  // 127.2 ms before (1.102x the 115.4 ms of communication only), 124.0 ms now.
+  o.limiter_budget_bytes = fsdp::unlimited_budget, o.limiter_budget_units = 0;
+  fsdp::plan_options comm = o;
+  comm.record_timeline = false;
+  auto idle = units;
+  for (auto& u : idle) u.forward_seconds = u.backward_seconds = 0;
+  const double comm_only = fsdp::simulate_step(idle, balanced_lab(), comm).step_seconds;
+  CHECK(comm_only == doctest::Approx(115.4e-3).epsilon(1e-3));
+  CHECK(two.step_seconds <= 1.10 * comm_only);
+  CHECK(two.peak_gathered_bytes <= two.budget_bytes);
+  // Three units gain as much (120.5 -> 117.1 ms); one unit asks for a backward unit's parameters and gradients as
+  // one request, so nothing changes there (187.1 ms).
+  o.limiter_budget_bytes = 0, o.limiter_budget_units = 3;
+  CHECK(fsdp::simulate_step(units, balanced_lab(), o).step_seconds < 118e-3);
+}
+
 TEST_CASE("[fsdp] plan: small units sit apart in the region: at one unit, forward still overlaps a block's gather") {
   // An embedding and a head a sixteenth of a block. One unit holds two blocks' parameters: with the embedding's
   // block at the region's bottom (first fit), block 1 would not fit beside block 0 once the embedding is freed,
@@ -398,7 +428,8 @@ TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 
   auto groups = sk::comm::make_loopback_world(2);
   // The last field: sharding_options::early_backward_gather.
   const std::tuple<std::size_t, std::size_t, bool, bool> cases[] = {
-      {1, 1 << 20, true, true}, {2, 1 << 20, true, true}, {4, 1 << 20, true, true}, {0, 1 << 20, true, true}, {0, 1, true, true},
+      {1, 1 << 20, true, true}, {2, 1 << 20, true, true}, {3, 1 << 20, true, true}, {4, 1 << 20, true, true},
+      {0, 1 << 20, true, true}, {0, 1, true, true},
       {0, 0, true, true},       {2, 1 << 20, false, true}, {2, 1 << 20, true, false}, {0, 1 << 20, true, false}};
   for (auto [units_budget, prefetch, early, early_backward] : cases) {
     CAPTURE(units_budget);
@@ -472,7 +503,9 @@ TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 
         real[{e.what, e.pass, e.unit}] = e;
         if (e.what == kind::limiter_wait) real_waits[{e.pass, e.unit}].push_back(e);
       }
-      std::map<std::tuple<fsdp::pass, std::size_t>, std::size_t> sim_waits_seen;
+      std::map<std::tuple<fsdp::pass, std::size_t>, std::size_t> sim_waits_seen, sim_waits;
+      for (const auto& w : sim.timeline)
+        if (w.what == kind::limiter_wait) ++sim_waits[{w.pass, w.unit}];
       std::size_t constrained = 0;
       // When the library released what a planner's use or reduction freed.
       const auto released = [&](const fsdp::plan_event& cause) {
@@ -488,21 +521,26 @@ TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 
         const auto& gathered = waits[nth];
         std::optional<std::chrono::steady_clock::time_point> earliest;
         bool named[2] = {false, false};  // the planner's release that ended the wait: a use, a reduction
+        // A backward gather asked as two requests: its gradients' request, and its parameters' too where they go
+        // before the gradients of the unit ahead (detail::gradients_after_next_parameters), wait while both a
+        // use and a reduction may free room.
+        const bool apart = sim_waits[{w.pass, w.unit}] == 2;
         for (const auto& cause : sim.timeline) {
           if ((cause.what != kind::use && cause.what != kind::reduce) || std::abs(cause.end - w.end) > 1e-12) continue;
           named[cause.what == kind::reduce] = true;
-          // The parameters' request (the first): after each release the planner names.
-          if (nth == 0) CHECK(gathered.end >= released(cause));
+          // A request alone (a forward's, one for both): after each release the planner names.
+          if (!apart) CHECK(gathered.end >= released(cause));
           earliest = earliest ? std::min(*earliest, released(cause)) : released(cause);
         }
         if (!earliest) continue;
         ++constrained;
-        if (nth == 0) continue;
-        // The gradients' request (the second of two): a use frees parameters and a reduction gradients, and a
-        // reduction's reduce-scatter ends sooner on this loopback world than the planner's link says, so the wait
-        // may end at the other kind's next release instead (seen under load: 0.2-4 ms before the use the planner
-        // names). It ended after one of the two: the one named, or the next of the other kind in the planner's
-        // timeline (a later one of that lane is released later still: the lanes' order is the planner's, above).
+        if (!apart) continue;
+        // A use frees parameters and a reduction gradients, and a reduction's reduce-scatter ends sooner on this
+        // loopback world than the planner's link says, or later under load, so the wait may end at the other
+        // kind's next release instead (seen: the gradients' 0.2-4 ms before the use the planner names, the next
+        // unit's parameters at the use before the reduction it names). It ended after one of the two: the one
+        // named, or the next of the other kind in the planner's timeline (a later one of that lane is released
+        // later still: the lanes' order is the planner's, above).
         for (kind other : {kind::use, kind::reduce}) {
           if (named[other == kind::reduce]) continue;
           const fsdp::plan_event* next = nullptr;

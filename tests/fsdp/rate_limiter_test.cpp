@@ -20,6 +20,7 @@
 #include "shardkit/core/host_shared_memory.hpp"
 #include "shardkit/core/task.hpp"
 #include "shardkit/core/when_all.hpp"
+#include "shardkit/fsdp/detail/limiter_budget.hpp"
 #include "shardkit/fsdp/rate_limiter.hpp"
 #include "support/harness.hpp"
 
@@ -511,4 +512,90 @@ TEST_CASE("[fsdp] split_front makes two leases of one block, released apart; eac
   CHECK(lim.stats().in_use_bytes == 0);
   auto again = lim.try_acquire(1024);  // the holes coalesced back into the whole region
   CHECK(again);
+}
+
+namespace {
+
+task<void> acquire_beside_into(rate_limiter& lim, std::size_t bytes, const lease& held, std::size_t room,
+                               std::vector<lease>& got) {
+  got.push_back(co_await lim.acquire_beside(bytes, held, room, "beside"));
+}
+
+}  // namespace
+
+TEST_CASE("[fsdp] acquire_beside places a block only where the room beside the held one remains, else waits") {
+  SUBCASE("the other end of a hole, where first fit would split the room") {
+    rate_limiter lim(blocks_of_64(8));
+    auto x = lim.try_acquire(64), y = lim.try_acquire(256), h = lim.try_acquire(64);  // [0,1) [1,5) [5,6)
+    REQUIRE((x && y && h));
+    y.reset();  // holes [1,5) and [6,8); with h alone: [0,5) and [6,8)
+    std::vector<lease> got;
+    start_detached(acquire_beside_into(lim, 128, *h, 192, got)).get();
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].offset() == 192);  // [3,5): [0,3) stays whole; first fit, [1,3), would leave runs of 1, 2 and 2
+  }
+  SUBCASE("no end of any hole meets it: it waits, FIFO, until one does") {
+    rate_limiter lim(blocks_of_64(8));
+    auto x = lim.try_acquire(128), h = lim.try_acquire(64);  // [0,2) [2,3); free [3,8)
+    REQUIRE((x && h));
+    std::vector<lease> got;
+    auto f = start_detached(acquire_beside_into(lim, 128, *h, 256, got));
+    // [3,5) leaves [0,2) and [5,8) beside h, [6,8) leaves [0,2) and [3,6): neither holds 4 blocks
+    CHECK(got.empty());
+    CHECK(lim.waiting() == 1);
+    CHECK_FALSE(lim.try_acquire(64));  // nobody barges past it
+    x.reset();
+    f.get();
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].offset() == 0);  // [3,8) stays whole beside h
+    got.clear();
+    auto after = lim.try_acquire(256);
+    REQUIRE(after);
+    CHECK(after->offset() == 192);
+  }
+}
+
+TEST_CASE("[fsdp] gradients after the next unit's parameters: wherever a unit's parameters lie, the next's find a "
+          "place that leaves its gradients room (every placement searched)") {
+  // detail::gradients_after_next_parameters: while unit k's gradients' request waits, only unit k's and k-1's
+  // parameters stay in the region. For every size (in 64-byte slots) and region the rule admits, every offset of
+  // unit k's parameters, the limiter alone with them grants k-1's parameters with room for k's gradients, and with
+  // both alone the gradients then fit; where the rule refuses, some offset leaves no such place (it is not idle).
+  std::size_t admitted = 0, refused_tight = 0;
+  for (std::size_t pk = 1; pk <= 4; ++pk)
+    for (std::size_t pn = 1; pn <= 4; ++pn)
+      for (std::size_t gk = 1; gk <= 4; ++gk)
+        for (std::size_t slots = pk + 2 * gk; slots <= 16; ++slots) {
+          const bool rule = fsdp::detail::gradients_after_next_parameters({pk * 64, gk * 64}, {pn * 64, 0}, slots * 64);
+          bool every_offset = true;
+          for (std::size_t at = 0; at + pk <= slots; ++at) {
+            CAPTURE(pk);
+            CAPTURE(pn);
+            CAPTURE(gk);
+            CAPTURE(slots);
+            CAPTURE(at);
+            for (std::size_t small : {std::size_t(0), std::size_t(5 * 64)}) {
+              // Unit k's parameters at `at`: every slot taken, those outside [at, at + pk) given back.
+              fsdp::detail::region_blocks r(slots * 64, 0, "test", small);
+              for (std::size_t i = 0; i < slots; ++i) {
+                const auto b = r.try_take({64, {}});
+                REQUIRE(b);
+                if (b->offset < at * 64 || b->offset >= (at + pk) * 64) r.give_back(*b);
+              }
+              const fsdp::detail::region_block held{at * 64, pk * 64};
+              const auto next = r.try_take({pn * 64, {}, fsdp::detail::room_beside{held, gk * 64}});
+              if (rule) REQUIRE(next);
+              if (!next) {
+                every_offset = false;
+                continue;
+              }
+              CHECK(r.leaves_room({held, gk * 64}, *next));
+              CHECK(r.try_take({gk * 64, {}}));
+            }
+          }
+          admitted += rule;
+          if (!rule && !every_offset) ++refused_tight;
+        }
+  CHECK(admitted > 300);
+  CHECK(refused_tight > 20);
 }

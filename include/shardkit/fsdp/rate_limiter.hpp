@@ -86,12 +86,20 @@ struct rate_limiter_stats {
 
 namespace detail {
 
+struct region_block {
+  std::size_t offset = 0, size = 0;
+};
+//! A placement condition (basic_rate_limiter::acquire's `room`): the block is granted only where, with `held` and
+//! it alone in the region, a free run of `bytes` remains. A holder of `held` that will next ask for `bytes` can
+//! then let another block go first without risking its own request: once everything else is given back, it fits.
+struct room_beside {
+  region_block held;
+  std::size_t bytes = 0;
+};
 struct limiter_request {
   std::size_t bytes = 0;  // padded
   std::string label;
-};
-struct region_block {
-  std::size_t offset = 0, size = 0;
+  std::optional<room_beside> room;
 };
 
 //! The device a region lives on: its location() where the memory type says (device memory), else the host.
@@ -122,32 +130,37 @@ class region_blocks {
   std::optional<region_block> try_take(const limiter_request& q) noexcept {
     if (max_count_ != 0 && count_ == max_count_) return std::nullopt;
     region_block b{0, q.bytes};
-    if (q.bytes != 0 && q.bytes < small_) {
-      auto hole = std::find_if(holes_.rbegin(), holes_.rend(), [&](const auto& h) { return h.second >= q.bytes; });
-      if (hole == holes_.rend()) return std::nullopt;
-      b.offset = hole->first + hole->second - q.bytes;
-      if (hole->second == q.bytes)
-        holes_.erase(std::next(hole).base());
-      else
-        hole->second -= q.bytes;
-    } else if (q.bytes != 0) {
-      auto hole = std::find_if(holes_.begin(), holes_.end(), [&](const auto& h) { return h.second >= q.bytes; });
-      if (hole == holes_.end()) return std::nullopt;
-      b.offset = hole->first;
-      if (hole->second == q.bytes) {
-        holes_.erase(hole);
-      } else {
-        auto after = std::next(hole);
-        auto node = holes_.extract(hole);
-        node.key() += q.bytes;
-        node.mapped() -= q.bytes;
-        holes_.insert(after, std::move(node));
-      }
+    if (q.bytes != 0) {
+      // The placement rule's spot (first fit, small requests last fit); with a room condition, the first spot in
+      // that order, either end of a hole, that meets it.
+      const bool small = q.bytes < small_;
+      std::optional<std::size_t> at;
+      const auto consider = [&](const auto& h) {
+        if (h.second < q.bytes) return false;
+        const std::size_t low = h.first, high = h.first + h.second - q.bytes;
+        for (std::size_t o : {small ? high : low, small ? low : high})
+          if (!q.room || leaves_room(*q.room, {o, q.bytes})) return at = o, true;
+        return false;
+      };
+      if (small ? std::find_if(holes_.rbegin(), holes_.rend(), consider) == holes_.rend()
+                : std::find_if(holes_.begin(), holes_.end(), consider) == holes_.end())
+        return std::nullopt;
+      b.offset = *at;
+      take(b);
     }
     in_use_ += q.bytes;
     peak_ = std::max(peak_, in_use_);
     peak_count_ = std::max(peak_count_, ++count_);
     return b;
+  }
+
+  //! Whether, with r.held and b alone in the region, a free run of r.bytes remains.
+  bool leaves_room(const room_beside& r, region_block b) const noexcept {
+    region_block lo = r.held, hi = b;
+    if (hi.offset < lo.offset) std::swap(lo, hi);
+    const std::size_t lo_end = lo.offset + lo.size, hi_end = hi.offset + hi.size;
+    const std::size_t between = hi.offset > lo_end ? hi.offset - lo_end : 0;
+    return std::max({lo.offset, between, region_ - std::max(lo_end, hi_end)}) >= r.bytes;
   }
 
   // A held block became two: one more lease, no more bytes.
@@ -177,6 +190,25 @@ class region_blocks {
   }
 
  private:
+  // Cuts b, which starts or ends a hole, out of it: a hole shrunk from below is re-keyed through extract, one
+  // shrunk from above keeps its key; nothing is allocated.
+  void take(region_block b) noexcept {
+    auto hole = std::prev(holes_.upper_bound(b.offset));
+    if (b.offset == hole->first) {
+      if (hole->second == b.size) {
+        holes_.erase(hole);
+        return;
+      }
+      auto after = std::next(hole);
+      auto node = holes_.extract(hole);
+      node.key() += b.size;
+      node.mapped() -= b.size;
+      holes_.insert(after, std::move(node));
+      return;
+    }
+    hole->second -= b.size;
+  }
+
   void coalesce(region_block b) {
     auto next = holes_.lower_bound(b.offset);
     if (next != holes_.begin()) {
@@ -329,6 +361,18 @@ class basic_rate_limiter {
   //! `co_await limiter.acquire(bytes, label)`: waits (FIFO) for a block of bytes (padded) and a count slot.
   acquire_awaiter acquire(std::size_t bytes, std::string_view label = {}, std::stop_token stop = {}) {
     return sem_.acquire(request(bytes, label, "acquire"), std::move(stop), to_lease{this});
+  }
+  //! As acquire(), granted only at a placement where, with `held` and the new block alone in the region, a free run
+  //! of `room` bytes remains. For a holder of `held` that next asks for `room` bytes and lets this request go
+  //! first: once everything else is given back its own request fits, however the region was split. The caller
+  //! must know such a placement exists with `held` alone in the region, or this waits forever (FIFO: nothing
+  //! behind it is admitted). The placement is the usual one where it meets the condition, else the first end of
+  //! a hole, in the usual order, that does.
+  acquire_awaiter acquire_beside(std::size_t bytes, const lease& held, std::size_t room, std::string_view label = {},
+                                 std::stop_token stop = {}) {
+    auto q = request(bytes, label, "acquire_beside");
+    q.room = detail::room_beside{held.block_, padded(room)};
+    return sem_.acquire(std::move(q), std::move(stop), to_lease{this});
   }
   //! As acquire(), blocking the calling thread (FIFO with the coroutines).
   lease acquire_blocking(std::size_t bytes, std::string_view label = {}, std::stop_token stop = {}) {

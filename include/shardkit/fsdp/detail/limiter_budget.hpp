@@ -178,4 +178,19 @@ inline bool backward_requests_apart(std::span<const unit_charge> units, std::siz
   return true;
 }
 
+//! Whether, with backward's requests apart, a unit's gradients' request may go after the next backward unit's
+//! parameters (the unit needs its gradients' buffer only at its begin_unit, the next unit's all-gather should
+//! start as soon as it can). While the gradients' request waits, at the head of the queue, everything else the
+//! region holds is given back (the units ahead of it in backward hold all they need) but the unit's and the next
+//! unit's parameters. So the next unit's parameters are placed only where, with the unit's alone beside them, a
+//! run for the gradients remains (basic_rate_limiter::acquire_beside); and such a place must exist wherever the
+//! unit's parameters lie: their block leaves two runs of S = region - unit.params bytes, the larger at least S/2;
+//! if it holds next.params + unit.grads, the parameters go there, else the smaller holds more than
+//! S - next.params - unit.grads, at least the larger of the two when S is at least next.params + unit.grads + that
+//! larger, and the parameters go into it. Equal units: four blocks, two units of budget.
+inline bool gradients_after_next_parameters(const unit_charge& unit, const unit_charge& next, std::size_t region) {
+  if (unit.params_bytes == 0 || next.params_bytes == 0) return false;
+  return region >= unit.params_bytes + next.params_bytes + unit.grads_bytes + std::max(next.params_bytes, unit.grads_bytes);
+}
+
 }  // namespace shardkit::fsdp::detail

@@ -16,6 +16,7 @@
 #include "shardkit/core/error.hpp"
 #include "shardkit/fsdp/detail/limiter_budget.hpp"
 #include "shardkit/fsdp/detail/plan_collective.hpp"
+#include "shardkit/fsdp/detail/plan_inputs.hpp"
 #include "shardkit/fsdp/detail/plan_scratch.hpp"
 #include "shardkit/fsdp/plan.hpp"
 #include "shardkit/fsdp/rate_limiter.hpp"
@@ -29,44 +30,8 @@ class plan_simulation {
       : cluster_(cluster), opts_(options) {
     const error_context where{.operation = "fsdp.plan"};
     if (units.empty()) throw_error(errc::invalid_argument, "a plan needs at least one unit", where);
-    // One refusal per field, naming it: a caller maps it back to the flag or setting at fault.
-    const auto positive_count = [&](std::size_t v, const char* field) {
-      if (v == 0) throw_error(errc::invalid_argument, std::string("plan_cluster::") + field + " must be positive", where);
-    };
-    positive_count(cluster.hosts, "hosts");
-    positive_count(cluster.ranks_per_host, "ranks_per_host");
-    positive_count(cluster.nics_per_host, "nics_per_host");
-    const auto not_negative = [&](double v, const char* field) {
-      if (!(v >= 0))
-        throw_error(errc::invalid_argument, std::string(field) + " must not be negative, got " + std::to_string(v), where);
-    };
-    if (!(cluster.link_bytes_per_second > 0))
-      throw_error(errc::invalid_argument,
-                  "plan_cluster::link_bytes_per_second must be positive, got " +
-                      std::to_string(cluster.link_bytes_per_second),
-                  where);
-    not_negative(cluster.rtt_seconds, "plan_cluster::rtt_seconds");
-    not_negative(cluster.cores_per_host, "plan_cluster::cores_per_host");
-    not_negative(cluster.comm_cpu_cores, "plan_cluster::comm_cpu_cores");
-    not_negative(cluster.intra_bytes_per_second, "plan_cluster::intra_bytes_per_second");
-    not_negative(cluster.intra_step_seconds, "plan_cluster::intra_step_seconds");
-    not_negative(cluster.measured_cores_per_rank, "plan_cluster::measured_cores_per_rank");
-    not_negative(options.optimizer_seconds, "plan_options::optimizer_seconds");
+    const std::size_t s = checked_shard_size(cluster, options, where);
     const std::size_t world = cluster.hosts * cluster.ranks_per_host;
-    std::size_t s = world;
-    if (options.strategy == sharding_strategy::no_shard) s = 1;
-    if (options.strategy == sharding_strategy::hybrid_shard) {
-      s = options.hybrid_shard_size;
-      if (s == 0 || world % s != 0)
-        throw_error(errc::invalid_argument,
-                    "hybrid_shard needs hybrid_shard_size dividing the world size " + std::to_string(world) +
-                        ", got " + std::to_string(s),
-                    where);
-    }
-    for (dtype t : {options.precision.param, options.precision.reduce})
-      if (!is_floating(t))
-        throw_error(errc::invalid_argument, "precision dtypes must be floating, got " + std::string(to_string(t)),
-                    where);
     shard_ = s;
     replicas_ = world / s;
     shard_group_ = place_group(cluster, 0, 1, shard_);
@@ -156,6 +121,8 @@ class plan_simulation {
     bool params, grads;
     std::size_t step;  // the step whose pass uses it
     bool early = false;  // queue_early_backward's: into early_
+    // Parameters asked for before that unit's gradients: placed where those still fit beside that unit's.
+    std::size_t room_for = model_event::no_unit;
   };
   struct reduce_job {
     std::vector<plan_collective> parts;
@@ -203,10 +170,15 @@ class plan_simulation {
 
   void queue_gathers(fsdp::pass p, std::size_t until, std::size_t step) {
     until = std::min(until, units_.size());
+    std::optional<gather_job> grads_after;  // the last unit's gradients, after the next unit's parameters
+    const auto flush = [&] {
+      if (grads_after) gather_jobs_.push_back(*std::exchange(grads_after, std::nullopt));
+    };
     for (; queued_ < until; ++queued_) {
       const std::size_t i = unit_at(p, queued_);
       auto& u = units_[i];
       if (p == pass::backward && i == early_backward_) {  // queued by the forward (queue_early_backward)
+        flush();
         early_backward_ = model_event::no_unit;
         adopt_early_ = i;
         continue;
@@ -218,12 +190,26 @@ class plan_simulation {
       if (need_params) u.params_ready = false;
       if (need_grads) u.grads_ready = false;
       if (p == pass::backward && need_params && need_grads && requests_apart_) {  // two requests in turn
-        gather_jobs_.push_back({i, p, true, false, step});
-        gather_jobs_.push_back({i, p, false, true, step});
-      } else if (need_params || need_grads) {
-        gather_jobs_.push_back({i, p, need_params, need_grads, step});
+        // The gradients of the unit before (i + 1) after these parameters, as sharded_model::queue_gather asks.
+        gather_job params{i, p, true, false, step};
+        if (grads_after && grads_after->unit == i + 1 && grads_after_next(i + 1)) params.room_for = i + 1;
+        if (params.room_for == model_event::no_unit) flush();
+        gather_jobs_.push_back(params);
+        flush();
+        grads_after = gather_job{i, p, false, true, step};
+      } else {
+        flush();
+        if (need_params || need_grads) gather_jobs_.push_back({i, p, need_params, need_grads, step});
       }
     }
+    flush();
+  }
+
+  // detail::gradients_after_next_parameters for unit k and k - 1, as sharded_model decides it.
+  bool grads_after_next(std::size_t k) const {
+    const auto& u = units_[k];
+    const auto& n = units_[k - 1];
+    return gradients_after_next_parameters({u.params_bytes, u.grads_bytes}, {n.params_bytes, n.grads_bytes}, region_);
   }
 
   // sharded_model::queue_early_backward: the unit before the kept ones, as it begins forward, queues its backward
@@ -377,7 +363,10 @@ class plan_simulation {
       auto& u = units_[j.unit];
       if (j.params && opts_.max_gathered != 0 && params_alive_ >= opts_.max_gathered) return moved;
       const std::size_t bytes = (j.params ? u.params_bytes : 0) + (j.grads ? u.grads_bytes : 0);
-      auto block = limiter_->try_take(limiter_request{bytes, {}});
+      limiter_request q{bytes, {}};
+      if (j.room_for != model_event::no_unit)
+        q.room = room_beside{*units_[j.room_for].params, units_[j.room_for].grads_bytes};
+      auto block = limiter_->try_take(q);
       if (!block) return moved;
       if (now_ > *head_since_ && j.step == 1) {
         ++result_.limiter_waits;

@@ -179,6 +179,9 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
   if (opts_.keep_last_units && frees_after_forward())
     kept_for_backward_ = detail::units_kept_for_backward(charges, region, opts_.limiter_max_inflight);
   requests_apart_ = detail::backward_requests_apart(charges, region, opts_.limiter_max_inflight);
+  grads_after_next_.assign(units_.size(), false);
+  for (std::size_t k = 1; requests_apart_ && k < units_.size(); ++k)
+    grads_after_next_[k] = detail::gradients_after_next_parameters(charges[k], charges[k - 1], region);
   for (auto& u : units_) {
     limiter_->check_request(params_bytes(*u), "unit '" + u->layout.name() + "' gathered parameters");
     limiter_->check_request(grads_bytes(*u), "unit '" + u->layout.name() + "' unsharded gradients");

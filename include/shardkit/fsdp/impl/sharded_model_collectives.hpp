@@ -107,11 +107,23 @@ SHARDKIT_DECL void sharded_model::all_reduce_scalar(comm::process_group& g, doub
 SHARDKIT_DECL void sharded_model::queue_gathers(std::size_t until) {
   until = std::min(until, units_.size());
   for (; queued_ < until; ++queued_) queue_gather(unit_at(queued_));
+  if (grads_after_) spawn_gather(std::move(*std::exchange(grads_after_, std::nullopt)));
+}
+
+SHARDKIT_DECL void sharded_model::spawn_gather(gather_job job) {
+  job.turn_before = gather_turns_;
+  gather_turns_ = job.turn;
+  (void)spawn(gather_thread_, run_gather(std::move(job)));
 }
 
 SHARDKIT_DECL void sharded_model::queue_gather(std::size_t i) {
   auto& u = *units_[i];
+  // A unit held back for the next one's parameters goes first unless this one's are asked for apart right now.
+  const auto flush = [&] {
+    if (grads_after_) spawn_gather(std::move(*std::exchange(grads_after_, std::nullopt)));
+  };
   if (pass_ == pass::backward && i == early_backward_) {
+    flush();
     // Queued by the forward with this pass's serial (queue_early_backward): this pass's job now, its buffers
     // taken over by the unit's begin_unit.
     early_backward_ = model_event::no_unit;
@@ -138,20 +150,29 @@ SHARDKIT_DECL void sharded_model::queue_gather(std::size_t i) {
   if (need_params) u.params_ready = params_done;
   if (need_grads) u.grads_ready = grads_done;
   if (need_params) u.gather_planned_in = pass_serial_;
-  if (!need_params && !need_grads) return;
-  // Backward's parameters and gradients as two requests in turn where that cannot deadlock (requests_apart_).
+  // Backward's parameters and gradients as two requests in turn where that cannot deadlock (requests_apart_);
+  // the gradients' request then waits for the next unit's parameters where grads_after_next_ allows it: a unit
+  // needs its gradients' buffer only at its begin_unit, the next unit's all-gather should start as soon as it can.
   const bool apart = pass_ == pass::backward && need_params && need_grads && requests_apart_;
-  for (int part = 0; part < (apart ? 2 : 1); ++part) {
-    // The next forward's, when the optimizer's step queued it (shard_stepped) before forward() counted it.
-    const std::uint64_t number = passes_ + (early_forward_ ? 1 : 0);
-    gather_job job{.unit = i, .p = pass_, .need_params = need_params && part == 0,
-                   .need_grads = need_grads && (!apart || part == 1), .params_done = params_done,
-                   .grads_done = grads_done, .stop = pass_stop_.get_token(), .serial = pass_serial_,
-                   .call_tag = detail::call_tag(detail::tagged_collective::gather, pass_, number, i),
-                   .turn_before = gather_turns_};
-    gather_turns_ = job.turn;
-    (void)spawn(gather_thread_, run_gather(std::move(job)));
+  // The next forward's, when the optimizer's step queued it (shard_stepped) before forward() counted it.
+  const std::uint64_t number = passes_ + (early_forward_ ? 1 : 0);
+  const auto job = [&](bool params, bool grads) {
+    return gather_job{.unit = i, .p = pass_, .need_params = params, .need_grads = grads,
+                      .params_done = params_done, .grads_done = grads_done, .stop = pass_stop_.get_token(),
+                      .serial = pass_serial_,
+                      .call_tag = detail::call_tag(detail::tagged_collective::gather, pass_, number, i)};
+  };
+  if (!apart) {
+    flush();
+    if (need_params || need_grads) spawn_gather(job(need_params, need_grads));
+    return;
   }
+  gather_job params = job(true, false);
+  if (grads_after_ && grads_after_->unit == i + 1 && grads_after_next_[i + 1]) params.room_for = i + 1;
+  if (params.room_for == model_event::no_unit) flush();
+  spawn_gather(std::move(params));
+  flush();
+  grads_after_ = job(false, true);
 }
 
 SHARDKIT_DECL task<void> sharded_model::run_gather(gather_job job) {
@@ -181,7 +202,15 @@ SHARDKIT_DECL task<void> sharded_model::run_gather(gather_job job) {
       grads.emplace(std::move(both));
       start_gather(job.unit, job.p, job.serial, std::move(params), job.early, job.call_tag);
     } else if (job.need_params) {
-      auto params = co_await limiter_->acquire(params_bytes(u), label + " parameters", job.stop);
+      // Asked for before the previous unit's gradients (room_for): placed so that those fit beside that unit's
+      // parameters once the units ahead give theirs back (detail::gradients_after_next_parameters).
+      const auto* held = job.room_for == model_event::no_unit ? nullptr : &units_[job.room_for]->params_lease;
+      gather_limiter::lease params;
+      if (held && *held)
+        params = co_await limiter_->acquire_beside(params_bytes(u), **held, grads_bytes(*units_[job.room_for]),
+                                                   label + " parameters", job.stop);
+      else
+        params = co_await limiter_->acquire(params_bytes(u), label + " parameters", job.stop);
       emit(model_event::kind::limiter_wait, job.p, job.unit, queued);
       start_gather(job.unit, job.p, job.serial, std::move(params), job.early, job.call_tag);
     } else {

@@ -104,15 +104,11 @@ SHARDKIT_DECL void sharded_model::queue_early_backward() {
   early_.grads_ready = grads_done;
   const std::uint64_t serial = pass_serial_ + 1;  // what prepare_pass gives the backward
   u.gather_planned_in = serial;
-  for (int part = 0; part < (requests_apart_ ? 2 : 1); ++part) {
-    gather_job job{.unit = i, .p = pass::backward, .need_params = part == 0, .need_grads = !requests_apart_ || part == 1,
-                   .early = true, .params_done = params_done, .grads_done = grads_done,
-                   .stop = pass_stop_.get_token(), .serial = serial,
-                   .call_tag = detail::call_tag(detail::tagged_collective::gather, pass::backward, passes_ + 1, i),
-                   .turn_before = gather_turns_};
-    gather_turns_ = job.turn;
-    (void)spawn(gather_thread_, run_gather(std::move(job)));
-  }
+  for (int part = 0; part < (requests_apart_ ? 2 : 1); ++part)
+    spawn_gather({.unit = i, .p = pass::backward, .need_params = part == 0, .need_grads = !requests_apart_ || part == 1,
+                  .early = true, .params_done = params_done, .grads_done = grads_done,
+                  .stop = pass_stop_.get_token(), .serial = serial,
+                  .call_tag = detail::call_tag(detail::tagged_collective::gather, pass::backward, passes_ + 1, i)});
   early_backward_ = i;
 }
 
