@@ -429,8 +429,7 @@ class sharded_model {
     pass p = pass::forward;
     bool need_params = false, need_grads = false;
     bool early = false;  // queue_early_backward's: into early_, not the unit's own buffers
-    // Parameters asked for before this unit's gradients (grads_after_next_): placed so that those fit beside its.
-    std::size_t room_for = model_event::no_unit;
+    std::size_t room_for = model_event::no_unit;  // asked before this unit's gradients: room left for them
     completion_source params_done, grads_done;
     std::stop_token stop;        // pass_stop_'s: withdraws the job while it waits for the limiter
     std::uint64_t serial = 0;    // pass_serial_ when queued
@@ -441,8 +440,7 @@ class sharded_model {
   // On the gather thread, as a coroutine: in its turn (after the job queued before it), awaits the limiter for
   // the job's lease and starts the all-gather.
   SHARDKIT_DECL task<void> run_gather(gather_job job);
-  // Queues the job after the last one queued (its turn follows that one's) on the gather thread.
-  SHARDKIT_DECL void spawn_gather(gather_job job);
+  SHARDKIT_DECL void spawn_gather(gather_job job);  // its turn after the last job queued
   // Waits until every gather job queued so far took its turn (the trainer's thread).
   SHARDKIT_DECL void drain_gathers() noexcept;
 
@@ -501,10 +499,8 @@ class sharded_model {
   std::size_t next_ = 0, queued_ = 0;
   std::size_t kept_for_backward_ = 0;  // see kept_for_backward()
   bool requests_apart_ = false;        // detail::backward_requests_apart: backward's parameters, then gradients
-  // Per unit k: its gradients' request may go after unit k-1's parameters (detail::gradients_after_next_parameters);
-  // grads_after_ holds it back until queue_gather has queued them (or queue_gathers ends).
-  std::vector<bool> grads_after_next_;
-  std::optional<gather_job> grads_after_;
+  std::vector<bool> grads_after_next_;  // k: k's gradients after k-1's parameters (gradients_after_next_parameters)
+  std::optional<gather_job> grads_after_;  // such gradients, until queue_gather queued those parameters
   // The unit whose backward gather the forward's first kept unit queued, until a backward adopts it or it is
   // completed without one (model_event::no_unit: none).
   std::size_t early_backward_ = model_event::no_unit;
