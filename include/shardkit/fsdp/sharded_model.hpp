@@ -396,14 +396,11 @@ class sharded_model {
   // queued (queue_early_backward) completes on every rank and goes back too.
   SHARDKIT_DECL void give_back_kept() noexcept;
   // The unit before the kept ones begins forward: backward's first gather beyond the kept units (that unit's) is
-  // queued now, after the forward's own, into early_ (the unit's forward holds its own buffer), so that it runs
-  // right after the forward's gathers instead of leaving the link idle until that use ends or until backward()
-  // (full_shard and hybrid_shard with units kept; within the prefetch window; not while gradients accumulate).
-  // Parameters, then gradients, as two requests where requests_apart_ (the same reasoning: the gradients' request
-  // waits only for blocks that are given back without it), else as one.
-  // Which one, and whether, depends only on the unit sizes, the budget and the options, the same on every rank.
-  // Its job carries the serial the backward will have; anything other than that backward completes it
-  // (give_back_kept, abandon_pass).
+  // queued now, after the forward's own, into early_ (the unit's forward holds its own buffer), so that the link
+  // carries it right after them (full_shard, hybrid_shard with units kept; in the prefetch window; not while
+  // gradients accumulate). Parameters, then gradients, where requests_apart_, else as one request. Whether and
+  // which follow from sizes, budget and options, alike on every rank. Its job carries the serial the backward
+  // will have; anything other than that backward completes it (give_back_kept, abandon_pass).
   SHARDKIT_DECL void queue_early_backward();
   // After the early backward gather completed without a backward (give_back_kept): its serial is retired, so
   // that no later pass takes it for its own (its markers, a refusal).
