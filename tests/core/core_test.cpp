@@ -374,7 +374,7 @@ TEST_CASE("[core] host_shared_memory: registered while alive, found by interior 
 
 TEST_CASE("[core] worker_threads: destruction asks the threads to stop, wakes and joins them") {
   struct nothing {};
-  int returned = 0;  // under the state's mutex, then read once the threads are joined
+  int started = 0, returned = 0;  // under the state's mutex, then read once the threads are joined
   bool stopped_early = false;
   {
     shardkit::detail::worker_threads<nothing> threads;
@@ -383,12 +383,20 @@ TEST_CASE("[core] worker_threads: destruction asks the threads to stop, wakes an
       threads.start([&](shardkit::detail::worker_state<nothing>& s) {
         std::unique_lock lock(s.mutex);
         stopped_early = stopped_early || s.stop;
+        ++started;
         s.wake.wait(lock, [&] { return s.stop; });  // only the destructor can end this wait
         ++returned;
       });
     CHECK_FALSE(threads.empty());
     CHECK_FALSE(threads.on_own_thread());
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    // Both threads are in their wait before the destructor runs (a handshake, not a sleep: on a loaded machine a
+    // thread may first run only after the destructor asked it to stop).
+    for (;;) {
+      std::unique_lock lock(threads.state().mutex);
+      if (started == 2) break;
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     std::lock_guard lock(threads.state().mutex);
     CHECK(returned == 0);
   }
