@@ -94,6 +94,8 @@ class any_communicator {
 
   //! Fails what is in flight underneath; false where the erased backend cannot abort.
   bool abort(std::exception_ptr reason) { return impl_->abort(std::move(reason)); }
+  //! Fails the group on every member (p2p_communicator::fail_everywhere); false where the backend cannot.
+  bool fail_everywhere(errc code, const std::string& what) { return impl_->fail_everywhere(code, what); }
 
   std::optional<any_communicator> split(int color, int key, const collective_options& o) {
     auto child = impl_->split(color, key, o);

@@ -257,6 +257,15 @@ class p2p_communicator {
     if constexpr (transport::abortable<T>) transport_->abort(std::move(reason));
   }
 
+  //! Fails this group on every member at once with `code` and `what` (a misuse found here that no first message
+  //! shows: process_group's issuing-thread check), over the call check's control messages: false where the
+  //! check is off (the members then find out as they time out).
+  bool fail_everywhere(errc code, const std::string& what) {
+    if (!checker_) return false;
+    checker_->fail_everywhere(code, what);
+    return true;
+  }
+
   std::optional<p2p_communicator> split(int color, int key, const collective_options& o) {
     // Every rank shares (color, key, the id it would hand out as leader); members of a color sort by
     // (key, rank) and adopt their leader's id, which is unique because only that rank hands it out.

@@ -14,8 +14,10 @@
 //! pair up in whatever order each rank's threads happened to run, and give silently wrong results; give each
 //! thread its own group (dup()) instead. Every collective (split and dup included) checks this as it is issued: one
 //! issued while one issued by another thread is still pending is refused with errc::invalid_argument naming the
-//! group, both operations and both threads, and breaks the group, so that this rank's later operations fail rather
-//! than pair up wrongly; peers waiting on the refused collective see the failure as a timeout. That check sees
+//! group, both operations and both threads, and breaks the group on every rank at once (over p2p_communicator's
+//! control messages; other backends' peers time out): every rank's pending and later collectives fail rather than
+//! pair up wrongly, the first thread's pending ones included. A call that completed before any rank saw the
+//! misuse may hold another thread's data (docs/concepts.md says why no rank can tell). That check sees
 //! overlapping use only: two threads that take strict turns by chance are not caught, unless the group is bound to
 //! a thread: after bind_to_this_thread(), a collective from any other thread is refused the same way until that
 //! thread takes the group over with bind_to_this_thread() itself (the explicit hand-over).

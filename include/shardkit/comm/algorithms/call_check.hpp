@@ -278,7 +278,24 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     if (!poisoned()) return;
     std::lock_guard lock(mutex_);
     ctx.peer = poisoner_;
-    throw error(errc::mismatch, poison_, std::move(ctx));
+    throw error(poison_code_, poison_, std::move(ctx));
+  }
+
+  //! Fails the group on every member at once, for a misuse this rank found that no first message can show (two
+  //! threads issuing on the group: process_group's issuing-thread check): `code` with `what` here, and with
+  //! "rank R found that " + what (cut to a control message's text) on every other member. A collective waiting
+  //! there fails from its next poll (10 ms), a later one as it begins, as with a mismatch's poison.
+  void fail_everywhere(errc code, const std::string& what) {
+    if (!sent_poison_.exchange(true)) {  // a poison already sent fails the peers anyway
+      auto msg = std::make_shared<control_message>();
+      (*msg)[0] = control_magic;
+      (*msg)[1] = kind_fail;
+      (*msg)[2] = me_;
+      (*msg)[3] = std::int64_t(code);
+      std::memcpy(msg->data() + fixed_words, what.data(), std::min(what.size(), text_bytes));
+      send_control(std::move(msg));
+    }
+    poison(what, me_, code);
   }
 
   [[noreturn, gnu::cold, gnu::noinline]] void refuse_poisoned(int rank, const char* operation) const {
@@ -366,10 +383,13 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
 
  private:
   static constexpr std::int64_t control_magic = 0x53484b43544c3031;  // "SHKCTL01"
-  static constexpr std::int64_t kind_poison = 1, kind_stall = 2;
+  static constexpr std::int64_t kind_poison = 1, kind_stall = 2, kind_fail = 3;
   // magic, kind, sender, about (the rank whose call differs), the sender's record, the other record, and for a poison
-  // over a first message of another size its message_sizes (sent, expected; -1 when the calls differ)
-  static constexpr std::size_t control_words = 4 + 2 * call_record::words + 2;
+  // over a first message of another size its message_sizes (sent, expected; -1 when the calls differ); then a
+  // text, for a failure that names no call (kind_fail, whose `about` word is its errc)
+  static constexpr std::size_t fixed_words = 4 + 2 * call_record::words + 2;
+  static constexpr std::size_t text_bytes = 1024;
+  static constexpr std::size_t control_words = fixed_words + text_bytes / sizeof(std::int64_t);
   using control_message = std::array<std::int64_t, control_words>;
   using record_words = std::array<std::int64_t, call_record::words>;
   static std::uint32_t seq_of(const std::int64_t* w) noexcept { return call_record::seq_of(w); }
@@ -386,11 +406,12 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     return s->bytes;
   }
 
-  void poison(const std::string& what, int named) {
+  void poison(const std::string& what, int named, errc code = errc::mismatch) {
     std::lock_guard lock(mutex_);
     if (flags_.load(std::memory_order_relaxed) & flag_poisoned) return;
     poison_ = what;
     poisoner_ = named;
+    poison_code_ = code;
     flags_.fetch_or(flag_poisoned, std::memory_order_release);
   }
 
@@ -404,8 +425,11 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     (*msg)[3] = about;
     std::copy(mine, mine + call_record::words, msg->begin() + 4);
     std::copy(other, other + call_record::words, msg->begin() + 4 + std::ptrdiff_t(call_record::words));
-    (*msg)[control_words - 2] = sizes.sent;
-    (*msg)[control_words - 1] = sizes.expected;
+    (*msg)[fixed_words - 2] = sizes.sent;
+    (*msg)[fixed_words - 1] = sizes.expected;
+    send_control(std::move(msg));
+  }
+  void send_control(std::shared_ptr<control_message> msg) {
     const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(msg->data()), sizeof(control_message));
     for (int r = 0; r < int(members_.size()); ++r) {
       if (r == me_) continue;
@@ -451,8 +475,14 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     const int from = int(m[2]);
     const std::int64_t* first = m.data() + 4;
     const std::int64_t* second = first + call_record::words;
+    if (m[1] == kind_fail) {
+      const auto* text = reinterpret_cast<const char*>(m.data() + fixed_words);
+      poison("rank " + std::to_string(from) + " found that " + std::string(text, strnlen(text, text_bytes)), from,
+             errc(m[3]));
+      return;
+    }
     if (m[1] == kind_poison) {
-      const message_sizes sizes{m[control_words - 2], m[control_words - 1]};
+      const message_sizes sizes{m[fixed_words - 2], m[fixed_words - 1]};
       poison(describe(int(m[3]), from, second, first, sizes), from);
       return;
     }
@@ -548,6 +578,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   mutable std::mutex mutex_;  // guards what follows: transport threads read it as control messages arrive
   std::string poison_;
   int poisoner_ = -1;  // the peer the poison names: the rank that found the mismatch, or the one that differs
+  errc poison_code_ = errc::mismatch;
   std::vector<early_report> early_reports_;
   std::vector<completion> control_recvs_;
   bool closing_ = false;

@@ -59,6 +59,9 @@ struct communicator_interface {
   //! Fails what is in flight underneath (the transport, the NCCL communicator), so that no buffer of an
   //! abandoned operation is touched afterwards. False when the backend cannot abort.
   virtual bool abort(std::exception_ptr reason) = 0;
+  //! Fails the group on every member at once: their pending and later collectives throw `code` naming `what`
+  //! (p2p_communicator::fail_everywhere). False where the backend cannot tell its peers.
+  virtual bool fail_everywhere(errc code, const std::string& what) = 0;
   //! The communicator's scratch_bytes() where it has one; nullopt where it cannot tell.
   virtual std::optional<std::size_t> scratch_bytes() const = 0;
   //! The communicator's type, for messages that name the backend.
@@ -186,6 +189,12 @@ class communicator_model final : public communicator_interface {
     } else {
       return false;
     }
+  }
+  bool fail_everywhere(errc code, const std::string& what) override {
+    if constexpr (requires { { comm_.fail_everywhere(code, what) } -> std::same_as<bool>; })
+      return comm_.fail_everywhere(code, what);
+    else
+      return false;
   }
   std::optional<std::size_t> scratch_bytes() const override {
     if constexpr (has_scratch_bytes<C>)

@@ -58,6 +58,7 @@ struct process_group::impl {
   std::thread::id issuer;
   const char* issuer_op = "";  // the last collective `issuer` issued
   std::size_t issued_pending = 0;
+  bool thread_misuse = false;  // a collective was refused for its thread: refuse_thread
   std::thread::id owner;  // the thread bound by bind_to_this_thread(); none: any one thread at a time
   // The number of the next collective in issue order (what fault reports call it), and whether this rank's
   // account of a refusal is posted: it is taken back when the next collective is issued (guarded by `mutex`).
@@ -173,34 +174,28 @@ struct process_group::impl {
     if (!broken) broken = std::move(e);
   }
 
-  //! Counts a collective issued by this thread, or refuses it (and breaks the group) while collectives that
-  //! another thread issued are pending.
+  //! Counts a collective issued by this thread, or refuses it (and breaks the group on every rank: refuse_thread)
+  //! while collectives that another thread issued are pending, or while the group is bound to another thread.
   //! Returns the collective's number in issue order.
   std::int64_t claim_issue(const char* name) {
     std::unique_lock lock(mutex);
     const auto me = std::this_thread::get_id();
-    if (owner != std::thread::id() && owner != me) {
+    if (owner != std::thread::id() && owner != me) [[unlikely]] {
       std::ostringstream what;
-      what << name << " was issued on group '" << opts.name << "' from thread " << me
-           << " while the group is bound to thread " << owner
-           << " (bind_to_this_thread): collectives pair up across ranks by issue order, which two threads taking "
-              "turns on one group make differ between ranks; the new thread takes the group over with "
-              "bind_to_this_thread(), or gets a group of its own (dup()). The group is now broken";
-      auto e = std::make_exception_ptr(error(errc::invalid_argument, what.str(), context(name)));
-      if (!broken) broken = e;
-      std::rethrow_exception(e);
+      what << name << " (collective #" << next_seq << ") was issued on group '" << opts.name << "' from thread " << me
+           << " while the group is bound to thread " << owner << " (bind_to_this_thread)";
+      if (issued_pending > 0) what << " and " << issuer_op << " (#" << next_seq - 1 << ") it issued was pending";
+      refuse_thread(lock, name, what.str(),
+                    "; the new thread takes the group over with bind_to_this_thread(), or gets a group of its own (dup())");
     }
-    if (issued_pending > 0 && issuer != me) {
+    if (issued_pending > 0 && issuer != me) [[unlikely]] {
       std::ostringstream what;
-      what << name << " was issued on group '" << opts.name << "' from thread " << me << " while " << issuer_op
-           << " issued from thread " << issuer;
-      if (issued_pending > 1) what << " (and " << issued_pending - 1 << " more it issued)";
-      what << " was pending: collectives pair up across ranks by issue order, which two threads issuing on one "
-              "group make differ between ranks; issue a group's collectives from one thread at a time, or give each "
-              "thread its own group (dup()). The group is now broken";
-      auto e = std::make_exception_ptr(error(errc::invalid_argument, what.str(), context(name)));
-      if (!broken) broken = e;
-      std::rethrow_exception(e);
+      what << name << " (collective #" << next_seq << ") was issued on group '" << opts.name << "' from thread " << me
+           << " while " << issuer_op << " (#" << next_seq - 1 << ") issued from thread " << issuer;
+      if (issued_pending > 1) what << " (and " << issued_pending - 1 << " more it issued, from #" << next_seq - std::int64_t(issued_pending) << ")";
+      what << " was pending";
+      refuse_thread(lock, name, what.str(),
+                    "; issue a group's collectives from one thread at a time, or give each thread its own group (dup())");
     }
     issuer = me;
     issuer_op = name;
@@ -211,9 +206,34 @@ struct process_group::impl {
     if (withdraw) board->withdraw();  // only after a refusal: a store round trip
     return seq;
   }
-  void release_issue() {
+  //! A collective issued from a thread that may not issue now (`what` says which and why, `fix` what to do):
+  //! two threads issuing on one group pair their calls up in each rank's own order, so calls of either thread
+  //! may already have paired across threads on any rank, with results wrong and no error (the calls' fingerprints
+  //! are alike). The group breaks here and, over the backend's control messages, on every rank at once: the calls
+  //! still pending anywhere fail (here too, the first thread's, even if it completes: release_issue), and so does
+  //! every later one, naming the first call that may have paired wrongly.
+  [[noreturn, gnu::cold, gnu::noinline]] void refuse_thread(std::unique_lock<std::mutex>& lock, const char* name,
+                                                           const std::string& what, const char* fix) {
+    const std::int64_t first = next_seq - std::int64_t(issued_pending);
+    std::string text = what + ": collectives pair up across ranks by issue order, which two threads issuing on one "
+                       "group make differ between ranks, so the results of collectives #" + std::to_string(first) +
+                       " and later of this group, on every rank, may have paired across threads and must not be "
+                       "trusted (those still pending fail)" + fix + ". The group is now broken on every rank";
+    auto e = std::make_exception_ptr(error(errc::invalid_argument, text, context(name)));
+    const bool first_refusal = !thread_misuse;
+    if (!broken) broken = e;
+    thread_misuse = true;
+    lock.unlock();
+    if (first_refusal && !comm->fail_everywhere(errc::invalid_argument, text))
+      log::write(log::level::error, comm->rank(), text + " (this backend cannot tell the other ranks: they find out as they time out)");
+    std::rethrow_exception(e);
+  }
+  //! Ends an issued collective's count; true when a thread's misuse was found while it was pending (its result
+  //! may come from another thread's call on some rank: it fails).
+  bool release_issue() {
     std::lock_guard lock(mutex);
     --issued_pending;
+    return thread_misuse;
   }
 
   template <class F>
@@ -239,7 +259,10 @@ struct process_group::impl {
         }
         if (opts.check_consistency) check_fingerprints(name, fp, co);
         run(*comm, co);
-        release_issue();
+        if (release_issue()) [[unlikely]] {
+          done.set_error(broken_work()->exception());
+          return;
+        }
         done.set_done();
       } catch (const error& e) {
         if (e.code() == errc::aborted && abort_running.stop_requested()) {  // stopped by abort(): its reason
@@ -250,7 +273,11 @@ struct process_group::impl {
         error full = account_for(e.with_context(context(name)), seq, name);
         if (full.code() == errc::timeout) full = naming_the_timeout(full, timeout, op_timeout);
         auto ex = std::make_exception_ptr(full);
-        if (e.code() != errc::invalid_argument && e.code() != errc::unsupported) mark_broken(ex);
+        // A refusal of this rank's call leaves the group whole; one that names another rank is the group's
+        // failure (that rank found two threads issuing on it: refuse_thread).
+        const auto& peer = e.context().peer;
+        if ((e.code() != errc::invalid_argument && e.code() != errc::unsupported) || (peer && *peer != comm->rank()))
+          mark_broken(ex);
         log::write(log::level::error, comm->rank(), full.what());
         release_issue();
         done.set_error(ex);
