@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "comm/conformance_run.hpp"
@@ -560,7 +561,7 @@ inline void conformance_call_check(conformance_run& run) {
   const comm::op_options quick{.timeout = timeout};
   const auto with = [&](comm::algorithm a) { return comm::op_options{.timeout = timeout, .algo = a}; };
   struct mismatch_case {
-    const char* name;
+    std::string name;
     std::string one, other;  // what the error names: the majority's call and the odd one's
     std::function<void(comm::process_group&)> call;
   };
@@ -644,6 +645,55 @@ inline void conformance_call_check(conformance_run& run) {
                           {.timeout = timeout, .algo = A::ring, .call_tag = odd ? 0xc3u : 0u}).wait();
        }},
   };
+  // Counts one element apart, on each algorithm's path: a ring's chunk one element larger than the receive it met
+  // failed a rank with errc::protocol (loopback) or errc::peer_lost (TCP) before it read the mismatch (issue 28).
+  const auto count_is = [](std::size_t c) { return "count " + std::to_string(c); };
+  const auto by_one = [&](const char* name, std::size_t c, auto call) {
+    cases.push_back({name + (", count " + std::to_string(c)), count_is(c), count_is(c + 1),
+                     [call, c, odd](comm::process_group& g) { call(g, odd ? c + 1 : c); }});
+  };
+  const auto all_reduce_of = [](comm::op_options o) {
+    return [o](comm::process_group& g, std::size_t c) {
+      std::vector<float> v(c, 1.0f);
+      g.all_reduce(buffer_view(std::span<float>(v)), reduce_op::sum, o).wait();
+    };
+  };
+  const std::size_t n_ = std::size_t(n);
+  by_one("counts one apart, recursive doubling all_reduce", 10, all_reduce_of(quick));
+  by_one("counts one apart, one-shot all_reduce", 3, all_reduce_of(with(A::one_shot)));
+  by_one("counts one apart, ring all_reduce (inline chunks)", 1000, all_reduce_of(with(A::ring)));
+  by_one("counts one apart, ring all_reduce (a chunk past the inline size)", 4096 * n_, all_reduce_of(with(A::ring)));
+  by_one("counts one apart, ring all_reduce", 100000, all_reduce_of(with(A::ring)));
+  by_one("counts one apart, all_reduce on its default path", 100000, all_reduce_of(quick));
+  for (const auto& [name, c, o] : {std::tuple{"counts one apart, ring all_gather", std::size_t(20000), quick},
+                                   std::tuple{"counts one apart, direct all_gather", std::size_t(5), with(A::direct)}})
+    by_one(name, c, [o, n_](comm::process_group& g, std::size_t k) {
+      std::vector<float> in(k, 1.0f), out(k * n_);
+      g.all_gather(buffer_view(std::span<float>(in)), buffer_view(std::span<float>(out)), o).wait();
+    });
+  for (const auto& [name, c, o] : {std::tuple{"counts one apart, reduce_scatter", std::size_t(20000), quick},
+                                   std::tuple{"counts one apart, direct reduce_scatter", std::size_t(6), with(A::direct)}})
+    by_one(name, c, [o, n_](comm::process_group& g, std::size_t k) {
+      std::vector<float> in(k * n_, 1.0f), out(k);
+      g.reduce_scatter(buffer_view(std::span<float>(in)), buffer_view(std::span<float>(out)), reduce_op::sum, o).wait();
+    });
+  for (const std::size_t c : {std::size_t(5), std::size_t(100000)}) {
+    by_one("counts one apart, tree broadcast", c, [quick](comm::process_group& g, std::size_t k) {
+      std::vector<float> v(k, 1.0f);
+      g.broadcast(buffer_view(std::span<float>(v)), 0, quick).wait();
+    });
+    by_one("counts one apart, tree reduce", c, [quick](comm::process_group& g, std::size_t k) {
+      std::vector<float> in(k, 1.0f), out(k);
+      g.reduce(buffer_view(std::span<float>(in)), buffer_view(std::span<float>(out)), reduce_op::sum, 0, quick).wait();
+    });
+  }
+  for (const std::size_t block : {std::size_t(2), std::size_t(5000)})
+    cases.push_back({"blocks one apart, all_to_all, block " + std::to_string(block), count_is(block * n_), count_is((block + 1) * n_),
+                     [=](comm::process_group& g) {
+                       const std::size_t c = (odd ? block + 1 : block) * n_;
+                       std::vector<float> in(c, 1.0f), out(c);
+                       g.all_to_all(buffer_view(std::span<float>(in)), buffer_view(std::span<float>(out)), quick).wait();
+                     }});
   for (const auto& c : cases)
     run.check({"failure", std::string("mismatched calls (default check): ") + c.name}, [&] {
       auto g = pg.dup();
@@ -651,7 +701,7 @@ inline void conformance_call_check(conformance_run& run) {
       try {
         c.call(g);
         g.barrier(quick).wait();  // a rank whose part ended first learns it here
-        fail(std::string(c.name) + ": succeeded on rank " + std::to_string(me));
+        fail(c.name + ": succeeded on rank " + std::to_string(me));
       } catch (const error& e) {
         if (e.code() != errc::mismatch) fail(std::string(c.name) + ": rank " + std::to_string(me) + " got " + e.what());
         what = e.what();

@@ -294,7 +294,7 @@ class p2p_op {
     try {
       done = wait_watching(c, peer, what);
     } catch (const error& e) {
-      if (checker_ && checker_->poisoned()) throw;  // the group's mismatch (call_check.hpp) says all there is
+      if (checker_) throw_mismatch_behind(e.code() == errc::protocol || e.code() == errc::peer_lost);
       if (peer >= 0 && e.code() == errc::peer_lost && left_in_order(peer))
         throw naming_lost_members(error(errc::peer_lost, left_early(peer, what), context(peer)), peer);
       throw naming_lost_members(peer >= 0 ? in_group_terms(e, peer) : e.with_context(context(peer)), peer);
@@ -306,6 +306,7 @@ class p2p_op {
                         (peer >= 0 ? " peer rank " + std::to_string(peer) : std::string(" a peer")),
                     context(peer));
       if (const int gone = first_failed_member(); gone >= 0) {
+        if (checker_) throw_mismatch_behind(true);
         std::string detail = "rank " + std::to_string(gone) + " of this group was lost while this rank was " + what +
                              (peer >= 0 ? " peer rank " + std::to_string(peer) : std::string(" a peer")) + ": " +
                              lost_reason(gone);
@@ -332,6 +333,30 @@ class p2p_op {
       throw error(errc::timeout, detail, context(named));
     }
   }
+
+  //! With the call check on, a wait that failed may have failed on what a mismatch did elsewhere: a message of
+  //! another size than the receive it met (loopback fails the send too), a peer that found the mismatch, poisoned
+  //! the group and left. Throws the mismatch instead where one shows: the group's poison; a first message from a
+  //! peer that landed but was not read yet (this rank finds it itself); or, with `await` (the error is such a one:
+  //! protocol, a lost peer), the poison that arrives within poison_grace (the finder sends it before it throws).
+  //! So every rank's error names both calls, whichever of its waits failed first (docs/concepts.md).
+  [[gnu::cold, gnu::noinline]] void throw_mismatch_behind(bool await) {
+    for (int r = 0; r < n() && !checker_->poisoned(); ++r) {
+      if (r == me_) continue;
+      auto& pc = checker_->contact_of(members_[std::size_t(r)]);
+      if (pc.posted_in != epoch_ || pc.verified_in == epoch_) continue;
+      const completion* frame = posted_frame(pc);
+      if (frame && frame->is_done() && !frame->has_failed()) verify_frame<false>(pc, r, *frame);  // throws if it differs
+    }
+    if (await) {
+      const deadline until = std::min(deadline_after(poison_grace), until_);
+      while (!checker_->poisoned() && deadline::clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    checker_->throw_if_poisoned(context(-1));
+  }
+  //! How long a failed wait waits for a mismatch's poison (throw_mismatch_behind): a message's trip between two
+  //! live ranks, with room for a loaded host; a lost peer's error (that was no mismatch) comes this much later.
+  static constexpr std::chrono::milliseconds poison_grace{200};
 
   //! Waits until `c` is done, the deadline passes or the op is stopped; with a transport that reports lost peers,
   //! also returns (false) once a member of the group failed (crashed, was killed, aborted): this op then cannot
