@@ -35,9 +35,11 @@
 // gloo_communicator's per-call count verification is off unless SHARDKIT_GLOO_VERIFY is set: it is shardkit's
 // safety net, not part of Gloo, and would double Gloo's small-message latency.
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -166,8 +168,12 @@ std::size_t parse_size(const std::string& s) {
 
 int parse_int(const std::string& k, const std::string& v) {
   char* end = nullptr;
+  errno = 0;
   const long x = std::strtol(v.c_str(), &end, 10);
   if (v.empty() || *end) usage(k + " takes an integer, not '" + v + "'");
+  // A value past int's range would wrap into another count (99999999999 ranks ran as 1,215,752,191).
+  if (errno == ERANGE || x < std::numeric_limits<int>::min() || x > std::numeric_limits<int>::max())
+    usage(k + " " + v + " is out of range (at most " + std::to_string(std::numeric_limits<int>::max()) + ")");
   return int(x);
 }
 

@@ -147,6 +147,11 @@ TEST_CASE("[tools] shardkit-bench: --op is the reduction op, --collective the co
                       std::string::npos,
                   o.err);
   }
+  SUBCASE("a count past int's range is refused, not wrapped") {
+    o = bench(s, "-b 1K -e 1K --threads 99999999999");
+    CHECK(o.rc == 2);
+    CHECK_MESSAGE(o.err.find("--threads 99999999999 is out of range") != std::string::npos, o.err);
+  }
   SUBCASE("a root outside the group is an error, not a hang") {
     o = bench(s, std::string("-b 1K -e 1K --collective broadcast --root 2") + quick);
     CHECK(o.rc == 2);
