@@ -72,8 +72,10 @@
 #include "shardkit/core/task.hpp"
 #include "shardkit/fsdp/detail/call_tags.hpp"
 #include "shardkit/fsdp/options.hpp"
+#include "shardkit/fsdp/model_stats.hpp"
 #include "shardkit/fsdp/rate_limiter.hpp"
 #include "shardkit/fsdp/unit.hpp"
+#include "shardkit/fsdp/unit_scope.hpp"
 
 namespace shardkit::fsdp {
 
@@ -106,88 +108,6 @@ class sharded_model;
 
 //! The rate limiter a sharded_model gathers through: its region is gather_memory from sharding_options::device.
 using gather_limiter = basic_rate_limiter<gather_memory>;
-
-//! A unit while the trainer uses it in a pass: its gathered parameters (and in backward its unsharded
-//! gradients, to accumulate into). Ends (frees or reduces) when the pass moves on, end_unit() is called or the
-//! pass is left early; from then on its accessors throw errc::invalid_argument (errc::closed once its model is
-//! destroyed; name() is then empty) (a copy kept past its unit would
-//! otherwise read whatever the limiter's region holds next), and spans taken from it must not be used: under
-//! SHARDKIT_DEBUG=detail (host gather device) such a read or write aborts, naming the unit and its pass
-//! (fsdp/detail/view_quarantine.hpp).
-class unit_scope {
- public:
-  std::size_t index() const noexcept { return index_; }
-  SHARDKIT_DECL const std::string& name() const noexcept;
-  fsdp::pass pass() const noexcept { return pass_; }
-
-  //! All gathered parameters, flat, in the parameter dtype. The views name the model's gather device (dev()); on a
-  //! GPU they, and the spans of the typed accessors, are device memory: for kernels and copies, not host reads.
-  const_buffer_view params() const {
-    check_current("params");
-    return params_;
-  }
-  SHARDKIT_DECL const_buffer_view param(std::string_view name) const;
-  template <element_type T>
-  std::span<const T> param(std::string_view name) const {
-    return typed<const T>(param(name), name, "param");
-  }
-  //! Backward only: the unit's unsharded gradients in the reduce dtype, zeroed before the first micro-batch;
-  //! the trainer adds into them.
-  SHARDKIT_DECL buffer_view grads() const;
-  SHARDKIT_DECL buffer_view grad(std::string_view name) const;
-  template <element_type T>
-  std::span<T> grad(std::string_view name) const {
-    return typed<T>(grad(name), name, "grad");
-  }
-  //! The parameter's shape.
-  SHARDKIT_DECL const std::vector<std::size_t>& shape(std::string_view name) const;
-
- private:
-  friend class sharded_model;
-  SHARDKIT_DECL const sharded_model& live_model(const char* what) const;
-  SHARDKIT_DECL void check_current(const char* what) const;
-  template <class T, class View>
-  std::span<T> typed(View v, std::string_view name, const char* what) const {
-    if (v.type() != dtype_v<T>)
-      throw_error(errc::invalid_argument,
-                  std::string(what) + " '" + std::string(name) + "' is " + std::string(to_string(v.type())) +
-                      ", not " + std::string(to_string(dtype_v<T>)) + " (see sharding_options::precision)",
-                  {.operation = "fsdp.unit", .object = std::string(name)});
-    return {reinterpret_cast<T*>(const_cast<std::byte*>(reinterpret_cast<const std::byte*>(v.data()))), v.count()};
-  }
-  const sharded_model* model_ = nullptr;
-  std::weak_ptr<const int> model_alive_;  // expires when the model is destroyed: then errc::closed, not a read
-  std::size_t index_ = 0;
-  fsdp::pass pass_ = pass::forward;
-  std::uint64_t generation_ = 0;  // the unit's generation when this scope began
-  const_buffer_view params_;
-  buffer_view grads_;
-};
-
-//! Time and bytes a model spent, since construction or reset_stats().
-struct model_stats {
-  std::chrono::nanoseconds waiting_for_gather{0};  //!< the trainer waiting for a unit's parameters
-  std::chrono::nanoseconds waiting_for_reduce{0};  //!< the trainer waiting for gradient reductions to finish
-  std::uint64_t gathers = 0, reduces = 0;
-  //! The gathered parameters and unsharded gradients: limiter.peak_bytes <= limiter.budget_bytes always.
-  rate_limiter_stats limiter{};
-  //! What the model's groups (gather, reduce, replica) hold on their own, now: ring slots and other scratch their
-  //! backends keep between collectives (comm::process_group::scratch_bytes()). Kept memory, so also its peak;
-  //! construction runs one collective of each size the model issues, so it is all there from the start and
-  //! grows only if the trainer runs larger collectives of its own on the model's groups. Not reset by
-  //! reset_stats().
-  std::size_t group_scratch_bytes = 0;
-  //! False when some group's backend cannot say (NCCL: its buffers are NCCL's own); group_scratch_bytes then
-  //! counts only the groups that can.
-  bool group_scratch_known = true;
-  //! The budget the model keeps to: the limiter's region plus the groups' scratch measured at construction. An
-  //! explicit sharding_options::limiter_budget_bytes is this figure (the region is what the scratch leaves); a
-  //! budget in units, the default and unlimited_budget size the region, and the scratch comes on top.
-  std::size_t budget_bytes = 0;
-  //! The most the model held at once for gathers and reductions: the limiter's peak plus the groups' scratch.
-  //! At most budget_bytes.
-  std::size_t peak_bytes() const noexcept { return limiter.peak_bytes + group_scratch_bytes; }
-};
 
 //! See the file comment.
 class sharded_model {
