@@ -34,8 +34,9 @@
 //! The fingerprints live in host memory and go through the communicator's control plane (host_all_gather, see
 //! communicator.hpp), so they work on backends that take only device buffers (NCCL) too.
 //!
-//! The member bodies live in comm/impl/process_group.hpp: included here in header-only use, compiled once in
-//! <shardkit/impl/src.hpp> under SHARDKIT_SEPARATE_COMPILATION (core/separate_compilation.hpp).
+//! The member bodies live in comm/impl/process_group.hpp and its parts (process_group_*.hpp): included here in
+//! header-only use, compiled once in <shardkit/impl/src.hpp> under SHARDKIT_SEPARATE_COMPILATION
+//! (core/separate_compilation.hpp).
 #include <chrono>
 #include <cstddef>
 #include <cstdint>

@@ -1,31 +1,25 @@
 #pragma once
 //! The bodies behind comm/process_group.hpp: the group's state (process_group::impl), its checks, the issue of
-//! each collective onto the progress engine and the fault reports of a failed one. process_group.hpp includes this
-//! file in header-only use; under SHARDKIT_SEPARATE_COMPILATION only <shardkit/impl/src.hpp> does, in one
-//! translation unit of the program (core/separate_compilation.hpp), so a source that issues collectives compiles
-//! calls, not the group's machinery.
-#include <algorithm>
+//! each collective onto the progress engine and the fault reports of a failed one, here; the members that issue
+//! collectives, the point-to-point ones and the group's own (split, dup, binding, abort) in
+//! comm/impl/process_group_*.hpp, included at the end, each a part that compiles alone too. process_group.hpp
+//! includes this file in header-only use; under SHARDKIT_SEPARATE_COMPILATION only <shardkit/impl/src.hpp> does, in
+//! one translation unit of the program (core/separate_compilation.hpp), so a source that issues collectives
+//! compiles calls, not the group's machinery.
 #include <atomic>
 #include <chrono>
-#include <future>
 #include <memory>
 #include <mutex>
-#include <numeric>
 #include <optional>
 #include <sstream>
 #include <stop_token>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "shardkit/comm/detail/fault_reports.hpp"
-#include "shardkit/comm/detail/p2p_deadline.hpp"
-#include "shardkit/comm/detail/p2p_stall.hpp"
-#include "shardkit/comm/detail/p2p_timeout_text.hpp"
 #include "shardkit/comm/detail/progress_engine.hpp"
-#include "shardkit/comm/detail/shared_settings.hpp"
 #include "shardkit/comm/process_group.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/core/settings.hpp"
@@ -333,267 +327,13 @@ SHARDKIT_DECL std::string process_group::backend_name() const { return self().co
 
 SHARDKIT_DECL std::optional<std::size_t> process_group::scratch_bytes() const { return self().comm->scratch_bytes(); }
 
-SHARDKIT_DECL work process_group::all_reduce(buffer_view data, reduce_op op, op_options o) { return all_reduce(data, data, op, o); }
-
-SHARDKIT_DECL work process_group::all_reduce(const_buffer_view in, buffer_view out, reduce_op op, op_options o) {
-  auto& s = self();
-  s.check_pair("all_reduce", in, out, in.count());
-  s.check_alias("all_reduce", in, out, out);
-  return s.submit("all_reduce", {kind::all_reduce, in.type(), out.count(), -1, op}, o, out.size_bytes(),
-                  [=](detail::communicator_interface& c, const collective_options& co) { c.all_reduce(in, out, op, co); });
-}
-
-SHARDKIT_DECL work process_group::all_gather(const_buffer_view in, buffer_view out, op_options o) {
-  auto& s = self();
-  s.check_pair("all_gather", in, out, in.count() * std::size_t(s.comm->size()));
-  s.check_alias("all_gather", in, out, out.slice(in.count() * std::size_t(s.comm->rank()), in.count()));
-  return s.submit("all_gather", {kind::all_gather, in.type(), in.count(), -1, reduce_op::sum}, o, out.size_bytes(),
-                  [=](detail::communicator_interface& c, const collective_options& co) { c.all_gather(in, out, co); });
-}
-
-SHARDKIT_DECL work process_group::all_gatherv(const_buffer_view in, buffer_view out, std::vector<std::size_t> counts, op_options o) {
-  auto& s = self();
-  s.check_counts("all_gatherv", counts, "counts");
-  if (counts[std::size_t(s.comm->rank())] != in.count())
-    s.fail_arg("all_gatherv", "counts[" + std::to_string(s.comm->rank()) + "] is " + std::to_string(counts[std::size_t(s.comm->rank())]) +
-                                  " but this rank's input has " + std::to_string(in.count()) + " elements");
-  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
-  const std::size_t before = std::accumulate(counts.begin(), counts.begin() + s.comm->rank(), std::size_t{0});
-  s.check_pair("all_gatherv", in, out, total);
-  s.check_alias("all_gatherv", in, out, out.slice(before, in.count()));
-  const auto counts_fp = detail::counts_fingerprint(counts);  // before `counts` moves into the lambda
-  return s.submit("all_gatherv", {kind::all_gatherv, in.type(), total, -1, reduce_op::sum, counts_fp}, o, out.size_bytes(),
-                  [=, counts = std::move(counts)](detail::communicator_interface& c, const collective_options& co) {
-                    c.all_gatherv(in, out, counts, co);
-                  });
-}
-
-SHARDKIT_DECL work process_group::reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op, op_options o) {
-  auto& s = self();
-  s.check_pair("reduce_scatter", out, in, out.count() * std::size_t(s.comm->size()), "input");
-  s.check_alias("reduce_scatter", out, in, in.slice(out.count() * std::size_t(s.comm->rank()), out.count()));
-  return s.submit("reduce_scatter", {kind::reduce_scatter, in.type(), out.count(), -1, op}, o, in.size_bytes(),
-                  [=](detail::communicator_interface& c, const collective_options& co) { c.reduce_scatter(in, out, op, co); });
-}
-
-SHARDKIT_DECL work process_group::broadcast(buffer_view data, int root, op_options o) {
-  auto& s = self();
-  s.check_root("broadcast", root);
-  s.check_device("broadcast", data);
-  return s.submit("broadcast", {kind::broadcast, data.type(), data.count(), root, reduce_op::sum}, o, data.size_bytes(),
-                  [=](detail::communicator_interface& c, const collective_options& co) { c.broadcast(data, root, co); });
-}
-
-SHARDKIT_DECL work process_group::reduce(const_buffer_view in, buffer_view out, reduce_op op, int root, op_options o) {
-  auto& s = self();
-  s.check_root("reduce", root);
-  s.check_device("reduce", in);
-  if (s.comm->rank() == root) {
-    s.check_pair("reduce", in, out, in.count());
-    s.check_alias("reduce", in, out, out);
-  }
-  return s.submit("reduce", {kind::reduce, in.type(), in.count(), root, op}, o, in.size_bytes(),
-                  [=](detail::communicator_interface& c, const collective_options& co) { c.reduce(in, out, op, root, co); });
-}
-
-SHARDKIT_DECL work process_group::all_to_all(const_buffer_view in, buffer_view out, op_options o) {
-  auto& s = self();
-  s.check_pair("all_to_all", in, out, in.count());
-  if (in.count() % std::size_t(s.comm->size()) != 0)
-    s.fail_arg("all_to_all", std::to_string(in.count()) + " elements do not split into " + std::to_string(s.comm->size()) + " equal blocks");
-  return s.submit("all_to_all", {kind::all_to_all, in.type(), in.count(), -1, reduce_op::sum}, o, out.size_bytes(),
-                  [=](detail::communicator_interface& c, const collective_options& co) { c.all_to_all(in, out, co); });
-}
-
-SHARDKIT_DECL work process_group::all_to_allv(const_buffer_view in, std::vector<std::size_t> in_counts,
-                                           buffer_view out, std::vector<std::size_t> out_counts, op_options o) {
-  auto& s = self();
-  s.check_counts("all_to_allv", in_counts, "in_counts");
-  s.check_counts("all_to_allv", out_counts, "out_counts");
-  const auto in_total = std::accumulate(in_counts.begin(), in_counts.end(), std::size_t{0});
-  const auto out_total = std::accumulate(out_counts.begin(), out_counts.end(), std::size_t{0});
-  if (in_total != in.count())
-    s.fail_arg("all_to_allv", "in_counts add up to " + std::to_string(in_total) + " but the input has " + std::to_string(in.count()) + " elements");
-  if (out_total != out.count())
-    s.fail_arg("all_to_allv", "out_counts add up to " + std::to_string(out_total) + " but the output has " + std::to_string(out.count()) + " elements");
-  s.check_pair("all_to_allv", in, out, out.count());
-  return s.submit("all_to_allv", {kind::all_to_allv, in.type(), 0, -1, reduce_op::sum}, o, std::max(in.size_bytes(), out.size_bytes()),
-                  [=, ic = std::move(in_counts), oc = std::move(out_counts)](detail::communicator_interface& c,
-                                                                              const collective_options& co) {
-                    c.all_to_allv(in, ic, out, oc, co);
-                  });
-}
-
-SHARDKIT_DECL work process_group::barrier(op_options o) {
-  return self().submit("barrier", {kind::barrier, dtype::u8, 0, -1, reduce_op::sum}, o, 0,
-                       [](detail::communicator_interface& c, const collective_options& co) { c.barrier(co); });
-}
-
-SHARDKIT_DECL work process_group::send(const_buffer_view in, int peer, std::uint32_t tag, op_options o) {
-  auto& s = self();
-  if (auto refused = s.refuse_point_to_point("send", in, peer)) return *refused;
-  return with_deadline(s.comm->isend(in, peer, tag, {}), "send", peer, tag, o.timeout, in.size_bytes());
-}
-
-SHARDKIT_DECL work process_group::recv(buffer_view out, int peer, std::uint32_t tag, op_options o) {
-  auto& s = self();
-  if (auto refused = s.refuse_point_to_point("recv", out, peer)) return *refused;
-  return with_deadline(s.comm->irecv(out, peer, tag, {}), "recv", peer, tag, o.timeout, out.size_bytes());
-}
-
-SHARDKIT_DECL process_group process_group::split(int color, int key, group_options opts) {
-  return split_group(color, key, std::move(opts), true, true);
-}
-
-SHARDKIT_DECL process_group process_group::split_group(int color, int key, group_options opts, bool compare_options,
-                                                      bool compare_sizes) {
-  detail::check_may_block("process_group::split");  // before anything is queued: the caller cannot wait for it
-  auto& s = self();
-  const std::string child_path = s.fault_path + "." + std::to_string(s.splits.fetch_add(1)) + "c" + std::to_string(color);
-  if (!opts.fault_reports) opts.fault_reports = s.opts.fault_reports;
-  auto promise = std::make_shared<std::promise<std::unique_ptr<detail::communicator_interface>>>();
-  auto fut = promise->get_future();
-  // Options a caller gives may differ between ranks: check_consistency decides whether each collective of the new
-  // group is preceded by a fingerprint exchange, so members that differ would pair one rank's exchange with another's
-  // collective. So may the settings whose effect depends on a group's size (detail::group_size_effect), which the
-  // new group inherits and which init_process_group compared only at the world's size: SHARDKIT_DIRECT_MAX_RANKS 2
-  // and 0 agree among 3 ranks and not among 2. Both are compared in the split itself (every rank of this group takes
-  // part, whatever its color), and members that differ fail once the split is done, on every member, leaving this
-  // group whole.
-  auto differ = std::make_shared<std::optional<std::string>>();
-  const bool checks = opts.check_consistency;
-  work w = s.submit("split", {kind::split, dtype::u8, 0, -1, reduce_op::sum}, {}, 0,
-                    [=](detail::communicator_interface& c, const collective_options& co) {
-                      // Every rank of a group runs the same backend: all or none hold size-dependent settings.
-                      const auto sized = compare_sizes ? c.size_dependent() : std::nullopt;
-                      if (compare_options || sized) {
-                        constexpr std::size_t width = 5;
-                        const detail::size_dependent_settings z = sized.value_or(detail::size_dependent_settings{});
-                        const std::int64_t mine[width] = {color, checks ? 1 : 0, z.direct_max_ranks, z.one_shot_max_bytes,
-                                                          z.one_shot_max_ranks};
-                        std::vector<std::int64_t> all(std::size_t(c.size()) * width);
-                        c.host_all_gather(const_buffer_view(mine, width, dtype::i64), buffer_view(all.data(), all.size(), dtype::i64), co);
-                        std::vector<std::vector<detail::shared_setting>> members;
-                        std::vector<int> ranks;
-                        for (int r = 0; color >= 0 && r < c.size(); ++r) {
-                          const std::int64_t* v = all.data() + std::size_t(r) * width;
-                          if (v[0] != color) continue;
-                          members.emplace_back();
-                          if (compare_options)
-                            members.back().push_back({"group_options::check_consistency (SHARDKIT_DEBUG)",
-                                                      v[1] ? "on (detail)" : "off", {}, {}, {}});
-                          if (sized)
-                            for (auto& x : detail::size_dependent_entries({v[2], v[3], v[4]})) members.back().push_back(std::move(x));
-                          ranks.push_back(r);
-                        }
-                        detail::group_size_effect(members, int(members.size()));
-                        *differ = detail::disagreement(members, ranks);
-                      }
-                      promise->set_value(c.split(color, key, co));
-                    });
-  w.wait();
-  auto child = fut.get();
-  if (*differ)
-    throw error(errc::config, "the new group '" + opts.name + "' is split from group '" + s.opts.name + "' with options that differ between its members (ranks of '" + s.opts.name + "'): " + **differ,
-                s.context("split"));
-  if (!child) return {};
-  return process_group(std::move(child), std::move(opts), child_path, s.job_rank);
-}
-
-// The parent's own options, which every member holds alike already; the size-dependent settings are compared at
-// the new group's size.
-SHARDKIT_DECL process_group process_group::split(int color, int key) {
-  group_options o = self().opts;
-  o.name = self().opts.name + ".split(" + std::to_string(color) + ")";
-  return split_group(color, key, std::move(o), false, true);
-}
-
-SHARDKIT_DECL process_group process_group::dup(group_options opts) { return split(0, rank(), std::move(opts)); }
-
-SHARDKIT_DECL process_group process_group::dup() {
-  group_options o = self().opts;
-  o.name = self().opts.name + ".dup";
-  return split_group(0, rank(), std::move(o), false, false);  // every member again: the parent's size, compared already
-}
-
-SHARDKIT_DECL void process_group::bind_to_this_thread() {
-  std::lock_guard lock(self().mutex);
-  self().owner = std::this_thread::get_id();
-}
-
-SHARDKIT_DECL void process_group::unbind() {
-  std::lock_guard lock(self().mutex);
-  self().owner = std::thread::id();
-}
-
-SHARDKIT_DECL void process_group::abort(const std::string& reason) {
-  self().mark_broken(std::make_exception_ptr(error(errc::aborted, reason, self().context("abort"))));
-  self().abort_running.request_stop();
-}
-
-SHARDKIT_DECL std::exception_ptr process_group::broken_by() const {
-  std::lock_guard lock(self().mutex);
-  return self().broken;
-}
-SHARDKIT_DECL work process_group::with_deadline(completion op, const char* name, int peer, std::uint32_t tag,
-                                             std::chrono::milliseconds timeout, std::size_t bytes) {
-  auto& s = self();
-  if (timeout.count() <= 0) timeout = s.opts.timeout;
-  // What a transfer that ends in time costs stays small: the timeout's error and the stall line's text are made
-  // only when they are needed (docs/benchmarks.md, "process_group send/recv: instructions per call").
-  struct timeout_state {
-    std::exception_ptr error;  // set once, before timed_out
-    std::atomic<bool> timed_out{false};
-  };
-  auto state = std::make_shared<timeout_state>();
-  const bool sending = std::string_view(name) == "send";
-  const int me = s.comm->rank();
-  const deadline until = deadline_after(timeout);
-  completion_source result;
-  std::weak_ptr<impl> weak = impl_;
-  // Until the deadline, a wait that lasts is logged as a collective's is (the stall line), naming the group's ranks,
-  // from the group as it is then (a group that is gone names no transfer).
-  const detail::p2p_transfer transfer{.me = me, .peer = peer, .tag = tag, .bytes = bytes, .sending = sending};
-  const auto on_stall = [transfer, until, weak](deadline::clock::duration waited) {
-    if (auto g = weak.lock())
-      detail::log_transfer_stall(transfer, g->opts.name, g->comm->size(), [&](int r) { return g->comm->peer_state(r); },
-                                 waited, until);
-  };
-  const auto at_deadline = [op, result, state, weak, name, transfer, timeout] {
-    if (op.is_done()) return;  // ended in time after all: the forwarder reports its own outcome
-    {  // said from what is known of the peer now (detail::p2p_timeout_text)
-      auto g = weak.lock();
-      error_context ctx = g ? g->context(name) : error_context{.rank = transfer.me, .operation = name};
-      ctx.peer = transfer.peer;
-      const detail::p2p_timeout_facts facts{
-          .transfer = transfer, .timeout = timeout,
-          .peer_state = g ? g->comm->peer_state(transfer.peer) : std::string(),
-          .peer_tags = g && !transfer.sending ? g->comm->unmatched_user_tags(transfer.peer) : std::vector<std::uint32_t>{}};
-      state->error = std::make_exception_ptr(error(errc::timeout, detail::p2p_timeout_text(facts), std::move(ctx)));
-    }
-    state->timed_out.store(true, std::memory_order_release);
-    if (op.cancel()) return;  // withdrawn: op fails now and the forwarder below reports the timeout
-    if (op.is_done()) return;
-    if (auto g = weak.lock()) {  // under way: the buffer is only safe once the backend lets go of it
-      g->mark_broken(state->error);
-      if (!g->comm->abort(state->error))
-        log::error("a timed-out transfer of group ", g->opts.name, " cannot be aborted; its buffer may still be used");
-    }
-    result.set_error(state->error);
-  };
-  auto timer = detail::start_p2p_deadline(until, s.opts.stall_log, on_stall, at_deadline);
-  op.then([op, result, state, timer] {
-    timer->end();
-    if (auto e = op.exception()) result.set_error(state->timed_out.load(std::memory_order_acquire) ? state->error : e);
-    else result.set_done(op.bytes());
-  });
-  result.on_cancel([op] { return op.cancel(); });
-  return work(result, bytes);
-}
-
 SHARDKIT_DECL process_group::impl& process_group::self() const {
   if (!impl_) throw_error(errc::invalid_argument, "use of an empty process_group (a split that this rank took no part in?)");
   return *impl_;
 }
 
 }  // namespace shardkit::comm
+
+#include "shardkit/comm/impl/process_group_collectives.hpp"
+#include "shardkit/comm/impl/process_group_groups.hpp"
+#include "shardkit/comm/impl/process_group_p2p.hpp"
