@@ -14,6 +14,7 @@
 // is written on the host, copied in, used, copied out and checked on the host.
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <cstring>
 #include <numeric>
@@ -432,6 +433,29 @@ inline void conformance_bad_arguments(conformance_run& run) {
     expect_error([&] { pg.all_gatherv(f.view(), f.view(), std::vector<std::size_t>(std::size_t(n) + 1, 1)); },
                  errc::invalid_argument, "all_gatherv count list of wrong length", "entries");
     expect_error([&] { pg.send(f.view(), me); }, errc::invalid_argument, "send to self", "peer");
+    // Views no memory holds, refused before anything runs (issue 28: a span of 2^62 + 1 floats read 4 bytes, and
+    // combine_loop ran over 2^62 + 1 elements). Nothing reads or writes past f's 8 elements.
+    const auto fv = f.view();
+    const std::size_t huge = (std::size_t(1) << 62) + 1;
+    const buffer_view f32s(fv.data(), huge, dtype::f32, fv.dev());
+    expect_error([&] { pg.all_reduce(f32s); }, errc::invalid_argument, "all_reduce of more bytes than size_t holds",
+                 "a buffer of 4611686018427387905 f32 elements is more bytes than any memory holds");
+    expect_error([&] { pg.broadcast(f32s, 0); }, errc::invalid_argument, "broadcast of more bytes than size_t holds",
+                 "4611686018427387905 f32");
+    if (n > 1) {
+      expect_error([&] { pg.send(f32s, (me + 1) % n); }, errc::invalid_argument, "send of more bytes than size_t holds",
+                   "4611686018427387905 f32");
+      // Per-rank counts whose product with the group's size wraps around to the count of a small output.
+      const std::size_t per_rank = std::numeric_limits<std::size_t>::max() / std::size_t(n) + 1;
+      const buffer_view wrapped_out(small.view().data(), per_rank * std::size_t(n), dtype::u8, fv.dev());
+      expect_error([&] { pg.all_gather(buffer_view(fv.data(), per_rank, dtype::u8, fv.dev()), wrapped_out); },
+                   errc::invalid_argument, "all_gather whose output count wraps around", std::to_string(per_rank));
+      expect_error([&] { pg.reduce_scatter(wrapped_out, buffer_view(fv.data(), per_rank, dtype::u8, fv.dev())); },
+                   errc::invalid_argument, "reduce_scatter whose input count wraps around", std::to_string(per_rank));
+      std::vector<std::size_t> counts(std::size_t(n), std::size_t(PTRDIFF_MAX) / std::size_t(n) + 1);
+      expect_error([&] { pg.all_gatherv(buffer_view(fv.data(), counts[0], dtype::u8, fv.dev()), wrapped_out, counts); },
+                   errc::invalid_argument, "all_gatherv whose counts add up past any buffer", "counts add up to more");
+    }
   });
 }
 

@@ -180,6 +180,12 @@ TEST_CASE("[core] buffer views deduce dtype and slice") {
   CHECK(c.data() == reinterpret_cast<const std::byte*>(v.data() + 2));
   CHECK(overlaps(b, c));
   CHECK_FALSE(overlaps(b.slice(0, 2), b.slice(2, 2)));
+  // A view whose bytes would wrap around says so (process_group refuses it): 2^62 + 1 floats are 2^64 + 4 bytes.
+  CHECK(b.size_fits());
+  CHECK(max_count(dtype::f32) == std::size_t(PTRDIFF_MAX) / 4);
+  CHECK(buffer_view(v.data(), max_count(dtype::i64), dtype::i64).size_fits());
+  CHECK_FALSE(buffer_view(v.data(), max_count(dtype::i64) + 1, dtype::i64).size_fits());
+  CHECK_FALSE(buffer_view(v.data(), (std::size_t(1) << 62) + 1, dtype::f32).size_fits());
 }
 
 TEST_CASE("[core] errors carry their context into what()") {

@@ -3,6 +3,7 @@
 //!
 //! shardkit never owns the trainer's tensors; collectives take these views and write results into them.
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -22,6 +23,11 @@ namespace detail {
               {.operation = "buffer_view.slice"});
 }
 }  // namespace detail
+
+//! The most elements of `type` that one view may hold: their bytes must fit in a std::ptrdiff_t, as any object's
+//! do (pointer arithmetic across more is undefined), so that count * size_of(type) never wraps around. A span of
+//! 2^62 + 1 floats is a view the type system accepts, but its size_bytes() would read 4.
+constexpr std::size_t max_count(dtype type) noexcept { return std::size_t(PTRDIFF_MAX) / size_of(type); }
 
 enum class device_kind : std::uint8_t { host, cuda };
 
@@ -65,6 +71,9 @@ class basic_buffer_view {
   constexpr device dev() const noexcept { return device_; }
   constexpr std::size_t element_size() const noexcept { return size_of(type_); }
   constexpr std::size_t size_bytes() const noexcept { return count_ * size_of(type_); }
+  //! count() is at most max_count(type()): size_bytes() is exact. No memory holds a view where it is not, so
+  //! process_group refuses one at the call (errc::invalid_argument naming the call and the count).
+  constexpr bool size_fits() const noexcept { return count_ <= max_count(type_); }
   constexpr bool empty() const noexcept { return count_ == 0; }
 
   //! Elements [offset, offset + n); errc::invalid_argument naming offset, n and count() when that runs past the

@@ -115,8 +115,34 @@ struct process_group::impl {
                                  e.detail(), e.context());
     return error(e.code(), e.detail() + " (timeout " + value + ": " + setting + ")", e.context());
   }
-  void check_device(const std::string& op, const_buffer_view b) const {
+  //! A buffer the backend takes (its device), and one whose size in bytes does not wrap around: the algorithms
+  //! step through count elements while the transports move size_bytes().
+  void check_buffer(const std::string& op, const_buffer_view b) const {
     if (!comm->supports(b.dev())) fail_arg(op, "this group's backend does not accept buffers on " + to_string(b.dev()));
+    if (!b.size_fits())
+      fail_arg(op, "a buffer of " + std::to_string(b.count()) + " " + std::string(to_string(b.type())) +
+                       " elements is more bytes than any memory holds (at most " +
+                       std::to_string(max_count(b.type())) + " of them)");
+  }
+  //! count * the group's size, refused where it would be more elements than any buffer holds (it would wrap around
+  //! to a size that a small, wrong buffer matches).
+  std::size_t times_ranks(const std::string& op, std::size_t count) const {
+    const auto n = std::size_t(comm->size());
+    if (count > max_count(dtype::u8) / n)
+      fail_arg(op, std::to_string(count) + " elements per rank for " + std::to_string(n) +
+                       " ranks are more than any buffer holds");
+    return count * n;
+  }
+  //! The sum of a count list, refused where it would be more elements than any buffer holds.
+  std::size_t total_of(const std::string& op, const std::vector<std::size_t>& counts, const char* name) const {
+    std::size_t total = 0;
+    for (const std::size_t c : counts) {
+      if (c > max_count(dtype::u8) - total)
+        fail_arg(op, std::string(name) + " add up to more elements than any buffer holds (" + std::to_string(c) +
+                         " after " + std::to_string(total) + ")");
+      total += c;
+    }
+    return total;
   }
   void check_root(const std::string& op, int root) const {
     if (root < 0 || root >= comm->size())
@@ -133,8 +159,8 @@ struct process_group::impl {
   //! Same dtype and device on both sides, and `sized` holds exactly `expected` elements.
   void check_pair(const std::string& op, const_buffer_view a, const_buffer_view sized, std::size_t expected,
                   const char* sized_name = "output") const {
-    check_device(op, a);
-    check_device(op, sized);
+    check_buffer(op, a);
+    check_buffer(op, sized);
     if (a.dev() != sized.dev()) fail_arg(op, "input and output live on different devices");
     if (a.type() != sized.type())
       fail_arg(op, "input and output dtypes differ (" + std::string(to_string(a.type())) + " vs " +
@@ -154,7 +180,7 @@ struct process_group::impl {
   //! A send's or recv's checks: throws for a bad peer or device; the group's failure as a work once it is broken.
   std::optional<work> refuse_point_to_point(const std::string& op, const_buffer_view b, int peer) const {
     check_peer(op, peer);
-    check_device(op, b);
+    check_buffer(op, b);
     return broken_work();
   }
 

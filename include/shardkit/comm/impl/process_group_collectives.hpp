@@ -24,7 +24,7 @@ SHARDKIT_DECL work process_group::all_reduce(const_buffer_view in, buffer_view o
 
 SHARDKIT_DECL work process_group::all_gather(const_buffer_view in, buffer_view out, op_options o) {
   auto& s = self();
-  s.check_pair("all_gather", in, out, in.count() * std::size_t(s.comm->size()));
+  s.check_pair("all_gather", in, out, s.times_ranks("all_gather", in.count()));
   s.check_alias("all_gather", in, out, out.slice(in.count() * std::size_t(s.comm->rank()), in.count()));
   return s.submit("all_gather", {kind::all_gather, in.type(), in.count(), -1, reduce_op::sum}, o, out.size_bytes(),
                   [=](detail::communicator_interface& c, const collective_options& co) { c.all_gather(in, out, co); });
@@ -36,7 +36,7 @@ SHARDKIT_DECL work process_group::all_gatherv(const_buffer_view in, buffer_view 
   if (counts[std::size_t(s.comm->rank())] != in.count())
     s.fail_arg("all_gatherv", "counts[" + std::to_string(s.comm->rank()) + "] is " + std::to_string(counts[std::size_t(s.comm->rank())]) +
                                   " but this rank's input has " + std::to_string(in.count()) + " elements");
-  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  const std::size_t total = s.total_of("all_gatherv", counts, "counts");
   const std::size_t before = std::accumulate(counts.begin(), counts.begin() + s.comm->rank(), std::size_t{0});
   s.check_pair("all_gatherv", in, out, total);
   s.check_alias("all_gatherv", in, out, out.slice(before, in.count()));
@@ -49,7 +49,7 @@ SHARDKIT_DECL work process_group::all_gatherv(const_buffer_view in, buffer_view 
 
 SHARDKIT_DECL work process_group::reduce_scatter(const_buffer_view in, buffer_view out, reduce_op op, op_options o) {
   auto& s = self();
-  s.check_pair("reduce_scatter", out, in, out.count() * std::size_t(s.comm->size()), "input");
+  s.check_pair("reduce_scatter", out, in, s.times_ranks("reduce_scatter", out.count()), "input");
   s.check_alias("reduce_scatter", out, in, in.slice(out.count() * std::size_t(s.comm->rank()), out.count()));
   return s.submit("reduce_scatter", {kind::reduce_scatter, in.type(), out.count(), -1, op}, o, in.size_bytes(),
                   [=](detail::communicator_interface& c, const collective_options& co) { c.reduce_scatter(in, out, op, co); });
@@ -58,7 +58,7 @@ SHARDKIT_DECL work process_group::reduce_scatter(const_buffer_view in, buffer_vi
 SHARDKIT_DECL work process_group::broadcast(buffer_view data, int root, op_options o) {
   auto& s = self();
   s.check_root("broadcast", root);
-  s.check_device("broadcast", data);
+  s.check_buffer("broadcast", data);
   return s.submit("broadcast", {kind::broadcast, data.type(), data.count(), root, reduce_op::sum}, o, data.size_bytes(),
                   [=](detail::communicator_interface& c, const collective_options& co) { c.broadcast(data, root, co); });
 }
@@ -66,7 +66,7 @@ SHARDKIT_DECL work process_group::broadcast(buffer_view data, int root, op_optio
 SHARDKIT_DECL work process_group::reduce(const_buffer_view in, buffer_view out, reduce_op op, int root, op_options o) {
   auto& s = self();
   s.check_root("reduce", root);
-  s.check_device("reduce", in);
+  s.check_buffer("reduce", in);
   if (s.comm->rank() == root) {
     s.check_pair("reduce", in, out, in.count());
     s.check_alias("reduce", in, out, out);
@@ -89,8 +89,8 @@ SHARDKIT_DECL work process_group::all_to_allv(const_buffer_view in, std::vector<
   auto& s = self();
   s.check_counts("all_to_allv", in_counts, "in_counts");
   s.check_counts("all_to_allv", out_counts, "out_counts");
-  const auto in_total = std::accumulate(in_counts.begin(), in_counts.end(), std::size_t{0});
-  const auto out_total = std::accumulate(out_counts.begin(), out_counts.end(), std::size_t{0});
+  const auto in_total = s.total_of("all_to_allv", in_counts, "in_counts");
+  const auto out_total = s.total_of("all_to_allv", out_counts, "out_counts");
   if (in_total != in.count())
     s.fail_arg("all_to_allv", "in_counts add up to " + std::to_string(in_total) + " but the input has " + std::to_string(in.count()) + " elements");
   if (out_total != out.count())
