@@ -231,6 +231,16 @@ TEST_CASE("[core] completion waits, times out, fails and resumes coroutines") {
   CHECK(pc.has_failed());
 }
 
+TEST_CASE("[core] ms_left_until rounds the time left up, to at least 1 ms") {
+  const deadline now = steady_clock::now();
+  using std::chrono::milliseconds, std::chrono::microseconds;
+  CHECK(ms_left_until(now + milliseconds(3), now) == milliseconds(3));
+  CHECK(ms_left_until(now + microseconds(1500), now) == milliseconds(2));  // NCCL's store waits rounded this down
+  CHECK(ms_left_until(now + std::chrono::nanoseconds(1), now) == milliseconds(1));
+  CHECK(ms_left_until(now, now) == milliseconds(1));  // 0 would mean "wait forever" to the store
+  CHECK(ms_left_until(now - std::chrono::seconds(5), now) == milliseconds(1));
+}
+
 // A continuation runs on the producer's thread (a progress thread, a channel's worker): what it throws must not
 // reach the producer, which took it for its own failure (the NCCL channels' workers then failed their link) or
 // skipped the continuations after it.

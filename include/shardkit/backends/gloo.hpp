@@ -278,7 +278,7 @@ class gloo_communicator {
     const std::string prefix = g_->prefix + "/split" + std::to_string(leader) + "." + std::to_string(all[std::size_t(leader) * 3 + 2]);
     auto timeout = g_->world->opts.connect_timeout;
     if (o.until != no_deadline)
-      timeout = std::min(timeout, std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(o.until - steady_clock::now())));
+      timeout = std::min(timeout, ms_left_until(o.until));
     return gloo_communicator(detail::gloo::connect_group(g_->world, prefix, child_rank, int(chosen.size()), timeout));
   }
 

@@ -66,6 +66,13 @@ inline deadline deadline_after(std::chrono::milliseconds timeout) noexcept {
   return now + timeout;
 }
 
+//! The milliseconds left from `now` until `until`, rounded up and at least 1: the timeout to hand a wait that takes
+//! milliseconds (the store's, Gloo's, a connect's), which must not end before the deadline (rounding down would)
+//! and to which 0 means "forever" or "not at all". `until` is a real deadline: callers say "forever" their own way.
+inline std::chrono::milliseconds ms_left_until(deadline until, deadline now = steady_clock::now()) noexcept {
+  return std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(until - now));
+}
+
 template <class T>
 class basic_completion_source;
 

@@ -273,9 +273,8 @@ class shm_transport {
       const auto started = until == no_deadline ? steady_clock::now() : until - bound;
       auto next_log = started + std::chrono::seconds(1);
       for (;;) {
-        const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - steady_clock::now());
         try {
-          store.wait(keys, until == no_deadline ? slice : std::clamp(left, std::chrono::milliseconds(1), slice));
+          store.wait(keys, until == no_deadline ? slice : std::min(ms_left_until(until), slice));
           return;
         } catch (const error& e) {
           if (e.code() != errc::timeout) throw;

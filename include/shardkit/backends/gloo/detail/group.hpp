@@ -227,7 +227,7 @@ inline connected_mesh connect_mesh(world_state& world, rendezvous::any_store att
                                    rendezvous::any_store group_store, const std::string& failed_key, int rank, int size,
                                    steady_clock::time_point until, bool& mesh_failed) {
   connected_mesh m;
-  const auto left = std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(until - steady_clock::now()));
+  const auto left = ms_left_until(until);
   m.context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
   m.context->setTimeout(left);
   store_adapter adapter(attempt_store, left);

@@ -34,7 +34,7 @@ inline constexpr std::string_view one_rank_per_gpu =
 //! The store's timeout for a wait that must end by `until` (0: the store waits forever).
 inline std::chrono::milliseconds store_timeout(deadline until) {
   if (until == no_deadline) return std::chrono::milliseconds(0);
-  return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(until - steady_clock::now()));
+  return ms_left_until(until);
 }
 
 //! Collective over the `size` ranks of `store` (a new communicator's prefix): returns once every rank has a

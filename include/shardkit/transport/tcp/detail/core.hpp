@@ -84,10 +84,7 @@ class core : public std::enable_shared_from_this<core> {
   //! The collective part of connect(): listen, publish, connect the mesh. Throws shardkit::error.
   void establish(rendezvous::any_store& store) {
     const deadline until = deadline_after(opts_.connect_timeout);
-    const auto remaining = [&] {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - steady_clock::now());
-      return std::max(left, std::chrono::milliseconds(1));
-    };
+    const auto remaining = [&] { return ms_left_until(until); };
     const std::string prefix = store_prefix(opts_.group_name, size_);
     // Ranks joining one group name (and size) on one store get successive generations, so a store reused for
     // the next transport (a re-created group, a test) never hands out the previous incarnation's addresses.
