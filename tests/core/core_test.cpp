@@ -23,6 +23,7 @@
 #include "shardkit/core/buffer.hpp"
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/detail/blocking_call_pool.hpp"
+#include "shardkit/core/detail/timer.hpp"
 #include "shardkit/core/detail/worker_threads.hpp"
 #include "shardkit/core/task.hpp"
 #include "shardkit/core/dtype.hpp"
@@ -239,6 +240,22 @@ TEST_CASE("[core] ms_left_until rounds the time left up, to at least 1 ms") {
   CHECK(ms_left_until(now + std::chrono::nanoseconds(1), now) == milliseconds(1));
   CHECK(ms_left_until(now, now) == milliseconds(1));  // 0 would mean "wait forever" to the store
   CHECK(ms_left_until(now - std::chrono::seconds(5), now) == milliseconds(1));
+}
+
+// The timer thread sleeps until its earliest timer and is woken only by a timer that comes before it: one added
+// later but due earlier must still wake it. Orders, not durations: the hour-long timer must not have fired when the
+// 1 ms one has, however loaded the machine.
+TEST_CASE("[core] timer_service: a timer due before the earliest one, added after it, fires first") {
+  auto& timers = shardkit::detail::timer_service::instance();
+  std::promise<void> started, early;
+  timers.at(steady_clock::now(), [&] { started.set_value(); });
+  started.get_future().wait();  // the thread runs: the next timer finds it asleep or about to sleep
+  std::atomic<bool> late_fired{false};
+  const auto late = timers.at(steady_clock::now() + std::chrono::hours(1), [&] { late_fired = true; });
+  timers.at(steady_clock::now() + std::chrono::milliseconds(1), [&] { early.set_value(); });
+  CHECK(early.get_future().wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+  CHECK_FALSE(late_fired.load());
+  timers.cancel(late);
 }
 
 // A continuation runs on the producer's thread (a progress thread, a channel's worker): what it throws must not

@@ -22,16 +22,20 @@ class timer_service {
   using key = std::pair<deadline, std::uint64_t>;
 
   //! Runs `f` at `when` (or at once on the timer thread if it already passed). The key cancels it.
+  //! The thread is woken only when `f` becomes the earliest timer: it sleeps until the earliest one, so a later
+  //! timer changes nothing for it, and every send and recv with a deadline adds one (a futex wake each, saved).
   key at(deadline when, std::function<void()> f) {
     auto& s = thread_.state();
     key k;
+    bool earliest;
     {
       std::lock_guard lock(s.mutex);
       if (thread_.empty()) thread_.start(run);
       k = {when, s.next_id++};
-      s.timers.emplace(k, std::move(f));
+      const auto added = s.timers.emplace(k, std::move(f)).first;
+      earliest = added == s.timers.begin();
     }
-    s.wake.notify_one();
+    if (earliest) s.wake.notify_one();
     return k;
   }
   //! Drops a timer that has not fired (operations that end in time must not pile up until their deadlines).
