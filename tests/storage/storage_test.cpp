@@ -109,6 +109,42 @@ TEST_CASE_TEMPLATE("[ckpt] sink: abort and an abandoned writer leave nothing", F
   CHECK(f.leftovers().empty());
 }
 
+// A writer moves its object with it: the target goes on writing and commits it, and the moved-from source is closed
+// (its writes and commit refused, its abort and destruction touch nothing); a writer moved into drops the object it
+// held. memory_sink's moves are = default, posix_sink's and faulty_sink's hand-written.
+TEST_CASE_TEMPLATE("[storage] sink: a moved writer goes on with its object, and the moved-from source is closed", F,
+                   SINK_FIXTURES) {
+  F f;
+  auto& s = f.sink();
+  {
+    auto source = s.put("moved/constructed");
+    source.write(st::as_bytes("ab"));
+    auto target = std::move(source);
+    target.write(st::as_bytes("cd"));
+    error_of([&] { source.write(st::as_bytes("x")); }, errc::closed);
+    error_of([&] { source.commit(); }, errc::closed);
+    source.abort();
+    target.commit();
+  }  // the moved-from source's destructor runs after the commit
+  CHECK(read_string(s, "moved/constructed") == "abcd");
+
+  {
+    auto kept = s.put("moved/assigned-over");
+    kept.write(st::as_bytes("dropped"));
+    auto source = s.put("moved/assigned");
+    source.write(st::as_bytes("ef"));
+    kept = std::move(source);  // drops "moved/assigned-over": never committed
+    kept.write(st::as_bytes("gh"));
+    error_of([&] { source.commit(); }, errc::closed);
+    kept.commit();
+    error_of([&] { kept.commit(); }, errc::closed);
+  }
+  CHECK(read_string(s, "moved/assigned") == "efgh");
+  CHECK_FALSE(s.exists("moved/assigned-over"));
+  CHECK(s.list("").size() == 2u);
+  CHECK(f.leftovers().empty());
+}
+
 TEST_CASE_TEMPLATE("[ckpt] sink: list is by string prefix and sorted byte-wise", F, SINK_FIXTURES) {
   F f;
   auto& s = f.sink();
