@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "shardkit/comm/algorithms/call_check.hpp"
+#include "shardkit/comm/algorithms/op_members.hpp"
 #include "shardkit/comm/algorithms/scratch.hpp"
 #include "shardkit/comm/algorithms/transfer_list.hpp"
 #include "shardkit/comm/detail/stall_line.hpp"
@@ -29,8 +30,13 @@
 namespace shardkit::comm::algorithms {
 
 template <transport::p2p T>
-class p2p_op {
+class p2p_op : public op_members<T> {
+  using base = op_members<T>;
+  using base::transport_, base::members_, base::me_, base::name_, base::left_in_order, base::first_failed_member,
+      base::lost_reason, base::lost_members, base::member_states;
+
  public:
+  using base::n, base::context, base::in_group_terms;
   //! Only for a transport that reports lost peers but cannot tell how they left (not transport::
   //! reports_departures; none of shardkit's own: shm, tcp and routed over them all tell): how long an op keeps
   //! waiting on a live peer once another member is lost (wait_watching), since that member may have left in
@@ -51,7 +57,7 @@ class p2p_op {
          const char* name, scratch_arena* arena = nullptr, std::stop_token stop = {},
          call_checker<T>* checker = nullptr, const std::int64_t* header = nullptr, std::uint64_t epoch = 0,
          std::string_view group = {}, std::int64_t seq = -1, std::chrono::milliseconds stall_log = {})
-      : transport_(transport), members_(members), me_(me), tag_(tag), until_(until), name_(name), arena_(arena),
+      : base(transport, members, me, name), tag_(tag), until_(until), arena_(arena),
         stop_(std::move(stop)), checker_(checker), header_(header), epoch_(epoch), group_(group), seq_(seq),
         stall_log_setting_(stall_log) {
     const auto now = deadline::clock::now();
@@ -133,8 +139,6 @@ class p2p_op {
   }
   void restore_deadline(std::chrono::milliseconds taken) noexcept { until_ += taken; }
 
-  int n() const noexcept { return int(members_.size()); }
-  int me() const noexcept { return me_; }
   deadline until() const noexcept { return until_; }
   transport::message_tag tag() const noexcept { return tag_; }
   scratch_arena* arena() const noexcept { return arena_; }
@@ -151,7 +155,6 @@ class p2p_op {
 
   //! Uninitialised scratch of `bytes`, valid for this op until the next scratch() call of an op on the same arena.
   std::byte* scratch(std::size_t bytes) { return (arena_ ? *arena_ : own_).get(bytes); }
-  const char* name() const noexcept { return name_; }
 
   completion send(int peer, const std::byte* data, std::size_t bytes) {
     const int to = members_[std::size_t(peer)];  // read once: the frame's copies may alias it
@@ -236,57 +239,10 @@ class p2p_op {
     sends_.clear();
   }
 
-  //! `e`, plus the other members of the group that the transport has lost. A peer that left because its own
-  //! collective failed on a dead rank looks lost or gone too: this names the dead rank wherever the error came
-  //! from. `named`: the group rank `e` is about (-1: the one in its context, if any).
-  error naming_lost_members(const error& e, int named) const {
-    if (named < 0 && e.context().peer)
-      for (int r = 0; r < n(); ++r)
-        if (members_[std::size_t(r)] == *e.context().peer) named = r;
-    std::string others = lost_members(named);
-    if constexpr (transport::reports_lost_peers<T>) {
-      // The peer the error is about is alive, or left in order: it left because of something else, most often a
-      // rank that died (its collective failed on it and its process ended), which this transport may learn of a
-      // moment after that peer did (its own heartbeat, an EOF still queued). Give it that moment; the group is
-      // broken either way. Not past the op's deadline: the error must reach the caller within its timeout.
-      const bool named_not_failed = named >= 0 && named != me_ &&
-                                    (!transport_.lost(members_[std::size_t(named)]) || left_in_order(named));
-      const auto pause = std::chrono::milliseconds(10);
-      const auto failed_other = [&] {
-        const int f = first_failed_member();
-        return f >= 0 && f != named;
-      };
-      for (int i = 0; !failed_other() && named_not_failed && i < 25 && deadline::clock::now() + pause <= until_; ++i) {
-        std::this_thread::sleep_for(pause);
-        others = lost_members(named);
-      }
-    }
-    if (others.empty()) return e;
-    return error(e.code(), e.detail() + "; " + others, e.context());
-  }
-
-  //! This op's context, about group rank `peer` (-1: none): ranks in the group's numbering, with the peer's
-  //! transport rank (its world rank) beside it where the two differ.
-  error_context context(int peer) const {
-    error_context ctx{.rank = me_, .operation = name_};  // the process group adds its name
-    if (peer >= 0) {
-      ctx.peer = peer;
-      if (peer < n() && members_[std::size_t(peer)] != peer) ctx.peer_world_rank = members_[std::size_t(peer)];
-    }
-    return ctx;
-  }
-
-  //! `e` (a transport's error, in transport ranks) in this op's numbering, about group rank `peer`: the rank and
-  //! peer fields then name what the op's messages name.
-  error in_group_terms(const error& e, int peer) const {
-    error_context ctx = e.context();
-    const error_context mine = context(peer);
-    ctx.rank = mine.rank;
-    ctx.peer = mine.peer;
-    ctx.peer_world_rank = mine.peer_world_rank;
-    if (ctx.operation.empty()) ctx.operation = mine.operation;
-    return error(e.code(), e.detail(), std::move(ctx));
-  }
+  using base::naming_lost_members;
+  //! op_members::naming_lost_members, waiting for the transport's word on a lost member at most to this op's
+  //! deadline.
+  error naming_lost_members(const error& e, int named) const { return base::naming_lost_members(e, named, until_); }
 
  private:
   void wait(const completion& c, int peer, const char* what) {
@@ -296,7 +252,7 @@ class p2p_op {
     } catch (const error& e) {
       if (checker_) throw_mismatch_behind(e.code() == errc::protocol || e.code() == errc::peer_lost);
       if (peer >= 0 && e.code() == errc::peer_lost && left_in_order(peer))
-        throw naming_lost_members(error(errc::peer_lost, left_early(peer, what), context(peer)), peer);
+        throw naming_lost_members(error(errc::peer_lost, this->left_early(peer, what, tag_, seq_), context(peer)), peer);
       throw naming_lost_members(peer >= 0 ? in_group_terms(e, peer) : e.with_context(context(peer)), peer);
     }
     if (!done) {
@@ -403,13 +359,6 @@ class p2p_op {
                             waited, member_states(peer), until_);
   }
 
-  //! What the transport sees of the members' processes (detail::member_states), where it can tell.
-  std::vector<std::pair<int, std::string>> member_states(int peer) const {
-    if constexpr (transport::describes_peers<T>)
-      return comm::detail::member_states(n(), me_, peer, [&](int r) { return transport_.peer_state(members_[std::size_t(r)]); });
-    return {};
-  }
-
   completion post_send(int peer, const std::byte* data, std::size_t bytes) {
     return post_send(peer, members_[std::size_t(peer)], data, bytes);
   }
@@ -503,72 +452,8 @@ class p2p_op {
     }
   }
 
-  //! Whether the transport says group rank `r` closed its transport in order (transport::reports_departures).
-  bool left_in_order(int r) const {
-    if constexpr (transport::reports_departures<T>) return r != me_ && transport_.left_in_order(members_[std::size_t(r)]);
-    return false;
-  }
-
-  //! The lowest group rank that the transport has lost other than in order (all lost ones, where the transport
-  //! cannot tell), or -1.
-  int first_failed_member() const {
-    if constexpr (transport::reports_lost_peers<T>) {
-      for (int r = 0; r < n(); ++r)
-        if (r != me_ && transport_.lost(members_[std::size_t(r)]) && !left_in_order(r)) return r;
-    }
-    return -1;
-  }
-
-  //! "rank 2 closed its group in order before sending its part of all_reduce #7: ...": `peer` left in order
-  //! while this rank was `what` it (receiving from, sending to), so the call can never complete. The call's
-  //! number is its place in the group's order (as fault reports give it; else the tag's sequence).
-  std::string left_early(int peer, const char* what) const {
-    const int t = members_[std::size_t(peer)];
-    const std::string who = "rank " + std::to_string(peer) + (t != peer ? " (transport rank " + std::to_string(t) + ")" : "");
-    const bool user = (tag_ >> 63) != 0;  // process_group::send/recv: a user tag in the low 31 bits
-    const std::string call =
-        user ? std::string(name_) + " with tag " + std::to_string(tag_ & 0x7fffffffu)
-             : std::string(name_) + " #" + std::to_string(seq_ >= 0 ? seq_ : std::int64_t((tag_ >> 8) & 0xffffffu));
-    const bool receiving = std::string_view(what) == "receiving from";
-    return who + " closed its group in order before " +
-           (receiving ? "sending its part of " + call : "taking this rank's part of " + call) +
-           ": the ranks called different collectives, or rank " + std::to_string(peer) + " left early";
-  }
-
-  std::string lost_reason(int r) const {
-    if constexpr (transport::reports_lost_peers<T>) {
-      try {
-        if (auto e = transport_.lost(members_[std::size_t(r)])) std::rethrow_exception(e);
-      } catch (const error& e) {
-        return e.detail();
-      } catch (const std::exception& e) {
-        return e.what();
-      } catch (...) {
-        return "unknown";
-      }
-    }
-    return {};
-  }
-
-  //! "lost members of this group: rank 2 (why)[, ...]" for every lost member but `except`, or "".
-  std::string lost_members(int except) const {
-    std::string s;
-    if constexpr (transport::reports_lost_peers<T>) {
-      for (int r = 0; r < n(); ++r) {
-        if (r == me_ || r == except || !transport_.lost(members_[std::size_t(r)])) continue;
-        s += (s.empty() ? "lost members of this group: " : ", ") + std::string("rank ") + std::to_string(r) + " (" +
-             lost_reason(r) + ")";
-      }
-    }
-    return s;
-  }
-
-  T& transport_;
-  std::span<const int> members_;
-  int me_;
   transport::message_tag tag_;
   deadline until_;
-  const char* name_;
   struct posted_send {
     completion c;
     int peer;  // the group rank it goes to
