@@ -14,6 +14,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <cerrno>
+#include <cstdint>
 #include <future>
 #include <map>
 #include <span>
@@ -731,6 +734,37 @@ SHARDKIT_SCENARIO(rendezvous_join_misuse) {
     std::fflush(stdout);
     if (const char* f = std::getenv(("JOIN_MARK_REFUSED_" + std::to_string(rank)).c_str())) std::ofstream(f) << "refused\n";
     SCENARIO_CHECK(s < 5);
+  }
+}
+
+// run_processes holds the MASTER_PORT it gives its ranks (support/harness.hpp, reserved_port) until they exited. Rank
+// 0 binds it first as another program would (no SO_REUSEADDR: another test's listener, which the kernel gave the same
+// port once the harness had let it go), which must be refused, then hosts the job's store there. Before, the port
+// was free from its choice until the store's bind: that bind succeeded, and a multi-process test failed now and then
+// on another program that had taken the port ("store.listen '*:41523': configuration error").
+SHARDKIT_SCENARIO(rendezvous_master_port_held) {
+  const auto info = rdv::info_from_env();
+  if (info.rank == 0) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(std::uint16_t(info.master_port));
+    const int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), err = errno;
+    ::close(fd);
+    std::printf("another program's bind of MASTER_PORT %d: %s\n", info.master_port, rc == 0 ? "taken" : std::strerror(err));
+    SCENARIO_CHECK(rc != 0 && err == EADDRINUSE);
+  }
+  auto store = rdv::connect_store(info);
+  std::printf("JOINED\n");
+}
+
+TEST_CASE("[rendezvous] processes: run_processes holds MASTER_PORT until the ranks exit: no other socket takes it, the store listens there") {
+  const auto results = shardkit::test::run_processes(2, "rendezvous_master_port_held", {{"SHARDKIT_STORE_TIMEOUT", "20"}}, 30s);
+  shardkit::test::require_all_succeeded(results);
+  for (const auto& r : results) {
+    CAPTURE(r.output);
+    CHECK(has(r.output, "JOINED"));
   }
 }
 

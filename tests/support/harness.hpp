@@ -120,7 +120,7 @@ struct process_result {
 };
 
 //! Spawns n copies of this binary running scenario `name` with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-//! MASTER_ADDR=127.0.0.1 and a free MASTER_PORT set, plus `extra_env`. Kills all after `timeout`, or, where `quiet`
+//! MASTER_ADDR=127.0.0.1 and a MASTER_PORT held for them (a reserved_port, until they exited), plus `extra_env`. Kills all after `timeout`, or, where `quiet`
 //! is set, once no rank has written anything for that long (a run that writes progress lines is then killed when it
 //! stops, not when a loaded machine makes it slow); a killed rank's output ends with a line that says which.
 std::vector<process_result> run_processes(int n, const std::string& name,
@@ -133,6 +133,25 @@ void require_all_succeeded(const std::vector<process_result>& results);
 
 //! A TCP port on 127.0.0.1 that was free a moment ago.
 int free_port();
+
+//! A TCP port held from its choice until destruction: a socket bound to it on 127.0.0.1 with SO_REUSEADDR, not
+//! listening (close-on-exec). Between free_port() and a listener's bind, the port is anybody's: another test's
+//! listener (another free_port() that the kernel gave the same port) or a connect() taking it as its local port,
+//! and the listener then fails with EADDRINUSE (run_processes' store: "store.listen '*:41523': configuration
+//! error"). While this socket holds it, a bind without SO_REUSEADDR is refused, bind(0) and connect() never pick
+//! it, and a listener with SO_REUSEADDR (the store's) binds and listens on it.
+class reserved_port {
+ public:
+  reserved_port();
+  ~reserved_port();
+  reserved_port(const reserved_port&) = delete;
+  reserved_port& operator=(const reserved_port&) = delete;
+  int port() const noexcept { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
 
 //! Rank and world size of a scenario child (from the environment).
 int env_rank();

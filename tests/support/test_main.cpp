@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <algorithm>
 #include <iostream>
@@ -40,6 +41,27 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
+reserved_port::reserved_port() {
+  fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) throw std::runtime_error(std::string("reserved_port: socket: ") + std::strerror(errno));
+  // Set before the bind, so that bind(0) picks a port that no socket holds at all (with or without the option).
+  const int one = 1;
+  ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    throw std::runtime_error(std::string("reserved_port: bind: ") + std::strerror(err));
+  }
+  port_ = ntohs(a.sin_port);
+}
+
+reserved_port::~reserved_port() { ::close(fd_); }
+
 int env_rank() {
   const char* v = std::getenv("RANK");
   return v ? std::atoi(v) : 0;
@@ -52,7 +74,8 @@ int env_world_size() {
 std::vector<process_result> run_processes(int n, const std::string& name,
                                           const std::map<std::string, std::string>& extra_env,
                                           std::chrono::seconds timeout, std::chrono::seconds quiet) {
-  const int port = free_port();
+  const reserved_port held;  // until every rank exited: rank 0's store binds it whenever it starts
+  const int port = held.port();
   std::vector<pid_t> pids(n);
   std::vector<int> out_fds(n);
   for (int r = 0; r < n; ++r) {
