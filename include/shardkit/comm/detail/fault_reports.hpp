@@ -24,8 +24,9 @@
 //! wait there. A rank failing in two groups at once posts both; the later one stands. Each rank of a split group
 //! posts its number in the job when the group is made (one store request), so that a peer's group rank can be
 //! translated to the job's even when that peer stops later. A rank that lost a peer (errc::peer_lost) posts and reads
-//! the same way but without waiting: a peer that left after naming the rank at fault passes that verdict on, and a
-//! peer that lost a rank first names that rank (not itself, whose orderly leaving this rank may have seen first).
+//! the same way, its store requests bounded by the grace too, but without waiting for accounts: a peer that left
+//! after naming the rank at fault passes that verdict on, and a peer that lost a rank first names that rank (not
+//! itself, whose orderly leaving this rank may have seen first).
 //!
 //! Nothing of this runs before a collective failed. The store's requests are bounded (rendezvous::request_bound),
 //! so a store whose host stopped answering delays the error by at most the grace + late_answer (then nobody waits
@@ -210,7 +211,12 @@ class fault_board {
   //! explain()'s walk, with its verdict; `counted`: the walk's place among the walks under way (taken while it
   //! waits for accounts); `excused`: the ranks it named, or found silent.
   error walk(const error& e, fault_report mine, bool wait, deadline grace_end, walk_count& counted, std::vector<int>& excused) const {
-    rendezvous::request_bound bound(grace_end + late_answer);
+    // A lost peer's walk waits for no account, but its requests get the same bound as a timeout's: on a loaded host
+    // a store round trip can take 100 ms, and a walk of up to five of them (the lost peer's job rank in a split
+    // group, this rank's account, the peer's) that ended at late_answer posted nothing or read nothing. Its error
+    // then named the neighbour that had left in order after losing the rank at fault, and that neighbour's
+    // peers, finding no account of it, named it too.
+    rendezvous::request_bound bound((wait ? grace_end : deadline_after(grace_)) + late_answer);
     std::map<int, int> group_rank{{job_rank_, rank_}};  // the job's ranks whose group rank is known
     std::string trouble;  // why the accounts could not be read, if they could not
     int silent_host = -1;  // the rank hosting the store, when the store stopped answering (its error's peer)
