@@ -4,16 +4,26 @@
 // uploads, parallel ranged reads, list and batch delete must still complete, with bytes identical to what was
 // written and to what the server holds. Then the retry policy through the proxy's own answers: which codes are
 // retried, with the real status kept; connection errors that are final; a listing that breaks off. And the
-// priority the sink's workers run at, and the part buffers a sink keeps for its next upload.
+// priority the sink's workers run at, the part buffers a sink keeps for its next upload, and a governed download's
+// receive buffer against a server that sends as fast as it can (a socket of its own: no S3 server needed).
 #include <doctest/doctest.h>
 
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -24,6 +34,7 @@
 
 #include "s3/fault_proxy.hpp"
 #include "s3/s3_fixtures.hpp"
+#include "shardkit/core/link_governor.hpp"
 #include "shardkit/core/thread_options.hpp"
 #include "support/harness.hpp"
 
@@ -259,7 +270,145 @@ std::vector<int> nice_of_threads_named(const std::string& name) {
   return out;
 }
 
+// What a flooding server saw of its one client, libcurl's connection in this process: the most body bytes the
+// client's kernel acknowledged beyond what the governor had granted the client, the client socket's largest
+// receive buffer (SO_RCVBUF) and smoothed RTT.
+struct flood_seen {
+  std::uint64_t most_ahead = 0;
+  int client_buffer_most = 0;
+  std::uint32_t client_rtt_us_most = 0;
+};
+
+// This process's socket whose local port is `port`: the client's end of a loopback connection.
+int own_socket_on_port(unsigned short port) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    int fd = -1;
+    try {
+      fd = std::stoi(e.path().filename().string());
+    } catch (...) {
+      continue;
+    }
+    sockaddr_in a{};
+    socklen_t length = sizeof a;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length) == 0 && a.sin_family == AF_INET &&
+        ntohs(a.sin_port) == port)
+      return fd;
+  }
+  return -1;
+}
+
+// Answers one request on `listener` with 200 and `size` bytes, sent as fast as the socket takes them, and every
+// millisecond compares the body bytes the client acknowledged (written less what is still queued here, SIOCOUTQ)
+// with `granted()`, and reads the client socket's receive buffer and RTT. Gives up after 60 s or when the client
+// goes.
+flood_seen flood_one_get(int listener, std::size_t size, const std::function<std::uint64_t()>& granted) {
+  flood_seen seen;
+  const int fd = ::accept(listener, nullptr, nullptr);
+  if (fd < 0) return seen;
+  sockaddr_in peer{};
+  socklen_t length = sizeof peer;
+  ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length);
+  const int client = own_socket_on_port(ntohs(peer.sin_port));
+  std::string request;
+  char in[4096];
+  while (request.find("\r\n\r\n") == std::string::npos) {
+    const auto n = ::recv(fd, in, sizeof in, 0);
+    if (n <= 0) return ::close(fd), seen;
+    request.append(in, std::size_t(n));
+  }
+  const std::string head = "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(size) + "\r\n\r\n";
+  if (::send(fd, head.data(), head.size(), MSG_NOSIGNAL) != ssize_t(head.size())) return ::close(fd), seen;
+  const std::vector<char> chunk(64 << 10, 'x');
+  std::size_t written = 0;
+  for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+       std::chrono::steady_clock::now() < until;) {
+    int queued = 0;
+    ::ioctl(fd, SIOCOUTQ, &queued);
+    const std::uint64_t acked = written - std::min<std::size_t>(written, std::size_t(std::max(queued, 0)));
+    const std::uint64_t paid = granted();
+    if (acked > paid) seen.most_ahead = std::max(seen.most_ahead, acked - paid);
+    int buffer = 0;
+    tcp_info info{};
+    socklen_t buffer_length = sizeof buffer, info_length = sizeof info;
+    if (client >= 0 && ::getsockopt(client, SOL_SOCKET, SO_RCVBUF, &buffer, &buffer_length) == 0 &&
+        ::getsockopt(client, IPPROTO_TCP, TCP_INFO, &info, &info_length) == 0) {
+      seen.client_buffer_most = std::max(seen.client_buffer_most, buffer);
+      seen.client_rtt_us_most = std::max(seen.client_rtt_us_most, info.tcpi_rtt);
+    }
+    if (written == size && queued == 0) break;
+    pollfd p{fd, short(written < size ? POLLOUT : 0), 0};
+    if (::poll(&p, 1, 1) < 0 || (p.revents & (POLLERR | POLLHUP))) break;
+    if (p.revents & POLLOUT) {
+      const auto n = ::send(fd, chunk.data(), std::min(chunk.size(), size - written), MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) written += std::size_t(n);
+      else if (errno != EAGAIN && errno != EWOULDBLOCK) break;
+    }
+  }
+  ::close(fd);
+  return seen;
+}
+
 }  // namespace
+
+TEST_CASE("[s3] a governed download's receive buffer is the link's rate x RTT, not autotuned: a server sending as "
+          "fast as it can gets little beyond the grants while a collective holds the link") {
+  using namespace std::chrono_literals;
+  namespace sk = shardkit;
+  const auto rx = sk::link_direction::rx;
+  const auto data_class = sk::traffic_class::data;
+  // 256 MiB/s, a floor of 1% (2.7 MB/s): while a collective's receive is in progress the download gets only that.
+  constexpr std::uint64_t rate = 256u << 20;
+  sk::link_governor link("s3", {.bytes_per_second = rate, .unreported_share_percent = 100, .floor_percent = 1,
+                                .window = 50ms});
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t at_length = sizeof at;
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
+  REQUIRE(::listen(listener, 4) == 0);
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&at), &at_length) == 0);
+  constexpr std::size_t size = 24u << 20;
+  flood_seen seen;
+  std::thread server([&] { seen = flood_one_get(listener, size, [&] { return link.sent(rx, data_class); }); });
+
+  st::s3_options o;
+  o.endpoint = "http://127.0.0.1:" + std::to_string(ntohs(at.sin_port));
+  o.region = "us-east-1";
+  o.credentials = st::s3_credentials{"FLOODKEY", "FLOODSECRET", ""};
+  o.parallel = 1;  // one GET, one connection
+  o.max_attempts = 1;
+  o.governor = &link;
+  st::s3_sink sink(st::s3_location{"bucket", ""}, o);
+  // Once the download has run at the link's rate for 16 MiB (an autotuned receive buffer grows with it: 0.5 to
+  // 2.8 MB measured here, Linux 6.18), a collective's receive holds the link for 0.6 s.
+  std::atomic<bool> done{false};
+  std::thread collectives([&] {
+    while (!done && link.sent(rx, data_class) < (16u << 20)) std::this_thread::sleep_for(1ms);
+    link.demand_begin(rx, 64 << 10);
+    for (int i = 0; i < 600 && !done; ++i) std::this_thread::sleep_for(1ms);
+    link.demand_end(rx);
+  });
+  std::vector<std::byte> back(size);
+  std::size_t got = 0;
+  const double took = seconds_of([&] { got = sink.get("obj", 0, back); });
+  done = true;
+  collectives.join();
+  server.join();
+  ::close(listener);
+  CHECK(got == size);
+  CHECK(back.back() == std::byte{'x'});
+  // SO_RCVBUF = rate x RTT + 64 KiB, doubled by the kernel; the RTT it was sized from is the connection's before its
+  // request went, within a factor of 2 of the largest seen here. The server gets at most that buffer ahead of the
+  // grants, plus libcurl's one read of 128 KiB held while the callback waits, plus one loopback segment (64 KiB).
+  const std::uint64_t buffer = 2 * (2 * rate * seen.client_rtt_us_most / 1'000'000 + (64 << 10));
+  MESSAGE("bytes acknowledged beyond the grants: at most ", seen.most_ahead, "; the client's receive buffer ",
+          seen.client_buffer_most, " (bound ", buffer, " at an RTT of ", seen.client_rtt_us_most, " us); ", took, " s");
+  CHECK(seen.client_buffer_most > 0);
+  CHECK(std::uint64_t(seen.client_buffer_most) <= buffer);
+  CHECK(seen.most_ahead <= buffer + (128 << 10) + (64 << 10));
+}
 
 TEST_CASE("[s3] the sink's workers (sk-s3) send parts and read ranges no higher than the thread that gives them work") {
   if (!server_or_skip()) return;

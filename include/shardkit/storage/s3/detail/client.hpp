@@ -38,12 +38,9 @@
 #include "shardkit/core/link_governor.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/storage/s3/config.hpp"
+#include "shardkit/storage/s3/detail/governed_socket.hpp"
 #include "shardkit/storage/s3/detail/resolve.hpp"
 #include "shardkit/storage/s3/detail/text.hpp"
-
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
 
 namespace shardkit::storage::detail::s3 {
 
@@ -189,8 +186,8 @@ class client {
     for (unsigned attempt = 1;; ++attempt) {
       response one;
       {
-        easy_ptr h = take();
-        perform(h.get(), r, one);
+        pooled_handle h = take();
+        perform(h, r, one);
         give(std::move(h));
       }
       one.attempts = attempt;
@@ -301,20 +298,26 @@ class client {
     return std::chrono::milliseconds(std::uniform_int_distribution<std::int64_t>(0, std::max<std::int64_t>(cap, 0))(rng));
   }
 
-  easy_ptr take() {
+  // An easy handle (its connection kept alive in it) and the sockets libcurl made for it.
+  struct pooled_handle {
+    easy_ptr easy;
+    made_sockets sockets;
+  };
+
+  pooled_handle take() {
     {
       std::lock_guard lock(handles_mutex_);
       if (!idle_.empty()) {
-        easy_ptr h = std::move(idle_.back());
+        pooled_handle h = std::move(idle_.back());
         idle_.pop_back();
         return h;
       }
     }
-    easy_ptr h(curl_easy_init());
-    if (!h) throw_error(errc::out_of_memory, "curl_easy_init failed", {.operation = "s3_sink"});
+    pooled_handle h{easy_ptr(curl_easy_init()), {}};
+    if (!h.easy) throw_error(errc::out_of_memory, "curl_easy_init failed", {.operation = "s3_sink"});
     return h;
   }
-  void give(easy_ptr h) {
+  void give(pooled_handle h) {
     std::lock_guard lock(handles_mutex_);
     if (idle_.size() < 2 * std::size_t(options_.parallel) + 4) idle_.push_back(std::move(h));
   }
@@ -323,6 +326,7 @@ class client {
     const request* r;
     response* out;
     CURL* h;
+    const made_sockets* sockets;  // the handle's, where a governed download finds its socket
     std::size_t sent = 0;
     std::uint64_t skip = 0;  // a server that ignored Range sends the object from its start
     bool status_known = false;
@@ -349,19 +353,6 @@ class client {
     if (count) std::memcpy(buffer, t->r->body.data() + t->sent, count);
     t->sent += count;
     return count;
-  }
-
-  static constexpr long paced_io_bytes = 128 << 10;
-
-  //! A governed connection's socket: at most paced_io_bytes unsent in it (the kernel says it is writable only
-  //! below that), so what the governor granted leaves soon or is not taken yet. A kernel without the option
-  //! (before Linux 3.12) leaves the socket as it was.
-  static int on_socket(void*, curl_socket_t fd, curlsocktype purpose) {
-    if (purpose == CURLSOCKTYPE_IPCXN) {
-      const int lowat = int(paced_io_bytes);
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof lowat);
-    }
-    return CURL_SOCKOPT_OK;
   }
 
   // libcurl rewinds the body when it resends a request (a reused connection the server had closed).
@@ -398,12 +389,22 @@ class client {
     const std::size_t take = std::min(room, count - at);
     if (take) std::memcpy(t->r->into.data() + t->out->received, data + at, take);
     t->out->received += take;
-    // Holding this callback holds this connection's receive window: the server's sending slows to the grants.
+    // Holding this callback holds this connection's receive window: the server's sending slows to the grants, at
+    // most its receive buffer ahead of them (about rate x RTT: bound_receive_window).
     if (t->options->governor)
       for (std::size_t paid = 0; paid < count;)
         paid += paced(*t->options, link_direction::rx, t->options->download_class, count - paid);
     return count;  // bytes past the range (a server ignoring Range) are dropped
   }
+
+#if LIBCURL_VERSION_NUM >= 0x075000
+  // A governed download's connection is made or reused; its request is not sent yet.
+  static int on_connected(void* user, char*, char*, int remote_port, int local_port) {
+    auto* t = static_cast<transfer*>(user);
+    bound_receive_window(*t->sockets, local_port, remote_port, *t->options->governor);
+    return CURL_PREREQFUNC_OK;
+  }
+#endif
 
   static size_t on_header(char* data, size_t size, size_t n, void* user) {
     auto* t = static_cast<transfer*>(user);
@@ -433,10 +434,11 @@ class client {
     return url;
   }
 
-  void perform(CURL* h, const request& r, response& out) const {
+  void perform(pooled_handle& handle, const request& r, response& out) const {
+    CURL* h = handle.easy.get();
     curl_easy_reset(h);  // keeps the connection cache: the point of reusing handles
     const std::string url = url_asked(r);
-    transfer t{.r = &r, .out = &out, .h = h, .options = &options_};
+    transfer t{.r = &r, .out = &out, .h = h, .sockets = &handle.sockets, .options = &options_};
     char error_buffer[CURL_ERROR_SIZE] = {};
     curl_slist* headers = nullptr;
     const auto add = [&](const std::string& hdr) { headers = curl_slist_append(headers, hdr.c_str()); };
@@ -463,12 +465,16 @@ class client {
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
     // Governed: libcurl asks for (and is granted) 128 KiB at a time instead of 1 MiB, and each connection keeps at
     // most 128 KiB unsent in its socket (TCP_NOTSENT_LOWAT), so granted bytes do not pile up in buffers ahead of
-    // the collectives' packets; the grants themselves are paced to the link (core/link_demand.hpp). Both options
-    // are in Debian 12's libcurl 7.88 (UPLOAD_BUFFERSIZE since 7.62, SOCKOPTFUNCTION since 7.16).
+    // the collectives' packets; the grants themselves are paced to the link (core/link_demand.hpp). A download's
+    // receive buffer is sized before its request goes (bound_receive_window). These options are in Debian 12's
+    // libcurl 7.88 (UPLOAD_BUFFERSIZE since 7.62, SOCKOPTFUNCTION since 7.16, PREREQFUNCTION since 7.80).
     const long io_bytes = options_.governor ? paced_io_bytes : 1L << 20;
     curl_easy_setopt(h, CURLOPT_BUFFERSIZE, io_bytes);
     curl_easy_setopt(h, CURLOPT_UPLOAD_BUFFERSIZE, io_bytes);
-    if (options_.governor) curl_easy_setopt(h, CURLOPT_SOCKOPTFUNCTION, &client::on_socket);
+    if (options_.governor) {
+      curl_easy_setopt(h, CURLOPT_SOCKOPTFUNCTION, &governed_socket_made);
+      curl_easy_setopt(h, CURLOPT_SOCKOPTDATA, &handle.sockets);
+    }
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(options_.connect_timeout.count()));
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, static_cast<long>(std::max<std::int64_t>(1, (options_.stall_timeout.count() + 999) / 1000)));
@@ -500,6 +506,12 @@ class client {
     } else if (method != "GET") {
       curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, r.method);
     }
+#if LIBCURL_VERSION_NUM >= 0x075000
+    if (options_.governor && method == "GET" && !r.into.empty()) {
+      curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, &client::on_connected);
+      curl_easy_setopt(h, CURLOPT_PREREQDATA, &t);
+    }
+#endif
     out.curl = curl_easy_perform(h);
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &out.status);
     if (out.empty_object) out.curl = CURLE_OK, out.status = 416, out.received = 0;
@@ -514,6 +526,10 @@ class client {
     // The handle must not keep pointers into this frame: the next request resets it anyway, but a pooled handle
     // is also cleaned up by the pool, which must not see dangling user data.
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, nullptr);
+    curl_easy_setopt(h, CURLOPT_SOCKOPTFUNCTION, static_cast<curl_sockopt_callback>(nullptr));
+#if LIBCURL_VERSION_NUM >= 0x075000
+    curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, static_cast<curl_prereq_callback>(nullptr));
+#endif
   }
 
   s3_location location_;
@@ -522,7 +538,7 @@ class client {
   bool virtual_hosted_;
   std::string sigv4_;
   std::mutex handles_mutex_;
-  std::vector<easy_ptr> idle_;
+  std::vector<pooled_handle> idle_;
   std::mutex pool_mutex_;
   std::mutex spare_mutex_;
   std::vector<std::vector<std::byte>> spare_parts_;  // take_part_buffer / keep_part_buffer
