@@ -72,7 +72,8 @@ enum class exit_kind {
 struct case_options {
   exit_kind kind = exit_kind::break_forward;
   std::size_t budget_units = 1;  // 0: unlimited_budget
-  std::size_t hybrid_shard_size = 0;  // 0: full_shard
+  std::size_t hybrid_shard_size = 0;  // 0: `strategy`, else hybrid_shard with shard groups of this size
+  fsdp::sharding_strategy strategy = fsdp::sharding_strategy::full_shard;
   bool uneven = false;                // uneven_units() instead of three equal ones
   bool early_backward_gather = true;  // sharding_options::early_backward_gather
   int iterations = 1000;
@@ -85,6 +86,7 @@ struct case_options {
 
 inline fsdp::sharding_options options_for(const case_options& c) {
   fsdp::sharding_options o;
+  o.strategy = c.strategy;
   if (c.hybrid_shard_size != 0) {
     o.strategy = fsdp::sharding_strategy::hybrid_shard;
     o.hybrid_shard_size = c.hybrid_shard_size;
@@ -247,6 +249,84 @@ inline void run(comm::process_group& g, const case_options& c) {
     delay();
     check_backward(*model, it);
   }
+}
+
+// What one rank leaves alone in an iteration of leave_alone (its index in alone_counts).
+enum class alone_kind { forward, backward, forward_then_backward };
+inline const char* to_string(alone_kind k) {
+  return k == alone_kind::forward ? "forward" : k == alone_kind::backward ? "backward" : "forward, then backward";
+}
+
+// Iterations of leave_alone by what was left alone: each one the ranks stayed in step through.
+struct alone_counts {
+  int in_step[3] = {};
+};
+
+// One rank, drawn at random, leaves a pass alone while the others finish it (docs/fsdp.md, "One rank leaving
+// alone"): its forward, its backward, or its forward and then that step's backward, each with a break, a throw or
+// a range never iterated, at a random unit, with random delays. Then every rank runs a full backward (after a
+// forward left alone) or reads the norm, zeroes the gradients and runs a full backward (after a backward left
+// alone). What holds under every strategy: the ranks stay in step (every gathered value its own, every reduced
+// gradient the mean; after a backward left alone a NaN norm on every rank), so any error (a mismatch, a timeout)
+// or wrong value fails the case. `seed` draws the same leaver and exits on every rank.
+inline alone_counts leave_alone(comm::process_group& g, const case_options& c, std::uint32_t seed) {
+  const int n = g.size(), me = g.rank();
+  std::mt19937 shared(seed), local(seed * 7919u + std::uint32_t(me));
+  const auto delay = [&] {
+    if (local() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(local() % 50));
+  };
+  fsdp::sharded_model model(g, units(), options_for(c));
+  model.init_parameters(init);
+  alone_counts counts;
+  const auto started = std::chrono::steady_clock::now();
+  for (int it = 0; it < c.iterations; ++it) {
+    if (c.progress && it % 50 == 0 && it != 0)
+      std::fprintf(stderr, "rank %d: iteration %d of %d after %.1f s\n", me, it, c.iterations,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    const int leaver = int(shared() % unsigned(n));
+    const auto kind = alone_kind(shared() % 3);
+    std::string how;
+    const auto leave = [&](fsdp::pass p) {
+      const bool thrown = shared() % 2 == 0;
+      const int at = int(shared() % (model.num_units() + 1)) - 1;  // -1: a range never iterated
+      how += std::string(how.empty() ? "" : ", ") + std::string(fsdp::to_string(p)) + (thrown ? " thrown" : " broken") +
+             " at " + std::to_string(at);
+      try {
+        auto range = p == fsdp::pass::forward ? model.forward() : model.backward();
+        if (me == leaver && at < 0) return;
+        int pos = 0;
+        for (auto& u : range) {
+          if (p == fsdp::pass::backward)
+            for (float& x : u.grads().as<float>()) x += 1;
+          delay();
+          if (me == leaver && pos++ == at) {
+            if (thrown) throw std::domain_error("left alone");
+            break;
+          }
+        }
+      } catch (const std::domain_error&) {
+      }
+    };
+    try {
+      if (kind == alone_kind::backward) check_forward(model, it);
+      else leave(fsdp::pass::forward);
+      if (kind == alone_kind::forward) {
+        check_backward(model, it);
+      } else {
+        leave(fsdp::pass::backward);
+        const double norm = model.grad_norm();
+        require(std::isnan(norm), "the norm after a backward left alone is " + std::to_string(norm));
+        model.zero_grad();
+        delay();
+        check_backward(model, it);
+      }
+    } catch (const std::exception& e) {
+      throw std::runtime_error("iteration " + std::to_string(it) + " (rank " + std::to_string(leaver) + " left " +
+                               to_string(kind) + " alone: " + how + "): rank " + std::to_string(me) + ": " + e.what());
+    }
+    ++counts.in_step[int(kind)];
+  }
+  return counts;
 }
 
 }  // namespace shardkit::test::abandon

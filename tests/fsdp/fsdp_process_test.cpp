@@ -111,6 +111,20 @@ SHARDKIT_SCENARIO(fsdp_passes_left_early) {
   ab::run(world.group, c);
 }
 
+// One rank at a time leaves a pass alone (abandon_cases.hpp, leave_alone), ranks as processes over shm:
+// FSDP_TEST_ALONE is "iterations budget hybrid_shard_size".
+SHARDKIT_SCENARIO(fsdp_rank_leaves_alone) {
+  namespace ab = shardkit::test::abandon;
+  auto world = sk::comm::init_process_group("shm");
+  std::istringstream spec(env_or("FSDP_TEST_ALONE", "10 2 2"));
+  ab::case_options c;
+  spec >> c.iterations >> c.budget_units >> c.hybrid_shard_size;
+  c.progress = true;
+  const auto counts = ab::leave_alone(world.group, c, 2800);
+  std::printf("rank %d in step after a forward left alone %d, a backward %d, both %d\n", world.group.rank(),
+              counts.in_step[0], counts.in_step[1], counts.in_step[2]);
+}
+
 // Rank 1 throws in its training loop at step 3 (the trainer's own bug): its process unwinds and exits, while the
 // others are in that step's collectives. Each of them must fail naming rank 1, before its timeout (the transport
 // sees the rank go; nobody waits out a deadline on a neighbour).
@@ -190,6 +204,16 @@ TEST_CASE("[fsdp] ranks as processes: passes left early on every rank keep the r
         {{"FSDP_TEST_ABANDON", std::to_string(kind) + " 2 300 1"}, {"SHARDKIT_TIMEOUT_MS", "20000"}},
         abandon_limit, abandon_quiet));
   }
+}
+
+TEST_CASE("[fsdp] ranks as processes: one rank leaving a pass alone under hybrid_shard keeps the ranks in step") {
+  // 2 shard groups of 2 ranks: before, a forward left alone made the other shard group wait in the replicas'
+  // all-reduce until the timeout (10 s here: a failure shows in seconds, not at the default 30 min).
+  const int iterations = 40 * std::max(1, std::atoi(env_or("FSDP_TEST_ALONE_SCALE", "1").c_str()));
+  sk::test::require_all_succeeded(sk::test::run_processes(
+      4, "fsdp_rank_leaves_alone",
+      {{"FSDP_TEST_ALONE", std::to_string(iterations) + " 2 2"}, {"SHARDKIT_TIMEOUT_MS", "10000"}}, abandon_limit,
+      abandon_quiet));
 }
 
 TEST_CASE("[fsdp] ranks as processes: a rank that throws in its training loop is named by every other rank, at once") {

@@ -381,12 +381,18 @@ class sharded_model {
   // the f32 gradient shard, free the unsharded gradients.
   SHARDKIT_DECL void queue_reduce(std::size_t i);
 
-  // After a failure or a break inside a pass (see pass_range): withdraws queued gathers, issues every collective
-  // of the pass this rank has not issued (the rest of its all-gathers, and in a synchronizing backward the rest
-  // of its reductions, of NaN), waits for all of them, frees what the pass held and, after a backward, fills the
-  // gradients with NaN. `failed`: a collective of the pass failed, so its groups are in an unknown state: they
-  // are aborted first (later collectives fail at once, naming the cause) and nothing more is issued.
+  // After a failure or a break inside a pass (see pass_range). A forward runs to its end (finish_forward). Else
+  // it withdraws queued gathers, issues every collective of the pass this rank has not issued (the rest of its
+  // all-gathers, and in a synchronizing backward the rest of its reductions, of NaN), waits for all of them, frees
+  // what the pass held and, after a backward, fills the gradients with NaN. `failed`: a collective of the pass
+  // failed, so its groups are in an unknown state: they are aborted first (later collectives fail at once, naming
+  // the cause) and nothing more is issued.
   SHARDKIT_DECL void abandon_pass(const std::exception_ptr& failed = nullptr) noexcept;
+  // A forward left early: ends the unit in use and begins and ends each unit left, as a complete forward does
+  // without the trainer's compute. Every rank then holds what a complete forward leaves, wherever each left, so
+  // one rank leaving alone stays in step with its peers under every strategy. A gather of it that fails abandons
+  // the pass as failed (begin_unit); anything else leaves the pass to abandon_pass's catch-ups.
+  SHARDKIT_DECL void finish_forward() noexcept;
   SHARDKIT_DECL void abort_groups(const std::string& reason) noexcept;
   // Abandonment's own collectives, on the trainer's thread and the reduce thread.
   SHARDKIT_DECL void catch_up_gather(std::size_t i, std::uint64_t call_tag);
@@ -414,6 +420,7 @@ class sharded_model {
   bool accumulating_ = false;     // a backward without sync ran since the last synchronizing one
   bool use_accumulated_ = false;  // this backward's gradients go into the accumulation buffers
   std::size_t next_ = 0, queued_ = 0;
+  bool unit_in_use_ = false;  // the unit at next_ - 1 began and has not ended
   std::size_t kept_for_backward_ = 0;  // see kept_for_backward()
   bool requests_apart_ = false;        // detail::backward_requests_apart: backward's parameters, then gradients
   std::vector<bool> grads_after_next_;  // k: k's gradients after k-1's parameters (gradients_after_next_parameters)

@@ -3,6 +3,7 @@
 //! the reduce thread's reduce-scatters and replica all-reduces, waiting for them, and the scalar all-reduces
 //! (gradient norm, loss).
 //! Part of fsdp/impl/sharded_model.hpp (see there for how it compiles).
+#include "shardkit/core/detail/timer.hpp"
 #include "shardkit/fsdp/sharded_model.hpp"
 
 namespace shardkit::fsdp {
@@ -340,7 +341,32 @@ SHARDKIT_DECL void sharded_model::fill_nan(buffer_view v, any_device_stager& sta
 SHARDKIT_DECL void sharded_model::catch_up_gather(std::size_t i, std::uint64_t call_tag) {
   auto& u = *units_[i];
   // The trainer's thread, with the gather thread idle: issued after the gathers that thread issued, in order.
-  auto l = limiter_->acquire_blocking(params_bytes(u), "unit '" + u.layout.name() + "' gather of a pass left early");
+  // abandon_pass gave back every parameter block and every gradients' buffer no reduction uses, so what this
+  // waits for is this rank's gradient reductions in flight: each ends by its own deadline, and the peer it waits
+  // for may itself wait on this rank. Bounded by the gather group's deadline all the same, with an error that
+  // says what was waited for, rather than left to what others do.
+  const std::string label = "unit '" + u.layout.name() + "' all-gather of a " + std::string(to_string(pass_)) +
+                            " pass left early";
+  const auto timeout = gather_group_.options().timeout;
+  std::stop_source give_up;
+  auto& timers = shardkit::detail::timer_service::instance();
+  const auto timer = timers.at(deadline_after(timeout), [give_up]() mutable { give_up.request_stop(); });
+  std::optional<gather_limiter::lease> held;
+  try {
+    held.emplace(limiter_->acquire_blocking(params_bytes(u), label, give_up.get_token()));
+  } catch (...) {
+    timers.cancel(timer);
+    if (!give_up.stop_requested()) throw;
+    const auto s = limiter_->stats();
+    throw_error(errc::timeout,
+                label + ": waited " + std::to_string(timeout.count()) + " ms (the gather group's timeout) for " +
+                    std::to_string(params_bytes(u)) + " bytes of the gather budget; " +
+                    std::to_string(s.in_use_bytes) + " of its " + std::to_string(s.budget_bytes) +
+                    " bytes are still held, by this rank's gradient reductions in flight",
+                context("catch_up_gather", u));
+  }
+  timers.cancel(timer);
+  gather_limiter::lease l = std::move(*held);
   buffer_view full = l.view(opts_.precision.param, u.layout.padded_numel());
   buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
   control_stager_.upload(const_buffer_view(u.master), mine);

@@ -143,6 +143,7 @@ SHARDKIT_DECL void sharded_model::give_back_kept() noexcept {
   }
   if (early_backward_ == model_event::no_unit) return;
   // Issued on every rank (a peer's may be, whatever this rank's timing), so completed here too, then given back.
+  // The drain waits for no peer (see drain_gathers), the all-gather's completion for one under its deadline.
   drain_gathers();
   (void)release_early_buffers();
   retire_early_backward();
@@ -245,6 +246,7 @@ SHARDKIT_DECL unit_scope sharded_model::begin_unit(std::size_t i, pass p) {
   }
   emit(model_event::kind::gather_wait, p, i, t0, ready);
   u.used_since = ready;
+  unit_in_use_ = true;
   unit_scope s;
   s.model_ = this;
   s.model_alive_ = alive_;
@@ -263,6 +265,7 @@ SHARDKIT_DECL void sharded_model::end_unit(std::size_t i) {
                 "end_unit('" + u.layout.name() + "') without its begin_unit in the current pass",
                 context("end_unit", u));
   end_generation(u);
+  unit_in_use_ = false;
   if (quarantine_) quarantine_->end_use(i, pass_ == pass::backward);  // the gradients go back before the reduction
   emit(model_event::kind::use, pass_, i, u.used_since);
   if (pass_ == pass::forward) {
@@ -278,9 +281,33 @@ SHARDKIT_DECL void sharded_model::end_unit(std::size_t i) {
   }
 }
 
+SHARDKIT_DECL void sharded_model::finish_forward() noexcept {
+  try {
+    if (unit_in_use_) end_unit(unit_at(next_ - 1));
+    while (in_pass_) {
+      const std::size_t i = unit_at(next_);
+      (void)begin_unit(i, pass::forward);  // its all-gather waited for; its failure abandons the pass
+      end_unit(i);
+    }
+  } catch (const std::exception& e) {
+    // in_pass_ false: begin_unit abandoned the pass as failed (the groups are aborted, later calls say why); else
+    // abandon_pass goes on with its catch-ups
+    log::warn("fsdp: rank ", rank_, ": a forward pass left early could not run to its end: ", e.what());
+  } catch (...) {
+    log::warn("fsdp: rank ", rank_, ": a forward pass left early could not run to its end");
+  }
+}
+
 SHARDKIT_DECL void sharded_model::abandon_pass(const std::exception_ptr& failed) noexcept {
   if (!in_pass_) return;  // already abandoned (begin_unit's failure, then the range), or done
+  // A forward left early keeps what a complete forward keeps (the kept units' parameters and gradients' buffers,
+  // backward's first gather, under shard_grad_op every unit's parameters): freed on one rank alone, they made its
+  // next backward gather what its peers' does not, a mismatch on one group or, where the peers waited on another
+  // group (the replicas' all-reduce, shard_grad_op's reductions), a wait until the collective timeout.
+  if (!failed && pass_ == pass::forward) finish_forward();
+  if (!in_pass_) return;
   in_pass_ = false;
+  unit_in_use_ = false;
   norm_known_ = false;
   for (auto& u : units_) end_generation(*u);
   if (quarantine_) quarantine_->end_all();
@@ -368,6 +395,13 @@ SHARDKIT_DECL void sharded_model::abort_groups(const std::string& reason) noexce
 
 SHARDKIT_DECL void sharded_model::drain_gathers() noexcept {
   // Turns end in queue order and never fail: the last one queued ends after every other job's.
+  // No deadline, because no peer can hold this up: a turn ends once its job is admitted by the limiter (then it
+  // uploads and issues its all-gather, both local: the all-gather's completion is waited for elsewhere, under the
+  // group's deadline) or withdrawn, and every caller drains where nothing left in the region waits on a peer:
+  // abandon_pass after pass_stop_ withdrew every job still queued; settle_early_gathers, whose jobs were queued
+  // into an empty region and fit in it together (shard_stepped); give_back_kept, whose early backward gather
+  // follows a forward that ended (no reduction in flight: a backward before it waited for its reductions or
+  // drained them) once the kept blocks went back, so the region holds nothing else and it is admitted at once.
   try {
     if (gather_turns_.valid()) gather_turns_.wait();
   } catch (...) {
