@@ -50,7 +50,7 @@ targets = set(sys.argv[1].split())
 out = set()
 for t in json.load(sys.stdin).get("tests", []):
     # A package test installs the project first: that needs every installed target.
-    if any("run_consumer.cmake" in w for w in t.get("command") or []):
+    if any("run_consumer.cmake" in w or "run_pkgconfig.sh" in w for w in t.get("command") or []):
         print("all")
         sys.exit(0)
     # Before a binary exists ctest lists no command for it; add_test names it after its target.
