@@ -49,6 +49,7 @@ model:
   --early-gathers on|off the next forward's gathers start as the optimizer steps each unit [on]
   --keep-last on|off     the forward's last units keep their gathered parameters for backward [on]
   --early-backward on|off  with units kept: backward's first gather beyond them starts in forward [on]
+  --keep-before on|off   where none can be kept (about 1 unit): the unit before the last ones keeps its parameters [off]
   --optimizer-ms X       the step outside units [the file's other_ms x measured_shard / shard size]
   --scale-compute X      multiply every unit's compute time by X [1]
   --timeline             with --budget: every simulated interval
@@ -198,9 +199,10 @@ units_file t5_11b(double seqs, double mfu) {
 }
 
 void row(const char* label, const fsdp::plan_result& r, double bound) {
-  std::printf("| %s | %.1f | %.2fx | %.1f | %.1f | %.1f | %zu | %zu |\n", label, 1e3 * r.step_seconds,
+  std::printf("| %s | %.1f | %.2fx | %.1f | %.1f | %.1f | %zu | %zu%s |\n", label, 1e3 * r.step_seconds,
               bound > 0 ? r.step_seconds / bound : 0.0, 1e3 * r.exposed_seconds, 1e3 * r.gather_wait_seconds,
-              1e3 * r.limiter_wait_seconds, r.peak_gathered_bytes, r.kept_for_backward);
+              1e3 * r.limiter_wait_seconds, r.peak_gathered_bytes, r.kept_for_backward,
+              r.parameters_kept_before ? " + 1's parameters" : "");
 }
 
 }  // namespace
@@ -253,6 +255,9 @@ int main(int argc, char** argv) try {
     } else if (a == "--early-backward") {
       if (v != "on" && v != "off") fail("--early-backward wants on or off, got '" + std::string(v) + "'");
       model.early_backward_gather = v == "on";
+    } else if (a == "--keep-before") {
+      if (v != "on" && v != "off") fail("--keep-before wants on or off, got '" + std::string(v) + "'");
+      model.keep_parameters_before = v == "on";
     } else if (a == "--early-gathers") {
       if (v != "on" && v != "off") fail("--early-gathers wants on or off, got '" + std::string(v) + "'");
       model.early_gathers = v == "on";

@@ -90,6 +90,7 @@ inline std::string help_text() {
       {"--prefetch N", "units gathered ahead [" + n(d.sharding.prefetch) + "]"},
       {"--keep-last on|off", "the forward's last units keep their gathered parameters for backward [on]"},
       {"--early-backward on|off", "with units kept: backward's first gather beyond them starts in forward [on]"},
+      {"--keep-before on|off", "where none can be kept (1 unit): the last block keeps its parameters alone [off]"},
       {"--width D", "model width; hidden is 4 x D [" + n(d.model.width) + "]"},
       {"--blocks L", "model blocks (units: L + 2) [" + n(d.model.blocks) + "]"},
       {"--lr X", "AdamW learning rate [" + g(d.lr) + "]"},
@@ -187,7 +188,7 @@ inline bool takes_value(std::string_view a) {
       "--dtype",  "--reduce-dtype", "--budget", "--max-inflight", "--prefetch", "--width",      "--blocks",
       "--lr",     "--weight-decay", "--clip",   "--data",     "--ckpt-dir",     "--ckpt-every", "--ckpt-keep",
       "--ckpt-mode", "--die-at-step", "--die-rank", "--trace", "--device", "--plan-units", "--keep-last",
-      "--early-backward"};
+      "--early-backward", "--keep-before"};
   return std::find(std::begin(names), std::end(names), a) != std::end(names);
 }
 
@@ -260,6 +261,10 @@ inline flags parse(int argc, char** argv) {
     else if (a == "--early-backward") {
       if (v != "on" && v != "off") usage("--early-backward wants on or off, got '" + std::string(v) + "'");
       f.sharding.early_backward_gather = v == "on";
+    }
+    else if (a == "--keep-before") {
+      if (v != "on" && v != "off") usage("--keep-before wants on or off, got '" + std::string(v) + "'");
+      f.sharding.keep_parameters_before = v == "on";
     }
     else if (a == "--width") f.model.width = int(positive(a, v)), f.model.hidden = 4 * f.model.width;
     else if (a == "--blocks") f.model.blocks = int(positive(a, v));

@@ -670,7 +670,7 @@ namespace {
 // reports a grant just before it issues): returns rank 0's full state, which every rank's run must reproduce.
 std::map<std::string, std::vector<float>> train_vectors(int n, const std::vector<std::size_t>& numels,
                                                         fsdp::sharding_options o, int steps, int micro,
-                                                        std::size_t* kept = nullptr) {
+                                                        std::size_t* kept = nullptr, bool* before = nullptr) {
   std::vector<fsdp::unit_spec> specs;
   for (std::size_t i = 0; i < numels.size(); ++i)
     specs.push_back({"u" + std::to_string(i), {{"u" + std::to_string(i) + ".w", {numels[i]}}}});
@@ -684,6 +684,7 @@ std::map<std::string, std::vector<float>> train_vectors(int n, const std::vector
   sk::test::run_threads(n, [&](int r) {
     fsdp::sharded_model model(groups[std::size_t(r)], specs, o);
     if (kept && r == 0) *kept = model.kept_for_backward();
+    if (before && r == 0) *before = model.parameters_kept_before();
     model.init_parameters([](const fsdp::param_slot& p, std::span<float> full) {
       for (std::size_t i = 0; i < full.size(); ++i) full[i] = float(p.name[1] - '0') + float(i % 7) / 8;
     });
@@ -730,11 +731,14 @@ TEST_CASE("[fsdp] kept last units: backward starts on the forward's parameters; 
         fsdp::sharding_options off = on;
         off.keep_last_units = false;
         std::size_t kept_on = 0, kept_off = 9;
-        const auto with = train_vectors(n, numels, on, 3, micro, &kept_on);
-        CHECK(with == train_vectors(n, numels, off, 3, micro, &kept_off));
+        bool before_on = false, before_off = true;
+        const auto with = train_vectors(n, numels, on, 3, micro, &kept_on, &before_on);
+        CHECK(with == train_vectors(n, numels, off, 3, micro, &kept_off, &before_off));
         CHECK(kept_off == 0);
+        CHECK_FALSE(before_off);
         // One unit holds no more than a backward unit: nothing kept. From two, the small last ones and a block.
         CHECK(kept_on == (b.units == 1 ? 0u : b.units == 2 || (b.units == 0 && b.bytes == 0) ? 2u : 3u));
+        CHECK_FALSE(before_on);  // keep_parameters_before is off by default
       }
   // hybrid_shard keeps them too; shard_grad_op keeps every unit's anyway.
   std::size_t kept = 0;
@@ -749,6 +753,73 @@ TEST_CASE("[fsdp] kept last units: backward starts on the forward's parameters; 
   }
   train_vectors(2, numels, {.strategy = fsdp::sharding_strategy::shard_grad_op}, 1, 1, &kept);
   CHECK(kept == 0);
+}
+
+TEST_CASE("[fsdp] keep_parameters_before at one unit: backward gathers neither the block before the kept units nor them, within budget") {
+  // Small last units, as a model's head: at one unit none is kept (a largest unit no longer fits beside them), and
+  // backward gathers the last block again at once. With keep_parameters_before the two small ones are kept whole
+  // and the block before them keeps its parameters alone, its gradients' buffer asked for in backward
+  // (detail::kept_at_the_turn): training is bit for bit the same (2 and 3 ranks, with micro-batches), backward
+  // gathers units 0-2 only, the limiter never past its budget (random delays, 3 steps), and what the forward kept
+  // goes back when something other than backward comes.
+  const std::vector<std::size_t> numels{96, 1024, 1024, 1024, 160, 48};
+  for (int n : {2, 3})
+    for (int micro : {1, 2}) {
+      CAPTURE(n);
+      CAPTURE(micro);
+      fsdp::sharding_options on{.limiter_budget_units = 1}, off = on;
+      on.keep_parameters_before = true;
+      std::size_t kept = 0;
+      bool before = false;
+      CHECK(train_vectors(n, numels, on, 3, micro, &kept, &before) == train_vectors(n, numels, off, 3, micro));
+      CHECK(kept == 2);
+      CHECK(before);
+    }
+  std::vector<fsdp::unit_spec> specs;
+  for (std::size_t i = 0; i < numels.size(); ++i)
+    specs.push_back({"u" + std::to_string(i), {{"u" + std::to_string(i) + ".w", {numels[i]}}}});
+  auto groups = sk::comm::make_loopback_world(2);
+  sk::test::run_threads(2, [&](int r) {
+    std::atomic<int> backward_gathers[6] = {};
+    fsdp::sharding_options o{.limiter_budget_units = 1, .early_gathers = false};  // no gather after the last step
+    o.keep_parameters_before = true;
+    o.on_event = [&](const fsdp::model_event& e) {
+      if (e.what == fsdp::model_event::kind::gather && e.pass == fsdp::pass::backward) ++backward_gathers[e.unit];
+    };
+    fsdp::sharded_model model(groups[std::size_t(r)], specs, o);
+    REQUIRE(model.kept_for_backward() == 2);
+    REQUIRE(model.parameters_kept_before());
+    model.init_parameters([](const fsdp::param_slot&, std::span<float> full) { std::fill(full.begin(), full.end(), 1.0f); });
+    fsdp::sgd opt(model, {.lr = 0.1});
+    std::minstd_rand rng(std::uint32_t(r + 1));
+    for (int step = 0; step < 3; ++step) {
+      for (auto& u : model.forward()) (void)u, std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
+      for (auto& u : model.backward()) {
+        for (float& g : u.grads().as<float>()) g = 1.0f;
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
+      }
+      opt.step();
+      model.zero_grad();
+    }
+    const auto st = model.stats();
+    CHECK(st.limiter.peak_bytes <= st.limiter.budget_bytes);
+    CHECK(st.limiter.in_use_bytes == 0);
+    CHECK(st.gathers == 3 * (6 + 3));
+    for (std::size_t i = 0; i < 6; ++i) CHECK(backward_gathers[i].load() == (i < 3 ? 3 : 0));
+    // A forward keeps them; a forward after it, full_state and init_parameters give them back first, and the
+    // backward after init uses what init wrote.
+    for (auto& u : model.forward()) (void)u;
+    CHECK(model.limiter().stats().in_use_bytes > 0);
+    for (auto& u : model.forward()) (void)u;
+    (void)model.full_state();
+    CHECK(model.limiter().stats().in_use_bytes == 0);
+    for (auto& u : model.forward()) (void)u;
+    model.init_parameters([](const fsdp::param_slot&, std::span<float> full) { std::fill(full.begin(), full.end(), 7.0f); });
+    CHECK(model.limiter().stats().in_use_bytes == 0);
+    for (auto& u : model.backward())
+      for (float v : u.param<float>("u" + std::to_string(u.index()) + ".w")) CHECK(v == 7.0f);  // not the padding
+    CHECK(model.limiter().stats().in_use_bytes == 0);
+  });
 }
 
 TEST_CASE("[fsdp] backward's first gather in forward: training is bit for bit the same on or off") {

@@ -47,6 +47,13 @@ double step_bytes(const std::vector<fsdp::plan_unit>& units, std::size_t n) {
   return b;
 }
 
+// A plan's intervals by (kind, pass, unit): the last of each.
+std::map<std::tuple<kind, fsdp::pass, std::size_t>, fsdp::plan_event> by_unit(const fsdp::plan_result& r) {
+  std::map<std::tuple<kind, fsdp::pass, std::size_t>, fsdp::plan_event> at;
+  for (const auto& e : r.timeline) at[{e.what, e.pass, e.unit}] = e;
+  return at;
+}
+
 fsdp::plan_cluster lab(double bytes_per_second = 100e6) {
   return {.hosts = 4, .ranks_per_host = 1, .link_bytes_per_second = bytes_per_second, .rtt_seconds = 0};
 }
@@ -198,9 +205,21 @@ TEST_CASE("[fsdp] plan: the forward's last units kept for backward: no gather at
   }
   // One unit holds no more than a backward unit: nothing kept, the same step.
   fsdp::plan_options one{.limiter_budget_units = 1};
-  const double alone = fsdp::simulate_step(units, lab(), one).step_seconds;
+  const double nothing = fsdp::simulate_step(units, lab(), one).step_seconds;
   one.keep_last_units = false;
-  CHECK(fsdp::simulate_step(units, lab(), one).step_seconds == alone);
+  const auto freed = fsdp::simulate_step(units, lab(), one);
+  CHECK(freed.step_seconds == nothing);
+  // keep_parameters_before: the last unit keeps its parameters alone (detail::kept_at_the_turn), so backward starts
+  // on them without a gather, its gradients' buffer asked for then.
+  one.keep_last_units = true;
+  one.keep_parameters_before = true;
+  const auto alone = fsdp::simulate_step(units, lab(), one);
+  CHECK(alone.kept_for_backward == 0);
+  CHECK(alone.parameters_kept_before);
+  CHECK(alone.peak_gathered_bytes <= alone.budget_bytes);
+  for (const auto& e : alone.timeline) CHECK_FALSE((e.what == kind::gather && e.pass == fsdp::pass::backward && e.unit == 3));
+  CHECK(alone.link_bytes == doctest::Approx(freed.link_bytes - gather * 100e6).epsilon(1e-9));
+  CHECK(alone.step_seconds < freed.step_seconds - gather / 2);
 }
 
 TEST_CASE("[fsdp] plan: from two units, backward's parameters go before its gradients: 4 units overlap as unlimited") {
@@ -232,8 +251,7 @@ TEST_CASE("[fsdp] plan: backward's first gather beyond the kept units starts whi
   fsdp::plan_options o{.limiter_budget_units = 2, .optimizer_seconds = 7.77e-3};
   const auto two = fsdp::simulate_step(units, balanced_lab(), o);
   CHECK(two.kept_for_backward == 1);
-  std::map<std::tuple<kind, fsdp::pass, std::size_t>, fsdp::plan_event> at;
-  for (const auto& e : two.timeline) at[{e.what, e.pass, e.unit}] = e;
+  const auto at = by_unit(two);
   const auto& gathered = at.at({kind::gather, fsdp::pass::backward, block5});
   CHECK(gathered.begin < at.at({kind::use, fsdp::pass::forward, block5}).end);
   CHECK(gathered.begin == doctest::Approx(at.at({kind::gather, fsdp::pass::forward, head}).end).epsilon(1e-12));
@@ -256,8 +274,7 @@ TEST_CASE("[fsdp] plan: a backward unit's gradients wait behind the next unit's 
   const std::size_t block4 = 5, block3 = 4;
   fsdp::plan_options o{.limiter_budget_units = 2, .optimizer_seconds = 7.77e-3};
   const auto two = fsdp::simulate_step(units, balanced_lab(), o);
-  std::map<std::tuple<kind, fsdp::pass, std::size_t>, fsdp::plan_event> at;
-  for (const auto& e : two.timeline) at[{e.what, e.pass, e.unit}] = e;
+  const auto at = by_unit(two);
   CHECK(at.at({kind::gather, fsdp::pass::backward, block3}).begin ==
         doctest::Approx(at.at({kind::gather, fsdp::pass::backward, block4}).end).epsilon(1e-12));
   // 127.2 ms before (1.102x the 115.4 ms of communication only), 124.0 ms now.
@@ -274,6 +291,29 @@ TEST_CASE("[fsdp] plan: a backward unit's gradients wait behind the next unit's 
   // one request, so nothing changes there (187.1 ms).
   o.limiter_budget_bytes = 0, o.limiter_budget_units = 3;
   CHECK(fsdp::simulate_step(units, balanced_lab(), o).step_seconds < 118e-3);
+}
+
+TEST_CASE("[fsdp] plan: at one unit (keep_parameters_before) the head is kept and block 5 keeps its parameters: no gather at the turn") {
+  // The example trainer's units in the balanced lab. One unit held nothing for backward (a block no longer fits
+  // beside the head), so block 5, freed by forward, was gathered again at once: 187.1 ms (1.621x the 115.4 ms of
+  // communication only). Now the head is kept whole and block 5's parameters alone (detail::kept_at_the_turn):
+  // block 5 begins backward as soon as the head's reduce-scatter gives its room back, 179.4 ms.
+  const auto units = trainer_units();
+  const std::size_t block5 = 6, head = 7;
+  fsdp::plan_options o{.limiter_budget_units = 1, .optimizer_seconds = 7.77e-3};
+  o.keep_parameters_before = true;
+  const auto one = fsdp::simulate_step(units, balanced_lab(), o);
+  CHECK(one.kept_for_backward == 1);
+  CHECK(one.parameters_kept_before);
+  CHECK(one.peak_gathered_bytes <= one.budget_bytes);
+  const auto at = by_unit(one);
+  CHECK_FALSE(at.contains({kind::gather, fsdp::pass::backward, block5}));
+  CHECK_FALSE(at.contains({kind::gather, fsdp::pass::backward, head}));
+  CHECK(at.at({kind::use, fsdp::pass::backward, block5}).begin ==
+        doctest::Approx(at.at({kind::reduce, fsdp::pass::backward, head}).end).epsilon(1e-12));
+  CHECK(one.step_seconds < 180e-3);
+  o.keep_parameters_before = false;  // the default: nothing kept at one unit
+  CHECK(fsdp::simulate_step(units, balanced_lab(), o).step_seconds > 187e-3);
 }
 
 TEST_CASE("[fsdp] plan: small units sit apart in the region: at one unit, forward still overlaps a block's gather") {
@@ -426,17 +466,20 @@ TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 
   }
   const fsdp::plan_cluster cluster{.hosts = 2, .link_bytes_per_second = 50e6, .rtt_seconds = 50e-6};
   auto groups = sk::comm::make_loopback_world(2);
-  // The last field: sharding_options::early_backward_gather.
-  const std::tuple<std::size_t, std::size_t, bool, bool> cases[] = {
-      {1, 1 << 20, true, true}, {2, 1 << 20, true, true}, {3, 1 << 20, true, true}, {4, 1 << 20, true, true},
-      {0, 1 << 20, true, true}, {0, 1, true, true},
-      {0, 0, true, true},       {2, 1 << 20, false, true}, {2, 1 << 20, true, false}, {0, 1 << 20, true, false}};
-  for (auto [units_budget, prefetch, early, early_backward] : cases) {
+  // The last fields: sharding_options::early_backward_gather and keep_parameters_before.
+  const std::tuple<std::size_t, std::size_t, bool, bool, bool> cases[] = {
+      {1, 1 << 20, true, true, false}, {2, 1 << 20, true, true, false},  {3, 1 << 20, true, true, false},
+      {4, 1 << 20, true, true, false}, {0, 1 << 20, true, true, false},  {0, 1, true, true, false},
+      {0, 0, true, true, false},       {2, 1 << 20, false, true, false}, {2, 1 << 20, true, false, false},
+      {0, 1 << 20, true, false, false}, {1, 1 << 20, true, true, true},  {1, 1, true, true, true}};
+  for (auto [units_budget, prefetch, early, early_backward, before] : cases) {
     CAPTURE(units_budget);
     CAPTURE(prefetch);
     CAPTURE(early);
     CAPTURE(early_backward);
+    CAPTURE(before);
     fsdp::plan_options po;
+    po.keep_parameters_before = before;
     po.prefetch = prefetch;
     po.early_gathers = early;
     po.early_backward_gather = early_backward;
@@ -452,6 +495,7 @@ TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 
       o.prefetch = prefetch;
       o.early_gathers = early;
       o.early_backward_gather = early_backward;
+      o.keep_parameters_before = before;
       o.on_event = [&](const fsdp::model_event& e) {
         std::lock_guard l(m);
         events.push_back(e);
@@ -463,6 +507,8 @@ TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 
         fsdp::sharded_model model(groups[std::size_t(r)], specs, o);
         CHECK(model.limiter().budget() == sim.budget_bytes);
         CHECK(model.kept_for_backward() == sim.kept_for_backward);
+        CHECK(model.parameters_kept_before() == sim.parameters_kept_before);
+        CHECK(sim.parameters_kept_before == before);  // equal units at one unit: the last one keeps its parameters
         fsdp::sgd opt(model, {.lr = 1e-3});
         for (int step = 0; step < 2; ++step) {
           for (auto& u : model.forward()) (void)u, std::this_thread::sleep_for(std::chrono::microseconds(300));
@@ -567,7 +613,7 @@ TEST_CASE("[fsdp] plan: the simulated schedule is the one sharded_model runs (2 
         }
       }
       CHECK(queued_at >= 1);
-      if (units_budget == 1) CHECK(constrained >= 5);
+      if (units_budget == 1) CHECK(constrained >= (before ? 4u : 5u));  // before: no backward gather of the last unit
       if (units_budget == 0) CHECK(constrained == 0);
     });
   }

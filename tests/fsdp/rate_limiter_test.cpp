@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -553,6 +554,95 @@ TEST_CASE("[fsdp] acquire_beside places a block only where the room beside the h
     REQUIRE(after);
     CHECK(after->offset() == 192);
   }
+}
+
+TEST_CASE("[fsdp] acquire_leaving places a block where, alone in the region, it leaves a run of room bytes, else waits") {
+  // A unit's parameters kept from forward for a backward that then asks for its gradients (detail::kept_at_the_turn):
+  // once everything else is given back, the gradients must fit beside them wherever they were placed.
+  rate_limiter lim(blocks_of_64(8));
+  auto x = lim.try_acquire(256), y = lim.try_acquire(128), z = lim.try_acquire(128);  // [0,4) [4,6) [6,8)
+  REQUIRE((x && y && z));
+  y.reset();  // hole [4,6): alone there, the block leaves runs of 4 and 2
+  std::vector<lease> got;
+  const auto leaving = [&]() -> task<void> { got.push_back(co_await lim.acquire_leaving(128, 384, "leaving")); };
+  auto f = start_detached(leaving());
+  CHECK(got.empty());
+  CHECK(lim.waiting() == 1);
+  CHECK_FALSE(lim.try_acquire(64));  // nobody barges past it
+  x.reset();  // hole [0,6): its low end leaves [2,8)
+  f.get();
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].offset() == 0);
+  // First fit where it meets the condition, else the other end of a hole: [0,2) held, [2,4) would leave runs of 2
+  // and 4 beside it alone; [6,8) leaves [0,6).
+  z.reset();
+  got.clear();
+  auto w = lim.try_acquire(128);  // [0,2)
+  REQUIRE(w);
+  start_detached(leaving()).get();
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].offset() == 384);
+  CHECK(lim.stats().peak_bytes <= lim.budget());
+}
+
+TEST_CASE("[fsdp] the unit before the kept ones keeps its parameters: no placement deadlocks the kept blocks, and its "
+          "gradients then fit (every placement searched)") {
+  // detail::kept_at_the_turn: that unit's parameters go anywhere that leaves a run for its gradients alone
+  // (acquire_leaving); then the units kept whole ask in forward order, each for its parameters and gradients as one
+  // block, while the blocks before it are held. Every such placement must leave each next request a run it fits in.
+  std::uint64_t x = 0x2545f4914f6cdd1dull;
+  const auto next = [&](std::uint64_t n) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return x % n;
+  };
+  std::size_t keeping = 0, with_whole = 0;
+  for (int c = 0; c < 600; ++c) {
+    std::vector<fsdp::detail::unit_charge> units;
+    std::size_t largest = 0;
+    for (std::size_t i = 0, n = 1 + next(6); i < n; ++i) {
+      const std::size_t p = 1 + next(next(2) ? 4 : 1);
+      units.push_back({64 * p, 64 * p});
+      largest = std::max(largest, 2 * p);
+    }
+    const std::size_t slots = largest + next(3);
+    const auto keep = fsdp::detail::kept_at_the_turn(units, slots * 64, 0);
+    CAPTURE(c);
+    CAPTURE(slots);
+    CAPTURE(keep.units);
+    if (!keep.parameters_before) continue;
+    REQUIRE(keep.units < units.size());
+    ++keeping;
+    with_whole += keep.units > 0;
+    const auto& before = units[units.size() - 1 - keep.units];
+    const std::size_t pb = before.params_bytes / 64, gb = before.grads_bytes / 64;
+    std::vector<bool> used(slots, false);
+    bool stuck = false;
+    const std::function<void(std::size_t)> place = [&](std::size_t t) {
+      if (t == keep.units || stuck) return;
+      const auto& u = units[units.size() - keep.units + t];
+      const std::size_t need = (u.params_bytes + u.grads_bytes) / 64;
+      bool fits = false;
+      for (std::size_t at = 0; at + need <= slots && !stuck; ++at) {
+        const auto from = used.begin() + std::ptrdiff_t(at), to = from + std::ptrdiff_t(need);
+        if (std::any_of(from, to, [](bool b) { return b; })) continue;
+        fits = true;
+        std::fill(from, to, true);
+        place(t + 1);
+        std::fill(from, to, false);
+      }
+      if (!fits) stuck = true;
+    };
+    for (std::size_t at = 0; at + pb <= slots; ++at) {
+      // acquire_leaving's condition: alone, the parameters leave a run of the gradients' size.
+      if (std::max(at, slots - at - pb) < gb) continue;
+      std::fill(used.begin() + std::ptrdiff_t(at), used.begin() + std::ptrdiff_t(at + pb), true);
+      place(0);
+      std::fill(used.begin(), used.end(), false);
+    }
+    CHECK_FALSE(stuck);
+  }
+  CHECK(keeping > 50);
+  CHECK(with_whole > 10);
 }
 
 TEST_CASE("[fsdp] gradients after the next unit's parameters: wherever a unit's parameters lie, the next's find a "

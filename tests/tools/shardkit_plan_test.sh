@@ -59,6 +59,7 @@ refuse "give --budget too" --units "$u" --timeline
 refuse "--early-gathers wants on or off, got 'maybe'" --units "$u" --early-gathers maybe
 refuse "--keep-last wants on or off, got 'never'" --units "$u" --keep-last never
 refuse "--early-backward wants on or off, got 'soon'" --units "$u" --early-backward soon
+refuse "--keep-before wants on or off, got 'x'" --units "$u" --keep-before x
 refuse "give two of the three" --units "$u" --hosts 2 --ranks 8 --ranks-per-host 2
 refuse "below the" --units "$u" --hosts 2 --budget 1000
 "$plan" --units "$u" --strategy hybrid_shard --ranks 8 --ranks-per-host 4 | grep -q '^# 4 units, 2 hosts x 4 ranks, shard 4 x 2 replicas' ||

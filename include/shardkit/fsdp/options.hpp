@@ -181,6 +181,13 @@ struct sharding_options {
   //! the model's destruction) completes it on every rank and gives it back, so ranks stay paired whichever of them
   //! had issued it (docs/fsdp.md). Off: it is queued by backward's first unit, as any backward gather.
   bool early_backward_gather = true;
+  //! With keep_last_units, where none can be kept so (about one unit of budget: a largest unit no longer fits beside
+  //! the last one), the unit before the last ones keeps its gathered parameters alone for backward and asks for its
+  //! gradients' buffer there, and the last ones are kept whole as far as that cannot deadlock
+  //! (sharded_model::parameters_kept_before(), detail::kept_at_the_turn): backward begins without a gather. Off by
+  //! default until the one-rank-alone abandonment cases have run with it on (docs/fsdp.md, "The last units kept for
+  //! backward").
+  bool keep_parameters_before = false;
   //! Backwards per optimizer step (micro-batches) the trainer runs. The model does not use it; construction
   //! compares it across ranks with the units and the other options, so that ranks set up for different
   //! accumulation fail at once, naming both values, instead of timing out in a later reduction. 0: not set.

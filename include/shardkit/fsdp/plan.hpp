@@ -102,6 +102,9 @@ struct plan_options {
   //! sharding_options::early_backward_gather: with units kept, backward's first gather beyond them is queued when
   //! that unit (the one before them) begins forward, into a second parameter block.
   bool early_backward_gather = true;
+  //! sharding_options::keep_parameters_before: where none can be kept whole, the unit before the last ones keeps its
+  //! parameters alone.
+  bool keep_parameters_before = false;
   //! The optimizer's step on this rank's shard, and the step's other work outside units.
   double optimizer_seconds = 0;
   //! Scalar all-reduces after backward (the trainer's loss mean and gradient norm: 2), each a latency per
@@ -143,6 +146,8 @@ struct plan_result {
   std::size_t peak_gathered_bytes = 0;
   //! The last units whose parameters forward keeps for backward (plan_options::keep_last_units), as the model's.
   std::size_t kept_for_backward = 0;
+  //! And the unit before them its parameters alone (plan_options::keep_parameters_before), as the model's.
+  bool parameters_kept_before = false;
   std::size_t shard_size = 1, replicas = 1;
   std::vector<plan_event> timeline;
 };

@@ -374,6 +374,15 @@ class basic_rate_limiter {
     q.room = detail::room_beside{held.block_, padded(room)};
     return sem_.acquire(std::move(q), std::move(stop), to_lease{this});
   }
+  //! As acquire(), granted only at a placement where, with the new block alone in the region, a free run of `room`
+  //! bytes remains: for a holder that keeps the block while others come and go and later asks for `room` bytes.
+  //! Such a placement exists where bytes + room fit in the budget (padded); else this waits forever.
+  acquire_awaiter acquire_leaving(std::size_t bytes, std::size_t room, std::string_view label = {},
+                                  std::stop_token stop = {}) {
+    auto q = request(bytes, label, "acquire_leaving");
+    q.room = detail::room_beside{{}, padded(room)};
+    return sem_.acquire(std::move(q), std::move(stop), to_lease{this});
+  }
   //! As acquire(), blocking the calling thread (FIFO with the coroutines).
   lease acquire_blocking(std::size_t bytes, std::string_view label = {}, std::stop_token stop = {}) {
     return lease(*this, sem_.acquire_blocking(request(bytes, label, "acquire_blocking"), std::move(stop)));

@@ -189,6 +189,9 @@ class sharded_model {
   //! (sharding_options::keep_last_units; 0 when off, for strategies that keep every unit's, or where the master
   //! shards serve).
   std::size_t kept_for_backward() const noexcept { return kept_for_backward_; }
+  //! Whether the unit before them keeps its gathered parameters alone, its gradients' buffer asked for in backward
+  //! (where the kept units hold less than a largest unit's parameters: at small budgets; detail::kept_at_the_turn).
+  bool parameters_kept_before() const noexcept { return params_before_; }
   //! The groups the model made (empty when its strategy needs none): for the optimizer's norm, the checkpointer.
   comm::process_group& shard_group() noexcept { return reduce_group_; }
   comm::process_group& replica_group() noexcept { return replica_group_; }
@@ -277,6 +280,10 @@ class sharded_model {
   bool keeps_params() const noexcept { return !frees_after_forward(); }
   // One of the last units whose parameters (and gradients' buffer) a forward keeps for backward.
   bool kept(std::size_t i) const noexcept { return i + kept_for_backward_ >= units_.size(); }
+  // The unit before them, where it keeps its parameters alone (parameters_kept_before()).
+  bool params_kept_alone(std::size_t i) const noexcept {
+    return params_before_ && i + kept_for_backward_ + 1 == units_.size();
+  }
   // The master itself serves as the gathered parameters: nothing to gather, nothing to convert, no device to copy to.
   bool params_are_master() const {
     return shard_size_ == 1 && opts_.precision.param == dtype::f32 && opts_.device.on_host();
@@ -347,6 +354,7 @@ class sharded_model {
     bool need_params = false, need_grads = false;
     bool early = false;  // queue_early_backward's: into early_, not the unit's own buffers
     std::size_t room_for = model_event::no_unit;  // asked before this unit's gradients: room left for them
+    std::size_t leave_room = 0;  // parameters kept alone: placed leaving a run of these bytes for the gradients
     completion_source params_done, grads_done;
     std::stop_token stop;        // pass_stop_'s: withdraws the job while it waits for the limiter
     std::uint64_t serial = 0;    // pass_serial_ when queued
@@ -423,6 +431,7 @@ class sharded_model {
   bool unit_in_use_ = false;  // the unit at next_ - 1 began and has not ended
   std::size_t kept_for_backward_ = 0;  // see kept_for_backward()
   bool requests_apart_ = false;        // detail::backward_requests_apart: backward's parameters, then gradients
+  bool params_before_ = false;         // see parameters_kept_before()
   std::vector<bool> grads_after_next_;  // k: k's gradients after k-1's parameters (gradients_after_next_parameters)
   std::optional<gather_job> grads_after_;  // such gradients, until queue_gather queued those parameters
   // The unit whose backward gather the forward's first kept unit queued, until a backward adopts it or it is

@@ -163,6 +163,47 @@ inline std::size_t units_kept_for_backward(std::span<const unit_charge> units, s
   return kept;
 }
 
+//! What the forward's last units keep for backward: `units` of them their parameters and gradients' buffers
+//! (units_kept_for_backward's kind), and, where `parameters_before`, the unit before them its parameters alone.
+struct backward_keep {
+  std::size_t units = 0;
+  bool parameters_before = false;
+};
+
+//! units_kept_for_backward, and where it keeps none (at about one unit of budget: a largest unit no longer fits
+//! beside the last one), the last units as far as the budget allows, the first of them (the unit before the
+//! others) keeping its parameters without its gradients' buffer, which backward asks for alone: the smallest such
+//! set whose parameters reach the largest unit's, so that backward's first compute needs no all-gather. (Where
+//! units are kept whole, backward's first gather beyond them starts in forward instead:
+//! sharding_options::early_backward_gather.) That unit's forward gather is placed where, alone in the region, it
+//! leaves a run for its gradients (basic_rate_limiter::acquire_leaving): once the units after it gave theirs back in
+//! backward, that request fits. The units after it are kept whole (their forward gathers follow its own and are
+//! held until backward) only where no placement deadlocks them: with its parameters as one more block before them,
+//! t + 1 blocks leave at most t + 2 free runs. Not with a count cap.
+inline backward_keep kept_at_the_turn(std::span<const unit_charge> units, std::size_t region,
+                                      std::size_t max_inflight) {
+  const std::size_t k0 = units_kept_for_backward(units, region, max_inflight);
+  std::size_t largest_params = 0;
+  for (const auto& u : units) largest_params = std::max(largest_params, u.params_bytes);
+  if (largest_params == 0 || k0 != 0 || max_inflight != 0) return {k0, false};
+  for (std::size_t k = 0; k < units.size(); ++k) {
+    const auto& before = units[units.size() - 1 - k];
+    if (before.params_bytes == 0 || region < before.params_bytes + before.grads_bytes) break;
+    std::size_t held = before.params_bytes, kept_params = before.params_bytes;
+    bool fits = true;
+    for (std::size_t t = 0; t < k && fits; ++t) {  // the units kept whole, in request (forward) order
+      const auto& u = units[units.size() - k + t];
+      const std::size_t bytes = u.params_bytes + u.grads_bytes;
+      fits = region >= held && region - held >= (t + 2) * bytes;
+      held += bytes;
+      kept_params += u.params_bytes;
+    }
+    if (!fits) break;
+    if (kept_params >= largest_params) return {k, true};
+  }
+  return {k0, false};
+}
+
 //! Whether a backward gather asks for its parameters and then, as a second request, for its gradients' buffer, so
 //! that the parameters' all-gather starts as soon as their room is free instead of waiting for both rooms. Only
 //! where that can never deadlock, whatever the placement: the gradients' request, in its turn at the head of the

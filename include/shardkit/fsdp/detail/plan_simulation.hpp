@@ -60,8 +60,13 @@ class plan_simulation {
     region_ = budget(where);
     std::vector<unit_charge> charges;
     for (const auto& u : units_) charges.push_back({u.params_bytes, u.grads_bytes});
-    if (opts_.keep_last_units && frees_after_forward() && opts_.max_gathered == 0)
-      kept_ = units_kept_for_backward(charges, region_, opts_.limiter_max_inflight);
+    if (opts_.keep_last_units && frees_after_forward() && opts_.max_gathered == 0) {
+      const backward_keep keep = opts_.keep_parameters_before
+                                     ? kept_at_the_turn(charges, region_, opts_.limiter_max_inflight)
+                                     : backward_keep{units_kept_for_backward(charges, region_, opts_.limiter_max_inflight)};
+      kept_ = keep.units;
+      params_before_ = keep.parameters_before;
+    }
     requests_apart_ = opts_.max_gathered == 0 && backward_requests_apart(charges, region_, opts_.limiter_max_inflight);
     std::size_t largest_params = 0;  // sharded_model's placement rule: below half of it, from the region's top
     for (const auto& u : units_) largest_params = std::max(largest_params, u.params_bytes);
@@ -94,6 +99,7 @@ class plan_simulation {
     result_.peak_gathered_bytes = s.peak_bytes;
     result_.shard_size = shard_;
     result_.kept_for_backward = kept_;
+    result_.parameters_kept_before = params_before_;
     result_.replicas = replicas_;
     return std::move(result_);
   }
@@ -123,6 +129,7 @@ class plan_simulation {
     bool early = false;  // queue_early_backward's: into early_
     // Parameters asked for before that unit's gradients: placed where those still fit beside that unit's.
     std::size_t room_for = model_event::no_unit;
+    std::size_t leave_room = 0;  // parameters kept without their gradients: a run of these bytes beside them alone
   };
   struct reduce_job {
     std::vector<plan_collective> parts;
@@ -157,6 +164,8 @@ class plan_simulation {
   }
   // Kept from forward for backward (units_kept_for_backward): its forward gather takes its gradients too.
   bool kept(std::size_t i) const noexcept { return i + kept_ >= units_.size(); }
+  // The unit before them keeps its parameters alone (backward_keep::parameters_before).
+  bool params_kept_alone(std::size_t i) const noexcept { return params_before_ && i + kept_ + 1 == units_.size(); }
 
   // Only the measured step's intervals, from its start (an early gather of its forward begins before 0).
   void emit(model_event::kind k, fsdp::pass p, std::size_t unit, double begin, std::size_t step) {
@@ -189,17 +198,21 @@ class plan_simulation {
       if (!need_grads) u.grads_ready = true;
       if (need_params) u.params_ready = false;
       if (need_grads) u.grads_ready = false;
-      if (p == pass::backward && need_params && need_grads && requests_apart_) {  // two requests in turn
-        // The gradients of the unit before (i + 1) after these parameters, as sharded_model::queue_gather asks.
-        gather_job params{i, p, true, false, step};
-        if (grads_after && grads_after->unit == i + 1 && grads_after_next(i + 1)) params.room_for = i + 1;
-        if (params.room_for == model_event::no_unit) flush();
-        gather_jobs_.push_back(params);
+      if (p == pass::backward && need_grads && requests_apart_ && (need_params || params_kept_alone(i))) {
+        // Two requests in turn (the parameters may be kept from forward): the gradients of the unit before
+        // (i + 1) after these parameters, as sharded_model::queue_gather asks.
+        if (need_params) {
+          gather_job params{i, p, true, false, step};
+          if (grads_after && grads_after->unit == i + 1 && grads_after_next(i + 1)) params.room_for = i + 1;
+          if (params.room_for == model_event::no_unit) flush();
+          gather_jobs_.push_back(params);
+        }
         flush();
         grads_after = gather_job{i, p, false, true, step};
       } else {
         flush();
         if (need_params || need_grads) gather_jobs_.push_back({i, p, need_params, need_grads, step});
+        if (p == pass::forward && need_params && params_kept_alone(i)) gather_jobs_.back().leave_room = u.grads_bytes;
       }
     }
     flush();
@@ -217,7 +230,7 @@ class plan_simulation {
   // parameters then gradients where the region rules out a deadlock, else as one request.
   void queue_early_backward(std::size_t step) {
     if (!opts_.early_backward_gather || kept_ == 0 || kept_ >= units_.size() || opts_.prefetch < kept_ ||
-        queued_ != units_.size())
+        queued_ != units_.size() || params_before_)
       return;
     const std::size_t i = units_.size() - 1 - kept_;
     if (units_[i].params_bytes == 0) return;
@@ -339,7 +352,7 @@ class plan_simulation {
       auto& u = units_[i];
       emit(model_event::kind::use, o.pass, i, compute_begin_, o.step);
       if (o.pass == pass::forward) {
-        if (frees_after_forward() && !kept(i)) release_params(u);
+        if (frees_after_forward() && !kept(i) && !params_kept_alone(i)) release_params(u);
       } else {
         release_params(u);
         reduce_job j{{}, i, o.step};
@@ -366,6 +379,7 @@ class plan_simulation {
       limiter_request q{bytes, {}};
       if (j.room_for != model_event::no_unit)
         q.room = room_beside{*units_[j.room_for].params, units_[j.room_for].grads_bytes};
+      if (j.leave_room != 0) q.room = room_beside{{}, j.leave_room};
       auto block = limiter_->try_take(q);
       if (!block) return moved;
       if (now_ > *head_since_ && j.step == 1) {
@@ -529,6 +543,7 @@ class plan_simulation {
   } early_;
   std::size_t adopt_early_ = model_event::no_unit;
   bool requests_apart_ = false;  // detail::backward_requests_apart
+  bool params_before_ = false;   // backward_keep::parameters_before
   std::optional<region_blocks> limiter_;
   std::size_t params_alive_ = 0;
 

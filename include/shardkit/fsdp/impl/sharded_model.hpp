@@ -176,8 +176,14 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
                                         .small_request_bytes = largest_params / 2,
                                         .name = opts_.name + ".limiter"},
                    [&](std::size_t bytes) { return opts_.device.allocate(bytes); });
-  if (opts_.keep_last_units && frees_after_forward())
-    kept_for_backward_ = detail::units_kept_for_backward(charges, region, opts_.limiter_max_inflight);
+  if (opts_.keep_last_units && frees_after_forward()) {
+    const detail::backward_keep keep =
+        opts_.keep_parameters_before
+            ? detail::kept_at_the_turn(charges, region, opts_.limiter_max_inflight)
+            : detail::backward_keep{detail::units_kept_for_backward(charges, region, opts_.limiter_max_inflight)};
+    kept_for_backward_ = keep.units;
+    params_before_ = keep.parameters_before;
+  }
   requests_apart_ = detail::backward_requests_apart(charges, region, opts_.limiter_max_inflight);
   grads_after_next_.assign(units_.size(), false);
   for (std::size_t k = 1; requests_apart_ && k < units_.size(); ++k)

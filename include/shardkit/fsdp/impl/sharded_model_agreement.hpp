@@ -28,6 +28,7 @@ inline std::vector<std::string> describe_model(const std::vector<unit_spec>& uni
   out.push_back(std::string("early_gathers ") + (o.early_gathers ? "on" : "off"));
   out.push_back(std::string("keep_last_units ") + (o.keep_last_units ? "on" : "off"));
   out.push_back(std::string("early_backward_gather ") + (o.early_backward_gather ? "on" : "off"));
+  out.push_back(std::string("keep_parameters_before ") + (o.keep_parameters_before ? "on" : "off"));
   out.push_back("units " + std::to_string(units.size()));
   for (std::size_t i = 0; i < units.size(); ++i) {
     const std::string unit = "unit " + std::to_string(i) + " '" + units[i].name + "'";

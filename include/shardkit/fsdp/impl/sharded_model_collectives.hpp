@@ -154,7 +154,8 @@ SHARDKIT_DECL void sharded_model::queue_gather(std::size_t i) {
   // Backward's parameters and gradients as two requests in turn where that cannot deadlock (requests_apart_);
   // the gradients' request then waits for the next unit's parameters where grads_after_next_ allows it: a unit
   // needs its gradients' buffer only at its begin_unit, the next unit's all-gather should start as soon as it can.
-  const bool apart = pass_ == pass::backward && need_params && need_grads && requests_apart_;
+  // Parameters kept alone from forward: only the gradients' request, in the same place.
+  const bool apart = pass_ == pass::backward && need_grads && requests_apart_ && (need_params || params_kept_alone(i));
   // The next forward's, when the optimizer's step queued it (shard_stepped) before forward() counted it.
   const std::uint64_t number = passes_ + (early_forward_ ? 1 : 0);
   const auto job = [&](bool params, bool grads) {
@@ -165,13 +166,20 @@ SHARDKIT_DECL void sharded_model::queue_gather(std::size_t i) {
   };
   if (!apart) {
     flush();
-    if (need_params || need_grads) spawn_gather(job(need_params, need_grads));
+    if (!need_params && !need_grads) return;
+    gather_job both = job(need_params, need_grads);
+    // Parameters kept alone for backward: placed where their gradients' buffer fits beside them once the units
+    // after them gave theirs back (detail::kept_at_the_turn).
+    if (pass_ == pass::forward && need_params && params_kept_alone(i)) both.leave_room = grads_bytes(u);
+    spawn_gather(std::move(both));
     return;
   }
-  gather_job params = job(true, false);
-  if (grads_after_ && grads_after_->unit == i + 1 && grads_after_next_[i + 1]) params.room_for = i + 1;
-  if (params.room_for == model_event::no_unit) flush();
-  spawn_gather(std::move(params));
+  if (need_params) {
+    gather_job params = job(true, false);
+    if (grads_after_ && grads_after_->unit == i + 1 && grads_after_next_[i + 1]) params.room_for = i + 1;
+    if (params.room_for == model_event::no_unit) flush();
+    spawn_gather(std::move(params));
+  }
   flush();
   grads_after_ = job(false, true);
 }
@@ -210,6 +218,8 @@ SHARDKIT_DECL task<void> sharded_model::run_gather(gather_job job) {
       if (held && *held)
         params = co_await limiter_->acquire_beside(params_bytes(u), **held, grads_bytes(*units_[job.room_for]),
                                                    label + " parameters", job.stop);
+      else if (job.leave_room != 0)
+        params = co_await limiter_->acquire_leaving(params_bytes(u), job.leave_room, label + " parameters", job.stop);
       else
         params = co_await limiter_->acquire(params_bytes(u), label + " parameters", job.stop);
       emit(model_event::kind::limiter_wait, job.p, job.unit, queued);

@@ -91,6 +91,7 @@ SHARDKIT_DECL void sharded_model::queue_early_backward() {
   // backward would have them ask for one in backward, queued behind this gather, which may wait for the room
   // that only their backward frees.
   if (!opts_.early_backward_gather || k == 0 || k >= units_.size() || opts_.prefetch < k || accumulating_) return;
+  if (params_before_) return;  // that unit keeps its forward parameters: backward asks only for its gradients
   if (queued_ != units_.size()) return;  // after every forward gather (the window above holds them all)
   const std::size_t i = units_.size() - 1 - k;
   auto& u = *units_[i];
@@ -132,7 +133,7 @@ SHARDKIT_DECL bool sharded_model::finish_and_release_params(unit_state& u) noexc
 
 SHARDKIT_DECL void sharded_model::give_back_kept() noexcept {
   // The kept blocks first: the early backward gather may be waiting for room that only they leave.
-  for (std::size_t i = units_.size() - kept_for_backward_; i < units_.size(); ++i) {
+  for (std::size_t i = units_.size() - kept_for_backward_ - (params_before_ ? 1 : 0); i < units_.size(); ++i) {
     auto& u = *units_[i];
     (void)finish_and_release_params(u);  // done: the forward's begin_unit waited for it
     if (!u.reduced.valid()) {
@@ -269,7 +270,7 @@ SHARDKIT_DECL void sharded_model::end_unit(std::size_t i) {
   if (quarantine_) quarantine_->end_use(i, pass_ == pass::backward);  // the gradients go back before the reduction
   emit(model_event::kind::use, pass_, i, u.used_since);
   if (pass_ == pass::forward) {
-    if (frees_after_forward() && !kept(i)) release_params(u);
+    if (frees_after_forward() && !kept(i) && !params_kept_alone(i)) release_params(u);
     if (next_ == units_.size()) in_pass_ = false;
     return;
   }
