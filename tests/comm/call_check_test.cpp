@@ -146,7 +146,7 @@ TEST_CASE("[comm] a stall report racing the start of its collective is compared 
     const auto start = [&] {
       spin_for(delay[0]);
       try {
-        c0->begin(mine, 0, "all_reduce");
+        c0->begin(mine, "all_reduce");
       } catch (const error& e) {
         begin_threw = true;
         what = e.what();
@@ -195,13 +195,13 @@ TEST_CASE("[comm] a peer's first message is checked whichever of the op's recvs 
       const auto theirs = differ ? record_of(kind::all_reduce, dtype::f64, 1, -1, reduce_op::sum, 0, 0, 0) : mine;
       const auto until = deadline_after(std::chrono::seconds(10));
       std::thread sender([&] {
-        op o(*world[0], members, 0, 5, until, "all_reduce", nullptr, {}, c0.get(), c0->begin(theirs, 0, "all_reduce"),
+        op o(*world[0], members, 0, 5, until, "all_reduce", nullptr, {}, c0.get(), c0->begin(theirs, "all_reduce"),
              checker::epoch_of(0));
         std::int64_t a = 11, b = 22;
         o.wait_send(o.send(1, bytes(&a), sizeof a), 1);
         o.wait_send(o.send(1, bytes(&b), sizeof b), 1);
       });
-      op o(*world[1], members, 1, 5, until, "all_reduce", nullptr, {}, c1.get(), c1->begin(mine, 1, "all_reduce"),
+      op o(*world[1], members, 1, 5, until, "all_reduce", nullptr, {}, c1.get(), c1->begin(mine, "all_reduce"),
            checker::epoch_of(0));
       std::int64_t first = 0, second = 0;
       const auto r1 = o.recv(0, bytes(&first), sizeof first);

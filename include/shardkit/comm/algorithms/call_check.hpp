@@ -64,9 +64,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     std::uint64_t sent_in = 0, posted_in = 0, verified_in = 0;
     std::uint64_t header_ahead_in = 0;  // the first send's header went ahead of its payload, in header_send
     const void* frame = nullptr;  // the first recv (into recv_slot): its completion's id()
-    bool copy_out = false;       // its payload is copied out of the slot into `dest` once verified (else it is in
-                                 // place already: scattered there, or a message of its own)
-    std::byte* dest = nullptr;   // where the payload goes; once verified, where it is
+    std::byte* dest = nullptr;   // where the payload goes; once verified, where it is (p2p_op::through_slot)
     std::size_t expected = 0;    // the bytes this rank expects in that first message
     std::size_t landed = 0;      // and the size of the message that brings them: its header, and them if inline
     completion header_send;      // a header sent ahead of a payload larger than inline_max: waited with it
@@ -98,7 +96,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     return (transport::message_tag(group_id_) << 32) | (transport::message_tag(0xffffff) << 8) | 0xff;
   }
 
-  //! Starts collective `r` (`rank`, `operation`: the caller's, for an error's context): fails at once if the
+  //! Starts collective `r` (`operation`: the caller's, for an error's context): fails at once if the
   //! group is poisoned (or a peer's stall report for this collective shows another call), and records `r` for the
   //! stall reports of peers still to come. Lock-free unless a report waits: the record goes into its history
   //! entry as a sequence lock's writer does (one thread issues a group's collectives: process_group refuses a
@@ -109,7 +107,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   //! Returns r's header words (frame_header::pack, record_words of them) for the op's first messages: those of
   //! r's history entry, valid until history_size collectives later (one thread issues a group's collectives, so
   //! past the op). Inlined: at a call site whose kind and root are constants, so is most of the packing.
-  [[gnu::always_inline]] const std::int64_t* begin(const call_record& r, int rank, const char* operation) {
+  [[gnu::always_inline]] const std::int64_t* begin(const call_record& r, const char* operation) {
     std::int64_t w[frame_header::record_words];
     frame_header::pack(r, w);
     const std::uint32_t seq = r.seq;
@@ -127,10 +125,8 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     h.stamp.store(stamp_of(seq), std::memory_order_seq_cst);
     // One load for both rare cases: a poisoned group refuses the call (its record, just written, changes nothing:
     // a poisoned group stays poisoned), and reports that came early are compared.
-    if (const auto f = flags_.load(std::memory_order_seq_cst); f != 0) [[unlikely]] {
-      if (f & flag_poisoned) refuse_poisoned(rank, operation);
-      compare_early_reports(seq, r.encode(), rank, operation);
-    }
+    if (const auto f = flags_.load(std::memory_order_seq_cst); f != 0) [[unlikely]]
+      flagged(f, seq, h.record, operation);
     return h.record;
   }
 
@@ -383,6 +379,15 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     }
   }
 
+  //! begin()'s rare cases, out of line, given `flags`: a poisoned group refuses the call; reports that came early
+  //! are compared with collective `seq`'s record, read back from its history entry (`record`, just written by this
+  //! thread), so that begin() keeps nothing of the call for them.
+  [[gnu::cold, gnu::noinline]] void flagged(std::uint32_t flags, std::uint32_t seq, const std::int64_t* record,
+                                            const char* operation) {
+    if (flags & flag_poisoned) refuse_poisoned(me_, operation);
+    compare_early_reports(seq, frame_header::unpack(reinterpret_cast<const std::byte*>(record)), me_, operation);
+  }
+
   //! begin()'s comparison of the stall reports that came before this rank reached collective `seq`.
   void compare_early_reports(std::uint32_t seq, const record_words& mine, int rank, const char* operation) {
     std::unique_lock lock(mutex_);
@@ -425,7 +430,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   //! One collective's record in the history (its packed header words), in a cache line of its own: written by
   //! begin() (the issuing thread, through atomic_ref), read there by the op (plainly: no other thread writes it)
   //! and by on_control (through atomic_ref); the stamp is stamp_of(seq) while whole, 0 while written. The record
-  //! comes first: 16-byte aligned, as frame_header::same_record reads it.
+  //! comes first: 16-byte aligned, as frame_header::same_header reads it.
   struct alignas(64) history_entry {
     alignas(16) std::int64_t record[frame_header::record_words]{};
     std::atomic<std::uint64_t> stamp{0};

@@ -49,8 +49,9 @@ struct call_record {
 //! The header of a first message, packed into 6 words (one cache line with the slot's alignment): magic, the
 //! sender's call_record, the payload's size. Word 0: magic (high 32 bits), collective kind, dtype, reduce op and
 //! algorithm (8 bits each); word 1: count; word 2: root (high 32 bits) and the call's number; word 3: the counts
-//! hash; word 4: the caller's call tag (op_options::call_tag); word 5: the payload's size. Receivers compare words
-//! 0-4 as they landed, and unpack them only to name a difference.
+//! hash; word 4: the caller's call tag (op_options::call_tag); word 5: the payload's size. Receivers compare all
+//! six words as they landed with their own call and the size they expect (same_header), and unpack them only to
+//! name a difference.
 struct frame_header {
   static constexpr std::uint32_t magic = 0x53484b32;  // "SHK2"
   static constexpr std::size_t record_words = 5;
@@ -70,7 +71,7 @@ struct frame_header {
   //! An inline payload's copy into or out of a frame slot: 8 to 16 bytes (a small all_reduce's) in two word
   //! moves, without a call.
   static void copy_payload(std::byte* to, const std::byte* from, std::size_t n) noexcept {
-    if (n - 8 <= 8) {
+    if (n - 8 <= 8) [[likely]] {
       std::uint64_t head, tail;
       std::memcpy(&head, from, 8);
       std::memcpy(&tail, from + n - 8, 8);
@@ -91,22 +92,22 @@ struct frame_header {
     w[3] = r.fp.extra;
     w[4] = std::int64_t(r.fp.tag);
   }
-  //! Whether the record words of the header at `slot` (as it landed) are `w`'s (both 16-byte aligned): words 0-3
-  //! in two 16-byte compares where the target has them, word 4 on its own.
-  static bool same_record(const std::byte* slot, const std::int64_t* w) noexcept {
-    static_assert(record_words == 5, "each record word is compared here");
-    std::int64_t v4;
-    std::memcpy(&v4, slot + 4 * sizeof v4, sizeof v4);
+  //! Whether the header at `slot` (as it landed) is the record words `w` followed by the payload size `size`
+  //! (`slot` and `w` 16-byte aligned): all six words, the call tag included, in three 16-byte compares where the
+  //! target has them.
+  static bool same_header(const std::byte* slot, const std::int64_t* w, std::size_t size) noexcept {
+    static_assert(words == 6, "each header word is compared here");
 #if defined(__SSE2__)
-    const __m128i lo = _mm_cmpeq_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(slot)),
-                                      _mm_load_si128(reinterpret_cast<const __m128i*>(w)));
-    const __m128i hi = _mm_cmpeq_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(slot + 16)),
-                                      _mm_load_si128(reinterpret_cast<const __m128i*>(w + 2)));
-    return _mm_movemask_epi8(_mm_and_si128(lo, hi)) == 0xffff && v4 == w[4];
+    const auto at = [](const void* p) { return _mm_load_si128(static_cast<const __m128i*>(p)); };
+    const __m128i a = _mm_cmpeq_epi8(at(slot), at(w));
+    const __m128i b = _mm_cmpeq_epi8(at(slot + 16), at(w + 2));
+    const __m128i c = _mm_cmpeq_epi8(at(slot + 32), _mm_set_epi64x(std::int64_t(size), w[4]));
+    return _mm_movemask_epi8(_mm_and_si128(_mm_and_si128(a, b), c)) == 0xffff;
 #else
-    std::int64_t v[4];
+    std::int64_t v[words];
     std::memcpy(v, slot, sizeof v);
-    return ((v[0] ^ w[0]) | (v[1] ^ w[1]) | (v[2] ^ w[2]) | (v[3] ^ w[3]) | (v4 ^ w[4])) == 0;
+    return ((v[0] ^ w[0]) | (v[1] ^ w[1]) | (v[2] ^ w[2]) | (v[3] ^ w[3]) | (v[4] ^ w[4]) |
+            (v[5] ^ std::int64_t(size))) == 0;
 #endif
   }
   //! Whether word 0 (as it landed) carries the magic.

@@ -171,7 +171,7 @@ class p2p_op : public op_members<T> {
         std::memcpy(slot, header_, record_bytes);
         const auto size_word = std::int64_t(bytes);
         std::memcpy(slot + record_bytes, &size_word, sizeof size_word);
-        if (bytes > call_checker<T>::inline_max || (transport::scatter_gather<T> && bytes > frame_header::copy_max))
+        if (!through_slot(bytes)) [[unlikely]]
           return send_apart(pc, peer, slot, data, bytes);
         frame_header::copy_payload(slot + frame_header::bytes, data, bytes);
         data = slot;
@@ -187,11 +187,16 @@ class p2p_op : public op_members<T> {
         pc.posted_in = epoch_;
         pc.dest = data;
         pc.expected = bytes;
-        pc.copy_out = false;
         std::byte* const slot = checker_->recv_slot(pc);
         constexpr std::size_t h = frame_header::bytes;
+        if (through_slot(bytes)) [[likely]] {  // the 8-byte call's case, first
+          pc.landed = h + bytes;
+          completion c = post_recv(peer, slot, frame_header::slot_bytes);
+          pc.frame = c.id();
+          return c;
+        }
         if constexpr (transport::scatter_gather<T>) {
-          if (bytes > frame_header::copy_max && bytes <= call_checker<T>::inline_max) {
+          if (bytes <= call_checker<T>::inline_max) {
             // The header into the slot, the payload straight into place; a larger one than expected (a mismatch)
             // runs on into the slot, so its header is read whatever the peer sent.
             const std::span<std::byte> pieces[] = {{slot, h}, {data, bytes}, {slot + h, call_checker<T>::inline_max - bytes}};
@@ -201,16 +206,8 @@ class p2p_op : public op_members<T> {
             return c;
           }
         }
-        if (bytes > call_checker<T>::inline_max) {
-          pc.landed = h;
-          pc.frame = post_recv(peer, slot, frame_header::slot_bytes).id();  // the header; the payload follows
-        } else {  // header and payload into the slot, the payload copied out once the header is verified
-          pc.landed = h + bytes;
-          pc.copy_out = true;
-          completion c = post_recv(peer, slot, frame_header::slot_bytes);
-          pc.frame = c.id();
-          return c;
-        }
+        pc.landed = h;
+        pc.frame = post_recv(peer, slot, frame_header::slot_bytes).id();  // the header; the payload follows
       }
     }
     return post_recv(peer, data, bytes);
@@ -420,6 +417,14 @@ class p2p_op : public op_members<T> {
     return data;
   }
 
+  //! Whether a first message whose payload is `bytes` goes out copied behind its header (send()) and comes whole
+  //! into the recv slot (recv()), its payload then copied out, or viewed there, once its header is verified: up
+  //! to copy_max, and up to inline_max where the transport cannot gather and scatter (else gathered from the
+  //! caller's buffer and scattered straight into place, or a message of its own).
+  static constexpr bool through_slot(std::size_t bytes) noexcept {
+    return bytes <= frame_header::copy_max || (!transport::scatter_gather<T> && bytes <= call_checker<T>::inline_max);
+  }
+
   //! The recv that this op posted for `pc`'s frame (always there: recvs_ is cleared only with epoch_).
   [[gnu::noinline]] const completion* posted_frame(const typename call_checker<T>::contact& pc) const {
     for (std::size_t i = 0; i < recvs_.size(); ++i)
@@ -435,16 +440,13 @@ class p2p_op : public op_members<T> {
   [[gnu::always_inline]] void verify_frame(typename call_checker<T>::contact& pc, int peer, const completion& frame) {
     pc.verified_in = epoch_;
     std::byte* const slot = pc.recv_slot->bytes;  // allocated when the frame was posted
-    const std::size_t landed = frame.bytes();
+    const std::size_t landed = frame.bytes_done();  // waited
     // The common case in a few loads and compares: its record is this rank's call (magic included), it announces
     // the size this rank expects, and it brought that (the header, and the payload where it travels inline).
-    std::int64_t sent;
-    std::memcpy(&sent, slot + frame_header::record_words * sizeof sent, sizeof sent);
-    if (!frame_header::same_record(slot, header_) || std::size_t(sent) != pc.expected || landed != pc.landed)
-        [[unlikely]]
+    if (!frame_header::same_header(slot, header_, pc.expected) || landed != pc.landed) [[unlikely]]
       checker_->refuse_frame(slot, landed, header_, pc.expected,
                              checker_->group_rank(members_[std::size_t(peer)]), name_, context(peer));
-    if (pc.copy_out) {
+    if (through_slot(pc.expected)) {
       if (Keep)
         pc.dest = slot + frame_header::bytes;
       else
