@@ -235,3 +235,31 @@ TEST_CASE("[comm] a peer's first message is checked whichever of the op's recvs 
     }
   }
 }
+
+// A wait that expects the group's poison (p2p_op::throw_mismatch_behind, after an error that a mismatch elsewhere
+// may have caused) blocks on call_checker::wait_poisoned: it returns as a peer's poison lands on the control
+// recv, and at its deadline without one; it polls nothing.
+TEST_CASE("[comm] a wait for the group's poison wakes as a peer's poison lands, and ends at its deadline without") {
+  using checker = comm::algorithms::call_checker<transport::loopback_transport>;
+  auto world = transport::loopback_transport::create_world(2);
+  const std::vector<int> members{0, 1};
+  auto c0 = checker::create(world[0], members, 0, 7);
+  auto c1 = checker::create(world[1], members, 1, 7);
+  CHECK_FALSE(c0->wait_poisoned(deadline_after(std::chrono::milliseconds(20))));
+  CHECK_FALSE(c0->poisoned());
+  std::atomic<bool> woke{false};
+  std::thread waiter([&] { woke = c0->wait_poisoned(deadline_after(std::chrono::seconds(60))); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // mostly blocked by now; either order must work
+  c1->fail_everywhere(errc::invalid_argument, "a test's failure");
+  waiter.join();
+  CHECK(woke.load());
+  CHECK(c0->poisoned());
+  CHECK(c0->wait_poisoned(deadline_after(std::chrono::milliseconds(1))));  // stays poisoned
+  try {
+    c0->throw_if_poisoned({.rank = 0});
+    FAIL("not poisoned");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK(std::string(e.what()).find("rank 1 found that a test's failure") != std::string::npos);
+  }
+}

@@ -144,6 +144,10 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   std::size_t slot_bytes_held() const noexcept { return held_.load(std::memory_order_relaxed); }
 
   bool poisoned() const noexcept { return (flags_.load(std::memory_order_acquire) & flag_poisoned) != 0; }
+  //! Blocks until the group is poisoned (a mismatch found here or a peer's poison received: the control recvs
+  //! complete it on the transport's thread), or `until` passes; whether it is poisoned. For an error path that
+  //! expects the poison (p2p_op::throw_mismatch_behind): it wakes as the poison lands, and polls nothing.
+  bool wait_poisoned(deadline until) const { return completion(poisoned_).wait_until(until) || poisoned(); }
   //! The error names, as its peer, the rank that found the mismatch (this rank itself when it did).
   void throw_if_poisoned(error_context ctx) const {
     if (!poisoned()) return;
@@ -278,12 +282,15 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   }
 
   void poison(const std::string& what, int named, errc code = errc::mismatch) {
-    std::lock_guard lock(mutex_);
-    if (flags_.load(std::memory_order_relaxed) & flag_poisoned) return;
-    poison_ = what;
-    poisoner_ = named;
-    poison_code_ = code;
-    flags_.fetch_or(flag_poisoned, std::memory_order_release);
+    {
+      std::lock_guard lock(mutex_);
+      if (flags_.load(std::memory_order_relaxed) & flag_poisoned) return;
+      poison_ = what;
+      poisoner_ = named;
+      poison_code_ = code;
+      flags_.fetch_or(flag_poisoned, std::memory_order_release);
+    }
+    poisoned_.set_done();  // wakes wait_poisoned(), outside the lock (it runs no continuation of ours)
   }
 
   void send_to_all(std::int64_t kind, const std::int64_t* mine, const std::int64_t* other, int about,
@@ -450,6 +457,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   static constexpr std::uint32_t flag_poisoned = 1, flag_reports_waiting = 2;
   std::atomic<std::uint32_t> flags_{0};
   std::atomic<bool> sent_poison_{false};
+  completion_source poisoned_;  // done once flag_poisoned is set (wait_poisoned)
   std::atomic<std::size_t> held_{0};
   std::shared_ptr<T> transport_;
   std::vector<int> members_;  // transport rank of each group rank

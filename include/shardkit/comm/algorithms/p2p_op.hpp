@@ -13,7 +13,6 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -291,7 +290,8 @@ class p2p_op : public op_members<T> {
   //! another size than the receive it met (loopback fails the send too), a peer that found the mismatch, poisoned
   //! the group and left. Throws the mismatch instead where one shows: the group's poison; a first message from a
   //! peer that landed but was not read yet (this rank finds it itself); or, with `await` (the error is such a one:
-  //! protocol, a lost peer), the poison that arrives within poison_grace (the finder sends it before it throws).
+  //! protocol, a lost peer), the poison that arrives within poison_grace (the finder sends it before it throws),
+  //! blocked on until it lands (call_checker::wait_poisoned), not polled.
   //! So every rank's error names both calls, whichever of its waits failed first (docs/concepts.md).
   [[gnu::cold, gnu::noinline]] void throw_mismatch_behind(bool await) {
     for (int r = 0; r < n() && !checker_->poisoned(); ++r) {
@@ -301,10 +301,7 @@ class p2p_op : public op_members<T> {
       const completion* frame = posted_frame(pc);
       if (frame && frame->is_done() && !frame->has_failed()) verify_frame<false>(pc, r, *frame);  // throws if it differs
     }
-    if (await) {
-      const deadline until = std::min(deadline_after(poison_grace), until_);
-      while (!checker_->poisoned() && deadline::clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    if (await) checker_->wait_poisoned(std::min(deadline_after(poison_grace), until_));
     checker_->throw_if_poisoned(context(-1));
   }
   //! How long a failed wait waits for a mismatch's poison (throw_mismatch_behind): a message's trip between two
