@@ -134,12 +134,13 @@ void require_all_succeeded(const std::vector<process_result>& results);
 //! A TCP port on 127.0.0.1 that was free a moment ago.
 int free_port();
 
-//! A TCP port held from its choice until destruction: a socket bound to it on 127.0.0.1 with SO_REUSEADDR, not
-//! listening (close-on-exec). Between free_port() and a listener's bind, the port is anybody's: another test's
-//! listener (another free_port() that the kernel gave the same port) or a connect() taking it as its local port,
-//! and the listener then fails with EADDRINUSE (run_processes' store: "store.listen '*:41523': configuration
-//! error"). While this socket holds it, a bind without SO_REUSEADDR is refused, bind(0) and connect() never pick
-//! it, and a listener with SO_REUSEADDR (the store's) binds and listens on it.
+//! A TCP port held from its choice until destruction: a socket bound to it on every address (INADDR_ANY) with
+//! SO_REUSEADDR, not listening (close-on-exec). Between free_port() and a listener's bind, the port is anybody's:
+//! another test's listener (another free_port() that the kernel gave the same port) or a connect() taking it as
+//! its local port, and the listener then fails with EADDRINUSE (run_processes' store: "store.listen '*:41523':
+//! configuration error"). While this socket holds it, a bind without SO_REUSEADDR is refused, bind(0) and
+//! connect() never pick it, on any address (a hold on 127.0.0.1 alone let another test's transport listener on the
+//! host's own address take it), and a listener with SO_REUSEADDR (the store's) binds and listens on it.
 class reserved_port {
  public:
   reserved_port();

@@ -47,9 +47,12 @@ reserved_port::reserved_port() {
   // Set before the bind, so that bind(0) picks a port that no socket holds at all (with or without the option).
   const int one = 1;
   ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  // On every address (INADDR_ANY), not 127.0.0.1 alone: a bind(0) on another address (a transport's listener on
+  // the host's own address) overlaps only a wildcard, and would otherwise be given this port, which the store's
+  // listener on '*' then cannot take.
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
   socklen_t len = sizeof a;
   if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
       ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
