@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "abandon_cases.hpp"
+#include "kept_placements.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/fsdp/detail/limiter_budget.hpp"
 #include "shardkit/fsdp/optimizer.hpp"
@@ -954,28 +955,13 @@ TEST_CASE("[fsdp] kept last units cannot deadlock the limiter, whatever the plac
       largest = std::max(largest, units.back().params_bytes + units.back().grads_bytes);
     }
     const std::size_t slots = largest / 64 + next(15 - largest / 64), cap = next(2) ? 0 : next(7);
-    // Whether some placement of the last k units' blocks, requested in forward order, leaves one stuck.
+    // Whether some placement of the last k units' blocks, requested in forward order, leaves one stuck; under the
+    // count cap, request t is refused once 2t + 1 leases pass it.
     const auto can_stick = [&](std::size_t k) {
-      std::vector<bool> used(slots, false);
-      bool stuck = false;
-      const std::function<void(std::size_t)> place = [&](std::size_t t) {
-        if (t == k || stuck) return;
-        const auto& u = units[units.size() - k + t];
-        const std::size_t need = (u.params_bytes + u.grads_bytes) / 64;
-        if (cap != 0 && 2 * t + 1 > cap) stuck = true;
-        bool fits = false;
-        for (std::size_t at = 0; at + need <= slots && !stuck; ++at) {
-          const auto from = used.begin() + std::ptrdiff_t(at), to = from + std::ptrdiff_t(need);
-          if (std::any_of(from, to, [](bool b) { return b; })) continue;
-          fits = true;
-          std::fill(from, to, true);
-          place(t + 1);
-          std::fill(from, to, false);
-        }
-        if (!fits) stuck = true;
-      };
-      place(0);
-      return stuck;
+      return sk::test::kept_placements::some_placement_sticks(
+          std::vector<bool>(slots, false),
+          std::span<const fsdp::detail::unit_charge>(units.end() - std::ptrdiff_t(k), units.end()),
+          [&](std::size_t t) { return cap != 0 && 2 * t + 1 > cap; });
     };
     const std::size_t k = fsdp::detail::units_kept_for_backward(units, slots * 64, cap);
     CAPTURE(c);

@@ -22,6 +22,7 @@
 #include "shardkit/core/task.hpp"
 #include "shardkit/core/when_all.hpp"
 #include "shardkit/fsdp/detail/limiter_budget.hpp"
+#include "kept_placements.hpp"
 #include "shardkit/fsdp/rate_limiter.hpp"
 #include "support/harness.hpp"
 
@@ -615,29 +616,14 @@ TEST_CASE("[fsdp] the unit before the kept ones keeps its parameters: no placeme
     with_whole += keep.units > 0;
     const auto& before = units[units.size() - 1 - keep.units];
     const std::size_t pb = before.params_bytes / 64, gb = before.grads_bytes / 64;
-    std::vector<bool> used(slots, false);
+    const std::span<const fsdp::detail::unit_charge> whole(units.end() - std::ptrdiff_t(keep.units), units.end());
     bool stuck = false;
-    const std::function<void(std::size_t)> place = [&](std::size_t t) {
-      if (t == keep.units || stuck) return;
-      const auto& u = units[units.size() - keep.units + t];
-      const std::size_t need = (u.params_bytes + u.grads_bytes) / 64;
-      bool fits = false;
-      for (std::size_t at = 0; at + need <= slots && !stuck; ++at) {
-        const auto from = used.begin() + std::ptrdiff_t(at), to = from + std::ptrdiff_t(need);
-        if (std::any_of(from, to, [](bool b) { return b; })) continue;
-        fits = true;
-        std::fill(from, to, true);
-        place(t + 1);
-        std::fill(from, to, false);
-      }
-      if (!fits) stuck = true;
-    };
     for (std::size_t at = 0; at + pb <= slots; ++at) {
       // acquire_leaving's condition: alone, the parameters leave a run of the gradients' size.
       if (std::max(at, slots - at - pb) < gb) continue;
+      std::vector<bool> used(slots, false);
       std::fill(used.begin() + std::ptrdiff_t(at), used.begin() + std::ptrdiff_t(at + pb), true);
-      place(0);
-      std::fill(used.begin(), used.end(), false);
+      stuck = stuck || test::kept_placements::some_placement_sticks(std::move(used), whole);
     }
     CHECK_FALSE(stuck);
   }
