@@ -49,7 +49,7 @@ model:
   --early-gathers on|off the next forward's gathers start as the optimizer steps each unit [on]
   --keep-last on|off     the forward's last units keep their gathered parameters for backward [on]
   --early-backward on|off  with units kept: backward's first gather beyond them starts in forward [on]
-  --keep-before on|off   where none can be kept (about 1 unit): the unit before the last ones keeps its parameters [off]
+  --keep-before on|off   where none can be kept (about 1 unit): the unit before the last ones keeps its parameters [on]
   --optimizer-ms X       the step outside units [the file's other_ms x measured_shard / shard size]
   --scale-compute X      multiply every unit's compute time by X [1]
   --timeline             with --budget: every simulated interval

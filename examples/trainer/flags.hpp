@@ -90,7 +90,7 @@ inline std::string help_text() {
       {"--prefetch N", "units gathered ahead [" + n(d.sharding.prefetch) + "]"},
       {"--keep-last on|off", "the forward's last units keep their gathered parameters for backward [on]"},
       {"--early-backward on|off", "with units kept: backward's first gather beyond them starts in forward [on]"},
-      {"--keep-before on|off", "where none can be kept (1 unit): the last block keeps its parameters alone [off]"},
+      {"--keep-before on|off", "where none can be kept (1 unit): the last block keeps its parameters alone [on]"},
       {"--width D", "model width; hidden is 4 x D [" + n(d.model.width) + "]"},
       {"--blocks L", "model blocks (units: L + 2) [" + n(d.model.blocks) + "]"},
       {"--lr X", "AdamW learning rate [" + g(d.lr) + "]"},

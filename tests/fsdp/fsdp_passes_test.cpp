@@ -737,9 +737,11 @@ TEST_CASE("[fsdp] kept last units: backward starts on the forward's parameters; 
         CHECK(with == train_vectors(n, numels, off, 3, micro, &kept_off, &before_off));
         CHECK(kept_off == 0);
         CHECK_FALSE(before_off);
-        // One unit holds no more than a backward unit: nothing kept. From two, the small last ones and a block.
-        CHECK(kept_on == (b.units == 1 ? 0u : b.units == 2 || (b.units == 0 && b.bytes == 0) ? 2u : 3u));
-        CHECK_FALSE(before_on);  // keep_parameters_before is off by default
+        // One unit holds no more than a backward unit: none kept whole beside a block, but keep_parameters_before
+        // (on by default) keeps the small last ones whole and the block before them its parameters alone. From
+        // two, the small last ones and a block.
+        CHECK(kept_on == (b.units == 1 || b.units == 2 || (b.units == 0 && b.bytes == 0) ? 2u : 3u));
+        CHECK(before_on == (b.units == 1));
       }
   // hybrid_shard keeps them too; shard_grad_op keeps every unit's anyway.
   std::size_t kept = 0;
@@ -757,19 +759,19 @@ TEST_CASE("[fsdp] kept last units: backward starts on the forward's parameters; 
 }
 
 TEST_CASE("[fsdp] keep_parameters_before at one unit: backward gathers neither the block before the kept units nor them, within budget") {
-  // Small last units, as a model's head: at one unit none is kept (a largest unit no longer fits beside them), and
-  // backward gathers the last block again at once. With keep_parameters_before the two small ones are kept whole
-  // and the block before them keeps its parameters alone, its gradients' buffer asked for in backward
-  // (detail::kept_at_the_turn): training is bit for bit the same (2 and 3 ranks, with micro-batches), backward
-  // gathers units 0-2 only, the limiter never past its budget (random delays, 3 steps), and what the forward kept
-  // goes back when something other than backward comes.
+  // Small last units, as a model's head: at one unit none is kept whole beside a block (a largest unit no longer
+  // fits beside them), and without keep_parameters_before backward gathers the last block again at once. With it
+  // (on by default; off here for the reference) the two small ones are kept whole and the block before them keeps
+  // its parameters alone, its gradients' buffer asked for in backward (detail::kept_at_the_turn): training is bit
+  // for bit the same (2 and 3 ranks, with micro-batches), backward gathers units 0-2 only, the limiter never past its
+  // budget (random delays, 3 steps), and what the forward kept goes back when something other than backward comes.
   const std::vector<std::size_t> numels{96, 1024, 1024, 1024, 160, 48};
   for (int n : {2, 3})
     for (int micro : {1, 2}) {
       CAPTURE(n);
       CAPTURE(micro);
       fsdp::sharding_options on{.limiter_budget_units = 1}, off = on;
-      on.keep_parameters_before = true;
+      off.keep_parameters_before = false;
       std::size_t kept = 0;
       bool before = false;
       CHECK(train_vectors(n, numels, on, 3, micro, &kept, &before) == train_vectors(n, numels, off, 3, micro));

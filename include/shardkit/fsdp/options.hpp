@@ -184,10 +184,9 @@ struct sharding_options {
   //! With keep_last_units, where none can be kept so (about one unit of budget: a largest unit no longer fits beside
   //! the last one), the unit before the last ones keeps its gathered parameters alone for backward and asks for its
   //! gradients' buffer there, and the last ones are kept whole as far as that cannot deadlock
-  //! (sharded_model::parameters_kept_before(), detail::kept_at_the_turn): backward begins without a gather. Off by
-  //! default until the one-rank-alone abandonment cases have run with it on (docs/fsdp.md, "The last units kept for
-  //! backward").
-  bool keep_parameters_before = false;
+  //! (sharded_model::parameters_kept_before(), detail::kept_at_the_turn): backward begins without a gather. Off:
+  //! nothing is kept there, and backward gathers that unit again (docs/fsdp.md, "The last units kept for backward").
+  bool keep_parameters_before = true;
   //! Backwards per optimizer step (micro-batches) the trainer runs. The model does not use it; construction
   //! compares it across ranks with the units and the other options, so that ranks set up for different
   //! accumulation fail at once, naming both values, instead of timing out in a later reduction. 0: not set.

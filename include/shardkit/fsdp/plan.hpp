@@ -102,9 +102,9 @@ struct plan_options {
   //! sharding_options::early_backward_gather: with units kept, backward's first gather beyond them is queued when
   //! that unit (the one before them) begins forward, into a second parameter block.
   bool early_backward_gather = true;
-  //! sharding_options::keep_parameters_before: where none can be kept whole, the unit before the last ones keeps its
-  //! parameters alone.
-  bool keep_parameters_before = false;
+  //! sharding_options::keep_parameters_before (on by default, as the model's): where none can be kept whole, the unit
+  //! before the last ones keeps its parameters alone.
+  bool keep_parameters_before = true;
   //! The optimizer's step on this rank's shard, and the step's other work outside units.
   double optimizer_seconds = 0;
   //! Scalar all-reduces after backward (the trainer's loss mean and gradient norm: 2), each a latency per
