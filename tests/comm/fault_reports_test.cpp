@@ -8,6 +8,7 @@
 #include "shardkit/rendezvous/memory_store.hpp"
 #include "shardkit/rendezvous/tcp_store.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <latch>
@@ -239,14 +240,14 @@ TEST_CASE("[comm] in a split group, the error's peer field names the rank its me
 }
 
 namespace {
-//! A memory store whose requests end at this thread's request_bound, as the TCP store's do, and whose posting of
-//! a verdict (an account that blames a rank) takes longer than a walk's late_answer: the walk then ends past its
-//! bound. Counts the job's walks under way as the store sees them.
+//! A memory store whose requests end at this thread's request_bound, as the TCP store's do, and which never answers
+//! the posting of a verdict (an account that blames a rank): the walk's last request then ends at its bound.
+//! Counts the job's walks under way as the store sees them.
 class slow_verdict_store {
  public:
   using store_concept = rendezvous::store_tag;
   void set(const std::string& k, const std::string& v) {
-    if (blames(v)) std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    if (blames(v)) std::this_thread::sleep_until(std::min(rendezvous::request_bound::current(), deadline::clock::now() + std::chrono::seconds(10)));
     check_bound();
     base_.set(k, v);
   }
@@ -276,9 +277,9 @@ class slow_verdict_store {
 }  // namespace
 
 TEST_CASE("[comm] a walk that runs past its store bound still takes itself off the job's count of walks") {
-  // Each survivor's walk waits its grace for the stopped rank's account, then posts its verdict slowly: the
-  // walk's own requests end at grace + 250 ms. The count of walks under way must still come back to zero (before:
-  // the walk that ran out kept it above zero, and the others' await waited a whole grace more).
+  // Each survivor's walk waits its grace for the stopped rank's account, then posts its verdict, which the store
+  // never answers: the request ends at its bound (grace + 250 ms). The count of walks under way must still come
+  // back to zero (before: the walk that ran out kept it above zero, and the others' await waited a whole grace more).
   auto o = reporting_options();
   auto store = rendezvous::make_store<slow_verdict_store>();
   o.fault_reports = store;
@@ -346,8 +347,9 @@ TEST_CASE("[comm] the store's host ends its walk after its peers': a peer that t
 
 namespace {
 //! A memory store whose every request is answered `delay` late, as a loaded host's TCP store is (its thread and the
-//! client's each wait for a core; at load 36 on 2 cores a round trip takes tens to hundreds of ms), and ends at this
-//! thread's request_bound, as the TCP store's do.
+//! client's each wait for a core; at load 36 on 2 cores a round trip takes tens to hundreds of ms), or a TCP store
+//! across a WAN (100-300 ms round trips); a request not answered by this thread's request_bound fails there, as the
+//! TCP store's do. stop(): no request is answered any more (the store's host stopped).
 class late_store {
  public:
   using store_concept = rendezvous::store_tag;
@@ -360,16 +362,26 @@ class late_store {
   std::string compare_set(const std::string& k, const std::string& e, const std::string& d) { return answer_late(), base_.compare_set(k, e, d); }
   bool remove(const std::string& k) { return answer_late(), base_.remove(k); }
   std::int64_t num_keys() { return base_.num_keys(); }
+  void stop() { delay_ = std::chrono::hours(1); }
 
  private:
   void answer_late() const {
-    std::this_thread::sleep_for(delay_);
-    if (deadline::clock::now() >= rendezvous::request_bound::current())
-      throw error(errc::timeout, "no answer from the store within this request's bound");
+    const auto bound = rendezvous::request_bound::current();
+    std::this_thread::sleep_until(std::min(bound, deadline::clock::now() + delay_.load()));
+    if (deadline::clock::now() >= bound) throw error(errc::timeout, "no answer from the store within this request's bound");
   }
-  std::chrono::milliseconds delay_;
+  std::atomic<std::chrono::milliseconds> delay_;
   rendezvous::memory_store base_;
 };
+
+error lost(int rank, int peer) {
+  return error(errc::peer_lost, "rank " + std::to_string(peer) + " closed its shm transport in order",
+               {.rank = rank, .peer = peer, .operation = "all_reduce", .group = "world"});
+}
+comm::detail::fault_report account(const error& e) {
+  return comm::detail::fault_report{.seq = 7, .op = "all_reduce", .code = e.code().value(), .peer = e.context().peer.value_or(-1),
+                                    .message = e.detail()};
+}
 }  // namespace
 
 TEST_CASE("[comm] on a slow store, a rank that left in order after losing the rank at fault is not named in its place") {
@@ -381,14 +393,6 @@ TEST_CASE("[comm] on a slow store, a rank that left in order after losing the ra
   auto store = rendezvous::make_store<late_store>(std::chrono::milliseconds(100));
   const auto grace = comm::group_options{}.fault_report_grace;
   const comm::detail::fault_board rank3(store, "g", "world", 3, 3, 4, grace), rank0(store, "g", "world", 0, 0, 4, grace);
-  const auto lost = [](int rank, int peer) {
-    return error(errc::peer_lost, "rank " + std::to_string(peer) + " closed its shm transport in order",
-                 {.rank = rank, .peer = peer, .operation = "all_reduce", .group = "world"});
-  };
-  const auto account = [](const error& e) {
-    return comm::detail::fault_report{.seq = 7, .op = "all_reduce", .code = e.code().value(),
-                                      .peer = e.context().peer.value_or(-1), .message = e.detail()};
-  };
   const error e3 = lost(3, 1), out3 = rank3.explain(e3, account(e3), false);
   MESSAGE("rank 3: " << std::string(out3.what()));
   CHECK(out3.context().peer == 1);
@@ -396,4 +400,37 @@ TEST_CASE("[comm] on a slow store, a rank that left in order after losing the ra
   MESSAGE("rank 0: " << std::string(out0.what()));
   CHECK(says(out0, "rank 1 was lost, as rank 3 found first (all_reduce #7): rank 1 closed its shm transport in order"));
   CHECK(out0.context().peer == 1);
+}
+
+TEST_CASE("[comm] on a store slower than the grace, chains of ranks that left in order name the rank at fault; a walk cut short says so") {
+  // attack25 'fault_walk': 5 ranks, rank 1 at fault; chain 1: rank 0 lost 1; chain 2: 3 lost 1, then 0 lost 3;
+  // chain 3: 2 lost 1, 3 lost 2, 0 lost 3, each walk over once the next rank loses that one. The store answers
+  // each request 150 ms late, the grace is 100 ms: a walk of three or four round trips (its account, the peer's,
+  // its verdict) ran past one bound of grace + 250 ms for the whole walk, read nothing or posted no verdict, and
+  // rank 0 named rank 3 (12 of 54 such cases in the attack). Each request now has a bound of its own. Chain 4:
+  // chain 2 with the store stopped before rank 0's walk: rank 0 cannot read rank 3's account and must say so,
+  // not name rank 3 as the rank at fault. The chains run at once, each on its own store.
+  const auto grace = std::chrono::milliseconds(100);
+  const std::vector<std::vector<std::pair<int, int>>> chains = {
+      {{0, 1}}, {{3, 1}, {0, 3}}, {{2, 1}, {3, 2}, {0, 3}}, {{3, 1}, {0, 3}}};
+  test::run_threads(int(chains.size()), [&](int c) {
+    auto slow = std::make_shared<late_store>(std::chrono::milliseconds(150));
+    const rendezvous::any_store store(slow);
+    error out = lost(0, 0);
+    for (const auto& [rank, peer] : chains[std::size_t(c)]) {
+      if (c == 3 && rank == 0) slow->stop();
+      const comm::detail::fault_board board(store, "g", "world", rank, rank, 5, grace);
+      const error e = lost(rank, peer);
+      out = board.explain(e, account(e), false);
+    }
+    MESSAGE("chain " << c + 1 << ", rank 0: " << std::string(out.what()));
+    if (c == 3) {
+      CHECK(says(out, "the walk of the other ranks' accounts was cut short"));
+      CHECK(says(out, "whether rank 3, which this rank lost, was at fault"));
+      return;
+    }
+    CHECK(out.context().peer == 1);
+    if (c == 1) CHECK(says(out, "rank 1 was lost, as rank 3 found first (all_reduce #7): rank 1 closed its shm transport in order"));
+    if (c == 2) CHECK(says(out, "rank 1 was lost, as rank 3 found (all_reduce #7)"));
+  });
 }

@@ -11,7 +11,10 @@
 //! - a rank that posted no account within the grace: it stopped answering (a process stopped with SIGSTOP, a rank
 //!   stuck outside collectives or busy far longer than the others), and the error gives the chain of waits;
 //! - a rank already read (a cycle): the verdicts that the ranks on it posted, if any, are taken over. A rank that
-//!   was stopped and resumes finds its own number there, and its error says that this rank stopped answering.
+//!   was stopped and resumes finds its own number there, and its error says that this rank stopped answering;
+//! - a rank that lost a peer and posted its verdict: that verdict is taken over. One that posted none (its walk
+//!   found nothing, or could not post) is followed to the peer it lost, whose account, if any, was posted before it
+//!   left: read as it is then, not waited for. The deepest rank that lost a peer names it.
 //! Each rank then posts its verdict beside its account. A rank that timed out then waits, up to one grace more, for
 //! the others' walks to end (the job counts the walks under way; each rank of the group not named must have posted
 //! its account): the store lives in one rank's process (job rank 0's, with connect_store), which exits once its
@@ -24,19 +27,31 @@
 //! wait there. A rank failing in two groups at once posts both; the later one stands. Each rank of a split group
 //! posts its number in the job when the group is made (one store request), so that a peer's group rank can be
 //! translated to the job's even when that peer stops later. A rank that lost a peer (errc::peer_lost) posts and reads
-//! the same way, its store requests bounded by the grace too, but without waiting for accounts: a peer that left
+//! the same way, its store requests bounded the same way, but without waiting for accounts: a peer that left
 //! after naming the rank at fault passes that verdict on, and a peer that lost a rank first names that rank (not
 //! itself, whose orderly leaving this rank may have seen first).
 //!
-//! Nothing of this runs before a collective failed. The store's requests are bounded (rendezvous::request_bound),
-//! so a store whose host stopped answering delays the error by at most the grace + late_answer (then nobody waits
-//! for the others' walks: the store is gone). Each rank reads at most max_reads accounts.
+//! Nothing of this runs before a collective failed. Each store request of a walk has a bound of its own
+//! (rendezvous::request_bound), answer_bound() from when it is made: the grace (at least answer_floor) +
+//! late_answer. A store whose host stopped answering fails the first one (a tcp_store then fails every later one
+//! at once), so it delays the error by at most that (then nobody waits for the others' walks: the store is gone).
+//! A store that answers, however slowly, lets the walk finish, one round trip per request: about three for a lost
+//! peer (this rank's account, the peer's, the verdict), one more per account read; at 300 ms a round trip (a TCP
+//! store across a WAN, a loaded rank 0) that is a second. (One bound for the whole walk, grace + late_answer, was
+//! run out by three or four round trips of 150 ms at a grace of 100 ms: the walk read nothing, or posted no
+//! verdict, and the next rank named the neighbour that had left after losing the rank at fault.) A walk still ends
+//! by walk_overrun past its grace. One cut short, by a request unanswered or by that bound, names no rank it could
+//! not confirm: its error says the walk was cut short, and names the rank this rank lost only as the one it lost.
+//! The grace a timeout's walk waits for accounts runs from when this rank's own account is in the store: a peer
+//! that failed at the same moment takes as many round trips to post its own. Each rank reads at most max_reads
+//! accounts.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <ranges>
 #include <set>
 #include <string>
 #include <string_view>
@@ -164,12 +179,14 @@ class fault_board {
   //! After a timeout's walk, it also waits (up to one grace more) for the other ranks' walks: see
   //! await_other_walks().
   error explain(const error& e, fault_report mine, bool wait) const {
-    const auto grace_end = wait ? deadline_after(grace_) : deadline::clock::now();
+    deadline grace_end = wait ? deadline_after(grace_) : deadline::clock::now();  // walk() moves it: see there
     std::vector<int> excused;  // the ranks whose accounts nobody waits for any more: the ones named
     walk_count counted(*this);
     error out = walk(e, std::move(mine), wait, grace_end, counted, excused);
+    // The others' walks began about when this one did and take about as many round trips: a grace from whichever
+    // came last, the end of this rank's grace or of its walk (on a slow store, the walk may run past its grace).
     if (counted.end()) try {
-        await_other_walks(excused, grace_end + grace_);
+        await_other_walks(excused, std::max(grace_end, deadline::clock::now()) + grace_);
       } catch (...) {  // the store went: nobody can read it any more
       }
     return out;
@@ -188,6 +205,7 @@ class fault_board {
     ~walk_count() { end(); }
     //! Counts the walk (a store request; throws as the store does).
     void begin() {
+      const auto one = board_.one_request();
       board_.store_.add(board_.walks_key(), 1);
       counted_ = true;
     }
@@ -210,13 +228,11 @@ class fault_board {
 
   //! explain()'s walk, with its verdict; `counted`: the walk's place among the walks under way (taken while it
   //! waits for accounts); `excused`: the ranks it named, or found silent.
-  error walk(const error& e, fault_report mine, bool wait, deadline grace_end, walk_count& counted, std::vector<int>& excused) const {
-    // A lost peer's walk waits for no account, but its requests get the same bound as a timeout's: on a loaded host
-    // a store round trip can take 100 ms, and a walk of up to five of them (the lost peer's job rank in a split
-    // group, this rank's account, the peer's) that ended at late_answer posted nothing or read nothing. Its error
-    // then named the neighbour that had left in order after losing the rank at fault, and that neighbour's
-    // peers, finding no account of it, named it too.
-    rendezvous::request_bound bound((wait ? grace_end : deadline_after(grace_)) + late_answer);
+  //! `grace_end`: until when accounts are waited for; a timeout's walk moves it to a grace after its own account is
+  //! in the store.
+  error walk(const error& e, fault_report mine, bool wait, deadline& grace_end, walk_count& counted, std::vector<int>& excused) const {
+    // Each request has its own bound (one_request()); this one ends the walk however slow the store.
+    rendezvous::request_bound bound(std::max(grace_end, deadline::clock::now()) + walk_overrun);
     std::map<int, int> group_rank{{job_rank_, rank_}};  // the job's ranks whose group rank is known
     std::string trouble;  // why the accounts could not be read, if they could not
     int silent_host = -1;  // the rank hosting the store, when the store stopped answering (its error's peer)
@@ -241,15 +257,26 @@ class fault_board {
     std::vector<int> silent;  // ranks that posted no account within the grace
     if (trouble.empty()) try {
       if (wait) counted.begin();
-      store_.set(key(job_rank_), mine.encode());
+      {
+        const auto one = one_request();
+        store_.set(key(job_rank_), mine.encode());
+      }
+      // A peer failing as this rank did posts its account as many round trips after its failure: the grace is
+      // counted from here, or a slow store's round trips would eat it.
+      if (wait) grace_end = deadline_after(grace_);
+      bool waiting = wait;
       for (int next = mine.peer; next >= 0 && !read.contains(next) && read.size() <= max_reads;) {
-        auto r = fetch(next, grace_end);
+        auto r = fetch(next, waiting ? grace_end : deadline::clock::now());
         if (!r) {
-          if (wait) silent.push_back(next);
+          if (waiting) silent.push_back(next);
           break;
         }
         chain.push_back(next);
-        next = r->is_cause() || r->code == int(errc::peer_lost) ? -1 : r->peer;  // these end the walk: the verdict
+        // A cause ends the walk, and so does a lost peer's verdict, taken over. A rank that lost a peer without one
+        // is followed to it: the rank it lost posted its account before it left, or never.
+        const bool lost_peer = r->code == int(errc::peer_lost);
+        next = r->is_cause() || (lost_peer && passes_on(*r)) ? -1 : r->peer;
+        waiting = waiting && !lost_peer;
         read.emplace(chain.back(), std::move(*r));
       }
       // An error that names no peer (a native backend's timeout): every rank's account is read instead.
@@ -268,7 +295,16 @@ class fault_board {
       store_failed(se);
     }
     std::vector<int> blamed;
-    std::string why = verdict(read, chain, silent, blamed);
+    bool lost_found = false;
+    std::string why = verdict(read, chain, silent, blamed, lost_found);
+    // A walk cut short by the store stands by a rank's own failure it read, or a rank that posted nothing within
+    // the grace; a rank lost as another found may have left after losing the one at fault, as this rank's own
+    // peer may: said so, and not posted as a verdict that others would take over.
+    if (lost_found && !trouble.empty()) {
+      why += " (the walk of the other ranks' accounts was cut short there: " + trouble + "; rank " +
+             std::to_string(blamed.front()) + " may have left after losing the rank at fault)";
+      blamed.clear();
+    }
     if (why.empty() && wait && silent_host >= 0 && silent_host != job_rank_) {
       // The store lives in that rank's process (its own thread answers in milliseconds): the process stopped.
       blamed = {silent_host};
@@ -278,6 +314,7 @@ class fault_board {
     if (!blamed.empty()) {
       mine.blamed = blamed;
       try {
+        const auto one = one_request();
         store_.set(key(job_rank_), mine.encode());
       } catch (...) {
       }
@@ -285,7 +322,13 @@ class fault_board {
     excused = blamed;
     excused.insert(excused.end(), silent.begin(), silent.end());
     if (why.empty()) {
-      if (trouble.empty() || !wait) return e;
+      if (trouble.empty()) return e;
+      if (!wait) {  // the rank this rank lost may have left after losing another one: not named as at fault
+        const std::string peer = mine.peer >= 0 ? "rank " + std::to_string(mine.peer) + ", which this rank lost," : "the rank this rank lost";
+        return error(e.code(), "the walk of the other ranks' accounts was cut short (" + trouble + "), so it is not known whether " + peer +
+                                   " was at fault or left after losing the rank at fault; this rank: " + e.detail(),
+                     e.context());
+      }
       // The store did not answer (its host stopped?): that leads, the wait on a neighbour follows.
       return error(e.code(), "the other ranks' accounts could not be read: " + trouble + "; this rank: " + e.detail(),
                    e.context());
@@ -307,6 +350,16 @@ class fault_board {
   //! How long past the grace a store request may still take (a healthy store answers in milliseconds): with the
   //! store's host stopped, the error comes this long after the grace.
   static constexpr std::chrono::milliseconds late_answer{250};
+  //! The least time a walk's request is given besides late_answer, however short the grace: a grace of 100 ms says
+  //! how long to wait for accounts, not how fast the store answers (a TCP store across a WAN: 100-300 ms).
+  static constexpr std::chrono::milliseconds answer_floor{500};
+  //! How long past its grace a walk may go on at most, however slow the store: 16 round trips of 600 ms.
+  static constexpr std::chrono::milliseconds walk_overrun{10'000};
+  //! The bound of each request of a walk, from when it is made: a request unanswered by then takes the store for
+  //! stopped (a tcp_store closes its connection: later requests fail at once).
+  std::chrono::milliseconds answer_bound() const noexcept { return std::max(grace_, answer_floor) + late_answer; }
+  //! Bounds this thread's next store request by answer_bound(), within any bound already set (the walk's).
+  rendezvous::request_bound one_request() const { return rendezvous::request_bound(deadline_after(answer_bound())); }
   //! The bound of a post outside a failure (a refusal, or a failure that leaves the group going): the store is
   //! most likely well, and a request cut short closes this rank's connection to it.
   static constexpr std::chrono::milliseconds post_bound{5000};
@@ -328,7 +381,11 @@ class fault_board {
       if (g == rank_) continue;
       if (const int r = job_rank_of(g); std::ranges::find(excused, r) == excused.end()) accounts.push_back(key(r));
     }
-    while (store_.add(walks_key(), 0) > 0 || !store_.check(accounts)) {
+    const auto done = [&] {
+      const auto one = one_request();
+      return store_.add(walks_key(), 0) <= 0 && store_.check(accounts);  // two requests of one bound: a poll
+    };
+    while (!done()) {
       if (deadline::clock::now() + walks_poll >= until) return;
       std::this_thread::sleep_for(walks_poll);
     }
@@ -351,32 +408,41 @@ class fault_board {
   int job_rank_of(int g) const {
     if (path_ == job_ || g < 0 || g >= size_) return g;
     if (g == rank_) return job_rank_;
-    const std::string k = member_key(g);
-    if (!store_.check(std::span<const std::string>(&k, 1))) return g;
-    const std::string v = store_.get(k, late_answer);
+    const auto v = read_now(member_key(g), std::chrono::milliseconds(1));
     int r = g;
-    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), r);
-    return ec == std::errc() && end == v.data() + v.size() ? r : g;
+    if (!v) return g;
+    const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), r);
+    return ec == std::errc() && end == v->data() + v->size() ? r : g;
   }
 
   //! Rank r's account, waiting for it until `until` at the latest, in parked gets of at most wait_slice: a get holds
   //! this process's connection to the store while it is parked, and the other groups of this rank, failing at the
   //! same moment (FSDP's gather and reduce), must be able to post and read their accounts meanwhile.
+  //! Past `until`, one get more, as short as a get can be: an account posted by then is read however slow the store.
   std::optional<fault_report> fetch(int r, deadline until) const {
     const std::string k = key(r);
     for (;;) {
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - deadline::clock::now());
-      if (left.count() < 1) {
-        if (!store_.check(std::span<const std::string>(&k, 1))) return std::nullopt;
-        return fault_report::decode(store_.get(k, late_answer));
-      }
-      try {
-        return fault_report::decode(store_.get(k, std::min(left, wait_slice)));
-      } catch (const error& e) {
-        if (e.code() != errc::timeout) throw;  // a timeout: not there yet (a store that stopped answering fails next)
-      }
+      if (auto v = read_now(k, std::clamp(left, std::chrono::milliseconds(1), wait_slice))) return fault_report::decode(*v);
+      if (deadline::clock::now() >= until) return std::nullopt;
     }
   }
+
+  //! The value of `k`, waiting for it up to `wait` (a get of 0 would wait forever): one request, not a check and a
+  //! get, which on a slow store is a round trip less for each account read. nullopt: not there. A timeout at the
+  //! request's bound is the store's, not the key's: thrown.
+  std::optional<std::string> read_now(const std::string& k, std::chrono::milliseconds wait) const {
+    const auto one = one_request();
+    try {
+      return store_.get(k, wait);
+    } catch (const error& e) {
+      if (e.code() != errc::timeout || deadline::clock::now() >= rendezvous::request_bound::current()) throw;
+      return std::nullopt;
+    }
+  }
+
+  //! Whether a lost peer's account carries a verdict this rank takes over (one that does not name this rank).
+  bool passes_on(const fault_report& a) const { return !a.blamed.empty() && std::ranges::find(a.blamed, job_rank_) == a.blamed.end(); }
 
   //! "all_reduce #7", with the group's name where it is another group than this one.
   std::string where(const fault_report& a) const {
@@ -400,8 +466,9 @@ class fault_board {
     return s.empty() ? s : s + " (" + o + ")";
   }
 
+  //! `lost_found`: the verdict is a rank lost, as another rank found (which the walk may not have followed to its end).
   std::string verdict(const std::map<int, fault_report>& read, const std::vector<int>& chain, const std::vector<int>& silent,
-                      std::vector<int>& blamed) const {
+                      std::vector<int>& blamed, bool& lost_found) const {
     for (int r : chain) {
       const auto& a = read.at(r);
       if (r == job_rank_ || !a.is_cause()) continue;
@@ -409,17 +476,21 @@ class fault_board {
       return "rank " + std::to_string(r) + (a.refused ? " refused " : " failed in ") + where(a) +
              (a.refused ? " at the call and never took part: " : ": ") + a.message;
     }
-    for (int r : chain) {  // a rank that lost a peer before this rank did: the transport named the rank gone
+    // A rank that lost a peer before this rank did (the transport named the rank gone): the deepest one first, as
+    // the walk followed each that posted no verdict to the rank it lost.
+    for (int r : std::views::reverse(chain)) {
       const auto& a = read.at(r);
       if (r == job_rank_ || a.code != int(errc::peer_lost)) continue;
       // Its verdict first: the peer it lost may itself have left after losing the rank at fault.
-      if (!a.blamed.empty() && std::ranges::find(a.blamed, job_rank_) == a.blamed.end()) {
+      if (passes_on(a)) {
         blamed = a.blamed;
+        lost_found = true;
         return ranks_text(a.blamed) + (a.blamed.size() == 1 ? " was" : " were") + " lost, as rank " + std::to_string(r) +
                " found (" + where(a) + ")";
       }
       if (a.peer < 0 || a.peer == job_rank_) continue;
       blamed = {a.peer};
+      lost_found = true;
       return "rank " + std::to_string(a.peer) + " was lost, as rank " + std::to_string(r) + " found first (" + where(a) +
              "): " + a.message;
     }
