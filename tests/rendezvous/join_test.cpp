@@ -95,31 +95,21 @@ class stranger {
   //! after_a_line: reads until a line end, then answers with an HTTP error (as an HTTP server does).
   explicit stranger(bool answers, bool closes = false, bool after_a_line = false)
       : answers_(answers), closes_(closes), after_a_line_(after_a_line) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::listen(fd_, 16) == 0);
-    socklen_t len = sizeof a;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
     thread_ = std::thread([this] { serve(); });
   }
   ~stranger() {
     stop_ = true;
     thread_.join();
     for (int c : clients_) ::close(c);
-    ::close(fd_);
   }
-  int port() const { return port_; }
+  int port() const { return listener_.port(); }
 
  private:
   void serve() {
     while (!stop_) {
-      pollfd p{fd_, POLLIN, 0};
+      pollfd p{listener_.fd(), POLLIN, 0};
       if (::poll(&p, 1, 20) <= 0) continue;
-      const int c = ::accept(fd_, nullptr, nullptr);
+      const int c = ::accept(listener_.fd(), nullptr, nullptr);
       if (c < 0) continue;
       clients_.push_back(c);
       if (after_a_line_) {
@@ -146,7 +136,7 @@ class stranger {
     }
   }
   bool answers_, closes_, after_a_line_;
-  int fd_ = -1, port_ = 0;
+  shardkit::test::loopback_listener listener_;
   std::atomic<bool> stop_{false};
   std::vector<int> clients_;
   std::thread thread_;

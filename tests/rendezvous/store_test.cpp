@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <future>
 #include <memory>
@@ -422,16 +423,12 @@ TEST_CASE("[rendezvous] tcp_store: a rank whose store is not up says so after a 
 // one was pending) and the timeout "Connection timed out"; both now say that nothing answers. A listener whose accept
 // queue is full drops SYNs as such a host does, without root or a firewall.
 TEST_CASE("[rendezvous] tcp_store: a store host that never answers is said not to answer, while a connect is pending") {
-  const int l = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  REQUIRE(l >= 0);
+  const shardkit::test::loopback_listener l(0);
+  const int port = l.port();
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  REQUIRE(::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::listen(l, 0) == 0);
-  REQUIRE(::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  const int port = ntohs(a.sin_port);
+  a.sin_port = htons(std::uint16_t(port));
   std::vector<int> fillers;  // connect until one stays pending: the queue is full
   bool pending = false;
   for (int i = 0; i < 8 && !pending; ++i) {
@@ -461,7 +458,6 @@ TEST_CASE("[rendezvous] tcp_store: a store host that never answers is said not t
     CHECK(contains(what, "within 2.5 s (SHARDKIT_STORE_TIMEOUT): no answer from 127.0.0.1: every connect stayed pending"));
   }
   for (const int fd : fillers) ::close(fd);
-  ::close(l);
 }
 
 TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is refused, logged, and reads or writes nothing") {

@@ -360,21 +360,13 @@ TEST_CASE("[s3] a governed download's receive buffer is the link's rate x RTT, n
   constexpr std::uint64_t rate = 256u << 20;
   sk::link_governor link("s3", {.bytes_per_second = rate, .unreported_share_percent = 100, .floor_percent = 1,
                                 .window = 50ms});
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(listener >= 0);
-  sockaddr_in at{};
-  at.sin_family = AF_INET;
-  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t at_length = sizeof at;
-  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
-  REQUIRE(::listen(listener, 4) == 0);
-  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&at), &at_length) == 0);
+  const sk::test::loopback_listener listener(4);
   constexpr std::size_t size = 24u << 20;
   flood_seen seen;
-  std::thread server([&] { seen = flood_one_get(listener, size, [&] { return link.sent(rx, data_class); }); });
+  std::thread server([&] { seen = flood_one_get(listener.fd(), size, [&] { return link.sent(rx, data_class); }); });
 
   st::s3_options o;
-  o.endpoint = "http://127.0.0.1:" + std::to_string(ntohs(at.sin_port));
+  o.endpoint = "http://127.0.0.1:" + std::to_string(listener.port());
   o.region = "us-east-1";
   o.credentials = st::s3_credentials{"FLOODKEY", "FLOODSECRET", ""};
   o.parallel = 1;  // one GET, one connection
@@ -396,7 +388,6 @@ TEST_CASE("[s3] a governed download's receive buffer is the link's rate x RTT, n
   done = true;
   collectives.join();
   server.join();
-  ::close(listener);
   CHECK(got == size);
   CHECK(back.back() == std::byte{'x'});
   // SO_RCVBUF = rate x RTT + 64 KiB, doubled by the kernel; the RTT it was sized from is the connection's before its

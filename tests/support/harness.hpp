@@ -154,6 +154,24 @@ class reserved_port {
   int port_ = 0;
 };
 
+//! A TCP socket listening on 127.0.0.1 at a port the kernel chose (a bind to port 0), owned: closed when destroyed
+//! (and close-on-exec). A test's own server: a listener that is not a store, one whose accept queue is full, one
+//! that floods its client. fd() to accept on, port() to connect to; throws std::runtime_error where the kernel
+//! refuses the socket, the bind or the listen.
+class loopback_listener {
+ public:
+  explicit loopback_listener(int backlog = 16);
+  ~loopback_listener();
+  loopback_listener(const loopback_listener&) = delete;
+  loopback_listener& operator=(const loopback_listener&) = delete;
+  int fd() const noexcept { return fd_; }
+  int port() const noexcept { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
 //! Rank and world size of a scenario child (from the environment).
 int env_rank();
 int env_world_size();

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <algorithm>
 #include <iostream>
+#include <tuple>
+#include <utility>
 
 #include "support/harness.hpp"
 
@@ -28,42 +30,51 @@ std::map<std::string, scenario_fn>& scenarios() {
   return s;
 }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+namespace {
+// A TCP socket (close-on-exec) bound to `address` at a port the kernel chose, and that port; `reuse`: SO_REUSEADDR
+// set before the bind. Throws, naming `who`, where the kernel refuses.
+std::pair<int, int> bound_socket(in_addr_t address, bool reuse, const char* who) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string(who) + ": socket: " + std::strerror(errno));
+  const int one = 1;
+  if (reuse) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  a.sin_addr.s_addr = htonl(address);
   socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw std::runtime_error(std::string(who) + ": bind: " + std::strerror(err));
+  }
+  return {fd, ntohs(a.sin_port)};
+}
+}  // namespace
+
+int free_port() {
+  const auto [fd, port] = bound_socket(INADDR_LOOPBACK, false, "free_port");
   ::close(fd);
-  return ntohs(a.sin_port);
+  return port;
 }
 
-reserved_port::reserved_port() {
-  fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd_ < 0) throw std::runtime_error(std::string("reserved_port: socket: ") + std::strerror(errno));
-  // Set before the bind, so that bind(0) picks a port that no socket holds at all (with or without the option).
-  const int one = 1;
-  ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  // On every address (INADDR_ANY), not 127.0.0.1 alone: a bind(0) on another address (a transport's listener on
-  // the host's own address) overlaps only a wildcard, and would otherwise be given this port, which the store's
-  // listener on '*' then cannot take.
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof a;
-  if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    const int err = errno;
-    ::close(fd_);
-    throw std::runtime_error(std::string("reserved_port: bind: ") + std::strerror(err));
-  }
-  port_ = ntohs(a.sin_port);
-}
+// Set before the bind, so that bind(0) picks a port that no socket holds at all (with or without the option). On
+// every address (INADDR_ANY), not 127.0.0.1 alone: a bind(0) on another address (a transport's listener on the
+// host's own address) overlaps only a wildcard, and would otherwise be given this port, which the store's listener
+// on '*' then cannot take.
+reserved_port::reserved_port() { std::tie(fd_, port_) = bound_socket(INADDR_ANY, true, "reserved_port"); }
 
 reserved_port::~reserved_port() { ::close(fd_); }
+
+loopback_listener::loopback_listener(int backlog) {
+  std::tie(fd_, port_) = bound_socket(INADDR_LOOPBACK, false, "loopback_listener");
+  if (::listen(fd_, backlog) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    throw std::runtime_error(std::string("loopback_listener: listen: ") + std::strerror(err));
+  }
+}
+
+loopback_listener::~loopback_listener() { ::close(fd_); }
 
 int env_rank() {
   const char* v = std::getenv("RANK");
