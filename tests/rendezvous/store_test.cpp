@@ -354,13 +354,15 @@ TEST_CASE("[rendezvous] tcp_store: garbage, oversized and unknown frames drop on
     CHECK(job.good.get("k", 1s) == "v");
     CHECK_FALSE(raw.closed_by_peer(100ms));
   }
-  SUBCASE("a client of another protocol version is told why") {
+  SUBCASE("a client of another protocol version is told why, as errc::protocol: not an auth failure") {
     raw_socket raw(server.port());
     raw.send(hello(99));
     const auto resp = raw.read_frame();
-    REQUIRE(!resp.empty());
+    REQUIRE(resp.size() > 2);
     CHECK(resp[0] == char(rdv::detail::store_status::error));
-    CHECK(contains(resp, "version"));
+    CHECK(resp[1] == char(errc::protocol));
+    CHECK(contains(resp, "the server speaks store protocol version " + std::to_string(rdv::detail::store_protocol_version) +
+                             ", the client 99"));
     CHECK(raw.closed_by_peer());
   }
 
@@ -507,6 +509,7 @@ TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is ref
     const auto resp = raw.read_frame();
     REQUIRE(!resp.empty());
     CHECK(resp[0] == char(rdv::detail::store_status::error));
+    CHECK(resp[1] == char(errc::protocol));
     CHECK(contains(resp, "protocol version " + std::to_string(rdv::detail::store_protocol_version) + ", the client 1"));
     CHECK(raw.closed_by_peer());
     CHECK(contains(log.text(), "dropping client"));
@@ -520,6 +523,43 @@ TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is ref
   log.restore();
 
   job.check_unaffected();
+}
+
+// A store of another shardkit refuses the hello for its protocol version, which is not an auth failure: the client's
+// error is errc::protocol naming both versions and saying that every process must run the same shardkit, whether
+// the store says it as errc::protocol (this one) or as errc::auth_failed (servers before it), and a wrong token stays
+// errc::auth_failed (above). Before: errc::auth_failed "refused rank 1: the server speaks store protocol version 5...".
+TEST_CASE("[rendezvous] tcp_store: a store of another protocol version is errc::protocol naming both, not an auth failure") {
+  const auto other = rdv::detail::store_protocol_version + 1;
+  for (const errc said : {errc::protocol, errc::auth_failed}) {
+    CAPTURE(int(said));
+    const shardkit::test::loopback_listener listener(4);
+    const int l = listener.fd();
+    std::thread store([&] {  // a store of another version: reads the hello, answers as its server refuses one
+      const int c = ::accept(l, nullptr, nullptr);
+      if (c < 0) return;
+      char buf[4096];
+      (void)::recv(c, buf, sizeof buf, 0);
+      const auto answer = rdv::detail::frame_writer(rdv::detail::store_status::error)
+                              .u8(std::uint8_t(said))
+                              .str(rdv::detail::other_store_version_text(other, rdv::detail::store_protocol_version))
+                              .take();
+      (void)::send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
+      ::close(c);
+    });
+    auto o = quick();
+    o.rank = 1;
+    const auto e = expect_error([&] { rdv::tcp_store("127.0.0.1", listener.port(), o); });
+    store.join();
+    const std::string what = e.what();
+    CAPTURE(what);
+    CHECK(e.code() == errc::protocol);
+    CHECK(contains(e.what(), "speaks store protocol version " + std::to_string(other) + " and rank 1 version " +
+                                 std::to_string(rdv::detail::store_protocol_version) +
+                                 ": they run different shardkit versions; every process of a job (its store's host, "
+                                 "rank 0, included) must run the same shardkit"));
+    CHECK_FALSE(contains(e.what(), "not a shardkit store"));
+  }
 }
 
 TEST_CASE("[rendezvous] tcp_store: a server without a token refuses a client with one; create() passes the token") {

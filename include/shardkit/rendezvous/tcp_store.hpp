@@ -43,7 +43,8 @@ struct tcp_store_options {
   //! How long the constructor keeps retrying (with backoff) while the server is not up yet (ranks start in any
   //! order) or does not answer the hello (its process stopped or starved: the hello is retried on a new
   //! connection, each bounded by min(timeout, 3 s)). Zero or less retries forever. Only an answer that is not a
-  //! shardkit store's (errc::protocol) or a refusal (errc::auth_failed) ends it early.
+  //! shardkit store's or a store's of another shardkit version (errc::protocol, naming both protocol versions) or
+  //! a refusal (errc::auth_failed: the token) ends it early.
   std::chrono::milliseconds connect_timeout = default_store_timeout;
   //! The timeout of get(key) and wait(keys) when none is given, and the bound on any other request's round trip.
   std::chrono::milliseconds timeout = default_store_timeout;
@@ -370,6 +371,8 @@ class tcp_store {
           throw_error(errc::config, where + " is taken by the shardkit store of another job (another SHARDKIT_AUTH_TOKEN): "
                       "choose another MASTER_PORT", ctx);
         if (p.code() == errc::config)  // another run's store
+          throw_error(errc::config, where + " is taken by the shardkit store of another job: " + p.detail(), ctx);
+        if (p.code() == errc::protocol && p.detail().find(" speaks store protocol version ") != std::string::npos)
           throw_error(errc::config, where + " is taken by the shardkit store of another job: " + p.detail(), ctx);
         if (p.code() == errc::protocol)
           throw_error(errc::config, where + " is held by another program, not a shardkit store: choose another MASTER_PORT", ctx);

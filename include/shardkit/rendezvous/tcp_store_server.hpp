@@ -11,8 +11,10 @@
 //!    and i64 world size it joins with (-1 and 0: none), string
 //!    "\r\n" (so that a line-based program on the port answers the client at once: it is not a store). The
 //!    server answers ok + its magic and version (then i64 pid, start time and pid namespace of its process, which a
-//!    client on the same host reads to tell a stopped or exited store host from a slow one), or an error (errc::auth_failed: "...protocol version..." for
-//!    another version, checked before the token since a version-1 hello has none; "wrong auth token" when the
+//!    client on the same host reads to tell a stopped or exited store host from a slow one), or an error (errc::protocol for
+//!    another version, a client of another shardkit: "the server speaks store protocol version 6, the client 5"
+//!    (detail::other_store_version_text; servers before this one said it as errc::auth_failed, and a client reads
+//!    either as a version refusal), checked before the token since a version-1 hello has none; errc::auth_failed "wrong auth token" when the
 //!    token differs from the server's, compared in constant time: when the hello says it is a rank of this job
 //!    (this run id) yet to join, or one whose join would be refused too (another world size, a rank outside it),
 //!    while ranks join, the job is stopped as by a refused join, "the auth token differs: rank 2, from ADDR, ..."
@@ -191,9 +193,9 @@ class tcp_store_server {
     const auto magic = code == detail::store_op::hello ? r.u32() : 0u;
     if (magic != detail::store_magic) throw_error(errc::protocol, "the first frame is not a shardkit store hello");
     const auto version = r.u32();
-    if (version != detail::store_protocol_version)
-      return refuse(c, "the server speaks store protocol version " + std::to_string(detail::store_protocol_version) +
-                           ", the client " + std::to_string(version));
+    if (version != detail::store_protocol_version)  // another shardkit, not another secret: errc::protocol
+      return net_.refuse(c, detail::other_store_version_text(detail::store_protocol_version, version),
+                         error_frame(errc::protocol, detail::other_store_version_text(detail::store_protocol_version, version)));
     const auto token = r.str();
     const auto run_id = r.str();
     const auto rank = r.i64();

@@ -319,6 +319,7 @@ class store_client_connection {
       throw_error(errc::timeout, "the program at " + address() + " accepted the connection but did not answer the store's hello within " +
                                      ms_text(bound) + ": a shardkit store whose process is stopped or overloaded (rank 0 hosts "
                                      "it: is it running?), or another program on MASTER_PORT (check MASTER_ADDR and MASTER_PORT)");
+    bool refused_version = false;  // its errc::protocol is the store's answer, not a program that is not a store
     try {
       frame_reader r(*resp);
       if (static_cast<store_status>(r.u8()) == store_status::error) {
@@ -331,6 +332,12 @@ class store_client_connection {
                                         run_served(r.str()) +
                                         ": two jobs on one MASTER_PORT? (give each job its own MASTER_PORT)");
         const std::string why = r.str();
+        // Another protocol version: a client of another shardkit, said as errc::protocol (by servers before this
+        // one as errc::auth_failed, with the same words), not a wrong secret.
+        if (const auto theirs = store_version_in(why); theirs != 0 && (code == errc::protocol || code == errc::auth_failed)) {
+          refused_version = true;
+          other_version(theirs);
+        }
         const bool token = why.find("auth token") != std::string::npos;
         throw_error(errc::auth_failed, "the store at " + address() + " refused " +
                                            (s_.rank ? "rank " + std::to_string(*s_.rank) : std::string("this client")) + ": " + why +
@@ -348,9 +355,19 @@ class store_client_connection {
         host_process_.pid_namespace = static_cast<std::uint64_t>(r.i64());
       }
     } catch (const error& e) {
-      if (e.code() != errc::protocol) throw;
+      if (e.code() != errc::protocol || refused_version) throw;
       not_a_store(e.detail());
     }
+  }
+
+  //! The store refused this client's hello for its protocol version (the store's is `theirs`): errc::protocol, not
+  //! errc::auth_failed, since nothing is wrong with the token: the two processes run different shardkit builds.
+  [[noreturn]] void other_version(std::uint32_t theirs) const {
+    throw_error(errc::protocol, "the store at " + address() + " speaks store protocol version " +
+                                    std::to_string(theirs) + " and " + who() + " version " +
+                                    std::to_string(store_protocol_version) +
+                                    ": they run different shardkit versions; every process of a job (its store's host, "
+                                    "rank 0, included) must run the same shardkit");
   }
 
 

@@ -158,6 +158,21 @@ inline std::string store_hello(std::string_view token, std::string_view run_id,
       .str(store_hello_line_end).take();
 }
 
+//! A server's refusal of a hello of another protocol version, in the words every server since version 2 said it (a
+//! client of any version shows them), and the server's version read back from such a text (0: not one).
+inline std::string other_store_version_text(std::uint32_t server, std::uint32_t client) {
+  return "the server speaks store protocol version " + std::to_string(server) + ", the client " + std::to_string(client);
+}
+inline std::uint32_t store_version_in(std::string_view text) {
+  constexpr std::string_view words = "the server speaks store protocol version ";
+  const auto at = text.find(words);
+  if (at == std::string_view::npos) return 0;
+  std::uint32_t v = 0;
+  for (std::size_t i = at + words.size(); i < text.size() && text[i] >= '0' && text[i] <= '9' && v < 100000000; ++i)
+    v = v * 10 + std::uint32_t(text[i] - '0');
+  return v;
+}
+
 //! What a client's run id says of it ("belongs to run 'X'"), and a store's ("serves run 'X'"), for the refusal of
 //! a client of another job.
 inline std::string run_membership(std::string_view run_id) {
