@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "shardkit/core/settings.hpp"
+#include "shardkit/rendezvous/detail/held_port.hpp"
 
 namespace {
 
@@ -50,7 +51,8 @@ constexpr const char* usage_text =
     "                    [--auth-token-file FILE] [--] PROGRAM [ARGS...]     (one per host, as torchrun's)\n"
     "\n"
     "Runs N ranks of PROGRAM on this host with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the\n"
-    "--node-rank, as torchrun's), MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default: a free port),\n"
+    "--node-rank, as torchrun's), MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default: a free port,\n"
+    "held by shardkit-run until it exits so that no other program takes it before rank 0's store binds it),\n"
     "SHARDKIT_AUTH_TOKEN and SHARDKIT_RUN_ID (unless set: random ones for this job; no run id with --nnodes > 1)\n"
     "set, and prefixes every line they print with \"[rank K] \". When a rank fails, the others get the settle time\n"
     "(default 2 s) to end by themselves, so that ranks failing for the same reason print their own errors; those\n"
@@ -175,22 +177,6 @@ options parse_args(int argc, char** argv) {
   for (; i < argc; ++i) o.command.emplace_back(argv[i]);
   if (o.command.empty()) usage_error("no program to run");
   return o;
-}
-
-// A port free on every interface a moment ago. Another process may take it before rank 0 binds it; an explicit
-// --master-port avoids that race.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) fatal(std::string("socket: ") + std::strerror(errno));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    fatal(std::string("cannot find a free port: ") + std::strerror(errno));
-  ::close(fd);
-  return ntohs(a.sin_port);
 }
 
 int signal_pipe[2] = {-1, -1};
@@ -327,7 +313,15 @@ pid_t spawn(const options& o, int rank, int port, rank_process& p) {
 
 int main(int argc, char** argv) {
   const options o = parse_args(argc, argv);
-  const int port = o.master_port ? o.master_port : free_port();
+  // A port chosen here is held until the launcher exits (the ranks' store binds it whenever rank 0 starts it), so
+  // that no other program takes it in between; an explicit --master-port is the user's to keep free.
+  shardkit::rendezvous::detail::held_port held;
+  try {
+    if (!o.master_port) held = shardkit::rendezvous::detail::hold_free_port();
+  } catch (const std::exception& e) {
+    fatal(std::string("cannot find a free port: ") + e.what());
+  }
+  const int port = o.master_port ? o.master_port : held.port;
   try {
     if (!o.auth_token_file.empty()) {
       std::ifstream in(o.auth_token_file);

@@ -17,6 +17,7 @@
 #include <tuple>
 #include <utility>
 
+#include "shardkit/rendezvous/detail/held_port.hpp"
 #include "support/harness.hpp"
 
 #ifndef SHARDKIT_TEST_TIMEOUT_SCALE
@@ -57,11 +58,12 @@ int free_port() {
   return port;
 }
 
-// Set before the bind, so that bind(0) picks a port that no socket holds at all (with or without the option). On
-// every address (INADDR_ANY), not 127.0.0.1 alone: a bind(0) on another address (a transport's listener on the
-// host's own address) overlaps only a wildcard, and would otherwise be given this port, which the store's listener
-// on '*' then cannot take.
-reserved_port::reserved_port() { std::tie(fd_, port_) = bound_socket(INADDR_ANY, true, "reserved_port"); }
+// The launcher's hold (shardkit-run holds MASTER_PORT the same way): one place for how a port is held.
+reserved_port::reserved_port() {
+  auto held = rendezvous::detail::hold_free_port();
+  port_ = held.port;
+  fd_ = held.socket.release();
+}
 
 reserved_port::~reserved_port() { ::close(fd_); }
 

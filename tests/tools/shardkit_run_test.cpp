@@ -1,12 +1,15 @@
 // Runs the built shardkit-run on small shell commands.
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -193,6 +196,37 @@ TEST_CASE("[tools] shardkit-run sets the rendezvous variables and prefixes every
       run({"-n", "1", "--master-addr", "10.9.8.7", "--master-port=4567", "sh", "-c", "echo $MASTER_ADDR:$MASTER_PORT"},
           &out) == 0);
   CHECK(out == "[rank 0] 10.9.8.7:4567\n");
+}
+
+// The port shardkit-run chooses stays its own while the ranks run (rendezvous/detail/held_port.hpp, as the test
+// harness's MASTER_PORT): another program's bind without SO_REUSEADDR is refused, on any address, while a listener
+// with it (the store's) binds and listens there. Before, the launcher closed its probe socket and the port was
+// anybody's until rank 0's store bound it: the plain bind here succeeded.
+TEST_CASE("[tools] shardkit-run holds the MASTER_PORT it chose while the ranks run; the store's listener still binds it") {
+  launcher l({"-n", "1", "--", "sh", "-c", "echo \"port=$MASTER_PORT.\"; sleep 30"});
+  REQUIRE(l.wait_for_output(".\n", 1, 10s));
+  const auto at = l.out.find("port=");
+  REQUIRE(at != std::string::npos);
+  const int port = std::stoi(l.out.substr(at + 5));
+  REQUIRE(port > 0);
+  const auto bind_to = [port](bool reuse, bool listen) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    const int one = 1;
+    if (reuse) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(std::uint16_t(port));
+    int err = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 ? 0 : errno;
+    if (err == 0 && listen && ::listen(fd, 1) != 0) err = errno;
+    ::close(fd);
+    return err;
+  };
+  CHECK(bind_to(false, false) == EADDRINUSE);
+  CHECK(bind_to(true, true) == 0);
+  ::kill(l.pid(), SIGTERM);
+  l.finish();
 }
 
 TEST_CASE("[tools] shardkit-run gives a job without SHARDKIT_AUTH_TOKEN a random one, the same for every rank") {
