@@ -22,11 +22,12 @@
 //! a thread: after bind_to_this_thread(), a collective from any other thread is refused the same way until that
 //! thread takes the group over with bind_to_this_thread() itself (the explicit hand-over).
 //!
-//! Destroying a group waits for its queued and running operations, each up to its deadline (the group's timeout,
-//! 30 minutes by default), since they use the group's buffers and backend: a group destroyed with an operation its
-//! peers never join (an exception unwinding past a collective that other ranks did not reach) blocks that long.
-//! Unwinding stays safe (nothing is freed under a running operation). abort() fails the queued operations at once,
-//! and the running one where it waits for a peer (over a p2p transport: a transfer already under way gets the op's
+//! Destroying a group (its last copy) waits for its queued and running operations, each up to its deadline (the
+//! group's timeout from the op's issue, 30 minutes by default), since they use the group's buffers and backend: a
+//! group destroyed with an operation its peers never join (an exception unwinding past a collective that other
+//! ranks did not reach) blocks that long, once (the operations queued behind it then fail at once: the group is
+//! broken). Unwinding stays safe (nothing is freed under a running operation). abort() fails the queued operations
+//! at once, and the running one where it waits for a peer (over a p2p transport: a transfer already under way gets the op's
 //! short grace, then the transport is aborted, as at a timeout; a native backend's runs to its deadline).
 //!
 //! With `check_consistency` (SHARDKIT_DEBUG=detail) every collective is preceded by an exchange of fingerprints
