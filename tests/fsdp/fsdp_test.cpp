@@ -6,10 +6,13 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <functional>
+#include <latch>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -600,4 +603,55 @@ TEST_CASE("[fsdp] a rank whose group fails gets an error naming the unit and the
       CHECK(what.find("unit 'layer0' forward all-gather") != std::string::npos);
     }
   });
+}
+
+// A trainer builds its model on the main thread and trains on a worker: the model's calls on the world while it
+// is built (the agreement, the splits, the budget's scalar) do not make main the world's owner, so the worker's
+// steps and its all_reduce of the loss on the world run with no bind_to_this_thread(). Before, the constructor made
+// main the world's owner and the worker's first all_reduce on it was refused. A model built from a thread while
+// another owns the world is refused, as that thread's own call is: the owner may be issuing on it now.
+TEST_CASE("[fsdp] a model built on the main thread trains on a worker, which all-reduces the loss on the world with no bind") {
+  constexpr int n = 2;
+  auto groups = sk::comm::make_loopback_world(n);
+  std::vector<std::string> refused(n), worker_ids(n);
+  std::vector<double> losses(n);
+  std::latch trained(n);
+  sk::test::run_threads(n, [&](int r) {
+    const auto R = std::size_t(r);
+    auto& world = groups[R];
+    fsdp::sharded_model model(world, toy::units(), {});
+    model.init_parameters(toy::init);
+    fsdp::adamw opt(model);
+    std::exception_ptr failed;
+    std::thread([&] {
+      try {
+        std::ostringstream id;
+        id << std::this_thread::get_id();
+        worker_ids[R] = id.str();
+        for (int s = 0; s < 2; ++s) {
+          std::vector<double> loss{toy::forward_backward(model, s, r * 6, 6, true)};
+          opt.step();
+          model.zero_grad();
+          world.all_reduce(sk::buffer_view(std::span<double>(loss))).wait();
+          losses[R] = loss[0];
+        }
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }).join();
+    if (failed) std::rethrow_exception(failed);
+    trained.arrive_and_wait();  // a refusal now cannot fail a peer's training
+    try {
+      fsdp::sharded_model second(world, toy::units(), {});
+      refused[R] = "built";
+    } catch (const sk::error& e) {
+      refused[R] = e.what();
+    }
+  });
+  CHECK(losses[0] == losses[1]);
+  for (int r = 0; r < n; ++r) {
+    CAPTURE(refused[std::size_t(r)]);
+    CHECK(refused[std::size_t(r)].find("all_gather (collective #") != std::string::npos);
+    CHECK(refused[std::size_t(r)].find("which does not own it: thread " + worker_ids[std::size_t(r)] + " does") != std::string::npos);
+  }
 }

@@ -207,6 +207,7 @@ TEST_CASE("[cuda-staged] small collectives make no CUDA objects, allocate nothin
   });
   const auto before = test::nccl::model_cuda_call_counts();
   test::run_threads(2, [&](int r) {
+    groups[std::size_t(r)].bind_to_this_thread();  // the first run's threads issued on the groups
     for (int i = 0; i < rounds; ++i) round(r);
   });
   const auto after = test::nccl::model_cuda_call_counts();

@@ -9,18 +9,32 @@
 //! abort-on-timeout does.
 //!
 //! Collectives pair up across ranks by their position in each rank's issue order, so a group's collectives must
-//! be issued in the same order on every rank: from one thread at a time (handing the group from thread to thread
-//! is fine once its collectives are done, as a coroutine resuming elsewhere does). Two threads issuing on one group
-//! pair up in whatever order each rank's threads happened to run, and give silently wrong results; give each
-//! thread its own group (dup()) instead. Every collective (split and dup included) checks this as it is issued: one
-//! issued while one issued by another thread is still pending is refused with errc::invalid_argument naming the
-//! group, both operations and both threads, and breaks the group on every rank at once (over p2p_communicator's
-//! control messages; other backends' peers time out): every rank's pending and later collectives fail rather than
-//! pair up wrongly, the first thread's pending ones included. A call that completed before any rank saw the
-//! misuse may hold another thread's data (docs/concepts.md says why no rank can tell). That check sees
-//! overlapping use only: two threads that take strict turns by chance are not caught, unless the group is bound to
-//! a thread: after bind_to_this_thread(), a collective from any other thread is refused the same way until that
-//! thread takes the group over with bind_to_this_thread() itself (the explicit hand-over).
+//! be issued in the same order on every rank. A group therefore takes its calls from one thread, as an NCCL
+//! communicator must not be used from several threads: the first thread that issues a collective or a send/recv on
+//! it owns it, and a collective or send/recv from any other thread is refused at the call, before anything of it is
+//! sent, with errc::invalid_argument naming the group, the rank, the op and its number, both threads and what to do,
+//! and breaks the group here and, over p2p_communicator's control messages, on every rank at once ("rank R found
+//! that ..."; other backends' peers time out). Which thread owns a group is each rank's own fact: where two threads
+//! take turns in another order on another rank, each rank's owner pairs its calls with the other rank's other
+//! thread, and would go on doing so past a refusal that left the group whole. What stays (docs/concepts.md): calls
+//! that completed on every rank before any rank's second thread issued (nothing in them tells threads apart), and
+//! a peer's call that completes from parts the refusing rank sent before its refusal, before the word lands there;
+//! the refusing rank's pending calls fail, its running one stops where it waits. Creating a group does not make an
+//! owner, nor do split and dup (the parent keeps its owner, or none), nor the library's own calls on a caller's
+//! group while it sets up (fsdp's sharded_model and ckpt's checkpointer constructors, the data loader's agreement:
+//! detail::library_calls), which are refused where another thread owns the group. A thread takes the group over
+//! with bind_to_this_thread() (refused while collectives another thread issued are pending). A coroutine or
+//! continuation that resumes on another thread issues from that thread: bind, or opt out.
+//!
+//! allow_calls_from_any_thread() opts out, for threads that take turns in the same order on every rank (fsdp's and
+//! ckpt's own groups do, and call tags name what each call is for). Then any one thread at a time may issue, and
+//! every collective (split and dup included) checks only overlap as it is issued: one issued while one issued by
+//! another thread is still pending is refused with errc::invalid_argument naming the group, both operations and
+//! both threads, and breaks the group on every rank at once (over p2p_communicator's control messages; other
+//! backends' peers time out): every rank's pending and later collectives fail rather than pair up wrongly, the
+//! first thread's pending ones included. A call that completed before any rank saw the misuse may hold another
+//! thread's data (docs/concepts.md says why no rank can tell), and threads that take turns by chance in a different
+//! order on different ranks are not seen at all: their calls pair across threads with no error anywhere.
 //!
 //! Destroying a group (its last copy) waits for its queued and running operations, each up to its deadline (the
 //! group's timeout from the op's issue, 30 minutes by default), since they use the group's buffers and backend: a
@@ -163,6 +177,7 @@ class process_group {
   //! `opts` may be given differently on each rank, but opts.check_consistency must be the same on every member of a
   //! new group (it decides which messages each collective sends): members that differ get errc::config naming
   //! them, once the split is done, and this group stays whole. Without `opts`, the new group takes this group's.
+  //! Neither makes its thread this group's owner, nor the new group's (it has none until its first call).
   process_group split(int color, int key, group_options opts);
   process_group split(int color, int key);
   //! A new group with the same ranks and an independent sequence of operations and progress engine, e.g. for
@@ -170,15 +185,19 @@ class process_group {
   process_group dup(group_options opts);
   process_group dup();
 
-  //! Binds the group to the calling thread: from now on every collective (split and dup included) issued from
-  //! another thread is refused with errc::invalid_argument naming both threads, and breaks the group, as an
-  //! overlapping one is. A thread takes a bound group over by calling this itself, once the collectives it
-  //! follows are issued (their completion need not be awaited: they still run in issue order). Catches two
-  //! threads taking turns on one group, which the default check cannot see. Bind only a group whose collectives
-  //! your own code issues: fsdp and ckpt issue theirs from their own threads and continuations.
+  //! The calling thread takes the group over: from now on the group takes collectives and send/recv from this
+  //! thread only, and refuses every other thread's at the call, breaking the group on every rank (also after
+  //! allow_calls_from_any_thread()). Refused
+  //! with errc::invalid_argument while collectives that another thread issued are pending (wait for their work
+  //! first): then the old owner's calls all come before the new owner's, on every rank alike.
   void bind_to_this_thread();
-  //! Lifts bind_to_this_thread(): any thread may issue again (one at a time).
+  //! The group has no owner: the next thread that issues a collective or send/recv owns it.
   void unbind();
+  //! Opts out of the owning thread: any thread may issue, one at a time (a collective issued while another
+  //! thread's is pending is refused and breaks the group on every rank). For threads that take turns in the same
+  //! order on every rank; threads that take turns by chance pair calls across threads there with no error.
+  //! bind_to_this_thread() or unbind() opts back in. A group split or dup'd from this one does not inherit it.
+  void allow_calls_from_any_thread();
 
   //! Marks the group broken: queued and later operations fail with errc::aborted and `reason`, and so does the one
   //! running, where it waits (over a p2p transport; another backend's runs to its deadline).

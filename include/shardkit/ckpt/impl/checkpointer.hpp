@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "shardkit/ckpt/checkpointer.hpp"
+#include "shardkit/comm/detail/library_calls.hpp"
 #include "shardkit/ckpt/impl/checkpointer_location.hpp"
 #include "shardkit/ckpt/impl/checkpointer_load.hpp"
 #include "shardkit/ckpt/impl/checkpointer_save_job.hpp"
@@ -29,9 +30,17 @@ SHARDKIT_DECL checkpointer::checkpointer(comm::process_group& training, storage:
                 {.operation = "ckpt.checkpointer"});
   comm::group_options g = comm::group_options::from_env();
   g.name = "ckpt";
-  group_ = training.dup(g);
-  g.name = "ckpt.calls";
-  calls_group_ = training.dup(std::move(g));
+  {
+    const comm::detail::library_calls setup;  // the dups do not make this thread the training group's owner
+    group_ = training.dup(g);
+    g.name = "ckpt.calls";
+    calls_group_ = training.dup(std::move(g));
+  }
+  // The save's coroutines issue on group_ from whichever worker or progress thread they resume on, and the
+  // checkpointer's calls on calls_group_ from whichever thread calls it; each group's order is the saves' order,
+  // the same on every rank.
+  group_.allow_calls_from_any_thread();
+  calls_group_.allow_calls_from_any_thread();
   rank_ = group_.rank();
   world_ = group_.size();
   agree_on_location();

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "shardkit/comm/detail/fault_reports.hpp"
+#include "shardkit/comm/detail/library_calls.hpp"
 #include "shardkit/comm/detail/progress_engine.hpp"
 #include "shardkit/comm/process_group.hpp"
 #include "shardkit/core/log.hpp"
@@ -53,7 +54,14 @@ struct process_group::impl {
   const char* issuer_op = "";  // the last collective `issuer` issued
   std::size_t issued_pending = 0;
   bool thread_misuse = false;  // a collective was refused for its thread: refuse_thread
-  std::thread::id owner;  // the thread bound by bind_to_this_thread(); none: any one thread at a time
+  // The thread whose collectives and send/recv the group takes (claim_thread): the first that issued one, or the
+  // last that called bind_to_this_thread() (`owner_bound`); none yet, or none with allow_calls_from_any_thread()
+  // (`any_thread`: any one thread at a time, the overlap check alone).
+  std::uint64_t owner = 0;  // this_thread_serial() of the owner; 0: none
+  std::thread::id owner_id;  // the same thread, as messages name it
+  bool owner_bound = false;
+  bool any_thread = false;
+  std::int64_t owned_from = 0;  // next_seq when the owner took the group (claim_thread, bind_to_this_thread)
   // The number of the next collective in issue order (what fault reports call it), and whether this rank's
   // account of a refusal is posted: it is taken back when the next collective is issued (guarded by `mutex`).
   std::int64_t next_seq = 0;
@@ -177,11 +185,15 @@ struct process_group::impl {
     fail_arg(op, "input and output overlap without being the in-place layout");
   }
 
-  //! A send's or recv's checks: throws for a bad peer or device; the group's failure as a work once it is broken.
-  std::optional<work> refuse_point_to_point(const std::string& op, const_buffer_view b, int peer) const {
+  //! A send's or recv's checks: throws for a bad peer or device, or a thread other than the owner (claim_thread:
+  //! that breaks the group); the group's failure as a work once it is broken.
+  std::optional<work> refuse_point_to_point(const std::string& op, const_buffer_view b, int peer) {
     check_peer(op, peer);
     check_buffer(op, b);
-    return broken_work();
+    std::unique_lock lock(mutex);
+    if (broken) return work(completion::failed(broken));
+    claim_thread(lock, op.c_str(), false);
+    return std::nullopt;
   }
 
   std::optional<work> broken_work() const {
@@ -194,28 +206,72 @@ struct process_group::impl {
     if (!broken) broken = std::move(e);
   }
 
-  //! Counts a collective issued by this thread, or refuses it (and breaks the group on every rank: refuse_thread)
-  //! while collectives that another thread issued are pending, or while the group is bound to another thread.
-  //! Returns the collective's number in issue order.
+  //! The owner's call goes on; the first call of a group without an owner makes its thread the owner, unless the
+  //! library makes it while it sets up (detail::library_calls); a call from any other thread is refused and breaks
+  //! the group (refuse_foreign_thread), unless the group takes calls from any thread.
+  void claim_thread(std::unique_lock<std::mutex>& lock, const char* name, bool collective) {
+    if (any_thread) return;
+    const std::uint64_t me = this_thread_serial();
+    if (owner == me) [[likely]] return;
+    if (owner == 0) {
+      if (detail::library_calls::active()) return;
+      owner = me;
+      owner_id = std::this_thread::get_id();
+      owned_from = next_seq;
+      return;
+    }
+    refuse_foreign_thread(lock, name, collective);
+  }
+  //! This thread's number, never reused: a std::thread::id may be, by a thread started after one that ended, which
+  //! must not pass for that ended owner.
+  static std::uint64_t this_thread_serial() noexcept {
+    static std::atomic<std::uint64_t> next{1};
+    thread_local const std::uint64_t serial = next.fetch_add(1, std::memory_order_relaxed);
+    return serial;
+  }
+  //! A call from a thread that does not own the group. Which thread owns a group is each rank's own fact: where
+  //! two threads take turns, in another order on another rank, each rank's owner has been pairing its calls with
+  //! the other thread's on that rank, and goes on doing so once the other thread is merely refused. So the refusal
+  //! breaks the group here and on every rank (refuse_thread), before anything of the refused call is sent: this
+  //! rank's later calls, and every rank's once the word lands, fail with it.
+  [[noreturn, gnu::cold, gnu::noinline]] void refuse_foreign_thread(std::unique_lock<std::mutex>& lock,
+                                                                    const char* name, bool collective) {
+    std::ostringstream what;
+    what << name;
+    if (collective) what << " (collective #" << next_seq << ")";
+    what << " was issued on group '" << opts.name << "' from thread " << std::this_thread::get_id()
+         << ", which does not own it: thread " << owner_id << " does ("
+         << (owner_bound ? "it called bind_to_this_thread()" : "the first thread that issued a collective or send/recv on it")
+         << "). A group takes its calls from one thread, as an NCCL communicator does: collectives pair up across ranks "
+            "by their order on each rank, and two threads that take turns in another order on another rank pair them "
+            "across threads with no error, so the results of this group's calls since its owner took it (collective #"
+         << owned_from << " here), on every rank, may have paired across threads and must not be trusted (those still "
+            "pending fail). A thread that takes the group over calls bind_to_this_thread() first (once the owner's "
+            "calls are done); threads that each need the group get groups of their own (dup()); threads that take "
+            "turns in the same order on every rank may opt out with allow_calls_from_any_thread(). The group is now "
+            "broken on every rank";
+    refuse_thread(lock, name, what.str());
+  }
+
+  //! Counts a collective issued by the thread that may issue (claim_thread), or refuses it; with calls from any
+  //! thread, refuses it and breaks the group on every rank (refuse_thread) while collectives that another thread
+  //! issued are pending. Returns the collective's number in issue order.
   std::int64_t claim_issue(const char* name) {
     std::unique_lock lock(mutex);
+    claim_thread(lock, name, true);
     const auto me = std::this_thread::get_id();
-    if (owner != std::thread::id() && owner != me) [[unlikely]] {
-      std::ostringstream what;
-      what << name << " (collective #" << next_seq << ") was issued on group '" << opts.name << "' from thread " << me
-           << " while the group is bound to thread " << owner << " (bind_to_this_thread)";
-      if (issued_pending > 0) what << " and " << issuer_op << " (#" << next_seq - 1 << ") it issued was pending";
-      refuse_thread(lock, name, what.str(),
-                    "; the new thread takes the group over with bind_to_this_thread(), or gets a group of its own (dup())");
-    }
     if (issued_pending > 0 && issuer != me) [[unlikely]] {
       std::ostringstream what;
       what << name << " (collective #" << next_seq << ") was issued on group '" << opts.name << "' from thread " << me
            << " while " << issuer_op << " (#" << next_seq - 1 << ") issued from thread " << issuer;
       if (issued_pending > 1) what << " (and " << issued_pending - 1 << " more it issued, from #" << next_seq - std::int64_t(issued_pending) << ")";
-      what << " was pending";
-      refuse_thread(lock, name, what.str(),
-                    "; issue a group's collectives from one thread at a time, or give each thread its own group (dup())");
+      what << " was pending: collectives pair up across ranks by issue order, which two threads issuing on one "
+              "group make differ between ranks, so the results of collectives #"
+           << next_seq - std::int64_t(issued_pending)
+           << " and later of this group, on every rank, may have paired across threads and must not be trusted "
+              "(those still pending fail); issue a group's collectives from one thread at a time, or give each "
+              "thread its own group (dup()). The group is now broken on every rank";
+      refuse_thread(lock, name, what.str());
     }
     issuer = me;
     issuer_op = name;
@@ -226,19 +282,15 @@ struct process_group::impl {
     if (withdraw) board->withdraw();  // only after a refusal: a store round trip
     return seq;
   }
-  //! A collective issued from a thread that may not issue now (`what` says which and why, `fix` what to do):
-  //! two threads issuing on one group pair their calls up in each rank's own order, so calls of either thread
+  //! A call issued from a thread that may not issue now (`text` says which, why, what not to trust and what to
+  //! do): two threads issuing on one group pair their calls up in each rank's own order, so calls of either thread
   //! may already have paired across threads on any rank, with results wrong and no error (the calls' fingerprints
   //! are alike). The group breaks here and, over the backend's control messages, on every rank at once: the calls
   //! still pending anywhere fail (here too, the first thread's, even if it completes: release_issue), and so does
-  //! every later one, naming the first call that may have paired wrongly.
+  //! every later one, naming the refused call, its thread, the owner or the pending call's thread, and the rank
+  //! that refused it ("rank R found that ...").
   [[noreturn, gnu::cold, gnu::noinline]] void refuse_thread(std::unique_lock<std::mutex>& lock, const char* name,
-                                                           const std::string& what, const char* fix) {
-    const std::int64_t first = next_seq - std::int64_t(issued_pending);
-    std::string text = what + ": collectives pair up across ranks by issue order, which two threads issuing on one "
-                       "group make differ between ranks, so the results of collectives #" + std::to_string(first) +
-                       " and later of this group, on every rank, may have paired across threads and must not be "
-                       "trusted (those still pending fail)" + fix + ". The group is now broken on every rank";
+                                                           const std::string& text) {
     auto e = std::make_exception_ptr(error(errc::invalid_argument, text, context(name)));
     const bool first_refusal = !thread_misuse;
     if (!broken) broken = e;
@@ -246,6 +298,9 @@ struct process_group::impl {
     lock.unlock();
     if (first_refusal && !comm->fail_everywhere(errc::invalid_argument, text))
       log::write(log::level::error, comm->rank(), text + " (this backend cannot tell the other ranks: they find out as they time out)");
+    // This rank's running call stops where it waits: its later parts are not sent, so a peer's call paired with it
+    // cannot complete from them before the word lands there.
+    abort_running.request_stop();
     std::rethrow_exception(e);
   }
   //! Ends an issued collective's count; true when a thread's misuse was found while it was pending (its result

@@ -7,6 +7,7 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -38,6 +39,7 @@ SHARDKIT_DECL process_group process_group::split_group(int color, int key, group
   // group whole.
   auto differ = std::make_shared<std::optional<std::string>>();
   const bool checks = opts.check_consistency;
+  const detail::library_calls setup;  // making a group does not make this thread the parent's owner
   work w = s.submit("split", {kind::split, dtype::u8, 0, -1, reduce_op::sum}, {}, 0,
                     [=](detail::communicator_interface& c, const collective_options& co) {
                       // Every rank of a group runs the same backend: all or none hold size-dependent settings.
@@ -93,13 +95,42 @@ SHARDKIT_DECL process_group process_group::dup() {
 }
 
 SHARDKIT_DECL void process_group::bind_to_this_thread() {
-  std::lock_guard lock(self().mutex);
-  self().owner = std::this_thread::get_id();
+  auto& s = self();
+  std::unique_lock lock(s.mutex);
+  const auto me = std::this_thread::get_id();
+  if (s.issued_pending > 0 && s.issuer != me) {
+    // The old owner's pending calls come before the new owner's here; refusing the hand-over until they are done
+    // also catches a hand-over made while the old owner is still issuing, whose next call would be refused.
+    std::ostringstream what;
+    what << "bind_to_this_thread() was called on group '" << s.opts.name << "' from thread " << me << " while "
+         << s.issuer_op << " (collective #" << s.next_seq - 1 << ") issued from thread " << s.issuer;
+    if (s.issued_pending > 1) what << " (and " << s.issued_pending - 1 << " more it issued)";
+    what << " was pending: a group changes hands once the collectives its owner issued are done; wait for their "
+            "work, then call bind_to_this_thread() again. Nothing changed";
+    lock.unlock();
+    throw error(errc::invalid_argument, what.str(), s.context("bind_to_this_thread"));
+  }
+  s.owner = process_group::impl::this_thread_serial();
+  s.owner_id = me;
+  s.owner_bound = true;
+  s.owned_from = s.next_seq;
+  s.any_thread = false;
 }
 
 SHARDKIT_DECL void process_group::unbind() {
-  std::lock_guard lock(self().mutex);
-  self().owner = std::thread::id();
+  auto& s = self();
+  std::lock_guard lock(s.mutex);
+  s.owner = 0;
+  s.owner_bound = false;
+  s.any_thread = false;
+}
+
+SHARDKIT_DECL void process_group::allow_calls_from_any_thread() {
+  auto& s = self();
+  std::lock_guard lock(s.mutex);
+  s.owner = 0;
+  s.owner_bound = false;
+  s.any_thread = true;
 }
 
 SHARDKIT_DECL void process_group::abort(const std::string& reason) {

@@ -3,6 +3,7 @@
 //! passes and state in fsdp/impl/sharded_model_*.hpp, included at the end. sharded_model.hpp includes this file
 //! in header-only use; under SHARDKIT_SEPARATE_COMPILATION only <shardkit/impl/src.hpp> does, in one translation
 //! unit of the program (core/separate_compilation.hpp), so the gather and reduce threads' jobs compile once.
+#include "shardkit/comm/detail/library_calls.hpp"
 #include "shardkit/core/detail/allocating.hpp"
 #include "shardkit/fsdp/detail/limiter_budget.hpp"
 #include "shardkit/fsdp/detail/view_quarantine.hpp"
@@ -58,6 +59,9 @@ SHARDKIT_DECL void sharded_model::event_log::close() noexcept {
 
 SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vector<unit_spec> units, sharding_options opts)
     : opts_(std::move(opts)), rank_(world.rank()), world_size_(world.size()) {
+  // The calls on the caller's group here (the agreement, the splits, the budget's scalar) do not make this thread
+  // its owner: a trainer may build the model on one thread and train on another (comm/process_group.hpp).
+  const comm::detail::library_calls setup;
   if (opts_.on_event) {
     events_ = std::make_shared<event_log>();
     events_->sink = opts_.on_event;
@@ -165,6 +169,10 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
     }
   }
   if (replicas_ > 1) replica_group_ = world.split(int(shard_rank_), rank_, named("replica"));
+  // The constructing thread, the gather and reduce threads and the caller's state calls issue on these groups in
+  // an order the model makes the same on every rank (each gather tagged with its unit and pass).
+  for (auto* g : {&gather_group_, &reduce_group_, &replica_group_})
+    if (*g) g->allow_calls_from_any_thread();
 
   setup_scratch_ = warm_up_groups(world);
   const std::size_t region = budget.region_bytes(setup_scratch_);

@@ -84,9 +84,13 @@ SHARDKIT_DECL void sharded_model::all_reduce_scalar(comm::process_group& g, doub
   // The reduce thread issues every collective of the reduce and replica groups (a group's collectives come from
   // one thread at a time): queued behind the reductions the trainer queued before this call, the scalar takes the
   // same place in the groups' order on every rank, also in the middle of a backward.
+  // The caller's own group (the world, at construction) is issued on from the calling thread, as the caller's
+  // other calls on it are (process_group.hpp: a group takes its calls from one thread); the reduce thread is idle
+  // then. The constructor's detail::library_calls keeps that call from making the thread the world's owner.
+  const bool model_group = &g == &reduce_group_ || &g == &replica_group_ || &g == &gather_group_;
   std::promise<void> done;
   auto reduced = done.get_future();
-  reduce_thread_.post([&] {
+  const auto run = [&] {
     try {
       if (opts_.device.on_host()) {
         g.all_reduce(buffer_view(&v, 1, dtype::f64), op).wait();
@@ -101,7 +105,9 @@ SHARDKIT_DECL void sharded_model::all_reduce_scalar(comm::process_group& g, doub
     } catch (...) {
       done.set_exception(std::current_exception());
     }
-  });
+  };
+  if (model_group) reduce_thread_.post(run);
+  else run();
   reduced.get();
 }
 
