@@ -323,12 +323,12 @@ class fault_board {
     excused.insert(excused.end(), silent.begin(), silent.end());
     if (why.empty()) {
       if (trouble.empty()) return e;
-      if (!wait) {  // the rank this rank lost may have left after losing another one: not named as at fault
-        const std::string peer = mine.peer >= 0 ? "rank " + std::to_string(mine.peer) + ", which this rank lost," : "the rank this rank lost";
-        return error(e.code(), "the walk of the other ranks' accounts was cut short (" + trouble + "), so it is not known whether " + peer +
-                                   " was at fault or left after losing the rank at fault; this rank: " + e.detail(),
+      // The transport's account of the rank lost leads (a crash is plain there); one that left in order may have
+      // left after losing the rank at fault, which the walk could not read: said, not named as at fault.
+      if (!wait)
+        return error(e.code(), e.detail() + " (the walk of the other ranks' accounts was cut short: " + trouble +
+                                   "; a rank that left in order may have left after losing the rank at fault)",
                      e.context());
-      }
       // The store did not answer (its host stopped?): that leads, the wait on a neighbour follows.
       return error(e.code(), "the other ranks' accounts could not be read: " + trouble + "; this rank: " + e.detail(),
                    e.context());
