@@ -638,6 +638,40 @@ TEST_CASE("[comm] a group built on the main thread and used by a worker: split a
   }
 }
 
+// A worker that ended owned the group; the next worker, refused, may have been given its std::thread::id (owners
+// are told apart by a serial of their own, not by that id): the error says so rather than naming one id twice.
+TEST_CASE("[comm] a thread refused where an ended thread with its id owns the group: the error says that thread ended") {
+  constexpr int n = 2;
+  auto groups = comm::make_loopback_world(n, test_group_options());
+  std::vector<std::string> first(n), second(n), refused(n);
+  std::latch done(n);
+  test::run_threads(n, [&](int r) {
+    auto& g = groups[std::size_t(r)];
+    std::vector<float> v(2, 1.0f);
+    std::thread([&] {
+      first[std::size_t(r)] = id_of(std::this_thread::get_id());
+      g.all_reduce(buffer_view(std::span<float>(v))).wait();
+    }).join();
+    done.arrive_and_wait();  // a refusal now cannot fail a peer's first call
+    std::thread([&] {
+      second[std::size_t(r)] = id_of(std::this_thread::get_id());
+      try {
+        g.all_reduce(buffer_view(std::span<float>(v))).wait();
+      } catch (const error& e) {
+        refused[std::size_t(r)] = e.what();
+      }
+    }).join();
+  });
+  for (int r = 0; r < n; ++r) {
+    const auto R = std::size_t(r);
+    CAPTURE(refused[R]);
+    CHECK(refused[R].find("which does not own it: thread " + first[R]) != std::string::npos);
+    const bool reused = first[R] == second[R];
+    MESSAGE("rank " << r << ": the second worker was given the first one's id: " << reused);
+    CHECK((refused[R].find("(a thread that has ended: this one was given its id) does") != std::string::npos) == reused);
+  }
+}
+
 // allow_calls_from_any_thread() keeps what held before groups had an owning thread: turns in the same order on
 // every rank run right; turns in other orders pair across threads with no error (docs/concepts.md says so); an
 // overlap is still refused and breaks the group (the cases above).

@@ -239,8 +239,11 @@ struct process_group::impl {
     std::ostringstream what;
     what << name;
     if (collective) what << " (collective #" << next_seq << ")";
-    what << " was issued on group '" << opts.name << "' from thread " << std::this_thread::get_id()
-         << ", which does not own it: thread " << owner_id << " does ("
+    const auto me = std::this_thread::get_id();
+    what << " was issued on group '" << opts.name << "' from thread " << me << ", which does not own it: thread "
+         << owner_id;
+    if (owner_id == me) what << " (a thread that has ended: this one was given its id)";
+    what << " does ("
          << (owner_bound ? "it called bind_to_this_thread()" : "the first thread that issued a collective or send/recv on it")
          << "). A group takes its calls from one thread, as an NCCL communicator does: collectives pair up across ranks "
             "by their order on each rank, and two threads that take turns in another order on another rank pair them "
