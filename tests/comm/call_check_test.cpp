@@ -104,6 +104,18 @@ TEST_CASE("[comm] the packed frame header carries every field of the call: unpac
   CHECK(call_record::describe(cases[4].encode().data()) == "all_gather(dtype f32, count 60, call tag 0xf5d9100003000002)");
 }
 
+// Every check that compares calls takes the call's fingerprint with its tag from one place
+// (collective_options::fingerprint): p2p_communicator's header, process_group's check_consistency, Gloo's verify.
+TEST_CASE("[comm] a call's fingerprint takes its tag from the call's options") {
+  using kind = comm::detail::collective_kind;
+  const comm::collective_options tagged{.call_tag = 0xa1}, plain{};
+  const comm::detail::op_fingerprint fp{kind::all_reduce, dtype::f32, 4, -1, reduce_op::sum};
+  CHECK(tagged.fingerprint(fp).tag == 0xa1);
+  CHECK(tagged.fingerprint(fp).encode()[6] == 0xa1);
+  CHECK(plain.fingerprint(fp).encode() == fp.encode());
+  CHECK(plain.fingerprint(tagged.fingerprint(fp)).tag == 0);  // the call's tag, not one the fingerprint carried
+}
+
 TEST_CASE("[comm] name_call_tags names the tags a caller knows and leaves the others as numbers") {
   const std::string text = "rank 1 called all_gather(dtype f32, count 6, call tag 0x00000000000000a1) where rank 0 "
                            "called all_gather(dtype f32, count 6, call tag 0x00000000000000b2); call tag 0x12";

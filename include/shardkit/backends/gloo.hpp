@@ -358,10 +358,7 @@ class gloo_communicator {
     const std::uint32_t seq = g_->seq++;
     const std::uint32_t tag = seq * 2 + 1;  // even tags are the verification exchanges
     try {
-      if (rec && verify_enabled()) {
-        rec->tag = o.call_tag;
-        verify(name, seq, *rec, o);
-      }
+      if (rec && verify_enabled()) verify(name, seq, o.fingerprint(*rec), o);
       body(tag);
     } catch (const verify_mismatch& e) {
       const error plain(e.code(), e.detail(), e.context());

@@ -72,6 +72,7 @@
 #include <stop_token>
 #include <string_view>
 
+#include "shardkit/comm/detail/consistency.hpp"
 #include "shardkit/core/buffer.hpp"
 #include "shardkit/core/completion.hpp"
 #include "shardkit/core/reduce_op.hpp"
@@ -121,6 +122,14 @@ struct collective_options {
   //! What the call is for, in the caller's words (op_options::call_tag; 0: none). A backend that checks calls
   //! across ranks compares it with the op: p2p_communicator's call check, and process_group's check_consistency.
   std::uint64_t call_tag = 0;
+
+  //! `fp` (what this rank's arguments say it calls) with this call's tag: the one place where a call's fingerprint
+  //! takes its tag, for every check that compares calls across ranks (p2p_communicator's call check,
+  //! process_group's check_consistency, gloo_options::verify), so that they compare the same call.
+  comm::detail::op_fingerprint fingerprint(comm::detail::op_fingerprint fp) const noexcept {
+    fp.tag = call_tag;
+    return fp;
+  }
 };
 
 template <class C>

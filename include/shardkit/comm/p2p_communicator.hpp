@@ -318,8 +318,7 @@ class p2p_communicator {
     if (!checker_)
       return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop, nullptr,
                                    nullptr, 0, o.group, o.seq, o.stall_log);
-    algorithms::call_record r{fp, seq, std::uint8_t(o.algo)};
-    r.fp.tag = o.call_tag;
+    const algorithms::call_record r{o.fingerprint(fp), seq, std::uint8_t(o.algo)};
     const std::int64_t* header = checker_->begin(r, name);
     return algorithms::p2p_op<T>(*transport_, members_, me_, tag, o.until, name, scratch_.get(), o.stop, checker_.get(),
                                  header, algorithms::call_checker<T>::epoch_of(call), o.group, o.seq, o.stall_log);

@@ -321,7 +321,6 @@ struct process_group::impl {
     completion_source done;
     const bool op_timeout = o.timeout.count() > 0;
     const auto timeout = op_timeout ? o.timeout : opts.timeout;
-    fp.tag = o.call_tag;
     const collective_options co{deadline_after(timeout), o.algo, abort_running.get_token(), opts.name, seq,
                                 opts.stall_log, o.call_tag};
     // Ending `done` is the last thing the task does with `this`: a continuation it runs may drop the group's last
@@ -335,7 +334,7 @@ struct process_group::impl {
           done.set_error(b->exception());
           return;
         }
-        if (opts.check_consistency) check_fingerprints(name, fp, co);
+        if (opts.check_consistency) check_fingerprints(name, co.fingerprint(fp), co);
         run(*comm, co);
         if (release_issue()) [[unlikely]] {
           done.set_error(broken_work()->exception());
