@@ -275,3 +275,43 @@ TEST_CASE("[comm] a wait for the group's poison wakes as a peer's poison lands, 
     CHECK(std::string(e.what()).find("rank 1 found that a test's failure") != std::string::npos);
   }
 }
+
+// A caller that names its call tags (op_options::tag_names) sees its names in a mismatch's error and in the ERROR
+// line the group logs for it: before, the log line gave the raw tag ("call tag 0x...") where only the error, renamed
+// by the caller after the fact (fsdp), named the unit.
+TEST_CASE("[comm] a mismatch of named call tags says the caller's names in the error and in the log line alike") {
+  struct names final : comm::call_tag_names {
+    std::string describe(std::uint64_t tag) const override {
+      return tag == 0xa1 ? "for unit 'alpha'" : tag == 0xb2 ? "for unit 'beta'" : "";
+    }
+    std::string hint() const override { return "Out of step?"; }
+  } named;
+  auto groups = comm::make_loopback_world(2, test_group_options());
+  std::string said[2];
+  test::stderr_capture log;
+  test::run_threads(2, [&](int r) {
+    std::vector<float> v(4, 1.0f);
+    const comm::op_options o{.timeout = std::chrono::seconds(20), .call_tag = r == 0 ? 0xa1u : 0xb2u,
+                             .tag_names = &named};
+    try {
+      groups[std::size_t(r)].all_reduce(buffer_view(std::span<float>(v)), reduce_op::sum, o).wait();
+      FAIL("tags that differ passed");
+    } catch (const error& e) {
+      CHECK(e.code() == errc::mismatch);
+      said[r] = e.what();
+    }
+  });
+  log.restore();
+  const std::string logged = log.text();
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(said[r]);
+    CHECK(said[r].find("for unit 'alpha'") != std::string::npos);
+    CHECK(said[r].find("for unit 'beta'") != std::string::npos);
+    CHECK(said[r].find("Out of step?") != std::string::npos);
+    CHECK(said[r].find("call tag 0x") == std::string::npos);
+  }
+  CAPTURE(logged);
+  CHECK(logged.find("for unit 'alpha'") != std::string::npos);
+  CHECK(logged.find("Out of step?") != std::string::npos);
+  CHECK(logged.find("call tag 0x") == std::string::npos);
+}

@@ -93,6 +93,31 @@ struct group_options {
   static group_options from_env();
 };
 
+//! How a caller that tags its collectives (op_options::call_tag) names its tags. A call of its that fails with
+//! errc::mismatch names each tag in its text ("call tag 0x" and 16 hex digits) as describe() says ("for the
+//! all-gather of unit 'u2' in forward pass #7"; an empty string keeps the number), and ends with hint() where it
+//! named one: in the error and in the group's ERROR log line alike, and in the error later calls on the broken
+//! group get. Only a call that fails reads it; it must outlive the calls that name it.
+class call_tag_names {
+ public:
+  virtual ~call_tag_names() = default;
+  virtual std::string describe(std::uint64_t tag) const = 0;
+  virtual std::string hint() const { return {}; }
+
+  //! `text` with this caller's tags named, and the hint after it where one was named; `text` as it is otherwise.
+  std::string name_in(std::string text) const {
+    bool named = false;
+    text = detail::name_call_tags(std::move(text), [&](std::uint64_t tag) {
+      std::string s = describe(tag);
+      named |= !s.empty();
+      return s;
+    });
+    if (named)
+      if (std::string h = hint(); !h.empty()) text += ". " + h;
+    return text;
+  }
+};
+
 struct op_options {
   std::chrono::milliseconds timeout{0};  //!< 0: the group's timeout
   algorithm algo = algorithm::automatic;
@@ -104,6 +129,8 @@ struct op_options {
   //! message more); process_group's check_consistency (SHARDKIT_DEBUG=detail) and gloo_options::verify compare it
   //! on every backend. NCCL without check_consistency never sees it. send and recv ignore it.
   std::uint64_t call_tag = 0;
+  //! How the caller names its tags in a mismatch's error and log line (call_tag_names); null: as numbers.
+  const call_tag_names* tag_names = nullptr;
 };
 
 class process_group {

@@ -420,6 +420,10 @@ class sharded_model {
   flat_arena arena_;
   gather_memory accumulation_;  // on the gather device, allocated by the first backward without sync
   gather_memory scalar_cell_;   // a device's staging for the scalar all-reduces (reduce thread)
+  // Names the model's call tags in a mismatch's error and log line (a group reads it only as a call of the model
+  // fails: the destructor waits for them); declared before the groups, so destroyed after the model's handles.
+  const detail::unit_tag_names tag_names_{[this] { return units_.size(); },
+                                          [this](std::size_t k) { return units_[k]->layout.name(); }};
   comm::process_group gather_group_, reduce_group_, replica_group_;
   any_device_stager gather_stager_, reduce_stager_, control_stager_;
 

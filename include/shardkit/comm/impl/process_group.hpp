@@ -327,7 +327,8 @@ struct process_group::impl {
     // owner (the engine then runs what is queued behind it and lets the group go: progress_engine.hpp).
     // The issue count drops before `done` ends: a continuation that `done` runs may issue the next collective
     // from this (the progress) thread, and the one it follows is no longer pending then.
-    engine.post([this, done, co, fp, name, seq, timeout, op_timeout, run = std::forward<F>(run)]() mutable {
+    engine.post([this, done, co, fp, name, seq, timeout, op_timeout, names = o.tag_names,
+                 run = std::forward<F>(run)]() mutable {
       try {
         if (auto b = broken_work()) {
           release_issue();
@@ -347,7 +348,11 @@ struct process_group::impl {
           done.set_error(broken_work()->exception());
           return;
         }
-        error full = account_for(e.with_context(context(name)), seq, name);
+        // The caller's names for its call tags, in the error and the log line alike (op_options::tag_names).
+        const error& said = names && e.code() == errc::mismatch
+                                ? error(e.code(), names->name_in(e.detail()), e.context())
+                                : e;
+        error full = account_for(said.with_context(context(name)), seq, name);
         if (full.code() == errc::timeout) full = naming_the_timeout(full, timeout, op_timeout);
         auto ex = std::make_exception_ptr(full);
         // A refusal of this rank's call leaves the group whole; one that names another rank is the group's

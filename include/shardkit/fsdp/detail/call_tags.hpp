@@ -4,13 +4,16 @@
 //! whose passes fell out of step (one rank left a pass early alone: docs/fsdp.md, "Leaving a pass early") then
 //! pair one unit's all-gather with another's; units of one size make the same call otherwise, so without the tag
 //! the call check (comm/algorithms/call_check.hpp) passes them and a rank reads another unit's parameters. With it,
-//! every rank gets errc::mismatch, and name_calls() turns the tags in its text back into units and passes.
+//! every rank gets errc::mismatch, whose text (error and log line) unit_tag_names turns back into units and passes.
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <string>
+#include <utility>
 
 #include "shardkit/comm/detail/consistency.hpp"
+#include "shardkit/comm/process_group.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/fsdp/options.hpp"
 
@@ -38,24 +41,34 @@ std::string describe_call_tag(std::uint64_t tag, std::size_t units, Names&& name
          "' in " + std::string(to_string(pass(p))) + " pass #" + std::to_string((tag >> 24) & 0xffff);
 }
 
-//! `e` with the model's call tags in an errc::mismatch's text named as units and passes, and what that means; any
-//! other failure as it is.
-template <class Names>
-std::exception_ptr name_calls(std::exception_ptr e, std::size_t units, Names&& name) {
+//! The model's names for its call tags (comm::call_tag_names), given with each tagged collective: an
+//! errc::mismatch names units and passes, in its error and in the group's log line alike, and says what that means.
+class unit_tag_names final : public comm::call_tag_names {
+ public:
+  //! `units()`: how many the model has; `name(k)`: unit k's name. Read only when a call fails.
+  unit_tag_names(std::function<std::size_t()> units, std::function<std::string(std::size_t)> name)
+      : units_(std::move(units)), name_(std::move(name)) {}
+  std::string describe(std::uint64_t tag) const override { return describe_call_tag(tag, units_(), name_); }
+  std::string hint() const override {
+    return "The ranks' passes are out of step: did one rank leave a pass early alone (an exception or a break on "
+           "that rank only)? A forward left alone on a model that keeps units for backward does that; see "
+           "docs/fsdp.md, 'Leaving a pass early'";
+  }
+
+ private:
+  std::function<std::size_t()> units_;
+  std::function<std::string(std::size_t)> name_;
+};
+
+//! `e` with the model's call tags in an errc::mismatch's text named (`names`), for an error whose text the group
+//! did not name already; any other failure as it is.
+inline std::exception_ptr name_calls(std::exception_ptr e, const comm::call_tag_names& names) {
   try {
     std::rethrow_exception(e);
   } catch (const shardkit::error& x) {
     if (x.code() != errc::mismatch) return e;
-    bool ours = false;
-    std::string text = comm::detail::name_call_tags(x.detail(), [&](std::uint64_t tag) {
-      std::string s = describe_call_tag(tag, units, name);
-      ours |= !s.empty();
-      return s;
-    });
-    if (!ours) return e;
-    text += ". The ranks' passes are out of step: did one rank leave a pass early alone (an exception or a break on "
-            "that rank only)? A forward left alone on a model that keeps units for backward does that; see "
-            "docs/fsdp.md, 'Leaving a pass early'";
+    std::string text = names.name_in(x.detail());
+    if (text == x.detail()) return e;
     return std::make_exception_ptr(shardkit::error(x.code(), std::move(text), x.context()));
   } catch (...) {
     return e;

@@ -33,7 +33,7 @@ SHARDKIT_DECL void sharded_model::wait_for_gradients() {
   if (waited) emit(model_event::kind::reduce_wait, pass::backward, model_event::no_unit, t0);  // not the no-op calls
   if (first)
     detail::rethrow_for_unit(
-        detail::name_calls(first, units_.size(), [this](std::size_t k) { return units_[k]->layout.name(); }), where,
+        detail::name_calls(first, tag_names_), where,
         "gradient reduction", rank_);
 }
 
@@ -277,7 +277,7 @@ SHARDKIT_DECL void sharded_model::start_gather(std::size_t i, pass p, std::uint6
   work = {};
   if (shard_size_ > 1) {
     const auto posted = steady_clock::now();
-    work = gather_group_.all_gather(mine, full, {.call_tag = call_tag});
+    work = gather_group_.all_gather(mine, full, {.call_tag = call_tag, .tag_names = &tag_names_});
     u.gather_issued_in = serial;  // the job's: an early backward gather runs while the forward's serial is current
     // Captures the log, not the work (a continuation holding its own work would never be freed) nor the model
     // (the group may complete it while the destructor runs).
@@ -300,7 +300,8 @@ SHARDKIT_DECL void sharded_model::queue_reduce(std::size_t i) {
   u.grads_ready = {};
   ++reductions_queued_;
   norm_known_ = false;
-  const comm::op_options tagged{.call_tag = detail::call_tag(detail::tagged_collective::reduction, pass_, passes_, i)};
+  const comm::op_options tagged{.call_tag = detail::call_tag(detail::tagged_collective::reduction, pass_, passes_, i),
+                                .tag_names = &tag_names_};
   reduce_thread_.post([this, i, done, tagged] {
     auto& u = *units_[i];
     const auto t0 = steady_clock::now();
@@ -386,7 +387,7 @@ SHARDKIT_DECL void sharded_model::catch_up_gather(std::size_t i, std::uint64_t c
   buffer_view full = l.view(opts_.precision.param, u.layout.padded_numel());
   buffer_view mine = full.slice(u.layout.shard_begin(shard_rank_), u.layout.shard_numel());
   control_stager_.upload(const_buffer_view(u.master), mine);
-  gather_group_.all_gather(mine, full, {.call_tag = call_tag}).wait();
+  gather_group_.all_gather(mine, full, {.call_tag = call_tag, .tag_names = &tag_names_}).wait();
 }
 
 SHARDKIT_DECL void sharded_model::queue_catch_up_reduce(std::size_t i) {
@@ -405,7 +406,8 @@ SHARDKIT_DECL void sharded_model::queue_catch_up_reduce(std::size_t i) {
   }
   // The reduce thread only: after the reductions the pass queued, one at a time through one buffer. NaN, so that
   // a peer that goes on with this backward reduces a gradient it cannot step on.
-  const comm::op_options tagged{.call_tag = detail::call_tag(detail::tagged_collective::reduction, pass_, passes_, i)};
+  const comm::op_options tagged{.call_tag = detail::call_tag(detail::tagged_collective::reduction, pass_, passes_, i),
+                                .tag_names = &tag_names_};
   reduce_thread_.post([this, i, tagged] {
     auto& u = *units_[i];
     try {

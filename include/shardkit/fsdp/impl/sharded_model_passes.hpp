@@ -236,9 +236,8 @@ SHARDKIT_DECL unit_scope sharded_model::begin_unit(std::size_t i, pass p) {
       views = quarantine_->begin_use(i, p, u.params, p == pass::backward ? u.grads : buffer_view());
   } catch (...) {
     abandon_pass(std::current_exception());
-    detail::rethrow_for_unit(detail::name_calls(std::current_exception(), units_.size(),
-                                                [this](std::size_t k) { return units_[k]->layout.name(); }),
-                             u.layout.name(), std::string(to_string(p)) + " all-gather", rank_);
+    detail::rethrow_for_unit(detail::name_calls(std::current_exception(), tag_names_), u.layout.name(),
+                             std::string(to_string(p)) + " all-gather", rank_);
   }
   const auto ready = steady_clock::now();
   {
