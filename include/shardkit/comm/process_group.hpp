@@ -6,7 +6,9 @@
 //! group run in issue order; different groups (split, dup) run concurrently. Each operation has a deadline
 //! (the group's timeout unless the call gives one); a failed or timed-out collective leaves peers in an unknown
 //! state, so the group is then marked broken and later calls fail fast with the original cause, as NCCL's
-//! abort-on-timeout does.
+//! abort-on-timeout does. A call whose memory this rank cannot allocate (a buffer_view whose count runs past the
+//! memory it views) fails with errc::out_of_memory naming the op and the bytes, and breaks the group on every rank
+//! at once, as a second issuing thread does (below): its peers are already in the call.
 //!
 //! Collectives pair up across ranks by their position in each rank's issue order, so a group's collectives must
 //! be issued in the same order on every rank. A group therefore takes its calls from one thread, as an NCCL

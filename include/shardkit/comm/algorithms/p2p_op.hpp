@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <new>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include "shardkit/comm/algorithms/transfer_list.hpp"
 #include "shardkit/comm/detail/stall_line.hpp"
 #include "shardkit/core/completion.hpp"
+#include "shardkit/core/detail/allocating.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/transport/p2p.hpp"
@@ -153,7 +155,16 @@ class p2p_op : public op_members<T> {
   std::chrono::milliseconds stall_log() const noexcept { return stall_log_setting_; }
 
   //! Uninitialised scratch of `bytes`, valid for this op until the next scratch() call of an op on the same arena.
-  std::byte* scratch(std::size_t bytes) { return (arena_ ? *arena_ : own_).get(bytes); }
+  //! Memory the host cannot give (a call on a buffer_view whose count runs past the memory it views) is
+  //! errc::out_of_memory naming the op and the bytes, not a bare std::bad_alloc (process_group then fails the call
+  //! on every rank: comm/process_group.hpp).
+  std::byte* scratch(std::size_t bytes) {
+    try {
+      return (arena_ ? *arena_ : own_).get(bytes);
+    } catch (const std::bad_alloc&) {
+      scratch_failed(bytes);
+    }
+  }
 
   completion send(int peer, const std::byte* data, std::size_t bytes) {
     const int to = members_[std::size_t(peer)];  // read once: the frame's copies may alias it
@@ -241,6 +252,11 @@ class p2p_op : public op_members<T> {
   error naming_lost_members(const error& e, int named) const { return base::naming_lost_members(e, named, until_); }
 
  private:
+  [[noreturn, gnu::cold, gnu::noinline]] void scratch_failed(std::size_t bytes) const {
+    shardkit::detail::allocation_failed("the scratch memory of " + std::string(name_), bytes, context(-1),
+                                        "the system has not that much memory");
+  }
+
   void wait(const completion& c, int peer, const char* what) {
     bool done;
     try {

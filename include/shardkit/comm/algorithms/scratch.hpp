@@ -52,10 +52,12 @@ struct segments {
 //! that communicator's one operation at a time (held() excepted). It keeps its largest allocation.
 class scratch_arena {
  public:
-  //! At least `bytes` of uninitialised memory, valid until the next call.
+  //! At least `bytes` of uninitialised memory, valid until the next call. An allocation that fails (std::bad_alloc)
+  //! leaves the arena empty, not holding a size it no longer has.
   std::byte* get(std::size_t bytes) {
     if (bytes > size_) {
       memory_.reset();  // release first: the old and new blocks need not coexist
+      size_ = 0;
       held_.store(0, std::memory_order_relaxed);
       memory_ = std::make_unique_for_overwrite<std::byte[]>(bytes);
       size_ = bytes;

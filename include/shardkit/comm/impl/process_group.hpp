@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <stop_token>
@@ -327,7 +328,7 @@ struct process_group::impl {
     // owner (the engine then runs what is queued behind it and lets the group go: progress_engine.hpp).
     // The issue count drops before `done` ends: a continuation that `done` runs may issue the next collective
     // from this (the progress) thread, and the one it follows is no longer pending then.
-    engine.post([this, done, co, fp, name, seq, timeout, op_timeout, names = o.tag_names,
+    engine.post([this, done, co, fp, name, seq, bytes, timeout, op_timeout, names = o.tag_names,
                  run = std::forward<F>(run)]() mutable {
       try {
         if (auto b = broken_work()) {
@@ -336,7 +337,11 @@ struct process_group::impl {
           return;
         }
         if (opts.check_consistency) check_fingerprints(name, co.fingerprint(fp), co);
-        run(*comm, co);
+        try {
+          run(*comm, co);
+        } catch (const std::bad_alloc&) {  // a backend's own allocation (p2p_op's scratch names itself)
+          throw error(errc::out_of_memory, std::string("allocating memory for ") + name + ": the system has not that much memory");
+        }
         if (release_issue()) [[unlikely]] {
           done.set_error(broken_work()->exception());
           return;
@@ -352,12 +357,14 @@ struct process_group::impl {
         const error& said = names && e.code() == errc::mismatch
                                 ? error(e.code(), names->name_in(e.detail()), e.context())
                                 : e;
+        const auto& peer = e.context().peer;
         error full = account_for(said.with_context(context(name)), seq, name);
         if (full.code() == errc::timeout) full = naming_the_timeout(full, timeout, op_timeout);
+        if (full.code() == errc::out_of_memory && (!peer || *peer == comm->rank()))
+          full = failed_everywhere(full, name, seq, bytes);
         auto ex = std::make_exception_ptr(full);
         // A refusal of this rank's call leaves the group whole; one that names another rank is the group's
         // failure (that rank found two threads issuing on it: refuse_thread).
-        const auto& peer = e.context().peer;
         if ((e.code() != errc::invalid_argument && e.code() != errc::unsupported) || (peer && *peer != comm->rank()))
           mark_broken(ex);
         log::write(log::level::error, comm->rank(), full.what());
@@ -381,6 +388,23 @@ struct process_group::impl {
       }
     });
     return work(done, bytes);
+  }
+
+  //! `e`: this rank could not allocate what collective `name` (#`seq`, on `bytes` of buffers) needs. Its peers are
+  //! in the call already and wait for this rank, and a call that failed on one rank alone would leave the ranks out
+  //! of step: the call fails on every rank at once with this cause (over p2p_communicator's control messages, as
+  //! refuse_thread's misuse; other backends' peers time out, naming it where the fault reports do), and the group
+  //! stays broken on every rank, as an NCCL communicator is aborted after an error.
+  [[gnu::cold]] error failed_everywhere(const error& e, const char* name, std::int64_t seq, std::size_t bytes) const {
+    std::string text = std::string(name) + " (collective #" + std::to_string(seq) + ", on " + std::to_string(bytes) +
+                       " bytes of buffers) failed: " + e.detail() +
+                       "; a buffer_view whose count is more elements than the memory it views, or a call too large "
+                       "for this host: pass views of the memory you have, or cut the call into smaller ones. The "
+                       "group is broken";
+    text += comm->fail_everywhere(errc::out_of_memory, text + " on every rank")
+                ? " on every rank"
+                : " (this backend cannot tell the other ranks: they find out as they time out)";
+    return error(e.code(), std::move(text), e.context());
   }
 
   void check_fingerprints(const char* name, const fingerprint& fp, const collective_options& co) {
