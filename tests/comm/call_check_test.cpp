@@ -18,6 +18,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -314,4 +315,51 @@ TEST_CASE("[comm] a mismatch of named call tags says the caller's names in the e
   CHECK(logged.find("for unit 'alpha'") != std::string::npos);
   CHECK(logged.find("Out of step?") != std::string::npos);
   CHECK(logged.find("call tag 0x") == std::string::npos);
+}
+
+// A caller's describe() that throws while the group builds a mismatch's error (on the progress thread) must not end
+// the process (before: std::terminate from progress_engine::run, attack26 tag_names): the error keeps its code and
+// the tags as numbers and says what describe() threw. A name 200 KB long is cut (before: 400 KB errors).
+TEST_CASE("[comm] a call_tag_names that throws or names a tag at length leaves the mismatch's error whole") {
+  struct names final : comm::call_tag_names {
+    bool throws = true;
+    std::string describe(std::uint64_t) const override {
+      if (throws) throw std::runtime_error("no names today");
+      return std::string(200 * 1024, 'n');
+    }
+  } named;
+  for (const bool throws : {true, false}) {
+    named.throws = throws;
+    CAPTURE(throws);
+    auto groups = comm::make_loopback_world(2, test_group_options());
+    std::string said[2];
+    bool mismatch[2]{};
+    test::stderr_capture log;
+    test::run_threads(2, [&](int r) {
+      std::vector<float> v(4, 1.0f);
+      const comm::op_options o{.timeout = std::chrono::seconds(20), .call_tag = r == 0 ? 0xa1u : 0xb2u,
+                               .tag_names = &named};
+      try {
+        groups[std::size_t(r)].all_reduce(buffer_view(std::span<float>(v)), reduce_op::sum, o).wait();
+        FAIL("tags that differ passed");
+      } catch (const error& e) {
+        mismatch[r] = e.code() == errc::mismatch;
+        said[r] = e.what();
+      }
+    });
+    log.restore();
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(said[r].substr(0, 2000));
+      CHECK(mismatch[r]);
+      CHECK(said[r].size() < 8 * 1024);
+      if (throws) {
+        CHECK(said[r].find("call tag 0x00000000000000a1") != std::string::npos);
+        CHECK(said[r].find("could not be given") != std::string::npos);
+        CHECK(said[r].find("no names today") != std::string::npos);
+      } else {
+        CHECK(said[r].find(std::string(comm::call_tag_names::max_name, 'n') + "...") != std::string::npos);
+      }
+    }
+    CHECK(log.text().size() < 32 * 1024);
+  }
 }

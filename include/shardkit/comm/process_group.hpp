@@ -99,24 +99,48 @@ struct group_options {
 //! errc::mismatch names each tag in its text ("call tag 0x" and 16 hex digits) as describe() says ("for the
 //! all-gather of unit 'u2' in forward pass #7"; an empty string keeps the number), and ends with hint() where it
 //! named one: in the error and in the group's ERROR log line alike, and in the error later calls on the broken
-//! group get. Only a call that fails reads it; it must outlive the calls that name it.
+//! group get. Only a call that fails reads it; it must outlive the calls that name it. describe() and hint() run
+//! on the group's progress thread while it builds that error and should not throw: one that throws is caught,
+//! the error keeps its code and the tags as numbers, and says that the names could not be given and what was
+//! thrown. A name or hint longer than max_name is cut there ("...").
 class call_tag_names {
  public:
+  static constexpr std::size_t max_name = 256;
   virtual ~call_tag_names() = default;
   virtual std::string describe(std::uint64_t tag) const = 0;
   virtual std::string hint() const { return {}; }
 
-  //! `text` with this caller's tags named, and the hint after it where one was named; `text` as it is otherwise.
-  std::string name_in(std::string text) const {
-    bool named = false;
-    text = detail::name_call_tags(std::move(text), [&](std::uint64_t tag) {
-      std::string s = describe(tag);
-      named |= !s.empty();
+  //! `text` with this caller's tags named, and the hint after it where one was named; `text` as it is otherwise
+  //! (and why, where describe() or hint() threw).
+  std::string name_in(std::string text) const noexcept {
+    const auto capped = [](std::string s) {
+      if (s.size() > max_name) s.replace(max_name, std::string::npos, "...");
       return s;
-    });
-    if (named)
-      if (std::string h = hint(); !h.empty()) text += ". " + h;
-    return text;
+    };
+    try {
+      bool named = false;
+      std::string out = detail::name_call_tags(text, [&](std::uint64_t tag) {
+        std::string s = capped(describe(tag));
+        named |= !s.empty();
+        return s;
+      });
+      if (named)
+        if (std::string h = capped(hint()); !h.empty()) out += ". " + h;
+      return out;
+    } catch (...) {
+      std::string why = "unknown exception";
+      try {
+        throw;
+      } catch (const std::exception& e) {
+        why = capped(e.what());
+      } catch (...) {
+      }
+      try {
+        return text + " (the caller's names for its call tags could not be given: call_tag_names threw: " + why + ")";
+      } catch (...) {
+        return text;
+      }
+    }
   }
 };
 
@@ -131,7 +155,8 @@ struct op_options {
   //! message more); process_group's check_consistency (SHARDKIT_DEBUG=detail) and gloo_options::verify compare it
   //! on every backend. NCCL without check_consistency never sees it. send and recv ignore it.
   std::uint64_t call_tag = 0;
-  //! How the caller names its tags in a mismatch's error and log line (call_tag_names); null: as numbers.
+  //! How the caller names its tags in a mismatch's error and log line (call_tag_names); null: as numbers. Its
+  //! describe() should not throw: where it does, the error keeps the tags as numbers and says what was thrown.
   const call_tag_names* tag_names = nullptr;
 };
 
