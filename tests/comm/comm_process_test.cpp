@@ -22,6 +22,7 @@
 
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -688,6 +689,52 @@ TEST_CASE("[comm] cross-memory: a call that times out fails by its deadline, its
       // The collective's own deadline: no fault reports' grace after it (rank 1 never calls, so posts no account).
       test::run_processes(2, "cross_memory_timeout_by_deadline", {{"SHARDKIT_TIMEOUT_MS", "60000"}, {"SHARDKIT_FAULT_GRACE_MS", "0"}},
                           std::chrono::seconds(60)));
+}
+
+// Every rank passes a view no memory holds (a PROT_NONE reservation: a view longer than its memory). The peers'
+// processes are alive, so the kernel's EFAULT says their buffer is not mapped: errc::invalid_argument naming the rank
+// whose buffer it is, the op and the bytes (or errc::aborted where that peer already left the call), not peer_lost (before, attack26 huge_proc: "peer lost:
+// cannot read rank 1's memory any more (Bad address; its process ended?)" on every rank, three processes alive).
+SHARDKIT_SCENARIO(cross_memory_view_past_memory) {
+  const int rank = test::env_rank();
+  const std::string op = std::getenv("SHARDKIT_TEST_OP");
+  auto world = comm::init_process_group("shm");
+  auto& pg = world.group;
+  const std::size_t count = std::size_t(1) << 32;  // 16 GiB of f32 over a 64 GiB reservation: nothing mapped
+  auto* none = static_cast<float*>(::mmap(nullptr, std::size_t(64) << 30, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+  SCENARIO_CHECK(none != MAP_FAILED);
+  try {
+    if (op == "all_reduce") pg.all_reduce(buffer_view(none, count, dtype::f32)).wait();
+    else pg.reduce_scatter(const_buffer_view(none, 3 * count, dtype::f32), buffer_view(none + 3 * count, count, dtype::f32)).wait();
+    SCENARIO_CHECK(!"a view no memory holds passed");
+  } catch (const error& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    const std::string what = e.what(), first = rank == 0 ? "rank 1" : "rank 0";  // the first peer each rank reads
+    SCENARIO_CHECK(what.find("peer lost") == std::string::npos);
+    SCENARIO_CHECK(what.find("process ended") == std::string::npos);
+    if (e.code() == errc::invalid_argument) {  // this rank found the view
+      SCENARIO_CHECK(e.context().peer == (rank == 0 ? 1 : 0));
+      SCENARIO_CHECK(what.find(first + "'s buffer for " + op + " is not readable in its process") != std::string::npos);
+      SCENARIO_CHECK(what.find(std::to_string((op == "all_reduce" ? 1 : 3) * count * 4) + " bytes") != std::string::npos);
+      SCENARIO_CHECK(what.find("a view longer than its memory?") != std::string::npos);
+      std::printf("VIEW NAMED\n");
+    } else {  // a peer found it first and left the call
+      SCENARIO_CHECK(e.code() == errc::aborted);
+      SCENARIO_CHECK(what.find("left this collective") != std::string::npos);
+    }
+  }
+  ::munmap(none, std::size_t(64) << 30);
+}
+
+TEST_CASE("[comm] cross-memory: a view past its memory on live peers is named as such, not as a lost peer") {
+  for (const char* op : {"all_reduce", "reduce_scatter"}) {
+    CAPTURE(op);
+    const auto results = test::run_processes(3, "cross_memory_view_past_memory", {{"SHARDKIT_TIMEOUT_MS", "60000"}, {"SHARDKIT_TEST_OP", op}},
+                                             std::chrono::seconds(60));
+    test::require_all_succeeded(results);
+    // The first rank to read a peer's view names it; a slower one may find that rank gone from the call first.
+    CHECK(std::any_of(results.begin(), results.end(), [](const auto& r) { return r.output.find("VIEW NAMED") != std::string::npos; }));
+  }
 }
 
 TEST_CASE("[comm] cross-memory access refused (a rank in another pid namespace): every rank falls back to the rings") {

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "shardkit/comm/algorithms/p2p_op.hpp"
@@ -361,6 +362,38 @@ inline error lost(const error_context& where, int p, const char* what) {
                where);
 }
 
+//! Called right after a failed transfer with rank p's buffer (record `r`) at byte `offset`, so errno is the
+//! kernel's reason. EFAULT while r still reads back from p's process (still_there: it is alive and in this call)
+//! means p's buffer is not mapped there, a view longer than its memory: errc::invalid_argument naming p, the op and
+//! the bytes, not a lost peer. EFAULT from a process that is alive but left the call (it failed first, on its own
+//! view or a peer's): left_call. Anything else (the process ended): lost().
+inline error unreachable(const error_context& where, const record& r, int p, const char* what, std::size_t offset,
+                         std::size_t es) {
+  const int reason = errno;
+  const bool reading = std::strcmp(what, "read") == 0;
+  if (reason == EFAULT && !still_there(r) && (::kill(pid_t(r.pid), 0) == 0 || errno == EPERM))
+    return left_call(where, p, reading ? "reading its buffers" : "writing into its buffers");
+  if (reason == EFAULT && still_there(r))
+    return error(errc::invalid_argument,
+                 "rank " + std::to_string(p) + "'s buffer for " + where.operation + " is not " +
+                     (reading ? "readable" : "writable") + " in its process (a view of " +
+                     std::to_string(r.count * es) + " bytes; the " + what + " at byte " + std::to_string(offset) +
+                     " failed: " + std::strerror(reason) + "): a view longer than its memory?",
+                 where);
+  errno = reason;
+  return lost(where, p, what);
+}
+
+//! Throws unreachable(): a peer that left or was lost with the other members found lost (naming_lost_members), a
+//! view past its memory as it is.
+template <transport::p2p T>
+[[noreturn]] void throw_unreachable(p2p_op<T>& op, const record& r, int p, const char* what, std::size_t offset,
+                                    std::size_t es) {
+  error e = unreachable(op.context(p), r, p, what, offset, es);
+  if (e.code() != errc::invalid_argument) throw op.naming_lost_members(std::move(e), p);
+  throw e;
+}
+
 //! Chunk of the kernel-copy paths: bounds the staging memory and keeps system calls large.
 inline std::size_t chunk_elems(std::size_t es) { return std::max<std::size_t>(1, (std::size_t(64) << 10) / es); }
 
@@ -395,14 +428,14 @@ void reduce_block(p2p_op<T>& op, const session& s, const std::byte* in, std::byt
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
       const std::byte* theirs = s.input(p, offset, len, staged + std::size_t(p) * slot_bytes);
-      if (!theirs) throw op.naming_lost_members(lost(op.context(p), p, "read"), p);
+      if (!theirs) throw_unreachable(op, s.peers[std::size_t(p)], p, "read", offset, es);
       srcs.push_back(theirs);
       if (push && s.out[std::size_t(p)]) dsts.push_back(s.out[std::size_t(p)] + offset);
     }
     reduce_into_all(rop, type, srcs, dsts, k, n);
     for (int p = 0; push && p < n; ++p)
       if (p != me && !s.out[std::size_t(p)] && !write_remote(s.peers[std::size_t(p)].pid, s.peers[std::size_t(p)].out + offset, dsts[0], len))
-        throw op.naming_lost_members(lost(op.context(p), p, "write"), p);
+        throw_unreachable(op, s.peers[std::size_t(p)], p, "write", offset, es);
   }
 }
 
@@ -470,7 +503,7 @@ bool cross_memory_all_gather(p2p_op<T>& op, const std::byte* in, std::byte* out,
     if (!dsts.empty()) reduce_into_all(reduce_op::sum, dtype::u8, std::span<const std::byte* const>(&src, 1), dsts, k);
     for (int p = 0; p < n; ++p)
       if (p != me && !s.out[std::size_t(p)] && !write_remote(s.peers[std::size_t(p)].pid, s.peers[std::size_t(p)].out + at + done, src, k))
-        throw op.naming_lost_members(lost(op.context(p), p, "write"), p);
+        throw_unreachable(op, s.peers[std::size_t(p)], p, "write", at + done, es);
   }
   close_session(op, s);
   return true;
