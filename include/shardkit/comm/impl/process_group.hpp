@@ -250,10 +250,12 @@ struct process_group::impl {
             "by their order on each rank, and two threads that take turns in another order on another rank pair them "
             "across threads with no error, so the results of this group's calls since its owner took it (collective #"
          << owned_from << " here), on every rank, may have paired across threads and must not be trusted (those still "
-            "pending fail). A thread that takes the group over calls bind_to_this_thread() first (once the owner's "
-            "calls are done); threads that each need the group get groups of their own (dup()); threads that take "
-            "turns in the same order on every rank may opt out with allow_calls_from_any_thread(). The group is now "
-            "broken on every rank";
+            "pending fail). A thread that takes the group over, or comes back to it after another thread used it, "
+            "calls bind_to_this_thread() first (once the other's calls are done); threads that each need the group "
+            "get groups of their own, made by dup() on the owning thread before the copies are handed out (a dup() "
+            "or split() from another thread is refused like this call), and loaders and checkpointers, which dup the "
+            "group, are built before any worker thread issues on it; threads that take turns in the same order on "
+            "every rank may opt out with allow_calls_from_any_thread(). The group is now broken on every rank";
     refuse_thread(lock, name, what.str());
   }
 
