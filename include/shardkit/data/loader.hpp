@@ -45,7 +45,7 @@
 #include <string_view>
 #include <vector>
 
-#include "shardkit/comm/detail/library_calls.hpp"
+#include "shardkit/core/detail/library_calls.hpp"
 #include "shardkit/core/detail/worker_threads.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/separate_compilation.hpp"
@@ -134,7 +134,7 @@ class loader {
                detail::gather_fn([&group](const_buffer_view in, buffer_view out) {
                  // Not this thread's group for that: the trainer may build its loader on one thread and train on
                  // another (comm/process_group.hpp: a group takes its calls from one thread).
-                 const comm::detail::library_calls setup;
+                 const shardkit::detail::library_calls setup;
                  group.all_gather(in, out).wait();
                })) {}
 

@@ -7,7 +7,7 @@
 #include <numeric>
 
 #include "shardkit/ckpt/checkpointer.hpp"
-#include "shardkit/comm/detail/library_calls.hpp"
+#include "shardkit/core/detail/library_calls.hpp"
 #include "shardkit/ckpt/impl/checkpointer_location.hpp"
 #include "shardkit/ckpt/impl/checkpointer_load.hpp"
 #include "shardkit/ckpt/impl/checkpointer_save_job.hpp"
@@ -31,7 +31,7 @@ SHARDKIT_DECL checkpointer::checkpointer(comm::process_group& training, storage:
   comm::group_options g = comm::group_options::from_env();
   g.name = "ckpt";
   {
-    const comm::detail::library_calls setup;  // the dups do not make this thread the training group's owner
+    const shardkit::detail::library_calls setup;  // the dups do not make this thread the training group's owner
     group_ = training.dup(g);
     g.name = "ckpt.calls";
     calls_group_ = training.dup(std::move(g));

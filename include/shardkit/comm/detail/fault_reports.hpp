@@ -478,7 +478,8 @@ class fault_board {
     }
     // A rank that lost a peer before this rank did (the transport named the rank gone): the deepest one first, as
     // the walk followed each that posted no verdict to the rank it lost.
-    for (int r : std::views::reverse(chain)) {
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {  // not views::reverse: clang 14 with libstdc++ 12
+      const int r = *it;
       const auto& a = read.at(r);
       if (r == job_rank_ || a.code != int(errc::peer_lost)) continue;
       // Its verdict first: the peer it lost may itself have left after losing the rank at fault.

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "shardkit/comm/detail/fault_reports.hpp"
-#include "shardkit/comm/detail/library_calls.hpp"
+#include "shardkit/core/detail/library_calls.hpp"
 #include "shardkit/comm/detail/progress_engine.hpp"
 #include "shardkit/comm/process_group.hpp"
 #include "shardkit/core/log.hpp"
@@ -215,7 +215,7 @@ struct process_group::impl {
     const std::uint64_t me = this_thread_serial();
     if (owner == me) [[likely]] return;
     if (owner == 0) {
-      if (detail::library_calls::active()) return;
+      if (shardkit::detail::library_calls::active()) return;
       owner = me;
       owner_id = std::this_thread::get_id();
       owned_from = next_seq;

@@ -39,7 +39,7 @@ SHARDKIT_DECL process_group process_group::split_group(int color, int key, group
   // group whole.
   auto differ = std::make_shared<std::optional<std::string>>();
   const bool checks = opts.check_consistency;
-  const detail::library_calls setup;  // making a group does not make this thread the parent's owner
+  const shardkit::detail::library_calls setup;  // making a group does not make this thread the parent's owner
   work w = s.submit("split", {kind::split, dtype::u8, 0, -1, reduce_op::sum}, {}, 0,
                     [=](detail::communicator_interface& c, const collective_options& co) {
                       // Every rank of a group runs the same backend: all or none hold size-dependent settings.

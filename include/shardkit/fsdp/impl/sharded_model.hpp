@@ -3,7 +3,7 @@
 //! passes and state in fsdp/impl/sharded_model_*.hpp, included at the end. sharded_model.hpp includes this file
 //! in header-only use; under SHARDKIT_SEPARATE_COMPILATION only <shardkit/impl/src.hpp> does, in one translation
 //! unit of the program (core/separate_compilation.hpp), so the gather and reduce threads' jobs compile once.
-#include "shardkit/comm/detail/library_calls.hpp"
+#include "shardkit/core/detail/library_calls.hpp"
 #include "shardkit/core/detail/allocating.hpp"
 #include "shardkit/fsdp/detail/limiter_budget.hpp"
 #include "shardkit/fsdp/detail/view_quarantine.hpp"
@@ -61,7 +61,7 @@ SHARDKIT_DECL sharded_model::sharded_model(comm::process_group& world, std::vect
     : opts_(std::move(opts)), rank_(world.rank()), world_size_(world.size()) {
   // The calls on the caller's group here (the agreement, the splits, the budget's scalar) do not make this thread
   // its owner: a trainer may build the model on one thread and train on another (comm/process_group.hpp).
-  const comm::detail::library_calls setup;
+  const shardkit::detail::library_calls setup;
   if (opts_.on_event) {
     events_ = std::make_shared<event_log>();
     events_->sink = opts_.on_event;

@@ -5,7 +5,7 @@
 //! model on one thread and trains on another is not refused its first call. They are still refused where another
 //! thread owns the group: that thread may be issuing on it now.
 
-namespace shardkit::comm::detail {
+namespace shardkit::detail {
 
 //! While one lives on a thread, that thread's calls on a group with no owner leave it without one.
 class library_calls {
