@@ -2,7 +2,8 @@
 # scripts/host-bench's own logic, without root, a lab or node: run on a bundle of stand-ins (a preflight that
 # passes, a link step, governor-lab rounds that print a verdict, an fsdp-bench that outlives its time limit):
 # 1. the summary has a row per step (ran / timed out), each round's verdict on "<= 2% at the smallest N that keeps
-#    up" (+1.5%: met, +3.5%: missed), fsdp-bench's step time-boxed, rounds added only while the budget holds one
+#    up" per governed variant (floor 0: +1.5% met, then kept up at none; floor 5: +3.5% missed), governor-lab asked
+#    for both floors, fsdp-bench's step time-boxed, rounds added only while the budget holds one
 #    more, the exit status 1 (a step timed out), every step given the bundle's bin/ first on PATH (and not its lib/
 #    as LD_LIBRARY_PATH: the bundled binaries' wrappers set it), governor-lab given the bundle's trainer and s3rver;
 # 2. --only turn: four plan-validate rounds, the trainer's --early-backward on, off, off, on, with the bundle's
@@ -28,9 +29,9 @@ stand_in bin/trainer 'exit 0'
 stand_in scripts/netlab 'echo "netlab $*: PATH starts ${PATH%%:*}, LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}."'
 # governor-lab: one "round" per call, ~1 s; its verdict from the round's log directory (round 2 misses).
 stand_in scripts/governor-lab 'sleep 1; echo "args: $*"; echo "prefix: $NETLAB_PREFIX"
-case "$*" in *governor1*) on="+1.5%" ;; *) on="+3.5%" ;; esac
+case "$*" in *governor1*) f0="every 10 steps, +1.5% over none" ;; *) f0="none of 5,10" ;; esac
 echo "| round | run | step_ms |"; echo "| 1 | none | 260.00 |"
-echo "Round 1, the smallest N measured to keep up (no save began before the one before had committed): off: every 5 steps, +4.0% over none; on: every 2 steps, $on over none."'
+echo "Round 1, the smallest N measured to keep up (no save began before the one before had committed): off: every 5 steps, +4.0% over none; on floor0: $f0; on floor5: every 5 steps, +3.5% over none."'
 stand_in scripts/fsdp-bench 'echo "coretype $OPENBLAS_CORETYPE"; sleep 60'
 stand_in bin/shardkit-plan 'exit 0'
 # plan-validate: its arguments as its table, in its --out file.
@@ -54,8 +55,11 @@ row link | grep -q "| ran |" || fail "link: $(row link)"
 row governor1 | grep -q "| ran |" || fail "governor1: $(row governor1)"
 row fsdp | grep -q "| \*\*timed out\*\* after 3 s |" || fail "fsdp: $(row fsdp)"
 row governor2 | grep -q "| ran |" || fail "governor2: $(row governor2)"
-grep -q "governor1: on: every 2 steps, +1.5% over none: \*\*met\*\*" "$work/out/summary.md" || fail "round 1's verdict"
-grep -q "governor2: on: every 2 steps, +3.5% over none: \*\*missed\*\*" "$work/out/summary.md" || fail "round 2's verdict"
+grep -q "governor1: on floor0: every 10 steps, +1.5% over none: \*\*met\*\*" "$work/out/summary.md" || fail "round 1's floor-0 verdict"
+grep -q "governor1: on floor5: every 5 steps, +3.5% over none: \*\*missed\*\*" "$work/out/summary.md" || fail "round 1's floor-5 verdict"
+grep -q "governor2: on floor0: none of 5,10: kept up at none" "$work/out/summary.md" || fail "round 2's floor-0 verdict"
+grep -q "governor2: on floor5: every 5 steps, +3.5% over none: \*\*missed\*\*" "$work/out/summary.md" || fail "round 2's floor-5 verdict"
+grep -q -- "--every 5,10 --floor 0,5" "$work/out/governor1.log" || fail "governor-lab was not asked for floors 0 and 5: $(head -1 "$work/out/governor1.log")"
 grep -q "coretype SkylakeX" "$work/out/fsdp.log" || fail "fsdp-bench ran without OPENBLAS_CORETYPE=SkylakeX"
 grep -q -- "--trainer .*/host-bench/bin/trainer --s3rver .*/host-bench/s3rver/node_modules/s3rver" "$work/out/governor1.log" ||
   fail "governor-lab was not given the bundle's trainer and s3rver: $(head -1 "$work/out/governor1.log")"
