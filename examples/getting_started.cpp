@@ -16,6 +16,7 @@
 #include <shardkit/comm/init.hpp>
 #include <shardkit/data/loader.hpp>
 #include <shardkit/fsdp/optimizer.hpp>
+#include <shardkit/rendezvous/env.hpp>
 #include <shardkit/storage/open_sink.hpp>
 
 namespace sk = shardkit;
@@ -45,8 +46,11 @@ int main(int argc, char** argv) try {
     if (argc <= i) return otherwise;
     int n = 0;
     const auto [end, failed] = std::from_chars(argv[i], argv[i] + std::strlen(argv[i]), n);
-    if (failed != std::errc{} || *end != '\0' || n < 1)
-      throw std::invalid_argument(std::string(name) + " wants a whole number from 1, got '" + argv[i] + "'");
+    if (failed != std::errc{} || *end != '\0' || n < 1) {
+      const std::string why = std::string(name) + " wants a whole number from 1, got '" + argv[i] + "'";
+      sk::rendezvous::report_failure_to_store("getting_started: " + why);  // rank 0 says it now, not in 5 minutes
+      throw std::invalid_argument(why);
+    }
     return n;
   };
   const int steps = count(3, "STEPS", 100), save_every = count(4, "SAVE_EVERY", 10);

@@ -34,4 +34,19 @@ for bad in "abc 1" "3 0" "3x 1"; do
   grep -qE "(STEPS|SAVE_EVERY) wants a whole number from 1, got '(abc|0|3x)'" "$work/bad.txt" ||
     { echo "FAIL: STEPS SAVE_EVERY = $bad: not named"; cat "$work/bad.txt"; exit 1; }
 done
+# By hand, as torchrun's variables start it (no launcher to stop the others): rank 1 refuses its STEPS, and rank 0,
+# waiting for it to join, fails at once naming it and why; it waited its whole SHARDKIT_STORE_TIMEOUT (5 min).
+source "$src/scripts/lib/free_port.sh"
+port=$(shardkit_free_port)
+hand() { env -u SHARDKIT_AUTH_TOKEN -u LOCAL_RANK -u LOCAL_WORLD_SIZE SHARDKIT_STORE_TIMEOUT=30 RANK=$1 WORLD_SIZE=2 \
+           MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$example" "$work/data" "$work/ckpt-hand" "$2" 1; }
+t0=$SECONDS
+hand 0 3 >"$work/hand0.txt" 2>&1 &
+rank0=$!
+for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done  # its store is up
+if hand 1 3x >"$work/hand1.txt" 2>&1; then echo "FAIL: rank 1 took STEPS 3x"; exit 1; fi
+if wait "$rank0"; then echo "FAIL: rank 0 trained without rank 1"; exit 1; fi
+grep -q "rank 1 gives up: getting_started: STEPS wants a whole number from 1, got '3x'" "$work/hand0.txt" &&
+  ((SECONDS - t0 < 20)) || { echo "FAIL: rank 0 did not name rank 1's refusal at once ($((SECONDS - t0)) s):"; cat "$work/hand0.txt"; exit 1; }
+echo "OK: rank 0 named rank 1's refused STEPS in $((SECONDS - t0)) s"
 echo "OK: the getting-started trainer runs, checkpoints and resumes"
