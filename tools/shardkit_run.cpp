@@ -71,6 +71,7 @@ constexpr const char* usage_text =
     "a random one per host would not match); SHARDKIT_RUN_ID, if given, must be the same on every host too.\n"
     "\n"
     "  -n, --nproc, --nproc-per-node N   ranks on this host (1..1024)\n"
+    "                         (torchrun's underscores are taken too: --nproc_per_node, --master_port, ...)\n"
     "  --nnodes H             hosts in the job (default 1)\n"
     "  --node-rank K          this host's index, 0..H-1 (required with --nnodes > 1: 0 on the host of --master-addr)\n"
     "  --master-addr ADDR     address the ranks reach rank 0's store at (required with --nnodes > 1)\n"
@@ -132,6 +133,11 @@ options parse_args(int argc, char** argv) {
       value = arg.substr(eq + 1);
       inline_value = true;
     }
+    // torchrun's spellings with underscores (--nproc_per_node, --node_rank, --master_addr, --master_port), which
+    // torchrun still takes and its users type first, name the same options.
+    std::string dashed(flag);
+    if (dashed.starts_with("--")) std::replace(dashed.begin(), dashed.end(), '_', '-');
+    flag = dashed;
     const auto take_value = [&] {
       if (inline_value) return value;
       if (i + 1 >= argc) usage_error(std::string(flag) + " needs a value");

@@ -196,6 +196,11 @@ TEST_CASE("[tools] shardkit-run sets the rendezvous variables and prefixes every
       run({"-n", "1", "--master-addr", "10.9.8.7", "--master-port=4567", "sh", "-c", "echo $MASTER_ADDR:$MASTER_PORT"},
           &out) == 0);
   CHECK(out == "[rank 0] 10.9.8.7:4567\n");
+  // torchrun's spellings, which torchrun users type first: they were "unknown option '--nproc_per_node'".
+  CHECK(run({"--nproc_per_node=1", "--master_addr", "10.9.8.7", "--master_port", "4567", "--", "sh", "-c",
+             "echo $MASTER_ADDR:$MASTER_PORT"},
+            &out) == 0);
+  CHECK(out == "[rank 0] 10.9.8.7:4567\n");
 }
 
 // The port shardkit-run chooses stays its own while the ranks run (rendezvous/detail/held_port.hpp, as the test
