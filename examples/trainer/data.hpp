@@ -46,6 +46,12 @@ inline std::pair<sk::storage::any_sink, sk::data::loader_options> open_data(cons
                                                                      sk::comm::process_group& pg, int rows, int T, std::uint64_t seed) {
   const std::string make = "write token files there with shardkit-tokenize -o " + location +
                            "/text.tokens FILE..., or add --init-data to write the built-in text there first";
+  // A token file given for its directory (--data data/text.tokens) was said to be "no such directory".
+  if (!location.starts_with("s3://") && std::filesystem::is_regular_file(location)) {
+    const std::string dir = std::filesystem::path(location).parent_path().string();
+    throw std::runtime_error("--data " + location + " is a file: --data wants the directory that holds the token files (--data " +
+                             (dir.empty() ? "." : dir) + ")");
+  }
   if (!init && !location.starts_with("s3://") && !std::filesystem::is_directory(location))
     throw std::runtime_error("--data " + location + ": no such directory (a mistyped path?): " + make);
   auto sink = sk::storage::open_sink(location);
