@@ -407,7 +407,21 @@ int main(int argc, char** argv) {
       std::string line = "shardkit-run: rank " + std::to_string(f.rank) + " " +
                          (f.killed ? "was killed by signal " + std::to_string(f.code - 128)
                                    : "exited with status " + std::to_string(f.code));
-      if (failures.size() > 1) line += " (" + std::to_string(failures.size() - 1) + " more failed by themselves meanwhile)";
+      // Every rank exiting 128 + one stop signal (the trainer's stop once any rank got it: all stop after the same
+      // step) did not fail: said as a stop, not as "2 more failed by themselves".
+      const char* stop_name = f.killed ? nullptr
+                              : f.code == 128 + SIGTERM ? "SIGTERM"
+                              : f.code == 128 + SIGINT  ? "SIGINT"
+                              : f.code == 128 + SIGHUP  ? "SIGHUP"
+                                                        : nullptr;
+      const bool all_stopped = stop_name && std::all_of(failures.begin(), failures.end(), [&](const failure& x) {
+        return !x.killed && x.code == f.code;
+      });
+      if (all_stopped)
+        line += std::string(" (128 + ") + stop_name + ": it stopped on that signal" +
+                (failures.size() > 1 ? "; " + std::to_string(failures.size() - 1) + " more stopped with it meanwhile)" : ")");
+      else if (failures.size() > 1)
+        line += " (" + std::to_string(failures.size() - 1) + " more failed by themselves meanwhile)";
       if (stop_signal == 0 && any_running) {
         line += "; stopping the other ranks";
         stop_all(SIGTERM);

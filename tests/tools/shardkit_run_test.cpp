@@ -326,6 +326,13 @@ TEST_CASE("[tools] a rank killed by a signal is named as the cause before ranks 
   CHECK(l.finish() == 128 + SIGKILL);
   CAPTURE(l.err);
   CHECK(contains(l.err, "shardkit-run: rank 1 was killed by signal 9 (2 more failed by themselves meanwhile)\n"));
+  // Ranks that all exit 128 + a stop signal (the trainer's stop after one rank got SIGTERM: every rank stops after
+  // the same step) stopped on it, as ranks do: not "2 more failed by themselves".
+  launcher stop({"-n", "3", "sh", "-c", "[ $RANK = 1 ] || sleep 0.2; exit 143"});
+  CHECK(stop.finish() == 143);
+  CAPTURE(stop.err);
+  CHECK(contains(stop.err, "shardkit-run: rank 1 exited with status 143 (128 + SIGTERM: it stopped on that signal; 2 more "
+                           "stopped with it meanwhile)\n"));
   // --settle 0: stopped at once, as before, the first failure named.
   launcher now({"-n", "2", "--settle", "0", "sh", "-c", "if [ $RANK = 1 ]; then exit 3; else sleep 5; fi"});
   CHECK(now.finish() == 3);
