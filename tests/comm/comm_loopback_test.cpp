@@ -14,7 +14,10 @@
 #include <sstream>
 #include <numeric>
 #include <optional>
+#include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include <unistd.h>
 #include "support/harness.hpp"
@@ -205,6 +208,31 @@ constexpr bool sanitizer_allocator = false;
 constexpr bool sanitizer_allocator = false;
 #endif
 
+namespace {
+//! Runs `call` on `g`, which must fail with errc::out_of_memory, then an all_reduce of four floats on the group,
+//! which must fail as well (the group is broken with that cause): the two errors' texts.
+template <class Call>
+std::pair<std::string, std::string> out_of_memory_then_broken(comm::process_group& g, Call&& call) {
+  std::pair<std::string, std::string> said;
+  try {
+    call();
+    FAIL("the call completed");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::out_of_memory);
+    said.first = e.what();
+  }
+  std::vector<float> v(4, 1.f);
+  try {
+    g.all_reduce(std::span<float>(v)).wait();
+    FAIL("a call on the broken group completed");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::out_of_memory);
+    said.second = e.what();
+  }
+  return said;
+}
+}  // namespace
+
 // A buffer_view within max_count but past any memory (2^46 f32, 256 TiB: its scratch is more than any process's
 // address space) on one rank or on both: the call fails on every rank with errc::out_of_memory naming the rank,
 // the op and the bytes (the peer within the control messages' poll, not at its timeout: the group's 120 s, whose
@@ -221,26 +249,14 @@ TEST_CASE("[comm] a call on a view no memory holds fails on every rank naming th
     test::run_threads(2, [&](int r) {
       auto& g = groups[std::size_t(r)];
       float x[4] = {};
-      try {
+      std::tie(first[std::size_t(r)], later[std::size_t(r)]) = out_of_memory_then_broken(g, [&] {
         if (r == 0 || both) {
           g.all_reduce(buffer_view(x, std::size_t(1) << 46, dtype::f32)).wait();
         } else {
           std::vector<float> v(4, 1.f);
           g.all_reduce(std::span<float>(v)).wait();
         }
-        FAIL("the call completed");
-      } catch (const error& e) {
-        CHECK(e.code() == errc::out_of_memory);
-        first[std::size_t(r)] = e.what();
-      }
-      std::vector<float> v(4, 1.f);
-      try {
-        g.all_reduce(std::span<float>(v)).wait();
-        FAIL("a call on the broken group completed");
-      } catch (const error& e) {
-        CHECK(e.code() == errc::out_of_memory);
-        later[std::size_t(r)] = e.what();
-      }
+      });
     });
     CAPTURE(first[0]);
     CAPTURE(first[1]);
@@ -251,6 +267,60 @@ TEST_CASE("[comm] a call on a view no memory holds fails on every rank naming th
     CHECK(first[0].find("The group is broken on every rank") != std::string::npos);
     if (!both) CHECK(first[1].find("rank 0 found that all_reduce (collective #0, on 281474976710656 bytes") != std::string::npos);
     for (int r : {0, 1}) CHECK(later[std::size_t(r)] == first[std::size_t(r)]);
+  }
+}
+
+// A count near max_count whose scratch size (slots x count x element size + 1) is more than 64 bits hold: 3 slots of
+// 1537228672809129302 f32 are 2^64 + 8 bytes, which wrapped around to a 9-byte scratch that the op then wrote its
+// whole view into (one_shot's rank 0 copies its input into its slot: SIGSEGV) or received into (tree reduce's root,
+// whose children's messages are refused by the call check first: errc::mismatch on every rank). Now the call fails
+// on every rank with errc::out_of_memory naming the op, the count and the element size, and the group stays broken
+// with that cause, as a scratch allocation that fails does (the previous case). No rank allocates the size (the
+// others' views are small), so the case runs under the sanitizers too.
+TEST_CASE("[comm] a scratch size past 64 bits (a count near max_count) fails on every rank naming the op, count and element size") {
+  constexpr std::size_t count = 1537228672809129302;  // 3 * 4 * count = 2^64 + 8
+  static_assert(count <= max_count(dtype::f32));
+  const std::string slots = "(3 slots of 1537228672809129302 elements of 4 bytes + 1): more bytes than a 64-bit size holds";
+  struct way {
+    const char* op;
+    comm::algorithm algo;
+    bool every_rank;  // every rank's view is the huge one, else rank 0's alone
+  };
+  way w{};
+  SUBCASE("one_shot all_reduce, every rank") { w = {"all_reduce", comm::algorithm::one_shot, true}; }
+  SUBCASE("one_shot all_reduce, rank 0") { w = {"all_reduce", comm::algorithm::one_shot, false}; }
+  SUBCASE("tree reduce, the root") { w = {"reduce", comm::algorithm::automatic, false}; }
+  CAPTURE(w.op);
+  CAPTURE(w.every_rank);
+  auto o = test_group_options();
+  o.timeout = std::chrono::seconds(120);  // the peers hear within the control messages' poll, not at a timeout
+  auto groups = comm::make_loopback_world(3, o);
+  std::vector<std::string> first(3), later(3);
+  test::run_threads(3, [&](int r) {
+    auto& g = groups[std::size_t(r)];
+    float x[4] = {};
+    const buffer_view data = r == 0 || w.every_rank ? buffer_view(x, count, dtype::f32) : buffer_view(x, 4, dtype::f32);
+    std::tie(first[std::size_t(r)], later[std::size_t(r)]) = out_of_memory_then_broken(g, [&] {
+      if (std::string_view(w.op) == "all_reduce")
+        g.all_reduce(data, reduce_op::sum, {.algo = w.algo}).wait();
+      else
+        g.reduce(data, data, reduce_op::sum, 0).wait();
+    });
+  });
+  const std::string op = w.op;
+  const std::string cause = op + " (collective #0, on 6148914691236517208 bytes of buffers) failed: allocating the "
+                                 "scratch memory of " + op + " " + slots;
+  for (int r = 0; r < 3; ++r) {
+    const std::string& said = first[std::size_t(r)];
+    CAPTURE(r);
+    CAPTURE(said);
+    CHECK(said.find("[rank " + std::to_string(r) + "] " + op) != std::string::npos);
+    // Where every rank's view is the huge one, a rank may hear another's failure before its own call begins.
+    if (!w.every_rank && r == 0) CHECK(said.find("found that") == std::string::npos);
+    if (!w.every_rank && r != 0) CHECK(said.find("rank 0 found that " + cause) != std::string::npos);
+    CHECK(said.find(cause) != std::string::npos);
+    CHECK(said.find("The group is broken on every rank") != std::string::npos);
+    CHECK(later[std::size_t(r)] == said);
   }
 }
 

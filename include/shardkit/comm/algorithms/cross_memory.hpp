@@ -412,7 +412,7 @@ void reduce_block(p2p_op<T>& op, const session& s, const std::byte* in, std::byt
   // One staging slot per rank, as large as the largest chunk of this block (not chunk: a small block gets a
   // small scratch allocation, and slots spaced by the full chunk would run past its end).
   const std::size_t slot_bytes = std::min(count, chunk) * es;
-  std::byte* const staged = op.scratch(std::size_t(n) * slot_bytes + 1);
+  std::byte* const staged = op.scratch_slots(std::size_t(n), std::min(count, chunk), es, 1);
   std::vector<const std::byte*> srcs;
   std::vector<std::byte*> dsts;
   std::size_t unchecked = write_span_bytes;

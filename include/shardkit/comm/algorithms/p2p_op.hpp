@@ -166,6 +166,17 @@ class p2p_op : public op_members<T> {
     }
   }
 
+  //! scratch() of `slots` slots of `count` elements of `es` bytes each, then `extra` bytes: every scratch size an
+  //! algorithm computes from a count goes through here. A size past what std::size_t holds (a count near
+  //! max_count times several slots) is errc::out_of_memory naming the op, the count and the element size, as an
+  //! allocation that fails is: wrapped around, it was a small allocation that the op then wrote past.
+  std::byte* scratch_slots(std::size_t slots, std::size_t count, std::size_t es, std::size_t extra = 0) {
+    const auto bytes = shardkit::detail::checked_size({slots, count, es}, extra);
+    if (!bytes) [[unlikely]]
+      scratch_too_large(slots, count, es, extra);
+    return scratch(*bytes);
+  }
+
   completion send(int peer, const std::byte* data, std::size_t bytes) {
     const int to = members_[std::size_t(peer)];  // read once: the frame's copies may alias it
     if (checker_) {
@@ -255,6 +266,16 @@ class p2p_op : public op_members<T> {
   [[noreturn, gnu::cold, gnu::noinline]] void scratch_failed(std::size_t bytes) const {
     shardkit::detail::allocation_failed("the scratch memory of " + std::string(name_), bytes, context(-1),
                                         "the system has not that much memory");
+  }
+
+  [[noreturn, gnu::cold, gnu::noinline]] void scratch_too_large(std::size_t slots, std::size_t count, std::size_t es,
+                                                              std::size_t extra) const {
+    throw_error(errc::out_of_memory,
+                "allocating the scratch memory of " + std::string(name_) + " (" + std::to_string(slots) +
+                    (slots == 1 ? " slot of " : " slots of ") + std::to_string(count) + " elements of " +
+                    std::to_string(es) + " bytes" + (extra ? " + " + std::to_string(extra) : std::string()) +
+                    "): more bytes than a 64-bit size holds, so more than any memory",
+                context(-1));
   }
 
   void wait(const completion& c, int peer, const char* what) {

@@ -65,7 +65,7 @@ void tree_reduce(p2p_op<T>& op, const std::byte* in, std::byte* out, std::size_t
   const int vrank = (op.me() - root + n) % n;
   const auto real = [&](int v) { return (v + root) % n; };
   const auto kids = detail::tree_children(vrank, n);
-  std::byte* const slots = op.scratch((kids.size() + 1) * bytes + 1);
+  std::byte* const slots = op.scratch_slots(kids.size() + 1, count, size_of(type), 1);
   std::byte* const acc = vrank == 0 ? out : slots + kids.size() * bytes;
   if (acc != in && bytes) std::memmove(acc, in, bytes);
   if (!kids.empty()) {

@@ -3,7 +3,9 @@
 //! errc::out_of_memory naming the buffer and its size, not a bare std::bad_alloc (or an arena's "mmap of N bytes
 //! failed" with no word of what the N bytes were).
 #include <cstddef>
+#include <initializer_list>
 #include <new>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -11,6 +13,18 @@
 #include "shardkit/core/error.hpp"
 
 namespace shardkit::detail {
+
+//! The product of `factors`, plus `extra`: the size of an allocation computed from a count (a caller's
+//! buffer_view holds up to max_count elements, PTRDIFF_MAX bytes) times an element size and a number of slots or
+//! ranks. nullopt where it is more than std::size_t holds: wrapped around, it would be a small allocation that the
+//! caller then writes its full size into.
+inline std::optional<std::size_t> checked_size(std::initializer_list<std::size_t> factors, std::size_t extra = 0) noexcept {
+  std::size_t size = 1;
+  for (const std::size_t f : factors)
+    if (__builtin_mul_overflow(size, f, &size)) return std::nullopt;
+  if (__builtin_add_overflow(size, extra, &size)) return std::nullopt;
+  return size;
+}
 
 [[noreturn]] inline void allocation_failed(std::string_view what, std::size_t bytes, const error_context& where,
                                            std::string_view why) {
