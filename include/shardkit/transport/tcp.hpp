@@ -19,7 +19,8 @@
 //!    rank of another protocol version is refused, naming both versions); anything
 //!    else that connects is dropped and logged without disturbing the setup. Setup fails with errc::timeout
 //!    naming each missing peer, stream and address after options.connect_timeout, with errc::auth_failed when
-//!    a peer refused our token (or presented another), errc::config when ranks disagree on settings.
+//!    a peer refused our token (or presented another), errc::protocol when it refused our protocol version (it
+//!    runs another shardkit), errc::config when ranks disagree on settings.
 //!  - **Striping**: a message up to chunk_bytes is one frame on whichever connection is idle first; a larger one
 //!    is cut into chunk_bytes frames that all connections pull in parallel. Frames carry tag, message sequence
 //!    number, total size and offset; the receiver matches messages to recvs in sequence order (so rule 5 holds
@@ -71,7 +72,7 @@ class tcp_transport {
 
   //! Collective: connects `rank` of `size` to every other rank, rendezvousing through `store` (pass a
   //! prefix_store to scope the keys). Blocks until the full mesh is up; throws shardkit::error otherwise
-  //! (errc::timeout, errc::auth_failed, errc::config, errc::io), having closed everything it opened.
+  //! (errc::timeout, errc::auth_failed, errc::protocol, errc::config, errc::io), having closed everything it opened.
   static std::shared_ptr<tcp_transport> connect(rendezvous::any_store store, int rank, int size,
                                                 tcp_options opts = tcp_options::from_env()) {
     if (size <= 0 || rank < 0 || rank >= size)

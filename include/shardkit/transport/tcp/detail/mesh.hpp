@@ -408,9 +408,10 @@ class mesh_builder {
     if (a.magic != hello_magic || a.kind != hello_kind::ack)
       return fail(*o, errc::protocol, o->describe() + " answered with bytes that are not a shardkit handshake");
     if (a.status != handshake_status::accepted) {
-      const bool auth = a.status == handshake_status::bad_token || a.status == handshake_status::bad_version ||
-                        a.status == handshake_status::wrong_group;
-      return fail(*o, auth ? errc::auth_failed : errc::config,
+      // Another protocol version is another shardkit on that rank, not a wrong secret: errc::protocol, as the
+      // store says of a client of another version (rendezvous/tcp_store_server.hpp).
+      const bool auth = a.status == handshake_status::bad_token || a.status == handshake_status::wrong_group;
+      return fail(*o, a.status == handshake_status::bad_version ? errc::protocol : auth ? errc::auth_failed : errc::config,
                   o->describe() + " refused the connection: " + to_string(a.status) +
                       (a.status == handshake_status::bad_version ? versions(a.version) : std::string()));
     }
@@ -430,7 +431,7 @@ class mesh_builder {
                            a.max_frame > max_chunk_bytes)
                          return fail(*o, errc::protocol,
                                      o->describe() + " answered as rank " + std::to_string(a.sender) + " stream " +
-                                         std::to_string(a.stream) + " of another setup");
+                                         std::to_string(a.stream) + " of another setup" + versions(a.version));
                        o->finished = true;
                        o->timer.cancel();
                        establish(o->peer, o->stream, std::move(o->socket), a.max_frame);
