@@ -1,20 +1,26 @@
 // The collective algorithms over loopback ranks as threads: direct, one-shot and pairwise exchanges (conformance
 // and the peer their errors name), the choice between direct and ring, bitwise agreement of recursive doubling and
-// ring, the hierarchical all-reduce over simulated hosts.
+// ring, the hierarchical all-reduce over simulated hosts, cross_memory's account of a failed copy of a peer's memory.
 #include <doctest/doctest.h>
 
 #include "comm/conformance.hpp"
 #include "comm/loopback_options.hpp"
+#include "shardkit/comm/algorithms/cross_memory.hpp"
 #include "shardkit/comm/algorithms/pairwise.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 #include "support/harness.hpp"
 
 using namespace shardkit;
@@ -317,4 +323,40 @@ TEST_CASE("[comm] host levels: uneven hosts and one rank per host stay flat") {
   CHECK(l->intra_me == 2);
   CHECK(l->inter == std::vector<int>{4, 5});
   CHECK(l->inter_me == 0);
+}
+
+// cross_memory's account of a failed kernel copy of a peer's memory says which way the copy went from an
+// access value (it told a read from a write by comparing its words with "read"), on each of its three paths, with
+// this process as the peer: its record still read back (a view past its memory), its record gone from its place in
+// a live process (the peer left the call), another errno (the process ended).
+TEST_CASE("[comm] cross-memory: a failed copy of a peer's memory is named as a read or a write on each path") {
+  namespace cm = comm::algorithms::detail::cross_memory;
+  cm::record r{};
+  r.count = 1000;
+  r.pid = ::getpid();
+  r.probe = std::uint64_t(reinterpret_cast<std::uintptr_t>(&r));
+  r.live = 1;
+  cm::record gone = r;
+  gone.tag = 7;  // what r's place held: another call's record now
+  const error_context where{.rank = 0, .operation = "all_reduce"};
+  for (const cm::access a : {cm::access::read, cm::access::write}) {
+    const bool reading = a == cm::access::read;
+    CAPTURE(reading);
+    errno = EFAULT;
+    const error view = cm::unreachable(where, r, 1, a, 64, 4);
+    CHECK(view.code() == errc::invalid_argument);
+    CHECK(view.detail() == std::string("rank 1's buffer for all_reduce is not ") + (reading ? "readable" : "writable") +
+                               " in its process (a view of 4000 bytes; the " + (reading ? "read" : "write") +
+                               " at byte 64 failed: " + std::strerror(EFAULT) + "): a view longer than its memory?");
+    errno = EFAULT;
+    const error left = cm::unreachable(where, gone, 1, a, 0, 4);
+    CHECK(left.code() == errc::aborted);
+    CHECK(left.detail().find(reading ? "while this rank was reading its buffers" : "while this rank was writing into its buffers") !=
+          std::string::npos);
+    errno = ESRCH;
+    const error lost = cm::unreachable(where, r, 1, a, 0, 4);
+    CHECK(lost.code() == errc::peer_lost);
+    CHECK(lost.detail() == std::string("cannot ") + (reading ? "read" : "write") + " rank 1's memory any more (" +
+                               std::strerror(ESRCH) + "; its process ended?)");
+  }
 }

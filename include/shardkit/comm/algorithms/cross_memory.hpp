@@ -320,6 +320,11 @@ bool open_session(p2p_op<T>& op, const std::byte* in, std::size_t in_bytes, cons
   return true;
 }
 
+//! Which way a kernel copy of a peer's memory went (process_vm_readv or _writev), for its failure's words.
+enum class access : bool { read, write };
+inline const char* verb(access a) noexcept { return a == access::read ? "read" : "write"; }
+inline const char* doing_with(access a) noexcept { return a == access::read ? "reading its buffers" : "writing into its buffers"; }
+
 inline error left_call(const error_context& where, int p, const char* doing) {
   return error(errc::aborted,
                "rank " + std::to_string(p) + " left this collective (it failed or timed out) while this rank was " +
@@ -332,7 +337,7 @@ inline error left_call(const error_context& where, int p, const char* doing) {
 template <transport::p2p T>
 void check_peers_stayed(p2p_op<T>& op, const session& s) {
   for (int p = 0; p < op.n(); ++p)
-    if (p != op.me() && !still_there(s.peers[std::size_t(p)])) throw op.naming_lost_members(left_call(op.context(p), p, "reading its buffers"), p);
+    if (p != op.me() && !still_there(s.peers[std::size_t(p)])) throw op.naming_lost_members(left_call(op.context(p), p, doing_with(access::read)), p);
 }
 
 //! Bytes written into peers' outputs between two checks that they are still in the call.
@@ -354,10 +359,10 @@ void close_session(p2p_op<T>& op, const session& s) {
 }
 
 //! Called right after the failed transfer, so errno is the kernel's reason.
-inline error lost(const error_context& where, int p, const char* what) {
+inline error lost(const error_context& where, int p, access a) {
   const int reason = errno;
   return error(errc::peer_lost,
-               std::string("cannot ") + what + " rank " + std::to_string(p) + "'s memory any more (" +
+               std::string("cannot ") + verb(a) + " rank " + std::to_string(p) + "'s memory any more (" +
                    (reason ? std::strerror(reason) : "short transfer") + "; its process ended?)",
                where);
 }
@@ -367,29 +372,29 @@ inline error lost(const error_context& where, int p, const char* what) {
 //! means p's buffer is not mapped there, a view longer than its memory: errc::invalid_argument naming p, the op and
 //! the bytes, not a lost peer. EFAULT from a process that is alive but left the call (it failed first, on its own
 //! view or a peer's): left_call. Anything else (the process ended): lost().
-inline error unreachable(const error_context& where, const record& r, int p, const char* what, std::size_t offset,
+inline error unreachable(const error_context& where, const record& r, int p, access a, std::size_t offset,
                          std::size_t es) {
   const int reason = errno;
-  const bool reading = std::strcmp(what, "read") == 0;
+  const bool reading = a == access::read;
   if (reason == EFAULT && !still_there(r) && (::kill(pid_t(r.pid), 0) == 0 || errno == EPERM))
-    return left_call(where, p, reading ? "reading its buffers" : "writing into its buffers");
+    return left_call(where, p, doing_with(a));
   if (reason == EFAULT && still_there(r))
     return error(errc::invalid_argument,
                  "rank " + std::to_string(p) + "'s buffer for " + where.operation + " is not " +
                      (reading ? "readable" : "writable") + " in its process (a view of " +
-                     std::to_string(r.count * es) + " bytes; the " + what + " at byte " + std::to_string(offset) +
+                     std::to_string(r.count * es) + " bytes; the " + verb(a) + " at byte " + std::to_string(offset) +
                      " failed: " + std::strerror(reason) + "): a view longer than its memory?",
                  where);
   errno = reason;
-  return lost(where, p, what);
+  return lost(where, p, a);
 }
 
 //! Throws unreachable(): a peer that left or was lost with the other members found lost (naming_lost_members), a
 //! view past its memory as it is.
 template <transport::p2p T>
-[[noreturn]] void throw_unreachable(p2p_op<T>& op, const record& r, int p, const char* what, std::size_t offset,
+[[noreturn]] void throw_unreachable(p2p_op<T>& op, const record& r, int p, access a, std::size_t offset,
                                     std::size_t es) {
-  error e = unreachable(op.context(p), r, p, what, offset, es);
+  error e = unreachable(op.context(p), r, p, a, offset, es);
   if (e.code() != errc::invalid_argument) throw op.naming_lost_members(std::move(e), p);
   throw e;
 }
@@ -422,20 +427,20 @@ void reduce_block(p2p_op<T>& op, const session& s, const std::byte* in, std::byt
     dsts.assign({dst + done * es});
     if (push && (unchecked += len) > write_span_bytes) {
       for (int p = 0; p < n; ++p)
-        if (p != me && !still_there(s.peers[std::size_t(p)])) throw op.naming_lost_members(left_call(op.context(p), p, "writing into its buffers"), p);
+        if (p != me && !still_there(s.peers[std::size_t(p)])) throw op.naming_lost_members(left_call(op.context(p), p, doing_with(access::write)), p);
       unchecked = len;
     }
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
       const std::byte* theirs = s.input(p, offset, len, staged + std::size_t(p) * slot_bytes);
-      if (!theirs) throw_unreachable(op, s.peers[std::size_t(p)], p, "read", offset, es);
+      if (!theirs) throw_unreachable(op, s.peers[std::size_t(p)], p, access::read, offset, es);
       srcs.push_back(theirs);
       if (push && s.out[std::size_t(p)]) dsts.push_back(s.out[std::size_t(p)] + offset);
     }
     reduce_into_all(rop, type, srcs, dsts, k, n);
     for (int p = 0; push && p < n; ++p)
       if (p != me && !s.out[std::size_t(p)] && !write_remote(s.peers[std::size_t(p)].pid, s.peers[std::size_t(p)].out + offset, dsts[0], len))
-        throw_unreachable(op, s.peers[std::size_t(p)], p, "write", offset, es);
+        throw_unreachable(op, s.peers[std::size_t(p)], p, access::write, offset, es);
   }
 }
 
@@ -496,14 +501,14 @@ bool cross_memory_all_gather(p2p_op<T>& op, const std::byte* in, std::byte* out,
     if (out + at != in) dsts.push_back(out + at + done);
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
-      if (!still_there(s.peers[std::size_t(p)])) throw op.naming_lost_members(left_call(op.context(p), p, "writing into its buffers"), p);
+      if (!still_there(s.peers[std::size_t(p)])) throw op.naming_lost_members(left_call(op.context(p), p, doing_with(access::write)), p);
       if (s.out[std::size_t(p)]) dsts.push_back(s.out[std::size_t(p)] + at + done);
     }
     const std::byte* const src = in + done;
     if (!dsts.empty()) reduce_into_all(reduce_op::sum, dtype::u8, std::span<const std::byte* const>(&src, 1), dsts, k);
     for (int p = 0; p < n; ++p)
       if (p != me && !s.out[std::size_t(p)] && !write_remote(s.peers[std::size_t(p)].pid, s.peers[std::size_t(p)].out + at + done, src, k))
-        throw_unreachable(op, s.peers[std::size_t(p)], p, "write", at + done, es);
+        throw_unreachable(op, s.peers[std::size_t(p)], p, access::write, at + done, es);
   }
   close_session(op, s);
   return true;
