@@ -332,12 +332,22 @@ inline error left_call(const error_context& where, int p, const char* doing) {
                where);
 }
 
+//! Peer p left the call while this rank was `doing` something with its buffers: it failed first, and the cause it
+//! sent the group before it left (a view past its memory: throw_unreachable) is this rank's error too. It is waited
+//! for up to session::leave_grace (that peer's own error reaches its caller no sooner: it waits as long as it
+//! leaves); none: errc::aborted, left_call.
+template <transport::p2p T>
+[[noreturn]] void throw_left(p2p_op<T>& op, int p, const char* doing) {
+  op.throw_peers_cause(session::leave_grace);
+  throw op.naming_lost_members(left_call(op.context(p), p, doing), p);
+}
+
 //! After reading peers' memory: every peer must still be inside this call, or what was read may be a buffer its
 //! caller already had back (errc::aborted naming the peer, and this rank's result is not to be trusted).
 template <transport::p2p T>
 void check_peers_stayed(p2p_op<T>& op, const session& s) {
   for (int p = 0; p < op.n(); ++p)
-    if (p != op.me() && !still_there(s.peers[std::size_t(p)])) throw op.naming_lost_members(left_call(op.context(p), p, doing_with(access::read)), p);
+    if (p != op.me() && !still_there(s.peers[std::size_t(p)])) throw_left(op, p, doing_with(access::read));
 }
 
 //! Bytes written into peers' outputs between two checks that they are still in the call.
@@ -389,13 +399,17 @@ inline error unreachable(const error_context& where, const record& r, int p, acc
   return lost(where, p, a);
 }
 
-//! Throws unreachable(): a peer that left or was lost with the other members found lost (naming_lost_members), a
-//! view past its memory as it is.
+//! Throws unreachable(): a peer that left with the cause it sent as it left (throw_left), one lost with the other
+//! members found lost (naming_lost_members), a view past its memory as it is, told first to every other rank: only
+//! this rank read it, and the others, which find this rank gone from the call (it leaves as this unwinds), fail
+//! with this cause instead of errc::aborted (throw_left).
 template <transport::p2p T>
 [[noreturn]] void throw_unreachable(p2p_op<T>& op, const record& r, int p, access a, std::size_t offset,
                                     std::size_t es) {
   error e = unreachable(op.context(p), r, p, a, offset, es);
+  if (e.code() == errc::aborted) throw_left(op, p, doing_with(a));
   if (e.code() != errc::invalid_argument) throw op.naming_lost_members(std::move(e), p);
+  op.fail_everywhere(errc::invalid_argument, e.detail());
   throw e;
 }
 
@@ -427,7 +441,7 @@ void reduce_block(p2p_op<T>& op, const session& s, const std::byte* in, std::byt
     dsts.assign({dst + done * es});
     if (push && (unchecked += len) > write_span_bytes) {
       for (int p = 0; p < n; ++p)
-        if (p != me && !still_there(s.peers[std::size_t(p)])) throw op.naming_lost_members(left_call(op.context(p), p, doing_with(access::write)), p);
+        if (p != me && !still_there(s.peers[std::size_t(p)])) throw_left(op, p, doing_with(access::write));
       unchecked = len;
     }
     for (int p = 0; p < n; ++p) {
@@ -501,7 +515,7 @@ bool cross_memory_all_gather(p2p_op<T>& op, const std::byte* in, std::byte* out,
     if (out + at != in) dsts.push_back(out + at + done);
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
-      if (!still_there(s.peers[std::size_t(p)])) throw op.naming_lost_members(left_call(op.context(p), p, doing_with(access::write)), p);
+      if (!still_there(s.peers[std::size_t(p)])) throw_left(op, p, doing_with(access::write));
       if (s.out[std::size_t(p)]) dsts.push_back(s.out[std::size_t(p)] + at + done);
     }
     const std::byte* const src = in + done;

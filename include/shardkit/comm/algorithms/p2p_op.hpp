@@ -257,6 +257,21 @@ class p2p_op : public op_members<T> {
     sends_.clear();
   }
 
+  //! Fails the group on every member with `code` and `what` (call_checker::fail_everywhere), for a fault this rank
+  //! found outside the op's messages whose cause its peers cannot learn otherwise (cross_memory: a peer's view past
+  //! its memory, read through the kernel); false without the call check.
+  bool fail_everywhere(errc code, const std::string& what) {
+    if (!checker_) return false;
+    checker_->fail_everywhere(code, what);
+    return true;
+  }
+  //! For a failure found outside the op's waits (cross_memory: a peer gone from the call): throws the cause a peer
+  //! sent the group as it failed (a mismatch's poison, fail_everywhere's word) if it lands within `grace` (and the
+  //! deadline), else returns and the caller throws what it found.
+  void throw_peers_cause(std::chrono::milliseconds grace) {
+    if (checker_) throw_mismatch_behind(true, grace);
+  }
+
   using base::naming_lost_members;
   //! op_members::naming_lost_members, waiting for the transport's word on a lost member at most to this op's
   //! deadline.
@@ -327,10 +342,10 @@ class p2p_op : public op_members<T> {
   //! another size than the receive it met (loopback fails the send too), a peer that found the mismatch, poisoned
   //! the group and left. Throws the mismatch instead where one shows: the group's poison; a first message from a
   //! peer that landed but was not read yet (this rank finds it itself); or, with `await` (the error is such a one:
-  //! protocol, a lost peer), the poison that arrives within poison_grace (the finder sends it before it throws),
+  //! protocol, a lost peer), the poison that arrives within `grace` (the finder sends it before it throws),
   //! blocked on until it lands (call_checker::wait_poisoned), not polled.
   //! So every rank's error names both calls, whichever of its waits failed first (docs/concepts.md).
-  [[gnu::cold, gnu::noinline]] void throw_mismatch_behind(bool await) {
+  [[gnu::cold, gnu::noinline]] void throw_mismatch_behind(bool await, std::chrono::milliseconds grace = poison_grace) {
     for (int r = 0; r < n() && !checker_->poisoned(); ++r) {
       if (r == me_) continue;
       auto& pc = checker_->contact_of(members_[std::size_t(r)]);
@@ -338,7 +353,7 @@ class p2p_op : public op_members<T> {
       const completion* frame = posted_frame(pc);
       if (frame && frame->is_done() && !frame->has_failed()) verify_frame<false>(pc, r, *frame);  // throws if it differs
     }
-    if (await) checker_->wait_poisoned(std::min(deadline_after(poison_grace), until_));
+    if (await) checker_->wait_poisoned(std::min(deadline_after(grace), until_));
     checker_->throw_if_poisoned(context(-1));
   }
   //! How long a failed wait waits for a mismatch's poison (throw_mismatch_behind): a message's trip between two
