@@ -34,6 +34,12 @@ for bad in "abc 1" "3 0" "3x 1"; do
   grep -qE "(STEPS|SAVE_EVERY) wants a whole number from 1, got '(abc|0|3x)'" "$work/bad.txt" ||
     { echo "FAIL: STEPS SAVE_EVERY = $bad: not named"; cat "$work/bad.txt"; exit 1; }
 done
+# A checkpoint location's errors name it (they said "the sink's root"): here every index of a copy is damaged.
+cp -r "$work/ckpt" "$work/ckpt-bad"
+for f in "$work"/ckpt-bad/*/index.json; do echo garbage >"$f"; done
+if "$run" -n 1 -- "$example" "$work/data" "$work/ckpt-bad" 3 1 >"$work/bad.txt" 2>&1; then echo "FAIL: damaged indexes loaded"; exit 1; fi
+grep -q "no complete checkpoint under '$work/ckpt-bad' loads" "$work/bad.txt" ||
+  { echo "FAIL: the damaged location is not named:"; cat "$work/bad.txt"; exit 1; }
 # By hand, as torchrun's variables start it (no launcher to stop the others): rank 1 refuses its STEPS, and rank 0,
 # waiting for it to join, fails at once naming it and why; it waited its whole SHARDKIT_STORE_TIMEOUT (5 min).
 source "$src/scripts/lib/free_port.sh"
