@@ -1,4 +1,5 @@
 #include <doctest/doctest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -13,6 +14,7 @@
 #include <iostream>
 #include <optional>
 #include <regex>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,6 +80,33 @@ bool shm_name_exists(const std::string& session, int rank) {
   return ::stat(("/dev/shm/shardkit." + session + "." + std::to_string(rank)).c_str(), &st) == 0;
 }
 
+// Pins this thread, and the threads it starts meanwhile (ranks, progress threads), to one of the CPUs it may use,
+// and keeps `busy` threads of its own priority spinning there (restored on destruction): a core that other work
+// wants as much as the transport does, as on a CI machine running two suites beside builds.
+struct one_busy_core {
+  cpu_set_t saved{};
+  bool pinned = false;
+  std::vector<std::jthread> busy;
+  explicit one_busy_core(int threads) {
+    if (::sched_getaffinity(0, sizeof saved, &saved) != 0) return;
+    int cpu = 0;
+    while (cpu < CPU_SETSIZE - 1 && !CPU_ISSET(cpu, &saved)) ++cpu;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pinned = ::sched_setaffinity(0, sizeof one, &one) == 0;
+    for (int i = 0; pinned && i < threads; ++i)
+      busy.emplace_back([](std::stop_token stop) {
+        while (!stop.stop_requested()) {
+        }
+      });
+  }
+  ~one_busy_core() {
+    busy.clear();  // stopped and joined
+    if (pinned) ::sched_setaffinity(0, sizeof saved, &saved);
+  }
+};
+
 // One rank's half of an exchange of every size in `sizes` with `peer`, in both directions at once.
 void exchange_sizes(shm_transport& t, int peer, const std::vector<std::size_t>& sizes, bool recv_first) {
   std::vector<std::vector<std::byte>> out, in;
@@ -97,7 +126,19 @@ void exchange_sizes(shm_transport& t, int peer, const std::vector<std::size_t>& 
     std::this_thread::sleep_for(50ms);  // let them arrive unexpected
     post_recvs();
   }
-  for (auto& c : ops) wait_ok(c, 15s);
+  try {
+    for (auto& c : ops) wait_ok(c, 15s);
+  } catch (...) {
+    // Fail what is still pending before its buffers go, or the progress thread writes into freed memory (SIGSEGV).
+    t.abort(std::current_exception());
+    for (auto& c : ops) {
+      try {
+        c.wait_for(5s);
+      } catch (...) {  // failed by the abort, as it should
+      }
+    }
+    throw;
+  }
   const std::size_t recv_base = recv_first ? 0 : sizes.size();
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     const auto& c = ops[recv_base + i];
@@ -206,6 +247,16 @@ TEST_CASE("[shm] sizes 0, 1, odd and larger than the ring travel both ways, recv
     o.ring_bytes = 4096;
     recv_first = false;
   }
+  // Each 4 KiB is a handoff between the two progress threads. Their polls yielded the core, and on a core that
+  // other threads want each yield waited out their time slices: 4 busy threads made 16 MiB take ~25 s (a CI run
+  // at load 16-17 failed here); now a thread whose yields keep losing the core sleeps on its futex instead.
+  int busy = 0;
+  SUBCASE("4 KiB ring on one core beside 4 busy threads") {
+    o.ring_bytes = 4096;
+    busy = 4;
+  }
+  std::optional<one_busy_core> core;
+  if (busy) core.emplace(busy);
   auto ts = make_world(2, o);
   test::run_threads(2, [&](int r) { exchange_sizes(*ts[std::size_t(r)], 1 - r, sizes, recv_first); });
 }

@@ -26,7 +26,8 @@
 //! |                      | not block on another operation of this transport                                   |
 //! | progress             | one thread per transport: polls the rings for `spin` after the last activity       |
 //! |                      | (yielding the core between polls), then sleeps on a futex in shared memory, so an  |
-//! |                      | idle rank uses no CPU                                                              |
+//! |                      | idle rank uses no CPU; while its yields keep losing the core to other threads      |
+//! |                      | (oversubscribed cores), it sleeps at once instead (detail::shm::spin_gate)         |
 //! | lost peer            | a peer that closed or aborted its transport, or whose process exited (checked      |
 //! |                      | every `heartbeat` while operations are pending), fails its pending and later       |
 //! |                      | operations with errc::peer_lost naming it; messages it had fully sent stay         |
@@ -83,6 +84,7 @@ struct shm_options {
   std::size_t eager_bytes = 64 * 1024;
   //! After the last progress, the progress thread polls this long (sched_yield between polls) before sleeping
   //! on its futex: back-to-back messages then skip a futex wake-up (docs/design.md, "The transports' defaults").
+  //! Not while most of its recent yields outlasted it (the core went to another thread's time slice).
   std::chrono::microseconds spin{50};
   //! While operations are pending, peer processes are checked for liveness this often.
   std::chrono::milliseconds heartbeat{100};

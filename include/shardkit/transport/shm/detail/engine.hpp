@@ -262,11 +262,12 @@ class engine : public std::enable_shared_from_this<engine> {
         } else if (!idle) {
           idle = true;
           idle_since = now;
-        } else if (now - idle_since < cfg_.spin) {
+        } else if (now - idle_since < cfg_.spin && spin_gate_.open(now)) {
           // Yield rather than pause: when cores are oversubscribed, the thread this rank waits for (the caller
           // about to post the next operation, or a peer's progress thread) may need this very core; pause-spinning
-          // made a small round trip several times slower (docs/design.md, "The transports' defaults").
-          std::this_thread::yield();
+          // made a small round trip several times slower. Unless yields keep losing the core: spin_gate
+          // (docs/design.md, "The transports' defaults").
+          spin_gate_.yield(cfg_.spin);
         } else {
           sleep();
           idle = false;
@@ -588,6 +589,7 @@ class engine : public std::enable_shared_from_this<engine> {
 
   // Progress thread only.
   bool flushed_ = false;  // every queued send went into the rings before the transport closed
+  spin_gate spin_gate_;
   std::vector<bool> gone_;
   steady_clock::time_point next_heartbeat_{};
 };
