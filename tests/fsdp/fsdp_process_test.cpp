@@ -94,6 +94,31 @@ SHARDKIT_SCENARIO(fsdp_trains_like_one_rank) {
   world.group.barrier().wait();
 }
 
+// sharding_options::keep_parameters_before where it applies (one unit, toy::trainer_shaped_widths, 2 ranks), ranks as
+// processes over shm: the last unit kept whole and the block before it its parameters alone, so each step's backward
+// gathers 2 units fewer than with the option off; the same losses and parameters as off, bit for bit, and as 1 rank;
+// the limiter never past its budget.
+SHARDKIT_SCENARIO(fsdp_keeps_parameters_before) {
+  auto world = sk::comm::init_process_group("shm");
+  const auto& widths = toy::trainer_shaped_widths;
+  fsdp::sharding_options on{.limiter_budget_units = 1}, off = on;
+  off.keep_parameters_before = false;
+  const auto with = toy::train(world.group, on, steps, 1, toy::optimizer_kind::adamw, widths);
+  const auto without = toy::train(world.group, off, steps, 1, toy::optimizer_kind::adamw, widths);
+  SCENARIO_CHECK(with.kept_for_backward == 1 && with.parameters_kept_before);
+  SCENARIO_CHECK(without.kept_for_backward == 0 && !without.parameters_kept_before);
+  SCENARIO_CHECK(without.stats.gathers - with.stats.gathers == std::uint64_t(2 * steps));
+  SCENARIO_CHECK(with.stats.limiter.peak_bytes <= with.stats.limiter.budget_bytes);
+  SCENARIO_CHECK(with.stats.peak_bytes() <= with.stats.budget_bytes);
+  SCENARIO_CHECK(with.losses == without.losses);
+  SCENARIO_CHECK(with.final_params == without.final_params);
+  if (world.group.rank() == 0) {
+    auto one = sk::comm::make_loopback_world(1);
+    require_close(with, toy::train(one[0], {}, steps, 1, toy::optimizer_kind::adamw, widths), 1e-5, 1e-4);
+  }
+  world.group.barrier().wait();
+}
+
 // Passes left early on every rank (abandon_cases.hpp), ranks as processes over shm: FSDP_TEST_ABANDON is
 // "kind budget iterations [uneven]".
 SHARDKIT_SCENARIO(fsdp_passes_left_early) {
@@ -183,6 +208,11 @@ TEST_CASE("[fsdp] ranks as processes over shm: every strategy trains like 1 rank
 // the limiter) stops the progress lines (abandon_cases.hpp): the ranks are killed once none was written for 60 s,
 // not at a total a loaded machine can outlast (a run was killed at 120 s once, its output unable to tell which).
 constexpr auto abandon_limit = std::chrono::seconds(600), abandon_quiet = std::chrono::seconds(60);
+
+TEST_CASE("[fsdp] ranks as processes over shm: keep_parameters_before at one unit gathers 2 units fewer a step, trains like off and like 1 rank") {
+  sk::test::require_all_succeeded(sk::test::run_processes(2, "fsdp_keeps_parameters_before",
+                                                          {{"SHARDKIT_TIMEOUT_MS", "60000"}}, std::chrono::seconds(120)));
+}
 
 TEST_CASE("[fsdp] ranks as processes: passes left early on every rank keep the ranks in step (random delays)") {
   for (int kind : {0, 1, 2})

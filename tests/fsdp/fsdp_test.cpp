@@ -176,6 +176,65 @@ TEST_CASE("[fsdp] the limiter's peak stays within its budget and prefetch waits 
   });
 }
 
+TEST_CASE("[fsdp] keep_parameters_before at one unit, 2 ranks, the trainer's shape: 6 backward gathers a step, not 8; "
+          "trains like 1 rank and like the option off, within budget") {
+  // 8 units as the example trainer's at width 256 (toy::trainer_shaped_widths): at one unit none is kept whole
+  // beside a block, so without the option backward gathers all 8 again; with it (the default) the last unit is
+  // kept whole and the block before it its parameters alone, so backward gathers units 0-5 only. Counted per unit
+  // and per rank from the model's events, so a model that ignored the option fails here, not only in a benchmark.
+  using kind = fsdp::model_event::kind;
+  const auto& widths = toy::trainer_shaped_widths;
+  const std::size_t units = widths.size() - 1;
+  constexpr int steps = 20;
+  const auto train = [&](int n, fsdp::sharding_options o, std::vector<std::vector<int>>* backward_gathers) {
+    auto groups = sk::comm::make_loopback_world(n);
+    std::vector<toy::run_result> results(static_cast<std::size_t>(n));
+    std::vector<std::vector<std::atomic<int>>> counts(static_cast<std::size_t>(n));
+    for (auto& c : counts) c = std::vector<std::atomic<int>>(units);
+    sk::test::run_threads(n, [&](int r) {
+      fsdp::sharding_options mine = o;
+      mine.on_event = [&c = counts[std::size_t(r)]](const fsdp::model_event& e) {
+        if (e.what == kind::gather && e.pass == fsdp::pass::backward) ++c[e.unit];
+      };
+      results[std::size_t(r)] = toy::train(groups[std::size_t(r)], mine, steps, 1, toy::optimizer_kind::adamw, widths);
+    });
+    for (int r = 1; r < n; ++r) CHECK(results[std::size_t(r)].losses == results[0].losses);
+    if (backward_gathers) {
+      backward_gathers->assign(std::size_t(n), std::vector<int>(units));
+      for (std::size_t r = 0; r < std::size_t(n); ++r)
+        for (std::size_t i = 0; i < units; ++i) (*backward_gathers)[r][i] = counts[r][i].load();
+    }
+    for (const auto& res : results) {
+      CHECK(res.stats.limiter.peak_bytes <= res.stats.limiter.budget_bytes);
+      CHECK(res.stats.peak_bytes() <= res.stats.budget_bytes);
+    }
+    return results[0];
+  };
+  const auto reference = train(1, {}, nullptr);
+  CHECK(reference.losses.back() < 0.8 * reference.losses.front());  // it does train
+  fsdp::sharding_options on{.limiter_budget_units = 1}, off = on;
+  off.keep_parameters_before = false;
+  std::vector<std::vector<int>> gathers_on, gathers_off;
+  const auto with = train(2, on, &gathers_on);
+  const auto without = train(2, off, &gathers_off);
+  CHECK(with.kept_for_backward == 1);
+  CHECK(with.parameters_kept_before);
+  CHECK(without.kept_for_backward == 0);
+  CHECK_FALSE(without.parameters_kept_before);
+  for (std::size_t r = 0; r < 2; ++r)
+    for (std::size_t i = 0; i < units; ++i) {
+      CAPTURE(r);
+      CAPTURE(i);
+      CHECK(gathers_on[r][i] == (i < units - 2 ? steps : 0));
+      CHECK(gathers_off[r][i] == steps);
+    }
+  CHECK(without.stats.gathers - with.stats.gathers == std::uint64_t(2 * steps));
+  // The same values gathered and summed in the same order: bit for bit the option off, and the 1-rank run's.
+  CHECK(with.losses == without.losses);
+  CHECK(with.final_params == without.final_params);
+  check_close(with, reference, 1e-5);
+}
+
 TEST_CASE("[fsdp] the timeline: every gather, use and reduction of a step, in order, gathers one at a time") {
   using kind = fsdp::model_event::kind;
   auto groups = sk::comm::make_loopback_world(2);

@@ -21,9 +21,13 @@ namespace fsdp = shardkit::fsdp;
 
 // widths[k] -> widths[k+1] per unit: 7 units.
 inline const std::vector<std::size_t> widths = {5, 9, 7, 3, 11, 6, 4, 5};
+// The example trainer's shape at width 256 (8 units: a small first one, 6 equal blocks, a last one under a quarter of
+// a block): at a budget of one unit the last unit is kept whole and the block before it keeps its parameters alone
+// (sharding_options::keep_parameters_before), which the default widths never give at 2 ranks.
+inline const std::vector<std::size_t> trainer_shaped_widths = {4, 24, 24, 24, 24, 24, 24, 24, 4};
 inline constexpr int global_rows = 12;  // divisible by 1, 2, 3 and 4 ranks
 
-inline std::vector<fsdp::unit_spec> units() {
+inline std::vector<fsdp::unit_spec> units(const std::vector<std::size_t>& widths = toy::widths) {
   std::vector<fsdp::unit_spec> out;
   for (std::size_t k = 0; k + 1 < widths.size(); ++k) {
     const std::string n = "layer" + std::to_string(k);
@@ -74,9 +78,10 @@ struct host_access {
 };
 
 // One micro-batch: rows [first, first + n) of the step's global batch; gradients scaled by `scale` (1 / number
-// of micro-batches). Returns the mean loss over those rows.
+// of micro-batches). Returns the mean loss over those rows. `widths`: the model's, as units(widths) built it.
 template <class Access = host_access>
-double forward_backward(fsdp::sharded_model& model, int step, int first, int n, bool sync, float scale = 1) {
+double forward_backward(fsdp::sharded_model& model, int step, int first, int n, bool sync, float scale = 1,
+                        const std::vector<std::size_t>& widths = toy::widths) {
   const std::size_t L = widths.size() - 1;
   std::vector<std::vector<float>> acts(L + 1);  // acts[k]: input of unit k, row-major n x widths[k]
   acts[0].resize(std::size_t(n) * widths[0]);
@@ -125,6 +130,9 @@ double forward_backward(fsdp::sharded_model& model, int step, int first, int n, 
 struct run_result {
   std::vector<double> losses;                           // global mean loss per step
   std::map<std::string, std::vector<float>> final_params;  // on rank 0
+  fsdp::model_stats stats;                              // this rank's, after the last step
+  std::size_t kept_for_backward = 0;                    // sharded_model::kept_for_backward()
+  bool parameters_kept_before = false;                  // sharded_model::parameters_kept_before()
 };
 
 enum class optimizer_kind { sgd, adamw };
@@ -132,8 +140,8 @@ enum class optimizer_kind { sgd, adamw };
 // `steps` optimizer steps over the global batch split evenly over the ranks, in `micro` micro-batches.
 template <class Access = host_access>
 run_result train(comm::process_group& world, fsdp::sharding_options o, int steps, int micro = 1,
-                 optimizer_kind opt_kind = optimizer_kind::adamw) {
-  fsdp::sharded_model model(world, units(), o);
+                 optimizer_kind opt_kind = optimizer_kind::adamw, const std::vector<std::size_t>& widths = toy::widths) {
+  fsdp::sharded_model model(world, units(widths), o);
   model.init_parameters(init);
   std::optional<fsdp::adamw> adam;
   std::optional<fsdp::sgd> sgd;
@@ -147,7 +155,7 @@ run_result train(comm::process_group& world, fsdp::sharding_options o, int steps
     double loss = 0;
     for (int m = 0; m < micro; ++m)
       loss += forward_backward<Access>(model, s, world.rank() * per_rank + m * per_micro, per_micro, m + 1 == micro,
-                               1.0f / float(micro));
+                                       1.0f / float(micro), widths);
     out.losses.push_back(model.mean_over_ranks(loss / micro));
     model.clip_grad_norm(1.0);
     if (adam)
@@ -157,6 +165,9 @@ run_result train(comm::process_group& world, fsdp::sharding_options o, int steps
     model.zero_grad();
   }
   out.final_params = model.full_state();
+  out.stats = model.stats();
+  out.kept_for_backward = model.kept_for_backward();
+  out.parameters_kept_before = model.parameters_kept_before();
   return out;
 }
 
