@@ -586,6 +586,43 @@ TEST_CASE("[fsdp] acquire_leaving places a block where, alone in the region, it 
   CHECK(lim.stats().peak_bytes <= lim.budget());
 }
 
+TEST_CASE("[fsdp] acquire_at_top places a block as a small one, whatever its size: held long, it leaves the rest one run") {
+  // A unit kept from forward for backward (sharding_options::keep_last_units) asked for after the forward's first
+  // blocks: first fit puts it right above them, where it splits the region once they are given back; at the top,
+  // the rest stays one run (fsdp_plan_test's "never grows" case: backward's next gather waited for that run).
+  for (bool at_top : {false, true}) {
+    CAPTURE(at_top);
+    rate_limiter lim(blocks_of_64(16));
+    auto a = lim.try_acquire(3 * 64), b = lim.try_acquire(4 * 64);  // [0,3) [3,7)
+    REQUIRE((a && b));
+    std::vector<lease> got;
+    const auto kept = [&]() -> task<void> {
+      if (at_top)
+        got.push_back(co_await lim.acquire_at_top(4 * 64, "kept"));
+      else
+        got.push_back(co_await lim.acquire(4 * 64, "kept"));
+    };
+    start_detached(kept()).get();
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].offset() == (at_top ? 12 * 64 : 7 * 64));
+    a.reset(), b.reset();
+    CHECK(bool(lim.try_acquire(12 * 64)) == at_top);
+  }
+  // It waits as acquire() would, for any hole that holds it, and takes that hole's top end.
+  rate_limiter lim(blocks_of_64(8));
+  auto x = lim.try_acquire(6 * 64), y = lim.try_acquire(2 * 64);  // [0,6) [6,8)
+  REQUIRE((x && y));
+  std::vector<lease> got;
+  const auto kept = [&]() -> task<void> { got.push_back(co_await lim.acquire_at_top(4 * 64, "kept")); };
+  auto f = start_detached(kept());
+  CHECK(got.empty());
+  x.reset();  // hole [0,6)
+  f.get();
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].offset() == 2 * 64);
+  CHECK(lim.stats().peak_bytes <= lim.budget());
+}
+
 TEST_CASE("[fsdp] the unit before the kept ones keeps its parameters: no placement deadlocks the kept blocks, and its "
           "gradients then fit (every placement searched)") {
   // detail::kept_at_the_turn: that unit's parameters go anywhere that leaves a run for its gradients alone

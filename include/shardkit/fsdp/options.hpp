@@ -166,7 +166,8 @@ struct sharding_options {
   //! reshard its root, and torchtitan its last block, after forward). Backward then starts without waiting for an
   //! all-gather, its first gather overlaps the kept units' backward compute, and the step moves their parameters
   //! once less. A kept unit's forward gather takes its unsharded gradients' buffer too (one request, so that a
-  //! budget of one unit cannot deadlock on a fragmented region), held until its reduction. How many are kept
+  //! budget of one unit cannot deadlock on a fragmented region, at the region's top, where it splits no room the
+  //! others need), held until its reduction. How many are kept
   //! follows from the unit sizes and the budget alone, the same on every rank (sharded_model::kept_for_backward()):
   //! as few as hold the largest unit's parameters, while a largest unit still fits beside them, and none where the
   //! budget cannot guarantee it (often none at one unit). They are given back when something other than the

@@ -17,7 +17,7 @@
 //!     its parameters and gradients as one request, or as two in turn where the region rules out a deadlock
 //!     (detail::backward_requests_apart), as the model does, a unit's gradients after the next unit's parameters
 //!     where detail::gradients_after_next_parameters allows it (those parameters placed as the model's limiter
-//!     places them, with room for the gradients beside the unit's). The limiter is the library's own region (first fit, small blocks from the top) with its
+//!     places them, with room for the gradients beside the unit's). The limiter is the library's own region (first fit, small blocks and the kept units' from the top) with its
 //!     count cap (detail::region_blocks), its budget derived by the function sharded_model derives it with
 //!     (detail::limiter_budget), which also gives the planner the model's refusals, word for word.
 //!   - the gather group: its all-gathers one at a time, in issue order.

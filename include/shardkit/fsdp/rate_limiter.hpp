@@ -100,6 +100,7 @@ struct limiter_request {
   std::size_t bytes = 0;  // padded
   std::string label;
   std::optional<room_beside> room;
+  bool at_top = false;  // placed as a small request is, whatever its size (basic_rate_limiter::acquire_at_top)
 };
 
 //! The device a region lives on: its location() where the memory type says (device memory), else the host.
@@ -133,7 +134,7 @@ class region_blocks {
     if (q.bytes != 0) {
       // The placement rule's spot (first fit, small requests last fit); with a room condition, the first spot in
       // that order, either end of a hole, that meets it.
-      const bool small = q.bytes < small_;
+      const bool small = q.bytes < small_ || q.at_top;
       std::optional<std::size_t> at;
       const auto consider = [&](const auto& h) {
         if (h.second < q.bytes) return false;
@@ -381,6 +382,15 @@ class basic_rate_limiter {
                                   std::stop_token stop = {}) {
     auto q = request(bytes, label, "acquire_leaving");
     q.room = detail::room_beside{{}, padded(room)};
+    return sem_.acquire(std::move(q), std::move(stop), to_lease{this});
+  }
+  //! As acquire(), placed as a request below small_request_bytes is, whatever its size: at the top of the last hole
+  //! that holds it. For a block held while many others come and go (a unit's forward gather kept for its backward):
+  //! at the region's end it splits no hole that they need side by side. It waits for no more than acquire() would:
+  //! any hole that holds it will do, only the choice among them differs.
+  acquire_awaiter acquire_at_top(std::size_t bytes, std::string_view label = {}, std::stop_token stop = {}) {
+    auto q = request(bytes, label, "acquire_at_top");
+    q.at_top = true;
     return sem_.acquire(std::move(q), std::move(stop), to_lease{this});
   }
   //! As acquire(), blocking the calling thread (FIFO with the coroutines).

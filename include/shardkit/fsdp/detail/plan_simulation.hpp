@@ -380,6 +380,7 @@ class plan_simulation {
       if (j.room_for != model_event::no_unit)
         q.room = room_beside{*units_[j.room_for].params, units_[j.room_for].grads_bytes};
       if (j.leave_room != 0) q.room = room_beside{{}, j.leave_room};
+      q.at_top = j.pass == pass::forward && j.params && j.grads && kept(j.unit);  // sharded_model::run_gather's rule
       auto block = limiter_->try_take(q);
       if (!block) return moved;
       if (now_ > *head_since_ && j.step == 1) {

@@ -210,8 +210,16 @@ SHARDKIT_DECL task<void> sharded_model::run_gather(gather_job job) {
       // One request for both: holding the parameters while queueing for the gradients could wait forever
       // on a fragmented region (basic_rate_limiter::lease::split_front), unless the region rules that out
       // (detail::backward_requests_apart: queue_gather then queues them as two jobs).
-      auto both = co_await limiter_->acquire(params_bytes(u) + grads_bytes(u), label + " parameters and gradients",
-                                             job.stop);
+      // A kept unit's forward gather, held until its backward, goes to the region's top: first fit, just above the
+      // forward's first blocks, it split the room backward's next gathers need beside it (docs/fsdp.md). Two
+      // co_await statements: GCC 12 destroyed the awaiter of a conditional expression twice (a double free).
+      const std::size_t bytes = params_bytes(u) + grads_bytes(u);
+      const std::string what = label + " parameters and gradients";
+      gather_limiter::lease both;
+      if (job.p == pass::forward && kept(job.unit))
+        both = co_await limiter_->acquire_at_top(bytes, what, job.stop);
+      else
+        both = co_await limiter_->acquire(bytes, what, job.stop);
       emit(model_event::kind::limiter_wait, job.p, job.unit, queued);
       auto params = both.split_front(params_bytes(u));
       grads.emplace(std::move(both));
