@@ -223,6 +223,14 @@ struct process_group::impl {
     }
     refuse_foreign_thread(lock, name, collective);
   }
+  //! The group has no owner any more (unbind()); with `any`, none is taken either: any one thread at a time may
+  //! issue (allow_calls_from_any_thread()).
+  void release_owner(bool any) {
+    std::lock_guard lock(mutex);
+    owner = 0;
+    owner_bound = false;
+    any_thread = any;
+  }
   //! This thread's number, never reused: a std::thread::id may be, by a thread started after one that ended, which
   //! must not pass for that ended owner.
   static std::uint64_t this_thread_serial() noexcept {

@@ -117,21 +117,9 @@ SHARDKIT_DECL void process_group::bind_to_this_thread() {
   s.any_thread = false;
 }
 
-SHARDKIT_DECL void process_group::unbind() {
-  auto& s = self();
-  std::lock_guard lock(s.mutex);
-  s.owner = 0;
-  s.owner_bound = false;
-  s.any_thread = false;
-}
+SHARDKIT_DECL void process_group::unbind() { self().release_owner(false); }
 
-SHARDKIT_DECL void process_group::allow_calls_from_any_thread() {
-  auto& s = self();
-  std::lock_guard lock(s.mutex);
-  s.owner = 0;
-  s.owner_bound = false;
-  s.any_thread = true;
-}
+SHARDKIT_DECL void process_group::allow_calls_from_any_thread() { self().release_owner(true); }
 
 SHARDKIT_DECL void process_group::abort(const std::string& reason) {
   self().mark_broken(std::make_exception_ptr(error(errc::aborted, reason, self().context("abort"))));
