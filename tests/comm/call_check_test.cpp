@@ -277,6 +277,31 @@ TEST_CASE("[comm] a wait for the group's poison wakes as a peer's poison lands, 
   }
 }
 
+namespace {
+//! What one rank's mismatching call failed with.
+struct call_failure {
+  std::string what;
+  std::error_code code;
+};
+//! Two ranks of a loopback world issue an all_reduce whose call tags differ (0xa1 on rank 0, 0xb2 on rank 1), named
+//! by `names`: each rank's error, which must be there.
+std::array<call_failure, 2> mismatched_tags(const comm::call_tag_names& names) {
+  auto groups = comm::make_loopback_world(2, test_group_options());
+  std::array<call_failure, 2> said;
+  test::run_threads(2, [&](int r) {
+    std::vector<float> v(4, 1.0f);
+    const comm::op_options o{.timeout = std::chrono::seconds(20), .call_tag = r == 0 ? 0xa1u : 0xb2u, .tag_names = &names};
+    try {
+      groups[std::size_t(r)].all_reduce(buffer_view(std::span<float>(v)), reduce_op::sum, o).wait();
+      FAIL("tags that differ passed");
+    } catch (const error& e) {
+      said[std::size_t(r)] = {e.what(), e.code()};
+    }
+  });
+  return said;
+}
+}  // namespace
+
 // A caller that names its call tags (op_options::tag_names) sees its names in a mismatch's error and in the ERROR
 // line the group logs for it: before, the log line gave the raw tag ("call tag 0x...") where only the error, renamed
 // by the caller after the fact (fsdp), named the unit.
@@ -287,29 +312,17 @@ TEST_CASE("[comm] a mismatch of named call tags says the caller's names in the e
     }
     std::string hint() const override { return "Out of step?"; }
   } named;
-  auto groups = comm::make_loopback_world(2, test_group_options());
-  std::string said[2];
   test::stderr_capture log;
-  test::run_threads(2, [&](int r) {
-    std::vector<float> v(4, 1.0f);
-    const comm::op_options o{.timeout = std::chrono::seconds(20), .call_tag = r == 0 ? 0xa1u : 0xb2u,
-                             .tag_names = &named};
-    try {
-      groups[std::size_t(r)].all_reduce(buffer_view(std::span<float>(v)), reduce_op::sum, o).wait();
-      FAIL("tags that differ passed");
-    } catch (const error& e) {
-      CHECK(e.code() == errc::mismatch);
-      said[r] = e.what();
-    }
-  });
+  const auto said = mismatched_tags(named);
   log.restore();
   const std::string logged = log.text();
-  for (int r = 0; r < 2; ++r) {
-    CAPTURE(said[r]);
-    CHECK(said[r].find("for unit 'alpha'") != std::string::npos);
-    CHECK(said[r].find("for unit 'beta'") != std::string::npos);
-    CHECK(said[r].find("Out of step?") != std::string::npos);
-    CHECK(said[r].find("call tag 0x") == std::string::npos);
+  for (const auto& one : said) {
+    CAPTURE(one.what);
+    CHECK(one.code == errc::mismatch);
+    CHECK(one.what.find("for unit 'alpha'") != std::string::npos);
+    CHECK(one.what.find("for unit 'beta'") != std::string::npos);
+    CHECK(one.what.find("Out of step?") != std::string::npos);
+    CHECK(one.what.find("call tag 0x") == std::string::npos);
   }
   CAPTURE(logged);
   CHECK(logged.find("for unit 'alpha'") != std::string::npos);
@@ -331,33 +344,19 @@ TEST_CASE("[comm] a call_tag_names that throws or names a tag at length leaves t
   for (const bool throws : {true, false}) {
     named.throws = throws;
     CAPTURE(throws);
-    auto groups = comm::make_loopback_world(2, test_group_options());
-    std::string said[2];
-    bool mismatch[2]{};
     test::stderr_capture log;
-    test::run_threads(2, [&](int r) {
-      std::vector<float> v(4, 1.0f);
-      const comm::op_options o{.timeout = std::chrono::seconds(20), .call_tag = r == 0 ? 0xa1u : 0xb2u,
-                               .tag_names = &named};
-      try {
-        groups[std::size_t(r)].all_reduce(buffer_view(std::span<float>(v)), reduce_op::sum, o).wait();
-        FAIL("tags that differ passed");
-      } catch (const error& e) {
-        mismatch[r] = e.code() == errc::mismatch;
-        said[r] = e.what();
-      }
-    });
+    const auto said = mismatched_tags(named);
     log.restore();
-    for (int r = 0; r < 2; ++r) {
-      CAPTURE(said[r].substr(0, 2000));
-      CHECK(mismatch[r]);
-      CHECK(said[r].size() < 8 * 1024);
+    for (const auto& one : said) {
+      CAPTURE(one.what.substr(0, 2000));
+      CHECK(one.code == errc::mismatch);
+      CHECK(one.what.size() < 8 * 1024);
       if (throws) {
-        CHECK(said[r].find("call tag 0x00000000000000a1") != std::string::npos);
-        CHECK(said[r].find("could not be given") != std::string::npos);
-        CHECK(said[r].find("no names today") != std::string::npos);
+        CHECK(one.what.find("call tag 0x00000000000000a1") != std::string::npos);
+        CHECK(one.what.find("could not be given") != std::string::npos);
+        CHECK(one.what.find("no names today") != std::string::npos);
       } else {
-        CHECK(said[r].find(std::string(comm::call_tag_names::max_name, 'n') + "...") != std::string::npos);
+        CHECK(one.what.find(std::string(comm::call_tag_names::max_name, 'n') + "...") != std::string::npos);
       }
     }
     CHECK(log.text().size() < 32 * 1024);
