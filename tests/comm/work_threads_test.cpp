@@ -241,7 +241,7 @@ TEST_CASE("[comm] calls from any thread allowed: a collective issued from a seco
   }).join();
   // Names the group, both operations with their numbers, both threads, what not to trust, and the fix.
   CHECK(refused.find("broadcast (collective #1) was issued on group 'world' from thread " + thread_b.str() +
-                     " while all_reduce (#0) issued from thread " + thread_a.str() + " was pending") != std::string::npos);
+                     " while all_reduce (collective #0) issued from thread " + thread_a.str() + " was pending") != std::string::npos);
   CHECK(refused.find("the results of collectives #0 and later of this group, on every rank, may have paired across "
                      "threads and must not be trusted") != std::string::npos);
   CHECK(refused.find("give each thread its own group (dup())") != std::string::npos);

@@ -267,6 +267,15 @@ struct process_group::impl {
     refuse_thread(lock, name, what.str());
   }
 
+  //! The collectives still pending, as a refusal names them: "all_reduce (collective #4) issued from thread T (and
+  //! 2 more it issued, from #2)". Under `mutex`, with issued_pending > 0.
+  std::string pending_issue() const {
+    std::ostringstream what;
+    what << issuer_op << " (collective #" << next_seq - 1 << ") issued from thread " << issuer;
+    if (issued_pending > 1)
+      what << " (and " << issued_pending - 1 << " more it issued, from #" << next_seq - std::int64_t(issued_pending) << ")";
+    return what.str();
+  }
   //! Counts a collective issued by the thread that may issue (claim_thread), or refuses it; with calls from any
   //! thread, refuses it and breaks the group on every rank (refuse_thread) while collectives that another thread
   //! issued are pending. Returns the collective's number in issue order.
@@ -277,10 +286,9 @@ struct process_group::impl {
     if (issued_pending > 0 && issuer != me) [[unlikely]] {
       std::ostringstream what;
       what << name << " (collective #" << next_seq << ") was issued on group '" << opts.name << "' from thread " << me
-           << " while " << issuer_op << " (#" << next_seq - 1 << ") issued from thread " << issuer;
-      if (issued_pending > 1) what << " (and " << issued_pending - 1 << " more it issued, from #" << next_seq - std::int64_t(issued_pending) << ")";
-      what << " was pending: collectives pair up across ranks by issue order, which two threads issuing on one "
-              "group make differ between ranks, so the results of collectives #"
+           << " while " << pending_issue()
+           << " was pending: collectives pair up across ranks by issue order, which two threads issuing on one group "
+              "make differ between ranks, so the results of collectives #"
            << next_seq - std::int64_t(issued_pending)
            << " and later of this group, on every rank, may have paired across threads and must not be trusted "
               "(those still pending fail); issue a group's collectives from one thread at a time, or give each "

@@ -103,9 +103,8 @@ SHARDKIT_DECL void process_group::bind_to_this_thread() {
     // also catches a hand-over made while the old owner is still issuing, whose next call would be refused.
     std::ostringstream what;
     what << "bind_to_this_thread() was called on group '" << s.opts.name << "' from thread " << me << " while "
-         << s.issuer_op << " (collective #" << s.next_seq - 1 << ") issued from thread " << s.issuer;
-    if (s.issued_pending > 1) what << " (and " << s.issued_pending - 1 << " more it issued)";
-    what << " was pending: a group changes hands once the collectives its owner issued are done; wait for their "
+         << s.pending_issue()
+         << " was pending: a group changes hands once the collectives its owner issued are done; wait for their "
             "work, then call bind_to_this_thread() again. Nothing changed";
     lock.unlock();
     throw error(errc::invalid_argument, what.str(), s.context("bind_to_this_thread"));
