@@ -525,6 +525,29 @@ TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is ref
   job.check_unaffected();
 }
 
+namespace {
+//! Rank 1's error from a store on loopback that reads its hello and answers errc `said` with `text`, as a store's
+//! server refuses a client.
+shardkit::error refused_by(errc said, const std::string& text) {
+  const shardkit::test::loopback_listener listener(4);
+  const int l = listener.fd();
+  std::thread store([&] {
+    const int c = ::accept(l, nullptr, nullptr);
+    if (c < 0) return;
+    char buf[4096];
+    (void)::recv(c, buf, sizeof buf, 0);
+    const auto answer = rdv::detail::frame_writer(rdv::detail::store_status::error).u8(std::uint8_t(said)).str(text).take();
+    (void)::send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
+    ::close(c);
+  });
+  auto o = quick();
+  o.rank = 1;
+  auto e = expect_error([&] { rdv::tcp_store("127.0.0.1", listener.port(), o); });
+  store.join();
+  return e;
+}
+}  // namespace
+
 // A store of another shardkit refuses the hello for its protocol version, which is not an auth failure: the client's
 // error is errc::protocol naming both versions and saying that every process must run the same shardkit, whether
 // the store says it as errc::protocol (this one) or as errc::auth_failed (servers before it), and a wrong token stays
@@ -533,24 +556,7 @@ TEST_CASE("[rendezvous] tcp_store: a store of another protocol version is errc::
   const auto other = rdv::detail::store_protocol_version + 1;
   for (const errc said : {errc::protocol, errc::auth_failed}) {
     CAPTURE(int(said));
-    const shardkit::test::loopback_listener listener(4);
-    const int l = listener.fd();
-    std::thread store([&] {  // a store of another version: reads the hello, answers as its server refuses one
-      const int c = ::accept(l, nullptr, nullptr);
-      if (c < 0) return;
-      char buf[4096];
-      (void)::recv(c, buf, sizeof buf, 0);
-      const auto answer = rdv::detail::frame_writer(rdv::detail::store_status::error)
-                              .u8(std::uint8_t(said))
-                              .str(rdv::detail::other_store_version_text(other, rdv::detail::store_protocol_version))
-                              .take();
-      (void)::send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
-      ::close(c);
-    });
-    auto o = quick();
-    o.rank = 1;
-    const auto e = expect_error([&] { rdv::tcp_store("127.0.0.1", listener.port(), o); });
-    store.join();
+    const auto e = refused_by(said, rdv::detail::other_store_version_text(other, rdv::detail::store_protocol_version));
     const std::string what = e.what();
     CAPTURE(what);
     CHECK(e.code() == errc::protocol);
@@ -559,6 +565,46 @@ TEST_CASE("[rendezvous] tcp_store: a store of another protocol version is errc::
                                  ": they run different shardkit versions; every process of a job (its store's host, "
                                  "rank 0, included) must run the same shardkit"));
     CHECK_FALSE(contains(e.what(), "not a shardkit store"));
+  }
+}
+
+// Version refusals that no shardkit store sends (attack26) are errc::protocol quoting what the store sent. Before:
+// this client's own version refused ("version 6" to a version-6 client) read "speaks store protocol version 6 and
+// rank 1 version 6: they run different shardkit versions"; version 99999999999999 was cut to 999999999; the words
+// under errc::config were taken for the store's run id ("serves run 'the server speaks ...'", errc::config).
+TEST_CASE("[rendezvous] tcp_store: a version refusal no shardkit store sends is errc::protocol quoting the store") {
+  const std::string ours = std::to_string(rdv::detail::store_protocol_version);
+  const std::string words = "the server speaks store protocol version ";
+  SUBCASE("this client's own version, refused") {
+    const auto e = refused_by(errc::protocol, words + ours + ", the client " + ours);
+    CAPTURE(std::string(e.what()));
+    CHECK(e.code() == errc::protocol);
+    CHECK(contains(e.what(), "refused rank 1 for its store protocol version, naming its own as " + ours +
+                                 ", which rank 1 speaks too (it said, as errc::protocol: \"" + words + ours +
+                                 ", the client " + ours + "\"): no shardkit store refuses its own version"));
+    CHECK_FALSE(contains(e.what(), "different shardkit versions"));
+  }
+  SUBCASE("a version past 32 bits, and one of 60 digits") {
+    const auto e = refused_by(errc::protocol, words + "99999999999999, the client " + ours);
+    CAPTURE(std::string(e.what()));
+    CHECK(e.code() == errc::protocol);
+    CHECK(contains(e.what(), "naming its own as 99999999999999, which is no store protocol version (they are 32-bit "
+                             "numbers) (it said, as errc::protocol: \"" + words + "99999999999999, the client "));
+    CHECK_FALSE(contains(e.what(), "different shardkit versions"));
+    const auto long_one = refused_by(errc::auth_failed, words + std::string(60, '7'));
+    CAPTURE(std::string(long_one.what()));
+    CHECK(long_one.code() == errc::protocol);
+    CHECK(contains(long_one.what(), "naming its own as " + std::string(20, '7') + "..., which is no store protocol"));
+  }
+  SUBCASE("the words under errc::config, which carries a store's run id") {
+    const auto other = std::to_string(rdv::detail::store_protocol_version + 1);
+    const auto e = refused_by(errc::config, words + other + ", the client " + ours);
+    CAPTURE(std::string(e.what()));
+    CHECK(e.code() == errc::protocol);
+    CHECK(contains(e.what(), "speaks store protocol version " + other + " and rank 1 version " + ours +
+                                 ": they run different shardkit versions"));
+    CHECK(contains(e.what(), "(it said, as errc::config: \"" + words + other + ", the client " + ours + "\")"));
+    CHECK_FALSE(contains(e.what(), "serves run"));
   }
 }
 

@@ -372,7 +372,7 @@ class tcp_store {
                       "choose another MASTER_PORT", ctx);
         if (p.code() == errc::config)  // another run's store
           throw_error(errc::config, where + " is taken by the shardkit store of another job: " + p.detail(), ctx);
-        if (p.code() == errc::protocol && p.detail().find(" speaks store protocol version ") != std::string::npos)
+        if (p.code() == errc::protocol && p.detail().find(detail::different_versions) != std::string::npos)
           throw_error(errc::config, where + " is taken by the shardkit store of another job: " + p.detail(), ctx);
         if (p.code() == errc::protocol)
           throw_error(errc::config, where + " is held by another program, not a shardkit store: choose another MASTER_PORT", ctx);

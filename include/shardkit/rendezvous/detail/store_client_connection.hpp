@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "shardkit/core/completion.hpp"
@@ -324,20 +325,22 @@ class store_client_connection {
       frame_reader r(*resp);
       if (static_cast<store_status>(r.u8()) == store_status::error) {
         const auto code = static_cast<errc>(r.u8());
+        const std::string why = r.str();
         if (code == errc::aborted)  // the store's host stopped the job: its message is why
-          throw_error(errc::config, "the store at " + address() + " stopped the job (rank 0 hosts it and is leaving): " + r.str());
+          throw_error(errc::config, "the store at " + address() + " stopped the job (rank 0 hosts it and is leaving): " + why);
+        // Another protocol version: a client of another shardkit, said as errc::protocol (by servers before this
+        // one as errc::auth_failed, with the same words), not a wrong secret. Read before the run id of errc::config,
+        // which no store sends with these words: a run id that says a protocol version would mislead.
+        if (auto theirs = store_version_in(why);
+            !theirs.empty() && (code == errc::protocol || code == errc::auth_failed || code == errc::config)) {
+          refused_version = true;
+          other_version(theirs, code, why);
+        }
         if (code == errc::config)  // another job's store: its message is its run id
           throw_error(errc::config, (s_.rank ? "rank " + std::to_string(*s_.rank) : std::string("this client")) +
                                         " " + run_membership(s_.run_id) + ", the store at " + address() + " " +
-                                        run_served(r.str()) +
+                                        run_served(why) +
                                         ": two jobs on one MASTER_PORT? (give each job its own MASTER_PORT)");
-        const std::string why = r.str();
-        // Another protocol version: a client of another shardkit, said as errc::protocol (by servers before this
-        // one as errc::auth_failed, with the same words), not a wrong secret.
-        if (const auto theirs = store_version_in(why); theirs != 0 && (code == errc::protocol || code == errc::auth_failed)) {
-          refused_version = true;
-          other_version(theirs);
-        }
         const bool token = why.find("auth token") != std::string::npos;
         throw_error(errc::auth_failed, "the store at " + address() + " refused " +
                                            (s_.rank ? "rank " + std::to_string(*s_.rank) : std::string("this client")) + ": " + why +
@@ -360,16 +363,33 @@ class store_client_connection {
     }
   }
 
-  //! The store refused this client's hello for its protocol version (the store's is `theirs`): errc::protocol, not
-  //! errc::auth_failed, since nothing is wrong with the token: the two processes run different shardkit builds.
-  [[noreturn]] void other_version(std::uint32_t theirs) const {
-    throw_error(errc::protocol, "the store at " + address() + " speaks store protocol version " +
-                                    std::to_string(theirs) + " and " + who() + " version " +
-                                    std::to_string(store_protocol_version) +
-                                    ": they run different shardkit versions; every process of a job (its store's host, "
-                                    "rank 0, included) must run the same shardkit");
+  //! The store refused this client's hello for its protocol version (the store's is `theirs`, as it wrote it):
+  //! errc::protocol, not errc::auth_failed, since nothing is wrong with the token: the two processes run different
+  //! shardkit builds. An answer no shardkit store gives (this client's own version named as another, a version
+  //! past 32 bits, the words under another code than a store's) is said as what it is, quoting what was sent.
+  [[noreturn]] void other_version(const std::string& theirs, errc code, std::string_view why) const {
+    const std::string ours = std::to_string(store_protocol_version);
+    const auto said = [&] {
+      const char* as = code == errc::config        ? "errc::config"
+                       : code == errc::auth_failed ? "errc::auth_failed"
+                                                   : "errc::protocol";
+      return std::string(" (it said, as ") + as + ": \"" + std::string(why.substr(0, 200)) +
+             (why.size() > 200 ? "...\")" : "\")");
+    };
+    const std::string refused = "the store at " + address() + " refused " + who() +
+                                " for its store protocol version, naming its own as " + theirs;
+    const std::string elsewhere = "; another program on MASTER_PORT? (check MASTER_ADDR and MASTER_PORT)";
+    const bool wide = theirs.size() > 10 || std::stoull(theirs) > 0xffffffffull;  // "..." where cut: wide
+    if (!wide && std::stoull(theirs) == store_protocol_version)
+      throw_error(errc::protocol, refused + ", which " + who() + " speaks too" + said() +
+                                      ": no shardkit store refuses its own version" + elsewhere);
+    if (wide)
+      throw_error(errc::protocol, refused + ", which is no store protocol version (they are 32-bit numbers)" + said() +
+                                      elsewhere);
+    throw_error(errc::protocol, "the store at " + address() + " speaks store protocol version " + theirs + " and " +
+                                    who() + " version " + ours + std::string(different_versions) +
+                                    (code == errc::config ? said() : std::string()));
   }
-
 
   store_connection_settings s_;
   unique_fd fd_;

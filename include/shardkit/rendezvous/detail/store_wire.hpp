@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -158,19 +159,27 @@ inline std::string store_hello(std::string_view token, std::string_view run_id,
       .str(store_hello_line_end).take();
 }
 
+//! How a client's error for a store of another protocol version goes on (tcp_store tells such a store by it).
+inline constexpr std::string_view different_versions =
+    ": they run different shardkit versions; every process of a job (its store's host, rank 0, included) must run the "
+    "same shardkit";
+inline constexpr std::size_t max_version_digits = 20;
+
 //! A server's refusal of a hello of another protocol version, in the words every server since version 2 said it (a
-//! client of any version shows them), and the server's version read back from such a text (0: not one).
+//! client of any version shows them), and the server's version read back from such a text, as the server wrote it:
+//! its digits (more than max_version_digits of them cut, "..."), empty where the text is not such a refusal. The
+//! digits are kept as text for the client's message: read into a number, a long one would wrap or be cut.
 inline std::string other_store_version_text(std::uint32_t server, std::uint32_t client) {
   return "the server speaks store protocol version " + std::to_string(server) + ", the client " + std::to_string(client);
 }
-inline std::uint32_t store_version_in(std::string_view text) {
+inline std::string store_version_in(std::string_view text) {
   constexpr std::string_view words = "the server speaks store protocol version ";
   const auto at = text.find(words);
-  if (at == std::string_view::npos) return 0;
-  std::uint32_t v = 0;
-  for (std::size_t i = at + words.size(); i < text.size() && text[i] >= '0' && text[i] <= '9' && v < 100000000; ++i)
-    v = v * 10 + std::uint32_t(text[i] - '0');
-  return v;
+  if (at == std::string_view::npos) return {};
+  const auto digits = text.substr(at + words.size());
+  const auto n = std::min(digits.find_first_not_of("0123456789"), digits.size());
+  return n <= max_version_digits ? std::string(digits.substr(0, n))
+                                 : std::string(digits.substr(0, max_version_digits)) + "...";
 }
 
 //! What a client's run id says of it ("belongs to run 'X'"), and a store's ("serves run 'X'"), for the refusal of
