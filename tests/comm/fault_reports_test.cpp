@@ -351,13 +351,17 @@ namespace {
 //! A memory store whose every request is answered `delay` late, as a loaded host's TCP store is (its thread and the
 //! client's each wait for a core; at load 36 on 2 cores a round trip takes tens to hundreds of ms), or a TCP store
 //! across a WAN (100-300 ms round trips); a request not answered by this thread's request_bound fails there, as the
-//! TCP store's do. stop(): no request is answered any more (the store's host stopped).
+//! TCP store's do. stop(): no request is answered any more (the store's host stopped). member_reads counts the reads
+//! of the keys that translate a split group's ranks (".../in/...").
 class late_store {
  public:
   using store_concept = rendezvous::store_tag;
   explicit late_store(std::chrono::milliseconds delay) : delay_(delay) {}
   void set(const std::string& k, const std::string& v) { answer_late(), base_.set(k, v); }
-  std::string get(const std::string& k, std::chrono::milliseconds t) { return answer_late(), base_.get(k, t); }
+  std::string get(const std::string& k, std::chrono::milliseconds t) {
+    if (k.find("/in/") != std::string::npos) ++member_reads;
+    return answer_late(), base_.get(k, t);
+  }
   void wait(std::span<const std::string> ks, std::chrono::milliseconds t) { answer_late(), base_.wait(ks, t); }
   bool check(std::span<const std::string> ks) { return answer_late(), base_.check(ks); }
   std::int64_t add(const std::string& k, std::int64_t d) { return answer_late(), base_.add(k, d); }
@@ -365,6 +369,7 @@ class late_store {
   bool remove(const std::string& k) { return answer_late(), base_.remove(k); }
   std::int64_t num_keys() { return base_.num_keys(); }
   void stop() { delay_ = std::chrono::hours(1); }
+  std::atomic<int> member_reads{0};
 
  private:
   void answer_late() const {
@@ -435,4 +440,31 @@ TEST_CASE("[comm] on a store slower than the grace, chains of ranks that left in
     if (c == 1) CHECK(says(out, "rank 1 was lost, as rank 3 found first (all_reduce #7): rank 1 closed its shm transport in order"));
     if (c == 2) CHECK(says(out, "rank 1 was lost, as rank 3 found (all_reduce #7)"));
   });
+}
+
+TEST_CASE("[comm] a split group's walk finds the blamed rank's group rank in one store read") {
+  // 64 ranks, split in reverse (group rank 63 - job rank). Job rank 0 lost group rank 58 (job rank 5), which lost
+  // job rank 9 and posted no verdict; job rank 9 failed by itself. Rank 0's error names rank 9, and its peer field
+  // says group rank 54: before, finding 54 read the members' posts from group rank 0 up (55 reads in series); the
+  // reverse post made at the split makes it one.
+  constexpr int n = 64;
+  auto counting = std::make_shared<late_store>(std::chrono::milliseconds(0));
+  const rendezvous::any_store store(counting);
+  const auto grace = std::chrono::milliseconds(100);
+  std::vector<std::unique_ptr<comm::detail::fault_board>> boards;
+  for (int job = 0; job < n; ++job)
+    boards.push_back(std::make_unique<comm::detail::fault_board>(store, "g.0c0", "reversed", n - 1 - job, job, n, grace));
+  boards[9]->post({.seq = 7, .op = "all_reduce", .code = int(errc::io), .message = "rank 9's own failure"});
+  boards[5]->post({.seq = 7, .op = "all_reduce", .code = int(errc::peer_lost), .peer = n - 1 - 9,
+                   .message = "rank 9 closed its shm transport"});
+  const error e(errc::peer_lost, "rank 58 closed its shm transport in order",
+                {.rank = n - 1, .peer = n - 1 - 5, .operation = "all_reduce", .group = "reversed"});
+  counting->member_reads = 0;
+  const error out = boards[0]->explain(e, account(e), false);
+  MESSAGE("job rank 0: " << std::string(out.what()));
+  CHECK(says(out, "rank 9's own failure"));
+  CHECK(out.context().peer == n - 1 - 9);
+  CHECK(out.context().peer_world_rank == 9);
+  // One to translate the peer rank 0 lost (58 -> 5) and one for the blamed rank (9 -> 54).
+  CHECK(counting->member_reads.load() <= 2);
 }

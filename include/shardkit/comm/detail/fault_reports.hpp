@@ -25,8 +25,9 @@
 //! which group and which of its collectives it is about. So a walk crosses groups: a rank that failed in another
 //! group (FSDP's gather and reduce groups, each used from its own thread) has answered, and the walk follows its
 //! wait there. A rank failing in two groups at once posts both; the later one stands. Each rank of a split group
-//! posts its number in the job when the group is made (one store request), so that a peer's group rank can be
-//! translated to the job's even when that peer stops later. A rank that lost a peer (errc::peer_lost) posts and reads
+//! posts its number in the job when the group is made, and its number in the group under its number in the job (two
+//! store requests), so that a peer's group rank can be translated to the job's, and a blamed rank's back in one
+//! read, even when that peer stops later. A rank that lost a peer (errc::peer_lost) posts and reads
 //! the same way, its store requests bounded the same way, but without waiting for accounts: a peer that left
 //! after naming the rank at fault passes that verdict on, and a peer that lost a rank first names that rank (not
 //! itself, whose orderly leaving this rank may have seen first).
@@ -144,6 +145,7 @@ class fault_board {
     rendezvous::request_bound bound(deadline_after(post_bound));
     try {
       store_.set(member_key(rank_), std::to_string(job_rank_));
+      store_.set(job_member_key(job_rank_), std::to_string(rank_));
     } catch (...) {  // a peer then takes this rank's group rank for its job rank
     }
   }
@@ -345,6 +347,8 @@ class fault_board {
 
   std::string key(int job_rank) const { return job_ + "/" + std::to_string(job_rank); }
   std::string member_key(int group_rank) const { return job_ + "/in/" + path_ + "/" + std::to_string(group_rank); }
+  //! The other way round: the group rank of the job's rank `job_rank`, posted beside member_key.
+  std::string job_member_key(int job_rank) const { return job_ + "/in/" + path_ + "/job/" + std::to_string(job_rank); }
   //! The job's count of walks under way (each adds one when it starts and takes it back when it posted its verdict).
   std::string walks_key() const { return job_ + "/walks"; }
   //! How long past the grace a store request may still take (a healthy store answers in milliseconds): with the
@@ -391,12 +395,18 @@ class fault_board {
     }
   }
 
-  //! The group rank of the job's rank `r`: from what the walk learnt, or the ranks' posts when the group was made
-  //! (up to max_reads store reads); nothing where neither tells.
+  //! The group rank of the job's rank `r`: from what the walk learnt, or the ranks' posts when the group was made:
+  //! r's own (one store read), or where it posted none (a member whose post failed, a rank not in this group), each
+  //! member's (up to max_reads reads); nothing where neither tells.
   std::optional<int> group_rank_of(int r, const std::map<int, int>& known) const {
     if (const auto g = known.find(r); g != known.end()) return g->second;
     if (path_ == job_) return r;
     try {
+      if (const auto v = read_now(job_member_key(r), std::chrono::milliseconds(1))) {
+        int g = -1;
+        const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), g);
+        if (ec == std::errc() && end == v->data() + v->size() && g >= 0 && g < size_) return g;
+      }
       for (int g = 0; g < size_ && g < int(max_reads); ++g)
         if (job_rank_of(g) == r) return g;
     } catch (...) {  // the store went: the field then names nobody rather than the wrong rank
