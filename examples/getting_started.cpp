@@ -79,6 +79,10 @@ int main(int argc, char** argv) try {
     opt.set_steps(opt_steps);
     data.load(ckpt.read_rank_bytes(loaded->step, "data"), pg.rank(), pg.size());
     if (pg.rank() == 0) std::printf("resumed from step %d\n", step);
+    if (pg.rank() == 0 && step >= steps)
+      std::fprintf(stderr,
+                   "getting_started: warning: the checkpoint is at step %d, not before STEPS %d: nothing to train\n",
+                   step, steps);
   }
   for (; step < steps; ++step) {
     const sk::data::batch b = data.next();

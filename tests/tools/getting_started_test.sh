@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # docs/getting-started.md's trainer: the doc's code block is examples/getting_started.cpp, verbatim, and it runs:
-# two steps on 1 rank with a checkpoint after each, then a second run resumes from step 2 and trains a third.
+# two steps on 1 rank with a checkpoint after each, then a second run resumes from step 2 and trains a third; a
+# resume with nothing left to train warns.
 # usage: getting_started_test.sh SHARDKIT_RUN SHARDKIT_TOKENIZE GETTING_STARTED SOURCE_DIR
 set -euo pipefail
 run=$1 tokenize=$2 example=$3 src=$4
@@ -26,6 +27,11 @@ grep -q '^\[rank 0\] resumed from step 2$' "$work/second.txt" || { echo "FAIL: n
 awk '$3 == "step" { loss[$4] = $6 } END { if (!(loss[0] > 5.5 && loss[0] < 5.6 && loss[2] < loss[0])) {
        printf "FAIL: losses %s, %s, %s\n", loss[0], loss[1], loss[2]; exit 1 } }' "$work/first.txt" "$work/second.txt"
 ls "$work/ckpt" | grep -q . || { echo "FAIL: no checkpoint written"; exit 1; }
+# Resumed with STEPS not past the checkpoint's step: a warning that nothing is trained, exit status 0.
+"$run" -n 1 -- "$example" "$work/data" "$work/ckpt" 2 1 >"$work/none.txt" 2>&1 ||
+  { echo "FAIL: STEPS 2 on a step-3 checkpoint failed:"; cat "$work/none.txt"; exit 1; }
+grep -q "warning: the checkpoint is at step 3, not before STEPS 2: nothing to train" "$work/none.txt" &&
+  ! grep -q ' loss ' "$work/none.txt" || { echo "FAIL: STEPS 2 on a step-3 checkpoint: no warning:"; cat "$work/none.txt"; exit 1; }
 # STEPS and SAVE_EVERY that are not whole numbers from 1 are named, before any rank starts work.
 for bad in "abc 1" "3 0" "3x 1"; do
   if "$run" -n 1 -- "$example" "$work/data" "$work/ckpt" $bad >"$work/bad.txt" 2>&1; then
