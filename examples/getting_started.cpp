@@ -84,6 +84,7 @@ int main(int argc, char** argv) try {
                    "getting_started: warning: the checkpoint is at step %d, not before STEPS %d: nothing to train\n",
                    step, steps);
   }
+  ckpt.open_for_saves();  // a live run's location is refused now, naming its run and pid, not at the first save
   for (; step < steps; ++step) {
     const sk::data::batch b = data.next();
     double loss = 0;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # docs/getting-started.md's trainer: the doc's code block is examples/getting_started.cpp, verbatim, and it runs:
 # two steps on 1 rank with a checkpoint after each, then a second run resumes from step 2 and trains a third; a
-# resume with nothing left to train warns.
+# resume with nothing left to train warns; a second run into a live run's location is refused before step 0.
 # usage: getting_started_test.sh SHARDKIT_RUN SHARDKIT_TOKENIZE GETTING_STARTED SOURCE_DIR
 set -euo pipefail
 run=$1 tokenize=$2 example=$3 src=$4
@@ -32,6 +32,18 @@ ls "$work/ckpt" | grep -q . || { echo "FAIL: no checkpoint written"; exit 1; }
   { echo "FAIL: STEPS 2 on a step-3 checkpoint failed:"; cat "$work/none.txt"; exit 1; }
 grep -q "warning: the checkpoint is at step 3, not before STEPS 2: nothing to train" "$work/none.txt" &&
   ! grep -q ' loss ' "$work/none.txt" || { echo "FAIL: STEPS 2 on a step-3 checkpoint: no warning:"; cat "$work/none.txt"; exit 1; }
+# A second run into a live run's location is refused before its step 0, naming the holder's pid (it used to train
+# until its first save and be refused there).
+"$run" -n 1 -- "$example" "$work/data" "$work/ckpt-live" 1000000 1000000 >"$work/live.txt" 2>&1 &
+live=$!
+for _ in $(seq 100); do [ -f "$work/ckpt-live/lease.json" ] && break; sleep 0.1; done
+holder=$(grep -o '"pid": *[0-9]*' "$work/ckpt-live/lease.json" 2>/dev/null | grep -o '[0-9]*$' || echo none)
+if "$run" -n 1 -- "$example" "$work/data" "$work/ckpt-live" 3 1 >"$work/second-live.txt" 2>&1; then
+  kill "$live"; echo "FAIL: a second run into a live run's location was not refused"; exit 1
+fi
+kill "$live"; wait "$live" || true
+grep -q "is held by run .*pid $holder" "$work/second-live.txt" && ! grep -q ' loss ' "$work/second-live.txt" ||
+  { echo "FAIL: the second run trained, or did not name the live run's pid $holder:"; cat "$work/second-live.txt"; exit 1; }
 # STEPS and SAVE_EVERY that are not whole numbers from 1 are named, before any rank starts work.
 for bad in "abc 1" "3 0" "3x 1"; do
   if "$run" -n 1 -- "$example" "$work/data" "$work/ckpt" $bad >"$work/bad.txt" 2>&1; then
