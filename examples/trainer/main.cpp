@@ -176,6 +176,10 @@ int main(int argc, char** argv) try {
   if (f.batch % (ranks * f.micro_batches) != 0)
     usage("--batch " + std::to_string(f.batch) + " must be divisible by ranks x micro-batches (" +
           std::to_string(ranks) + " x " + std::to_string(f.micro_batches) + ")");
+  if (!f.ckpt_dir.empty() && !f.ckpt_dir.starts_with("s3://") && std::filesystem::exists(f.ckpt_dir) &&
+      !std::filesystem::is_directory(f.ckpt_dir))
+    usage("--ckpt-dir " + f.ckpt_dir + " is a file: --ckpt-dir wants a directory (one that holds checkpoints, or a "
+          "new one the run creates)");
   if (f.die_rank >= ranks)
     usage("--die-rank " + std::to_string(f.die_rank) + " is not a rank of this job (0 to " + std::to_string(ranks - 1) + ", or -1 for every rank)");
   trainer::set_blas_threads(1);  // one rank per core: BLAS threads would compete with the other ranks
