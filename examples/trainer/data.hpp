@@ -56,7 +56,14 @@ inline std::pair<sk::storage::any_sink, sk::data::loader_options> open_data(cons
     throw std::runtime_error("--data " + location + ": no such directory (a mistyped path?): " + make);
   auto sink = sk::storage::open_sink(location);
   const bool empty = token_files_to_read(sink, location, false).empty();
-  if (empty && !init) throw std::runtime_error("--data " + location + " holds no token files: " + make);
+  if (empty && !init) {
+    // What is there instead (a notes.txt, a text not yet tokenized) is named: it is why the user thought it data.
+    std::string others;
+    for (const auto& k : sk::data::list_token_files(sink, "")) others += (others.empty() ? "" : ", ") + k;
+    throw std::runtime_error("--data " + location + " holds no token files" +
+                             (others.empty() ? "" : " (it holds " + others + ": not token files, which are *.tokens or have a "
+                                                    ".json sidecar)") + ": " + make);
+  }
   if (pg.rank() == 0 && empty) {
     sk::data::token_file_writer w(sink, "builtin.tokens", sk::data::byte_token_format());
     for (auto doc : sk::data::split_documents(text, sk::data::split_mode::line)) sk::data::add_byte_document(w, doc);

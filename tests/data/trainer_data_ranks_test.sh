@@ -49,7 +49,7 @@ grep -q "warning: --batch 16 is not a multiple of the data loader's 12 logical s
 ! grep -q "warning: --batch" even.err || { echo "FAIL: --batch 12 warned"; cat even.err; exit 1; }
 echo "OK: --batch 16 with --data warns once; --batch 12 does not"
 # A mistyped --data path is an error naming it (it is not created, nor trained on as the built-in text); so is a
-# directory without token files; 5 ranks do not divide the 12 logical shards, and the message says which do.
+# directory without token files (one holding only a text not tokenized names it); 5 ranks do not divide the 12 logical shards, and the message says which do.
 refused() {  # NAME REGEX COMMAND...: fails (non-zero) and says REGEX
   local name=$1 regex=$2
   shift 2
@@ -63,6 +63,9 @@ refused "a mistyped --data" "--data $work/dta: no such directory \\(a mistyped p
 mkdir "$work/empty"
 refused "--data of no token files" "--data $work/empty holds no token files: write token files there with shardkit-tokenize" \
   "$run" -n 2 -- "$trainer" "${small[@]}" --data "$work/empty"
+mkdir "$work/notes" && echo "some text" > "$work/notes/notes.txt"
+refused "--data of a text not tokenized" "--data $work/notes holds no token files \\(it holds notes.txt: not token files, .*\\): write token files there" \
+  "$run" -n 2 -- "$trainer" "${small[@]}" --data "$work/notes"
 refused "5 ranks with --data" "--data: 5 ranks do not divide the data loader's 12 logical shards .*run on 1, 2, 3, 4, 6 or 12 ranks" \
   "$run" -n 5 -- "$trainer" --steps 1 --batch 15 --context 8 --width 16 --blocks 1 --data "$work/data"
 echo "OK: a mistyped --data, a --data of no token files and 5 ranks are refused, saying what to do"
