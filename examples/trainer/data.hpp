@@ -24,7 +24,9 @@ namespace sk = shardkit;
 // --init-data write) and any other with a token-file sidecar (<key>.json) beside it; a sidecar or offsets object
 // left without its token file counts as that file, so that the loader's error names it. Anything else there (a
 // notes.txt, a README) is not training data: it is skipped, and rank 0 says so, once.
-inline std::vector<std::string> token_files_to_read(sk::storage::any_sink& sink, const std::string& location, bool say) {
+// `skipped_out`, when given, gets the skipped keys.
+inline std::vector<std::string> token_files_to_read(sk::storage::any_sink& sink, const std::string& location, bool say,
+                                                    std::vector<std::string>* skipped_out = nullptr) {
   std::vector<std::string> read, skipped;
   for (auto& key : sk::data::list_token_files(sink, ""))
     (key.ends_with(".tokens") || sink.exists(sk::data::sidecar_key(key)) || !sink.exists(key) ? read : skipped)
@@ -35,6 +37,7 @@ inline std::vector<std::string> token_files_to_read(sk::storage::any_sink& sink,
     std::printf("# data: skipped %s in %s: not token files (the trainer reads *.tokens, and files with a .json "
                 "sidecar)\n", names.c_str(), location.c_str());
   }
+  if (skipped_out) *skipped_out = std::move(skipped);
   return read;
 }
 
@@ -55,11 +58,12 @@ inline std::pair<sk::storage::any_sink, sk::data::loader_options> open_data(cons
   if (!init && !location.starts_with("s3://") && !std::filesystem::is_directory(location))
     throw std::runtime_error("--data " + location + ": no such directory (a mistyped path?): " + make);
   auto sink = sk::storage::open_sink(location);
-  const bool empty = token_files_to_read(sink, location, false).empty();
+  std::vector<std::string> skipped;
+  const bool empty = token_files_to_read(sink, location, false, &skipped).empty();
   if (empty && !init) {
     // What is there instead (a notes.txt, a text not yet tokenized) is named: it is why the user thought it data.
     std::string others;
-    for (const auto& k : sk::data::list_token_files(sink, "")) others += (others.empty() ? "" : ", ") + k;
+    for (const auto& k : skipped) others += (others.empty() ? "" : ", ") + k;
     throw std::runtime_error("--data " + location + " holds no token files" +
                              (others.empty() ? "" : " (it holds " + others + ": not token files, which are *.tokens or have a "
                                                     ".json sidecar)") + ": " + make);
