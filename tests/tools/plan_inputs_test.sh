@@ -10,7 +10,8 @@
 #    asks for root or a build);
 # 6. with SHARDKIT_PLAN (shardkit-plan's path), plan-validate --from-logs on a made-up cell predicts what
 #    shardkit-plan predicts given the inputs worked out here by hand: units scaled to the slowest job's step, the
-#    optimizer alike, the collectives' cores from the busy time; with --compute-from rank0 --comm-cpu 0, unscaled.
+#    optimizer alike, the collectives' cores from the busy time; with --compute-from rank0 --comm-cpu 0, unscaled;
+#    --rtt-us replaces the measured ring step; a cell the logs lack is refused, naming it.
 #   plan_inputs_test.sh SOURCE_DIR [SHARDKIT_PLAN]
 set -euo pipefail
 src=$1
@@ -81,6 +82,13 @@ want=$("$plan" "${cell[@]}" --optimizer-ms 10 --comm-cpu 0 | first_row)
 row=$("$src/scripts/plan-validate" --from-logs "$logs" --plan "$plan" --hosts 2 --rates 2gbit --budgets unlimited \
   --compute-from rank0 --comm-cpu 0 | grep '^| 2 ')
 expect "--from-logs, rank0, no comm CPU: predicted step" "$(awk -F'|' '{ gsub(/ /, "", $8); print $8 }' <<<"$row")" "$want"
+# --rtt-us given replaces the cell's measured ring step (what-if against the same runs)
+cell_500=(--units "$logs/h2_2gbit.units.r1.h0" --hosts 2 --gbit 1.9 --rtt-us 500 --cores-per-host 1 --budget unlimited)
+want=$("$plan" "${cell_500[@]}" --optimizer-ms 10 --comm-cpu 0 | first_row)
+row=$("$src/scripts/plan-validate" --from-logs "$logs" --plan "$plan" --hosts 2 --rates 2gbit --budgets unlimited \
+  --compute-from rank0 --comm-cpu 0 --rtt-us 500 | grep '^| 2 ')
+expect "--from-logs --rtt-us 500: predicted step" "$(awk -F'|' '{ gsub(/ /, "", $8); print $8 }' <<<"$row")" "$want"
+grep -q "| 500 | unlimited |" <<<"$row" || fail "--from-logs --rtt-us 500: the row names 500 us: $row"
 if "$src/scripts/plan-validate" --from-logs "$logs" --plan "$plan" --hosts 4 --rates 2gbit >"$work/out" 2>&1; then
   fail "--from-logs with a cell it did not measure succeeded"
 fi

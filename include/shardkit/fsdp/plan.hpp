@@ -32,9 +32,9 @@
 //! the share the cores leave it, relative to the share it had in the compute-only run its times come from.
 //!
 //! What it does not model: TCP's own dynamics (slow start, incast), the ring's segmentation, congestion beyond the
-//! host's link (a non-blocking switch is assumed), hosts or ranks that are slower than the others (stragglers),
-//! the time to convert and copy a shard into
-//! its slot, micro-batches without synchronisation, and the trainer's work outside units other than the optimizer
+//! host's link (a non-blocking switch is assumed), hosts or ranks that are slower than the others (stragglers: give
+//! the unit times of the slowest, as scripts/plan-validate does), the time to convert and copy a shard into its
+//! slot, micro-batches without synchronisation, and the trainer's work outside units other than the optimizer
 //! (give it in `optimizer_seconds`). Its figures are as good as the unit times and the link figures it is given.
 //! @code
 //!   std::vector<shardkit::fsdp::plan_unit> units{{"embed", 81920, 1e-3, 2e-3}, {"block0", 525824, 4e-3, 8e-3}};
