@@ -4,7 +4,8 @@
 # 1. the median (odd, even, none); the step lines after the first, with and without the "[rank 0] " prefix;
 # 2. the synchronous job's compute: step by step the slowest of one-rank jobs that ran side by side, the longest
 #    job's steps kept;
-# 3. the machine's busy time: user, nice, system, irq and softirq only, in ms at the given tick rate;
+# 3. the machine's busy time: user, nice, system, irq and softirq only, in ms at the given tick rate; irq and
+#    softirq alone; the waited children's CPU from bash's `times`, parsed and real (a child's busy second);
 # 4. a units file's step and values; the collectives' cores, never below 0, a link time of 0 refused;
 # 5. plan-validate refuses a --comm-cpu or --compute-from it cannot use, naming the flag, with exit 2 (before it
 #    asks for root or a build);
@@ -36,6 +37,17 @@ expect "slowest of one job" "$(pv_slowest_steps "$work/a.out" | paste -sd' ')" "
 printf 'cpu  100 10 50 1000 20 5 7 3 0 0\ncpu0 50 5 25 500 10 2 3 1 0 0\n' >"$work/stat"
 expect "busy ms" "$(pv_busy_ms "$work/stat" 100)" 1720
 expect "busy ms, 250 Hz" "$(pv_busy_ms "$work/stat" 250)" 688
+
+expect "irq ms" "$(pv_irq_ms "$work/stat" 100)" 120
+printf '0m0.010s 0m0.020s\n1m2.500s 0m0.250s\n' >"$work/times"
+expect "children's CPU" "$(pv_times_children_ms "$work/times")" 62750
+# bash's own: the CPU of a grandchild (awk summing 2e7 numbers, a tenth of a second or more), waited for, shows
+times >"$work/times"
+before=$(pv_times_children_ms "$work/times")
+( awk 'BEGIN { for (i = 0; i < 2e7; i++) s += i; exit s < 0 }' ) &
+wait $!
+times >"$work/times"
+(($(pv_times_children_ms "$work/times") - before >= 50)) || fail "a waited grandchild's CPU: $before ms, then $(cat "$work/times")"
 
 printf '# shardkit-plan units\nunit embed 81920 0.5 0.25\nunit block0 526080 10 19\nother_ms 20.25\nmeasured_shard 1\n' >"$work/units"
 expect "units step" "$(pv_units_step_ms "$work/units")" 50
