@@ -39,8 +39,65 @@ pv_times_children_ms() {
 
 # pv_units_step_ms UNITS: a units file's (trainer --plan-units) step: its units' forward and backward ms and other_ms.
 pv_units_step_ms() { awk '$1 == "unit" { s += $4 + $5 } $1 == "other_ms" { s += $2 } END { print s + 0 }' "$1"; }
-# pv_units_value UNITS KEY: the value of a 'KEY VALUE' line (other_ms, measured_shard).
-pv_units_value() { awk -v k="$2" '$1 == k { print $2; exit }' "$1"; }
+# pv_units_value UNITS KEY: the value of a 'KEY VALUE' line (other_ms, measured_shard; CELL.inputs' keys), a CR
+# line end dropped (shardkit-plan reads a units file with CRLF line ends alike).
+pv_units_value() { awk -v k="$2" '{ sub(/\r$/, "") } $1 == k { print $2; exit }' "$1"; }
+# pv_busy_extra INPUTS: CELL.inputs' busy_extra_ms values, one a line.
+pv_busy_extra() { awk '{ sub(/\r$/, "") } $1 == "busy_extra_ms" { for (i = 2; i <= NF; i++) print $i }' "$1"; }
+
+# pv_run_steps FILE WHAT: how many steps after the first FILE, WHAT's log, holds; refused when it is missing or
+# holds none (the reason on stdout instead, as pv_check_cell's).
+pv_run_steps() {
+  local n
+  [[ -f $1 ]] || { echo "$1: missing ($2)"; return 1; }
+  n=$(pv_step_ms "$1" | wc -l)
+  ((n > 0)) || { echo "$1: no step after the first ($2 cut short?)"; return 1; }
+  echo "$n"
+}
+
+# pv_check_cell LOGS CELL HOSTS "BUDGETS": whether LOGS holds every input and run the cell's prediction and row use,
+# so that a truncated or hand-made log directory (plan-validate --from-logs) is refused, naming the file (and line),
+# rather than predicted from what is left: CELL.inputs with each key once and a number (busy_extra_ms one whole
+# number a repeat), and for each repeat r the units file of the last, every host's compute-only job, the
+# communication-only runs and each budget's run, each with a step after the first, the side-by-side compute-only
+# jobs with as many steps each (the slowest of them, step by step, is the synchronous job's compute).
+# The reason for a refusal is its output (exit status 1).
+pv_check_cell() {
+  local logs=$1 cell=$2 hosts=$3 budgets=$4 r h b f n want first=""
+  local inputs="$logs/$cell.inputs"
+  [[ -f $inputs ]] || { echo "$logs holds no $cell.inputs (a cell of --hosts and --rates that run did not measure)"; return 1; }
+  awk -v f="$inputs" '
+    function bad(why) { printf "%s:%d: %s (got '\''%s'\'')\n", f, FNR, why, $0; failed = 1; exit 1 }
+    { sub(/\r$/, "") }
+    NF == 0 || $1 ~ /^#/ { next }
+    $1 in seen { bad($1 " is given twice") }
+    { seen[$1] = 1 }
+    $1 == "goodput_mbit" && !(NF == 2 && $2 ~ /^[0-9]+([.][0-9]+)?$/ && $2 + 0 > 0) { bad("goodput_mbit wants a positive number") }
+    $1 == "rtt_us" && !(NF == 2 && $2 ~ /^[0-9]+([.][0-9]+)?$/) { bad("rtt_us wants a non-negative number") }
+    ($1 == "cores" || $1 == "repeat" || $1 == "extra_steps") && !(NF == 2 && $2 ~ /^0*[1-9][0-9]*$/) { bad($1 " wants a positive whole number") }
+    $1 == "repeat" { repeat = $2 + 0 }
+    $1 == "busy_extra_ms" { busy = NF - 1; for (i = 2; i <= NF; i++) if ($i !~ /^-?[0-9]+$/) bad("busy_extra_ms wants whole numbers of ms") }
+    END {
+      if (failed) exit 1
+      n = split("goodput_mbit rtt_us cores repeat extra_steps busy_extra_ms", keys, " ")
+      for (i = 1; i <= n; i++) if (!(keys[i] in seen)) { printf "%s: no %s line (a truncated or hand-made inputs file?)\n", f, keys[i]; exit 1 }
+      if (busy != repeat) { printf "%s: busy_extra_ms has %d values, one a repeat wants %d\n", f, busy, repeat; exit 1 }
+    }' "$inputs" || return 1
+  local repeat
+  repeat=$(pv_units_value "$inputs" repeat)
+  [[ -s $logs/$cell.units.r$repeat.h0 ]] || { echo "$logs/$cell.units.r$repeat.h0: missing or empty (host 0's units file of the last repeat)"; return 1; }
+  for ((r = 1; r <= repeat; r++)); do
+    for ((h = 0; h < hosts; h++)); do
+      f="$logs/$cell.compute.r$r.h$h.out"
+      n=$(pv_run_steps "$f" "host $h's compute-only job of repeat $r") || { echo "$n"; return 1; }
+      if [[ -z $first ]]; then first=$f want=$n; fi
+      ((n == want)) || { echo "$f: $n steps after the first, $first has $want: the side-by-side compute-only jobs ran alike, so one was cut short"; return 1; }
+    done
+    for b in comm commlong $budgets; do
+      f=$(pv_run_steps "$logs/$cell.$b.r$r.h0.out" "the $b run of repeat $r") || { echo "$f"; return 1; }
+    done
+  done
+}
 
 # pv_comm_cpu BUSY_MS OPTIMIZER_MS LINK_MS: the cores a host's collectives keep busy while they move bytes at the
 # link's full rate (shardkit-plan --comm-cpu): BUSY_MS, the CPU per communication-only step per host (the ranks'

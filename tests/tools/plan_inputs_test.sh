@@ -8,11 +8,17 @@
 #    softirq alone; the waited children's CPU from bash's `times`, parsed and real (a child's busy second);
 # 4. a units file's step and values; the collectives' cores, never below 0, a link time of 0 refused;
 # 5. plan-validate refuses a --comm-cpu or --compute-from it cannot use, naming the flag, with exit 2 (before it
-#    asks for root or a build);
+#    asks for root or a build); so too --repeat 0, --steps 1, --rows 0, --hosts 1, a --rates that is no tc rate,
+#    --rtt-us -5 and a flag without its value, before any lab (they failed in the lab, after its first runs: --repeat
+#    0 with a NaN); as root, a second plan-validate on a lab one holds is refused (it took the first's lab away);
 # 6. with SHARDKIT_PLAN (shardkit-plan's path), plan-validate --from-logs on a made-up cell predicts what
 #    shardkit-plan predicts given the inputs worked out here by hand: units scaled to the slowest job's step, the
 #    optimizer alike, the collectives' cores from the busy time; with --compute-from rank0 --comm-cpu 0, unscaled;
-#    --rtt-us replaces the measured ring step; a cell the logs lack is refused, naming it.
+#    --rtt-us replaces the measured ring step; a cell the logs lack is refused, naming it; a --budgets typo is
+#    refused before any run; a truncated or hand-made log directory is refused naming the file (and line), not
+#    predicted from what is left (no busy_extra_ms: the collectives' CPU was 0; a host's compute log cut short: the
+#    slowest of fewer jobs; a budget's run without a step after the first: "- (0) ... +inf%"); CRLF inputs are read
+#    as LF; the runs' own flags (--steps, --repeat, trainer flags) are refused with --from-logs.
 #   plan_inputs_test.sh SOURCE_DIR [SHARDKIT_PLAN]
 set -euo pipefail
 src=$1
@@ -58,13 +64,37 @@ expect "comm cores, none" "$(pv_comm_cpu 5 10 78)" 0.000
 if pv_comm_cpu 43 10 0 2>"$work/err"; then fail "a link time of 0 was accepted"; fi
 grep -q "link time 0 ms" "$work/err" || fail "a link time of 0: $(cat "$work/err")"
 
-for bad in "--comm-cpu abc" "--compute-from fastest"; do
+# refused FLAGS... :: TEXT: plan-validate FLAGS exits 2 at once saying TEXT. Never a lab, also where a refusal is
+# missing: no build in --build's place (a flag after it may name binaries), and a lab of the test's own, whose
+# --rates 1bit netlab up refuses.
+refused() {
+  local args=(--build "$work/no-build" --hosts 2 --rates 1bit) rc=0
+  while [[ $1 != :: ]]; do args+=("$1"); shift; done
+  NETLAB_PREFIX=pvtest NETLAB_STATE_DIR=$work timeout 20 "$src/scripts/plan-validate" "${args[@]}" >"$work/out" 2>&1 || rc=$?
+  expect "plan-validate ${args[*]:6}: exit" "$rc" 2
+  grep -qF -- "$2" "$work/out" || fail "plan-validate ${args[*]:6}: want '$2', got: $(head -n 2 "$work/out")"
+}
+refused --comm-cpu abc :: "plan-validate: --comm-cpu wants"
+refused --compute-from fastest :: "plan-validate: --compute-from wants"
+refused --repeat 0 :: "plan-validate: --repeat wants a positive whole number below 10^9, got '0'"
+refused --steps 1 :: "plan-validate: --steps wants 2 or more"
+refused --rows 0 :: "plan-validate: --rows wants a positive whole number below 10^9, got '0'"
+refused --hosts "2 1" :: "plan-validate: --hosts wants host counts from 2 to 250 (the lab's link needs two), got '1'"
+refused --rates "2gbit 1gbits" :: "plan-validate: --rates: '1gbits' is not a tc rate"
+refused --rtt-us -5 :: "plan-validate: --rtt-us wants a non-negative number of microseconds, got '-5'"
+refused --budgets :: "plan-validate: --budgets wants a value"
+if [[ $(id -u) == 0 ]] && command -v flock >/dev/null && command -v ip >/dev/null; then
+  # A lab another plan-validate holds: refused before the lab is touched (without the lock, this run went on to
+  # 'netlab down' that lab; here its netlab up then refuses the 1bit rate, a lab of the test's own prefix).
+  exec {held}>"$work/pvtest.plan-validate.lock"
+  flock "$held"
   rc=0
-  # shellcheck disable=SC2086
-  "$src/scripts/plan-validate" $bad >"$work/out" 2>&1 || rc=$?
-  expect "plan-validate $bad: exit" "$rc" 2
-  grep -q -- "plan-validate: ${bad%% *} wants" "$work/out" || fail "plan-validate $bad: $(head -n 2 "$work/out")"
-done
+  NETLAB_PREFIX=pvtest NETLAB_STATE_DIR=$work timeout 20 "$src/scripts/plan-validate" --trainer /bin/true --plan /bin/true \
+    --rtt-us 100 --hosts 2 --rates 1bit --budgets unlimited >"$work/out" 2>&1 || rc=$?
+  exec {held}>&-
+  expect "a second plan-validate on one lab: exit" "$rc" 3
+  grep -q "another plan-validate is running on lab 'pvtest'" "$work/out" || fail "a second plan-validate: $(head -n 2 "$work/out")"
+fi
 plan=${2:-}
 if [[ -z $plan ]]; then echo "plan_inputs_test: part 6 skipped: no shardkit-plan given"; echo "plan_inputs_test: all passed"; exit 0; fi
 logs="$work/logs"
@@ -105,4 +135,35 @@ if "$src/scripts/plan-validate" --from-logs "$logs" --plan "$plan" --hosts 4 --r
   fail "--from-logs with a cell it did not measure succeeded"
 fi
 grep -q "holds no h4_2gbit.inputs" "$work/out" || fail "--from-logs, a missing cell: $(cat "$work/out")"
+refused --trainer /bin/true --plan "$plan" --rtt-us 100 --budgets "1u unlimted" :: \
+  "plan-validate: --budgets: --budget wants BYTES[K|M|G], Nu (units) or unlimited, got 'unlimted'"
+refused --from-logs "$logs" --plan "$plan" --steps 8 :: "plan-validate: --steps is the measured runs'"
+refused --from-logs "$logs" --plan "$plan" -- --width 512 :: "plan-validate: -- trainer flags is the measured runs'"
+# broken WHAT SETUP WANT: the cell's logs changed by SETUP (run in a copy) are refused, saying WANT
+broken() {
+  rm -rf "$work/broken" && cp -r "$logs" "$work/broken"
+  (cd "$work/broken" && eval "$2")
+  if "$src/scripts/plan-validate" --from-logs "$work/broken" --plan "$plan" --hosts 2 --rates 2gbit --budgets unlimited \
+    >"$work/out" 2>&1; then
+    fail "--from-logs, $1: predicted: $(grep '^| 2 ' "$work/out")"
+  fi
+  grep -qF -- "$3" "$work/out" || fail "--from-logs, $1: want '$3', got: $(head -n 2 "$work/out")"
+}
+broken "no busy_extra_ms" "sed -i /busy_extra_ms/d h2_2gbit.inputs" "broken/h2_2gbit.inputs: no busy_extra_ms line"
+broken "no cores" "sed -i /cores/d h2_2gbit.inputs" "broken/h2_2gbit.inputs: no cores line"
+broken "a word for a number" "sed -i 's/^repeat 1/repeat one/' h2_2gbit.inputs" \
+  "broken/h2_2gbit.inputs:4: repeat wants a positive whole number (got 'repeat one')"
+broken "a host's compute log cut short" "sed -i '/^step 2/d' h2_2gbit.compute.r1.h1.out" \
+  "broken/h2_2gbit.compute.r1.h1.out: 1 steps after the first, $work/broken/h2_2gbit.compute.r1.h0.out has 2"
+broken "a host's compute log missing" "rm h2_2gbit.compute.r1.h1.out" "broken/h2_2gbit.compute.r1.h1.out: missing"
+broken "a budget's run without a step" "sed -i '/^step [1-9]/d' h2_2gbit.unlimited.r1.h0.out" \
+  "broken/h2_2gbit.unlimited.r1.h0.out: no step after the first"
+broken "a units file's bad line" "sed -i 's/^unit block0 526080/unit block0 5x/' h2_2gbit.units.r1.h0" \
+  "broken/h2_2gbit.units.r1.h0:2: cannot read 'unit block0 5x 30 50'"
+# CRLF line ends in the inputs file: read as LF (the same prediction)
+want=$("$src/scripts/plan-validate" --from-logs "$logs" --plan "$plan" --hosts 2 --rates 2gbit --budgets unlimited | grep '^| 2 ')
+sed -i 's/$/\r/' "$logs/h2_2gbit.inputs"
+expect "--from-logs, CRLF inputs" "$("$src/scripts/plan-validate" --from-logs "$logs" --plan "$plan" --hosts 2 --rates 2gbit \
+  --budgets unlimited | grep '^| 2 ')" "$want"
 echo "plan_inputs_test: all passed"
+
