@@ -11,6 +11,7 @@
 #include <future>
 #include <latch>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "shardkit/transport/tcp/detail/core.hpp"
@@ -340,18 +341,27 @@ TEST_CASE("[tcp] ranks of another protocol version are refused at the handshake,
     CHECK_MESSAGE(what.find("it speaks version 1, this rank " + std::to_string(wire::protocol_version)) != std::string::npos, what);
   }
   // An older rank connecting: refused with an ack that carries this rank's version; the listener's own setup then
-  // fails naming the refusal and both versions.
+  // fails at once with errc::protocol naming that rank, its address and both versions (it waited out
+  // connect_timeout and failed with errc::timeout). Two strangers of another version come first and are only
+  // refused: one without the job's token, one with it but of another group (another job's): neither is a rank of
+  // this setup, so neither may end it.
   {
     auto store = fresh_store();
     std::string what;
-    wire::hello_message ack{};
+    std::optional<sk::errc> code;
+    std::optional<int> peer;
+    std::string real_from;
+    std::vector<wire::hello_message> acks;
     sk::test::run_threads(2, [&](int rank) {
       if (rank == 1) {
         auto opts = loopback_options();
-        opts.connect_timeout = 1500ms;  // it waits that long for a rank 0 that never comes
+        opts.auth_token = "s3cret";
+        opts.connect_timeout = 10s;  // before the fix: errc::timeout after this long
         try {
           tcp_transport::connect(store, 1, 2, opts);
         } catch (const sk::error& e) {
+          code = sk::errc(e.code().value());
+          peer = e.context().peer;
           what = e.what();
         }
         return;
@@ -362,17 +372,32 @@ TEST_CASE("[tcp] ranks of another protocol version are refused at the handshake,
       store.set(base + "group_id", "77");
       sk::rendezvous::all_gather_values(store, base + "addr/", 0, 2, "127.0.0.1:9", 10s);
       asio::io_context io;
-      tcp::socket s(io);
-      s.connect(published(store, 1, 2));
-      auto hello = hello_from(0, 1, 2, 0, 77, 0, loopback_options().streams_per_peer);
-      hello.version = 1;
-      send_hello(s, hello, "");
-      std::array<std::byte, wire::hello_size> buf{};
-      asio::read(s, asio::buffer(buf));
-      ack = wire::decode_hello(buf);
+      const auto knock = [&](std::uint64_t group, const std::string& token) {
+        tcp::socket s(io);
+        s.connect(published(store, 1, 2));
+        auto hello = hello_from(0, 1, 2, 0, group, token.size(), loopback_options().streams_per_peer);
+        hello.version = 1;
+        send_hello(s, hello, token);
+        std::array<std::byte, wire::hello_size> buf{};
+        asio::read(s, asio::buffer(buf));
+        acks.push_back(wire::decode_hello(buf));
+        return s;
+      };
+      knock(77, "");
+      knock(78, "s3cret");
+      auto real = knock(77, "s3cret");
+      real_from = "rank 0 at 127.0.0.1:" + std::to_string(real.local_endpoint().port()) + " (stream 0)";
     });
-    CHECK(ack.status == wire::handshake_status::bad_version);
-    CHECK(ack.version == wire::protocol_version);
+    REQUIRE(acks.size() == 3);
+    for (const auto& ack : acks) {
+      CHECK(ack.status == wire::handshake_status::bad_version);
+      CHECK(ack.version == wire::protocol_version);
+    }
+    REQUIRE(code);
+    CHECK_MESSAGE(*code == sk::errc::protocol, what);
+    CHECK(peer == 0);
+    CHECK_MESSAGE(what.find(real_from + " connected and was refused: TCP protocol version mismatch") != std::string::npos,
+                  what);
     CHECK_MESSAGE(what.find("it speaks version 1, this rank " + std::to_string(wire::protocol_version)) != std::string::npos, what);
   }
 }

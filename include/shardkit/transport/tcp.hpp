@@ -19,8 +19,9 @@
 //!    rank of another protocol version is refused, naming both versions); anything
 //!    else that connects is dropped and logged without disturbing the setup. Setup fails with errc::timeout
 //!    naming each missing peer, stream and address after options.connect_timeout, with errc::auth_failed when
-//!    a peer refused our token (or presented another), errc::protocol when it refused our protocol version (it
-//!    runs another shardkit), errc::config when ranks disagree on settings.
+//!    a peer refused our token (or presented another), errc::protocol when it refused our protocol version or
+//!    connected with another one and our token and group id (it runs another shardkit: both ends fail at once),
+//!    errc::config when ranks disagree on settings.
 //!  - **Striping**: a message up to chunk_bytes is one frame on whichever connection is idle first; a larger one
 //!    is cut into chunk_bytes frames that all connections pull in parallel. Frames carry tag, message sequence
 //!    number, total size and offset; the receiver matches messages to recvs in sequence order (so rule 5 holds

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -287,10 +288,23 @@ class mesh_builder {
                 " stream ", m.stream, ": ", why);
       if (m.sender < std::uint32_t(self_) && m.stream < std::uint32_t(opts_.streams_per_peer))
         note(int(m.sender), int(m.stream), "a connection from " + in->remote + " claiming it was rejected: " + why);
+      // A lower rank of this setup (it knows our token and group id, which no stranger does) speaking another
+      // protocol version runs another shardkit: setup fails now with errc::protocol, as that rank's does on our
+      // answer, not after connect_timeout. Any other refusal may be a stranger's and only leaves the note above.
+      std::optional<error> version_failure;
+      if (status == handshake_status::bad_version && m.group_id == group_id_ && m.sender < std::uint32_t(self_) &&
+          constant_time_equal(in->token, opts_.auth_token))
+        version_failure = error(errc::protocol,
+                                "rank " + std::to_string(m.sender) + " at " + in->remote + " (stream " +
+                                    std::to_string(m.stream) + ") connected and was refused: " + why,
+                                {.rank = self_, .peer = int(m.sender), .operation = "tcp.connect"});
       finish(*in, false);
-      asio::async_write(in->socket, out, asio::bind_executor(strand_, [in](const error_code&, std::size_t) {
+      // Reported once the answer is written, so that the peer learns why before this rank's setup ends.
+      asio::async_write(in->socket, out,
+                        asio::bind_executor(strand_, [this, in, version_failure](const error_code&, std::size_t) {
                           error_code ignored;
                           in->socket.close(ignored);
+                          if (version_failure && !closed_) report(*version_failure);
                         }));
       return;
     }
