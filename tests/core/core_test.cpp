@@ -544,6 +544,28 @@ TEST_CASE("[core] blocking_call_pool: a call's `after` may destroy the pool (its
 }
 
 #if defined(__linux__)
+TEST_CASE("[core] owned_thread takes its options' name, started from its constructor or from start()") {
+  const auto name_of_this_thread = [] {
+    char name[16] = {};
+    ::pthread_getname_np(::pthread_self(), name, sizeof name);
+    return std::string(name);
+  };
+  std::string seen;
+  {
+    shardkit::detail::owned_thread t([&] { seen = name_of_this_thread(); }, {.name = "sk-test-owned"});
+  }
+  CHECK(seen == "sk-test-owned");
+  shardkit::detail::owned_thread t;
+  t.start([&] { seen = name_of_this_thread(); }, {.name = "sk-test-started"});
+  t.join();
+  CHECK(seen == "sk-test-started");
+  t.start([&] { seen = name_of_this_thread(); });  // no name given: the starter's
+  t.join();
+  CHECK(seen == name_of_this_thread());
+}
+#endif
+
+#if defined(__linux__)
 TEST_CASE("[core] thread_pool workers take their options' name and run that much lower, never higher, than their starter") {
   // On a thread of its own: a thread that lowers itself cannot go back, and the test's thread must not stay lowered.
   std::thread([] {

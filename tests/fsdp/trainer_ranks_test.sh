@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The example trainer on N ranks (processes, shardkit-run, shm) trains the same model on the same data as on 1 rank:
 # every step's loss agrees within 1e-5 relative. Extra arguments (strategy, micro-batches, budget) go to the N-rank
-# run only: on 1 rank every strategy computes the same thing.
+# run only: on 1 rank every strategy computes the same thing. The N-rank run's CPU by thread names the library's
+# threads (sk-shm-0, sk-fsdp-gather, sk-fsdp-reduce).
 # usage: trainer_ranks_test.sh SHARDKIT_RUN TRAINER N [trainer flags...]
 set -euo pipefail
 run=$1 trainer=$2 n=$3
@@ -15,7 +16,14 @@ grep -qE '^\[rank 0\] # blas: OpenBLAS, [A-Za-z0-9]+ kernels \((detected|OPENBLA
   { echo "no '# blas:' line naming OpenBLAS's kernels:"; grep -n blas <<<"$full"; exit 1; }
 trace=$(mktemp -d)
 trap 'rm -rf "$trace"' EXIT
-many=$("$run" -n "$n" -- "$trainer" "${flags[@]}" --trace "$trace/t" "$@" | grep -o 'step [0-9]* loss [^ ]*')
+many_full=$("$run" -n "$n" -- "$trainer" "${flags[@]}" --trace "$trace/t" "$@")
+many=$(grep -o 'step [0-9]* loss [^ ]*' <<<"$many_full")
+# The run's CPU by thread names the library's threads by what they do (core/thread_options.hpp), beside the
+# trainer's own: the shm transport's progress thread (rank 0's), the model's gather and reduce threads.
+cpu=$(grep '# CPU on rank 0 by thread' <<<"$many_full") || { echo "FAIL: no '# CPU on rank 0 by thread' line"; exit 1; }
+for name in trainer sk-shm-0 sk-fsdp-gather sk-fsdp-reduce; do
+  grep -qE "[:,] $name [0-9]+" <<<"$cpu" || { echo "FAIL: thread $name not in: $cpu"; exit 1; }
+done
 echo "1 rank:"; echo "$one"
 echo "$n ranks:"; echo "$many"
 [ "$(echo "$one" | wc -l)" = 6 ] || { echo "FAIL: expected 6 steps from the 1-rank run"; exit 1; }

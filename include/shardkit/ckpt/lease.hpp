@@ -339,7 +339,7 @@ class location_lease {
         }
         lock.lock();
       }
-    });
+    }, thread_options{.name = "sk-lease"});
   }
   void stop_renewing() noexcept {
     {

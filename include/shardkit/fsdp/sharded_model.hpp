@@ -476,8 +476,8 @@ class sharded_model {
   rate_limiter_stats limiter_base_{};  // the limiter's counts at reset_stats()
   std::stop_source pass_stop_;  // withdraws the gathers of a pass that is abandoned
   // Declared last: destroyed (joined) first, while everything their jobs touch is alive.
-  thread_pool gather_thread_{1};
-  thread_pool reduce_thread_{1};
+  thread_pool gather_thread_{1, thread_options{.name = "sk-fsdp-gather"}};
+  thread_pool reduce_thread_{1, thread_options{.name = "sk-fsdp-reduce"}};
 };
 
 //! A pass over the units: `for (unit_scope& u : model.forward())`. Each step ends the previous unit (frees or

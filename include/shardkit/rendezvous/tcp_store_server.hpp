@@ -95,7 +95,7 @@ class tcp_store_server {
   explicit tcp_store_server(tcp_store_server_options options = {})
       : opts_(checked(std::move(options))), net_(opts_.bind_address, opts_.port, opts_.max_frame_bytes) {
     world_ = opts_.world_size;
-    thread_.start([this] { run(); });
+    thread_.start([this] { run(); }, thread_options{.name = "sk-store"});
   }
   tcp_store_server(const tcp_store_server&) = delete;
   tcp_store_server& operator=(const tcp_store_server&) = delete;

@@ -16,10 +16,12 @@ namespace shardkit::comm::detail {
 class progress_engine {
  public:
   progress_engine() {
-    thread_.start([](state& s) {
-      on_progress_thread() = true;  // blocking on work here would deadlock: work::wait refuses (work.hpp)
-      run(s);
-    });
+    thread_.start(
+        [](state& s) {
+          on_progress_thread() = true;  // blocking on work here would deadlock: work::wait refuses (work.hpp)
+          run(s);
+        },
+        thread_options{.name = "sk-progress"});
   }
   progress_engine(const progress_engine&) = delete;
   progress_engine& operator=(const progress_engine&) = delete;

@@ -42,18 +42,20 @@ namespace shardkit::detail {
 class owned_thread {
  public:
   owned_thread() noexcept = default;
-  //! Starts `f` at once (the owner's last member, started in its initializer list).
+  //! Starts `f` at once (the owner's last member, started in its initializer list), the thread named and lowered
+  //! as `options` says (core/thread_options.hpp) before it calls `f`.
   template <class F>
-  explicit owned_thread(F f) : thread_(std::move(f)) {}
+  explicit owned_thread(F f, thread_options options = {}) : thread_(with_options(std::move(f), std::move(options))) {}
   owned_thread(owned_thread&&) noexcept = default;
   owned_thread& operator=(owned_thread&&) = delete;
   ~owned_thread() { join(); }
 
-  //! Starts `f`; the previous thread, if any, must have been joined (or detached).
+  //! Starts `f`, named and lowered as `options` says; the previous thread, if any, must have been joined (or
+  //! detached).
   template <class F>
-  void start(F f) {
+  void start(F f, thread_options options = {}) {
     if (thread_.joinable()) throw_error(errc::invalid_argument, "owned_thread::start while its thread runs");
-    thread_ = std::thread(std::move(f));
+    thread_ = std::thread(with_options(std::move(f), std::move(options)));
   }
 
   //! Waits for the thread to return, or detaches it when called on the thread itself (its owner is being
@@ -74,6 +76,14 @@ class owned_thread {
   bool is_current() const noexcept { return thread_.get_id() == std::this_thread::get_id(); }
 
  private:
+  template <class F>
+  static auto with_options(F f, thread_options options) {
+    return [f = std::move(f), o = std::move(options)]() mutable {
+      apply_to_this_thread(o);
+      f();
+    };
+  }
+
   std::thread thread_;
 };
 

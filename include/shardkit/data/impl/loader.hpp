@@ -380,7 +380,7 @@ SHARDKIT_DECL void loader::install(std::vector<shard_state> shards) {
   finished_ = false;
   if (options_.prefetch > 0) {
     stopping_ = false;
-    thread_.start([this] { prefetch_loop(); });
+    thread_.start([this] { prefetch_loop(); }, thread_options{.name = "sk-data"});
   }
 }
 

@@ -69,7 +69,7 @@ class send_channel {
 
  public:
   explicit send_channel(link_setup s) : link_(std::move(s)), q_(std::make_shared<channel_queue>()) {
-    worker_.start([this, q = q_] { run(*q); });
+    worker_.start([this, q = q_] { run(*q); }, thread_options{.name = "sk-nccl-p2p"});
   }
   send_channel(const send_channel&) = delete;
   send_channel& operator=(const send_channel&) = delete;
@@ -167,7 +167,7 @@ class recv_channel {
 
  public:
   explicit recv_channel(link_setup s) : link_(std::move(s)), q_(std::make_shared<shared_state>()) {
-    worker_.start([this, q = q_] { run(*q); });
+    worker_.start([this, q = q_] { run(*q); }, thread_options{.name = "sk-nccl-p2p"});
   }
   recv_channel(const recv_channel&) = delete;
   recv_channel& operator=(const recv_channel&) = delete;

@@ -39,7 +39,7 @@ inline fabric_transport::fabric_transport(rendezvous::any_store& store, int rank
       if (!submit(p)) throw error(errc::backend, "posting a probe receive failed: " + slot->error_text, ctx);
     }
   }
-  progress_.start([this](progress_state& s) { progress_loop(s); });
+  progress_.start([this](progress_state& s) { progress_loop(s); }, thread_options{.name = "sk-fabric"});
 }
 
 }  // namespace shardkit::transport

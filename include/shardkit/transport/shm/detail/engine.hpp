@@ -240,7 +240,7 @@ class engine : public std::enable_shared_from_this<engine> {
   void run() {
     progress_thread_id_.store(std::this_thread::get_id());
     char name[16];
-    std::snprintf(name, sizeof name, "shardkit-shm-%d", rank());
+    std::snprintf(name, sizeof name, "sk-shm-%d", rank());
     ::pthread_setname_np(::pthread_self(), name);
     try {
       bool idle = false;

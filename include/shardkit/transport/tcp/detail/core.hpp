@@ -78,7 +78,7 @@ class core : public std::enable_shared_from_this<core> {
 
   void start_threads() {
     for (int i = 0; i < opts_.io_threads; ++i)
-      threads_.emplace_back([self = shared_from_this()] { self->run(); });
+      threads_.emplace_back([self = shared_from_this()] { self->run(); }, thread_options{.name = "sk-tcp-io"});
   }
 
   //! The collective part of connect(): listen, publish, connect the mesh. Throws shardkit::error.
