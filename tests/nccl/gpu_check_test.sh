@@ -2,6 +2,7 @@
 # scripts/gpu-check's own logic, without a GPU:
 # 1. pack and run a bundle of stand-in binaries (one passes, one fails, one skips itself, one is missing, one
 #    outlives its time limit): the table says each, the exit status is 1, the logs and summary.md are written;
+#    pack builds the suites and, where the build has them, their model twins (a stand-in cmake records it);
 # 2. pack --list names the CUDA runtime among the bundled libraries and leaves glibc's and NCCL's out;
 # 3. run --model --quick on this build's model twins (nccl_model_test, ...: one model device): every step that
 #    has a twin passes (the trainer's --device cuda on its host twin too), the others are marked as not in the dry
@@ -43,6 +44,33 @@ row fsdp_nccl | grep -q "| missing (not built) |" || fail "fsdp_nccl: $(row fsdp
 row staged_4_ranks | grep -q "| \*\*failed\*\* (exit 3) |" || fail "staged_4_ranks: $(row staged_4_ranks)"
 row bench_nccl | grep -q "| \*\*timed out\*\* after 2 s |" || fail "bench_nccl (tools/'s, not the installed copy): $(row bench_nccl)"
 grep -q "^| step | result | seconds | binary | what it checks |" "$work/run.txt" || fail "no table printed"
+
+# 1b. What pack builds: the suites, and their model twins where the build has them, which run --model on that build
+#     dir needs (the trainer's host twin stopped coming with the trainer in b6e1986). A stand-in cmake lists the
+#     build's targets (FAKE_TARGETS) and records what it is asked to build.
+mkdir -p "$work/fakebin"
+cat >"$work/fakebin/cmake" <<'EOF'
+#!/usr/bin/env bash
+if [[ " $* " == *" --target help "* ]]; then printf '%s: phony\n' $FAKE_TARGETS; exit 0; fi
+echo "$*" >>"$FAKE_CMAKE_LOG"
+EOF
+chmod +x "$work/fakebin/cmake"
+built() {  # built LOG TARGETS...: pack's build with the stand-in cmake, on a build that has TARGETS
+  local log=$1
+  shift
+  PATH="$work/fakebin:$PATH" FAKE_TARGETS="$*" FAKE_CMAKE_LOG="$log" \
+    bash "$src/scripts/gpu-check" pack --build-dir "$fake" --out "$work/built.tar.xz" >"$work/built.txt" 2>&1 ||
+    { cat "$work/built.txt"; fail "pack with a stand-in cmake"; }
+  [ -s "$log" ] || fail "pack asked the stand-in cmake to build nothing"
+}
+built "$work/with-model.txt" nccl_test nccl_model_test fsdp_nccl_test ckpt_cuda_test ckpt_cuda_model_test \
+  shardkit-bench shardkit_bench_model shardkit-run trainer trainer_cuda_model
+for t in nccl_test trainer nccl_model_test ckpt_cuda_model_test shardkit_bench_model trainer_cuda_model; do
+  grep -qE "(^| )$t( |$)" "$work/with-model.txt" || fail "pack did not build $t: $(cat "$work/with-model.txt")"
+done
+! grep -qE "(^| )fsdp_nccl_model_test( |$)" "$work/with-model.txt" || fail "pack built a twin the build does not have"
+built "$work/without-model.txt" nccl_test trainer shardkit-bench shardkit-run
+! grep -q "_model" "$work/without-model.txt" || fail "pack built a twin without the model: $(cat "$work/without-model.txt")"
 
 # 2. What a real bundle would carry.
 bash "$src/scripts/gpu-check" pack --build-dir "$build" --list >"$work/list.txt" 2>&1 || { cat "$work/list.txt"; fail "pack --list"; }
