@@ -433,6 +433,31 @@ TEST_CASE("[fsdp] plan: strategies, hosts and the CPU share") {
     const double alone = fsdp::simulate_step(units, cluster, o).step_seconds;
     cluster.comm_cpu_cores = 0.5;
     CHECK(fsdp::simulate_step(units, cluster, o).step_seconds > alone);
+    // A collective that asks for little CPU gets it, beside compute that wants more than the host has (max-min
+    // sharing, as the kernel's scheduler runs a thread that sleeps most of the time at once when it wakes): the
+    // transfers are not slowed to compute's share, and compute loses only what they take.
+    cluster.comm_cpu_cores = 0.01;
+    const double tiny = fsdp::simulate_step(units, cluster, o).step_seconds;
+    CHECK(tiny >= alone);
+    CHECK(tiny <= alone * 1.02);
+  }
+  SUBCASE("the host's cores are shared max-min fairly between compute and collectives") {
+    using fsdp::detail::max_min_share;
+    CHECK(max_min_share(2, 1, 1, 0.5) == std::pair{1.0, 0.5});  // enough for both
+    const auto [c1, m1] = max_min_share(0.5, 1, 1, 0.065);     // the small ask whole, compute the rest
+    CHECK(m1 == doctest::Approx(0.065));
+    CHECK(c1 == doctest::Approx(0.435));
+    const auto [c2, m2] = max_min_share(0.5, 1, 1, 0.4);  // both above an equal share: halves
+    CHECK(c2 == doctest::Approx(0.25));
+    CHECK(m2 == doctest::Approx(0.25));
+    const auto [c3, m3] = max_min_share(1, 4, 1, 0.1);  // 4 ranks on a core: each compute 0.15, each transfer 0.1
+    CHECK(c3 == doctest::Approx(0.15));
+    CHECK(m3 == doctest::Approx(0.1));
+    CHECK(max_min_share(0.5, 1, 0, 0.8) == std::pair{0.0, 0.5});  // no compute: the transfers take the host
+    CHECK(max_min_share(0.5, 2, 1, 0) == std::pair{0.25, 0.0});   // no transfers: compute shares it
+    const auto [c4, m4] = max_min_share(0.5, 1, 0.1, 1);  // the argument order does not matter
+    CHECK(c4 == doctest::Approx(0.1));
+    CHECK(m4 == doctest::Approx(0.4));
   }
   SUBCASE("what sharded_model refuses, the planner refuses") {
     CHECK_THROWS_WITH_AS(fsdp::simulate_step(units, lab(), {.limiter_budget_bytes = 1000}),

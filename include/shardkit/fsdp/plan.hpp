@@ -28,8 +28,10 @@
 //! Transfers that cross hosts share the host's NICs fairly, flow by flow: a group spread over several hosts puts
 //! one flow per group instance on each host's link (full_shard: one; hybrid_shard's replica groups: one per rank of
 //! the host), and an all-gather and a reduce-scatter in flight at once halve each other's rate. A host's cores are
-//! shared by its ranks' compute and, when `comm_cpu_cores` is set, their collectives' transfers: a rank computes at
-//! the share the cores leave it, relative to the share it had in the compute-only run its times come from.
+//! shared by its ranks' compute and, when `comm_cpu_cores` is set, their collectives' transfers, max-min fairly (a
+//! transfer asking less than an equal share gets all it asks, as a thread that mostly sleeps does): a rank
+//! computes at the share the cores leave it, relative to the share it had in the compute-only run its times come
+//! from.
 //!
 //! What it does not model: TCP's own dynamics (slow start, incast), the ring's segmentation, congestion beyond the
 //! host's link (a non-blocking switch is assumed), hosts or ranks that are slower than the others (stragglers: give

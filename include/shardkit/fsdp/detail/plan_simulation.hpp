@@ -16,6 +16,7 @@
 #include "shardkit/core/error.hpp"
 #include "shardkit/fsdp/detail/limiter_budget.hpp"
 #include "shardkit/fsdp/detail/plan_collective.hpp"
+#include "shardkit/fsdp/detail/plan_cpu.hpp"
 #include "shardkit/fsdp/detail/plan_inputs.hpp"
 #include "shardkit/fsdp/detail/plan_scratch.hpp"
 #include "shardkit/fsdp/plan.hpp"
@@ -483,11 +484,14 @@ class plan_simulation {
     double moving = 0;
     for (running_collective* r : colls)
       if (r && !r->in_latency && r->remaining > 0) moving += r->c.crosses_hosts ? r->c.flows / flows : 1.0;
-    const double demand =
-        double(cluster_.ranks_per_host) * ((computing_ ? 1.0 : 0.0) + cluster_.comm_cpu_cores * moving);
-    const double cpu = demand > cores_ ? cores_ / demand : 1.0;  // each consumer's share of what it asks for
-    const double comm_cpu = cluster_.comm_cpu_cores > 0 ? cpu : 1.0;
-    const double compute_rate = std::min(1.0, cpu) / measured_share_;
+    // Each rank's two consumers ask for cores: its compute one (while it computes), its collectives
+    // comm_cpu_cores x moving. The host's cores go to them max-min fairly, as the kernel's scheduler shares
+    // them: a consumer that asks less than an equal share gets all it asks (a thread that sleeps most of the
+    // time runs at once when it wakes), the others share the rest alike.
+    const double comm_ask = cluster_.comm_cpu_cores * moving;
+    const auto granted = max_min_share(cores_, double(cluster_.ranks_per_host), computing_ ? 1.0 : 0.0, comm_ask);
+    const double comm_cpu = comm_ask > 0 ? granted.second / comm_ask : 1.0;  // the share of its ask it gets
+    const double compute_rate = std::min(1.0, granted.first) / measured_share_;
     double rates[2] = {0, 0};
     double dt = std::numeric_limits<double>::infinity();
     if (computing_) dt = compute_left_ / compute_rate;
