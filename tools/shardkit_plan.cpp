@@ -145,7 +145,9 @@ units_file read_units(const std::string& path) {
     const auto ms = [&](const std::string& word, const char* what) {
       char* end = nullptr;
       const double x = std::strtod(word.c_str(), &end);
-      if (*end != '\0' || !std::isfinite(x) || x < 0 || word[0] == '-')
+      // Decimals only: strtod would also take hexadecimal ("0x10" as 16 ms).
+      if (*end != '\0' || !std::isfinite(x) || x < 0 || word[0] == '-' ||
+          word.find_first_not_of("0123456789.eE+") != std::string::npos)
         bad(std::string(what) + " a non-negative number of ms, got '" + word + "'");
       return x;
     };

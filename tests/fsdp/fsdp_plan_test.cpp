@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -477,6 +478,29 @@ TEST_CASE("[fsdp] plan: strategies, hosts and the CPU share") {
     CHECK_THROWS_WITH_AS(fsdp::simulate_step(units, negative, {}),
                          doctest::Contains("plan_cluster::comm_cpu_cores must not be negative"), sk::error);
     CHECK_THROWS_AS(fsdp::simulate_step({}, lab(), {}), sk::error);
+  }
+  SUBCASE("sizes and rates beyond what the simulation counts are refused, not wrapped or NaN") {
+    // 2^62 parameters: their f32 bytes wrapped to a smaller model's; 2^62 x 4 ranks wrapped to a world of 0.
+    const std::vector<fsdp::plan_unit> huge{{"a", 10, 1e-3, 2e-3}, {"huge", std::size_t(1) << 62, 1e-3, 2e-3}};
+    CHECK_THROWS_WITH_AS(fsdp::simulate_step(huge, lab(), {}),
+                         doctest::Contains("unit 'huge' has 4611686018427387904 parameters, past 2^50"), sk::error);
+    CHECK_THROWS_WITH_AS(fsdp::simulate_step(units, {.hosts = std::size_t(1) << 62, .ranks_per_host = 4}, {}),
+                         doctest::Contains("must be at most 1048576 ranks, got 4611686018427387904 x 4"), sk::error);
+    // An infinite link (shardkit-plan --gbit 1e300) gave NaN bytes each way; an infinite latency or compute time,
+    // infinite steps; a latency near double's largest, a sum of them past it.
+    CHECK_THROWS_WITH_AS(fsdp::simulate_step(units, lab(std::numeric_limits<double>::infinity()), {}),
+                         doctest::Contains("plan_cluster::link_bytes_per_second must be finite"), sk::error);
+    auto far = lab();
+    far.rtt_seconds = std::numeric_limits<double>::max() / 2;
+    CHECK_THROWS_WITH_AS(fsdp::simulate_step(units, far, {}), doctest::Contains("figures are not finite"), sk::error);
+    auto endless = lab();
+    endless.rtt_seconds = std::numeric_limits<double>::infinity();
+    CHECK_THROWS_WITH_AS(fsdp::simulate_step(units, endless, {}),
+                         doctest::Contains("plan_cluster::rtt_seconds must be finite"), sk::error);
+    auto forever = units;
+    forever[1].forward_seconds = std::numeric_limits<double>::infinity();
+    CHECK_THROWS_WITH_AS(fsdp::simulate_step(forever, lab(), {}),
+                         doctest::Contains("unit 'u1' has a negative or infinite compute time"), sk::error);
   }
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # trainer --plan-units writes what shardkit-plan reads: a tiny 1-rank run's units, then the planner's table for 2
 # hosts (every budget row, steps positive, peak gathered bytes within each budget), one budget's timeline, the
-# t5-11b preset, and a units file it cannot read refused naming the line.
+# t5-11b preset, and a units file it cannot read refused naming the line; sizes and rates beyond what the simulation
+# counts refused.
 # usage: shardkit_plan_test.sh SHARDKIT_RUN TRAINER SHARDKIT_PLAN
 set -euo pipefail
 run=$1 trainer=$2 plan=$3
@@ -62,6 +63,13 @@ refuse "--early-backward wants on or off, got 'soon'" --units "$u" --early-backw
 refuse "--keep-before wants on or off, got 'x'" --units "$u" --keep-before x
 refuse "give two of the three" --units "$u" --hosts 2 --ranks 8 --ranks-per-host 2
 refuse "below the" --units "$u" --hosts 2 --budget 1000
+# Beyond what the simulation counts: refused, not printed as a step (the 2^62-parameter unit wrapped to a smaller
+# model's bytes, --gbit 1e300 printed "-nan MB each way", --hosts 2^21 ran for minutes and 99999999999 until killed).
+printf 'unit a 10 1 2\nunit huge 4611686018427387904 1 2\n' >"$work/huge.txt"
+refuse "unit 'huge' has 4611686018427387904 parameters, past 2^50" --units "$work/huge.txt" --hosts 2
+refuse "plan_cluster::link_bytes_per_second must be finite" --units "$u" --hosts 2 --gbit 1e300
+refuse "must be at most 1048576 ranks, got 2097152 x 1" --units "$u" --hosts 2097152
+refuse "must be at most 1048576 ranks, got 99999999999 x 8" --units "$u" --hosts 99999999999 --ranks-per-host 8
 "$plan" --units "$u" --strategy hybrid_shard --ranks 8 --ranks-per-host 4 | grep -q '^# 4 units, 2 hosts x 4 ranks, shard 4 x 2 replicas' ||
   { echo "FAIL: hybrid_shard without --hybrid-size: a shard group per host"; exit 1; }
 "$plan" --units "$u" --max-gathered 3 | grep -q '^| unlimited, at most 3 gathered |' || { echo "FAIL: --max-gathered's label"; exit 1; }
@@ -80,6 +88,8 @@ bad_file 'unit a 10 1 2\nmeasured_shard 2.5\n' 2 "measured_shard a positive inte
 bad_file 'unit a 10 1 2 junk\n' 1 "(5 fields), got 6"
 bad_file 'unit a 10 1 2\nother_ms 1\nother_ms 2\n' 3 "other_ms once"
 bad_file 'unit a 10 -1 2\n' 1 "FORWARD_MS a non-negative number"
+bad_file 'unit a 10 0x10 2\n' 1 "FORWARD_MS a non-negative number of ms, got '0x10'"
+bad_file 'unit a 10 1 2\nother_ms 0x1p3\n' 2 "other_ms a non-negative number of ms, got '0x1p3'"
 printf 'unit a 10 0 0\nunit b 10 0 0\n' >"$work/f.txt"
 refuse "has no measured compute" --units "$work/f.txt"
 

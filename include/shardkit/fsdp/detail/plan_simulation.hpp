@@ -41,10 +41,8 @@ class plan_simulation {
     measured_share_ = cluster.measured_cores_per_rank > 0 ? cluster.measured_cores_per_rank
                                                           : std::min(1.0, cores_ / double(cluster.ranks_per_host));
     const bool master = shard_ == 1 && options.precision.param == dtype::f32;
+    check_units(units, where);
     for (const auto& u : units) {
-      if (u.numel == 0) throw_error(errc::invalid_argument, "unit '" + u.name + "' has no parameters", where);
-      if (!(u.forward_seconds >= 0) || !(u.backward_seconds >= 0))
-        throw_error(errc::invalid_argument, "unit '" + u.name + "' has a negative compute time", where);
       const unit_layout l(unit_spec{u.name, {{u.name, {u.numel}}}}, shard_);
       unit_state st;
       st.name = u.name;
@@ -591,7 +589,7 @@ namespace shardkit::fsdp {
 
 inline plan_result simulate_step(std::span<const plan_unit> units, const plan_cluster& cluster,
                                  const plan_options& options) {
-  return detail::plan_simulation(units, cluster, options).run();
+  return detail::checked_result(detail::plan_simulation(units, cluster, options).run(), {.operation = "fsdp.plan"});
 }
 
 }  // namespace shardkit::fsdp
