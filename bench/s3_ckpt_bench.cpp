@@ -64,7 +64,8 @@ class bench_ranks {
     loaders_.resize(std::size_t(ranks));
     on_ranks([&](int r) {  // construction is collective (dup)
       savers_[std::size_t(r)] = std::make_unique<ck::checkpointer>(groups_[std::size_t(r)], sink_, ck::checkpointer_options{.keep_last = 0});
-      loaders_[std::size_t(r)] = std::make_unique<ck::checkpointer>(groups_[std::size_t(r)], sink_);
+      // It loads beside the saver, which holds the location's lease: a reader only.
+      loaders_[std::size_t(r)] = std::make_unique<ck::checkpointer>(groups_[std::size_t(r)], sink_, ck::checkpointer_options{.loads_only = true});
     });
   }
 

@@ -74,7 +74,7 @@ int main(int argc, char** argv) try {
                              {.location = argv[2], .mode = sk::ckpt::staging::zero_overhead});  // named in its errors
 
   int step = 0;
-  if (auto loaded = ckpt.load_latest(state)) {  // at any number of ranks
+  if (auto loaded = ckpt.load_latest(state)) {  // any number of ranks; a live run's location: refused
     step = int(loaded->step);
     opt.set_steps(opt_steps);
     data.load(ckpt.read_rank_bytes(loaded->step, "data"), pg.rank(), pg.size());
@@ -84,7 +84,7 @@ int main(int argc, char** argv) try {
                    "getting_started: warning: the checkpoint is at step %d, not before STEPS %d: nothing to train\n",
                    step, steps);
   }
-  ckpt.open_for_saves();  // a live run's location is refused now, naming its run and pid, not at the first save
+  ckpt.open_for_saves();  // another run's checkpoints here (not loaded) are refused now, not at the first save
   for (; step < steps; ++step) {
     const sk::data::batch b = data.next();
     double loss = 0;

@@ -283,8 +283,9 @@ int main(int argc, char** argv) try {
   if (loader) state.add_rank_bytes("data_loader", loader_state);
   std::optional<sk::ckpt::checkpointer> ckpt;
   if (!f.ckpt_dir.empty()) {
+    // A --resume that saves nothing (no --ckpt-every) only reads: it takes no lease, so it may follow a live run.
     sk::ckpt::checkpointer_options o{.location = f.ckpt_dir, .keep_last = f.ckpt_keep, .mode = f.ckpt_mode,
-                                     .seed = f.seed, .overwrite = f.overwrite};
+                                     .seed = f.seed, .overwrite = f.overwrite, .loads_only = f.ckpt_every <= 0};
 #if defined(TRAINER_HAS_CUDA)
     if (f.cuda) o.device = sk::ckpt::cuda_checkpoint_device({.device = cuda_device});  // pinned staging
 #endif

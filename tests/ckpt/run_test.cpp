@@ -311,10 +311,17 @@ void plant_lease(st::any_sink& sink, const std::string& host, std::int64_t pid, 
 }
 }  // namespace
 
-TEST_CASE("[ckpt] two live runs on one location: the second is refused at its first save, naming the holder") {
+TEST_CASE("[ckpt] two live runs on one location: the second is refused at its first load, before it reads, naming the holder") {
   for (int world : {1, 2}) {
     CAPTURE(world);
-    auto sink = st::make_sink<st::memory_sink>();
+    // What B reads while A holds the location: nothing but the lease (an index or a rank file read there would be
+    // the whole checkpoint loaded before the refusal, costly on S3).
+    std::atomic<bool> b_loading{false};
+    std::atomic<int> b_reads{0};
+    st::any_sink sink = st::make_sink<tc::hooked_memory_sink>(tc::sink_hooks{
+        .on_get = [&](const std::string& key, std::uint64_t) {
+          if (b_loading && key != ck::lease_key("")) ++b_reads;
+        }});
     // Ranks [0, world) are run A, [world, 2 world) run B, which resumes from A's checkpoint (so the same run id: only
     // the lease tells the two apart).
     auto a = sk::comm::make_loopback_world(world), b = sk::comm::make_loopback_world(world);
@@ -336,18 +343,45 @@ TEST_CASE("[ckpt] two live runs on one location: the second is refused at its fi
         }
         step.arrive_and_wait();  // A holds the location
         if (!in_a) {
-          REQUIRE(c.load_latest(d));
-          try {
+          b_loading = true;
+          for (const bool latest : {true, false}) {  // load_latest, then load of the step: each refused alike
+            CAPTURE(latest);
+            try {
+              if (latest) c.load_latest(d);
+              else c.load(1, d);
+              FAIL("B's load was not refused");
+            } catch (const sk::error& e) {
+              const std::string what = e.what();
+              INFO(what);
+              CHECK(e.code() == sk::errc::config);
+              // Labelled by what refused (the lease), naming the location and the holder; no save happened.
+              CHECK(e.context().operation == "ckpt.lease");
+              CHECK(e.context().object == "/ckpt/shared");
+              CHECK(what.find("ckpt.lease '/ckpt/shared'") != std::string::npos);
+              CHECK(what.find("ckpt.save") == std::string::npos);
+              CHECK(what.find("the checkpoint location '/ckpt/shared' is held by run " + run_a + " (host ") != std::string::npos);
+              CHECK(what.find(", pid " + std::to_string(::getpid()) + ", renewed ") != std::string::npos);
+              CHECK(what.find("two runs never write one location") != std::string::npos);
+              CHECK(what.find("nothing was loaded") != std::string::npos);
+              ++refused;
+            }
+          }
+          b_loading = false;
+          try {  // its save (open_for_saves) is refused the same way
             c.save(2, d);
             FAIL("B's save was not refused");
           } catch (const sk::error& e) {
-            const std::string what = e.what();
-            INFO(what);
-            CHECK(what.find("the checkpoint location '/ckpt/shared' is held by run " + run_a + " (host ") != std::string::npos);
-            CHECK(what.find(", pid " + std::to_string(::getpid()) + ", renewed ") != std::string::npos);
-            CHECK(what.find("two runs never write one location") != std::string::npos);
-            ++refused;
+            CHECK(e.context().operation == "ckpt.lease");
+            CHECK(std::string(e.what()).find("is held by run " + run_a + " (host ") != std::string::npos);
           }
+        }
+        step.arrive_and_wait();
+        if (!in_a) {  // a reader that never saves (loads_only) loads the live run's checkpoint, takes no lease
+          ck::checkpointer reader(b[std::size_t(r)], sink, {.location = "/ckpt/shared", .loads_only = true});
+          model.fill(0);
+          REQUIRE(reader.load_latest(d)->step == 1);
+          model.check(1);
+          CHECK_THROWS_WITH_AS(reader.save(2, d), doctest::Contains("only loads (checkpointer_options::loads_only)"), sk::error);
         }
         step.arrive_and_wait();
         if (in_a) {
@@ -363,7 +397,8 @@ TEST_CASE("[ckpt] two live runs on one location: the second is refused at its fi
         CHECK(c.save(3, d).get().committed);
       }
     });
-    CHECK(refused == world);
+    CHECK(refused == 2 * world);
+    CHECK(b_reads == 0);
     CHECK(ck::complete_checkpoints(sink, "") == std::vector<std::uint64_t>{1, 2, 3});
     CHECK_FALSE(sink.exists(ck::lease_key("")));  // released at the end
   }

@@ -24,7 +24,8 @@
 //! **One run per location.** The first save (or open_for_saves(), earlier) opens the location for this run, on rank
 //! 0, before any rank writes:
 //! it takes the location's lease (ckpt/lease.hpp: a second live writer is refused, naming the holder's run, host and
-//! pid), refuses a location whose newest checkpoint is another run's unless this run loaded from it or
+//! pid; a load before the first save takes it already, before it reads anything, unless checkpointer_options::
+//! loads_only), refuses a location whose newest checkpoint is another run's unless this run loaded from it or
 //! checkpointer_options::overwrite is set (then it removes them first), and tells every rank this run's id and which
 //! steps hold an index (after moving aside the damaged steps a load_latest passed over). Every index records the run id (checkpointer_options::run_id) and seed. A save into a step
 //! that holds an index fails on every rank with nothing written; rank 0 reads the lease back before each index and
@@ -143,6 +144,11 @@ struct checkpointer_options {
   //! The location's lease (ckpt/lease.hpp): a lease not renewed for this long may be taken over by another run. Its
   //! holder renews it every quarter of it, from a thread of its own.
   std::chrono::seconds lease_expiry{120};
+  //! This checkpointer only reads (an evaluation job, a converter following a live run): its loads take no lease,
+  //! and save() and open_for_saves() are refused. false: a checkpointer that saves takes the location's lease before
+  //! its first load reads anything (load(), load_latest()), since a load before the first save resumes the run there:
+  //! a location a live run holds is refused at once, naming the holder, before a byte of the checkpoint is read.
+  bool loads_only = false;
   //! Copies the state's tensors that live on a device (a GPU) to and from host memory, and allocates the staging
   //! buffer where it copies fastest (page-locked); see ckpt/device.hpp. Empty: host tensors only.
   any_checkpoint_device device;
@@ -225,11 +231,14 @@ class checkpointer {
   SHARDKIT_DECL std::optional<std::uint64_t> latest();
 
   //! Loads the checkpoint of `step` into `into` (see load_state: resharding, verified ranged reads). Not
-  //! collective (load_scope::everything is), but every rank must load the same step. errc::not_found when that
-  //! checkpoint does not exist.
+  //! collective (load_scope::everything is, and so is a first load before the first save of a checkpointer that
+  //! saves: it takes the location's lease first, see checkpointer_options::loads_only), but every rank must load the
+  //! same step. errc::not_found when that checkpoint does not exist; errc::config naming the holder when a live run
+  //! holds the location (nothing read).
   SHARDKIT_DECL load_report load(std::uint64_t step, const state_dict& into, load_scope scope = load_scope::what_state_asks);
 
-  //! Loads the newest complete checkpoint; std::nullopt when there is none. Collective (latest()). When it does not
+  //! Loads the newest complete checkpoint; std::nullopt when there is none. Collective (latest()). A checkpointer
+  //! that saves takes the location's lease first, as load() does, before it lists or reads. When it does not
   //! load on some rank because its data is damaged (a rank file absent or cut short, a checksum mismatch, an index
   //! that does not parse), every rank falls back to the next older complete checkpoint, rank 0 logs which step and
   //! why, and the report lists it (load_report::passed_over); when none loads, errc::io naming every step tried. The
@@ -240,7 +249,8 @@ class checkpointer {
   SHARDKIT_DECL std::optional<load_report> load_latest(const state_dict& into, load_scope scope = load_scope::what_state_asks);
 
   //! Opens the location for this run's saves now, as the first save would (see the file comment): takes the lease
-  //! and refuses another run's checkpoints (errc::config on every rank) unless this run loaded from it or
+  //! (unless a load took it: a live holder is errc::config from operation "ckpt.lease", naming the location and the
+  //! holder) and refuses another run's checkpoints (errc::config on every rank) unless this run loaded from it or
   //! checkpointer_options::overwrite is set. Collective; once per checkpointer (later calls, and saves, return at
   //! once). A run that will save without loading calls it before training, so that a wrong location fails at start,
   //! not at the first save; a load after it does not make the run a resumed one.
@@ -313,6 +323,14 @@ class checkpointer {
 
   // The first save's opening of the location (see the file comment): collective on calls_group_.
   SHARDKIT_DECL void open_location();
+  // What errors call the location: checkpointer_options::location, else the prefix or the sink's root.
+  SHARDKIT_DECL std::string location_name() const;
+  // Rank 0: takes the location's lease, or keeps the one it holds, naming this run's id (throws as acquire does).
+  SHARDKIT_DECL void hold_lease_on_rank0();
+  // load() and load_latest() before the first save of a checkpointer that saves: collective; the lease first, so
+  // that a live holder is refused on every rank before anything is read. A lease that cannot be written (a location
+  // only readable here) lets the load go on: the first save takes it, or fails.
+  SHARDKIT_DECL void take_lease_before_loading();
   // Rank 0, opening: moves aside the damaged steps a load passed over (damaged_steps_), logging each.
   SHARDKIT_DECL void move_damaged_steps_aside(const listing& listed, const std::string& where);
   // Rank 0, opening: removes every checkpoint under the prefix (checkpointer_options::overwrite).
@@ -378,6 +396,7 @@ class checkpointer {
   std::string run_id_;
   bool resumed_ = false;
   bool opened_ = false;
+  bool leased_before_load_ = false;  // every rank: a load took the lease (or found it could not be written)
   bool swept_ = false;  // rank 0 swept earlier runs' temporaries (once, on first holding the lease)
   std::set<std::uint64_t> indexed_at_open_;  // saves into these steps are refused (this run holds the lease)
   // Steps load_latest passed over before the first save (damaged), and why: that save moves them aside (rank 0).

@@ -310,7 +310,16 @@ class location_lease {
     }
   }
 
-  const std::string& run() const noexcept { return mine_.run; }
+  //! The run id the lease names from now on (a holder that took the lease before a load learnt its run's id):
+  //! rewritten at once while held.
+  void set_run(const std::string& run) {
+    {
+      std::lock_guard lock(record_mutex_);
+      if (mine_.run == run) return;
+      mine_.run = run;
+    }
+    if (held_ && check().empty()) write(false);  // never over a lease another holder took meanwhile
+  }
   bool held() const noexcept { return held_; }
 
  private:
@@ -318,8 +327,12 @@ class location_lease {
   std::string why_stale(const lease_record& l, std::int64_t now) const { return lease_stale_reason(l, now, expiry_, mine_.host); }
   std::optional<lease_record> read() { return read_lease(sink_, key_); }
   bool write(bool only_new) {
-    mine_.renewed = detail::unix_seconds();
-    const std::string text = mine_.to_json();
+    std::string text;
+    {
+      std::lock_guard lock(record_mutex_);  // the renewer's thread and set_run()'s
+      mine_.renewed = detail::unix_seconds();
+      text = mine_.to_json();
+    }
     if (only_new) return storage::put_new(sink_, key_, storage::as_bytes(text));
     storage::put_object(sink_, key_, storage::as_bytes(text));
     return true;
@@ -362,6 +375,7 @@ class location_lease {
   std::string key_, where_;
   std::chrono::seconds expiry_;
   lease_record mine_;
+  std::mutex record_mutex_;
   std::mutex mutex_;
   std::condition_variable changed_;
   bool stopping_ = false;

@@ -54,6 +54,7 @@ SHARDKIT_DECL void checkpointer::refuse_what_no_rank_asks(const checkpoint_index
 
 SHARDKIT_DECL load_report checkpointer::load(std::uint64_t step, const state_dict& into, load_scope scope) {
   wait_for_saves();
+  take_lease_before_loading();
   auto index = read_index(sink_, opts_.prefix, step);
   if (!index)
     throw_error(errc::not_found, "no checkpoint of step " + std::to_string(step) + " (no index " + index_key(opts_.prefix, step) + ")",
@@ -76,6 +77,7 @@ SHARDKIT_DECL std::optional<load_report> checkpointer::load_latest(const state_d
   std::map<std::uint64_t, std::string, std::greater<>> passed;
   std::vector<unreadable_index> unreadable;
   listing listed;  // rank 0's, taken once: the fall-backs and the account below look in it
+  take_lease_before_loading();  // before the listing and the index (hundreds of megabytes for a large job)
   auto step = find_latest(&parsed, &unreadable, &listed);
   // `loaded`: the step that loads; rank 0 also names the newer steps that hold files but no index (a save that
   // did not complete: a rank stopped or killed during it), so that a resume says why it goes back past them.

@@ -176,21 +176,79 @@ SHARDKIT_DECL void checkpointer::sweep_temporaries_of_earlier_runs() {
   }
 }
 
+namespace detail {
+// Rank 0's failure as every rank throws it: what it said, its code, and, for the location's lease, "ckpt.lease" (the
+// lease names the location and the holder itself; any other failure is prefixed with its operation and object).
+inline nlohmann::json failure_verdict(std::exception_ptr failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const shardkit::error& e) {
+    const auto& c = e.context();
+    if (c.operation == "ckpt.lease") return {{"error", e.detail()}, {"code", e.code().value()}, {"operation", c.operation}};
+    return {{"error", (c.object.empty() ? std::string{} : c.operation + " '" + c.object + "': ") + e.detail()}, {"code", e.code().value()}};
+  } catch (const std::exception& e) {
+    return {{"error", e.what()}, {"code", static_cast<int>(errc::io)}};
+  }
+}
+}  // namespace detail
+
+SHARDKIT_DECL std::string checkpointer::location_name() const {
+  if (!opts_.location.empty()) return opts_.location;
+  return opts_.prefix.empty() ? std::string("the sink's root") : "prefix '" + opts_.prefix + "'";
+}
+
+SHARDKIT_DECL void checkpointer::hold_lease_on_rank0() {
+  if (run_id_.empty()) run_id_ = random_id();
+  // One lease object for every attempt: a failed attempt may have written it (its read-back failed).
+  if (!lease_) lease_ = std::make_unique<location_lease>(sink_, opts_.prefix, location_name(), run_id_, opts_.lease_expiry);
+  lease_->set_run(run_id_);  // a load since it was taken may have made this run the one it loaded
+  if (!lease_->held()) lease_->acquire();
+}
+
+SHARDKIT_DECL void checkpointer::take_lease_before_loading() {
+  if (opts_.loads_only || opened_ || leased_before_load_) return;
+  std::string verdict;
+  if (rank_ == 0) {
+    try {
+      hold_lease_on_rank0();
+    } catch (...) {
+      verdict = detail::failure_verdict(std::current_exception()).dump();
+    }
+  }
+  if (world_ > 1) verdict = broadcast_string(verdict, 0);
+  leased_before_load_ = true;
+  if (verdict.empty()) return;
+  const auto v = nlohmann::json::parse(verdict);
+  const auto code = static_cast<errc>(v["code"].get<int>());
+  if (code != errc::config) {  // not written (a location only readable here): the first save takes it, or fails
+    if (rank_ == 0)
+      log::info("ckpt: loading from '", location_name(), "' without its lease (", v["error"].get<std::string>(),
+                "); the first save takes it");
+    return;
+  }
+  leased_before_load_ = false;  // a later load tries again
+  throw error(make_error_code(code),
+              v["error"].get<std::string>() + "; nothing was loaded: a checkpointer that saves takes its location's lease "
+                  "before it loads (one that only reads a live run's checkpoints sets checkpointer_options::loads_only)" +
+                  std::string(rank_ == 0 ? "" : " (on rank 0, which takes the lease)"),
+              {.rank = rank_, .operation = v.value("operation", std::string("ckpt.lease")), .object = location_name()});
+}
+
 SHARDKIT_DECL void checkpointer::open_for_saves() {
+  if (opts_.loads_only)
+    throw_error(errc::invalid_argument,
+                "this checkpointer only loads (checkpointer_options::loads_only): it opens no location for saves",
+                {.rank = rank_, .operation = "ckpt.open_for_saves", .object = location_name()});
   if (!opened_) open_location();
 }
 
 SHARDKIT_DECL void checkpointer::open_location() {
-  const std::string where = opts_.location.empty() ? (opts_.prefix.empty() ? std::string("the sink's root") : "prefix '" + opts_.prefix + "'")
-                                                   : opts_.location;
+  const std::string where = location_name();
   std::string verdict;
   if (rank_ == 0) {
     nlohmann::json v;
     try {
-      if (run_id_.empty()) run_id_ = random_id();
-      // One lease object for every attempt: a failed attempt may have written it (its read-back failed).
-      if (!lease_) lease_ = std::make_unique<location_lease>(sink_, opts_.prefix, where, run_id_, opts_.lease_expiry);
-      if (!lease_->held()) lease_->acquire();
+      hold_lease_on_rank0();
       // Only the lease's holder sweeps: a run refused here (or one that only loads) must not take a live run's
       // slow writer, whose temporary may be older than this process, for a dead one.
       if (!swept_) {
@@ -225,17 +283,19 @@ SHARDKIT_DECL void checkpointer::open_location() {
         }
       }
       v = {{"run", run_id_}, {"indexed", std::vector<std::uint64_t>(listed.indexed.begin(), listed.indexed.end())}};
-    } catch (const shardkit::error& e) {
-      const auto& c = e.context();
-      v = {{"error", (c.object.empty() ? std::string{} : c.operation + " '" + c.object + "': ") + e.detail()}, {"code", e.code().value()}};
-    } catch (const std::exception& e) {
-      v = {{"error", e.what()}, {"code", static_cast<int>(errc::io)}};
+    } catch (...) {
+      v = detail::failure_verdict(std::current_exception());
     }
     if (v.contains("error")) log::error("ckpt: opening '", where, "' for this run's saves: ", v["error"].get<std::string>());
     verdict = v.dump();
   }
   if (world_ > 1) verdict = broadcast_string(verdict, 0);
   const auto v = nlohmann::json::parse(verdict);
+  // The lease's refusal is the lease's: it names the location and the holder ("ckpt.lease 'runs/a': ... is held by").
+  if (v.contains("error") && v.contains("operation"))
+    throw error(make_error_code(static_cast<errc>(v["code"].get<int>())),
+                v["error"].get<std::string>() + std::string(rank_ == 0 ? "" : " (on rank 0, which takes the lease)"),
+                {.rank = rank_, .operation = v["operation"].get<std::string>(), .object = where});
   if (v.contains("error"))
     throw error(make_error_code(static_cast<errc>(v["code"].get<int>())),
                 "opening the checkpoint location for this run's saves" + std::string(rank_ == 0 ? "" : " (on rank 0)") + ": " +
