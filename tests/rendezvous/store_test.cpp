@@ -526,9 +526,10 @@ TEST_CASE("[rendezvous] tcp_store: a wrong, missing or old-protocol token is ref
 }
 
 namespace {
-//! Rank 1's error from a store on loopback that reads its hello and answers errc `said` with `text`, as a store's
-//! server refuses a client.
-shardkit::error refused_by(errc said, const std::string& text) {
+//! The error `connect(port)` throws against a store on loopback that reads one hello and answers errc `said` with
+//! `text`, as a store's server refuses a client.
+template <class F>
+shardkit::error refused_by(errc said, const std::string& text, F&& connect) {
   const shardkit::test::loopback_listener listener(4);
   const int l = listener.fd();
   std::thread store([&] {
@@ -540,11 +541,17 @@ shardkit::error refused_by(errc said, const std::string& text) {
     (void)::send(c, answer.data(), answer.size(), MSG_NOSIGNAL);
     ::close(c);
   });
-  auto o = quick();
-  o.rank = 1;
-  auto e = expect_error([&] { rdv::tcp_store("127.0.0.1", listener.port(), o); });
+  auto e = expect_error([&] { connect(listener.port()); });
   store.join();
   return e;
+}
+//! Rank 1's error from such a store.
+shardkit::error refused_by(errc said, const std::string& text) {
+  return refused_by(said, text, [](int port) {
+    auto o = quick();
+    o.rank = 1;
+    rdv::tcp_store("127.0.0.1", port, o);
+  });
 }
 }  // namespace
 
@@ -605,6 +612,31 @@ TEST_CASE("[rendezvous] tcp_store: a version refusal no shardkit store sends is 
                                  ": they run different shardkit versions"));
     CHECK(contains(e.what(), "(it said, as errc::config: \"" + words + other + ", the client " + ours + "\")"));
     CHECK_FALSE(contains(e.what(), "serves run"));
+  }
+}
+
+// A host whose MASTER_PORT is taken tells the store of another shardkit (a refusal of this client's version for one a
+// shardkit store speaks) from another program by what the client's refusal was, kept on its connection, not by the
+// refusal's words: a program that refuses this client's own version, quoting the sentence a genuine refusal ends in,
+// is another program. Before, tcp_store found that sentence in the error's text and said the port was taken by the
+// shardkit store of another job.
+TEST_CASE("[rendezvous] tcp_store: a taken MASTER_PORT's holder is another shardkit's store by the refusal, not its words") {
+  const auto host = [](int port) { rdv::tcp_store::create("127.0.0.1", port, true, 2, 5s, "", 0); };
+  const auto ours = rdv::detail::store_protocol_version;
+  SUBCASE("a store of another protocol version") {
+    const auto e = refused_by(errc::protocol, rdv::detail::other_store_version_text(ours + 1, ours), host);
+    CAPTURE(std::string(e.what()));
+    CHECK(e.code() == errc::config);
+    CHECK(contains(e.what(), "(MASTER_PORT) is taken by the shardkit store of another job: the store at 127.0.0.1:"));
+    CHECK(contains(e.what(), "speaks store protocol version " + std::to_string(ours + 1) + " and rank 0 version " +
+                                 std::to_string(ours) + ": they run different shardkit versions"));
+  }
+  SUBCASE("a program refusing this client's own version in a genuine refusal's words") {
+    const auto e = refused_by(
+        errc::protocol, rdv::detail::other_store_version_text(ours, ours) + std::string(rdv::detail::different_versions), host);
+    CAPTURE(std::string(e.what()));
+    CHECK(e.code() == errc::config);
+    CHECK(contains(e.what(), "(MASTER_PORT) is held by another program, not a shardkit store"));
   }
 }
 

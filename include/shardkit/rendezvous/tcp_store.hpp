@@ -363,16 +363,20 @@ class tcp_store {
       if (port == 0 || e.code() != errc::config) throw;
       const std::string where = "port " + std::to_string(port) + " (MASTER_PORT)";
       const error_context ctx{.operation = "store.listen", .object = detail::host_port("*", port)};
+      // The connection itself, not a tcp_store: what its refusal was is kept on it (a store of another shardkit
+      // refusing this version), where the error carries only words.
+      detail::store_client_connection probe({.host = "127.0.0.1", .port = port, .connect_timeout = std::chrono::seconds(1),
+                                             .timeout = std::chrono::seconds(1), .max_frame_bytes = client.max_frame_bytes,
+                                             .auth_token = client.auth_token, .run_id = client.run_id, .rank = client.rank});
       try {
-        tcp_store probe("127.0.0.1", port, {.connect_timeout = std::chrono::seconds(1), .timeout = std::chrono::seconds(1),
-                                            .auth_token = client.auth_token, .run_id = client.run_id, .rank = client.rank});
+        probe.connect();
       } catch (const error& p) {
         if (p.code() == errc::auth_failed)
           throw_error(errc::config, where + " is taken by the shardkit store of another job (another SHARDKIT_AUTH_TOKEN): "
                       "choose another MASTER_PORT", ctx);
         if (p.code() == errc::config)  // another run's store
           throw_error(errc::config, where + " is taken by the shardkit store of another job: " + p.detail(), ctx);
-        if (p.code() == errc::protocol && p.detail().find(detail::different_versions) != std::string::npos)
+        if (probe.refused_for_another_version())
           throw_error(errc::config, where + " is taken by the shardkit store of another job: " + p.detail(), ctx);
         if (p.code() == errc::protocol)
           throw_error(errc::config, where + " is held by another program, not a shardkit store: choose another MASTER_PORT", ctx);

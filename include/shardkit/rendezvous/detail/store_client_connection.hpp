@@ -75,6 +75,10 @@ class store_client_connection {
   //! What /proc says of the server's process when it runs on this host and is not running ("its process (pid N)
   //! is stopped (SIGSTOP or a debugger)", "... exited"), else "".
   std::string describe_host() const { return shardkit::detail::proc::describe_if_not_running(host_process_); }
+  //! Whether the last connect() ended in the store refusing this client's store protocol version for one a shardkit
+  //! store speaks: the store of another shardkit. The error's words are for people; tcp_store tells a taken
+  //! MASTER_PORT's holder by this.
+  bool refused_for_another_version() const noexcept { return refused_for_another_version_; }
 
   //! `dl`, or this thread's request_bound where that comes first.
   static deadline bounded(deadline dl) noexcept { return std::min(dl, request_bound::current()); }
@@ -116,6 +120,7 @@ class store_client_connection {
     auto backoff = std::chrono::milliseconds(10);
     last_ = "no attempt finished";
     failed_ = failure::other;
+    refused_for_another_version_ = false;
     // A store that never comes (rank 0 failed at start, or was never started) must not leave this rank silent for
     // the whole timeout: one line after a second (ranks start in any order, and rank 0's store is often a moment
     // from listening: a line at the first refused attempt would come with most healthy starts), then one every tenth
@@ -367,7 +372,7 @@ class store_client_connection {
   //! errc::protocol, not errc::auth_failed, since nothing is wrong with the token: the two processes run different
   //! shardkit builds. An answer no shardkit store gives (this client's own version named as another, a version
   //! past 32 bits, the words under another code than a store's) is said as what it is, quoting what was sent.
-  [[noreturn]] void other_version(const std::string& theirs, errc code, std::string_view why) const {
+  [[noreturn]] void other_version(const std::string& theirs, errc code, std::string_view why) {
     const std::string ours = std::to_string(store_protocol_version);
     const auto said = [&] {
       const char* as = code == errc::config        ? "errc::config"
@@ -386,6 +391,7 @@ class store_client_connection {
     if (wide)
       throw_error(errc::protocol, refused + ", which is no store protocol version (they are 32-bit numbers)" + said() +
                                       elsewhere);
+    refused_for_another_version_ = true;
     throw_error(errc::protocol, "the store at " + address() + " speaks store protocol version " + theirs + " and " +
                                     who() + " version " + ours + std::string(different_versions) +
                                     (code == errc::config ? said() : std::string()));
@@ -397,6 +403,7 @@ class store_client_connection {
   std::string last_;                  // the last attempt's error, while connect() retries
   failure failed_ = failure::other;  // and what kind of failure it was
   std::string silent_for_;           // how long the last hello went unanswered ("400 ms")
+  bool refused_for_another_version_ = false;  // see refused_for_another_version()
   steady_clock::time_point started_{}, next_report_ = steady_clock::time_point::max();  // connect()'s start and its next waiting line
   std::chrono::milliseconds slice_{20'000};         // between waiting lines
   shardkit::detail::proc::process_identity host_process_;  // from the hello's answer; pid 0: not told

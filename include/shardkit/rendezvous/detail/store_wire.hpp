@@ -159,7 +159,8 @@ inline std::string store_hello(std::string_view token, std::string_view run_id,
       .str(store_hello_line_end).take();
 }
 
-//! How a client's error for a store of another protocol version goes on (tcp_store tells such a store by it).
+//! How a client's error for a store of another protocol version goes on (words for people: tcp_store tells such a
+//! store by store_client_connection::refused_for_another_version()).
 inline constexpr std::string_view different_versions =
     ": they run different shardkit versions; every process of a job (its store's host, rank 0, included) must run the "
     "same shardkit";
