@@ -5,7 +5,7 @@
 #     with an error naming the killed rank (the chaos_kill_in_collective scenario checks itself and exits 0);
 #  2. a lab link set down (ip link set eth0 down in a host's namespace) mid-collective: every rank, on both sides
 #     of it, fails with an error within its timeout + 1 s of the link going down, and by the failed collective's
-#     own deadline (+ 100 ms of scheduling slack; nothing dies, so nothing closes a connection: timeouts).
+#     own deadline (+ 400 ms of scheduling slack; nothing dies, so nothing closes a connection: timeouts).
 # CHAOS_TRIALS (default 2) trials of each. Exit 77 (ctest SKIP_RETURN_CODE) with a one-line reason without root.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../lab/lab_lib.sh"
