@@ -460,7 +460,10 @@ class plan_simulation {
   }
 
   void settle() {
-    while (run_trainer() | run_gather_thread() | start_collectives()) {
+    for (bool moved = true; moved;) {  // each in turn, every time (the operands of | are unsequenced)
+      moved = run_trainer();
+      moved = run_gather_thread() || moved;
+      moved = start_collectives() || moved;
     }
   }
 
