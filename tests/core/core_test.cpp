@@ -242,6 +242,67 @@ TEST_CASE("[core] ms_left_until rounds the time left up, to at least 1 ms") {
   CHECK(ms_left_until(now - std::chrono::seconds(5), now) == milliseconds(1));
 }
 
+// spin_gate's rule, fed yield durations on a made-up clock: no real yield is timed.
+TEST_CASE("[core] spin_gate closes after a run of yields that lost the core and reopens after its pause; a lost one now and then keeps it open") {
+  using shardkit::detail::spin_gate;
+  using namespace std::chrono_literals;
+  constexpr std::chrono::nanoseconds spin = 50us, kept = 2us, lost = 9ms;  // lost: another thread's time slice
+  spin_gate gate;
+  auto t = spin_gate::clock::time_point{} + 1h;
+  auto feed = [&](std::chrono::nanoseconds took) {
+    t += took;
+    gate.record(took, spin, t);
+  };
+  CHECK(gate.open(t));
+
+  SUBCASE("a run of lost yields") {
+    for (int i = 0; i < 3; ++i) feed(lost);
+    CHECK(gate.open(t));  // 3 of the last ~8: not most
+    for (int i = 0; i < 5; ++i) feed(lost);
+    CHECK_FALSE(gate.open(t));
+    CHECK_FALSE(gate.open(t + spin_gate::pause - 1ns));
+    t += spin_gate::pause;
+    CHECK(gate.open(t));
+    feed(lost);  // most recent ones still lost: closed again at once
+    CHECK_FALSE(gate.open(t));
+    t += spin_gate::pause;
+    for (int i = 0; i < 8; ++i) feed(kept);
+    feed(lost);  // after a run of kept ones, one lost leaves it open
+    CHECK(gate.open(t));
+  }
+  SUBCASE("a lost yield now and then") {
+    for (int i = 0; i < 300; ++i) {
+      feed(i % 3 == 0 ? lost : kept);
+      REQUIRE(gate.open(t));
+    }
+  }
+  SUBCASE("a yield as long as the whole spin is not lost") {
+    for (int i = 0; i < 30; ++i) feed(spin);
+    CHECK(gate.open(t));
+  }
+}
+
+TEST_CASE("[core] spin_until does not poll while its thread's spin_gate is closed; the wait then blocks and still ends") {
+  // A thread of its own: the gate is per thread, and this one's stays closed.
+  int polls = -1;
+  std::size_t got = 0;
+  std::thread waiter([&] {
+    using namespace std::chrono_literals;
+    auto& gate = shardkit::detail::this_thread_spin_gate();
+    const auto far = steady_clock::now() + 1h;  // closed until then: however slow this machine, not reopened
+    for (int i = 0; i < 8; ++i) gate.record(9ms, 50us, far);
+    polls = 0;
+    spin_until([&] { return ++polls < 0; });  // never ready
+    completion_source src;
+    std::thread producer([src] { src.set_done(7); });
+    got = completion(src).get();
+    producer.join();
+  });
+  waiter.join();
+  CHECK(polls == 1);  // the first look only; polling would look again after each yield for SHARDKIT_SPIN_US
+  CHECK(got == 7);
+}
+
 // The timer thread sleeps until its earliest timer and is woken only by a timer that comes before it: one added
 // later but due earlier must still wake it. Orders, not durations: the hour-long timer must not have fired when the
 // 1 ms one has, however loaded the machine.

@@ -20,11 +20,11 @@
 #include <mutex>
 #include <optional>
 #include <span>
-#include <thread>
 #include <cstdlib>
 #include <utility>
 #include <vector>
 
+#include "shardkit/core/detail/spin_gate.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/executor.hpp"
 #include "shardkit/core/log.hpp"
@@ -45,15 +45,19 @@ inline constexpr deadline no_deadline = deadline::max();
 //! Defined in core/impl/completion.hpp (the settings parsing is compiled there).
 SHARDKIT_DECL std::chrono::microseconds spin_before_block() noexcept;
 
-//! Polls `ready` (yielding between polls) for up to spin_before_block() or until `until`; true once ready.
+//! Polls `ready` (yielding between polls) for up to spin_before_block() or until `until`; true once ready. Not
+//! while this thread's yields keep losing the core to other threads' time slices (detail::spin_gate): each such
+//! yield came back only after a slice, while a sleeper is woken as soon as its operation ends.
 template <class Ready>
 bool spin_until(Ready&& ready, steady_clock::time_point until = steady_clock::time_point::max()) {
   if (ready()) return true;
   const auto spin = spin_before_block();
   if (spin.count() == 0) return false;
-  const auto end = std::min(until, steady_clock::now() + spin);
-  while (steady_clock::now() < end) {
-    std::this_thread::yield();
+  auto& gate = detail::this_thread_spin_gate();
+  auto now = steady_clock::now();
+  const auto end = std::min(until, now + spin);
+  while (now < end && gate.open(now)) {
+    now = gate.yield(now, spin);
     if (ready()) return true;
   }
   return false;

@@ -27,7 +27,7 @@
 //! | progress             | one thread per transport: polls the rings for `spin` after the last activity       |
 //! |                      | (yielding the core between polls), then sleeps on a futex in shared memory, so an  |
 //! |                      | idle rank uses no CPU; while its yields keep losing the core to other threads      |
-//! |                      | (oversubscribed cores), it sleeps at once instead (detail::shm::spin_gate)         |
+//! |                      | (oversubscribed cores), it sleeps at once instead (shardkit::detail::spin_gate)    |
 //! | lost peer            | a peer that closed or aborted its transport, or whose process exited (checked      |
 //! |                      | every `heartbeat` while operations are pending), fails its pending and later       |
 //! |                      | operations with errc::peer_lost naming it; messages it had fully sent stay         |

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "shardkit/core/completion.hpp"
+#include "shardkit/core/detail/spin_gate.hpp"
 #include "shardkit/core/error.hpp"
 #include "shardkit/core/log.hpp"
 #include "shardkit/transport/p2p.hpp"
@@ -267,7 +268,7 @@ class engine : public std::enable_shared_from_this<engine> {
           // about to post the next operation, or a peer's progress thread) may need this very core; pause-spinning
           // made a small round trip several times slower. Unless yields keep losing the core: spin_gate
           // (docs/design.md, "The transports' defaults").
-          spin_gate_.yield(cfg_.spin);
+          spin_gate_.yield(now, cfg_.spin);
         } else {
           sleep();
           idle = false;
@@ -589,7 +590,7 @@ class engine : public std::enable_shared_from_this<engine> {
 
   // Progress thread only.
   bool flushed_ = false;  // every queued send went into the rings before the transport closed
-  spin_gate spin_gate_;
+  shardkit::detail::spin_gate spin_gate_;
   std::vector<bool> gone_;
   steady_clock::time_point next_heartbeat_{};
 };

@@ -31,7 +31,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 
 #include "shardkit/core/detail/process_state.hpp"
@@ -145,31 +144,6 @@ inline void ring_doorbell(segment_header& h) noexcept {
   if (h.sleeping.load(std::memory_order_seq_cst) != static_cast<std::uint32_t>(sleep_state::awake))
     futex_wake_all(h.doorbell);
 }
-
-//! Whether the progress thread may poll (yielding between polls) before it sleeps on its futex. A yield that
-//! outlasts the whole spin gave the core to another thread's time slice. When most recent yields do (over about the
-//! last 8), the cores are oversubscribed by threads as urgent as this one: every later yield would wait out such a
-//! slice while the peer's bytes wait, where a futex sleeper is woken at once (a 4 KiB ring beside 14 busy threads
-//! on 2 cores: 9-14 ms a handoff yielding, 0.1 ms sleeping). Polling then stops for `pause` at each yield lost. A
-//! lost yield now and then (builds at a lower priority: 0.4% of them) keeps polling, which wins there.
-class spin_gate {
- public:
-  static constexpr std::chrono::milliseconds pause{100};
-  bool open(std::chrono::steady_clock::time_point now) const noexcept { return now >= closed_until_; }
-  void yield(std::chrono::nanoseconds spin) noexcept {
-    const auto start = std::chrono::steady_clock::now();
-    std::this_thread::yield();
-    const auto end = std::chrono::steady_clock::now();
-    const bool lost = end - start > spin;
-    lost_share_ += ((lost ? 256 : 0) - lost_share_) / 8;
-    if (lost && lost_share_ > 128) closed_until_ = end + pause;
-  }
-
- private:
-  int lost_share_ = 0;  // of 256: a moving average of the yields that lost the core
-  std::chrono::steady_clock::time_point closed_until_{};
-};
-
 
 // ---- process liveness ----
 
