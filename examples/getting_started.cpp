@@ -71,7 +71,8 @@ int main(int argc, char** argv) try {
   state.add_shards(model.sharded_state()).add_shards(opt.sharded_state(), "optim.");
   state.add_value("optim.steps", opt_steps).add_rank_bytes("data", data_state);
   sk::ckpt::checkpointer ckpt(pg, sk::storage::open_sink(argv[2]),
-                             {.location = argv[2], .mode = sk::ckpt::staging::zero_overhead});  // named in its errors
+                             {.location = argv[2], .mode = sk::ckpt::staging::zero_overhead,  // named in its errors
+                              .metadata = {{"model", "getting_started"}}});  // another model's checkpoint: refused
 
   int step = 0;
   if (auto loaded = ckpt.load_latest(state)) {  // any number of ranks; a live run's location: refused

@@ -285,7 +285,8 @@ int main(int argc, char** argv) try {
   if (!f.ckpt_dir.empty()) {
     // A --resume that saves nothing (no --ckpt-every) only reads: it takes no lease, so it may follow a live run.
     sk::ckpt::checkpointer_options o{.location = f.ckpt_dir, .keep_last = f.ckpt_keep, .mode = f.ckpt_mode,
-                                     .seed = f.seed, .overwrite = f.overwrite, .loads_only = f.ckpt_every <= 0};
+                                     .seed = f.seed, .overwrite = f.overwrite, .loads_only = f.ckpt_every <= 0,
+                                     .metadata = {{"model", "examples/trainer"}}};  // another model's: refused by name
 #if defined(TRAINER_HAS_CUDA)
     if (f.cuda) o.device = sk::ckpt::cuda_checkpoint_device({.device = cuda_device});  // pinned staging
 #endif
@@ -469,7 +470,7 @@ int main(int argc, char** argv) try {
       if (loader) loader_state = loader->state();
       const auto c0 = std::chrono::steady_clock::now();
       saves_behind += !saves.empty() && !saves.back().is_done();
-      saves.push_back(ckpt->save(std::uint64_t(step + 1), state, {{"model", "examples/trainer"}}));
+      saves.push_back(ckpt->save(std::uint64_t(step + 1), state));
       if (f.ckpt_blocking) saves.back().wait();  // a synchronous save: persisted and committed before training goes on
       ckpt_stall_ms += ms(std::chrono::steady_clock::now() - c0);
     }

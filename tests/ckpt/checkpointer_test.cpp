@@ -461,7 +461,9 @@ TEST_CASE("[ckpt] bad requests and mismatched state are clear errors") {
     ck::state_dict d;
     piece p{"missing", {10}, 0, 10, other};
     d.add_shards(std::vector{p});
-    CHECK_THROWS_WITH_AS(c.load(4, d), doctest::Contains("tensor 'missing': not in the checkpoint"), sk::error);
+    // It says what the checkpoint holds and what its saver recorded (save_on's {"run", "test"}): another model's?
+    CHECK_THROWS_WITH_AS(c.load(4, d), doctest::Contains("tensor 'missing': not in the checkpoint, which holds 6 tensors (embed, "), sk::error);
+    CHECK_THROWS_WITH_AS(c.load(4, d), doctest::Contains(") and records run=test"), sk::error);
   }
   {
     ck::state_dict d;
@@ -487,6 +489,61 @@ TEST_CASE("[ckpt] bad requests and mismatched state are clear errors") {
                          sk::error);
   }
   CHECK_NOTHROW(ck::checkpointer(groups[0], sink, {.lease_expiry = ck::max_lease_expiry}));
+}
+
+TEST_CASE("[ckpt] checkpointer_options::metadata is recorded in every index and a load of another's is refused by name, unread") {
+  auto reads = std::make_shared<std::atomic<int>>(0);  // gets of rank files: what a load reads
+  st::any_sink sink = st::make_sink<tc::hooked_memory_sink>(tc::sink_hooks{
+      .on_get = [reads](const std::string& key, std::uint64_t) { *reads += key.ends_with(".safetensors"); }});
+  for (int world : {1, 2}) {
+    CAPTURE(world);
+    auto groups = sk::comm::make_loopback_world(world);
+    sk::test::run_threads(world, [&](int r) {
+      rank_state s(r, world);
+      {
+        ck::checkpointer saver(groups[std::size_t(r)], sink, {.keep_last = 0, .overwrite = true, .metadata = {{"model", "lm-a"}}});
+        s.fill(3, r);
+        CHECK(saver.save(3, s.dict, {{"data", "web"}}).get().committed);
+        // A save's own metadata may add keys, not give one of the checkpointer's another value.
+        CHECK_THROWS_WITH_AS(saver.save(4, s.dict, {{"model", "lm-b"}}),
+                             doctest::Contains("checkpoint metadata model=lm-b contradicts checkpointer_options::metadata's model=lm-a"),
+                             sk::error);
+      }
+      groups[std::size_t(r)].barrier().wait();  // every rank's saves ended
+      const int before = *reads;
+      groups[std::size_t(r)].barrier().wait();
+      {  // another model's loader: refused on every rank before a byte of a rank file is read, naming both
+        ck::checkpointer other(groups[std::size_t(r)], sink, {.metadata = {{"model", "lm-b"}}});
+        for (const auto scope : {ck::load_scope::what_state_asks, ck::load_scope::everything}) {
+          try {
+            other.load_latest(s.dict, scope);
+            FAIL("another model's checkpoint loaded");
+          } catch (const sk::error& e) {
+            INFO(e.what());
+            CHECK(e.code() == sk::errc::invalid_argument);
+            CHECK(std::string(e.what()).find("checkpoint step-000000000003/index.json (step 3) records model=lm-a, this load "
+                                             "expects model=lm-b (checkpointer_options::metadata)") != std::string::npos);
+          }
+        }
+      }
+      groups[std::size_t(r)].barrier().wait();
+      CHECK(*reads == before);
+      {  // its own model's loads; a key the checkpoint does not record passes (saved without it)
+        ck::checkpointer same(groups[std::size_t(r)], sink, {.metadata = {{"model", "lm-a"}, {"tokenizer", "bytes"}}});
+        s.fill(0, r);
+        const auto report = same.load_latest(s.dict);
+        REQUIRE(report);
+        CHECK(report->metadata.at("model") == "lm-a");
+        CHECK(report->metadata.at("data") == "web");
+        s.check(3);
+      }
+      groups[std::size_t(r)].barrier().wait();
+    });
+  }
+  auto groups = sk::comm::make_loopback_world(1);
+  CHECK_THROWS_WITH_AS(ck::checkpointer(groups[0], sink, {.metadata = {{"shardkit.run", "x"}}}),
+                       doctest::Contains("checkpointer_options::metadata key 'shardkit.run': keys starting with 'shardkit.' are the checkpointer's"),
+                       sk::error);
 }
 
 // ---- processes killed at every phase of a save ----

@@ -149,6 +149,12 @@ struct checkpointer_options {
   //! its first load reads anything (load(), load_latest()), since a load before the first save resumes the run there:
   //! a location a live run holds is refused at once, naming the holder, before a byte of the checkpoint is read.
   bool loads_only = false;
+  //! What every checkpoint of this checkpointer is (the model it holds: {{"model", "my-lm"}}): recorded in every
+  //! index it commits, beside save()'s own metadata (which may not give one of these keys another value), and
+  //! expected of every checkpoint it loads: an index that records another value for one of these keys is refused
+  //! before anything is read (errc::invalid_argument naming the key and both values; ckpt::check_expected_metadata).
+  //! An index that records none (saved without it) loads. Keys starting with "shardkit." are the checkpointer's.
+  std::map<std::string, std::string> metadata;
   //! Copies the state's tensors that live on a device (a GPU) to and from host memory, and allocates the staging
   //! buffer where it copies fastest (page-locked); see ckpt/device.hpp. Empty: host tensors only.
   any_checkpoint_device device;
@@ -234,7 +240,8 @@ class checkpointer {
   //! collective (load_scope::everything is, and so is a first load before the first save of a checkpointer that
   //! saves: it takes the location's lease first, see checkpointer_options::loads_only), but every rank must load the
   //! same step. errc::not_found when that checkpoint does not exist; errc::config naming the holder when a live run
-  //! holds the location (nothing read).
+  //! holds the location (nothing read); errc::invalid_argument when its index records other checkpointer_options::
+  //! metadata, or a tensor the state asks for is not in it (naming what it holds and what its saver recorded).
   SHARDKIT_DECL load_report load(std::uint64_t step, const state_dict& into, load_scope scope = load_scope::what_state_asks);
 
   //! Loads the newest complete checkpoint; std::nullopt when there is none. Collective (latest()). A checkpointer

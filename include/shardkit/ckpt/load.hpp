@@ -155,7 +155,48 @@ inline std::string describe_u64_shape(const std::vector<std::uint64_t>& s) {
   return out + "]";
 }
 
+//! The metadata the saver recorded in `index` (its own keys, not the checkpointer's "shardkit." ones), as
+//! "model=examples/trainer, data=web": what says which model a checkpoint holds. Empty when it recorded none.
+inline std::string recorded_metadata(const checkpoint_index& index) {
+  std::string out;
+  for (const auto& [key, value] : index.metadata)
+    if (!key.starts_with("shardkit.")) out += (out.empty() ? "" : ", ") + key + "=" + value;
+  return out;
+}
+
+//! For an error that a tensor is not in the checkpoint: what it holds instead, and what its saver recorded
+//! (", which holds 26 tensors (embed.w, block0.w, ...) and records model=examples/trainer").
+inline std::string what_checkpoint_holds(const checkpoint_index& index) {
+  std::string names;
+  std::size_t count = 0;
+  for (const auto& t : index.tensors) {
+    if (t.name.starts_with("rank/")) continue;  // per-rank entries: named by the state's rank entries
+    if (count < 6) names += (count ? ", " : "") + t.name;
+    ++count;
+  }
+  std::string out = ", which holds " + std::to_string(count) + (count == 1 ? " tensor" : " tensors") +
+                    (count == 0 ? std::string{} : " (" + names + (count > 6 ? ", ...)" : ")"));
+  const std::string recorded = recorded_metadata(index);
+  return out + (recorded.empty() ? " and records no metadata of its saver's" : " and records " + recorded);
+}
+
 }  // namespace detail
+
+//! Refuses a checkpoint whose index records another value for a key of `expected` (checkpointer_options::metadata:
+//! what the loader's checkpoints are, {{"model", "my-lm"}}), with errc::invalid_argument naming the key and both
+//! values, before anything is read. A key the index does not record passes: a checkpoint saved without it.
+inline void check_expected_metadata(const checkpoint_index& index, const std::map<std::string, std::string>& expected,
+                                    const std::string& checkpoint_name, int rank) {
+  for (const auto& [key, want] : expected) {
+    const auto it = index.metadata.find(key);
+    if (it == index.metadata.end() || it->second == want) continue;
+    throw_error(errc::invalid_argument,
+                checkpoint_name + " (step " + std::to_string(index.step) + ") records " + key + "=" + it->second +
+                    ", this load expects " + key + "=" + want + " (checkpointer_options::metadata): a checkpoint of "
+                    "another " + key + "? Load it with its own program, or give this run its own location",
+                {.rank = rank, .operation = "ckpt.load", .object = checkpoint_name});
+  }
+}
 
 //! How a load reads.
 struct load_options {
@@ -244,7 +285,7 @@ load_report load_state(S& sink, const checkpoint_index& index, const state_dict&
                   {.rank = rank, .operation = "ckpt.load", .object = v.name});
     };
     const auto pieces = plan.pieces(v.name);
-    if (pieces.empty()) bad("not in the checkpoint");
+    if (pieces.empty()) bad("not in the checkpoint" + detail::what_checkpoint_holds(index));
     const index_tensor& first = *pieces.front().tensor;  // every piece's: one table entry
     // A std::uint64_t value (state_dict::add_value) was stored as its 8 bytes, U8 [8], before u64 was a dtype:
     // such a checkpoint loads into the value as those bytes, in byte units.

@@ -17,6 +17,11 @@ namespace shardkit::ckpt {
 SHARDKIT_DECL checkpointer::checkpointer(comm::process_group& training, storage::any_sink sink, checkpointer_options o)
     : opts_(std::move(o)), sink_(std::move(sink)), run_id_(opts_.run_id) {
   check_checkpoint_prefix(opts_.prefix);
+  for (const auto& [key, value] : opts_.metadata)
+    if (key.starts_with("shardkit."))
+      throw_error(errc::invalid_argument,
+                  "checkpointer_options::metadata key '" + key + "': keys starting with 'shardkit.' are the checkpointer's",
+                  {.operation = "ckpt.checkpointer"});
   if (opts_.lease_expiry.count() <= 0 || opts_.lease_expiry > max_lease_expiry)
     throw_error(errc::invalid_argument,
                 "checkpointer_options::lease_expiry is positive and at most ckpt::max_lease_expiry (" +
@@ -63,6 +68,12 @@ SHARDKIT_DECL basic_completion<save_result> checkpointer::save(std::uint64_t ste
   for (const auto& [key, value] : metadata)
     if (key.starts_with("shardkit."))
       throw_error(errc::invalid_argument, "checkpoint metadata key '" + key + "': keys starting with 'shardkit.' are the checkpointer's",
+                  {.rank = rank_, .operation = "ckpt.save"});
+  for (const auto& [key, value] : opts_.metadata)
+    if (const auto [it, added] = metadata.emplace(key, value); !added && it->second != value)
+      throw_error(errc::invalid_argument,
+                  "checkpoint metadata " + key + "=" + it->second + " contradicts checkpointer_options::metadata's " + key +
+                      "=" + value + ": every checkpoint of this checkpointer records the latter",
                   {.rank = rank_, .operation = "ckpt.save"});
   bool on_device = false;
   for (const auto& t : state.saved_tensors()) {

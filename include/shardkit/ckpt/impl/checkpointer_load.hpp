@@ -48,7 +48,9 @@ SHARDKIT_DECL void checkpointer::refuse_what_no_rank_asks(const checkpoint_index
   throw_error(errc::invalid_argument,
               "a strict load of the checkpoint of step " + std::to_string(index.step) + " refuses it: it holds " +
                   std::to_string(left.size()) + (left.size() == 1 ? " entry" : " entries") + " that no rank's state asks for (" +
-                  names + "); it was saved with another configuration (load_scope::what_state_asks loads the rest)",
+                  names + "); it was saved with another configuration" +
+                  (detail::recorded_metadata(index).empty() ? std::string{} : " (it records " + detail::recorded_metadata(index) + ")") +
+                  " (load_scope::what_state_asks loads the rest)",
               {.rank = rank_, .operation = "ckpt.load", .object = index_key(opts_.prefix, index.step)});
 }
 
@@ -65,6 +67,8 @@ SHARDKIT_DECL load_report checkpointer::load(std::uint64_t step, const state_dic
 }
 
 SHARDKIT_DECL load_report checkpointer::load_index(const checkpoint_index& index, const state_dict& into, load_scope scope) {
+  // Every rank reads the same index: all refuse alike, before the strict load's collective.
+  check_expected_metadata(index, opts_.metadata, "checkpoint " + index_key(opts_.prefix, index.step), rank_);
   if (scope == load_scope::everything) refuse_what_no_rank_asks(index, into);
   return load_state(sink_, index, into, rank_, world_, "checkpoint " + index_key(opts_.prefix, index.step),
                     {.device = opts_.device});
