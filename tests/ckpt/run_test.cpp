@@ -136,8 +136,9 @@ TEST_CASE("[ckpt] ranks whose sinks are different storage are refused at constru
       });
       CHECK(refused == world);
       // The probe is not left behind.
-      for (const char* d : {"a", "b"})
-        for (const auto& f : std::filesystem::recursive_directory_iterator(top / d)) CHECK_MESSAGE(!f.is_regular_file(), f.path());
+      for (const char* d : {"a", "b"})  // a rank's sink that wrote nothing made no directory
+        if (std::filesystem::exists(top / d))
+          for (const auto& f : std::filesystem::recursive_directory_iterator(top / d)) CHECK_MESSAGE(!f.is_regular_file(), f.path());
     }
   }
   // One storage: no error, nothing left.

@@ -17,6 +17,7 @@
 #include "data/data_fixtures.hpp"
 #include "shardkit/comm/loopback_world.hpp"
 #include "shardkit/data/tokenize.hpp"
+#include "shardkit/storage/open_sink.hpp"
 #include "shardkit/storage/posix_sink.hpp"
 #include "support/harness.hpp"
 
@@ -122,6 +123,15 @@ TEST_CASE("[data] a dataset too small to cut, a missing file, a file listed twic
   m = message_of([&] { data::loader l(sink, options_of({{.name = "text", .files = {"text.tokens"}}})); });
   CHECK(m.find("no such token file") != std::string::npos);
   CHECK(m.find("shardkit-tokenize") != std::string::npos);
+  // In a directory, where it looked: the path of the missing file, its directory missing too (`getting_started
+  // nodata ...`, which opening the sink no longer creates).
+  {
+    const auto top = std::filesystem::temp_directory_path() / ("shardkit-no-data-" + std::to_string(::getpid()));
+    auto missing = storage::open_sink((top / "nodata").string());
+    m = message_of([&] { data::loader l(missing, options_of({{.name = "text", .files = {"text.tokens"}}})); });
+    CHECK(m.find("no such token file at " + (top / "nodata" / "text.tokens").string() + " (write one") != std::string::npos);
+    CHECK_FALSE(std::filesystem::exists(top / "nodata"));
+  }
   CHECK(m.find("text.tokens") != std::string::npos);
   CHECK(m.find("cannot be told apart") == std::string::npos);
 

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardkit/storage/open_sink.hpp"
 #include "storage/storage_fixtures.hpp"
 #include "support/harness.hpp"
 
@@ -243,7 +244,7 @@ TEST_CASE("[ckpt] posix_sink: page-aligned memory at page-aligned offsets is wri
 TEST_CASE("[ckpt] posix_sink: each writer makes its own directories, and remove prunes the ones it empties") {
   temp_dir dir;
   st::posix_sink s(dir.path / "does" / "not" / "exist" / "yet");
-  CHECK(fs::is_directory(s.root()));
+  CHECK_FALSE(fs::exists(dir.path / "does"));  // made by the first write, not by opening
   put_string(s, "a/b/c/d", "deep");
   CHECK(fs::is_regular_file(fs::path(s.root()) / "a/b/c/d"));
   CHECK(s.path_of("a/b/c/d") == s.root() + "/a/b/c/d");
@@ -284,6 +285,22 @@ TEST_CASE("[ckpt] posix_sink: I/O errors name the key and the OS error") {
   const auto root_error = error_of([&] { st::posix_sink(dir.path / "f"); }, errc::io);
   CHECK(contains(root_error, (dir.path / "f").string()));
   error_of([&] { st::posix_sink(dir.path / "missing", {.create_root = false}); }, errc::io);
+  // Opened only to read, a sink creates nothing (`getting_started nodata ...` left an empty nodata/ behind): its reads
+  // find nothing and a get names the missing directory; the first write makes it. open_sink alike.
+  const auto absent = dir.path / "nodata" / "deeper";
+  st::posix_sink reader(absent);
+  CHECK_FALSE(reader.size("text.tokens"));
+  CHECK(reader.list("").empty());
+  CHECK(reader.temporaries("").empty());
+  CHECK(contains(error_of([&] { reader.get("text.tokens", 0, buf); }, errc::not_found),
+                 "no such object: the directory '" + absent.string() + "' does not exist"));
+  auto opened = st::open_sink((dir.path / "nodata" / "other").string());
+  CHECK_FALSE(opened.exists("text.tokens"));
+  CHECK_FALSE(fs::exists(dir.path / "nodata"));
+  put_string(reader, "a/b", "x");
+  CHECK(fs::is_regular_file(absent / "a" / "b"));
+  st::put_object(opened, "top", st::as_bytes("at the root"));
+  CHECK(fs::is_regular_file(dir.path / "nodata" / "other" / "top"));
 }
 
 TEST_CASE("[ckpt] posix_sink: temporaries are unique per writer, and the later commit wins") {

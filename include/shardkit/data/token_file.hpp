@@ -115,9 +115,16 @@ class token_file {
       std::string beside;
       for (const auto& other : {side, offsets_key(key)})
         if (sink.exists(other)) beside += (beside.empty() ? "" : " and '") + std::string(beside.empty() ? "'" : "") + other + "'";
+      // Where the sink looked (a directory sink's absolute path of the file): the key alone does not say which
+      // location was mistyped.
+      std::string where;
+      try {
+        if (const std::string path = sink.identity(key); path != key) where = " at " + path;
+      } catch (const std::exception&) {
+      }
       throw_error(errc::not_found,
                   beside.empty()
-                      ? "no such token file (write one with shardkit-tokenize -o FILE TEXT..., or data::token_file_writer)"
+                      ? "no such token file" + where + " (write one with shardkit-tokenize -o FILE TEXT..., or data::token_file_writer)"
                       : "no such token file, though " + beside + " (its sidecar or offsets) exist: copy the token file '" +
                             key + "' beside them, or remove them",
                   {.operation = "data.open", .object = key});

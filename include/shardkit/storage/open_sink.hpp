@@ -6,9 +6,11 @@
 //! |---------------------------------|-----------------------------------------------------------------------|
 //! | `s3://bucket[/prefix]`          | s3_sink (needs shardkit::s3; options from s3_options::from_env())     |
 //! | `file:///abs/dir`               | posix_sink of /abs/dir                                                |
-//! | `/abs/dir`, `rel/dir`, `.`      | posix_sink of that directory (created if missing)                     |
+//! | `/abs/dir`, `rel/dir`, `.`      | posix_sink of that directory (created by the first write, not here)   |
 //! | `memory:`                       | a new, empty memory_sink (tests, dry runs)                            |
 //!
+//! Opening creates nothing, whatever the location: a sink opened only to read (a mistyped data directory) leaves
+//! nothing behind, and its reads say what is missing (posix_sink names the directory that does not exist).
 //! Another `scheme://` is refused with errc::invalid_argument naming it, rather than becoming a directory called
 //! "gs:". Without shardkit::s3 (SHARDKIT_HAS_S3 undefined), an s3:// location is errc::unsupported saying to link
 //! it. The two variants live in different inline namespaces, so translation units built with and without

@@ -17,7 +17,10 @@
 //! object is visible but its durability is unknown, and commit throws errc::io saying so; the checkpointer treats
 //! any throw as a failed save (the index, written last, never names it).
 //!
-//! **Directories.** Each writer creates the directories its key needs (mkdir -p, tolerating EEXIST from a racing
+//! **Directories.** Nothing is created when the sink is made: the root is created by the first write (with
+//! posix_sink_options::create_root), so a sink opened only to read leaves no directory behind; a read of a key under
+//! a root that does not exist is errc::not_found naming the directory. Each writer creates the directories its key
+//! needs (mkdir -p, tolerating EEXIST from a racing
 //! rank) and never relies on another rank having created them: on an eventually consistent mount (s3fs over object
 //! storage) a directory made by rank 0 may not be visible to rank 3 yet, which is how checkpointing to object
 //! storage broke (seed 000). With fsync on, each directory it creates is made durable by an fsync of its parent.
@@ -300,9 +303,11 @@ class posix_sink {
     root_ = root.lexically_normal().string();
     while (root_.size() > 1 && root_.back() == '/') root_.pop_back();
     if (root_.empty()) root_ = ".";
+    // A missing root is made by the first write (make_root), not here: opening to read creates nothing.
     std::error_code ec;
-    if (options_.create_root) std::filesystem::create_directories(root_, ec);
-    if (!ec && !std::filesystem::is_directory(root_, ec) && !ec) ec = std::make_error_code(std::errc::not_a_directory);
+    struct stat st {};
+    const bool missing = options_.create_root && ::lstat(root_.c_str(), &st) != 0 && errno == ENOENT;
+    if (!missing && !ec && !std::filesystem::is_directory(root_, ec) && !ec) ec = std::make_error_code(std::errc::not_a_directory);
     if (ec) throw_error(errc::io, "root '" + root_ + "': " + ec.message(), {.operation = "posix_sink", .object = root_});
   }
 
@@ -360,7 +365,10 @@ class posix_sink {
     detail::unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (fd.get() < 0) {
       const int e = errno;
-      if (e == ENOENT || e == ENOTDIR) throw_error(errc::not_found, "no such object", {.operation = "sink.get", .object = key});
+      if (e == ENOENT || e == ENOTDIR)
+        throw_error(errc::not_found, std::filesystem::is_directory(root_) ? std::string("no such object")
+                                     : "no such object: the directory '" + root_ + "' does not exist",
+                    {.operation = "sink.get", .object = key});
       detail::throw_os_error(e, "sink.get", key, "open", path);
     }
     struct stat st {};
@@ -493,7 +501,19 @@ class posix_sink {
   }
 
  private:
+  // The root, when it is missing (mkdir -p, tolerating a racing creator): the first write makes it.
+  void make_root() const {
+    if (!options_.create_root || ::access(root_.c_str(), F_OK) == 0) return;
+    std::error_code ec;
+    std::filesystem::create_directories(root_, ec);
+    if (ec && !std::filesystem::is_directory(root_)) throw_error(errc::io, "root '" + root_ + "': " + ec.message(), {.operation = "sink.put", .object = root_});
+    if (options_.fsync)
+      if (const int e = detail::fsync_directory(detail::parent_of(root_)); e != 0)
+        detail::throw_os_error(e, "sink.put", root_, "fsync of the parent of new directory", root_);
+  }
+
   void make_directories(const std::string& key) const {
+    make_root();
     const std::string dir_key = detail::key_directory(key);
     if (dir_key.empty()) return;
     std::size_t end = 0;

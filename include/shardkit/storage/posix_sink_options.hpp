@@ -9,7 +9,9 @@ struct posix_sink_options {
   //! fsync the file and its directory on commit (and new directories' parents). Off only where durability does not
   //! matter (tests, scratch staging): it is most of a small object's commit time.
   bool fsync = true;
-  //! Create the root directory (mkdir -p) if missing; otherwise a missing root is errc::io at construction.
+  //! Create the root directory (mkdir -p) when it is missing and the sink first writes there (put, move): opening
+  //! a sink creates nothing, so one opened only to read (a mistyped --data) leaves no empty directory behind, and
+  //! its reads say the directory does not exist. false: a missing root is errc::io at construction.
   bool create_root = true;
   //! remove() also removes the directories it leaves empty, up to (not including) the root.
   bool prune_empty_directories = true;
