@@ -39,6 +39,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <csignal>
@@ -292,6 +293,9 @@ int main(int argc, char** argv) try {
 #endif
     ckpt.emplace(pg, sk::storage::open_sink(f.ckpt_dir), std::move(o));
   }
+  // What the run computes in, recorded in every index: a resume with other dtypes says what it does (below).
+  const std::map<std::string, std::string> precision_metadata{{"dtype", std::string(sk::to_string(f.sharding.precision.param))},
+                                                              {"reduce_dtype", std::string(sk::to_string(f.sharding.precision.reduce))}};
   int start = 0;
   if (f.resume) {
     if (!ckpt) usage("--resume needs --ckpt-dir");
@@ -340,6 +344,19 @@ int main(int argc, char** argv) try {
         for (const auto& why : loaded->passed_over) std::printf("# passed over %s\n", why.c_str());
         std::printf("# resumed from step %d of %s (saved by %u rank%s, loaded by %d)\n", start, f.ckpt_dir.c_str(),
                     loaded->saved_world_size, loaded->saved_world_size == 1 ? "" : "s", ranks);
+        // The checkpoint holds f32 master weights and AdamW's f32 state whatever --dtype and --reduce-dtype were
+        // (they are what gathers and reductions compute in, as FSDP's MixedPrecision): a resume with others loads
+        // the same tensors bit for bit, converts nothing, and computes in the new dtype from here. Said once.
+        for (const auto& [key, flag, what] : {std::tuple{"dtype", "--dtype", "the parameters are gathered"},
+                                              std::tuple{"reduce_dtype", "--reduce-dtype", "the gradients are reduced"}})
+          if (const auto saved = std::as_const(loaded->metadata).find(key), now = precision_metadata.find(key);
+              saved != loaded->metadata.cend() && saved->second != now->second)
+            std::printf("# %s %s resumes a checkpoint saved with %s %s: its %zu tensors on rank 0 load as saved, in f32 "
+                        "(master weights and AdamW state: nothing converted); %s in %s from here (%s -> %s at each step, "
+                        "as in a %s run), so the losses leave the %s run's\n",
+                        flag, now->second.c_str(), flag, saved->second.c_str(), loaded->tensors_loaded, what,
+                        now->second.c_str(), saved->second.c_str(), now->second.c_str(), now->second.c_str(),
+                        saved->second.c_str());
       }
     } else {
       // load_latest throws when indexes exist and none loads; an index that appeared since it looked is refused here
@@ -470,7 +487,7 @@ int main(int argc, char** argv) try {
       if (loader) loader_state = loader->state();
       const auto c0 = std::chrono::steady_clock::now();
       saves_behind += !saves.empty() && !saves.back().is_done();
-      saves.push_back(ckpt->save(std::uint64_t(step + 1), state));
+      saves.push_back(ckpt->save(std::uint64_t(step + 1), state, precision_metadata));
       if (f.ckpt_blocking) saves.back().wait();  // a synchronous save: persisted and committed before training goes on
       ckpt_stall_ms += ms(std::chrono::steady_clock::now() - c0);
     }

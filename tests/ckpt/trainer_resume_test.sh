@@ -58,6 +58,16 @@ partial "a strict load of the checkpoint of step 14 refuses it: it holds 18 entr
 partial "--data: the checkpoint in $work/ckpt was saved with a data loader (its run had --data): resume it with that --data" --blocks 4
 echo "OK: a resume that would load part of the checkpoint is refused"
 
+# A resume with another compute dtype (--dtype bf16 after an f32 run, no saves) loads the f32 master weights and
+# AdamW state as saved and says so in one line; an f32 resume says nothing.
+"$run" -n 2 -- "$trainer" --steps 15 "${flags[@]}" --ckpt-dir "$work/ckpt" --resume --dtype bf16 > bf16.txt 2>&1 ||
+  { echo "FAIL: the bf16 resume failed"; cat bf16.txt; exit 1; }
+grep -q '# --dtype bf16 resumes a checkpoint saved with --dtype f32: its [0-9]* tensors on rank 0 load as saved, in f32 (master weights and AdamW state: nothing converted); the parameters are gathered in bf16 from here (f32 -> bf16' bf16.txt &&
+  grep -q 'step 14 loss' bf16.txt && ! grep -q -- '--reduce-dtype' bf16.txt ||
+  { echo "FAIL: the bf16 resume did not say what it converts"; cat bf16.txt; exit 1; }
+! grep -q -- '--dtype' rescaled.txt || { echo "FAIL: an f32 resume spoke of dtypes"; cat rescaled.txt; exit 1; }
+echo "OK: a resume with another --dtype says that it converts nothing at load and computes in the new dtype"
+
 # Every index cut short (a disk that filled up): the resume refuses to start over at step 0, which would overwrite
 # the intact rank files with its own saves, and leaves every file as it was.
 cp -r "$work/ckpt" "$work/bad"

@@ -292,7 +292,8 @@ load_report load_state(S& sink, const checkpoint_index& index, const state_dict&
     const bool value_saved_as_bytes = first.type == dtype::u8 && first.global_shape == std::vector<std::uint64_t>{8} &&
                                       v.type == dtype::u64 && v.global_shape == std::vector<std::uint64_t>{1} && v.begin == 0 && v.end == 1;
     if (first.type != v.type && !value_saved_as_bytes)
-      bad("saved as " + std::string(safetensors_dtype(first.type)) + ", loaded as " + std::string(safetensors_dtype(v.type)));
+      bad("saved as " + std::string(safetensors_dtype(first.type)) + ", loaded as " + std::string(safetensors_dtype(v.type)) +
+          ": a load converts no dtype (load into a buffer of the saved dtype, then shardkit::convert it)");
     if (first.global_shape != v.global_shape && !value_saved_as_bytes)
       bad("saved with global shape " + detail::describe_u64_shape(first.global_shape) + ", loaded as " +
           detail::describe_u64_shape(v.global_shape));
