@@ -350,7 +350,7 @@ TEST_CASE("[ckpt] two live runs on one location: the second is refused at its fi
             try {
               if (latest) c.load_latest(d);
               else c.load(1, d);
-              FAIL("B's load was not refused");
+              FAIL_CHECK("B's load was not refused");  // not FAIL: a throw here would leave A at the barrier
             } catch (const sk::error& e) {
               const std::string what = e.what();
               INFO(what);
@@ -370,7 +370,7 @@ TEST_CASE("[ckpt] two live runs on one location: the second is refused at its fi
           b_loading = false;
           try {  // its save (open_for_saves) is refused the same way
             c.save(2, d);
-            FAIL("B's save was not refused");
+            FAIL_CHECK("B's save was not refused");
           } catch (const sk::error& e) {
             CHECK(e.context().operation == "ckpt.lease");
             CHECK(std::string(e.what()).find("is held by run " + run_a + " (host ") != std::string::npos);
