@@ -142,10 +142,7 @@ class worker_threads {
   //! The thread takes `options` (its name, a lower priority: core/thread_options.hpp) before it calls `f`.
   template <class F>
   void start(F f, thread_options options = {}) {
-    threads_.emplace_back([s = state_, f = std::move(f), o = std::move(options)]() mutable {
-      apply_to_this_thread(o);
-      f(*s);
-    });
+    threads_.emplace_back([s = state_, f = std::move(f)]() mutable { f(*s); }, std::move(options));
   }
 
   bool empty() const noexcept { return threads_.empty(); }
