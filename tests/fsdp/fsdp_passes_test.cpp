@@ -1006,13 +1006,16 @@ TEST_CASE("[fsdp] kept last units are given back when a forward, a load or full_
       for (auto& u : model.forward()) (void)u;
     };
     // The last unit with its gradients, and (once its all-gather is done, before any backward()) unit 2's
-    // parameters and gradients for backward.
+    // parameters and gradients for backward. A backward gather may queue its parameters and its gradients as two
+    // jobs (detail::backward_requests_apart): the gradients' bytes can be taken just after the gather's event.
     const auto held_after_forward = [&](int gathers) {
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-      while (early_backward_gathers.load() < gathers && std::chrono::steady_clock::now() < until)
+      const auto held = [&] { return model.limiter().stats().in_use_bytes; };
+      while ((early_backward_gathers.load() < gathers || held() != 2 * model.largest_unit_bytes()) &&
+             std::chrono::steady_clock::now() < until)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       CHECK(early_backward_gathers.load() == gathers);
-      CHECK(model.limiter().stats().in_use_bytes == 2 * model.largest_unit_bytes());
+      CHECK(held() == 2 * model.largest_unit_bytes());
     };
     forward();
     held_after_forward(1);
