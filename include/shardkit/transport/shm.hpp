@@ -180,7 +180,7 @@ class shm_transport {
                 std::vector<detail::shm::shm_mapping> peers)
       : engine_(std::make_shared<detail::shm::engine>(cfg, std::move(own), std::move(peers))),
         // The thread owns a reference too: if a continuation on it drops the last handle, it finishes on its own.
-        progress_([e = engine_] { e->run(); }) {}  // it names itself sk-shm-RANK
+        progress_([e = engine_] { e->run(); }, {.name = "sk-shm-" + std::to_string(cfg.rank)}) {}
 
   shm_transport(const shm_transport&) = delete;
   shm_transport& operator=(const shm_transport&) = delete;

@@ -1,7 +1,7 @@
 #pragma once
 //! spin_gate: whether a thread about to block may first poll, yielding the core between polls. Every polling
-//! waiter uses one: a completion's wait (core/completion.hpp's spin_until, one gate per thread) and the shm
-//! transport's progress thread (its own).
+//! waiter uses its thread's one (this_thread_spin_gate): a completion's wait (core/completion.hpp's spin_until)
+//! and the shm transport's progress thread.
 #include <chrono>
 #include <thread>
 

@@ -7,8 +7,6 @@
 //! message straight into a ring when nothing is queued ahead of it (it holds that link's mutex then, and the
 //! queue being empty proves the progress thread is not writing that ring). Completions are settled only when
 //! no engine lock is held, because their continuations may call back into the engine.
-#include <pthread.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -240,9 +238,8 @@ class engine : public std::enable_shared_from_this<engine> {
   //! leave_flush_bound) and failed whatever was still pending.
   void run() {
     progress_thread_id_.store(std::this_thread::get_id());
-    char name[16];
-    std::snprintf(name, sizeof name, "sk-shm-%d", rank());
-    ::pthread_setname_np(::pthread_self(), name);
+    // This thread's own gate (it polls nothing else): the decision is about its yields, as in spin_until.
+    auto& gate = shardkit::detail::this_thread_spin_gate();
     try {
       bool idle = false;
       auto idle_since = steady_clock::now();
@@ -263,12 +260,12 @@ class engine : public std::enable_shared_from_this<engine> {
         } else if (!idle) {
           idle = true;
           idle_since = now;
-        } else if (now - idle_since < cfg_.spin && spin_gate_.open(now)) {
+        } else if (now - idle_since < cfg_.spin && gate.open(now)) {
           // Yield rather than pause: when cores are oversubscribed, the thread this rank waits for (the caller
           // about to post the next operation, or a peer's progress thread) may need this very core; pause-spinning
           // made a small round trip several times slower. Unless yields keep losing the core: spin_gate
           // (docs/design.md, "The transports' defaults").
-          spin_gate_.yield(now, cfg_.spin);
+          gate.yield(now, cfg_.spin);
         } else {
           sleep();
           idle = false;
@@ -590,7 +587,6 @@ class engine : public std::enable_shared_from_this<engine> {
 
   // Progress thread only.
   bool flushed_ = false;  // every queued send went into the rings before the transport closed
-  shardkit::detail::spin_gate spin_gate_;
   std::vector<bool> gone_;
   steady_clock::time_point next_heartbeat_{};
 };
