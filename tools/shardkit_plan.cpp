@@ -8,8 +8,10 @@
 //   unit NAME NUMEL FORWARD_MS BACKWARD_MS      one per unit, in forward order
 //   other_ms X                                  the step outside units in that run (optimizer, loss, norm)
 //   measured_shard N                            the shard size of that run (its optimizer stepped 1/N of the model)
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cstdint>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +20,7 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -31,6 +34,7 @@ namespace fsdp = shardkit::fsdp;
 namespace {
 
 constexpr const char* usage_text = R"(usage: shardkit-plan (--units FILE | --preset t5-11b) [flags]
+each flag at most once, --flag V or --flag=V; a value outside its range is refused, the range named
 cluster:
   --hosts H              hosts [4]                  --ranks-per-host R   ranks on each host [1]
   --ranks N              total ranks (sets --hosts from --ranks-per-host)
@@ -63,39 +67,60 @@ preset t5-11b (8 A100s a host: give --ranks-per-host 8 --nics 2 --gbit 60):
   std::exit(2);
 }
 
-double real(std::string_view flag, std::string_view v) {
-  char* end = nullptr;
+// What the planner takes. Counts past them would overflow a count or run the simulation for minutes; times, rates
+// and shares past them are a unit mistaken (--gbit 1e9 for 1 Gbit/s, --rtt-us in ns) rather than a cluster, and
+// at the far end of double's range (--gbit 1e300, --rtt-us 1e300) made the table's figures infinite or 300 digits.
+constexpr std::size_t max_ranks = std::size_t(1) << 20;  // plan_cluster's own (detail::checked_shard_size)
+// The simulation's time grows with ranks x units (a ring step is an event): 65536 ranks of the t5-11b preset's 50
+// units took 10 s a table (Release, this 2-core machine under load), 16384 x 50 15 s in a Debug build.
+constexpr std::size_t max_rank_units = std::size_t(1) << 22;
+constexpr double max_ms = 1e7;  // a unit's, or the step's outside units: about 2.8 hours
+constexpr double min_gbit = 1e-3, max_gbit = 1e5;  // 1 Mbit/s to 100 Tbit/s a NIC
+constexpr double max_us = 1e6;  // a ring step of one second
+constexpr double min_cores = 1e-2, max_cores = 65536;
+
+// 10000000 and 0.001 as written, not 1e+07.
+std::string number_text(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, x == std::floor(x) ? "%.0f" : "%g", x);
+  return b;
+}
+
+// A non-negative decimal number, nothing else: strtod alone would also take "0x10" (as 16), "inf", "nan", "-0" and
+// leading blanks.
+std::optional<double> decimal(std::string_view v) {
+  if (v.empty() || v.front() == '-' || v.find_first_not_of("0123456789.eE+-") != std::string_view::npos)
+    return std::nullopt;
   const std::string s(v);
+  char* end = nullptr;
   const double x = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0' || !std::isfinite(x) || x < 0)
-    fail(std::string(flag) + " wants a non-negative number, got '" + s + "'");
+  if (*end != '\0' || !std::isfinite(x)) return std::nullopt;
   return x;
 }
 // A whole decimal number, digits only: "1e30", "10.5", "-3" and "8x" are not counts.
-std::optional<std::size_t> whole(std::string_view v, bool& out_of_range) {
+std::optional<std::size_t> whole(std::string_view v) {
   std::size_t n = 0;
   const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  out_of_range = ec == std::errc::result_out_of_range;
   if (v.empty() || v.front() < '0' || v.front() > '9' || ec != std::errc() || end != v.data() + v.size())
     return std::nullopt;
   return n;
 }
-std::size_t count(std::string_view flag, std::string_view v) {
-  bool range = false;
-  const auto n = whole(v, range);
-  if (range) fail(std::string(flag) + " " + std::string(v) + " is out of range (at most 2^64 - 1)");
-  if (!n) fail(std::string(flag) + " wants a whole number (an integer), got '" + std::string(v) + "'");
+// A count from lo to hi; the refusal says the flag, the value and the range.
+std::size_t count(std::string_view flag, std::string_view v, std::size_t lo, std::size_t hi, const char* what) {
+  const auto n = whole(v);
+  if (!n || *n < lo || *n > hi)
+    fail(std::string(flag) + " wants a whole number from " + std::to_string(lo) + " to " + std::to_string(hi) + " (" +
+         what + "), got '" + std::string(v) + "'");
   return *n;
 }
-std::size_t positive(std::string_view flag, std::string_view v) {
-  const std::size_t n = count(flag, v);
-  if (n == 0) fail(std::string(flag) + " must be positive, got 0");
-  return n;
-}
-double positive_real(std::string_view flag, std::string_view v) {
-  const double x = real(flag, v);
-  if (!(x > 0)) fail(std::string(flag) + " must be positive, got '" + std::string(v) + "'");
-  return x;
+// A number from lo to hi, or 0 where `zero` says what 0 means.
+double real(std::string_view flag, std::string_view v, double lo, double hi, const char* what,
+            const char* zero = nullptr) {
+  const auto x = decimal(v);
+  if (!x || (!(*x >= lo && *x <= hi) && !(zero && *x == 0)))
+    fail(std::string(flag) + " wants " + (zero ? "0 (" + std::string(zero) + ") or " : std::string()) + "a number from " +
+         number_text(lo) + " to " + number_text(hi) + " (" + what + "), got '" + std::string(v) + "'");
+  return *x;
 }
 
 struct budget_choice {
@@ -118,41 +143,79 @@ struct units_file {
   std::size_t measured_shard = 1;
 };
 
-// A units file is read strictly: every line one of its three forms, numbers whole where they count, times
-// non-negative decimals, nothing after the last field, other_ms and measured_shard at most once.
+// The ranks of the run a units file's header names ("# shardkit-plan units: ..., 4 rank(s)", as the trainer writes
+// it), if it has that header.
+std::optional<std::size_t> header_ranks(std::string_view line) {
+  constexpr std::string_view head = "# shardkit-plan units:", tail = " rank(s)";
+  if (!line.starts_with(head) || !line.ends_with(tail)) return std::nullopt;
+  line.remove_suffix(tail.size());
+  return whole(line.substr(line.find_last_of(" ,") + 1));
+}
+
+// One line of a units file, its line end (LF, or CRLF as an editor on Windows writes it) dropped; false at the end.
+// At most max_line characters: a longer one is no units file's (a binary file; /dev/zero's one line grew until
+// memory ran out).
+bool units_line(std::istream& in, std::string& line, const std::string& where) {
+  constexpr std::size_t max_line = 4096;
+  line.clear();
+  for (int c; (c = in.get()) != std::char_traits<char>::eof();) {
+    if (c == '\n') break;
+    if (line.size() == max_line) fail(where + ": a line longer than " + std::to_string(max_line) + " characters: not a units file");
+    line.push_back(char(c));
+  }
+  if (line.empty() && !in) return false;
+  if (line.ends_with('\r')) line.pop_back();
+  return true;
+}
+
+// A units file is read strictly: every line one of its three forms, numbers whole where they count, times decimals
+// from 0 to max_ms, nothing after the last field, each unit's name once (a file joined to another, or two runs'
+// output in one, repeats them), other_ms and measured_shard at most once. Its times are a one-rank run's: a file
+// whose header says the trainer ran more ranks is refused (why: below).
 units_file read_units(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) fail(path + " is a directory, not a units file");
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) fail("cannot read " + path + ": " + std::strerror(errno));
   units_file f;
   bool seen_other = false, seen_shard = false;
+  std::map<std::string, int> unit_lines;
   std::string line;
-  for (int n = 1; std::getline(in, line); ++n) {
+  for (int n = 1; units_line(in, line, path + ":" + std::to_string(n)); ++n) {
+    // A UTF-8 byte order mark, as some editors put before the first line, is no part of it.
+    if (n == 1 && line.starts_with("\xEF\xBB\xBF")) line.erase(0, 3);
+    const auto bad = [&](const std::string& expected) {
+      fail(path + ":" + std::to_string(n) + ": cannot read '" + line + "': expected " + expected);
+    };
+    // The trainer's run of N ranks: its units computed beside their own collectives (gathers prefetched into the
+    // unit's compute, reduce-scatters' sums, on the same cores), so their times hold what those took from compute,
+    // which the planner adds again (--comm-cpu, the link's flows); its other_ms holds the step's scalar
+    // all-reduces, which the planner simulates as well. Neither part can be taken back out of the file's figures.
+    if (const auto ranks = header_ranks(line); ranks && *ranks != 1)
+      fail(path + ":" + std::to_string(n) + ": measured in a run of " + std::to_string(*ranks) + " ranks ('" + line +
+           "'): the planner's unit times are one rank's compute alone, and this run's hold what its collectives took "
+           "from compute, which the planner adds again; measure with WORLD_SIZE=1 and the per-rank batch "
+           "(shardkit-run -n 1 -- trainer --batch ROWS_PER_RANK ... --plan-units FILE)");
     std::istringstream split(line);
     std::vector<std::string> w;
     for (std::string word; split >> word;) w.push_back(word);
     if (w.empty() || w[0][0] == '#') continue;
-    const auto bad = [&](const std::string& expected) {
-      fail(path + ":" + std::to_string(n) + ": cannot read '" + line + "': expected " + expected);
-    };
     const auto integer = [&](const std::string& word, const char* what) {
-      bool range = false;
-      const auto v = whole(word, range);
+      const auto v = whole(word);
       if (!v || *v == 0) bad(std::string(what) + " a positive integer, got '" + word + "'");
       return *v;
     };
     const auto ms = [&](const std::string& word, const char* what) {
-      char* end = nullptr;
-      const double x = std::strtod(word.c_str(), &end);
-      // Decimals only: strtod would also take hexadecimal ("0x10" as 16 ms).
-      if (*end != '\0' || !std::isfinite(x) || x < 0 || word[0] == '-' ||
-          word.find_first_not_of("0123456789.eE+") != std::string::npos)
-        bad(std::string(what) + " a non-negative number of ms, got '" + word + "'");
-      return x;
+      const auto x = decimal(word);
+      if (!x || *x > max_ms)
+        bad(std::string(what) + " a number of ms from 0 to " + number_text(max_ms) + ", got '" + word + "'");
+      return *x;
     };
     if (w[0] == "unit") {
       if (w.size() != 5) bad("'unit NAME NUMEL FORWARD_MS BACKWARD_MS' (5 fields), got " + std::to_string(w.size()));
+      if (const auto [at, fresh] = unit_lines.emplace(w[1], n); !fresh)
+        bad("each unit once, and unit '" + w[1] + "' is on line " + std::to_string(at->second) +
+            " too (two files, or two runs' output, in one?)");
       fsdp::plan_unit u;
       u.name = w[1];
       u.numel = integer(w[2], "NUMEL");
@@ -207,6 +270,14 @@ void row(const char* label, const fsdp::plan_result& r, double bound) {
               r.parameters_kept_before ? " + 1's parameters" : "");
 }
 
+// The flags that take a value; --timeline, -h and --help take none.
+constexpr std::string_view value_flags[] = {
+    "--units",      "--preset",       "--hosts",        "--ranks-per-host", "--ranks",        "--cores-per-host",
+    "--nics",       "--gbit",         "--rtt-us",       "--intra-gbit",     "--intra-us",     "--comm-cpu",
+    "--strategy",   "--hybrid-size",  "--dtype",        "--reduce-dtype",   "--budget",       "--max-inflight",
+    "--max-gathered", "--prefetch",   "--keep-last",    "--early-backward", "--keep-before",  "--early-gathers",
+    "--optimizer-ms", "--scale-compute", "--seqs-per-gpu", "--mfu"};
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -217,58 +288,71 @@ int main(int argc, char** argv) try {
   double optimizer_ms = -1, scale = 1, seqs = 8, mfu = 0.4;
   std::size_t ranks = 0;
   bool timeline = false, hosts_given = false, preset_only = false, units_given = false;
+  // Each flag once: a value given twice is refused, naming both, rather than the last taken (the trainer takes the
+  // last, for its wrappers' defaults; nothing wraps shardkit-plan so, and plan-validate passes each flag once). A
+  // plan whose --gbit or --hosts was silently replaced is a plan of another cluster than the one read off the
+  // command line.
+  std::map<std::string, std::string, std::less<>> given;
   for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
+    std::string_view a = argv[i];
     if (a == "-h" || a == "--help") {
       std::fputs(usage_text, stdout);
       return 0;
     }
-    if (a == "--timeline") {
-      timeline = true;
-      continue;
-    }
-    if (i + 1 >= argc) fail(std::string(a) + " wants a value");
-    const std::string_view v = argv[++i];
-    if (a == "--units") units_path = v, units_given = true;
-    else if (a == "--preset") preset = v;
-    else if (a == "--hosts") cluster.hosts = positive(a, v), hosts_given = true;
-    else if (a == "--ranks-per-host") cluster.ranks_per_host = positive(a, v);
-    else if (a == "--ranks") ranks = positive(a, v);
-    else if (a == "--cores-per-host") cluster.cores_per_host = real(a, v);
-    else if (a == "--nics") cluster.nics_per_host = positive(a, v);
-    else if (a == "--gbit") cluster.link_bytes_per_second = positive_real(a, v) * 1e9 / 8;
-    else if (a == "--rtt-us") cluster.rtt_seconds = real(a, v) * 1e-6;
-    else if (a == "--intra-gbit") cluster.intra_bytes_per_second = real(a, v) * 1e9 / 8;
-    else if (a == "--intra-us") cluster.intra_step_seconds = real(a, v) * 1e-6;
-    else if (a == "--comm-cpu") cluster.comm_cpu_cores = real(a, v);
+    // --hosts=8 as well as --hosts 8, as the trainer, shardkit-run and shardkit-bench take both.
+    std::optional<std::string_view> attached;
+    if (const auto eq = a.find('='); a.starts_with("--") && eq != std::string_view::npos)
+      attached = a.substr(eq + 1), a = a.substr(0, eq);
+    const bool known = std::find(std::begin(value_flags), std::end(value_flags), a) != std::end(value_flags);
+    if (!known && a != "--timeline") fail("unknown flag " + std::string(argv[i]));
+    if (a == "--timeline" && attached) fail("--timeline takes no value, got '" + std::string(argv[i]) + "'");
+    if (!attached && a != "--timeline" && i + 1 >= argc) fail(std::string(a) + " wants a value");
+    const std::string_view v = attached ? *attached : a == "--timeline" ? std::string_view() : argv[++i];
+    if (const auto [at, fresh] = given.emplace(a, v); !fresh)
+      fail(std::string(a) + " is given twice" +
+           (a == "--timeline" ? std::string() : " ('" + at->second + "', then '" + std::string(v) + "')") +
+           ": give it once");
+    const auto on_off = [&] {
+      if (v != "on" && v != "off") fail(std::string(a) + " wants on or off, got '" + std::string(v) + "'");
+      return v == "on";
+    };
+    const auto cores = [&](const char* zero) { return real(a, v, min_cores, max_cores, "cores", zero); };
+    if (a == "--timeline") timeline = true;
+    else if (a == "--units") {
+      if (v.empty()) fail("--units wants a file name, got ''");
+      units_path = v, units_given = true;
+    } else if (a == "--preset") preset = v;
+    else if (a == "--hosts") cluster.hosts = count(a, v, 1, max_ranks, "hosts"), hosts_given = true;
+    else if (a == "--ranks-per-host") cluster.ranks_per_host = count(a, v, 1, max_ranks, "ranks on each host");
+    else if (a == "--ranks") ranks = count(a, v, 1, max_ranks, "ranks");
+    else if (a == "--cores-per-host") cluster.cores_per_host = cores("one a rank");
+    else if (a == "--nics") cluster.nics_per_host = count(a, v, 1, 1024, "NICs on each host");
+    else if (a == "--gbit") cluster.link_bytes_per_second = real(a, v, min_gbit, max_gbit, "Gbit/s a NIC") * 1e9 / 8;
+    else if (a == "--rtt-us") cluster.rtt_seconds = real(a, v, 0, max_us, "microseconds") * 1e-6;
+    else if (a == "--intra-gbit")
+      cluster.intra_bytes_per_second = real(a, v, min_gbit, max_gbit, "Gbit/s", "no limit") * 1e9 / 8;
+    else if (a == "--intra-us") cluster.intra_step_seconds = real(a, v, 0, max_us, "microseconds") * 1e-6;
+    else if (a == "--comm-cpu") cluster.comm_cpu_cores = cores("none");
     else if (a == "--strategy") model.strategy = fsdp::parse_sharding_strategy(v);
-    else if (a == "--hybrid-size") model.hybrid_shard_size = positive(a, v);
+    else if (a == "--hybrid-size") model.hybrid_shard_size = count(a, v, 1, max_ranks, "ranks a shard group");
     else if (a == "--dtype" || a == "--reduce-dtype") {
       const auto t = shardkit::parse_dtype(v);
       if (!t || !shardkit::is_floating(*t)) fail(std::string(a) + " wants f32, bf16, f16 or f64");
       (a == "--dtype" ? model.precision.param : model.precision.reduce) = *t;
     } else if (a == "--budget") budget = parse_budget(v);
-    else if (a == "--max-inflight") model.limiter_max_inflight = count(a, v);
-    else if (a == "--max-gathered") model.max_gathered = count(a, v);
-    else if (a == "--prefetch") model.prefetch = count(a, v);
-    else if (a == "--keep-last") {
-      if (v != "on" && v != "off") fail("--keep-last wants on or off, got '" + std::string(v) + "'");
-      model.keep_last_units = v == "on";
-    } else if (a == "--early-backward") {
-      if (v != "on" && v != "off") fail("--early-backward wants on or off, got '" + std::string(v) + "'");
-      model.early_backward_gather = v == "on";
-    } else if (a == "--keep-before") {
-      if (v != "on" && v != "off") fail("--keep-before wants on or off, got '" + std::string(v) + "'");
-      model.keep_parameters_before = v == "on";
-    } else if (a == "--early-gathers") {
-      if (v != "on" && v != "off") fail("--early-gathers wants on or off, got '" + std::string(v) + "'");
-      model.early_gathers = v == "on";
-    }
-    else if (a == "--optimizer-ms") optimizer_ms = real(a, v);
-    else if (a == "--scale-compute") scale = real(a, v);
-    else if (a == "--seqs-per-gpu") seqs = real(a, v), preset_only = true;
-    else if (a == "--mfu") mfu = real(a, v), preset_only = true;
-    else fail("unknown flag " + std::string(a));
+    // Caps: one above the units' count caps nothing, and any 64-bit count is one.
+    else if (a == "--max-inflight") model.limiter_max_inflight = count(a, v, 0, SIZE_MAX, "0: no cap");
+    else if (a == "--max-gathered") model.max_gathered = count(a, v, 0, SIZE_MAX, "0: off");
+    // Not a cap: the model adds it to a unit's position (a count near 2^64 wrapped to none ahead).
+    else if (a == "--prefetch") model.prefetch = count(a, v, 0, max_ranks, "units ahead; the units' count or more: all");
+    else if (a == "--keep-last") model.keep_last_units = on_off();
+    else if (a == "--early-backward") model.early_backward_gather = on_off();
+    else if (a == "--keep-before") model.keep_parameters_before = on_off();
+    else if (a == "--early-gathers") model.early_gathers = on_off();
+    else if (a == "--optimizer-ms") optimizer_ms = real(a, v, 0, max_ms, "ms");
+    else if (a == "--scale-compute") scale = real(a, v, 0, 1e6, "a factor");
+    else if (a == "--seqs-per-gpu") seqs = real(a, v, 1e-3, 1e6, "sequences"), preset_only = true;
+    else if (a == "--mfu") mfu = real(a, v, 1e-3, 1, "of the A100's peak"), preset_only = true;
   }
   // Flags that would be ignored, or that contradict each other, are refused rather than planned around.
   if (units_given && !preset.empty()) fail("give --units FILE or --preset, not both");
@@ -278,9 +362,10 @@ int main(int argc, char** argv) try {
     fail("--hybrid-size is for --strategy hybrid_shard");
   units_file file;
   if (preset == "t5-11b") {
-    if (!(mfu > 0 && mfu <= 1) || !(seqs > 0)) fail("--mfu wants (0, 1] and --seqs-per-gpu a positive count");
     file = t5_11b(seqs, mfu);
-    model.precision = {shardkit::dtype::bf16, shardkit::dtype::bf16};
+    // bf16 unless the flags say otherwise (they were once overridden here, silently).
+    if (!given.contains("--dtype")) model.precision.param = shardkit::dtype::bf16;
+    if (!given.contains("--reduce-dtype")) model.precision.reduce = shardkit::dtype::bf16;
   } else if (!preset.empty()) {
     fail("unknown preset '" + preset + "' (t5-11b)");
   } else if (units_path.empty()) {
@@ -294,6 +379,20 @@ int main(int argc, char** argv) try {
       fail("--hosts " + std::to_string(cluster.hosts) + " x --ranks-per-host " + std::to_string(cluster.ranks_per_host) +
            " is not --ranks " + std::to_string(ranks) + ": give two of the three");
     cluster.hosts = ranks / cluster.ranks_per_host;
+  }
+  {
+    // Both at most max_ranks: their product fits in 64 bits.
+    const std::size_t world = cluster.hosts * cluster.ranks_per_host, n = file.units.size();
+    const std::string job = ranks != 0 ? "--ranks " + std::to_string(ranks)
+                                       : "--hosts " + std::to_string(cluster.hosts) + " x --ranks-per-host " +
+                                             std::to_string(cluster.ranks_per_host) + " = " +
+                                             std::to_string(world) + " ranks";
+    if (world > max_ranks) fail(job + ": the planner simulates at most " + std::to_string(max_ranks) + " ranks");
+    if (world > max_rank_units / n)
+      fail(job + " of " + std::to_string(n) + " units: the simulation's time grows with ranks x units (a ring step " +
+           "is an event), and the planner takes ranks x units up to " + std::to_string(max_rank_units) +
+           " (seconds a table): at most " + std::to_string(max_rank_units / n) + " ranks of " + std::to_string(n) +
+           " units");
   }
   // As the trainer does (a shard group per host) when hybrid_shard is given no size.
   if (model.strategy == fsdp::sharding_strategy::hybrid_shard && model.hybrid_shard_size == 0)
