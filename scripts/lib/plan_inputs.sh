@@ -108,3 +108,22 @@ pv_comm_cpu() {
   awk -v b="$1" -v o="$2" -v l="$3" 'BEGIN { if (l <= 0) { print "pv_comm_cpu: link time " l " ms" > "/dev/stderr"; exit 1 }
                                              c = (b - o) / l; printf "%.3f\n", (c > 0 ? c : 0) }'
 }
+
+# pv_other_runs LOCK_DIR OWN_PREFIX: the other plan-validates running on this host now, one a line ("lab 'PREFIX', pid
+# N"): each holds its lab's LOCK_DIR/PREFIX.plan-validate.lock for its whole run, with its pid in it; a file left by
+# a run that ended is held by none. Probed by taking a shared lock and dropping it at once: a run starting on that
+# lab in the same instant may find it held and refuse (exit 3), never the reverse. Needs flock (util-linux).
+pv_other_runs() {
+  local f prefix pid rc
+  for f in "$1"/*.plan-validate.lock; do
+    [[ -f $f ]] || continue
+    prefix=${f##*/} prefix=${prefix%.plan-validate.lock}
+    [[ $prefix != "$2" ]] || continue
+    rc=0
+    flock -n -s -E 75 "$f" true 2>/dev/null || rc=$?
+    ((rc == 75)) || continue
+    pid=$(head -c 32 "$f" | tr -cd '0-9')
+    echo "lab '$prefix'${pid:+, pid $pid}"
+  done
+  return 0
+}

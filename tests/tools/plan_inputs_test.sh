@@ -12,7 +12,9 @@
 #    --rtt-us -5 and a flag without its value, before any lab (they failed in the lab, after its first runs: --repeat
 #    0 with a NaN); as root, a second plan-validate on a lab one holds is refused (it took the first's lab away),
 #    and a run whose rank fails ends at once beside a stuck rank, its ranks with a 5-min operation timeout (on a
-#    stand-in lab);
+#    stand-in lab); a plan-validate on another lab of the host is refused too (their ranks would share the cores,
+#    each slowing the other's measured steps), naming it;
+#    pv_other_runs names the labs whose lock another run holds (its pid), not a lock file left behind nor its own;
 # 6. with SHARDKIT_PLAN (shardkit-plan's path), plan-validate --from-logs on a made-up cell predicts what
 #    shardkit-plan predicts given the inputs worked out here by hand: units scaled to the slowest job's step, the
 #    optimizer alike, the collectives' cores from the busy time; with --compute-from rank0 --comm-cpu 0, unscaled;
@@ -20,7 +22,10 @@
 #    refused before any run; a truncated or hand-made log directory is refused naming the file (and line), not
 #    predicted from what is left (no busy_extra_ms: the collectives' CPU was 0; a host's compute log cut short: the
 #    slowest of fewer jobs; a budget's run without a step after the first: "- (0) ... +inf%"); CRLF inputs are read
-#    as LF; the runs' own flags (--steps, --repeat, trainer flags) are refused with --from-logs.
+#    as LF; the runs' own flags (--steps, --repeat, trainer flags) are refused with --from-logs; the trainer's
+#    schedule switches reach shardkit-plan as the trainer took them (--keep-last=off; the last of one given twice);
+#    as root, --allow-concurrent runs beside another lab's run (on a stand-in lab and trainer), and the footer names
+#    it and one that started during the cell.
 #   plan_inputs_test.sh SOURCE_DIR [SHARDKIT_PLAN]
 set -euo pipefail
 src=$1
@@ -66,15 +71,36 @@ expect "comm cores, none" "$(pv_comm_cpu 5 10 78)" 0.000
 if pv_comm_cpu 43 10 0 2>"$work/err"; then fail "a link time of 0 was accepted"; fi
 grep -q "link time 0 ms" "$work/err" || fail "a link time of 0: $(cat "$work/err")"
 
+# Other plan-validates on the host: a lab whose lock is held (its pid named), not one whose lock file a finished run
+# left, nor this run's own.
+if command -v flock >/dev/null; then
+  mkdir "$work/locks"
+  echo 4242 >"$work/locks/busy.plan-validate.lock"
+  : >"$work/locks/left.plan-validate.lock"
+  : >"$work/locks/mine.plan-validate.lock"
+  exec {busy_fd}>>"$work/locks/busy.plan-validate.lock" {mine_fd}>>"$work/locks/mine.plan-validate.lock"
+  flock "$busy_fd"
+  flock "$mine_fd"
+  expect "other runs" "$(pv_other_runs "$work/locks" mine)" "lab 'busy', pid 4242"
+  exec {busy_fd}>&-
+  expect "other runs, none left" "$(pv_other_runs "$work/locks" mine)" ""
+  exec {mine_fd}>&-
+fi
+
 # refused FLAGS... :: TEXT: plan-validate FLAGS exits 2 at once saying TEXT. Never a lab, also where a refusal is
 # missing: no build in --build's place (a flag after it may name binaries), and a lab of the test's own, whose
 # --rates 1bit netlab up refuses.
 refused() {
-  local args=(--build "$work/no-build" --hosts 2 --rates 1bit) rc=0
-  while [[ $1 != :: ]]; do args+=("$1"); shift; done
+  local args=() own=() rc=0 d
+  while [[ $1 != :: ]]; do own+=("$1"); shift; done
+  # the defaults above, each only where the case gives none of its own (plan-validate refuses a flag given twice)
+  for d in --build:"$work/no-build" --hosts:2 --rates:1bit; do
+    [[ " ${own[*]} " == *" ${d%%:*} "* ]] || args+=("${d%%:*}" "${d#*:}")
+  done
+  args+=(${own[@]+"${own[@]}"})
   NETLAB_PREFIX=pvtest NETLAB_STATE_DIR=$work timeout 20 "$src/scripts/plan-validate" "${args[@]}" >"$work/out" 2>&1 || rc=$?
-  expect "plan-validate ${args[*]:6}: exit" "$rc" 2
-  grep -qF -- "$2" "$work/out" || fail "plan-validate ${args[*]:6}: want '$2', got: $(head -n 2 "$work/out")"
+  expect "plan-validate ${own[*]}: exit" "$rc" 2
+  grep -qF -- "$2" "$work/out" || fail "plan-validate ${own[*]}: want '$2', got: $(head -n 2 "$work/out")"
 }
 refused --comm-cpu abc :: "plan-validate: --comm-cpu wants"
 refused --compute-from fastest :: "plan-validate: --compute-from wants"
@@ -85,6 +111,9 @@ refused --hosts "2 1" :: "plan-validate: --hosts wants host counts from 2 to 250
 refused --rates "2gbit 1gbits" :: "plan-validate: --rates: '1gbits' is not a tc rate"
 refused --rtt-us -5 :: "plan-validate: --rtt-us wants a non-negative number of microseconds, got '-5'"
 refused --budgets :: "plan-validate: --budgets wants a value"
+# A flag given twice: refused, naming both (the last was taken: --rates 2gbit --rates 1gbit measured 1gbit alone).
+refused --rates 2gbit --rates 1gbit :: "plan-validate: --rates is given twice ('2gbit', then '1gbit'): give it once"
+refused --allow-concurrent --allow-concurrent :: "plan-validate: --allow-concurrent is given twice"
 if [[ $(id -u) == 0 ]] && command -v flock >/dev/null && command -v ip >/dev/null; then
   # A lab another plan-validate holds: refused before the lab is touched (without the lock, this run went on to
   # 'netlab down' that lab; here its netlab up then refuses the 1bit rate, a lab of the test's own prefix).
@@ -96,6 +125,17 @@ if [[ $(id -u) == 0 ]] && command -v flock >/dev/null && command -v ip >/dev/nul
   exec {held}>&-
   expect "a second plan-validate on one lab: exit" "$rc" 3
   grep -q "another plan-validate is running on lab 'pvtest'" "$work/out" || fail "a second plan-validate: $(head -n 2 "$work/out")"
+  # Another lab's run on this host: refused too, naming it (it went on, both runs' measured steps slowed unnoticed).
+  exec {held}>>"$work/pvother.plan-validate.lock"
+  flock "$held"
+  echo 4343 >"$work/pvother.plan-validate.lock"
+  rc=0
+  NETLAB_PREFIX=pvtest NETLAB_STATE_DIR=$work timeout 20 "$src/scripts/plan-validate" --trainer /bin/true --plan /bin/true \
+    --rtt-us 100 --hosts 2 --rates 1bit --budgets unlimited >"$work/out" 2>&1 || rc=$?
+  expect "a plan-validate beside another lab's: exit" "$rc" 3
+  grep -q "another plan-validate is running on this host (lab 'pvother', pid 4343)" "$work/out" ||
+    fail "a plan-validate beside another lab's: $(head -n 2 "$work/out")"
+  exec {held}>&-
   # A run whose rank fails ends at once, though another rank is stuck (it waited for every rank: here 60 s, past
   # the timeout of 20, in the lab up to the operation timeout, 30 min, or for ever): a stand-in lab that runs
   # commands where it stands.
@@ -184,5 +224,42 @@ want=$("$src/scripts/plan-validate" --from-logs "$logs" --plan "$plan" --hosts 2
 sed -i 's/$/\r/' "$logs/h2_2gbit.inputs"
 expect "--from-logs, CRLF inputs" "$("$src/scripts/plan-validate" --from-logs "$logs" --plan "$plan" --hosts 2 --rates 2gbit \
   --budgets unlimited | grep '^| 2 ')" "$want"
+# The trainer's schedule switches as the trainer took them: --keep-last=off (passed over: the default schedule was
+# planned) and --keep-before given twice, the last counting (both were passed on, and shardkit-plan refuses that).
+want=$("$plan" "${cell[@]}" --optimizer-ms 10 --comm-cpu 0 --keep-last off --keep-before off | first_row)
+[[ $want != "$("$plan" "${cell[@]}" --optimizer-ms 10 --comm-cpu 0 | first_row)" ]] || fail "the switches change nothing here"
+echo "--width 256 --keep-last=off --keep-before on --keep-before off" >"$logs/trainer.flags"
+row=$("$src/scripts/plan-validate" --from-logs "$logs" --plan "$plan" --hosts 2 --rates 2gbit --budgets unlimited \
+  --compute-from rank0 --comm-cpu 0 2>&1 | grep '^| 2 ') || fail "--from-logs with the trainer's switches: no row"
+expect "--from-logs, the trainer's switches: predicted step" "$(awk -F'|' '{ gsub(/ /, "", $8); print $8 }' <<<"$row")" "$want"
+rm "$logs/trainer.flags"
+if [[ $(id -u) == 0 ]] && command -v flock >/dev/null && command -v ip >/dev/null; then
+  # --allow-concurrent beside another lab's run (held here), on the stand-in lab above and a trainer that writes a
+  # units file and step lines; its compute-only job on host 0 starts a third run (a lock held 3 s) during the cell.
+  # The footer names both, with the cell and when each was seen.
+  cat >"$work/ok-trainer" <<EOS
+#!/usr/bin/env bash
+steps=2 units=
+while ((\$#)); do case \$1 in --steps) steps=\$2; shift ;; --plan-units) units=\$2; shift ;; esac; shift; done
+if [[ -n \$units ]]; then
+  printf 'unit embed 81920 0 0\nunit block0 526080 30 50\nunit head 65792 0 0\nother_ms 20\nmeasured_shard 1\n' >"\$units"
+  [[ \$units != *.h0 ]] || flock "$work/pvlate.plan-validate.lock" sleep 3 >/dev/null 2>&1 &
+fi
+for ((s = 0; s < steps; s++)); do echo "step \$s loss 2.5 tokens/s 100 step_ms 100 compute_ms 1.00 gather_wait_ms 0.00"; done
+EOS
+  chmod +x "$work/ok-trainer"
+  exec {held}>>"$work/pvother.plan-validate.lock"
+  flock "$held"
+  rc=0
+  PLAN_VALIDATE_NETLAB="$work/netlab" NETLAB_PREFIX=pvtest NETLAB_STATE_DIR="$work" timeout 30 "$src/scripts/plan-validate" \
+    --trainer "$work/ok-trainer" --plan "$plan" --rtt-us 100 --hosts 2 --rates 2gbit --budgets unlimited --steps 2 \
+    --repeat 1 --allow-concurrent >"$work/out" 2>&1 || rc=$?
+  exec {held}>&-
+  rm -rf "$(sed -n 's/.*; logs in //p' "$work/out")"
+  expect "--allow-concurrent: exit" "$rc" 0
+  grep -q '^| 2 | 2gbit |' "$work/out" || fail "--allow-concurrent: no row: $(cat "$work/out")"
+  grep -q "^WARNING: another plan-validate ran on this host.*h2_2gbit (start): lab 'pvother', pid 4343; h2_2gbit (end): lab 'pvlate' and lab 'pvother', pid 4343\. Measure again" \
+    "$work/out" || fail "--allow-concurrent: the footer: $(grep -v '^|' "$work/out")"
+fi
 echo "plan_inputs_test: all passed"
 
