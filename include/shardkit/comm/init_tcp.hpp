@@ -2,7 +2,9 @@
 //! Registers the "tcp" and "shm+tcp" transports with init_process_group (comm/init.hpp). Part of the
 //! shardkit::tcp target: init.hpp includes it when that target is linked; including it directly works too.
 #include "shardkit/comm/init.hpp"
+#include "shardkit/comm/p2p_communicator.hpp"
 #include "shardkit/transport/routed.hpp"
+#include "shardkit/transport/shm.hpp"
 #include "shardkit/transport/tcp.hpp"
 
 namespace shardkit::comm {

@@ -8,6 +8,7 @@
 
 #include "shardkit/ckpt/checkpointer.hpp"
 #include "shardkit/core/detail/library_calls.hpp"
+#include "shardkit/core/settings.hpp"
 #include "shardkit/ckpt/impl/checkpointer_location.hpp"
 #include "shardkit/ckpt/impl/checkpointer_load.hpp"
 #include "shardkit/ckpt/impl/checkpointer_save_job.hpp"

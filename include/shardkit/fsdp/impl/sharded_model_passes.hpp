@@ -1,6 +1,7 @@
 #pragma once
 //! sharded_model's passes: beginning and ending passes and units, abandoning a pass, pass_range and unit_scope.
 //! Part of fsdp/impl/sharded_model.hpp (see there for how it compiles).
+#include "shardkit/fsdp/detail/view_quarantine.hpp"
 #include "shardkit/fsdp/sharded_model.hpp"
 
 namespace shardkit::fsdp {
