@@ -17,17 +17,20 @@ pv_slowest_steps() {
     awk '{ for (i = 1; i <= NF; i++) if (!(i in m) || $i + 0 > m[i]) m[i] = $i + 0; if (NF > n) n = NF } END { for (i = 1; i <= n; i++) print m[i] }'
 }
 
-# pv_busy_ms [STAT] [HZ]: the machine's busy time in ms since boot, every core's user, nice, system, irq and softirq
-# (idle, iowait and steal are not busy) from STAT (/proc/stat) in ticks of HZ (getconf CLK_TCK).
-pv_busy_ms() {
-  awk -v hz="${2:-$(getconf CLK_TCK)}" '$1 == "cpu" { printf "%.0f\n", ($2 + $3 + $4 + $7 + $8) * 1000 / hz; exit }' "${1:-/proc/stat}"
+# pv_stat_ms FIELDS [STAT] [HZ]: the sum of FIELDS (awk field numbers, space-separated) of STAT's (/proc/stat's)
+# "cpu" line, every core's time since boot in ticks of HZ (getconf CLK_TCK), in ms: these inputs' one reader of /proc/stat.
+pv_stat_ms() {
+  awk -v fields="$1" -v hz="${3:-$(getconf CLK_TCK)}" \
+    '$1 == "cpu" { n = split(fields, f, " "); for (i = 1; i <= n; i++) t += $f[i]; printf "%.0f\n", t * 1000 / hz; exit }' "${2:-/proc/stat}"
 }
 
+# pv_busy_ms [STAT] [HZ]: the machine's busy time in ms since boot: user, nice, system, irq and softirq (idle,
+# iowait and steal are not busy).
+pv_busy_ms() { pv_stat_ms "2 3 4 7 8" "$@"; }
+
 # pv_irq_ms [STAT] [HZ]: the machine's irq and softirq time in ms since boot (the kernel's network work, which no
-# process is charged with), as pv_busy_ms reads it.
-pv_irq_ms() {
-  awk -v hz="${2:-$(getconf CLK_TCK)}" '$1 == "cpu" { printf "%.0f\n", ($7 + $8) * 1000 / hz; exit }' "${1:-/proc/stat}"
-}
+# process is charged with).
+pv_irq_ms() { pv_stat_ms "7 8" "$@"; }
 
 # pv_times_children_ms TIMES: the user and system CPU in ms of the waited-for children, from bash's `times`
 # builtin's output in the file TIMES (its second line; "1m2.500s 0m0.250s" is 62750). Run `times` in the shell
