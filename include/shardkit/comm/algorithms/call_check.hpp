@@ -148,9 +148,11 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   //! complete it on the transport's thread), or `until` passes; whether it is poisoned. For an error path that
   //! expects the poison (p2p_op::throw_mismatch_behind): it wakes as the poison lands, and polls nothing.
   bool wait_poisoned(deadline until) const { return completion(poisoned_).wait_until(until) || poisoned(); }
-  //! The error names, as its peer, the rank that found the mismatch (this rank itself when it did).
+  //! The error names, as its peer, the rank that found the mismatch (this rank itself when it did). The caller's
+  //! thread only (it waits for this rank's word to the members: await_word_sent).
   void throw_if_poisoned(error_context ctx) const {
     if (!poisoned()) return;
+    await_word_sent();
     std::lock_guard lock(mutex_);
     ctx.peer = poisoner_;
     throw error(poison_code_, poison_, std::move(ctx));
@@ -168,9 +170,10 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
       (*msg)[2] = me_;
       (*msg)[3] = std::int64_t(code);
       std::memcpy(msg->data() + fixed_words, what.data(), std::min(what.size(), text_bytes));
-      send_control(std::move(msg));
+      send_control(std::move(msg), true);
     }
     poison(what, me_, code);
+    await_word_sent();
   }
 
   [[noreturn, gnu::cold, gnu::noinline]] void refuse_poisoned(int rank, const char* operation) const {
@@ -186,11 +189,11 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   //! This rank found that group rank `peer` called `theirs` where it called `mine` (or, with `sizes`, called the
   //! same but sent another size than this rank expects): tells every member, marks the group, throws
   //! errc::mismatch naming both calls.
+  //! The caller's thread only (see tell_mismatch).
   [[noreturn]] void mismatch(int peer, const std::int64_t* theirs, const std::int64_t* mine, message_sizes sizes,
                              error_context ctx) {
-    std::string what = describe(peer, me_, theirs, mine, sizes);
-    send_to_all(kind_poison, mine, theirs, peer, sizes);
-    poison(what, peer);
+    std::string what = tell_mismatch(peer, theirs, mine, sizes);
+    await_word_sent();
     ctx.peer = peer;
     throw error(errc::mismatch, std::move(what), std::move(ctx));
   }
@@ -281,6 +284,15 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     return s->bytes;
   }
 
+  //! mismatch() without the wait and the throw, for a transport thread too (on_control): tells every member, marks
+  //! the group, returns the error's text.
+  std::string tell_mismatch(int peer, const std::int64_t* theirs, const std::int64_t* mine, message_sizes sizes) {
+    std::string what = describe(peer, me_, theirs, mine, sizes);
+    send_to_all(kind_poison, mine, theirs, peer, sizes);
+    poison(what, peer);
+    return what;
+  }
+
   void poison(const std::string& what, int named, errc code = errc::mismatch) {
     {
       std::lock_guard lock(mutex_);
@@ -305,18 +317,48 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     std::copy(other, other + call_record::words, msg->begin() + 4 + std::ptrdiff_t(call_record::words));
     (*msg)[fixed_words - 2] = sizes.sent;
     (*msg)[fixed_words - 1] = sizes.expected;
-    send_control(std::move(msg));
+    send_control(std::move(msg), kind == kind_poison);
   }
-  void send_control(std::shared_ptr<control_message> msg) {
+  //! `word`: a finder's word (poison, fail, relayed or not), whose sends await_word_sent waits for.
+  void send_control(std::shared_ptr<control_message> msg, bool word = false) {
     const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(msg->data()), sizeof(control_message));
     for (int r = 0; r < int(members_.size()); ++r) {
       if (r == me_) continue;
       try {
-        transport_->send(members_[std::size_t(r)], control_tag(), bytes).then([msg] {});  // keeps the bytes alive
+        auto c = transport_->send(members_[std::size_t(r)], control_tag(), bytes);
+        c.then([msg] {});  // keeps the bytes alive
+        if (word) {
+          std::lock_guard lock(mutex_);
+          word_sends_.push_back(std::move(c));
+        }
       } catch (...) {  // a peer the transport refuses: the others still learn it
       }
     }
   }
+
+  //! Waits, on the caller's thread (a transport thread would wait for itself), until the transport has taken
+  //! this rank's word to every member out of its hands (into a peer's ring, onto a socket), word_send_bound at
+  //! most: before the error reaches a caller that may end its process at once (std::exit, _exit, abort after
+  //! an uncaught exception), which would lose a word still queued. What such a death leaves then still reaches
+  //! every member, ahead of the report of the death itself (p2p_op::throw_mismatch_behind awaits nothing on a
+  //! lost member). Immediate once sent, or when nothing was (a rank that only heard the word, with another
+  //! rank's word already relayed first: sent_poison_).
+  void await_word_sent() const {
+    std::vector<completion> sends;
+    {
+      std::lock_guard lock(mutex_);
+      sends = word_sends_;
+    }
+    const auto until = deadline_after(word_send_bound);
+    for (const auto& c : sends) {
+      try {
+        c.wait_until(until);
+      } catch (...) {  // that peer is gone: nothing to wait for
+      }
+    }
+  }
+  //! A send of a 1 KiB control message takes microseconds; longer only behind a peer that stopped reading.
+  static constexpr std::chrono::milliseconds word_send_bound{200};
 
   void post_control(int r) {
     auto buffer = std::make_shared<control_message>();
@@ -349,18 +391,28 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
     std::erase(control_recvs_, c);
   }
 
+  //! Passes a finder's word (poison, fail) on to every member, unchanged (it names the finder), once per group
+  //! as a rank's own: a rank that dies of a mismatch it heard of has then told every member before its death,
+  //! which the transports report only after what it sent, so a wait that sees it lost need not wait for the
+  //! finder's own word (p2p_op::throw_mismatch_behind). Sent before poison() wakes this rank's collective.
+  void relay(const control_message& m) {
+    if (!sent_poison_.exchange(true)) send_control(std::make_shared<control_message>(m), true);
+  }
+
   void on_control(const control_message& m) {
     const int from = int(m[2]);
     const std::int64_t* first = m.data() + 4;
     const std::int64_t* second = first + call_record::words;
     if (m[1] == kind_fail) {
       const auto* text = reinterpret_cast<const char*>(m.data() + fixed_words);
+      relay(m);
       poison("rank " + std::to_string(from) + " found that " + std::string(text, strnlen(text, text_bytes)), from,
              errc(m[3]));
       return;
     }
     if (m[1] == kind_poison) {
       const message_sizes sizes{m[fixed_words - 2], m[fixed_words - 1]};
+      relay(m);
       poison(describe(int(m[3]), from, second, first, sizes), from);
       return;
     }
@@ -380,10 +432,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
       }
     }
     if (mine == theirs) return;
-    try {
-      mismatch(from, theirs.data(), mine.data(), {}, {.rank = me_});
-    } catch (const error&) {  // poisoned and told: the collective waiting here fails from its next poll
-    }
+    tell_mismatch(from, theirs.data(), mine.data(), {});  // the collective waiting here fails from its next poll
   }
 
   //! begin()'s rare cases, out of line, given `flags`: a poisoned group refuses the call; reports that came early
@@ -469,6 +518,7 @@ class call_checker : public std::enable_shared_from_this<call_checker<T>> {
   errc poison_code_ = errc::mismatch;
   std::vector<early_report> early_reports_;
   std::vector<completion> control_recvs_;
+  std::vector<completion> word_sends_;  // this rank's word (poison, fail, relayed) to each member: await_word_sent
   bool closing_ = false;
   std::array<history_entry, history_size> history_{};  // the records of the last collectives, by seq
 };

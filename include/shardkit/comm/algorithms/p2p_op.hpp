@@ -128,6 +128,10 @@ class p2p_op : public op_members<T> {
   //! past the op's deadline. Short: a transfer still running then is nearly always stuck behind a dead link, and
   //! every millisecond here is added to the time before the caller sees the error.
   static constexpr std::chrono::milliseconds abandon_grace{500};
+  //! How long a wait that failed with errc::protocol waits for a mismatch's poison (throw_mismatch_behind): a
+  //! message's trip between two live ranks, with room for a loaded host; a protocol error that was no mismatch
+  //! comes this much later.
+  static constexpr std::chrono::milliseconds poison_grace{200};
 
   //! Moves this op's deadline `t` earlier, for a step that must spend up to `t` after an error before it may
   //! return (cross_memory's session::leave_grace): its error then still reaches the caller within the timeout.
@@ -298,7 +302,7 @@ class p2p_op : public op_members<T> {
     try {
       done = wait_watching(c, peer, what);
     } catch (const error& e) {
-      if (checker_) throw_mismatch_behind(e.code() == errc::protocol || e.code() == errc::peer_lost);
+      if (checker_) throw_mismatch_behind(e.code() == errc::protocol);
       if (peer >= 0 && e.code() == errc::peer_lost && left_in_order(peer))
         throw naming_lost_members(error(errc::peer_lost, this->left_early(peer, what, tag_, seq_), context(peer)), peer);
       throw naming_lost_members(peer >= 0 ? in_group_terms(e, peer) : e.with_context(context(peer)), peer);
@@ -310,7 +314,7 @@ class p2p_op : public op_members<T> {
                         (peer >= 0 ? " peer rank " + std::to_string(peer) : std::string(" a peer")),
                     context(peer));
       if (const int gone = first_failed_member(); gone >= 0) {
-        if (checker_) throw_mismatch_behind(true);
+        if (checker_) throw_mismatch_behind(false);
         std::string detail = "rank " + std::to_string(gone) + " of this group was lost while this rank was " + what +
                              (peer >= 0 ? " peer rank " + std::to_string(peer) : std::string(" a peer")) + ": " +
                              lost_reason(gone);
@@ -342,8 +346,15 @@ class p2p_op : public op_members<T> {
   //! another size than the receive it met (loopback fails the send too), a peer that found the mismatch, poisoned
   //! the group and left. Throws the mismatch instead where one shows: the group's poison; a first message from a
   //! peer that landed but was not read yet (this rank finds it itself); or, with `await` (the error is such a one:
-  //! protocol, a lost peer), the poison that arrives within `grace` (the finder sends it before it throws),
-  //! blocked on until it lands (call_checker::wait_poisoned), not polled.
+  //! protocol), the poison that arrives within `grace` (the finder sends it before it throws), blocked on until it
+  //! lands (call_checker::wait_poisoned), not polled.
+  //! A lost member (peer_lost) awaits nothing: a rank that leaves after a mismatch told every member first,
+  //! whether it found the mismatch or heard of it (call_checker::relay), and the transports deliver what a peer
+  //! sent before they report it lost (tcp: its goodbyes follow its sends, and a connection's EOF its frames; shm
+  //! drains a lost peer's rings first). So the poison is here already, and a crash (SIGKILL) is reported as the
+  //! wait sees it, not poison_grace later (docs/reliability.md). Not covered: a rank that crashes before its
+  //! transport wrote its word, or over tcp's several connections per peer one whose word is still unread on one
+  //! when the EOF of another is read (the word of the finder, relayed by every other member, may still come first).
   //! So every rank's error names both calls, whichever of its waits failed first (docs/concepts.md).
   [[gnu::cold, gnu::noinline]] void throw_mismatch_behind(bool await, std::chrono::milliseconds grace = poison_grace) {
     for (int r = 0; r < n() && !checker_->poisoned(); ++r) {
@@ -356,9 +367,6 @@ class p2p_op : public op_members<T> {
     if (await) checker_->wait_poisoned(std::min(deadline_after(grace), until_));
     checker_->throw_if_poisoned(context(-1));
   }
-  //! How long a failed wait waits for a mismatch's poison (throw_mismatch_behind): a message's trip between two
-  //! live ranks, with room for a loaded host; a lost peer's error (that was no mismatch) comes this much later.
-  static constexpr std::chrono::milliseconds poison_grace{200};
 
   //! Waits until `c` is done, the deadline passes or the op is stopped; with a transport that reports lost peers,
   //! also returns (false) once a member of the group failed (crashed, was killed, aborted): this op then cannot
