@@ -198,6 +198,10 @@ TEST_CASE("[shm] connect names a rank that never comes (not a store key) at conn
     const auto started = steady_clock::now();
     test::run_threads(n, [&](int r) {
       if (r == absent) return;
+      // The others start once rank 0 has published the session: a rank 0 thread left unscheduled for their 300 ms
+      // (a loaded host) would not have joined either, and be named. Past that, connect names the absent rank even
+      // when live rank 0 is still creating its segment (the case below).
+      if (r != 0 && absent != 0) store.wait(std::vector<std::string>{o.key_prefix + "/1/session"}, 20s);
       try {
         shm_transport::connect(store, r, n, o);
       } catch (const shardkit::error& e) {
@@ -214,6 +218,30 @@ TEST_CASE("[shm] connect names a rank that never comes (not a store key) at conn
       CHECK(errors[std::size_t(r)].find("has not joined") != std::string::npos);
       CHECK(errors[std::size_t(r)].find("300 ms") != std::string::npos);
     }
+  }
+}
+
+// What a loaded host made of the case above (n = 5): rank 0 had joined and published the session, but was still
+// creating its segment when the others' 300 ms ran out, and they named it, a live rank, instead of absent rank 1.
+// Rank 0's part is written to the store here, as its connect writes it, and left there.
+TEST_CASE("[shm] connect names, at its bound, a rank that never joined rather than a live one still creating its segment") {
+  auto store = rendezvous::make_store<rendezvous::memory_store>();
+  shm_options o;
+  o.connect_timeout = 300ms;
+  const auto self = transport::detail::shm::this_process();
+  store.set(o.key_prefix + "/1/process/0", std::to_string(self.pid) + " " + std::to_string(self.start_time) + " " +
+                                               std::to_string(self.pid_namespace));
+  store.set(o.key_prefix + "/1/session", "late0-" + std::to_string(self.pid));
+  try {
+    shm_transport::connect(store, 2, 3, o);
+    FAIL("connect succeeded without ranks 0 and 1");
+  } catch (const shardkit::error& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(e.code() == errc::timeout);
+    CHECK(e.context().peer == 1);
+    CHECK(what.find("rank 1 did not create its segment within 300 ms") != std::string::npos);
+    CHECK(what.find("has not joined") != std::string::npos);
   }
 }
 

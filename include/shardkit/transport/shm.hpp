@@ -263,8 +263,22 @@ class shm_transport {
       } catch (const error& e) {
         if (e.code() != errc::timeout) throw;
       }
-      for (int r = 0; r < size; ++r)
-        if (r != rank) wait_for(root + what + "/" + std::to_string(r), r, step);
+      for (int r = 0; r < size; ++r) {
+        if (r == rank) continue;
+        try {
+          wait_for(keys[std::size_t(r)], r, step);
+        } catch (const error& e) {
+          if (e.code() != errc::timeout) throw;
+          // At the bound, a later rank that never joined this connect is the one to name, not a live rank that is
+          // only late (a busy rank 0 still creating its segment when a loaded host's 300 ms ran out): wait_for,
+          // past the bound, names it at once.
+          for (int p = r + 1; p < size; ++p) {
+            const std::vector<std::string> joined{root + "process/" + std::to_string(p)}, done{keys[std::size_t(p)]};
+            if (p != rank && !store.check(joined) && !store.check(done)) wait_for(done.front(), p, step);
+          }
+          throw;
+        }
+      }
     }
 
     void wait_for(const std::string& key, int owner, const char* step) const {
