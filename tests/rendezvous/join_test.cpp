@@ -662,7 +662,10 @@ TEST_CASE("[rendezvous] join: the host's wait for a rank names a client that nev
 
 TEST_CASE("[rendezvous] servers racing for one port: exactly one listens, the other is told the port is in use") {
   for (int round = 0; round < 20; ++round) {
-    const int port = shardkit::test::free_port();
+    // Held from its choice until both servers tried it: with a port only known free (free_port), another test's
+    // listener or connect could take it first, and both servers were refused (seen once in a loaded ctest -j3 run).
+    const shardkit::test::reserved_port held;
+    const int port = held.port();
     std::atomic<int> listening{0};
     std::vector<std::string> refused(2);
     std::vector<std::unique_ptr<rdv::tcp_store_server>> servers(2);
