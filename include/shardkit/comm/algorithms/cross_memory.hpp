@@ -429,9 +429,8 @@ void reduce_block(p2p_op<T>& op, const session& s, const std::byte* in, std::byt
   const int n = op.n(), me = op.me();
   const std::size_t es = size_of(type), chunk = chunk_elems(es);
   // One staging slot per rank, as large as the largest chunk of this block (not chunk: a small block gets a
-  // small scratch allocation, and slots spaced by the full chunk would run past its end).
-  const std::size_t slot_bytes = std::min(count, chunk) * es;
-  std::byte* const staged = op.scratch_slots(std::size_t(n), std::min(count, chunk), es, 1);
+  // small scratch allocation), spaced as scratch_slots allocated them: spaced by the full chunk, they ran past its end.
+  const auto staged = op.scratch_slots(std::size_t(n), std::min(count, chunk), es, 1);
   std::vector<const std::byte*> srcs;
   std::vector<std::byte*> dsts;
   std::size_t unchecked = write_span_bytes;
@@ -446,7 +445,7 @@ void reduce_block(p2p_op<T>& op, const session& s, const std::byte* in, std::byt
     }
     for (int p = 0; p < n; ++p) {
       if (p == me) continue;
-      const std::byte* theirs = s.input(p, offset, len, staged + std::size_t(p) * slot_bytes);
+      const std::byte* theirs = s.input(p, offset, len, staged.slot(std::size_t(p)));
       if (!theirs) throw_unreachable(op, s.peers[std::size_t(p)], p, access::read, offset, es);
       srcs.push_back(theirs);
       if (push && s.out[std::size_t(p)]) dsts.push_back(s.out[std::size_t(p)] + offset);

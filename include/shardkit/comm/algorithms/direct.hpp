@@ -50,11 +50,11 @@ void direct_reduce_scatter(p2p_op<T>& op, const std::byte* in, std::byte* result
   if (n == 1) return;
   const segments mine{part.count(me), segment_elems};
   const std::size_t rounds = mine.size();
-  const std::size_t slot_elems = std::min(part.count(me), segment_elems), slot_bytes = slot_elems * es;
+  const std::size_t slot_elems = std::min(part.count(me), segment_elems);
   const std::size_t sets = std::min<std::size_t>(2, rounds);
-  std::byte* const scratch = op.scratch_slots(std::size_t(n - 1) * sets, slot_elems, es);
+  const auto scratch = op.scratch_slots(std::size_t(n - 1) * sets, slot_elems, es);
   const auto slot = [&](std::size_t round, int i) {
-    return scratch + ((round % sets) * std::size_t(n - 1) + std::size_t(i - 1)) * slot_bytes;
+    return scratch.slot((round % sets) * std::size_t(n - 1) + std::size_t(i - 1));
   };
 
   // What this rank sends peer `to` in round k: segment k of `to`'s chunk of `in`, cut as `to` cuts its own.

@@ -27,8 +27,8 @@ void one_shot_all_reduce(p2p_op<T>& op, const std::byte* in, std::byte* out, std
     return;
   }
   // One slot per rank; this rank's own input is copied into its slot so that `out` may alias `in`.
-  std::byte* const slots = op.scratch_slots(std::size_t(n), count, size_of(type), 1);
-  const auto slot = [&](int r) { return slots + std::size_t(r) * bytes; };
+  const auto slots = op.scratch_slots(std::size_t(n), count, size_of(type), 1);
+  const auto slot = [&](int r) { return slots.slot(std::size_t(r)); };
   if (bytes) std::memcpy(slot(me), in, bytes);
   // Returns once every send is done too: `in` may be `out`, and the sends must have read it before the result is
   // written.

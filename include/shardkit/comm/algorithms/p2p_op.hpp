@@ -174,11 +174,11 @@ class p2p_op : public op_members<T> {
   //! algorithm computes from a count goes through here. A size past what std::size_t holds (a count near
   //! max_count times several slots) is errc::out_of_memory naming the op, the count and the element size, as an
   //! allocation that fails is: wrapped around, it was a small allocation that the op then wrote past.
-  std::byte* scratch_slots(std::size_t slots, std::size_t count, std::size_t es, std::size_t extra = 0) {
+  scratch_slot_array scratch_slots(std::size_t slots, std::size_t count, std::size_t es, std::size_t extra = 0) {
     const auto bytes = shardkit::detail::checked_size({slots, count, es}, extra);
     if (!bytes) [[unlikely]]
       scratch_too_large(slots, count, es, extra);
-    return scratch(*bytes);
+    return {scratch(*bytes), count * es};  // count * es <= *bytes: it does not wrap either
   }
 
   completion send(int peer, const std::byte* data, std::size_t bytes) {

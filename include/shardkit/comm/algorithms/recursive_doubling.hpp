@@ -55,7 +55,7 @@ void recursive_doubling_all_reduce(p2p_op<T>& op, std::byte* data, std::size_t c
   if (n > 1) {
     const recursive_doubling_shape shape(n);
     const int pow2 = shape.pow2, extra = shape.extra;
-    std::byte* const incoming = op.scratch_slots(1, count, size_of(type));
+    std::byte* const incoming = op.scratch_slots(1, count, size_of(type)).base;
     int vrank;
     if (me < 2 * extra) {
       if (me % 2 == 0) {  // folded out: contribute, then wait for the answer

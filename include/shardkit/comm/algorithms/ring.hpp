@@ -25,11 +25,10 @@ void ring_reduce_scatter(p2p_op<T>& op, const std::byte* in, std::byte* result, 
     return;
   }
   const int next = chunk_of(me + 1), prev = chunk_of(me - 1);
-  const std::size_t slot_bytes = part.largest() * es;
   // Three rotating slots: step s receives into slot s%3 and sends it at step s+1, while step s+1 already
   // receives into the next slot.
-  std::byte* const scratch = op.scratch_slots(3, part.largest(), es);
-  const auto slot = [&](int s) { return scratch + std::size_t(s % 3) * slot_bytes; };
+  const auto scratch = op.scratch_slots(3, part.largest(), es);
+  const auto slot = [&](int s) { return scratch.slot(std::size_t(s % 3)); };
   const auto send_chunk = [&](int s) { return chunk_of(me - s - 1); };
   const auto recv_chunk = [&](int s) { return chunk_of(me - s - 2); };
 

@@ -10,6 +10,13 @@
 
 namespace shardkit::comm::algorithms {
 
+//! Scratch memory cut into equal slots (p2p_op::scratch_slots): slot i starts slot_bytes * i bytes in.
+struct scratch_slot_array {
+  std::byte* base = nullptr;
+  std::size_t slot_bytes = 0;
+  std::byte* slot(std::size_t i) const noexcept { return base + i * slot_bytes; }
+};
+
 //! Element offsets of each rank's chunk: chunk r is [offsets[r], offsets[r+1]).
 struct partition {
   std::vector<std::size_t> offsets;

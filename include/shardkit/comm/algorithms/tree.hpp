@@ -65,17 +65,17 @@ void tree_reduce(p2p_op<T>& op, const std::byte* in, std::byte* out, std::size_t
   const int vrank = (op.me() - root + n) % n;
   const auto real = [&](int v) { return (v + root) % n; };
   const auto kids = detail::tree_children(vrank, n);
-  std::byte* const slots = op.scratch_slots(kids.size() + 1, count, size_of(type), 1);
-  std::byte* const acc = vrank == 0 ? out : slots + kids.size() * bytes;
+  const auto slots = op.scratch_slots(kids.size() + 1, count, size_of(type), 1);
+  std::byte* const acc = vrank == 0 ? out : slots.slot(kids.size());
   if (acc != in && bytes) std::memmove(acc, in, bytes);
   if (!kids.empty()) {
     std::vector<completion> recvs;
-    for (std::size_t i = 0; i < kids.size(); ++i) recvs.push_back(op.recv(real(kids[i]), slots + i * bytes, bytes));
+    for (std::size_t i = 0; i < kids.size(); ++i) recvs.push_back(op.recv(real(kids[i]), slots.slot(i), bytes));
     // Fixed child order keeps the combination order identical on every run.
     for (std::size_t i = 0; i < kids.size(); ++i) {
       op.wait_recv(recvs[i], real(kids[i]), bytes);
       if (op.checking()) op.send(real(kids[i]), nullptr, 0);
-      combine(rop, type, acc, slots + i * bytes, count);
+      combine(rop, type, acc, slots.slot(i), count);
     }
   }
   if (vrank != 0) {
